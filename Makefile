@@ -1,0 +1,24 @@
+# The two commands of the README: `make run` and `make test`.
+.PHONY: run test build release format lint clean
+
+run:
+	scripts/run.sh
+
+test:
+	scripts/test.sh
+
+build:
+	swift build
+
+release:
+	swift build -c release
+
+format:
+	swift format --in-place --recursive Sources Tests Package.swift
+
+lint:
+	swift format lint --strict --recursive Sources Tests Package.swift
+
+clean:
+	scripts/pg.sh stop .data/postgres || true
+	rm -rf .build

@@ -1,0 +1,68 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+let package = Package(
+    name: "trunk-sync",
+    platforms: [.macOS(.v14)],
+    products: [
+        .executable(name: "trunk-sync", targets: ["trunk-sync"])
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+    ],
+    targets: [
+        // System libraries (Debian: libpq-dev, libssl-dev).
+        .systemLibrary(
+            name: "CLibPQ",
+            pkgConfig: "libpq",
+            providers: [.apt(["libpq-dev"])]
+        ),
+        .systemLibrary(
+            name: "COpenSSL",
+            pkgConfig: "openssl",
+            providers: [.apt(["libssl-dev"])]
+        ),
+
+        // Linux calls Swift's Glibc module does not export (epoll, accept4, thread names).
+        .target(name: "CSystem"),
+
+        // Libraries, each owning one concern (see ../shared/DESIGN.md).
+        .target(name: "TrunkCrypto", dependencies: ["COpenSSL"]),
+        .target(
+            name: "Postgres",
+            dependencies: ["CLibPQ", "CSystem", .product(name: "Logging", package: "swift-log")]
+        ),
+        .target(name: "HTTPServer", dependencies: ["CSystem", .product(name: "Logging", package: "swift-log")]),
+        .target(
+            name: "TrunkSync",
+            dependencies: [
+                "Postgres", "TrunkCrypto", "HTTPServer",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .executableTarget(
+            name: "trunk-sync",
+            dependencies: [
+                "TrunkSync", "Postgres",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+
+        // Tests. Those that need a database read TRUNK_SYNC_TEST_DATABASE_URL, set by `make test`
+        // (scripts/test.sh starts a private PostgreSQL cluster for them).
+        .target(name: "TestSupport", dependencies: ["Postgres"], path: "Tests/TestSupport"),
+        .testTarget(name: "TrunkCryptoTests", dependencies: ["TrunkCrypto"]),
+        .testTarget(name: "PostgresTests", dependencies: ["Postgres", "TestSupport", "CSystem"]),
+        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),
+        .testTarget(
+            name: "TrunkSyncTests",
+            dependencies: [
+                "TrunkSync", "Postgres", "TrunkCrypto", "TestSupport",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

@@ -1,0 +1,214 @@
+import CLibPQ
+import Foundation
+
+/// What the notice receiver learned; touched only by the connection's thread.
+private final class NoticeState {
+    var terminated = false
+}
+
+/// One libpq connection. Its calls block, so it is used from the threads the `Postgres`
+/// module owns (a `PostgresPool` worker or a `PostgresListener`), one thread at a time.
+public final class PostgresConnection {
+    let handle: OpaquePointer
+    /// What this connection was opened with.
+    public let configuration: PostgresConfiguration
+    private let notices = NoticeState()
+
+    private init(handle: OpaquePointer, configuration: PostgresConfiguration) {
+        self.handle = handle
+        self.configuration = configuration
+        // libpq prints notices to stderr by default; instead, remember only whether the server
+        // announced it is ending this session (a FATAL sent to an idle connection).
+        PQsetNoticeReceiver(
+            handle,
+            { argument, result in
+                guard let argument, let result,
+                    let severity = PQresultErrorField(result, Int32(UInt8(ascii: "V")))
+                else { return }
+                if String(cString: severity) == "FATAL" || String(cString: severity) == "PANIC" {
+                    Unmanaged<NoticeState>.fromOpaque(argument).takeUnretainedValue().terminated = true
+                }
+            }, Unmanaged.passUnretained(notices).toOpaque())
+    }
+
+    deinit { PQfinish(handle) }
+
+    /// Opens a connection (blocking, bounded by `connect_timeout`).
+    /// - Throws: `.connectionFailed` naming `host:port/database` and the server's reason,
+    ///   never the password.
+    public static func connect(_ configuration: PostgresConfiguration) throws -> PostgresConnection {
+        let keywords = configuration.parameters.map { strdup($0.keyword) }
+        let values = configuration.parameters.map { strdup($0.value) }
+        defer {
+            keywords.forEach { free($0) }
+            values.forEach { free($0) }
+        }
+        var keywordPointers: [UnsafePointer<CChar>?] = keywords.map { UnsafePointer($0) }
+        var valuePointers: [UnsafePointer<CChar>?] = values.map { UnsafePointer($0) }
+        keywordPointers.append(nil)
+        valuePointers.append(nil)
+        guard let handle = PQconnectdbParams(keywordPointers, valuePointers, 0) else {
+            throw PostgresError(kind: .connectionFailed, message: "could not connect to PostgreSQL at \(configuration.endpoint): out of memory")
+        }
+        guard PQstatus(handle) == CONNECTION_OK else {
+            let reason = Self.connectionFailureReason(String(cString: PQerrorMessage(handle)))
+            PQfinish(handle)
+            throw PostgresError(
+                kind: .connectionFailed,
+                message: "could not connect to PostgreSQL at \(configuration.endpoint): \(reason)"
+            )
+        }
+        return PostgresConnection(handle: handle, configuration: configuration)
+    }
+
+    /// Turns libpq's multi-line connection error into one line without the repeated
+    /// `connection to server at … failed:` prefix and severity labels.
+    static func connectionFailureReason(_ raw: String) -> String {
+        var line = PostgresConfiguration.oneLine(raw)
+        if let range = line.range(of: " failed: "), line.hasPrefix("connection to server") {
+            line = String(line[range.upperBound...])
+        }
+        for label in ["FATAL:  ", "ERROR:  "] { line = line.replacingOccurrences(of: label, with: "") }
+        return line.isEmpty ? "unknown error" : line
+    }
+
+    /// Whether the connection is still open and not in a failed state.
+    public var isOpen: Bool { PQstatus(handle) == CONNECTION_OK }
+
+    /// Whether a transaction is open (or failed) on this connection.
+    public var isInTransaction: Bool {
+        let status = PQtransactionStatus(handle)
+        return status == PQTRANS_INTRANS || status == PQTRANS_INERROR || status == PQTRANS_ACTIVE
+    }
+
+    /// The connection's socket, for `poll`.
+    var socket: Int32 { PQsocket(handle) }
+
+    /// The backend's process id, e.g. to terminate it in tests.
+    public var backendPID: Int32 { PQbackendPID(handle) }
+
+    /// Runs one parametrised statement (`$1`, `$2`, … ) and returns its rows in binary format.
+    @discardableResult
+    public func query(_ sql: String, _ binds: any PostgresEncodable...) throws -> PostgresResult {
+        try query(sql, binds: binds.map { $0.postgresBind })
+    }
+
+    /// Runs one parametrised statement with already encoded parameters.
+    @discardableResult
+    public func query(_ sql: String, binds: [PostgresBind]) throws -> PostgresResult {
+        let count = binds.count
+        var types = [UInt32](repeating: 0, count: count)
+        var lengths = [Int32](repeating: 0, count: count)
+        var formats = [Int32](repeating: 0, count: count)
+        var offsets = [Int](repeating: -1, count: count)
+        var storage: [UInt8] = []
+        storage.reserveCapacity(binds.reduce(0) { $0 + ($1.bytes?.count ?? 0) + 1 })
+        for (index, bind) in binds.enumerated() {
+            types[index] = bind.type
+            formats[index] = bind.format
+            if let bytes = bind.bytes {
+                offsets[index] = storage.count
+                lengths[index] = Int32(bytes.count)
+                storage.append(contentsOf: bytes)
+                if bind.format == 0 { storage.append(0) }  // text parameters are C strings
+            }
+        }
+        storage.append(0)  // never empty, so every value (even an empty one) has an address
+        let result: OpaquePointer? = storage.withUnsafeBufferPointer { buffer in
+            let base = buffer.baseAddress.map { UnsafeRawPointer($0).assumingMemoryBound(to: CChar.self) }
+            let values: [UnsafePointer<CChar>?] = offsets.map { offset in
+                guard offset >= 0, let base else { return nil }
+                return base + offset
+            }
+            return PQexecParams(handle, sql, Int32(count), types, values, lengths, formats, 1)
+        }
+        return try check(result)
+    }
+
+    /// Runs one or more statements without parameters (simple query protocol), e.g. a
+    /// migration file. Results are discarded.
+    public func execute(_ sql: String) throws {
+        _ = try check(PQexec(handle, sql))
+    }
+
+    /// Runs `body` inside `BEGIN … COMMIT`; any error thrown rolls the transaction back and
+    /// is rethrown.
+    public func transaction<T>(_ body: (PostgresConnection) throws -> T) throws -> T {
+        try execute("BEGIN")
+        do {
+            let value = try body(self)
+            try execute("COMMIT")
+            return value
+        } catch {
+            if isOpen, isInTransaction { try? execute("ROLLBACK") }
+            throw error
+        }
+    }
+
+    /// Quotes an identifier (role, channel) with libpq's own escaping.
+    public func quoteIdentifier(_ identifier: String) throws -> String {
+        let bytes = Array(identifier.utf8)
+        guard let quoted = PQescapeIdentifier(handle, identifier, bytes.count) else {
+            throw PostgresError(kind: .invalidConfiguration, message: "invalid identifier")
+        }
+        defer { PQfreemem(quoted) }
+        return String(cString: quoted)
+    }
+
+    /// Checks an idle connection without a round trip: reads whatever the server sent while
+    /// it was idle (a shutdown notice, EOF) and reports whether it is still usable.
+    func isUsableAfterIdle() -> Bool {
+        guard isOpen, !isInTransaction else { return false }
+        // An idle connection receives nothing but notices and notifications; a terminated
+        // backend sends a FATAL notice and then EOF, which libpq turns into CONNECTION_BAD.
+        var descriptor = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
+        for _ in 0..<8 {
+            guard poll(&descriptor, 1, 0) > 0 else { break }
+            if PQconsumeInput(handle) == 0 { return false }
+            _ = PQisBusy(handle)  // parses what arrived
+            while let notice = PQnotifies(handle) { PQfreemem(notice) }
+            if !isOpen || notices.terminated { return false }
+        }
+        return isOpen && !notices.terminated
+    }
+
+    /// Converts a libpq result into rows or a thrown `PostgresError`.
+    func check(_ result: OpaquePointer?) throws -> PostgresResult {
+        guard let result else {
+            throw connectionError()
+        }
+        switch PQresultStatus(result) {
+        case PGRES_COMMAND_OK, PGRES_TUPLES_OK, PGRES_EMPTY_QUERY, PGRES_SINGLE_TUPLE:
+            return PostgresResult(handle: result)
+        default:
+            defer { PQclear(result) }
+            func field(_ code: UInt8) -> String? {
+                PQresultErrorField(result, Int32(code)).map { String(cString: $0) }
+            }
+            guard let code = field(UInt8(ascii: "C")) else {
+                throw connectionError()
+            }
+            let state = SQLState(rawValue: code)
+            var message = "PostgreSQL error \(state)"
+            let constraint = field(UInt8(ascii: "n"))
+            if let constraint { message += " on constraint \(constraint)" }
+            if !isOpen {
+                throw PostgresError(kind: .connectionClosed, message: "database connection lost: \(message)", sqlState: state)
+            }
+            throw PostgresError(
+                kind: .server, message: message, sqlState: state,
+                serverMessage: field(UInt8(ascii: "M")), detail: field(UInt8(ascii: "D")),
+                hint: field(UInt8(ascii: "H")), constraint: constraint
+            )
+        }
+    }
+
+    private func connectionError() -> PostgresError {
+        let reason = PostgresConfiguration.oneLine(String(cString: PQerrorMessage(handle)))
+        return PostgresError(
+            kind: isOpen ? .server : .connectionClosed,
+            message: "database connection to \(configuration.endpoint) lost",
+            serverMessage: reason
+        )
+    }
+}

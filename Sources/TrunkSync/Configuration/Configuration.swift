@@ -1,0 +1,240 @@
+import Foundation
+import Logging
+
+/// The effective configuration of a trunk-sync process, merged from (lowest to highest
+/// precedence) the defaults, a JSON file given with `--config`, the `TRUNK_SYNC_*`
+/// environment variables and command-line flags, then validated.
+public struct Configuration: Sendable {
+    /// Where a value came from, for error messages.
+    public enum Source: Sendable, Equatable, CustomStringConvertible {
+        case defaultValue, file(String), environment, flag
+        public var description: String {
+            switch self {
+            case .defaultValue: return "default"
+            case .file(let path): return "config file \(path)"
+            case .environment: return "environment"
+            case .flag: return "command line"
+            }
+        }
+    }
+
+    /// Which mailer sends sign-in codes.
+    public enum MailerKind: String, Sendable { case log, smtp }
+    /// How log lines are written.
+    public enum LogFormat: String, Sendable { case text, json }
+
+    /// Raw values by setting key, with their source.
+    public private(set) var values: [String: (value: String, source: Source)] = [:]
+
+    /// `TRUNK_SYNC_DATABASE_URL`.
+    public var databaseURL: String? { value("database_url") }
+    /// `TRUNK_SYNC_HOST`.
+    public var host: String { value("host") ?? "127.0.0.1" }
+    /// `TRUNK_SYNC_PORT`.
+    public private(set) var port: Int = 8080
+    /// `TRUNK_SYNC_JWT_SECRET`.
+    public var jwtSecret: String? { value("jwt_secret") }
+    /// `TRUNK_SYNC_PUBLIC_URL`, defaulting to `http://HOST:PORT`.
+    public var publicURL: String {
+        if let url = value("public_url") { return url }
+        return host.contains(":") ? "http://[\(host)]:\(port)" : "http://\(host):\(port)"
+    }
+    /// `TRUNK_SYNC_MAILER`.
+    public private(set) var mailer: MailerKind = .log
+    /// `TRUNK_SYNC_SMTP_URL`.
+    public var smtpURL: String? { value("smtp_url") }
+    /// `TRUNK_SYNC_MAIL_FROM`.
+    public var mailFrom: String { value("mail_from") ?? "no-reply@localhost" }
+    /// `TRUNK_SYNC_CORS_ORIGINS`, split on commas.
+    public var corsOrigins: [String] {
+        (value("cors_origins") ?? "").split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
+            .filter { !$0.isEmpty }
+    }
+    /// `TRUNK_SYNC_LOG_LEVEL`.
+    public private(set) var logLevel: Logger.Level = .info
+    /// `TRUNK_SYNC_LOG_FORMAT`.
+    public private(set) var logFormat: LogFormat = .text
+    /// `TRUNK_SYNC_MIGRATIONS_DIR`, resolved to a directory.
+    public var migrationsDirectory: String { Migration.defaultDirectory(explicit: value("migrations_dir")) }
+    /// `TRUNK_SYNC_DB_POOL_SIZE`.
+    public private(set) var databasePoolSize: Int = 10
+    /// `TRUNK_SYNC_DB_POOL_TIMEOUT`, in seconds.
+    public private(set) var databasePoolTimeout: Double = 5
+
+    /// Loads and validates the configuration.
+    /// - Parameters:
+    ///   - file: path of a JSON config file (`--config`), if any.
+    ///   - environment: the process environment (only `TRUNK_SYNC_*` variables are read).
+    ///   - flags: values given on the command line, by setting key.
+    /// - Throws: `ConfigurationError` naming the setting and why.
+    public static func load(
+        file: String? = nil, environment: [String: String] = ProcessInfo.processInfo.environment,
+        flags: [String: String] = [:]
+    ) throws -> Configuration {
+        var configuration = Configuration()
+        for setting in Setting.all {
+            if let value = setting.defaultValue { configuration.values[setting.key] = (value, .defaultValue) }
+        }
+        if let file {
+            for (key, value) in try readFile(file) { configuration.values[key] = (value, .file(file)) }
+        }
+        for setting in Setting.all {
+            if let value = environment[setting.environmentVariable] {
+                configuration.values[setting.key] = (value, .environment)
+            }
+        }
+        for (key, value) in flags { configuration.values[key] = (value, .flag) }
+        try configuration.validate()
+        return configuration
+    }
+
+    private func value(_ key: String) -> String? {
+        guard let value = values[key]?.value, !value.isEmpty else { return nil }
+        return value
+    }
+
+    private func error(_ key: String, _ reason: String) -> ConfigurationError {
+        let setting = Setting.named(key)
+        let source = values[key]?.source
+        var message = "\(setting?.environmentVariable ?? key) \(reason)"
+        if let source, source != .environment, source != .defaultValue { message += " (from \(source))" }
+        return ConfigurationError(message: message)
+    }
+
+    private mutating func validate() throws {
+        if let text = value("port") {
+            guard let port = Int(text), (1...65535).contains(port) else {
+                throw error("port", "must be a port number between 1 and 65535")
+            }
+            self.port = port
+        }
+        if let text = value("mailer") {
+            guard let mailer = MailerKind(rawValue: text.lowercased()) else { throw error("mailer", "must be log or smtp") }
+            self.mailer = mailer
+        }
+        if let text = value("log_level") {
+            guard let level = Logger.Level(rawValue: text.lowercased()) else {
+                throw error("log_level", "must be one of trace, debug, info, notice, warning, error, critical")
+            }
+            logLevel = level
+        }
+        if let text = value("log_format") {
+            guard let format = LogFormat(rawValue: text.lowercased()) else { throw error("log_format", "must be text or json") }
+            logFormat = format
+        }
+        if let text = value("db_pool_size") {
+            guard let size = Int(text), (1...500).contains(size) else {
+                throw error("db_pool_size", "must be an integer between 1 and 500")
+            }
+            databasePoolSize = size
+        }
+        if let text = value("db_pool_timeout") {
+            guard let seconds = Double(text), seconds > 0, seconds <= 300 else {
+                throw error("db_pool_timeout", "must be a number of seconds between 0 and 300")
+            }
+            databasePoolTimeout = seconds
+        }
+        if let url = value("public_url") {
+            guard let parsed = URL(string: url), ["http", "https"].contains(parsed.scheme?.lowercased() ?? ""),
+                parsed.host != nil
+            else {
+                throw error("public_url", "must be an http:// or https:// URL")
+            }
+        }
+        if mailer == .smtp, smtpURL == nil { throw error("smtp_url", "is required when TRUNK_SYNC_MAILER is smtp") }
+    }
+
+    /// Checks what `serve` needs beyond the common settings.
+    public func validateForServe() throws {
+        try requireDatabaseURL()
+        guard let secret = jwtSecret else { throw error("jwt_secret", "is required (at least 32 bytes)") }
+        guard secret.utf8.count >= 32 else { throw error("jwt_secret", "must be at least 32 bytes") }
+    }
+
+    /// Checks that a database URL is set.
+    @discardableResult
+    public func requireDatabaseURL() throws -> String {
+        guard let url = databaseURL else {
+            throw error("database_url", "is required (postgres://user:pass@host:port/db)")
+        }
+        return url
+    }
+
+    /// Every setting with its effective value (secrets as `***`) and source, for `config check`.
+    public var redactedDescription: String {
+        Setting.all.map { setting in
+            let entry = values[setting.key]
+            let shown: String
+            if let value = entry?.value, !value.isEmpty {
+                shown = setting.isSecret ? "***" : value
+            } else if setting.key == "public_url" {
+                shown = publicURL
+            } else if setting.key == "migrations_dir" {
+                shown = migrationsDirectory
+            } else {
+                shown = "(unset)"
+            }
+            return "\(setting.environmentVariable)=\(shown)  [\(entry?.source.description ?? "default")]"
+        }.joined(separator: "\n")
+    }
+
+    static func readFile(_ path: String) throws -> [String: String] {
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw ConfigurationError(message: "cannot read config file \(path)")
+        }
+        let object: [String: FileValue]
+        do {
+            object = try JSONDecoder().decode([String: FileValue].self, from: data)
+        } catch {
+            throw ConfigurationError(message: "config file \(path) must hold one JSON object of strings, numbers, booleans or lists")
+        }
+        var values: [String: String] = [:]
+        for (key, raw) in object {
+            if key.hasPrefix("_") { continue }  // "_comment" keys document the file
+            guard Setting.named(key) != nil else {
+                throw ConfigurationError(message: "config file \(path): unknown setting \"\(key)\"")
+            }
+            if let text = raw.text { values[key] = text }
+        }
+        return values
+    }
+}
+
+/// A value in a JSON config file.
+enum FileValue: Decodable {
+    case scalar(String)
+    case list([FileValue])
+    case null
+
+    init(from decoder: Decoder) throws {
+        let container = try decoder.singleValueContainer()
+        if container.decodeNil() {
+            self = .null
+        } else if let bool = try? container.decode(Bool.self) {
+            self = .scalar(bool ? "true" : "false")
+        } else if let integer = try? container.decode(Int.self) {
+            self = .scalar(String(integer))
+        } else if let number = try? container.decode(Double.self) {
+            self = .scalar(String(number))
+        } else if let text = try? container.decode(String.self) {
+            self = .scalar(text)
+        } else {
+            self = .list(try container.decode([FileValue].self))
+        }
+    }
+
+    var text: String? {
+        switch self {
+        case .scalar(let text): return text
+        case .list(let items): return items.compactMap(\.text).joined(separator: ",")
+        case .null: return nil
+        }
+    }
+}
+
+/// A bad or missing setting. `message` is one line naming the setting and why.
+public struct ConfigurationError: Error, CustomStringConvertible, Equatable {
+    /// One line naming the setting and why.
+    public let message: String
+    public var description: String { message }
+}

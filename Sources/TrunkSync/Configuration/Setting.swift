@@ -1,0 +1,53 @@
+/// One configuration setting: its key in a config file, its environment variable, its
+/// default and what it does. `Setting.all` is the single list that loading, `config check`
+/// and the documentation in `config/` follow.
+public struct Setting: Sendable {
+    /// Key in a JSON config file, e.g. `database_url`.
+    public let key: String
+    /// Default value as text, or `nil` when there is none.
+    public let defaultValue: String?
+    /// Whether the value is a secret (redacted in `config check` and logs).
+    public let isSecret: Bool
+    /// What the setting does.
+    public let summary: String
+
+    /// The environment variable, e.g. `TRUNK_SYNC_DATABASE_URL`.
+    public var environmentVariable: String { "TRUNK_SYNC_" + key.uppercased() }
+
+    /// Every setting trunk-sync reads.
+    public static let all: [Setting] = [
+        Setting(
+            key: "database_url", defaultValue: nil, isSecret: true,
+            summary: "PostgreSQL to use: postgres://user:pass@host:port/db or a libpq conninfo string. Required."),
+        Setting(key: "host", defaultValue: "127.0.0.1", isSecret: false, summary: "Address to listen on (IPv4 or IPv6)."),
+        Setting(key: "port", defaultValue: "8080", isSecret: false, summary: "TCP port to listen on."),
+        Setting(
+            key: "jwt_secret", defaultValue: nil, isSecret: true,
+            summary: "HS256 signing secret for access tokens, at least 32 bytes. Required by serve."),
+        Setting(
+            key: "public_url", defaultValue: nil, isSecret: false,
+            summary: "External base URL, used as the token issuer. Default http://HOST:PORT."),
+        Setting(key: "mailer", defaultValue: "log", isSecret: false, summary: "log (codes printed to the log) or smtp."),
+        Setting(
+            key: "smtp_url", defaultValue: nil, isSecret: true,
+            summary: "smtp://[user:pass@]host:port[?tls=none|starttls|tls] or smtps://…; required when mailer is smtp."),
+        Setting(key: "mail_from", defaultValue: "no-reply@localhost", isSecret: false, summary: "Sender address of sign-in mails."),
+        Setting(
+            key: "cors_origins", defaultValue: "", isSecret: false,
+            summary: "Comma-separated origins allowed by CORS; * allows any. Default none."),
+        Setting(key: "log_level", defaultValue: "info", isSecret: false, summary: "trace, debug, info, notice, warning, error or critical."),
+        Setting(key: "log_format", defaultValue: "text", isSecret: false, summary: "text or json (one object per line)."),
+        Setting(
+            key: "migrations_dir", defaultValue: nil, isSecret: false,
+            summary: "Directory of migration files. Default ./migrations, else share/trunk-sync/migrations beside the binary."),
+        Setting(
+            key: "db_pool_size", defaultValue: "10", isSecret: false,
+            summary: "Most database connections the server opens (each with a thread of its own)."),
+        Setting(
+            key: "db_pool_timeout", defaultValue: "5", isSecret: false,
+            summary: "Seconds a request waits for a free database connection before 503."),
+    ]
+
+    /// The setting with a config-file key, if any.
+    public static func named(_ key: String) -> Setting? { all.first { $0.key == key } }
+}

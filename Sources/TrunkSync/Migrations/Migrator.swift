@@ -1,0 +1,122 @@
+import Foundation
+import Logging
+import Postgres
+
+/// Applies versioned SQL migrations and reports their state.
+///
+/// `migrate` holds a session-level advisory lock for its whole run, so of two operators
+/// running it at once one applies and the other waits, then finds nothing to do. Each file
+/// runs in its own transaction together with its row in `schema_migrations` (version, name,
+/// SHA-256 checksum, time). Before applying anything, every applied migration is checked
+/// against its file: an edited or removed file stops the run.
+public struct Migrator: Sendable {
+    /// An applied migration as recorded in `schema_migrations`.
+    public struct AppliedMigration: Sendable, Equatable {
+        public var version: Int64
+        public var name: String
+        public var checksum: String
+        public var appliedAt: PostgresTimestamp
+    }
+
+    /// Applied and pending migrations.
+    public struct Status: Sendable {
+        public var applied: [AppliedMigration]
+        public var pending: [Migration]
+    }
+
+    /// The files this migrator applies, in version order.
+    public let migrations: [Migration]
+    private let logger: Logger
+
+    /// A lock key private to trunk-sync migrations ("trunksyn" in ASCII).
+    static let advisoryLockKey: Int64 = 0x7472_756e_6b73_796e
+
+    static let createTable = """
+        create table if not exists schema_migrations (
+          version    bigint primary key,
+          name       text not null,
+          checksum   text not null,
+          applied_at timestamptz not null default now()
+        )
+        """
+
+    /// A migrator for `migrations` (see `Migration.load(from:)`).
+    public init(migrations: [Migration], logger: Logger) {
+        self.migrations = migrations
+        self.logger = logger
+    }
+
+    /// What is applied and what is pending; fails if an applied file was edited or removed.
+    public func status(on connection: PostgresConnection) throws -> Status {
+        let applied = try appliedMigrations(on: connection)
+        try verify(applied)
+        let appliedVersions = Set(applied.map(\.version))
+        return Status(applied: applied, pending: migrations.filter { !appliedVersions.contains($0.version) })
+    }
+
+    /// Applies every pending migration in order and returns those it applied.
+    public func migrate(on connection: PostgresConnection) throws -> [Migration] {
+        let locked = try connection.query("select pg_try_advisory_lock($1)", Self.advisoryLockKey)[0]
+            .decode(Bool.self, column: 0)
+        if !locked {
+            logger.info("another trunk-sync migrate is running; waiting for it to finish")
+            try connection.query("select pg_advisory_lock($1)", Self.advisoryLockKey)
+        }
+        defer { _ = try? connection.query("select pg_advisory_unlock($1)", Self.advisoryLockKey) }
+
+        try connection.execute(Self.createTable)
+        let status = try self.status(on: connection)
+        if let newest = status.applied.max(by: { $0.version < $1.version }),
+            let early = status.pending.first(where: { $0.version < newest.version })
+        {
+            throw MigrationError.outOfOrder(pending: early.name, newestApplied: newest.name)
+        }
+        var applied: [Migration] = []
+        for migration in status.pending {
+            do {
+                try connection.transaction { connection in
+                    try connection.execute(migration.sql)
+                    try connection.query(
+                        "insert into schema_migrations (version, name, checksum) values ($1, $2, $3)",
+                        migration.version, migration.name, migration.checksum)
+                }
+            } catch let error as PostgresError {
+                // Our own SQL, shown to the operator who runs it: the server's text helps here.
+                let reason = [error.description, error.serverMessage].compactMap { $0 }.joined(separator: ": ")
+                throw MigrationError.failed(name: migration.name, reason: reason)
+            }
+            logger.info("applied migration", metadata: ["migration": "\(migration.name)"])
+            applied.append(migration)
+        }
+        return applied
+    }
+
+    /// How many migrations are not applied yet (all of them when the table is missing).
+    /// Throws when an applied file was edited or removed.
+    public func pendingCount(on connection: PostgresConnection) throws -> Int {
+        try status(on: connection).pending.count
+    }
+
+    private func appliedMigrations(on connection: PostgresConnection) throws -> [AppliedMigration] {
+        let exists = try connection.query("select to_regclass('schema_migrations') is not null")[0]
+            .decode(Bool.self, column: 0)
+        guard exists else { return [] }
+        return try connection.query("select version, name, checksum, applied_at from schema_migrations order by version")
+            .map { row in
+                AppliedMigration(
+                    version: try row.decode(Int64.self, column: 0), name: try row.decode(String.self, column: 1),
+                    checksum: try row.decode(String.self, column: 2),
+                    appliedAt: try row.decode(PostgresTimestamp.self, column: 3))
+            }
+    }
+
+    private func verify(_ applied: [AppliedMigration]) throws {
+        let files = Dictionary(uniqueKeysWithValues: migrations.map { ($0.version, $0) })
+        for record in applied {
+            guard let file = files[record.version] else { throw MigrationError.appliedFileMissing(record.name) }
+            guard file.name == record.name, file.checksum == record.checksum else {
+                throw MigrationError.appliedFileChanged(record.name)
+            }
+        }
+    }
+}

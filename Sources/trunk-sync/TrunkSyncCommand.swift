@@ -1,0 +1,72 @@
+import ArgumentParser
+import Foundation
+import Logging
+import Postgres
+import TrunkSync
+
+@main
+struct TrunkSyncCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "trunk-sync",
+        abstract: "Self-hosted sync server for local-first apps.",
+        subcommands: [Serve.self, Migrate.self, ConfigCommand.self]
+    )
+}
+
+/// Options every command that reads the configuration accepts.
+struct CommonOptions: ParsableArguments {
+    @Option(name: .customLong("config"), help: "JSON configuration file (see config/defaults.json).")
+    var configFile: String?
+
+    @Option(help: "PostgreSQL URL; overrides TRUNK_SYNC_DATABASE_URL.")
+    var databaseURL: String?
+
+    @Option(name: .customLong("migrations"), help: "Directory of migration files; overrides TRUNK_SYNC_MIGRATIONS_DIR.")
+    var migrationsDirectory: String?
+
+    @Option(help: "trace, debug, info, notice, warning, error or critical; overrides TRUNK_SYNC_LOG_LEVEL.")
+    var logLevel: String?
+
+    @Option(help: "text or json; overrides TRUNK_SYNC_LOG_FORMAT.")
+    var logFormat: String?
+
+    var flags: [String: String] {
+        var flags: [String: String] = [:]
+        flags["database_url"] = databaseURL
+        flags["migrations_dir"] = migrationsDirectory
+        flags["log_level"] = logLevel
+        flags["log_format"] = logFormat
+        return flags
+    }
+
+    /// Loads the configuration and sets up logging.
+    func load(extraFlags: [String: String] = [:]) throws -> Configuration {
+        let configuration = try Configuration.load(file: configFile, flags: flags.merging(extraFlags) { $1 })
+        TrunkLogHandler.bootstrap(level: configuration.logLevel, format: configuration.logFormat)
+        return configuration
+    }
+}
+
+/// Runs `body`, turning the errors an operator can act on into one line on stderr and exit 1.
+func reportingErrors(_ body: () async throws -> Void) async throws {
+    do {
+        try await body()
+    } catch let error as ExitCode {
+        throw error
+    } catch let error as CleanExit {
+        throw error
+    } catch let error as ValidationError {
+        throw error
+    } catch {
+        FileHandle.standardError.write(Data("trunk-sync: \(error)\n".utf8))
+        throw ExitCode(1)
+    }
+}
+
+/// A pool of one connection for command-line tools.
+func commandPool(_ configuration: Configuration, logger: Logger) throws -> PostgresPool {
+    var settings = PostgresPool.Configuration()
+    settings.maxConnections = 1
+    settings.acquireTimeout = .seconds(3600)
+    return PostgresPool(try PostgresConfiguration(try configuration.requireDatabaseURL()), configuration: settings, logger: logger)
+}

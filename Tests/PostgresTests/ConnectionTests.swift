@@ -1,0 +1,68 @@
+import Foundation
+import Postgres
+import TestSupport
+import XCTest
+
+final class ConnectionTests: XCTestCase {
+    func testWrongPortNamesEndpointAndReason() throws {
+        var configuration = try TestDatabase.adminConfiguration()
+        configuration.setParameter("port", "1")
+        XCTAssertThrowsError(try PostgresConnection.connect(configuration)) { error in
+            let error = error as? PostgresError
+            XCTAssertEqual(error?.kind, .connectionFailed)
+            let message = error?.description ?? ""
+            XCTAssertTrue(message.contains("127.0.0.1:1/postgres"), message)
+            XCTAssertTrue(message.contains("Connection refused"), message)
+            XCTAssertFalse(message.contains("\n"), message)
+        }
+    }
+
+    func testWrongPasswordIsClearAndNeverShowsThePassword() throws {
+        var configuration = try TestDatabase.adminConfiguration()
+        configuration.setParameter("password", "hunter2-not-the-password")
+        XCTAssertThrowsError(try PostgresConnection.connect(configuration)) { error in
+            let message = "\(error)" + String(reflecting: error)
+            XCTAssertTrue(message.contains("password authentication failed"), message)
+            XCTAssertFalse(message.contains("hunter2"), message)
+        }
+        XCTAssertFalse(configuration.description.contains("hunter2"))
+        XCTAssertTrue(configuration.description.contains("password=***"))
+    }
+
+    func testMissingDatabaseIsNamed() throws {
+        let configuration = try TestDatabase.adminConfiguration().withDatabase("no_such_database_here")
+        XCTAssertThrowsError(try PostgresConnection.connect(configuration)) { error in
+            let message = "\(error)"
+            XCTAssertTrue(message.contains("/no_such_database_here"), message)
+            XCTAssertTrue(message.contains("does not exist"), message)
+        }
+    }
+
+    func testURLAndConninfoFormsBothParse() throws {
+        let url = try PostgresConfiguration("postgres://alice:secret@db.example:6543/app?sslmode=disable")
+        XCTAssertEqual(url["host"], "db.example")
+        XCTAssertEqual(url["port"], "6543")
+        XCTAssertEqual(url["dbname"], "app")
+        XCTAssertEqual(url["user"], "alice")
+        XCTAssertEqual(url.endpoint, "db.example:6543/app")
+        XCTAssertFalse(url.description.contains("secret"))
+        let conninfo = try PostgresConfiguration("host=/run/pg dbname='my db' user=bob")
+        XCTAssertEqual(conninfo["dbname"], "my db")
+        XCTAssertEqual(conninfo.endpoint, "/run/pg:5432/my db")
+        XCTAssertThrowsError(try PostgresConfiguration("host=x unterminated='")) { error in
+            XCTAssertEqual((error as? PostgresError)?.kind, .invalidConfiguration)
+        }
+        XCTAssertThrowsError(try PostgresConfiguration("postgres://[::1")) { error in
+            XCTAssertEqual((error as? PostgresError)?.kind, .invalidConfiguration)
+        }
+    }
+
+    func testValuesNeverBecomeSQL() throws {
+        let connection = try PostgresConnection.connect(try TestDatabase.adminConfiguration())
+        let hostile = "'); drop table pg_class; --"
+        let echoed = try connection.query("select $1::text", hostile)[0].decode(String.self, column: 0)
+        XCTAssertEqual(echoed, hostile)
+        let quoted = try connection.quoteIdentifier("we\"ird")
+        XCTAssertEqual(quoted, "\"we\"\"ird\"")
+    }
+}

@@ -1,0 +1,174 @@
+import Foundation
+import Logging
+import Postgres
+
+/// A problem with the test environment itself (not a failed assertion).
+public struct TestEnvironmentError: Error, CustomStringConvertible {
+    public let description: String
+    public init(_ description: String) { self.description = description }
+}
+
+/// Access to the private PostgreSQL cluster `make test` starts (scripts/test.sh), and a
+/// fresh database per test.
+public enum TestDatabase {
+    /// The cluster's superuser URL (database `postgres`), from `TRUNK_SYNC_TEST_DATABASE_URL`.
+    public static func adminConfiguration() throws -> PostgresConfiguration {
+        guard let url = ProcessInfo.processInfo.environment["TRUNK_SYNC_TEST_DATABASE_URL"], !url.isEmpty else {
+            throw TestEnvironmentError(
+                "TRUNK_SYNC_TEST_DATABASE_URL is not set: run the tests with `make test`, which starts a private PostgreSQL")
+        }
+        return try PostgresConfiguration(url)
+    }
+
+    /// Creates an empty database with a unique name and returns its configuration.
+    public static func create(prefix: String = "test") throws -> PostgresConfiguration {
+        let admin = try adminConfiguration()
+        let name = "\(prefix)_\(UUID().uuidString.prefix(8).lowercased())"
+        let connection = try PostgresConnection.connect(admin)
+        try connection.execute("create database \(try connection.quoteIdentifier(name))")
+        return admin.withDatabase(name)
+    }
+
+    /// Drops a database made by `create`, closing its other connections first.
+    public static func drop(_ configuration: PostgresConfiguration) throws {
+        guard let name = configuration["dbname"] else { return }
+        let connection = try PostgresConnection.connect(try adminConfiguration())
+        try connection.execute("drop database if exists \(try connection.quoteIdentifier(name)) with (force)")
+    }
+
+    /// The URL of a database made by `create`, for child processes.
+    public static func url(of configuration: PostgresConfiguration) throws -> String {
+        let admin = try adminConfiguration()
+        guard let base = ProcessInfo.processInfo.environment["TRUNK_SYNC_TEST_DATABASE_URL"],
+            let database = configuration["dbname"], let adminDatabase = admin["dbname"],
+            base.hasSuffix("/" + adminDatabase)
+        else {
+            throw TestEnvironmentError("TRUNK_SYNC_TEST_DATABASE_URL must be a postgres:// URL ending in /DATABASE")
+        }
+        return String(base.dropLast(adminDatabase.count)) + database
+    }
+
+    /// Restarts the whole cluster (`pg_ctl restart -m fast`), dropping every connection.
+    public static func restartServer() throws {
+        guard let directory = ProcessInfo.processInfo.environment["TRUNK_SYNC_TEST_PGDIR"] else {
+            throw TestEnvironmentError("TRUNK_SYNC_TEST_PGDIR is not set: run the tests with `make test`")
+        }
+        let status = try Command.spawnAndWait(repositoryRoot() + "/scripts/pg.sh", ["restart", directory])
+        guard status == 0 else { throw TestEnvironmentError("pg.sh restart failed with status \(status)") }
+    }
+
+    /// A logger that discards everything (tests assert on behaviour, not log lines).
+    public static let quietLogger: Logger = {
+        var logger = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })
+        logger.logLevel = .critical
+        return logger
+    }()
+}
+
+/// The repository's root directory (from this file's location).
+public func repositoryRoot() -> String {
+    URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent().path
+}
+
+/// Runs external programs (the real `trunk-sync` binary, scripts) and captures their output.
+public enum Command {
+    /// What a finished process did.
+    public struct Result: Sendable {
+        public var status: Int32
+        public var stdout: String
+        public var stderr: String
+    }
+
+    /// The `trunk-sync` binary under test: `TRUNK_SYNC_BIN`, else beside the test bundle.
+    public static func trunkSyncBinary() -> String {
+        if let path = ProcessInfo.processInfo.environment["TRUNK_SYNC_BIN"], !path.isEmpty { return path }
+        let bundleDirectory = URL(fileURLWithPath: CommandLine.arguments.first ?? "").deletingLastPathComponent()
+        return bundleDirectory.appendingPathComponent("trunk-sync").path
+    }
+
+    /// Runs `executable` with inherited output and waits for it with `waitpid` (for scripts
+    /// that start daemons, which Foundation's `Process` waits on poorly).
+    public static func spawnAndWait(_ executable: String, _ arguments: [String]) throws -> Int32 {
+        var pid: pid_t = 0
+        let argv: [UnsafeMutablePointer<CChar>?] = ([executable] + arguments).map { strdup($0) } + [nil]
+        defer { argv.forEach { free($0) } }
+        let spawned = posix_spawn(&pid, executable, nil, nil, argv, environ)
+        guard spawned == 0 else { throw TestEnvironmentError("cannot start \(executable): errno \(spawned)") }
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) < 0 {
+            guard errno == EINTR else { throw TestEnvironmentError("waitpid failed: errno \(errno)") }
+        }
+        return (status >> 8) & 0xff
+    }
+
+    /// Starts `executable` and returns the running process with pipes for its output.
+    public static func start(
+        _ executable: String, _ arguments: [String], environment: [String: String]? = nil,
+        currentDirectory: String? = nil
+    ) throws -> (Process, Pipe, Pipe) {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = arguments
+        if let environment { process.environment = environment }
+        if let currentDirectory { process.currentDirectoryURL = URL(fileURLWithPath: currentDirectory) }
+        let stdout = Pipe()
+        let stderr = Pipe()
+        process.standardOutput = stdout
+        process.standardError = stderr
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+        return (process, stdout, stderr)
+    }
+
+    /// Runs `executable` to completion.
+    public static func run(
+        _ executable: String, _ arguments: [String], environment: [String: String]? = nil,
+        currentDirectory: String? = nil
+    ) throws -> Result {
+        let (process, stdout, stderr) = try start(
+            executable, arguments, environment: environment, currentDirectory: currentDirectory)
+        return finish(process, stdout, stderr)
+    }
+
+    /// Waits for a started process and collects its output.
+    public static func finish(_ process: Process, _ stdout: Pipe, _ stderr: Pipe) -> Result {
+        // Read both pipes to the end before waiting, so a chatty child never blocks on a full pipe.
+        let group = DispatchGroup()
+        nonisolated(unsafe) var errorData = Data()
+        group.enter()
+        DispatchQueue.global().async {
+            errorData = stderr.fileHandleForReading.readDataToEndOfFile()
+            group.leave()
+        }
+        let outputData = stdout.fileHandleForReading.readDataToEndOfFile()
+        group.wait()
+        process.waitUntilExit()
+        return Result(
+            status: process.terminationStatus, stdout: String(decoding: outputData, as: UTF8.self),
+            stderr: String(decoding: errorData, as: UTF8.self))
+    }
+
+    /// The environment of this process with `TRUNK_SYNC_*` variables removed and `overrides` added.
+    public static func environment(_ overrides: [String: String]) -> [String: String] {
+        var environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("TRUNK_SYNC_") }
+        environment.merge(overrides) { $1 }
+        return environment
+    }
+}
+
+/// Fails with a timeout error unless `body` finishes within `seconds`.
+public func withTimeout<T: Sendable>(
+    _ seconds: Double, _ what: String = "operation", _ body: @escaping @Sendable () async throws -> T
+) async throws -> T {
+    try await withThrowingTaskGroup(of: T.self) { group in
+        group.addTask { try await body() }
+        group.addTask {
+            try await Task.sleep(for: .seconds(seconds))
+            throw TestEnvironmentError("\(what) did not finish within \(seconds) s")
+        }
+        guard let first = try await group.next() else { throw TestEnvironmentError("no result") }
+        group.cancelAll()
+        return first
+    }
+}

@@ -1,0 +1,106 @@
+import Foundation
+import TestSupport
+import TrunkSync
+import XCTest
+
+final class ConfigurationTests: XCTestCase {
+    func testDefaults() throws {
+        let configuration = try Configuration.load(environment: [:])
+        XCTAssertEqual(configuration.host, "127.0.0.1")
+        XCTAssertEqual(configuration.port, 8080)
+        XCTAssertEqual(configuration.mailer, .log)
+        XCTAssertEqual(configuration.mailFrom, "no-reply@localhost")
+        XCTAssertEqual(configuration.publicURL, "http://127.0.0.1:8080")
+        XCTAssertEqual(configuration.logLevel, .info)
+        XCTAssertEqual(configuration.logFormat, .text)
+        XCTAssertEqual(configuration.corsOrigins, [])
+        XCTAssertNil(configuration.databaseURL)
+    }
+
+    func testFileThenEnvironmentThenFlags() throws {
+        let file = NSTemporaryDirectory() + "config-\(UUID().uuidString).json"
+        try #"{"_comment": "test", "port": 9000, "host": "0.0.0.0", "cors_origins": ["https://a.example", "https://b.example"], "log_format": "json"}"#
+            .write(toFile: file, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let configuration = try Configuration.load(
+            file: file, environment: ["TRUNK_SYNC_PORT": "9100", "TRUNK_SYNC_LOG_FORMAT": "text"], flags: ["port": "9200"])
+        XCTAssertEqual(configuration.port, 9200)
+        XCTAssertEqual(configuration.host, "0.0.0.0")
+        XCTAssertEqual(configuration.logFormat, .text)
+        XCTAssertEqual(configuration.corsOrigins, ["https://a.example", "https://b.example"])
+        XCTAssertEqual(configuration.publicURL, "http://0.0.0.0:9200")
+    }
+
+    func testBadValuesNameTheVariable() {
+        let cases: [([String: String], String)] = [
+            (["TRUNK_SYNC_PORT": "http"], "TRUNK_SYNC_PORT must be a port number"),
+            (["TRUNK_SYNC_PORT": "70000"], "TRUNK_SYNC_PORT must be a port number"),
+            (["TRUNK_SYNC_MAILER": "pigeon"], "TRUNK_SYNC_MAILER must be log or smtp"),
+            (["TRUNK_SYNC_MAILER": "smtp"], "TRUNK_SYNC_SMTP_URL is required"),
+            (["TRUNK_SYNC_LOG_LEVEL": "loud"], "TRUNK_SYNC_LOG_LEVEL must be one of"),
+            (["TRUNK_SYNC_LOG_FORMAT": "xml"], "TRUNK_SYNC_LOG_FORMAT must be text or json"),
+            (["TRUNK_SYNC_PUBLIC_URL": "ftp://x"], "TRUNK_SYNC_PUBLIC_URL must be an http"),
+            (["TRUNK_SYNC_DB_POOL_SIZE": "0"], "TRUNK_SYNC_DB_POOL_SIZE must be an integer"),
+        ]
+        for (environment, expected) in cases {
+            XCTAssertThrowsError(try Configuration.load(environment: environment)) { error in
+                XCTAssertTrue("\(error)".hasPrefix(expected), "\(error)")
+            }
+        }
+    }
+
+    func testServeNeedsAStrongSecretAndADatabase() throws {
+        XCTAssertThrowsError(try Configuration.load(environment: ["TRUNK_SYNC_JWT_SECRET": String(repeating: "x", count: 32)]).validateForServe()) {
+            XCTAssertTrue("\($0)".hasPrefix("TRUNK_SYNC_DATABASE_URL is required"), "\($0)")
+        }
+        let short = try Configuration.load(environment: ["TRUNK_SYNC_DATABASE_URL": "postgres://x/y", "TRUNK_SYNC_JWT_SECRET": "short"])
+        XCTAssertThrowsError(try short.validateForServe()) {
+            XCTAssertEqual("\($0)", "TRUNK_SYNC_JWT_SECRET must be at least 32 bytes")
+        }
+        let good = try Configuration.load(
+            environment: ["TRUNK_SYNC_DATABASE_URL": "postgres://x/y", "TRUNK_SYNC_JWT_SECRET": String(repeating: "s", count: 32)])
+        XCTAssertNoThrow(try good.validateForServe())
+    }
+
+    func testUnknownOrMalformedFileIsRefused() throws {
+        let file = NSTemporaryDirectory() + "config-\(UUID().uuidString).json"
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        try #"{"prot": 9000}"#.write(toFile: file, atomically: true, encoding: .utf8)
+        XCTAssertThrowsError(try Configuration.load(file: file, environment: [:])) {
+            XCTAssertTrue("\($0)".contains("unknown setting \"prot\""), "\($0)")
+        }
+        try "{ not json".write(toFile: file, atomically: true, encoding: .utf8)
+        XCTAssertThrowsError(try Configuration.load(file: file, environment: [:])) {
+            XCTAssertTrue("\($0)".contains("must hold one JSON object"), "\($0)")
+        }
+        XCTAssertThrowsError(try Configuration.load(file: file + ".missing", environment: [:])) {
+            XCTAssertTrue("\($0)".contains("cannot read config file"), "\($0)")
+        }
+    }
+
+    func testRedactedDescriptionHidesSecrets() throws {
+        let configuration = try Configuration.load(environment: [
+            "TRUNK_SYNC_DATABASE_URL": "postgres://u:db-password@h/d", "TRUNK_SYNC_JWT_SECRET": "jwt-secret-value-that-is-long-enough",
+            "TRUNK_SYNC_SMTP_URL": "smtp://u:smtp-password@mail:25",
+        ])
+        let text = configuration.redactedDescription
+        for secret in ["db-password", "jwt-secret-value", "smtp-password"] { XCTAssertFalse(text.contains(secret), text) }
+        XCTAssertTrue(text.contains("TRUNK_SYNC_DATABASE_URL=***"), text)
+        XCTAssertTrue(text.contains("TRUNK_SYNC_PORT=8080"), text)
+    }
+
+    func testConfigCheckCommand() throws {
+        let good = try Command.run(
+            Command.trunkSyncBinary(), ["config", "check"],
+            environment: Command.environment([
+                "TRUNK_SYNC_DATABASE_URL": "postgres://u:pw@h/d", "TRUNK_SYNC_JWT_SECRET": String(repeating: "k", count: 40),
+            ]))
+        XCTAssertEqual(good.status, 0, good.stderr)
+        XCTAssertTrue(good.stdout.contains("configuration OK"))
+        XCTAssertFalse(good.stdout.contains("kkkk"))
+        let bad = try Command.run(
+            Command.trunkSyncBinary(), ["config", "check"], environment: Command.environment(["TRUNK_SYNC_PORT": "-1"]))
+        XCTAssertEqual(bad.status, 1)
+        XCTAssertEqual(bad.stderr, "trunk-sync: TRUNK_SYNC_PORT must be a port number between 1 and 65535\n")
+    }
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the Debian packages trunk-sync needs to build, run and test, skipping those present.
+set -euo pipefail
+
+packages=(libpq-dev libssl-dev pkg-config postgresql python3-aiosmtpd python3-venv curl)
+missing=()
+for package in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$package")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "installing: ${missing[*]}" >&2
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "missing packages (${missing[*]}) and no sudo: install them as root" >&2; exit 1; }
+  sudo=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -qq
+# Debian's postgresql package would start a system-wide cluster; ours are private, so stop it.
+"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if command -v pg_lsclusters >/dev/null && pg_lsclusters -h 2>/dev/null | grep -q online; then
+  "${sudo[@]}" pg_ctlcluster --force "$(pg_lsclusters -h | awk '/online/{print $1; exit}')" main stop 2>/dev/null || true
+fi

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# `make test`: builds everything, starts a private PostgreSQL cluster on a free port in a
+# temporary directory, runs every test target against it, and tears the cluster down
+# afterwards, whether the tests pass or not.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/deps.sh
+swift build --build-tests
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/trunk-sync-test.XXXXXX")
+cleanup() {
+  scripts/pg.sh stop "$work/pg" || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+PG_FAST=1 scripts/pg.sh start "$work/pg" "$port"
+
+export TRUNK_SYNC_TEST_DATABASE_URL
+TRUNK_SYNC_TEST_DATABASE_URL=$(scripts/pg.sh url "$work/pg" postgres)
+export TRUNK_SYNC_TEST_PGDIR="$work/pg"
+export TRUNK_SYNC_BIN="$PWD/$(swift build --show-bin-path)/trunk-sync"
+
+# Bounded, so a hung test fails the run instead of eating CI's time.
+timeout --signal=INT --kill-after=30 1500 swift test --skip-build "$@"
