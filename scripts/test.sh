@@ -20,7 +20,17 @@ PG_FAST=1 scripts/pg.sh start "$work/pg" "$port"
 export TRUNK_SYNC_TEST_DATABASE_URL
 TRUNK_SYNC_TEST_DATABASE_URL=$(scripts/pg.sh url "$work/pg" postgres)
 export TRUNK_SYNC_TEST_PGDIR="$work/pg"
-export TRUNK_SYNC_BIN="$PWD/$(swift build --show-bin-path)/trunk-sync"
+export TRUNK_SYNC_BIN="$(swift build --show-bin-path)/trunk-sync"
 
-# Bounded, so a hung test fails the run instead of eating CI's time.
-timeout --signal=INT --kill-after=30 1500 swift test --skip-build "$@"
+# Bounded, so a hung test fails the run instead of eating CI's time. All tests are XCTest.
+status=0
+timeout --signal=INT --kill-after=30 1500 swift test --skip-build --disable-swift-testing "$@" 2>&1 \
+  | tee "$work/test.log" || status=$?
+# One closing line for readers of the log: totals of the whole XCTest run.
+summary=$(grep -E "^[[:space:]]*Executed [0-9]+ tests?, with [0-9]+ failures?" "$work/test.log" | tail -n 1 || true)
+if [ -n "$summary" ]; then
+  total=$(echo "$summary" | sed -E 's/.*Executed ([0-9]+) tests?.*/\1/')
+  failed=$(echo "$summary" | sed -E 's/.*with ([0-9]+) failures?.*/\1/')
+  echo "$((total - failed)) passed, $failed failed"
+fi
+exit "$status"
