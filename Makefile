@@ -1,5 +1,5 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test build release format lint clean
+.PHONY: run test build release format lint clean fuzz bench
 
 run:
 	scripts/run.sh
@@ -22,3 +22,10 @@ lint:
 clean:
 	scripts/pg.sh stop .data/postgres || true
 	rm -rf .build
+
+# Not part of `make test`: see README ("Fuzzing", "Benchmarks").
+fuzz:
+	scripts/fuzz.sh
+
+bench:
+	bench/http/run.sh

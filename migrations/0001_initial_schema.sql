@@ -107,6 +107,8 @@ create policy events_owner on events
   with check (user_id = nullif(current_setting('app.user_id', true), '')::uuid);
 
 grant usage on schema public to trunk_sync_app;
+-- /readyz compares applied migrations with the files it ships with.
+grant select on schema_migrations to trunk_sync_app;
 grant select, insert, update on users to trunk_sync_app;
 grant select, insert, update, delete on otp_codes, sessions, refresh_tokens, rate_limits to trunk_sync_app;
 grant usage, select on sequence refresh_tokens_id_seq to trunk_sync_app;

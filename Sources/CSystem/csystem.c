@@ -1,28 +1,151 @@
 #define _GNU_SOURCE
 #include "csystem.h"
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#endif
 
 int csystem_set_thread_name(const char *name) {
-#ifdef __linux__
     char truncated[16];
     size_t i = 0;
     for (; i < 15 && name[i] != 0; i++) truncated[i] = name[i];
     truncated[i] = 0;
     return pthread_setname_np(pthread_self(), truncated);
-#else
-    return pthread_setname_np(name);
-#endif
 }
 
 int csystem_get_thread_name(char *buffer, size_t size) {
     return pthread_getname_np(pthread_self(), buffer, size);
 }
 
-int csystem_accept_nonblocking(int fd, void *address, uint32_t *length) {
-#ifdef __linux__
-    return accept4(fd, (struct sockaddr *)address, (socklen_t *)length, SOCK_NONBLOCK | SOCK_CLOEXEC);
-#else
-    return accept(fd, (struct sockaddr *)address, (socklen_t *)length);
-#endif
+int csystem_accept(int listener, char *address, size_t address_size) {
+    struct sockaddr_storage storage;
+    socklen_t length = sizeof(storage);
+    int fd;
+    do {
+        fd = accept4(listener, (struct sockaddr *)&storage, &length, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return fd;
+    address[0] = 0;
+    if (storage.ss_family == AF_INET) {
+        inet_ntop(AF_INET, &((struct sockaddr_in *)&storage)->sin_addr, address, (socklen_t)address_size);
+    } else if (storage.ss_family == AF_INET6) {
+        struct in6_addr *in6 = &((struct sockaddr_in6 *)&storage)->sin6_addr;
+        if (IN6_IS_ADDR_V4MAPPED(in6)) {
+            inet_ntop(AF_INET, &in6->s6_addr[12], address, (socklen_t)address_size);
+        } else {
+            inet_ntop(AF_INET6, in6, address, (socklen_t)address_size);
+        }
+    }
+    return fd;
+}
+
+ssize_t csystem_send(int fd, const void *buffer, size_t length) {
+    ssize_t sent;
+    do {
+        sent = send(fd, buffer, length, MSG_NOSIGNAL);
+    } while (sent < 0 && errno == EINTR);
+    return sent;
+}
+
+int csystem_set_nodelay(int fd) {
+    int one = 1;
+    return setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+int csystem_listen(const char *host, int port, int backlog, int *bound_port, char *error, size_t error_size) {
+    struct addrinfo hints, *results = NULL;
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    char service[16];
+    snprintf(service, sizeof(service), "%d", port);
+    int status = getaddrinfo(host, service, &hints, &results);
+    if (status != 0) {
+        snprintf(error, error_size, "cannot resolve %s: %s", host, gai_strerror(status));
+        errno = EINVAL;
+        return -1;
+    }
+    int fd = -1;
+    int saved = 0;
+    for (struct addrinfo *entry = results; entry != NULL; entry = entry->ai_next) {
+        fd = socket(entry->ai_family, entry->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, entry->ai_protocol);
+        if (fd < 0) { saved = errno; continue; }
+        int one = 1, zero = 0;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (entry->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+        if (bind(fd, entry->ai_addr, entry->ai_addrlen) == 0 && listen(fd, backlog) == 0) {
+            struct sockaddr_storage bound;
+            socklen_t length = sizeof(bound);
+            getsockname(fd, (struct sockaddr *)&bound, &length);
+            *bound_port = bound.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&bound)->sin6_port)
+                                                      : ntohs(((struct sockaddr_in *)&bound)->sin_port);
+            freeaddrinfo(results);
+            return fd;
+        }
+        saved = errno;
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(results);
+    snprintf(error, error_size, "cannot listen on %s:%d: %s", host, port, strerror(saved));
+    errno = saved;
+    return -1;
+}
+
+int csystem_epoll_create(void) { return epoll_create1(EPOLL_CLOEXEC); }
+
+int csystem_epoll_add(int epoll, int fd, uint32_t events, uint64_t data) {
+    struct epoll_event event;
+    event.events = events;
+    event.data.u64 = data;
+    return epoll_ctl(epoll, EPOLL_CTL_ADD, fd, &event);
+}
+
+int csystem_epoll_delete(int epoll, int fd) {
+    struct epoll_event event;
+    memset(&event, 0, sizeof(event));
+    return epoll_ctl(epoll, EPOLL_CTL_DEL, fd, &event);
+}
+
+int csystem_epoll_wait(int epoll, csystem_event *events, int max_events, int timeout_ms) {
+    struct epoll_event raw[256];
+    if (max_events > 256) max_events = 256;
+    int count = epoll_wait(epoll, raw, max_events, timeout_ms);
+    for (int i = 0; i < count; i++) {
+        events[i].events = raw[i].events;
+        events[i].data = raw[i].data.u64;
+    }
+    return count;
+}
+
+uint32_t csystem_epollin(void) { return EPOLLIN; }
+uint32_t csystem_epollout(void) { return EPOLLOUT; }
+uint32_t csystem_epollrdhup(void) { return EPOLLRDHUP; }
+uint32_t csystem_epollhup(void) { return EPOLLHUP; }
+uint32_t csystem_epollerr(void) { return EPOLLERR; }
+uint32_t csystem_epollet(void) { return EPOLLET; }
+
+int csystem_eventfd(void) { return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
+
+long csystem_raise_fd_limit(void) {
+    struct rlimit limit;
+    if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return -1;
+    if (limit.rlim_cur < limit.rlim_max) {
+        limit.rlim_cur = limit.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &limit);
+        getrlimit(RLIMIT_NOFILE, &limit);
+    }
+    return (long)limit.rlim_cur;
 }

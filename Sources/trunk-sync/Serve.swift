@@ -1,5 +1,7 @@
 import ArgumentParser
+import Dispatch
 import Foundation
+import HTTPServer
 import Logging
 import TrunkSync
 
@@ -11,7 +13,7 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Address to listen on; overrides TRUNK_SYNC_HOST.")
     var host: String?
 
-    @Option(help: "Port to listen on; overrides TRUNK_SYNC_PORT.")
+    @Option(help: "Port to listen on (0: any free port); overrides TRUNK_SYNC_PORT.")
     var port: String?
 
     func run() async throws {
@@ -22,7 +24,44 @@ struct Serve: AsyncParsableCommand {
             let configuration = try options.load(extraFlags: flags)
             try configuration.validateForServe()
             let logger = Logger(label: "trunk-sync")
-            logger.notice("configuration is valid; the HTTP server is not built yet, so serve stops here")
+            let application = try Application(configuration: configuration, logger: logger)
+            let server = HTTPServer(
+                configuration: application.serverConfiguration, router: application.router(),
+                logger: Logger(label: "trunk-sync.http"))
+            let port = try server.start()
+            if configuration.mailer == .log {
+                logger.warning("TRUNK_SYNC_MAILER=log: sign-in codes are printed to this log, not mailed")
+            }
+            logger.notice(
+                "listening", metadata: ["address": "\(configuration.host)", "port": "\(port)", "url": "\(configuration.publicURL)"])
+
+            let signals = ShutdownSignals {
+                logger.notice("signal received, shutting down")
+                server.shutdown()
+            }
+            await server.waitUntilStopped()
+            signals.cancel()
+            await application.pool.close()
+            logger.notice("stopped")
         }
     }
+}
+
+/// Turns SIGTERM and SIGINT into one call of `handler` (on a Dispatch queue, never on the
+/// cooperative pool).
+final class ShutdownSignals: @unchecked Sendable {  // sources are immutable after init
+    private let sources: [any DispatchSourceSignal]
+
+    init(_ handler: @escaping @Sendable () -> Void) {
+        let queue = DispatchQueue(label: "trunk-sync.signals")
+        sources = [SIGTERM, SIGINT].map { number in
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: queue)
+            source.setEventHandler(handler: handler)
+            source.resume()
+            return source
+        }
+    }
+
+    func cancel() { sources.forEach { $0.cancel() } }
 }

@@ -101,6 +101,6 @@ final class ConfigurationTests: XCTestCase {
         let bad = try Command.run(
             Command.trunkSyncBinary(), ["config", "check"], environment: Command.environment(["TRUNK_SYNC_PORT": "-1"]))
         XCTAssertEqual(bad.status, 1)
-        XCTAssertEqual(bad.stderr, "trunk-sync: TRUNK_SYNC_PORT must be a port number between 1 and 65535\n")
+        XCTAssertEqual(bad.stderr, "trunk-sync: TRUNK_SYNC_PORT must be a port number between 0 and 65535 (0: any free port)\n")
     }
 }

@@ -1,14 +1,11 @@
 #ifndef TRUNK_SYNC_CSYSTEM_H
 #define TRUNK_SYNC_CSYSTEM_H
-// Linux system calls that Swift's Glibc module does not export (they need _GNU_SOURCE):
-// epoll, accept4, thread names. Thin wrappers only; all logic lives in Swift.
+// Linux system calls that Swift's Glibc module does not export or imports awkwardly
+// (they need _GNU_SOURCE, or are macros): epoll, eventfd, accept4, send flags, thread names.
+// Thin wrappers only; all logic lives in Swift.
 #include <stdint.h>
+#include <stddef.h>
 #include <sys/types.h>
-
-#ifdef __linux__
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#endif
 
 /// Names the calling thread (Linux keeps the first 15 bytes); 0 on success.
 int csystem_set_thread_name(const char *name);
@@ -16,7 +13,46 @@ int csystem_set_thread_name(const char *name);
 /// Copies the calling thread's name into `buffer`; 0 on success.
 int csystem_get_thread_name(char *buffer, size_t size);
 
-/// accept4(2) with SOCK_NONBLOCK | SOCK_CLOEXEC.
-int csystem_accept_nonblocking(int fd, void *address, uint32_t *length);
+/// accept4(2) with SOCK_NONBLOCK | SOCK_CLOEXEC; the peer address is written as text
+/// ("1.2.3.4" or "::1") into `address` (at least 64 bytes).
+int csystem_accept(int listener, char *address, size_t address_size);
+
+/// send(2) with MSG_NOSIGNAL (a closed peer gives EPIPE, never SIGPIPE).
+ssize_t csystem_send(int fd, const void *buffer, size_t length);
+
+/// Sets TCP_NODELAY (responses go out at once).
+int csystem_set_nodelay(int fd);
+
+/// A listening socket bound to host:port (numeric or resolvable host; "::" accepts IPv4 too),
+/// non-blocking, close-on-exec, with SO_REUSEADDR. Returns the fd, or -1 with errno set and
+/// a reason in `error` (at least 256 bytes). `bound_port` receives the actual port.
+int csystem_listen(const char *host, int port, int backlog, int *bound_port, char *error, size_t error_size);
+
+/// epoll wrappers (the event constants are macros or packed structs in <sys/epoll.h>).
+int csystem_epoll_create(void);
+int csystem_epoll_add(int epoll, int fd, uint32_t events, uint64_t data);
+int csystem_epoll_delete(int epoll, int fd);
+
+/// One ready descriptor from `csystem_epoll_wait`.
+typedef struct {
+    uint32_t events;
+    uint64_t data;
+} csystem_event;
+
+/// epoll_wait(2) into an unpacked array; returns the count or -1 with errno set.
+int csystem_epoll_wait(int epoll, csystem_event *events, int max_events, int timeout_ms);
+
+uint32_t csystem_epollin(void);
+uint32_t csystem_epollout(void);
+uint32_t csystem_epollrdhup(void);
+uint32_t csystem_epollhup(void);
+uint32_t csystem_epollerr(void);
+uint32_t csystem_epollet(void);
+
+/// eventfd(2), non-blocking and close-on-exec.
+int csystem_eventfd(void);
+
+/// Raises RLIMIT_NOFILE's soft limit to its hard limit; returns the new soft limit.
+long csystem_raise_fd_limit(void);
 
 #endif

@@ -103,8 +103,8 @@ public struct Configuration: Sendable {
 
     private mutating func validate() throws {
         if let text = value("port") {
-            guard let port = Int(text), (1...65535).contains(port) else {
-                throw error("port", "must be a port number between 1 and 65535")
+            guard let port = Int(text), (0...65535).contains(port) else {
+                throw error("port", "must be a port number between 0 and 65535 (0: any free port)")
             }
             self.port = port
         }

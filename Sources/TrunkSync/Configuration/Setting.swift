@@ -20,7 +20,7 @@ public struct Setting: Sendable {
             key: "database_url", defaultValue: nil, isSecret: true,
             summary: "PostgreSQL to use: postgres://user:pass@host:port/db or a libpq conninfo string. Required."),
         Setting(key: "host", defaultValue: "127.0.0.1", isSecret: false, summary: "Address to listen on (IPv4 or IPv6)."),
-        Setting(key: "port", defaultValue: "8080", isSecret: false, summary: "TCP port to listen on."),
+        Setting(key: "port", defaultValue: "8080", isSecret: false, summary: "TCP port to listen on (0: any free port, logged at start)."),
         Setting(
             key: "jwt_secret", defaultValue: nil, isSecret: true,
             summary: "HS256 signing secret for access tokens, at least 32 bytes. Required by serve."),

@@ -1,0 +1,131 @@
+/// A response status code with its reason phrase.
+public struct HTTPStatus: Hashable, Sendable, ExpressibleByIntegerLiteral, CustomStringConvertible {
+    /// The numeric code.
+    public let code: Int
+
+    /// A status from its code.
+    public init(_ code: Int) { self.code = code }
+    /// A status from an integer literal.
+    public init(integerLiteral code: Int) { self.code = code }
+
+    /// The standard reason phrase.
+    public var reason: String {
+        switch code {
+        case 100: return "Continue"
+        case 200: return "OK"
+        case 201: return "Created"
+        case 204: return "No Content"
+        case 206: return "Partial Content"
+        case 301: return "Moved Permanently"
+        case 304: return "Not Modified"
+        case 400: return "Bad Request"
+        case 401: return "Unauthorized"
+        case 403: return "Forbidden"
+        case 404: return "Not Found"
+        case 405: return "Method Not Allowed"
+        case 406: return "Not Acceptable"
+        case 408: return "Request Timeout"
+        case 409: return "Conflict"
+        case 411: return "Length Required"
+        case 413: return "Content Too Large"
+        case 414: return "URI Too Long"
+        case 415: return "Unsupported Media Type"
+        case 422: return "Unprocessable Content"
+        case 429: return "Too Many Requests"
+        case 431: return "Request Header Fields Too Large"
+        case 500: return "Internal Server Error"
+        case 501: return "Not Implemented"
+        case 502: return "Bad Gateway"
+        case 503: return "Service Unavailable"
+        case 504: return "Gateway Timeout"
+        case 505: return "HTTP Version Not Supported"
+        default: return "Status \(code)"
+        }
+    }
+
+    /// `200 OK`.
+    public var description: String { "\(code) \(reason)" }
+
+    public static let ok: HTTPStatus = 200
+    public static let created: HTTPStatus = 201
+    public static let noContent: HTTPStatus = 204
+    public static let badRequest: HTTPStatus = 400
+    public static let unauthorized: HTTPStatus = 401
+    public static let forbidden: HTTPStatus = 403
+    public static let notFound: HTTPStatus = 404
+    public static let methodNotAllowed: HTTPStatus = 405
+    public static let tooManyRequests: HTTPStatus = 429
+    public static let internalServerError: HTTPStatus = 500
+    public static let serviceUnavailable: HTTPStatus = 503
+}
+
+/// What a handler answers. The server adds `Content-Length`, `Date`, `Server`,
+/// `X-Request-Id`, CORS and `Connection` headers.
+public struct HTTPResponse: Sendable {
+    /// The status.
+    public var status: HTTPStatus
+    /// Header fields set by the handler.
+    public var headers: HTTPHeaders
+    /// The body (not sent for `HEAD` and 1xx/204/304, but still counted in `Content-Length`
+    /// for `HEAD`).
+    public var body: [UInt8]
+    /// Close the connection after this response.
+    public var closeConnection = false
+
+    /// A response from its parts.
+    public init(status: HTTPStatus, headers: HTTPHeaders = [:], body: [UInt8] = []) {
+        self.status = status
+        self.headers = headers
+        self.body = body
+    }
+
+    /// A JSON response from already encoded UTF-8 bytes.
+    public static func json(_ status: HTTPStatus, _ body: [UInt8], headers: HTTPHeaders = [:]) -> HTTPResponse {
+        var all = headers
+        all.append(name: "Content-Type", value: "application/json; charset=utf-8")
+        return HTTPResponse(status: status, headers: all, body: body)
+    }
+
+    /// A JSON response from a string of JSON.
+    public static func json(_ status: HTTPStatus, _ text: String, headers: HTTPHeaders = [:]) -> HTTPResponse {
+        json(status, Array(text.utf8), headers: headers)
+    }
+
+    /// The standard error shape `{"code": …, "message": …}`.
+    public static func error(_ status: HTTPStatus, code: String, message: String, headers: HTTPHeaders = [:])
+        -> HTTPResponse
+    {
+        json(status, "{\"code\":\(JSONText.quote(code)),\"message\":\(JSONText.quote(message))}", headers: headers)
+    }
+}
+
+/// An error that knows the response it stands for (its status and JSON body). Any other
+/// error escaping a handler becomes a bare `500` that reveals nothing.
+public protocol HTTPResponseError: Error {
+    /// The response to send.
+    var response: HTTPResponse { get }
+}
+
+/// Minimal JSON string quoting for server-generated bodies.
+public enum JSONText {
+    /// `text` as a JSON string literal.
+    public static func quote(_ text: String) -> String {
+        var out = "\""
+        out.reserveCapacity(text.utf8.count + 2)
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            case "\n": out += "\\n"
+            case "\r": out += "\\r"
+            case "\t": out += "\\t"
+            case _ where scalar.value < 0x20:
+                let hex = String(scalar.value, radix: 16)
+                out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+            default: out.unicodeScalars.append(scalar)
+            }
+        }
+        out += "\""
+        return out
+    }
+}

@@ -1,0 +1,52 @@
+import CSystem
+import Foundation
+import Logging
+
+/// An HTTP/1.1 server on plain POSIX sockets with one epoll event loop on a thread of its
+/// own.
+///
+/// The loop accepts, reads, parses and writes; it never waits on anything but epoll. A
+/// complete request goes to its route's handler: inline handlers answer on the loop, all
+/// others run as tasks on Swift's pool and hand their response back through a mailbox, so a
+/// handler may wait (a long-poll) without holding any thread.
+public final class HTTPServer: Sendable {
+    /// The server's settings.
+    public let configuration: HTTPServerConfiguration
+    private let loop: EventLoop
+
+    /// A server for `router`; call `start()` to listen.
+    public init(configuration: HTTPServerConfiguration, router: Router, logger: Logger) {
+        self.configuration = configuration
+        self.loop = EventLoop(configuration: configuration, router: router, logger: logger)
+    }
+
+    /// Binds the socket and starts the event loop thread. Raises `RLIMIT_NOFILE` to its hard
+    /// limit first.
+    /// - Returns: the port listened on (useful with port 0).
+    /// - Throws: `HTTPServerError` when the address cannot be bound.
+    @discardableResult
+    public func start() throws -> Int {
+        try loop.start()
+    }
+
+    /// The port listened on (after `start`).
+    public var port: Int { loop.boundPort }
+
+    /// Begins graceful shutdown: stop accepting, close idle connections, let in-flight
+    /// requests finish (at most `shutdownTimeout`), then stop the loop. Safe from any thread.
+    public func shutdown() { loop.requestShutdown() }
+
+    /// Suspends until the loop has stopped and every connection is closed.
+    public func waitUntilStopped() async {
+        await loop.waitUntilStopped()
+    }
+
+    /// Open connections and requests in flight, for metrics.
+    public var statistics: (connections: Int, inFlight: Int) { loop.statistics }
+}
+
+/// The server could not start.
+public struct HTTPServerError: Error, CustomStringConvertible {
+    /// One line for the operator.
+    public let description: String
+}

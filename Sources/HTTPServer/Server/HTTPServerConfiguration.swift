@@ -1,0 +1,38 @@
+/// Settings of the HTTP server. Every default is the one stated in its comment.
+public struct HTTPServerConfiguration: Sendable {
+    /// Address to listen on; `::` listens on IPv6 and IPv4. Default `127.0.0.1`.
+    public var host = "127.0.0.1"
+    /// Port; 0 picks a free one (see `HTTPServer.port`). Default 8080.
+    public var port = 8080
+    /// Request line, header and body limits. Default `HTTPParserLimits.default`
+    /// (8 KiB, 32 KiB / 100 fields, 10 MiB).
+    public var limits = HTTPParserLimits.default
+    /// Time to receive a whole request head once its first byte arrived → `408`. Default 10 s.
+    public var headerTimeout: Duration = .seconds(10)
+    /// Longest pause while receiving a body → `408`. Default 30 s.
+    public var bodyIdleTimeout: Duration = .seconds(30)
+    /// How long an idle keep-alive connection (or a new one that sends nothing) stays open.
+    /// Default 60 s.
+    public var keepAliveTimeout: Duration = .seconds(60)
+    /// Longest time a response may wait for the client to read it → close. Default 30 s.
+    public var writeTimeout: Duration = .seconds(30)
+    /// Most open connections; more are answered `503` and closed. Default 10,000.
+    public var maxConnections = 10_000
+    /// How long graceful shutdown waits for in-flight requests. Default 10 s.
+    public var shutdownTimeout: Duration = .seconds(10)
+    /// Origins allowed by CORS (`*` for any). Default none.
+    public var corsOrigins: [String] = []
+    /// The `Server` header. Default `trunk-sync`.
+    public var serverName = "trunk-sync"
+
+    /// The defaults.
+    public init() {}
+}
+
+extension Duration {
+    var nanosecondsClamped: UInt64 {
+        let (seconds, attoseconds) = components
+        guard seconds >= 0 else { return 0 }
+        return UInt64(seconds) * 1_000_000_000 + UInt64(attoseconds / 1_000_000_000)
+    }
+}

@@ -1,0 +1,56 @@
+import CSystem
+import Foundation
+
+/// Hands work back to the event loop from other threads: finished responses and the
+/// shutdown request. Writing to an eventfd wakes the loop from `epoll_wait`.
+final class Mailbox: @unchecked Sendable {
+    struct Completion {
+        let fd: Int32
+        let connectionID: UInt64
+        let response: HTTPResponse
+    }
+
+    let eventFD: Int32
+    private let lock = NSLock()
+    private var completions: [Completion] = []
+    private var shutdownRequested = false
+    private var signalled = false
+
+    init() {
+        eventFD = csystem_eventfd()
+    }
+
+    func post(_ completion: Completion) {
+        lock.lock()
+        completions.append(completion)
+        let wake = !signalled
+        signalled = true
+        lock.unlock()
+        if wake { wakeLoop() }
+    }
+
+    func requestShutdown() {
+        lock.lock()
+        shutdownRequested = true
+        signalled = true
+        lock.unlock()
+        wakeLoop()
+    }
+
+    /// Takes everything posted so far (called by the loop after the eventfd fired).
+    func drain() -> (completions: [Completion], shutdown: Bool) {
+        var counter: UInt64 = 0
+        _ = read(eventFD, &counter, 8)
+        lock.lock()
+        defer { lock.unlock() }
+        let taken = completions
+        completions = []
+        signalled = false
+        return (taken, shutdownRequested)
+    }
+
+    private func wakeLoop() {
+        var one: UInt64 = 1
+        while write(eventFD, &one, 8) < 0, errno == EINTR {}
+    }
+}
