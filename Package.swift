@@ -59,7 +59,7 @@ let package = Package(
         .testTarget(
             name: "TrunkSyncTests",
             dependencies: [
-                "TrunkSync", "Postgres", "TrunkCrypto", "TestSupport",
+                "TrunkSync", "Postgres", "TrunkCrypto", "TestSupport", "HTTPServer",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

@@ -61,6 +61,11 @@ public struct Configuration: Sendable {
     /// `TRUNK_SYNC_DB_POOL_TIMEOUT`, in seconds.
     public private(set) var databasePoolTimeout: Double = 5
 
+    /// Sign-in rules from `jwt_expiry`, `otp_*`, `rate_limit_*`, `refresh_reuse_interval`.
+    public private(set) var auth = AuthSettings()
+    /// `TRUNK_SYNC_JWT_EXPIRY`, seconds.
+    public private(set) var jwtExpiry = 3600
+
     /// Loads and validates the configuration.
     /// - Parameters:
     ///   - file: path of a JSON config file (`--config`), if any.
@@ -141,8 +146,39 @@ public struct Configuration: Sendable {
                 throw error("public_url", "must be an http:// or https:// URL")
             }
         }
+        jwtExpiry = try integer("jwt_expiry", 60...86_400 * 7) ?? jwtExpiry
+        auth.otpLifetime = try integer("otp_expiry", 30...86_400) ?? auth.otpLifetime
+        auth.otpResendInterval = try integer("otp_resend_interval", 0...3600) ?? auth.otpResendInterval
+        auth.otpMaxAttempts = try integer("otp_max_attempts", 1...100) ?? auth.otpMaxAttempts
+        auth.otpRule = try rule("rate_limit_otp") ?? auth.otpRule
+        auth.verifyRule = try rule("rate_limit_verify") ?? auth.verifyRule
+        auth.tokenRule = try rule("rate_limit_token") ?? auth.tokenRule
+        auth.mailRule = try rule("rate_limit_mail") ?? auth.mailRule
+        auth.refreshReuseInterval = try integer("refresh_reuse_interval", 0...300) ?? auth.refreshReuseInterval
         if mailer == .smtp, smtpURL == nil { throw error("smtp_url", "is required when TRUNK_SYNC_MAILER is smtp") }
     }
+
+    private func integer(_ key: String, _ range: ClosedRange<Int>) throws -> Int? {
+        guard let text = value(key) else { return nil }
+        guard let number = Int(text), range.contains(number) else {
+            throw error(key, "must be an integer between \(range.lowerBound) and \(range.upperBound)")
+        }
+        return number
+    }
+
+    private func rule(_ key: String) throws -> RateLimiter.Rule? {
+        guard let text = value(key) else { return nil }
+        let parts = text.split(separator: "/")
+        guard parts.count == 2, let limit = Int(parts[0]), let window = Int(parts[1]), limit >= 1, window >= 1,
+            window <= 86_400
+        else {
+            throw error(key, "must look like REQUESTS/SECONDS, e.g. 30/300")
+        }
+        return RateLimiter.Rule(limit: limit, window: window)
+    }
+
+    /// Adjusts the sign-in rules beyond what settings allow (tests: one-second windows).
+    public mutating func adjustAuth(_ change: (inout AuthSettings) -> Void) { change(&auth) }
 
     /// Checks what `serve` needs beyond the common settings.
     public func validateForServe() throws {

@@ -46,6 +46,29 @@ public struct Setting: Sendable {
         Setting(
             key: "db_pool_timeout", defaultValue: "5", isSecret: false,
             summary: "Seconds a request waits for a free database connection before 503."),
+        Setting(key: "jwt_expiry", defaultValue: "3600", isSecret: false, summary: "Access token lifetime in seconds."),
+        Setting(key: "otp_expiry", defaultValue: "600", isSecret: false, summary: "Seconds a sign-in code stays valid."),
+        Setting(
+            key: "otp_resend_interval", defaultValue: "60", isSecret: false,
+            summary: "Seconds before another code may be sent to the same address."),
+        Setting(
+            key: "otp_max_attempts", defaultValue: "5", isSecret: false,
+            summary: "Wrong guesses after which a code is dead."),
+        Setting(
+            key: "rate_limit_otp", defaultValue: "30/300", isSecret: false,
+            summary: "Per-IP limit on POST /auth/v1/otp, as requests/seconds."),
+        Setting(
+            key: "rate_limit_verify", defaultValue: "30/300", isSecret: false,
+            summary: "Per-IP limit on POST /auth/v1/verify, as requests/seconds."),
+        Setting(
+            key: "rate_limit_token", defaultValue: "150/300", isSecret: false,
+            summary: "Per-IP limit on POST /auth/v1/token, as requests/seconds."),
+        Setting(
+            key: "rate_limit_mail", defaultValue: "1000/3600", isSecret: false,
+            summary: "Sign-in mails the whole deployment may send, as mails/seconds."),
+        Setting(
+            key: "refresh_reuse_interval", defaultValue: "10", isSecret: false,
+            summary: "Seconds a just-rotated refresh token still yields a session (tabs refreshing together)."),
     ]
 
     /// The setting with a config-file key, if any.

@@ -12,13 +12,16 @@ public struct Application: Sendable {
     public let pool: PostgresPool
     /// The migrations this binary ships with, for `/readyz`.
     public let migrator: Migrator
+    /// Sign-in, sessions and tokens.
+    public let auth: AuthService
     private let logger: Logger
 
     /// The role the server's queries run as (created by the first migration).
     public static let databaseRole = "trunk_sync_app"
 
-    /// Builds the application: a pool from the configuration, migrations from its directory.
-    public init(configuration: Configuration, logger: Logger) throws {
+    /// Builds the application: a pool from the configuration, migrations from its directory,
+    /// and `sender` for sign-in codes (by default the one `TRUNK_SYNC_MAILER` names).
+    public init(configuration: Configuration, logger: Logger, sender: (any SignInCodeSender)? = nil) throws {
         self.configuration = configuration
         self.logger = logger
         var settings = PostgresPool.Configuration()
@@ -28,6 +31,19 @@ public struct Application: Sendable {
         pool = PostgresPool(
             try PostgresConfiguration(try configuration.requireDatabaseURL()), configuration: settings, logger: logger)
         migrator = Migrator(migrations: try Migration.load(from: configuration.migrationsDirectory), logger: logger)
+        let secret = configuration.jwtSecret ?? ""
+        auth = AuthService(
+            pool: pool,
+            tokens: TokenIssuer(secret: secret, issuer: configuration.publicURL + "/auth/v1", lifetime: configuration.jwtExpiry),
+            secret: secret, sender: try sender ?? Self.defaultSender(configuration, logger: logger),
+            settings: configuration.auth, logger: logger)
+    }
+
+    static func defaultSender(_ configuration: Configuration, logger: Logger) throws -> any SignInCodeSender {
+        switch configuration.mailer {
+        case .log: return LogCodeSender(logger: logger)
+        case .smtp: throw ConfigurationError(message: "TRUNK_SYNC_MAILER=smtp is not available in this build")
+        }
     }
 
     /// The HTTP server's settings taken from the configuration.
@@ -44,6 +60,7 @@ public struct Application: Sendable {
         var router = Router()
         router.addInline(.get, "/healthz") { _ in .json(.ok, #"{"status":"ok"}"#) }
         router.add(.get, "/readyz") { _ in await readiness() }
+        AuthRoutes(service: auth).register(in: &router)
         return router
     }
 

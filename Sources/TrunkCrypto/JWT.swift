@@ -1,0 +1,164 @@
+/// Compact JWS (JWT) signing and verification for HS256.
+///
+/// This layer checks only the envelope: structure, the `alg` (never `none`), the `kid`,
+/// and the signature (compared in constant time). Claims (`exp`, `aud`, …) are the
+/// caller's to check, on the payload bytes this returns.
+public enum JWT {
+    /// A key that signs and verifies HS256 tokens.
+    public struct HS256Key: Sendable {
+        /// The key id put in the header (`kid`), if any.
+        public let keyID: String?
+        let secret: [UInt8]
+
+        /// A key from a shared secret (its UTF-8 bytes are the HMAC key, as Supabase does).
+        public init(secret: String, keyID: String? = nil) {
+            self.secret = Array(secret.utf8)
+            self.keyID = keyID
+        }
+    }
+
+    /// Why a token was rejected. Descriptions are safe to log (they never contain the token).
+    public enum VerificationError: Error, Equatable, CustomStringConvertible {
+        case malformed
+        case unsupportedAlgorithm(String)
+        case unknownKey
+        case badSignature
+
+        public var description: String {
+            switch self {
+            case .malformed: return "token is not a well-formed JWT"
+            case .unsupportedAlgorithm(let alg): return "token algorithm \(alg) is not accepted"
+            case .unknownKey: return "token signed with an unknown key"
+            case .badSignature: return "token signature is invalid"
+            }
+        }
+    }
+
+    /// Signs `payload` (UTF-8 JSON of the claims) and returns `header.payload.signature`.
+    public static func sign(payload: [UInt8], with key: HS256Key) -> String {
+        var header = #"{"alg":"HS256","typ":"JWT""#
+        if let keyID = key.keyID { header += #","kid":"# + jsonQuoted(keyID) }
+        header += "}"
+        let signingInput = Base64URL.encode(Array(header.utf8)) + "." + Base64URL.encode(payload)
+        let signature = HMAC.sha256(key: key.secret, message: Array(signingInput.utf8))
+        return signingInput + "." + Base64URL.encode(signature)
+    }
+
+    /// Verifies a token against the accepted keys and returns its payload bytes.
+    ///
+    /// A token with a `kid` must name one of `keys`; one without is tried against the keys
+    /// that have no id. Only `HS256` is accepted.
+    public static func verify(_ token: String, keys: [HS256Key]) throws(VerificationError) -> [UInt8] {
+        let parts = token.utf8.split(separator: UInt8(ascii: "."), omittingEmptySubsequences: false)
+        guard parts.count == 3, let headerBytes = Base64URL.decode(parts[0]), let payload = Base64URL.decode(parts[1]),
+            let signature = Base64URL.decode(parts[2])
+        else { throw .malformed }
+        let header = try parseHeader(headerBytes)
+        guard header.alg == "HS256" else { throw .unsupportedAlgorithm(header.alg) }
+        let candidates = keys.filter { $0.keyID == header.kid }
+        guard !candidates.isEmpty else { throw .unknownKey }
+        let signingInput = Array(token.utf8.prefix(parts[0].count + 1 + parts[1].count))
+        for key in candidates where constantTimeEquals(HMAC.sha256(key: key.secret, message: signingInput), signature) {
+            return payload
+        }
+        throw .badSignature
+    }
+
+    struct Header {
+        var alg: String
+        var kid: String?
+    }
+
+    /// Reads `alg` and `kid` from a header of flat string members (all JOSE headers we accept).
+    static func parseHeader(_ bytes: [UInt8]) throws(VerificationError) -> Header {
+        var scanner = FlatJSONScanner(bytes: bytes)
+        guard let members = scanner.stringMembers(), let alg = members["alg"] else { throw .malformed }
+        return Header(alg: alg, kid: members["kid"])
+    }
+
+    static func jsonQuoted(_ text: String) -> String {
+        var out = "\""
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            case _ where scalar.value < 0x20: out += "?"
+            default: out.unicodeScalars.append(scalar)
+            }
+        }
+        return out + "\""
+    }
+}
+
+/// Reads a JSON object whose members of interest are strings; other member values are
+/// skipped if they are simple (numbers, booleans, null, strings). Enough for JOSE headers.
+struct FlatJSONScanner {
+    let bytes: [UInt8]
+    var index = 0
+
+    init(bytes: [UInt8]) { self.bytes = bytes }
+
+    mutating func stringMembers() -> [String: String]? {
+        var result: [String: String] = [:]
+        skipSpace()
+        guard consume(UInt8(ascii: "{")) else { return nil }
+        skipSpace()
+        if consume(UInt8(ascii: "}")) { return result }
+        while true {
+            skipSpace()
+            guard let key = string() else { return nil }
+            skipSpace()
+            guard consume(UInt8(ascii: ":")) else { return nil }
+            skipSpace()
+            if index < bytes.count, bytes[index] == UInt8(ascii: "\"") {
+                guard let value = string() else { return nil }
+                if result[key] != nil { return nil }  // duplicate members are ambiguous: reject
+                result[key] = value
+            } else {
+                while index < bytes.count, ![UInt8(ascii: ","), UInt8(ascii: "}")].contains(bytes[index]) {
+                    if [UInt8(ascii: "{"), UInt8(ascii: "["), UInt8(ascii: "\"")].contains(bytes[index]) { return nil }
+                    index += 1
+                }
+            }
+            skipSpace()
+            if consume(UInt8(ascii: "}")) { break }
+            guard consume(UInt8(ascii: ",")) else { return nil }
+        }
+        skipSpace()
+        return index == bytes.count ? result : nil
+    }
+
+    private mutating func string() -> String? {
+        guard consume(UInt8(ascii: "\"")) else { return nil }
+        var out: [UInt8] = []
+        while index < bytes.count {
+            let byte = bytes[index]
+            index += 1
+            if byte == UInt8(ascii: "\"") { return String(decoding: out, as: UTF8.self) }
+            if byte == UInt8(ascii: "\\") {
+                guard index < bytes.count else { return nil }
+                let escaped = bytes[index]
+                index += 1
+                switch escaped {
+                case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"): out.append(escaped)
+                default: return nil  // other escapes never occur in the headers we accept
+                }
+            } else if byte < 0x20 {
+                return nil
+            } else {
+                out.append(byte)
+            }
+        }
+        return nil
+    }
+
+    private mutating func skipSpace() {
+        while index < bytes.count, [0x20, 0x09, 0x0A, 0x0D].contains(bytes[index]) { index += 1 }
+    }
+
+    private mutating func consume(_ byte: UInt8) -> Bool {
+        guard index < bytes.count, bytes[index] == byte else { return false }
+        index += 1
+        return true
+    }
+}

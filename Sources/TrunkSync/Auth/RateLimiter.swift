@@ -1,0 +1,38 @@
+import Postgres
+
+/// Fixed-window counters kept in Postgres (table `rate_limits`), so every server instance
+/// shares them.
+public struct RateLimiter: Sendable {
+    /// A limit: at most `limit` hits per `window` seconds.
+    public struct Rule: Sendable, Equatable {
+        public var limit: Int
+        public var window: Int
+        public init(limit: Int, window: Int) {
+            self.limit = limit
+            self.window = window
+        }
+    }
+
+    /// Counts one hit in `bucket` and returns nil when allowed, or the seconds until the
+    /// window ends when the limit is exceeded. Runs on `connection`, inside the caller's
+    /// transaction if there is one.
+    public static func hit(_ bucket: String, rule: Rule, on connection: PostgresConnection) throws -> Int? {
+        let row = try connection.query(
+            """
+            with window_start as (
+              select to_timestamp(floor(extract(epoch from now()) / $2) * $2) as at
+            )
+            insert into rate_limits (bucket, window_start, hits)
+            select $1, at, 1 from window_start
+            on conflict (bucket, window_start) do update set hits = rate_limits.hits + 1
+            returning hits, ceil(extract(epoch from window_start + make_interval(secs => $2) - now()))::int8
+            """, bucket, Int64(rule.window))[0]
+        let hits = try row.decode(Int.self, column: 0)
+        let remaining = try row.decode(Int.self, column: 1)
+        if hits % 100 == 0 {
+            // Old windows are useless; trim them now and then.
+            try connection.query("delete from rate_limits where window_start < now() - interval '1 day'")
+        }
+        return hits > rule.limit ? max(1, remaining) : nil
+    }
+}

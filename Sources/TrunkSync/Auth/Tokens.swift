@@ -1,0 +1,177 @@
+import Foundation
+import Postgres
+import TrunkCrypto
+
+/// A user as stored, with what the user JSON of the Supabase clients needs.
+public struct UserRecord: Sendable, Equatable {
+    public var id: UUID
+    public var email: String
+    public var createdAt: PostgresTimestamp
+    public var updatedAt: PostgresTimestamp
+    public var emailConfirmedAt: PostgresTimestamp?
+    public var lastSignInAt: PostgresTimestamp?
+    public var fullName: String?
+    /// `user_metadata` as raw JSON text.
+    public var metadata: [UInt8]
+
+    /// The columns `init(row:)` reads, in order.
+    static let columns =
+        "id, email, created_at, updated_at, email_confirmed_at, last_sign_in_at, full_name, user_metadata"
+
+    init(row: PostgresRow) throws {
+        id = try row.decode(UUID.self, column: 0)
+        email = try row.decode(String.self, column: 1)
+        createdAt = try row.decode(PostgresTimestamp.self, column: 2)
+        updatedAt = try row.decode(PostgresTimestamp.self, column: 3)
+        emailConfirmedAt = try row.decode(PostgresTimestamp?.self, column: 4)
+        lastSignInAt = try row.decode(PostgresTimestamp?.self, column: 5)
+        fullName = try row.decode(String?.self, column: 6)
+        metadata = try row.decode(PostgresJSON.self, column: 7).bytes
+    }
+
+    /// Writes the user object the Supabase clients decode (all of COMPAT.md's fields).
+    func write(to writer: inout JSONWriter, key: String? = nil) {
+        func time(_ timestamp: PostgresTimestamp?) -> String? { timestamp.map { RFC3339.format($0) } }
+        writer.beginObject(key)
+        writer.string("id", id.uuidString.lowercased())
+        writer.string("aud", "authenticated")
+        writer.string("role", "authenticated")
+        writer.string("email", email)
+        writer.string("phone", "")
+        writer.string("email_confirmed_at", time(emailConfirmedAt))
+        writer.string("confirmed_at", time(emailConfirmedAt))
+        writer.string("last_sign_in_at", time(lastSignInAt))
+        writer.raw("app_metadata", Array(#"{"provider":"email","providers":["email"]}"#.utf8))
+        writer.raw("user_metadata", metadata)
+        writer.raw("identities", Array("[]".utf8))
+        writer.string("created_at", time(createdAt))
+        writer.string("updated_at", time(updatedAt))
+        writer.bool("is_anonymous", false)
+        writer.endObject()
+    }
+
+    /// The user object as JSON bytes.
+    public var json: [UInt8] {
+        var writer = JSONWriter(capacity: 512)
+        write(to: &writer)
+        return writer.bytes
+    }
+}
+
+/// A signed-in session as `/verify` and `/token` return it.
+public struct IssuedSession: Sendable {
+    public var accessToken: String
+    public var expiresIn: Int
+    public var expiresAt: Int64
+    public var refreshToken: String
+    public var user: UserRecord
+
+    /// `{access_token, token_type, expires_in, expires_at, refresh_token, user}`.
+    public var json: [UInt8] {
+        var writer = JSONWriter(capacity: 1024)
+        writer.beginObject()
+        writer.string("access_token", accessToken)
+        writer.string("token_type", "bearer")
+        writer.int("expires_in", Int64(expiresIn))
+        writer.int("expires_at", expiresAt)
+        writer.string("refresh_token", refreshToken)
+        user.write(to: &writer, key: "user")
+        writer.endObject()
+        return writer.bytes
+    }
+}
+
+/// What a verified access token says.
+public struct AccessClaims: Sendable, Equatable {
+    /// The user (`sub`).
+    public var userID: UUID
+    /// The session (`session_id`), absent in tokens not issued by a sign-in.
+    public var sessionID: UUID?
+    /// Expiry, Unix seconds.
+    public var expiresAt: Int64
+}
+
+/// Issues and verifies access tokens (HS256 JWTs with Supabase's claims).
+public struct TokenIssuer: Sendable {
+    /// The signing key; `verificationKeys` are also accepted (key rotation).
+    public let signingKey: JWT.HS256Key
+    public let verificationKeys: [JWT.HS256Key]
+    /// `iss` of issued tokens.
+    public let issuer: String
+    /// Access token lifetime in seconds.
+    public let lifetime: Int
+    /// Clock skew tolerated on `exp`, seconds.
+    public static let leeway: Int64 = 30
+
+    public init(secret: String, issuer: String, lifetime: Int) {
+        signingKey = JWT.HS256Key(secret: secret)
+        verificationKeys = [signingKey]
+        self.issuer = issuer
+        self.lifetime = lifetime
+    }
+
+    /// A signed access token for `user` in `sessionID`, and its expiry.
+    func accessToken(for user: UserRecord, sessionID: UUID, now: Int64) -> (token: String, expiresAt: Int64) {
+        let expiresAt = now + Int64(lifetime)
+        var writer = JSONWriter(capacity: 512)
+        writer.beginObject()
+        writer.string("iss", issuer)
+        writer.string("sub", user.id.uuidString.lowercased())
+        writer.string("aud", "authenticated")
+        writer.int("exp", expiresAt)
+        writer.int("iat", now)
+        writer.string("email", user.email)
+        writer.string("phone", "")
+        writer.raw("app_metadata", Array(#"{"provider":"email","providers":["email"]}"#.utf8))
+        writer.raw("user_metadata", user.metadata)
+        writer.string("role", "authenticated")
+        writer.string("aal", "aal1")
+        writer.beginArray("amr")
+        writer.beginObject()
+        writer.string("method", "otp")
+        writer.int("timestamp", now)
+        writer.endObject()
+        writer.endArray()
+        writer.string("session_id", sessionID.uuidString.lowercased())
+        writer.bool("is_anonymous", false)
+        writer.endObject()
+        return (JWT.sign(payload: writer.bytes, with: signingKey), expiresAt)
+    }
+
+    private struct Claims: Decodable {
+        var sub: String
+        var exp: Double
+        var aud: Audience?
+        var session_id: String?
+    }
+
+    private enum Audience: Decodable {
+        case one(String), many([String])
+        init(from decoder: Decoder) throws {
+            let container = try decoder.singleValueContainer()
+            if let one = try? container.decode(String.self) { self = .one(one) } else { self = .many(try container.decode([String].self)) }
+        }
+        var values: [String] {
+            switch self {
+            case .one(let value): return [value]
+            case .many(let values): return values
+            }
+        }
+    }
+
+    /// Verifies signature, `exp` (with leeway) and `aud`; returns the claims.
+    public func verify(_ token: String, now: Int64) throws(AuthError) -> AccessClaims {
+        let payload: [UInt8]
+        do {
+            payload = try JWT.verify(token, keys: verificationKeys)
+        } catch {
+            throw .badJWT
+        }
+        guard let claims = try? JSONDecoder().decode(Claims.self, from: Data(payload)), let user = UUID(uuidString: claims.sub),
+            claims.aud?.values.contains("authenticated") == true, claims.exp.isFinite,
+            Int64(claims.exp) + Self.leeway >= now
+        else { throw .badJWT }
+        return AccessClaims(
+            userID: user, sessionID: claims.session_id.flatMap(UUID.init(uuidString:)), expiresAt: Int64(claims.exp))
+    }
+}

@@ -1,0 +1,139 @@
+import Foundation
+import Postgres
+
+/// RFC 3339 timestamps: strict parsing at the edge and fast formatting for responses.
+public enum RFC3339 {
+    /// Formats `timestamp` as `2026-11-22T04:10:02.123456Z` (`fraction` 0, 3 or 6 digits)
+    /// or with `+00:00` when `zulu` is false (PostgREST's style).
+    public static func format(_ timestamp: PostgresTimestamp, fractionDigits: Int = 6, zulu: Bool = true) -> String {
+        var micros = timestamp.microsecondsSinceEpoch
+        var seconds = micros / 1_000_000
+        micros %= 1_000_000
+        if micros < 0 {
+            micros += 1_000_000
+            seconds -= 1
+        }
+        let (year, month, day) = civilFromDays(Int(seconds >= 0 ? seconds / 86_400 : (seconds - 86_399) / 86_400))
+        let secondOfDay = Int(((seconds % 86_400) + 86_400) % 86_400)
+        var out = [UInt8]()
+        out.reserveCapacity(32)
+        appendDigits(year, 4, &out)
+        out.append(UInt8(ascii: "-"))
+        appendDigits(month, 2, &out)
+        out.append(UInt8(ascii: "-"))
+        appendDigits(day, 2, &out)
+        out.append(UInt8(ascii: "T"))
+        appendDigits(secondOfDay / 3600, 2, &out)
+        out.append(UInt8(ascii: ":"))
+        appendDigits(secondOfDay / 60 % 60, 2, &out)
+        out.append(UInt8(ascii: ":"))
+        appendDigits(secondOfDay % 60, 2, &out)
+        if fractionDigits == 3 {
+            out.append(UInt8(ascii: "."))
+            appendDigits(Int(micros / 1000), 3, &out)
+        } else if fractionDigits == 6 {
+            out.append(UInt8(ascii: "."))
+            appendDigits(Int(micros), 6, &out)
+        }
+        out.append(contentsOf: zulu ? Array("Z".utf8) : Array("+00:00".utf8))
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// Parses `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)` (`t`/`z` and a space for `T`
+    /// accepted; up to 9 fraction digits, rounded down to microseconds). Nil for anything
+    /// else — including Postgres's `now`, `epoch`, `infinity`.
+    public static func parse(_ text: String) -> PostgresTimestamp? {
+        let bytes = Array(text.utf8)
+        var index = 0
+        func number(_ count: Int) -> Int? {
+            guard index + count <= bytes.count else { return nil }
+            var value = 0
+            for byte in bytes[index..<index + count] {
+                guard byte >= 48, byte <= 57 else { return nil }
+                value = value * 10 + Int(byte - 48)
+            }
+            index += count
+            return value
+        }
+        func expect(_ characters: [UInt8]) -> Bool {
+            guard index < bytes.count, characters.contains(bytes[index]) else { return false }
+            index += 1
+            return true
+        }
+        guard let year = number(4), expect([45]), let month = number(2), expect([45]), let day = number(2),
+            expect([84, 116, 32]), let hour = number(2), expect([58]), let minute = number(2), expect([58]),
+            let second = number(2)
+        else { return nil }
+        guard (1...12).contains(month), day >= 1, day <= daysInMonth(year, month), hour <= 23, minute <= 59, second <= 59
+        else { return nil }
+        var micros = 0
+        if index < bytes.count, bytes[index] == 46 {
+            index += 1
+            var digits = 0
+            while index < bytes.count, bytes[index] >= 48, bytes[index] <= 57 {
+                if digits < 6 { micros = micros * 10 + Int(bytes[index] - 48) }
+                digits += 1
+                index += 1
+            }
+            guard (1...9).contains(digits) else { return nil }
+            for _ in digits..<6 where digits < 6 { micros *= 10 }
+        }
+        var offsetSeconds = 0
+        if expect([90, 122]) {
+            offsetSeconds = 0
+        } else if index < bytes.count, bytes[index] == 43 || bytes[index] == 45 {
+            let sign = bytes[index] == 45 ? -1 : 1
+            index += 1
+            guard let offsetHours = number(2), expect([58]), let offsetMinutes = number(2), offsetHours <= 23,
+                offsetMinutes <= 59
+            else { return nil }
+            offsetSeconds = sign * (offsetHours * 3600 + offsetMinutes * 60)
+        } else {
+            return nil
+        }
+        guard index == bytes.count else { return nil }
+        let days = daysFromCivil(year, month, day)
+        let seconds = Int64(days) * 86_400 + Int64(hour * 3600 + minute * 60 + second) - Int64(offsetSeconds)
+        return PostgresTimestamp(microsecondsSinceEpoch: seconds * 1_000_000 + Int64(micros))
+    }
+
+    private static func appendDigits(_ value: Int, _ width: Int, _ out: inout [UInt8]) {
+        var digits = [UInt8](repeating: 48, count: width)
+        var rest = value
+        for position in stride(from: width - 1, through: 0, by: -1) {
+            digits[position] = UInt8(48 + rest % 10)
+            rest /= 10
+        }
+        out.append(contentsOf: digits)
+    }
+
+    private static func daysInMonth(_ year: Int, _ month: Int) -> Int {
+        switch month {
+        case 2: return (year % 4 == 0 && year % 100 != 0) || year % 400 == 0 ? 29 : 28
+        case 4, 6, 9, 11: return 30
+        default: return 31
+        }
+    }
+
+    // Howard Hinnant's civil-date algorithms (public domain).
+    static func daysFromCivil(_ year: Int, _ month: Int, _ day: Int) -> Int {
+        let y = month <= 2 ? year - 1 : year
+        let era = (y >= 0 ? y : y - 399) / 400
+        let yearOfEra = y - era * 400
+        let dayOfYear = (153 * (month + (month > 2 ? -3 : 9)) + 2) / 5 + day - 1
+        let dayOfEra = yearOfEra * 365 + yearOfEra / 4 - yearOfEra / 100 + dayOfYear
+        return era * 146_097 + dayOfEra - 719_468
+    }
+
+    static func civilFromDays(_ days: Int) -> (Int, Int, Int) {
+        let z = days + 719_468
+        let era = (z >= 0 ? z : z - 146_096) / 146_097
+        let dayOfEra = z - era * 146_097
+        let yearOfEra = (dayOfEra - dayOfEra / 1460 + dayOfEra / 36_524 - dayOfEra / 146_096) / 365
+        let dayOfYear = dayOfEra - (365 * yearOfEra + yearOfEra / 4 - yearOfEra / 100)
+        let mp = (5 * dayOfYear + 2) / 153
+        let day = dayOfYear - (153 * mp + 2) / 5 + 1
+        let month = mp < 10 ? mp + 3 : mp - 9
+        return (yearOfEra + era * 400 + (month <= 2 ? 1 : 0), month, day)
+    }
+}

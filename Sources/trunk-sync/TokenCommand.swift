@@ -1,0 +1,29 @@
+import ArgumentParser
+import Foundation
+import Logging
+import TrunkSync
+
+struct TokenCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "token",
+        abstract: "Print a session (as /auth/v1/verify returns it) for an email, creating the user if needed."
+    )
+
+    @OptionGroup var options: CommonOptions
+
+    @Option(help: "The user's email address.")
+    var email: String
+
+    func run() async throws {
+        try await reportingErrors {
+            let configuration = try options.load()
+            try configuration.validateForServe()
+            guard let address = Email(email) else { throw ValidationError("\(email) is not a valid email address") }
+            let logger = Logger(label: "trunk-sync.token")
+            let application = try Application(configuration: configuration, logger: logger)
+            defer { Task { await application.pool.close() } }
+            let session = try await application.auth.issueSession(email: address)
+            FileHandle.standardOutput.write(Data(session.json + [UInt8(ascii: "\n")]))
+        }
+    }
+}

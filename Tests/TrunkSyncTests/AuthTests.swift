@@ -1,0 +1,351 @@
+import Foundation
+import Postgres
+import TestSupport
+import TrunkCrypto
+import TrunkSync
+import XCTest
+
+final class AuthTests: XCTestCase {
+    var app: AppHarness!
+
+    override func setUp() async throws { app = try await AppHarness() }
+    override func tearDown() async throws { await app.stop() }
+
+    func assertAuthError(
+        _ response: AppHarness.Response, _ status: Int, _ code: String, file: StaticString = #filePath, line: UInt = #line
+    ) {
+        XCTAssertEqual(response.status, status, response.text, file: file, line: line)
+        XCTAssertEqual(response.json["code"] as? String, code, response.text, file: file, line: line)
+        XCTAssertEqual(response.json["error_code"] as? String, code, file: file, line: line)
+        XCTAssertNotNil(response.json["message"] as? String, file: file, line: line)
+        XCTAssertEqual(response.json["msg"] as? String, response.json["message"] as? String, file: file, line: line)
+        XCTAssertEqual(response.headers["x-supabase-api-version"], "2024-01-01", file: file, line: line)
+    }
+
+    // MARK: - Sign-in
+
+    func testSignInFlowIssuesASessionInTheClientsShape() async throws {
+        let session = try await app.signIn("  Alice@Example.COM ")
+        XCTAssertEqual(session["token_type"] as? String, "bearer")
+        XCTAssertEqual(session["expires_in"] as? Int, 3600)
+        let expiresAt = try XCTUnwrap(session["expires_at"] as? Int)
+        XCTAssertEqual(Double(expiresAt), Date().timeIntervalSince1970 + 3600, accuracy: 10)
+        XCTAssertEqual((session["refresh_token"] as? String)?.count, 43)
+        let user = try XCTUnwrap(session["user"] as? [String: Any])
+        XCTAssertEqual(user["email"] as? String, "alice@example.com")
+        XCTAssertNotNil(UUID(uuidString: user["id"] as? String ?? ""))
+        for key in ["aud", "role", "phone", "email_confirmed_at", "confirmed_at", "last_sign_in_at", "app_metadata",
+            "user_metadata", "identities", "created_at", "updated_at", "is_anonymous"]
+        {
+            XCTAssertNotNil(user[key], key)
+        }
+        XCTAssertEqual(user["aud"] as? String, "authenticated")
+        // The same person signing in again is the same user.
+        let again = try await app.signInAfterResendInterval("alice@example.com")
+        XCTAssertEqual((again["user"] as? [String: Any])?["id"] as? String, user["id"] as? String)
+    }
+
+    func testOtpAnswersEmptyObjectAndNeverRevealsWhetherAnAccountExists() async throws {
+        let unknown = try await app.request("POST", "/auth/v1/otp", json: ["email": "nobody@example.com", "create_user": false])
+        XCTAssertEqual(unknown.status, 200)
+        XCTAssertEqual(unknown.text, "{}")
+        XCTAssertEqual(app.sender.count(for: "nobody@example.com"), 0, "nothing is sent to an unknown address")
+        // Asking again right away is limited exactly as for a real account.
+        let again = try await app.request("POST", "/auth/v1/otp", json: ["email": "nobody@example.com", "create_user": false])
+        assertAuthError(again, 429, "over_email_send_rate_limit")
+        // No code works for it, and no user appears.
+        let verify = try await app.request("POST", "/auth/v1/verify", json: ["email": "nobody@example.com", "token": "123456", "type": "email"])
+        assertAuthError(verify, 403, "otp_expired")
+        let users = try app.owner().query("select count(*) from users")[0].decode(Int.self, column: 0)
+        XCTAssertEqual(users, 0)
+    }
+
+    func testWrongExpiredUsedCodesAndUnknownEmailsGetTheSameAnswer() async throws {
+        _ = try await app.request("POST", "/auth/v1/otp", json: ["email": "a@example.com"])
+        let code = try XCTUnwrap(app.sender.last(for: "a@example.com"))
+        let wrong = code == "000000" ? "111111" : "000000"
+        let wrongAnswer = try await app.request("POST", "/auth/v1/verify", json: ["email": "a@example.com", "token": wrong, "type": "email"])
+        assertAuthError(wrongAnswer, 403, "otp_expired")
+        let unknown = try await app.request("POST", "/auth/v1/verify", json: ["email": "zz@example.com", "token": code, "type": "email"])
+        assertAuthError(unknown, 403, "otp_expired")
+        XCTAssertEqual(wrongAnswer.body, unknown.body)
+        let good = try await app.request("POST", "/auth/v1/verify", json: ["email": "a@example.com", "token": code, "type": "email"])
+        XCTAssertEqual(good.status, 200)
+        let reused = try await app.request("POST", "/auth/v1/verify", json: ["email": "a@example.com", "token": code, "type": "email"])
+        assertAuthError(reused, 403, "otp_expired")
+        XCTAssertEqual(reused.body, unknown.body)
+    }
+
+    func testExpiredCodeIsRefused() async throws {
+        _ = try await app.request("POST", "/auth/v1/otp", json: ["email": "late@example.com"])
+        let code = try XCTUnwrap(app.sender.last(for: "late@example.com"))
+        try app.owner().query("update otp_codes set expires_at = now() - interval '1 second' where email = 'late@example.com'")
+        let response = try await app.request("POST", "/auth/v1/verify", json: ["email": "late@example.com", "token": code, "type": "email"])
+        assertAuthError(response, 403, "otp_expired")
+    }
+
+    func testFiveWrongGuessesKillTheCode() async throws {
+        _ = try await app.request("POST", "/auth/v1/otp", json: ["email": "g@example.com"])
+        let code = try XCTUnwrap(app.sender.last(for: "g@example.com"))
+        let wrong = (0..<10).map { String(repeating: String($0), count: 6) }.filter { $0 != code }
+        for guess in wrong.prefix(5) {
+            let response = try await app.request("POST", "/auth/v1/verify", json: ["email": "g@example.com", "token": guess, "type": "email"])
+            assertAuthError(response, 403, "otp_expired")
+        }
+        let right = try await app.request("POST", "/auth/v1/verify", json: ["email": "g@example.com", "token": code, "type": "email"])
+        assertAuthError(right, 403, "otp_expired")
+    }
+
+    func testCodesAreStoredOnlyAsKeyedHashes() async throws {
+        _ = try await app.request("POST", "/auth/v1/otp", json: ["email": "h@example.com"])
+        let code = try XCTUnwrap(app.sender.last(for: "h@example.com"))
+        let stored = try app.owner().query("select code_hash from otp_codes")[0].decode(PostgresBytes.self, column: 0).bytes
+        XCTAssertEqual(stored.count, 32)
+        XCTAssertNotEqual(stored, SHA256.hash(code))
+        XCTAssertNotEqual(stored, SHA256.hash("h@example.com:" + code))
+        XCTAssertNil(String(decoding: stored, as: UTF8.self).range(of: code))
+    }
+
+    func testResendIntervalAnswers429WithRetryAfter() async throws {
+        let first = try await app.request("POST", "/auth/v1/otp", json: ["email": "r@example.com"])
+        XCTAssertEqual(first.status, 200)
+        let second = try await app.request("POST", "/auth/v1/otp", json: ["email": "r@example.com"])
+        assertAuthError(second, 429, "over_email_send_rate_limit")
+        let retry = Int(second.headers["retry-after"] ?? "") ?? 0
+        XCTAssertTrue((1...60).contains(retry), "\(retry)")
+        XCTAssertEqual(app.sender.count(for: "r@example.com"), 1)
+    }
+
+    func testMalformedInputIs400AndChangesNothing() async throws {
+        let cases: [(String, String, Any?, String?, String)] = [
+            ("POST", "/auth/v1/otp", ["email": "not-an-email"], nil, "validation_failed"),
+            ("POST", "/auth/v1/otp", ["email": "a b@example.com"], nil, "validation_failed"),
+            ("POST", "/auth/v1/otp", [String: String](), nil, "validation_failed"),
+            ("POST", "/auth/v1/otp", ["email": 42], nil, "validation_failed"),
+            ("POST", "/auth/v1/otp", nil, "{not json", "bad_json"),
+            ("POST", "/auth/v1/otp", nil, "[1,2]", "bad_json"),
+            ("POST", "/auth/v1/verify", ["email": "a@example.com", "token": "123456", "type": "sms"], nil, "validation_failed"),
+            ("POST", "/auth/v1/verify", ["email": "a@example.com", "type": "email"], nil, "validation_failed"),
+            ("POST", "/auth/v1/token?grant_type=refresh_token", [String: String](), nil, "validation_failed"),
+            ("POST", "/auth/v1/token?grant_type=password", ["refresh_token": "x"], nil, "unsupported_grant_type"),
+            ("POST", "/auth/v1/token", ["refresh_token": "x"], nil, "validation_failed"),
+        ]
+        for (method, path, json, raw, code) in cases {
+            let response = try await app.request(method, path, json: json, rawBody: raw)
+            assertAuthError(response, 400, code)
+        }
+        let rows = try app.owner().query("select (select count(*) from otp_codes) + (select count(*) from users)")[0]
+            .decode(Int.self, column: 0)
+        XCTAssertEqual(rows, 0)
+    }
+
+    func testMailFailureIs503AndTheAddressCanRetryAtOnce() async throws {
+        app.sender.setFailing(true)
+        let failed = try await app.request("POST", "/auth/v1/otp", json: ["email": "m@example.com"])
+        assertAuthError(failed, 503, "email_send_failed")
+        app.sender.setFailing(false)
+        let retried = try await app.request("POST", "/auth/v1/otp", json: ["email": "m@example.com"])
+        XCTAssertEqual(retried.status, 200)
+    }
+
+    // MARK: - Tokens
+
+    func testAccessTokenVerifiesWithAnIndependentImplementation() async throws {
+        let session = try await app.signIn("jwt@example.com")
+        let token = try XCTUnwrap(session["access_token"] as? String)
+        let script = """
+            import jwt, sys, json
+            claims = jwt.decode(sys.argv[1], sys.argv[2], algorithms=["HS256"], audience="authenticated")
+            print(json.dumps(claims))
+            """
+        let result = try Command.run("/usr/bin/python3", ["-c", script, token, app.secret])
+        XCTAssertEqual(result.status, 0, result.stderr)
+        let claims = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any])
+        XCTAssertEqual(claims["sub"] as? String, (session["user"] as? [String: Any])?["id"] as? String)
+        XCTAssertEqual(claims["role"] as? String, "authenticated")
+        XCTAssertEqual(claims["email"] as? String, "jwt@example.com")
+        for key in ["exp", "iat", "iss", "session_id", "aal", "amr", "app_metadata", "user_metadata", "is_anonymous"] {
+            XCTAssertNotNil(claims[key], key)
+        }
+        let wrongKey = try Command.run("/usr/bin/python3", ["-c", script, token, app.secret + "x"])
+        XCTAssertNotEqual(wrongKey.status, 0)
+    }
+
+    func testForgedNoneExpiredAndWrongAudienceTokensAre401() async throws {
+        let session = try await app.signIn("forge@example.com")
+        let token = try XCTUnwrap(session["access_token"] as? String)
+        let parts = token.split(separator: ".").map(String.init)
+        let payload = try XCTUnwrap(Base64URL.decode(parts[1]))
+        var claims = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(payload)) as? [String: Any])
+        func sign(_ claims: [String: Any], header: String = #"{"alg":"HS256","typ":"JWT"}"#, secret: String) throws -> String {
+            let body = Base64URL.encode(Array(try JSONSerialization.data(withJSONObject: claims)))
+            let input = Base64URL.encode(header) + "." + body
+            return input + "." + Base64URL.encode(HMAC.sha256(key: Array(secret.utf8), message: input))
+        }
+        var tampered = claims
+        tampered["sub"] = UUID().uuidString.lowercased()
+        let forged = parts[0] + "." + Base64URL.encode(Array(try JSONSerialization.data(withJSONObject: tampered))) + "." + parts[2]
+        let none = Base64URL.encode(#"{"alg":"none","typ":"JWT"}"#) + "." + parts[1] + "."
+        claims["exp"] = Int(Date().timeIntervalSince1970) - 120
+        let expired = try sign(claims, secret: app.secret)
+        claims["exp"] = Int(Date().timeIntervalSince1970) + 600
+        claims["aud"] = "anon"
+        let wrongAudience = try sign(claims, secret: app.secret)
+        claims["aud"] = "authenticated"
+        let otherSecret = try sign(claims, secret: "another-secret-another-secret-another")
+        let unknownKid = try sign(claims, header: #"{"alg":"HS256","typ":"JWT","kid":"k9"}"#, secret: app.secret)
+        for bad in [forged, none, expired, wrongAudience, otherSecret, unknownKid, "garbage", "a.b.c", ""] {
+            let response = try await app.request("GET", "/auth/v1/user", bearer: bad)
+            XCTAssertEqual(response.status, 401, bad)
+        }
+        let valid = try sign(claims, secret: app.secret)
+        let accepted = try await app.request("GET", "/auth/v1/user", bearer: valid)
+        XCTAssertEqual(accepted.status, 200, accepted.text)
+        let noHeader = try await app.request("GET", "/auth/v1/user")
+        assertAuthError(noHeader, 401, "no_authorization")
+    }
+
+    func testRefreshRotatesAndLateReuseRevokesTheSession() async throws {
+        let session = try await app.signIn("rot@example.com")
+        let first = try XCTUnwrap(session["refresh_token"] as? String)
+        let rotated = try await app.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": first])
+        XCTAssertEqual(rotated.status, 200, rotated.text)
+        let second = try XCTUnwrap(rotated.json["refresh_token"] as? String)
+        XCTAssertNotEqual(first, second)
+        XCTAssertNotNil(rotated.json["user"] as? [String: Any])
+        // Reused long after its rotation: the whole session is revoked.
+        try app.owner().query("update refresh_tokens set rotated_at = now() - interval '11 seconds' where rotated_at is not null")
+        let reused = try await app.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": first])
+        assertAuthError(reused, 400, "refresh_token_already_used")
+        let descendant = try await app.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": second])
+        assertAuthError(descendant, 400, "refresh_token_not_found")
+        let access = try XCTUnwrap(rotated.json["access_token"] as? String)
+        let user = try await app.request("GET", "/auth/v1/user", bearer: access)
+        assertAuthError(user, 403, "session_not_found")
+    }
+
+    func testConcurrentRefreshOfOneTokenGivesBothTabsASession() async throws {
+        let session = try await app.signIn("tabs@example.com")
+        let token = try XCTUnwrap(session["refresh_token"] as? String)
+        let harness: AppHarness = app
+        async let one = harness.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": token])
+        async let two = harness.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": token])
+        let (a, b) = try await (one, two)
+        XCTAssertEqual([a.status, b.status], [200, 200], a.text + b.text)
+        let tokens = [a.json["refresh_token"] as? String, b.json["refresh_token"] as? String].compactMap { $0 }
+        XCTAssertEqual(Set(tokens).count, 2)
+        // Both new tokens keep working: neither tab is signed out.
+        for next in tokens {
+            let refreshed = try await app.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": next])
+            XCTAssertEqual(refreshed.status, 200, refreshed.text)
+        }
+    }
+
+    func testUnknownRefreshTokenIsRefused() async throws {
+        let response = try await app.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": "nope"])
+        assertAuthError(response, 400, "refresh_token_not_found")
+    }
+
+    // MARK: - Logout and user
+
+    func testLogoutScopes() async throws {
+        var sessions: [[String: Any]] = []
+        for _ in 0..<3 { sessions.append(try await app.signInAfterResendInterval("out@example.com")) }
+        let tokens = sessions.compactMap { $0["access_token"] as? String }
+        let refresh = sessions.compactMap { $0["refresh_token"] as? String }
+        // others: the caller stays, the rest go.
+        let others = try await app.request("POST", "/auth/v1/logout?scope=others", bearer: tokens[0])
+        XCTAssertEqual(others.status, 204)
+        XCTAssertTrue(others.body.isEmpty)
+        let keep = try await app.request("GET", "/auth/v1/user", bearer: tokens[0])
+        XCTAssertEqual(keep.status, 200)
+        let gone = try await app.request("GET", "/auth/v1/user", bearer: tokens[1])
+        XCTAssertEqual(gone.status, 403)
+        let goneRefresh = try await app.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": refresh[2]])
+        XCTAssertEqual(goneRefresh.status, 400)
+        // local: the caller's session ends and can never refresh.
+        let local = try await app.request("POST", "/auth/v1/logout?scope=local", bearer: tokens[0])
+        XCTAssertEqual(local.status, 204)
+        let after = try await app.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": refresh[0]])
+        assertAuthError(after, 400, "refresh_token_not_found")
+        // global on a fresh sign-in ends every session.
+        let a = try await app.signInAfterResendInterval("out@example.com")
+        let b = try await app.signInAfterResendInterval("out@example.com")
+        let global = try await app.request("POST", "/auth/v1/logout", bearer: a["access_token"] as? String)
+        XCTAssertEqual(global.status, 204)
+        let bUser = try await app.request("GET", "/auth/v1/user", bearer: b["access_token"] as? String)
+        XCTAssertEqual(bUser.status, 403)
+        let badScope = try await app.request("POST", "/auth/v1/logout?scope=everyone", bearer: b["access_token"] as? String)
+        XCTAssertEqual(badScope.status, 400)
+        let noToken = try await app.request("POST", "/auth/v1/logout")
+        XCTAssertEqual(noToken.status, 401)
+    }
+
+    func testUpdateUserMergesMetadataAndSetsFullName() async throws {
+        let session = try await app.signIn("meta@example.com")
+        let token = try XCTUnwrap(session["access_token"] as? String)
+        let first = try await app.request("PUT", "/auth/v1/user", json: ["data": ["full_name": "Ada L", "theme": "dark"]], bearer: token)
+        XCTAssertEqual(first.status, 200, first.text)
+        let second = try await app.request("PUT", "/auth/v1/user", json: ["data": ["lang": "en"]], bearer: token)
+        let metadata = try XCTUnwrap(second.json["user_metadata"] as? [String: Any])
+        XCTAssertEqual(metadata["full_name"] as? String, "Ada L")
+        XCTAssertEqual(metadata["theme"] as? String, "dark")
+        XCTAssertEqual(metadata["lang"] as? String, "en")
+        let stored = try app.owner().query("select full_name from users")[0].decode(String.self, column: 0)
+        XCTAssertEqual(stored, "Ada L")
+        let email = try await app.request("PUT", "/auth/v1/user", json: ["email": "new@example.com"], bearer: token)
+        assertAuthError(email, 422, "feature_not_supported")
+        let badName = try await app.request("PUT", "/auth/v1/user", json: ["data": ["full_name": 7]], bearer: token)
+        assertAuthError(badName, 400, "validation_failed")
+    }
+
+    func testJWKSIsPublicAndEmptyForHS256() async throws {
+        let response = try await app.request("GET", "/auth/v1/.well-known/jwks.json")
+        XCTAssertEqual(response.status, 200)
+        XCTAssertEqual(response.text, #"{"keys":[]}"#)
+        XCTAssertEqual(response.headers["cache-control"], "public, max-age=600")
+    }
+}
+
+final class AuthRateLimitTests: XCTestCase {
+    func testPerIPLimitsAnswer429WithRetryAfterAndAreSharedThroughPostgres() async throws {
+        let app = try await AppHarness(environment: ["TRUNK_SYNC_RATE_LIMIT_OTP": "3/300", "TRUNK_SYNC_RATE_LIMIT_VERIFY": "2/300"])
+        defer { Task { await app.stop() } }
+        for index in 0..<3 {
+            let ok = try await app.request("POST", "/auth/v1/otp", json: ["email": "u\(index)@example.com"])
+            XCTAssertEqual(ok.status, 200)
+        }
+        let limited = try await app.request("POST", "/auth/v1/otp", json: ["email": "u9@example.com"])
+        XCTAssertEqual(limited.status, 429)
+        XCTAssertEqual(limited.json["code"] as? String, "over_request_rate_limit")
+        XCTAssertTrue((1...300).contains(Int(limited.headers["retry-after"] ?? "") ?? 0))
+        for _ in 0..<2 {
+            _ = try await app.request("POST", "/auth/v1/verify", json: ["email": "u0@example.com", "token": "000000", "type": "email"])
+        }
+        let verifyLimited = try await app.request("POST", "/auth/v1/verify", json: ["email": "u0@example.com", "token": "000000", "type": "email"])
+        XCTAssertEqual(verifyLimited.status, 429)
+        let counted = try app.owner().query("select sum(hits) from rate_limits where bucket like 'ip:otp:%'")[0].decode(Int.self, column: 0)
+        XCTAssertEqual(counted, 4)
+    }
+
+    func testGlobalMailCap() async throws {
+        let app = try await AppHarness(environment: ["TRUNK_SYNC_RATE_LIMIT_MAIL": "2/3600"])
+        defer { Task { await app.stop() } }
+        for index in 0..<2 {
+            let ok = try await app.request("POST", "/auth/v1/otp", json: ["email": "cap\(index)@example.com"])
+            XCTAssertEqual(ok.status, 200)
+        }
+        let capped = try await app.request("POST", "/auth/v1/otp", json: ["email": "cap9@example.com"])
+        XCTAssertEqual(capped.status, 429)
+        XCTAssertEqual(capped.json["code"] as? String, "over_email_send_rate_limit")
+        XCTAssertEqual(app.sender.count(for: "cap9@example.com"), 0)
+    }
+}
+
+extension AppHarness {
+    /// Signs in again regardless of the resend interval (by ageing the last code's row).
+    func signInAfterResendInterval(_ email: String) async throws -> [String: Any] {
+        try owner().query("update otp_codes set created_at = created_at - interval '1 hour'")
+        return try await signIn(email)
+    }
+}
