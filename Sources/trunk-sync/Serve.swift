@@ -37,11 +37,12 @@ struct Serve: AsyncParsableCommand {
 
             let signals = ShutdownSignals {
                 logger.notice("signal received, shutting down")
+                application.beginShutdown()
                 server.shutdown()
             }
             await server.waitUntilStopped()
             signals.cancel()
-            await application.pool.close()
+            await application.close()
             logger.notice("stopped")
         }
     }

@@ -20,8 +20,8 @@ struct TokenCommand: AsyncParsableCommand {
             try configuration.validateForServe()
             guard let address = Email(email) else { throw ValidationError("\(email) is not a valid email address") }
             let logger = Logger(label: "trunk-sync.token")
-            let application = try Application(configuration: configuration, logger: logger)
-            defer { Task { await application.pool.close() } }
+            let application = try Application(configuration: configuration, logger: logger, listen: false)
+            defer { Task { await application.close() } }
             let session = try await application.auth.issueSession(email: address)
             FileHandle.standardOutput.write(Data(session.json + [UInt8(ascii: "\n")]))
         }

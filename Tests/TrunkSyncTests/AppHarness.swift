@@ -36,12 +36,24 @@ final class AppHarness: @unchecked Sendable {
     let sender = CapturingSender()
     let baseURL: String
     let secret = String(repeating: "s3cr3t-", count: 6)
+    private let ownsDatabase: Bool
 
-    init(environment extra: [String: String] = [:], settings: ((inout AuthSettings) -> Void)? = nil) async throws {
-        database = try TestDatabase.create(prefix: "app")
-        let migrations = try Migration.load(from: repositoryRoot() + "/migrations")
-        _ = try Migrator(migrations: migrations, logger: TestDatabase.quietLogger)
-            .migrate(on: try PostgresConnection.connect(database))
+    /// Starts on a new migrated database, or on `sharing` another harness's database (a second
+    /// server instance).
+    init(
+        environment extra: [String: String] = [:], sharing other: AppHarness? = nil,
+        settings: ((inout AuthSettings) -> Void)? = nil
+    ) async throws {
+        if let other {
+            database = other.database
+            ownsDatabase = false
+        } else {
+            database = try TestDatabase.create(prefix: "app")
+            ownsDatabase = true
+            let migrations = try Migration.load(from: repositoryRoot() + "/migrations")
+            _ = try Migrator(migrations: migrations, logger: TestDatabase.quietLogger)
+                .migrate(on: try PostgresConnection.connect(database))
+        }
         var environment = [
             "TRUNK_SYNC_DATABASE_URL": try TestDatabase.url(of: database), "TRUNK_SYNC_JWT_SECRET": secret,
             "TRUNK_SYNC_PORT": "0", "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations",
@@ -59,8 +71,8 @@ final class AppHarness: @unchecked Sendable {
     func stop() async {
         server.shutdown()
         await server.waitUntilStopped()
-        await application.pool.close()
-        try? TestDatabase.drop(database)
+        await application.close()
+        if ownsDatabase { try? TestDatabase.drop(database) }
     }
 
     /// A connection as the database owner, to inspect or age rows.
@@ -93,6 +105,12 @@ final class AppHarness: @unchecked Sendable {
             if let name = name as? String, let value = value as? String { fields[name.lowercased()] = value }
         }
         return Response(status: http.statusCode, headers: fields, body: data)
+    }
+
+    /// A session for `email` without the code dance (as `trunk-sync token` does).
+    func token(_ email: String) async throws -> String {
+        guard let address = Email(email) else { throw TestEnvironmentError("bad email \(email)") }
+        return try await application.auth.issueSession(email: address).accessToken
     }
 
     /// Requests a code, reads it from the sender, verifies it: the whole sign-in.

@@ -14,6 +14,10 @@ public struct Application: Sendable {
     public let migrator: Migrator
     /// Sign-in, sessions and tokens.
     public let auth: AuthService
+    /// The event log.
+    public let events: EventStore
+    /// Wakes long-polls (LISTEN on its own connection).
+    public let notifier: EventNotifier
     private let logger: Logger
 
     /// The role the server's queries run as (created by the first migration).
@@ -21,15 +25,20 @@ public struct Application: Sendable {
 
     /// Builds the application: a pool from the configuration, migrations from its directory,
     /// and `sender` for sign-in codes (by default the one `TRUNK_SYNC_MAILER` names).
-    public init(configuration: Configuration, logger: Logger, sender: (any SignInCodeSender)? = nil) throws {
+    public init(
+        configuration: Configuration, logger: Logger, sender: (any SignInCodeSender)? = nil, listen: Bool = true
+    ) throws {
         self.configuration = configuration
         self.logger = logger
         var settings = PostgresPool.Configuration()
         settings.maxConnections = configuration.databasePoolSize
         settings.acquireTimeout = .milliseconds(Int64(configuration.databasePoolTimeout * 1000))
         settings.sessionSettings = [("role", Self.databaseRole)]
-        pool = PostgresPool(
-            try PostgresConfiguration(try configuration.requireDatabaseURL()), configuration: settings, logger: logger)
+        let database = try PostgresConfiguration(try configuration.requireDatabaseURL())
+        pool = PostgresPool(database, configuration: settings, logger: logger)
+        events = EventStore(pool: pool)
+        notifier = EventNotifier(
+            listener: listen ? PostgresListener(database, channels: [EventStore.channel], logger: logger) : nil)
         migrator = Migrator(migrations: try Migration.load(from: configuration.migrationsDirectory), logger: logger)
         let secret = configuration.jwtSecret ?? ""
         auth = AuthService(
@@ -61,7 +70,17 @@ public struct Application: Sendable {
         router.addInline(.get, "/healthz") { _ in .json(.ok, #"{"status":"ok"}"#) }
         router.add(.get, "/readyz") { _ in await readiness() }
         AuthRoutes(service: auth).register(in: &router)
+        SyncRoutes(store: events, notifier: notifier, tokens: auth.tokens).register(in: &router)
         return router
+    }
+
+    /// Answers waiting long-polls at once and stops listening (graceful shutdown).
+    public func beginShutdown() { notifier.shutdown() }
+
+    /// Stops everything the application started: the listener and the pool.
+    public func close() async {
+        notifier.shutdown()
+        await pool.close()
     }
 
     /// `200` when the database answers and no migration is pending, else `503` with the reason.

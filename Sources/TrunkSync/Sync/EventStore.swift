@@ -1,0 +1,134 @@
+import Foundation
+import Postgres
+
+/// All SQL of the event log, one place. Every query runs in a transaction that first sets
+/// `app.user_id`, as the restricted role, and also filters by user itself: row-level
+/// security is the second wall.
+public struct EventStore: Sendable {
+    /// The notification channel pushes announce themselves on (payload: the user id).
+    public static let channel = "trunk_sync_events"
+
+    let pool: PostgresPool
+
+    public init(pool: PostgresPool) { self.pool = pool }
+
+    /// What happened to one pushed event.
+    public struct PushResult: Sendable, Equatable {
+        public var clientID: UUID
+        public var created: Bool
+        public var seq: Int64
+    }
+
+    /// Scopes the transaction to `user` (row-level security reads `app.user_id`).
+    static func scope(_ connection: PostgresConnection, to user: UUID) throws {
+        try connection.query("select set_config('app.user_id', $1, true)", user.uuidString.lowercased())
+    }
+
+    /// Stores the events `user` has not pushed before, in one transaction under the user's row
+    /// lock, numbering them after the user's last event; repeats (earlier pushes or earlier in
+    /// this batch) are reported as duplicates with their existing `seq`. Returns nil when the
+    /// user no longer exists.
+    public func push(_ events: [IncomingEvent], for user: UUID) async throws -> [PushResult]? {
+        try await pool.transaction { connection in
+            try Self.scope(connection, to: user)
+            // The lock serialises this user's pushes, so seq and created_at follow commit order.
+            let locked = try connection.query(
+                """
+                select last_seq,
+                       greatest(date_trunc('milliseconds', clock_timestamp()),
+                                coalesce(last_event_at + interval '1 millisecond', '-infinity'::timestamptz))
+                from users where id = $1 for update
+                """, user)
+            guard let state = locked.first else { return nil }
+            let lastSeq = try state.decode(Int64.self, column: 0)
+            let base = try state.decode(PostgresTimestamp.self, column: 1)
+
+            var existing: [UUID: Int64] = [:]
+            let ids = events.map(\.clientID)
+            for row in try connection.query(
+                "select client_id, seq from events where user_id = $1 and client_id = any($2)", user, ids)
+            {
+                existing[try row.decode(UUID.self, column: 0)] = try row.decode(Int64.self, column: 1)
+            }
+
+            var results: [PushResult] = []
+            results.reserveCapacity(events.count)
+            var fresh: [IncomingEvent] = []
+            var assigned: [UUID: Int64] = [:]
+            for event in events {
+                if let seq = existing[event.clientID] ?? assigned[event.clientID] {
+                    results.append(PushResult(clientID: event.clientID, created: false, seq: seq))
+                } else {
+                    let seq = lastSeq + Int64(fresh.count) + 1
+                    assigned[event.clientID] = seq
+                    fresh.append(event)
+                    results.append(PushResult(clientID: event.clientID, created: true, seq: seq))
+                }
+            }
+            guard !fresh.isEmpty else { return results }
+            try connection.query(
+                """
+                insert into events (user_id, seq, type, payload, client_id, client_timestamp, created_at)
+                select $1, $2 + n, t, p, c, ts, $3 + (n - 1) * interval '1 millisecond'
+                from unnest($4::uuid[], $5::text[], $6::jsonb[], $7::timestamptz[]) with ordinality as x(c, t, p, ts, n)
+                """, user, lastSeq, base, fresh.map(\.clientID), fresh.map(\.type), fresh.map(\.payload),
+                fresh.map(\.clientTimestamp))
+            let lastCreated = PostgresTimestamp(
+                microsecondsSinceEpoch: base.microsecondsSinceEpoch + Int64(fresh.count - 1) * 1000)
+            try connection.query(
+                "update users set last_seq = $2, last_event_at = $3 where id = $1", user,
+                lastSeq + Int64(fresh.count), lastCreated)
+            try connection.query("select pg_notify($1, $2)", Self.channel, user.uuidString.lowercased())
+            return results
+        }
+    }
+
+    /// One page of a user's events after `cursor`, already encoded as the JSON array
+    /// elements of the pull response.
+    public struct Page: Sendable {
+        public var eventsJSON: [UInt8]
+        public var count: Int
+        public var lastSeq: Int64?
+        public var hasMore: Bool
+    }
+
+    /// The user's events with `seq > after`, in `seq` order, at most `limit`. Reads
+    /// `limit + 1` rows to know whether more follow; the `(user_id, seq)` index delivers
+    /// them in order.
+    public func pull(for user: UUID, after: Int64, limit: Int) async throws -> Page {
+        try await pool.transaction { connection in
+            try Self.scope(connection, to: user)
+            let rows = try connection.query(
+                """
+                select seq, id, type, payload, client_id, client_timestamp, created_at
+                from events where user_id = $1 and seq > $2 order by seq limit $3
+                """, user, after, Int64(limit + 1))
+            let count = min(rows.count, limit)
+            var writer = JSONWriter(capacity: 256 * max(count, 1))
+            writer.beginArray()
+            var lastSeq: Int64? = nil
+            for index in 0..<count {
+                let row = rows[index]
+                let seq = try row.decode(Int64.self, column: 0)
+                lastSeq = seq
+                writer.beginObject()
+                writer.string("id", try row.decode(UUID.self, column: 1).uuidString.lowercased())
+                writer.int("seq", seq)
+                writer.string("type", try row.decode(String.self, column: 2))
+                try row.withRawBytes(column: 3) { bytes in
+                    guard let bytes, bytes.first == 1 else { throw UnexpectedJSONB() }
+                    writer.raw("payload", Array(bytes.dropFirst()))
+                }
+                writer.string("client_id", try row.decode(UUID.self, column: 4).uuidString.lowercased())
+                writer.string("client_timestamp", RFC3339.format(try row.decode(PostgresTimestamp.self, column: 5), fractionDigits: 6))
+                writer.string("created_at", RFC3339.format(try row.decode(PostgresTimestamp.self, column: 6), fractionDigits: 3))
+                writer.endObject()
+            }
+            writer.endArray()
+            return Page(eventsJSON: writer.bytes, count: count, lastSeq: lastSeq, hasMore: rows.count > limit)
+        }
+    }
+}
+
+/// A `jsonb` value in a format this server does not know (never expected from PostgreSQL 15).
+struct UnexpectedJSONB: Error {}
