@@ -43,6 +43,8 @@ public struct Configuration: Sendable {
     public private(set) var mailer: MailerKind = .log
     /// `TRUNK_SYNC_SMTP_URL`.
     public var smtpURL: String? { value("smtp_url") }
+    /// `TRUNK_SYNC_API_KEY`: the `apikey` the REST routes require, if any.
+    public var apiKey: String? { value("api_key") }
     /// `TRUNK_SYNC_MAIL_FROM`.
     public var mailFrom: String { value("mail_from") ?? "no-reply@localhost" }
     /// `TRUNK_SYNC_CORS_ORIGINS`, split on commas.

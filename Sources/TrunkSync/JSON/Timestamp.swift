@@ -39,6 +39,19 @@ public enum RFC3339 {
         return String(decoding: out, as: UTF8.self)
     }
 
+    /// Formats like PostgREST (PostgreSQL's output): `2026-11-22T04:10:02.123+00:00`, the
+    /// fraction without trailing zeros, none when whole.
+    public static func formatPostgREST(_ timestamp: PostgresTimestamp) -> String {
+        var text = format(timestamp, fractionDigits: 6, zulu: false)
+        // "…:SS.ffffff+00:00": trim zeros at the end of the fraction, then a bare dot.
+        guard let dot = text.lastIndex(of: ".") else { return text }
+        let suffixStart = text.index(text.endIndex, offsetBy: -6)
+        var fraction = text[text.index(after: dot)..<suffixStart]
+        while fraction.last == "0" { fraction = fraction.dropLast() }
+        text = String(text[..<dot]) + (fraction.isEmpty ? "" : "." + fraction) + "+00:00"
+        return text
+    }
+
     /// Parses `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)` (`t`/`z` and a space for `T`
     /// accepted; up to 9 fraction digits, rounded down to microseconds). Nil for anything
     /// else — including Postgres's `now`, `epoch`, `infinity`.

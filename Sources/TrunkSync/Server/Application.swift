@@ -71,6 +71,7 @@ public struct Application: Sendable {
         router.add(.get, "/readyz") { _ in await readiness() }
         AuthRoutes(service: auth).register(in: &router)
         SyncRoutes(store: events, notifier: notifier, tokens: auth.tokens).register(in: &router)
+        RESTRoutes(pool: pool, store: events, tokens: auth.tokens, apiKey: configuration.apiKey).register(in: &router)
         return router
     }
 

@@ -1,0 +1,162 @@
+import Foundation
+import HTTPServer
+import Postgres
+
+/// A column a REST resource exposes, with how filter values are parsed and rows encoded.
+struct RESTColumn: Sendable {
+    enum Kind: Sendable { case uuid, int, text, json, timestamp }
+    var name: String
+    var kind: Kind
+    /// The SQL expression selecting it (a column of the underlying table).
+    var sql: String
+}
+
+/// A parsed PostgREST-style read: columns, filters, order, limit, offset. Everything is
+/// checked against the resource's columns; values become parameters, never SQL text.
+struct RESTQuery: Sendable {
+    enum Operator: String, Sendable {
+        case eq, neq, gt, gte, lt, lte
+        var sql: String {
+            switch self {
+            case .eq: return "="
+            case .neq: return "<>"
+            case .gt: return ">"
+            case .gte: return ">="
+            case .lt: return "<"
+            case .lte: return "<="
+            }
+        }
+    }
+
+    struct Filter: Sendable {
+        var column: RESTColumn
+        var op: Operator
+        var value: PostgresBind
+    }
+
+    struct Order: Sendable {
+        var column: RESTColumn
+        var descending: Bool
+        var nullsFirst: Bool?
+    }
+
+    var columns: [RESTColumn]
+    var filters: [Filter] = []
+    var order: [Order] = []
+    var limit: Int?
+    var offset = 0
+    /// `columns=` of an insert: the body keys to use (nil: all).
+    var insertColumns: [String]?
+
+    /// Parameters handled elsewhere (upserts) and so not filters.
+    static let reserved: Set<String> = ["select", "order", "limit", "offset", "columns", "on_conflict"]
+
+    static func parse(_ request: HTTPRequest, table: String, columns available: [RESTColumn]) throws -> RESTQuery {
+        func column(_ name: String) throws -> RESTColumn {
+            guard let found = available.first(where: { $0.name == name }) else {
+                throw RESTError.unknownColumn(name, in: table)
+            }
+            return found
+        }
+        var query = RESTQuery(columns: available)
+        for (name, rawValue) in request.queryItems {
+            let value = rawValue.trimmingCharacters(in: .whitespaces)
+            switch name {
+            case "select":
+                if value.isEmpty || value == "*" { continue }
+                query.columns = try value.split(separator: ",").map { part in
+                    let name = part.trimmingCharacters(in: .whitespaces)
+                    if name == "*" { throw RESTError.parse("\"*\" cannot be combined with columns") }
+                    guard name.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "_" }) else {
+                        throw RESTError.parse("failed to parse select parameter (\(name))", details: "only plain column names are supported")
+                    }
+                    return try column(name)
+                }
+            case "order":
+                query.order = try value.split(separator: ",").map { term in
+                    let parts = term.split(separator: ".").map { String($0).trimmingCharacters(in: .whitespaces) }
+                    guard let first = parts.first, parts.count <= 3 else { throw RESTError.parse("failed to parse order (\(term))") }
+                    var order = Order(column: try column(first), descending: false, nullsFirst: nil)
+                    for modifier in parts.dropFirst() {
+                        switch modifier {
+                        case "asc": order.descending = false
+                        case "desc": order.descending = true
+                        case "nullsfirst": order.nullsFirst = true
+                        case "nullslast": order.nullsFirst = false
+                        default: throw RESTError.parse("failed to parse order (\(term))", details: "unexpected \"\(modifier)\"")
+                        }
+                    }
+                    return order
+                }
+            case "limit":
+                guard let number = Int(value), number >= 0 else { throw RESTError.parse("failed to parse limit (\(value))") }
+                query.limit = number
+            case "offset":
+                guard let number = Int(value), number >= 0 else { throw RESTError.parse("failed to parse offset (\(value))") }
+                query.offset = number
+            case "columns":
+                query.insertColumns = try value.split(separator: ",").map { part in
+                    let name = part.trimmingCharacters(in: CharacterSet(charactersIn: "\" "))
+                    _ = try column(name)
+                    return name
+                }
+            case "on_conflict":
+                for part in value.split(separator: ",") {
+                    _ = try column(part.trimmingCharacters(in: .whitespaces))
+                }
+            default:
+                let target = try column(name)
+                guard let dot = value.firstIndex(of: ".") else {
+                    throw RESTError.parse("failed to parse filter (\(value))", details: "expected operator.value")
+                }
+                let opName = String(value[..<dot])
+                guard let op = Operator(rawValue: opName) else {
+                    throw RESTError.parse("failed to parse filter (\(value))", details: "unknown or unsupported operator \"\(opName)\"")
+                }
+                let operand = String(value[value.index(after: dot)...])
+                query.filters.append(Filter(column: target, op: op, value: try bind(operand, for: target)))
+            }
+        }
+        return query
+    }
+
+    /// Parses a filter value for a column's type.
+    static func bind(_ text: String, for column: RESTColumn) throws -> PostgresBind {
+        switch column.kind {
+        case .uuid:
+            guard let id = UUID(uuidString: text) else { throw RESTError.badValue(text, type: "uuid") }
+            return id.postgresBind
+        case .int:
+            guard let number = Int64(text) else { throw RESTError.badValue(text, type: "bigint") }
+            return number.postgresBind
+        case .text:
+            return PostgresBind(type: PostgresType.text, format: 0, bytes: Array(text.utf8))
+        case .timestamp:
+            guard let timestamp = RFC3339.parse(text) else { throw RESTError.badValue(text, type: "timestamp with time zone") }
+            return timestamp.postgresBind
+        case .json:
+            throw RESTError.parse("failed to parse filter on \(column.name)", details: "filters on JSON columns are not supported")
+        }
+    }
+
+    /// `where` conditions after `firstParameter - 1` parameters already used.
+    func whereClause(startingAt firstParameter: Int) -> (sql: String, binds: [PostgresBind]) {
+        var clauses: [String] = []
+        var binds: [PostgresBind] = []
+        for filter in filters {
+            binds.append(filter.value)
+            clauses.append("\(filter.column.sql) \(filter.op.sql) $\(firstParameter + binds.count - 1)")
+        }
+        return (clauses.map { " and " + $0 }.joined(), binds)
+    }
+
+    func orderClause(default fallback: String) -> String {
+        guard !order.isEmpty else { return " order by \(fallback)" }
+        return " order by "
+            + order.map { term in
+                var sql = term.column.sql + (term.descending ? " desc" : " asc")
+                if let nullsFirst = term.nullsFirst { sql += nullsFirst ? " nulls first" : " nulls last" }
+                return sql
+            }.joined(separator: ", ")
+    }
+}

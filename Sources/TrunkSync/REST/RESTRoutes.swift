@@ -1,0 +1,249 @@
+import Foundation
+import HTTPServer
+import Logging
+import Postgres
+
+/// The Supabase REST (PostgREST) subset the apps use: `/rest/v1/events` and
+/// `/rest/v1/profiles`. A strict parser in front of fixed, parametrised SQL — not a general
+/// SQL gateway.
+public struct RESTRoutes: Sendable {
+    let pool: PostgresPool
+    let store: EventStore
+    let tokens: TokenIssuer
+    /// When set, the `apikey` header must equal it.
+    let apiKey: String?
+
+    /// Most rows one response carries (as hosted Supabase projects).
+    static let maxRows = 1000
+
+    static let eventColumns: [RESTColumn] = [
+        RESTColumn(name: "id", kind: .uuid, sql: "id"),
+        RESTColumn(name: "user_id", kind: .uuid, sql: "user_id"),
+        RESTColumn(name: "seq", kind: .int, sql: "seq"),
+        RESTColumn(name: "type", kind: .text, sql: "type"),
+        RESTColumn(name: "payload", kind: .json, sql: "payload"),
+        RESTColumn(name: "client_id", kind: .uuid, sql: "client_id"),
+        RESTColumn(name: "client_timestamp", kind: .timestamp, sql: "client_timestamp"),
+        RESTColumn(name: "created_at", kind: .timestamp, sql: "created_at"),
+    ]
+
+    static let profileColumns: [RESTColumn] = [
+        RESTColumn(name: "id", kind: .uuid, sql: "id"),
+        RESTColumn(name: "full_name", kind: .text, sql: "full_name"),
+        RESTColumn(name: "updated_at", kind: .timestamp, sql: "updated_at"),
+    ]
+
+    public init(pool: PostgresPool, store: EventStore, tokens: TokenIssuer, apiKey: String?) {
+        self.pool = pool
+        self.store = store
+        self.tokens = tokens
+        self.apiKey = apiKey
+    }
+
+    public func register(in router: inout Router) {
+        router.add(.get, "/rest/v1/events") { request in try await selectEvents(request) }
+        router.add(.post, "/rest/v1/events") { request in try await insertEvents(request) }
+        for method in [HTTPMethod.patch, .delete, .put] {
+            router.add(method, "/rest/v1/events") { _ in
+                throw RESTError(status: 405, code: "PGRST105", message: "events are append-only: \(method) is not allowed")
+            }
+        }
+        router.add(.get, "/rest/v1/profiles") { request in try await selectProfiles(request) }
+        router.add(.patch, "/rest/v1/profiles") { request in try await updateProfile(request, upsert: false) }
+        router.add(.post, "/rest/v1/profiles") { request in try await updateProfile(request, upsert: true) }
+        router.add(.get, "/rest/v1/:table") { request in throw Self.unknownTable(request) }
+        router.add(.post, "/rest/v1/:table") { request in throw Self.unknownTable(request) }
+    }
+
+    static func unknownTable(_ request: HTTPRequest) -> RESTError {
+        RESTError(
+            status: 404, code: "PGRST205",
+            message: "Could not find the table 'public.\(request.parameters["table"] ?? "")' in the schema cache")
+    }
+
+    // MARK: - Shared stages
+
+    /// The caller: API key (if configured), then the bearer token.
+    func authenticate(_ request: HTTPRequest) throws -> UUID {
+        if let apiKey {
+            guard let given = request.headers["apikey"], given == apiKey else { throw RESTError.apiKey }
+        }
+        guard let header = request.headers["authorization"] else { throw RESTError.jwt }
+        let parts = header.split(separator: " ", maxSplits: 1)
+        guard parts.count == 2, parts[0].lowercased() == "bearer" else { throw RESTError.jwt }
+        do {
+            return try tokens.verify(String(parts[1]), now: Int64(Date().timeIntervalSince1970)).userID
+        } catch {
+            throw RESTError.jwt
+        }
+    }
+
+    struct Preferences {
+        var representation = false
+        var countExact = false
+    }
+
+    static func preferences(_ request: HTTPRequest) -> Preferences {
+        var preferences = Preferences()
+        for value in request.headers.values(for: "prefer") {
+            for item in value.split(separator: ",") {
+                switch item.trimmingCharacters(in: .whitespaces) {
+                case "return=representation": preferences.representation = true
+                case "return=minimal", "return=headers-only": preferences.representation = false
+                case "count=exact", "count=planned", "count=estimated": preferences.countExact = true
+                default: break  // resolution=…, missing=default: duplicates are always skipped
+                }
+            }
+        }
+        return preferences
+    }
+
+    static func wantsObject(_ request: HTTPRequest) -> Bool {
+        request.headers.values(for: "accept").contains { $0.contains("application/vnd.pgrst.object+json") }
+    }
+
+    static func run<T: Sendable>(_ work: () async throws -> T) async throws -> T {
+        do {
+            return try await work()
+        } catch let error as PostgresError where error.asServiceUnavailable != nil {
+            throw RESTError.busy
+        }
+    }
+
+    /// Encodes one row's selected columns.
+    static func write(_ row: PostgresRow, columns: [RESTColumn], to writer: inout JSONWriter) throws {
+        writer.beginObject()
+        for (index, column) in columns.enumerated() {
+            if row.isNull(column: index) {
+                writer.null(column.name)
+                continue
+            }
+            switch column.kind {
+            case .uuid: writer.string(column.name, try row.decode(UUID.self, column: index).uuidString.lowercased())
+            case .int: writer.int(column.name, try row.decode(Int64.self, column: index))
+            case .text: writer.string(column.name, try row.decode(String.self, column: index))
+            case .json: writer.raw(column.name, try row.decode(PostgresJSON.self, column: index).bytes)
+            case .timestamp:
+                writer.string(column.name, RFC3339.formatPostgREST(try row.decode(PostgresTimestamp.self, column: index)))
+            }
+        }
+        writer.endObject()
+    }
+
+    /// The response for rows: a JSON array, or one object for `single()`.
+    static func rowsResponse(
+        _ rows: PostgresResult, columns: [RESTColumn], request: HTTPRequest, offset: Int, total: Int?,
+        status: HTTPStatus = .ok
+    ) throws -> HTTPResponse {
+        if wantsObject(request) {
+            guard rows.count == 1 else { throw RESTError.singular(rows.count) }
+            var writer = JSONWriter()
+            try write(rows[0], columns: columns, to: &writer)
+            return .json(status, writer.bytes, headers: ["Content-Range": range(offset: offset, count: 1, total: total)])
+        }
+        var writer = JSONWriter(capacity: 256 * max(rows.count, 1))
+        writer.beginArray()
+        for row in rows { try write(row, columns: columns, to: &writer) }
+        writer.endArray()
+        return .json(status, writer.bytes, headers: ["Content-Range": range(offset: offset, count: rows.count, total: total)])
+    }
+
+    static func range(offset: Int, count: Int, total: Int?) -> String {
+        let totalText = total.map(String.init) ?? "*"
+        guard count > 0 else { return "*/\(total.map(String.init) ?? "0")" }
+        return "\(offset)-\(offset + count - 1)/\(totalText)"
+    }
+
+    // MARK: - events
+
+    func selectEvents(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let user = try authenticate(request)
+        let query = try RESTQuery.parse(request, table: "events", columns: Self.eventColumns)
+        let limit = min(query.limit ?? Self.maxRows, Self.maxRows)
+        let countExact = Self.preferences(request).countExact
+        let (rows, total) = try await Self.run {
+            try await pool.transaction { connection -> (PostgresResult, Int?) in
+                try EventStore.scope(connection, to: user)
+                let filters = query.whereClause(startingAt: 4)
+                let sql =
+                    "select \(query.columns.map(\.sql).joined(separator: ", ")) from events where user_id = $1"
+                    + filters.sql + query.orderClause(default: "seq") + " limit $2 offset $3"
+                let rows = try connection.query(
+                    sql, binds: [user.postgresBind, Int64(limit).postgresBind, Int64(query.offset).postgresBind] + filters.binds)
+                var total: Int? = nil
+                if countExact {
+                    let counted = query.whereClause(startingAt: 2)
+                    total = try connection.query(
+                        "select count(*) from events where user_id = $1" + counted.sql, binds: [user.postgresBind] + counted.binds
+                    )[0].decode(Int.self, column: 0)
+                }
+                return (rows, total)
+            }
+        }
+        return try Self.rowsResponse(rows, columns: query.columns, request: request, offset: query.offset, total: total)
+    }
+
+    func insertEvents(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let user = try authenticate(request)
+        let query = try RESTQuery.parse(request, table: "events", columns: Self.eventColumns)
+        let preferences = Self.preferences(request)
+        let events = try RESTInsert.parseEvents(request.body, caller: user, columns: query.insertColumns)
+        guard !events.isEmpty else {
+            return preferences.representation ? .json(.created, "[]") : HTTPResponse(status: .created)
+        }
+        guard let results = try await Self.run({ try await store.push(events, for: user) }) else { throw RESTError.jwt }
+        guard preferences.representation else { return HTTPResponse(status: .created) }
+        let created = results.filter(\.created).map(\.seq)
+        let columns = query.columns
+        let rows = try await Self.run {
+            try await pool.transaction { connection in
+                try EventStore.scope(connection, to: user)
+                return try connection.query(
+                    "select \(columns.map(\.sql).joined(separator: ", ")) from events where user_id = $1 and seq = any($2) order by seq",
+                    user, created)
+            }
+        }
+        return try Self.rowsResponse(rows, columns: columns, request: request, offset: 0, total: nil, status: .created)
+    }
+
+    // MARK: - profiles
+
+    func selectProfiles(_ request: HTTPRequest) async throws -> HTTPResponse {
+        let user = try authenticate(request)
+        let query = try RESTQuery.parse(request, table: "profiles", columns: Self.profileColumns)
+        let limit = min(query.limit ?? Self.maxRows, Self.maxRows)
+        let rows = try await Self.run {
+            try await pool.withConnection { connection in
+                let filters = query.whereClause(startingAt: 4)
+                return try connection.query(
+                    "select \(query.columns.map(\.sql).joined(separator: ", ")) from users where id = $1" + filters.sql
+                        + query.orderClause(default: "id") + " limit $2 offset $3",
+                    binds: [user.postgresBind, Int64(limit).postgresBind, Int64(query.offset).postgresBind] + filters.binds)
+            }
+        }
+        return try Self.rowsResponse(rows, columns: query.columns, request: request, offset: query.offset, total: nil)
+    }
+
+    func updateProfile(_ request: HTTPRequest, upsert: Bool) async throws -> HTTPResponse {
+        let user = try authenticate(request)
+        let query = try RESTQuery.parse(request, table: "profiles", columns: Self.profileColumns)
+        let preferences = Self.preferences(request)
+        let change = try RESTInsert.parseProfile(request.body, caller: user, allowArray: upsert)
+        let rows = try await Self.run {
+            try await pool.withConnection { connection in
+                let filters = query.whereClause(startingAt: 3)
+                return try connection.query(
+                    """
+                    update users set full_name = $2, updated_at = now(),
+                      user_metadata = case when $2::text is null then user_metadata - 'full_name'
+                                      else user_metadata || jsonb_build_object('full_name', $2::text) end
+                    where id = $1\(filters.sql)
+                    returning \(query.columns.map(\.sql).joined(separator: ", "))
+                    """, binds: [user.postgresBind, (change.fullName ?? nil).postgresBind] + filters.binds)
+            }
+        }
+        let status: HTTPStatus = upsert ? .created : .ok
+        guard preferences.representation else { return HTTPResponse(status: upsert ? .created : .noContent) }
+        return try Self.rowsResponse(rows, columns: query.columns, request: request, offset: 0, total: nil, status: status)
+    }
+}

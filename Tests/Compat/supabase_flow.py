@@ -1,0 +1,110 @@
+"""The Trunk apps' code paths, run with the real supabase-py client against trunk-sync.
+
+Usage: supabase_flow.py BASE_URL MAIL_DIR
+MAIL_DIR is where the test's SMTP sink writes each received message (one file each); the
+sign-in code is read from the mail, as a user would.
+Prints one "ok <step>" line per step; exits non-zero with the failing step on error.
+"""
+import email
+import glob
+import os
+import re
+import sys
+import time
+import uuid
+
+from supabase import create_client
+
+base_url, mail_dir = sys.argv[1], sys.argv[2]
+address = f"py-{uuid.uuid4().hex[:8]}@example.com"
+
+
+def step(name):
+    print("ok", name, flush=True)
+
+
+def read_code(to, seen):
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        for path in sorted(glob.glob(os.path.join(mail_dir, "*"))):
+            if path in seen:
+                continue
+            with open(path, "rb") as handle:
+                message = email.message_from_binary_file(handle)
+            if to not in (message.get("To") or ""):
+                continue
+            seen.add(path)
+            part = message.get_payload(decode=True) if not message.is_multipart() else message.get_payload(0).get_payload(decode=True)
+            found = re.search(r"\b(\d{6})\b", part.decode("utf-8"))
+            if found:
+                return found.group(1)
+        time.sleep(0.05)
+    raise SystemExit("no sign-in mail arrived for " + to)
+
+
+client = create_client(base_url, "anon-key")
+seen = set()
+
+client.auth.sign_in_with_otp({"email": address, "options": {"should_create_user": True}})
+code = read_code(address, seen)
+step("sign_in_with_otp (code read from the mail)")
+
+verified = client.auth.verify_otp({"email": address, "token": code, "type": "email"})
+assert verified.session is not None and verified.user is not None, verified
+user_id = verified.user.id
+first_access = verified.session.access_token
+step("verify_otp")
+
+
+def event(client_id=None, kind="sprout_planted", payload=None):
+    return {
+        "user_id": str(user_id),
+        "type": kind,
+        "payload": payload if payload is not None else {"a": 1},
+        "client_id": client_id or str(uuid.uuid4()),
+        "client_timestamp": "2026-11-22T04:10:02.123Z",
+    }
+
+
+one = event(payload={"text": "ünïcødé 🌱", "n": [1, 2.5]})
+inserted = client.table("events").insert(one).execute()
+assert len(inserted.data) == 1 and inserted.data[0]["client_id"] == one["client_id"], inserted.data
+assert inserted.data[0]["payload"] == one["payload"], inserted.data
+step("insert one")
+
+# The web app's migrate-to-cloud upload: one row is already synced.
+two, three = event(), event()
+batch = client.table("events").insert([one, two, three]).execute()
+assert sorted(row["client_id"] for row in batch.data) == sorted([two["client_id"], three["client_id"]]), batch.data
+step("insert a batch of three with one duplicate")
+
+rows = client.table("events").select("*").order("created_at", desc=False).execute().data
+assert [row["client_id"] for row in rows] == [one["client_id"], two["client_id"], three["client_id"]], rows
+step("select ordered by created_at")
+
+rest = client.table("events").select("*").order("created_at", desc=False).gt("created_at", rows[0]["created_at"]).execute().data
+assert [row["client_id"] for row in rest] == [two["client_id"], three["client_id"]], rest
+step("select gt the first row's created_at")
+
+upserted = client.table("events").upsert([one], on_conflict="client_id", ignore_duplicates=True).execute()
+assert upserted.data == [], upserted.data
+assert len(client.table("events").select("id").execute().data) == 3
+step("upsert ignore_duplicates")
+
+client.auth.update_user({"data": {"full_name": "Alice"}})
+profile = client.table("profiles").select("full_name").eq("id", user_id).single().execute()
+assert profile.data == {"full_name": "Alice"}, profile.data
+step("profiles select full_name single() after update_user")
+
+client.table("profiles").update({"full_name": "B"}).eq("id", user_id).execute()
+profile = client.table("profiles").select("full_name").eq("id", user_id).single().execute()
+assert profile.data["full_name"] == "B", profile.data
+step("update the profile")
+
+refreshed = client.auth.refresh_session()
+assert refreshed.session is not None and refreshed.session.refresh_token != verified.session.refresh_token
+step("refresh_session")
+
+client.auth.sign_out()
+assert client.auth.get_session() is None
+step("sign_out")

@@ -1,0 +1,247 @@
+import Foundation
+import Postgres
+import TestSupport
+import TrunkSync
+import XCTest
+
+final class RESTTests: XCTestCase {
+    var app: AppHarness!
+    var token: String!
+    var userID: String!
+
+    override func setUp() async throws {
+        app = try await AppHarness()
+        let session = try await app.application.auth.issueSession(email: try XCTUnwrap(Email("rest@example.com")))
+        token = session.accessToken
+        userID = session.user.id.uuidString.lowercased()
+    }
+
+    override func tearDown() async throws { await app.stop() }
+
+    func row(_ clientID: UUID = UUID(), user: String? = nil, timestamp: String = "2026-11-22T04:10:02.123Z") -> [String: Any] {
+        var row: [String: Any] = [
+            "type": "sprout_planted", "payload": ["a": 1], "client_id": clientID.uuidString,
+            "client_timestamp": timestamp,
+        ]
+        row["user_id"] = user ?? userID
+        return row
+    }
+
+    func insert(_ body: Any, prefer: String? = nil, query: String = "") async throws -> AppHarness.Response {
+        try await app.request(
+            "POST", "/rest/v1/events" + query, json: body, bearer: token, headers: prefer.map { ["Prefer": $0] } ?? [:])
+    }
+
+    func get(_ path: String, headers: [String: String] = [:], bearer: String? = nil) async throws -> AppHarness.Response {
+        try await app.request("GET", path, bearer: bearer ?? token, headers: headers)
+    }
+
+    func assertPostgRESTError(
+        _ response: AppHarness.Response, _ status: Int, _ code: String, file: StaticString = #filePath, line: UInt = #line
+    ) {
+        XCTAssertEqual(response.status, status, response.text, file: file, line: line)
+        XCTAssertEqual(response.json["code"] as? String, code, response.text, file: file, line: line)
+        XCTAssertNotNil(response.json["message"] as? String, file: file, line: line)
+        XCTAssertTrue(response.json.keys.contains("details") && response.json.keys.contains("hint"), file: file, line: line)
+        XCTAssertEqual(response.headers["proxy-status"], "PostgREST; error=\(code)", file: file, line: line)
+    }
+
+    func array(_ response: AppHarness.Response) -> [[String: Any]] {
+        (try? JSONSerialization.jsonObject(with: response.body)) as? [[String: Any]] ?? []
+    }
+
+    func testInsertMinimalByDefaultAndRepresentationOnRequest() async throws {
+        let minimal = try await insert(row())
+        XCTAssertEqual(minimal.status, 201)
+        XCTAssertTrue(minimal.body.isEmpty)
+        let id = UUID()
+        let represented = try await insert(row(id), prefer: "return=representation")
+        XCTAssertEqual(represented.status, 201)
+        let rows = array(represented)
+        XCTAssertEqual(rows.count, 1)
+        XCTAssertEqual(rows.first?["client_id"] as? String, id.uuidString.lowercased())
+        XCTAssertEqual(rows.first?["user_id"] as? String, userID)
+        XCTAssertEqual(rows.first?["seq"] as? Int, 2)
+        XCTAssertEqual(rows.first?["client_timestamp"] as? String, "2026-11-22T04:10:02.123+00:00")
+        // Without user_id the caller is the owner.
+        var anonymous = row()
+        anonymous.removeValue(forKey: "user_id")
+        let owned = try await insert(anonymous, prefer: "return=representation")
+        XCTAssertEqual(array(owned).first?["user_id"] as? String, userID)
+    }
+
+    func testDuplicatesAreSkippedRowByRowAndNeverFailTheBatch() async throws {
+        let (a, b, c) = (UUID(), UUID(), UUID())
+        _ = try await insert(row(a))
+        let batch = try await insert(
+            [row(a), row(b), row(c)], prefer: "return=representation",
+            query: "?columns=%22client_timestamp%22%2C%22type%22%2C%22payload%22%2C%22client_id%22%2C%22user_id%22")
+        XCTAssertEqual(batch.status, 201, batch.text)
+        XCTAssertEqual(Set(array(batch).compactMap { $0["client_id"] as? String }), [b, c].map { $0.uuidString.lowercased() }.reduce(into: Set<String>()) { $0.insert($1) })
+        let upsert = try await insert(
+            [row(a)], prefer: "return=representation,resolution=ignore-duplicates", query: "?on_conflict=client_id")
+        XCTAssertEqual(upsert.status, 201)
+        XCTAssertEqual(upsert.text, "[]")
+        let merge = try await insert([row(b)], prefer: "resolution=merge-duplicates", query: "?on_conflict=user_id,client_id")
+        XCTAssertEqual(merge.status, 201)
+        let count = try app.owner().query("select count(*) from events")[0].decode(Int.self, column: 0)
+        XCTAssertEqual(count, 3)
+    }
+
+    func testForeignUserIDIs403AndStoresNothing() async throws {
+        let foreign = try await insert([row(), row(user: UUID().uuidString)])
+        assertPostgRESTError(foreign, 403, "42501")
+        let count = try app.owner().query("select count(*) from events")[0].decode(Int.self, column: 0)
+        XCTAssertEqual(count, 0)
+    }
+
+    func testSelectOrderedAndGreaterThanCreatedAtInEveryClientEncoding() async throws {
+        for _ in 0..<3 { _ = try await insert(row()) }
+        let all = array(try await get("/rest/v1/events?select=*&order=created_at.asc"))
+        XCTAssertEqual(all.count, 3)
+        let first = try XCTUnwrap(all.first?["created_at"] as? String)
+        XCTAssertTrue(first.hasSuffix("+00:00"), first)
+        let parsed = try XCTUnwrap(RFC3339.parse(first))
+        // JS: `*` plain, `:` plain; Python: %2A and %3A, +00:00 as %2B00%3A00, 6 digits; Swift: ms and Z.
+        let millis = RFC3339.format(parsed, fractionDigits: 3, zulu: true)
+        let micros = RFC3339.format(parsed, fractionDigits: 6, zulu: false)
+        let encodedMicros = micros.replacingOccurrences(of: ":", with: "%3A").replacingOccurrences(of: "+", with: "%2B")
+        for query in [
+            "select=*&order=created_at.asc&created_at=gt.\(first)".replacingOccurrences(of: "+", with: "%2B"),
+            "select=%2A&order=created_at.asc&created_at=gt.\(encodedMicros)",
+            "select=*&order=created_at.asc&created_at=gt.\(millis)",
+        ] {
+            let rest = try await get("/rest/v1/events?" + query)
+            XCTAssertEqual(rest.status, 200, query + " " + rest.text)
+            XCTAssertEqual(array(rest).map { $0["seq"] as? Int }, [2, 3], query)
+        }
+        let descending = array(try await get("/rest/v1/events?order=seq.desc.nullslast&limit=2"))
+        XCTAssertEqual(descending.map { $0["seq"] as? Int }, [3, 2])
+        let columns = array(try await get("/rest/v1/events?select=seq,type&seq=gte.2&seq=lte.2"))
+        XCTAssertEqual(columns.count, 1)
+        XCTAssertEqual(Set(columns[0].keys), ["seq", "type"])
+    }
+
+    func testContentRangeCountAndLimits() async throws {
+        let empty = try await get("/rest/v1/events")
+        XCTAssertEqual(empty.text, "[]")
+        XCTAssertEqual(empty.headers["content-range"], "*/0")
+        for _ in 0..<5 { _ = try await insert(row()) }
+        let page = try await get("/rest/v1/events?limit=2&offset=1", headers: ["Prefer": "count=exact"])
+        XCTAssertEqual(page.headers["content-range"], "1-2/5")
+        let plain = try await get("/rest/v1/events")
+        XCTAssertEqual(plain.headers["content-range"], "0-4/*")
+    }
+
+    func testAnotherUsersRowsNeverAppear() async throws {
+        _ = try await insert(row())
+        let other = try await app.application.auth.issueSession(email: try XCTUnwrap(Email("other@example.com")))
+        let theirs = try await get("/rest/v1/events?select=*", bearer: other.accessToken)
+        XCTAssertEqual(theirs.text, "[]")
+        let filtered = try await get("/rest/v1/events?user_id=eq.\(userID!)", bearer: other.accessToken)
+        XCTAssertEqual(filtered.text, "[]")
+        let profile = try await get("/rest/v1/profiles?id=eq.\(userID!)", bearer: other.accessToken)
+        XCTAssertEqual(profile.text, "[]")
+    }
+
+    func testProfilesSingleUpdateAndUpsert() async throws {
+        let none = try await get("/rest/v1/profiles?select=full_name&id=eq.\(userID!)", headers: ["Accept": "application/vnd.pgrst.object+json"])
+        XCTAssertEqual(none.status, 200)
+        XCTAssertEqual(none.text, #"{"full_name":null}"#)
+        let update = try await app.request(
+            "PUT", "/auth/v1/user", json: ["data": ["full_name": "Alice"]], bearer: token)
+        XCTAssertEqual(update.status, 200)
+        let named = try await get("/rest/v1/profiles?select=full_name&id=eq.\(userID!)", headers: ["Accept": "application/vnd.pgrst.object+json"])
+        XCTAssertEqual(named.text, #"{"full_name":"Alice"}"#)
+        let patched = try await app.request(
+            "PATCH", "/rest/v1/profiles?id=eq.\(userID!)", json: ["full_name": "B"], bearer: token,
+            headers: ["Prefer": "return=representation"])
+        XCTAssertEqual(patched.status, 200)
+        XCTAssertEqual(array(patched).first?["full_name"] as? String, "B")
+        let user = try await app.request("GET", "/auth/v1/user", bearer: token)
+        XCTAssertEqual((user.json["user_metadata"] as? [String: Any])?["full_name"] as? String, "B", "one full_name for both APIs")
+        let upsert = try await app.request(
+            "POST", "/rest/v1/profiles", json: ["id": userID!, "full_name": "C"], bearer: token, headers: ["Prefer": "return=representation"])
+        XCTAssertEqual(upsert.status, 201)
+        XCTAssertEqual(array(upsert).first?["full_name"] as? String, "C")
+        let foreign = try await app.request("POST", "/rest/v1/profiles", json: ["id": UUID().uuidString, "full_name": "X"], bearer: token)
+        assertPostgRESTError(foreign, 403, "42501")
+        let minimal = try await app.request("PATCH", "/rest/v1/profiles?id=eq.\(userID!)", json: ["full_name": "D"], bearer: token)
+        XCTAssertEqual(minimal.status, 204)
+    }
+
+    func testSingleWithZeroOrSeveralRowsIs406() async throws {
+        let zero = try await get("/rest/v1/events?select=*", headers: ["Accept": "application/vnd.pgrst.object+json"])
+        assertPostgRESTError(zero, 406, "PGRST116")
+        _ = try await insert([row(), row()])
+        let several = try await get("/rest/v1/events?select=*", headers: ["Accept": "application/vnd.pgrst.object+json"])
+        assertPostgRESTError(several, 406, "PGRST116")
+    }
+
+    func testEveryBadRequestHasThePostgRESTShapeAndChangesNothing() async throws {
+        let reads: [(String, Int, String)] = [
+            ("/rest/v1/events?nope=eq.1", 400, "42703"),
+            ("/rest/v1/events?select=nope", 400, "42703"),
+            ("/rest/v1/events?seq=like.1", 400, "PGRST100"),
+            ("/rest/v1/events?seq=1", 400, "PGRST100"),
+            ("/rest/v1/events?seq=eq.x", 400, "22P02"),
+            ("/rest/v1/events?client_id=eq.nope", 400, "22P02"),
+            ("/rest/v1/events?created_at=gt.yesterday", 400, "22P02"),
+            ("/rest/v1/events?payload=eq.{}", 400, "PGRST100"),
+            ("/rest/v1/events?order=seq.sideways", 400, "PGRST100"),
+            ("/rest/v1/events?order=nope.asc", 400, "42703"),
+            ("/rest/v1/events?limit=-1", 400, "PGRST100"),
+            ("/rest/v1/events?select=seq::text", 400, "PGRST100"),
+            ("/rest/v1/nothing", 404, "PGRST205"),
+        ]
+        for (path, status, code) in reads {
+            assertPostgRESTError(try await get(path), status, code)
+        }
+        let bearerless = try await app.request("GET", "/rest/v1/events")
+        assertPostgRESTError(bearerless, 401, "PGRST301")
+        let badJWT = try await get("/rest/v1/events", bearer: "not-a-jwt")
+        assertPostgRESTError(badJWT, 401, "PGRST301")
+        let writes: [(Any?, String?, Int, String)] = [
+            (["type": "t", "client_id": UUID().uuidString, "extra": 1], nil, 400, "PGRST204"),
+            (["type": "t"], nil, 400, "23502"),
+            (["client_id": UUID().uuidString], nil, 400, "23502"),
+            (["type": "t", "client_id": "x"], nil, 400, "22P02"),
+            (["type": "t", "client_id": UUID().uuidString, "client_timestamp": "now"], nil, 400, "22P02"),
+            (["type": "", "client_id": UUID().uuidString], nil, 400, "23514"),
+            (nil, "{broken", 400, "PGRST102"),
+            (nil, "42", 400, "PGRST102"),
+        ]
+        for (json, raw, status, code) in writes {
+            let response = try await app.request("POST", "/rest/v1/events", json: json, rawBody: raw, bearer: token)
+            assertPostgRESTError(response, status, code)
+        }
+        for method in ["PATCH", "DELETE"] {
+            let response = try await app.request(method, "/rest/v1/events?seq=eq.1", json: ["type": "x"], bearer: token)
+            XCTAssertEqual(response.status, 405, method)
+        }
+        let count = try app.owner().query("select count(*) from events")[0].decode(Int.self, column: 0)
+        XCTAssertEqual(count, 0)
+    }
+
+    func testResponsesAreCappedAt1000Rows() async throws {
+        let rows = (0..<1005).map { _ in row() }
+        let inserted = try await insert(rows)
+        XCTAssertEqual(inserted.status, 201)
+        let page = try await get("/rest/v1/events?select=seq&limit=5000")
+        XCTAssertEqual(array(page).count, 1000)
+    }
+}
+
+final class RESTAPIKeyTests: XCTestCase {
+    func testConfiguredAPIKeyIsRequired() async throws {
+        let app = try await AppHarness(environment: ["TRUNK_SYNC_API_KEY": "anon-key"])
+        let session = try await app.application.auth.issueSession(email: try XCTUnwrap(Email("k@example.com")))
+        let missing = try await app.request("GET", "/rest/v1/events", bearer: session.accessToken)
+        XCTAssertEqual(missing.status, 401)
+        let wrong = try await app.request("GET", "/rest/v1/events", bearer: session.accessToken, headers: ["apikey": "nope"])
+        XCTAssertEqual(wrong.status, 401)
+        let right = try await app.request("GET", "/rest/v1/events", bearer: session.accessToken, headers: ["apikey": "anon-key"])
+        XCTAssertEqual(right.status, 200)
+        await app.stop()
+    }
+}
