@@ -39,14 +39,16 @@ public struct AuthService: Sendable {
     let sender: any SignInCodeSender
     let settings: AuthSettings
     let logger: Logger
+    let metrics: Metrics
     /// HMAC key for stored codes, derived from the JWT secret so a database dump alone does
     /// not allow brute-forcing live codes offline.
     private let codeKey: [UInt8]
 
     public init(
         pool: PostgresPool, tokens: TokenIssuer, secret: String, sender: any SignInCodeSender, settings: AuthSettings,
-        logger: Logger
+        logger: Logger, metrics: Metrics = Metrics()
     ) {
+        self.metrics = metrics
         self.pool = pool
         self.tokens = tokens
         self.sender = sender
@@ -74,7 +76,10 @@ public struct AuthService: Sendable {
     /// Counts a request against a per-IP limit; throws `429` when over it.
     func limit(_ route: String, ip: String, rule: RateLimiter.Rule) async throws {
         let retryAfter = try await database { try RateLimiter.hit("ip:\(route):\(ip)", rule: rule, on: $0) }
-        if let retryAfter { throw AuthError.overRequestRateLimit(retryAfter: retryAfter) }
+        if let retryAfter {
+            metrics.increment("trunk_sync_rate_limited_total", labels: [("limit", route)])
+            throw AuthError.overRequestRateLimit(retryAfter: retryAfter)
+        }
     }
 
     // MARK: - Codes
@@ -112,11 +117,15 @@ public struct AuthService: Sendable {
         switch outcome {
         case .silent: return
         case .wait(let seconds): throw AuthError.overEmailSendRateLimit(retryAfter: seconds)
-        case .mailCap(let seconds): throw AuthError.overEmailSendRateLimit(retryAfter: seconds)
+        case .mailCap(let seconds):
+            metrics.increment("trunk_sync_rate_limited_total", labels: [("limit", "mail")])
+            throw AuthError.overEmailSendRateLimit(retryAfter: seconds)
         case .send:
             do {
                 try await sender.sendSignInCode(code, to: email.value, expiresInMinutes: max(1, settings.otpLifetime / 60))
+                metrics.increment("trunk_sync_signin_codes_sent_total")
             } catch {
+                metrics.increment("trunk_sync_mail_failures_total")
                 logger.error("sign-in mail failed", metadata: ["error": "\(error)"])
                 // Let the user ask again at once instead of waiting for the resend interval.
                 _ = try? await database { try $0.query("delete from otp_codes where email = $1", email.value) }

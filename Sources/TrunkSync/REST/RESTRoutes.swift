@@ -12,6 +12,7 @@ public struct RESTRoutes: Sendable {
     let tokens: TokenIssuer
     /// When set, the `apikey` header must equal it.
     let apiKey: String?
+    let metrics: Metrics
 
     /// Most rows one response carries (as hosted Supabase projects).
     static let maxRows = 1000
@@ -33,7 +34,8 @@ public struct RESTRoutes: Sendable {
         RESTColumn(name: "updated_at", kind: .timestamp, sql: "updated_at"),
     ]
 
-    public init(pool: PostgresPool, store: EventStore, tokens: TokenIssuer, apiKey: String?) {
+    public init(pool: PostgresPool, store: EventStore, tokens: TokenIssuer, apiKey: String?, metrics: Metrics = Metrics()) {
+        self.metrics = metrics
         self.pool = pool
         self.store = store
         self.tokens = tokens
@@ -180,6 +182,7 @@ public struct RESTRoutes: Sendable {
                 return (rows, total)
             }
         }
+        metrics.increment("trunk_sync_events_pulled_total", by: Double(rows.count))
         return try Self.rowsResponse(rows, columns: query.columns, request: request, offset: query.offset, total: total)
     }
 
@@ -192,6 +195,9 @@ public struct RESTRoutes: Sendable {
             return preferences.representation ? .json(.created, "[]") : HTTPResponse(status: .created)
         }
         guard let results = try await Self.run({ try await store.push(events, for: user) }) else { throw RESTError.jwt }
+        let stored = results.filter(\.created).count
+        metrics.increment("trunk_sync_events_pushed_total", by: Double(stored))
+        metrics.increment("trunk_sync_events_duplicate_total", by: Double(results.count - stored))
         guard preferences.representation else { return HTTPResponse(status: .created) }
         let created = results.filter(\.created).map(\.seq)
         let columns = query.columns

@@ -18,6 +18,8 @@ public struct Application: Sendable {
     public let events: EventStore
     /// Wakes long-polls (LISTEN on its own connection).
     public let notifier: EventNotifier
+    /// Counters, histograms and gauges for `/metrics`.
+    public let metrics = Metrics()
     private let logger: Logger
 
     /// The role the server's queries run as (created by the first migration).
@@ -45,7 +47,17 @@ public struct Application: Sendable {
             pool: pool,
             tokens: TokenIssuer(secret: secret, issuer: configuration.publicURL + "/auth/v1", lifetime: configuration.jwtExpiry),
             secret: secret, sender: try sender ?? Self.defaultSender(configuration, logger: logger),
-            settings: configuration.auth, logger: logger)
+            settings: configuration.auth, logger: logger, metrics: metrics)
+        let pool = self.pool
+        let notifier = self.notifier
+        metrics.gauge("trunk_sync_db_pool_connections_open", help: "Database connections open.") { Double(pool.statistics.open) }
+        metrics.gauge("trunk_sync_db_pool_connections_in_use", help: "Database connections running a query.") {
+            Double(pool.statistics.inUse)
+        }
+        metrics.gauge("trunk_sync_db_pool_waiting", help: "Requests waiting for a database connection.") {
+            Double(pool.statistics.waiting)
+        }
+        metrics.gauge("trunk_sync_longpolls_waiting", help: "Pulls waiting for new events.") { Double(notifier.waiting) }
     }
 
     static func defaultSender(_ configuration: Configuration, logger: Logger) throws -> any SignInCodeSender {
@@ -70,8 +82,15 @@ public struct Application: Sendable {
         router.addInline(.get, "/healthz") { _ in .json(.ok, #"{"status":"ok"}"#) }
         router.add(.get, "/readyz") { _ in await readiness() }
         AuthRoutes(service: auth).register(in: &router)
-        SyncRoutes(store: events, notifier: notifier, tokens: auth.tokens).register(in: &router)
-        RESTRoutes(pool: pool, store: events, tokens: auth.tokens, apiKey: configuration.apiKey).register(in: &router)
+        SyncRoutes(store: events, notifier: notifier, tokens: auth.tokens, metrics: metrics).register(in: &router)
+        RESTRoutes(pool: pool, store: events, tokens: auth.tokens, apiKey: configuration.apiKey, metrics: metrics)
+            .register(in: &router)
+        let metrics = self.metrics
+        router.addInline(.get, "/metrics") { _ in
+            HTTPResponse(
+                status: .ok, headers: ["Content-Type": "text/plain; version=0.0.4; charset=utf-8"],
+                body: Array(metrics.render().utf8))
+        }
         return router
     }
 

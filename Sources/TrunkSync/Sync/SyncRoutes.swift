@@ -9,8 +9,10 @@ public struct SyncRoutes: Sendable {
     let store: EventStore
     let notifier: EventNotifier
     let tokens: TokenIssuer
+    let metrics: Metrics
 
-    public init(store: EventStore, notifier: EventNotifier, tokens: TokenIssuer) {
+    public init(store: EventStore, notifier: EventNotifier, tokens: TokenIssuer, metrics: Metrics = Metrics()) {
+        self.metrics = metrics
         self.store = store
         self.notifier = notifier
         self.tokens = tokens
@@ -72,6 +74,8 @@ public struct SyncRoutes: Sendable {
         var writer = JSONWriter(capacity: 64 * results.count + 64)
         writer.beginObject()
         let created = results.filter(\.created).count
+        metrics.increment("trunk_sync_events_pushed_total", by: Double(created))
+        metrics.increment("trunk_sync_events_duplicate_total", by: Double(results.count - created))
         writer.int("accepted", Int64(created))
         writer.int("duplicates", Int64(results.count - created))
         writer.beginArray("results")
@@ -141,6 +145,7 @@ public struct SyncRoutes: Sendable {
                 ticket.cancel()
             }
         }
+        metrics.increment("trunk_sync_events_pulled_total", by: Double(page.count))
         var writer = JSONWriter(capacity: page.eventsJSON.count + 64)
         writer.beginObject()
         writer.raw("events", page.eventsJSON)

@@ -1,0 +1,32 @@
+# trunk-sync: multi-stage build (Swift 6 toolchain → slim Debian runtime).
+FROM swift:6.3-bookworm AS build
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libpq-dev libssl-dev pkg-config \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+# Resolve dependencies first so they are cached apart from the sources.
+COPY Package.swift ./
+RUN swift package resolve
+COPY Sources ./Sources
+COPY Tests ./Tests
+RUN swift build -c release --product trunk-sync \
+ && install -D "$(swift build -c release --show-bin-path)/trunk-sync" /out/bin/trunk-sync
+
+FROM debian:bookworm-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libpq5 libssl3 ca-certificates curl tzdata \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin trunk
+# The Swift runtime libraries the binary links against.
+COPY --from=build /usr/lib/swift/linux/*.so* /usr/lib/swift/linux/
+RUN echo /usr/lib/swift/linux > /etc/ld.so.conf.d/swift.conf && ldconfig
+COPY --from=build /out/bin/trunk-sync /usr/bin/trunk-sync
+# Migrations and the documented default configuration, where trunk-sync looks for them
+# (share/trunk-sync beside the binary's bin/).
+COPY migrations /usr/share/trunk-sync/migrations
+COPY config /usr/share/trunk-sync/config
+USER trunk
+ENV TRUNK_SYNC_HOST=0.0.0.0 TRUNK_SYNC_PORT=8080
+EXPOSE 8080
+ENTRYPOINT ["/usr/bin/trunk-sync"]
+CMD ["serve"]

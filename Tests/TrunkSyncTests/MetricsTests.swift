@@ -1,0 +1,52 @@
+import Foundation
+import TestSupport
+import TrunkSync
+import XCTest
+
+final class MetricsTests: XCTestCase {
+    /// Parses the exposition with the reference Python parser and returns sample values.
+    func samples(_ text: String) throws -> [String: Double] {
+        guard let python = ProcessInfo.processInfo.environment["TRUNK_SYNC_TEST_PYTHON"] else {
+            throw TestEnvironmentError("TRUNK_SYNC_TEST_PYTHON is not set: run the tests with `make test`")
+        }
+        let file = NSTemporaryDirectory() + "metrics-\(UUID().uuidString).txt"
+        try text.write(toFile: file, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let script = """
+            import sys, json
+            from prometheus_client.parser import text_string_to_metric_families
+            out = {}
+            for family in text_string_to_metric_families(open(sys.argv[1]).read()):
+                for sample in family.samples:
+                    labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                    out[sample.name + ("{" + labels + "}" if labels else "")] = sample.value
+            print(json.dumps(out))
+            """
+        let result = try Command.run(python, ["-c", script, file])
+        XCTAssertEqual(result.status, 0, result.stderr)
+        return try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Double])
+    }
+
+    func testMetricsParseAsPrometheusTextAndCountersMove() async throws {
+        let app = try await AppHarness(environment: ["TRUNK_SYNC_RATE_LIMIT_OTP": "1/300"])
+        let before = try samples(try await app.request("GET", "/metrics").text)
+        XCTAssertEqual(before["trunk_sync_events_pushed_total"], 0)
+        let token = try await app.token("m@example.com")
+        let events = (0..<3).map { _ in SyncTests.event() }
+        _ = try await app.request("POST", "/sync/v1/events", json: ["events": events + [events[0]]], bearer: token)
+        _ = try await app.request("GET", "/sync/v1/events", bearer: token)
+        _ = try await app.request("POST", "/auth/v1/otp", json: ["email": "m@example.com"])
+        _ = try await app.request("POST", "/auth/v1/otp", json: ["email": "n@example.com"])
+        let response = try await app.request("GET", "/metrics")
+        XCTAssertEqual(response.headers["content-type"], "text/plain; version=0.0.4; charset=utf-8")
+        let after = try samples(response.text)
+        XCTAssertEqual(after["trunk_sync_events_pushed_total"], 3)
+        XCTAssertEqual(after["trunk_sync_events_duplicate_total"], 1)
+        XCTAssertEqual(after["trunk_sync_events_pulled_total"], 3)
+        XCTAssertEqual(after["trunk_sync_signin_codes_sent_total"], 1)
+        XCTAssertEqual(after["trunk_sync_rate_limited_total{limit=otp}"], 1)
+        XCTAssertNotNil(after["trunk_sync_db_pool_connections_open"])
+        XCTAssertEqual(after["trunk_sync_longpolls_waiting"], 0)
+        await app.stop()
+    }
+}

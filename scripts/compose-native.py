@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Runs docker-compose.yml's own trunk-sync commands natively, so the file cannot drift
+from the binary (there is no Docker engine on the test machines).
+
+    compose-native.py COMPOSE_FILE ENV_FILE TRUNK_SYNC_BINARY PORT
+
+Interpolates the compose file as Compose does (${VAR}, ${VAR:-default}, ${VAR-default},
+${VAR:?error}, $$) from the environment and ENV_FILE, then:
+1. runs the `migrate` service's command with its environment and expects exit 0;
+2. starts the `trunk-sync` service's command with its env_file and environment (its
+   port moved to PORT, since the container's 8080 may be taken here), waits until its
+   own healthcheck command succeeds, then sends SIGTERM and expects exit 0.
+Prints "ok ..." per step; exits 1 with the reason otherwise.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import yaml
+
+compose_path, env_path, binary, port = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+
+
+def read_env_file(path):
+    values = {}
+    with open(path) as handle:
+        for line in handle:
+            line = line.strip()
+            if not line or line.startswith("#") or "=" not in line:
+                continue
+            key, value = line.split("=", 1)
+            values[key.strip()] = value.strip()
+    return values
+
+
+file_env = read_env_file(env_path)
+variables = dict(file_env)
+variables.update(os.environ)  # the shell's variables win over .env, as in Compose
+
+pattern = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def interpolate(text):
+    def replace(match):
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1) or match.group(4)
+        operator, argument = match.group(2), match.group(3)
+        value = variables.get(name)
+        if operator in (":-", "-"):
+            if value is None or (operator == ":-" and value == ""):
+                return interpolate(argument)
+        elif operator in (":?", "?"):
+            if value is None or (operator == ":?" and value == ""):
+                raise SystemExit(f"compose: {name}: {argument}")
+        return value if value is not None else ""
+    return pattern.sub(replace, text)
+
+
+def walk(node):
+    if isinstance(node, dict):
+        return {key: walk(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [walk(value) for value in node]
+    if isinstance(node, str):
+        return interpolate(node)
+    return node
+
+
+with open(compose_path) as handle:
+    compose = walk(yaml.safe_load(handle))
+services = compose["services"]
+
+
+def environment(service):
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp")}
+    for entry in service.get("env_file", []):
+        path = entry["path"] if isinstance(entry, dict) else entry
+        env.update(read_env_file(os.path.join(os.path.dirname(compose_path), path) if path != ".env" else env_path))
+    declared = service.get("environment", {})
+    if isinstance(declared, list):
+        declared = dict(item.split("=", 1) for item in declared)
+    env.update({key: str(value) for key, value in declared.items()})
+    return env
+
+
+migrate = services["migrate"]
+result = subprocess.run([binary] + migrate["command"], env=environment(migrate), capture_output=True, text=True, timeout=120)
+if result.returncode != 0:
+    raise SystemExit(f"migrate failed ({result.returncode}): {result.stderr.strip()}")
+print("ok migrate:", result.stdout.strip().splitlines()[-1], flush=True)
+
+server = services["trunk-sync"]
+assert server["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+env = environment(server)
+assert all(key.startswith("TRUNK_SYNC_") for key in env if key not in ("PATH", "HOME")), "only TRUNK_SYNC_* variables configure trunk-sync"
+env["TRUNK_SYNC_PORT"] = port
+process = subprocess.Popen([binary] + server["command"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+check = [part.replace(":8080/", f":{port}/") for part in server["healthcheck"]["test"][1:]]
+deadline = time.time() + 30
+healthy = False
+while time.time() < deadline and process.poll() is None:
+    if subprocess.run(check, capture_output=True, timeout=10).returncode == 0:
+        healthy = True
+        break
+    time.sleep(0.1)
+if not healthy:
+    process.kill()
+    raise SystemExit("serve never became healthy: " + (process.stderr.read() if process.stderr else ""))
+print("ok serve is healthy by its compose healthcheck", flush=True)
+process.send_signal(signal.SIGTERM)
+code = process.wait(timeout=20)
+if code != 0:
+    raise SystemExit(f"serve exited with {code} after SIGTERM")
+print("ok serve stopped cleanly on SIGTERM", flush=True)
