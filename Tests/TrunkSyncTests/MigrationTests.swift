@@ -74,6 +74,20 @@ final class MigrationTests: XCTestCase {
         }
     }
 
+    func testAnOlderBinaryStaysReadyAgainstANewerSchemaButWillNotMigrateIt() throws {
+        try write("0003_third.sql", "create table three (id int);")
+        let connection = try PostgresConnection.connect(database)
+        _ = try migrator().migrate(on: connection)
+        try FileManager.default.removeItem(atPath: directory + "/0003_third.sql")
+        XCTAssertEqual(try migrator().pendingCount(on: connection), 0)
+        XCTAssertThrowsError(try migrator().migrate(on: connection)) {
+            XCTAssertEqual($0 as? MigrationError, .appliedFileMissing("0003_third.sql"))
+        }
+        // Its own files are still checked.
+        try write("0002_second.sql", "create table two (id bigint);")
+        XCTAssertThrowsError(try migrator().pendingCount(on: connection))
+    }
+
     func testFailingMigrationRollsBackAndStopsTheRun() throws {
         try write("0003_broken.sql", "create table three (id int); select * from nowhere;")
         try write("0004_after.sql", "create table four (id int);")

@@ -47,9 +47,9 @@ public struct Migrator: Sendable {
     }
 
     /// What is applied and what is pending; fails if an applied file was edited or removed.
-    public func status(on connection: PostgresConnection) throws -> Status {
+    public func status(on connection: PostgresConnection, allowNewer: Bool = false) throws -> Status {
         let applied = try appliedMigrations(on: connection)
-        try verify(applied)
+        try verify(applied, allowNewer: allowNewer)
         let appliedVersions = Set(applied.map(\.version))
         return Status(applied: applied, pending: migrations.filter { !appliedVersions.contains($0.version) })
     }
@@ -91,10 +91,11 @@ public struct Migrator: Sendable {
         return applied
     }
 
-    /// How many migrations are not applied yet (all of them when the table is missing).
-    /// Throws when an applied file was edited or removed.
+    /// How many of this binary's migrations are not applied yet (all of them when the table
+    /// is missing). Migrations newer than this binary's are fine (a rolling upgrade migrated
+    /// ahead of it); an edited or removed file of its own throws.
     public func pendingCount(on connection: PostgresConnection) throws -> Int {
-        try status(on: connection).pending.count
+        try status(on: connection, allowNewer: true).pending.count
     }
 
     private func appliedMigrations(on connection: PostgresConnection) throws -> [AppliedMigration] {
@@ -110,9 +111,10 @@ public struct Migrator: Sendable {
             }
     }
 
-    private func verify(_ applied: [AppliedMigration]) throws {
+    private func verify(_ applied: [AppliedMigration], allowNewer: Bool) throws {
         let files = Dictionary(uniqueKeysWithValues: migrations.map { ($0.version, $0) })
-        for record in applied {
+        let newestKnown = migrations.last?.version ?? 0
+        for record in applied where !(allowNewer && record.version > newestKnown) {
             guard let file = files[record.version] else { throw MigrationError.appliedFileMissing(record.name) }
             guard file.name == record.name, file.checksum == record.checksum else {
                 throw MigrationError.appliedFileChanged(record.name)
