@@ -34,6 +34,7 @@ let package = Package(
             dependencies: ["CLibPQ", "CSystem", .product(name: "Logging", package: "swift-log")]
         ),
         .target(name: "HTTPServer", dependencies: ["CSystem", .product(name: "Logging", package: "swift-log")]),
+        .target(name: "Mail", dependencies: ["COpenSSL", "TrunkCrypto", .product(name: "Logging", package: "swift-log")]),
         .target(
             name: "TrunkSync",
             dependencies: [
@@ -56,6 +57,7 @@ let package = Package(
         .testTarget(name: "TrunkCryptoTests", dependencies: ["TrunkCrypto"]),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres", "TestSupport", "CSystem"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),
+        .testTarget(name: "MailTests", dependencies: ["Mail", "TestSupport"]),
         .testTarget(
             name: "TrunkSyncTests",
             dependencies: [

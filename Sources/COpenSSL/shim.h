@@ -32,6 +32,10 @@ static inline long trunk_SSL_CTX_set_mode(SSL_CTX *ctx, long mode) {
     return SSL_CTX_set_mode(ctx, mode);
 }
 
+static inline int trunk_SSL_CTX_set_min_proto_version(SSL_CTX *ctx, int version) {
+    return (int)SSL_CTX_set_min_proto_version(ctx, version);
+}
+
 // SHA-256 through the low-level interface. It is deprecated in OpenSSL 3 in favour of
 // EVP, but it is the only one that cannot fail: the context is a plain struct (no
 // allocation, no provider fetch), so TrunkCrypto's hashes and HMACs never have an error
