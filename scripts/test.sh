@@ -11,7 +11,8 @@ swift build --build-tests
 # Python tools the tests drive: the real supabase client, compose schema validation, YAML.
 venv=.build/test-venv
 if ! "$venv/bin/python" -c "import supabase, yaml, check_jsonschema, prometheus_client" 2>/dev/null; then
-  python3 -m venv "$venv"
+  # Debian's python3 with its site packages: aiosmtpd and PyJWT come from apt (deps.sh).
+  /usr/bin/python3 -m venv --system-site-packages "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "supabase==2.34.1" check-jsonschema pyyaml prometheus-client
 fi
 export TRUNK_SYNC_TEST_PYTHON="$PWD/$venv/bin/python"

@@ -26,7 +26,7 @@ struct Migrate: AsyncParsableCommand {
                 let migrator = Migrator(
                     migrations: try Migration.load(from: configuration.migrationsDirectory), logger: logger)
                 let pool = try commandPool(configuration, logger: logger)
-                defer { Task { await pool.close() } }
+                onExit { await pool.close() }
                 let applied = try await pool.withConnection { try migrator.migrate(on: $0) }
                 if applied.isEmpty {
                     print("database is up to date (\(migrator.migrations.count) migrations applied)")
@@ -49,7 +49,7 @@ struct Migrate: AsyncParsableCommand {
                 let migrator = Migrator(
                     migrations: try Migration.load(from: configuration.migrationsDirectory), logger: logger)
                 let pool = try commandPool(configuration, logger: logger)
-                defer { Task { await pool.close() } }
+                onExit { await pool.close() }
                 let status = try await pool.withConnection { try migrator.status(on: $0) }
                 for applied in status.applied {
                     print("applied  \(applied.name)  \(formatTimestamp(applied.appliedAt))")

@@ -21,7 +21,7 @@ struct TokenCommand: AsyncParsableCommand {
             guard let address = Email(email) else { throw ValidationError("\(email) is not a valid email address") }
             let logger = Logger(label: "trunk-sync.token")
             let application = try Application(configuration: configuration, logger: logger, listen: false)
-            defer { Task { await application.close() } }
+            onExit { await application.close() }
             let session = try await application.auth.issueSession(email: address)
             FileHandle.standardOutput.write(Data(session.json + [UInt8(ascii: "\n")]))
         }

@@ -47,10 +47,40 @@ struct CommonOptions: ParsableArguments {
     }
 }
 
+/// Work to finish before the process exits (closing pools: their threads must not be cut off
+/// mid-query by `exit`).
+private let exitWork = ExitWork()
+
+private final class ExitWork: @unchecked Sendable {
+    private let lock = NSLock()
+    private var work: [@Sendable () async -> Void] = []
+    func add(_ item: @escaping @Sendable () async -> Void) { lock.withLock { work.append(item) } }
+    func run() async {
+        let items = lock.withLock { () -> [@Sendable () async -> Void] in
+            defer { work = [] }
+            return work
+        }
+        for item in items.reversed() { await item() }
+    }
+}
+
+/// Registers `work` to run when the command finishes, whether it succeeded or failed.
+func onExit(_ work: @escaping @Sendable () async -> Void) { exitWork.add(work) }
+
 /// Runs `body`, turning the errors an operator can act on into one line on stderr and exit 1.
 func reportingErrors(_ body: () async throws -> Void) async throws {
     do {
         try await body()
+        await exitWork.run()
+    } catch {
+        await exitWork.run()
+        try report(error)
+    }
+}
+
+private func report(_ error: Error) throws {
+    do {
+        throw error
     } catch let error as ExitCode {
         throw error
     } catch let error as CleanExit {

@@ -34,7 +34,7 @@ struct UsersCommand: AsyncParsableCommand {
         func run() async throws {
             try await reportingErrors {
                 let (admin, pool) = try UsersCommand.admin(options)
-                defer { Task { await pool.close() } }
+                onExit { await pool.close() }
                 let users = try await admin.list()
                 let rows = users.map { [$0.email, UsersCommand.time($0.createdAt), UsersCommand.time($0.lastSignInAt), String($0.events)] }
                 print(table(header: ["EMAIL", "CREATED", "LAST SIGN-IN", "EVENTS"], rows: rows))
@@ -51,7 +51,7 @@ struct UsersCommand: AsyncParsableCommand {
         func run() async throws {
             try await reportingErrors {
                 let (admin, pool) = try UsersCommand.admin(options)
-                defer { Task { await pool.close() } }
+                onExit { await pool.close() }
                 let user = try await UsersCommand.user(admin, email)
                 print("id:              \(user.id.uuidString.lowercased())")
                 print("email:           \(user.email)")
@@ -73,7 +73,7 @@ struct UsersCommand: AsyncParsableCommand {
         func run() async throws {
             try await reportingErrors {
                 let (admin, pool) = try UsersCommand.admin(options)
-                defer { Task { await pool.close() } }
+                onExit { await pool.close() }
                 let user = try await UsersCommand.user(admin, email)
                 let showProgress = isatty(STDERR_FILENO) == 1
                 let written = try await admin.export(
@@ -101,7 +101,7 @@ struct UsersCommand: AsyncParsableCommand {
         func run() async throws {
             try await reportingErrors {
                 let (admin, pool) = try UsersCommand.admin(options)
-                defer { Task { await pool.close() } }
+                onExit { await pool.close() }
                 let user = try await UsersCommand.user(admin, email)
                 if !yes {
                     FileHandle.standardError.write(

@@ -26,7 +26,7 @@ def step(name):
 def read_code(to, seen):
     deadline = time.time() + 20
     while time.time() < deadline:
-        for path in sorted(glob.glob(os.path.join(mail_dir, "*"))):
+        for path in sorted(glob.glob(os.path.join(mail_dir, "*.eml"))):
             if path in seen:
                 continue
             with open(path, "rb") as handle:

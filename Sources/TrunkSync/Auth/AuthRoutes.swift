@@ -1,6 +1,7 @@
 import Foundation
 import HTTPServer
 import Logging
+import Mail
 
 /// The Supabase Auth compatible routes under `/auth/v1`.
 public struct AuthRoutes: Sendable {
@@ -149,11 +150,17 @@ public struct AuthRoutes: Sendable {
     }
 }
 
-/// The development mailer: prints each code to the log (`TRUNK_SYNC_MAILER=log`).
-public struct LogCodeSender: SignInCodeSender {
-    let logger: Logger
-    public init(logger: Logger) { self.logger = logger }
+/// Sends sign-in codes as mails through a `Mailer` (SMTP, or the log in development).
+public struct MailCodeSender: SignInCodeSender {
+    let mailer: any Mailer
+    let from: String
+
+    public init(mailer: any Mailer, from: String) {
+        self.mailer = mailer
+        self.from = from
+    }
+
     public func sendSignInCode(_ code: String, to email: String, expiresInMinutes: Int) async throws {
-        logger.notice("sign-in code for \(email): \(code)")
+        try await mailer.send(MailMessage.signInCode(code: code, to: email, from: from, expiresInMinutes: expiresInMinutes))
     }
 }

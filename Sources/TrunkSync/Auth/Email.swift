@@ -7,6 +7,8 @@ public struct Email: Hashable, Sendable, CustomStringConvertible {
     /// with no spaces, control characters, quotes or angle brackets.
     public init?(_ raw: String) {
         let text = raw.trimmingCharactersInWhitespace().lowercased()
+        // Mail goes out over SMTP without SMTPUTF8: ASCII addresses (IDNs in xn-- form).
+        guard text.utf8.allSatisfy({ $0 < 0x80 }) else { return nil }
         let parts = text.split(separator: "@", omittingEmptySubsequences: false)
         guard text.utf8.count <= 254, parts.count == 2 else { return nil }
         let local = parts[0]

@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import Mail
 
 /// The effective configuration of a trunk-sync process, merged from (lowest to highest
 /// precedence) the defaults, a JSON file given with `--config`, the `TRUNK_SYNC_*`
@@ -158,6 +159,19 @@ public struct Configuration: Sendable {
         auth.mailRule = try rule("rate_limit_mail") ?? auth.mailRule
         auth.refreshReuseInterval = try integer("refresh_reuse_interval", 0...300) ?? auth.refreshReuseInterval
         if mailer == .smtp, smtpURL == nil { throw error("smtp_url", "is required when TRUNK_SYNC_MAILER is smtp") }
+        if let url = smtpURL {
+            do {
+                _ = try SMTPConfiguration(url: url)
+            } catch {
+                // The mail module's message names the variable and never quotes the URL.
+                throw ConfigurationError(message: "\(error)")
+            }
+        }
+        do {
+            _ = try MailAddress(mailFrom, role: "sender")
+        } catch {
+            throw self.error("mail_from", "must be an address like no-reply@example.com or Name <no-reply@example.com>")
+        }
     }
 
     private func integer(_ key: String, _ range: ClosedRange<Int>) throws -> Int? {

@@ -1,6 +1,7 @@
 import Foundation
 import HTTPServer
 import Logging
+import Mail
 import Postgres
 
 /// The trunk-sync application: its routes over the database pool. Owns nothing that must
@@ -62,8 +63,11 @@ public struct Application: Sendable {
 
     static func defaultSender(_ configuration: Configuration, logger: Logger) throws -> any SignInCodeSender {
         switch configuration.mailer {
-        case .log: return LogCodeSender(logger: logger)
-        case .smtp: throw ConfigurationError(message: "TRUNK_SYNC_MAILER=smtp is not available in this build")
+        case .log:
+            return MailCodeSender(mailer: LogMailer(logger: logger), from: configuration.mailFrom)
+        case .smtp:
+            let smtp = try SMTPConfiguration(url: configuration.smtpURL ?? "")
+            return MailCodeSender(mailer: try SMTPMailer(configuration: smtp, logger: logger), from: configuration.mailFrom)
         }
     }
 

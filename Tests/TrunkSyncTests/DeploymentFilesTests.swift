@@ -1,0 +1,61 @@
+import Foundation
+import Postgres
+import TestSupport
+import XCTest
+
+/// docker-compose.yml and the Dockerfile cannot run here (no Docker engine), so the compose
+/// file is validated against the Compose schema and its own commands run natively.
+final class DeploymentFilesTests: XCTestCase {
+    func python() throws -> String {
+        guard let path = ProcessInfo.processInfo.environment["TRUNK_SYNC_TEST_PYTHON"], !path.isEmpty else {
+            throw TestEnvironmentError("TRUNK_SYNC_TEST_PYTHON is not set: run the tests with `make test`")
+        }
+        return path
+    }
+
+    func testComposeFileMatchesTheComposeSpecification() throws {
+        let schema = repositoryRoot() + "/../shared/schemas/compose-spec.json"
+        guard FileManager.default.fileExists(atPath: schema) else {
+            throw TestEnvironmentError("missing \(schema): CI and developers have ../shared beside the repository")
+        }
+        let checker = URL(fileURLWithPath: try python()).deletingLastPathComponent().appendingPathComponent("check-jsonschema").path
+        let result = try Command.run(checker, ["--schemafile", schema, repositoryRoot() + "/docker-compose.yml"])
+        XCTAssertEqual(result.status, 0, result.stdout + result.stderr)
+    }
+
+    func testComposeCommandsAndEnvironmentRunNatively() throws {
+        let database = try TestDatabase.create(prefix: "compose")
+        defer { try? TestDatabase.drop(database) }
+        let port = try XCTUnwrap(database["port"])
+        let password = try XCTUnwrap(database["password"])
+        let free = try Command.run(
+            try python(), ["-c", "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"])
+        let result = try Command.run(
+            try python(),
+            [
+                repositoryRoot() + "/scripts/compose-native.py", repositoryRoot() + "/docker-compose.yml",
+                repositoryRoot() + "/.env.example", Command.trunkSyncBinary(), free.stdout.trimmingCharacters(in: .whitespacesAndNewlines),
+            ],
+            environment: Command.environment([
+                "POSTGRES_HOST": "127.0.0.1", "POSTGRES_PORT": port, "POSTGRES_USER": database["user"] ?? "trunk",
+                "POSTGRES_PASSWORD": password, "POSTGRES_DB": try XCTUnwrap(database["dbname"]),
+                "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations",
+            ]))
+        XCTAssertEqual(result.status, 0, result.stdout + result.stderr)
+        XCTAssertTrue(result.stdout.contains("ok migrate"), result.stdout)
+        XCTAssertTrue(result.stdout.contains("ok serve is healthy"), result.stdout)
+        XCTAssertTrue(result.stdout.contains("ok serve stopped cleanly"), result.stdout)
+    }
+
+    func testDockerfileShipsWhatTheBinaryLooksFor() throws {
+        let dockerfile = try String(contentsOfFile: repositoryRoot() + "/Dockerfile", encoding: .utf8)
+        XCTAssertTrue(dockerfile.contains("COPY migrations /usr/share/trunk-sync/migrations"))
+        XCTAssertTrue(dockerfile.contains("libpq5 libssl3 ca-certificates"))
+        XCTAssertTrue(dockerfile.contains("USER trunk"))
+        XCTAssertTrue(dockerfile.contains("-c release"))
+        let example = try String(contentsOfFile: repositoryRoot() + "/.env.example", encoding: .utf8)
+        let ignored = try String(contentsOfFile: repositoryRoot() + "/.gitignore", encoding: .utf8)
+        XCTAssertTrue(ignored.split(separator: "\n").contains(".env"), ".env stays out of git")
+        XCTAssertTrue(example.contains("TRUNK_SYNC_JWT_SECRET=change-me"))
+    }
+}
