@@ -30,7 +30,7 @@ public struct Setting: Sendable {
         Setting(key: "mailer", defaultValue: "log", isSecret: false, summary: "log (codes printed to the log) or smtp."),
         Setting(
             key: "smtp_url", defaultValue: nil, isSecret: true,
-            summary: "smtp://[user:pass@]host:port[?tls=none|starttls|tls] or smtps://…; required when mailer is smtp."),
+            summary: "smtp://[user:pass@]host:port[?tls=none|starttls|tls][&verify=false][&ca_file=PATH] or smtps://…; smtp:// requires STARTTLS unless tls=none; required when mailer is smtp."),
         Setting(key: "mail_from", defaultValue: "no-reply@localhost", isSecret: false, summary: "Sender address of sign-in mails."),
         Setting(
             key: "cors_origins", defaultValue: "", isSecret: false,
