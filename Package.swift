@@ -56,6 +56,7 @@ let package = Package(
         .testTarget(name: "TrunkCryptoTests", dependencies: ["TrunkCrypto"]),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres", "TestSupport", "CSystem"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),
+        .testTarget(name: "EndToEndTests", dependencies: ["TestSupport", "Postgres"]),
         .testTarget(
             name: "TrunkSyncTests",
             dependencies: [
