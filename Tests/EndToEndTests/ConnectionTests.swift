@@ -78,6 +78,18 @@ final class ConnectionTests: EndToEndTestCase {
         assertClosesConnection(response, on: client)
     }
 
+    func testStalledBodyAfter100ContinueGets408AndClose() throws {
+        let server = try startServer(["TRUNK_SYNC_HTTP_BODY_TIMEOUT": "0.5"])
+        let client = try server.connect()
+        try client.send(request("POST", "/healthz", headers: [("Content-Length", "10"), ("Expect", "100-continue")]))
+        XCTAssertEqual(try client.readResponse().status, 100)
+        try client.send("abc")
+        // The body timeout (not the 60 s idle timeout) applies once the head was accepted.
+        let response = try client.readResponse(timeout: 5)
+        assertJSONError(response, status: 408, code: "request_timeout")
+        assertClosesConnection(response, on: client)
+    }
+
     func testConnectionsBeyondTheMaximumGet503AndTheServerRecovers() throws {
         let server = try startServer(["TRUNK_SYNC_HTTP_MAX_CONNECTIONS": "5"])
         var open: [RawClient] = []

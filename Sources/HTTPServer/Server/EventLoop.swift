@@ -206,7 +206,9 @@ final class EventLoop: @unchecked Sendable {
                     closeConnection(connection)
                     return
                 }
-                if !connection.inFlight { waitForNextRequest(connection) }
+                // Only a final response ends a request: after an interim `100 Continue` the
+                // body is still due, under the body deadline.
+                if !connection.inFlight, connection.deadlineKind != .body { waitForNextRequest(connection) }
             }
             if connection.inFlight { return }
 
