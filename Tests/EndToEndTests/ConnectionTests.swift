@@ -150,6 +150,7 @@ final class ConnectionTests: EndToEndTestCase {
         try raiseOpenFileLimit(to: 12_000)
         let server = try startServer()
         assertServerHealthy(server)
+        let memoryBefore = try residentMemory(of: server)
         var clients: [RawClient] = []
         clients.reserveCapacity(5000)
         for _ in 0..<5000 {
@@ -163,6 +164,9 @@ final class ConnectionTests: EndToEndTestCase {
             XCTAssertFalse(response.closesConnection)
         }
         assertServerHealthy(server)
+        let grownBy = try residentMemory(of: server) - memoryBefore
+        print("RSS growth for 5000 connections: \(grownBy / 1024) KiB")
+        XCTAssertLessThan(grownBy / 5000, 16 * 1024, "memory per idle connection")
         XCTAssertEqual(clients.filter { !$0.looksOpen }.count, 0, "idle connections were closed")
         // Old connections still work too.
         for client in stride(from: 0, to: 5000, by: 499).map({ clients[$0] }) { assertConnectionUsable(client) }
@@ -220,6 +224,15 @@ final class ConnectionTests: EndToEndTestCase {
         try? client.send(requests, timeout: 2)
         XCTAssertTrue(eventually(within: 10) { !client.looksOpen }, "the stalled connection was kept")
         assertServerHealthy(server)
+    }
+
+    /// The server's resident set size in bytes.
+    private func residentMemory(of server: ServerProcess) throws -> Int {
+        let status = try String(contentsOfFile: "/proc/\(server.process.processIdentifier)/status", encoding: .utf8)
+        guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
+            let kilobytes = Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "")
+        else { throw ClientError("no VmRSS in /proc/PID/status") }
+        return kilobytes * 1024
     }
 
     /// Lets this process open `count` descriptors (up to the hard limit).

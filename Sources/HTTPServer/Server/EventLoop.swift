@@ -31,6 +31,10 @@ final class EventLoop: @unchecked Sendable {
     private static let listenerToken = UInt64.max
     private static let wakeToken = UInt64.max - 1
     private static let readChunk = 64 * 1024
+    /// Where every connection's reads land first (loop thread only). Reading straight into
+    /// each parser's buffer made every connection hold a zero-filled 64 KiB buffer for its
+    /// whole life; copying the few bytes a read returns keeps idle connections small.
+    private var readBuffer = [UInt8](repeating: 0, count: readChunk)
 
     private let epollIn = csystem_epollin()
     private let epollOut = csystem_epollout()
@@ -240,10 +244,11 @@ final class EventLoop: @unchecked Sendable {
             }
             let wasIdle = connection.parser.isIdle
             let fd = connection.fd
-            let received = connection.parser.fill(upTo: Self.readChunk) { buffer -> Int in
+            let received = readBuffer.withUnsafeMutableBytes { buffer -> Int in
                 while true {
                     let count = read(fd, buffer.baseAddress, buffer.count)
                     if count < 0, errno == EINTR { continue }
+                    if count > 0 { connection.parser.feed(UnsafeRawBufferPointer(rebasing: buffer[0..<count])) }
                     return count
                 }
             }
