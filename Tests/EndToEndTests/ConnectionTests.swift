@@ -104,6 +104,9 @@ final class ConnectionTests: EndToEndTestCase {
         let refused = try sixth.readResponse()
         assertJSONError(refused, status: 503, code: "server_busy")
         XCTAssertNotNil(refused.header("retry-after"))
+        XCTAssertEqual(refused.header("server"), "trunk-sync")
+        XCTAssertNotNil(refused.header("date"))
+        XCTAssertFalse((refused.header("x-request-id") ?? "").isEmpty)
         assertClosesConnection(refused, on: sixth)
         // The five are still served.
         for client in open { assertConnectionUsable(client) }

@@ -184,10 +184,16 @@ final class EventLoop: @unchecked Sendable {
     }
 
     private func refuseConnection(_ fd: Int32) {
-        let body = #"{"code":"server_busy","message":"Too many connections; try again later."}"#
-        let text =
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: \(body.utf8.count)\r\nRetry-After: 1\r\nConnection: close\r\n\r\n\(body)"
-        _ = text.withCString { csystem_send(fd, $0, strlen($0)) }
+        // Serialized like any response, so it carries Date, Server and a request id too.
+        var output: [UInt8] = []
+        serialize(
+            .error(
+                .serviceUnavailable, code: "server_busy", message: "Too many connections; try again later.",
+                headers: ["Retry-After": "1"]),
+            requestID: requestIDs.next(), origin: nil, keepAlive: false, omitBody: false, into: &output)
+        _ = output.withUnsafeBytes { buffer in
+            buffer.baseAddress.map { csystem_send(fd, $0, buffer.count) }
+        }
         close(fd)
     }
 
