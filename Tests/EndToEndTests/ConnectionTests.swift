@@ -206,6 +206,35 @@ final class ConnectionTests: EndToEndTestCase {
         assertServerHealthy(server)
     }
 
+    func testServerOutOfFileDescriptorsRefusesQueuedConnectionsInsteadOfStallingThem() throws {
+        let prlimit = "/usr/bin/prlimit"
+        guard FileManager.default.isExecutableFile(atPath: prlimit) else { throw XCTSkip("needs \(prlimit)") }
+        // 64 descriptors: the server runs out well before 80 connections.
+        let server = try startServer(launcher: [prlimit, "--nofile=64:64"])
+        var clients: [RawClient] = []
+        for _ in 0..<80 {
+            let client = try server.connect()
+            try client.send(request("GET", "/healthz"))
+            clients.append(client)
+        }
+        // Every connection gets an answer: served, or refused with 503 because the server is
+        // out of descriptors. None is left waiting in the listen backlog.
+        var statuses: [Int: Int] = [:]
+        for client in clients {
+            let response = try client.readResponse(timeout: 3)
+            statuses[response.status, default: 0] += 1
+            if response.status == 503 {
+                assertJSONError(response, status: 503, code: "server_busy")
+                assertClosesConnection(response, on: client)
+            }
+        }
+        XCTAssertGreaterThan(statuses[200] ?? 0, 0)
+        XCTAssertGreaterThan(statuses[503] ?? 0, 0)
+        XCTAssertEqual((statuses[200] ?? 0) + (statuses[503] ?? 0), 80, "\(statuses)")
+        clients.forEach { $0.close() }
+        XCTAssertTrue(try eventually(within: 5) { try server.exchange(request("GET", "/healthz")).0.status == 200 })
+    }
+
     func testHalfClosedClientStillGetsItsAnswers() throws {
         let server = try startServer()
         let client = try server.connect()

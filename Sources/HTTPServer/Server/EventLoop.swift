@@ -142,6 +142,12 @@ final class EventLoop: @unchecked Sendable {
 
     private func acceptConnections() {
         var address = [CChar](repeating: 0, count: 64)
+        var refusedForDescriptors = 0
+        defer {
+            if refusedForDescriptors > 0 {
+                logger.warning("out of file descriptors; refused connections", metadata: ["refused": "\(refusedForDescriptors)"])
+            }
+        }
         while true {
             let fd = csystem_accept(listener, &address, address.count)
             if fd < 0 {
@@ -149,16 +155,23 @@ final class EventLoop: @unchecked Sendable {
                 case EAGAIN, EWOULDBLOCK: return
                 case ECONNABORTED, EPROTO: continue
                 case EMFILE, ENFILE:
-                    // Out of descriptors: free the reserve, accept and drop one connection so
-                    // the backlog does not stall, and keep the reserve for next time.
-                    logger.warning("out of file descriptors; refusing a connection")
-                    if reserveFD >= 0 {
-                        close(reserveFD)
-                        let dropped = csystem_accept(listener, &address, address.count)
-                        if dropped >= 0 { close(dropped) }
-                        reserveFD = open("/dev/null", O_RDONLY | O_CLOEXEC)
+                    // Out of descriptors. The listener is edge-triggered: returning while
+                    // connections are still queued would leave them stuck until another one
+                    // arrives. Take each with the reserve descriptor, refuse it with a 503, and
+                    // go on until the queue is empty.
+                    guard reserveFD >= 0 else {
+                        logger.error("out of file descriptors and no reserve left; connections wait in the backlog")
+                        return
                     }
-                    return
+                    close(reserveFD)
+                    let dropped = csystem_accept(listener, &address, address.count)
+                    if dropped >= 0 {
+                        refuseConnection(dropped)
+                        refusedForDescriptors += 1
+                    }
+                    reserveFD = open("/dev/null", O_RDONLY | O_CLOEXEC)
+                    if dropped < 0 { return }  // the freed descriptor did not help: no progress possible
+                    continue
                 default:
                     logger.error("accept failed", metadata: ["errno": "\(errno)"])
                     return
