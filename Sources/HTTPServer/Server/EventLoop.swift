@@ -20,6 +20,9 @@ final class EventLoop: @unchecked Sendable {
     private var connections: [Int32: Connection] = [:]
     private var nextConnectionID: UInt64 = 0
     private var shuttingDown = false
+    /// The accept queue may hold connections no new edge will report (accept failed for want
+    /// of descriptors or memory): retry from the periodic sweep.
+    private var acceptRetryPending = false
     private var shutdownDeadline: UInt64 = 0
     private var now: UInt64 = 0
     private let dates = DateHeaderCache()
@@ -112,6 +115,7 @@ final class EventLoop: @unchecked Sendable {
             }
             if now >= nextSweep {
                 sweepDeadlines()
+                if acceptRetryPending, listener >= 0 { acceptConnections() }
                 nextSweep = now + 250_000_000
             }
             if shuttingDown, connections.isEmpty || now >= shutdownDeadline { break }
@@ -148,32 +152,49 @@ final class EventLoop: @unchecked Sendable {
                 logger.warning("out of file descriptors; refused connections", metadata: ["refused": "\(refusedForDescriptors)"])
             }
         }
+        if reserveFD < 0 { reserveFD = open("/dev/null", O_RDONLY | O_CLOEXEC) }
         while true {
             let fd = csystem_accept(listener, &address, address.count)
             if fd < 0 {
-                switch errno {
-                case EAGAIN, EWOULDBLOCK: return
+                let error = errno
+                switch error {
+                case EAGAIN, EWOULDBLOCK:
+                    acceptRetryPending = false
+                    return
                 case ECONNABORTED, EPROTO: continue
                 case EMFILE, ENFILE:
                     // Out of descriptors. The listener is edge-triggered: returning while
                     // connections are still queued would leave them stuck until another one
                     // arrives. Take each with the reserve descriptor, refuse it with a 503, and
-                    // go on until the queue is empty.
+                    // go on until the queue is empty. Another thread may take the freed
+                    // descriptor meanwhile; then the sweep retries until one is free again.
                     guard reserveFD >= 0 else {
-                        logger.error("out of file descriptors and no reserve left; connections wait in the backlog")
+                        if !acceptRetryPending {
+                            logger.error("out of file descriptors and no reserve left; retrying to accept")
+                        }
+                        acceptRetryPending = true
                         return
                     }
+                    let refusal = refusalResponse()  // built first: nothing may take the freed descriptor
                     close(reserveFD)
                     let dropped = csystem_accept(listener, &address, address.count)
+                    let acceptError = errno
                     if dropped >= 0 {
-                        refuseConnection(dropped)
+                        _ = refusal.withUnsafeBytes { buffer in
+                            buffer.baseAddress.map { csystem_send(dropped, $0, buffer.count) }
+                        }
+                        close(dropped)
                         refusedForDescriptors += 1
                     }
                     reserveFD = open("/dev/null", O_RDONLY | O_CLOEXEC)
-                    if dropped < 0 { return }  // the freed descriptor did not help: no progress possible
+                    if dropped < 0 {
+                        acceptRetryPending = acceptError != EAGAIN && acceptError != EWOULDBLOCK
+                        return
+                    }
                     continue
                 default:
-                    logger.error("accept failed", metadata: ["errno": "\(errno)"])
+                    if !acceptRetryPending { logger.error("accept failed; retrying", metadata: ["errno": "\(error)"]) }
+                    acceptRetryPending = true
                     return
                 }
             }
@@ -197,17 +218,23 @@ final class EventLoop: @unchecked Sendable {
     }
 
     private func refuseConnection(_ fd: Int32) {
-        // Serialized like any response, so it carries Date, Server and a request id too.
+        let output = refusalResponse()
+        _ = output.withUnsafeBytes { buffer in
+            buffer.baseAddress.map { csystem_send(fd, $0, buffer.count) }
+        }
+        close(fd)
+    }
+
+    /// The `503` for a connection the server cannot take. Serialized like any response, so it
+    /// carries Date, Server and a request id too.
+    private func refusalResponse() -> [UInt8] {
         var output: [UInt8] = []
         serialize(
             .error(
                 .serviceUnavailable, code: "server_busy", message: "Too many connections; try again later.",
                 headers: ["Retry-After": "1"]),
             requestID: requestIDs.next(), origin: nil, keepAlive: false, omitBody: false, into: &output)
-        _ = output.withUnsafeBytes { buffer in
-            buffer.baseAddress.map { csystem_send(fd, $0, buffer.count) }
-        }
-        close(fd)
+        return output
     }
 
     // MARK: - Reading, parsing, writing
