@@ -58,6 +58,7 @@ let package = Package(
         .testTarget(name: "PostgresTests", dependencies: ["Postgres", "TestSupport", "CSystem"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),
         .testTarget(name: "MailTests", dependencies: ["Mail", "TestSupport"]),
+        .testTarget(name: "EndToEndTests", dependencies: ["TestSupport", "Postgres"]),
         .testTarget(
             name: "TrunkSyncTests",
             dependencies: [

@@ -28,6 +28,12 @@ struct Serve: AsyncParsableCommand {
             let server = HTTPServer(
                 configuration: application.serverConfiguration, router: application.router(),
                 logger: Logger(label: "trunk-sync.http"))
+            // Signals first: a SIGTERM right after "listening" must still shut down cleanly.
+            let signals = ShutdownSignals {
+                logger.notice("signal received, shutting down")
+                application.beginShutdown()
+                server.shutdown()
+            }
             let port = try server.start()
             if configuration.mailer == .log {
                 logger.warning("TRUNK_SYNC_MAILER=log: sign-in codes are printed to this log, not mailed")
@@ -35,11 +41,6 @@ struct Serve: AsyncParsableCommand {
             logger.notice(
                 "listening", metadata: ["address": "\(configuration.host)", "port": "\(port)", "url": "\(configuration.publicURL)"])
 
-            let signals = ShutdownSignals {
-                logger.notice("signal received, shutting down")
-                application.beginShutdown()
-                server.shutdown()
-            }
             await server.waitUntilStopped()
             signals.cancel()
             await application.close()

@@ -20,6 +20,9 @@ final class EventLoop: @unchecked Sendable {
     private var connections: [Int32: Connection] = [:]
     private var nextConnectionID: UInt64 = 0
     private var shuttingDown = false
+    /// The accept queue may hold connections no new edge will report (accept failed for want
+    /// of descriptors or memory): retry from the periodic sweep.
+    private var acceptRetryPending = false
     private var shutdownDeadline: UInt64 = 0
     private var now: UInt64 = 0
     private let dates = DateHeaderCache()
@@ -31,6 +34,10 @@ final class EventLoop: @unchecked Sendable {
     private static let listenerToken = UInt64.max
     private static let wakeToken = UInt64.max - 1
     private static let readChunk = 64 * 1024
+    /// Where every connection's reads land first (loop thread only). Reading straight into
+    /// each parser's buffer made every connection hold a zero-filled 64 KiB buffer for its
+    /// whole life; copying the few bytes a read returns keeps idle connections small.
+    private var readBuffer = [UInt8](repeating: 0, count: readChunk)
 
     private let epollIn = csystem_epollin()
     private let epollOut = csystem_epollout()
@@ -108,6 +115,7 @@ final class EventLoop: @unchecked Sendable {
             }
             if now >= nextSweep {
                 sweepDeadlines()
+                if acceptRetryPending, listener >= 0 { acceptConnections() }
                 nextSweep = now + 250_000_000
             }
             if shuttingDown, connections.isEmpty || now >= shutdownDeadline { break }
@@ -138,25 +146,55 @@ final class EventLoop: @unchecked Sendable {
 
     private func acceptConnections() {
         var address = [CChar](repeating: 0, count: 64)
+        var refusedForDescriptors = 0
+        defer {
+            if refusedForDescriptors > 0 {
+                logger.warning("out of file descriptors; refused connections", metadata: ["refused": "\(refusedForDescriptors)"])
+            }
+        }
+        if reserveFD < 0 { reserveFD = open("/dev/null", O_RDONLY | O_CLOEXEC) }
         while true {
             let fd = csystem_accept(listener, &address, address.count)
             if fd < 0 {
-                switch errno {
-                case EAGAIN, EWOULDBLOCK: return
+                let error = errno
+                switch error {
+                case EAGAIN, EWOULDBLOCK:
+                    acceptRetryPending = false
+                    return
                 case ECONNABORTED, EPROTO: continue
                 case EMFILE, ENFILE:
-                    // Out of descriptors: free the reserve, accept and drop one connection so
-                    // the backlog does not stall, and keep the reserve for next time.
-                    logger.warning("out of file descriptors; refusing a connection")
-                    if reserveFD >= 0 {
-                        close(reserveFD)
-                        let dropped = csystem_accept(listener, &address, address.count)
-                        if dropped >= 0 { close(dropped) }
-                        reserveFD = open("/dev/null", O_RDONLY | O_CLOEXEC)
+                    // Out of descriptors. The listener is edge-triggered: returning while
+                    // connections are still queued would leave them stuck until another one
+                    // arrives. Take each with the reserve descriptor, refuse it with a 503, and
+                    // go on until the queue is empty. Another thread may take the freed
+                    // descriptor meanwhile; then the sweep retries until one is free again.
+                    guard reserveFD >= 0 else {
+                        if !acceptRetryPending {
+                            logger.error("out of file descriptors and no reserve left; retrying to accept")
+                        }
+                        acceptRetryPending = true
+                        return
                     }
-                    return
+                    let refusal = refusalResponse()  // built first: nothing may take the freed descriptor
+                    close(reserveFD)
+                    let dropped = csystem_accept(listener, &address, address.count)
+                    let acceptError = errno
+                    if dropped >= 0 {
+                        _ = refusal.withUnsafeBytes { buffer in
+                            buffer.baseAddress.map { csystem_send(dropped, $0, buffer.count) }
+                        }
+                        close(dropped)
+                        refusedForDescriptors += 1
+                    }
+                    reserveFD = open("/dev/null", O_RDONLY | O_CLOEXEC)
+                    if dropped < 0 {
+                        acceptRetryPending = acceptError != EAGAIN && acceptError != EWOULDBLOCK
+                        return
+                    }
+                    continue
                 default:
-                    logger.error("accept failed", metadata: ["errno": "\(errno)"])
+                    if !acceptRetryPending { logger.error("accept failed; retrying", metadata: ["errno": "\(error)"]) }
+                    acceptRetryPending = true
                     return
                 }
             }
@@ -180,11 +218,23 @@ final class EventLoop: @unchecked Sendable {
     }
 
     private func refuseConnection(_ fd: Int32) {
-        let body = #"{"code":"server_busy","message":"Too many connections; try again later."}"#
-        let text =
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: \(body.utf8.count)\r\nRetry-After: 1\r\nConnection: close\r\n\r\n\(body)"
-        _ = text.withCString { csystem_send(fd, $0, strlen($0)) }
+        let output = refusalResponse()
+        _ = output.withUnsafeBytes { buffer in
+            buffer.baseAddress.map { csystem_send(fd, $0, buffer.count) }
+        }
         close(fd)
+    }
+
+    /// The `503` for a connection the server cannot take. Serialized like any response, so it
+    /// carries Date, Server and a request id too.
+    private func refusalResponse() -> [UInt8] {
+        var output: [UInt8] = []
+        serialize(
+            .error(
+                .serviceUnavailable, code: "server_busy", message: "Too many connections; try again later.",
+                headers: ["Retry-After": "1"]),
+            requestID: requestIDs.next(), origin: nil, keepAlive: false, omitBody: false, into: &output)
+        return output
     }
 
     // MARK: - Reading, parsing, writing
@@ -206,7 +256,9 @@ final class EventLoop: @unchecked Sendable {
                     closeConnection(connection)
                     return
                 }
-                if !connection.inFlight { waitForNextRequest(connection) }
+                // Only a final response ends a request: after an interim `100 Continue` the
+                // body is still due, under the body deadline.
+                if !connection.inFlight, connection.deadlineKind != .body { waitForNextRequest(connection) }
             }
             if connection.inFlight { return }
 
@@ -238,10 +290,11 @@ final class EventLoop: @unchecked Sendable {
             }
             let wasIdle = connection.parser.isIdle
             let fd = connection.fd
-            let received = connection.parser.fill(upTo: Self.readChunk) { buffer -> Int in
+            let received = readBuffer.withUnsafeMutableBytes { buffer -> Int in
                 while true {
                     let count = read(fd, buffer.baseAddress, buffer.count)
                     if count < 0, errno == EINTR { continue }
+                    if count > 0 { connection.parser.feed(UnsafeRawBufferPointer(rebasing: buffer[0..<count])) }
                     return count
                 }
             }

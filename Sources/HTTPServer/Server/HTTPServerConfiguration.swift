@@ -7,12 +7,12 @@ public struct HTTPServerConfiguration: Sendable {
     /// Request line, header and body limits. Default `HTTPParserLimits.default`
     /// (8 KiB, 32 KiB / 100 fields, 10 MiB).
     public var limits = HTTPParserLimits.default
-    /// Time to receive a whole request head once its first byte arrived → `408`. Default 10 s.
+    /// Time to receive a whole request head once its first byte arrived → `408`; also how
+    /// long a new connection may stay silent before it is closed. Default 10 s.
     public var headerTimeout: Duration = .seconds(10)
     /// Longest pause while receiving a body → `408`. Default 30 s.
     public var bodyIdleTimeout: Duration = .seconds(30)
-    /// How long an idle keep-alive connection (or a new one that sends nothing) stays open.
-    /// Default 60 s.
+    /// How long a keep-alive connection stays open waiting for its next request. Default 60 s.
     public var keepAliveTimeout: Duration = .seconds(60)
     /// Longest time a response may wait for the client to read it → close. Default 30 s.
     public var writeTimeout: Duration = .seconds(30)

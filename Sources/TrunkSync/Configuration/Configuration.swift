@@ -63,6 +63,16 @@ public struct Configuration: Sendable {
     public private(set) var databasePoolSize: Int = 10
     /// `TRUNK_SYNC_DB_POOL_TIMEOUT`, in seconds.
     public private(set) var databasePoolTimeout: Double = 5
+    /// `TRUNK_SYNC_HTTP_HEADER_TIMEOUT`, in seconds.
+    public private(set) var httpHeaderTimeout: Double = 10
+    /// `TRUNK_SYNC_HTTP_BODY_TIMEOUT`, in seconds.
+    public private(set) var httpBodyTimeout: Double = 30
+    /// `TRUNK_SYNC_HTTP_IDLE_TIMEOUT`, in seconds.
+    public private(set) var httpIdleTimeout: Double = 60
+    /// `TRUNK_SYNC_HTTP_WRITE_TIMEOUT`, in seconds.
+    public private(set) var httpWriteTimeout: Double = 30
+    /// `TRUNK_SYNC_HTTP_MAX_CONNECTIONS`.
+    public private(set) var httpMaxConnections: Int = 10_000
 
     /// Sign-in rules from `jwt_expiry`, `otp_*`, `rate_limit_*`, `refresh_reuse_interval`.
     public private(set) var auth = AuthSettings()
@@ -142,6 +152,16 @@ public struct Configuration: Sendable {
             }
             databasePoolTimeout = seconds
         }
+        httpHeaderTimeout = try seconds("http_header_timeout") ?? httpHeaderTimeout
+        httpBodyTimeout = try seconds("http_body_timeout") ?? httpBodyTimeout
+        httpIdleTimeout = try seconds("http_idle_timeout") ?? httpIdleTimeout
+        httpWriteTimeout = try seconds("http_write_timeout") ?? httpWriteTimeout
+        if let text = value("http_max_connections") {
+            guard let count = Int(text), (1...1_000_000).contains(count) else {
+                throw error("http_max_connections", "must be an integer between 1 and 1000000")
+            }
+            httpMaxConnections = count
+        }
         if let url = value("public_url") {
             guard let parsed = URL(string: url), ["http", "https"].contains(parsed.scheme?.lowercased() ?? ""),
                 parsed.host != nil
@@ -195,6 +215,15 @@ public struct Configuration: Sendable {
 
     /// Adjusts the sign-in rules beyond what settings allow (tests: one-second windows).
     public mutating func adjustAuth(_ change: (inout AuthSettings) -> Void) { change(&auth) }
+
+    /// A timeout setting in seconds (fractions allowed), or `nil` when unset.
+    private func seconds(_ key: String) throws -> Double? {
+        guard let text = value(key) else { return nil }
+        guard let seconds = Double(text), seconds > 0, seconds <= 3600 else {
+            throw error(key, "must be a number of seconds greater than 0 and at most 3600")
+        }
+        return seconds
+    }
 
     /// Checks what `serve` needs beyond the common settings.
     public func validateForServe() throws {

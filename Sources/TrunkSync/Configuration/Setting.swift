@@ -72,6 +72,21 @@ public struct Setting: Sendable {
         Setting(
             key: "refresh_reuse_interval", defaultValue: "10", isSecret: false,
             summary: "Seconds a just-rotated refresh token still yields a session (tabs refreshing together)."),
+        Setting(
+            key: "http_header_timeout", defaultValue: "10", isSecret: false,
+            summary: "Seconds a client has to send a whole request head from its first byte (then 408); also how long a new connection may stay silent."),
+        Setting(
+            key: "http_body_timeout", defaultValue: "30", isSecret: false,
+            summary: "Longest pause, in seconds, while a request body is arriving (then 408)."),
+        Setting(
+            key: "http_idle_timeout", defaultValue: "60", isSecret: false,
+            summary: "Seconds an idle keep-alive connection stays open between requests."),
+        Setting(
+            key: "http_write_timeout", defaultValue: "30", isSecret: false,
+            summary: "Seconds a response may wait for the client to read it before the connection is closed."),
+        Setting(
+            key: "http_max_connections", defaultValue: "10000", isSecret: false,
+            summary: "Most open client connections; more are answered 503 and closed."),
     ]
 
     /// The setting with a config-file key, if any.

@@ -77,6 +77,11 @@ public struct Application: Sendable {
         server.host = configuration.host
         server.port = configuration.port
         server.corsOrigins = configuration.corsOrigins
+        server.headerTimeout = .seconds(configuration.httpHeaderTimeout)
+        server.bodyIdleTimeout = .seconds(configuration.httpBodyTimeout)
+        server.keepAliveTimeout = .seconds(configuration.httpIdleTimeout)
+        server.writeTimeout = .seconds(configuration.httpWriteTimeout)
+        server.maxConnections = configuration.httpMaxConnections
         return server
     }
 

@@ -1,0 +1,315 @@
+import Foundation
+import Synchronization
+import XCTest
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#endif
+
+/// Keep-alive, timeouts, connection limits and clients that misbehave.
+final class ConnectionTests: EndToEndTestCase {
+    func testHTTP11KeepsTheConnectionAliveByDefault() throws {
+        let server = try startServer()
+        let client = try server.connect()
+        for _ in 0..<3 {
+            try client.send(request("GET", "/healthz"))
+            let response = try client.readResponse()
+            XCTAssertEqual(response.status, 200)
+            XCTAssertEqual(response.header("connection"), "keep-alive")
+        }
+        try client.send(request("GET", "/healthz", headers: [("Connection", "close")]))
+        let last = try client.readResponse()
+        XCTAssertEqual(last.status, 200)
+        assertClosesConnection(last, on: client)
+    }
+
+    func testHTTP10ClosesUnlessKeepAliveIsRequested() throws {
+        let server = try startServer()
+        let (plain, plainClient) = try server.exchange(request("GET", "/healthz", version: "HTTP/1.0"))
+        XCTAssertEqual(plain.status, 200)
+        XCTAssertEqual(plain.version, "HTTP/1.1")
+        assertClosesConnection(plain, on: plainClient)
+
+        let client = try server.connect()
+        for _ in 0..<2 {
+            try client.send(request("GET", "/healthz", version: "HTTP/1.0", headers: [("Connection", "keep-alive")]))
+            let response = try client.readResponse()
+            XCTAssertEqual(response.status, 200)
+            XCTAssertEqual(response.header("connection"), "keep-alive")
+        }
+        try client.send(request("GET", "/healthz", version: "HTTP/1.0"))
+        assertClosesConnection(try client.readResponse(), on: client)
+    }
+
+    func testIdleKeepAliveConnectionIsClosedAfterTheIdleTimeout() throws {
+        let server = try startServer(["TRUNK_SYNC_HTTP_IDLE_TIMEOUT": "0.5"])
+        let client = try server.connect()
+        try client.send(request("GET", "/healthz"))
+        XCTAssertEqual(try client.readResponse().status, 200)
+        let started = ContinuousClock.now
+        XCTAssertTrue(try client.waitForClose(timeout: 5))
+        XCTAssertGreaterThanOrEqual(ContinuousClock.now - started, .milliseconds(400))
+        XCTAssertTrue(client.pending.isEmpty, "an idle close sends nothing")
+    }
+
+    func testStalledRequestHeadGets408AndClose() throws {
+        let server = try startServer(["TRUNK_SYNC_HTTP_HEADER_TIMEOUT": "0.5"])
+        let client = try server.connect()
+        try client.send("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Partial: ")
+        let response = try client.readResponse(timeout: 5)
+        assertJSONError(response, status: 408, code: "request_timeout")
+        assertClosesConnection(response, on: client)
+
+        // A connection that never sends a byte is closed without an answer.
+        let silent = try server.connect()
+        XCTAssertTrue(try silent.waitForClose(timeout: 5))
+        XCTAssertTrue(silent.pending.isEmpty)
+        assertServerHealthy(server)
+    }
+
+    func testStalledBodyGets408AndClose() throws {
+        let server = try startServer(["TRUNK_SYNC_HTTP_BODY_TIMEOUT": "0.5"])
+        let client = try server.connect()
+        try client.send(request("POST", "/healthz", headers: [("Content-Length", "10")]) + "abc")
+        let response = try client.readResponse(timeout: 5)
+        assertJSONError(response, status: 408, code: "request_timeout")
+        assertClosesConnection(response, on: client)
+    }
+
+    func testStalledBodyAfter100ContinueGets408AndClose() throws {
+        let server = try startServer(["TRUNK_SYNC_HTTP_BODY_TIMEOUT": "0.5"])
+        let client = try server.connect()
+        try client.send(request("POST", "/healthz", headers: [("Content-Length", "10"), ("Expect", "100-continue")]))
+        XCTAssertEqual(try client.readResponse().status, 100)
+        try client.send("abc")
+        // The body timeout (not the 60 s idle timeout) applies once the head was accepted.
+        let response = try client.readResponse(timeout: 5)
+        assertJSONError(response, status: 408, code: "request_timeout")
+        assertClosesConnection(response, on: client)
+    }
+
+    func testConnectionsBeyondTheMaximumGet503AndTheServerRecovers() throws {
+        let server = try startServer(["TRUNK_SYNC_HTTP_MAX_CONNECTIONS": "5"])
+        var open: [RawClient] = []
+        for _ in 0..<5 {
+            let client = try server.connect()
+            try client.send(request("GET", "/healthz"))
+            XCTAssertEqual(try client.readResponse().status, 200)
+            open.append(client)
+        }
+        let sixth = try server.connect()
+        try sixth.send(request("GET", "/healthz"))
+        let refused = try sixth.readResponse()
+        assertJSONError(refused, status: 503, code: "server_busy")
+        XCTAssertNotNil(refused.header("retry-after"))
+        XCTAssertEqual(refused.header("server"), "trunk-sync")
+        XCTAssertNotNil(refused.header("date"))
+        XCTAssertFalse((refused.header("x-request-id") ?? "").isEmpty)
+        assertClosesConnection(refused, on: sixth)
+        // The five are still served.
+        for client in open { assertConnectionUsable(client) }
+
+        for client in open { client.close() }
+        open = []
+        // Once the server has seen the closes, new connections are served again.
+        var lastStatus = 0
+        let recovered = try eventually(within: 5) {
+            let (response, _) = try server.exchange(request("GET", "/healthz"))
+            lastStatus = response.status
+            return response.status == 200
+        }
+        XCTAssertTrue(recovered, "still \(lastStatus) after the other connections closed")
+    }
+
+    func testSlowlorisConnectionsDoNotDelayOtherClients() throws {
+        let server = try startServer()
+        var slow: [RawClient] = []
+        for index in 0..<300 {
+            let client = try server.connect()
+            try client.send("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow-\(index): ")
+            slow.append(client)
+        }
+        // Meanwhile a thread trickles one more header byte into each slow connection in turn.
+        let trickle = Trickle(descriptors: slow.map(\.fd))
+        defer { trickle.stop() }
+        XCTAssertTrue(trickle.waitForRounds(1, timeout: 10), "the slow connections stopped taking bytes")
+
+        var worst: Duration = .zero
+        for _ in 0..<50 {
+            let started = ContinuousClock.now
+            let (response, _) = try server.exchange(request("GET", "/healthz"))
+            worst = max(worst, ContinuousClock.now - started)
+            XCTAssertEqual(response.status, 200)
+        }
+        let rounds = trickle.stop()
+        print("slowest of 50 /healthz beside 300 slowloris connections: \(worst) (\(rounds) trickle rounds)")
+        XCTAssertLessThan(worst, .milliseconds(50), "slowest /healthz took \(worst)")
+        XCTAssertTrue(slow.allSatisfy(\.looksOpen), "slow clients are cut off only by the header timeout")
+    }
+
+    func testFiveThousandIdleKeepAliveConnectionsStayOpen() throws {
+        try raiseOpenFileLimit(to: 12_000)
+        let server = try startServer()
+        assertServerHealthy(server)
+        let memoryBefore = try residentMemory(of: server)
+        var clients: [RawClient] = []
+        clients.reserveCapacity(5000)
+        for _ in 0..<5000 {
+            let client = try server.connect()
+            try client.send(request("GET", "/healthz"))
+            clients.append(client)
+        }
+        for client in clients {
+            let response = try client.readResponse()
+            XCTAssertEqual(response.status, 200)
+            XCTAssertFalse(response.closesConnection)
+        }
+        assertServerHealthy(server)
+        let grownBy = try residentMemory(of: server) - memoryBefore
+        print("RSS growth for 5000 connections: \(grownBy / 1024) KiB")
+        XCTAssertLessThan(grownBy / 5000, 16 * 1024, "memory per idle connection")
+        XCTAssertEqual(clients.filter { !$0.looksOpen }.count, 0, "idle connections were closed")
+        // Old connections still work too.
+        for client in stride(from: 0, to: 5000, by: 499).map({ clients[$0] }) { assertConnectionUsable(client) }
+        clients.forEach { $0.close() }
+    }
+
+    func testClientsDisconnectingMidRequestDoNotHurtTheServer() throws {
+        let server = try startServer()
+        // Half a request line, half a head, half a body, a chunked body cut off: closed (FIN) or reset (RST).
+        let fragments = [
+            "GET /hea",
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: 1",
+            request("POST", "/healthz", headers: [("Content-Length", "100")]) + "abc",
+            request("POST", "/healthz", headers: [("Transfer-Encoding", "chunked")]) + "10\r\nabc",
+        ]
+        for fragment in fragments {
+            for useReset in [false, true] {
+                let client = try server.connect()
+                try client.send(fragment)
+                if useReset { client.reset() } else { client.close() }
+            }
+        }
+        // A request in flight on the task pool whose client leaves before the answer.
+        for useReset in [false, true] {
+            let client = try server.connect()
+            try client.send(request("GET", "/readyz"))
+            if useReset { client.reset() } else { client.close() }
+        }
+        // A client that sends a request and stops reading, then leaves.
+        let client = try server.connect()
+        try client.send(String(repeating: request("GET", "/healthz"), count: 200))
+        client.reset()
+
+        assertServerHealthy(server)
+    }
+
+    func testServerOutOfFileDescriptorsRefusesQueuedConnectionsInsteadOfStallingThem() throws {
+        let prlimit = "/usr/bin/prlimit"
+        guard FileManager.default.isExecutableFile(atPath: prlimit) else { throw XCTSkip("needs \(prlimit)") }
+        // 64 descriptors: the server runs out well before 80 connections.
+        let server = try startServer(launcher: [prlimit, "--nofile=64:64"])
+        var clients: [RawClient] = []
+        for _ in 0..<80 {
+            let client = try server.connect()
+            try client.send(request("GET", "/healthz"))
+            clients.append(client)
+        }
+        // Every connection gets an answer: served, or refused with 503 because the server is
+        // out of descriptors. None is left waiting in the listen backlog. (Served clients
+        // leave, freeing descriptors, but no new connection arrives to wake the listener.)
+        var statuses: [Int: Int] = [:]
+        for client in clients {
+            let response = try client.readResponse(timeout: 3)
+            statuses[response.status, default: 0] += 1
+            if response.status == 503 {
+                assertJSONError(response, status: 503, code: "server_busy")
+                assertClosesConnection(response, on: client)
+            }
+            client.close()
+        }
+        XCTAssertGreaterThan(statuses[200] ?? 0, 0)
+        XCTAssertEqual((statuses[200] ?? 0) + (statuses[503] ?? 0), 80, "\(statuses)")
+        XCTAssertTrue(try eventually(within: 5) { try server.exchange(request("GET", "/healthz")).0.status == 200 })
+    }
+
+    func testHalfClosedClientStillGetsItsAnswers() throws {
+        let server = try startServer()
+        let client = try server.connect()
+        // Sent, then the sending side shut: the server reads EOF but owes two answers.
+        try client.send(request("GET", "/readyz") + request("GET", "/healthz"))
+        client.shutdownWrite()
+        XCTAssertEqual(try client.readResponse().status, 200)
+        XCTAssertEqual(try client.readResponse().status, 200)
+        XCTAssertTrue(try client.waitForClose())
+    }
+
+    func testClientThatStopsReadingIsDroppedAfterTheWriteTimeout() throws {
+        let server = try startServer(["TRUNK_SYNC_HTTP_WRITE_TIMEOUT": "0.5"])
+        let client = try server.connect()
+        var small: Int32 = 4096
+        setsockopt(client.fd, SOL_SOCKET, SO_RCVBUF, &small, socklen_t(MemoryLayout<Int32>.size))
+        // Far more pipelined answers than the socket buffers hold, and none of them is read.
+        let requests = Array(String(repeating: request("GET", "/healthz"), count: 40_000).utf8)
+        try? client.send(requests, timeout: 2)
+        XCTAssertTrue(eventually(within: 10) { !client.looksOpen }, "the stalled connection was kept")
+        assertServerHealthy(server)
+    }
+
+    /// The server's resident set size in bytes.
+    private func residentMemory(of server: ServerProcess) throws -> Int {
+        let status = try String(contentsOfFile: "/proc/\(server.process.processIdentifier)/status", encoding: .utf8)
+        guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
+            let kilobytes = Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "")
+        else { throw ClientError("no VmRSS in /proc/PID/status") }
+        return kilobytes * 1024
+    }
+
+    /// Lets this process open `count` descriptors (up to the hard limit).
+    private func raiseOpenFileLimit(to count: rlim_t) throws {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { throw ClientError("getrlimit failed") }
+        if limit.rlim_cur >= count { return }
+        guard limit.rlim_max >= count else {
+            throw XCTSkip("RLIMIT_NOFILE hard limit \(limit.rlim_max) is below \(count)")
+        }
+        limit.rlim_cur = count
+        guard setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { throw ClientError("setrlimit failed") }
+    }
+}
+
+/// Sends one byte to each descriptor in turn, 0.2 ms apart, on a thread of its own, until
+/// stopped: slow clients that keep a request head open.
+private final class Trickle: Sendable {
+    private let state = Mutex<(stopped: Bool, rounds: Int, finished: Bool)>((false, 0, false))
+
+    init(descriptors: [Int32]) {
+        let thread = Thread { [self] in
+            var byte = UInt8(ascii: "a")
+            while !state.withLock({ $0.stopped }) {
+                for fd in descriptors {
+                    _ = send(fd, &byte, 1, Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT))
+                    usleep(200)
+                }
+                state.withLock { $0.rounds += 1 }
+            }
+            state.withLock { $0.finished = true }
+        }
+        thread.start()
+    }
+
+    /// Waits until `count` rounds over all descriptors are done.
+    func waitForRounds(_ count: Int, timeout: Double) -> Bool {
+        eventually(within: timeout) { state.withLock { $0.rounds >= count } }
+    }
+
+    /// Stops the thread, waits for it to finish (bounded) and returns the rounds done.
+    @discardableResult
+    func stop() -> Int {
+        state.withLock { $0.stopped = true }
+        _ = eventually(within: 5) { state.withLock { $0.finished } }
+        return state.withLock { $0.rounds }
+    }
+}

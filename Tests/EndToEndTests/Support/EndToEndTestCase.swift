@@ -1,0 +1,90 @@
+import Foundation
+import XCTest
+
+/// A test case that starts real `trunk-sync serve` processes and always cleans them up
+/// (process killed if still running, database dropped), printing their logs when the test
+/// failed.
+class EndToEndTestCase: XCTestCase {
+    private var servers: [ServerProcess] = []
+
+    /// Starts a server (see `ServerProcess.start`) that is cleaned up after the test.
+    func startServer(_ environment: [String: String] = [:], launcher: [String] = []) throws -> ServerProcess {
+        let server = try ServerProcess.start(environment, launcher: launcher)
+        servers.append(server)
+        return server
+    }
+
+    /// Launches a server without waiting for it to listen; cleaned up after the test.
+    func launchServer(_ environment: [String: String] = [:]) throws -> ServerProcess {
+        let server = try ServerProcess.launch(environment)
+        servers.append(server)
+        return server
+    }
+
+    override func tearDown() {
+        let failed = (testRun?.totalFailureCount ?? 0) > 0
+        for server in servers {
+            server.cleanUp()
+            if failed { print("---- server log (\(name)) ----\n\(server.logs)---- end of server log ----") }
+        }
+        servers = []
+        super.tearDown()
+    }
+
+    // MARK: - Assertions
+
+    /// The response is `status` with a JSON error body `{"code": code, "message": …}`.
+    func assertJSONError(
+        _ response: RawResponse, status: Int, code: String? = nil, file: StaticString = #filePath, line: UInt = #line
+    ) {
+        XCTAssertEqual(response.status, status, "status; body: \(response.bodyText)", file: file, line: line)
+        XCTAssertTrue(
+            response.header("content-type")?.hasPrefix("application/json") ?? false,
+            "Content-Type \(response.header("content-type") ?? "none")", file: file, line: line)
+        guard let object = response.jsonObject else {
+            XCTFail("body is not a JSON object: \(response.bodyText.debugDescription)", file: file, line: line)
+            return
+        }
+        guard let actualCode = object["code"] as? String, !actualCode.isEmpty else {
+            XCTFail("no \"code\" in \(response.bodyText)", file: file, line: line)
+            return
+        }
+        if let code { XCTAssertEqual(actualCode, code, file: file, line: line) }
+        XCTAssertFalse(
+            (object["message"] as? String ?? "").isEmpty, "no \"message\" in \(response.bodyText)", file: file,
+            line: line)
+    }
+
+    /// The response says `Connection: close` and the server then closes the connection.
+    func assertClosesConnection(
+        _ response: RawResponse, on client: RawClient, file: StaticString = #filePath, line: UInt = #line
+    ) {
+        XCTAssertTrue(
+            response.closesConnection, "Connection: \(response.header("connection") ?? "none")", file: file, line: line)
+        XCTAssertTrue(
+            (try? client.waitForClose(timeout: 5)) ?? false, "server kept the connection open", file: file, line: line)
+    }
+
+    /// The connection is still usable: another request on it gets `200` from `/healthz`.
+    func assertConnectionUsable(_ client: RawClient, file: StaticString = #filePath, line: UInt = #line) {
+        do {
+            try client.send(request("GET", "/healthz"))
+            let response = try client.readResponse()
+            XCTAssertEqual(response.status, 200, file: file, line: line)
+        } catch {
+            XCTFail("connection not usable: \(error)", file: file, line: line)
+        }
+    }
+
+    /// The server answers `/healthz` on a new connection.
+    func assertServerHealthy(_ server: ServerProcess, file: StaticString = #filePath, line: UInt = #line) {
+        XCTAssertTrue(server.isRunning, "server process exited", file: file, line: line)
+        do {
+            let (response, _) = try server.exchange(request("GET", "/healthz"))
+            XCTAssertEqual(response.status, 200, file: file, line: line)
+            XCTAssertEqual(response.bodyText, #"{"status":"ok"}"#, file: file, line: line)
+        } catch {
+            XCTFail("server does not answer /healthz: \(error)", file: file, line: line)
+        }
+    }
+}

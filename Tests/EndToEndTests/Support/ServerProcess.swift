@@ -1,0 +1,241 @@
+import Foundation
+import Postgres
+import TestSupport
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#endif
+
+/// Drains one output pipe of a child on a thread of its own (so the child never blocks on a
+/// full pipe) and lets a test wait for a line.
+final class OutputCollector: @unchecked Sendable {  // state guarded by `condition`
+    private let condition = NSCondition()
+    private var bytes: [UInt8] = []
+    private var ended = false
+
+    /// Starts reading `handle` (a duplicate of its descriptor, closed at EOF).
+    init(reading handle: FileHandle) {
+        let fd = dup(handle.fileDescriptor)
+        if fd < 0 { bytes = Array("[test harness: cannot read the pipe: errno \(errno)]\n".utf8) }
+        let thread = Thread { [self] in
+            var chunk = [UInt8](repeating: 0, count: 65536)
+            while true {
+                let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+                if count < 0 && errno == EINTR { continue }
+                let failure = count < 0 ? "[test harness: reading the pipe failed: errno \(errno)]\n" : ""
+                condition.lock()
+                if count > 0 { bytes.append(contentsOf: chunk[0..<count]) } else { ended = true }
+                bytes.append(contentsOf: failure.utf8)
+                condition.broadcast()
+                condition.unlock()
+                if count <= 0 { break }
+            }
+            if fd >= 0 { close(fd) }
+        }
+        thread.start()
+    }
+
+    /// Everything read so far.
+    var text: String {
+        condition.lock()
+        defer { condition.unlock() }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    /// Waits until a complete line containing `needle` arrived and returns it; nil when the
+    /// pipe ended or `timeout` passed first.
+    func waitForLine(containing needle: String, timeout: Double) -> String? {
+        let limit = Date(timeIntervalSinceNow: timeout)
+        condition.lock()
+        defer { condition.unlock() }
+        while true {
+            let lines = String(decoding: bytes, as: UTF8.self).split(separator: "\n", omittingEmptySubsequences: false)
+            // The last element is an unfinished line (or empty after a final newline).
+            if let line = lines.dropLast().first(where: { $0.contains(needle) }) { return String(line) }
+            if ended || !condition.wait(until: limit) { return nil }
+        }
+    }
+
+    /// Waits until the pipe ended (the child and everything it started exited).
+    func waitForEnd(timeout: Double) -> Bool {
+        let limit = Date(timeIntervalSinceNow: timeout)
+        condition.lock()
+        defer { condition.unlock() }
+        while !ended {
+            if !condition.wait(until: limit) { return ended }
+        }
+        return true
+    }
+}
+
+/// The real `trunk-sync serve` in a child process, on its own freshly migrated database and
+/// a port the kernel chose. `stop()` (or `cleanUp()`) ends it; `cleanUp()` also drops the database.
+final class ServerProcess {
+    /// A JWT secret long enough for `serve` (tests sign nothing with it).
+    static let jwtSecret = "end-to-end-test-secret-0123456789abcdef"
+
+    let process: Process
+    let database: PostgresConfiguration
+    let environment: [String: String]
+    let stderr: OutputCollector
+    let stdout: OutputCollector
+    /// The port from the server's `listening` log line (0 until it was seen).
+    private(set) var port = 0
+    private var cleanedUp = false
+
+    private init(
+        process: Process, database: PostgresConfiguration, environment: [String: String], stdout: OutputCollector,
+        stderr: OutputCollector
+    ) {
+        self.process = process
+        self.database = database
+        self.environment = environment
+        self.stdout = stdout
+        self.stderr = stderr
+    }
+
+    /// The environment `serve` gets: a database, a secret, port 0, the repository's
+    /// migrations, then `overrides`.
+    static func serveEnvironment(databaseURL: String, overrides: [String: String]) -> [String: String] {
+        var variables = [
+            "TRUNK_SYNC_DATABASE_URL": databaseURL,
+            "TRUNK_SYNC_JWT_SECRET": jwtSecret,
+            "TRUNK_SYNC_PORT": "0",
+            "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations",
+        ]
+        variables.merge(overrides) { $1 }
+        return Command.environment(variables)
+    }
+
+    /// Creates and migrates a database, starts `serve` with `overrides` added to its
+    /// environment and waits (at most `timeout`) until it logs the port it listens on.
+    /// `launcher` is a command that runs the server (e.g. `prlimit …`), the binary and
+    /// `serve` appended to it.
+    static func start(_ overrides: [String: String] = [:], launcher: [String] = [], timeout: Double = 15) throws
+        -> ServerProcess
+    {
+        let server = try launch(overrides, launcher: launcher)
+        do {
+            try server.waitUntilListening(timeout: timeout)
+        } catch {
+            server.cleanUp()
+            throw error
+        }
+        return server
+    }
+
+    /// Like `start`, without waiting for the server to listen (for start-up failures).
+    static func launch(_ overrides: [String: String] = [:], launcher: [String] = []) throws -> ServerProcess {
+        let database = try TestDatabase.create(prefix: "e2e")
+        do {
+            let url = try TestDatabase.url(of: database)
+            let migration = try Command.run(
+                Command.trunkSyncBinary(), ["migrate"], environment: serveEnvironment(databaseURL: url, overrides: [:]))
+            guard migration.status == 0 else {
+                throw ClientError("trunk-sync migrate failed (\(migration.status)): \(migration.stderr)")
+            }
+            let environment = serveEnvironment(databaseURL: url, overrides: overrides)
+            let (process, stdoutPipe, stderrPipe) = try Command.start(
+                launcher.first ?? Command.trunkSyncBinary(),
+                launcher.dropFirst() + (launcher.isEmpty ? [] : [Command.trunkSyncBinary()]) + ["serve"],
+                environment: environment)
+            return ServerProcess(
+                process: process, database: database, environment: environment,
+                stdout: OutputCollector(reading: stdoutPipe.fileHandleForReading),
+                stderr: OutputCollector(reading: stderrPipe.fileHandleForReading))
+        } catch {
+            try? TestDatabase.drop(database)
+            throw error
+        }
+    }
+
+    /// Reads the log until the `listening … port=N` line and remembers N.
+    func waitUntilListening(timeout: Double) throws {
+        guard let line = stderr.waitForLine(containing: " listening ", timeout: timeout) else {
+            throw ClientError("server did not report listening within \(timeout) s; log:\n\(logs)")
+        }
+        guard let range = line.range(of: #"port=\d+"#, options: .regularExpression),
+            let port = Int(line[range].dropFirst("port=".count)), port > 0
+        else {
+            throw ClientError("no port in \(line.debugDescription)")
+        }
+        self.port = port
+    }
+
+    /// Everything the server wrote to stderr and stdout so far.
+    var logs: String { stderr.text + stdout.text }
+
+    var isRunning: Bool { process.isRunning }
+
+    // MARK: - Talking to it
+
+    /// A new connection to the server.
+    func connect(timeout: Double = 5) throws -> RawClient {
+        try RawClient.connect(port: port, timeout: timeout)
+    }
+
+    /// Sends `request` on a new connection and reads one response.
+    func exchange(_ request: String, bodyExpected: Bool = true, timeout: Double = 5) throws -> (RawResponse, RawClient)
+    {
+        let client = try connect()
+        try client.send(request)
+        return (try client.readResponse(timeout: timeout, bodyExpected: bodyExpected), client)
+    }
+
+    /// Whether a new connection can still be opened (false once the listener is closed).
+    func acceptsConnections() -> Bool {
+        if case .connected = RawClient.tryConnect(port: port, timeout: 2) { return true }
+        return false
+    }
+
+    // MARK: - Stopping
+
+    /// Sends a signal to the server process.
+    func signal(_ number: Int32) {
+        if process.isRunning { kill(process.processIdentifier, number) }
+    }
+
+    /// Waits for the process to exit; its exit status (128 + signal when killed), or nil if
+    /// it still runs after `timeout`.
+    func waitForExit(timeout: Double) -> Int32? {
+        let exited = eventually(within: timeout, interval: .milliseconds(5)) { !process.isRunning }
+        guard exited else { return nil }
+        return process.terminationReason == .exit ? process.terminationStatus : 128 + process.terminationStatus
+    }
+
+    /// SIGTERM, then waits for the exit status (nil: still running after `timeout`).
+    func stop(timeout: Double = 10) -> Int32? {
+        signal(SIGTERM)
+        return waitForExit(timeout: timeout)
+    }
+
+    /// Kills the process if it still runs and drops its database. Safe to call twice.
+    func cleanUp() {
+        guard !cleanedUp else { return }
+        cleanedUp = true
+        if process.isRunning {
+            kill(process.processIdentifier, SIGKILL)
+            _ = waitForExit(timeout: 10)
+        }
+        _ = stderr.waitForEnd(timeout: 5)
+        _ = stdout.waitForEnd(timeout: 5)
+        try? TestDatabase.drop(database)
+    }
+}
+
+/// An HTTP/1.1 request as text: request line, `Host`, `headers`, then `body` (with its
+/// `Content-Length` when `body` is given and no framing header is among `headers`).
+func request(
+    _ method: String = "GET", _ target: String, version: String = "HTTP/1.1", headers: [(String, String)] = [],
+    body: String? = nil
+) -> String {
+    var text = "\(method) \(target) \(version)\r\n"
+    if version == "HTTP/1.1" { text += "Host: localhost\r\n" }
+    for (name, value) in headers { text += "\(name): \(value)\r\n" }
+    if let body, !headers.contains(where: { ["content-length", "transfer-encoding"].contains($0.0.lowercased()) }) {
+        text += "Content-Length: \(body.utf8.count)\r\n"
+    }
+    return text + "\r\n" + (body ?? "")
+}
