@@ -31,6 +31,11 @@ final class EventLoop: @unchecked Sendable {
     private static let listenerToken = UInt64.max
     private static let wakeToken = UInt64.max - 1
     private static let readChunk = 64 * 1024
+    /// Every connection reads into this one buffer, then feeds the parser. Reading straight
+    /// into each parser's buffer (`fill(upTo:)`) made every parser's buffer `readChunk`
+    /// bytes for good: 64 KiB per idle keep-alive connection, 320 MiB for 5,000 of them.
+    /// Fed this way a parser keeps only what it has to (4 KiB for a small request).
+    private let readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: readChunk, alignment: 16)
 
     private let epollIn = csystem_epollin()
     private let epollOut = csystem_epollout()
@@ -44,6 +49,10 @@ final class EventLoop: @unchecked Sendable {
         self.router = router
         self.logger = logger
         self.cors = CORSPolicy(origins: configuration.corsOrigins)
+    }
+
+    deinit {
+        readBuffer.deallocate()
     }
 
     var statistics: (connections: Int, inFlight: Int) {
@@ -237,15 +246,12 @@ final class EventLoop: @unchecked Sendable {
                 return
             }
             let wasIdle = connection.parser.isIdle
-            let fd = connection.fd
-            let received = connection.parser.fill(upTo: Self.readChunk) { buffer -> Int in
-                while true {
-                    let count = read(fd, buffer.baseAddress, buffer.count)
-                    if count < 0, errno == EINTR { continue }
-                    return count
-                }
-            }
+            var received: Int
+            repeat {
+                received = read(connection.fd, readBuffer.baseAddress, readBuffer.count)
+            } while received < 0 && errno == EINTR
             if received > 0 {
+                connection.parser.feed(UnsafeRawBufferPointer(rebasing: readBuffer[0..<received]))
                 if received < Self.readChunk { connection.readable = false }
                 if wasIdle, connection.deadlineKind == .idle {
                     connection.deadlineKind = .header
