@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# `make bench`: the HTTP layer against nginx on GET /healthz, then trunk-sync's memory with
+# 5,000 idle keep-alive connections. See bench/README.md for what it measures and results.
+#
+# Environment: BENCH_DURATION (wrk seconds per round, default 10), BENCH_ROUNDS (rounds of
+# nginx + trunk-sync, default 2), BENCH_CONNECTIONS (wrk -c, default 64), BENCH_IDLE
+# (idle connections, default 5000). Needs wrk, nginx, PostgreSQL and python3:
+#   apt-get install wrk nginx-light postgresql python3
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+duration=${BENCH_DURATION:-10}
+rounds=${BENCH_ROUNDS:-2}
+wrk_connections=${BENCH_CONNECTIONS:-64}
+idle=${BENCH_IDLE:-5000}
+
+for tool in wrk nginx python3 psql curl; do
+  command -v "$tool" >/dev/null || PATH="$PATH:/usr/sbin" command -v "$tool" >/dev/null \
+    || { echo "bench: $tool not found (apt-get install wrk nginx-light postgresql python3 curl)" >&2; exit 1; }
+done
+nginx_bin=$(PATH="$PATH:/usr/sbin" command -v nginx)
+
+# Idle connections need descriptors on both sides (the server raises its own limit too).
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -le $((idle + 100)) ]; then
+  echo "bench: ulimit -n is $(ulimit -n), need more than $((idle + 100)) for $idle connections" >&2
+  exit 1
+fi
+
+echo "== building trunk-sync (release)" >&2
+swift build -c release --scratch-path .build-release --product trunk-sync >&2
+bin="$(swift build -c release --scratch-path .build-release --show-bin-path)/trunk-sync"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/trunk-sync-bench.XXXXXX")
+server_pid=""
+nginx_pid=""
+client_pid=""
+cleanup() {
+  for pid in "$client_pid" "$server_pid" "$nginx_pid"; do
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
+  done
+  for pid in "$client_pid" "$server_pid" "$nginx_pid"; do
+    [ -n "$pid" ] && wait "$pid" 2>/dev/null || true
+  done
+  scripts/pg.sh stop "$work/pg" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+wait_for_http() {  # URL: up to 20 s
+  for _ in $(seq 1 200); do
+    curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "bench: $1 does not answer" >&2
+  return 1
+}
+
+rss_kib() {  # PID
+  awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"
+}
+
+mib() {  # KiB → MiB with one decimal
+  awk -v kib="$1" 'BEGIN { printf "%.1f", kib / 1024 }'
+}
+
+# --- Postgres, migrations, trunk-sync ---------------------------------------------------
+echo "== starting PostgreSQL, migrating, starting trunk-sync" >&2
+pg_port=$(free_port)
+PG_FAST=1 scripts/pg.sh start "$work/pg" "$pg_port"
+psql "$(scripts/pg.sh url "$work/pg" postgres)" -qc "create database trunk_sync"
+export TRUNK_SYNC_DATABASE_URL
+TRUNK_SYNC_DATABASE_URL=$(scripts/pg.sh url "$work/pg" trunk_sync)
+export TRUNK_SYNC_JWT_SECRET
+TRUNK_SYNC_JWT_SECRET=$(head -c 48 /dev/urandom | base64 | tr -d '\n')
+"$bin" migrate >"$work/migrate.log" 2>&1 || { cat "$work/migrate.log" >&2; exit 1; }
+
+# `notice` keeps the one `listening … port=N` line and drops the per-request access log
+# (`info`), as nginx runs with `access_log off`.
+TRUNK_SYNC_HOST=127.0.0.1 TRUNK_SYNC_PORT=0 TRUNK_SYNC_LOG_LEVEL=notice \
+  "$bin" serve 2>"$work/server.log" &
+server_pid=$!
+ts_port=""
+for _ in $(seq 1 200); do
+  ts_port=$(sed -n 's/.* listening .*port=\([0-9][0-9]*\).*/\1/p' "$work/server.log" | head -n 1)
+  [ -n "$ts_port" ] && break
+  kill -0 "$server_pid" 2>/dev/null || { cat "$work/server.log" >&2; exit 1; }
+  sleep 0.1
+done
+[ -n "$ts_port" ] || { echo "bench: trunk-sync did not report its port" >&2; cat "$work/server.log" >&2; exit 1; }
+
+# --- nginx: one worker, the same JSON from memory -----------------------------------------
+nginx_port=$(free_port)
+mkdir -p "$work/nginx/logs"
+cat >"$work/nginx/nginx.conf" <<EOF
+worker_processes 1;
+pid $work/nginx/nginx.pid;
+error_log $work/nginx/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    keepalive_timeout 60s;
+    client_body_temp_path $work/nginx/body;
+    proxy_temp_path $work/nginx/proxy;
+    fastcgi_temp_path $work/nginx/fastcgi;
+    uwsgi_temp_path $work/nginx/uwsgi;
+    scgi_temp_path $work/nginx/scgi;
+    server {
+        listen 127.0.0.1:$nginx_port;
+        location = /healthz {
+            default_type application/json;
+            return 200 '{"status":"ok"}';
+        }
+    }
+}
+EOF
+"$nginx_bin" -p "$work/nginx" -c "$work/nginx/nginx.conf" -g 'daemon off;' 2>"$work/nginx/logs/stderr.log" &
+nginx_pid=$!
+
+ts_url="http://127.0.0.1:$ts_port/healthz"
+nginx_url="http://127.0.0.1:$nginx_port/healthz"
+wait_for_http "$nginx_url"
+wait_for_http "$ts_url"
+for url in "$nginx_url" "$ts_url"; do
+  body=$(curl -fsS "$url")
+  [ "$body" = '{"status":"ok"}' ] || { echo "bench: $url answered $body" >&2; exit 1; }
+done
+rss_start=$(rss_kib "$server_pid")
+
+# --- Throughput -----------------------------------------------------------------------------
+run_wrk() {  # NAME URL SECONDS → prints requests/s
+  local output
+  output=$(wrk -t1 -c"$wrk_connections" -d"$3"s "$2")
+  echo "$output" >>"$work/wrk-$1.log"
+  if echo "$output" | grep -qE "Non-2xx|Socket errors"; then
+    echo "bench: $1: $(echo "$output" | grep -E 'Non-2xx|Socket errors' | tr -s ' ')" >&2
+  fi
+  echo "$output" | awk '/^Requests\/sec:/ { printf "%.0f", $2 }'
+}
+
+echo "== warm-up (2 s each)" >&2
+run_wrk warmup "$nginx_url" 2 >/dev/null
+run_wrk warmup "$ts_url" 2 >/dev/null
+
+echo "== wrk -t1 -c$wrk_connections -d${duration}s GET /healthz, $rounds rounds (load before: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+nginx_results=()
+ts_results=()
+for round in $(seq 1 "$rounds"); do
+  n=$(run_wrk nginx "$nginx_url" "$duration")
+  nginx_results+=("$n")
+  echo "round $round  nginx       $n req/s"
+  t=$(run_wrk trunk-sync "$ts_url" "$duration")
+  ts_results+=("$t")
+  echo "round $round  trunk-sync  $t req/s"
+done
+mean() { printf '%s\n' "$@" | awk '{ s += $1 } END { printf "%.0f", s / NR }'; }
+nginx_mean=$(mean "${nginx_results[@]}")
+ts_mean=$(mean "${ts_results[@]}")
+ratio=$(awk -v t="$ts_mean" -v n="$nginx_mean" 'BEGIN { printf "%.2f", t / n }')
+
+# --- Memory with idle keep-alive connections -----------------------------------------------
+rss_baseline=$(rss_kib "$server_pid")
+echo "== opening $idle idle keep-alive connections to trunk-sync" >&2
+python3 bench/http/idle_clients.py 127.0.0.1 "$ts_port" "$idle" "$work/idle.ready" &
+client_pid=$!
+for _ in $(seq 1 1200); do
+  [ -s "$work/idle.ready" ] && break
+  kill -0 "$client_pid" 2>/dev/null || { echo "bench: the idle client failed" >&2; exit 1; }
+  sleep 0.1
+done
+[ -s "$work/idle.ready" ] || { echo "bench: the idle client did not finish connecting" >&2; exit 1; }
+sleep 1
+rss_idle=$(rss_kib "$server_pid")
+kill "$client_pid" 2>/dev/null || true
+wait "$client_pid" 2>/dev/null || true
+client_pid=""
+per_connection=$(awk -v a="$rss_idle" -v b="$rss_baseline" -v n="$idle" 'BEGIN { printf "%.1f", (a - b) / n }')
+
+kill -0 "$server_pid" 2>/dev/null || { echo "bench: trunk-sync died" >&2; cat "$work/server.log" >&2; exit 1; }
+
+# --- Summary --------------------------------------------------------------------------------
+cat <<EOF
+
+date                    $(date -u +%FT%TZ)  ($(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg))
+nginx (1 worker)        $nginx_mean req/s  (rounds: ${nginx_results[*]})
+trunk-sync              $ts_mean req/s  (rounds: ${ts_results[*]})
+ratio trunk-sync/nginx  $ratio  (goal >= 0.6)
+RSS at start            $(mib "$rss_start") MiB
+RSS after wrk (idle)    $(mib "$rss_baseline") MiB
+RSS with $idle idle     $(mib "$rss_idle") MiB  (goal <= 100 MiB; $per_connection KiB per connection)
+EOF
