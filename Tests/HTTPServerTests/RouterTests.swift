@@ -18,7 +18,7 @@ final class RouterTests: XCTestCase {
 
     /// The action and parameters of a found route, or nil.
     private func found(_ match: Router.Match) -> (Router.Action, [String: String])? {
-        if case .found(let action, let parameters) = match { return (action, parameters) }
+        if case .found(let action, let parameters, _) = match { return (action, parameters) }
         return nil
     }
 

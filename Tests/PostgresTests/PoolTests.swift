@@ -19,7 +19,7 @@ final class PoolTests: XCTestCase {
             _ = try connection.query("select 1")
             var name = [CChar](repeating: 0, count: 32)
             _ = csystem_get_thread_name(&name, name.count)
-            return String(cString: name)
+            return String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
         }
         XCTAssertTrue(onPoolThread.hasPrefix("pg-pool-"), onPoolThread)
         await pool.close()

@@ -47,6 +47,10 @@ final class MetricsTests: XCTestCase {
         XCTAssertEqual(after["trunk_sync_rate_limited_total{limit=otp}"], 1)
         XCTAssertNotNil(after["trunk_sync_db_pool_connections_open"])
         XCTAssertEqual(after["trunk_sync_longpolls_waiting"], 0)
+        XCTAssertEqual(after["trunk_sync_http_requests_total{method=POST,route=/sync/v1/events,status=200}"], 1)
+        XCTAssertEqual(after["trunk_sync_http_requests_total{method=POST,route=/auth/v1/otp,status=429}"], 1)
+        XCTAssertEqual(after["trunk_sync_http_request_duration_seconds_count{route=/sync/v1/events}"], 2)
+        XCTAssertEqual(after["trunk_sync_http_request_duration_seconds_bucket{le=+Inf,route=/sync/v1/events}"], 2)
         await app.stop()
     }
 }

@@ -13,6 +13,7 @@ public struct Router: Sendable {
 
     struct Route: Sendable {
         let method: HTTPMethod
+        let pattern: String
         let segments: [Segment]
         let action: Action
     }
@@ -23,7 +24,7 @@ public struct Router: Sendable {
     }
 
     enum Match {
-        case found(Action, [String: String])
+        case found(Action, [String: String], route: String)
         case methodNotAllowed(allowed: [String])
         case notFound
     }
@@ -35,13 +36,13 @@ public struct Router: Sendable {
 
     /// Adds a route whose handler runs as a task.
     public mutating func add(_ method: HTTPMethod, _ pattern: String, _ handler: @escaping Handler) {
-        routes.append(Route(method: method, segments: Self.parse(pattern), action: .async(handler)))
+        routes.append(Route(method: method, pattern: pattern, segments: Self.parse(pattern), action: .async(handler)))
     }
 
     /// Adds a route whose handler runs inline on the event loop (for trivial answers such as
     /// `/healthz`).
     public mutating func addInline(_ method: HTTPMethod, _ pattern: String, _ handler: @escaping InlineHandler) {
-        routes.append(Route(method: method, segments: Self.parse(pattern), action: .inline(handler)))
+        routes.append(Route(method: method, pattern: pattern, segments: Self.parse(pattern), action: .inline(handler)))
     }
 
     static func parse(_ pattern: String) -> [Segment] {
@@ -54,14 +55,16 @@ public struct Router: Sendable {
     func match(method: HTTPMethod, path: String) -> Match {
         let parts = path.split(separator: "/", omittingEmptySubsequences: true)
         var allowed: [String] = []
-        var fallback: (Action, [String: String])? = nil
+        var fallback: (Action, [String: String], String)? = nil
         for route in routes {
             guard let parameters = Self.bind(route.segments, to: parts) else { continue }
-            if route.method == method { return .found(route.action, parameters) }
-            if method == .head, route.method == .get, fallback == nil { fallback = (route.action, parameters) }
+            if route.method == method { return .found(route.action, parameters, route: route.pattern) }
+            if method == .head, route.method == .get, fallback == nil {
+                fallback = (route.action, parameters, route.pattern)
+            }
             if !allowed.contains(route.method.rawValue) { allowed.append(route.method.rawValue) }
         }
-        if let fallback { return .found(fallback.0, fallback.1) }
+        if let fallback { return .found(fallback.0, fallback.1, route: fallback.2) }
         if allowed.isEmpty { return .notFound }
         if allowed.contains("GET"), !allowed.contains("HEAD") { allowed.append("HEAD") }
         allowed.append("OPTIONS")

@@ -41,6 +41,8 @@ final class Connection {
         var method: HTTPMethod
         var path: String
         var requestID: String
+        /// The route pattern answering (`/sync/v1/events`), for metrics without unbounded labels.
+        var route: String
         var origin: String?
         var keepAlive: Bool
         var started: UInt64

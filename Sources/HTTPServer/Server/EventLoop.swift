@@ -361,14 +361,15 @@ final class EventLoop: @unchecked Sendable {
     private func dispatch(_ head: HTTPRequestHead, body: [UInt8], on connection: Connection) {
         let requestID = RequestIDGenerator.sanitize(head.headers["x-request-id"]) ?? requestIDs.next()
         connection.current = Connection.RequestInfo(
-            method: head.method, path: head.path, requestID: requestID, origin: head.headers["origin"],
-            keepAlive: head.keepAlive, started: now)
+            method: head.method, path: head.path, requestID: requestID, route: "unmatched",
+            origin: head.headers["origin"], keepAlive: head.keepAlive, started: now)
         connection.deadlineKind = .none
         var request = HTTPRequest(
             method: head.method, path: head.path, query: head.query, headers: head.headers, body: body,
             requestID: requestID, remoteAddress: connection.remoteAddress)
 
         if head.method == .options {
+            connection.current?.route = "OPTIONS"
             respond(optionsResponse(request), on: connection)
             return
         }
@@ -380,10 +381,12 @@ final class EventLoop: @unchecked Sendable {
                 .error(
                     .methodNotAllowed, code: "method_not_allowed", message: "Method \(head.method) is not allowed here.",
                     headers: ["Allow": allowed.joined(separator: ", ")]), on: connection)
-        case .found(.inline(let handler), let parameters):
+        case .found(.inline(let handler), let parameters, let route):
+            connection.current?.route = route
             request.parameters = parameters
             respond(handler(request), on: connection)
-        case .found(.async(let handler), let parameters):
+        case .found(.async(let handler), let parameters, let route):
+            connection.current?.route = route
             request.parameters = parameters
             connection.inFlight = true
             inFlightCount.wrappingAdd(1, ordering: .relaxed)
@@ -392,15 +395,16 @@ final class EventLoop: @unchecked Sendable {
             let id = connection.id
             let logger = self.logger
             connection.handlerTask = Task { [request] in
-                let response: HTTPResponse
-                do {
-                    response = try await handler(request)
-                } catch let error as HTTPResponseError {
-                    response = error.response
-                } catch {
-                    logger.error(
-                        "request failed", metadata: ["request_id": "\(request.requestID)", "error": "\(error)"])
-                    response = .error(.internalServerError, code: "internal_error", message: "Internal server error.")
+                // Every log line written while handling carries the request id.
+                let response: HTTPResponse = await RequestContext.$requestID.withValue(request.requestID) {
+                    do {
+                        return try await handler(request)
+                    } catch let error as HTTPResponseError {
+                        return error.response
+                    } catch {
+                        logger.error("request failed", metadata: ["error": "\(error)"])
+                        return .error(.internalServerError, code: "internal_error", message: "Internal server error.")
+                    }
                 }
                 mailbox.post(Mailbox.Completion(fd: fd, connectionID: id, response: response))
             }
@@ -453,6 +457,9 @@ final class EventLoop: @unchecked Sendable {
         serialize(response, requestID: info?.requestID, origin: info?.origin, keepAlive: keepAlive, omitBody: isHead, into: &connection.output)
         if let info {
             let milliseconds = Double(monotonicNow() &- info.started) / 1_000_000
+            configuration.observer?(
+                RequestObservation(
+                    method: info.method, route: info.route, status: response.status.code, seconds: milliseconds / 1000))
             logger.info(
                 "request",
                 metadata: [

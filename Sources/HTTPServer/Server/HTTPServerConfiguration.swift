@@ -25,8 +25,30 @@ public struct HTTPServerConfiguration: Sendable {
     /// The `Server` header. Default `trunk-sync`.
     public var serverName = "trunk-sync"
 
+    /// Called on the event loop after each response with its route and duration (metrics).
+    /// Must be quick and never block. Default none.
+    public var observer: (@Sendable (RequestObservation) -> Void)? = nil
+
     /// The defaults.
     public init() {}
+}
+
+/// What the server reports about each answered request.
+public struct RequestObservation: Sendable {
+    /// The request's method.
+    public var method: HTTPMethod
+    /// The matched route pattern, `OPTIONS`, or `unmatched` (never the raw path, so labels stay bounded).
+    public var route: String
+    /// The response status.
+    public var status: Int
+    /// From the complete request to the response, in seconds.
+    public var seconds: Double
+}
+
+/// Per-request values visible to everything a handler calls.
+public enum RequestContext {
+    /// The current request's id (`X-Request-Id`), while a handler runs.
+    @TaskLocal public static var requestID: String?
 }
 
 extension Duration {

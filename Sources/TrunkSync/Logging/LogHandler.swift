@@ -1,4 +1,5 @@
 import Foundation
+import HTTPServer
 import Logging
 
 /// Writes log records to standard error, one line each, as text or JSON
@@ -7,12 +8,21 @@ import Logging
 public struct TrunkLogHandler: LogHandler {
     /// Installs this handler for every logger of the process (call once, at start).
     public static func bootstrap(level: Logger.Level, format: Configuration.LogFormat) {
-        LoggingSystem.bootstrap { label in
-            var handler = TrunkLogHandler(label: label, format: format)
-            handler.logLevel = level
-            return handler
+        // Lines logged while a request is handled carry its id.
+        let requestID = Logger.MetadataProvider {
+            RequestContext.requestID.map { ["request_id": .string($0)] } ?? [:]
         }
+        LoggingSystem.bootstrap(
+            { label, provider in
+                var handler = TrunkLogHandler(label: label, format: format)
+                handler.logLevel = level
+                handler.metadataProvider = provider
+                return handler
+            }, metadataProvider: requestID)
     }
+
+    /// Adds metadata from the context of each call (the request id).
+    public var metadataProvider: Logger.MetadataProvider?
 
     /// The logger's label (`trunk-sync`, `http`, …).
     public let label: String
@@ -38,6 +48,7 @@ public struct TrunkLogHandler: LogHandler {
     /// Writes one record.
     public func log(event: LogEvent) {
         var merged = metadata
+        if let provided = metadataProvider?.get() { merged.merge(provided) { _, new in new } }
         if let extra = event.metadata { merged.merge(extra) { _, new in new } }
         let line: String
         switch format {

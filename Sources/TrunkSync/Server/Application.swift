@@ -77,6 +77,17 @@ public struct Application: Sendable {
         server.host = configuration.host
         server.port = configuration.port
         server.corsOrigins = configuration.corsOrigins
+        let metrics = self.metrics
+        server.observer = { observation in
+            metrics.increment(
+                "trunk_sync_http_requests_total",
+                labels: [
+                    ("method", observation.method.rawValue), ("route", observation.route),
+                    ("status", String(observation.status)),
+                ])
+            metrics.observe(
+                "trunk_sync_http_request_duration_seconds", labels: [("route", observation.route)], observation.seconds)
+        }
         server.headerTimeout = .seconds(configuration.httpHeaderTimeout)
         server.bodyIdleTimeout = .seconds(configuration.httpBodyTimeout)
         server.keepAliveTimeout = .seconds(configuration.httpIdleTimeout)

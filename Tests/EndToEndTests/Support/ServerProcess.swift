@@ -153,11 +153,11 @@ final class ServerProcess {
 
     /// Reads the log until the `listening … port=N` line and remembers N.
     func waitUntilListening(timeout: Double) throws {
-        guard let line = stderr.waitForLine(containing: " listening ", timeout: timeout) else {
+        // Text logs say `listening … port=N`, JSON logs `"msg":"listening",…,"port":"N"`.
+        guard let line = stderr.waitForLine(containing: "listening", timeout: timeout) else {
             throw ClientError("server did not report listening within \(timeout) s; log:\n\(logs)")
         }
-        guard let range = line.range(of: #"port=\d+"#, options: .regularExpression),
-            let port = Int(line[range].dropFirst("port=".count)), port > 0
+        guard let match = line.firstMatch(of: /port(?:=|":")(\d+)/), let port = Int(match.1), port > 0
         else {
             throw ClientError("no port in \(line.debugDescription)")
         }

@@ -1,37 +1,36 @@
 import Foundation
-import TestSupport
 
 /// A real SMTP server for the tests: `scripts/smtp-sink.py` (aiosmtpd) on a free port of
 /// 127.0.0.1, writing what it receives to a temporary directory. Ready when it prints
 /// `ready PORT`; it exits when `stop()` closes its standard input (or this process ends).
-final class SMTPSink: @unchecked Sendable {
+public final class SMTPSink: @unchecked Sendable {
     /// One message the sink received.
-    struct Received {
+    public struct Received {
         /// The message bytes as received (dot-stuffing undone).
-        let raw: [UInt8]
-        let mailFrom: String
-        let recipients: [String]
+        public let raw: [UInt8]
+        public let mailFrom: String
+        public let recipients: [String]
         /// What the client said in EHLO/HELO.
-        let helo: String?
+        public let helo: String?
         /// Whether the message came over TLS (STARTTLS or implicit).
-        let tls: Bool
+        public let tls: Bool
         /// `[mechanism, user]` when the client signed in.
-        let auth: [String]?
+        public let auth: [String]?
         /// The message as Python's `email` package decodes it.
-        let parsed: [String: Any]
+        public let parsed: [String: Any]
 
-        var subject: String? { parsed["subject"] as? String }
+        public var subject: String? { parsed["subject"] as? String }
         /// The decoded body with line endings made `\n`.
-        var body: String? { (parsed["body"] as? String)?.replacingOccurrences(of: "\r\n", with: "\n") }
-        var defects: [String] { parsed["defects"] as? [String] ?? [] }
+        public var body: String? { (parsed["body"] as? String)?.replacingOccurrences(of: "\r\n", with: "\n") }
+        public var defects: [String] { parsed["defects"] as? [String] ?? [] }
         /// Raw header lines (folded lines joined), before decoding.
-        var rawHeaderSection: String {
+        public var rawHeaderSection: String {
             let text = String(decoding: raw, as: UTF8.self)
             guard let end = text.range(of: "\r\n\r\n") else { return text }
             return String(text[..<end.lowerBound]).replacingOccurrences(of: "\r\n ", with: " ")
         }
         /// The first raw header named `name` (case-insensitive), unfolded, not decoded.
-        func rawHeader(_ name: String) -> String? {
+        public func rawHeader(_ name: String) -> String? {
             for line in rawHeaderSection.components(separatedBy: "\r\n") {
                 guard let colon = line.firstIndex(of: ":") else { continue }
                 if line[..<colon].lowercased() == name.lowercased() {
@@ -42,15 +41,15 @@ final class SMTPSink: @unchecked Sendable {
         }
     }
 
-    let port: Int
-    let directory: URL
+    public let port: Int
+    public let directory: URL
     private let process: Process
     private let input: Pipe
     private let errorOutput: Pipe
 
     /// The Python that has aiosmtpd: `TRUNK_SYNC_TEST_PYTHON`, else Debian's `/usr/bin/python3`
     /// (where `python3-aiosmtpd` installs), else `python3` from `PATH`.
-    static func python() -> (executable: String, prefix: [String]) {
+    public static func python() -> (executable: String, prefix: [String]) {
         if let python = ProcessInfo.processInfo.environment["TRUNK_SYNC_TEST_PYTHON"], !python.isEmpty {
             return (python, [])
         }
@@ -60,7 +59,7 @@ final class SMTPSink: @unchecked Sendable {
 
     /// Starts a sink with extra `arguments` (see the script's help) and waits, at most
     /// 20 s, for its `ready PORT` line.
-    init(_ arguments: [String] = []) throws {
+    public init(_ arguments: [String] = []) throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("smtp-sink-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let (python, prefix) = Self.python()
@@ -103,7 +102,7 @@ final class SMTPSink: @unchecked Sendable {
     }
 
     /// Ends the sink (closing its stdin) and waits for it, at most 10 s.
-    func stop() {
+    public func stop() {
         try? input.fileHandleForWriting.close()
         let deadline = Date().addingTimeInterval(10)
         while process.isRunning && Date() < deadline { usleep(10_000) }
@@ -114,7 +113,7 @@ final class SMTPSink: @unchecked Sendable {
     deinit { if process.isRunning { process.terminate() } }
 
     /// The messages received so far, in order.
-    func received() throws -> [Received] {
+    public func received() throws -> [Received] {
         let names = try FileManager.default.contentsOfDirectory(atPath: directory.path)
         let numbers = names.compactMap { $0.hasSuffix(".json") ? Int($0.dropLast(5)) : nil }.sorted()
         return try numbers.map { number in
@@ -141,11 +140,11 @@ private final class LineBox: @unchecked Sendable {
 
 /// A self-signed certificate for `localhost` (made with the `openssl` command), in a
 /// temporary directory.
-struct TestCertificate {
-    let certificatePath: String
-    let keyPath: String
+public struct TestCertificate {
+    public let certificatePath: String
+    public let keyPath: String
 
-    static func make() throws -> TestCertificate {
+    public static func make() throws -> TestCertificate {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("smtp-cert-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let certificate = directory.appendingPathComponent("cert.pem").path
@@ -163,5 +162,5 @@ struct TestCertificate {
     }
 
     /// The sink arguments that serve this certificate.
-    var sinkArguments: [String] { ["--tls-cert", certificatePath, "--tls-key", keyPath] }
+    public var sinkArguments: [String] { ["--tls-cert", certificatePath, "--tls-key", keyPath] }
 }
