@@ -79,20 +79,18 @@ public struct Application: Sendable {
     /// refresh does every minute); logs when the set changes and any key it cannot read.
     @discardableResult
     public func reloadSigningKeys() async throws -> TokenIssuer.ReloadResult {
-        let before = tokens.keys.map(\.key.keyID)
+        let signer = { tokens.signingKey(at: Int64(Date().timeIntervalSince1970))?.keyID ?? "HS256 secret" }
+        let before = (tokens.keys.map(\.key.keyID), signer())
         let result = try await tokens.reload(from: signingKeys)
         for (keyID, reason) in result.unreadable {
             logger.error("signing key ignored: \(reason)", metadata: ["kid": "\(keyID)"])
         }
-        let after = result.keys.map(\.key.keyID)
+        // Also logged when only the signer changed: a pending key came of age.
+        let after = (result.keys.map(\.key.keyID), signer())
         if after != before {
-            let signer = tokens.signingKey(at: Int64(Date().timeIntervalSince1970))?.keyID
             logger.notice(
                 "signing keys loaded",
-                metadata: [
-                    "kids": "\(after.compactMap { $0 }.joined(separator: ","))",
-                    "signing": "\(signer ?? "HS256 secret")",
-                ])
+                metadata: ["kids": "\(after.0.compactMap { $0 }.joined(separator: ","))", "signing": "\(after.1)"])
         }
         return result
     }
