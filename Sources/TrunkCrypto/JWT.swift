@@ -1,9 +1,17 @@
-/// Compact JWS (JWT) signing and verification for HS256.
+/// Compact JWS (JWT) signing and verification for HS256 and ES256.
 ///
 /// This layer checks only the envelope: structure, the `alg` (never `none`), the `kid`,
-/// and the signature (compared in constant time). Claims (`exp`, `aud`, …) are the
-/// caller's to check, on the payload bytes this returns.
+/// the key's type against the `alg`, and the signature (HMACs compared in constant time).
+/// Claims (`exp`, `aud`, …) are the caller's to check, on the payload bytes this returns.
 public enum JWT {
+    /// The signature algorithms accepted (`alg`).
+    public enum Algorithm: String, Sendable {
+        /// HMAC-SHA-256 with a shared secret.
+        case hs256 = "HS256"
+        /// ECDSA on P-256 with SHA-256.
+        case es256 = "ES256"
+    }
+
     /// A key that signs and verifies HS256 tokens.
     public struct HS256Key: Sendable {
         /// The key id put in the header (`kid`), if any.
@@ -17,11 +25,42 @@ public enum JWT {
         }
     }
 
+    /// A verification key of either kind. A token is checked only against keys whose
+    /// algorithm is its `alg`, so an HMAC can never pass for an ECDSA signature or the reverse.
+    public enum Key: Sendable {
+        /// A shared secret (`alg: HS256`).
+        case hs256(HS256Key)
+        /// A P-256 key (`alg: ES256`).
+        case es256(ES256Key)
+
+        /// The key's `kid`, if any.
+        public var keyID: String? {
+            switch self {
+            case .hs256(let key): return key.keyID
+            case .es256(let key): return key.keyID
+            }
+        }
+
+        /// The one algorithm this key is used with.
+        public var algorithm: Algorithm {
+            switch self {
+            case .hs256: return .hs256
+            case .es256: return .es256
+            }
+        }
+    }
+
     /// Why a token was rejected. Descriptions are safe to log (they never contain the token).
     public enum VerificationError: Error, Equatable, CustomStringConvertible {
+        /// Not three base64url segments, or a header without a string `alg`.
         case malformed
+        /// `alg` is neither `HS256` nor `ES256` (`none` included).
         case unsupportedAlgorithm(String)
+        /// No key has the token's `kid` (or, without `kid`, no key lacks one).
         case unknownKey
+        /// The keys with the token's `kid` are of another algorithm than its `alg`.
+        case algorithmMismatch
+        /// No key of the token's `kid` and `alg` made its signature.
         case badSignature
 
         public var description: String {
@@ -29,6 +68,7 @@ public enum JWT {
             case .malformed: return "token is not a well-formed JWT"
             case .unsupportedAlgorithm(let alg): return "token algorithm \(alg) is not accepted"
             case .unknownKey: return "token signed with an unknown key"
+            case .algorithmMismatch: return "token algorithm does not match its key's"
             case .badSignature: return "token signature is invalid"
             }
         }
@@ -44,24 +84,48 @@ public enum JWT {
         return signingInput + "." + Base64URL.encode(signature)
     }
 
+    /// Signs `payload` with an ES256 key and returns `header.payload.signature`; the header
+    /// carries the key's `kid`.
+    public static func sign(payload: [UInt8], with key: ES256Key) throws(KeyError) -> String {
+        var header = #"{"alg":"ES256","typ":"JWT""#
+        if let keyID = key.keyID { header += #","kid":"# + jsonQuoted(keyID) }
+        header += "}"
+        let signingInput = Base64URL.encode(Array(header.utf8)) + "." + Base64URL.encode(payload)
+        let signature = try key.signature(for: signingInput.utf8)
+        return signingInput + "." + Base64URL.encode(signature)
+    }
+
+    /// Verifies a token against HS256 keys and returns its payload bytes.
+    public static func verify(_ token: String, keys: [HS256Key]) throws(VerificationError) -> [UInt8] {
+        try verify(token, keys: keys.map(Key.hs256))
+    }
+
     /// Verifies a token against the accepted keys and returns its payload bytes.
     ///
-    /// A token with a `kid` must name one of `keys`; one without is tried against the keys
-    /// that have no id. Only `HS256` is accepted.
-    public static func verify(_ token: String, keys: [HS256Key]) throws(VerificationError) -> [UInt8] {
+    /// The header's `alg` must be `HS256` or `ES256` (never `none`). A token with a `kid`
+    /// must name one of `keys`; one without is tried against the keys that have no id. Of
+    /// those, only keys of the token's algorithm are used.
+    public static func verify(_ token: String, keys: [Key]) throws(VerificationError) -> [UInt8] {
         let parts = token.utf8.split(separator: UInt8(ascii: "."), omittingEmptySubsequences: false)
         guard parts.count == 3, let headerBytes = Base64URL.decode(parts[0]), let payload = Base64URL.decode(parts[1]),
             let signature = Base64URL.decode(parts[2])
         else { throw .malformed }
         let header = try parseHeader(headerBytes)
-        guard header.alg == "HS256" else { throw .unsupportedAlgorithm(header.alg) }
-        let candidates = keys.filter { $0.keyID == header.kid }
-        guard !candidates.isEmpty else { throw .unknownKey }
-        let signingInput = Array(token.utf8.prefix(parts[0].count + 1 + parts[1].count))
-        for key in candidates where constantTimeEquals(HMAC.sha256(key: key.secret, message: signingInput), signature) {
-            return payload
+        guard let algorithm = Algorithm(rawValue: header.alg) else { throw .unsupportedAlgorithm(header.alg) }
+        let named = keys.filter { $0.keyID == header.kid }
+        guard !named.isEmpty else { throw .unknownKey }
+        let signingInput = token.utf8.prefix(parts[0].count + 1 + parts[1].count)
+        var matchedAlgorithm = false
+        for key in named where key.algorithm == algorithm {
+            matchedAlgorithm = true
+            switch key {
+            case .hs256(let key):
+                if constantTimeEquals(HMAC.sha256(key: key.secret, message: signingInput), signature) { return payload }
+            case .es256(let key):
+                if key.isValidSignature(signature, for: signingInput) { return payload }
+            }
         }
-        throw .badSignature
+        throw matchedAlgorithm ? .badSignature : .algorithmMismatch
     }
 
     struct Header {

@@ -25,6 +25,8 @@ struct Serve: AsyncParsableCommand {
             try configuration.validateForServe()
             let logger = Logger(label: "trunk-sync")
             let application = try Application(configuration: configuration, logger: logger)
+            // Before accepting requests, so tokens signed with ES256 keys verify from the start.
+            await application.startSigningKeyRefresh()
             let server = HTTPServer(
                 configuration: application.serverConfiguration, router: application.router(),
                 logger: Logger(label: "trunk-sync.http"))

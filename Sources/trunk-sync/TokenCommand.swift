@@ -22,6 +22,7 @@ struct TokenCommand: AsyncParsableCommand {
             let logger = Logger(label: "trunk-sync.token")
             let application = try Application(configuration: configuration, logger: logger, listen: false)
             onExit { await application.close() }
+            try await application.reloadSigningKeys()  // sign as the servers do (ES256 when a key signs)
             let session = try await application.auth.issueSession(email: address)
             FileHandle.standardOutput.write(Data(session.json + [UInt8(ascii: "\n")]))
         }

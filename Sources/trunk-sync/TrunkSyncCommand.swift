@@ -9,7 +9,9 @@ struct TrunkSyncCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "trunk-sync",
         abstract: "Self-hosted sync server for local-first apps.",
-        subcommands: [Serve.self, Migrate.self, TokenCommand.self, UsersCommand.self, ConfigCommand.self]
+        subcommands: [
+            Serve.self, Migrate.self, TokenCommand.self, UsersCommand.self, KeysCommand.self, ConfigCommand.self,
+        ]
     )
 }
 

@@ -62,6 +62,7 @@ final class AppHarness: @unchecked Sendable {
         var configuration = try Configuration.load(environment: environment)
         if let settings { configuration.adjustAuth(settings) }
         application = try Application(configuration: configuration, logger: TestDatabase.quietLogger, sender: sender)
+        try await application.reloadSigningKeys()  // as serve does before listening
         server = HTTPServer(
             configuration: application.serverConfiguration, router: application.router(), logger: TestDatabase.quietLogger)
         let port = try server.start()

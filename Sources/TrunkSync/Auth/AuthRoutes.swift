@@ -20,8 +20,10 @@ public struct AuthRoutes: Sendable {
         router.add(.post, "/auth/v1/logout") { request in try await logout(request) }
         router.add(.get, "/auth/v1/user") { request in try await user(request) }
         router.add(.put, "/auth/v1/user") { request in try await updateUser(request) }
+        let tokens = service.tokens
         router.addInline(.get, "/auth/v1/.well-known/jwks.json") { _ in
-            ok(Array(#"{"keys":[]}"#.utf8), extra: ["Cache-Control": "public, max-age=600"])
+            // Public keys only; SigningKeyStore.activationDelay allows for the max-age.
+            ok(tokens.jwks, extra: ["Cache-Control": "public, max-age=600"])
         }
         router.addInline(.get, "/auth/v1/settings") { _ in
             ok(Array(#"{"external":{"email":true},"disable_signup":false,"mailer_autoconfirm":false}"#.utf8))

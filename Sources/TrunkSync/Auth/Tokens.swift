@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import Synchronization
 import TrunkCrypto
 
 /// A user as stored, with what the user JSON of the Supabase clients needs.
@@ -91,11 +92,15 @@ public struct AccessClaims: Sendable, Equatable {
     public var expiresAt: Int64
 }
 
-/// Issues and verifies access tokens (HS256 JWTs with Supabase's claims).
-public struct TokenIssuer: Sendable {
-    /// The signing key; `verificationKeys` are also accepted (key rotation).
-    public let signingKey: JWT.HS256Key
-    public let verificationKeys: [JWT.HS256Key]
+/// Issues and verifies access tokens (JWTs with Supabase's claims) with the current key set.
+///
+/// The HS256 key from `TRUNK_SYNC_JWT_SECRET` always verifies, and signs while no ES256
+/// key does. ES256 keys come from `signing_keys` (`reload(from:)`, which the server calls
+/// every minute): each verifies, and the newest past its activation time signs. The key
+/// set is swapped atomically, so requests never see half of a reload.
+public final class TokenIssuer: Sendable {
+    /// The HS256 key of the configured secret.
+    public let secretKey: JWT.HS256Key
     /// `iss` of issued tokens.
     public let issuer: String
     /// Access token lifetime in seconds.
@@ -103,11 +108,107 @@ public struct TokenIssuer: Sendable {
     /// Clock skew tolerated on `exp`, seconds.
     public static let leeway: Int64 = 30
 
+    /// An ES256 key in the current set.
+    public struct LoadedKey: Sendable {
+        /// The key, with its `kid`.
+        public var key: JWT.ES256Key
+        /// When it starts signing, Unix seconds (local clock).
+        public var signsFrom: Double
+
+        /// A key that signs from `signsFrom` (Unix seconds).
+        public init(key: JWT.ES256Key, signsFrom: Double) {
+            self.key = key
+            self.signsFrom = signsFrom
+        }
+    }
+
+    private struct KeySet: Sendable {
+        /// Newest first.
+        var keys: [LoadedKey] = []
+        var verificationKeys: [JWT.Key]
+        var jwks: [UInt8] = Array(#"{"keys":[]}"#.utf8)
+        /// Reloads started and the newest one installed, so a slow reload never replaces
+        /// the result of a later one.
+        var reloadsStarted = 0
+        var installedReload = 0
+        var loaded = false
+
+        mutating func apply(_ keys: [LoadedKey], secretKey: JWT.HS256Key) {
+            self.keys = keys
+            verificationKeys = [.hs256(secretKey)] + keys.map { .es256($0.key) }
+            jwks = Array(("{\"keys\":[" + keys.map(\.key.publicJWK).joined(separator: ",") + "]}").utf8)
+            loaded = true
+        }
+    }
+
+    private let keySet: Mutex<KeySet>
+
+    /// An issuer that signs with `secret` (HS256) until ES256 keys are installed.
     public init(secret: String, issuer: String, lifetime: Int) {
-        signingKey = JWT.HS256Key(secret: secret)
-        verificationKeys = [signingKey]
+        secretKey = JWT.HS256Key(secret: secret)
         self.issuer = issuer
         self.lifetime = lifetime
+        keySet = Mutex(KeySet(verificationKeys: [.hs256(secretKey)]))
+    }
+
+    /// The ES256 keys in use, newest first.
+    public var keys: [LoadedKey] { keySet.withLock { $0.keys } }
+
+    /// Whether keys have been loaded from the database at least once.
+    public var hasLoadedKeys: Bool { keySet.withLock { $0.loaded } }
+
+    /// `{"keys":[…]}`: the public JWKs of every ES256 key in use (pending ones included, so
+    /// verifiers know a key before it signs).
+    public var jwks: [UInt8] { keySet.withLock { $0.jwks } }
+
+    /// The ES256 key that signs at `now` (Unix seconds), or nil when HS256 signs.
+    public func signingKey(at now: Int64) -> JWT.ES256Key? {
+        keySet.withLock { set in set.keys.first { $0.signsFrom <= Double(now) }?.key }
+    }
+
+    /// Replaces the ES256 keys (newest first) at once.
+    public func install(_ keys: [LoadedKey]) {
+        keySet.withLock { set in
+            set.reloadsStarted += 1
+            set.installedReload = set.reloadsStarted
+            set.apply(keys, secretKey: secretKey)
+        }
+    }
+
+    /// What a reload found.
+    public struct ReloadResult: Sendable {
+        /// The keys now in use, newest first.
+        public var keys: [LoadedKey]
+        /// Keys whose stored private key could not be read (left out), with the reason.
+        public var unreadable: [(keyID: String, reason: String)]
+    }
+
+    /// Reads the non-retired keys from `store` and installs them (the database work runs
+    /// on the pool's threads). Keys that cannot be read are left out and reported.
+    @discardableResult
+    public func reload(from store: SigningKeyStore) async throws -> ReloadResult {
+        let ticket = keySet.withLock { set in
+            set.reloadsStarted += 1
+            return set.reloadsStarted
+        }
+        let rows = try await store.activeKeys()
+        let now = Date().timeIntervalSince1970
+        var keys: [LoadedKey] = []
+        var unreadable: [(keyID: String, reason: String)] = []
+        for row in rows {
+            do {
+                let key = try JWT.ES256Key(privateKeyPEM: row.privateKeyPEM, keyID: row.keyID)
+                keys.append(LoadedKey(key: key, signsFrom: now - row.age + SigningKeyStore.activationDelay))
+            } catch {
+                unreadable.append((row.keyID, "\(error)"))
+            }
+        }
+        keySet.withLock { set in
+            guard ticket > set.installedReload else { return }
+            set.installedReload = ticket
+            set.apply(keys, secretKey: secretKey)
+        }
+        return ReloadResult(keys: keys, unreadable: unreadable)
     }
 
     /// A signed access token for `user` in `sessionID`, and its expiry.
@@ -135,7 +236,12 @@ public struct TokenIssuer: Sendable {
         writer.string("session_id", sessionID.uuidString.lowercased())
         writer.bool("is_anonymous", false)
         writer.endObject()
-        return (JWT.sign(payload: writer.bytes, with: signingKey), expiresAt)
+        if let key = signingKey(at: now), let token = try? JWT.sign(payload: writer.bytes, with: key) {
+            return (token, expiresAt)
+        }
+        // HS256 also when ES256 signing fails (OpenSSL out of memory): the secret verifies
+        // on every instance, so the caller's session is never lost to a signing fault.
+        return (JWT.sign(payload: writer.bytes, with: secretKey), expiresAt)
     }
 
     private struct Claims: Decodable {
@@ -159,11 +265,12 @@ public struct TokenIssuer: Sendable {
         }
     }
 
-    /// Verifies signature, `exp` (with leeway) and `aud`; returns the claims.
+    /// Verifies signature (HS256 with the secret, or ES256 with a key in use named by the
+    /// token's `kid`), `exp` (with leeway) and `aud`; returns the claims.
     public func verify(_ token: String, now: Int64) throws(AuthError) -> AccessClaims {
         let payload: [UInt8]
         do {
-            payload = try JWT.verify(token, keys: verificationKeys)
+            payload = try JWT.verify(token, keys: keySet.withLock { $0.verificationKeys })
         } catch {
             throw .badJWT
         }

@@ -3,6 +3,7 @@ import HTTPServer
 import Logging
 import Mail
 import Postgres
+import Synchronization
 
 /// The trunk-sync application: its routes over the database pool. Owns nothing that must
 /// outlive a request; `serve` builds one and hands its router to the HTTP server.
@@ -21,6 +22,9 @@ public struct Application: Sendable {
     public let notifier: EventNotifier
     /// Counters, histograms and gauges for `/metrics`.
     public let metrics = Metrics()
+    /// The ES256 signing keys in the database.
+    public let signingKeys: SigningKeyStore
+    private let keyRefresh = BackgroundTask()
     private let logger: Logger
 
     /// The role the server's queries run as (created by the first migration).
@@ -40,6 +44,7 @@ public struct Application: Sendable {
         let database = try PostgresConfiguration(try configuration.requireDatabaseURL())
         pool = PostgresPool(database, configuration: settings, logger: logger)
         events = EventStore(pool: pool)
+        signingKeys = SigningKeyStore(pool: pool)
         notifier = EventNotifier(
             listener: listen ? PostgresListener(database, channels: [EventStore.channel], logger: logger) : nil)
         migrator = Migrator(migrations: try Migration.load(from: configuration.migrationsDirectory), logger: logger)
@@ -69,6 +74,59 @@ public struct Application: Sendable {
             let smtp = try SMTPConfiguration(url: configuration.smtpURL ?? "")
             return MailCodeSender(mailer: try SMTPMailer(configuration: smtp, logger: logger), from: configuration.mailFrom)
         }
+    }
+
+    /// The access token issuer and its current keys.
+    public var tokens: TokenIssuer { auth.tokens }
+
+    /// Reads the signing keys from the database now and makes them the key set (what the
+    /// refresh does every minute); logs when the set changes and any key it cannot read.
+    @discardableResult
+    public func reloadSigningKeys() async throws -> TokenIssuer.ReloadResult {
+        let signer = { tokens.signingKey(at: Int64(Date().timeIntervalSince1970))?.keyID ?? "HS256 secret" }
+        let before = (tokens.keys.map(\.key.keyID), signer())
+        let result = try await tokens.reload(from: signingKeys)
+        for (keyID, reason) in result.unreadable {
+            logger.error("signing key ignored: \(reason)", metadata: ["kid": "\(keyID)"])
+        }
+        // Also logged when only the signer changed: a pending key came of age.
+        let after = (result.keys.map(\.key.keyID), signer())
+        if after != before {
+            logger.notice(
+                "signing keys loaded",
+                metadata: ["kids": "\(after.0.compactMap { $0 }.joined(separator: ","))", "signing": "\(after.1)"])
+        }
+        return result
+    }
+
+    /// Loads the signing keys, then reloads them every `interval` in a background task until
+    /// `close()`, so `trunk-sync keys add|retire` reach every instance without a restart. A
+    /// failed load is logged and retried after 5 seconds (`/readyz` answers 503 until the
+    /// first load succeeds).
+    public func startSigningKeyRefresh(every interval: Duration = SigningKeyStore.reloadInterval) async {
+        let retry = min(interval, .seconds(5))
+        var delay = interval
+        do {
+            try await reloadSigningKeys()
+        } catch {
+            logger.error("cannot load signing keys; retrying", metadata: ["error": "\(error)"])
+            delay = retry
+        }
+        keyRefresh.replace(
+            with: Task { [self, delay] in
+                var delay = delay
+                while true {
+                    do { try await Task.sleep(for: delay) } catch { return }  // cancelled by close()
+                    do {
+                        try await reloadSigningKeys()
+                        delay = interval
+                    } catch {
+                        if Task.isCancelled { return }
+                        logger.error("cannot reload signing keys; retrying", metadata: ["error": "\(error)"])
+                        delay = retry
+                    }
+                }
+            })
     }
 
     /// The HTTP server's settings taken from the configuration.
@@ -117,13 +175,15 @@ public struct Application: Sendable {
     /// Answers waiting long-polls at once and stops listening (graceful shutdown).
     public func beginShutdown() { notifier.shutdown() }
 
-    /// Stops everything the application started: the listener and the pool.
+    /// Stops everything the application started: the key refresh, the listener and the pool.
     public func close() async {
         notifier.shutdown()
+        await keyRefresh.stop()
         await pool.close()
     }
 
-    /// `200` when the database answers and no migration is pending, else `503` with the reason.
+    /// `200` when the database answers, no migration is pending and the signing keys have
+    /// been loaded, else `503` with the reason.
     func readiness() async -> HTTPResponse {
         do {
             let pending = try await pool.withConnection { [migrator] in try migrator.pendingCount(on: $0) }
@@ -132,13 +192,43 @@ public struct Application: Sendable {
                     .serviceUnavailable, code: "migrations_pending",
                     message: "\(pending) migration(s) pending: run trunk-sync migrate.")
             }
+            guard tokens.hasLoadedKeys else {
+                return .error(
+                    .serviceUnavailable, code: "signing_keys_not_loaded",
+                    message: "The signing keys have not been loaded yet.")
+            }
             return .json(.ok, #"{"status":"ready"}"#)
         } catch let error as MigrationError {
             logger.error("not ready", metadata: ["reason": "\(error)"])
-            return .error(.serviceUnavailable, code: "migrations_invalid", message: "Applied migrations do not match this server's files.")
+            return .error(
+                .serviceUnavailable, code: "migrations_invalid",
+                message: "Applied migrations do not match this server's files.")
         } catch {
             logger.error("not ready: database unavailable", metadata: ["error": "\(error)"])
             return .error(.serviceUnavailable, code: "database_unavailable", message: "The database is not reachable.")
         }
+    }
+}
+
+/// One background task at a time, cancelled and awaited on `stop()`.
+final class BackgroundTask: Sendable {
+    private let task = Mutex<Task<Void, Never>?>(nil)
+
+    /// Runs `task` instead of the current one (which is cancelled).
+    func replace(with new: Task<Void, Never>) {
+        task.withLock { current in
+            current?.cancel()
+            current = new
+        }
+    }
+
+    /// Cancels the task and waits until it has finished.
+    func stop() async {
+        let current = task.withLock { current in
+            defer { current = nil }
+            return current
+        }
+        current?.cancel()
+        await current?.value
     }
 }

@@ -1,0 +1,206 @@
+import Foundation
+import Postgres
+import TrunkCrypto
+
+/// The ES256 signing keys in `signing_keys`: what `trunk-sync keys` manages and every
+/// server reloads.
+///
+/// Lifecycle of a key: `add` stores it; from then on it verifies tokens and is published
+/// in jwks.json (on every instance within one `reloadInterval`). It starts signing new
+/// tokens `activationDelay` after it was added, once every instance and every JWKS cache
+/// knows it; the newest key past that delay signs. `retire` ends it: from the next reload
+/// it neither verifies nor is published. The HS256 secret verifies throughout, and signs
+/// whenever no key does.
+public struct SigningKeyStore: Sendable {
+    let pool: PostgresPool
+
+    /// How often a server re-reads the keys: 60 seconds.
+    public static let reloadInterval: Duration = .seconds(60)
+
+    /// Seconds between `add` and the key's first signature: one reload interval (every
+    /// instance then verifies it) plus the 600 s jwks.json may be cached for, so neither
+    /// another instance nor a JWKS consumer ever sees a token signed with a key it does not
+    /// know yet.
+    public static let activationDelay: Double = 660
+
+    /// A store on `pool`: the server's pool (role `trunk_sync_app`, which may only read) or
+    /// the command-line pool (the migrating user, which may also write).
+    public init(pool: PostgresPool) { self.pool = pool }
+
+    /// What a key is doing now.
+    public enum Status: Sendable, Equatable {
+        /// It signs new tokens (and verifies).
+        case signing
+        /// It verifies tokens but does not sign: a newer key signs.
+        case verifying
+        /// It verifies tokens, is published, and signs once `seconds` have passed.
+        case pending(seconds: Double)
+        /// It neither verifies nor is published.
+        case retired
+    }
+
+    /// One stored key as operators see it (no private part).
+    public struct Summary: Sendable {
+        /// `kid`: the RFC 7638 thumbprint of the public key.
+        public var keyID: String
+        /// Always `ES256` for now.
+        public var algorithm: String
+        public var createdAt: PostgresTimestamp
+        public var retiredAt: PostgresTimestamp?
+        /// Seconds since `created_at`, by the database's clock.
+        public var age: Double
+        public var status: Status
+    }
+
+    /// A non-retired key as the server loads it.
+    struct ActiveRow: Sendable {
+        var keyID: String
+        var privateKeyPEM: String
+        /// Seconds since `created_at`, by the database's clock.
+        var age: Double
+    }
+
+    /// Every key, newest first, with its status.
+    public func list() async throws -> [Summary] {
+        try await pool.withConnection { connection in
+            Self.classify(try connection.query(Self.summaryQuery).map(Self.summary))
+        }
+    }
+
+    /// Every key, newest first (`summary(_:)` reads its rows).
+    static let summaryQuery = """
+        select kid, algorithm, created_at, retired_at, extract(epoch from now() - created_at)::float8
+        from signing_keys order by created_at desc, kid desc
+        """
+
+    /// A row of `summaryQuery`, its status not yet set (`classify` does).
+    static func summary(_ row: PostgresRow) throws -> Summary {
+        Summary(
+            keyID: try row.decode(String.self, column: 0), algorithm: try row.decode(String.self, column: 1),
+            createdAt: try row.decode(PostgresTimestamp.self, column: 2),
+            retiredAt: try row.decode(PostgresTimestamp?.self, column: 3), age: try row.decode(Double.self, column: 4),
+            status: .retired)
+    }
+
+    /// Sets each key's status from its age and retirement, for keys ordered newest first:
+    /// the newest non-retired key past `activationDelay` signs, newer ones are pending,
+    /// older ones verify.
+    static func classify(_ keys: [Summary]) -> [Summary] {
+        var signerFound = false
+        return keys.map { key in
+            var key = key
+            if key.retiredAt != nil {
+                key.status = .retired
+            } else if key.age < activationDelay {
+                key.status = .pending(seconds: activationDelay - key.age)
+            } else if !signerFound {
+                key.status = .signing
+                signerFound = true
+            } else {
+                key.status = .verifying
+            }
+            return key
+        }
+    }
+
+    /// The non-retired keys, newest first, for the server.
+    func activeKeys() async throws -> [ActiveRow] {
+        try await pool.withConnection { connection in
+            try connection.query(
+                """
+                select kid, private_key, extract(epoch from now() - created_at)::float8
+                from signing_keys where retired_at is null order by created_at desc, kid desc
+                """
+            ).map { row in
+                ActiveRow(
+                    keyID: try row.decode(String.self, column: 0),
+                    privateKeyPEM: try row.decode(String.self, column: 1),
+                    age: try row.decode(Double.self, column: 2))
+            }
+        }
+    }
+
+    /// Generates a P-256 key, stores it and returns it (its `kid` is its RFC 7638
+    /// thumbprint, which never starts with `-`).
+    public func add() async throws -> JWT.ES256Key {
+        var generated = try JWT.ES256Key.generate()
+        // A kid starting with "-" would read as an option in `trunk-sync keys retire KID`;
+        // one key in 64 is replaced by another.
+        while generated.thumbprint.hasPrefix("-") { generated = try JWT.ES256Key.generate() }
+        let key = generated.withKeyID(generated.thumbprint)
+        let pem = try key.privateKeyPEM()
+        let keyID = generated.thumbprint
+        _ = try await pool.withConnection { connection in
+            try connection.query(
+                "insert into signing_keys (kid, algorithm, private_key, public_jwk) values ($1, 'ES256', $2, $3)",
+                keyID,
+                pem, PostgresJSON(key.publicJWK))
+        }
+        return key
+    }
+
+    /// What `retire` did.
+    public enum RetireOutcome: Sendable, Equatable {
+        /// The key is retired now.
+        case retired
+        /// It had been retired before, at that time; nothing changed.
+        case alreadyRetired(PostgresTimestamp)
+    }
+
+    /// Why `retire` refused. Each message is one line for the operator.
+    public enum RetireError: Error, Equatable, CustomStringConvertible {
+        /// No key has that `kid`.
+        case unknownKey(String)
+        /// The key signs new tokens now or will once pending.
+        case stillSigning(String)
+        /// Tokens it signed may still be valid for that many seconds.
+        case tokensStillValid(String, seconds: Int)
+
+        public var description: String {
+            switch self {
+            case .unknownKey(let kid):
+                return "no signing key with kid \(kid) (see trunk-sync keys list)"
+            case .stillSigning(let kid):
+                return "key \(kid) signs new tokens (add a newer key first and wait until it signs): "
+                    + "retiring it now rejects every token it signed; pass --force to do so anyway"
+            case .tokensStillValid(let kid, let seconds):
+                return "tokens signed with key \(kid) may be valid for \(seconds) more seconds: "
+                    + "retiring it now rejects them (401 until the clients refresh); wait, or pass --force"
+            }
+        }
+    }
+
+    /// Retires the key `kid`: from the next reload (within `reloadInterval`) no server
+    /// verifies tokens signed with it and jwks.json no longer lists it.
+    ///
+    /// Unless `force`, refuses while tokens it signed may still be valid: while it signs or
+    /// is pending, and until `tokenLifetime` (plus the verification leeway) has passed since
+    /// a newer key took over signing.
+    public func retire(_ kid: String, tokenLifetime: Int, force: Bool) async throws -> RetireOutcome {
+        enum Step: Sendable { case done(RetireOutcome), refused(RetireError) }
+        let step: Step = try await pool.transaction { connection in
+            let keys = Self.classify(try connection.query(Self.summaryQuery + " for update").map(Self.summary))
+            guard let index = keys.firstIndex(where: { $0.keyID == kid }) else { return .refused(.unknownKey(kid)) }
+            let key = keys[index]
+            if let retiredAt = key.retiredAt { return .done(.alreadyRetired(retiredAt)) }
+            if !force {
+                switch key.status {
+                case .signing, .pending: return .refused(.stillSigning(kid))
+                case .verifying, .retired:
+                    // It stopped signing when the oldest newer key still in use took over.
+                    let takeover =
+                        keys[..<index].filter { $0.status == .signing || $0.status == .verifying }
+                        .map { $0.age - Self.activationDelay }.max() ?? 0
+                    let remaining = Double(tokenLifetime) + Double(TokenIssuer.leeway) - takeover
+                    if remaining > 0 { return .refused(.tokensStillValid(kid, seconds: Int(remaining.rounded(.up)))) }
+                }
+            }
+            try connection.query("update signing_keys set retired_at = now() where kid = $1", kid)
+            return .done(.retired)
+        }
+        switch step {
+        case .done(let outcome): return outcome
+        case .refused(let error): throw error
+        }
+    }
+}
