@@ -4,6 +4,7 @@
 #
 #   bench/sync/run.sh            full run (about 4 minutes)
 #   BENCH_DURATION=5 bench/sync/run.sh    shorter measurements
+#   BENCH_ONLY=pull,empty ...    only these measurements (push, pull, empty)
 #   BENCH_KEEP=1 ...             leave the cluster and server running afterwards (prints how to stop)
 #
 # Needs wrk and the PostgreSQL 15 server + client binaries (pgbench). Loopback only.
@@ -98,32 +99,32 @@ run_pgbench() {
   done
   echo "$best"
 }
+wanted() { [[ ",${BENCH_ONLY:-push,pull,empty}," == *",$1,"* ]]; }
 ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
 checkpoint() { psql "$url" -c checkpoint; }
 declare -A figure reference
 
 # 1. Push: 100 events per request, $connections connections, $users users.
-echo "== push ceiling: pgbench 100-row insert ... select generate_series into a copy of events"
-psql "$url" <<'SQL'
-create table bench_events (like events including all);
-create sequence bench_seq cache 1000;
-SQL
-checkpoint
-tps=$(run_pgbench push-ceiling "$here/push_ceiling.sql" -D users="$users")
-reference[push]=$(python3 -c "print(round($tps * 100))")
+if wanted push; then
+  echo "== push ceiling: pgbench 100-row insert ... select generate_series into a copy of events"
+  psql "$url" -c "create table bench_events (like events including all); create sequence bench_seq cache 1000"
+  checkpoint
+  tps=$(run_pgbench push-ceiling "$here/push_ceiling.sql" -D users="$users")
+  reference[push]=$(python3 -c "print(round($tps * 100))")
 
-echo "== push: wrk -t$connections -c$connections, 100 events per request, $users users"
-checkpoint
-before=$(psql "$url" -At -c "select count(*) from events")
-rps=$(BENCH_TOKENS=$work/tokens BENCH_CONNECTIONS=$connections BENCH_EVENTS=100 \
-  run_wrk "$work/push.txt" -t"$connections" -c"$connections" -d"${duration}s" -s "$here/push.lua" "$base")
-after=$(psql "$url" -At -c "select count(*) from events")
-figure[push]=$(python3 -c "print(round($rps * 100))")
-stored=$((after - before))
-echo "   $rps requests/s; $stored events stored"
-errors=$(psql "$url" -At -c "select count(*) from (select user_id from events group by user_id
-  having count(*) <> max(seq) or max(seq) <> (select last_seq from users u where u.id = user_id)) bad")
-[ "$errors" = 0 ] || { echo "seq gaps after the push run" >&2; exit 1; }
+  echo "== push: wrk -t$connections -c$connections, 100 events per request, $users users"
+  checkpoint
+  before=$(psql "$url" -At -c "select count(*) from events")
+  rps=$(BENCH_TOKENS=$work/tokens BENCH_CONNECTIONS=$connections BENCH_EVENTS=100 \
+    run_wrk "$work/push.txt" -t"$connections" -c"$connections" -d"${duration}s" -s "$here/push.lua" "$base")
+  after=$(psql "$url" -At -c "select count(*) from events")
+  figure[push]=$(python3 -c "print(round($rps * 100))")
+  stored=$((after - before))
+  echo "   $rps requests/s; $stored events stored"
+  errors=$(psql "$url" -At -c "select count(*) from (select user_id from events group by user_id
+    having count(*) <> max(seq) or max(seq) <> (select last_seq from users u where u.id = user_id)) bad")
+  [ "$errors" = 0 ] || { echo "seq gaps after the push run" >&2; exit 1; }
+fi
 
 # 2 and 3. Pull: a $log_events-event log for one user, loaded with SQL as pushes would store it.
 echo "== loading $log_events events for the pull user"
@@ -146,25 +147,28 @@ max_after=$((log_events - page))
 curl -fsS -H "Authorization: Bearer $pull_token" "$base/sync/v1/events?after=$max_after&limit=$page" \
   | python3 -c "import json, sys; r = json.load(sys.stdin); assert len(r['events']) == $page and r['next_after'] == $log_events, r['next_after']"
 
-echo "== pull ceiling: pgbench select ... order by seq limit $page, random cursor"
-tps=$(run_pgbench pull-ceiling "$here/pull_ceiling.sql" -D uid="$pull_user" -D max_after="$max_after")
-reference[pull]=$(python3 -c "print(round($tps * $page))")
-echo "== pull: wrk -t2 -c$connections, limit=$page, random after in 0..$max_after"
-rps=$(BENCH_TOKEN=$pull_token BENCH_LIMIT=$page BENCH_AFTER_MAX=$max_after \
-  run_wrk "$work/pull.txt" -t2 -c"$connections" -d"${duration}s" -s "$here/pull.lua" "$base")
-figure[pull]=$(python3 -c "print(round($rps * $page))")
-
-echo "== empty pull ceiling: pgbench the same select after the last seq"
-tps=$(run_pgbench empty-ceiling "$here/empty_ceiling.sql" -D uid="$pull_user" -D last="$log_events")
-reference[empty]=$(python3 -c "print(round($tps))")
-echo "== empty pull: wrk -t2 -c$connections, after=$log_events"
-figure[empty]=$(BENCH_TOKEN=$pull_token BENCH_LIMIT=$page BENCH_AFTER=$log_events \
-  run_wrk "$work/empty.txt" -t2 -c"$connections" -d"${duration}s" -s "$here/pull.lua" "$base")
+if wanted pull; then
+  echo "== pull ceiling: pgbench select ... order by seq limit $page, random cursor"
+  tps=$(run_pgbench pull-ceiling "$here/pull_ceiling.sql" -D uid="$pull_user" -D max_after="$max_after")
+  reference[pull]=$(python3 -c "print(round($tps * $page))")
+  echo "== pull: wrk -t2 -c$connections, limit=$page, random after in 0..$max_after"
+  rps=$(BENCH_TOKEN=$pull_token BENCH_LIMIT=$page BENCH_AFTER_MAX=$max_after \
+    run_wrk "$work/pull.txt" -t2 -c"$connections" -d"${duration}s" -s "$here/pull.lua" "$base")
+  figure[pull]=$(python3 -c "print(round($rps * $page))")
+fi
+if wanted empty; then
+  echo "== empty pull ceiling: pgbench the same select after the last seq"
+  tps=$(run_pgbench empty-ceiling "$here/empty_ceiling.sql" -D uid="$pull_user" -D last="$log_events")
+  reference[empty]=$(python3 -c "print(round($tps))")
+  echo "== empty pull: wrk -t2 -c$connections, after=$log_events"
+  figure[empty]=$(BENCH_TOKEN=$pull_token BENCH_LIMIT=$page BENCH_AFTER=$log_events \
+    run_wrk "$work/empty.txt" -t2 -c"$connections" -d"${duration}s" -s "$here/pull.lua" "$base")
+fi
 
 echo
 echo "bench/sync $(date -u +%Y-%m-%d) — ${duration}s per measurement, $(nproc) cores, commit $(git rev-parse --short HEAD)"
 printf '%-12s %16s %16s %7s %6s\n' measure trunk-sync postgres ratio goal
-printf '%-12s %16s %16s %7s %6s\n' push "${figure[push]} ev/s" "${reference[push]} rows/s" "$(ratio "${figure[push]}" "${reference[push]}")" 0.70
-printf '%-12s %16s %16s %7s %6s\n' pull "${figure[pull]} ev/s" "${reference[pull]} rows/s" "$(ratio "${figure[pull]}" "${reference[pull]}")" 0.50
-printf '%-12s %16s %16s %7s %6s\n' empty-pull "$(printf '%.0f' "${figure[empty]}") req/s" "${reference[empty]} q/s" "$(ratio "${figure[empty]}" "${reference[empty]}")" 0.70
+wanted push && printf '%-12s %16s %16s %7s %6s\n' push "${figure[push]} ev/s" "${reference[push]} rows/s" "$(ratio "${figure[push]}" "${reference[push]}")" 0.70
+wanted pull && printf '%-12s %16s %16s %7s %6s\n' pull "${figure[pull]} ev/s" "${reference[pull]} rows/s" "$(ratio "${figure[pull]}" "${reference[pull]}")" 0.50
+wanted empty && printf '%-12s %16s %16s %7s %6s\n' empty-pull "$(printf '%.0f' "${figure[empty]}") req/s" "${reference[empty]} q/s" "$(ratio "${figure[empty]}" "${reference[empty]}")" 0.70
 echo "latencies and raw outputs: rerun with BENCH_KEEP=1 and see $work"
