@@ -104,28 +104,8 @@ public struct EventStore: Sendable {
                 from events where user_id = $1 and seq > $2 order by seq limit $3
                 """, user, after, Int64(limit + 1))
             let count = min(rows.count, limit)
-            var writer = JSONWriter(capacity: 256 * max(count, 1))
-            writer.beginArray()
-            var lastSeq: Int64? = nil
-            for index in 0..<count {
-                let row = rows[index]
-                let seq = try row.decode(Int64.self, column: 0)
-                lastSeq = seq
-                writer.beginObject()
-                writer.string("id", try row.decode(UUID.self, column: 1).uuidString.lowercased())
-                writer.int("seq", seq)
-                writer.string("type", try row.decode(String.self, column: 2))
-                try row.withRawBytes(column: 3) { bytes in
-                    guard let bytes, bytes.first == 1 else { throw UnexpectedJSONB() }
-                    writer.raw("payload", Array(bytes.dropFirst()))
-                }
-                writer.string("client_id", try row.decode(UUID.self, column: 4).uuidString.lowercased())
-                writer.string("client_timestamp", RFC3339.format(try row.decode(PostgresTimestamp.self, column: 5), fractionDigits: 6))
-                writer.string("created_at", RFC3339.format(try row.decode(PostgresTimestamp.self, column: 6), fractionDigits: 3))
-                writer.endObject()
-            }
-            writer.endArray()
-            return Page(eventsJSON: writer.bytes, count: count, lastSeq: lastSeq, hasMore: rows.count > limit)
+            let (json, lastSeq) = try EventPageEncoder.encode(rows, count: count)
+            return Page(eventsJSON: json, count: count, lastSeq: lastSeq, hasMore: rows.count > limit)
         }
     }
 }
