@@ -73,7 +73,11 @@ public final class PostgresConnection {
     }
 
     /// Whether the connection is still open and not in a failed state.
-    public var isOpen: Bool { PQstatus(handle) == CONNECTION_OK }
+    public var isOpen: Bool { PQstatus(handle) == CONNECTION_OK && !lostTrack }
+
+    /// Set when a pipeline ended in a state this class cannot recover from (the connection
+    /// broke half-way): the connection then counts as closed, so the pool replaces it.
+    private var lostTrack = false
 
     /// Whether a transaction is open (or failed) on this connection.
     public var isInTransaction: Bool {
@@ -96,6 +100,92 @@ public final class PostgresConnection {
     /// Runs one parametrised statement with already encoded parameters.
     @discardableResult
     public func query(_ sql: String, binds: [PostgresBind]) throws -> PostgresResult {
+        let result = Self.withParameters(binds) { count, types, values, lengths, formats in
+            PQexecParams(handle, sql, count, types, values, lengths, formats, 1)
+        }
+        return try check(result)
+    }
+
+    /// Runs `statements` in one round trip (libpq's pipeline mode) and returns their results
+    /// in order. The server still runs them one after the other, each with its own snapshot,
+    /// exactly as if they were sent one by one; the first that fails is thrown and the
+    /// server skips the rest. Statements not inside an explicit transaction (`begin` …
+    /// `commit`, which may be part of `statements`) run in one implicit transaction.
+    ///
+    /// A failed statement inside an explicit transaction leaves it failed (as `query`
+    /// does): roll it back, e.g. with `pipelinedTransaction`.
+    @discardableResult
+    public func pipeline(_ statements: [PostgresStatement]) throws -> [PostgresResult] {
+        guard !statements.isEmpty else { return [] }
+        guard PQenterPipelineMode(handle) == 1 else { throw connectionError() }
+        do {
+            return try runPipeline(statements)
+        } catch {
+            // A statement's failure ends the pipeline cleanly; anything else leaves results
+            // unread in an unknown state.
+            if PQpipelineStatus(handle) != PQ_PIPELINE_OFF { lostTrack = true }
+            throw error
+        }
+    }
+
+    private func runPipeline(_ statements: [PostgresStatement]) throws -> [PostgresResult] {
+        for statement in statements {
+            let sent = Self.withParameters(statement.binds) { count, types, values, lengths, formats in
+                PQsendQueryParams(handle, statement.sql, count, types, values, lengths, formats, 1)
+            }
+            // Nothing is queued on the server yet (no sync): a failed send leaves a broken
+            // connection, which the pool replaces.
+            guard sent == 1 else { throw connectionError() }
+        }
+        guard PQpipelineSync(handle) == 1 else { throw connectionError() }
+        var results: [PostgresResult] = []
+        results.reserveCapacity(statements.count)
+        var failure: (any Error)? = nil
+        for _ in statements {
+            // Each statement yields one result, then NULL.
+            guard let result = PQgetResult(handle) else { throw connectionError() }
+            if PQresultStatus(result) == PGRES_PIPELINE_ABORTED {
+                PQclear(result)
+            } else {
+                do {
+                    results.append(try check(result))
+                } catch {
+                    if !isOpen { throw error }
+                    failure = failure ?? error
+                }
+            }
+            while let extra = PQgetResult(handle) { PQclear(extra) }
+        }
+        guard let sync = PQgetResult(handle) else { throw connectionError() }
+        let synced = PQresultStatus(sync) == PGRES_PIPELINE_SYNC
+        PQclear(sync)
+        guard synced, PQexitPipelineMode(handle) == 1 else { throw connectionError() }
+        if let failure { throw failure }
+        return results
+    }
+
+    /// Runs `body`, which opens a transaction itself and commits it, typically with
+    /// `begin` at the head of its first `pipeline` and `commit` at the tail of its last, so
+    /// the transaction costs no round trip of its own. Whatever transaction `body` leaves
+    /// open, by throwing or by returning early, is rolled back.
+    public func pipelinedTransaction<T>(_ body: (PostgresConnection) throws -> T) throws -> T {
+        do {
+            let value = try body(self)
+            if isOpen, isInTransaction { try execute("ROLLBACK") }
+            return value
+        } catch {
+            if isOpen, isInTransaction { try? execute("ROLLBACK") }
+            throw error
+        }
+    }
+
+    /// Lays `binds` out as libpq's parallel arrays of types, values, lengths and formats.
+    private static func withParameters<R>(
+        _ binds: [PostgresBind],
+        _ body: (
+            Int32, [UInt32], [UnsafePointer<CChar>?], [Int32], [Int32]
+        ) -> R
+    ) -> R {
         let count = binds.count
         var types = [UInt32](repeating: 0, count: count)
         var lengths = [Int32](repeating: 0, count: count)
@@ -114,15 +204,14 @@ public final class PostgresConnection {
             }
         }
         storage.append(0)  // never empty, so every value (even an empty one) has an address
-        let result: OpaquePointer? = storage.withUnsafeBufferPointer { buffer in
+        return storage.withUnsafeBufferPointer { buffer in
             let base = buffer.baseAddress.map { UnsafeRawPointer($0).assumingMemoryBound(to: CChar.self) }
             let values: [UnsafePointer<CChar>?] = offsets.map { offset in
                 guard offset >= 0, let base else { return nil }
                 return base + offset
             }
-            return PQexecParams(handle, sql, Int32(count), types, values, lengths, formats, 1)
+            return body(Int32(count), types, values, lengths, formats)
         }
-        return try check(result)
     }
 
     /// Runs one or more statements without parameters (simple query protocol), e.g. a
@@ -211,4 +300,30 @@ public final class PostgresConnection {
             serverMessage: reason
         )
     }
+}
+
+/// One statement of a `PostgresConnection.pipeline`: SQL with `$1`, `$2`, … and its
+/// parameters.
+public struct PostgresStatement: Sendable {
+    /// The statement's text.
+    public var sql: String
+    /// Its parameters, encoded.
+    public var binds: [PostgresBind]
+
+    /// A statement with parameters.
+    public init(_ sql: String, _ binds: any PostgresEncodable...) {
+        self.sql = sql
+        self.binds = binds.map { $0.postgresBind }
+    }
+
+    /// A statement with already encoded parameters.
+    public init(_ sql: String, binds: [PostgresBind]) {
+        self.sql = sql
+        self.binds = binds
+    }
+
+    /// `begin`.
+    public static let begin = PostgresStatement("begin")
+    /// `commit`.
+    public static let commit = PostgresStatement("commit")
 }

@@ -21,66 +21,92 @@ public struct EventStore: Sendable {
 
     /// Scopes the transaction to `user` (row-level security reads `app.user_id`).
     static func scope(_ connection: PostgresConnection, to user: UUID) throws {
-        try connection.query("select set_config('app.user_id', $1, true)", user.uuidString.lowercased())
+        let statement = scope(to: user)
+        try connection.query(statement.sql, binds: statement.binds)
+    }
+
+    /// The statement that scopes the transaction to `user`, for pipelines.
+    static func scope(to user: UUID) -> PostgresStatement {
+        PostgresStatement("select set_config('app.user_id', $1, true)", user.uuidString.lowercased())
     }
 
     /// Stores the events `user` has not pushed before, in one transaction under the user's row
     /// lock, numbering them after the user's last event; repeats (earlier pushes or earlier in
     /// this batch) are reported as duplicates with their existing `seq`. Returns nil when the
     /// user no longer exists.
+    ///
+    /// Two round trips: `begin`, the scope, the lock and the look-up of earlier pushes are
+    /// pipelined (each statement still runs after the previous one, so the look-up sees
+    /// every push committed before the lock was granted); then the insert, the cursor
+    /// update, the notification and `commit`.
     public func push(_ events: [IncomingEvent], for user: UUID) async throws -> [PushResult]? {
-        try await pool.transaction { connection in
-            try Self.scope(connection, to: user)
+        try await pool.withConnection { connection in
+            // A return without `commit` (unknown user, nothing new) rolls back: nothing was written.
+            try connection.pipelinedTransaction { connection in
+                try Self.push(events, for: user, on: connection)
+            }
+        }
+    }
+
+    private static func push(_ events: [IncomingEvent], for user: UUID, on connection: PostgresConnection) throws
+        -> [PushResult]?
+    {
+        let head = try connection.pipeline([
+            .begin,
+            scope(to: user),
             // The lock serialises this user's pushes, so seq and created_at follow commit order.
-            let locked = try connection.query(
+            PostgresStatement(
                 """
                 select last_seq,
                        greatest(date_trunc('milliseconds', clock_timestamp()),
                                 coalesce(last_event_at + interval '1 millisecond', '-infinity'::timestamptz))
                 from users where id = $1 for update
-                """, user)
-            guard let state = locked.first else { return nil }
-            let lastSeq = try state.decode(Int64.self, column: 0)
-            let base = try state.decode(PostgresTimestamp.self, column: 1)
+                """, user),
+            PostgresStatement(
+                "select client_id, seq from events where user_id = $1 and client_id = any($2)", user,
+                events.map(\.clientID)),
+        ])
+        guard let state = head[2].first else { return nil }
+        let lastSeq = try state.decode(Int64.self, column: 0)
+        let base = try state.decode(PostgresTimestamp.self, column: 1)
 
-            var existing: [UUID: Int64] = [:]
-            let ids = events.map(\.clientID)
-            for row in try connection.query(
-                "select client_id, seq from events where user_id = $1 and client_id = any($2)", user, ids)
-            {
-                existing[try row.decode(UUID.self, column: 0)] = try row.decode(Int64.self, column: 1)
-            }
+        var existing: [UUID: Int64] = [:]
+        for row in head[3] {
+            existing[try row.decode(UUID.self, column: 0)] = try row.decode(Int64.self, column: 1)
+        }
 
-            var results: [PushResult] = []
-            results.reserveCapacity(events.count)
-            var fresh: [IncomingEvent] = []
-            var assigned: [UUID: Int64] = [:]
-            for event in events {
-                if let seq = existing[event.clientID] ?? assigned[event.clientID] {
-                    results.append(PushResult(clientID: event.clientID, created: false, seq: seq))
-                } else {
-                    let seq = lastSeq + Int64(fresh.count) + 1
-                    assigned[event.clientID] = seq
-                    fresh.append(event)
-                    results.append(PushResult(clientID: event.clientID, created: true, seq: seq))
-                }
+        var results: [PushResult] = []
+        results.reserveCapacity(events.count)
+        var fresh: [IncomingEvent] = []
+        var assigned: [UUID: Int64] = [:]
+        for event in events {
+            if let seq = existing[event.clientID] ?? assigned[event.clientID] {
+                results.append(PushResult(clientID: event.clientID, created: false, seq: seq))
+            } else {
+                let seq = lastSeq + Int64(fresh.count) + 1
+                assigned[event.clientID] = seq
+                fresh.append(event)
+                results.append(PushResult(clientID: event.clientID, created: true, seq: seq))
             }
-            guard !fresh.isEmpty else { return results }
-            try connection.query(
+        }
+        guard !fresh.isEmpty else { return results }
+        let lastCreated = PostgresTimestamp(
+            microsecondsSinceEpoch: base.microsecondsSinceEpoch + Int64(fresh.count - 1) * 1000)
+        try connection.pipeline([
+            PostgresStatement(
                 """
                 insert into events (user_id, seq, type, payload, client_id, client_timestamp, created_at)
                 select $1, $2 + n, t, p, c, ts, $3 + (n - 1) * interval '1 millisecond'
                 from unnest($4::uuid[], $5::text[], $6::jsonb[], $7::timestamptz[]) with ordinality as x(c, t, p, ts, n)
                 """, user, lastSeq, base, fresh.map(\.clientID), fresh.map(\.type), fresh.map(\.payload),
-                fresh.map(\.clientTimestamp))
-            let lastCreated = PostgresTimestamp(
-                microsecondsSinceEpoch: base.microsecondsSinceEpoch + Int64(fresh.count - 1) * 1000)
-            try connection.query(
-                "update users set last_seq = $2, last_event_at = $3 where id = $1", user,
-                lastSeq + Int64(fresh.count), lastCreated)
-            try connection.query("select pg_notify($1, $2)", Self.channel, user.uuidString.lowercased())
-            return results
-        }
+                fresh.map(\.clientTimestamp)),
+            PostgresStatement(
+                "update users set last_seq = $2, last_event_at = $3 where id = $1", user, lastSeq + Int64(fresh.count),
+                lastCreated),
+            PostgresStatement("select pg_notify($1, $2)", channel, user.uuidString.lowercased()),
+            .commit,
+        ])
+        return results
     }
 
     /// One page of a user's events after `cursor`, already encoded as the JSON array
@@ -95,18 +121,31 @@ public struct EventStore: Sendable {
     /// The user's events with `seq > after`, in `seq` order, at most `limit`. Reads
     /// `limit + 1` rows to know whether more follow; the `(user_id, seq)` index delivers
     /// them in order.
+    /// One round trip: `begin`, the scope, the select and `commit` are pipelined.
     public func pull(for user: UUID, after: Int64, limit: Int) async throws -> Page {
-        try await pool.transaction { connection in
-            try Self.scope(connection, to: user)
-            let rows = try connection.query(
+        try await pool.withConnection { connection in
+            try connection.pipelinedTransaction { connection in
+                try Self.pull(for: user, after: after, limit: limit, on: connection)
+            }
+        }
+    }
+
+    private static func pull(for user: UUID, after: Int64, limit: Int, on connection: PostgresConnection) throws
+        -> Page
+    {
+        let rows = try connection.pipeline([
+            .begin,
+            scope(to: user),
+            PostgresStatement(
                 """
                 select seq, id, type, payload, client_id, client_timestamp, created_at
                 from events where user_id = $1 and seq > $2 order by seq limit $3
-                """, user, after, Int64(limit + 1))
-            let count = min(rows.count, limit)
-            let (json, lastSeq) = try EventPageEncoder.encode(rows, count: count)
-            return Page(eventsJSON: json, count: count, lastSeq: lastSeq, hasMore: rows.count > limit)
-        }
+                """, user, after, Int64(limit + 1)),
+            .commit,
+        ])[2]
+        let count = min(rows.count, limit)
+        let (json, lastSeq) = try EventPageEncoder.encode(rows, count: count)
+        return Page(eventsJSON: json, count: count, lastSeq: lastSeq, hasMore: rows.count > limit)
     }
 }
 
