@@ -128,27 +128,57 @@ public final class PostgresConnection {
         }
     }
 
+    /// What the server answers in a pipeline, in order: a `Parse` of a statement being
+    /// prepared, or a statement's result.
+    private enum PipelineReply {
+        case prepared(PreparedKey, name: String)
+        case statement
+    }
+
     private func runPipeline(_ statements: [PostgresStatement]) throws -> [PostgresResult] {
+        var replies: [PipelineReply] = []
+        replies.reserveCapacity(statements.count + 2)
+        var preparing: [PreparedKey: String] = [:]
         for statement in statements {
             let sent = Self.withParameters(statement.binds) { count, types, values, lengths, formats in
-                PQsendQueryParams(handle, statement.sql, count, types, values, lengths, formats, 1)
+                guard statement.isPrepared else {
+                    return PQsendQueryParams(handle, statement.sql, count, types, values, lengths, formats, 1)
+                }
+                let key = PreparedKey(sql: statement.sql, types: types)
+                var name = preparedStatements[key] ?? preparing[key]
+                if name == nil, preparedStatements.count + preparing.count < Self.maxPreparedStatements {
+                    let fresh = "trunk_sync_\(preparedStatements.count + preparing.count + 1)"
+                    guard PQsendPrepare(handle, fresh, statement.sql, count, types) == 1 else { return 0 }
+                    preparing[key] = fresh
+                    replies.append(.prepared(key, name: fresh))
+                    name = fresh
+                }
+                guard let name else {
+                    return PQsendQueryParams(handle, statement.sql, count, types, values, lengths, formats, 1)
+                }
+                return PQsendQueryPrepared(handle, name, count, values, lengths, formats, 1)
             }
             // Nothing is queued on the server yet (no sync): a failed send leaves a broken
             // connection, which the pool replaces.
             guard sent == 1 else { throw connectionError() }
+            replies.append(.statement)
         }
         guard PQpipelineSync(handle) == 1 else { throw connectionError() }
         var results: [PostgresResult] = []
         results.reserveCapacity(statements.count)
         var failure: (any Error)? = nil
-        for _ in statements {
-            // Each statement yields one result, then NULL.
+        for reply in replies {
+            // Each reply is one result, then NULL.
             guard let result = PQgetResult(handle) else { throw connectionError() }
             if PQresultStatus(result) == PGRES_PIPELINE_ABORTED {
                 PQclear(result)
             } else {
                 do {
-                    results.append(try check(result))
+                    let checked = try check(result)
+                    switch reply {
+                    case .prepared(let key, let name): preparedStatements[key] = name
+                    case .statement: results.append(checked)
+                    }
                 } catch {
                     if !isOpen { throw error }
                     failure = failure ?? error
@@ -163,6 +193,19 @@ public final class PostgresConnection {
         if let failure { throw failure }
         return results
     }
+
+    /// A statement prepared on this connection: its text and parameter types.
+    struct PreparedKey: Hashable {
+        var sql: String
+        var types: [UInt32]
+    }
+
+    /// The statements prepared on this connection (they live as long as the session).
+    private var preparedStatements: [PreparedKey: String] = [:]
+
+    /// Most statements one connection prepares; later ones run unprepared. The hot paths
+    /// have a handful of fixed statements: this only bounds a mistake.
+    static let maxPreparedStatements = 64
 
     /// Runs `body`, which opens a transaction itself and commits it, typically with
     /// `begin` at the head of its first `pipeline` and `commit` at the tail of its last, so
@@ -322,8 +365,22 @@ public struct PostgresStatement: Sendable {
         self.binds = binds
     }
 
+    /// Whether the statement is prepared once per connection and then reused: the server
+    /// parses it once and, after a few runs, may keep one generic plan instead of planning
+    /// each run with the actual parameters. For fixed SQL on hot paths whose best plan does
+    /// not depend on the values (a primary key, a `(user_id, seq)` range); not for queries
+    /// whose plan should follow the data, such as `= any($1)` over a large array.
+    public var isPrepared = false
+
+    /// A statement prepared once per connection (see `isPrepared`).
+    public static func prepared(_ sql: String, _ binds: any PostgresEncodable...) -> PostgresStatement {
+        var statement = PostgresStatement(sql, binds: binds.map { $0.postgresBind })
+        statement.isPrepared = true
+        return statement
+    }
+
     /// `begin`.
-    public static let begin = PostgresStatement("begin")
+    public static let begin = PostgresStatement.prepared("begin")
     /// `commit`.
-    public static let commit = PostgresStatement("commit")
+    public static let commit = PostgresStatement.prepared("commit")
 }

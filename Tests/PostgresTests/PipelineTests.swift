@@ -123,4 +123,30 @@ final class PipelineTests: XCTestCase {
         }
         XCTAssertFalse(connection.isOpen)
     }
+
+    func testPreparedStatementsAreReusedAcrossPipelinesAndRollbacks() throws {
+        let insert = "insert into items values ($1, $2)"
+        // Twice in the pipeline that prepares it.
+        try connection.pipeline([.prepared(insert, 1, "one"), .prepared(insert, 2, "two")])
+        // A rolled-back transaction does not undo the preparation.
+        XCTAssertThrowsError(
+            try connection.pipelinedTransaction { connection in
+                try connection.pipeline([.begin, .prepared(insert, 3, "three"), .prepared(insert, 1, "again"), .commit])
+            })
+        for id in 4...10 {
+            try connection.pipeline([.begin, .prepared(insert, id, "n"), .commit])
+        }
+        XCTAssertEqual(try count(), 9)
+        let names = try connection.query("select count(*) from pg_prepared_statements")[0].decode(Int.self, column: 0)
+        XCTAssertEqual(names, 3)  // the insert, begin, commit
+    }
+
+    func testAStatementThatFailsToPrepareIsThrownAndNotRemembered() throws {
+        XCTAssertThrowsError(try connection.pipeline([.prepared("select from no_such_table where x = $1", 1)])) {
+            XCTAssertEqual(($0 as? PostgresError)?.sqlState, .undefinedTable)
+        }
+        try connection.execute("create temporary table no_such_table (x int)")
+        let results = try connection.pipeline([.prepared("select from no_such_table where x = $1", 1)])
+        XCTAssertEqual(results[0].count, 0)
+    }
 }

@@ -27,7 +27,7 @@ public struct EventStore: Sendable {
 
     /// The statement that scopes the transaction to `user`, for pipelines.
     static func scope(to user: UUID) -> PostgresStatement {
-        PostgresStatement("select set_config('app.user_id', $1, true)", user.uuidString.lowercased())
+        .prepared("select set_config('app.user_id', $1, true)", user.uuidString.lowercased())
     }
 
     /// Stores the events `user` has not pushed before, in one transaction under the user's row
@@ -55,13 +55,14 @@ public struct EventStore: Sendable {
             .begin,
             scope(to: user),
             // The lock serialises this user's pushes, so seq and created_at follow commit order.
-            PostgresStatement(
+            .prepared(
                 """
                 select last_seq,
                        greatest(date_trunc('milliseconds', clock_timestamp()),
                                 coalesce(last_event_at + interval '1 millisecond', '-infinity'::timestamptz))
                 from users where id = $1 for update
                 """, user),
+            // Not prepared: planned for this array and this user's statistics each time.
             PostgresStatement(
                 "select client_id, seq from events where user_id = $1 and client_id = any($2)", user,
                 events.map(\.clientID)),
@@ -93,17 +94,17 @@ public struct EventStore: Sendable {
         let lastCreated = PostgresTimestamp(
             microsecondsSinceEpoch: base.microsecondsSinceEpoch + Int64(fresh.count - 1) * 1000)
         try connection.pipeline([
-            PostgresStatement(
+            .prepared(
                 """
                 insert into events (user_id, seq, type, payload, client_id, client_timestamp, created_at)
                 select $1, $2 + n, t, p, c, ts, $3 + (n - 1) * interval '1 millisecond'
                 from unnest($4::uuid[], $5::text[], $6::jsonb[], $7::timestamptz[]) with ordinality as x(c, t, p, ts, n)
                 """, user, lastSeq, base, fresh.map(\.clientID), fresh.map(\.type), fresh.map(\.payload),
                 fresh.map(\.clientTimestamp)),
-            PostgresStatement(
+            .prepared(
                 "update users set last_seq = $2, last_event_at = $3 where id = $1", user, lastSeq + Int64(fresh.count),
                 lastCreated),
-            PostgresStatement("select pg_notify($1, $2)", channel, user.uuidString.lowercased()),
+            .prepared("select pg_notify($1, $2)", channel, user.uuidString.lowercased()),
             .commit,
         ])
         return results
@@ -136,7 +137,8 @@ public struct EventStore: Sendable {
         let rows = try connection.pipeline([
             .begin,
             scope(to: user),
-            PostgresStatement(
+            // Prepared: whatever the values, the (user_id, seq) index is the plan.
+            .prepared(
                 """
                 select seq, id, type, payload, client_id, client_timestamp, created_at
                 from events where user_id = $1 and seq > $2 order by seq limit $3
