@@ -35,23 +35,44 @@ public struct EventStore: Sendable {
     /// this batch) are reported as duplicates with their existing `seq`. Returns nil when the
     /// user no longer exists.
     ///
-    /// Two round trips: `begin`, the scope, the lock and the look-up of earlier pushes are
-    /// pipelined (each statement still runs after the previous one, so the look-up sees
-    /// every push committed before the lock was granted); then the insert, the cursor
-    /// update, the notification and `commit`.
+    /// Every insert into `events` happens under this lock, so while it is held the user's
+    /// stored `client_id`s cannot change. A push first assumes it repeats no earlier push
+    /// (the common case) and lets the `(user_id, client_id)` unique index check that while
+    /// inserting: three round trips (`begin`, scope and lock; insert, cursor update and
+    /// notification; `commit`) and no look-up, whose plan would depend on statistics that
+    /// lag behind a growing log. If the index finds an earlier push, the transaction is
+    /// rolled back and the push runs again, looking its repeats up first.
     public func push(_ events: [IncomingEvent], for user: UUID) async throws -> [PushResult]? {
         try await pool.withConnection { connection in
-            // A return without `commit` (unknown user, nothing new) rolls back: nothing was written.
-            try connection.pipelinedTransaction { connection in
-                try Self.push(events, for: user, on: connection)
+            // A return without `commit` (unknown user, nothing new, a repeat found) rolls
+            // back: nothing was written.
+            for lookingUpRepeats in [false, true] {
+                let attempt = try connection.pipelinedTransaction { connection in
+                    try Self.push(events, for: user, on: connection, lookingUpRepeats: lookingUpRepeats)
+                }
+                switch attempt {
+                case .unknownUser: return nil
+                case .stored(let results): return results
+                case .repeatsEarlierPush: continue
+                }
             }
+            // With the look-up under the lock, every repeat is known before the insert.
+            throw UnexpectedRepeat()
         }
     }
 
-    private static func push(_ events: [IncomingEvent], for user: UUID, on connection: PostgresConnection) throws
-        -> [PushResult]?
-    {
-        let head = try connection.pipeline([
+    /// How one attempt at a push ended.
+    enum PushAttempt {
+        case unknownUser
+        case stored([PushResult])
+        /// Without the look-up, an event turned out to repeat an earlier push.
+        case repeatsEarlierPush
+    }
+
+    private static func push(
+        _ events: [IncomingEvent], for user: UUID, on connection: PostgresConnection, lookingUpRepeats: Bool
+    ) throws -> PushAttempt {
+        var head: [PostgresStatement] = [
             .begin,
             scope(to: user),
             // The lock serialises this user's pushes, so seq and created_at follow commit order.
@@ -62,18 +83,25 @@ public struct EventStore: Sendable {
                                 coalesce(last_event_at + interval '1 millisecond', '-infinity'::timestamptz))
                 from users where id = $1 for update
                 """, user),
-            // Not prepared: planned for this array and this user's statistics each time.
-            PostgresStatement(
-                "select client_id, seq from events where user_id = $1 and client_id = any($2)", user,
-                events.map(\.clientID)),
-        ])
-        guard let state = head[2].first else { return nil }
+        ]
+        if lookingUpRepeats {
+            // Runs after the lock is granted, so it sees every earlier push. Not prepared:
+            // planned for this array and this user's statistics each time.
+            head.append(
+                PostgresStatement(
+                    "select client_id, seq from events where user_id = $1 and client_id = any($2)", user,
+                    events.map(\.clientID)))
+        }
+        let replies = try connection.pipeline(head)
+        guard let state = replies[2].first else { return .unknownUser }
         let lastSeq = try state.decode(Int64.self, column: 0)
         let base = try state.decode(PostgresTimestamp.self, column: 1)
 
         var existing: [UUID: Int64] = [:]
-        for row in head[3] {
-            existing[try row.decode(UUID.self, column: 0)] = try row.decode(Int64.self, column: 1)
+        if lookingUpRepeats {
+            for row in replies[3] {
+                existing[try row.decode(UUID.self, column: 0)] = try row.decode(Int64.self, column: 1)
+            }
         }
 
         var results: [PushResult] = []
@@ -90,24 +118,30 @@ public struct EventStore: Sendable {
                 results.append(PushResult(clientID: event.clientID, created: true, seq: seq))
             }
         }
-        guard !fresh.isEmpty else { return results }
+        guard !fresh.isEmpty else { return .stored(results) }
         let lastCreated = PostgresTimestamp(
             microsecondsSinceEpoch: base.microsecondsSinceEpoch + Int64(fresh.count - 1) * 1000)
-        try connection.pipeline([
+        let written = try connection.pipeline([
+            // `on conflict do nothing` leaves out an event stored by an earlier push (only
+            // possible without the look-up); `returning` tells, and the caller then rolls
+            // this transaction back, update and notification included.
             .prepared(
                 """
                 insert into events (user_id, seq, type, payload, client_id, client_timestamp, created_at)
                 select $1, $2 + n, t, p, c, ts, $3 + (n - 1) * interval '1 millisecond'
                 from unnest($4::uuid[], $5::text[], $6::jsonb[], $7::timestamptz[]) with ordinality as x(c, t, p, ts, n)
+                on conflict (user_id, client_id) do nothing
+                returning 1
                 """, user, lastSeq, base, fresh.map(\.clientID), fresh.map(\.type), fresh.map(\.payload),
                 fresh.map(\.clientTimestamp)),
             .prepared(
                 "update users set last_seq = $2, last_event_at = $3 where id = $1", user, lastSeq + Int64(fresh.count),
                 lastCreated),
             .prepared("select pg_notify($1, $2)", channel, user.uuidString.lowercased()),
-            .commit,
         ])
-        return results
+        guard written[0].count == fresh.count else { return .repeatsEarlierPush }
+        try connection.pipeline([.commit])
+        return .stored(results)
     }
 
     /// One page of a user's events after `cursor`, already encoded as the JSON array
@@ -150,6 +184,10 @@ public struct EventStore: Sendable {
         return Page(eventsJSON: json, count: count, lastSeq: lastSeq, hasMore: rows.count > limit)
     }
 }
+
+/// An insert skipped an event the look-up under the user's lock did not find (never expected:
+/// every insert into `events` takes that lock).
+struct UnexpectedRepeat: Error {}
 
 /// A `jsonb` value in a format this server does not know (never expected from PostgreSQL 15).
 struct UnexpectedJSONB: Error {}
