@@ -73,7 +73,11 @@ public final class PostgresConnection {
     }
 
     /// Whether the connection is still open and not in a failed state.
-    public var isOpen: Bool { PQstatus(handle) == CONNECTION_OK }
+    public var isOpen: Bool { PQstatus(handle) == CONNECTION_OK && !lostTrack }
+
+    /// Set when a pipeline ended in a state this class cannot recover from (the connection
+    /// broke half-way): the connection then counts as closed, so the pool replaces it.
+    private var lostTrack = false
 
     /// Whether a transaction is open (or failed) on this connection.
     public var isInTransaction: Bool {
@@ -96,6 +100,135 @@ public final class PostgresConnection {
     /// Runs one parametrised statement with already encoded parameters.
     @discardableResult
     public func query(_ sql: String, binds: [PostgresBind]) throws -> PostgresResult {
+        let result = Self.withParameters(binds) { count, types, values, lengths, formats in
+            PQexecParams(handle, sql, count, types, values, lengths, formats, 1)
+        }
+        return try check(result)
+    }
+
+    /// Runs `statements` in one round trip (libpq's pipeline mode) and returns their results
+    /// in order. The server still runs them one after the other, each with its own snapshot,
+    /// exactly as if they were sent one by one; the first that fails is thrown and the
+    /// server skips the rest. Statements not inside an explicit transaction (`begin` …
+    /// `commit`, which may be part of `statements`) run in one implicit transaction.
+    ///
+    /// A failed statement inside an explicit transaction leaves it failed (as `query`
+    /// does): roll it back, e.g. with `pipelinedTransaction`.
+    @discardableResult
+    public func pipeline(_ statements: [PostgresStatement]) throws -> [PostgresResult] {
+        guard !statements.isEmpty else { return [] }
+        guard PQenterPipelineMode(handle) == 1 else { throw connectionError() }
+        do {
+            return try runPipeline(statements)
+        } catch {
+            // A statement's failure ends the pipeline cleanly; anything else leaves results
+            // unread in an unknown state.
+            if PQpipelineStatus(handle) != PQ_PIPELINE_OFF { lostTrack = true }
+            throw error
+        }
+    }
+
+    /// What the server answers in a pipeline, in order: a `Parse` of a statement being
+    /// prepared, or a statement's result.
+    private enum PipelineReply {
+        case prepared(PreparedKey, name: String)
+        case statement
+    }
+
+    private func runPipeline(_ statements: [PostgresStatement]) throws -> [PostgresResult] {
+        var replies: [PipelineReply] = []
+        replies.reserveCapacity(statements.count + 2)
+        var preparing: [PreparedKey: String] = [:]
+        for statement in statements {
+            let sent = Self.withParameters(statement.binds) { count, types, values, lengths, formats in
+                guard statement.isPrepared else {
+                    return PQsendQueryParams(handle, statement.sql, count, types, values, lengths, formats, 1)
+                }
+                let key = PreparedKey(sql: statement.sql, types: types)
+                var name = preparedStatements[key] ?? preparing[key]
+                if name == nil, preparedStatements.count + preparing.count < Self.maxPreparedStatements {
+                    let fresh = "trunk_sync_\(preparedStatements.count + preparing.count + 1)"
+                    guard PQsendPrepare(handle, fresh, statement.sql, count, types) == 1 else { return 0 }
+                    preparing[key] = fresh
+                    replies.append(.prepared(key, name: fresh))
+                    name = fresh
+                }
+                guard let name else {
+                    return PQsendQueryParams(handle, statement.sql, count, types, values, lengths, formats, 1)
+                }
+                return PQsendQueryPrepared(handle, name, count, values, lengths, formats, 1)
+            }
+            // Nothing is queued on the server yet (no sync): a failed send leaves a broken
+            // connection, which the pool replaces.
+            guard sent == 1 else { throw connectionError() }
+            replies.append(.statement)
+        }
+        guard PQpipelineSync(handle) == 1 else { throw connectionError() }
+        var results: [PostgresResult] = []
+        results.reserveCapacity(statements.count)
+        var failure: (any Error)? = nil
+        for reply in replies {
+            // Each reply is one result, then NULL.
+            guard let result = PQgetResult(handle) else { throw connectionError() }
+            if PQresultStatus(result) == PGRES_PIPELINE_ABORTED {
+                PQclear(result)
+            } else {
+                do {
+                    let checked = try check(result)
+                    switch reply {
+                    case .prepared(let key, let name): preparedStatements[key] = name
+                    case .statement: results.append(checked)
+                    }
+                } catch {
+                    if !isOpen { throw error }
+                    failure = failure ?? error
+                }
+            }
+            while let extra = PQgetResult(handle) { PQclear(extra) }
+        }
+        guard let sync = PQgetResult(handle) else { throw connectionError() }
+        let synced = PQresultStatus(sync) == PGRES_PIPELINE_SYNC
+        PQclear(sync)
+        guard synced, PQexitPipelineMode(handle) == 1 else { throw connectionError() }
+        if let failure { throw failure }
+        return results
+    }
+
+    /// A statement prepared on this connection: its text and parameter types.
+    struct PreparedKey: Hashable {
+        var sql: String
+        var types: [UInt32]
+    }
+
+    /// The statements prepared on this connection (they live as long as the session).
+    private var preparedStatements: [PreparedKey: String] = [:]
+
+    /// Most statements one connection prepares; later ones run unprepared. The hot paths
+    /// have a handful of fixed statements: this only bounds a mistake.
+    static let maxPreparedStatements = 64
+
+    /// Runs `body`, which opens a transaction itself and commits it, typically with
+    /// `begin` at the head of its first `pipeline` and `commit` at the tail of its last, so
+    /// the transaction costs no round trip of its own. Whatever transaction `body` leaves
+    /// open, by throwing or by returning early, is rolled back.
+    public func pipelinedTransaction<T>(_ body: (PostgresConnection) throws -> T) throws -> T {
+        do {
+            let value = try body(self)
+            if isOpen, isInTransaction { try execute("ROLLBACK") }
+            return value
+        } catch {
+            if isOpen, isInTransaction { try? execute("ROLLBACK") }
+            throw error
+        }
+    }
+
+    /// Lays `binds` out as libpq's parallel arrays of types, values, lengths and formats.
+    private static func withParameters<R>(
+        _ binds: [PostgresBind],
+        _ body: (
+            Int32, [UInt32], [UnsafePointer<CChar>?], [Int32], [Int32]
+        ) -> R
+    ) -> R {
         let count = binds.count
         var types = [UInt32](repeating: 0, count: count)
         var lengths = [Int32](repeating: 0, count: count)
@@ -114,15 +247,14 @@ public final class PostgresConnection {
             }
         }
         storage.append(0)  // never empty, so every value (even an empty one) has an address
-        let result: OpaquePointer? = storage.withUnsafeBufferPointer { buffer in
+        return storage.withUnsafeBufferPointer { buffer in
             let base = buffer.baseAddress.map { UnsafeRawPointer($0).assumingMemoryBound(to: CChar.self) }
             let values: [UnsafePointer<CChar>?] = offsets.map { offset in
                 guard offset >= 0, let base else { return nil }
                 return base + offset
             }
-            return PQexecParams(handle, sql, Int32(count), types, values, lengths, formats, 1)
+            return body(Int32(count), types, values, lengths, formats)
         }
-        return try check(result)
     }
 
     /// Runs one or more statements without parameters (simple query protocol), e.g. a
@@ -211,4 +343,44 @@ public final class PostgresConnection {
             serverMessage: reason
         )
     }
+}
+
+/// One statement of a `PostgresConnection.pipeline`: SQL with `$1`, `$2`, … and its
+/// parameters.
+public struct PostgresStatement: Sendable {
+    /// The statement's text.
+    public var sql: String
+    /// Its parameters, encoded.
+    public var binds: [PostgresBind]
+
+    /// A statement with parameters.
+    public init(_ sql: String, _ binds: any PostgresEncodable...) {
+        self.sql = sql
+        self.binds = binds.map { $0.postgresBind }
+    }
+
+    /// A statement with already encoded parameters.
+    public init(_ sql: String, binds: [PostgresBind]) {
+        self.sql = sql
+        self.binds = binds
+    }
+
+    /// Whether the statement is prepared once per connection and then reused: the server
+    /// parses it once and, after a few runs, may keep one generic plan instead of planning
+    /// each run with the actual parameters. For fixed SQL on hot paths whose best plan does
+    /// not depend on the values (a primary key, a `(user_id, seq)` range); not for queries
+    /// whose plan should follow the data, such as `= any($1)` over a large array.
+    public var isPrepared = false
+
+    /// A statement prepared once per connection (see `isPrepared`).
+    public static func prepared(_ sql: String, _ binds: any PostgresEncodable...) -> PostgresStatement {
+        var statement = PostgresStatement(sql, binds: binds.map { $0.postgresBind })
+        statement.isPrepared = true
+        return statement
+    }
+
+    /// `begin`.
+    public static let begin = PostgresStatement.prepared("begin")
+    /// `commit`.
+    public static let commit = PostgresStatement.prepared("commit")
 }

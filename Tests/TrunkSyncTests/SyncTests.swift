@@ -74,6 +74,32 @@ final class SyncTests: XCTestCase {
         XCTAssertEqual(try eventCount(), 3)
     }
 
+    func testARetriedBatchWithNewEventsLeavesNoGapInSeqOrTime() async throws {
+        // The push first inserts without looking repeats up; a repeat sends it back for a
+        // second attempt that must leave no trace of the first.
+        let token = try await app.token("r@example.com")
+        let old = (0..<3).map { _ in UUID() }
+        let new = (0..<3).map { _ in UUID() }
+        let first = try await push(old.map { Self.event($0) }, token: token)
+        XCTAssertEqual(first.json["accepted"] as? Int, 3)
+        let mixed = try await push([new[0], old[1], new[1], old[2], new[2]].map { Self.event($0) }, token: token)
+        XCTAssertEqual(mixed.status, 200, mixed.text)
+        let results = try XCTUnwrap(mixed.json["results"] as? [[String: Any]])
+        XCTAssertEqual(results.map { $0["seq"] as? Int }, [4, 2, 5, 3, 6])
+        XCTAssertEqual(results.map { $0["status"] as? String }, ["created", "duplicate", "created", "duplicate", "created"])
+        let next = try await push([Self.event()], token: token)
+        XCTAssertEqual((next.json["results"] as? [[String: Any]])?.first?["seq"] as? Int, 7)
+        let rows = try app.owner().query(
+            """
+            select e.seq, e.created_at, u.last_seq from events e join users u on u.id = e.user_id
+            where u.email = 'r@example.com' order by e.seq
+            """)
+        XCTAssertEqual(try rows.map { try $0.decode(Int.self, column: 0) }, Array(1...7))
+        XCTAssertEqual(try rows[0].decode(Int.self, column: 2), 7)
+        let times = try rows.map { try $0.decode(PostgresTimestamp.self, column: 1).microsecondsSinceEpoch }
+        XCTAssertTrue(zip(times, times.dropFirst()).allSatisfy { $1 - $0 >= 1000 }, "\(times)")
+    }
+
     func testEveryValidationFailureIs400WithDetailsAndStoresNothing() async throws {
         let token = try await app.token("v@example.com")
         let good = Self.event()

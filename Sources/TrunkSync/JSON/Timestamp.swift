@@ -6,6 +6,21 @@ public enum RFC3339 {
     /// Formats `timestamp` as `2026-11-22T04:10:02.123456Z` (`fraction` 0, 3 or 6 digits)
     /// or with `+00:00` when `zulu` is false (PostgREST's style).
     public static func format(_ timestamp: PostgresTimestamp, fractionDigits: Int = 6, zulu: Bool = true) -> String {
+        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: maxFormattedLength) { buffer in
+            guard let base = buffer.baseAddress else { return "" }
+            let count = write(timestamp, fractionDigits: fractionDigits, zulu: zulu, to: base)
+            return String(decoding: UnsafeBufferPointer(start: base, count: count), as: UTF8.self)
+        }
+    }
+
+    /// The longest text `format` and `write` produce.
+    static let maxFormattedLength = 32
+
+    /// Writes what `format` returns to `out` (room for `maxFormattedLength` bytes) and
+    /// returns the number of bytes written: for encoders that build responses in place.
+    static func write(
+        _ timestamp: PostgresTimestamp, fractionDigits: Int, zulu: Bool, to out: UnsafeMutablePointer<UInt8>
+    ) -> Int {
         var micros = timestamp.microsecondsSinceEpoch
         var seconds = micros / 1_000_000
         micros %= 1_000_000
@@ -15,28 +30,43 @@ public enum RFC3339 {
         }
         let (year, month, day) = civilFromDays(Int(seconds >= 0 ? seconds / 86_400 : (seconds - 86_399) / 86_400))
         let secondOfDay = Int(((seconds % 86_400) + 86_400) % 86_400)
-        var out = [UInt8]()
-        out.reserveCapacity(32)
-        appendDigits(year, 4, &out)
-        out.append(UInt8(ascii: "-"))
-        appendDigits(month, 2, &out)
-        out.append(UInt8(ascii: "-"))
-        appendDigits(day, 2, &out)
-        out.append(UInt8(ascii: "T"))
-        appendDigits(secondOfDay / 3600, 2, &out)
-        out.append(UInt8(ascii: ":"))
-        appendDigits(secondOfDay / 60 % 60, 2, &out)
-        out.append(UInt8(ascii: ":"))
-        appendDigits(secondOfDay % 60, 2, &out)
-        if fractionDigits == 3 {
-            out.append(UInt8(ascii: "."))
-            appendDigits(Int(micros / 1000), 3, &out)
-        } else if fractionDigits == 6 {
-            out.append(UInt8(ascii: "."))
-            appendDigits(Int(micros), 6, &out)
+        var position = out
+        func digits(_ value: Int, _ width: Int) {
+            var rest = value
+            for index in stride(from: width - 1, through: 0, by: -1) {
+                position[index] = UInt8(48 + rest % 10)
+                rest /= 10
+            }
+            position += width
         }
-        out.append(contentsOf: zulu ? Array("Z".utf8) : Array("+00:00".utf8))
-        return String(decoding: out, as: UTF8.self)
+        func byte(_ value: UInt8) {
+            position.pointee = value
+            position += 1
+        }
+        digits(year, 4)
+        byte(UInt8(ascii: "-"))
+        digits(month, 2)
+        byte(UInt8(ascii: "-"))
+        digits(day, 2)
+        byte(UInt8(ascii: "T"))
+        digits(secondOfDay / 3600, 2)
+        byte(UInt8(ascii: ":"))
+        digits(secondOfDay / 60 % 60, 2)
+        byte(UInt8(ascii: ":"))
+        digits(secondOfDay % 60, 2)
+        if fractionDigits == 3 {
+            byte(UInt8(ascii: "."))
+            digits(Int(micros / 1000), 3)
+        } else if fractionDigits == 6 {
+            byte(UInt8(ascii: "."))
+            digits(Int(micros), 6)
+        }
+        if zulu {
+            byte(UInt8(ascii: "Z"))
+        } else {
+            for character in "+00:00".utf8 { byte(character) }
+        }
+        return position - out
     }
 
     /// Formats like PostgREST (PostgreSQL's output): `2026-11-22T04:10:02.123+00:00`, the
@@ -108,16 +138,6 @@ public enum RFC3339 {
         let days = daysFromCivil(year, month, day)
         let seconds = Int64(days) * 86_400 + Int64(hour * 3600 + minute * 60 + second) - Int64(offsetSeconds)
         return PostgresTimestamp(microsecondsSinceEpoch: seconds * 1_000_000 + Int64(micros))
-    }
-
-    private static func appendDigits(_ value: Int, _ width: Int, _ out: inout [UInt8]) {
-        var digits = [UInt8](repeating: 48, count: width)
-        var rest = value
-        for position in stride(from: width - 1, through: 0, by: -1) {
-            digits[position] = UInt8(48 + rest % 10)
-            rest /= 10
-        }
-        out.append(contentsOf: digits)
     }
 
     private static func daysInMonth(_ year: Int, _ month: Int) -> Int {

@@ -21,66 +21,127 @@ public struct EventStore: Sendable {
 
     /// Scopes the transaction to `user` (row-level security reads `app.user_id`).
     static func scope(_ connection: PostgresConnection, to user: UUID) throws {
-        try connection.query("select set_config('app.user_id', $1, true)", user.uuidString.lowercased())
+        let statement = scope(to: user)
+        try connection.query(statement.sql, binds: statement.binds)
+    }
+
+    /// The statement that scopes the transaction to `user`, for pipelines.
+    static func scope(to user: UUID) -> PostgresStatement {
+        .prepared("select set_config('app.user_id', $1, true)", user.uuidString.lowercased())
     }
 
     /// Stores the events `user` has not pushed before, in one transaction under the user's row
     /// lock, numbering them after the user's last event; repeats (earlier pushes or earlier in
     /// this batch) are reported as duplicates with their existing `seq`. Returns nil when the
     /// user no longer exists.
+    ///
+    /// Every insert into `events` happens under this lock, so while it is held the user's
+    /// stored `client_id`s cannot change. A push first assumes it repeats no earlier push
+    /// (the common case) and lets the `(user_id, client_id)` unique index check that while
+    /// inserting: three round trips (`begin`, scope and lock; insert, cursor update and
+    /// notification; `commit`) and no look-up, whose plan would depend on statistics that
+    /// lag behind a growing log. If the index finds an earlier push, the transaction is
+    /// rolled back and the push runs again, looking its repeats up first.
     public func push(_ events: [IncomingEvent], for user: UUID) async throws -> [PushResult]? {
-        try await pool.transaction { connection in
-            try Self.scope(connection, to: user)
+        try await pool.withConnection { connection in
+            // A return without `commit` (unknown user, nothing new, a repeat found) rolls
+            // back: nothing was written.
+            for lookingUpRepeats in [false, true] {
+                let attempt = try connection.pipelinedTransaction { connection in
+                    try Self.push(events, for: user, on: connection, lookingUpRepeats: lookingUpRepeats)
+                }
+                switch attempt {
+                case .unknownUser: return nil
+                case .stored(let results): return results
+                case .repeatsEarlierPush: continue
+                }
+            }
+            // With the look-up under the lock, every repeat is known before the insert.
+            throw UnexpectedRepeat()
+        }
+    }
+
+    /// How one attempt at a push ended.
+    enum PushAttempt {
+        case unknownUser
+        case stored([PushResult])
+        /// Without the look-up, an event turned out to repeat an earlier push.
+        case repeatsEarlierPush
+    }
+
+    private static func push(
+        _ events: [IncomingEvent], for user: UUID, on connection: PostgresConnection, lookingUpRepeats: Bool
+    ) throws -> PushAttempt {
+        var head: [PostgresStatement] = [
+            .begin,
+            scope(to: user),
             // The lock serialises this user's pushes, so seq and created_at follow commit order.
-            let locked = try connection.query(
+            .prepared(
                 """
                 select last_seq,
                        greatest(date_trunc('milliseconds', clock_timestamp()),
                                 coalesce(last_event_at + interval '1 millisecond', '-infinity'::timestamptz))
                 from users where id = $1 for update
-                """, user)
-            guard let state = locked.first else { return nil }
-            let lastSeq = try state.decode(Int64.self, column: 0)
-            let base = try state.decode(PostgresTimestamp.self, column: 1)
+                """, user),
+        ]
+        if lookingUpRepeats {
+            // Runs after the lock is granted, so it sees every earlier push. Not prepared:
+            // planned for this array and this user's statistics each time.
+            head.append(
+                PostgresStatement(
+                    "select client_id, seq from events where user_id = $1 and client_id = any($2)", user,
+                    events.map(\.clientID)))
+        }
+        let replies = try connection.pipeline(head)
+        guard let state = replies[2].first else { return .unknownUser }
+        let lastSeq = try state.decode(Int64.self, column: 0)
+        let base = try state.decode(PostgresTimestamp.self, column: 1)
 
-            var existing: [UUID: Int64] = [:]
-            let ids = events.map(\.clientID)
-            for row in try connection.query(
-                "select client_id, seq from events where user_id = $1 and client_id = any($2)", user, ids)
-            {
+        var existing: [UUID: Int64] = [:]
+        if lookingUpRepeats {
+            for row in replies[3] {
                 existing[try row.decode(UUID.self, column: 0)] = try row.decode(Int64.self, column: 1)
             }
+        }
 
-            var results: [PushResult] = []
-            results.reserveCapacity(events.count)
-            var fresh: [IncomingEvent] = []
-            var assigned: [UUID: Int64] = [:]
-            for event in events {
-                if let seq = existing[event.clientID] ?? assigned[event.clientID] {
-                    results.append(PushResult(clientID: event.clientID, created: false, seq: seq))
-                } else {
-                    let seq = lastSeq + Int64(fresh.count) + 1
-                    assigned[event.clientID] = seq
-                    fresh.append(event)
-                    results.append(PushResult(clientID: event.clientID, created: true, seq: seq))
-                }
+        var results: [PushResult] = []
+        results.reserveCapacity(events.count)
+        var fresh: [IncomingEvent] = []
+        var assigned: [UUID: Int64] = [:]
+        for event in events {
+            if let seq = existing[event.clientID] ?? assigned[event.clientID] {
+                results.append(PushResult(clientID: event.clientID, created: false, seq: seq))
+            } else {
+                let seq = lastSeq + Int64(fresh.count) + 1
+                assigned[event.clientID] = seq
+                fresh.append(event)
+                results.append(PushResult(clientID: event.clientID, created: true, seq: seq))
             }
-            guard !fresh.isEmpty else { return results }
-            try connection.query(
+        }
+        guard !fresh.isEmpty else { return .stored(results) }
+        let lastCreated = PostgresTimestamp(
+            microsecondsSinceEpoch: base.microsecondsSinceEpoch + Int64(fresh.count - 1) * 1000)
+        let written = try connection.pipeline([
+            // `on conflict do nothing` leaves out an event stored by an earlier push (only
+            // possible without the look-up); `returning` tells, and the caller then rolls
+            // this transaction back, update and notification included.
+            .prepared(
                 """
                 insert into events (user_id, seq, type, payload, client_id, client_timestamp, created_at)
                 select $1, $2 + n, t, p, c, ts, $3 + (n - 1) * interval '1 millisecond'
                 from unnest($4::uuid[], $5::text[], $6::jsonb[], $7::timestamptz[]) with ordinality as x(c, t, p, ts, n)
+                on conflict (user_id, client_id) do nothing
+                returning 1
                 """, user, lastSeq, base, fresh.map(\.clientID), fresh.map(\.type), fresh.map(\.payload),
-                fresh.map(\.clientTimestamp))
-            let lastCreated = PostgresTimestamp(
-                microsecondsSinceEpoch: base.microsecondsSinceEpoch + Int64(fresh.count - 1) * 1000)
-            try connection.query(
-                "update users set last_seq = $2, last_event_at = $3 where id = $1", user,
-                lastSeq + Int64(fresh.count), lastCreated)
-            try connection.query("select pg_notify($1, $2)", Self.channel, user.uuidString.lowercased())
-            return results
-        }
+                fresh.map(\.clientTimestamp)),
+            .prepared(
+                "update users set last_seq = $2, last_event_at = $3 where id = $1", user, lastSeq + Int64(fresh.count),
+                lastCreated),
+            .prepared("select pg_notify($1, $2)", channel, user.uuidString.lowercased()),
+        ])
+        guard written[0].count == fresh.count else { return .repeatsEarlierPush }
+        try connection.pipeline([.commit])
+        return .stored(results)
     }
 
     /// One page of a user's events after `cursor`, already encoded as the JSON array
@@ -95,40 +156,38 @@ public struct EventStore: Sendable {
     /// The user's events with `seq > after`, in `seq` order, at most `limit`. Reads
     /// `limit + 1` rows to know whether more follow; the `(user_id, seq)` index delivers
     /// them in order.
+    /// One round trip: `begin`, the scope, the select and `commit` are pipelined.
     public func pull(for user: UUID, after: Int64, limit: Int) async throws -> Page {
-        try await pool.transaction { connection in
-            try Self.scope(connection, to: user)
-            let rows = try connection.query(
+        try await pool.withConnection { connection in
+            try connection.pipelinedTransaction { connection in
+                try Self.pull(for: user, after: after, limit: limit, on: connection)
+            }
+        }
+    }
+
+    private static func pull(for user: UUID, after: Int64, limit: Int, on connection: PostgresConnection) throws
+        -> Page
+    {
+        let rows = try connection.pipeline([
+            .begin,
+            scope(to: user),
+            // Prepared: whatever the values, the (user_id, seq) index is the plan.
+            .prepared(
                 """
                 select seq, id, type, payload, client_id, client_timestamp, created_at
                 from events where user_id = $1 and seq > $2 order by seq limit $3
-                """, user, after, Int64(limit + 1))
-            let count = min(rows.count, limit)
-            var writer = JSONWriter(capacity: 256 * max(count, 1))
-            writer.beginArray()
-            var lastSeq: Int64? = nil
-            for index in 0..<count {
-                let row = rows[index]
-                let seq = try row.decode(Int64.self, column: 0)
-                lastSeq = seq
-                writer.beginObject()
-                writer.string("id", try row.decode(UUID.self, column: 1).uuidString.lowercased())
-                writer.int("seq", seq)
-                writer.string("type", try row.decode(String.self, column: 2))
-                try row.withRawBytes(column: 3) { bytes in
-                    guard let bytes, bytes.first == 1 else { throw UnexpectedJSONB() }
-                    writer.raw("payload", Array(bytes.dropFirst()))
-                }
-                writer.string("client_id", try row.decode(UUID.self, column: 4).uuidString.lowercased())
-                writer.string("client_timestamp", RFC3339.format(try row.decode(PostgresTimestamp.self, column: 5), fractionDigits: 6))
-                writer.string("created_at", RFC3339.format(try row.decode(PostgresTimestamp.self, column: 6), fractionDigits: 3))
-                writer.endObject()
-            }
-            writer.endArray()
-            return Page(eventsJSON: writer.bytes, count: count, lastSeq: lastSeq, hasMore: rows.count > limit)
-        }
+                """, user, after, Int64(limit + 1)),
+            .commit,
+        ])[2]
+        let count = min(rows.count, limit)
+        let (json, lastSeq) = try EventPageEncoder.encode(rows, count: count)
+        return Page(eventsJSON: json, count: count, lastSeq: lastSeq, hasMore: rows.count > limit)
     }
 }
+
+/// An insert skipped an event the look-up under the user's lock did not find (never expected:
+/// every insert into `events` takes that lock).
+struct UnexpectedRepeat: Error {}
 
 /// A `jsonb` value in a format this server does not know (never expected from PostgreSQL 15).
 struct UnexpectedJSONB: Error {}

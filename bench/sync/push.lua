@@ -1,0 +1,53 @@
+-- wrk script: POST /sync/v1/events with 100 new events per request.
+-- Run with as many threads as connections (-tN -cN): each thread then owns one connection
+-- and pushes for its own users only, so two connections never wait on the same user's row
+-- lock (different users never contend; one user's devices rarely push at the same time).
+-- BENCH_TOKENS: file with one access token per line (one per user).
+-- BENCH_EVENTS: events per request (default 100).
+
+local threads = {}
+local counter = 0
+
+function setup(thread)
+  thread:set("id", counter)
+  counter = counter + 1
+  table.insert(threads, thread)
+end
+
+local function read_tokens(path)
+  local tokens = {}
+  for line in io.lines(path) do
+    if #line > 0 then table.insert(tokens, line) end
+  end
+  return tokens
+end
+
+function init(args)
+  local all = read_tokens(os.getenv("BENCH_TOKENS"))
+  local connections = tonumber(os.getenv("BENCH_CONNECTIONS"))
+  per_request = tonumber(os.getenv("BENCH_EVENTS") or "100")
+  -- This thread's users: id, id + connections, id + 2 * connections, ...
+  mine = {}
+  for index = id + 1, #all, connections do table.insert(mine, all[index]) end
+  -- Unique client ids in this run: a random run prefix, the thread and a counter.
+  math.randomseed(os.time() + id * 7919)
+  run = math.random(0, 0x7fffffff)
+  sent = 0
+  turn = 0
+  payload = '{"plant":"fern","bed":3,"x":12.5,"y":7,"tags":["shade","wet"],"note":"watered after the rain"}'
+end
+
+function request()
+  turn = turn + 1
+  local token = mine[(turn - 1) % #mine + 1]
+  local parts = {}
+  for i = 1, per_request do
+    sent = sent + 1
+    parts[i] = string.format(
+      '{"client_id":"%08x-%04x-4000-8000-%012x","type":"sprout_planted","payload":%s,"client_timestamp":"2026-11-22T04:10:02.123Z"}',
+      run, id, sent, payload)
+  end
+  local body = '{"events":[' .. table.concat(parts, ",") .. ']}'
+  return wrk.format("POST", "/sync/v1/events",
+    { ["Authorization"] = "Bearer " .. token, ["Content-Type"] = "application/json" }, body)
+end

@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# bench/sync: throughput of the native sync API (push, pull, empty pull), each against a
+# PostgreSQL ceiling measured in the same run on the same cluster (see bench/README.md).
+#
+#   bench/sync/run.sh            full run (about 4 minutes)
+#   BENCH_DURATION=5 bench/sync/run.sh    shorter measurements
+#   BENCH_ONLY=pull,empty ...    only these measurements (push, pull, empty)
+#   BENCH_KEEP=1 ...             leave the cluster and server running afterwards (prints how to stop)
+#
+# Needs wrk and the PostgreSQL 15 server + client binaries (pgbench). Loopback only.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+here=$root/bench/sync
+
+duration=${BENCH_DURATION:-15}
+connections=${BENCH_CONNECTIONS:-16}
+users=${BENCH_USERS:-20}
+pool=${BENCH_POOL_SIZE:-16}
+log_events=${BENCH_LOG_EVENTS:-100000}
+page=1000
+pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+command -v wrk >/dev/null || { echo "wrk not found (apt-get install wrk)" >&2; exit 1; }
+[ -x "$pgbin/pgbench" ] || { echo "pgbench not found in $pgbin" >&2; exit 1; }
+
+echo "== building release"
+swift build -c release --scratch-path .build-release --product trunk-sync 2>&1 | tail -n 1
+bin=$(swift build -c release --scratch-path .build-release --show-bin-path)/trunk-sync
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/trunk-sync-bench-sync.XXXXXX")
+server_pid=
+cleanup() {
+  if [ "${BENCH_KEEP:-}" = 1 ]; then
+    echo "kept: $work (server pid ${server_pid:-none}); stop with: kill $server_pid; scripts/pg.sh stop $work/pg"
+    return
+  fi
+  [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null || true
+  scripts/pg.sh stop "$work/pg" || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# Real durability: PG_FAST unset, so fsync=on, synchronous_commit=on, full_page_writes=on.
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+env -u PG_FAST scripts/pg.sh start "$work/pg" "$port"
+admin_url=$(scripts/pg.sh url "$work/pg" postgres)
+psql() { command "$pgbin/psql" -X -q -v ON_ERROR_STOP=1 "$@"; }
+psql "$admin_url" -c "create database trunk_bench"
+url=$(scripts/pg.sh url "$work/pg" trunk_bench)
+settings=$(psql "$url" -At -c "select string_agg(name || '=' || setting, ' ' order by name) from pg_settings
+  where name in ('fsync','synchronous_commit','full_page_writes','wal_sync_method','shared_buffers','max_wal_size','checkpoint_timeout')")
+echo "== postgres $(psql "$url" -At -c 'show server_version'): $settings"
+
+export TRUNK_SYNC_DATABASE_URL=$url
+export TRUNK_SYNC_JWT_SECRET=$(head -c 32 /dev/urandom | base64)
+export TRUNK_SYNC_LOG_LEVEL=notice  # the "listening" line is a notice; access logs (info) stay off
+export TRUNK_SYNC_DB_POOL_SIZE=$pool
+"$bin" migrate >/dev/null 2>&1 || { "$bin" migrate; exit 1; }
+
+TRUNK_SYNC_PORT=0 "$bin" serve >"$work/serve.log" 2>&1 &
+server_pid=$!
+server_port=
+for _ in $(seq 1 100); do
+  server_port=$(sed -nE 's/.* listening .*port=([0-9]+).*/\1/p' "$work/serve.log" | head -n 1)
+  [ -n "$server_port" ] && break
+  kill -0 "$server_pid" 2>/dev/null || { cat "$work/serve.log" >&2; exit 1; }
+  sleep 0.1
+done
+[ -n "$server_port" ] || { echo "server did not start" >&2; cat "$work/serve.log" >&2; exit 1; }
+base=http://127.0.0.1:$server_port
+echo "== trunk-sync serve on $base (pool $pool, $(nproc) cores)"
+
+token_for() { "$bin" token --email "$1" | python3 -c 'import json, sys; print(json.load(sys.stdin)["access_token"])'; }
+: >"$work/tokens"
+for i in $(seq 1 "$users"); do token_for "push$i@bench.example" >>"$work/tokens"; done
+pull_token=$(token_for "pull@bench.example")
+pull_user=$(psql "$url" -At -c "select id from users where email = 'pull@bench.example'")
+# For BENCH_KEEP=1 sessions: everything needed to rerun one measurement by hand.
+printf 'url=%s\nbase=%s\npull_token=%s\npull_user=%s\nserver_pid=%s\n' \
+  "$url" "$base" "$pull_token" "$pull_user" "$server_pid" >"$work/env"
+
+# Runs wrk; prints requests/s, fails when any response was not 2xx.
+run_wrk() {
+  local out=$1; shift
+  wrk --latency "$@" >"$out" 2>&1 || { cat "$out" >&2; return 1; }
+  if grep -q "Non-2xx" "$out"; then cat "$out" >&2; echo "non-2xx responses" >&2; return 1; fi
+  awk '/^Requests\/sec:/ { print $2 }' "$out"
+}
+# Runs pgbench with 4 and 16 clients; prints the better transactions/s.
+run_pgbench() {
+  local name=$1 script=$2; shift 2
+  local best=0 clients tps
+  for clients in 4 16; do
+    "$pgbin/pgbench" -n -M prepared -c "$clients" -j 2 -T "$duration" -f "$script" "$@" "$url" \
+      >"$work/$name-c$clients.txt" 2>&1 || { cat "$work/$name-c$clients.txt" >&2; return 1; }
+    tps=$(sed -nE 's/^tps = ([0-9.]+) .*/\1/p' "$work/$name-c$clients.txt" | tail -n 1)
+    echo "   pgbench $name -c $clients: $tps tps" >&2
+    best=$(python3 -c "print(max($best, $tps))")
+  done
+  echo "$best"
+}
+wanted() { [[ ",${BENCH_ONLY:-push,pull,empty}," == *",$1,"* ]]; }
+ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
+checkpoint() { psql "$url" -c checkpoint; }
+declare -A figure reference
+
+# 1. Push: 100 events per request, $connections connections, $users users.
+if wanted push; then
+  echo "== push ceiling: pgbench 100-row insert ... select generate_series into a copy of events"
+  psql "$url" -c "create table bench_events (like events including all); create sequence bench_seq cache 1000"
+  checkpoint
+  tps=$(run_pgbench push-ceiling "$here/push_ceiling.sql" -D users="$users")
+  reference[push]=$(python3 -c "print(round($tps * 100))")
+
+  echo "== push: wrk -t$connections -c$connections, 100 events per request, $users users"
+  checkpoint
+  before=$(psql "$url" -At -c "select count(*) from events")
+  rps=$(BENCH_TOKENS=$work/tokens BENCH_CONNECTIONS=$connections BENCH_EVENTS=100 \
+    run_wrk "$work/push.txt" -t"$connections" -c"$connections" -d"${duration}s" -s "$here/push.lua" "$base")
+  after=$(psql "$url" -At -c "select count(*) from events")
+  figure[push]=$(python3 -c "print(round($rps * 100))")
+  stored=$((after - before))
+  echo "   $rps requests/s; $stored events stored"
+  errors=$(psql "$url" -At -c "select count(*) from (select user_id from events group by user_id
+    having count(*) <> max(seq) or max(seq) <> (select last_seq from users u where u.id = user_id)) bad")
+  [ "$errors" = 0 ] || { echo "seq gaps after the push run" >&2; exit 1; }
+fi
+
+# 2 and 3. Pull: a $log_events-event log for one user, loaded with SQL as pushes would store it.
+echo "== loading $log_events events for the pull user"
+psql "$url" -v uid="$pull_user" -v n="$log_events" <<'SQL'
+begin;
+insert into events (user_id, seq, type, payload, client_id, client_timestamp, created_at)
+select :'uid', n, 'sprout_planted',
+       '{"plant":"fern","bed":3,"x":12.5,"y":7,"tags":["shade","wet"],"note":"watered after the rain"}',
+       gen_random_uuid(), timestamptz '2026-01-01 00:00:00+00' + n * interval '1 second',
+       date_trunc('milliseconds', now()) - interval '1 day' + n * interval '1 millisecond'
+from generate_series(1, :n) n;
+update users set last_seq = :n,
+       last_event_at = date_trunc('milliseconds', now()) - interval '1 day' + :n * interval '1 millisecond'
+where id = :'uid';
+commit;
+analyze;
+SQL
+checkpoint
+max_after=$((log_events - page))
+curl -fsS -H "Authorization: Bearer $pull_token" "$base/sync/v1/events?after=$max_after&limit=$page" \
+  | python3 -c "import json, sys; r = json.load(sys.stdin); assert len(r['events']) == $page and r['next_after'] == $log_events, r['next_after']"
+
+if wanted pull; then
+  echo "== pull ceiling: pgbench select ... order by seq limit $page, random cursor"
+  tps=$(run_pgbench pull-ceiling "$here/pull_ceiling.sql" -D uid="$pull_user" -D max_after="$max_after")
+  reference[pull]=$(python3 -c "print(round($tps * $page))")
+  echo "== pull: wrk -t2 -c$connections, limit=$page, random after in 0..$max_after"
+  rps=$(BENCH_TOKEN=$pull_token BENCH_LIMIT=$page BENCH_AFTER_MAX=$max_after \
+    run_wrk "$work/pull.txt" -t2 -c"$connections" -d"${duration}s" -s "$here/pull.lua" "$base")
+  figure[pull]=$(python3 -c "print(round($rps * $page))")
+fi
+if wanted empty; then
+  echo "== empty pull ceiling: pgbench the same select after the last seq"
+  tps=$(run_pgbench empty-ceiling "$here/empty_ceiling.sql" -D uid="$pull_user" -D last="$log_events")
+  reference[empty]=$(python3 -c "print(round($tps))")
+  echo "== empty pull: wrk -t2 -c$connections, after=$log_events"
+  figure[empty]=$(BENCH_TOKEN=$pull_token BENCH_LIMIT=$page BENCH_AFTER=$log_events \
+    run_wrk "$work/empty.txt" -t2 -c"$connections" -d"${duration}s" -s "$here/pull.lua" "$base")
+fi
+
+echo
+echo "bench/sync $(date -u +%Y-%m-%d) — ${duration}s per measurement, $(nproc) cores, commit $(git rev-parse --short HEAD)"
+printf '%-12s %16s %16s %7s %6s\n' measure trunk-sync postgres ratio goal
+wanted push && printf '%-12s %16s %16s %7s %6s\n' push "${figure[push]} ev/s" "${reference[push]} rows/s" "$(ratio "${figure[push]}" "${reference[push]}")" 0.70
+wanted pull && printf '%-12s %16s %16s %7s %6s\n' pull "${figure[pull]} ev/s" "${reference[pull]} rows/s" "$(ratio "${figure[pull]}" "${reference[pull]}")" 0.50
+wanted empty && printf '%-12s %16s %16s %7s %6s\n' empty-pull "$(printf '%.0f' "${figure[empty]}") req/s" "${reference[empty]} q/s" "$(ratio "${figure[empty]}" "${reference[empty]}")" 0.70
+echo "latencies and raw outputs: rerun with BENCH_KEEP=1 and see $work"
