@@ -79,22 +79,40 @@ pull_user=$(psql "$url" -At -c "select id from users where email = 'pull@bench.e
 printf 'url=%s\nbase=%s\npull_token=%s\npull_user=%s\nserver_pid=%s\n' \
   "$url" "$base" "$pull_token" "$pull_user" "$server_pid" >"$work/env"
 
-# Runs wrk; prints requests/s, fails when any response was not 2xx.
+# CPU seconds so far: "<postgres cluster> <trunk-sync serve>".
+cpu() { "$here/cpu.py" "$work/pg/pgdata" "$server_pid"; }
+# Per-request CPU between two cpu() readings, for N requests: where the time goes.
+cpu_per_request() {
+  python3 -c "b, a, n = '$1'.split(), '$2'.split(), $3
+print(f'Postgres {(float(a[0]) - float(b[0])) / n * 1e6:.0f} us, trunk-sync {(float(a[1]) - float(b[1])) / n * 1e6:.0f} us CPU per request')"
+}
+# Runs wrk; prints requests/s, fails when any response was not 2xx. Reports latencies and
+# CPU per request on stderr.
 run_wrk() {
   local out=$1; shift
+  local before after requests
+  before=$(cpu)
   wrk --latency "$@" >"$out" 2>&1 || { cat "$out" >&2; return 1; }
+  after=$(cpu)
   if grep -q "Non-2xx" "$out"; then cat "$out" >&2; echo "non-2xx responses" >&2; return 1; fi
+  requests=$(awk '/ requests in / { print $1 }' "$out")
+  echo "   latency p50 $(awk '$1 == "50%" { print $2 }' "$out"), p99 $(awk '$1 == "99%" { print $2 }' "$out");" \
+    "$(cpu_per_request "$before" "$after" "$requests")" >&2
   awk '/^Requests\/sec:/ { print $2 }' "$out"
 }
 # Runs pgbench with 4 and 16 clients; prints the better transactions/s.
 run_pgbench() {
   local name=$1 script=$2; shift 2
   local best=0 clients tps
+  local before after count
   for clients in 4 16; do
+    before=$(cpu)
     "$pgbin/pgbench" -n -M prepared -c "$clients" -j 2 -T "$duration" -f "$script" "$@" "$url" \
       >"$work/$name-c$clients.txt" 2>&1 || { cat "$work/$name-c$clients.txt" >&2; return 1; }
+    after=$(cpu)
     tps=$(sed -nE 's/^tps = ([0-9.]+) .*/\1/p' "$work/$name-c$clients.txt" | tail -n 1)
-    echo "   pgbench $name -c $clients: $tps tps" >&2
+    count=$(sed -nE 's/^number of transactions actually processed: ([0-9]+).*/\1/p' "$work/$name-c$clients.txt")
+    echo "   pgbench $name -c $clients: $tps tps; $(cpu_per_request "$before" "$after" "$count" | sed 's/, trunk-sync.*/ CPU per transaction/')" >&2
     best=$(python3 -c "print(max($best, $tps))")
   done
   echo "$best"
@@ -102,7 +120,7 @@ run_pgbench() {
 wanted() { [[ ",${BENCH_ONLY:-push,pull,empty}," == *",$1,"* ]]; }
 ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
 checkpoint() { psql "$url" -c checkpoint; }
-declare -A figure reference
+declare -A figure reference same
 
 # 1. Push: 100 events per request, $connections connections, $users users.
 if wanted push; then
@@ -124,6 +142,13 @@ if wanted push; then
   errors=$(psql "$url" -At -c "select count(*) from (select user_id from events group by user_id
     having count(*) <> max(seq) or max(seq) <> (select last_seq from users u where u.id = user_id)) bad")
   [ "$errors" = 0 ] || { echo "seq gaps after the push run" >&2; exit 1; }
+
+  echo "== push transaction without the server (informational): pgbench push_transaction.sql"
+  psql "$url" -c "insert into users (id, email) select ('00000000-0000-4000-8000-' || lpad(n::text, 12, '0'))::uuid,
+    'pgbench' || n || '@bench.example' from generate_series(1, $users) n"
+  checkpoint
+  tps=$(PGOPTIONS="-c role=trunk_sync_app" run_pgbench push-transaction "$here/push_transaction.sql" -D users="$users")
+  same[push]=$(python3 -c "print(round($tps * 100))")
 fi
 
 # 2 and 3. Pull: a $log_events-event log for one user, loaded with SQL as pushes would store it.
@@ -155,6 +180,10 @@ if wanted pull; then
   rps=$(BENCH_TOKEN=$pull_token BENCH_LIMIT=$page BENCH_AFTER_MAX=$max_after \
     run_wrk "$work/pull.txt" -t2 -c"$connections" -d"${duration}s" -s "$here/pull.lua" "$base")
   figure[pull]=$(python3 -c "print(round($rps * $page))")
+  echo "== pull transaction without the server (informational): pgbench pull_transaction.sql"
+  tps=$(PGOPTIONS="-c role=trunk_sync_app" run_pgbench pull-transaction "$here/pull_transaction.sql" \
+    -D uid="$pull_user" -D uidtext="$pull_user" -D max_after="$max_after")
+  same[pull]=$(python3 -c "print(round($tps * $page))")
 fi
 if wanted empty; then
   echo "== empty pull ceiling: pgbench the same select after the last seq"
@@ -163,12 +192,24 @@ if wanted empty; then
   echo "== empty pull: wrk -t2 -c$connections, after=$log_events"
   figure[empty]=$(BENCH_TOKEN=$pull_token BENCH_LIMIT=$page BENCH_AFTER=$log_events \
     run_wrk "$work/empty.txt" -t2 -c"$connections" -d"${duration}s" -s "$here/pull.lua" "$base")
+  echo "== empty pull transaction without the server (informational): pgbench empty_transaction.sql"
+  tps=$(PGOPTIONS="-c role=trunk_sync_app" run_pgbench empty-transaction "$here/empty_transaction.sql" \
+    -D uid="$pull_user" -D uidtext="$pull_user" -D last="$log_events")
+  same[empty]=$(python3 -c "print(round($tps))")
 fi
 
 echo
 echo "bench/sync $(date -u +%Y-%m-%d) — ${duration}s per measurement, $(nproc) cores, commit $(git rev-parse --short HEAD)"
-printf '%-12s %16s %16s %7s %6s\n' measure trunk-sync postgres ratio goal
-wanted push && printf '%-12s %16s %16s %7s %6s\n' push "${figure[push]} ev/s" "${reference[push]} rows/s" "$(ratio "${figure[push]}" "${reference[push]}")" 0.70
-wanted pull && printf '%-12s %16s %16s %7s %6s\n' pull "${figure[pull]} ev/s" "${reference[pull]} rows/s" "$(ratio "${figure[pull]}" "${reference[pull]}")" 0.50
-wanted empty && printf '%-12s %16s %16s %7s %6s\n' empty-pull "$(printf '%.0f' "${figure[empty]}") req/s" "${reference[empty]} q/s" "$(ratio "${figure[empty]}" "${reference[empty]}")" 0.70
+# The ratio and goal compare with the ceiling; "same tx" is pgbench running the server's own
+# transaction (scope, lock, RLS, ...), to tell Postgres's share of the gap from the server's.
+printf '%-11s %14s %16s %6s %5s %18s\n' measure trunk-sync ceiling ratio goal "same tx (ratio)"
+row() {
+  local name=$1 unit=$2 refunit=$3 goal=$4 value ref tx
+  value=$(printf '%.0f' "${figure[$name]}"); ref=${reference[$name]}; tx=${same[$name]}
+  printf '%-11s %14s %16s %6s %5s %18s\n' "$5" "$value $unit" "$ref $refunit" "$(ratio "$value" "$ref")" "$goal" \
+    "$tx ($(ratio "$value" "$tx"))"
+}
+wanted push && row push ev/s rows/s 0.70 push
+wanted pull && row pull ev/s rows/s 0.50 pull
+wanted empty && row empty req/s q/s 0.70 empty-pull
 echo "latencies and raw outputs: rerun with BENCH_KEEP=1 and see $work"
