@@ -63,11 +63,14 @@ public struct AuthService: Sendable {
 
     static func now() -> Int64 { Int64(Date().timeIntervalSince1970) }
 
-    /// Runs database work, turning an exhausted pool into a `503`.
+    /// Runs database work in one transaction, turning an unavailable database (exhausted
+    /// pool, lost connection) into a `503`.
     func database<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) throws -> T) async throws -> T {
         do {
             return try await pool.transaction(body)
-        } catch let error as PostgresError where error.kind == .poolExhausted || error.kind == .connectionFailed {
+        } catch let error as PostgresError where error.asServiceUnavailable != nil {
+            // `asServiceUnavailable` decides which failures are worth a retry, so the auth, REST
+            // and sync routes agree; the answer keeps the GoTrue shape.
             logger.warning("database unavailable", metadata: ["error": "\(error)"])
             throw AuthError.databaseUnavailable
         }
@@ -135,12 +138,18 @@ public struct AuthService: Sendable {
     }
 
     /// Checks a code and signs the user in (creating the user on first sign-in).
+    ///
+    /// Consuming the code, upserting the user and creating the session share one
+    /// transaction, so a failure anywhere in between leaves the code usable for a retry.
+    /// The per-IP limit is counted before, in its own transaction, so that failed attempts
+    /// count too.
     public func verify(email: Email, code: String, ip: String, userAgent: String?) async throws -> IssuedSession {
         try await limit("verify", ip: ip, rule: settings.verifyRule)
         guard code.utf8.count == 6, code.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }) else { throw AuthError.otpExpired }
         let hash = codeHash(email, code)
         let maxAttempts = settings.otpMaxAttempts
-        enum Outcome: Sendable { case rejected, signedIn(UserRecord) }
+        let refreshToken = Self.newRefreshToken()
+        enum Outcome: Sendable { case rejected, signedIn(UserRecord, sessionID: UUID) }
         let outcome: Outcome = try await database { connection in
             let rows = try connection.query(
                 "select code_hash, expires_at > now(), attempts, consumed_at is null from otp_codes where email = $1 for update",
@@ -152,6 +161,7 @@ public struct AuthService: Sendable {
             let attempts = try row.decode(Int.self, column: 2)
             guard unexpired, unused, attempts < maxAttempts else { return .rejected }
             guard constantTimeEquals(stored.bytes, hash.bytes) else {
+                // Returned rather than thrown, so that the counted attempt commits.
                 try connection.query("update otp_codes set attempts = attempts + 1 where email = $1", email.value)
                 return .rejected
             }
@@ -163,10 +173,13 @@ public struct AuthService: Sendable {
                   email_confirmed_at = coalesce(users.email_confirmed_at, now())
                 returning \(UserRecord.columns)
                 """, email.value)[0]
-            return .signedIn(try UserRecord(row: user))
+            let signedIn = try UserRecord(row: user)
+            let sessionID = try Self.insertSession(
+                userID: signedIn.id, refreshToken: refreshToken, ip: ip, userAgent: userAgent, on: connection)
+            return .signedIn(signedIn, sessionID: sessionID)
         }
-        guard case .signedIn(let user) = outcome else { throw AuthError.otpExpired }
-        return try await startSession(for: user, ip: ip, userAgent: userAgent)
+        guard case .signedIn(let user, let sessionID) = outcome else { throw AuthError.otpExpired }
+        return issue(user: user, sessionID: sessionID, refreshToken: refreshToken)
     }
 
     // MARK: - Sessions
@@ -175,15 +188,24 @@ public struct AuthService: Sendable {
     func startSession(for user: UserRecord, ip: String, userAgent: String?) async throws -> IssuedSession {
         let refreshToken = Self.newRefreshToken()
         let sessionID = try await database { connection in
-            let session = try connection.query(
-                "insert into sessions (user_id, ip, user_agent) values ($1, $2, $3) returning id", user.id, ip,
-                userAgent.map { String($0.prefix(512)) })[0].decode(UUID.self, column: 0)
-            try connection.query(
-                "insert into refresh_tokens (session_id, user_id, token_hash) values ($1, $2, $3)", session, user.id,
-                Self.hashToken(refreshToken))
-            return session
+            try Self.insertSession(
+                userID: user.id, refreshToken: refreshToken, ip: ip, userAgent: userAgent, on: connection)
         }
         return issue(user: user, sessionID: sessionID, refreshToken: refreshToken)
+    }
+
+    /// Stores a session and its first refresh token on `connection`, inside the caller's
+    /// transaction, and returns the session's id.
+    static func insertSession(
+        userID: UUID, refreshToken: String, ip: String, userAgent: String?, on connection: PostgresConnection
+    ) throws -> UUID {
+        let session = try connection.query(
+            "insert into sessions (user_id, ip, user_agent) values ($1, $2, $3) returning id", userID, ip,
+            userAgent.map { String($0.prefix(512)) })[0].decode(UUID.self, column: 0)
+        try connection.query(
+            "insert into refresh_tokens (session_id, user_id, token_hash) values ($1, $2, $3)", session, userID,
+            hashToken(refreshToken))
+        return session
     }
 
     private func issue(user: UserRecord, sessionID: UUID, refreshToken: String) -> IssuedSession {
