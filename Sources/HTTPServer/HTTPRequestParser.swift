@@ -207,6 +207,10 @@ public struct HTTPRequestParser: Sendable {
     private var body: [UInt8] = []
     /// Body bytes announced so far by chunk sizes (checked against `maxBodySize`).
     private var chunkedTotal = 0
+    /// The current request's body limit (`limitBody(to:)`), at most `limits.maxBodySize`.
+    private var bodyLimit = Int.max
+    /// The current request's body is read (framing must be honoured) but not kept.
+    private var discardingBody = false
     private var trailerBytes = 0
     private var trailerCount = 0
 
@@ -264,6 +268,20 @@ public struct HTTPRequestParser: Sendable {
             writeIndex += min(written, count)
         }
         return written
+    }
+
+    /// Lowers the body limit for the request whose head was just reported (the route's
+    /// limit): a chunked body growing past it fails with `413 body_too_large`. A
+    /// `Content-Length` over it is the caller's to refuse, from the head.
+    public mutating func limitBody(to limit: Int) {
+        bodyLimit = limit
+    }
+
+    /// Reads the body of the request whose head was just reported without keeping it: its
+    /// `.request` event comes with an empty body. For requests answered regardless of their
+    /// body (an unknown path) on a connection that stays open.
+    public mutating func discardBody() {
+        discardingBody = true
     }
 
     // MARK: - State
@@ -381,7 +399,7 @@ public struct HTTPRequestParser: Sendable {
                     trailerCount = 0
                     state = .trailerFields
                 } else {
-                    if size > limits.maxBodySize - chunkedTotal { throw .bodyTooLarge }
+                    if size > min(limits.maxBodySize, bodyLimit) - chunkedTotal { throw .bodyTooLarge }
                     chunkedTotal += size
                     state = .chunkData(remaining: size)
                 }
@@ -676,6 +694,8 @@ public struct HTTPRequestParser: Sendable {
         head.expectsContinue = isHTTP11 && parsed.expectsContinue && head.hasBody
         current = head
         chunkedTotal = 0
+        bodyLimit = Int.max
+        discardingBody = false
         switch framing {
         case .empty: state = .fixedBody(remaining: 0)
         case .contentLength(let length): state = .fixedBody(remaining: length)
@@ -730,6 +750,7 @@ public struct HTTPRequestParser: Sendable {
     }
 
     private mutating func appendToBody(_ bytes: UnsafeBufferPointer<UInt8>, expectedTotal: Int?) {
+        if discardingBody { return }
         let needed = body.count + bytes.count
         if needed > body.capacity {
             // Grow geometrically, but never past a declared Content-Length.

@@ -46,6 +46,15 @@ public struct HTTPStatus: Hashable, Sendable, ExpressibleByIntegerLiteral, Custo
     /// `200 OK`.
     public var description: String { "\(code) \(reason)" }
 
+    /// Appends `HTTP/1.1 <code> <reason>\r\n`; the usual lines come prebuilt.
+    static func appendStatusLine(_ code: Int, to output: inout [UInt8]) {
+        switch code {
+        case 200: output.append(contentsOf: "HTTP/1.1 200 OK\r\n" as StaticString)
+        case 204: output.append(contentsOf: "HTTP/1.1 204 No Content\r\n" as StaticString)
+        default: output.append(contentsOf: "HTTP/1.1 \(code) \(HTTPStatus(code).reason)\r\n".utf8)
+        }
+    }
+
     public static let ok: HTTPStatus = 200
     public static let created: HTTPStatus = 201
     public static let noContent: HTTPStatus = 204
@@ -54,6 +63,7 @@ public struct HTTPStatus: Hashable, Sendable, ExpressibleByIntegerLiteral, Custo
     public static let forbidden: HTTPStatus = 403
     public static let notFound: HTTPStatus = 404
     public static let methodNotAllowed: HTTPStatus = 405
+    public static let contentTooLarge: HTTPStatus = 413
     public static let tooManyRequests: HTTPStatus = 429
     public static let internalServerError: HTTPStatus = 500
     public static let serviceUnavailable: HTTPStatus = 503
@@ -82,6 +92,7 @@ public struct HTTPResponse: Sendable {
     /// A JSON response from already encoded UTF-8 bytes.
     public static func json(_ status: HTTPStatus, _ body: [UInt8], headers: HTTPHeaders = [:]) -> HTTPResponse {
         var all = headers
+        all.reserveCapacity(all.count + 4)  // room for what the pipeline adds (request id, CORS)
         all.append(name: "Content-Type", value: "application/json; charset=utf-8")
         return HTTPResponse(status: status, headers: all, body: body)
     }

@@ -28,7 +28,7 @@ struct Serve: AsyncParsableCommand {
             // Before accepting requests, so tokens signed with ES256 keys verify from the start.
             await application.startSigningKeyRefresh()
             let server = HTTPServer(
-                configuration: application.serverConfiguration, router: application.router(),
+                configuration: application.serverConfiguration, responder: application.pipeline(),
                 logger: Logger(label: "trunk-sync.http"))
             // Signals first: a SIGTERM right after "listening" must still shut down cleanly.
             let signals = ShutdownSignals {

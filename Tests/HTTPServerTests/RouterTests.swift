@@ -3,41 +3,33 @@ import XCTest
 @testable import HTTPServer
 
 final class RouterTests: XCTestCase {
-    private func makeRouter() -> Router {
-        var router = Router()
-        router.addInline(.get, "/healthz") { _ in HTTPResponse(status: .ok, body: Array("health".utf8)) }
-        router.add(.get, "/rest/v1/:table") { request in
-            HTTPResponse(status: .ok, body: Array("list \(request.parameters["table"] ?? "")".utf8))
-        }
-        router.add(.post, "/rest/v1/:table") { _ in HTTPResponse(status: .created) }
-        router.add(.get, "/users/:id/events/:seq") { _ in HTTPResponse(status: .ok) }
-        router.add(.delete, "/users/:id") { _ in HTTPResponse(status: .noContent) }
-        router.add(.get, "/users/me") { _ in HTTPResponse(status: .ok, body: Array("me".utf8)) }
+    private func makeRouter() -> Router<String> {
+        var router = Router<String>()
+        router.add(.get, "/healthz", "health")
+        router.add(.get, "/rest/v1/:table", "list")
+        router.add(.post, "/rest/v1/:table", "insert")
+        router.add(.get, "/users/:id/events/:seq", "event")
+        router.add(.delete, "/users/:id", "delete user")
+        router.add(.get, "/users/me", "me")
         return router
     }
 
-    /// The action and parameters of a found route, or nil.
-    private func found(_ match: Router.Match) -> (Router.Action, [String: String])? {
-        if case .found(let action, let parameters, _) = match { return (action, parameters) }
+    /// The endpoint and parameters of a found route, or nil.
+    private func found(_ match: Router<String>.Match) -> (String, [String: String])? {
+        if case .found(let endpoint, let parameters, _) = match { return (endpoint, parameters) }
         return nil
     }
 
-    private func run(_ action: Router.Action, _ request: HTTPRequest = HTTPRequest(method: .get, path: "/"))
-        async throws
-        -> HTTPResponse
-    {
-        switch action {
-        case .inline(let handler): return handler(request)
-        case .async(let handler): return try await handler(request)
-        }
-    }
-
-    func testLiteralRouteMatches() async throws {
-        let (action, parameters) = try XCTUnwrap(found(makeRouter().match(method: .get, path: "/healthz")))
+    func testLiteralRouteMatchesWithItsPattern() throws {
+        guard case .found(let endpoint, let parameters, let pattern) = makeRouter().match(method: .get, path: "/healthz")
+        else { return XCTFail("/healthz should match") }
+        XCTAssertEqual(endpoint, "health")
         XCTAssertEqual(parameters, [:])
-        let response = try await run(action)
-        XCTAssertEqual(response.body, Array("health".utf8))
-        guard case .inline = action else { return XCTFail("an inline route stays inline") }
+        XCTAssertEqual(pattern, "/healthz")
+        guard case .found(_, _, let template) = makeRouter().match(method: .get, path: "/rest/v1/events") else {
+            return XCTFail("/rest/v1/events should match")
+        }
+        XCTAssertEqual(template, "/rest/v1/:table", "metrics label by pattern, never by raw path")
     }
 
     func testParametersAreCapturedAndPercentDecoded() throws {
@@ -51,18 +43,15 @@ final class RouterTests: XCTestCase {
         XCTAssertEqual(found(router.match(method: .get, path: "/rest/v1/100%"))?.1, ["table": "100%"])
     }
 
-    func testFirstMatchingRouteWins() async throws {
-        var router = Router()
-        router.addInline(.get, "/users/:id") { _ in HTTPResponse(status: .ok, body: Array("by id".utf8)) }
-        router.addInline(.get, "/users/me") { _ in HTTPResponse(status: .ok, body: Array("me".utf8)) }
-        let (action, parameters) = try XCTUnwrap(found(router.match(method: .get, path: "/users/me")))
+    func testFirstMatchingRouteWins() throws {
+        var router = Router<String>()
+        router.add(.get, "/users/:id", "by id")
+        router.add(.get, "/users/me", "me")
+        let (endpoint, parameters) = try XCTUnwrap(found(router.match(method: .get, path: "/users/me")))
         XCTAssertEqual(parameters, ["id": "me"])
-        let response = try await run(action)
-        XCTAssertEqual(response.body, Array("by id".utf8))
+        XCTAssertEqual(endpoint, "by id", "a literal route added later does not jump the queue")
         // A route for another method does not shadow a later one for this method.
-        let (later, _) = try XCTUnwrap(found(makeRouter().match(method: .get, path: "/users/me")))
-        let laterResponse = try await run(later)
-        XCTAssertEqual(laterResponse.body, Array("me".utf8))
+        XCTAssertEqual(found(makeRouter().match(method: .get, path: "/users/me"))?.0, "me")
     }
 
     func testUnknownPathIsNotFound() {
@@ -87,16 +76,17 @@ final class RouterTests: XCTestCase {
         }
         XCTAssertEqual(deleteOnly, ["DELETE", "OPTIONS"], "no HEAD without GET")
         XCTAssertEqual(router.allowedMethods(path: "/healthz"), ["GET", "HEAD", "OPTIONS"])
+        guard case .methodNotAllowed = router.match(method: .post, path: "/healthz") else {
+            return XCTFail("POST /healthz should be not allowed")
+        }
     }
 
-    func testHeadFallsBackToGet() async throws {
+    func testHeadFallsBackToGet() throws {
         let router = makeRouter()
-        let (action, parameters) = try XCTUnwrap(found(router.match(method: .head, path: "/rest/v1/events")))
+        let (endpoint, parameters) = try XCTUnwrap(found(router.match(method: .head, path: "/rest/v1/events")))
         XCTAssertEqual(parameters, ["table": "events"])
-        var request = HTTPRequest(method: .head, path: "/rest/v1/events")
-        request.parameters = parameters
-        let response = try await run(action, request)
-        XCTAssertEqual(response.body, Array("list events".utf8))
+        XCTAssertEqual(endpoint, "list")
+        XCTAssertEqual(found(router.match(method: .head, path: "/healthz"))?.0, "health")
 
         guard case .methodNotAllowed(let allowed) = router.match(method: .head, path: "/users/1") else {
             return XCTFail("HEAD without a GET route should be not allowed")
@@ -104,18 +94,16 @@ final class RouterTests: XCTestCase {
         XCTAssertEqual(allowed, ["DELETE", "OPTIONS"])
     }
 
-    func testExplicitHeadRouteWinsOverGet() async throws {
-        var router = Router()
-        router.addInline(.get, "/x") { _ in HTTPResponse(status: .ok) }
-        router.addInline(.head, "/x") { _ in HTTPResponse(status: .noContent) }
-        let (action, _) = try XCTUnwrap(found(router.match(method: .head, path: "/x")))
-        let response = try await run(action)
-        XCTAssertEqual(response.status, .noContent)
+    func testExplicitHeadRouteWinsOverGet() throws {
+        var router = Router<String>()
+        router.add(.get, "/x", "get")
+        router.add(.head, "/x", "head")
+        XCTAssertEqual(found(router.match(method: .head, path: "/x"))?.0, "head")
     }
 
     func testEmptySegmentsAreIgnored() {
         let router = makeRouter()
-        XCTAssertNotNil(found(router.match(method: .get, path: "/healthz/")))
+        XCTAssertEqual(found(router.match(method: .get, path: "/healthz/"))?.0, "health")
         XCTAssertNotNil(found(router.match(method: .get, path: "//rest//v1/events")))
     }
 }

@@ -32,7 +32,7 @@ final class CapturingSender: SignInCodeSender, @unchecked Sendable {
 final class AppHarness: @unchecked Sendable {
     let database: PostgresConfiguration
     let application: Application
-    let server: HTTPServer
+    let server: HTTPServer<RequestPipeline>
     let sender = CapturingSender()
     let baseURL: String
     let secret = String(repeating: "s3cr3t-", count: 6)
@@ -64,7 +64,7 @@ final class AppHarness: @unchecked Sendable {
         application = try Application(configuration: configuration, logger: TestDatabase.quietLogger, sender: sender)
         try await application.reloadSigningKeys()  // as serve does before listening
         server = HTTPServer(
-            configuration: application.serverConfiguration, router: application.router(), logger: TestDatabase.quietLogger)
+            configuration: application.serverConfiguration, responder: application.pipeline(logger: TestDatabase.quietLogger), logger: TestDatabase.quietLogger)
         let port = try server.start()
         baseURL = "http://127.0.0.1:\(port)"
     }

@@ -129,7 +129,7 @@ final class AuthTests: XCTestCase {
         XCTAssertTrue(terminated)
         let lost = try await verifying.value
         try locker.execute("rollback")
-        assertAuthError(lost, 503, "service_unavailable")
+        assertAuthError(lost, 503, "database_unavailable")
         XCTAssertNotNil(Int(lost.headers["retry-after"] ?? ""), lost.text)
 
         // Nothing was committed: the same code signs in once the database is back.

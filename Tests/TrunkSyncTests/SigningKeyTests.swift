@@ -231,7 +231,7 @@ final class SigningKeyTests: XCTestCase {
         let application = try Application(
             configuration: configuration, logger: TestDatabase.quietLogger, sender: app.sender)
         let server = HTTPServer(
-            configuration: application.serverConfiguration, router: application.router(),
+            configuration: application.serverConfiguration, responder: application.pipeline(logger: TestDatabase.quietLogger),
             logger: TestDatabase.quietLogger)
         let port = try server.start()
         func readiness() async throws -> (Int, String) {

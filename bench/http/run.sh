@@ -82,7 +82,7 @@ TRUNK_SYNC_JWT_SECRET=$(head -c 48 /dev/urandom | base64 | tr -d '\n')
 
 # `notice` keeps the one `listening … port=N` line and drops the per-request access log
 # (`info`), as nginx runs with `access_log off`.
-TRUNK_SYNC_HOST=127.0.0.1 TRUNK_SYNC_PORT=0 TRUNK_SYNC_LOG_LEVEL=notice \
+TRUNK_SYNC_HOST=127.0.0.1 TRUNK_SYNC_PORT=0 TRUNK_SYNC_LOG_LEVEL=${BENCH_LOG_LEVEL:-info} \
   "$bin" serve 2>"$work/server.log" &
 server_pid=$!
 ts_port=""

@@ -55,4 +55,13 @@ int csystem_eventfd(void);
 /// Raises RLIMIT_NOFILE's soft limit to its hard limit; returns the new soft limit.
 long csystem_raise_fd_limit(void);
 
+/// Relaxed atomic add and load on a plain 64-bit cell (metric counters in a flat table:
+/// Swift's `Atomic` cannot live in an array).
+static inline void csystem_atomic_add(uint64_t *cell, uint64_t value) {
+    __atomic_fetch_add(cell, value, __ATOMIC_RELAXED);
+}
+static inline uint64_t csystem_atomic_load(const uint64_t *cell) {
+    return __atomic_load_n(cell, __ATOMIC_RELAXED);
+}
+
 #endif

@@ -1,49 +1,53 @@
-/// Maps method + path patterns to handlers. Patterns are literal segments and `:name`
-/// parameters (`/rest/v1/:table`); the first matching route wins.
-public struct Router: Sendable {
-    /// A handler that may suspend (database work, long-polls).
-    public typealias Handler = @Sendable (HTTPRequest) async throws -> HTTPResponse
-    /// A handler cheap enough to run on the event loop itself (no I/O, no locks held long).
-    public typealias InlineHandler = @Sendable (HTTPRequest) -> HTTPResponse
-
-    enum Action: Sendable {
-        case async(Handler)
-        case inline(InlineHandler)
-    }
-
+/// Maps method + path patterns to values of the application's choosing (its endpoints).
+/// Patterns are literal segments and `:name` parameters (`/rest/v1/:table`); among the
+/// routes matching a path, the first added wins.
+public struct Router<Endpoint: Sendable>: Sendable {
     struct Route: Sendable {
         let method: HTTPMethod
         let pattern: String
         let segments: [Segment]
-        let action: Action
+        let endpoint: Endpoint
     }
 
     enum Segment: Sendable, Equatable {
         case literal(String)
         case parameter(String)
+
+        var isParameter: Bool { if case .parameter = self { true } else { false } }
     }
 
-    enum Match {
-        case found(Action, [String: String], route: String)
+    /// The result of matching a request line.
+    public enum Match: Sendable {
+        /// The endpoint, the decoded parameters and the route pattern (for bounded metric labels).
+        case found(Endpoint, parameters: [String: String], pattern: String)
+        /// The path exists with other methods (for `405` and its `Allow` header).
         case methodNotAllowed(allowed: [String])
         case notFound
     }
 
     private var routes: [Route] = []
+    /// Route indexes of the patterns without parameters, by path: most requests are found
+    /// with one hash look-up and no splitting.
+    private var literal: [String: [Int]] = [:]
 
     /// An empty router.
     public init() {}
 
-    /// Adds a route whose handler runs as a task.
-    public mutating func add(_ method: HTTPMethod, _ pattern: String, _ handler: @escaping Handler) {
-        routes.append(Route(method: method, pattern: pattern, segments: Self.parse(pattern), action: .async(handler)))
+    /// Adds a route.
+    public mutating func add(_ method: HTTPMethod, _ pattern: String, _ endpoint: Endpoint) {
+        let segments = Self.parse(pattern)
+        let parts = pattern.split(separator: "/", omittingEmptySubsequences: true)
+        // A literal route goes into the fast map unless an earlier route with parameters
+        // matches its path too (that one must keep winning).
+        let shadowed = routes.contains { $0.segments.contains(where: \.isParameter) && Self.bind($0.segments, to: parts) != nil }
+        routes.append(Route(method: method, pattern: pattern, segments: segments, endpoint: endpoint))
+        if !segments.contains(where: \.isParameter), !shadowed {
+            literal["/" + parts.joined(separator: "/"), default: []].append(routes.count - 1)
+        }
     }
 
-    /// Adds a route whose handler runs inline on the event loop (for trivial answers such as
-    /// `/healthz`).
-    public mutating func addInline(_ method: HTTPMethod, _ pattern: String, _ handler: @escaping InlineHandler) {
-        routes.append(Route(method: method, pattern: pattern, segments: Self.parse(pattern), action: .inline(handler)))
-    }
+    /// Every route as (method, pattern), in order.
+    public var patterns: [(method: HTTPMethod, pattern: String)] { routes.map { ($0.method, $0.pattern) } }
 
     static func parse(_ pattern: String) -> [Segment] {
         pattern.split(separator: "/", omittingEmptySubsequences: true).map { part in
@@ -52,19 +56,24 @@ public struct Router: Sendable {
     }
 
     /// Finds the route for `method` and `path`. `HEAD` falls back to `GET`.
-    func match(method: HTTPMethod, path: String) -> Match {
+    public func match(method: HTTPMethod, path: String) -> Match {
+        if let indexes = literal[path] {
+            for index in indexes where routes[index].method == method {
+                return .found(routes[index].endpoint, parameters: [:], pattern: routes[index].pattern)
+            }
+        }
         let parts = path.split(separator: "/", omittingEmptySubsequences: true)
         var allowed: [String] = []
-        var fallback: (Action, [String: String], String)? = nil
+        var fallback: (Endpoint, [String: String], String)? = nil
         for route in routes {
             guard let parameters = Self.bind(route.segments, to: parts) else { continue }
-            if route.method == method { return .found(route.action, parameters, route: route.pattern) }
+            if route.method == method { return .found(route.endpoint, parameters: parameters, pattern: route.pattern) }
             if method == .head, route.method == .get, fallback == nil {
-                fallback = (route.action, parameters, route.pattern)
+                fallback = (route.endpoint, parameters, route.pattern)
             }
             if !allowed.contains(route.method.rawValue) { allowed.append(route.method.rawValue) }
         }
-        if let fallback { return .found(fallback.0, fallback.1, route: fallback.2) }
+        if let fallback { return .found(fallback.0, parameters: fallback.1, pattern: fallback.2) }
         if allowed.isEmpty { return .notFound }
         if allowed.contains("GET"), !allowed.contains("HEAD") { allowed.append("HEAD") }
         allowed.append("OPTIONS")
@@ -72,7 +81,7 @@ public struct Router: Sendable {
     }
 
     /// The methods a path accepts (for `OPTIONS` and `405`), empty when no route matches.
-    func allowedMethods(path: String) -> [String] {
+    public func allowedMethods(path: String) -> [String] {
         if case .methodNotAllowed(let allowed) = match(method: HTTPMethod(rawValue: "\u{0}"), path: path) {
             return allowed
         }

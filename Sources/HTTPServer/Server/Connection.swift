@@ -1,22 +1,11 @@
-/// One client connection's state. Touched only by the event loop thread.
-final class Connection {
-    enum Deadline {
-        /// Waiting for the first byte of a request (new or keep-alive connection): close quietly.
-        case idle
-        /// A request head is arriving: `408`.
-        case header
-        /// A body is arriving: `408`.
-        case body
-        /// A response is waiting for the client to read it: close.
-        case write
-        /// A handler is running: no deadline (it bounds itself).
-        case none
-    }
-
+/// One client connection: its socket, parser, output and lifecycle. Touched only by the
+/// event loop thread.
+final class Connection<Context: Sendable> {
     let fd: Int32
     let id: UInt64
     let remoteAddress: String
     var parser: HTTPRequestParser
+    var lifecycle: ConnectionStateMachine
 
     /// Bytes to send and how many of them went out already.
     var output: [UInt8] = []
@@ -24,35 +13,23 @@ final class Connection {
     /// Edge-triggered epoll: remember readiness until a call says EAGAIN.
     var readable = false
     var writable = true
-    /// A handler is running for the current request; parsing waits (responses stay in order).
-    var inFlight = false
-    var handlerTask: Task<Void, Never>? = nil
-    /// Close once `output` is written.
-    var closeAfterWrite = false
     /// The peer closed its sending side: no more requests will come.
     var peerClosedInput = false
+    var handlerTask: Task<Void, Never>? = nil
 
-    var deadline: UInt64 = 0
-    var deadlineKind: Deadline = .idle
-    /// The request being answered, for the access log and `HEAD`.
-    var current: RequestInfo? = nil
+    /// The request being answered: the application's context and what framing needs.
+    var context: Context? = nil
+    /// The answer decided from the head, sent once the (discarded) body has arrived.
+    var prepared: HTTPResponse? = nil
+    var requestKeepAlive = false
+    var requestIsHead = false
 
-    struct RequestInfo {
-        var method: HTTPMethod
-        var path: String
-        var requestID: String
-        /// The route pattern answering (`/sync/v1/events`), for metrics without unbounded labels.
-        var route: String
-        var origin: String?
-        var keepAlive: Bool
-        var started: UInt64
-    }
-
-    init(fd: Int32, id: UInt64, remoteAddress: String, limits: HTTPParserLimits) {
+    init(fd: Int32, id: UInt64, remoteAddress: String, limits: HTTPParserLimits, lifecycle: ConnectionStateMachine) {
         self.fd = fd
         self.id = id
         self.remoteAddress = remoteAddress
         self.parser = HTTPRequestParser(limits: limits, bodyMode: .collect)
+        self.lifecycle = lifecycle
     }
 
     var hasPendingOutput: Bool { outputOffset < output.count }

@@ -5,19 +5,25 @@ import Synchronization
 
 /// The epoll loop behind `HTTPServer`. All connection state is confined to the loop's
 /// thread; other threads reach it only through the `Mailbox`.
-final class EventLoop: @unchecked Sendable {
+///
+/// The loop knows HTTP and nothing else: what a request means is the `HTTPResponder`'s
+/// business, and each connection's lifecycle is its `ConnectionStateMachine`'s. The loop
+/// does the I/O those two ask for.
+final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
+    typealias Context = Responder.Context
+
     private let configuration: HTTPServerConfiguration
-    private let router: Router
+    private let responder: Responder
     private let logger: Logger
-    private let cors: CORSPolicy
-    private let mailbox = Mailbox()
+    private let mailbox = Mailbox<Context>()
     private let stopped = StopSignal()
+    private let timeouts: ConnectionStateMachine.Timeouts
 
     private var epoll: Int32 = -1
     private var listener: Int32 = -1
     private var reserveFD: Int32 = -1
     private(set) var boundPort = 0
-    private var connections: [Int32: Connection] = [:]
+    private var connections: [Int32: Connection<Context>] = [:]
     private var nextConnectionID: UInt64 = 0
     private var shuttingDown = false
     /// The accept queue may hold connections no new edge will report (accept failed for want
@@ -26,18 +32,18 @@ final class EventLoop: @unchecked Sendable {
     private var shutdownDeadline: UInt64 = 0
     private var now: UInt64 = 0
     private let dates = DateHeaderCache()
-    private let requestIDs = RequestIDGenerator()
 
     private let connectionCount = Atomic<Int>(0)
     private let inFlightCount = Atomic<Int>(0)
 
-    private static let listenerToken = UInt64.max
-    private static let wakeToken = UInt64.max - 1
-    private static let readChunk = 64 * 1024
+    private static var listenerToken: UInt64 { UInt64.max }
+    private static var wakeToken: UInt64 { UInt64.max - 1 }
+    private static var readChunk: Int { 64 * 1024 }
     /// Where every connection's reads land first (loop thread only). Reading straight into
     /// each parser's buffer made every connection hold a zero-filled 64 KiB buffer for its
     /// whole life; copying the few bytes a read returns keeps idle connections small.
-    private var readBuffer = [UInt8](repeating: 0, count: readChunk)
+    private var readBuffer = [UInt8](repeating: 0, count: 64 * 1024)
+    private let serverLine: [UInt8]
 
     private let epollIn = csystem_epollin()
     private let epollOut = csystem_epollout()
@@ -46,11 +52,15 @@ final class EventLoop: @unchecked Sendable {
     private let epollErr = csystem_epollerr()
     private let epollET = csystem_epollet()
 
-    init(configuration: HTTPServerConfiguration, router: Router, logger: Logger) {
+    init(configuration: HTTPServerConfiguration, responder: Responder, logger: Logger) {
         self.configuration = configuration
-        self.router = router
+        self.responder = responder
         self.logger = logger
-        self.cors = CORSPolicy(origins: configuration.corsOrigins)
+        self.serverLine = Array("Server: \(configuration.serverName)\r\n".utf8)
+        timeouts = ConnectionStateMachine.Timeouts(
+            header: configuration.headerTimeout.nanosecondsClamped, body: configuration.bodyIdleTimeout.nanosecondsClamped,
+            keepAlive: configuration.keepAliveTimeout.nanosecondsClamped,
+            write: configuration.writeTimeout.nanosecondsClamped, linger: configuration.lingerTimeout.nanosecondsClamped)
     }
 
     var statistics: (connections: Int, inFlight: Int) {
@@ -98,6 +108,7 @@ final class EventLoop: @unchecked Sendable {
         var events = [csystem_event](repeating: csystem_event(), count: 256)
         var nextSweep: UInt64 = 0
         while true {
+            responder.loopWillWait()
             let timeout: Int32 = connections.isEmpty && !shuttingDown ? 1000 : 250
             let count = csystem_epoll_wait(epoll, &events, Int32(events.count), timeout)
             now = monotonicNow()
@@ -125,6 +136,7 @@ final class EventLoop: @unchecked Sendable {
         close(epoll)
         close(mailbox.eventFD)
         if reserveFD >= 0 { close(reserveFD) }
+        responder.loopWillWait()
         logger.info("HTTP server stopped")
         stopped.signal()
     }
@@ -209,9 +221,9 @@ final class EventLoop: @unchecked Sendable {
             }
             nextConnectionID &+= 1
             let remote = String(decoding: address.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-            let connection = Connection(fd: fd, id: nextConnectionID, remoteAddress: remote, limits: configuration.limits)
-            connection.deadlineKind = .idle
-            connection.deadline = now + configuration.headerTimeout.nanosecondsClamped
+            let connection = Connection<Context>(
+                fd: fd, id: nextConnectionID, remoteAddress: remote, limits: configuration.limits,
+                lifecycle: ConnectionStateMachine(timeouts: timeouts, now: now))
             connections[fd] = connection
             connectionCount.store(connections.count, ordering: .relaxed)
         }
@@ -225,57 +237,53 @@ final class EventLoop: @unchecked Sendable {
         close(fd)
     }
 
-    /// The `503` for a connection the server cannot take. Serialized like any response, so it
-    /// carries Date, Server and a request id too.
+    /// The `503` for a connection the server cannot take, serialized like any response.
     private func refusalResponse() -> [UInt8] {
         var output: [UInt8] = []
-        serialize(
-            .error(
-                .serviceUnavailable, code: "server_busy", message: "Too many connections; try again later.",
-                headers: ["Retry-After": "1"]),
-            requestID: requestIDs.next(), origin: nil, keepAlive: false, omitBody: false, into: &output)
+        serialize(responder.refuseConnection(), keepAlive: false, omitBody: false, into: &output)
         return output
     }
 
     // MARK: - Reading, parsing, writing
 
-    private func drive(_ connection: Connection) {
+    private func drive(_ connection: Connection<Context>) {
         while true {
             if connection.hasPendingOutput {
                 guard connection.writable, flush(connection) else { return }
                 if connection.hasPendingOutput {
-                    if connection.deadlineKind != .write {
-                        connection.deadlineKind = .write
-                        connection.deadline = now + configuration.writeTimeout.nanosecondsClamped
-                    }
+                    connection.lifecycle.writeBlocked(now: now)
                     return
                 }
                 if connection.output.capacity > 256 * 1024 { connection.output = [] } else { connection.output.removeAll(keepingCapacity: true) }
                 connection.outputOffset = 0
-                if connection.closeAfterWrite {
+                switch connection.lifecycle.outputDrained(hasBufferedInput: connection.parser.bufferedByteCount > 0, now: now) {
+                case .close:
                     closeConnection(connection)
                     return
+                case .shutdownWrite:
+                    _ = shutdown(connection.fd, Int32(SHUT_WR))
+                default:
+                    break
                 }
-                // Only a final response ends a request: after an interim `100 Continue` the
-                // body is still due, under the body deadline.
-                if !connection.inFlight, connection.deadlineKind != .body { waitForNextRequest(connection) }
             }
-            if connection.inFlight { return }
+            switch connection.lifecycle.state {
+            case .handling, .closed:
+                return
+            case .lingering:
+                discardInput(connection)
+                return
+            case .writing:
+                if connection.hasPendingOutput { return }
+            default:
+                break
+            }
 
             if let event = connection.parser.next() {
                 switch event {
-                case .head(let head):
-                    if head.hasBody {
-                        connection.deadlineKind = .body
-                        connection.deadline = now + configuration.bodyIdleTimeout.nanosecondsClamped
-                    }
-                    if head.expectsContinue { connection.output.append(contentsOf: Self.continueLine) }
-                case .request(let head, let body):
-                    dispatch(head, body: body, on: connection)
-                case .error(let error):
-                    sendParserError(error, on: connection)
-                case .body, .end:
-                    break  // stream mode only
+                case .head(let head): admit(head, on: connection)
+                case .request(let head, let body): requestComplete(head, body: body, on: connection)
+                case .error(let error): reject(error, on: connection)
+                case .body, .end: break  // stream mode only
                 }
                 continue
             }
@@ -284,11 +292,13 @@ final class EventLoop: @unchecked Sendable {
                 if !connection.hasPendingOutput { closeConnection(connection) }
                 return
             }
-            if !connection.readable {
-                if connection.peerClosedInput { closeConnection(connection) }
+            guard connection.readable else {
+                // Everything the peer sent was read and it will send nothing more.
+                if connection.peerClosedInput, connection.lifecycle.peerClosedInput() == .close {
+                    closeConnection(connection)
+                }
                 return
             }
-            let wasIdle = connection.parser.isIdle
             let fd = connection.fd
             let received = readBuffer.withUnsafeMutableBytes { buffer -> Int in
                 while true {
@@ -300,28 +310,35 @@ final class EventLoop: @unchecked Sendable {
             }
             if received > 0 {
                 if received < Self.readChunk { connection.readable = false }
-                if wasIdle, connection.deadlineKind == .idle {
-                    connection.deadlineKind = .header
-                    connection.deadline = now + configuration.headerTimeout.nanosecondsClamped
-                } else if connection.deadlineKind == .body {
-                    connection.deadline = now + configuration.bodyIdleTimeout.nanosecondsClamped
-                }
+                connection.lifecycle.bytesArrived(now: now)
             } else if received == 0 {
                 connection.readable = false
                 connection.peerClosedInput = true
-                closeConnection(connection)  // EOF: whatever was half-sent is abandoned
+            } else if errno != EAGAIN && errno != EWOULDBLOCK {
+                closeConnection(connection)  // reset: nobody is left to answer
                 return
-            } else if errno == EAGAIN || errno == EWOULDBLOCK {
-                connection.readable = false
             } else {
-                closeConnection(connection)
-                return
+                connection.readable = false
             }
         }
     }
 
-    /// Writes as much pending output as the socket takes. False when the connection was closed.
-    private func flush(_ connection: Connection) -> Bool {
+    /// Lingering close: read and drop what the client still sends, until EOF.
+    private func discardInput(_ connection: Connection<Context>) {
+        guard connection.readable else { return }
+        let fd = connection.fd
+        while true {
+            let count = readBuffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if count > 0 { continue }
+            if count < 0, errno == EINTR { continue }
+            connection.readable = false
+            if count == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) { closeConnection(connection) }
+            return
+        }
+    }
+
+    /// Writes as much pending output as the socket takes. False if the connection was closed.
+    private func flush(_ connection: Connection<Context>) -> Bool {
         while connection.outputOffset < connection.output.count {
             let offset = connection.outputOffset
             let sent = connection.output.withUnsafeBytes { buffer -> Int in
@@ -330,12 +347,12 @@ final class EventLoop: @unchecked Sendable {
             }
             if sent > 0 {
                 connection.outputOffset += sent
-                if connection.deadlineKind == .write {
-                    connection.deadline = now + configuration.writeTimeout.nanosecondsClamped
-                }
+                connection.lifecycle.wroteSome(now: now)
             } else if sent < 0, errno == EAGAIN || errno == EWOULDBLOCK {
                 connection.writable = false
                 return true
+            } else if sent < 0, errno == EINTR {
+                continue
             } else {
                 closeConnection(connection)
                 return false
@@ -344,150 +361,98 @@ final class EventLoop: @unchecked Sendable {
         return true
     }
 
-    private func waitForNextRequest(_ connection: Connection) {
-        if connection.parser.bufferedByteCount > 0 {
-            connection.deadlineKind = .header
-            connection.deadline = now + configuration.headerTimeout.nanosecondsClamped
-        } else {
-            connection.deadlineKind = .idle
-            connection.deadline = now + configuration.keepAliveTimeout.nanosecondsClamped
+    private static var continueLine: [UInt8] { Array("HTTP/1.1 100 Continue\r\n\r\n".utf8) }
+
+    // MARK: - Requests
+
+    private func admit(_ head: HTTPRequestHead, on connection: Connection<Context>) {
+        connection.requestKeepAlive = head.keepAlive
+        connection.requestIsHead = head.method == .head
+        switch responder.admit(head, peer: connection.remoteAddress) {
+        case .readBody(let limit, let context):
+            connection.context = context
+            connection.parser.limitBody(to: limit)
+            let action = connection.lifecycle.headAdmitted(
+                hasBody: head.hasBody, expectsContinue: head.expectsContinue, now: now)
+            if action == .sendContinue { connection.output.append(contentsOf: Self.continueLine) }
+        case .answerAfterBody(let response, let context):
+            connection.context = context
+            connection.prepared = response
+            connection.parser.discardBody()
+            let action = connection.lifecycle.headAdmitted(
+                hasBody: head.hasBody, expectsContinue: head.expectsContinue, now: now)
+            if action == .sendContinue { connection.output.append(contentsOf: Self.continueLine) }
+        case .answer(var response, let context):
+            let after = connection.lifecycle.answeredFromHead(hasBody: head.hasBody, keepAlive: head.keepAlive)
+            responder.complete(&response, context: context)
+            serialize(response, keepAlive: after == .nextRequest, omitBody: connection.requestIsHead, into: &connection.output)
         }
     }
 
-    private static let continueLine = Array("HTTP/1.1 100 Continue\r\n\r\n".utf8)
-
-    // MARK: - Dispatch
-
-    private func dispatch(_ head: HTTPRequestHead, body: [UInt8], on connection: Connection) {
-        let requestID = RequestIDGenerator.sanitize(head.headers["x-request-id"]) ?? requestIDs.next()
-        connection.current = Connection.RequestInfo(
-            method: head.method, path: head.path, requestID: requestID, route: "unmatched",
-            origin: head.headers["origin"], keepAlive: head.keepAlive, started: now)
-        connection.deadlineKind = .none
-        var request = HTTPRequest(
-            method: head.method, path: head.path, query: head.query, headers: head.headers, body: body,
-            requestID: requestID, remoteAddress: connection.remoteAddress)
-
-        if head.method == .options {
-            connection.current?.route = "OPTIONS"
-            respond(optionsResponse(request), on: connection)
+    private func requestComplete(_ head: HTTPRequestHead, body: [UInt8], on connection: Connection<Context>) {
+        guard connection.lifecycle.requestComplete() == .dispatch, let context = connection.context else { return }
+        if let prepared = connection.prepared {
+            connection.prepared = nil
+            finish(prepared, context: context, on: connection)
             return
         }
-        switch router.match(method: head.method, path: head.path) {
-        case .notFound:
-            respond(.error(.notFound, code: "not_found", message: "Not found."), on: connection)
-        case .methodNotAllowed(let allowed):
-            respond(
-                .error(
-                    .methodNotAllowed, code: "method_not_allowed", message: "Method \(head.method) is not allowed here.",
-                    headers: ["Allow": allowed.joined(separator: ", ")]), on: connection)
-        case .found(.inline(let handler), let parameters, let route):
-            connection.current?.route = route
-            request.parameters = parameters
-            respond(handler(request), on: connection)
-        case .found(.async(let handler), let parameters, let route):
-            connection.current?.route = route
-            request.parameters = parameters
-            connection.inFlight = true
+        let request = HTTPRequest(
+            method: head.method, path: head.path, query: head.query, headers: head.headers, body: body,
+            remoteAddress: connection.remoteAddress)
+        switch responder.respond(to: request, context: context) {
+        case .now(let response, let context):
+            finish(response, context: context, on: connection)
+        case .later(let operation):
             inFlightCount.wrappingAdd(1, ordering: .relaxed)
             let mailbox = self.mailbox
             let fd = connection.fd
             let id = connection.id
-            let logger = self.logger
-            connection.handlerTask = Task { [request] in
-                // Every log line written while handling carries the request id.
-                let response: HTTPResponse = await RequestContext.$requestID.withValue(request.requestID) {
-                    do {
-                        return try await handler(request)
-                    } catch let error as HTTPResponseError {
-                        return error.response
-                    } catch {
-                        logger.error("request failed", metadata: ["error": "\(error)"])
-                        return .error(.internalServerError, code: "internal_error", message: "Internal server error.")
-                    }
-                }
-                mailbox.post(Mailbox.Completion(fd: fd, connectionID: id, response: response))
+            connection.handlerTask = Task {
+                let (response, context) = await operation()
+                mailbox.post(.init(fd: fd, connectionID: id, response: response, context: context))
             }
         }
-    }
-
-    private func optionsResponse(_ request: HTTPRequest) -> HTTPResponse {
-        let allowed = router.allowedMethods(path: request.path)
-        if request.headers["access-control-request-method"] != nil, cors.isEnabled {
-            var headers: HTTPHeaders = [:]
-            if let origin = cors.allowedOrigin(request.headers["origin"]) {
-                headers.append(name: "Access-Control-Allow-Origin", value: origin)
-                headers.append(name: "Access-Control-Allow-Methods", value: CORSPolicy.allowedMethods)
-                headers.append(
-                    name: "Access-Control-Allow-Headers",
-                    value: request.headers["access-control-request-headers"] ?? CORSPolicy.defaultAllowedHeaders)
-                headers.append(name: "Access-Control-Max-Age", value: "86400")
-            }
-            return HTTPResponse(status: .noContent, headers: headers)
-        }
-        if allowed.isEmpty, request.path != "*" {
-            return .error(.notFound, code: "not_found", message: "Not found.")
-        }
-        return HTTPResponse(status: .noContent, headers: ["Allow": allowed.isEmpty ? CORSPolicy.allowedMethods : allowed.joined(separator: ", ")])
     }
 
     private func handleMailbox() {
         let (completions, shutdown) = mailbox.drain()
         for completion in completions {
-            guard let connection = connections[completion.fd], connection.id == completion.connectionID else {
+            inFlightCount.wrappingAdd(-1, ordering: .relaxed)
+            guard let connection = connections[completion.fd], connection.id == completion.connectionID,
+                connection.lifecycle.isHandling
+            else {
                 continue  // the client went away meanwhile
             }
-            connection.inFlight = false
             connection.handlerTask = nil
-            inFlightCount.wrappingAdd(-1, ordering: .relaxed)
-            respond(completion.response, on: connection)
+            finish(completion.response, context: completion.context, on: connection)
             drive(connection)
         }
         if shutdown, !shuttingDown { beginShutdown() }
     }
 
-    // MARK: - Responses
-
-    private func respond(_ response: HTTPResponse, on connection: Connection) {
-        let info = connection.current
-        let keepAlive =
-            (info?.keepAlive ?? false) && !response.closeConnection && !shuttingDown && !connection.parser.isClosed
-        connection.closeAfterWrite = !keepAlive
-        let isHead = info?.method == .head
-        serialize(response, requestID: info?.requestID, origin: info?.origin, keepAlive: keepAlive, omitBody: isHead, into: &connection.output)
-        if let info {
-            let milliseconds = Double(monotonicNow() &- info.started) / 1_000_000
-            configuration.observer?(
-                RequestObservation(
-                    method: info.method, route: info.route, status: response.status.code, seconds: milliseconds / 1000))
-            logger.info(
-                "request",
-                metadata: [
-                    "method": "\(info.method)", "path": "\(info.path)", "status": "\(response.status.code)",
-                    "duration_ms": "\(String(format: "%.2f", milliseconds))", "request_id": "\(info.requestID)",
-                ])
-        }
-        connection.current = nil
+    /// Queues the final response to the current request.
+    private func finish(_ response: HTTPResponse, context: Context, on connection: Connection<Context>) {
+        var response = response
+        let keepAlive = connection.requestKeepAlive && !response.closeConnection && !connection.parser.isClosed
+        let after = connection.lifecycle.responseQueued(keepAlive: keepAlive)
+        responder.complete(&response, context: context)
+        serialize(response, keepAlive: after == .nextRequest, omitBody: connection.requestIsHead, into: &connection.output)
+        connection.context = nil
     }
 
-    private func sendParserError(_ error: HTTPParserError, on connection: Connection) {
-        connection.current = nil
-        connection.closeAfterWrite = true
-        let requestID = requestIDs.next()
+    private func reject(_ error: HTTPParserError, on connection: Connection<Context>) {
+        connection.context = nil
+        connection.lifecycle.protocolErrorQueued()
         serialize(
-            .error(HTTPStatus(error.status), code: error.code, message: error.message), requestID: requestID,
-            origin: nil, keepAlive: false, omitBody: false, into: &connection.output)
-        logger.info("rejected request", metadata: ["status": "\(error.status)", "code": "\(error.code)", "request_id": "\(requestID)"])
+            responder.reject(error, peer: connection.remoteAddress), keepAlive: false, omitBody: false,
+            into: &connection.output)
     }
 
-    private func serialize(
-        _ response: HTTPResponse, requestID: String?, origin: String?, keepAlive: Bool, omitBody: Bool,
-        into output: inout [UInt8]
-    ) {
+    private func serialize(_ response: HTTPResponse, keepAlive: Bool, omitBody: Bool, into output: inout [UInt8]) {
         let code = response.status.code
         let bodyAllowed = !(code < 200 || code == 204 || code == 304)
         output.reserveCapacity(output.count + 256 + response.body.count)
-        output.append(contentsOf: "HTTP/1.1 \(code) \(response.status.reason)\r\n".utf8)
+        HTTPStatus.appendStatusLine(code, to: &output)
         for field in response.headers {
             output.append(contentsOf: field.name.utf8)
             output.append(contentsOf: Self.colonSpace)
@@ -495,41 +460,38 @@ final class EventLoop: @unchecked Sendable {
             output.append(contentsOf: Self.crlf)
         }
         if bodyAllowed {
-            output.append(contentsOf: "Content-Length: \(response.body.count)\r\n".utf8)
+            output.append(contentsOf: Self.contentLengthPrefix)
+            appendDecimal(response.body.count, to: &output)
+            output.append(contentsOf: Self.crlf)
         }
-        output.append(contentsOf: dates.headerLine(now: now))
-        output.append(contentsOf: "Server: \(configuration.serverName)\r\n".utf8)
-        if let requestID { output.append(contentsOf: "X-Request-Id: \(requestID)\r\n".utf8) }
-        if let allowed = cors.allowedOrigin(origin), !response.headers.contains("access-control-allow-origin") {
-            output.append(contentsOf: "Access-Control-Allow-Origin: \(allowed)\r\n".utf8)
-            output.append(contentsOf: "Access-Control-Expose-Headers: \(CORSPolicy.exposedHeaders)\r\n".utf8)
-            if allowed != "*" { output.append(contentsOf: "Vary: Origin\r\n".utf8) }
-        }
+        dates.appendHeaderLine(to: &output)
+        output.append(contentsOf: serverLine)
         output.append(contentsOf: keepAlive ? Self.keepAliveLine : Self.closeLine)
         output.append(contentsOf: Self.crlf)
         if bodyAllowed, !omitBody { output.append(contentsOf: response.body) }
     }
 
-    private static let colonSpace = Array(": ".utf8)
-    private static let crlf = Array("\r\n".utf8)
-    private static let keepAliveLine = Array("Connection: keep-alive\r\n".utf8)
-    private static let closeLine = Array("Connection: close\r\n".utf8)
+    private static var colonSpace: StaticString { ": " }
+    private static var crlf: StaticString { "\r\n" }
+    private static var contentLengthPrefix: StaticString { "Content-Length: " }
+    private static var keepAliveLine: StaticString { "Connection: keep-alive\r\n" }
+    private static var closeLine: StaticString { "Connection: close\r\n" }
 
     // MARK: - Deadlines and shutdown
 
     private func sweepDeadlines() {
         for connection in Array(connections.values)
-        where connection.deadlineKind != .none && now >= connection.deadline {
-            switch connection.deadlineKind {
-            case .idle, .write, .none:
+        where connection.lifecycle.deadlineKind != .none && now >= connection.lifecycle.deadline {
+            switch connection.lifecycle.deadlinePassed() {
+            case .close:
                 closeConnection(connection)
-            case .header, .body:
-                connection.deadlineKind = .write
-                connection.deadline = now + configuration.writeTimeout.nanosecondsClamped
-                let error = HTTPParserError.timeout
-                sendParserError(error, on: connection)
+            case .sendRequestTimeout:
+                connection.context = nil
+                serialize(responder.reject(.timeout, peer: connection.remoteAddress), keepAlive: false, omitBody: false, into: &connection.output)
                 connection.readable = false
                 drive(connection)
+            default:
+                break
             }
         }
     }
@@ -544,22 +506,49 @@ final class EventLoop: @unchecked Sendable {
         }
         logger.info(
             "shutting down", metadata: ["connections": "\(connections.count)", "in_flight": "\(inFlightCount.load(ordering: .relaxed))"])
-        for connection in Array(connections.values)
-        where !connection.inFlight && !connection.hasPendingOutput && connection.parser.isIdle {
-            closeConnection(connection)
+        for connection in Array(connections.values) {
+            let action = connection.lifecycle.shutdownBegan()
+            if action == .close || (connection.lifecycle.state == .readingHead && connection.parser.bufferedByteCount == 0) {
+                closeConnection(connection)
+            }
         }
     }
 
-    private func closeConnection(_ connection: Connection) {
+    private func closeConnection(_ connection: Connection<Context>) {
         guard connections[connection.fd] === connection else { return }
         connections.removeValue(forKey: connection.fd)
         connectionCount.store(connections.count, ordering: .relaxed)
-        if connection.inFlight {
+        if connection.lifecycle.isHandling {
             connection.handlerTask?.cancel()
-            connection.inFlight = false
-            inFlightCount.wrappingAdd(-1, ordering: .relaxed)
         }
         close(connection.fd)  // also removes it from epoll
+    }
+}
+
+/// Appends `value` in decimal ASCII.
+@inline(__always)
+func appendDecimal(_ value: Int, to output: inout [UInt8]) {
+    if value < 10 {
+        output.append(UInt8(truncatingIfNeeded: 48 + value))
+        return
+    }
+    var digits: (UInt64, UInt64) = (0, 0)
+    var count = 0
+    var rest = UInt64(value)
+    withUnsafeMutableBytes(of: &digits) { buffer in
+        while rest > 0 {
+            buffer[15 - count] = UInt8(truncatingIfNeeded: 48 + rest % 10)
+            rest /= 10
+            count += 1
+        }
+        output.append(contentsOf: buffer[(16 - count)...])
+    }
+}
+
+extension Array where Element == UInt8 {
+    @inline(__always)
+    mutating func append(contentsOf text: StaticString) {
+        append(contentsOf: UnsafeBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
     }
 }
 
@@ -609,7 +598,11 @@ final class DateHeaderCache {
     private var second: Int = -1
     private var line: [UInt8] = []
 
-    func headerLine(now _: UInt64) -> [UInt8] {
+    func appendHeaderLine(to output: inout [UInt8]) {
+        output.append(contentsOf: headerLine())
+    }
+
+    func headerLine() -> [UInt8] {
         var time = timespec()
         clock_gettime(CLOCK_REALTIME, &time)
         if time.tv_sec != second {
@@ -626,36 +619,5 @@ final class DateHeaderCache {
             line = Array(text.utf8)
         }
         return line
-    }
-}
-
-/// Request ids: a random per-process prefix and a counter (unique, cheap, unguessable
-/// enough to correlate logs without revealing request counts across restarts).
-final class RequestIDGenerator {
-    private let prefix: String
-    private var counter: UInt64 = 0
-
-    init() {
-        prefix = String(UUID().uuidString.replacingOccurrences(of: "-", with: "").prefix(12)).lowercased()
-    }
-
-    func next() -> String {
-        counter &+= 1
-        return prefix + "-" + String(counter, radix: 16)
-    }
-
-    /// A client-sent id if it is 1–128 characters of `[A-Za-z0-9._:-]`, else nil.
-    static func sanitize(_ value: String?) -> String? {
-        guard let value, (1...128).contains(value.utf8.count) else { return nil }
-        for byte in value.utf8 {
-            switch byte {
-            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
-                UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "_"), UInt8(ascii: "."),
-                UInt8(ascii: ":"):
-                continue
-            default: return nil
-            }
-        }
-        return value
     }
 }

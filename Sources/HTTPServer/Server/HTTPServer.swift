@@ -5,19 +5,20 @@ import Logging
 /// An HTTP/1.1 server on plain POSIX sockets with one epoll event loop on a thread of its
 /// own.
 ///
-/// The loop accepts, reads, parses and writes; it never waits on anything but epoll. A
-/// complete request goes to its route's handler: inline handlers answer on the loop, all
-/// others run as tasks on Swift's pool and hand their response back through a mailbox, so a
-/// handler may wait (a long-poll) without holding any thread.
-public final class HTTPServer: Sendable {
+/// The loop accepts, reads, parses and writes; it never waits on anything but epoll. What
+/// each request means is decided by the `HTTPResponder`: from the head (route, body limit,
+/// early answers), then from the whole request, answering inline or from a task that hands
+/// its response back through a mailbox, so a handler may wait (a long-poll) without holding
+/// any thread.
+public final class HTTPServer<Responder: HTTPResponder>: Sendable {
     /// The server's settings.
     public let configuration: HTTPServerConfiguration
-    private let loop: EventLoop
+    private let loop: EventLoop<Responder>
 
-    /// A server for `router`; call `start()` to listen.
-    public init(configuration: HTTPServerConfiguration, router: Router, logger: Logger) {
+    /// A server answering with `responder`; call `start()` to listen.
+    public init(configuration: HTTPServerConfiguration, responder: Responder, logger: Logger) {
         self.configuration = configuration
-        self.loop = EventLoop(configuration: configuration, router: router, logger: logger)
+        self.loop = EventLoop(configuration: configuration, responder: responder, logger: logger)
     }
 
     /// Binds the socket and starts the event loop thread. Raises `RLIMIT_NOFILE` to its hard

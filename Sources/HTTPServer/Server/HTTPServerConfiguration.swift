@@ -16,39 +16,19 @@ public struct HTTPServerConfiguration: Sendable {
     public var keepAliveTimeout: Duration = .seconds(60)
     /// Longest time a response may wait for the client to read it → close. Default 30 s.
     public var writeTimeout: Duration = .seconds(30)
+    /// After a final response sent before its request body was read (a `413`), how long
+    /// the server keeps reading and dropping that body so the client sees the answer
+    /// instead of a reset. Default 2 s.
+    public var lingerTimeout: Duration = .seconds(2)
     /// Most open connections; more are answered `503` and closed. Default 10,000.
     public var maxConnections = 10_000
     /// How long graceful shutdown waits for in-flight requests. Default 10 s.
     public var shutdownTimeout: Duration = .seconds(10)
-    /// Origins allowed by CORS (`*` for any). Default none.
-    public var corsOrigins: [String] = []
     /// The `Server` header. Default `trunk-sync`.
     public var serverName = "trunk-sync"
 
-    /// Called on the event loop after each response with its route and duration (metrics).
-    /// Must be quick and never block. Default none.
-    public var observer: (@Sendable (RequestObservation) -> Void)? = nil
-
     /// The defaults.
     public init() {}
-}
-
-/// What the server reports about each answered request.
-public struct RequestObservation: Sendable {
-    /// The request's method.
-    public var method: HTTPMethod
-    /// The matched route pattern, `OPTIONS`, or `unmatched` (never the raw path, so labels stay bounded).
-    public var route: String
-    /// The response status.
-    public var status: Int
-    /// From the complete request to the response, in seconds.
-    public var seconds: Double
-}
-
-/// Per-request values visible to everything a handler calls.
-public enum RequestContext {
-    /// The current request's id (`X-Request-Id`), while a handler runs.
-    @TaskLocal public static var requestID: String?
 }
 
 extension Duration {

@@ -3,11 +3,12 @@ import Foundation
 
 /// Hands work back to the event loop from other threads: finished responses and the
 /// shutdown request. Writing to an eventfd wakes the loop from `epoll_wait`.
-final class Mailbox: @unchecked Sendable {
+final class Mailbox<Context: Sendable>: @unchecked Sendable {
     struct Completion {
         let fd: Int32
         let connectionID: UInt64
         let response: HTTPResponse
+        let context: Context
     }
 
     let eventFD: Int32

@@ -12,23 +12,36 @@ public struct AuthRoutes: Sendable {
 
     public init(service: AuthService) { self.service = service }
 
-    /// Adds the routes to `router`.
-    public func register(in router: inout Router) {
-        router.add(.post, "/auth/v1/otp") { request in try await otp(request) }
-        router.add(.post, "/auth/v1/verify") { request in try await verify(request) }
-        router.add(.post, "/auth/v1/token") { request in try await token(request) }
-        router.add(.post, "/auth/v1/logout") { request in try await logout(request) }
-        router.add(.get, "/auth/v1/user") { request in try await user(request) }
-        router.add(.put, "/auth/v1/user") { request in try await updateUser(request) }
+    /// Adds the routes. Sign-in bodies are a few small fields: larger ones are refused from
+    /// the head, before anything is read or parsed.
+    public func register(in routes: inout Routes) {
+        let small = Endpoint.BodyLimit.small
+        routes.add(.post, "/auth/v1/otp", family: .auth, bodyLimit: small, .open { request in try await otp(request) })
+        routes.add(.post, "/auth/v1/verify", family: .auth, bodyLimit: small, .open { request in try await verify(request) })
+        routes.add(.post, "/auth/v1/token", family: .auth, bodyLimit: small, .open { request in try await token(request) })
+        routes.add(
+            .post, "/auth/v1/logout", family: .auth, bodyLimit: small,
+            .authenticated { request, claims in try await logout(request, claims) })
+        routes.add(.get, "/auth/v1/user", family: .auth, .authenticated { _, claims in try await user(claims) })
+        routes.add(
+            .put, "/auth/v1/user", family: .auth, bodyLimit: AuthRoutes.userBodyLimit,
+            .authenticated { request, claims in try await updateUser(request, claims) })
         let tokens = service.tokens
-        router.addInline(.get, "/auth/v1/.well-known/jwks.json") { _ in
-            // Public keys only; SigningKeyStore.activationDelay allows for the max-age.
-            ok(tokens.jwks, extra: ["Cache-Control": "public, max-age=600"])
-        }
-        router.addInline(.get, "/auth/v1/settings") { _ in
-            ok(Array(#"{"external":{"email":true},"disable_signup":false,"mailer_autoconfirm":false}"#.utf8))
-        }
+        routes.add(
+            .get, "/auth/v1/.well-known/jwks.json", family: .auth,
+            .inline { _ in
+                // Public keys only; SigningKeyStore.activationDelay allows for the max-age.
+                ok(tokens.jwks, extra: ["Cache-Control": "public, max-age=600"])
+            })
+        routes.add(
+            .get, "/auth/v1/settings", family: .auth,
+            .inline { _ in
+                ok(Array(#"{"external":{"email":true},"disable_signup":false,"mailer_autoconfirm":false}"#.utf8))
+            })
     }
+
+    /// `PUT /auth/v1/user` carries user metadata: room for a profile, not for a payload.
+    static let userBodyLimit = 64 * 1024
 
     static func ok(_ body: [UInt8], status: HTTPStatus = .ok, extra: HTTPHeaders = [:]) -> HTTPResponse {
         var headers = extra
@@ -43,9 +56,7 @@ public struct AuthRoutes: Sendable {
     /// Decodes a JSON body into `T`; unreadable JSON is `400 bad_json`, wrong types `400
     /// validation_failed`.
     static func decode<T: Decodable>(_ type: T.Type, from request: HTTPRequest) throws -> T {
-        guard JSONValue.parse(request.body)?.objectValue != nil else {
-            throw AuthError(status: 400, code: "bad_json", message: "The request body must be a JSON object")
-        }
+        guard JSONValue.parse(request.body)?.objectValue != nil else { throw AuthError.badJSON }
         do {
             return try JSONDecoder().decode(T.self, from: Data(request.body))
         } catch {
@@ -59,20 +70,13 @@ public struct AuthRoutes: Sendable {
         return email
     }
 
-    /// The bearer token's claims; `401` when missing or invalid.
-    func claims(_ request: HTTPRequest) throws -> AccessClaims {
-        guard let header = request.headers["authorization"] else { throw AuthError.noAuthorization }
-        let parts = header.split(separator: " ", maxSplits: 1)
-        guard parts.count == 2, parts[0].lowercased() == "bearer" else { throw AuthError.noAuthorization }
-        return try service.tokens.verify(String(parts[1]).trimmingCharactersInWhitespace(), now: AuthService.now())
-    }
-
     private struct OTPBody: Decodable {
         var email: String?
         var create_user: Bool?
     }
 
     private func otp(_ request: HTTPRequest) async throws -> HTTPResponse {
+        try await service.limit(.otp, ip: request.remoteAddress)  // before any parsing
         let body = try Self.decode(OTPBody.self, from: request)
         let email = try Self.email(body.email)
         try await service.requestCode(email: email, createUser: body.create_user ?? true, ip: request.remoteAddress)
@@ -86,6 +90,7 @@ public struct AuthRoutes: Sendable {
     }
 
     private func verify(_ request: HTTPRequest) async throws -> HTTPResponse {
+        try await service.limit(.verify, ip: request.remoteAddress)  // before any parsing
         let body = try Self.decode(VerifyBody.self, from: request)
         let email = try Self.email(body.email)
         guard let type = body.type, ["email", "magiclink", "signup"].contains(type) else {
@@ -103,11 +108,12 @@ public struct AuthRoutes: Sendable {
     }
 
     private func token(_ request: HTTPRequest) async throws -> HTTPResponse {
+        try await service.limit(.token, ip: request.remoteAddress)  // before any parsing
         guard let grant = request.queryValue("grant_type") else {
             throw AuthError.validation("grant_type is required")
         }
         guard grant == "refresh_token" else {
-            throw AuthError(status: 400, code: "unsupported_grant_type", message: "Only grant_type=refresh_token is supported")
+            throw APIError(status: 400, code: "unsupported_grant_type", message: "Only grant_type=refresh_token is supported")
         }
         let body = try Self.decode(RefreshBody.self, from: request)
         guard let token = body.refresh_token, !token.isEmpty else {
@@ -116,8 +122,7 @@ public struct AuthRoutes: Sendable {
         return ok(try await service.refresh(token: token, ip: request.remoteAddress).json)
     }
 
-    private func logout(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let claims = try claims(request)
+    private func logout(_ request: HTTPRequest, _ claims: AccessClaims) async throws -> HTTPResponse {
         let scopeName = request.queryValue("scope") ?? "global"
         guard let scope = AuthService.LogoutScope(rawValue: scopeName) else {
             throw AuthError.validation("scope must be local, global or others")
@@ -126,8 +131,8 @@ public struct AuthRoutes: Sendable {
         return HTTPResponse(status: .noContent, headers: ["X-Supabase-Api-Version": Self.apiVersion])
     }
 
-    private func user(_ request: HTTPRequest) async throws -> HTTPResponse {
-        ok(try await service.user(try claims(request)).json)
+    private func user(_ claims: AccessClaims) async throws -> HTTPResponse {
+        ok(try await service.user(claims).json)
     }
 
     private struct UpdateBody: Decodable {
@@ -137,11 +142,10 @@ public struct AuthRoutes: Sendable {
         var phone: String?
     }
 
-    private func updateUser(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let claims = try claims(request)
+    private func updateUser(_ request: HTTPRequest, _ claims: AccessClaims) async throws -> HTTPResponse {
         let body = try Self.decode(UpdateBody.self, from: request)
         if body.email != nil || body.password != nil || body.phone != nil {
-            throw AuthError(
+            throw APIError(
                 status: 422, code: "feature_not_supported",
                 message: "Only user metadata (data) can be updated; email, phone and password are not supported")
         }

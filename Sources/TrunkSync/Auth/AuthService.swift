@@ -9,7 +9,7 @@ public protocol SignInCodeSender: Sendable {
     func sendSignInCode(_ code: String, to email: String, expiresInMinutes: Int) async throws
 }
 
-/// The rules of sign-in (every one configurable; defaults from ../shared/DESIGN.md).
+/// The rules of sign-in (every one configurable; the defaults are the documented ones).
 public struct AuthSettings: Sendable {
     /// Seconds a code stays valid. Default 600.
     public var otpLifetime = 600
@@ -63,24 +63,27 @@ public struct AuthService: Sendable {
 
     static func now() -> Int64 { Int64(Date().timeIntervalSince1970) }
 
-    /// Runs database work in one transaction, turning an unavailable database (exhausted
-    /// pool, lost connection) into a `503`.
+    /// Runs database work in one transaction. Failures a client may retry (pool exhausted,
+    /// connection lost) become `503` in the pipeline's error stage, as on every route.
     func database<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) throws -> T) async throws -> T {
-        do {
-            return try await pool.transaction(body)
-        } catch let error as PostgresError where error.asServiceUnavailable != nil {
-            // `asServiceUnavailable` decides which failures are worth a retry, so the auth, REST
-            // and sync routes agree; the answer keeps the GoTrue shape.
-            logger.warning("database unavailable", metadata: ["error": "\(error)"])
-            throw AuthError.databaseUnavailable
-        }
+        try await pool.transaction(body)
     }
 
-    /// Counts a request against a per-IP limit; throws `429` when over it.
-    func limit(_ route: String, ip: String, rule: RateLimiter.Rule) async throws {
-        let retryAfter = try await database { try RateLimiter.hit("ip:\(route):\(ip)", rule: rule, on: $0) }
+    /// The routes with a per-IP limit.
+    public enum LimitedRoute: String, Sendable { case otp, verify, token }
+
+    /// Counts a request against its route's per-IP limit; throws `429` when over it. The
+    /// routes call it first, before parsing anything.
+    public func limit(_ route: LimitedRoute, ip: String) async throws {
+        let rule: RateLimiter.Rule
+        switch route {
+        case .otp: rule = settings.otpRule
+        case .verify: rule = settings.verifyRule
+        case .token: rule = settings.tokenRule
+        }
+        let retryAfter = try await database { try RateLimiter.hit("ip:\(route.rawValue):\(ip)", rule: rule, on: $0) }
         if let retryAfter {
-            metrics.increment("trunk_sync_rate_limited_total", labels: [("limit", route)])
+            metrics.rateLimited(route.rawValue).increment()
             throw AuthError.overRequestRateLimit(retryAfter: retryAfter)
         }
     }
@@ -91,7 +94,6 @@ public struct AuthService: Sendable {
     /// With `createUser` false and no such user, records a code nobody receives, so the
     /// answer (and timing of later calls) is the same as for an existing user.
     public func requestCode(email: Email, createUser: Bool, ip: String) async throws {
-        try await limit("otp", ip: ip, rule: settings.otpRule)
         let code = SecureRandom.digits(6)
         let settings = self.settings
         let hash = codeHash(email, code)
@@ -121,14 +123,14 @@ public struct AuthService: Sendable {
         case .silent: return
         case .wait(let seconds): throw AuthError.overEmailSendRateLimit(retryAfter: seconds)
         case .mailCap(let seconds):
-            metrics.increment("trunk_sync_rate_limited_total", labels: [("limit", "mail")])
+            metrics.rateLimited("mail").increment()
             throw AuthError.overEmailSendRateLimit(retryAfter: seconds)
         case .send:
             do {
                 try await sender.sendSignInCode(code, to: email.value, expiresInMinutes: max(1, settings.otpLifetime / 60))
-                metrics.increment("trunk_sync_signin_codes_sent_total")
+                metrics.signInCodesSent.increment()
             } catch {
-                metrics.increment("trunk_sync_mail_failures_total")
+                metrics.mailFailures.increment()
                 logger.error("sign-in mail failed", metadata: ["error": "\(error)"])
                 // Let the user ask again at once instead of waiting for the resend interval.
                 _ = try? await database { try $0.query("delete from otp_codes where email = $1", email.value) }
@@ -144,7 +146,6 @@ public struct AuthService: Sendable {
     /// The per-IP limit is counted before, in its own transaction, so that failed attempts
     /// count too.
     public func verify(email: Email, code: String, ip: String, userAgent: String?) async throws -> IssuedSession {
-        try await limit("verify", ip: ip, rule: settings.verifyRule)
         guard code.utf8.count == 6, code.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }) else { throw AuthError.otpExpired }
         let hash = codeHash(email, code)
         let maxAttempts = settings.otpMaxAttempts
@@ -224,7 +225,6 @@ public struct AuthService: Sendable {
     /// reuse interval yields another token of the same session; reused later, the whole
     /// session is revoked.
     public func refresh(token: String, ip: String) async throws -> IssuedSession {
-        try await limit("token", ip: ip, rule: settings.tokenRule)
         guard !token.isEmpty, token.utf8.count <= 128 else { throw AuthError.refreshTokenNotFound }
         let newToken = Self.newRefreshToken()
         let reuseInterval = settings.refreshReuseInterval

@@ -267,17 +267,17 @@ public final class TokenIssuer: Sendable {
 
     /// Verifies signature (HS256 with the secret, or ES256 with a key in use named by the
     /// token's `kid`), `exp` (with leeway) and `aud`; returns the claims.
-    public func verify(_ token: String, now: Int64) throws(AuthError) -> AccessClaims {
+    public func verify(_ token: String, now: Int64) throws(APIError) -> AccessClaims {
         let payload: [UInt8]
         do {
             payload = try JWT.verify(token, keys: keySet.withLock { $0.verificationKeys })
         } catch {
-            throw .badJWT
+            throw AuthError.badJWT
         }
         guard let claims = try? JSONDecoder().decode(Claims.self, from: Data(payload)), let user = UUID(uuidString: claims.sub),
             claims.aud?.values.contains("authenticated") == true, claims.exp.isFinite,
             Int64(claims.exp) + Self.leeway >= now
-        else { throw .badJWT }
+        else { throw AuthError.badJWT }
         return AccessClaims(
             userID: user, sessionID: claims.session_id.flatMap(UUID.init(uuidString:)), expiresAt: Int64(claims.exp))
     }

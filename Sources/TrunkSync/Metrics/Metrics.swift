@@ -1,49 +1,69 @@
+import CSystem
 import Foundation
+import HTTPServer
+import Synchronization
 
 /// The process's metrics, rendered in the Prometheus text format at `GET /metrics`.
-/// Counters and histograms are kept under one lock; gauges are read when rendered.
+///
+/// Every series is registered once, at start-up, and updated through its handle: a
+/// `Counter` or an `HTTPRouteMetrics`. Updating is a relaxed atomic add — no string, no
+/// look-up, no lock — so observing a request costs next to nothing. The lock below guards
+/// only registration and rendering.
 public final class Metrics: @unchecked Sendable {
-    /// Upper bounds (seconds) of the request latency histogram.
-    static let latencyBuckets: [Double] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]
-
-    private struct Histogram {
-        var buckets: [UInt64]
-        var sum: Double = 0
-        var count: UInt64 = 0
-    }
-
     private let lock = NSLock()
-    private var counters: [String: [String: Double]] = [:]
-    private var histograms: [String: [String: Histogram]] = [:]
+    private var counters: [(name: String, help: String, labels: String, counter: Counter)] = []
+    private var routes: [String: HTTPRouteMetrics] = [:]
     private var gauges: [(name: String, help: String, read: @Sendable () -> Double)] = []
-    private let help: [String: String] = [
-        "trunk_sync_http_requests_total": "HTTP requests answered, by method, route and status.",
-        "trunk_sync_http_request_duration_seconds": "Time from a complete request to its response, by route.",
-        "trunk_sync_events_pushed_total": "Events stored by pushes (native and REST).",
-        "trunk_sync_events_duplicate_total": "Pushed events skipped because their client_id was already stored.",
-        "trunk_sync_events_pulled_total": "Events returned by pulls (native and REST).",
-        "trunk_sync_signin_codes_sent_total": "Sign-in codes handed to the mailer.",
-        "trunk_sync_mail_failures_total": "Sign-in mails that could not be sent.",
-        "trunk_sync_rate_limited_total": "Requests refused by a rate limit, by limit.",
-    ]
 
-    public init() {}
+    /// Events stored by pushes (native and REST).
+    public let eventsPushed: Counter
+    /// Pushed events skipped because their `client_id` was already stored.
+    public let eventsDuplicate: Counter
+    /// Events returned by pulls (native and REST).
+    public let eventsPulled: Counter
+    /// Sign-in codes handed to the mailer.
+    public let signInCodesSent: Counter
+    /// Sign-in mails that could not be sent.
+    public let mailFailures: Counter
+    private let rateLimited: [String: Counter]
 
-    /// Adds `value` to a counter.
-    public func increment(_ name: String, labels: [(String, String)] = [], by value: Double = 1) {
-        let key = Self.labelText(labels)
-        lock.withLock { counters[name, default: [:]][key, default: 0] += value }
+    /// The limits counted in `trunk_sync_rate_limited_total{limit=…}`.
+    public static let rateLimitNames = ["otp", "verify", "token", "mail"]
+
+    public init() {
+        var register: [(String, String, String, Counter)] = []
+        func counter(_ name: String, _ help: String, labels: String = "") -> Counter {
+            let counter = Counter()
+            register.append((name, help, labels, counter))
+            return counter
+        }
+        eventsPushed = counter("trunk_sync_events_pushed_total", "Events stored by pushes (native and REST).")
+        eventsDuplicate = counter(
+            "trunk_sync_events_duplicate_total", "Pushed events skipped because their client_id was already stored.")
+        eventsPulled = counter("trunk_sync_events_pulled_total", "Events returned by pulls (native and REST).")
+        signInCodesSent = counter("trunk_sync_signin_codes_sent_total", "Sign-in codes handed to the mailer.")
+        mailFailures = counter("trunk_sync_mail_failures_total", "Sign-in mails that could not be sent.")
+        var limits: [String: Counter] = [:]
+        for name in Self.rateLimitNames {
+            limits[name] = counter(
+                "trunk_sync_rate_limited_total", "Requests refused by a rate limit, by limit.", labels: "limit=\"\(name)\"")
+        }
+        rateLimited = limits
+        counters = register
     }
 
-    /// Records one observation in a histogram.
-    public func observe(_ name: String, labels: [(String, String)] = [], _ value: Double) {
-        let key = Self.labelText(labels)
+    /// The counter of refusals by the rate limit `name` (one of `rateLimitNames`).
+    public func rateLimited(_ name: String) -> Counter {
+        rateLimited[name] ?? rateLimited["otp"] ?? Counter()
+    }
+
+    /// The request metrics of a route pattern: the same handle for every method of it.
+    public func route(_ pattern: String) -> HTTPRouteMetrics {
         lock.withLock {
-            var histogram = histograms[name, default: [:]][key] ?? Histogram(buckets: Array(repeating: 0, count: Self.latencyBuckets.count))
-            for (index, bound) in Self.latencyBuckets.enumerated() where value <= bound { histogram.buckets[index] += 1 }
-            histogram.sum += value
-            histogram.count += 1
-            histograms[name, default: [:]][key] = histogram
+            if let existing = routes[pattern] { return existing }
+            let created = HTTPRouteMetrics(pattern: pattern)
+            routes[pattern] = created
+            return created
         }
     }
 
@@ -54,44 +74,154 @@ public final class Metrics: @unchecked Sendable {
 
     /// Everything in the Prometheus text exposition format (version 0.0.4).
     public func render() -> String {
-        let (counters, histograms, gauges) = lock.withLock { (self.counters, self.histograms, self.gauges) }
+        let (counters, routes, gauges) = lock.withLock { (self.counters, self.routes, self.gauges) }
         var out = ""
-        for name in Set(help.keys).union(counters.keys).union(histograms.keys).sorted() {
-            if let series = counters[name] ?? (histograms[name] == nil && name.hasSuffix("_total") ? [:] : nil) {
-                out += "# HELP \(name) \(help[name] ?? name)\n# TYPE \(name) counter\n"
-                if series.isEmpty, !name.contains("http") { out += "\(name) 0\n" }
-                for (labels, value) in series.sorted(by: { $0.key < $1.key }) {
-                    out += "\(name)\(labels.isEmpty ? "" : "{\(labels)}") \(Self.number(value))\n"
-                }
-            } else if let series = histograms[name] ?? (name.hasSuffix("_seconds") ? [:] : nil) {
-                out += "# HELP \(name) \(help[name] ?? name)\n# TYPE \(name) histogram\n"
-                for (labels, histogram) in series.sorted(by: { $0.key < $1.key }) {
-                    let prefix = labels.isEmpty ? "" : labels + ","
-                    for (index, bound) in Self.latencyBuckets.enumerated() {
-                        out += "\(name)_bucket{\(prefix)le=\"\(Self.number(bound))\"} \(histogram.buckets[index])\n"
-                    }
-                    out += "\(name)_bucket{\(prefix)le=\"+Inf\"} \(histogram.count)\n"
-                    out += "\(name)_sum\(labels.isEmpty ? "" : "{\(labels)}") \(Self.number(histogram.sum))\n"
-                    out += "\(name)_count\(labels.isEmpty ? "" : "{\(labels)}") \(histogram.count)\n"
-                }
+        var lastName = ""
+        for entry in counters.sorted(by: { ($0.name, $0.labels) < ($1.name, $1.labels) }) {
+            if entry.name != lastName {
+                out += "# HELP \(entry.name) \(entry.help)\n# TYPE \(entry.name) counter\n"
+                lastName = entry.name
             }
+            out += "\(entry.name)\(entry.labels.isEmpty ? "" : "{\(entry.labels)}") \(entry.counter.value)\n"
         }
+        let sortedRoutes = routes.values.sorted { $0.pattern < $1.pattern }
+        out += "# HELP trunk_sync_http_requests_total HTTP requests answered, by method, route and status.\n"
+        out += "# TYPE trunk_sync_http_requests_total counter\n"
+        for route in sortedRoutes { route.renderCounts(into: &out) }
+        out += "# HELP trunk_sync_http_request_duration_seconds Time from a complete request head to its response, by route.\n"
+        out += "# TYPE trunk_sync_http_request_duration_seconds histogram\n"
+        for route in sortedRoutes { route.renderHistogram(into: &out) }
         for gauge in gauges.sorted(by: { $0.name < $1.name }) {
             out += "# HELP \(gauge.name) \(gauge.help)\n# TYPE \(gauge.name) gauge\n\(gauge.name) \(Self.number(gauge.read()))\n"
         }
         return out
     }
 
-    static func labelText(_ labels: [(String, String)]) -> String {
-        labels.map { name, value in
-            let escaped = value.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"")
-                .replacingOccurrences(of: "\n", with: "\\n")
-            return "\(name)=\"\(escaped)\""
-        }.joined(separator: ",")
-    }
-
     static func number(_ value: Double) -> String {
         if value == value.rounded(), abs(value) < 1e15 { return String(Int64(value)) }
         return String(value)
+    }
+
+    static func escapeLabel(_ value: String) -> String {
+        var out = ""
+        for character in value {
+            switch character {
+            case "\\": out += "\\\\"
+            case "\"": out += "\\\""
+            case "\n": out += "\\n"
+            default: out.append(character)
+            }
+        }
+        return out
+    }
+}
+
+/// A monotonically increasing count.
+public final class Counter: Sendable {
+    private let cell = Atomic<UInt64>(0)
+
+    public init() {}
+
+    /// Adds `amount` (relaxed: counters need no ordering).
+    public func increment(by amount: Int = 1) {
+        guard amount > 0 else { return }
+        cell.wrappingAdd(UInt64(amount), ordering: .relaxed)
+    }
+
+    /// The current value.
+    public var value: UInt64 { cell.load(ordering: .relaxed) }
+}
+
+/// The request count by method and status, and the latency histogram, of one route pattern.
+/// All cells live in one flat table updated with relaxed atomic adds.
+public final class HTTPRouteMetrics: @unchecked Sendable {  // cells are only touched atomically
+    /// The route pattern (`/sync/v1/events`), `OPTIONS` or `unmatched`: never a raw path.
+    public let pattern: String
+    private let cells: UnsafeMutablePointer<UInt64>
+
+    /// Methods with a cell row of their own; any other counts as `other`, so a client
+    /// cannot create series.
+    static let methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "other"]
+    /// Statuses with a cell of their own; any other counts as `other`.
+    static let statuses = [
+        100, 101, 200, 201, 202, 204, 206, 301, 302, 304, 307, 308, 400, 401, 403, 404, 405, 406, 408, 409, 410, 411,
+        412, 413, 414, 415, 416, 422, 428, 429, 431, 500, 501, 502, 503, 504, 505,
+    ]
+    /// Upper bounds (seconds) of the latency histogram.
+    static let bounds: [Double] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]
+    private static let boundNanoseconds: [UInt64] = bounds.map { UInt64($0 * 1e9) }
+    private static let statusSlot: [UInt8] = {
+        var slots = [UInt8](repeating: UInt8(statuses.count), count: 600)
+        for (index, status) in statuses.enumerated() { slots[status] = UInt8(index) }
+        return slots
+    }()
+    private static let statusSlots = statuses.count + 1
+    private static let countCells = methods.count * statusSlots
+    /// After the counts: one cell per bucket (not cumulative) and +Inf, the count, the sum in nanoseconds.
+    private static let histogramStart = countCells
+    private static let cellCount = countCells + bounds.count + 1 + 2
+
+    init(pattern: String) {
+        self.pattern = pattern
+        cells = .allocate(capacity: Self.cellCount)
+        cells.initialize(repeating: 0, count: Self.cellCount)
+    }
+
+    deinit { cells.deallocate() }
+
+    /// Counts one answered request.
+    public func record(method: HTTPMethod, status: Int, nanoseconds: UInt64) {
+        let row = Self.methodRow(method)
+        let slot = status >= 0 && status < 600 ? Int(Self.statusSlot[status]) : Self.statusSlots - 1
+        csystem_atomic_add(cells + row * Self.statusSlots + slot, 1)
+        var bucket = 0
+        while bucket < Self.boundNanoseconds.count, nanoseconds > Self.boundNanoseconds[bucket] { bucket += 1 }
+        csystem_atomic_add(cells + Self.histogramStart + bucket, 1)
+        csystem_atomic_add(cells + Self.histogramStart + Self.bounds.count + 1, 1)
+        csystem_atomic_add(cells + Self.histogramStart + Self.bounds.count + 2, nanoseconds)
+    }
+
+    private static func methodRow(_ method: HTTPMethod) -> Int {
+        switch method.rawValue {
+        case "GET": 0
+        case "HEAD": 1
+        case "POST": 2
+        case "PUT": 3
+        case "PATCH": 4
+        case "DELETE": 5
+        case "OPTIONS": 6
+        default: 7
+        }
+    }
+
+    private func load(_ index: Int) -> UInt64 { csystem_atomic_load(cells + index) }
+
+    func renderCounts(into out: inout String) {
+        let route = Metrics.escapeLabel(pattern)
+        for (row, method) in Self.methods.enumerated() {
+            for slot in 0..<Self.statusSlots {
+                let value = load(row * Self.statusSlots + slot)
+                guard value > 0 else { continue }
+                let status = slot < Self.statuses.count ? String(Self.statuses[slot]) : "other"
+                out += "trunk_sync_http_requests_total{method=\"\(method)\",route=\"\(route)\",status=\"\(status)\"} \(value)\n"
+            }
+        }
+    }
+
+    func renderHistogram(into out: inout String) {
+        let count = load(Self.histogramStart + Self.bounds.count + 1)
+        guard count > 0 else { return }
+        let route = Metrics.escapeLabel(pattern)
+        var cumulative: UInt64 = 0
+        for (index, bound) in Self.bounds.enumerated() {
+            cumulative += load(Self.histogramStart + index)
+            out += "trunk_sync_http_request_duration_seconds_bucket{route=\"\(route)\",le=\"\(Metrics.number(bound))\"} \(cumulative)\n"
+        }
+        // Read separately from the buckets: under load the total may be a little ahead.
+        cumulative += load(Self.histogramStart + Self.bounds.count)
+        out += "trunk_sync_http_request_duration_seconds_bucket{route=\"\(route)\",le=\"+Inf\"} \(max(cumulative, count))\n"
+        let seconds = Double(load(Self.histogramStart + Self.bounds.count + 2)) / 1e9
+        out += "trunk_sync_http_request_duration_seconds_sum{route=\"\(route)\"} \(seconds)\n"
+        out += "trunk_sync_http_request_duration_seconds_count{route=\"\(route)\"} \(max(cumulative, count))\n"
     }
 }

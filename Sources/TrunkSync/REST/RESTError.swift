@@ -1,50 +1,34 @@
-import HTTPServer
-
-/// An error in PostgREST's shape: `{"code","message","details","hint"}` and the header
-/// `Proxy-Status: PostgREST; error=<code>`.
-public struct RESTError: Error, HTTPResponseError, CustomStringConvertible {
-    public var status: Int
-    public var code: String
-    public var message: String
-    public var details: String? = nil
-    public var hint: String? = nil
-
-    public var description: String { "\(status) \(code): \(message)" }
-
-    public var response: HTTPResponse {
-        var writer = JSONWriter(capacity: 160)
-        writer.beginObject()
-        writer.string("code", code)
-        writer.string("details", details)
-        writer.string("hint", hint)
-        writer.string("message", message)
-        writer.endObject()
-        var headers: HTTPHeaders = ["Proxy-Status": "PostgREST; error=\(code)"]
-        if status == 503 { headers.append(name: "Retry-After", value: "1") }
-        return .json(HTTPStatus(status), writer.bytes, headers: headers)
+/// The errors of the `/rest/v1` routes, with PostgREST's codes. They are `APIError`s
+/// rendered in PostgREST's shape (`APIFamily.rest`).
+public enum RESTError {
+    static func parse(_ message: String, details: String? = nil) -> APIError {
+        APIError(status: 400, code: "PGRST100", message: message, details: details.map { .text($0) })
     }
 
-    static func parse(_ message: String, details: String? = nil) -> RESTError {
-        RESTError(status: 400, code: "PGRST100", message: message, details: details)
+    static func unknownColumn(_ column: String, in table: String) -> APIError {
+        APIError(status: 400, code: "42703", message: "column \(table).\(column) does not exist")
     }
 
-    static func unknownColumn(_ column: String, in table: String) -> RESTError {
-        RESTError(status: 400, code: "42703", message: "column \(table).\(column) does not exist")
+    static func badValue(_ value: String, type: String) -> APIError {
+        APIError(status: 400, code: "22P02", message: "invalid input syntax for type \(type): \"\(value.prefix(100))\"")
     }
 
-    static func badValue(_ value: String, type: String) -> RESTError {
-        RESTError(status: 400, code: "22P02", message: "invalid input syntax for type \(type): \"\(value.prefix(100))\"")
-    }
-
-    static let jwt = RESTError(status: 401, code: "PGRST301", message: "JWT could not be verified", hint: nil)
-    static let apiKey = RESTError(status: 401, code: "PGRST301", message: "Invalid API key")
-    static let foreignUser = RESTError(
+    static let jwt = APIError(status: 401, code: "PGRST301", message: "JWT could not be verified")
+    static let apiKey = APIError(status: 401, code: "PGRST301", message: "Invalid API key")
+    static let foreignUser = APIError(
         status: 403, code: "42501", message: "new row violates row-level security policy for table \"events\"")
-    static let busy = RESTError(status: 503, code: "PGRST000", message: "The database is busy; retry shortly")
 
-    static func singular(_ count: Int) -> RESTError {
-        RESTError(
+    static func singular(_ count: Int) -> APIError {
+        APIError(
             status: 406, code: "PGRST116", message: "JSON object requested, multiple (or no) rows returned",
-            details: "The result contains \(count) rows")
+            details: .text("The result contains \(count) rows"))
+    }
+
+    static func append(only method: String) -> APIError {
+        APIError(status: 405, code: "PGRST105", message: "events are append-only: \(method) is not allowed")
+    }
+
+    static func unknownTable(_ table: String) -> APIError {
+        APIError(status: 404, code: "PGRST205", message: "Could not find the table 'public.\(table)' in the schema cache")
     }
 }

@@ -14,7 +14,7 @@ enum RESTInsert {
         return try body.withUnsafeBufferPointer { buffer -> [IncomingEvent] in
             var scanner = JSONScanner(buffer)
             var events: [IncomingEvent] = []
-            var failure: RESTError? = nil
+            var failure: APIError? = nil
             do throws(JSONScanner.Failure) {
                 func one(_ scanner: inout JSONScanner) throws(JSONScanner.Failure) {
                     guard scanner.peek() == UInt8(ascii: "{") else { throw scanner.fail("expected an object") }
@@ -54,14 +54,14 @@ enum RESTInsert {
                             if let text, (1...128).contains(text.unicodeScalars.count) {
                                 type = text
                             } else if failure == nil, !isNull {
-                                failure = RESTError(
+                                failure = APIError(
                                     status: 400, code: "23514",
                                     message: "new row for relation \"events\" violates check constraint \"events_type_check\"")
                             }
                         case "payload":
                             let range = try scanner.skipValue()
                             if range.count > maxPayloadBytes, failure == nil {
-                                failure = RESTError(status: 400, code: "22001", message: "payload is larger than \(maxPayloadBytes) bytes")
+                                failure = APIError(status: 400, code: "22001", message: "payload is larger than \(maxPayloadBytes) bytes")
                             }
                             if !isNull { payload = scanner.bytes(range) }
                         case "client_timestamp":
@@ -77,7 +77,7 @@ enum RESTInsert {
                         default:
                             _ = try scanner.skipValue()
                             if failure == nil {
-                                failure = RESTError(
+                                failure = APIError(
                                     status: 400, code: "PGRST204",
                                     message: "Could not find the '\(key)' column of 'events' in the schema cache")
                             }
@@ -102,15 +102,15 @@ enum RESTInsert {
                 scanner.skipWhitespace()
                 guard scanner.isAtEnd else { throw scanner.fail("unexpected data after the JSON value") }
             } catch {
-                throw RESTError(status: 400, code: "PGRST102", message: "Empty or invalid json", details: "\(error.reason) at byte \(error.offset)")
+                throw APIError(status: 400, code: "PGRST102", message: "Empty or invalid json", details: .text("\(error.reason) at byte \(error.offset)"))
             }
             if let failure { throw failure }
             return events
         }
     }
 
-    static func notNull(_ column: String) -> RESTError {
-        RESTError(
+    static func notNull(_ column: String) -> APIError {
+        APIError(
             status: 400, code: "23502", message: "null value in column \"\(column)\" of relation \"events\" violates not-null constraint")
     }
 
@@ -123,16 +123,16 @@ enum RESTInsert {
     /// `updated_at` is the server's.
     static func parseProfile(_ body: [UInt8], caller: UUID, allowArray: Bool) throws -> ProfileChange {
         guard var value = JSONValue.parse(body) else {
-            throw RESTError(status: 400, code: "PGRST102", message: "Empty or invalid json")
+            throw APIError(status: 400, code: "PGRST102", message: "Empty or invalid json")
         }
         if allowArray, case .array(let items) = value {
             guard items.count == 1 else {
-                throw RESTError(status: 400, code: "PGRST102", message: "Only the caller's own profile can be written")
+                throw APIError(status: 400, code: "PGRST102", message: "Only the caller's own profile can be written")
             }
             value = items[0]
         }
         guard let object = value.objectValue else {
-            throw RESTError(status: 400, code: "PGRST102", message: "Expected a JSON object")
+            throw APIError(status: 400, code: "PGRST102", message: "Expected a JSON object")
         }
         var change = ProfileChange(fullName: nil)
         for (key, member) in object {
@@ -148,16 +148,16 @@ enum RESTInsert {
                     throw RESTError.badValue(member.stringValue ?? "", type: "uuid")
                 }
                 guard id == caller else {
-                    throw RESTError(status: 403, code: "42501", message: "new row violates row-level security policy for table \"profiles\"")
+                    throw APIError(status: 403, code: "42501", message: "new row violates row-level security policy for table \"profiles\"")
                 }
             case "updated_at":
                 continue
             default:
-                throw RESTError(status: 400, code: "PGRST204", message: "Could not find the '\(key)' column of 'profiles' in the schema cache")
+                throw APIError(status: 400, code: "PGRST204", message: "Could not find the '\(key)' column of 'profiles' in the schema cache")
             }
         }
         guard let fullName = change.fullName else {
-            throw RESTError(status: 400, code: "PGRST204", message: "Nothing to update: only full_name can be changed")
+            throw APIError(status: 400, code: "PGRST204", message: "Nothing to update: only full_name can be changed")
         }
         change.fullName = fullName
         return change

@@ -9,10 +9,12 @@ import Postgres
 public struct RESTRoutes: Sendable {
     let pool: PostgresPool
     let store: EventStore
-    let tokens: TokenIssuer
-    /// When set, the `apikey` header must equal it.
-    let apiKey: String?
     let metrics: Metrics
+
+    /// The largest insert (as hosted Supabase projects' request limit).
+    public static let insertBodyLimit = 10 * 1024 * 1024
+    /// A profile update: one small row.
+    public static let profileBodyLimit = 64 * 1024
 
     /// Most rows one response carries (as hosted Supabase projects).
     static let maxRows = 1000
@@ -34,51 +36,41 @@ public struct RESTRoutes: Sendable {
         RESTColumn(name: "updated_at", kind: .timestamp, sql: "updated_at"),
     ]
 
-    public init(pool: PostgresPool, store: EventStore, tokens: TokenIssuer, apiKey: String?, metrics: Metrics = Metrics()) {
+    public init(pool: PostgresPool, store: EventStore, metrics: Metrics = Metrics()) {
         self.metrics = metrics
         self.pool = pool
         self.store = store
-        self.tokens = tokens
-        self.apiKey = apiKey
     }
 
-    public func register(in router: inout Router) {
-        router.add(.get, "/rest/v1/events") { request in try await selectEvents(request) }
-        router.add(.post, "/rest/v1/events") { request in try await insertEvents(request) }
+    public func register(in routes: inout Routes) {
+        routes.add(
+            .get, "/rest/v1/events", family: .rest,
+            .authenticated { request, claims in try await selectEvents(request, user: claims.userID) })
+        routes.add(
+            .post, "/rest/v1/events", family: .rest, bodyLimit: Self.insertBodyLimit,
+            .authenticated { request, claims in try await insertEvents(request, user: claims.userID) })
         for method in [HTTPMethod.patch, .delete, .put] {
-            router.add(method, "/rest/v1/events") { _ in
-                throw RESTError(status: 405, code: "PGRST105", message: "events are append-only: \(method) is not allowed")
-            }
+            routes.add(
+                method, "/rest/v1/events", family: .rest, bodyLimit: Self.insertBodyLimit,
+                .open { _ in throw RESTError.append(only: method.rawValue) })
         }
-        router.add(.get, "/rest/v1/profiles") { request in try await selectProfiles(request) }
-        router.add(.patch, "/rest/v1/profiles") { request in try await updateProfile(request, upsert: false) }
-        router.add(.post, "/rest/v1/profiles") { request in try await updateProfile(request, upsert: true) }
-        router.add(.get, "/rest/v1/:table") { request in throw Self.unknownTable(request) }
-        router.add(.post, "/rest/v1/:table") { request in throw Self.unknownTable(request) }
-    }
-
-    static func unknownTable(_ request: HTTPRequest) -> RESTError {
-        RESTError(
-            status: 404, code: "PGRST205",
-            message: "Could not find the table 'public.\(request.parameters["table"] ?? "")' in the schema cache")
+        routes.add(
+            .get, "/rest/v1/profiles", family: .rest,
+            .authenticated { request, claims in try await selectProfiles(request, user: claims.userID) })
+        routes.add(
+            .patch, "/rest/v1/profiles", family: .rest, bodyLimit: Self.profileBodyLimit,
+            .authenticated { request, claims in try await updateProfile(request, user: claims.userID, upsert: false) })
+        routes.add(
+            .post, "/rest/v1/profiles", family: .rest, bodyLimit: Self.profileBodyLimit,
+            .authenticated { request, claims in try await updateProfile(request, user: claims.userID, upsert: true) })
+        for method in [HTTPMethod.get, .post] {
+            routes.add(
+                method, "/rest/v1/:table", family: .rest, bodyLimit: Self.insertBodyLimit,
+                .open { request in throw RESTError.unknownTable(request.parameters["table"] ?? "") })
+        }
     }
 
     // MARK: - Shared stages
-
-    /// The caller: API key (if configured), then the bearer token.
-    func authenticate(_ request: HTTPRequest) throws -> UUID {
-        if let apiKey {
-            guard let given = request.headers["apikey"], given == apiKey else { throw RESTError.apiKey }
-        }
-        guard let header = request.headers["authorization"] else { throw RESTError.jwt }
-        let parts = header.split(separator: " ", maxSplits: 1)
-        guard parts.count == 2, parts[0].lowercased() == "bearer" else { throw RESTError.jwt }
-        do {
-            return try tokens.verify(String(parts[1]), now: Int64(Date().timeIntervalSince1970)).userID
-        } catch {
-            throw RESTError.jwt
-        }
-    }
 
     struct Preferences {
         var representation = false
@@ -102,14 +94,6 @@ public struct RESTRoutes: Sendable {
 
     static func wantsObject(_ request: HTTPRequest) -> Bool {
         request.headers.values(for: "accept").contains { $0.contains("application/vnd.pgrst.object+json") }
-    }
-
-    static func run<T: Sendable>(_ work: () async throws -> T) async throws -> T {
-        do {
-            return try await work()
-        } catch let error as PostgresError where error.asServiceUnavailable != nil {
-            throw RESTError.busy
-        }
     }
 
     /// Encodes one row's selected columns.
@@ -158,95 +142,83 @@ public struct RESTRoutes: Sendable {
 
     // MARK: - events
 
-    func selectEvents(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let user = try authenticate(request)
+    func selectEvents(_ request: HTTPRequest, user: UUID) async throws -> HTTPResponse {
         let query = try RESTQuery.parse(request, table: "events", columns: Self.eventColumns)
         let limit = min(query.limit ?? Self.maxRows, Self.maxRows)
         let countExact = Self.preferences(request).countExact
-        let (rows, total) = try await Self.run {
-            try await pool.transaction { connection -> (PostgresResult, Int?) in
-                try EventStore.scope(connection, to: user)
-                let filters = query.whereClause(startingAt: 4)
-                let sql =
-                    "select \(query.columns.map(\.sql).joined(separator: ", ")) from events where user_id = $1"
-                    + filters.sql + query.orderClause(default: "seq") + " limit $2 offset $3"
-                let rows = try connection.query(
-                    sql, binds: [user.postgresBind, Int64(limit).postgresBind, Int64(query.offset).postgresBind] + filters.binds)
-                var total: Int? = nil
-                if countExact {
-                    let counted = query.whereClause(startingAt: 2)
-                    total = try connection.query(
-                        "select count(*) from events where user_id = $1" + counted.sql, binds: [user.postgresBind] + counted.binds
-                    )[0].decode(Int.self, column: 0)
-                }
-                return (rows, total)
+        let (rows, total) = try await pool.transaction { connection -> (PostgresResult, Int?) in
+            try EventStore.scope(connection, to: user)
+            let filters = query.whereClause(startingAt: 4)
+            let sql =
+                "select \(query.columns.map(\.sql).joined(separator: ", ")) from events where user_id = $1"
+                + filters.sql + query.orderClause(default: "seq") + " limit $2 offset $3"
+            let rows = try connection.query(
+                sql, binds: [user.postgresBind, Int64(limit).postgresBind, Int64(query.offset).postgresBind] + filters.binds)
+            var total: Int? = nil
+            if countExact {
+                let counted = query.whereClause(startingAt: 2)
+                total = try connection.query(
+                    "select count(*) from events where user_id = $1" + counted.sql, binds: [user.postgresBind] + counted.binds
+                )[0].decode(Int.self, column: 0)
             }
+            return (rows, total)
         }
-        metrics.increment("trunk_sync_events_pulled_total", by: Double(rows.count))
+        metrics.eventsPulled.increment(by: rows.count)
         return try Self.rowsResponse(rows, columns: query.columns, request: request, offset: query.offset, total: total)
     }
 
-    func insertEvents(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let user = try authenticate(request)
+    func insertEvents(_ request: HTTPRequest, user: UUID) async throws -> HTTPResponse {
         let query = try RESTQuery.parse(request, table: "events", columns: Self.eventColumns)
         let preferences = Self.preferences(request)
         let events = try RESTInsert.parseEvents(request.body, caller: user, columns: query.insertColumns)
         guard !events.isEmpty else {
             return preferences.representation ? .json(.created, "[]") : HTTPResponse(status: .created)
         }
-        guard let results = try await Self.run({ try await store.push(events, for: user) }) else { throw RESTError.jwt }
+        guard let results = try await store.push(events, for: user) else { throw RESTError.jwt }
         let stored = results.filter(\.created).count
-        metrics.increment("trunk_sync_events_pushed_total", by: Double(stored))
-        metrics.increment("trunk_sync_events_duplicate_total", by: Double(results.count - stored))
+        metrics.eventsPushed.increment(by: stored)
+        metrics.eventsDuplicate.increment(by: results.count - stored)
         guard preferences.representation else { return HTTPResponse(status: .created) }
         let created = results.filter(\.created).map(\.seq)
         let columns = query.columns
-        let rows = try await Self.run {
-            try await pool.transaction { connection in
-                try EventStore.scope(connection, to: user)
-                return try connection.query(
-                    "select \(columns.map(\.sql).joined(separator: ", ")) from events where user_id = $1 and seq = any($2) order by seq",
-                    user, created)
-            }
+        let rows = try await pool.transaction { connection in
+            try EventStore.scope(connection, to: user)
+            return try connection.query(
+                "select \(columns.map(\.sql).joined(separator: ", ")) from events where user_id = $1 and seq = any($2) order by seq",
+                user, created)
         }
         return try Self.rowsResponse(rows, columns: columns, request: request, offset: 0, total: nil, status: .created)
     }
 
     // MARK: - profiles
 
-    func selectProfiles(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let user = try authenticate(request)
+    func selectProfiles(_ request: HTTPRequest, user: UUID) async throws -> HTTPResponse {
         let query = try RESTQuery.parse(request, table: "profiles", columns: Self.profileColumns)
         let limit = min(query.limit ?? Self.maxRows, Self.maxRows)
-        let rows = try await Self.run {
-            try await pool.withConnection { connection in
-                let filters = query.whereClause(startingAt: 4)
-                return try connection.query(
-                    "select \(query.columns.map(\.sql).joined(separator: ", ")) from users where id = $1" + filters.sql
-                        + query.orderClause(default: "id") + " limit $2 offset $3",
-                    binds: [user.postgresBind, Int64(limit).postgresBind, Int64(query.offset).postgresBind] + filters.binds)
-            }
+        let rows = try await pool.withConnection { connection in
+            let filters = query.whereClause(startingAt: 4)
+            return try connection.query(
+                "select \(query.columns.map(\.sql).joined(separator: ", ")) from users where id = $1" + filters.sql
+                    + query.orderClause(default: "id") + " limit $2 offset $3",
+                binds: [user.postgresBind, Int64(limit).postgresBind, Int64(query.offset).postgresBind] + filters.binds)
         }
         return try Self.rowsResponse(rows, columns: query.columns, request: request, offset: query.offset, total: nil)
     }
 
-    func updateProfile(_ request: HTTPRequest, upsert: Bool) async throws -> HTTPResponse {
-        let user = try authenticate(request)
+    func updateProfile(_ request: HTTPRequest, user: UUID, upsert: Bool) async throws -> HTTPResponse {
         let query = try RESTQuery.parse(request, table: "profiles", columns: Self.profileColumns)
         let preferences = Self.preferences(request)
         let change = try RESTInsert.parseProfile(request.body, caller: user, allowArray: upsert)
-        let rows = try await Self.run {
-            try await pool.withConnection { connection in
-                let filters = query.whereClause(startingAt: 3)
-                return try connection.query(
-                    """
-                    update users set full_name = $2, updated_at = now(),
-                      user_metadata = case when $2::text is null then user_metadata - 'full_name'
-                                      else user_metadata || jsonb_build_object('full_name', $2::text) end
-                    where id = $1\(filters.sql)
-                    returning \(query.columns.map(\.sql).joined(separator: ", "))
-                    """, binds: [user.postgresBind, (change.fullName ?? nil).postgresBind] + filters.binds)
-            }
+        let rows = try await pool.withConnection { connection in
+            let filters = query.whereClause(startingAt: 3)
+            return try connection.query(
+                """
+                update users set full_name = $2, updated_at = now(),
+                  user_metadata = case when $2::text is null then user_metadata - 'full_name'
+                                  else user_metadata || jsonb_build_object('full_name', $2::text) end
+                where id = $1\(filters.sql)
+                returning \(query.columns.map(\.sql).joined(separator: ", "))
+                """, binds: [user.postgresBind, (change.fullName ?? nil).postgresBind] + filters.binds)
         }
         let status: HTTPStatus = upsert ? .created : .ok
         guard preferences.representation else { return HTTPResponse(status: upsert ? .created : .noContent) }

@@ -134,18 +134,6 @@ public struct Application: Sendable {
         var server = HTTPServerConfiguration()
         server.host = configuration.host
         server.port = configuration.port
-        server.corsOrigins = configuration.corsOrigins
-        let metrics = self.metrics
-        server.observer = { observation in
-            metrics.increment(
-                "trunk_sync_http_requests_total",
-                labels: [
-                    ("method", observation.method.rawValue), ("route", observation.route),
-                    ("status", String(observation.status)),
-                ])
-            metrics.observe(
-                "trunk_sync_http_request_duration_seconds", labels: [("route", observation.route)], observation.seconds)
-        }
         server.headerTimeout = .seconds(configuration.httpHeaderTimeout)
         server.bodyIdleTimeout = .seconds(configuration.httpBodyTimeout)
         server.keepAliveTimeout = .seconds(configuration.httpIdleTimeout)
@@ -154,22 +142,34 @@ public struct Application: Sendable {
         return server
     }
 
-    /// Every route of the application.
-    public func router() -> Router {
-        var router = Router()
-        router.addInline(.get, "/healthz") { _ in .json(.ok, #"{"status":"ok"}"#) }
-        router.add(.get, "/readyz") { _ in await readiness() }
-        AuthRoutes(service: auth).register(in: &router)
-        SyncRoutes(store: events, notifier: notifier, tokens: auth.tokens, metrics: metrics).register(in: &router)
-        RESTRoutes(pool: pool, store: events, tokens: auth.tokens, apiKey: configuration.apiKey, metrics: metrics)
-            .register(in: &router)
+    /// Every route of the application with its declarations.
+    public func routes() -> Routes {
+        var routes = Routes(metrics: metrics)
+        let healthy = Array(#"{"status":"ok"}"#.utf8)
+        routes.add(.get, "/healthz", family: .native, .inline { _ in .json(.ok, healthy) })
+        routes.add(.get, "/readyz", family: .native, .open { _ in await readiness() })
+        AuthRoutes(service: auth).register(in: &routes)
+        SyncRoutes(store: events, notifier: notifier, metrics: metrics).register(in: &routes)
+        RESTRoutes(pool: pool, store: events, metrics: metrics).register(in: &routes)
         let metrics = self.metrics
-        router.addInline(.get, "/metrics") { _ in
-            HTTPResponse(
-                status: .ok, headers: ["Content-Type": "text/plain; version=0.0.4; charset=utf-8"],
-                body: Array(metrics.render().utf8))
-        }
-        return router
+        routes.add(
+            .get, "/metrics", family: .native,
+            .inline { _ in
+                HTTPResponse(
+                    status: .ok, headers: ["Content-Type": "text/plain; version=0.0.4; charset=utf-8"],
+                    body: Array(metrics.render().utf8))
+            })
+        return routes
+    }
+
+    /// The request pipeline over every route: what the HTTP server answers with. The access
+    /// log is on when `logger` writes `info` lines, in the configured format.
+    public func pipeline(logger: Logger = Logger(label: "trunk-sync.http")) -> RequestPipeline {
+        let accessLog = logger.logLevel <= .info ? AccessLog(format: configuration.logFormat, label: logger.label) : nil
+        return RequestPipeline(
+            routes: routes(), corsOrigins: configuration.corsOrigins,
+            authenticator: Authenticator(tokens: auth.tokens, apiKey: configuration.apiKey), accessLog: accessLog,
+            logger: logger)
     }
 
     /// Answers waiting long-polls at once and stops listening (graceful shutdown).
@@ -188,24 +188,18 @@ public struct Application: Sendable {
         do {
             let pending = try await pool.withConnection { [migrator] in try migrator.pendingCount(on: $0) }
             if pending > 0 {
-                return .error(
-                    .serviceUnavailable, code: "migrations_pending",
-                    message: "\(pending) migration(s) pending: run trunk-sync migrate.")
+                return APIError(status: 503, code: "migrations_pending", message: "\(pending) migration(s) pending: run trunk-sync migrate.").response(for: .native)
             }
             guard tokens.hasLoadedKeys else {
-                return .error(
-                    .serviceUnavailable, code: "signing_keys_not_loaded",
-                    message: "The signing keys have not been loaded yet.")
+                return APIError(status: 503, code: "signing_keys_not_loaded", message: "The signing keys have not been loaded yet.").response(for: .native)
             }
             return .json(.ok, #"{"status":"ready"}"#)
         } catch let error as MigrationError {
             logger.error("not ready", metadata: ["reason": "\(error)"])
-            return .error(
-                .serviceUnavailable, code: "migrations_invalid",
-                message: "Applied migrations do not match this server's files.")
+            return APIError(status: 503, code: "migrations_invalid", message: "Applied migrations do not match this server's files.").response(for: .native)
         } catch {
             logger.error("not ready: database unavailable", metadata: ["error": "\(error)"])
-            return .error(.serviceUnavailable, code: "database_unavailable", message: "The database is not reachable.")
+            return APIError(status: 503, code: "database_unavailable", message: "The database is not reachable.").response(for: .native)
         }
     }
 }

@@ -8,45 +8,28 @@ import Postgres
 public struct SyncRoutes: Sendable {
     let store: EventStore
     let notifier: EventNotifier
-    let tokens: TokenIssuer
     let metrics: Metrics
 
-    public init(store: EventStore, notifier: EventNotifier, tokens: TokenIssuer, metrics: Metrics = Metrics()) {
+    /// The largest push: 1000 events of at most 64 KiB of payload each would not fit, and
+    /// need not: clients send batches of a few hundred small events.
+    public static let pushBodyLimit = 10 * 1024 * 1024
+
+    public init(store: EventStore, notifier: EventNotifier, metrics: Metrics = Metrics()) {
         self.metrics = metrics
         self.store = store
         self.notifier = notifier
-        self.tokens = tokens
     }
 
-    public func register(in router: inout Router) {
-        router.add(.post, "/sync/v1/events") { request in try await push(request) }
-        router.add(.get, "/sync/v1/events") { request in try await pull(request) }
+    public func register(in routes: inout Routes) {
+        routes.add(
+            .post, "/sync/v1/events", family: .native, bodyLimit: Self.pushBodyLimit,
+            .authenticated { request, claims in try await push(request, user: claims.userID) })
+        routes.add(
+            .get, "/sync/v1/events", family: .native,
+            .authenticated { request, claims in try await pull(request, user: claims.userID) })
     }
 
-    /// The user of the bearer token; `401` otherwise.
-    func authenticate(_ request: HTTPRequest) throws -> UUID {
-        guard let header = request.headers["authorization"] else { throw APIError.unauthorized }
-        let parts = header.split(separator: " ", maxSplits: 1)
-        guard parts.count == 2, parts[0].lowercased() == "bearer" else { throw APIError.unauthorized }
-        do {
-            return try tokens.verify(String(parts[1]), now: Int64(Date().timeIntervalSince1970)).userID
-        } catch {
-            throw APIError.unauthorized
-        }
-    }
-
-    /// Maps pool exhaustion and lost connections to `503` with `Retry-After`.
-    static func database<T>(_ work: () async throws -> T) async throws -> T {
-        do {
-            return try await work()
-        } catch let error as PostgresError {
-            if let unavailable = error.asServiceUnavailable { throw unavailable }
-            throw error
-        }
-    }
-
-    func push(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let user = try authenticate(request)
+    func push(_ request: HTTPRequest, user: UUID) async throws -> HTTPResponse {
         let events: [IncomingEvent]
         switch PushRequest.parse(request.body) {
         case .malformed(let reason):
@@ -68,14 +51,14 @@ public struct SyncRoutes: Sendable {
         case .events(let parsed):
             events = parsed
         }
-        guard let results = try await Self.database({ try await store.push(events, for: user) }) else {
+        guard let results = try await store.push(events, for: user) else {
             throw APIError.unauthorized
         }
         var writer = JSONWriter(capacity: 64 * results.count + 64)
         writer.beginObject()
         let created = results.filter(\.created).count
-        metrics.increment("trunk_sync_events_pushed_total", by: Double(created))
-        metrics.increment("trunk_sync_events_duplicate_total", by: Double(results.count - created))
+        metrics.eventsPushed.increment(by: created)
+        metrics.eventsDuplicate.increment(by: results.count - created)
         writer.int("accepted", Int64(created))
         writer.int("duplicates", Int64(results.count - created))
         writer.beginArray("results")
@@ -127,25 +110,22 @@ public struct SyncRoutes: Sendable {
         return parameters
     }
 
-    func pull(_ request: HTTPRequest) async throws -> HTTPResponse {
-        let user = try authenticate(request)
+    func pull(_ request: HTTPRequest, user: UUID) async throws -> HTTPResponse {
         let parameters = try Self.parameters(request)
-        var page = try await Self.database { try await store.pull(for: user, after: parameters.after, limit: parameters.limit) }
+        var page = try await store.pull(for: user, after: parameters.after, limit: parameters.limit)
         if page.count == 0, parameters.wait > 0 {
             let ticket = notifier.ticket(for: user)
-            page = try await Self.database { try await store.pull(for: user, after: parameters.after, limit: parameters.limit) }
+            page = try await store.pull(for: user, after: parameters.after, limit: parameters.limit)
             if page.count == 0 {
                 await ticket.wait(timeout: .seconds(parameters.wait))
                 if !Task.isCancelled {
-                    page = try await Self.database {
-                        try await store.pull(for: user, after: parameters.after, limit: parameters.limit)
-                    }
+                    page = try await store.pull(for: user, after: parameters.after, limit: parameters.limit)
                 }
             } else {
                 ticket.cancel()
             }
         }
-        metrics.increment("trunk_sync_events_pulled_total", by: Double(page.count))
+        metrics.eventsPulled.increment(by: page.count)
         var writer = JSONWriter(capacity: page.eventsJSON.count + 64)
         writer.beginObject()
         writer.raw("events", page.eventsJSON)

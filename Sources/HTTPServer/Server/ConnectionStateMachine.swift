@@ -1,0 +1,252 @@
+/// The life of one connection as a pure state machine: the event loop reports what happened
+/// (bytes arrived, a head was parsed, a response is ready, the output drained, a deadline
+/// passed) and carries out the action it gets back. No I/O and no clock of its own, so every
+/// transition is unit-tested without sockets (`ConnectionStateMachineTests`).
+///
+///     idle ──bytes──▶ readingHead ──head──▶ readingBody ──request──▶ handling ──response──▶ writing
+///       ▲                  │  └──────early answer (route, limit)─────────────────────────────▶ │
+///       └──────────────────┴─────────────────────── drained, keep-alive ◀──────────────────────┘
+///     writing ──drained, close──▶ closed        writing ──drained, body left unread──▶ lingering ──EOF/deadline──▶ closed
+///
+/// A `lingering` connection has sent its final response and half-closed its side; it reads
+/// and drops what the client is still sending so that closing does not reset the connection
+/// before the client has read the answer (a `413` sent while the body is on its way).
+struct ConnectionStateMachine {
+    enum State: Equatable {
+        /// Waiting for the first byte of a request (a new or a kept-alive connection).
+        case idle
+        /// Part of a request head has arrived.
+        case readingHead
+        /// The head was admitted; its body is arriving.
+        case readingBody
+        /// A handler is working on the request; nothing more is parsed until it answers, so
+        /// pipelined responses stay in order.
+        case handling
+        /// A response is queued; `after` says what follows once it is written.
+        case writing(after: AfterWrite)
+        /// The final response is out and the write side shut; unread input is dropped.
+        case lingering
+        case closed
+    }
+
+    enum AfterWrite: Equatable {
+        /// Wait for the next request on this connection.
+        case nextRequest
+        /// Close the connection.
+        case close
+        /// Part of a body was never read: half-close and drain before closing.
+        case linger
+    }
+
+    /// When the connection's current deadline passes, what it means.
+    enum Deadline: Equatable {
+        /// Nothing is due from the client (a handler runs; it bounds itself).
+        case none
+        /// Close quietly: an idle keep-alive or new connection, a client not reading its
+        /// response, or the end of lingering.
+        case close
+        /// Answer `408` and close: a head or body did not arrive in time.
+        case requestTimeout
+    }
+
+    enum Action: Equatable {
+        case none
+        /// Hand the complete request to the application.
+        case dispatch
+        /// Drop the request the parser completed: it was answered from its head already.
+        case ignoreRequest
+        /// Queue `100 Continue` before the body is read.
+        case sendContinue
+        /// Shut the write side and start dropping input (lingering close).
+        case shutdownWrite
+        case close
+        /// Queue a `408` and close after writing it.
+        case sendRequestTimeout
+    }
+
+    struct Timeouts: Equatable {
+        var header: UInt64
+        var body: UInt64
+        var keepAlive: UInt64
+        var write: UInt64
+        var linger: UInt64
+    }
+
+    private(set) var state: State = .idle
+    private(set) var deadline: UInt64
+    private(set) var deadlineKind: Deadline = .close
+    /// The head just admitted has no body: the parser's next `.request` is this request.
+    private var requestAnsweredEarly = false
+    private var shuttingDown = false
+    let timeouts: Timeouts
+
+    /// A new connection: it must send a request head within the header timeout.
+    init(timeouts: Timeouts, now: UInt64) {
+        self.timeouts = timeouts
+        deadline = now &+ timeouts.header
+    }
+
+    /// Whether a handler is running.
+    var isHandling: Bool { state == .handling }
+
+    /// Whether the connection may be closed now without losing anything in flight (idle,
+    /// between requests).
+    var isIdle: Bool { state == .idle }
+
+    // MARK: - Input
+
+    /// Request bytes arrived (not while lingering: those are dropped).
+    mutating func bytesArrived(now: UInt64) {
+        switch state {
+        case .idle:
+            state = .readingHead
+            setDeadline(.requestTimeout, now &+ timeouts.header)
+        case .readingBody:
+            // The body timeout bounds each pause between reads.
+            setDeadline(.requestTimeout, now &+ timeouts.body)
+        default:
+            break
+        }
+    }
+
+    /// The application admitted a complete head: read its body (if any).
+    mutating func headAdmitted(hasBody: Bool, expectsContinue: Bool, now: UInt64) -> Action {
+        guard state == .readingHead || state == .idle else { return .none }
+        state = .readingBody
+        if hasBody {
+            setDeadline(.requestTimeout, now &+ timeouts.body)
+            return expectsContinue ? .sendContinue : .none
+        }
+        return .none
+    }
+
+    /// The application answered from the head alone. Returns what follows that answer.
+    /// A body not yet read is never read: the connection lingers and closes.
+    mutating func answeredFromHead(hasBody: Bool, keepAlive: Bool) -> AfterWrite {
+        let after: AfterWrite = hasBody ? .linger : (keepAlive && !shuttingDown ? .nextRequest : .close)
+        requestAnsweredEarly = !hasBody
+        state = .writing(after: after)
+        setDeadline(.none, 0)
+        return after
+    }
+
+    /// The parser completed a request (head and body).
+    mutating func requestComplete() -> Action {
+        if requestAnsweredEarly {
+            requestAnsweredEarly = false
+            return .ignoreRequest
+        }
+        guard state == .readingBody else { return .ignoreRequest }
+        state = .handling
+        setDeadline(.none, 0)
+        return .dispatch
+    }
+
+    /// A final response was queued. `keepAlive` is what the request and the response allow.
+    /// Returns what follows the response.
+    @discardableResult
+    mutating func responseQueued(keepAlive: Bool) -> AfterWrite {
+        let after: AfterWrite = keepAlive && !shuttingDown ? .nextRequest : .close
+        state = .writing(after: after)
+        setDeadline(.none, 0)
+        return after
+    }
+
+    /// The bytes could not be parsed: a final error response is queued, then close.
+    mutating func protocolErrorQueued() {
+        state = .writing(after: .close)
+        requestAnsweredEarly = false
+        setDeadline(.none, 0)
+    }
+
+    // MARK: - Output
+
+    /// The socket would not take all of the queued output: the client must read it in time.
+    mutating func writeBlocked(now: UInt64) {
+        if deadlineKind != .close || deadline == 0 {
+            setDeadline(.close, now &+ timeouts.write)
+        }
+    }
+
+    /// Some output went out while blocked: the client is reading, extend its time.
+    mutating func wroteSome(now: UInt64) {
+        if case .writing = state, deadlineKind == .close { setDeadline(.close, now &+ timeouts.write) }
+    }
+
+    /// All queued output was written. `hasBufferedInput`: bytes of a next request wait in
+    /// the parser.
+    mutating func outputDrained(hasBufferedInput: Bool, now: UInt64) -> Action {
+        switch state {
+        case .writing(.nextRequest):
+            if hasBufferedInput {
+                state = .readingHead
+                setDeadline(.requestTimeout, now &+ timeouts.header)
+            } else {
+                state = .idle
+                setDeadline(.close, now &+ timeouts.keepAlive)
+            }
+            return .none
+        case .writing(.close):
+            state = .closed
+            return .close
+        case .writing(.linger):
+            state = .lingering
+            setDeadline(.close, now &+ timeouts.linger)
+            return .shutdownWrite
+        case .readingBody:
+            // `100 Continue` went out; the body is still due under the body deadline.
+            return .none
+        default:
+            return .none
+        }
+    }
+
+    // MARK: - Time, peers and shutdown
+
+    /// The deadline passed (the loop calls this when `now >= deadline`).
+    mutating func deadlinePassed() -> Action {
+        switch deadlineKind {
+        case .none:
+            return .none
+        case .close:
+            state = .closed
+            return .close
+        case .requestTimeout:
+            state = .writing(after: .close)
+            setDeadline(.close, deadline &+ timeouts.write)
+            return .sendRequestTimeout
+        }
+    }
+
+    /// The peer will send nothing more. Close unless a response is still owed or queued.
+    mutating func peerClosedInput() -> Action {
+        switch state {
+        case .idle, .readingHead, .readingBody, .lingering:
+            state = .closed
+            return .close
+        case .handling, .writing, .closed:
+            return .none
+        }
+    }
+
+    /// Graceful shutdown began: idle connections close now, the others after their
+    /// current response.
+    mutating func shutdownBegan() -> Action {
+        shuttingDown = true
+        switch state {
+        case .idle:
+            state = .closed
+            return .close
+        case .writing(.nextRequest):
+            state = .writing(after: .close)
+            return .none
+        default:
+            return .none
+        }
+    }
+
+    private mutating func setDeadline(_ kind: Deadline, _ time: UInt64) {
+        deadlineKind = kind
+        deadline = time
+    }
+}

@@ -1,0 +1,67 @@
+/// The application behind an `HTTPServer`: it decides about each request in stages, while
+/// the server only speaks HTTP (sockets, parsing, framing, deadlines, keep-alive).
+///
+/// Every method is called on the event loop's thread and must return quickly without
+/// blocking: anything that waits goes into a `.later` reply, which runs as a task.
+///
+/// One request goes through:
+/// 1. `admit(_:peer:)` when its head is complete, before any body byte is read: route it,
+///    pick its body limit, or answer at once (`404`, `405`, `413`, a CORS preflight).
+/// 2. `respond(to:context:)` once the whole body arrived (at most the admitted limit).
+/// 3. `complete(_:context:)` just before the response is written: add headers and observe
+///    it (access log, metrics).
+public protocol HTTPResponder: Sendable {
+    /// What the application carries from `admit` to `complete` for one request.
+    associatedtype Context: Sendable
+
+    /// Decides from the head alone.
+    func admit(_ head: HTTPRequestHead, peer: String) -> Admission<Context>
+
+    /// Answers the complete request, at once or later.
+    func respond(to request: HTTPRequest, context: Context) -> Reply<Context>
+
+    /// Called with each final response before it is serialized.
+    func complete(_ response: inout HTTPResponse, context: Context)
+
+    /// The response for bytes that are not an acceptable request (a `400`, `408`, `413`,
+    /// `431` …); the connection closes after it.
+    func reject(_ error: HTTPParserError, peer: String) -> HTTPResponse
+
+    /// The `503` for a connection the server cannot take (connection limit, no descriptors).
+    func refuseConnection() -> HTTPResponse
+
+    /// The loop has handled a batch of events and is about to wait: flush anything
+    /// buffered (log lines).
+    func loopWillWait()
+}
+
+/// The decision about a request head.
+public enum Admission<Context: Sendable>: Sendable {
+    /// Read the body, at most `bodyLimit` bytes (a longer chunked body fails with `413`).
+    case readBody(bodyLimit: Int, Context)
+    /// Answer now without reading the body. If a body was announced, the connection closes
+    /// after this answer (a body too large for the route).
+    case answer(HTTPResponse, Context)
+    /// Read the body (within the server's limit) without keeping it, then answer: for
+    /// answers that do not depend on it (`404`, `405`), keeping the connection usable.
+    case answerAfterBody(HTTPResponse, Context)
+}
+
+/// The answer to a complete request.
+public enum Reply<Context: Sendable>: Sendable {
+    /// The response is ready (computed on the loop).
+    case now(HTTPResponse, Context)
+    /// The response needs waiting (database, long-poll): runs as a task; the context it
+    /// returns replaces the one given (for what the handler learned, such as the user).
+    case later(@Sendable () async -> (HTTPResponse, Context))
+}
+
+extension HTTPResponder {
+    public func loopWillWait() {}
+
+    public func refuseConnection() -> HTTPResponse {
+        var response = HTTPResponse.error(.serviceUnavailable, code: "server_busy", message: "Too many connections; try again later.")
+        response.headers.append(name: "Retry-After", value: "1")
+        return response
+    }
+}

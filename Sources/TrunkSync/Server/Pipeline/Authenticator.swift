@@ -1,0 +1,54 @@
+import Foundation
+import HTTPServer
+
+/// The authentication stage: the one reader of `Authorization: Bearer` (and, for the REST
+/// API when one is configured, of `apikey`). Each family renders a failure in its own shape.
+struct Authenticator: Sendable {
+    let tokens: TokenIssuer
+    /// When set, `/rest/v1` requests must carry it in `apikey`.
+    let apiKey: String?
+
+    /// The verified claims of the request's bearer token, or the family's `401`.
+    func authenticate(_ request: HTTPRequest, family: APIFamily) throws(APIError) -> AccessClaims {
+        if family == .rest, let apiKey {
+            guard let given = request.headers["apikey"], given == apiKey else { throw RESTError.apiKey }
+        }
+        guard let token = Self.bearerToken(request.headers["authorization"]) else {
+            throw Self.missing(family)
+        }
+        do {
+            return try tokens.verify(token, now: Int64(Date().timeIntervalSince1970))
+        } catch {
+            throw Self.invalid(family)
+        }
+    }
+
+    /// The token of `Bearer <token>` (scheme case-insensitive, surrounding blanks ignored).
+    static func bearerToken(_ header: String?) -> String? {
+        guard let header else { return nil }
+        let utf8 = header.utf8
+        guard utf8.count > 7 else { return nil }
+        let scheme = utf8.prefix(6)
+        guard String(decoding: scheme, as: UTF8.self).lowercased() == "bearer",
+            utf8[utf8.index(utf8.startIndex, offsetBy: 6)] == UInt8(ascii: " ")
+        else { return nil }
+        let token = header.dropFirst(7).trimmingCharacters(in: .whitespaces)
+        return token.isEmpty ? nil : token
+    }
+
+    static func missing(_ family: APIFamily) -> APIError {
+        switch family {
+        case .auth: AuthError.noAuthorization
+        case .rest: RESTError.jwt
+        case .native: APIError.unauthorized
+        }
+    }
+
+    static func invalid(_ family: APIFamily) -> APIError {
+        switch family {
+        case .auth: AuthError.badJWT
+        case .rest: RESTError.jwt
+        case .native: APIError.unauthorized
+        }
+    }
+}

@@ -1,0 +1,57 @@
+import Foundation
+import HTTPServer
+
+/// What a route declares about itself, read before its body is: which API it belongs to,
+/// how large a body it takes, whether it needs a signed-in caller, and its handler.
+public final class Endpoint: Sendable {
+    /// How the handler runs and what it is given.
+    public enum Handler: Sendable {
+        /// Answers on the event loop: no I/O, no waiting (`/healthz`).
+        case inline(@Sendable (HTTPRequest) -> HTTPResponse)
+        /// Runs as a task; no bearer token needed.
+        case open(@Sendable (HTTPRequest) async throws -> HTTPResponse)
+        /// Runs as a task once the authentication stage has verified the bearer token.
+        case authenticated(@Sendable (HTTPRequest, AccessClaims) async throws -> HTTPResponse)
+    }
+
+    /// The shape of its errors.
+    public let family: APIFamily
+    /// The largest body accepted, in bytes; a larger one is refused with `413` from the head.
+    public let bodyLimit: Int
+    public let handler: Handler
+    /// Its request counts and latencies (shared by the methods of one pattern).
+    let metrics: HTTPRouteMetrics
+
+    init(family: APIFamily, bodyLimit: Int, handler: Handler, metrics: HTTPRouteMetrics) {
+        self.family = family
+        self.bodyLimit = bodyLimit
+        self.handler = handler
+        self.metrics = metrics
+    }
+
+    /// Body limits of the route kinds.
+    public enum BodyLimit {
+        /// Routes that read no body: only an empty one (or a few stray bytes) is accepted.
+        public static let none = 1024
+        /// Sign-in and account requests: a few small fields.
+        public static let small = 4 * 1024
+    }
+}
+
+/// Collects the application's routes, each with its declarations.
+public struct Routes: Sendable {
+    private(set) var router = Router<Endpoint>()
+    let metrics: Metrics
+
+    init(metrics: Metrics) { self.metrics = metrics }
+
+    /// Adds a route of `family` with `bodyLimit` and `handler`.
+    public mutating func add(
+        _ method: HTTPMethod, _ pattern: String, family: APIFamily, bodyLimit: Int = Endpoint.BodyLimit.none,
+        _ handler: Endpoint.Handler
+    ) {
+        router.add(
+            method, pattern,
+            Endpoint(family: family, bodyLimit: bodyLimit, handler: handler, metrics: metrics.route(pattern)))
+    }
+}

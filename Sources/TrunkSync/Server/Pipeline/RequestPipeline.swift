@@ -1,0 +1,249 @@
+import Foundation
+import HTTPServer
+import Logging
+import Postgres
+import Synchronization
+
+/// Per-request values visible to everything a handler calls.
+public enum RequestContext {
+    /// The current request's id (`X-Request-Id`), while a handler runs: the log handler
+    /// adds it to every line.
+    @TaskLocal public static var requestID: String?
+}
+
+/// The path of every request from head to response, as named stages (see
+/// docs/ARCHITECTURE.md):
+///
+///     admit:    request id → CORS preflight → route → body limit     (head only, on the loop)
+///     respond:  authenticate → handler → errors in the family's shape (a task, unless inline)
+///     complete: X-Request-Id and CORS headers → observe (access log + metrics)
+///
+/// The HTTP server calls these; it knows nothing of what they do.
+public struct RequestPipeline: HTTPResponder {
+    /// What travels with a request from its head to its response.
+    public struct Context: Sendable {
+        var requestID: String
+        var method: HTTPMethod
+        var path: String
+        var origin: String?
+        var started: UInt64
+        var endpoint: Endpoint?
+        var parameters: [String: String] = [:]
+        /// The caller, once the authentication stage knows it (for the access log).
+        var userID: UUID? = nil
+    }
+
+    let router: Router<Endpoint>
+    let cors: CORSPolicy
+    let authenticator: Authenticator
+    let accessLog: AccessLog?
+    let logger: Logger
+    private let requestIDs = RequestIDGenerator()
+    private let unmatched: HTTPRouteMetrics
+    private let preflight: HTTPRouteMetrics
+
+    init(
+        routes: Routes, corsOrigins: [String], authenticator: Authenticator, accessLog: AccessLog?, logger: Logger
+    ) {
+        router = routes.router
+        cors = CORSPolicy(origins: corsOrigins)
+        self.authenticator = authenticator
+        self.accessLog = accessLog
+        self.logger = logger
+        unmatched = routes.metrics.route("unmatched")
+        preflight = routes.metrics.route("OPTIONS")
+    }
+
+    // MARK: - Stages on the head
+
+    public func admit(_ head: HTTPRequestHead, peer: String) -> Admission<Context> {
+        var context = Context(
+            requestID: RequestIDGenerator.sanitize(head.headers["x-request-id"]) ?? requestIDs.next(),
+            method: head.method, path: head.path, origin: cors.isEnabled ? head.headers["origin"] : nil,
+            started: monotonicNanoseconds())
+        let family = Self.family(of: head.path)
+        if head.method == .options {
+            return .answer(options(head), context)
+        }
+        switch router.match(method: head.method, path: head.path) {
+        case .notFound:
+            return .answerAfterBody(APIError.notFound().response(for: family), context)
+        case .methodNotAllowed(let allowed):
+            var response = APIError.methodNotAllowed(head.method).response(for: family)
+            response.headers.append(name: "Allow", value: allowed.joined(separator: ", "))
+            return .answerAfterBody(response, context)
+        case .found(let endpoint, let parameters, _):
+            context.endpoint = endpoint
+            context.parameters = parameters
+            if case .contentLength(let length) = head.bodyFraming, length > endpoint.bodyLimit {
+                return .answer(APIError.bodyTooLarge(limit: endpoint.bodyLimit).response(for: endpoint.family), context)
+            }
+            return .readBody(bodyLimit: endpoint.bodyLimit, context)
+        }
+    }
+
+    /// A CORS preflight, or the methods a path allows.
+    private func options(_ head: HTTPRequestHead) -> HTTPResponse {
+        if head.headers["access-control-request-method"] != nil, cors.isEnabled {
+            var headers: HTTPHeaders = [:]
+            if let origin = cors.allowedOrigin(head.headers["origin"]) {
+                headers.append(name: "Access-Control-Allow-Origin", value: origin)
+                headers.append(name: "Access-Control-Allow-Methods", value: CORSPolicy.allowedMethods)
+                headers.append(
+                    name: "Access-Control-Allow-Headers",
+                    value: head.headers["access-control-request-headers"] ?? CORSPolicy.defaultAllowedHeaders)
+                headers.append(name: "Access-Control-Max-Age", value: "86400")
+            }
+            return HTTPResponse(status: .noContent, headers: headers)
+        }
+        let allowed = router.allowedMethods(path: head.path)
+        if allowed.isEmpty, head.path != "*" {
+            return APIError.notFound().response(for: Self.family(of: head.path))
+        }
+        return HTTPResponse(
+            status: .noContent,
+            headers: ["Allow": allowed.isEmpty ? CORSPolicy.allowedMethods : allowed.joined(separator: ", ")])
+    }
+
+    // MARK: - Stages on the whole request
+
+    public func respond(to request: HTTPRequest, context: Context) -> Reply<Context> {
+        guard let endpoint = context.endpoint else {
+            return .now(APIError.notFound().response(for: .native), context)
+        }
+        var request = request
+        request.requestID = context.requestID
+        request.parameters = context.parameters
+        let family = endpoint.family
+        switch endpoint.handler {
+        case .inline(let handler):
+            return .now(handler(request), context)
+        case .open(let handler):
+            return .later { [self, request] in
+                await RequestContext.$requestID.withValue(request.requestID) {
+                    do {
+                        return (try await handler(request), context)
+                    } catch {
+                        return (render(error, family: family), context)
+                    }
+                }
+            }
+        case .authenticated(let handler):
+            return .later { [self, request] in
+                await RequestContext.$requestID.withValue(request.requestID) {
+                    var context = context
+                    do {
+                        let claims = try authenticator.authenticate(request, family: family)
+                        context.userID = claims.userID
+                        return (try await handler(request, claims), context)
+                    } catch {
+                        return (render(error, family: family), context)
+                    }
+                }
+            }
+        }
+    }
+
+    /// The error stage: an `APIError` in the family's shape; a database failure a client
+    /// may retry as `503` with `Retry-After`; anything else a bare `500` (logged).
+    func render(_ error: any Error, family: APIFamily) -> HTTPResponse {
+        if let error = error as? APIError { return error.response(for: family) }
+        if let error = error as? PostgresError, let unavailable = APIError.serviceUnavailable(error) {
+            logger.warning("database unavailable", metadata: ["error": "\(error)"])
+            return unavailable.response(for: family)
+        }
+        logger.error("request failed", metadata: ["error": "\(error)"])
+        return APIError.internalError.response(for: family)
+    }
+
+    // MARK: - Stages on the response
+
+    public func complete(_ response: inout HTTPResponse, context: Context) {
+        response.headers.append(name: "X-Request-Id", value: context.requestID)
+        if let origin = context.origin, let allowed = cors.allowedOrigin(origin),
+            !response.headers.contains("access-control-allow-origin")
+        {
+            response.headers.append(name: "Access-Control-Allow-Origin", value: allowed)
+            response.headers.append(name: "Access-Control-Expose-Headers", value: CORSPolicy.exposedHeaders)
+            if allowed != "*" { response.headers.append(name: "Vary", value: "Origin") }
+        }
+        observe(response.status.code, context: context)
+    }
+
+    /// One observation per request: metrics and the access log.
+    private func observe(_ status: Int, context: Context) {
+        let elapsed = monotonicNanoseconds() &- context.started
+        let metrics = context.endpoint?.metrics ?? (context.method == .options ? preflight : unmatched)
+        metrics.record(method: context.method, status: status, nanoseconds: elapsed)
+        accessLog?.record(
+            AccessLog.Entry(
+                method: context.method.rawValue, path: context.path, status: status, nanoseconds: elapsed,
+                requestID: context.requestID, userID: context.userID))
+    }
+
+    public func reject(_ error: HTTPParserError, peer: String) -> HTTPResponse {
+        let requestID = requestIDs.next()
+        var response = APIError(status: error.status, code: error.code, message: error.message).response(for: .native)
+        response.headers.append(name: "X-Request-Id", value: requestID)
+        logger.info("rejected request", metadata: ["status": "\(error.status)", "code": "\(error.code)", "request_id": "\(requestID)"])
+        return response
+    }
+
+    public func refuseConnection() -> HTTPResponse {
+        var response = APIError(
+            status: 503, code: "server_busy", message: "Too many connections; try again later.", retryAfter: 1
+        ).response(for: .native)
+        response.headers.append(name: "X-Request-Id", value: requestIDs.next())
+        return response
+    }
+
+    public func loopWillWait() {
+        accessLog?.flush()
+    }
+
+    /// The family of a path, for answers given before a route is known.
+    static func family(of path: String) -> APIFamily {
+        if path.hasPrefix("/auth/v1/") { return .auth }
+        if path.hasPrefix("/rest/v1/") { return .rest }
+        return .native
+    }
+}
+
+func monotonicNanoseconds() -> UInt64 {
+    var time = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &time)
+    return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
+}
+
+/// Request ids: a random per-process prefix and a counter (unique, cheap, unguessable
+/// enough to correlate logs without revealing request counts across restarts).
+final class RequestIDGenerator: Sendable {
+    private let prefix: String
+    private let counter = Atomic<UInt64>(0)
+
+    /// Six random hex digits: with a dash and up to eight digits of counter, an id fits
+    /// Swift's 15-byte small-string form and costs no allocation.
+    init() {
+        prefix = String(UUID().uuidString.replacingOccurrences(of: "-", with: "").prefix(6)).lowercased()
+    }
+
+    func next() -> String {
+        let value = counter.wrappingAdd(1, ordering: .relaxed).newValue
+        return prefix + "-" + String(value, radix: 16)
+    }
+
+    /// A client-sent id if it is 1–128 characters of `[A-Za-z0-9._:-]`, else nil.
+    static func sanitize(_ value: String?) -> String? {
+        guard let value, (1...128).contains(value.utf8.count) else { return nil }
+        for byte in value.utf8 {
+            switch byte {
+            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+                UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "_"), UInt8(ascii: "."),
+                UInt8(ascii: ":"):
+                continue
+            default: return nil
+            }
+        }
+        return value
+    }
+}

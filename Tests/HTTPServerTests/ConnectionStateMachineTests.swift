@@ -1,0 +1,207 @@
+import XCTest
+
+@testable import HTTPServer
+
+/// Every transition of a connection's lifecycle, without sockets or clocks.
+final class ConnectionStateMachineTests: XCTestCase {
+    typealias Machine = ConnectionStateMachine
+    let timeouts = Machine.Timeouts(header: 10, body: 30, keepAlive: 60, write: 20, linger: 2)
+
+    func machine(now: UInt64 = 1000) -> Machine { Machine(timeouts: timeouts, now: now) }
+
+    func testNewConnectionMustSendAHeadWithinTheHeaderTimeoutOrIsClosedQuietly() {
+        var connection = machine()
+        XCTAssertEqual(connection.state, .idle)
+        XCTAssertEqual(connection.deadline, 1010)
+        XCTAssertEqual(connection.deadlineKind, .close)
+        XCTAssertEqual(connection.deadlinePassed(), .close)
+        XCTAssertEqual(connection.state, .closed)
+    }
+
+    func testARequestWithoutBodyGoesFromHeadToHandlerToNextRequest() {
+        var connection = machine()
+        connection.bytesArrived(now: 1001)
+        XCTAssertEqual(connection.state, .readingHead)
+        XCTAssertEqual(connection.deadline, 1011)
+        XCTAssertEqual(connection.deadlineKind, .requestTimeout)
+        XCTAssertEqual(connection.headAdmitted(hasBody: false, expectsContinue: false, now: 1002), .none)
+        XCTAssertEqual(connection.state, .readingBody)
+        XCTAssertEqual(connection.requestComplete(), .dispatch)
+        XCTAssertEqual(connection.state, .handling)
+        XCTAssertEqual(connection.deadlineKind, .none, "a running handler bounds itself")
+        XCTAssertEqual(connection.responseQueued(keepAlive: true), .nextRequest)
+        XCTAssertEqual(connection.outputDrained(hasBufferedInput: false, now: 1005), .none)
+        XCTAssertEqual(connection.state, .idle)
+        XCTAssertEqual(connection.deadline, 1065, "keep-alive timeout")
+        XCTAssertEqual(connection.deadlineKind, .close)
+    }
+
+    func testPipelinedRequestAlreadyBufferedIsUnderTheHeaderDeadline() {
+        var connection = machine()
+        connection.bytesArrived(now: 1000)
+        _ = connection.headAdmitted(hasBody: false, expectsContinue: false, now: 1000)
+        _ = connection.requestComplete()
+        connection.responseQueued(keepAlive: true)
+        XCTAssertEqual(connection.outputDrained(hasBufferedInput: true, now: 1003), .none)
+        XCTAssertEqual(connection.state, .readingHead)
+        XCTAssertEqual(connection.deadline, 1013)
+        XCTAssertEqual(connection.deadlineKind, .requestTimeout)
+    }
+
+    func testBytesWhileHandlingChangeNothingSoResponsesStayInOrder() {
+        var connection = machine()
+        connection.bytesArrived(now: 1000)
+        _ = connection.headAdmitted(hasBody: false, expectsContinue: false, now: 1000)
+        _ = connection.requestComplete()
+        connection.bytesArrived(now: 1001)
+        XCTAssertEqual(connection.state, .handling)
+        XCTAssertEqual(connection.deadlineKind, .none)
+    }
+
+    func testBodyDeadlineRestartsOnEachReadAndExpiresWith408() {
+        var connection = machine()
+        connection.bytesArrived(now: 1000)
+        XCTAssertEqual(connection.headAdmitted(hasBody: true, expectsContinue: false, now: 1001), .none)
+        XCTAssertEqual(connection.deadline, 1031)
+        connection.bytesArrived(now: 1020)
+        XCTAssertEqual(connection.deadline, 1050)
+        XCTAssertEqual(connection.deadlinePassed(), .sendRequestTimeout)
+        XCTAssertEqual(connection.state, .writing(after: .close))
+        XCTAssertEqual(connection.deadlineKind, .close, "then the client gets the write timeout to read the 408")
+        XCTAssertEqual(connection.outputDrained(hasBufferedInput: false, now: 1051), .close)
+    }
+
+    func testHeadTimeoutIs408() {
+        var connection = machine()
+        connection.bytesArrived(now: 1000)
+        XCTAssertEqual(connection.deadlinePassed(), .sendRequestTimeout)
+    }
+
+    func testExpectContinueIsSentAndTheBodyStaysUnderItsDeadline() {
+        var connection = machine()
+        connection.bytesArrived(now: 1000)
+        XCTAssertEqual(connection.headAdmitted(hasBody: true, expectsContinue: true, now: 1000), .sendContinue)
+        // The interim response drains: the request is not over.
+        XCTAssertEqual(connection.outputDrained(hasBufferedInput: false, now: 1001), .none)
+        XCTAssertEqual(connection.state, .readingBody)
+        XCTAssertEqual(connection.deadlineKind, .requestTimeout)
+        XCTAssertEqual(connection.deadline, 1030)
+        XCTAssertEqual(connection.requestComplete(), .dispatch)
+    }
+
+    func testNoContinueWithoutABody() {
+        var connection = machine()
+        connection.bytesArrived(now: 1000)
+        XCTAssertEqual(connection.headAdmitted(hasBody: false, expectsContinue: true, now: 1000), .none)
+    }
+
+    func testAnswerFromTheHeadWithABodyDueLingersThenCloses() {
+        var connection = machine()
+        connection.bytesArrived(now: 1000)
+        XCTAssertEqual(connection.answeredFromHead(hasBody: true, keepAlive: true), .linger)
+        XCTAssertEqual(connection.state, .writing(after: .linger))
+        XCTAssertEqual(connection.outputDrained(hasBufferedInput: false, now: 1001), .shutdownWrite)
+        XCTAssertEqual(connection.state, .lingering)
+        XCTAssertEqual(connection.deadline, 1003)
+        XCTAssertEqual(connection.peerClosedInput(), .close, "the client closed: done")
+        var expired = machine()
+        expired.bytesArrived(now: 1000)
+        _ = expired.answeredFromHead(hasBody: true, keepAlive: true)
+        _ = expired.outputDrained(hasBufferedInput: false, now: 1001)
+        XCTAssertEqual(expired.deadlinePassed(), .close, "or the linger time ran out")
+    }
+
+    func testAnswerFromTheHeadWithoutBodyKeepsTheConnectionAndDropsTheParsedRequest() {
+        var connection = machine()
+        connection.bytesArrived(now: 1000)
+        XCTAssertEqual(connection.answeredFromHead(hasBody: false, keepAlive: true), .nextRequest)
+        XCTAssertEqual(connection.requestComplete(), .ignoreRequest, "the parser's empty request was answered already")
+        XCTAssertEqual(connection.outputDrained(hasBufferedInput: false, now: 1001), .none)
+        XCTAssertEqual(connection.state, .idle)
+        // The next request is dispatched as usual.
+        connection.bytesArrived(now: 1002)
+        _ = connection.headAdmitted(hasBody: false, expectsContinue: false, now: 1002)
+        XCTAssertEqual(connection.requestComplete(), .dispatch)
+    }
+
+    func testAnswerFromTheHeadOfAConnectionCloseRequestCloses() {
+        var connection = machine()
+        connection.bytesArrived(now: 1000)
+        XCTAssertEqual(connection.answeredFromHead(hasBody: false, keepAlive: false), .close)
+        _ = connection.requestComplete()
+        XCTAssertEqual(connection.outputDrained(hasBufferedInput: false, now: 1001), .close)
+    }
+
+    func testResponseWithoutKeepAliveClosesAfterWriting() {
+        var connection = machine()
+        connection.bytesArrived(now: 1000)
+        _ = connection.headAdmitted(hasBody: false, expectsContinue: false, now: 1000)
+        _ = connection.requestComplete()
+        XCTAssertEqual(connection.responseQueued(keepAlive: false), .close)
+        XCTAssertEqual(connection.outputDrained(hasBufferedInput: true, now: 1001), .close)
+        XCTAssertEqual(connection.state, .closed)
+    }
+
+    func testProtocolErrorClosesAfterTheErrorIsWritten() {
+        var connection = machine()
+        connection.bytesArrived(now: 1000)
+        connection.protocolErrorQueued()
+        XCTAssertEqual(connection.state, .writing(after: .close))
+        XCTAssertEqual(connection.outputDrained(hasBufferedInput: false, now: 1001), .close)
+    }
+
+    func testSlowReaderGetsTheWriteTimeoutExtendedWhileItReads() {
+        var connection = machine()
+        connection.bytesArrived(now: 1000)
+        _ = connection.headAdmitted(hasBody: false, expectsContinue: false, now: 1000)
+        _ = connection.requestComplete()
+        connection.responseQueued(keepAlive: true)
+        connection.writeBlocked(now: 1001)
+        XCTAssertEqual(connection.deadline, 1021)
+        XCTAssertEqual(connection.deadlineKind, .close)
+        connection.wroteSome(now: 1015)
+        XCTAssertEqual(connection.deadline, 1035)
+        XCTAssertEqual(connection.deadlinePassed(), .close)
+    }
+
+    func testPeerClosingItsSideClosesUnlessAResponseIsOwed() {
+        for state in ["idle", "readingHead", "readingBody"] {
+            var connection = machine()
+            if state != "idle" { connection.bytesArrived(now: 1000) }
+            if state == "readingBody" { _ = connection.headAdmitted(hasBody: true, expectsContinue: false, now: 1000) }
+            XCTAssertEqual(connection.peerClosedInput(), .close, state)
+        }
+        var handling = machine()
+        handling.bytesArrived(now: 1000)
+        _ = handling.headAdmitted(hasBody: false, expectsContinue: false, now: 1000)
+        _ = handling.requestComplete()
+        XCTAssertEqual(handling.peerClosedInput(), .none, "a half-closed client still gets its answer")
+        XCTAssertEqual(handling.state, .handling)
+    }
+
+    func testShutdownClosesIdleConnectionsAndEndsKeepAliveOfTheOthers() {
+        var idle = machine()
+        XCTAssertEqual(idle.shutdownBegan(), .close)
+
+        var handling = machine()
+        handling.bytesArrived(now: 1000)
+        _ = handling.headAdmitted(hasBody: false, expectsContinue: false, now: 1000)
+        _ = handling.requestComplete()
+        XCTAssertEqual(handling.shutdownBegan(), .none, "in-flight requests finish")
+        XCTAssertEqual(handling.responseQueued(keepAlive: true), .close, "but their connection closes after")
+
+        var writing = machine()
+        writing.bytesArrived(now: 1000)
+        _ = writing.headAdmitted(hasBody: false, expectsContinue: false, now: 1000)
+        _ = writing.requestComplete()
+        writing.responseQueued(keepAlive: true)
+        XCTAssertEqual(writing.shutdownBegan(), .none)
+        XCTAssertEqual(writing.outputDrained(hasBufferedInput: false, now: 1001), .close)
+    }
+
+    func testRequestCompletingOutsideReadingBodyIsIgnored() {
+        var connection = machine()
+        XCTAssertEqual(connection.requestComplete(), .ignoreRequest)
+        XCTAssertEqual(connection.state, .idle)
+    }
+}
