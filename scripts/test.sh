@@ -35,11 +35,11 @@ export TRUNK_SYNC_BIN="$(swift build --show-bin-path)/trunk-sync"
 status=0
 timeout --signal=INT --kill-after=30 1500 swift test --skip-build --disable-swift-testing "$@" 2>&1 \
   | tee "$work/test.log" || status=$?
-# One closing line for readers of the log: totals of the whole XCTest run.
-summary=$(grep -E "^[[:space:]]*Executed [0-9]+ tests?, with [0-9]+ failures?" "$work/test.log" | tail -n 1 || true)
-if [ -n "$summary" ]; then
-  total=$(echo "$summary" | sed -E 's/.*Executed ([0-9]+) tests?.*/\1/')
-  failed=$(echo "$summary" | sed -E 's/.*with ([0-9]+) failures?.*/\1/')
-  echo "$((total - failed)) passed, $failed failed"
+# One closing line for readers of the log: test cases passed and failed in the whole run
+# (XCTest's own totals count failed assertions, not failed tests).
+passed=$(grep -cE "^Test Case '.*' passed \(" "$work/test.log" || true)
+failed=$(grep -cE "^Test Case '.*' failed \(" "$work/test.log" || true)
+if [ "$((passed + failed))" -gt 0 ]; then
+  echo "$passed passed, $failed failed"
 fi
 exit "$status"

@@ -9,6 +9,15 @@ final class ConnectionStateMachineTests: XCTestCase {
 
     func machine(now: UInt64 = 1000) -> Machine { Machine(timeouts: timeouts, now: now) }
 
+    /// A connection whose handler is running a request without a body (admitted at 1000).
+    func handling() -> Machine {
+        var connection = machine()
+        connection.bytesArrived(now: 1000)
+        _ = connection.headAdmitted(hasBody: false, expectsContinue: false, now: 1000)
+        XCTAssertEqual(connection.requestComplete(), .dispatch)
+        return connection
+    }
+
     func testNewConnectionMustSendAHeadWithinTheHeaderTimeoutOrIsClosedQuietly() {
         var connection = machine()
         XCTAssertEqual(connection.state, .idle)
@@ -37,10 +46,7 @@ final class ConnectionStateMachineTests: XCTestCase {
     }
 
     func testPipelinedRequestAlreadyBufferedIsUnderTheHeaderDeadline() {
-        var connection = machine()
-        connection.bytesArrived(now: 1000)
-        _ = connection.headAdmitted(hasBody: false, expectsContinue: false, now: 1000)
-        _ = connection.requestComplete()
+        var connection = handling()
         connection.responseQueued(keepAlive: true)
         XCTAssertEqual(connection.outputDrained(hasBufferedInput: true, now: 1003), .none)
         XCTAssertEqual(connection.state, .readingHead)
@@ -49,10 +55,7 @@ final class ConnectionStateMachineTests: XCTestCase {
     }
 
     func testBytesWhileHandlingChangeNothingSoResponsesStayInOrder() {
-        var connection = machine()
-        connection.bytesArrived(now: 1000)
-        _ = connection.headAdmitted(hasBody: false, expectsContinue: false, now: 1000)
-        _ = connection.requestComplete()
+        var connection = handling()
         connection.bytesArrived(now: 1001)
         XCTAssertEqual(connection.state, .handling)
         XCTAssertEqual(connection.deadlineKind, .none)
@@ -133,10 +136,7 @@ final class ConnectionStateMachineTests: XCTestCase {
     }
 
     func testResponseWithoutKeepAliveClosesAfterWriting() {
-        var connection = machine()
-        connection.bytesArrived(now: 1000)
-        _ = connection.headAdmitted(hasBody: false, expectsContinue: false, now: 1000)
-        _ = connection.requestComplete()
+        var connection = handling()
         XCTAssertEqual(connection.responseQueued(keepAlive: false), .close)
         XCTAssertEqual(connection.outputDrained(hasBufferedInput: true, now: 1001), .close)
         XCTAssertEqual(connection.state, .closed)
@@ -151,10 +151,7 @@ final class ConnectionStateMachineTests: XCTestCase {
     }
 
     func testSlowReaderGetsTheWriteTimeoutExtendedWhileItReads() {
-        var connection = machine()
-        connection.bytesArrived(now: 1000)
-        _ = connection.headAdmitted(hasBody: false, expectsContinue: false, now: 1000)
-        _ = connection.requestComplete()
+        var connection = handling()
         connection.responseQueued(keepAlive: true)
         connection.writeBlocked(now: 1001)
         XCTAssertEqual(connection.deadline, 1021)
@@ -171,29 +168,20 @@ final class ConnectionStateMachineTests: XCTestCase {
             if state == "readingBody" { _ = connection.headAdmitted(hasBody: true, expectsContinue: false, now: 1000) }
             XCTAssertEqual(connection.peerClosedInput(), .close, state)
         }
-        var handling = machine()
-        handling.bytesArrived(now: 1000)
-        _ = handling.headAdmitted(hasBody: false, expectsContinue: false, now: 1000)
-        _ = handling.requestComplete()
-        XCTAssertEqual(handling.peerClosedInput(), .none, "a half-closed client still gets its answer")
-        XCTAssertEqual(handling.state, .handling)
+        var answering = handling()
+        XCTAssertEqual(answering.peerClosedInput(), .none, "a half-closed client still gets its answer")
+        XCTAssertEqual(answering.state, .handling)
     }
 
     func testShutdownClosesIdleConnectionsAndEndsKeepAliveOfTheOthers() {
         var idle = machine()
         XCTAssertEqual(idle.shutdownBegan(), .close)
 
-        var handling = machine()
-        handling.bytesArrived(now: 1000)
-        _ = handling.headAdmitted(hasBody: false, expectsContinue: false, now: 1000)
-        _ = handling.requestComplete()
-        XCTAssertEqual(handling.shutdownBegan(), .none, "in-flight requests finish")
-        XCTAssertEqual(handling.responseQueued(keepAlive: true), .close, "but their connection closes after")
+        var inFlight = handling()
+        XCTAssertEqual(inFlight.shutdownBegan(), .none, "in-flight requests finish")
+        XCTAssertEqual(inFlight.responseQueued(keepAlive: true), .close, "but their connection closes after")
 
-        var writing = machine()
-        writing.bytesArrived(now: 1000)
-        _ = writing.headAdmitted(hasBody: false, expectsContinue: false, now: 1000)
-        _ = writing.requestComplete()
+        var writing = handling()
         writing.responseQueued(keepAlive: true)
         XCTAssertEqual(writing.shutdownBegan(), .none)
         XCTAssertEqual(writing.outputDrained(hasBufferedInput: false, now: 1001), .close)

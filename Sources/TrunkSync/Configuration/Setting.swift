@@ -35,7 +35,7 @@ public struct Setting: Sendable {
         Setting(
             key: "cors_origins", defaultValue: "", isSecret: false,
             summary: "Comma-separated origins allowed by CORS; * allows any. Default none."),
-        Setting(key: "log_level", defaultValue: "info", isSecret: false, summary: "trace, debug, info, notice, warning, error or critical."),
+        Setting(key: "log_level", defaultValue: "info", isSecret: false, summary: "trace, debug, info, notice, warning, error or critical; info and below write the access log."),
         Setting(key: "log_format", defaultValue: "text", isSecret: false, summary: "text or json (one object per line)."),
         Setting(
             key: "migrations_dir", defaultValue: nil, isSecret: false,
