@@ -1,5 +1,5 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test build release format lint clean fuzz bench
+.PHONY: run test build release format lint clean fuzz fuzz-json bench
 
 run:
 	scripts/run.sh
@@ -25,7 +25,10 @@ clean:
 
 # Not part of `make test`: see README ("Fuzzing", "Benchmarks").
 fuzz:
-	scripts/fuzz.sh
+	scripts/fuzz.sh http
+
+fuzz-json:
+	scripts/fuzz.sh json
 
 bench:
 	bench/http/run.sh

@@ -42,11 +42,14 @@ let package = Package(
             swiftSettings: [
                 .unsafeFlags(["-cross-module-optimization", "-enforce-exclusivity=unchecked"], .when(configuration: .release))
             ]),
+        // The one JSON parser and writer, with I-JSON rules (no dependencies, so the fuzzer
+        // builds it on its own).
+        .target(name: "JSON"),
         .target(name: "Mail", dependencies: ["COpenSSL", "TrunkCrypto", .product(name: "Logging", package: "swift-log")]),
         .target(
             name: "TrunkSync",
             dependencies: [
-                "Postgres", "TrunkCrypto", "HTTPServer", "Mail", "CSystem",
+                "Postgres", "TrunkCrypto", "HTTPServer", "Mail", "CSystem", "JSON",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -65,12 +68,13 @@ let package = Package(
         .testTarget(name: "TrunkCryptoTests", dependencies: ["TrunkCrypto"]),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres", "TestSupport", "CSystem"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),
+        .testTarget(name: "JSONTests", dependencies: ["JSON"]),
         .testTarget(name: "MailTests", dependencies: ["Mail", "TestSupport"]),
         .testTarget(name: "EndToEndTests", dependencies: ["TestSupport", "Postgres"]),
         .testTarget(
             name: "TrunkSyncTests",
             dependencies: [
-                "TrunkSync", "Postgres", "TrunkCrypto", "TestSupport", "HTTPServer",
+                "TrunkSync", "Postgres", "TrunkCrypto", "TestSupport", "HTTPServer", "JSON",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

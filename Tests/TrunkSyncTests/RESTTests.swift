@@ -203,11 +203,13 @@ final class RESTTests: XCTestCase {
         assertPostgRESTError(badJWT, 401, "PGRST301")
         let writes: [(Any?, String?, Int, String)] = [
             (["type": "t", "client_id": UUID().uuidString, "extra": 1], nil, 400, "PGRST204"),
-            (["type": "t"], nil, 400, "23502"),
-            (["client_id": UUID().uuidString], nil, 400, "23502"),
-            (["type": "t", "client_id": "x"], nil, 400, "22P02"),
-            (["type": "t", "client_id": UUID().uuidString, "client_timestamp": "now"], nil, 400, "22P02"),
-            (["type": "", "client_id": UUID().uuidString], nil, 400, "23514"),
+            // Events follow the same rules, with the same details, as a native push.
+            (["type": "t"], nil, 400, "validation_failed"),
+            (["client_id": UUID().uuidString], nil, 400, "validation_failed"),
+            (["type": "t", "client_id": "x"], nil, 400, "validation_failed"),
+            (["type": "t", "client_id": UUID().uuidString, "client_timestamp": "now"], nil, 400, "validation_failed"),
+            (["type": "", "client_id": UUID().uuidString], nil, 400, "validation_failed"),
+            (["type": "t", "client_id": UUID().uuidString, "payload": [1, 2]], nil, 400, "validation_failed"),
             (nil, "{broken", 400, "PGRST102"),
             (nil, "42", 400, "PGRST102"),
         ]

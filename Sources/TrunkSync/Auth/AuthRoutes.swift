@@ -1,3 +1,4 @@
+import JSON
 import Foundation
 import HTTPServer
 import Logging
@@ -53,14 +54,19 @@ public struct AuthRoutes: Sendable {
         Self.ok(body, status: status, extra: extra)
     }
 
-    /// Decodes a JSON body into `T`; unreadable JSON is `400 bad_json`, wrong types `400
-    /// validation_failed`.
+    /// Decodes a JSON body into `T` through the one JSON entry point: not JSON is `400
+    /// bad_json`; a refused value (`\u0000`, a number outside I-JSON) or a wrong type is `400
+    /// validation_failed` naming the field.
     static func decode<T: Decodable>(_ type: T.Type, from request: HTTPRequest) throws -> T {
-        guard JSONValue.parse(request.body)?.objectValue != nil else { throw AuthError.badJSON }
         do {
-            return try JSONDecoder().decode(T.self, from: Data(request.body))
+            return try JSONBody.decode(T.self, from: request.body)
         } catch {
-            throw AuthError.validation("The request body has a field of the wrong type")
+            switch error.kind {
+            case .malformed, .tooLarge, .wrongType where error.path.isEmpty:
+                throw APIError(status: 400, code: "bad_json", message: "The request body must be a JSON object: \(error.reason)")
+            case .invalidValue, .wrongType:
+                throw AuthError.validation(error.path.isEmpty ? error.reason : "\(error.path) \(error.reason)")
+            }
         }
     }
 

@@ -1,3 +1,4 @@
+import JSON
 import Foundation
 import Logging
 import Mail
@@ -265,9 +266,10 @@ public struct Configuration: Sendable {
         }
         let object: [String: FileValue]
         do {
-            object = try JSONDecoder().decode([String: FileValue].self, from: data)
+            object = try JSONBody.decode([String: FileValue].self, from: Array(data))
         } catch {
-            throw ConfigurationError(message: "config file \(path) must hold one JSON object of strings, numbers, booleans or lists")
+            throw ConfigurationError(
+                message: "config file \(path) must hold one JSON object of strings, numbers, booleans or lists (\(error))")
         }
         var values: [String: String] = [:]
         for (key, raw) in object {

@@ -1,3 +1,4 @@
+import JSON
 import Postgres
 
 /// Encodes the rows of the pull query straight from libpq's binary cells into the JSON array

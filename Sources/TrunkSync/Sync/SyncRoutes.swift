@@ -1,3 +1,4 @@
+import JSON
 import Foundation
 import HTTPServer
 import Logging
@@ -35,19 +36,7 @@ public struct SyncRoutes: Sendable {
         case .malformed(let reason):
             throw APIError.badRequest("invalid_json", "The body is not a valid push: \(reason).")
         case .invalid(let problems):
-            var details = JSONWriter(capacity: 64 * problems.count)
-            details.beginArray()
-            for problem in problems {
-                details.beginObject()
-                details.int("index", Int64(problem.index))
-                details.string("field", problem.field)
-                details.string("reason", problem.reason)
-                details.endObject()
-            }
-            details.endArray()
-            let indexes = Set(problems.map(\.index)).count
-            throw APIError.badRequest(
-                "validation_failed", "\(indexes) event(s) are invalid; nothing was stored.", details: details.bytes)
+            throw EventInput.invalid(problems)
         case .events(let parsed):
             events = parsed
         }

@@ -1,6 +1,6 @@
 /// Builds JSON text directly into bytes: no intermediate objects, no re-encoding of values
 /// that already are JSON (`raw(_:)`, e.g. a `jsonb` column).
-public struct JSONWriter {
+public struct JSONWriter: Sendable {
     /// The JSON so far.
     public private(set) var bytes: [UInt8] = []
     private var needsComma: [Bool] = [false]
@@ -55,6 +55,19 @@ public struct JSONWriter {
     public mutating func int(_ key: String?, _ value: Int64) {
         if let key { self.key(key) } else { separate() }
         bytes.append(contentsOf: String(value).utf8)
+    }
+
+    /// A number member or element, in its shortest form that reads back as the same double
+    /// (integers below 2^53 without a fraction).
+    public mutating func number(_ key: String?, _ value: Double) {
+        if let key { self.key(key) } else { separate() }
+        if value.isFinite, value == value.rounded(), abs(value) < 9_007_199_254_740_992, !(value == 0 && value.sign == .minus) {
+            bytes.append(contentsOf: String(Int64(value)).utf8)
+        } else if value.isFinite {
+            bytes.append(contentsOf: value.description.utf8)
+        } else {
+            bytes.append(contentsOf: Self.null)  // JSON has no infinity; the parser never makes one
+        }
     }
 
     /// A boolean member or element.

@@ -1,43 +1,84 @@
-/// A strict, allocation-light JSON reader over bytes. It validates as it goes (RFC 8259,
-/// UTF-8, surrogate pairs) and can skip a value while returning where it lies, so a
-/// payload is checked once and kept as its raw bytes.
+import Foundation
+
+/// A strict, allocation-light JSON reader over bytes: the one JSON parser of trunk-sync.
+/// It validates as it goes (RFC 8259 grammar, UTF-8, escapes, nesting) and can skip a value
+/// while returning where it lies, so a payload is checked once and kept as its raw bytes.
 ///
-/// Beyond RFC 8259 it rejects what PostgreSQL's `jsonb` would refuse later, so a batch
-/// that passes here cannot fail at insert: `\u0000`, and numbers outside `numeric`'s range.
-struct JSONScanner {
-    struct Failure: Error, Equatable {
-        var offset: Int
-        var reason: String
-    }
+/// Two kinds of trouble:
+/// - a **failure** (`Failure`, thrown): the bytes are not JSON; scanning stops.
+/// - a **violation** (recorded, see `takeViolation()`): the bytes are JSON, but a value is
+///   one trunk-sync refuses — `\u0000` or an unpaired surrogate in a string (PostgreSQL's
+///   `jsonb` cannot store the first; the second is not Unicode), a number that is not an
+///   I-JSON number (RFC 7493: it must fit an IEEE double, and be at most
+///   `JSONLimits.maxNumberLength` characters), a string over `maxStringBytes`. Scanning goes
+///   on, so the caller can name the field the violation is in.
+///
+/// It also measures what a value becomes once stored as `jsonb` and printed again
+/// (`storedSize`): PostgreSQL prints numbers in plain decimal (`1e308` is 309 digits) and
+/// separators with a space. Limits on stored values are checked against that size, so no
+/// input can make an answer much larger than the limits say.
+public struct JSONScanner {
+    /// The bytes are not JSON (or nest too deeply): where and why.
+    public struct Failure: Error, Equatable, Sendable {
+        public var offset: Int
+        public var reason: String
 
-    private let bytes: UnsafeBufferPointer<UInt8>
-    private(set) var index = 0
-    static let maxDepth = 64
-
-    init(_ bytes: UnsafeBufferPointer<UInt8>) { self.bytes = bytes }
-
-    var isAtEnd: Bool { index >= bytes.count }
-
-    /// A copy of the bytes in `range`.
-    func slice(_ range: Range<Int>) -> [UInt8] { Array(bytes[range]) }
-
-    mutating func skipWhitespace() {
-        while index < bytes.count {
-            switch bytes[index] {
-            case 0x20, 0x09, 0x0A, 0x0D: index += 1
-            default: return
-            }
+        public init(offset: Int, reason: String) {
+            self.offset = offset
+            self.reason = reason
         }
     }
 
-    func fail(_ reason: String) -> Failure { Failure(offset: index, reason: reason) }
+    private let bytes: UnsafeBufferPointer<UInt8>
+    public let limits: JSONLimits
+    public private(set) var index = 0
+    /// The first violation since the last `takeViolation()`.
+    private var violation: Failure? = nil
+    /// Stored size minus written size, so far: grows by each number's expansion and each
+    /// separator's space, shrinks by each whitespace byte dropped.
+    private var storedAdjustment = 0
 
-    mutating func peek() -> UInt8? {
+    public init(_ bytes: UnsafeBufferPointer<UInt8>, limits: JSONLimits = .default) {
+        self.bytes = bytes
+        self.limits = limits
+    }
+
+    public var isAtEnd: Bool { index >= bytes.count }
+
+    /// A copy of the bytes in `range`.
+    public func slice(_ range: Range<Int>) -> [UInt8] { Array(bytes[range]) }
+
+    /// Returns and clears the first violation recorded since the last call.
+    public mutating func takeViolation() -> Failure? {
+        defer { violation = nil }
+        return violation
+    }
+
+    private mutating func violate(_ reason: String, at offset: Int) {
+        if violation == nil { violation = Failure(offset: offset, reason: reason) }
+    }
+
+    public mutating func skipWhitespace() {
+        let start = index
+        while index < bytes.count {
+            switch bytes[index] {
+            case 0x20, 0x09, 0x0A, 0x0D: index += 1
+            default:
+                storedAdjustment -= index - start
+                return
+            }
+        }
+        storedAdjustment -= index - start
+    }
+
+    public func fail(_ reason: String) -> Failure { Failure(offset: index, reason: reason) }
+
+    public mutating func peek() -> UInt8? {
         skipWhitespace()
         return index < bytes.count ? bytes[index] : nil
     }
 
-    mutating func expect(_ byte: UInt8) throws(Failure) {
+    public mutating func expect(_ byte: UInt8) throws(Failure) {
         skipWhitespace()
         guard index < bytes.count, bytes[index] == byte else {
             throw fail("expected '\(Character(Unicode.Scalar(byte)))'")
@@ -46,41 +87,54 @@ struct JSONScanner {
     }
 
     /// Consumes `byte` if it is next.
-    mutating func consume(_ byte: UInt8) -> Bool {
+    public mutating func consume(_ byte: UInt8) -> Bool {
         skipWhitespace()
         guard index < bytes.count, bytes[index] == byte else { return false }
         index += 1
         return true
     }
 
+    /// Checks that only whitespace is left.
+    public mutating func expectEnd() throws(Failure) {
+        skipWhitespace()
+        guard isAtEnd else { throw fail("unexpected data after the JSON value") }
+    }
+
     /// Iterates the members of an object, calling `member` with each key; `member` must
     /// consume the value.
-    mutating func object(_ member: (inout JSONScanner, String) throws(Failure) -> Void) throws(Failure) {
+    public mutating func object(_ member: (inout JSONScanner, String) throws(Failure) -> Void) throws(Failure) {
         try expect(UInt8(ascii: "{"))
         if consume(UInt8(ascii: "}")) { return }
         repeat {
             skipWhitespace()
             let key = try string()
             try expect(UInt8(ascii: ":"))
+            storedAdjustment += 1  // jsonb prints `": "`
             try member(&self, key)
-        } while consume(UInt8(ascii: ","))
+        } while consumeSeparator()
         try expect(UInt8(ascii: "}"))
     }
 
     /// Iterates the elements of an array; `element` must consume each value.
-    mutating func array(_ element: (inout JSONScanner, Int) throws(Failure) -> Void) throws(Failure) {
+    public mutating func array(_ element: (inout JSONScanner, Int) throws(Failure) -> Void) throws(Failure) {
         try expect(UInt8(ascii: "["))
         if consume(UInt8(ascii: "]")) { return }
         var position = 0
         repeat {
             try element(&self, position)
             position += 1
-        } while consume(UInt8(ascii: ","))
+        } while consumeSeparator()
         try expect(UInt8(ascii: "]"))
     }
 
+    private mutating func consumeSeparator() -> Bool {
+        guard consume(UInt8(ascii: ",")) else { return false }
+        storedAdjustment += 1  // jsonb prints `", "`
+        return true
+    }
+
     /// Reads a string value (decoding escapes).
-    mutating func string() throws(Failure) -> String {
+    public mutating func string() throws(Failure) -> String {
         skipWhitespace()
         guard index < bytes.count, bytes[index] == UInt8(ascii: "\"") else { throw fail("expected a string") }
         let start = index + 1
@@ -98,17 +152,27 @@ struct JSONScanner {
         return Self.unescape(UnsafeBufferPointer(rebasing: bytes[start..<end]))
     }
 
+    /// Skips any value, validating it; returns its byte range and its size once stored as
+    /// `jsonb` and printed (`storedSize`).
+    public mutating func skipValueMeasured() throws(Failure) -> (range: Range<Int>, storedSize: Int) {
+        skipWhitespace()
+        let before = storedAdjustment
+        let range = try skipValue()
+        return (range, range.count + storedAdjustment - before)
+    }
+
     /// Skips any value, validating it; returns its byte range.
-    mutating func skipValue(depth: Int = 0) throws(Failure) -> Range<Int> {
+    @discardableResult
+    public mutating func skipValue(depth: Int = 0) throws(Failure) -> Range<Int> {
         skipWhitespace()
         guard index < bytes.count else { throw fail("unexpected end of input") }
         let start = index
         switch bytes[index] {
         case UInt8(ascii: "{"):
-            guard depth < Self.maxDepth else { throw fail("nested too deeply") }
+            guard depth < limits.maxDepth else { throw fail("nested more than \(limits.maxDepth) levels deep") }
             try object { (scanner: inout JSONScanner, _: String) throws(Failure) in _ = try scanner.skipValue(depth: depth + 1) }
         case UInt8(ascii: "["):
-            guard depth < Self.maxDepth else { throw fail("nested too deeply") }
+            guard depth < limits.maxDepth else { throw fail("nested more than \(limits.maxDepth) levels deep") }
             try array { (scanner: inout JSONScanner, _: Int) throws(Failure) in _ = try scanner.skipValue(depth: depth + 1) }
         case UInt8(ascii: "\""): try skipString()
         case UInt8(ascii: "t"): try literal("true")
@@ -129,6 +193,9 @@ struct JSONScanner {
         index += count
     }
 
+    /// Lexes a number (RFC 8259), then holds it to I-JSON: at most `maxNumberLength`
+    /// characters, and a finite, non-vanishing IEEE double. Adds what PostgreSQL's plain
+    /// decimal output makes of it to the stored size.
     private mutating func number() throws(Failure) {
         func digit(_ position: Int) -> Bool {
             position < bytes.count && bytes[position] >= UInt8(ascii: "0") && bytes[position] <= UInt8(ascii: "9")
@@ -136,16 +203,23 @@ struct JSONScanner {
         let start = index
         if bytes[index] == UInt8(ascii: "-") { index += 1 }
         guard digit(index) else { throw fail("invalid number") }
+        let integerStart = index
         if bytes[index] == UInt8(ascii: "0") {
             index += 1
         } else {
             while digit(index) { index += 1 }
         }
+        let integerDigits = index - integerStart
+        var fractionDigits = 0
         if index < bytes.count, bytes[index] == UInt8(ascii: ".") {
             index += 1
             guard digit(index) else { throw fail("invalid number") }
+            let fractionStart = index
             while digit(index) { index += 1 }
+            fractionDigits = index - fractionStart
         }
+        let mantissaEnd = index
+        var exponent = 0
         if index < bytes.count, bytes[index] == UInt8(ascii: "e") || bytes[index] == UInt8(ascii: "E") {
             index += 1
             var negative = false
@@ -154,19 +228,51 @@ struct JSONScanner {
                 index += 1
             }
             guard digit(index) else { throw fail("invalid number") }
-            var exponent = 0
             while digit(index) {
                 exponent = min(exponent * 10 + Int(bytes[index] - UInt8(ascii: "0")), 1_000_000)
                 index += 1
             }
-            // PostgreSQL's numeric holds about 131072 digits before and 16383 after the point.
-            if exponent > (negative ? 16_000 : 100_000) { throw fail("number out of range") }
+            if negative { exponent = -exponent }
         }
-        if index - start > 1000 { throw fail("number too long") }
+        let length = index - start
+        guard length <= limits.maxNumberLength else {
+            violate("a number of more than \(limits.maxNumberLength) characters is not an I-JSON number", at: start)
+            return
+        }
+        // The text is a JSON number, which strtod reads the same way.
+        let value = withUnsafeTemporaryAllocation(of: CChar.self, capacity: length + 1) { buffer -> Double in
+            for offset in 0..<length { buffer[offset] = CChar(bitPattern: bytes[start + offset]) }
+            buffer[length] = 0
+            return strtod(buffer.baseAddress!, nil)
+        }
+        if !value.isFinite {
+            violate("number out of range: it does not fit an IEEE double (I-JSON)", at: start)
+            return
+        }
+        if value == 0 {
+            let nonZero = (integerStart..<mantissaEnd).contains { bytes[$0] >= UInt8(ascii: "1") && bytes[$0] <= UInt8(ascii: "9") }
+            if nonZero {
+                violate("number out of range: it is too small for an IEEE double (I-JSON)", at: start)
+                return
+            }
+        }
+        // PostgreSQL prints numeric in plain decimal, keeping the written scale: the digits
+        // before the point are the integer digits shifted by the exponent, the scale the
+        // fraction digits less the exponent.
+        let point = integerDigits + exponent
+        let scale = max(0, fractionDigits - exponent)
+        let printed = (start < integerStart ? 1 : 0) + max(1, point) + (scale > 0 ? 1 + scale : 0)
+        storedAdjustment += max(0, printed - length)
     }
 
     /// Skips a string starting at `index` (the opening quote), validating escapes and UTF-8.
     private mutating func skipString() throws(Failure) {
+        let start = index
+        defer {
+            if index - start - 2 > limits.maxStringBytes {
+                violate("a string of more than \(limits.maxStringBytes) bytes", at: start)
+            }
+        }
         index += 1
         while index < bytes.count {
             let byte = bytes[index]
@@ -182,17 +288,23 @@ struct JSONScanner {
                     UInt8(ascii: "n"), UInt8(ascii: "r"), UInt8(ascii: "t"):
                     index += 1
                 case UInt8(ascii: "u"):
+                    let escapeStart = index - 1
                     let value = try hex4(at: index + 1)
                     index += 5
-                    if value == 0 { throw fail("\\u0000 is not allowed") }
+                    if value == 0 { violate("\\u0000 is not allowed in a string", at: escapeStart) }
                     if (0xD800...0xDBFF).contains(value) {
-                        guard index + 1 < bytes.count, bytes[index] == UInt8(ascii: "\\"), bytes[index + 1] == UInt8(ascii: "u")
-                        else { throw fail("unpaired surrogate") }
-                        let low = try hex4(at: index + 2)
-                        guard (0xDC00...0xDFFF).contains(low) else { throw fail("unpaired surrogate") }
-                        index += 6
+                        if index + 1 < bytes.count, bytes[index] == UInt8(ascii: "\\"), bytes[index + 1] == UInt8(ascii: "u") {
+                            let low = try hex4(at: index + 2)
+                            if (0xDC00...0xDFFF).contains(low) {
+                                index += 6
+                            } else {
+                                violate("unpaired surrogate \\u\(String(value, radix: 16)) is not Unicode", at: escapeStart)
+                            }
+                        } else {
+                            violate("unpaired surrogate \\u\(String(value, radix: 16)) is not Unicode", at: escapeStart)
+                        }
                     } else if (0xDC00...0xDFFF).contains(value) {
-                        throw fail("unpaired surrogate")
+                        violate("unpaired surrogate \\u\(String(value, radix: 16)) is not Unicode", at: escapeStart)
                     }
                 default: throw fail("invalid escape")
                 }
@@ -251,7 +363,8 @@ struct JSONScanner {
         index += length
     }
 
-    /// Decodes the escapes of an already validated string body.
+    /// Decodes the escapes of an already validated string body (a surrogate left unpaired
+    /// becomes U+FFFD; the scanner reported it as a violation).
     static func unescape(_ body: UnsafeBufferPointer<UInt8>) -> String {
         var out: [UInt8] = []
         out.reserveCapacity(body.count)
@@ -285,12 +398,15 @@ struct JSONScanner {
             case UInt8(ascii: "u"):
                 var scalar = hex(index)
                 index += 4
-                if (0xD800...0xDBFF).contains(scalar) {
+                if (0xD800...0xDBFF).contains(scalar), index + 5 < body.count, body[index] == UInt8(ascii: "\\"),
+                    body[index + 1] == UInt8(ascii: "u"), (0xDC00...0xDFFF).contains(hex(index + 2))
+                {
                     let low = hex(index + 2)
                     index += 6
                     scalar = 0x10000 + ((scalar - 0xD800) << 10) + (low - 0xDC00)
                 }
-                if let value = Unicode.Scalar(scalar) { out.append(contentsOf: Array(String(Character(value)).utf8)) }
+                let value = Unicode.Scalar(scalar) ?? "\u{FFFD}"
+                out.append(contentsOf: String(Character(value)).utf8)
             default: out.append(escaped)
             }
         }

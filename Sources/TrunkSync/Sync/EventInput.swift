@@ -1,0 +1,233 @@
+import Foundation
+import JSON
+import Postgres
+
+/// One event as received, checked: every field typed, the payload kept as raw JSON bytes.
+public struct IncomingEvent: Sendable {
+    public var clientID: UUID
+    public var type: String
+    public var payload: PostgresJSON
+    public var clientTimestamp: PostgresTimestamp
+
+    public init(clientID: UUID, type: String, payload: PostgresJSON, clientTimestamp: PostgresTimestamp) {
+        self.clientID = clientID
+        self.type = type
+        self.payload = payload
+        self.clientTimestamp = clientTimestamp
+    }
+}
+
+/// A problem with one field of one event: the `details` of a `400`.
+struct FieldProblem: Sendable, Equatable {
+    var index: Int
+    var field: String
+    var reason: String
+}
+
+/// The one validation of events, for the native push (`POST /sync/v1/events`) and the REST
+/// insert (`POST /rest/v1/events`): the same rules, the same reasons.
+///
+/// - `client_id`: a UUID in its canonical 8-4-4-4-12 hexadecimal form;
+/// - `type`: a string of 1 to 128 characters;
+/// - `payload`: a JSON object of at most 64 KiB *as stored* (numbers in plain decimal, as
+///   PostgreSQL prints them — `1e308` counts 309 bytes), under the parser's I-JSON rules;
+/// - `client_timestamp`: an RFC 3339 timestamp with a time zone.
+///
+/// The two APIs differ only where their clients expect it: the REST insert may leave out
+/// `payload` (`{}`) and `client_timestamp` (now), may name `user_id` (the caller's), ignores
+/// `id`, `seq` and `created_at`, and refuses unknown columns as PostgREST does.
+struct EventInput {
+    static let maxPayloadBytes = 64 * 1024
+    static let maxTypeLength = 128
+    static let maxEvents = 1000
+
+    enum Dialect {
+        case native
+        /// `caller` is the signed-in user; `columns` the `columns=` parameter, if any.
+        case rest(caller: UUID, columns: Set<String>?, now: PostgresTimestamp)
+    }
+
+    let dialect: Dialect
+    var problems: [FieldProblem] = []
+    /// A REST refusal that is not about a value (another user's row, an unknown column).
+    var refusal: APIError? = nil
+
+    init(_ dialect: Dialect) { self.dialect = dialect }
+
+    /// Reads one event object at `index`; nil when it has problems (recorded).
+    mutating func event(_ scanner: inout JSONScanner, index: Int) throws(JSONScanner.Failure) -> IncomingEvent? {
+        let before = problems.count
+        func problem(_ field: String, _ reason: String) {
+            problems.append(FieldProblem(index: index, field: field, reason: reason))
+        }
+        guard scanner.peek() == UInt8(ascii: "{") else {
+            try scanner.skipValue()
+            _ = scanner.takeViolation()
+            problem("", "must be an object")
+            return nil
+        }
+        var clientID: UUID?
+        var type: String?
+        var payload: PostgresJSON?
+        var timestamp: PostgresTimestamp?
+        var seen = Set<String>()
+        let dialect = self.dialect
+        try scanner.object { (scanner: inout JSONScanner, key: String) throws(JSONScanner.Failure) in
+            if case .rest(_, let columns?, _) = dialect, !columns.contains(key) {
+                try scanner.skipValue()
+                _ = scanner.takeViolation()
+                return
+            }
+            if !seen.insert(key).inserted, Self.fields.contains(key) { problem(key, "appears twice") }
+            let isNull = scanner.peek() == UInt8(ascii: "n")
+            let restAllowsNull: Bool
+            if case .rest = dialect { restAllowsNull = isNull && (key == "payload" || key == "client_timestamp") } else {
+                restAllowsNull = false
+            }
+            switch key {
+            case "client_id":
+                if case .text(let text) = try Self.string(&scanner), let id = StrictUUID.parse(text) {
+                    clientID = id
+                } else {
+                    problem(key, "must be a UUID")
+                }
+            case "type":
+                switch try Self.string(&scanner) {
+                case .text(let text):
+                    let length = text.unicodeScalars.count
+                    if length == 0 || length > Self.maxTypeLength {
+                        problem(key, "must be 1 to \(Self.maxTypeLength) characters")
+                    } else {
+                        type = text
+                    }
+                case .notAString: problem(key, "must be a string")
+                case .refused(let reason): problem(key, reason)
+                }
+            case "payload":
+                if restAllowsNull {
+                    try scanner.skipValue()
+                    return
+                }
+                let isObject = scanner.peek() == UInt8(ascii: "{")
+                let (range, stored) = try scanner.skipValueMeasured()
+                if let violation = scanner.takeViolation() {
+                    problem(key, violation.reason)
+                } else if !isObject {
+                    problem(key, "must be a JSON object")
+                } else if stored > Self.maxPayloadBytes {
+                    problem(key, "must be at most \(Self.maxPayloadBytes) bytes as stored (numbers in plain decimal); this one is \(stored)")
+                } else {
+                    payload = PostgresJSON(bytes: scanner.slice(range))
+                }
+            case "client_timestamp":
+                if restAllowsNull {
+                    try scanner.skipValue()
+                    return
+                }
+                if case .text(let text) = try Self.string(&scanner), let parsed = RFC3339.parse(text) {
+                    timestamp = parsed
+                } else {
+                    problem(key, "must be an RFC 3339 timestamp, e.g. 2026-11-22T04:10:02.123Z")
+                }
+            default:
+                guard case .rest(let caller, _, _) = dialect, key == "user_id", !isNull else {
+                    try scanner.skipValue()
+                    _ = scanner.takeViolation()
+                    if case .rest = dialect, !["user_id", "id", "seq", "created_at"].contains(key), refusal == nil {
+                        // PostgREST refuses columns the table does not have; `id`, `seq` and
+                        // `created_at` are the server's to assign and are ignored.
+                        refusal = APIError(
+                            status: 400, code: "PGRST204",
+                            message: "Could not find the '\(key)' column of 'events' in the schema cache")
+                    }
+                    return  // the native API ignores keys it does not know
+                }
+                if case .text(let text) = try Self.string(&scanner), let id = StrictUUID.parse(text) {
+                    if id != caller, refusal == nil { refusal = RESTError.foreignUser }
+                } else {
+                    problem(key, "must be a UUID")
+                }
+            }
+        }
+        let fieldsWithProblems = Set(problems[before...].map(\.field))
+        switch dialect {
+        case .rest(_, _, let now):
+            // Left out or null: an empty payload, the time of arrival.
+            if payload == nil, !fieldsWithProblems.contains("payload") { payload = PostgresJSON("{}") }
+            if timestamp == nil, !fieldsWithProblems.contains("client_timestamp") { timestamp = now }
+        case .native:
+            if payload == nil, !seen.contains("payload") { problem("payload", "is required") }
+            if timestamp == nil, !seen.contains("client_timestamp") { problem("client_timestamp", "is required") }
+        }
+        if clientID == nil, !seen.contains("client_id") { problem("client_id", "is required") }
+        if type == nil, !seen.contains("type") { problem("type", "is required") }
+        guard problems.count == before, let clientID, let type, let payload, let timestamp else { return nil }
+        return IncomingEvent(clientID: clientID, type: type, payload: payload, clientTimestamp: timestamp)
+    }
+
+    static let fields: Set<String> = ["client_id", "type", "payload", "client_timestamp"]
+
+    enum StringValue {
+        case text(String)
+        case notAString
+        /// A string the parser refuses (`\u0000`, an unpaired surrogate): why.
+        case refused(String)
+    }
+
+    /// Reads a value that should be a string.
+    private static func string(_ scanner: inout JSONScanner) throws(JSONScanner.Failure) -> StringValue {
+        guard scanner.peek() == UInt8(ascii: "\"") else {
+            try scanner.skipValue()
+            _ = scanner.takeViolation()
+            return .notAString
+        }
+        let text = try scanner.string()
+        if let violation = scanner.takeViolation() { return .refused(violation.reason) }
+        return .text(text)
+    }
+
+    /// The problems as the `details` of a `400`: `[{"index", "field", "reason"}]`.
+    static func details(_ problems: [FieldProblem]) -> [UInt8] {
+        var details = JSONWriter(capacity: 64 * problems.count)
+        details.beginArray()
+        for problem in problems {
+            details.beginObject()
+            details.int("index", Int64(problem.index))
+            details.string("field", problem.field)
+            details.string("reason", problem.reason)
+            details.endObject()
+        }
+        details.endArray()
+        return details.bytes
+    }
+
+    /// The `400` for a batch with problems: nothing of it was stored.
+    static func invalid(_ problems: [FieldProblem]) -> APIError {
+        let count = Set(problems.map(\.index)).count
+        return APIError(
+            status: 400, code: "validation_failed", message: "\(count) event(s) are invalid; nothing was stored.",
+            details: .json(details(problems)))
+    }
+}
+
+/// UUIDs exactly as RFC 9562 writes them: 36 characters, hexadecimal digits in groups of
+/// 8-4-4-4-12 (either case). Foundation's parser also takes other spellings.
+enum StrictUUID {
+    static func parse(_ text: String) -> UUID? {
+        let utf8 = text.utf8
+        guard utf8.count == 36 else { return nil }
+        for (position, byte) in utf8.enumerated() {
+            switch position {
+            case 8, 13, 18, 23: guard byte == UInt8(ascii: "-") else { return nil }
+            default:
+                switch byte {
+                case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "a")...UInt8(ascii: "f"),
+                    UInt8(ascii: "A")...UInt8(ascii: "F"):
+                    continue
+                default: return nil
+                }
+            }
+        }
+        return UUID(uuidString: text)
+    }
+}
