@@ -67,7 +67,9 @@ final class AccessLog: Sendable {
         }
     }
 
-    private func append(_ entry: Entry, milliseconds: Int, prefix: [UInt8], to out: inout [UInt8]) {
+    /// Appends the line of `entry` (newline included) to `out`: `prefix` is the
+    /// `secondPrefix` of the current second, `milliseconds` the part after it.
+    func append(_ entry: Entry, milliseconds: Int, prefix: [UInt8], to out: inout [UInt8]) {
         let duration = entry.nanoseconds / 10_000  // hundredths of a millisecond
         switch format {
         case .text:
@@ -117,7 +119,7 @@ final class AccessLog: Sendable {
     }
 
     /// `YYYY-MM-DDTHH:MM:SS.` for a second of UTC.
-    private static func secondPrefix(_ second: Int) -> [UInt8] {
+    static func secondPrefix(_ second: Int) -> [UInt8] {
         var seconds = time_t(second)
         var parts = tm()
         gmtime_r(&seconds, &parts)

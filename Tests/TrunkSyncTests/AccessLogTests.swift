@@ -1,0 +1,233 @@
+import Foundation
+import Logging
+import TestSupport
+import XCTest
+
+@testable import TrunkSync
+
+/// The access log's lines, formatted straight into bytes: the same fields, in the same
+/// format, as a `TrunkLogHandler` line would have.
+final class AccessLogTests: XCTestCase {
+    let user = UUID(uuidString: "0F8FAD5B-D9CB-469F-A165-70867728950E")!
+    let epoch = AccessLog.secondPrefix(0)
+
+    func entry(
+        method: String = "GET", path: String = "/x", status: Int = 200, nanoseconds: UInt64 = 1_234_567,
+        requestID: String = "abc-1", userID: UUID? = nil
+    ) -> AccessLog.Entry {
+        AccessLog.Entry(
+            method: method, path: path, status: status, nanoseconds: nanoseconds, requestID: requestID, userID: userID)
+    }
+
+    func line(_ log: AccessLog, _ entry: AccessLog.Entry, milliseconds: Int = 7, prefix: [UInt8]? = nil) -> String {
+        var out: [UInt8] = []
+        log.append(entry, milliseconds: milliseconds, prefix: prefix ?? epoch, to: &out)
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    // MARK: - Text
+
+    func testTextLine() {
+        let log = AccessLog(format: .text, label: "trunk-sync.http")
+        XCTAssertEqual(
+            line(log, entry()),
+            "1970-01-01T00:00:00.007Z info trunk-sync.http: request duration_ms=1.23 method=GET path=/x request_id=abc-1 status=200\n"
+        )
+        XCTAssertEqual(
+            line(
+                log, entry(method: "POST", path: "/sync/v1/events", status: 201, nanoseconds: 0, userID: user),
+                milliseconds: 999),
+            "1970-01-01T00:00:00.999Z info trunk-sync.http: request duration_ms=0.00 method=POST path=/sync/v1/events request_id=abc-1 status=201 user_id=0f8fad5b-d9cb-469f-a165-70867728950e\n"
+        )
+    }
+
+    func testTextLineMatchesTheLogHandlersLine() {
+        let log = AccessLog(format: .text, label: "trunk-sync.http")
+        let accessLine = line(log, entry(status: 404, userID: user))
+        let handlerLine = TrunkLogHandler.textLine(
+            level: .info, label: "trunk-sync.http", message: "request",
+            metadata: [
+                "duration_ms": "1.23", "method": "GET", "path": "/x", "request_id": "abc-1", "status": "404",
+                "user_id": "0f8fad5b-d9cb-469f-a165-70867728950e",
+            ])
+        // Everything after the timestamp is the same.
+        XCTAssertEqual(accessLine.drop { $0 != " " }, (handlerLine + "\n").drop { $0 != " " })
+    }
+
+    // MARK: - JSON
+
+    func testJSONLine() throws {
+        let log = AccessLog(format: .json, label: "trunk-sync.http")
+        let text = line(log, entry(userID: user), milliseconds: 42, prefix: AccessLog.secondPrefix(1_700_000_000))
+        XCTAssertTrue(text.hasSuffix("}\n"))
+        XCTAssertEqual(text.filter { $0 == "\n" }.count, 1)
+        XCTAssertEqual(
+            try TestJSON(parsing: Array(text.utf8)),
+            try TestJSON(
+                parsing: Array(
+                    #"""
+                    {"ts":"2023-11-14T22:13:20.042Z","level":"info","logger":"trunk-sync.http","msg":"request",
+                     "duration_ms":"1.23","method":"GET","path":"/x","request_id":"abc-1","status":"200",
+                     "user_id":"0f8fad5b-d9cb-469f-a165-70867728950e"}
+                    """#.utf8)))
+        // Without a user: no user_id member at all.
+        let anonymous = try TestJSON(parsing: Array(line(log, entry()).utf8))
+        guard case .object(let members) = anonymous else { return XCTFail("not an object") }
+        XCTAssertEqual(
+            Set(members.keys),
+            ["ts", "level", "logger", "msg", "duration_ms", "method", "path", "request_id", "status"])
+    }
+
+    func testJSONLineMatchesTheLogHandlersLine() throws {
+        let log = AccessLog(format: .json, label: "trunk-sync.http")
+        let accessLine = line(log, entry(status: 503, userID: user))
+        let handlerLine = TrunkLogHandler.jsonLine(
+            level: .info, label: "trunk-sync.http", message: "request",
+            metadata: [
+                "duration_ms": "1.23", "method": "GET", "path": "/x", "request_id": "abc-1", "status": "503",
+                "user_id": "0f8fad5b-d9cb-469f-a165-70867728950e",
+            ])
+        guard case .object(var access) = try TestJSON(parsing: Array(accessLine.utf8)),
+            case .object(var handler) = try TestJSON(parsing: Array(handlerLine.utf8))
+        else { return XCTFail("not objects") }
+        XCTAssertNotNil(access.removeValue(forKey: "ts"))
+        XCTAssertNotNil(handler.removeValue(forKey: "ts"))
+        XCTAssertEqual(access, handler)
+    }
+
+    func testJSONLineEscapesPathAndLabel() throws {
+        let log = AccessLog(format: .json, label: "odd \"label\"")
+        let path = "/a\"b\\c\u{1}d\u{E9}"
+        let text = line(log, entry(method: "M\"X", path: path))
+        guard case .object(let members) = try TestJSON(parsing: Array(text.utf8)) else {
+            return XCTFail("not a JSON object: \(text)")
+        }
+        XCTAssertEqual(members["path"], .string(path))
+        XCTAssertEqual(members["logger"], .string("odd \"label\""))
+        XCTAssertEqual(members["method"], .string("M\"X"))
+        XCTAssertTrue(text.contains(#""path":"/a\"b\\c\u0001d\#u{E9}""#), text)
+    }
+
+    // MARK: - Numbers and time
+
+    func testDurationInHundredthsOfAMillisecond() {
+        let log = AccessLog(format: .text, label: "l")
+        func duration(_ nanoseconds: UInt64) -> Substring? {
+            let text = line(log, entry(nanoseconds: nanoseconds))
+            return text.split(separator: " ").first { $0.hasPrefix("duration_ms=") }?.dropFirst("duration_ms=".count)
+        }
+        XCTAssertEqual(duration(0), "0.00")
+        XCTAssertEqual(duration(9_999), "0.00")  // truncated, not rounded
+        XCTAssertEqual(duration(10_000), "0.01")
+        XCTAssertEqual(duration(1_000_000), "1.00")
+        XCTAssertEqual(duration(1_234_567), "1.23")
+        XCTAssertEqual(duration(123_456_789_000), "123456.78")
+    }
+
+    func testAppendPadded() {
+        func padded(_ value: Int, _ width: Int) -> String {
+            var out: [UInt8] = []
+            AccessLog.appendPadded(value, width: width, to: &out)
+            return String(decoding: out, as: UTF8.self)
+        }
+        XCTAssertEqual(padded(0, 1), "0")
+        XCTAssertEqual(padded(0, 3), "000")
+        XCTAssertEqual(padded(5, 1), "5")
+        XCTAssertEqual(padded(5, 2), "05")
+        XCTAssertEqual(padded(7, 3), "007")
+        XCTAssertEqual(padded(10, 1), "10")
+        XCTAssertEqual(padded(99, 2), "99")
+        XCTAssertEqual(padded(100, 2), "100")
+        XCTAssertEqual(padded(1234, 0), "1234")
+        XCTAssertEqual(padded(1234, 2), "1234")
+        XCTAssertEqual(padded(1234, 4), "1234")
+        XCTAssertEqual(padded(1234, 6), "001234")
+        XCTAssertEqual(padded(-5, 2), "00")  // negatives are clamped to zero
+        XCTAssertEqual(padded(Int.max, 1), String(Int.max))
+        XCTAssertEqual(padded(999_999_999_999_999_999, 1), "999999999999999999")
+        XCTAssertEqual(padded(1_000_000_000_000_000_000, 1), "1000000000000000000")
+        // Appends after what is there.
+        var out = Array("x=".utf8)
+        AccessLog.appendPadded(42, width: 3, to: &out)
+        XCTAssertEqual(String(decoding: out, as: UTF8.self), "x=042")
+    }
+
+    func testAppendHundredths() {
+        func hundredths(_ value: UInt64) -> String {
+            var out: [UInt8] = []
+            AccessLog.appendHundredths(value, to: &out)
+            return String(decoding: out, as: UTF8.self)
+        }
+        XCTAssertEqual(hundredths(0), "0.00")
+        XCTAssertEqual(hundredths(5), "0.05")
+        XCTAssertEqual(hundredths(50), "0.50")
+        XCTAssertEqual(hundredths(99), "0.99")
+        XCTAssertEqual(hundredths(100), "1.00")
+        XCTAssertEqual(hundredths(1234), "12.34")
+        XCTAssertEqual(hundredths(123_456), "1234.56")
+    }
+
+    func testSecondPrefix() {
+        func prefix(_ second: Int) -> String { String(decoding: AccessLog.secondPrefix(second), as: UTF8.self) }
+        XCTAssertEqual(prefix(0), "1970-01-01T00:00:00.")
+        XCTAssertEqual(prefix(1_700_000_000), "2023-11-14T22:13:20.")
+        XCTAssertEqual(prefix(951_782_400), "2000-02-29T00:00:00.")
+        XCTAssertEqual(prefix(4_102_444_799), "2099-12-31T23:59:59.")
+    }
+
+    // MARK: - Batching (standard error redirected to a file)
+
+    func testRecordBatchesWholeLinesUnder4KiBUntilFlushed() throws {
+        let file = NSTemporaryDirectory() + "access-log-\(UUID().uuidString).txt"
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let fd = open(file, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+        XCTAssertGreaterThanOrEqual(fd, 0)
+        let saved = dup(STDERR_FILENO)
+        XCTAssertEqual(dup2(fd, STDERR_FILENO), STDERR_FILENO)
+        close(fd)
+        var restored = false
+        func restore() {
+            guard !restored else { return }
+            restored = true
+            dup2(saved, STDERR_FILENO)
+            close(saved)
+        }
+        defer { restore() }
+
+        let log = AccessLog(format: .json, label: "trunk-sync.http")
+        func written() throws -> [UInt8] { Array(try Data(contentsOf: URL(fileURLWithPath: file))) }
+        var sizes: [Int] = []
+        var lastSize = 0
+        let count = 200
+        for index in 0..<count {
+            log.record(entry(path: "/sync/v1/events/\(index)", requestID: "req-\(index)", userID: user))
+            let bytes = try written()
+            if bytes.count != lastSize {
+                sizes.append(bytes.count - lastSize)
+                XCTAssertEqual(bytes.last, UInt8(ascii: "\n"), "a batch ends with a whole line")
+                lastSize = bytes.count
+            }
+        }
+        let beforeFlush = try written()
+        log.flush()
+        log.flush()  // nothing left: writes nothing
+        let all = try written()
+        restore()
+
+        XCTAssertFalse(sizes.isEmpty, "batches are written before the flush once they near the limit")
+        for size in sizes {
+            XCTAssertLessThan(size, 4096, "a batch stays under PIPE_BUF")
+            XCTAssertGreaterThan(size, 2048, "lines are batched, not written one by one")
+        }
+        XCTAssertLessThan(beforeFlush.count, all.count, "the rest waits for the flush")
+        let lines = all.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false).dropLast()
+        XCTAssertEqual(lines.count, count)
+        for (index, line) in lines.enumerated() {
+            guard case .object(let members) = try TestJSON(parsing: Array(line)) else {
+                return XCTFail("line \(index)")
+            }
+            XCTAssertEqual(members["request_id"], .string("req-\(index)"), "lines keep their order")
+            XCTAssertEqual(members["path"], .string("/sync/v1/events/\(index)"))
+        }
+    }
+}
