@@ -28,7 +28,7 @@ let package = Package(
         .target(name: "CSystem"),
 
         // Libraries, each owning one concern (docs/ARCHITECTURE.md).
-        .target(name: "TrunkCrypto", dependencies: ["COpenSSL"]),
+        .target(name: "TrunkCrypto", dependencies: ["COpenSSL", "JSON"]),
         .target(
             name: "Postgres",
             dependencies: ["CLibPQ", "CSystem", .product(name: "Logging", package: "swift-log")]

@@ -40,9 +40,15 @@ public enum JSONValue: Codable, Equatable, Sendable {
                 problem = JSONInputError(kind: .invalidValue, path: path.joined(), reason: violation.reason)
             }
         }
-        guard path.count < scanner.limits.maxDepth else { throw scanner.fail("nested more than \(scanner.limits.maxDepth) levels deep") }
+        // Counted as the scanner counts it: containers only.
+        func enter(_ scanner: inout JSONScanner) throws(JSONScanner.Failure) {
+            guard path.count < scanner.limits.maxDepth else {
+                throw scanner.fail("nested more than \(scanner.limits.maxDepth) levels deep")
+            }
+        }
         switch scanner.peek() {
         case UInt8(ascii: "{"):
+            try enter(&scanner)
             var members: [String: JSONValue] = [:]
             try scanner.object { (scanner: inout JSONScanner, key: String) throws(JSONScanner.Failure) in
                 check(&scanner)  // the key
@@ -52,6 +58,7 @@ public enum JSONValue: Codable, Equatable, Sendable {
             }
             return .object(members)
         case UInt8(ascii: "["):
+            try enter(&scanner)
             var elements: [JSONValue] = []
             try scanner.array { (scanner: inout JSONScanner, position: Int) throws(JSONScanner.Failure) in
                 path.append("[\(position)]")

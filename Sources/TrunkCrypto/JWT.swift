@@ -1,3 +1,4 @@
+import JSON
 /// Compact JWS (JWT) signing and verification for HS256 and ES256.
 ///
 /// This layer checks only the envelope: structure, the `alg` (never `none`), the `kid`,
@@ -133,10 +134,31 @@ public enum JWT {
         var kid: String?
     }
 
-    /// Reads `alg` and `kid` from a header of flat string members (all JOSE headers we accept).
+    /// Reads `alg` and `kid` from a header with the one JSON parser. A repeated member makes
+    /// the header ambiguous: refused.
     static func parseHeader(_ bytes: [UInt8]) throws(VerificationError) -> Header {
-        var scanner = FlatJSONScanner(bytes: bytes)
-        guard let members = scanner.stringMembers(), let alg = members["alg"] else { throw .malformed }
+        let members = bytes.withUnsafeBufferPointer { buffer -> [String: String]? in
+            var scanner = JSONScanner(buffer, limits: JSONLimits(maxDepth: 8, maxStringBytes: 1024, maxBytes: 8 * 1024))
+            var strings: [String: String] = [:]
+            var keys = Set<String>()
+            var valid = true
+            do throws(JSONScanner.Failure) {
+                guard scanner.peek() == UInt8(ascii: "{") else { return nil }
+                try scanner.object { (scanner: inout JSONScanner, key: String) throws(JSONScanner.Failure) in
+                    if !keys.insert(key).inserted { valid = false }
+                    if scanner.peek() == UInt8(ascii: "\"") {
+                        strings[key] = try scanner.string()
+                    } else {
+                        try scanner.skipValue(depth: 1)
+                    }
+                }
+                try scanner.expectEnd()
+            } catch {
+                return nil
+            }
+            return valid && scanner.takeViolation() == nil ? strings : nil
+        }
+        guard let members, let alg = members["alg"] else { throw .malformed }
         return Header(alg: alg, kid: members["kid"])
     }
 
@@ -151,78 +173,5 @@ public enum JWT {
             }
         }
         return out + "\""
-    }
-}
-
-/// Reads a JSON object whose members of interest are strings; other member values are
-/// skipped if they are simple (numbers, booleans, null, strings). Enough for JOSE headers.
-struct FlatJSONScanner {
-    let bytes: [UInt8]
-    var index = 0
-
-    init(bytes: [UInt8]) { self.bytes = bytes }
-
-    mutating func stringMembers() -> [String: String]? {
-        var result: [String: String] = [:]
-        skipSpace()
-        guard consume(UInt8(ascii: "{")) else { return nil }
-        skipSpace()
-        if consume(UInt8(ascii: "}")) { return result }
-        while true {
-            skipSpace()
-            guard let key = string() else { return nil }
-            skipSpace()
-            guard consume(UInt8(ascii: ":")) else { return nil }
-            skipSpace()
-            if index < bytes.count, bytes[index] == UInt8(ascii: "\"") {
-                guard let value = string() else { return nil }
-                if result[key] != nil { return nil }  // duplicate members are ambiguous: reject
-                result[key] = value
-            } else {
-                while index < bytes.count, ![UInt8(ascii: ","), UInt8(ascii: "}")].contains(bytes[index]) {
-                    if [UInt8(ascii: "{"), UInt8(ascii: "["), UInt8(ascii: "\"")].contains(bytes[index]) { return nil }
-                    index += 1
-                }
-            }
-            skipSpace()
-            if consume(UInt8(ascii: "}")) { break }
-            guard consume(UInt8(ascii: ",")) else { return nil }
-        }
-        skipSpace()
-        return index == bytes.count ? result : nil
-    }
-
-    private mutating func string() -> String? {
-        guard consume(UInt8(ascii: "\"")) else { return nil }
-        var out: [UInt8] = []
-        while index < bytes.count {
-            let byte = bytes[index]
-            index += 1
-            if byte == UInt8(ascii: "\"") { return String(decoding: out, as: UTF8.self) }
-            if byte == UInt8(ascii: "\\") {
-                guard index < bytes.count else { return nil }
-                let escaped = bytes[index]
-                index += 1
-                switch escaped {
-                case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"): out.append(escaped)
-                default: return nil  // other escapes never occur in the headers we accept
-                }
-            } else if byte < 0x20 {
-                return nil
-            } else {
-                out.append(byte)
-            }
-        }
-        return nil
-    }
-
-    private mutating func skipSpace() {
-        while index < bytes.count, [0x20, 0x09, 0x0A, 0x0D].contains(bytes[index]) { index += 1 }
-    }
-
-    private mutating func consume(_ byte: UInt8) -> Bool {
-        guard index < bytes.count, bytes[index] == byte else { return false }
-        index += 1
-        return true
     }
 }

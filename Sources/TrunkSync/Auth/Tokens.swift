@@ -245,23 +245,76 @@ public final class TokenIssuer: Sendable {
         return (JWT.sign(payload: writer.bytes, with: secretKey), expiresAt)
     }
 
-    private struct Claims: Decodable {
+    /// The claims `verify` reads, from the payload's bytes with the one JSON parser (no
+    /// Foundation decoding on the hot path). A repeated claim makes the token ambiguous:
+    /// refused.
+    struct Claims: Equatable {
         var sub: String
         var exp: Double
-        var aud: Audience?
-        var session_id: String?
-    }
+        var audiences: [String] = []
+        var sessionID: String?
 
-    private enum Audience: Decodable {
-        case one(String), many([String])
-        init(from decoder: Decoder) throws {
-            let container = try decoder.singleValueContainer()
-            if let one = try? container.decode(String.self) { self = .one(one) } else { self = .many(try container.decode([String].self)) }
-        }
-        var values: [String] {
-            switch self {
-            case .one(let value): return [value]
-            case .many(let values): return values
+        static func parse(_ payload: [UInt8]) -> Claims? {
+            payload.withUnsafeBufferPointer { buffer -> Claims? in
+                var scanner = JSONScanner(buffer, limits: JSONLimits(maxDepth: 8, maxStringBytes: 4096, maxBytes: 16 * 1024))
+                var sub: String?
+                var exp: Double?
+                var audiences: [String]?
+                var sessionID: String?? = nil
+                var valid = true
+                do throws(JSONScanner.Failure) {
+                    guard scanner.peek() == UInt8(ascii: "{") else { return nil }
+                    try scanner.object { (scanner: inout JSONScanner, key: String) throws(JSONScanner.Failure) in
+                        switch key {
+                        case "sub":
+                            if sub != nil || scanner.peek() != UInt8(ascii: "\"") {
+                                valid = false
+                                try scanner.skipValue()
+                            } else {
+                                sub = try scanner.string()
+                            }
+                        case "exp":
+                            let range = try scanner.skipValue()
+                            if exp != nil { valid = false }
+                            exp = Double(String(decoding: scanner.slice(range), as: UTF8.self))
+                            if exp == nil { valid = false }
+                        case "aud":
+                            if audiences != nil { valid = false }
+                            if scanner.peek() == UInt8(ascii: "[") {
+                                var list: [String] = []
+                                try scanner.array { (scanner: inout JSONScanner, _: Int) throws(JSONScanner.Failure) in
+                                    if scanner.peek() == UInt8(ascii: "\"") { list.append(try scanner.string()) } else {
+                                        try scanner.skipValue()
+                                        valid = false
+                                    }
+                                }
+                                audiences = list
+                            } else if scanner.peek() == UInt8(ascii: "\"") {
+                                audiences = [try scanner.string()]
+                            } else {
+                                let range = try scanner.skipValue()
+                                if scanner.slice(range) != Array("null".utf8) { valid = false }
+                                audiences = []
+                            }
+                        case "session_id":
+                            if sessionID != nil { valid = false }
+                            if scanner.peek() == UInt8(ascii: "\"") {
+                                sessionID = .some(try scanner.string())
+                            } else {
+                                let range = try scanner.skipValue()
+                                if scanner.slice(range) != Array("null".utf8) { valid = false }
+                                sessionID = .some(nil)
+                            }
+                        default:
+                            try scanner.skipValue()
+                        }
+                    }
+                    try scanner.expectEnd()
+                } catch {
+                    return nil
+                }
+                guard valid, scanner.takeViolation() == nil, let sub, let exp else { return nil }
+                return Claims(sub: sub, exp: exp, audiences: audiences ?? [], sessionID: sessionID ?? nil)
             }
         }
     }
@@ -275,11 +328,11 @@ public final class TokenIssuer: Sendable {
         } catch {
             throw AuthError.badJWT
         }
-        guard let claims = try? JSONDecoder().decode(Claims.self, from: Data(payload)), let user = UUID(uuidString: claims.sub),
-            claims.aud?.values.contains("authenticated") == true, claims.exp.isFinite,
+        guard let claims = Claims.parse(payload), let user = UUID(uuidString: claims.sub),
+            claims.audiences.contains("authenticated"), claims.exp.isFinite, abs(claims.exp) < 1e15,
             Int64(claims.exp) + Self.leeway >= now
         else { throw AuthError.badJWT }
         return AccessClaims(
-            userID: user, sessionID: claims.session_id.flatMap(UUID.init(uuidString:)), expiresAt: Int64(claims.exp))
+            userID: user, sessionID: claims.sessionID.flatMap(UUID.init(uuidString:)), expiresAt: Int64(claims.exp))
     }
 }

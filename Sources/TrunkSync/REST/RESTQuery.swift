@@ -124,12 +124,14 @@ struct RESTQuery: Sendable {
     static func bind(_ text: String, for column: RESTColumn) throws -> PostgresBind {
         switch column.kind {
         case .uuid:
-            guard let id = UUID(uuidString: text) else { throw RESTError.badValue(text, type: "uuid") }
+            guard let id = StrictUUID.parse(text) else { throw RESTError.badValue(text, type: "uuid") }
             return id.postgresBind
         case .int:
             guard let number = Int64(text) else { throw RESTError.badValue(text, type: "bigint") }
             return number.postgresBind
         case .text:
+            // PostgreSQL text cannot hold NUL (`%00` in the query string).
+            guard !text.utf8.contains(0) else { throw RESTError.badValue(text.replacingOccurrences(of: "\u{0}", with: "\\u0000"), type: "text") }
             return PostgresBind(type: PostgresType.text, format: 0, bytes: Array(text.utf8))
         case .timestamp:
             guard let timestamp = RFC3339.parse(text) else { throw RESTError.badValue(text, type: "timestamp with time zone") }

@@ -1,0 +1,81 @@
+import Foundation
+import XCTest
+
+@testable import TrunkSync
+
+/// The push decoder on its own: the body's shape, each field's rules, problems by index.
+final class PushRequestTests: XCTestCase {
+    let id = "6f1f0e3c-1111-4c3e-9d7a-3a1c8f0f2b10"
+
+    func event(
+        id: String? = nil, type: String = #""note""#, payload: String = #"{"text":"hi"}"#,
+        timestamp: String = #""2026-11-22T04:10:02.123Z""#
+    ) -> String {
+        #"{"client_id":"\#(id ?? self.id)","type":\#(type),"payload":\#(payload),"client_timestamp":\#(timestamp)}"#
+    }
+
+    func parse(_ body: String) -> PushRequest.Outcome { PushRequest.parse(Array(body.utf8)) }
+
+    func testAValidPushKeepsThePayloadBytesAsWritten() throws {
+        guard case .events(let events) = parse(#"{"events":[\#(event(payload: #"{"b":1, "a":[1e308]}"#))], "extra": true}"#)
+        else { return XCTFail("valid") }
+        XCTAssertEqual(events.count, 1)
+        XCTAssertEqual(events[0].clientID, UUID(uuidString: id))
+        XCTAssertEqual(events[0].type, "note")
+        XCTAssertEqual(String(decoding: events[0].payload.bytes, as: UTF8.self), #"{"b":1, "a":[1e308]}"#)
+        XCTAssertEqual(RFC3339.format(events[0].clientTimestamp, fractionDigits: 3), "2026-11-22T04:10:02.123Z")
+    }
+
+    func testProblemsAreListedByIndexAndFieldAndNothingPasses() {
+        let body = #"{"events":[\#(event()),\#(event(id: "x", type: "7")),{"type":"t"},42]}"#
+        guard case .invalid(let problems) = parse(body) else { return XCTFail("invalid") }
+        XCTAssertEqual(
+            problems.map { "\($0.index) \($0.field)" },
+            ["1 client_id", "1 type", "2 payload", "2 client_timestamp", "2 client_id", "3 "])
+        XCTAssertTrue(problems.allSatisfy { !$0.reason.isEmpty })
+    }
+
+    func testFieldRules() {
+        let cases: [(String, String)] = [
+            (event(type: #""""#), "type"), (event(type: "\"" + String(repeating: "é", count: 129) + "\""), "type"),
+            (event(type: #""a\u0000""#), "type"), (event(payload: "[]"), "payload"), (event(payload: "null"), "payload"),
+            (event(payload: #"{"n":1e400}"#), "payload"), (event(payload: #"{"s":"\udfff"}"#), "payload"),
+            (event(timestamp: #""2026-11-22""#), "client_timestamp"), (event(timestamp: "1700000000"), "client_timestamp"),
+            (event(id: "6F1F0E3C-1111-4C3E-9D7A-3A1C8F0F2B1"), "client_id"),
+            (#"{"client_id":"\#(id)","client_id":"\#(id)","type":"t","payload":{},"client_timestamp":"2026-11-22T04:10:02Z"}"#, "client_id"),
+        ]
+        for (eventJSON, field) in cases {
+            guard case .invalid(let problems) = parse(#"{"events":[\#(eventJSON)]}"#) else {
+                XCTFail("\(eventJSON) should be invalid")
+                continue
+            }
+            XCTAssertEqual(problems.first?.field, field, eventJSON)
+        }
+        // 128 characters (not bytes) is the limit; upper-case UUIDs are UUIDs.
+        guard case .events = parse(#"{"events":[\#(event(id: id.uppercased(), type: "\"" + String(repeating: "é", count: 128) + "\""))]}"#)
+        else { return XCTFail("128 characters are allowed") }
+    }
+
+    func testMalformedBodiesSayWhereAndWhy() {
+        for body in ["", "[]", "{}", #"{"events":{}}"#, #"{"events":[]}"#, #"{"events":[1,]}"#, #"{"events":[]} x"#, "{\"events\":[" ] {
+            guard case .malformed(let reason) = parse(body) else {
+                XCTFail("\(body) is malformed")
+                continue
+            }
+            XCTAssertFalse(reason.isEmpty, body)
+        }
+        let many = Array(repeating: event(), count: 1001).joined(separator: ",")
+        guard case .malformed(let reason) = parse(#"{"events":[\#(many)]}"#) else { return XCTFail("1001 events") }
+        XCTAssertTrue(reason.contains("at most 1000"), reason)
+    }
+
+    func testPayloadLimitIsMeasuredAsStored() {
+        let fits = #"{"s":""# + String(repeating: "a", count: 64 * 1024 - 9) + #""}"#  // {"s": "…"} = 65536
+        guard case .events = parse(#"{"events":[\#(event(payload: fits))]}"#) else { return XCTFail("64 KiB fits") }
+        let over = #"{"s":""# + String(repeating: "a", count: 64 * 1024 - 8) + #""}"#
+        guard case .invalid(let problems) = parse(#"{"events":[\#(event(payload: over))]}"#) else {
+            return XCTFail("one byte over")
+        }
+        XCTAssertEqual(problems.first?.field, "payload")
+    }
+}

@@ -1,0 +1,71 @@
+import Foundation
+import HTTPServer
+import XCTest
+
+@testable import TrunkSync
+
+/// The PostgREST-style query parser on its own: every parameter, every refusal.
+final class RESTQueryTests: XCTestCase {
+    func parse(_ query: String) throws -> RESTQuery {
+        try RESTQuery.parse(
+            HTTPRequest(method: .get, path: "/rest/v1/events", query: query), table: "events", columns: RESTRoutes.eventColumns)
+    }
+
+    func refusal(_ query: String) -> APIError? {
+        do {
+            _ = try parse(query)
+            return nil
+        } catch { return error as? APIError }
+    }
+
+    func testSelectOrderLimitOffsetAndFilters() throws {
+        let id = UUID()
+        let query = try parse(
+            "select=seq,type,%20payload&order=seq.desc.nullslast,type&limit=10&offset=5&seq=gt.3&type=eq.a%20b&client_id=eq.\(id)"
+                + "&created_at=lte.2026-11-22T04:10:02.123Z")
+        XCTAssertEqual(query.columns.map(\.name), ["seq", "type", "payload"])
+        XCTAssertEqual(query.order.map(\.column.name), ["seq", "type"])
+        XCTAssertEqual(query.order.map(\.descending), [true, false])
+        XCTAssertEqual(query.order.first?.nullsFirst, false)
+        XCTAssertEqual(query.limit, 10)
+        XCTAssertEqual(query.offset, 5)
+        XCTAssertEqual(query.filters.map(\.column.name), ["seq", "type", "client_id", "created_at"])
+        XCTAssertEqual(query.filters.map(\.op), [.gt, .eq, .eq, .lte])
+        let clause = query.whereClause(startingAt: 4)
+        XCTAssertEqual(clause.sql, " and seq > $4 and type = $5 and client_id = $6 and created_at <= $7")
+        XCTAssertEqual(clause.binds.count, 4)
+        XCTAssertEqual(query.orderClause(default: "seq"), " order by seq desc nulls last, type asc")
+    }
+
+    func testDefaults() throws {
+        let query = try parse("")
+        XCTAssertEqual(query.columns.map(\.name), RESTRoutes.eventColumns.map(\.name))
+        XCTAssertNil(query.limit)
+        XCTAssertEqual(query.offset, 0)
+        XCTAssertEqual(query.orderClause(default: "seq"), " order by seq")
+        XCTAssertEqual(query.whereClause(startingAt: 2).sql, "")
+        XCTAssertEqual(try parse("select=*").columns.count, RESTRoutes.eventColumns.count)
+    }
+
+    func testColumnsOfAnInsert() throws {
+        XCTAssertEqual(try parse(#"columns="type","client_id""#).insertColumns, ["type", "client_id"])
+        XCTAssertEqual(refusal("columns=nope")?.code, "42703")
+    }
+
+    func testEveryRefusalHasItsPostgRESTCode() {
+        let cases: [(String, String)] = [
+            ("select=nope", "42703"), ("select=seq::text", "PGRST100"), ("select=*,seq", "PGRST100"),
+            ("order=seq.sideways", "PGRST100"), ("order=nope", "42703"), ("order=seq.asc.nullsfirst.x", "PGRST100"),
+            ("limit=-1", "PGRST100"), ("limit=ten", "PGRST100"), ("offset=-5", "PGRST100"), ("seq=5", "PGRST100"),
+            ("seq=like.5", "PGRST100"), ("seq=gt.five", "22P02"), ("client_id=eq.nope", "22P02"),
+            ("client_id=eq.6f1f0e3c11114c3e9d7a3a1c8f0f2b10", "22P02"), ("created_at=gt.now", "22P02"),
+            ("payload=eq.{}", "PGRST100"), ("nope=eq.1", "42703"), ("type=eq.a%00b", "22P02"),
+        ]
+        for (query, code) in cases {
+            let error = refusal(query)
+            XCTAssertEqual(error?.status, 400, query)
+            XCTAssertEqual(error?.code, code, query)
+            XCTAssertFalse(error?.message.isEmpty ?? true, query)
+        }
+    }
+}
