@@ -101,20 +101,6 @@ public struct HTTPResponse: Sendable {
     public static func json(_ status: HTTPStatus, _ text: String, headers: HTTPHeaders = [:]) -> HTTPResponse {
         json(status, Array(text.utf8), headers: headers)
     }
-
-    /// The standard error shape `{"code": …, "message": …}`.
-    public static func error(_ status: HTTPStatus, code: String, message: String, headers: HTTPHeaders = [:])
-        -> HTTPResponse
-    {
-        json(status, "{\"code\":\(JSONText.quote(code)),\"message\":\(JSONText.quote(message))}", headers: headers)
-    }
-}
-
-/// An error that knows the response it stands for (its status and JSON body). Any other
-/// error escaping a handler becomes a bare `500` that reveals nothing.
-public protocol HTTPResponseError: Error {
-    /// The response to send.
-    var response: HTTPResponse { get }
 }
 
 /// Minimal JSON string quoting for server-generated bodies.

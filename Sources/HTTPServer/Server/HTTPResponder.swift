@@ -58,10 +58,4 @@ public enum Reply<Context: Sendable>: Sendable {
 
 extension HTTPResponder {
     public func loopWillWait() {}
-
-    public func refuseConnection() -> HTTPResponse {
-        var response = HTTPResponse.error(.serviceUnavailable, code: "server_busy", message: "Too many connections; try again later.")
-        response.headers.append(name: "Retry-After", value: "1")
-        return response
-    }
 }
