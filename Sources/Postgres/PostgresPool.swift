@@ -1,7 +1,9 @@
 import Foundation
 import Logging
 
-/// A fixed-size pool of PostgreSQL connections, each owned by one thread of its own.
+/// A fixed-size pool of PostgreSQL connections, each owned by one thread of its own. Every
+/// decision (who gets which connection, when to open, replace, time out or close) is made
+/// by `PoolStateMachine`; this class carries its actions out with threads and a lock.
 ///
 /// Callers `await`; the blocking libpq calls run on the pool's threads, never on Swift's
 /// cooperative pool. A request that finds every connection busy waits in a bounded FIFO
@@ -42,27 +44,29 @@ public final class PostgresPool: Sendable {
     /// The pool's settings.
     public let configuration: Configuration
     private let logger: Logger
+    /// Guards `state`; condition 0 wakes the timer thread, 1 the slots, 2 `close()`.
     private let lock = ConditionLock(conditions: 3)
-    private let state: PoolState
+    private let state: PoolDriverState
 
-    private static let workerCondition = 0
-    private static let reaperCondition = 1
-    private static let closedCondition = 2
+    private static let timerCondition = 0
+    private static let slotCondition = 1
 
     /// Creates a pool; no connection is opened until the first request.
     public init(_ connection: PostgresConfiguration, configuration: Configuration = .init(), logger: Logger) {
         self.connectionConfiguration = connection
         self.configuration = configuration
         self.logger = logger
-        self.state = PoolState()
-        startThread(name: "pg-pool-reaper") { [self] in reaperLoop() }
+        self.state = PoolDriverState(
+            machine: PoolStateMachine(
+                configuration: .init(maxConnections: configuration.maxConnections, maxWaiting: configuration.maxWaiting)))
+        startThread(name: "pg-pool-timer") { [self] in timerLoop() }
     }
 
     /// The pool's current state.
     public var statistics: Statistics {
         lock.withLock {
             Statistics(
-                open: state.openConnections, inUse: state.inUse, waiting: state.queue.count,
+                open: state.machine.openCount, inUse: state.machine.leasedCount, waiting: state.machine.waitingCount,
                 maxConnections: configuration.maxConnections)
         }
     }
@@ -76,19 +80,24 @@ public final class PostgresPool: Sendable {
     public func withConnection<T: Sendable>(
         _ body: @escaping @Sendable (PostgresConnection) throws -> T
     ) async throws -> T {
-        let id = lock.withLock { state.nextJobID &+= 1; return state.nextJobID }
-        let deadline = monotonicNanoseconds() + UInt64(configuration.acquireTimeout.nanoseconds)
+        let id = lock.withLock { state.nextRequestID &+= 1; return state.nextRequestID }
+        let deadline = monotonicNanoseconds() + UInt64(max(0, configuration.acquireTimeout.nanoseconds))
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, Error>) in
                 let job = PoolJob(
-                    id: id, deadline: deadline,
                     execute: { connection in continuation.resume(with: Result { try body(connection) }) },
-                    fail: { error in continuation.resume(throwing: error) }
-                )
-                enqueue(job)
+                    fail: { error in continuation.resume(throwing: error) })
+                let actions: [PoolStateMachine.Action] = lock.withLock {
+                    state.jobs[id] = job
+                    let wasEmpty = state.machine.nextDeadline == nil
+                    let actions = state.machine.request(id, deadline: deadline)
+                    if wasEmpty, state.machine.nextDeadline != nil { lock.signal(Self.timerCondition) }
+                    return actions
+                }
+                perform(actions)
             }
         } onCancel: {
-            cancel(jobID: id)
+            perform(lock.withLock { state.machine.cancel(id) })
         }
     }
 
@@ -102,108 +111,120 @@ public final class PostgresPool: Sendable {
     /// Stops the pool: waiting requests fail with `.poolClosed`, running jobs finish, then
     /// every connection is closed and every thread ends.
     public func close() async {
-        let waiting: [PoolJob] = lock.withLock {
-            state.closed = true
-            let jobs = state.queue.drain()
-            lock.broadcast(Self.workerCondition)
-            lock.signal(Self.reaperCondition)
-            return jobs
-        }
-        for job in waiting {
-            job.fail(PostgresError(kind: .poolClosed, message: "the database pool is closed"))
-        }
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            startThread(name: "pg-pool-close") { [self] in
+            let actions: [PoolStateMachine.Action] = lock.withLock {
+                state.closeWaiters.append(continuation)
+                lock.signal(Self.timerCondition)
+                return state.machine.shutdown()
+            }
+            perform(actions)
+        }
+    }
+
+    // MARK: - Carrying out the state machine's actions
+
+    /// Does what the state machine decided, outside the lock.
+    private func perform(_ actions: [PoolStateMachine.Action]) {
+        for action in actions {
+            switch action {
+            case .lease(let connection, let request):
                 lock.withLock {
-                    while state.threads > 0 { lock.wait(Self.closedCondition) }
+                    guard let job = state.jobs.removeValue(forKey: request), let slot = state.slots[connection] else { return }
+                    slot.job = job
+                    lock.broadcast(Self.slotCondition)
                 }
-                continuation.resume()
+            case .open(let connection):
+                let slot = PoolSlot(id: connection)
+                lock.withLock { state.slots[connection] = slot }
+                startThread(name: "pg-pool-\(connection % 1000)") { [self] in slotLoop(slot) }
+            case .fail(let request, let reason):
+                let (job, openError) = lock.withLock { (state.jobs.removeValue(forKey: request), state.lastOpenError) }
+                job?.fail(error(for: reason, openError: openError))
+            case .close(let connection):
+                lock.withLock {
+                    state.slots[connection]?.closing = true
+                    lock.broadcast(Self.slotCondition)
+                }
+            case .shutdownComplete:
+                let waiters: [CheckedContinuation<Void, Never>] = lock.withLock {
+                    state.shutDown = true
+                    defer { state.closeWaiters = [] }
+                    return state.closeWaiters
+                }
+                // The slot threads may still be closing their sockets; wait for them too.
+                startThread(name: "pg-pool-close") { [self] in
+                    lock.withLock {
+                        while state.threads > 0 { lock.wait(2) }
+                    }
+                    for waiter in waiters { waiter.resume() }
+                }
             }
         }
     }
 
-    private func enqueue(_ job: PoolJob) {
-        enum Decision { case queued(startThread: Bool), full, closed }
-        let decision: Decision = lock.withLock {
-            if state.closed { return .closed }
-            if state.queue.count >= configuration.maxWaiting + state.idleWorkers { return .full }
-            state.queue.append(job)
-            if state.queue.count == 1 { lock.signal(Self.reaperCondition) }
-            if state.idleWorkers > 0 {
-                lock.signal(Self.workerCondition)
-            }
-            if state.queue.count > state.idleWorkers, state.threads < configuration.maxConnections {
-                state.threads += 1
-                return .queued(startThread: true)
-            }
-            return .queued(startThread: false)
-        }
-        switch decision {
+    private func error(for reason: PoolStateMachine.FailureReason, openError: (any Error)?) -> any Error {
+        switch reason {
+        case .exhausted:
+            return PostgresError(
+                kind: .poolExhausted,
+                message: "database pool exhausted: no connection free within \(configuration.acquireTimeout)")
         case .closed:
-            job.fail(PostgresError(kind: .poolClosed, message: "the database pool is closed"))
-        case .full:
-            job.fail(PostgresError(kind: .poolExhausted, message: "database pool exhausted: too many requests waiting"))
-        case .queued(let start):
-            if start {
-                let number = lock.withLock { state.threads }
-                startThread(name: "pg-pool-\(number)") { [self] in workerLoop() }
-            }
+            return PostgresError(kind: .poolClosed, message: "the database pool is closed")
+        case .cancelled:
+            return CancellationError()
+        case .connectionFailed:
+            return openError ?? PostgresError(kind: .connectionFailed, message: "cannot connect to the database")
         }
     }
 
-    private func cancel(jobID: UInt64) {
-        let job = lock.withLock { state.queue.remove(id: jobID) }
-        job?.fail(CancellationError())
-    }
-
-    private func workerLoop() {
-        var connection: PostgresConnection? = nil
+    /// One connection's thread: opens it, then runs the jobs leased to it until told to close.
+    private func slotLoop(_ slot: PoolSlot) {
+        lock.withLock { state.threads += 1 }
+        defer {
+            lock.withLock {
+                state.threads -= 1
+                lock.broadcast(2)
+            }
+        }
+        var connection: PostgresConnection
+        do {
+            connection = try openConnection()
+        } catch {
+            let actions: [PoolStateMachine.Action] = lock.withLock {
+                state.lastOpenError = error
+                state.slots[slot.id] = nil
+                return state.machine.connectionFailed(slot.id)
+            }
+            perform(actions)
+            return
+        }
+        perform(lock.withLock { state.machine.connectionOpened(slot.id) })
         while true {
             let next: PoolJob? = lock.withLock {
-                while state.queue.isEmpty, !state.closed {
-                    state.idleWorkers += 1
-                    lock.wait(Self.workerCondition)
-                    state.idleWorkers -= 1
-                }
-                guard let job = state.queue.popFirst() else { return nil }
-                state.inUse += 1
-                return job
+                while slot.job == nil, !slot.closing { lock.wait(Self.slotCondition) }
+                defer { slot.job = nil }
+                return slot.job
             }
-            guard let job = next else { break }
-            if let open = connection, !open.isUsableAfterIdle() {
+            guard let job = next else { break }  // closing
+            if !connection.isUsableAfterIdle() {
+                // A server restart or a network failure while idle: reconnect before the job.
                 logger.warning("replacing a broken database connection")
-                connection = nil
-                lock.withLock { state.openConnections -= 1 }
-            }
-            if connection == nil {
                 do {
                     connection = try openConnection()
-                    lock.withLock { state.openConnections += 1 }
                 } catch {
-                    lock.withLock { state.inUse -= 1 }
                     job.fail(error)
+                    perform(lock.withLock { state.machine.connectionReleased(slot.id, reusable: false) })
                     continue
                 }
             }
-            guard let current = connection else { continue }
-            job.execute(current)
-            if current.isOpen, current.isInTransaction {
-                try? current.execute("ROLLBACK")
+            job.execute(connection)
+            if connection.isOpen, connection.isInTransaction {
+                try? connection.execute("ROLLBACK")
             }
-            let keep = current.isOpen && !current.isInTransaction
-            if !keep { connection = nil }
-            lock.withLock {
-                state.inUse -= 1
-                if !keep { state.openConnections -= 1 }
-            }
+            let reusable = connection.isOpen && !connection.isInTransaction
+            perform(lock.withLock { state.machine.connectionReleased(slot.id, reusable: reusable) })
         }
-        let hadConnection = connection != nil
-        connection = nil
-        lock.withLock {
-            if hadConnection { state.openConnections -= 1 }
-            state.threads -= 1
-            lock.broadcast(Self.closedCondition)
-        }
+        lock.withLock { state.slots[slot.id] = nil }
     }
 
     private func openConnection() throws -> PostgresConnection {
@@ -214,102 +235,66 @@ public final class PostgresPool: Sendable {
         return connection
     }
 
-    private func reaperLoop() {
+    /// Reports the time to the state machine when the oldest waiting request's deadline
+    /// comes.
+    private func timerLoop() {
         while true {
-            let (expired, closed): ([PoolJob], Bool) = lock.withLock {
-                while !state.closed {
-                    guard let head = state.queue.first else {
-                        lock.wait(Self.reaperCondition)
+            let (actions, stop): ([PoolStateMachine.Action], Bool) = lock.withLock {
+                while !state.machine.isShutDown {
+                    guard let deadline = state.machine.nextDeadline else {
+                        lock.wait(Self.timerCondition)
                         continue
                     }
                     let now = monotonicNanoseconds()
-                    if head.deadline > now {
-                        lock.wait(Self.reaperCondition, untilUptimeNanoseconds: head.deadline)
+                    if deadline > now {
+                        lock.wait(Self.timerCondition, untilUptimeNanoseconds: deadline)
                         continue
                     }
-                    var expired: [PoolJob] = []
-                    while let first = state.queue.first, first.deadline <= now {
-                        _ = state.queue.popFirst()
-                        expired.append(first)
-                    }
-                    return (expired, false)
+                    return (state.machine.timePassed(now), false)
                 }
                 return ([], true)
             }
-            if !expired.isEmpty {
-                logger.warning("database pool exhausted", metadata: ["timed_out": "\(expired.count)"])
+            if !actions.isEmpty {
+                logger.warning("database pool exhausted", metadata: ["timed_out": "\(actions.count)"])
             }
-            for job in expired {
-                job.fail(
-                    PostgresError(
-                        kind: .poolExhausted,
-                        message: "database pool exhausted: no connection free within \(configuration.acquireTimeout)"))
-            }
-            if closed { return }
+            perform(actions)
+            if stop { return }
         }
     }
 }
 
-/// One request for a connection; exactly one party (a worker, the reaper, a cancellation,
-/// `close`) takes it out of the queue and so resumes it exactly once.
+/// One request for a connection; the state machine decides who resumes it, exactly once.
 final class PoolJob: @unchecked Sendable {
-    let id: UInt64
-    let deadline: UInt64
     let execute: (PostgresConnection) -> Void
-    let fail: (Error) -> Void
+    let fail: (any Error) -> Void
 
-    init(id: UInt64, deadline: UInt64, execute: @escaping (PostgresConnection) -> Void, fail: @escaping (Error) -> Void) {
-        self.id = id
-        self.deadline = deadline
+    init(execute: @escaping (PostgresConnection) -> Void, fail: @escaping (any Error) -> Void) {
         self.execute = execute
         self.fail = fail
     }
 }
 
-/// The pool's mutable state; only touched with the pool's lock held.
-final class PoolState: @unchecked Sendable {
-    var queue = JobQueue()
-    var nextJobID: UInt64 = 0
-    var threads = 0
-    var idleWorkers = 0
-    var inUse = 0
-    var openConnections = 0
-    var closed = false
+/// A connection's thread mailbox; touched only with the pool's lock held.
+final class PoolSlot: @unchecked Sendable {
+    let id: PoolStateMachine.ConnectionID
+    var job: PoolJob?
+    var closing = false
+
+    init(id: PoolStateMachine.ConnectionID) { self.id = id }
 }
 
-/// A FIFO of jobs with O(1) amortised pop from the front.
-struct JobQueue {
-    private var storage: [PoolJob] = []
-    private var head = 0
+/// The driver's state around the machine; only touched with the pool's lock held.
+final class PoolDriverState: @unchecked Sendable {
+    var machine: PoolStateMachine
+    var jobs: [PoolStateMachine.RequestID: PoolJob] = [:]
+    var slots: [PoolStateMachine.ConnectionID: PoolSlot] = [:]
+    var nextRequestID: UInt64 = 0
+    var threads = 0
+    var lastOpenError: (any Error)?
+    var closeWaiters: [CheckedContinuation<Void, Never>] = []
+    var shutDown = false
 
-    var count: Int { storage.count - head }
-    var isEmpty: Bool { count == 0 }
-    var first: PoolJob? { isEmpty ? nil : storage[head] }
-
-    mutating func append(_ job: PoolJob) { storage.append(job) }
-
-    mutating func popFirst() -> PoolJob? {
-        guard !isEmpty else { return nil }
-        let job = storage[head]
-        head += 1
-        if head >= 64, head * 2 >= storage.count {
-            storage.removeFirst(head)
-            head = 0
-        }
-        return job
-    }
-
-    mutating func remove(id: UInt64) -> PoolJob? {
-        guard let index = storage[head...].firstIndex(where: { $0.id == id }) else { return nil }
-        return storage.remove(at: index)
-    }
-
-    mutating func drain() -> [PoolJob] {
-        let jobs = Array(storage[head...])
-        storage = []
-        head = 0
-        return jobs
-    }
+    init(machine: PoolStateMachine) { self.machine = machine }
 }
 
 extension Duration {
