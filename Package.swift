@@ -68,6 +68,8 @@ let package = Package(
         // The client library: Foundation (and FoundationNetworking on Linux) only, no module of
         // the server and no system library, so iOS, macOS and Linux apps can depend on it.
         .target(name: "TrunkSyncClient"),
+        // Signs in, records and syncs from the command line (and drives the client tests' crashes).
+        .executableTarget(name: "trunk-sync-example", dependencies: ["TrunkSyncClient"]),
 
         // Tests. Those that need a database read TRUNK_SYNC_TEST_DATABASE_URL, set by `make test`
         // (scripts/test.sh starts a private PostgreSQL cluster for them).
