@@ -141,11 +141,12 @@ public actor TrunkSyncClient {
     /// The local session is removed even when the server cannot be reached.
     @discardableResult
     public func signOut(discardingUnsentEvents: Bool = false) async throws -> SignOutResult {
+        // After any sync in progress, so none writes a cursor or outbox once they are gone.
+        await acquireSync()
+        defer { releaseSync() }
         guard session != nil, let store else {
             return SignOutResult(unsentEvents: 0, quarantinedEvents: 0, serverSessionRevoked: false)
         }
-        await acquireSync()
-        defer { releaseSync() }
         if !discardingUnsentEvents && store.outbox.count > 0 {
             var report = SyncReport()
             try? await pushOutbox(store, into: &report, retry: RetryRules(maxAttempts: 2))
