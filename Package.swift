@@ -3,9 +3,12 @@ import PackageDescription
 
 let package = Package(
     name: "trunk-sync",
-    platforms: [.macOS(.v14)],
+    // iOS for the client library (TrunkSyncClient); the server builds for macOS and Linux.
+    platforms: [.macOS(.v14), .iOS(.v16)],
     products: [
-        .executable(name: "trunk-sync", targets: ["trunk-sync"])
+        .executable(name: "trunk-sync", targets: ["trunk-sync"]),
+        // The Swift client apps depend on: Foundation only (README, "Client library").
+        .library(name: "TrunkSyncClient", targets: ["TrunkSyncClient"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
@@ -62,6 +65,12 @@ let package = Package(
             ]
         ),
 
+        // The client library: Foundation (and FoundationNetworking on Linux) only, no module of
+        // the server and no system library, so iOS, macOS and Linux apps can depend on it.
+        .target(name: "TrunkSyncClient"),
+        // Signs in, records and syncs from the command line (and drives the client tests' crashes).
+        .executableTarget(name: "trunk-sync-example", dependencies: ["TrunkSyncClient"]),
+
         // Tests. Those that need a database read TRUNK_SYNC_TEST_DATABASE_URL, set by `make test`
         // (scripts/test.sh starts a private PostgreSQL cluster for them).
         .target(name: "TestSupport", dependencies: ["Postgres"], path: "Tests/TestSupport"),
@@ -71,6 +80,7 @@ let package = Package(
         .testTarget(name: "JSONTests", dependencies: ["JSON"]),
         .testTarget(name: "MailTests", dependencies: ["Mail", "TestSupport"]),
         .testTarget(name: "EndToEndTests", dependencies: ["TestSupport", "Postgres"]),
+        .testTarget(name: "TrunkSyncClientTests", dependencies: ["TrunkSyncClient", "TestSupport", "Postgres"]),
         .testTarget(
             name: "TrunkSyncTests",
             dependencies: [

@@ -1,0 +1,128 @@
+import Foundation
+
+#if canImport(FoundationNetworking)
+    import FoundationNetworking
+#endif
+
+/// An HTTP answer: status, headers (names lowercased), body.
+struct HTTPAnswer: Sendable {
+    var status: Int
+    var headers: [String: String]
+    var body: Data
+
+    func header(_ name: String) -> String? { headers[name.lowercased()] }
+
+    /// `Retry-After` in seconds: delta-seconds or an HTTP date.
+    var retryAfter: TimeInterval? {
+        guard let value = header("retry-after")?.trimmingCharacters(in: .whitespaces) else { return nil }
+        if let seconds = Double(value), seconds >= 0 { return seconds }
+        let formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.timeZone = TimeZone(identifier: "GMT")
+        formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss zzz"
+        guard let date = formatter.date(from: value) else { return nil }
+        return max(0, date.timeIntervalSinceNow)
+    }
+
+    /// The error body in any of the server's shapes (`/sync/v1`: `code`, `message`,
+    /// `details`; `/auth/v1`: also `error_code`, `msg`).
+    var serverError: ServerError {
+        var code = "http_\(status)"
+        var message = HTTPURLResponse.localizedString(forStatusCode: status)
+        var details: [ServerError.FieldProblem] = []
+        if let object = try? JSONSerialization.jsonObject(with: body) as? [String: Any] {
+            if let value = object["error_code"] as? String ?? object["code"] as? String { code = value }
+            if let value = object["message"] as? String ?? object["msg"] as? String { message = value }
+            for item in object["details"] as? [[String: Any]] ?? [] {
+                details.append(
+                    ServerError.FieldProblem(
+                        index: (item["index"] as? NSNumber)?.intValue ?? -1, field: item["field"] as? String ?? "",
+                        reason: item["reason"] as? String ?? ""))
+            }
+        }
+        return ServerError(status: status, code: code, message: message, details: details, retryAfter: retryAfter)
+    }
+}
+
+/// A failure below HTTP: no connection, connection lost, timeout.
+struct TransportFailure: Error, CustomStringConvertible {
+    var description: String
+}
+
+/// Sends requests with `URLSession` (Foundation on Apple platforms, FoundationNetworking
+/// on Linux) through its completion-handler API, which both have, and cancels the request
+/// when the calling task is cancelled.
+final class HTTPTransport: Sendable {
+    private let session: URLSession
+
+    init() {
+        let configuration = URLSessionConfiguration.ephemeral
+        configuration.httpCookieStorage = nil
+        configuration.httpShouldSetCookies = false
+        configuration.urlCache = nil
+        configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
+        configuration.timeoutIntervalForResource = 24 * 3600
+        session = URLSession(configuration: configuration)
+    }
+
+    deinit { session.invalidateAndCancel() }
+
+    func send(_ request: URLRequest) async throws -> HTTPAnswer {
+        let box = TaskBox()
+        return try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<HTTPAnswer, Error>) in
+                let task = session.dataTask(with: request) { data, response, error in
+                    if let error {
+                        let nsError = error as NSError
+                        if nsError.domain == NSURLErrorDomain && nsError.code == NSURLErrorCancelled {
+                            continuation.resume(throwing: CancellationError())
+                        } else {
+                            continuation.resume(throwing: TransportFailure(description: error.localizedDescription))
+                        }
+                        return
+                    }
+                    guard let http = response as? HTTPURLResponse else {
+                        continuation.resume(throwing: TransportFailure(description: "not an HTTP response"))
+                        return
+                    }
+                    var headers: [String: String] = [:]
+                    for (name, value) in http.allHeaderFields {
+                        if let name = name as? String, let value = value as? String {
+                            headers[name.lowercased()] = value
+                        }
+                    }
+                    continuation.resume(
+                        returning: HTTPAnswer(status: http.statusCode, headers: headers, body: data ?? Data()))
+                }
+                box.start(task)
+            }
+        } onCancel: {
+            box.cancel()
+        }
+    }
+}
+
+/// The data task of one request, cancellable from the cancellation handler (which may run
+/// before the task exists).
+private final class TaskBox: @unchecked Sendable {  // state guarded by `lock`
+    private let lock = NSLock()
+    private var task: URLSessionDataTask?
+    private var cancelled = false
+
+    func start(_ task: URLSessionDataTask) {
+        let cancelNow = lock.withLock {
+            self.task = task
+            return cancelled
+        }
+        task.resume()
+        if cancelNow { task.cancel() }
+    }
+
+    func cancel() {
+        let task = lock.withLock {
+            cancelled = true
+            return self.task
+        }
+        task?.cancel()
+    }
+}

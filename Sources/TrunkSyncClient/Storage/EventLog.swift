@@ -1,0 +1,315 @@
+import Foundation
+
+/// Why the server refused an event (the quarantine keeps it with the event).
+public struct Rejection: Codable, Sendable, Equatable {
+    /// The HTTP status (`400` for a field the server refuses, `413` for an event too large
+    /// to push at all).
+    public var status: Int
+    /// The server's error code (`validation_failed`, `body_too_large`, …).
+    public var code: String
+    /// The field the server named (`payload`, `type`, …); empty when it named none.
+    public var field: String
+    /// The server's reason for that field, or its message.
+    public var reason: String
+    /// When the client quarantined the event.
+    public var rejectedAt: Date
+
+    public init(status: Int, code: String, field: String, reason: String, rejectedAt: Date) {
+        self.status = status
+        self.code = code
+        self.field = field
+        self.reason = reason
+        self.rejectedAt = rejectedAt
+    }
+}
+
+/// An event as the outbox or the quarantine stores it.
+struct StoredEvent: Equatable, Sendable {
+    var clientID: UUID
+    var type: String
+    /// The payload's JSON text, exactly as it will be pushed.
+    var payload: [UInt8]
+    /// RFC 3339 with milliseconds, UTC, as pushed.
+    var clientTimestamp: String
+    var rejection: Rejection? = nil
+}
+
+/// One record of a log file's body (one JSON object per frame).
+struct LogRecord: Codable, Equatable {
+    enum Operation: String, Codable {
+        /// An event was recorded (or moved back from the quarantine).
+        case event
+        /// Events the server stored (created or duplicate): never sent again.
+        case ack
+        /// Events removed without being sent: moved to the quarantine, or discarded.
+        case drop
+    }
+
+    var op: Operation
+    var clientID: UUID? = nil
+    var type: String? = nil
+    /// The payload's JSON text as a string, so its bytes come back exactly.
+    var payload: String? = nil
+    var clientTimestamp: String? = nil
+    var rejection: Rejection? = nil
+    var ids: [UUID]? = nil
+
+    enum CodingKeys: String, CodingKey {
+        case op, type, payload, rejection, ids
+        case clientID = "client_id"
+        case clientTimestamp = "client_timestamp"
+    }
+}
+
+/// What opening a log found wrong and repaired.
+public struct LogRecovery: Sendable, Equatable {
+    /// The log file.
+    public var file: URL
+    /// Bytes of a write torn by a crash, dropped (the call that wrote them never returned).
+    public var tornBytesDropped: Int
+    /// Damaged frames found and skipped: their bytes are in `damagedCopy`.
+    public var damagedFrames: Int
+    /// Where the damaged bytes were kept, for inspection (nil when there were none).
+    public var damagedCopy: URL?
+}
+
+/// An append-only, crash-safe log of events (the format is `FramedLog`'s): the outbox,
+/// and the quarantine beside it. It keeps only an index in memory (id, type, where the
+/// frame is) and reads payloads back when a batch is pushed.
+///
+/// Every change is one frame written and synced before the method returns: `append`
+/// (events), `remove` (an `ack` or `drop` of ids). When no event is left the file is cut
+/// back to its header; when most frames are dead it is rewritten with the live ones
+/// (temporary file, sync, rename: a crash leaves the old or the new file).
+final class EventLog {
+    struct Entry {
+        var type: String
+        var frame: Range<Int>
+    }
+
+    let url: URL
+    private var file: DurableFile
+    private var end: Int
+    /// Live ids in the order they were appended (ids removed since may linger until
+    /// `pruneOrder`).
+    private var order: [UUID] = []
+    private var orderStart = 0
+    private var entries: [UUID: Entry] = [:]
+    /// Frames of the file that no longer carry a live event.
+    private var deadFrames = 0
+    /// What opening the file repaired (nil: nothing).
+    private(set) var recovery: LogRecovery?
+
+    /// Rewrite when at least this many frames are dead and they outnumber the live ones.
+    static let compactionThreshold = 1000
+
+    init(url: URL) throws {
+        self.url = url
+        let existed = FileManager.default.fileExists(atPath: url.path)
+        file = try DurableFile(path: url.path)
+        let bytes = try file.readAll()
+        let scan = try FramedLog.scan(bytes, path: url.path)
+        if scan.validEnd == 0 {
+            // New (or its creation was torn): write the header.
+            try file.truncate(to: 0)
+            try file.write(FramedLog.header, at: 0)
+            try file.sync()
+            if !existed { try FileSystem.syncDirectory(url.deletingLastPathComponent()) }
+            end = FramedLog.header.count
+        } else {
+            end = scan.validEnd
+        }
+        for frame in scan.frames {
+            let record: LogRecord
+            do {
+                record = try Self.decode(Data(frame.body))
+            } catch {
+                // A frame with a good checksum that is not a record: a later format. Refuse
+                // rather than drop what we cannot read.
+                throw StorageFailure(message: "\(url.path): unreadable record at byte \(frame.offset): \(error)")
+            }
+            apply(record, frame: frame.range)
+        }
+        if scan.needsRewrite {
+            let copy = url.deletingLastPathComponent()
+                .appendingPathComponent("\(url.lastPathComponent).damaged-\(Int(Date().timeIntervalSince1970 * 1000))")
+            try FileSystem.writeAtomically(scan.damaged.flatMap { $0 }, to: copy)
+            try rewrite()
+            recovery = LogRecovery(
+                file: url, tornBytesDropped: scan.tornBytes, damagedFrames: scan.damaged.count, damagedCopy: copy)
+        } else if scan.tornBytes > 0 && scan.validEnd > 0 {
+            try file.truncate(to: end)
+            try file.sync()
+            recovery = LogRecovery(file: url, tornBytesDropped: scan.tornBytes, damagedFrames: 0, damagedCopy: nil)
+        }
+    }
+
+    deinit { file.close() }
+
+    func close() { file.close() }
+
+    /// Live events.
+    var count: Int { entries.count }
+
+    /// The file's size in bytes.
+    var fileSize: Int { end }
+
+    func contains(_ id: UUID) -> Bool { entries[id] != nil }
+
+    /// Live ids, oldest first.
+    var ids: [UUID] { order[orderStart...].filter { entries[$0] != nil } }
+
+    private func apply(_ record: LogRecord, frame: Range<Int>) {
+        switch record.op {
+        case .event:
+            guard let id = record.clientID else {
+                deadFrames += 1
+                return
+            }
+            if entries[id] != nil {
+                deadFrames += 1
+            } else {
+                order.append(id)
+            }
+            entries[id] = Entry(type: record.type ?? "", frame: frame)
+        case .ack, .drop:
+            deadFrames += 1
+            for id in record.ids ?? [] where entries.removeValue(forKey: id) != nil { deadFrames += 1 }
+        }
+    }
+
+    /// Appends events and makes them durable (one write, one sync).
+    func append(_ events: [StoredEvent]) throws {
+        guard !events.isEmpty else { return }
+        var bytes: [UInt8] = []
+        var records: [(LogRecord, Range<Int>)] = []
+        for event in events {
+            let record = LogRecord(
+                op: .event, clientID: event.clientID, type: event.type,
+                payload: String(decoding: event.payload, as: UTF8.self), clientTimestamp: event.clientTimestamp,
+                rejection: event.rejection)
+            let frame = FramedLog.frame(try Self.encode(record))
+            let start = end + bytes.count
+            records.append((record, start..<(start + frame.count)))
+            bytes += frame
+        }
+        try file.write(bytes, at: end)
+        try file.sync()
+        end += bytes.count
+        for (record, range) in records { apply(record, frame: range) }
+    }
+
+    /// Removes events (`ack`: the server has them; `drop`: moved or discarded), durably.
+    /// Ids not in the log are ignored.
+    func remove(_ ids: [UUID], as operation: LogRecord.Operation) throws {
+        let present = ids.filter { entries[$0] != nil }
+        guard !present.isEmpty else { return }
+        precondition(operation != .event)
+        let frame = FramedLog.frame(try Self.encode(LogRecord(op: operation, ids: present)))
+        try file.write(frame, at: end)
+        try file.sync()
+        apply(LogRecord(op: operation, ids: present), frame: end..<(end + frame.count))
+        end += frame.count
+        try compactIfUseful()
+    }
+
+    /// The oldest live events, at most `maxEvents` and — but for the first — at most
+    /// `maxBytes` of payload and type together.
+    func oldest(maxEvents: Int, maxBytes: Int = .max) throws -> [StoredEvent] {
+        var events: [StoredEvent] = []
+        var bytes = 0
+        pruneOrder()
+        for id in order[orderStart...] where entries[id] != nil {
+            if events.count >= maxEvents { break }
+            let event = try read(id)
+            let size = event.payload.count + event.type.utf8.count
+            if !events.isEmpty && bytes + size > maxBytes { break }
+            bytes += size
+            events.append(event)
+        }
+        return events
+    }
+
+    /// Every live event, oldest first.
+    func all() throws -> [StoredEvent] { try oldest(maxEvents: .max) }
+
+    /// One live event.
+    func read(_ id: UUID) throws -> StoredEvent {
+        guard let entry = entries[id] else { throw StorageFailure(message: "\(url.path): no event \(id)") }
+        let bytes = try file.read(at: entry.frame.lowerBound, count: entry.frame.count)
+        let body = Array(bytes.dropFirst(FramedLog.frameHeaderSize))
+        guard bytes.count == entry.frame.count,
+            FramedLog.readBigEndian(bytes, at: 4) == CRC32.checksum(body)
+        else {
+            throw StorageFailure(message: "\(url.path): the frame of event \(id) changed on disk")
+        }
+        let record = try Self.decode(Data(body))
+        guard let payload = record.payload, let type = record.type, let timestamp = record.clientTimestamp else {
+            throw StorageFailure(message: "\(url.path): the record of event \(id) is incomplete")
+        }
+        return StoredEvent(
+            clientID: id, type: type, payload: Array(payload.utf8), clientTimestamp: timestamp,
+            rejection: record.rejection)
+    }
+
+    /// Cuts the file back to its header when nothing is live; rewrites it when dead frames
+    /// dominate.
+    func compactIfUseful() throws {
+        if entries.isEmpty {
+            guard end > FramedLog.header.count else { return }
+            try file.truncate(to: FramedLog.header.count)
+            try file.sync()
+            end = FramedLog.header.count
+            order = []
+            orderStart = 0
+            deadFrames = 0
+        } else if deadFrames >= Self.compactionThreshold && deadFrames > entries.count {
+            try rewrite()
+        }
+    }
+
+    /// Writes the live frames to a new file and renames it over this one.
+    func rewrite() throws {
+        pruneOrder()
+        let live = order[orderStart...].filter { entries[$0] != nil }
+        var bytes = FramedLog.header
+        var moved: [UUID: Entry] = [:]
+        for id in live {
+            guard var entry = entries[id] else { continue }
+            let frame = try file.read(at: entry.frame.lowerBound, count: entry.frame.count)
+            entry.frame = bytes.count..<(bytes.count + frame.count)
+            bytes += frame
+            moved[id] = entry
+        }
+        try FileSystem.writeAtomically(bytes, to: url)
+        file.close()
+        file = try DurableFile(path: url.path, create: false)
+        end = bytes.count
+        entries = moved
+        order = live
+        orderStart = 0
+        deadFrames = 0
+    }
+
+    /// Forgets removed ids at the front of `order` (acks come oldest first).
+    private func pruneOrder() {
+        while orderStart < order.count && entries[order[orderStart]] == nil { orderStart += 1 }
+        if orderStart > 4096 && orderStart * 2 > order.count {
+            order.removeFirst(orderStart)
+            orderStart = 0
+        }
+    }
+
+    private static func decode(_ data: Data) throws -> LogRecord {
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .millisecondsSince1970
+        return try decoder.decode(LogRecord.self, from: data)
+    }
+
+    private static func encode(_ record: LogRecord) throws -> [UInt8] {
+        let encoder = JSONEncoder()
+        encoder.dateEncodingStrategy = .millisecondsSince1970
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return Array(try encoder.encode(record))
+    }
+}

@@ -1,0 +1,143 @@
+import Foundation
+
+/// The on-disk format of the outbox and the quarantine: an append-only file of framed
+/// records.
+///
+///     file   = header frame*
+///     header = "TRUNKSYNC-LOG-1\n"                        (16 bytes)
+///     frame  = length:u32be  crc:u32be  body:length bytes
+///     body   = one JSON object (UTF-8), see `LogRecord`
+///
+/// `crc` is the CRC-32 (IEEE 802.3, as zlib's `crc32`) of `body`; `length` is 1…16 MiB.
+/// A frame is written with one `write` and made durable with `fsync` before the call that
+/// wrote it returns.
+///
+/// Reading after a crash (`FramedLog.scan`):
+/// - an incomplete last frame (short header or body), or a complete last frame whose
+///   checksum does not match, is a write the crash tore: it is dropped, silently (its
+///   `record` call never returned);
+/// - a frame whose checksum does not match *before* other frames is damage (a bad sector,
+///   a stray write): it is skipped, the frames after it are kept, and its bytes are kept
+///   aside for inspection;
+/// - a frame length outside 1…16 MiB ends the readable part: the rest of the file is
+///   dropped if it is all zero bytes (a file system that extended the file but never wrote
+///   the data) and otherwise kept aside as damage.
+enum FramedLog {
+    static let header: [UInt8] = Array("TRUNKSYNC-LOG-1\n".utf8)
+    static let frameHeaderSize = 8
+    static let maxBodySize = 16 * 1024 * 1024
+
+    /// One frame read back: where it starts and its body.
+    struct Frame: Equatable {
+        var offset: Int
+        var body: [UInt8]
+        /// Offset and size of the whole frame (header included).
+        var range: Range<Int> { offset..<(offset + FramedLog.frameHeaderSize + body.count) }
+    }
+
+    /// What `scan` found.
+    struct Scan: Equatable {
+        var frames: [Frame] = []
+        /// Where the readable part ends: the file should be cut here.
+        var validEnd: Int
+        /// Bytes of a torn last write, dropped.
+        var tornBytes = 0
+        /// Bytes of damaged frames and unreadable tails, in file order (to be kept aside).
+        var damaged: [[UInt8]] = []
+        /// Whether the file must be rewritten (damage in the middle) rather than cut.
+        var needsRewrite: Bool { !damaged.isEmpty }
+    }
+
+    enum FormatError: Error, CustomStringConvertible {
+        case notALog(String)
+        var description: String {
+            switch self {
+            case .notALog(let path): return "\(path) is not a trunk-sync log (unknown header)"
+            }
+        }
+    }
+
+    /// One frame's bytes.
+    static func frame(_ body: [UInt8]) -> [UInt8] {
+        precondition(!body.isEmpty && body.count <= maxBodySize, "frame body of \(body.count) bytes")
+        var bytes = [UInt8]()
+        bytes.reserveCapacity(frameHeaderSize + body.count)
+        appendBigEndian(UInt32(body.count), to: &bytes)
+        appendBigEndian(CRC32.checksum(body), to: &bytes)
+        bytes.append(contentsOf: body)
+        return bytes
+    }
+
+    /// Reads a whole log. An empty file, or one holding only a prefix of the header (a
+    /// creation the crash tore), is an empty log with `validEnd` 0.
+    static func scan(_ bytes: [UInt8], path: String = "log") throws -> Scan {
+        if bytes.count < header.count {
+            guard Array(header.prefix(bytes.count)) == bytes else { throw FormatError.notALog(path) }
+            return Scan(validEnd: 0, tornBytes: bytes.count)
+        }
+        guard Array(bytes[0..<header.count]) == header else { throw FormatError.notALog(path) }
+        var scan = Scan(validEnd: header.count)
+        var position = header.count
+        while position < bytes.count {
+            let remaining = bytes.count - position
+            if remaining < frameHeaderSize {
+                scan.tornBytes = remaining
+                break
+            }
+            let length = Int(readBigEndian(bytes, at: position))
+            let checksum = readBigEndian(bytes, at: position + 4)
+            if length == 0 || length > maxBodySize {
+                let tail = Array(bytes[position...])
+                if tail.allSatisfy({ $0 == 0 }) { scan.tornBytes = tail.count } else { scan.damaged.append(tail) }
+                break
+            }
+            let end = position + frameHeaderSize + length
+            if end > bytes.count {
+                scan.tornBytes = remaining
+                break
+            }
+            let body = Array(bytes[(position + frameHeaderSize)..<end])
+            if CRC32.checksum(body) != checksum {
+                if end == bytes.count {
+                    scan.tornBytes = remaining
+                    break
+                }
+                scan.damaged.append(Array(bytes[position..<end]))
+            } else {
+                scan.frames.append(Frame(offset: position, body: body))
+                scan.validEnd = end
+            }
+            position = end
+        }
+        return scan
+    }
+
+    static func appendBigEndian(_ value: UInt32, to bytes: inout [UInt8]) {
+        bytes.append(UInt8(truncatingIfNeeded: value >> 24))
+        bytes.append(UInt8(truncatingIfNeeded: value >> 16))
+        bytes.append(UInt8(truncatingIfNeeded: value >> 8))
+        bytes.append(UInt8(truncatingIfNeeded: value))
+    }
+
+    static func readBigEndian(_ bytes: [UInt8], at offset: Int) -> UInt32 {
+        UInt32(bytes[offset]) << 24 | UInt32(bytes[offset + 1]) << 16 | UInt32(bytes[offset + 2]) << 8
+            | UInt32(bytes[offset + 3])
+    }
+}
+
+/// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320), as zlib and PNG use it.
+enum CRC32 {
+    private static let table: [UInt32] = (0..<256).map { index -> UInt32 in
+        var value = UInt32(index)
+        for _ in 0..<8 { value = value & 1 == 1 ? 0xEDB8_8320 ^ (value >> 1) : value >> 1 }
+        return value
+    }
+
+    static func checksum(_ bytes: [UInt8]) -> UInt32 {
+        var crc: UInt32 = 0xFFFF_FFFF
+        table.withUnsafeBufferPointer { table in
+            for byte in bytes { crc = table[Int((crc ^ UInt32(byte)) & 0xFF)] ^ (crc >> 8) }
+        }
+        return crc ^ 0xFFFF_FFFF
+    }
+}

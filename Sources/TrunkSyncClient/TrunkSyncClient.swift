@@ -1,0 +1,720 @@
+import Foundation
+
+#if canImport(FoundationNetworking)
+    import FoundationNetworking
+#endif
+
+/// The client of a trunk-sync server: sign-in with a mailed code, a durable outbox of
+/// recorded events, push and paged pull, live updates.
+///
+/// ```swift
+/// let client = try TrunkSyncClient(url: serverURL, storageDirectory: directory)
+/// try await client.sendCode(to: "me@example.com")
+/// try await client.verify(email: "me@example.com", code: "123456")
+/// let id = try await client.record(type: "sprout_planted", payload: ["name": "Oak"])
+/// let report = try await client.sync { events in /* apply */ }
+/// ```
+///
+/// One client per server URL and storage directory: a second one (in this process or
+/// another) throws `TrunkSyncError.storageInUse` until the first is closed (`close()`) or
+/// its process ends. See the README, "Client library", for the guarantees.
+public actor TrunkSyncClient {
+    public let url: URL
+    public nonisolated let configuration: Configuration
+
+    private let layout: StorageLayout
+    private let transport = HTTPTransport()
+    private var lock: DurableFile?
+    private var session: StoredSession?
+    private var store: UserStore?
+    private var refreshTask: Task<StoredSession, Error>?
+    private var syncBusy = false
+    private var syncWaiters: [CheckedContinuation<Void, Never>] = []
+    private nonisolated let signedIn = SignedInState()
+
+    /// Opens (creating if needed) the client's storage for `url` under `storageDirectory`.
+    /// A session stored there by an earlier run is used: the user stays signed in across
+    /// restarts.
+    /// - Throws: `TrunkSyncError.storageInUse` when another client has this storage open,
+    ///   `.storage` when it cannot be read or written.
+    public init(url: URL, storageDirectory: URL, configuration: Configuration = Configuration()) throws {
+        self.url = url
+        self.configuration = configuration
+        layout = StorageLayout(storageDirectory: storageDirectory, server: url)
+        do {
+            try FileSystem.createDirectory(layout.serverDirectory)
+            let lock = try DurableFile(path: layout.lockFile.path)
+            guard try lock.tryLock() else {
+                lock.close()
+                throw TrunkSyncError.storageInUse(layout.serverDirectory.path)
+            }
+            self.lock = lock
+            if let session = try StoredSession.load(layout.sessionFile) {
+                let store = try UserStore(userID: session.userID, directory: layout.userDirectory(session.userID))
+                for recovery in [store.outbox.recovery, store.quarantine.recovery].compactMap({ $0 }) {
+                    configuration.observer?(.logRecovered(recovery))
+                }
+                self.session = session
+                self.store = store
+                signedIn.set(User(id: session.userID, email: session.email))
+            }
+        } catch let error as TrunkSyncError {
+            throw error
+        } catch {
+            throw TrunkSyncError.storage(String(describing: error))
+        }
+    }
+
+    /// Releases the storage (files and lock); the client is unusable afterwards. Also
+    /// happens when the client is deinitialized or the process ends.
+    public func close() {
+        store?.close()
+        store = nil
+        session = nil
+        lock?.close()
+        lock = nil
+        signedIn.set(nil)
+    }
+
+    // MARK: - Sign-in
+
+    /// Whether a user is signed in (also right after a restart, from the stored session).
+    public nonisolated var isSignedIn: Bool { signedIn.user != nil }
+
+    /// The signed-in user, if any.
+    public nonisolated var currentUser: User? { signedIn.user }
+
+    /// Mails a 6-digit sign-in code to `email` (`POST /auth/v1/otp`).
+    /// - Throws: `.rateLimited` when a code was sent to the address within the last minute
+    ///   (`retryAfter` says when to offer "send again").
+    public func sendCode(to email: String) async throws {
+        let body = try JSONSerialization.data(withJSONObject: ["email": email, "create_user": true])
+        // Not retried after a network failure: the mail may have gone out, and a second
+        // request would be refused for a minute anyway.
+        let answer = try await send(
+            "POST", "/auth/v1/otp", body: Array(body), retry: RetryRules(network: false, statuses: [503]))
+        guard answer.status == 200 else { throw failure(answer) }
+    }
+
+    /// Signs in with the code from the mail (`POST /auth/v1/verify`) and stores the session.
+    /// Signing in as another user than before keeps that user's outbox and cursor apart.
+    /// - Throws: `.invalidCode` for a wrong, expired or used code.
+    public func verify(email: String, code: String) async throws {
+        try ensureOpen()
+        let body = try JSONSerialization.data(withJSONObject: ["email": email, "token": code, "type": "email"])
+        let answer = try await send(
+            "POST", "/auth/v1/verify", body: Array(body), retry: RetryRules(network: false, statuses: [429, 503]))
+        if answer.status == 403 || answer.serverError.code == "otp_expired" { throw TrunkSyncError.invalidCode }
+        guard answer.status == 200 else { throw failure(answer) }
+        let newSession = try StoredSession.parse(answer.body, receivedAt: configuration.now())
+        try storage {
+            let newStore =
+                store?.userID == newSession.userID
+                ? store! : try UserStore(userID: newSession.userID, directory: layout.userDirectory(newSession.userID))
+            try newSession.save(layout.sessionFile)
+            if newStore !== store { store?.close() }
+            store = newStore
+            session = newSession
+        }
+        signedIn.set(User(id: newSession.userID, email: newSession.email ?? email))
+    }
+
+    /// A valid access token for the signed-in user (refreshed first when it is about to
+    /// expire), for calling other APIs that trust the server's tokens.
+    public func accessToken() async throws -> String {
+        try await validAccessToken()
+    }
+
+    /// Refreshes the session now (`POST /auth/v1/token`), whatever its expiry.
+    public func refreshSession() async throws {
+        guard let current = session else { throw TrunkSyncError.notSignedIn }
+        _ = try await refreshed(replacing: current.accessToken, proactive: true)
+    }
+
+    /// Signs out: revokes the session on the server (`POST /auth/v1/logout?scope=local`)
+    /// and removes the stored session and the user's cursor.
+    ///
+    /// Unsent events are not lost silently: the outbox is pushed first (one quick try);
+    /// what could not be sent stays in the user's outbox on this device, is reported in
+    /// `SignOutResult.unsentEvents`, and is pushed when the same user signs in again. Pass
+    /// `discardingUnsentEvents: true` to delete the user's outbox and quarantine instead.
+    /// The local session is removed even when the server cannot be reached.
+    @discardableResult
+    public func signOut(discardingUnsentEvents: Bool = false) async throws -> SignOutResult {
+        // After any sync in progress, so none writes a cursor or outbox once they are gone.
+        await acquireSync()
+        defer { releaseSync() }
+        guard session != nil, let store else {
+            return SignOutResult(unsentEvents: 0, quarantinedEvents: 0, serverSessionRevoked: false)
+        }
+        if !discardingUnsentEvents && store.outbox.count > 0 {
+            var report = SyncReport()
+            try? await pushOutbox(store, into: &report, retry: RetryRules(maxAttempts: 2))
+        }
+        var revoked = false
+        if session != nil {
+            do {
+                let answer = try await send(
+                    "POST", "/auth/v1/logout", query: [URLQueryItem(name: "scope", value: "local")], bearer: true,
+                    retry: RetryRules(maxAttempts: 2))
+                // 401/403: the server no longer knows the session, which is what we want.
+                revoked = (200..<300).contains(answer.status) || answer.status == 401 || answer.status == 403
+            } catch TrunkSyncError.sessionExpired {
+                revoked = true
+            } catch {
+                revoked = false
+            }
+        }
+        let result = SignOutResult(
+            unsentEvents: store.outbox.count, quarantinedEvents: store.quarantine.count, serverSessionRevoked: revoked)
+        try storage {
+            try FileSystem.remove(layout.sessionFile)
+            try store.removeCursor()
+            store.close()
+            if discardingUnsentEvents { try FileSystem.remove(store.directory) }
+        }
+        if self.store === store { self.store = nil }
+        session = nil
+        signedIn.set(nil)
+        return result
+    }
+
+    // MARK: - Recording
+
+    /// Records an event: its payload (any `Encodable` that encodes as a JSON object; dates
+    /// as ISO 8601) is written to the outbox and synced to disk before this returns. The
+    /// returned id is the event's `client_id` for good: every push of it, after any retry,
+    /// crash or restart, sends the same id, so the server stores it exactly once.
+    /// - Throws: `.notSignedIn`; `.invalidEvent` for a type that is not 1–128 characters or
+    ///   a payload that is not a JSON object of at most 64 KiB.
+    public func record<Payload: Encodable & Sendable>(type: String, payload: Payload) throws -> UUID {
+        let data: Data
+        do {
+            data = try Self.defaultEncoder().encode(payload)
+        } catch {
+            throw TrunkSyncError.invalidEvent("the payload cannot be encoded: \(error)")
+        }
+        return try record(type: type, payloadJSON: data)
+    }
+
+    /// Records an event whose payload is JSON text (an object), kept byte for byte.
+    public func record(type: String, payloadJSON: Data) throws -> UUID {
+        guard let store else { throw TrunkSyncError.notSignedIn }
+        let length = type.unicodeScalars.count
+        guard (1...128).contains(length) else {
+            throw TrunkSyncError.invalidEvent("type must be 1 to 128 characters (it has \(length))")
+        }
+        guard payloadJSON.count <= Self.maxPayloadBytes else {
+            throw TrunkSyncError.invalidEvent(
+                "the payload is \(payloadJSON.count) bytes; the server stores at most \(Self.maxPayloadBytes)")
+        }
+        guard (try? JSONSerialization.jsonObject(with: payloadJSON)) is [String: Any],
+            String(data: payloadJSON, encoding: .utf8) != nil
+        else {
+            throw TrunkSyncError.invalidEvent("the payload must be a JSON object")
+        }
+        let event = StoredEvent(
+            clientID: UUID(), type: type, payload: Array(payloadJSON),
+            clientTimestamp: RFC3339.format(configuration.now()))
+        try storage { try store.outbox.append([event]) }
+        return event.clientID
+    }
+
+    /// The largest payload `record` takes (the server's limit, as stored).
+    public static let maxPayloadBytes = 64 * 1024
+
+    /// Events in the outbox: recorded, not yet on the server (quarantined ones excluded).
+    public var pendingCount: Int { store?.outbox.count ?? 0 }
+
+    // MARK: - Quarantine
+
+    /// Events the server refused (`SyncReport.rejected` named them), oldest first. They are
+    /// never pushed again unless `requeueQuarantined` moves them back.
+    public func quarantinedEvents() throws -> [QuarantinedEvent] {
+        guard let store else { throw TrunkSyncError.notSignedIn }
+        return try storage {
+            try store.quarantine.all().map { event in
+                QuarantinedEvent(
+                    clientID: event.clientID, type: event.type, payload: Data(event.payload),
+                    clientTimestamp: RFC3339.parse(event.clientTimestamp) ?? Date(timeIntervalSince1970: 0),
+                    rejection: event.rejection
+                        ?? Rejection(
+                            status: 0, code: "", field: "", reason: "", rejectedAt: Date(timeIntervalSince1970: 0)))
+            }
+        }
+    }
+
+    /// Deletes quarantined events for good (all of them when `ids` is nil).
+    public func discardQuarantined(_ ids: [UUID]? = nil) throws {
+        guard let store else { throw TrunkSyncError.notSignedIn }
+        try storage { try store.quarantine.remove(ids ?? store.quarantine.ids, as: .drop) }
+    }
+
+    /// Moves quarantined events back to the outbox, same ids, to be pushed again (after a
+    /// server change that accepts them).
+    public func requeueQuarantined(_ ids: [UUID]) throws {
+        guard let store else { throw TrunkSyncError.notSignedIn }
+        try storage {
+            var events = try ids.filter { store.quarantine.contains($0) }.map { try store.quarantine.read($0) }
+            for index in events.indices { events[index].rejection = nil }
+            try store.outbox.append(events)
+            try store.quarantine.remove(events.map(\.clientID), as: .drop)
+        }
+    }
+
+    // MARK: - Sync
+
+    /// Pushes the outbox, then pulls every page of new events, handing each to `handler`.
+    ///
+    /// - The outbox goes in batches within the server's limits (`maxBatchEvents`,
+    ///   `maxBatchBytes`); each stored batch is acknowledged in the outbox and never sent
+    ///   again. A batch the server refuses (`400`) names the bad events: they move to the
+    ///   quarantine, are reported in `SyncReport.rejected`, and the rest is pushed.
+    /// - Pages are pulled until the server says there are no more. The cursor is stored
+    ///   only after `handler` returns for a page, so a crash or a throwing handler means
+    ///   that page comes again (handlers should skip `seq`s they applied).
+    /// - Failures worth retrying are retried (`Configuration.retry`).
+    ///
+    /// Calls of `sync` run one at a time.
+    @discardableResult
+    public func sync(_ handler: @escaping @Sendable ([SyncEvent]) async throws -> Void) async throws -> SyncReport {
+        await acquireSync()
+        defer { releaseSync() }
+        guard let store else { throw TrunkSyncError.notSignedIn }
+        var report = SyncReport()
+        try await pushOutbox(store, into: &report, retry: RetryRules())
+        try await pullAll(store, into: &report, handler)
+        return report
+    }
+
+    /// Pushes the outbox only (see `sync`).
+    @discardableResult
+    public func push() async throws -> SyncReport {
+        await acquireSync()
+        defer { releaseSync() }
+        guard let store else { throw TrunkSyncError.notSignedIn }
+        var report = SyncReport()
+        try await pushOutbox(store, into: &report, retry: RetryRules())
+        return report
+    }
+
+    /// The cursor: the `seq` of the last event applied on this device (0 before the first).
+    public var cursor: Int64 { store?.cursor ?? 0 }
+
+    /// New events as they arrive, page by page, from the stored cursor on.
+    ///
+    /// Today this long-polls `GET /sync/v1/events?wait=` (`Configuration.longPollWait`):
+    /// the server holds each request until the user's next push, so events from another
+    /// device arrive within a round trip. (The server's `/sync/v1/stream` Server-Sent
+    /// Events route does not exist yet; `LiveFeed` is where it will plug in.)
+    ///
+    /// The cursor of a page is stored when the loop asks for the next one, i.e. after the
+    /// loop's body applied it; a page whose body did not finish comes again. Failures
+    /// worth retrying are retried forever with backoff (`liveRetriesForever`); the stream
+    /// ends with an error on anything else (e.g. `.notSignedIn` after `signOut`), and when
+    /// the consuming task is cancelled.
+    public nonisolated func liveEvents() -> AsyncThrowingStream<[SyncEvent], Error> {
+        let position = LivePosition()
+        let feed = LongPollFeed(client: self, wait: min(60, max(1, configuration.longPollWait)))
+        return AsyncThrowingStream(unfolding: { [self] in
+            try await self.nextLivePage(feed, position)
+        })
+    }
+
+    // MARK: - Internals: push and pull
+
+    private func pushOutbox(_ store: UserStore, into report: inout SyncReport, retry: RetryRules) async throws {
+        let configuredLimit = min(1000, max(1, configuration.maxBatchEvents))
+        let byteLimit = min(9 * 1024 * 1024, max(Self.maxPayloadBytes, configuration.maxBatchBytes))
+        var limit = configuredLimit
+        while true {
+            try ensureCurrent(store)
+            let batch = try storage { try store.outbox.oldest(maxEvents: limit, maxBytes: byteLimit) }
+            if batch.isEmpty { return }
+            let answer = try await send(
+                "POST", "/sync/v1/events", body: Self.pushBody(batch), bearer: true, retry: retry)
+            try ensureCurrent(store)
+            switch answer.status {
+            case 200:
+                let (created, duplicates, acknowledged) = try Self.parsePushAnswer(answer.body)
+                let ids = batch.map(\.clientID).filter { acknowledged.contains($0) }
+                try storage { try store.outbox.remove(ids, as: .ack) }
+                guard ids.count == batch.count else {
+                    throw TrunkSyncError.invalidResponse("the push answer names \(ids.count) of \(batch.count) events")
+                }
+                report.pushed += created
+                report.duplicates += duplicates
+                configuration.observer?(.batchPushed(events: batch.count, created: created, duplicates: duplicates))
+                limit = configuredLimit
+            case 400, 413:
+                let error = answer.serverError
+                let now = configuration.now()
+                var rejected: [StoredEvent] = []
+                if answer.status == 400 {
+                    for problem in error.details where batch.indices.contains(problem.index) {
+                        var event = batch[problem.index]
+                        if let earlier = rejected.firstIndex(where: { $0.clientID == event.clientID }) {
+                            rejected[earlier].rejection!.reason += "; \(problem.field): \(problem.reason)"
+                            continue
+                        }
+                        event.rejection = Rejection(
+                            status: 400, code: error.code, field: problem.field, reason: problem.reason,
+                            rejectedAt: now)
+                        rejected.append(event)
+                    }
+                }
+                if rejected.isEmpty {
+                    // No event named: halve the batch until one event alone is refused.
+                    if batch.count > 1 {
+                        limit = max(1, batch.count / 2)
+                        continue
+                    }
+                    var event = batch[0]
+                    event.rejection = Rejection(
+                        status: answer.status, code: error.code, field: error.details.first?.field ?? "",
+                        reason: error.details.first?.reason ?? error.message, rejectedAt: now)
+                    rejected = [event]
+                }
+                try storage { try store.moveToQuarantine(rejected) }
+                let named = rejected.map {
+                    RejectedEvent(clientID: $0.clientID, type: $0.type, rejection: $0.rejection!)
+                }
+                report.rejected += named
+                configuration.observer?(.eventsRejected(named))
+            default:
+                throw failure(answer)
+            }
+        }
+    }
+
+    private func pullAll(
+        _ store: UserStore, into report: inout SyncReport, _ handler: @Sendable ([SyncEvent]) async throws -> Void
+    ) async throws {
+        while true {
+            try ensureCurrent(store)
+            let cursor = store.cursor
+            let page = try await fetchPage(after: cursor, wait: 0, retry: RetryRules())
+            try ensureCurrent(store)
+            if !page.events.isEmpty {
+                try await handler(page.events)
+                try ensureCurrent(store)
+            }
+            if page.nextAfter != cursor { try storage { try store.saveCursor(page.nextAfter) } }
+            report.pulled += page.events.count
+            report.pages += 1
+            report.cursor = page.nextAfter
+            configuration.observer?(.pageApplied(events: page.events.count, cursor: page.nextAfter))
+            if !page.hasMore { return }
+        }
+    }
+
+    /// One page after `cursor` (`wait` > 0: long-poll).
+    func fetchPage(after cursor: Int64, wait: Int, retry: RetryRules) async throws -> EventPage {
+        var query = [
+            URLQueryItem(name: "after", value: String(cursor)),
+            URLQueryItem(name: "limit", value: String(min(1000, max(1, configuration.pullLimit)))),
+        ]
+        if wait > 0 { query.append(URLQueryItem(name: "wait", value: String(wait))) }
+        let answer = try await send(
+            "GET", "/sync/v1/events", query: query, bearer: true, retry: retry,
+            timeout: wait > 0 ? Double(wait) + 15 : nil)
+        guard answer.status == 200 else { throw failure(answer) }
+        let page = try EventPage.parse(answer.body)
+        var previous = cursor
+        for event in page.events {
+            guard event.seq > previous else {
+                throw TrunkSyncError.invalidResponse("events out of order after \(cursor): seq \(event.seq)")
+            }
+            previous = event.seq
+        }
+        guard page.nextAfter >= previous else {
+            throw TrunkSyncError.invalidResponse("next_after \(page.nextAfter) behind seq \(previous)")
+        }
+        return page
+    }
+
+    private func nextLivePage(_ feed: some LiveFeed, _ position: LivePosition) async throws -> [SyncEvent]? {
+        guard let store else { throw TrunkSyncError.notSignedIn }
+        // The consumer asked for the next page: the previous one is applied.
+        if let (userID, after) = position.take(), userID == store.userID, after > store.cursor {
+            try storage { try store.saveCursor(after) }
+            configuration.observer?(.pageApplied(events: 0, cursor: after))
+        }
+        while true {
+            try Task.checkCancellation()
+            try ensureCurrent(store)
+            let page = try await feed.nextPage(after: store.cursor)
+            try ensureCurrent(store)
+            if page.events.isEmpty {
+                if page.nextAfter > store.cursor { try storage { try store.saveCursor(page.nextAfter) } }
+                continue
+            }
+            position.set(store.userID, page.nextAfter)
+            return page.events
+        }
+    }
+
+    // MARK: - Internals: requests, tokens
+
+    /// Which failures a request retries.
+    struct RetryRules {
+        /// Retry network failures (not for requests that must not run twice).
+        var network = true
+        /// Statuses to retry.
+        var statuses: Set<Int> = [408, 429, 500, 502, 503, 504]
+        /// Tries in all; nil: `configuration.retry.maxAttempts`.
+        var maxAttempts: Int? = nil
+        /// Retry forever (live feed).
+        var unlimited = false
+    }
+
+    /// Sends a request, retrying per `retry` and refreshing the token once on a `401`;
+    /// returns any answer it does not retry.
+    func send(
+        _ method: String, _ path: String, query: [URLQueryItem] = [], body: [UInt8]? = nil, bearer: Bool = false,
+        retry: RetryRules, timeout: TimeInterval? = nil
+    ) async throws -> HTTPAnswer {
+        let policy = configuration.retry
+        let maxAttempts = retry.maxAttempts ?? max(1, policy.maxAttempts)
+        var attempt = 0
+        var refreshedAfter401 = false
+        while true {
+            try Task.checkCancellation()
+            var request = URLRequest(url: try endpoint(path, query))
+            request.httpMethod = method
+            request.timeoutInterval = timeout ?? configuration.requestTimeout
+            request.setValue("application/json", forHTTPHeaderField: "Accept")
+            if let body {
+                request.httpBody = Data(body)
+                request.setValue("application/json", forHTTPHeaderField: "Content-Type")
+            }
+            if let key = configuration.apiKey { request.setValue(key, forHTTPHeaderField: "apikey") }
+            var token: String? = nil
+            if bearer {
+                token = try await validAccessToken()
+                request.setValue("Bearer \(token!)", forHTTPHeaderField: "Authorization")
+            }
+            configuration.observer?(.request(method: method, path: path))
+            let answer: HTTPAnswer
+            do {
+                answer = try await transport.send(request)
+            } catch let failure as TransportFailure {
+                attempt += 1
+                guard retry.network, retry.unlimited || attempt < maxAttempts else {
+                    throw TrunkSyncError.network(failure.description)
+                }
+                let delay = policy.backoff(attempt: attempt - 1)
+                configuration.observer?(
+                    .retrying(
+                        method: method, path: path, status: nil, retryAfter: nil, delay: delay, attempt: attempt,
+                        error: failure.description))
+                try await Task.sleep(nanoseconds: UInt64(delay * 1e9))
+                continue
+            }
+            if answer.status == 401, bearer, !refreshedAfter401 {
+                refreshedAfter401 = true
+                _ = try await refreshed(replacing: token, proactive: false)
+                continue
+            }
+            guard retry.statuses.contains(answer.status) else { return answer }
+            attempt += 1
+            let retryAfter = answer.retryAfter
+            let error = answer.serverError
+            if let retryAfter, retryAfter > policy.maxRetryAfter {
+                throw TrunkSyncError.rateLimited(retryAfter: retryAfter, code: error.code, message: error.message)
+            }
+            guard retry.unlimited || attempt < maxAttempts else { return answer }
+            let delay = retryAfter.map { policy.delay(retryAfter: $0) } ?? policy.backoff(attempt: attempt - 1)
+            configuration.observer?(
+                .retrying(
+                    method: method, path: path, status: answer.status, retryAfter: retryAfter, delay: delay,
+                    attempt: attempt, error: error.description))
+            try await Task.sleep(nanoseconds: UInt64(delay * 1e9))
+        }
+    }
+
+    private func endpoint(_ path: String, _ query: [URLQueryItem]) throws -> URL {
+        guard var components = URLComponents(url: url, resolvingAgainstBaseURL: false) else {
+            throw TrunkSyncError.invalidResponse("bad server URL \(url)")
+        }
+        var base = components.path
+        while base.hasSuffix("/") { base.removeLast() }
+        components.path = base + path
+        components.queryItems = query.isEmpty ? nil : query
+        guard let url = components.url else { throw TrunkSyncError.invalidResponse("bad server URL \(url)") }
+        return url
+    }
+
+    /// The access token, refreshed first when it expires within the refresh margin. When
+    /// that refresh cannot reach the server, a token that has not expired yet is used.
+    private func validAccessToken() async throws -> String {
+        guard let current = session else { throw TrunkSyncError.notSignedIn }
+        let margin = min(configuration.refreshMargin, current.lifetime / 2)
+        let now = configuration.now()
+        guard current.expiresAt.timeIntervalSince(now) <= margin else { return current.accessToken }
+        do {
+            return try await refreshed(replacing: current.accessToken, proactive: true).accessToken
+        } catch TrunkSyncError.network(_), TrunkSyncError.rateLimited(_, _, _) {
+            guard let still = session, still.expiresAt > configuration.now() else {
+                throw TrunkSyncError.network("cannot refresh the session")
+            }
+            return still.accessToken
+        }
+    }
+
+    /// A session whose access token is not `token`: refreshes unless another call already
+    /// did (or is doing: every concurrent caller shares one refresh, so the rotating
+    /// refresh token is used once).
+    private func refreshed(replacing token: String?, proactive: Bool) async throws -> StoredSession {
+        guard let current = session else { throw TrunkSyncError.notSignedIn }
+        if let token, current.accessToken != token { return current }
+        if let refreshTask { return try await refreshTask.value }
+        let task = Task {
+            // Runs on the actor once this caller suspends, so `refreshTask` is this task.
+            defer { self.refreshTask = nil }
+            return try await self.performRefresh(current, proactive: proactive)
+        }
+        refreshTask = task
+        return try await task.value
+    }
+
+    private func performRefresh(_ current: StoredSession, proactive: Bool) async throws -> StoredSession {
+        let body = try JSONSerialization.data(withJSONObject: ["refresh_token": current.refreshToken])
+        // Retrying after a lost answer is safe: the server hands a token used again within
+        // 10 s of its rotation another token of the same session.
+        let answer = try await send(
+            "POST", "/auth/v1/token", query: [URLQueryItem(name: "grant_type", value: "refresh_token")],
+            body: Array(body), retry: RetryRules())
+        guard session?.userID == current.userID else { throw TrunkSyncError.notSignedIn }
+        switch answer.status {
+        case 200:
+            var next = try StoredSession.parse(answer.body, receivedAt: configuration.now())
+            next.email = next.email ?? current.email
+            // Stored before anything uses it: a crash now keeps the new refresh token.
+            try storage { try next.save(layout.sessionFile) }
+            session = next
+            configuration.observer?(.tokenRefreshed(proactive: proactive))
+            return next
+        case 400, 401, 403, 404:
+            // The refresh token is unknown or its session revoked: signed out. The user's
+            // outbox stays for their next sign-in.
+            try? FileSystem.remove(layout.sessionFile)
+            session = nil
+            store?.close()
+            store = nil
+            signedIn.set(nil)
+            configuration.observer?(.sessionExpired)
+            throw TrunkSyncError.sessionExpired
+        default:
+            throw failure(answer)
+        }
+    }
+
+    // MARK: - Internals: helpers
+
+    private func failure(_ answer: HTTPAnswer) -> TrunkSyncError {
+        let error = answer.serverError
+        if answer.status == 429 || answer.status == 503 {
+            return .rateLimited(retryAfter: error.retryAfter, code: error.code, message: error.message)
+        }
+        return .server(error)
+    }
+
+    private func ensureOpen() throws {
+        guard lock != nil else { throw TrunkSyncError.storage("the client is closed") }
+    }
+
+    /// Throws unless `store` is still the signed-in user's (a sign-out or another sign-in
+    /// while a call was waiting).
+    private func ensureCurrent(_ store: UserStore) throws {
+        guard self.store === store, session?.userID == store.userID else { throw TrunkSyncError.notSignedIn }
+    }
+
+    private func storage<T>(_ body: () throws -> T) throws -> T {
+        do {
+            return try body()
+        } catch let error as TrunkSyncError {
+            throw error
+        } catch {
+            throw TrunkSyncError.storage(String(describing: error))
+        }
+    }
+
+    private func acquireSync() async {
+        if syncBusy {
+            await withCheckedContinuation { syncWaiters.append($0) }
+        } else {
+            syncBusy = true
+        }
+    }
+
+    private func releaseSync() {
+        if syncWaiters.isEmpty { syncBusy = false } else { syncWaiters.removeFirst().resume() }
+    }
+
+    static func pushBody(_ events: [StoredEvent]) -> [UInt8] {
+        var body = Array(#"{"events":["#.utf8)
+        for (index, event) in events.enumerated() {
+            if index > 0 { body.append(UInt8(ascii: ",")) }
+            body += Array(#"{"client_id":""#.utf8) + Array(event.clientID.uuidString.lowercased().utf8)
+            body += Array(#"","type":"#.utf8) + JSONText.quoted(event.type)
+            body += Array(#","payload":"#.utf8) + event.payload
+            body += Array(#","client_timestamp":""#.utf8) + Array(event.clientTimestamp.utf8) + Array(#""}"#.utf8)
+        }
+        body += Array("]}".utf8)
+        return body
+    }
+
+    static func parsePushAnswer(_ body: Data) throws -> (created: Int, duplicates: Int, ids: Set<UUID>) {
+        guard let object = try? JSONSerialization.jsonObject(with: body) as? [String: Any],
+            let results = object["results"] as? [[String: Any]]
+        else { throw TrunkSyncError.invalidResponse("not a push answer") }
+        var created = 0
+        var duplicates = 0
+        var ids = Set<UUID>()
+        for result in results {
+            guard let text = result["client_id"] as? String, let id = UUID(uuidString: text) else { continue }
+            ids.insert(id)
+            if result["status"] as? String == "created" { created += 1 } else { duplicates += 1 }
+        }
+        return (created, duplicates, ids)
+    }
+
+    /// How `record` encodes payloads: ISO 8601 dates, slashes unescaped.
+    static func defaultEncoder() -> JSONEncoder {
+        let encoder = JSONEncoder()
+        encoder.dateEncodingStrategy = .iso8601
+        encoder.outputFormatting = [.withoutEscapingSlashes]
+        return encoder
+    }
+
+    /// How `SyncEvent.decode` decodes payloads by default.
+    static func defaultDecoder() -> JSONDecoder {
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        return decoder
+    }
+}
+
+/// The signed-in user, readable without awaiting the actor.
+final class SignedInState: @unchecked Sendable {  // guarded by `lock`
+    private let lock = NSLock()
+    private var value: User?
+
+    var user: User? { lock.withLock { value } }
+    func set(_ user: User?) { lock.withLock { value = user } }
+}
+
+/// The page a live stream handed out last, stored as the cursor when the next is asked for.
+final class LivePosition: @unchecked Sendable {  // guarded by `lock`
+    private let lock = NSLock()
+    private var pending: (UUID, Int64)?
+
+    func set(_ user: UUID, _ after: Int64) { lock.withLock { pending = (user, after) } }
+    func take() -> (UUID, Int64)? {
+        lock.withLock {
+            defer { pending = nil }
+            return pending
+        }
+    }
+}

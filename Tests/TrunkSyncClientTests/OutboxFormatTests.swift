@@ -1,0 +1,214 @@
+import Foundation
+import XCTest
+
+@testable import TrunkSyncClient
+
+/// The outbox file format (`FramedLog`, `EventLog`): what a crash or damage leaves behind
+/// is read back without losing an acknowledged write and without failing.
+final class OutboxFormatTests: XCTestCase {
+    var directory: URL!
+
+    override func setUpWithError() throws {
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent(
+            "outbox-\(UUID().uuidString.prefix(8))")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    }
+
+    override func tearDownWithError() throws {
+        try? FileManager.default.removeItem(at: directory)
+    }
+
+    var logURL: URL { directory.appendingPathComponent("outbox.log") }
+
+    func event(_ index: Int, type: String = "note") -> StoredEvent {
+        StoredEvent(
+            clientID: UUID(), type: type, payload: Array(#"{"index":\#(index),"text":"h\u00e9 \"q\""}"#.utf8),
+            clientTimestamp: "2026-11-23T10:00:00.\(String(format: "%03d", index % 1000))Z")
+    }
+
+    /// A log with `count` events appended one at a time (one frame each).
+    func makeLog(_ count: Int) throws -> (EventLog, [StoredEvent]) {
+        let log = try EventLog(url: logURL)
+        let events = (0..<count).map { event($0) }
+        for event in events { try log.append([event]) }
+        return (log, events)
+    }
+
+    func fileBytes() throws -> [UInt8] { Array(try Data(contentsOf: logURL)) }
+    func write(_ bytes: [UInt8]) throws { try Data(bytes).write(to: logURL) }
+
+    // MARK: - Framing
+
+    func testCRC32MatchesTheStandardCheckValue() {
+        XCTAssertEqual(CRC32.checksum(Array("123456789".utf8)), 0xCBF4_3926)
+        XCTAssertEqual(CRC32.checksum([]), 0)
+    }
+
+    func testAFrameIsLengthChecksumAndBody() throws {
+        let body = Array(#"{"op":"ack","ids":[]}"#.utf8)
+        let frame = FramedLog.frame(body)
+        XCTAssertEqual(Array(frame[0..<4]), [0, 0, 0, UInt8(body.count)])
+        XCTAssertEqual(FramedLog.readBigEndian(frame, at: 4), CRC32.checksum(body))
+        XCTAssertEqual(Array(frame[8...]), body)
+        let scan = try FramedLog.scan(FramedLog.header + frame + frame)
+        XCTAssertEqual(scan.frames.map(\.body), [body, body])
+        XCTAssertEqual(scan.validEnd, FramedLog.header.count + 2 * frame.count)
+        XCTAssertEqual(scan.tornBytes, 0)
+        XCTAssertTrue(scan.damaged.isEmpty)
+    }
+
+    func testEventsComeBackExactlyAfterReopening() throws {
+        let (log, events) = try makeLog(5)
+        XCTAssertEqual(try log.all(), events)
+        log.close()
+        let reopened = try EventLog(url: logURL)
+        XCTAssertEqual(try reopened.all(), events)
+        XCTAssertNil(reopened.recovery)
+        XCTAssertEqual(reopened.ids, events.map(\.clientID))
+    }
+
+    func testAFileThatIsNotALogIsRefused() throws {
+        try write(Array("hello, this is not an outbox at all".utf8))
+        XCTAssertThrowsError(try EventLog(url: logURL))
+    }
+
+    func testATornHeaderIsAnEmptyLog() throws {
+        try write(Array(FramedLog.header.prefix(5)))
+        let log = try EventLog(url: logURL)
+        XCTAssertEqual(log.count, 0)
+        XCTAssertEqual(try fileBytes(), FramedLog.header)
+        try log.append([event(1)])
+        XCTAssertEqual(log.count, 1)
+    }
+
+    // MARK: - Crashes and damage
+
+    /// A crash during the last `append` leaves any prefix of its frame: every cut point
+    /// reads back as the earlier events, the file is cut back, and appending goes on.
+    func testATornLastRecordIsDroppedAtEveryCutPoint() throws {
+        let (log, events) = try makeLog(3)
+        log.close()
+        let full = try fileBytes()
+        let scan = try FramedLog.scan(full)
+        let last = try XCTUnwrap(scan.frames.last)
+        for cut in stride(from: last.offset + 1, to: full.count, by: 7) {
+            try write(Array(full[0..<cut]))
+            let reopened = try EventLog(url: logURL)
+            XCTAssertEqual(try reopened.all(), Array(events.prefix(2)), "cut at \(cut)")
+            XCTAssertEqual(reopened.recovery?.tornBytesDropped, cut - last.offset, "cut at \(cut)")
+            XCTAssertNil(reopened.recovery?.damagedCopy)
+            XCTAssertEqual(try fileBytes().count, last.offset, "the torn bytes are cut off")
+            let more = event(9)
+            try reopened.append([more])
+            reopened.close()
+            XCTAssertEqual(try EventLog(url: logURL).all(), Array(events.prefix(2)) + [more])
+        }
+    }
+
+    func testAChecksumMismatchInTheLastRecordIsATornWrite() throws {
+        let (log, events) = try makeLog(3)
+        log.close()
+        var bytes = try fileBytes()
+        bytes[bytes.count - 3] ^= 0x55
+        try write(bytes)
+        let reopened = try EventLog(url: logURL)
+        XCTAssertEqual(try reopened.all(), Array(events.prefix(2)))
+        XCTAssertGreaterThan(reopened.recovery?.tornBytesDropped ?? 0, 0)
+        XCTAssertNil(reopened.recovery?.damagedCopy)
+    }
+
+    /// Damage in the middle (not a crash: a crash only tears the end) loses nothing after
+    /// it, and the damaged frame is kept aside rather than dropped silently.
+    func testAChecksumMismatchInTheMiddleSkipsThatRecordAndKeepsItsBytes() throws {
+        let (log, events) = try makeLog(4)
+        log.close()
+        var bytes = try fileBytes()
+        let frames = try FramedLog.scan(bytes).frames
+        let damaged = frames[1]
+        bytes[damaged.offset + FramedLog.frameHeaderSize + 10] ^= 0xFF
+        try write(bytes)
+        let reopened = try EventLog(url: logURL)
+        XCTAssertEqual(try reopened.all(), [events[0], events[2], events[3]])
+        let recovery = try XCTUnwrap(reopened.recovery)
+        XCTAssertEqual(recovery.damagedFrames, 1)
+        let copy = try XCTUnwrap(recovery.damagedCopy)
+        XCTAssertEqual(Array(try Data(contentsOf: copy)), Array(bytes[damaged.range]))
+        // The log was rewritten without it: opening again finds nothing wrong.
+        reopened.close()
+        let again = try EventLog(url: logURL)
+        XCTAssertNil(again.recovery)
+        XCTAssertEqual(try again.all(), [events[0], events[2], events[3]])
+    }
+
+    func testAZeroFilledTailIsDropped() throws {
+        let (log, events) = try makeLog(2)
+        log.close()
+        try write(try fileBytes() + [UInt8](repeating: 0, count: 4096))
+        let reopened = try EventLog(url: logURL)
+        XCTAssertEqual(try reopened.all(), events)
+        XCTAssertEqual(reopened.recovery?.tornBytesDropped, 4096)
+        XCTAssertNil(reopened.recovery?.damagedCopy)
+    }
+
+    func testAnUnreadableTailIsKeptAside() throws {
+        let (log, events) = try makeLog(2)
+        log.close()
+        let garbage: [UInt8] = [0xFF, 0xFF, 0xFF, 0xFF] + Array("not a frame".utf8)
+        try write(try fileBytes() + garbage)
+        let reopened = try EventLog(url: logURL)
+        XCTAssertEqual(try reopened.all(), events)
+        let copy = try XCTUnwrap(reopened.recovery?.damagedCopy)
+        XCTAssertEqual(Array(try Data(contentsOf: copy)), garbage)
+    }
+
+    // MARK: - Acknowledgements and compaction
+
+    func testAcknowledgedEventsStayAcknowledgedAfterReopening() throws {
+        let (log, events) = try makeLog(5)
+        try log.remove([events[0].clientID, events[2].clientID], as: .ack)
+        try log.remove([events[4].clientID], as: .drop)
+        XCTAssertEqual(try log.all(), [events[1], events[3]])
+        XCTAssertEqual(try log.oldest(maxEvents: 1), [events[1]])
+        log.close()
+        let reopened = try EventLog(url: logURL)
+        XCTAssertEqual(try reopened.all(), [events[1], events[3]])
+        XCTAssertEqual(reopened.count, 2)
+    }
+
+    func testBatchesStopAtTheByteLimitButTakeAtLeastOneEvent() throws {
+        let (log, events) = try makeLog(10)
+        let size = events[0].payload.count + events[0].type.utf8.count
+        XCTAssertEqual(try log.oldest(maxEvents: 100, maxBytes: size * 3), Array(events.prefix(3)))
+        XCTAssertEqual(try log.oldest(maxEvents: 100, maxBytes: 1), Array(events.prefix(1)))
+        XCTAssertEqual(try log.oldest(maxEvents: 4), Array(events.prefix(4)))
+    }
+
+    func testTheFileIsCutBackToItsHeaderWhenEverythingIsAcknowledged() throws {
+        let (log, events) = try makeLog(20)
+        try log.remove(events.prefix(10).map(\.clientID), as: .ack)
+        XCTAssertGreaterThan(try fileBytes().count, FramedLog.header.count)
+        try log.remove(events.suffix(10).map(\.clientID), as: .ack)
+        XCTAssertEqual(try fileBytes(), FramedLog.header)
+        XCTAssertEqual(log.count, 0)
+        let more = event(99)
+        try log.append([more])
+        log.close()
+        XCTAssertEqual(try EventLog(url: logURL).all(), [more])
+    }
+
+    func testMostlyDeadFramesAreRewrittenAway() throws {
+        let log = try EventLog(url: logURL)
+        let events = (0..<(EventLog.compactionThreshold + 10)).map { event($0) }
+        try log.append(events)
+        let sizeBefore = try fileBytes().count
+        let keep = Array(events.suffix(3))
+        try log.remove(events.dropLast(3).map(\.clientID), as: .ack)
+        let sizeAfter = try fileBytes().count
+        XCTAssertLessThan(sizeAfter, sizeBefore / 100, "rewritten with the 3 live events only")
+        XCTAssertEqual(try log.all(), keep)
+        log.close()
+        let reopened = try EventLog(url: logURL)
+        XCTAssertEqual(try reopened.all(), keep)
+        XCTAssertNil(reopened.recovery)
+    }
+}

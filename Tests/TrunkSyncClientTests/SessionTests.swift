@@ -1,0 +1,290 @@
+import Foundation
+import TestSupport
+import TrunkSyncClient
+import XCTest
+
+/// Sign-in, tokens, sign-out and users, against the real server.
+final class SessionTests: ClientTestCase {
+    /// The code comes by real mail (an SMTP server receives it); the session outlives the
+    /// client; a second client cannot open the same storage meanwhile.
+    func testSignInWithTheMailedCodeLastsAcrossRestarts() async throws {
+        let sink = try SMTPSink()
+        defer { sink.stop() }
+        let server = try startServer([
+            "TRUNK_SYNC_MAILER": "smtp", "TRUNK_SYNC_SMTP_URL": "smtp://127.0.0.1:\(sink.port)?tls=none",
+            "TRUNK_SYNC_MAIL_FROM": "Trunk <no-reply@trunk.example>",
+        ])
+        let storage = try makeStorage()
+        var client = try makeClient(server, storage: storage)
+        XCTAssertFalse(client.isSignedIn)
+        try await client.sendCode(to: "mail@example.com")
+        let arrived = await waitUntil(20) { ((try? sink.received()) ?? []).count == 1 }
+        XCTAssertTrue(arrived, "no mail arrived")
+        let mail = try XCTUnwrap(try sink.received().first)
+        XCTAssertEqual(mail.recipients, ["mail@example.com"])
+        let code = String(try XCTUnwrap(mail.body?.firstMatch(of: /\b(\d{6})\b/)).1)
+
+        let wrong = String((Int(code)! + 1) % 1_000_000).leftPadded(to: 6)
+        do {
+            try await client.verify(email: "mail@example.com", code: wrong)
+            XCTFail("a wrong code signed in")
+        } catch TrunkSyncError.invalidCode {}
+        XCTAssertFalse(client.isSignedIn)
+
+        try await client.verify(email: "mail@example.com", code: code)
+        XCTAssertTrue(client.isSignedIn)
+        let user = try XCTUnwrap(client.currentUser)
+        XCTAssertEqual(user.email, "mail@example.com")
+        XCTAssertEqual(user.id.uuidString.lowercased(), try userID(server, "mail@example.com"))
+
+        XCTAssertThrowsError(try TrunkSyncClient(url: server.url, storageDirectory: storage)) { error in
+            guard case TrunkSyncError.storageInUse(_) = error else { return XCTFail("\(error)") }
+        }
+        await client.close()
+
+        client = try makeClient(server, storage: storage)
+        XCTAssertTrue(client.isSignedIn, "signed in after a restart")
+        XCTAssertEqual(client.currentUser, user)
+        let token = try await client.accessToken()
+        let answer = try await rawRequest("GET", server.url.appendingPathComponent("auth/v1/user"), token: token)
+        XCTAssertEqual(answer.status, 200, answer.body)
+        XCTAssertTrue(answer.body.contains("mail@example.com"))
+    }
+
+    /// The example signs in with the code typed on its stdin, records and syncs.
+    func testTheExampleSignsInWithTheCodeFromStdinAndSyncs() async throws {
+        let server = try startServer()
+        let storage = try makeStorage()
+        let base = ["--url", server.url.absoluteString, "--storage", storage.path]
+        let signIn = try ExampleProcess(exampleBinary(), base + ["sign-in", "cli@example.com"])
+        XCTAssertNotNil(
+            signIn.stdout.waitForLines(containing: "code sent to cli@example.com", timeout: 20), signIn.output)
+        signIn.write(try server.code(for: "cli@example.com") + "\n")
+        XCTAssertEqual(signIn.waitForExit(timeout: 20), 0, signIn.output)
+        XCTAssertEqual(signIn.stdout.lines(containing: "signed in as cli@example.com").count, 1, signIn.output)
+
+        let record = try ExampleProcess(exampleBinary(), base + ["record", "cli", #"{"text":"from the shell"}"#])
+        XCTAssertEqual(record.waitForExit(timeout: 20), 0, record.output)
+        let id = try XCTUnwrap(record.stdout.lines(containing: "recorded ").first?.dropFirst("recorded ".count))
+        let sync = try ExampleProcess(exampleBinary(), base + ["sync"])
+        XCTAssertEqual(sync.waitForExit(timeout: 20), 0, sync.output)
+        XCTAssertEqual(sync.stdout.lines(containing: "pushed 1 duplicates 0 pulled 1").count, 1, sync.output)
+        XCTAssertEqual(
+            sync.stdout.lines(containing: "event 1 \(id) cli {\"text\": \"from the shell\"}").count, 1, sync.output)
+    }
+
+    /// Before expiry the token is refreshed once for any number of concurrent calls, and the
+    /// new refresh token is on disk; a 401 refreshes once and the request goes through.
+    func testTokensRefreshBeforeExpiryOnceForConcurrentCallsAndOnA401() async throws {
+        let server = try startServer()
+        let storage = try makeStorage()
+        let clock = TestClock()
+        let events = EventLogBox()
+        var client = try makeClient(server, storage: storage, events: events) { $0.now = { clock.now() } }
+        try await signIn(client, server, as: "tokens@example.com")
+        let sessionFile = try XCTUnwrap(
+            FileManager.default.enumerator(at: storage, includingPropertiesForKeys: nil)?.compactMap { $0 as? URL }
+                .first { $0.lastPathComponent == "session.json" })
+        func storedSession() throws -> [String: Any] {
+            try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(contentsOf: sessionFile)) as? [String: Any])
+        }
+        _ = try await client.accessToken()
+        let firstRefreshToken = try XCTUnwrap(try storedSession()["refresh_token"] as? String)
+        XCTAssertEqual(events.refreshes, [], "a fresh token is used as it is")
+
+        clock.advance(by: 3600 - 30)  // within the refresh margin (60 s) of the 1-hour token
+        let signedIn = client
+        let tokens = try await withThrowingTaskGroup(of: String.self) { group in
+            for _ in 0..<8 { group.addTask { try await signedIn.accessToken() } }
+            return try await group.reduce(into: [String]()) { $0.append($1) }
+        }
+        XCTAssertEqual(Set(tokens).count, 1, "every caller got the one new token")
+        XCTAssertEqual(events.refreshes, [true], "one proactive refresh")
+        XCTAssertEqual(events.requests("POST", "/auth/v1/token").count, 1)
+        let stored = try storedSession()
+        XCTAssertEqual(stored["access_token"] as? String, tokens.first)
+        XCTAssertNotEqual(stored["refresh_token"] as? String, firstRefreshToken, "the rotated refresh token is stored")
+
+        // A token the server refuses (401): one refresh, then the push goes through.
+        await client.close()
+        var session = try storedSession()
+        session["access_token"] = "not-a-token"
+        try JSONSerialization.data(withJSONObject: session).write(to: sessionFile)
+        let retried = EventLogBox()
+        client = try makeClient(server, storage: storage, events: retried)
+        _ = try await client.record(type: "note", payload: ["after": "401"])
+        try await assertEqual(try await client.push().pushed, 1)
+        XCTAssertEqual(retried.refreshes, [false], "one refresh after the 401")
+        XCTAssertEqual(retried.requests("POST", "/sync/v1/events").count, 2)
+    }
+
+    /// A session revoked elsewhere ends in `.sessionExpired` at the next refresh; the user
+    /// is signed out and the outbox kept for their next sign-in.
+    func testARevokedSessionSignsOutAndKeepsTheOutbox() async throws {
+        let server = try startServer()
+        let storage = try makeStorage()
+        let clock = TestClock()
+        let client = try makeClient(server, storage: storage) { $0.now = { clock.now() } }
+        try await signIn(client, server, as: "revoked@example.com")
+        let token = try await client.accessToken()
+        let logout = try await rawRequest(
+            "POST", URL(string: "\(server.url.absoluteString)/auth/v1/logout?scope=local")!, token: token)
+        XCTAssertEqual(logout.status, 204)
+        _ = try await client.record(type: "note", payload: ["kept": true])
+        clock.advance(by: 3590)
+        do {
+            _ = try await client.push()
+            XCTFail("pushed with a revoked session")
+        } catch TrunkSyncError.sessionExpired {}
+        XCTAssertFalse(client.isSignedIn)
+        try await signIn(client, server, as: "revoked@example.com")
+        try await assertEqual(await client.pendingCount, 1)
+        try await assertEqual(try await client.push().pushed, 1)
+    }
+
+    /// Sign-out revokes the session (its access token is refused by /auth/v1/user) and
+    /// removes session and cursor; unsent events stay for the user's next sign-in.
+    func testSignOutRemovesTheSessionAndKeepsUnsentEvents() async throws {
+        let email = "signout@example.com"
+        let server = try startServer()
+        let storage = try makeStorage()
+        let client = try makeClient(server, storage: storage) { $0.retry.maxAttempts = 2 }
+        try await signIn(client, server, as: email)
+        _ = try await client.record(type: "note", payload: ["n": 1])
+        try await assertEqual(try await client.sync { _ in }.pulled, 1)
+        try await assertEqual(await client.cursor, 1)
+        let token = try await client.accessToken()
+        let userURL = server.url.appendingPathComponent("auth/v1/user")
+        try await assertEqual(try await rawRequest("GET", userURL, token: token).status, 200)
+
+        let result = try await client.signOut()
+        XCTAssertTrue(result.serverSessionRevoked)
+        XCTAssertEqual(result.unsentEvents, 0)
+        let refused = try await rawRequest("GET", userURL, token: token)
+        XCTAssertTrue([401, 403].contains(refused.status), "\(refused)")
+        XCTAssertFalse(client.isSignedIn)
+        XCTAssertNil(client.currentUser)
+        try await assertEqual(await client.cursor, 0)
+        let files =
+            FileManager.default.enumerator(at: storage, includingPropertiesForKeys: nil)?
+            .compactMap { ($0 as? URL)?.lastPathComponent } ?? []
+        XCTAssertFalse(files.contains("session.json"))
+        XCTAssertFalse(files.contains("cursor.json"))
+        do {
+            _ = try await client.record(type: "note", payload: ["n": 2])
+            XCTFail("recorded while signed out")
+        } catch TrunkSyncError.notSignedIn {}
+
+        // Signed out while the server is down: the unsent events are kept and reported.
+        try await signIn(client, server, as: email)
+        try await assertEqual(await client.cursor, 0, "the cursor was removed")
+        _ = try await client.record(type: "note", payload: ["n": 2])
+        _ = try await client.record(type: "note", payload: ["n": 3])
+        server.kill()
+        let offline = try await client.signOut()
+        XCTAssertEqual(offline.unsentEvents, 2)
+        XCTAssertFalse(offline.serverSessionRevoked)
+        XCTAssertFalse(client.isSignedIn)
+
+        try server.restart()
+        try await signIn(client, server, as: email)
+        try await assertEqual(await client.pendingCount, 2, "the same user's unsent events are back")
+        let report = try await client.sync { _ in }
+        XCTAssertEqual(report.pushed, 2)
+        XCTAssertEqual(report.pulled, 3, "from seq 0 again: the cursor was removed")
+        XCTAssertEqual(try serverEvents(server, email).count, 3)
+
+        // Discarding deletes the user's outbox on this device.
+        _ = try await client.record(type: "note", payload: ["n": 4])
+        server.kill()
+        let discarded = try await client.signOut(discardingUnsentEvents: true)
+        XCTAssertEqual(discarded.unsentEvents, 1)
+        try server.restart()
+        try await signIn(client, server, as: email)
+        try await assertEqual(await client.pendingCount, 0)
+    }
+
+    /// Two users on one device: each has their own outbox and cursor; neither sees or
+    /// pushes the other's events.
+    func testTwoUsersOnOneDeviceStayApart() async throws {
+        let server = try startServer()
+        let client = try makeClient(server, storage: try makeStorage())
+        try await signIn(client, server, as: "ann@example.com")
+        let ann1 = try await client.record(type: "ann", payload: ["n": 1])
+        let ann2 = try await client.record(type: "ann", payload: ["n": 2])
+        try await assertEqual(try await client.sync { _ in }.pulled, 2)
+        let ann3 = try await client.record(type: "ann", payload: ["n": 3])  // not synced yet
+
+        try await signIn(client, server, as: "bob@example.com")
+        try await assertEqual(await client.pendingCount, 0, "Ann's outbox is not Bob's")
+        try await assertEqual(await client.cursor, 0, "nor is her cursor")
+        let bob1 = try await client.record(type: "bob", payload: ["n": 1])
+        let pulledByBob = Collected()
+        let bobReport = try await client.sync { events in await pulledByBob.add(events) }
+        XCTAssertEqual(bobReport.pushed, 1)
+        try await assertEqual(await pulledByBob.events.map(\.clientID), [bob1])
+        XCTAssertEqual(try serverEvents(server, "bob@example.com").map(\.clientID), [bob1.uuidString.lowercased()])
+
+        try await signIn(client, server, as: "ann@example.com")
+        try await assertEqual(await client.pendingCount, 1)
+        try await assertEqual(await client.cursor, 2)
+        let pulledByAnn = Collected()
+        let annReport = try await client.sync { events in await pulledByAnn.add(events) }
+        XCTAssertEqual(annReport.pushed, 1)
+        try await assertEqual(await pulledByAnn.events.map(\.clientID), [ann3], "only what is new to Ann")
+        XCTAssertEqual(
+            try serverEvents(server, "ann@example.com").map(\.clientID),
+            [ann1, ann2, ann3].map { $0.uuidString.lowercased() })
+    }
+
+    /// Events pushed by one device arrive on another's `liveEvents()` while it long-polls.
+    func testLiveEventsArriveFromTheOtherDevice() async throws {
+        let email = "live@example.com"
+        let server = try startServer()
+        let phone = try makeClient(server, storage: try makeStorage())
+        try await signIn(phone, server, as: email)
+        let laptopEvents = EventLogBox()
+        let laptop = try makeClient(server, storage: try makeStorage(), events: laptopEvents) { $0.longPollWait = 20 }
+        try await signIn(laptop, server, as: email)
+
+        let received = Collected()
+        let live = Task {
+            for try await events in laptop.liveEvents() { await received.add(events) }
+        }
+        defer { live.cancel() }
+        let metrics = server.url.appendingPathComponent("metrics")
+        let waiting = await waitUntil(10) {
+            ((try? await rawRequest("GET", metrics))?.body ?? "").contains("trunk_sync_longpolls_waiting 1")
+        }
+        XCTAssertTrue(waiting, "the laptop's long-poll is waiting at the server")
+
+        var sent: [UUID] = []
+        for index in 0..<3 { sent.append(try await phone.record(type: "live", payload: ["index": index])) }
+        let startedAt = Date()
+        _ = try await phone.push()
+        let arrived = await waitUntil(10) { await received.events.count == 3 }
+        XCTAssertTrue(arrived, "live events did not arrive")
+        XCTAssertLessThan(Date().timeIntervalSince(startedAt), 5, "long before the long-poll's 20 s ran out")
+        try await assertEqual(await received.events.map(\.clientID), sent)
+        try await assertEqual(try await received.events.map { try $0.decode([String: Int].self)["index"] }, [0, 1, 2])
+
+        // The next page; the first one's cursor is stored once the loop asked for more.
+        let fourth = try await phone.record(type: "live", payload: ["index": 3])
+        _ = try await phone.push()
+        let arrivedAgain = await waitUntil(10) { await received.events.count == 4 }
+        XCTAssertTrue(arrivedAgain)
+        try await assertEqual(await received.events.last?.clientID, fourth)
+        try await assertGreaterThanOrEqual(await laptop.cursor, 3)
+
+        live.cancel()
+        let ended = await waitUntil(10) { live.isCancelled }
+        XCTAssertTrue(ended)
+        _ = await live.result
+        let cursor = await laptop.cursor
+        try await assertEqual(try await laptop.sync { _ in }.pulled, 4 - Int(cursor), "the rest, once")
+    }
+}
+
+extension String {
+    func leftPadded(to width: Int) -> String { String(repeating: "0", count: max(0, width - count)) + self }
+}

@@ -1,0 +1,218 @@
+import Foundation
+import Postgres
+import TestSupport
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#endif
+
+/// Drains a child's output pipe on a thread of its own and lets a test wait for lines
+/// (mirrors `OutputCollector` of the end-to-end tests, with counting: a server started
+/// again logs the same kinds of lines again).
+final class LineCollector: @unchecked Sendable {  // state guarded by `condition`
+    private let condition = NSCondition()
+    private var bytes: [UInt8] = []
+    private var ended = false
+
+    init(reading handle: FileHandle) {
+        let fd = dup(handle.fileDescriptor)
+        let thread = Thread { [self] in
+            var chunk = [UInt8](repeating: 0, count: 65536)
+            while fd >= 0 {
+                let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+                if count < 0 && errno == EINTR { continue }
+                condition.lock()
+                if count > 0 { bytes.append(contentsOf: chunk[0..<count]) } else { ended = true }
+                condition.broadcast()
+                condition.unlock()
+                if count <= 0 { break }
+            }
+            if fd >= 0 { close(fd) } else { condition.withLock { ended = true } }
+        }
+        thread.start()
+    }
+
+    var text: String { condition.withLock { String(decoding: bytes, as: UTF8.self) } }
+
+    /// Complete lines containing `needle`, in order.
+    func lines(containing needle: String) -> [String] {
+        condition.withLock { Self.completeLines(bytes).filter { $0.contains(needle) } }
+    }
+
+    private static func completeLines(_ bytes: [UInt8]) -> [String] {
+        String(decoding: bytes, as: UTF8.self).split(separator: "\n", omittingEmptySubsequences: false).dropLast()
+            .map(String.init)
+    }
+
+    /// Waits until at least `count` complete lines contain `needle`; returns them (nil when
+    /// the pipe ended or `timeout` passed first).
+    func waitForLines(containing needle: String, count: Int = 1, timeout: Double) -> [String]? {
+        let limit = Date(timeIntervalSinceNow: timeout)
+        condition.lock()
+        defer { condition.unlock() }
+        while true {
+            let lines = Self.completeLines(bytes).filter { $0.contains(needle) }
+            if lines.count >= count { return lines }
+            if ended || !condition.wait(until: limit) { return nil }
+        }
+    }
+
+    func waitForEnd(timeout: Double) -> Bool {
+        let limit = Date(timeIntervalSinceNow: timeout)
+        condition.lock()
+        defer { condition.unlock() }
+        while !ended {
+            if !condition.wait(until: limit) { return ended }
+        }
+        return true
+    }
+}
+
+/// The real `trunk-sync serve` on a freshly migrated database of the test cluster, on a
+/// port that stays the same when the server is killed and started again (the client's
+/// storage is per server URL).
+final class SyncServer: @unchecked Sendable {  // mutable state guarded by `lock`
+    static let jwtSecret = "client-test-secret-0123456789abcdef0123"
+
+    let database: PostgresConfiguration
+    let port: Int
+    let environment: [String: String]
+    private let lock = NSLock()
+    private var process: Process?
+    private var collectors: [LineCollector] = []
+    private var cleanedUp = false
+
+    var url: URL { URL(string: "http://127.0.0.1:\(port)")! }
+
+    private init(database: PostgresConfiguration, port: Int, environment: [String: String]) {
+        self.database = database
+        self.port = port
+        self.environment = environment
+    }
+
+    /// Creates and migrates a database and starts the server with `overrides` in its
+    /// environment (the log mailer by default: codes appear in its log).
+    static func start(_ overrides: [String: String] = [:]) throws -> SyncServer {
+        let database = try TestDatabase.create(prefix: "client")
+        do {
+            let url = try TestDatabase.url(of: database)
+            let port = try freePort()
+            var variables = [
+                "TRUNK_SYNC_DATABASE_URL": url, "TRUNK_SYNC_JWT_SECRET": jwtSecret, "TRUNK_SYNC_PORT": String(port),
+                "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations", "TRUNK_SYNC_OTP_RESEND_INTERVAL": "0",
+            ]
+            variables.merge(overrides) { $1 }
+            let environment = Command.environment(variables)
+            let migration = try Command.run(Command.trunkSyncBinary(), ["migrate"], environment: environment)
+            guard migration.status == 0 else {
+                throw TestEnvironmentError("trunk-sync migrate failed (\(migration.status)): \(migration.stderr)")
+            }
+            let server = SyncServer(database: database, port: port, environment: environment)
+            try server.launch()
+            return server
+        } catch {
+            try? TestDatabase.drop(database)
+            throw error
+        }
+    }
+
+    /// A port nobody listens on now (the kernel's choice).
+    static func freePort() throws -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw TestEnvironmentError("socket: errno \(errno)") }
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = 0
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) }
+        }
+        guard bound == 0 else { throw TestEnvironmentError("bind: errno \(errno)") }
+        let named = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+        }
+        guard named == 0 else { throw TestEnvironmentError("getsockname: errno \(errno)") }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    /// Starts the process and waits (at most 20 s) for its `listening` line.
+    private func launch() throws {
+        let (process, stdout, stderr) = try Command.start(
+            Command.trunkSyncBinary(), ["serve"], environment: environment)
+        let errors = LineCollector(reading: stderr.fileHandleForReading)
+        let output = LineCollector(reading: stdout.fileHandleForReading)
+        lock.withLock {
+            self.process = process
+            collectors += [errors, output]
+        }
+        guard errors.waitForLines(containing: "listening", timeout: 20) != nil else {
+            throw TestEnvironmentError("the server did not listen on \(port) within 20 s; log:\n\(logs)")
+        }
+    }
+
+    var isRunning: Bool { lock.withLock { process?.isRunning ?? false } }
+
+    /// SIGKILL, and waits for the process to be gone.
+    func kill() {
+        guard let process = lock.withLock({ self.process }) else { return }
+        if process.isRunning { Glibc.kill(process.processIdentifier, SIGKILL) }
+        process.waitUntilExit()
+    }
+
+    /// Kills the server (if it runs) and starts it again on the same port and database.
+    func restart() throws {
+        kill()
+        try launch()
+    }
+
+    /// Everything every run of the server logged.
+    var logs: String { lock.withLock { collectors }.map(\.text).joined() }
+
+    /// The sign-in code the log mailer printed for `email` the `number`-th time (1-based),
+    /// waiting for it at most `timeout` seconds.
+    func code(for email: String, number: Int = 1, timeout: Double = 10) throws -> String {
+        let needle = "sign-in code for \(email): "
+        let deadline = Date(timeIntervalSinceNow: timeout)
+        while true {
+            let lines = lock.withLock { collectors }.flatMap { $0.lines(containing: needle) }
+            if lines.count >= number {
+                guard let match = lines[number - 1].firstMatch(of: /: (\d{6})\b/) else {
+                    throw TestEnvironmentError("no code in \(lines[number - 1])")
+                }
+                return String(match.1)
+            }
+            guard Date() < deadline else {
+                throw TestEnvironmentError("no code number \(number) for \(email) in the log:\n\(logs)")
+            }
+            Thread.sleep(forTimeInterval: 0.01)
+        }
+    }
+
+    /// A connection to the server's database, as the cluster's superuser.
+    func connect() throws -> PostgresConnection { try PostgresConnection.connect(database) }
+
+    /// `select` rows as text.
+    func rows(_ sql: String) throws -> [[String]] {
+        let result = try connect().query(sql)
+        return try result.map { row in
+            try (0..<result.columnCount).map { try row.decode(String?.self, column: $0) ?? "" }
+        }
+    }
+
+    /// Kills the server and drops its database. Safe to call twice.
+    func cleanUp() {
+        guard
+            lock.withLock({
+                defer { cleanedUp = true }
+                return !cleanedUp
+            })
+        else { return }
+        kill()
+        for collector in lock.withLock({ collectors }) { _ = collector.waitForEnd(timeout: 5) }
+        try? TestDatabase.drop(database)
+    }
+}

@@ -1,0 +1,88 @@
+import Foundation
+import XCTest
+
+@testable import TrunkSyncClient
+
+/// What goes over the wire and into the storage directory besides the log frames: push
+/// bodies, pulled pages, timestamps, the per-server storage key, the quarantine's repair.
+final class WireFormatTests: XCTestCase {
+    func testThePushBodyCarriesThePayloadBytesAsRecorded() throws {
+        let stored = StoredEvent(
+            clientID: UUID(uuidString: "6F1F0E3C-1111-4C3E-9D7A-3A1C8F0F2B10")!, type: "a \"quoted\"\ntype",
+            payload: Array(#"{"big":12345678901234567890,"x":1e308}"#.utf8), clientTimestamp: "2026-11-22T04:10:02.123Z"
+        )
+        let body = String(decoding: TrunkSyncClient.pushBody([stored, stored]), as: UTF8.self)
+        let one =
+            #"{"client_id":"6f1f0e3c-1111-4c3e-9d7a-3a1c8f0f2b10","type":"a \"quoted\"\ntype","#
+            + #""payload":{"big":12345678901234567890,"x":1e308},"client_timestamp":"2026-11-22T04:10:02.123Z"}"#
+        XCTAssertEqual(body, #"{"events":["# + one + "," + one + "]}")
+        XCTAssertNotNil(try JSONSerialization.jsonObject(with: Data(body.utf8)))
+    }
+
+    func testAPulledPageKeepsPayloadBytesAndParsesTimestamps() throws {
+        let body = #"""
+            {"events":[{"id":"0b0e3c2a-7c55-4f55-9d0e-52b2ac0f5b11","seq":7,"type":"t\u00e9\ud83d\ude00",
+            "payload":{"big": 12345678901234567890, "s": "a\"b", "n": [1, {"x": null}]},
+            "client_id":"6f1f0e3c-1111-4c3e-9d7a-3a1c8f0f2b10","client_timestamp":"2026-11-22T04:10:02.123456Z",
+            "created_at":"2026-11-22T04:10:03.5+01:00"}],"next_after":7,"has_more":true}
+            """#
+        let page = try EventPage.parse(Data(body.utf8))
+        XCTAssertEqual(page.nextAfter, 7)
+        XCTAssertTrue(page.hasMore)
+        let event = try XCTUnwrap(page.events.first)
+        XCTAssertEqual(event.seq, 7)
+        XCTAssertEqual(event.type, "té😀")
+        XCTAssertEqual(
+            String(decoding: event.payload, as: UTF8.self),
+            #"{"big": 12345678901234567890, "s": "a\"b", "n": [1, {"x": null}]}"#)
+        XCTAssertEqual(event.clientTimestamp.timeIntervalSince1970, 1_795_320_602.123456, accuracy: 0.000_01)
+        XCTAssertEqual(event.createdAt.timeIntervalSince1970, 1_795_320_603.5 - 3600, accuracy: 0.000_01)
+        struct Payload: Decodable { var s: String }
+        XCTAssertEqual(try event.decode(Payload.self).s, "a\"b")
+        XCTAssertThrowsError(try EventPage.parse(Data(#"{"events":[{"seq":1}],"next_after":1,"has_more":false}"#.utf8)))
+    }
+
+    func testTimestampsAreWrittenInUTCWithMilliseconds() {
+        let date = Date(timeIntervalSince1970: 1_795_320_602.1239)
+        XCTAssertEqual(RFC3339.format(date), "2026-11-22T04:10:02.123Z")
+        XCTAssertEqual(RFC3339.format(Date(timeIntervalSince1970: 0)), "1970-01-01T00:00:00.000Z")
+        XCTAssertEqual(RFC3339.format(Date(timeIntervalSince1970: 951_782_400)), "2000-02-29T00:00:00.000Z")
+        XCTAssertEqual(RFC3339.parse("2000-02-29T00:00:00Z")?.timeIntervalSince1970, 951_782_400)
+        XCTAssertNil(RFC3339.parse("2000-02-29 garbage"))
+    }
+
+    func testStorageIsPerServer() {
+        let a = StorageLayout.key(for: URL(string: "https://sync.example.com")!)
+        let b = StorageLayout.key(for: URL(string: "https://sync.example.com/other")!)
+        let c = StorageLayout.key(for: URL(string: "http://127.0.0.1:8080")!)
+        XCTAssertTrue(a.hasPrefix("sync.example.com-443-"))
+        XCTAssertTrue(c.hasPrefix("127.0.0.1-8080-"))
+        XCTAssertNotEqual(a, b)
+        XCTAssertEqual(a, StorageLayout.key(for: URL(string: "https://sync.example.com/")!))
+    }
+
+    func testAnEventInTheQuarantineAndTheOutboxIsDroppedFromTheOutbox() throws {
+        let user = UUID()
+        let userDirectory = FileManager.default.temporaryDirectory.appendingPathComponent("user-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: userDirectory) }
+        do {
+            let store = try UserStore(userID: user, directory: userDirectory)
+            try store.outbox.append([
+                StoredEvent(
+                    clientID: UUID(), type: "a", payload: Array("{}".utf8), clientTimestamp: "2026-01-01T00:00:00.000Z"),
+                StoredEvent(
+                    clientID: UUID(), type: "b", payload: Array("{}".utf8), clientTimestamp: "2026-01-01T00:00:00.000Z"),
+            ])
+            // A crash between the two writes of a move to the quarantine.
+            var rejected = try store.outbox.read(store.outbox.ids[0])
+            rejected.rejection = Rejection(
+                status: 400, code: "validation_failed", field: "payload", reason: "bad", rejectedAt: Date())
+            try store.quarantine.append([rejected])
+            store.close()
+        }
+        let store = try UserStore(userID: user, directory: userDirectory)
+        XCTAssertEqual(store.outbox.count, 1)
+        XCTAssertEqual(store.quarantine.count, 1)
+        XCTAssertEqual(try store.quarantine.all().first?.rejection?.field, "payload")
+    }
+}
