@@ -15,6 +15,8 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertEqual(configuration.logFormat, .text)
         XCTAssertEqual(configuration.corsOrigins, [])
         XCTAssertNil(configuration.databaseURL)
+        XCTAssertEqual(configuration.adminHost, "127.0.0.1")
+        XCTAssertEqual(configuration.adminPort, 9090)
     }
 
     func testFileThenEnvironmentThenFlags() throws {
@@ -41,6 +43,8 @@ final class ConfigurationTests: XCTestCase {
             (["TRUNK_SYNC_LOG_FORMAT": "xml"], "TRUNK_SYNC_LOG_FORMAT must be text or json"),
             (["TRUNK_SYNC_PUBLIC_URL": "ftp://x"], "TRUNK_SYNC_PUBLIC_URL must be an http"),
             (["TRUNK_SYNC_DB_POOL_SIZE": "0"], "TRUNK_SYNC_DB_POOL_SIZE must be an integer"),
+            (["TRUNK_SYNC_ADMIN_PORT": "x"], "TRUNK_SYNC_ADMIN_PORT must be a port number"),
+            (["TRUNK_SYNC_ADMIN_PORT": "8080"], "TRUNK_SYNC_ADMIN_PORT must differ from TRUNK_SYNC_PORT"),
         ]
         for (environment, expected) in cases {
             XCTAssertThrowsError(try Configuration.load(environment: environment)) { error in

@@ -34,6 +34,10 @@ public struct Configuration: Sendable {
     public var host: String { value("host") ?? "127.0.0.1" }
     /// `TRUNK_SYNC_PORT`.
     public private(set) var port: Int = 8080
+    /// `TRUNK_SYNC_ADMIN_HOST`: where the operator listener (`/metrics`) binds.
+    public var adminHost: String { value("admin_host") ?? "127.0.0.1" }
+    /// `TRUNK_SYNC_ADMIN_PORT`.
+    public private(set) var adminPort: Int = 9090
     /// `TRUNK_SYNC_JWT_SECRET`.
     public var jwtSecret: String? { value("jwt_secret") }
     /// `TRUNK_SYNC_PUBLIC_URL`, defaulting to `http://HOST:PORT`.
@@ -126,6 +130,15 @@ public struct Configuration: Sendable {
                 throw error("port", "must be a port number between 0 and 65535 (0: any free port)")
             }
             self.port = port
+        }
+        if let text = value("admin_port") {
+            guard let port = Int(text), (0...65535).contains(port) else {
+                throw error("admin_port", "must be a port number between 0 and 65535 (0: any free port)")
+            }
+            adminPort = port
+        }
+        if adminPort != 0, adminPort == port {
+            throw error("admin_port", "must differ from TRUNK_SYNC_PORT (\(port)): the operator listener is a listener of its own")
         }
         if let text = value("mailer") {
             guard let mailer = MailerKind(rawValue: text.lowercased()) else { throw error("mailer", "must be log or smtp") }

@@ -22,6 +22,12 @@ public struct Setting: Sendable {
         Setting(key: "host", defaultValue: "127.0.0.1", isSecret: false, summary: "Address to listen on (IPv4 or IPv6)."),
         Setting(key: "port", defaultValue: "8080", isSecret: false, summary: "TCP port to listen on (0: any free port, logged at start)."),
         Setting(
+            key: "admin_host", defaultValue: "127.0.0.1", isSecret: false,
+            summary: "Address of the operator listener (GET /metrics, detailed /readyz). Keep it private: loopback, or a network only your monitoring reaches."),
+        Setting(
+            key: "admin_port", defaultValue: "9090", isSecret: false,
+            summary: "TCP port of the operator listener (0: any free port, logged at start as `admin listening`). Must differ from TRUNK_SYNC_PORT."),
+        Setting(
             key: "jwt_secret", defaultValue: nil, isSecret: true,
             summary: "HS256 signing secret for access tokens, at least 32 bytes. Required by serve."),
         Setting(
