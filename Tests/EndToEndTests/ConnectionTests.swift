@@ -149,6 +149,53 @@ final class ConnectionTests: EndToEndTestCase {
         XCTAssertTrue(slow.allSatisfy(\.looksOpen), "slow clients are cut off only by the header timeout")
     }
 
+    func testSlowBodiesAreCutOffAtTheBodyDeadlineWithoutDelayingOthers() throws {
+        let bodyTimeout = 4.0
+        let server = try startServer(["TRUNK_SYNC_HTTP_BODY_TIMEOUT": "\(Int(bodyTimeout))"])
+        var slow: [RawClient] = []
+        let admitted = ContinuousClock.now
+        for index in 0..<300 {
+            // From ten loopback addresses; /healthz below comes from 127.0.0.1.
+            let client = try server.connect(from: "127.0.0.\(2 + index % 10)")
+            try client.send(
+                request("POST", "/auth/v1/otp", headers: [("Content-Type", "application/json"), ("Content-Length", "1000")])
+                    + "{")
+            slow.append(client)
+        }
+        // One more body byte to each, every second: a pause far shorter than the timeout.
+        let trickle = Trickle(descriptors: slow.map(\.fd), roundEvery: .seconds(1))
+        defer { trickle.stop() }
+        XCTAssertTrue(trickle.waitForRounds(1, timeout: 10), "the slow connections stopped taking bytes")
+        XCTAssertTrue(
+            try eventually(within: 5) { try server.metrics()["trunk_sync_http_connections"] ?? 0 >= 300 },
+            "the slow connections are open")
+
+        var worst: Duration = .zero
+        for _ in 0..<20 {
+            let started = ContinuousClock.now
+            let (response, client) = try server.exchange(request("GET", "/healthz", headers: [("Connection", "close")]))
+            worst = max(worst, ContinuousClock.now - started)
+            XCTAssertEqual(response.status, 200)
+            client.close()
+        }
+        print("slowest of 20 /healthz beside 300 slow bodies: \(worst)")
+        XCTAssertLessThan(worst, .milliseconds(50), "slowest /healthz took \(worst)")
+
+        // At the deadline for the whole body (plus the 250 ms sweep), every slot is free
+        // again, although each client kept sending.
+        var open = -1.0
+        let freed = try eventually(within: bodyTimeout + 4, interval: .milliseconds(100)) {
+            open = try server.metrics()["trunk_sync_http_connections"] ?? -1
+            return open == 0
+        }
+        let elapsed = ContinuousClock.now - admitted
+        print("slow connections freed \(elapsed) after their heads; trickle rounds: \(trickle.stop())")
+        XCTAssertTrue(freed, "\(open) connections still open \(elapsed) after the heads")
+        XCTAssertGreaterThanOrEqual(elapsed, .milliseconds(Int64(bodyTimeout * 1000) - 500), "cut off before the deadline")
+        XCTAssertTrue(slow.allSatisfy { !$0.looksOpen }, "the server closed every slow connection")
+        assertServerHealthy(server)
+    }
+
     func testFiveThousandIdleKeepAliveConnectionsStayOpen() throws {
         try raiseOpenFileLimit(to: 12_000)
         let server = try startServer()
@@ -281,19 +328,25 @@ final class ConnectionTests: EndToEndTestCase {
 }
 
 /// Sends one byte to each descriptor in turn, 0.2 ms apart, on a thread of its own, until
-/// stopped: slow clients that keep a request head open.
+/// stopped: slow clients that keep a request head or body open. `roundEvery`: start a round
+/// at most this often (a byte per connection every so often), instead of at once.
 private final class Trickle: Sendable {
     private let state = Mutex<(stopped: Bool, rounds: Int, finished: Bool)>((false, 0, false))
 
-    init(descriptors: [Int32]) {
+    init(descriptors: [Int32], roundEvery interval: Duration = .zero) {
         let thread = Thread { [self] in
             var byte = UInt8(ascii: "a")
             while !state.withLock({ $0.stopped }) {
+                let roundStarted = ContinuousClock.now
                 for fd in descriptors {
                     _ = send(fd, &byte, 1, Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT))
                     usleep(200)
                 }
                 state.withLock { $0.rounds += 1 }
+                // Wait out the rest of the interval in short naps, so stop() is noticed soon.
+                while ContinuousClock.now - roundStarted < interval, !state.withLock({ $0.stopped }) {
+                    usleep(10_000)
+                }
             }
             state.withLock { $0.finished = true }
         }

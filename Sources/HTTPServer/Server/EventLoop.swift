@@ -58,7 +58,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         self.logger = logger
         self.serverLine = Array("Server: \(configuration.serverName)\r\n".utf8)
         timeouts = ConnectionStateMachine.Timeouts(
-            header: configuration.headerTimeout.nanosecondsClamped, body: configuration.bodyIdleTimeout.nanosecondsClamped,
+            header: configuration.headerTimeout.nanosecondsClamped, body: configuration.bodyTimeout.nanosecondsClamped,
             keepAlive: configuration.keepAliveTimeout.nanosecondsClamped,
             write: configuration.writeTimeout.nanosecondsClamped, linger: configuration.lingerTimeout.nanosecondsClamped)
     }

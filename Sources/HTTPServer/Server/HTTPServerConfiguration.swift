@@ -10,8 +10,10 @@ public struct HTTPServerConfiguration: Sendable {
     /// Time to receive a whole request head once its first byte arrived → `408`; also how
     /// long a new connection may stay silent before it is closed. Default 10 s.
     public var headerTimeout: Duration = .seconds(10)
-    /// Longest pause while receiving a body → `408`. Default 30 s.
-    public var bodyIdleTimeout: Duration = .seconds(30)
+    /// Time to receive a whole request body once its head was admitted → `408`. A deadline
+    /// for the whole body, not for each pause: a client trickling a byte now and then must
+    /// not keep its connection slot for longer than this. Default 30 s.
+    public var bodyTimeout: Duration = .seconds(30)
     /// How long a keep-alive connection stays open waiting for its next request. Default 60 s.
     public var keepAliveTimeout: Duration = .seconds(60)
     /// Longest time a response may wait for the client to read it → close. Default 30 s.

@@ -83,7 +83,7 @@ public struct Setting: Sendable {
             summary: "Seconds a client has to send a whole request head from its first byte (then 408); also how long a new connection may stay silent."),
         Setting(
             key: "http_body_timeout", defaultValue: "30", isSecret: false,
-            summary: "Longest pause, in seconds, while a request body is arriving (then 408)."),
+            summary: "Seconds a client has to send a whole request body once its head was accepted (then 408)."),
         Setting(
             key: "http_idle_timeout", defaultValue: "60", isSecret: false,
             summary: "Seconds an idle keep-alive connection stays open between requests."),

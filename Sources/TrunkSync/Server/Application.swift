@@ -140,7 +140,7 @@ public struct Application: Sendable {
         server.host = configuration.host
         server.port = configuration.port
         server.headerTimeout = .seconds(configuration.httpHeaderTimeout)
-        server.bodyIdleTimeout = .seconds(configuration.httpBodyTimeout)
+        server.bodyTimeout = .seconds(configuration.httpBodyTimeout)
         server.keepAliveTimeout = .seconds(configuration.httpIdleTimeout)
         server.writeTimeout = .seconds(configuration.httpWriteTimeout)
         server.maxConnections = configuration.httpMaxConnections

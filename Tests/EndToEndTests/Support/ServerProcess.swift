@@ -184,15 +184,17 @@ final class ServerProcess {
 
     // MARK: - Talking to it
 
-    /// A new connection to the server.
-    func connect(timeout: Double = 5) throws -> RawClient {
-        try RawClient.connect(port: port, timeout: timeout)
+    /// A new connection to the server (from `source`, a loopback address, when given).
+    func connect(from source: String? = nil, timeout: Double = 5) throws -> RawClient {
+        try RawClient.connect(port: port, from: source, timeout: timeout)
     }
 
-    /// Sends `request` on a new connection and reads one response.
-    func exchange(_ request: String, bodyExpected: Bool = true, timeout: Double = 5) throws -> (RawResponse, RawClient)
+    /// Sends `request` on a new connection (from `source`, a loopback address such as
+    /// `127.0.0.2`, when given) and reads one response.
+    func exchange(_ request: String, from source: String? = nil, bodyExpected: Bool = true, timeout: Double = 5) throws
+        -> (RawResponse, RawClient)
     {
-        let client = try connect()
+        let client = try RawClient.connect(port: port, from: source)
         try client.send(request)
         return (try client.readResponse(timeout: timeout, bodyExpected: bodyExpected), client)
     }
