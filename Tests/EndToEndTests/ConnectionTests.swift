@@ -127,7 +127,8 @@ final class ConnectionTests: EndToEndTestCase {
         let server = try startServer()
         var slow: [RawClient] = []
         for index in 0..<300 {
-            let client = try server.connect()
+            // From ten addresses: 30 each stay under the per-client cap; /healthz comes from 127.0.0.1.
+            let client = try server.connect(from: "127.0.0.\(2 + index % 10)")
             try client.send("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow-\(index): ")
             slow.append(client)
         }
@@ -155,7 +156,8 @@ final class ConnectionTests: EndToEndTestCase {
         var slow: [RawClient] = []
         let admitted = ContinuousClock.now
         for index in 0..<300 {
-            // From ten loopback addresses; /healthz below comes from 127.0.0.1.
+            // From ten loopback addresses, 30 each (under the per-client cap); /healthz below
+            // comes from 127.0.0.1.
             let client = try server.connect(from: "127.0.0.\(2 + index % 10)")
             try client.send(
                 request("POST", "/auth/v1/otp", headers: [("Content-Type", "application/json"), ("Content-Length", "1000")])
@@ -196,6 +198,39 @@ final class ConnectionTests: EndToEndTestCase {
         assertServerHealthy(server)
     }
 
+    func testConnectionsOverThePerClientCapGet503WhileOtherClientsAreServed() throws {
+        let server = try startServer(["TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT": "4"])
+        var open: [RawClient] = []
+        for _ in 0..<4 {
+            let client = try server.connect(from: "127.0.0.2")
+            try client.send(request("GET", "/healthz"))
+            XCTAssertEqual(try client.readResponse().status, 200)
+            open.append(client)
+        }
+        let fifth = try server.connect(from: "127.0.0.2")
+        try fifth.send(request("GET", "/healthz"))
+        let refused = try fifth.readResponse()
+        assertJSONError(refused, status: 503, code: "server_busy")
+        XCTAssertEqual(refused.header("retry-after"), "1")
+        assertClosesConnection(refused, on: fifth)
+        // Other clients are not affected, and the four keep working.
+        let (other, _) = try server.exchange(request("GET", "/healthz"), from: "127.0.0.3")
+        XCTAssertEqual(other.status, 200)
+        for client in open { assertConnectionUsable(client) }
+        XCTAssertTrue(
+            eventually(within: 5) { server.logs.contains("connections over the per-client cap refused") }, server.logs)
+
+        // Once one of the four closed, the client may open another.
+        open.removeLast().close()
+        var lastStatus = 0
+        let recovered = try eventually(within: 5) {
+            let (response, _) = try server.exchange(request("GET", "/healthz"), from: "127.0.0.2")
+            lastStatus = response.status
+            return response.status == 200
+        }
+        XCTAssertTrue(recovered, "still \(lastStatus) after one connection closed")
+    }
+
     func testFiveThousandIdleKeepAliveConnectionsStayOpen() throws {
         try raiseOpenFileLimit(to: 12_000)
         let server = try startServer()
@@ -203,8 +238,9 @@ final class ConnectionTests: EndToEndTestCase {
         let memoryBefore = try residentMemory(of: server)
         var clients: [RawClient] = []
         clients.reserveCapacity(5000)
-        for _ in 0..<5000 {
-            let client = try server.connect()
+        for index in 0..<5000 {
+            // 200 from each of 25 addresses: under the per-client cap.
+            let client = try server.connect(from: "127.0.0.\(2 + index % 25)")
             try client.send(request("GET", "/healthz"))
             clients.append(client)
         }

@@ -1,4 +1,5 @@
 import Foundation
+import HTTPServer
 import TestSupport
 import TrunkSync
 import XCTest
@@ -17,6 +18,13 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertNil(configuration.databaseURL)
         XCTAssertEqual(configuration.adminHost, "127.0.0.1")
         XCTAssertEqual(configuration.adminPort, 9090)
+        XCTAssertEqual(configuration.httpMaxConnectionsPerClient, 256)
+        let server = Application.serverConfiguration(of: configuration)
+        XCTAssertEqual(server.maxConnectionsPerClient, 256)
+        XCTAssertEqual(server.bodyTimeout, .seconds(30))
+        XCTAssertEqual(Application.adminServerConfiguration(of: configuration).maxConnectionsPerClient, 0)
+        let uncapped = try Configuration.load(environment: ["TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT": "0"])
+        XCTAssertEqual(Application.serverConfiguration(of: uncapped).maxConnectionsPerClient, 0)
     }
 
     func testFileThenEnvironmentThenFlags() throws {
@@ -45,6 +53,7 @@ final class ConfigurationTests: XCTestCase {
             (["TRUNK_SYNC_DB_POOL_SIZE": "0"], "TRUNK_SYNC_DB_POOL_SIZE must be an integer"),
             (["TRUNK_SYNC_ADMIN_PORT": "x"], "TRUNK_SYNC_ADMIN_PORT must be a port number"),
             (["TRUNK_SYNC_ADMIN_PORT": "8080"], "TRUNK_SYNC_ADMIN_PORT must differ from TRUNK_SYNC_PORT"),
+            (["TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT": "-1"], "TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT must be"),
         ]
         for (environment, expected) in cases {
             XCTAssertThrowsError(try Configuration.load(environment: environment)) { error in

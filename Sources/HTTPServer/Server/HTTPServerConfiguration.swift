@@ -24,6 +24,10 @@ public struct HTTPServerConfiguration: Sendable {
     public var lingerTimeout: Duration = .seconds(2)
     /// Most open connections; more are answered `503` and closed. Default 10,000.
     public var maxConnections = 10_000
+    /// Most open connections from one client (an IPv4 address, or an IPv6 /64); more are
+    /// answered `503` and closed, like connections over `maxConnections`. 0: no such cap.
+    /// Decided when a connection is accepted, from its peer address alone. Default 256.
+    public var maxConnectionsPerClient = 256
     /// How long graceful shutdown waits for in-flight requests. Default 10 s.
     public var shutdownTimeout: Duration = .seconds(10)
     /// The `Server` header. Default `trunk-sync`.

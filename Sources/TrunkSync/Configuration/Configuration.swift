@@ -78,6 +78,8 @@ public struct Configuration: Sendable {
     public private(set) var httpWriteTimeout: Double = 30
     /// `TRUNK_SYNC_HTTP_MAX_CONNECTIONS`.
     public private(set) var httpMaxConnections: Int = 10_000
+    /// `TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT` (0: no cap).
+    public private(set) var httpMaxConnectionsPerClient: Int = 256
 
     /// Sign-in rules from `jwt_expiry`, `otp_*`, `rate_limit_*`, `refresh_reuse_interval`.
     public private(set) var auth = AuthSettings()
@@ -175,6 +177,12 @@ public struct Configuration: Sendable {
                 throw error("http_max_connections", "must be an integer between 1 and 1000000")
             }
             httpMaxConnections = count
+        }
+        if let text = value("http_max_connections_per_client") {
+            guard let count = Int(text), (0...1_000_000).contains(count) else {
+                throw error("http_max_connections_per_client", "must be an integer between 0 (no cap) and 1000000")
+            }
+            httpMaxConnectionsPerClient = count
         }
         if let url = value("public_url") {
             guard let parsed = URL(string: url), ["http", "https"].contains(parsed.scheme?.lowercased() ?? ""),

@@ -93,6 +93,9 @@ public struct Setting: Sendable {
         Setting(
             key: "http_max_connections", defaultValue: "10000", isSecret: false,
             summary: "Most open client connections; more are answered 503 and closed."),
+        Setting(
+            key: "http_max_connections_per_client", defaultValue: "256", isSecret: false,
+            summary: "Most open connections from one client address (an IPv6 client counts per /64); more are answered 503 and closed. 0: no cap."),
     ]
 
     /// The setting with a config-file key, if any.

@@ -144,6 +144,7 @@ public struct Application: Sendable {
         server.keepAliveTimeout = .seconds(configuration.httpIdleTimeout)
         server.writeTimeout = .seconds(configuration.httpWriteTimeout)
         server.maxConnections = configuration.httpMaxConnections
+        server.maxConnectionsPerClient = configuration.httpMaxConnectionsPerClient
         return server
     }
 
@@ -157,6 +158,7 @@ public struct Application: Sendable {
         server.host = configuration.adminHost
         server.port = configuration.adminPort
         server.maxConnections = 64
+        server.maxConnectionsPerClient = 0
         return server
     }
 
