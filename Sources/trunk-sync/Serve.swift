@@ -59,6 +59,11 @@ struct Serve: AsyncParsableCommand {
             if configuration.mailer == .log {
                 logger.warning("TRUNK_SYNC_MAILER=log: sign-in codes are printed to this log, not mailed")
             }
+            if !configuration.trustedProxies.isEmpty {
+                logger.notice(
+                    "trusting X-Forwarded-For from proxies",
+                    metadata: ["proxies": "\(configuration.trustedProxies.networks.map(\.description).joined(separator: ","))"])
+            }
             // The public line first: scripts read the first `listening` line's port.
             logger.notice(
                 "listening", metadata: ["address": "\(configuration.host)", "port": "\(port)", "url": "\(configuration.publicURL)"])

@@ -231,6 +231,29 @@ final class ConnectionTests: EndToEndTestCase {
         XCTAssertTrue(recovered, "still \(lastStatus) after one connection closed")
     }
 
+    func testTrustedProxiesAreExemptFromThePerClientCap() throws {
+        let server = try startServer([
+            "TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT": "2", "TRUNK_SYNC_TRUSTED_PROXIES": "127.0.0.4/32",
+        ])
+        // A proxy carries many clients: its connections count only against the global cap.
+        var proxied: [RawClient] = []
+        for _ in 0..<6 {
+            let client = try server.connect(from: "127.0.0.4")
+            try client.send(request("GET", "/healthz"))
+            XCTAssertEqual(try client.readResponse().status, 200)
+            proxied.append(client)
+        }
+        var direct: [RawClient] = []
+        for _ in 0..<2 {
+            let client = try server.connect(from: "127.0.0.5")
+            try client.send(request("GET", "/healthz"))
+            XCTAssertEqual(try client.readResponse().status, 200)
+            direct.append(client)
+        }
+        let (third, _) = try server.exchange(request("GET", "/healthz"), from: "127.0.0.5")
+        XCTAssertEqual(third.status, 503, "anyone else is still capped")
+    }
+
     func testFiveThousandIdleKeepAliveConnectionsStayOpen() throws {
         try raiseOpenFileLimit(to: 12_000)
         let server = try startServer()

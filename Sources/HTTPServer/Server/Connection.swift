@@ -7,6 +7,10 @@ final class Connection<Context: Sendable> {
     let remoteAddress: String
     /// What the connection counts against in the per-client cap (nil: not counted).
     let clientKey: IPAddress?
+    /// The peer is a trusted proxy: each request's client comes from `X-Forwarded-For`.
+    let peerIsTrustedProxy: Bool
+    /// The client of the current request: the peer, or whom a trusted proxy forwarded.
+    var clientAddress: String
     var parser: HTTPRequestParser
     var lifecycle: ConnectionStateMachine
 
@@ -28,14 +32,15 @@ final class Connection<Context: Sendable> {
     var requestIsHead = false
 
     init(
-        fd: Int32, id: UInt64, remoteAddress: String, clientKey: IPAddress?, limits: HTTPParserLimits,
-        lifecycle: ConnectionStateMachine
+        fd: Int32, id: UInt64, remoteAddress: String, clientKey: IPAddress?, peerIsTrustedProxy: Bool,
+        limits: HTTPParserLimits, lifecycle: ConnectionStateMachine
     ) {
         self.fd = fd
         self.id = id
         self.remoteAddress = remoteAddress
         self.clientKey = clientKey
-
+        self.peerIsTrustedProxy = peerIsTrustedProxy
+        self.clientAddress = remoteAddress
         self.parser = HTTPRequestParser(limits: limits, bodyMode: .collect)
         self.lifecycle = lifecycle
     }

@@ -233,8 +233,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 case 6: IPAddress(bytes: raw)
                 default: nil
                 }
+            let trusted = peer.map { !configuration.trustedProxies.isEmpty && configuration.trustedProxies.contains($0) } ?? false
             var clientKey: IPAddress? = nil
-            if configuration.maxConnectionsPerClient > 0, let peer {
+            if configuration.maxConnectionsPerClient > 0, !trusted, let peer {
                 let key = peer.client
                 let open = connectionsPerClient[key, default: 0]
                 if open >= configuration.maxConnectionsPerClient {
@@ -256,8 +257,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             nextConnectionID &+= 1
             let remote = String(decoding: address.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
             let connection = Connection<Context>(
-                fd: fd, id: nextConnectionID, remoteAddress: remote, clientKey: clientKey, limits: configuration.limits,
-                lifecycle: ConnectionStateMachine(timeouts: timeouts, now: now))
+                fd: fd, id: nextConnectionID, remoteAddress: remote, clientKey: clientKey, peerIsTrustedProxy: trusted,
+                limits: configuration.limits, lifecycle: ConnectionStateMachine(timeouts: timeouts, now: now))
             connections[fd] = connection
             connectionCount.store(connections.count, ordering: .relaxed)
         }
@@ -423,7 +424,14 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private func admit(_ head: HTTPRequestHead, on connection: Connection<Context>) {
         connection.requestKeepAlive = head.keepAlive
         connection.requestIsHead = head.method == .head
-        switch responder.admit(head, peer: connection.remoteAddress) {
+        if connection.peerIsTrustedProxy {
+            // Per request: one proxy connection carries many clients in turn. Only for trusted
+            // peers, so without trusted proxies nothing here runs or allocates.
+            connection.clientAddress =
+                configuration.trustedProxies.forwardedClient(head.headers.values(for: "x-forwarded-for"))?.description
+                ?? connection.remoteAddress
+        }
+        switch responder.admit(head, client: connection.clientAddress) {
         case .readBody(let limit, let context):
             connection.context = context
             connection.parser.limitBody(to: limit)
@@ -453,7 +461,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         }
         let request = HTTPRequest(
             method: head.method, path: head.path, query: head.query, headers: head.headers, body: body,
-            remoteAddress: connection.remoteAddress)
+            remoteAddress: connection.clientAddress)
         switch responder.respond(to: request, context: context) {
         case .now(let response, let context):
             finish(response, context: context, on: connection)

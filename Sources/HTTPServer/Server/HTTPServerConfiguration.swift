@@ -26,8 +26,13 @@ public struct HTTPServerConfiguration: Sendable {
     public var maxConnections = 10_000
     /// Most open connections from one client (an IPv4 address, or an IPv6 /64); more are
     /// answered `503` and closed, like connections over `maxConnections`. 0: no such cap.
-    /// Decided when a connection is accepted, from its peer address alone. Default 256.
+    /// Decided when a connection is accepted, from its peer address alone: a proxy's
+    /// `X-Forwarded-For` is not known yet, so connections from `trustedProxies` are exempt
+    /// (the proxy carries many clients; cap per client there). Default 256.
     public var maxConnectionsPerClient = 256
+    /// Reverse proxies whose `X-Forwarded-For` names the client (see `TrustedProxies`).
+    /// Default none: the peer is the client.
+    public var trustedProxies = TrustedProxies()
     /// How long graceful shutdown waits for in-flight requests. Default 10 s.
     public var shutdownTimeout: Duration = .seconds(10)
     /// The `Server` header. Default `trunk-sync`.

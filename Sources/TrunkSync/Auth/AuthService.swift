@@ -18,11 +18,11 @@ public struct AuthSettings: Sendable {
     public var otpResendInterval = 60
     /// Wrong guesses that kill a code. Default 5.
     public var otpMaxAttempts = 5
-    /// Per IP: `/otp`. Default 30 per 300 s.
+    /// Per client (an IPv4 address or an IPv6 /64): `/otp`. Default 30 per 300 s.
     public var otpRule = RateLimiter.Rule(limit: 30, window: 300)
-    /// Per IP: `/verify`. Default 30 per 300 s.
+    /// Per client: `/verify`. Default 30 per 300 s.
     public var verifyRule = RateLimiter.Rule(limit: 30, window: 300)
-    /// Per IP: `/token`. Default 150 per 300 s.
+    /// Per client: `/token`. Default 150 per 300 s.
     public var tokenRule = RateLimiter.Rule(limit: 150, window: 300)
     /// All sign-in mails of the deployment. Default 1000 per hour.
     public var mailRule = RateLimiter.Rule(limit: 1000, window: 3600)
@@ -70,11 +70,13 @@ public struct AuthService: Sendable {
         try await pool.transaction(body)
     }
 
-    /// The routes with a per-IP limit.
+    /// The routes with a per-client limit.
     public enum LimitedRoute: String, Sendable { case otp, verify, token }
 
-    /// Counts a request against its route's per-IP limit; throws `429` when over it. The
-    /// routes call it first, before parsing anything.
+    /// Counts a request against its route's per-client limit; throws `429` when over it. The
+    /// routes call it first, before parsing anything. `ip` is the request's client address;
+    /// an IPv6 client is counted by its /64 (`IPAddress.client`), or one host could walk its
+    /// 2^64 addresses past any limit.
     public func limit(_ route: LimitedRoute, ip: String) async throws {
         let rule: RateLimiter.Rule
         switch route {
@@ -82,12 +84,14 @@ public struct AuthService: Sendable {
         case .verify: rule = settings.verifyRule
         case .token: rule = settings.tokenRule
         }
-        let retryAfter = try await database { try RateLimiter.hit("ip:\(route.rawValue):\(ip)", rule: rule, on: $0) }
+        let bucket = "ip:\(route.rawValue):\(RateLimiter.clientBucket(ip))"
+        let retryAfter = try await database { try RateLimiter.hit(bucket, rule: rule, on: $0) }
         if let retryAfter {
             metrics.rateLimited(route.rawValue).increment()
             throw AuthError.overRequestRateLimit(retryAfter: retryAfter)
         }
     }
+
 
     // MARK: - Codes
 

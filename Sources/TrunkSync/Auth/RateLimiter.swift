@@ -1,3 +1,4 @@
+import HTTPServer
 import Postgres
 
 /// Fixed-window counters kept in Postgres (table `rate_limits`), so every server instance
@@ -11,6 +12,13 @@ public struct RateLimiter: Sendable {
             self.limit = limit
             self.window = window
         }
+    }
+
+    /// The bucket part for a client address: an IPv4 address as it is, an IPv6 address as
+    /// its /64 (`2001:db8:1:2::/64`), so every address a host can pick from its prefix counts
+    /// as one client. Text that is not an address (`cli`) is used as it is.
+    public static func clientBucket(_ address: String) -> String {
+        IPAddress(address)?.clientText ?? address
     }
 
     /// Counts one hit in `bucket` and returns nil when allowed, or the seconds until the

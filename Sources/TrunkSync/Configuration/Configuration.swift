@@ -1,5 +1,6 @@
 import JSON
 import Foundation
+import HTTPServer
 import Logging
 import Mail
 
@@ -38,6 +39,8 @@ public struct Configuration: Sendable {
     public var adminHost: String { value("admin_host") ?? "127.0.0.1" }
     /// `TRUNK_SYNC_ADMIN_PORT`.
     public private(set) var adminPort: Int = 9090
+    /// `TRUNK_SYNC_TRUSTED_PROXIES`, parsed.
+    public private(set) var trustedProxies = TrustedProxies()
     /// `TRUNK_SYNC_JWT_SECRET`.
     public var jwtSecret: String? { value("jwt_secret") }
     /// `TRUNK_SYNC_PUBLIC_URL`, defaulting to `http://HOST:PORT`.
@@ -141,6 +144,20 @@ public struct Configuration: Sendable {
         }
         if adminPort != 0, adminPort == port {
             throw error("admin_port", "must differ from TRUNK_SYNC_PORT (\(port)): the operator listener is a listener of its own")
+        }
+        if let text = value("trusted_proxies") {
+            var networks: [IPNetwork] = []
+            for entry in text.split(separator: ",") {
+                let trimmed = entry.trimmingCharacters(in: .whitespaces)
+                if trimmed.isEmpty { continue }
+                guard let network = IPNetwork(trimmed) else {
+                    throw error(
+                        "trusted_proxies",
+                        "must be a comma-separated list of addresses or CIDR blocks such as 10.0.0.0/8 or fd00::/8 (no bits set past the prefix); \"\(trimmed)\" is not one")
+                }
+                networks.append(network)
+            }
+            trustedProxies = TrustedProxies(networks)
         }
         if let text = value("mailer") {
             guard let mailer = MailerKind(rawValue: text.lowercased()) else { throw error("mailer", "must be log or smtp") }

@@ -28,6 +28,9 @@ public struct Setting: Sendable {
             key: "admin_port", defaultValue: "9090", isSecret: false,
             summary: "TCP port of the operator listener (0: any free port, logged at start as `admin listening`). Must differ from TRUNK_SYNC_PORT."),
         Setting(
+            key: "trusted_proxies", defaultValue: "", isSecret: false,
+            summary: "Comma-separated addresses or CIDR blocks (IPv4 and IPv6) of your reverse proxies. Only for a peer in this list is the client taken from X-Forwarded-For (the rightmost address that is not a trusted proxy). Default none: the peer is the client."),
+        Setting(
             key: "jwt_secret", defaultValue: nil, isSecret: true,
             summary: "HS256 signing secret for access tokens, at least 32 bytes. Required by serve."),
         Setting(
@@ -65,13 +68,13 @@ public struct Setting: Sendable {
             summary: "Wrong guesses after which a code is dead."),
         Setting(
             key: "rate_limit_otp", defaultValue: "30/300", isSecret: false,
-            summary: "Per-IP limit on POST /auth/v1/otp, as requests/seconds."),
+            summary: "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/otp, as requests/seconds."),
         Setting(
             key: "rate_limit_verify", defaultValue: "30/300", isSecret: false,
-            summary: "Per-IP limit on POST /auth/v1/verify, as requests/seconds."),
+            summary: "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/verify, as requests/seconds."),
         Setting(
             key: "rate_limit_token", defaultValue: "150/300", isSecret: false,
-            summary: "Per-IP limit on POST /auth/v1/token, as requests/seconds."),
+            summary: "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/token, as requests/seconds."),
         Setting(
             key: "rate_limit_mail", defaultValue: "1000/3600", isSecret: false,
             summary: "Sign-in mails the whole deployment may send, as mails/seconds."),
@@ -95,7 +98,7 @@ public struct Setting: Sendable {
             summary: "Most open client connections; more are answered 503 and closed."),
         Setting(
             key: "http_max_connections_per_client", defaultValue: "256", isSecret: false,
-            summary: "Most open connections from one client address (an IPv6 client counts per /64); more are answered 503 and closed. 0: no cap."),
+            summary: "Most open connections from one client address (an IPv6 client counts per /64); more are answered 503 and closed. Decided at accept from the peer address (X-Forwarded-For is not read yet): trusted proxies are exempt. 0: no cap."),
     ]
 
     /// The setting with a config-file key, if any.

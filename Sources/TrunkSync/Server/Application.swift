@@ -145,11 +145,12 @@ public struct Application: Sendable {
         server.writeTimeout = .seconds(configuration.httpWriteTimeout)
         server.maxConnections = configuration.httpMaxConnections
         server.maxConnectionsPerClient = configuration.httpMaxConnectionsPerClient
+        server.trustedProxies = configuration.trustedProxies
         return server
     }
 
     /// The operator listener's settings: `TRUNK_SYNC_ADMIN_HOST` / `_PORT`, the same
-    /// timeouts, few connections (a scraper or two, an operator's curl).
+    /// timeouts, few connections (a scraper or two, an operator's curl), no proxies.
     public var adminServerConfiguration: HTTPServerConfiguration { Self.adminServerConfiguration(of: configuration) }
 
     /// The admin listener's settings taken from `configuration`.
@@ -159,6 +160,7 @@ public struct Application: Sendable {
         server.port = configuration.adminPort
         server.maxConnections = 64
         server.maxConnectionsPerClient = 0
+        server.trustedProxies = TrustedProxies()
         return server
     }
 
