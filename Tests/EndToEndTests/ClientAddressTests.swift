@@ -4,7 +4,8 @@ import TestSupport
 import XCTest
 
 /// Who the client is: the peer, or behind a trusted reverse proxy the address it forwarded;
-/// an IPv6 client counted by its /64. Clients are told apart by connecting from different loopback
+/// an IPv6 client counted by its /64; and sign-in limits per email address that hold
+/// whichever client asks. Clients are told apart by connecting from different loopback
 /// addresses (127.0.0.2, …), which Linux routes to the loopback interface.
 final class ClientAddressTests: EndToEndTestCase {
     /// `POST /auth/v1/otp` for `email`, with an `X-Forwarded-For` when given.
@@ -104,4 +105,47 @@ final class ClientAddressTests: EndToEndTestCase {
         XCTAssertNotNil(server.stderr.waitForLine(containing: "client=127.0.0.4 duration_ms=", timeout: 5))
     }
 
+    // MARK: - Per email address
+
+    func testPerAddressLimitsHoldWhicheverClientAsksAndRevealNoAccount() throws {
+        let server = try startServer([
+            "TRUNK_SYNC_RATE_LIMIT_OTP_EMAIL": "3/300", "TRUNK_SYNC_RATE_LIMIT_VERIFY_EMAIL": "3/300",
+            "TRUNK_SYNC_OTP_RESEND_INTERVAL": "0",
+        ])
+        let token = try Command.run(
+            Command.trunkSyncBinary(), ["token", "--email", "known@example.com"], environment: server.environment)
+        XCTAssertEqual(token.status, 0, token.stderr)
+
+        var answers: [String: [String]] = [:]
+        for email in ["known@example.com", "nobody@example.com"] {
+            var seen: [String] = []
+            // Three clients ask for a code: allowed. A fourth client is refused all the same.
+            for client in 2...4 {
+                let response = try otp(server, email, createUser: false, from: "127.0.0.\(client)")
+                XCTAssertEqual(response.status, 200, "\(email) from client \(client): \(response.bodyText)")
+                seen.append("\(response.status) \(response.bodyText)")
+            }
+            let refused = try otp(server, email, createUser: false, from: "127.0.0.5")
+            assertRateLimited(refused, code: "over_email_send_rate_limit")
+            seen.append("\(refused.status) \(refused.jsonObject?["code"] ?? "")")
+            // Guesses at the code, each from another client: the fourth is refused before
+            // the code is even looked at.
+            for client in 6...8 {
+                let response = try verify(server, email, code: "000000", from: "127.0.0.\(client)")
+                assertJSONError(response, status: 403, code: "otp_expired")
+                seen.append("\(response.status) \(response.bodyText)")
+            }
+            let locked = try verify(server, email, code: "000000", from: "127.0.0.9")
+            assertRateLimited(locked, code: "over_request_rate_limit")
+            seen.append("\(locked.status) \(locked.jsonObject?["code"] ?? "")")
+            answers[email] = seen
+        }
+        XCTAssertEqual(answers["known@example.com"], answers["nobody@example.com"], "an account shows")
+        // The address is the key: the same clients may still ask for another address.
+        XCTAssertEqual(try otp(server, "other@example.com", from: "127.0.0.5").status, 200)
+
+        let metrics = try server.metrics()
+        XCTAssertEqual(metrics["trunk_sync_rate_limited_total{limit=\"otp_email\"}"], 2)
+        XCTAssertEqual(metrics["trunk_sync_rate_limited_total{limit=\"verify_email\"}"], 2)
+    }
 }

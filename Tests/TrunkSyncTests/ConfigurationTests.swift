@@ -20,6 +20,8 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertEqual(configuration.adminPort, 9090)
         XCTAssertTrue(configuration.trustedProxies.isEmpty)
         XCTAssertEqual(configuration.httpMaxConnectionsPerClient, 256)
+        XCTAssertEqual(configuration.auth.otpEmailRule, RateLimiter.Rule(limit: 10, window: 3600))
+        XCTAssertEqual(configuration.auth.verifyEmailRule, RateLimiter.Rule(limit: 30, window: 3600))
         let server = Application.serverConfiguration(of: configuration)
         XCTAssertEqual(server.maxConnectionsPerClient, 256)
         XCTAssertEqual(server.bodyTimeout, .seconds(30))
@@ -29,7 +31,8 @@ final class ConfigurationTests: XCTestCase {
         let configuration = try Configuration.load(environment: [
             "TRUNK_SYNC_TRUSTED_PROXIES": " 10.0.0.0/8, 192.0.2.7 ,fd00::/8,, 2001:db8::1",
             "TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT": "0", "TRUNK_SYNC_ADMIN_PORT": "0",
-            "TRUNK_SYNC_ADMIN_HOST": "::1",
+            "TRUNK_SYNC_ADMIN_HOST": "::1", "TRUNK_SYNC_RATE_LIMIT_OTP_EMAIL": "3/60",
+            "TRUNK_SYNC_RATE_LIMIT_VERIFY_EMAIL": "4/120",
         ])
         XCTAssertEqual(
             configuration.trustedProxies.networks.map(\.description),
@@ -37,6 +40,8 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertEqual(configuration.httpMaxConnectionsPerClient, 0)
         XCTAssertEqual(configuration.adminPort, 0)
         XCTAssertEqual(configuration.adminHost, "::1")
+        XCTAssertEqual(configuration.auth.otpEmailRule, RateLimiter.Rule(limit: 3, window: 60))
+        XCTAssertEqual(configuration.auth.verifyEmailRule, RateLimiter.Rule(limit: 4, window: 120))
         let server = Application.serverConfiguration(of: configuration)
         XCTAssertEqual(server.trustedProxies, configuration.trustedProxies)
         XCTAssertEqual(server.maxConnectionsPerClient, 0)
@@ -76,6 +81,8 @@ final class ConfigurationTests: XCTestCase {
             (["TRUNK_SYNC_ADMIN_PORT": "x"], "TRUNK_SYNC_ADMIN_PORT must be a port number"),
             (["TRUNK_SYNC_ADMIN_PORT": "8080"], "TRUNK_SYNC_ADMIN_PORT must differ from TRUNK_SYNC_PORT"),
             (["TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT": "-1"], "TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT must be"),
+            (["TRUNK_SYNC_RATE_LIMIT_OTP_EMAIL": "10"], "TRUNK_SYNC_RATE_LIMIT_OTP_EMAIL must look like"),
+            (["TRUNK_SYNC_RATE_LIMIT_VERIFY_EMAIL": "0/60"], "TRUNK_SYNC_RATE_LIMIT_VERIFY_EMAIL must look like"),
         ]
         for (environment, expected) in cases {
             XCTAssertThrowsError(try Configuration.load(environment: environment)) { error in

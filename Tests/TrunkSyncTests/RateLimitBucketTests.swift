@@ -1,3 +1,4 @@
+import TrunkCrypto
 import TrunkSync
 import XCTest
 
@@ -22,4 +23,11 @@ final class RateLimitBucketTests: XCTestCase {
         XCTAssertEqual(RateLimiter.clientBucket(""), "")
     }
 
+    func testEmailBucketsKeepNoAddress() {
+        let bucket = RateLimiter.emailBucket("someone@example.com")
+        XCTAssertEqual(bucket, Hex.encode(SHA256.hash("someone@example.com")))
+        XCTAssertEqual(bucket.count, 64)
+        XCTAssertFalse(bucket.contains("example"))
+        XCTAssertNotEqual(bucket, RateLimiter.emailBucket("someone@example.org"))
+    }
 }

@@ -24,6 +24,10 @@ public struct AuthSettings: Sendable {
     public var verifyRule = RateLimiter.Rule(limit: 30, window: 300)
     /// Per client: `/token`. Default 150 per 300 s.
     public var tokenRule = RateLimiter.Rule(limit: 150, window: 300)
+    /// Per email address, whichever client asks: `/otp`. Default 10 per hour.
+    public var otpEmailRule = RateLimiter.Rule(limit: 10, window: 3600)
+    /// Per email address, whichever client asks: `/verify`. Default 30 per hour.
+    public var verifyEmailRule = RateLimiter.Rule(limit: 30, window: 3600)
     /// All sign-in mails of the deployment. Default 1000 per hour.
     public var mailRule = RateLimiter.Rule(limit: 1000, window: 3600)
     /// Seconds after rotation during which an old refresh token still yields a session (two
@@ -92,6 +96,28 @@ public struct AuthService: Sendable {
         }
     }
 
+    /// Counts a request for `email` against its route's per-address limit, whichever client
+    /// sent it; throws `429` when over it. Called as soon as the address is parsed, before
+    /// anything looks at whether it has an account: known and unknown addresses are counted
+    /// and answered alike, so the limit tells nobody which addresses exist.
+    public func limit(_ route: LimitedRoute, email: Email) async throws {
+        let rule: RateLimiter.Rule
+        let name: String
+        switch route {
+        case .otp: (rule, name) = (settings.otpEmailRule, "otp_email")
+        case .verify: (rule, name) = (settings.verifyEmailRule, "verify_email")
+        case .token: return  // refresh tokens name no address
+        }
+        let bucket = "email:\(route.rawValue):\(RateLimiter.emailBucket(email.value))"
+        let retryAfter = try await database { try RateLimiter.hit(bucket, rule: rule, on: $0) }
+        if let retryAfter {
+            metrics.rateLimited(name).increment()
+            // GoTrue's codes: too many codes asked for one address, or too many attempts.
+            throw route == .otp
+                ? AuthError.overEmailSendRateLimit(retryAfter: retryAfter)
+                : AuthError.overRequestRateLimit(retryAfter: retryAfter)
+        }
+    }
 
     // MARK: - Codes
 

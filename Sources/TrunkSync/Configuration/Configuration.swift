@@ -216,6 +216,8 @@ public struct Configuration: Sendable {
         auth.verifyRule = try rule("rate_limit_verify") ?? auth.verifyRule
         auth.tokenRule = try rule("rate_limit_token") ?? auth.tokenRule
         auth.mailRule = try rule("rate_limit_mail") ?? auth.mailRule
+        auth.otpEmailRule = try rule("rate_limit_otp_email") ?? auth.otpEmailRule
+        auth.verifyEmailRule = try rule("rate_limit_verify_email") ?? auth.verifyEmailRule
         auth.refreshReuseInterval = try integer("refresh_reuse_interval", 0...300) ?? auth.refreshReuseInterval
         if mailer == .smtp, smtpURL == nil { throw error("smtp_url", "is required when TRUNK_SYNC_MAILER is smtp") }
         if let url = smtpURL {

@@ -76,6 +76,12 @@ public struct Setting: Sendable {
             key: "rate_limit_token", defaultValue: "150/300", isSecret: false,
             summary: "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/token, as requests/seconds."),
         Setting(
+            key: "rate_limit_otp_email", defaultValue: "10/3600", isSecret: false,
+            summary: "Per email address limit on POST /auth/v1/otp, whatever client asks, as requests/seconds."),
+        Setting(
+            key: "rate_limit_verify_email", defaultValue: "30/3600", isSecret: false,
+            summary: "Per email address limit on POST /auth/v1/verify, whatever client asks, as requests/seconds."),
+        Setting(
             key: "rate_limit_mail", defaultValue: "1000/3600", isSecret: false,
             summary: "Sign-in mails the whole deployment may send, as mails/seconds."),
         Setting(
