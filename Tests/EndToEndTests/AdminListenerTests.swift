@@ -42,7 +42,8 @@ final class AdminListenerTests: EndToEndTestCase {
         assertJSONError(ready, status: 503, code: "not_ready")
         let body = ready.bodyText.lowercased()
         for secret in ["migration", "pending", "1", "database", "signing"] {
-            XCTAssertFalse(body.contains(secret), "the public /readyz says \(secret.debugDescription): \(ready.bodyText)")
+            XCTAssertFalse(
+                body.contains(secret), "the public /readyz says \(secret.debugDescription): \(ready.bodyText)")
         }
         let (healthy, _) = try server.exchange(request("GET", "/healthz"))
         XCTAssertEqual(healthy.bodyText, #"{"status":"ok"}"#)
@@ -71,7 +72,8 @@ final class AdminListenerTests: EndToEndTestCase {
         let result = try Command.run(
             Command.trunkSyncBinary(), ["config", "check"],
             environment: Command.environment([
-                "TRUNK_SYNC_DATABASE_URL": "postgres://u:pw@h/d", "TRUNK_SYNC_JWT_SECRET": String(repeating: "k", count: 40),
+                "TRUNK_SYNC_DATABASE_URL": "postgres://u:pw@h/d",
+                "TRUNK_SYNC_JWT_SECRET": String(repeating: "k", count: 40),
             ]))
         XCTAssertEqual(result.status, 0, result.stderr)
         XCTAssertTrue(result.stdout.contains("TRUNK_SYNC_ADMIN_HOST=127.0.0.1  [default]"), result.stdout)

@@ -42,7 +42,9 @@ final class ClientAddressTests: EndToEndTestCase {
     // MARK: - X-Forwarded-For
 
     func testBehindATrustedProxyEachForwardedClientHasItsOwnLimit() throws {
-        let server = try startServer(["TRUNK_SYNC_TRUSTED_PROXIES": "127.0.0.1/32", "TRUNK_SYNC_RATE_LIMIT_OTP": "2/300"])
+        let server = try startServer([
+            "TRUNK_SYNC_TRUSTED_PROXIES": "127.0.0.1/32", "TRUNK_SYNC_RATE_LIMIT_OTP": "2/300",
+        ])
         XCTAssertEqual(try otp(server, "a1@example.com", forwardedFor: "203.0.113.5").status, 200)
         XCTAssertEqual(try otp(server, "a2@example.com", forwardedFor: "198.51.100.9, 203.0.113.5").status, 200)
         assertRateLimited(
@@ -56,10 +58,13 @@ final class ClientAddressTests: EndToEndTestCase {
     }
 
     func testForwardedForFromAnUntrustedPeerOrWithGarbageIsIgnored() throws {
-        let server = try startServer(["TRUNK_SYNC_TRUSTED_PROXIES": "127.0.0.1/32", "TRUNK_SYNC_RATE_LIMIT_OTP": "2/300"])
+        let server = try startServer([
+            "TRUNK_SYNC_TRUSTED_PROXIES": "127.0.0.1/32", "TRUNK_SYNC_RATE_LIMIT_OTP": "2/300",
+        ])
         // 127.0.0.2 is no proxy of ours: what it claims does not matter, it is one client.
         for (index, claimed) in ["203.0.113.10", "203.0.113.11"].enumerated() {
-            XCTAssertEqual(try otp(server, "u\(index)@example.com", forwardedFor: claimed, from: "127.0.0.2").status, 200)
+            XCTAssertEqual(
+                try otp(server, "u\(index)@example.com", forwardedFor: claimed, from: "127.0.0.2").status, 200)
         }
         assertRateLimited(
             try otp(server, "u9@example.com", forwardedFor: "203.0.113.12", from: "127.0.0.2"),
@@ -75,7 +80,9 @@ final class ClientAddressTests: EndToEndTestCase {
     }
 
     func testAnIPv6ClientIsLimitedPerSlash64() throws {
-        let server = try startServer(["TRUNK_SYNC_TRUSTED_PROXIES": "127.0.0.1/32", "TRUNK_SYNC_RATE_LIMIT_OTP": "2/300"])
+        let server = try startServer([
+            "TRUNK_SYNC_TRUSTED_PROXIES": "127.0.0.1/32", "TRUNK_SYNC_RATE_LIMIT_OTP": "2/300",
+        ])
         XCTAssertEqual(try otp(server, "v1@example.com", forwardedFor: "2001:db8:1:2::1").status, 200)
         XCTAssertEqual(try otp(server, "v2@example.com", forwardedFor: "2001:db8:1:2:ffff:eeee:dddd:cccc").status, 200)
         // A third address of the same /64 is the same client.

@@ -122,7 +122,8 @@ final class IPAddressTests: XCTestCase {
     func testTheRightmostUntrustedAddressIsTheClient() throws {
         let trusted = try proxies("10.0.0.0/8", "fd00::/8")
         XCTAssertEqual(client(trusted, ["203.0.113.5"]), "203.0.113.5")
-        XCTAssertEqual(client(trusted, ["198.51.100.1, 203.0.113.5"]), "203.0.113.5", "the left one is the client's word")
+        XCTAssertEqual(
+            client(trusted, ["198.51.100.1, 203.0.113.5"]), "203.0.113.5", "the left one is the client's word")
         XCTAssertEqual(client(trusted, ["198.51.100.1, 203.0.113.5, 10.0.0.2"]), "203.0.113.5", "one proxy more")
         XCTAssertEqual(client(trusted, ["203.0.113.5,10.0.0.3,fd00::7"]), "203.0.113.5")
         XCTAssertEqual(client(trusted, ["2001:DB8::5 , 10.1.1.1"]), "2001:db8::5", "canonical form")
