@@ -88,7 +88,8 @@ TRUNK_SYNC_HOST=127.0.0.1 TRUNK_SYNC_PORT=0 TRUNK_SYNC_ADMIN_PORT=0 TRUNK_SYNC_L
 server_pid=$!
 ts_port=""
 for _ in $(seq 1 200); do
-  ts_port=$(grep -v ' admin listening ' "$work/server.log" | sed -n 's/.* listening .*port=\([0-9][0-9]*\).*/\1/p' | head -n 1)
+  # The public line, not the admin listener's (no grep: it fails on an empty log under pipefail).
+  ts_port=$(sed -n '/ admin listening /d; s/.* listening .*port=\([0-9][0-9]*\).*/\1/p' "$work/server.log" | head -n 1)
   [ -n "$ts_port" ] && break
   kill -0 "$server_pid" 2>/dev/null || { cat "$work/server.log" >&2; exit 1; }
   sleep 0.1
