@@ -8,7 +8,8 @@ Interpolates the compose file as Compose does (${VAR}, ${VAR:-default}, ${VAR-de
 ${VAR:?error}, $$) from the environment and ENV_FILE, then:
 1. runs the `migrate` service's command with its environment and expects exit 0;
 2. starts the `trunk-sync` service's command with its env_file and environment (its
-   port moved to PORT, since the container's 8080 may be taken here), waits until its
+   port moved to PORT and its admin port to any free one, since the container's ports may
+   be taken here; the admin port must not be published), waits until its
    own healthcheck command succeeds, then sends SIGTERM and expects exit 0.
 Prints "ok ..." per step; exits 1 with the reason otherwise.
 """
@@ -100,6 +101,11 @@ env = environment(server)
 assert server["command"] == ["serve"] and migrate["command"] == ["migrate"], "commands take no flags"
 assert any(key.startswith("TRUNK_SYNC_") for key in env)
 env["TRUNK_SYNC_PORT"] = port
+# The operator listener is never published: only the public port is.
+published = [str(entry) for entry in server.get("ports", [])]
+assert all(":9090" not in entry and not entry.endswith("9090") for entry in published), f"admin port published: {published}"
+assert env.get("TRUNK_SYNC_ADMIN_PORT") == "9090", "the admin listener's port is set"
+env["TRUNK_SYNC_ADMIN_PORT"] = "0"  # any free port: 9090 may be taken here
 process = subprocess.Popen([binary] + server["command"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 check = [part.replace(":8080/", f":{port}/") for part in server["healthcheck"]["test"][1:]]
 deadline = time.time() + 30

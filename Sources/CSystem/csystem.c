@@ -28,7 +28,7 @@ int csystem_get_thread_name(char *buffer, size_t size) {
     return pthread_getname_np(pthread_self(), buffer, size);
 }
 
-int csystem_accept(int listener, char *address, size_t address_size) {
+int csystem_accept(int listener, char *address, size_t address_size, uint8_t *raw, int *family) {
     struct sockaddr_storage storage;
     socklen_t length = sizeof(storage);
     int fd;
@@ -37,14 +37,22 @@ int csystem_accept(int listener, char *address, size_t address_size) {
     } while (fd < 0 && errno == EINTR);
     if (fd < 0) return fd;
     address[0] = 0;
+    *family = 0;
     if (storage.ss_family == AF_INET) {
-        inet_ntop(AF_INET, &((struct sockaddr_in *)&storage)->sin_addr, address, (socklen_t)address_size);
+        struct in_addr *in4 = &((struct sockaddr_in *)&storage)->sin_addr;
+        inet_ntop(AF_INET, in4, address, (socklen_t)address_size);
+        memcpy(raw, in4, 4);
+        *family = 4;
     } else if (storage.ss_family == AF_INET6) {
         struct in6_addr *in6 = &((struct sockaddr_in6 *)&storage)->sin6_addr;
         if (IN6_IS_ADDR_V4MAPPED(in6)) {
             inet_ntop(AF_INET, &in6->s6_addr[12], address, (socklen_t)address_size);
+            memcpy(raw, &in6->s6_addr[12], 4);
+            *family = 4;
         } else {
             inet_ntop(AF_INET6, in6, address, (socklen_t)address_size);
+            memcpy(raw, in6->s6_addr, 16);
+            *family = 6;
         }
     }
     return fd;

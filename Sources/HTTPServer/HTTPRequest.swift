@@ -1,5 +1,5 @@
 /// A complete request as handlers see it: head, whole body, and what the server added
-/// (request id, peer address, route parameters).
+/// (request id, client address, route parameters).
 public struct HTTPRequest: Sendable {
     /// The method.
     public var method: HTTPMethod
@@ -13,7 +13,9 @@ public struct HTTPRequest: Sendable {
     public var body: [UInt8]
     /// The `X-Request-Id` the client sent (if well-formed) or one the server generated.
     public var requestID: String
-    /// The peer's IP address as text.
+    /// The client's IP address as text: the peer's, or, when the peer is a trusted proxy, the
+    /// address it forwarded in `X-Forwarded-For` (see `TrustedProxies`). Use this wherever a
+    /// request is attributed to a client (rate limits, sessions, logs).
     public var remoteAddress: String
     /// Parameters captured by the route pattern (`/users/:id` → `id`), percent-decoded.
     public var parameters: [String: String] = [:]

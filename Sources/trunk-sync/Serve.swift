@@ -30,25 +30,58 @@ struct Serve: AsyncParsableCommand {
             let server = HTTPServer(
                 configuration: application.serverConfiguration, responder: application.pipeline(),
                 logger: Logger(label: "trunk-sync.http"))
+            application.observe(server)
+            // Operator endpoints (/metrics) on a listener of their own, private by default.
+            let admin = HTTPServer(
+                configuration: application.adminServerConfiguration, responder: application.adminPipeline(),
+                logger: Logger(label: "trunk-sync.admin"))
             // Signals first: a SIGTERM right after "listening" must still shut down cleanly.
             let signals = ShutdownSignals {
                 logger.notice("signal received, shutting down")
                 application.beginShutdown()
                 server.shutdown()
+                admin.shutdown()
             }
-            let port = try server.start()
+            let adminPort: Int
+            let port: Int
+            do {
+                adminPort = try admin.start()
+            } catch {
+                throw StartupError(description: "admin listener (TRUNK_SYNC_ADMIN_HOST, TRUNK_SYNC_ADMIN_PORT): \(error)")
+            }
+            do {
+                port = try server.start()
+            } catch {
+                admin.shutdown()
+                await admin.waitUntilStopped()
+                throw error
+            }
             if configuration.mailer == .log {
                 logger.warning("TRUNK_SYNC_MAILER=log: sign-in codes are printed to this log, not mailed")
             }
+            if !configuration.trustedProxies.isEmpty {
+                logger.notice(
+                    "trusting X-Forwarded-For from proxies",
+                    metadata: ["proxies": "\(configuration.trustedProxies.networks.map(\.description).joined(separator: ","))"])
+            }
+            // The public line first: scripts read the first `listening` line's port.
             logger.notice(
                 "listening", metadata: ["address": "\(configuration.host)", "port": "\(port)", "url": "\(configuration.publicURL)"])
+            logger.notice("admin listening", metadata: ["address": "\(configuration.adminHost)", "port": "\(adminPort)"])
 
             await server.waitUntilStopped()
+            admin.shutdown()
+            await admin.waitUntilStopped()
             signals.cancel()
             await application.close()
             logger.notice("stopped")
         }
     }
+}
+
+/// `serve` could not start; one line for the operator.
+struct StartupError: Error, CustomStringConvertible {
+    let description: String
 }
 
 /// Turns SIGTERM and SIGINT into one call of `handler` (on a Dispatch queue, never on the

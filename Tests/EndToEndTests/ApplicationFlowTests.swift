@@ -51,8 +51,7 @@ final class ApplicationFlowTests: EndToEndTestCase {
         try client.send(request("GET", "/sync/v1/events?after=0&wait=60", headers: [("Authorization", "Bearer \(token)")]))
         // Wait until the server counts the long-poll as waiting.
         let waiting = eventually(within: 10, interval: .milliseconds(10)) {
-            let (metrics, _) = (try? server.exchange(request("GET", "/metrics"))) ?? (nil, nil)
-            return metrics?.bodyText.contains("trunk_sync_longpolls_waiting 1") ?? false
+            (try? server.metrics())?["trunk_sync_longpolls_waiting"] == 1
         }
         XCTAssertTrue(waiting)
         let signalledAt = Date()

@@ -127,7 +127,8 @@ final class ConnectionTests: EndToEndTestCase {
         let server = try startServer()
         var slow: [RawClient] = []
         for index in 0..<300 {
-            let client = try server.connect()
+            // From ten addresses: 30 each stay under the per-client cap; /healthz comes from 127.0.0.1.
+            let client = try server.connect(from: "127.0.0.\(2 + index % 10)")
             try client.send("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow-\(index): ")
             slow.append(client)
         }
@@ -149,6 +150,110 @@ final class ConnectionTests: EndToEndTestCase {
         XCTAssertTrue(slow.allSatisfy(\.looksOpen), "slow clients are cut off only by the header timeout")
     }
 
+    func testSlowBodiesAreCutOffAtTheBodyDeadlineWithoutDelayingOthers() throws {
+        let bodyTimeout = 4.0
+        let server = try startServer(["TRUNK_SYNC_HTTP_BODY_TIMEOUT": "\(Int(bodyTimeout))"])
+        var slow: [RawClient] = []
+        let admitted = ContinuousClock.now
+        for index in 0..<300 {
+            // From ten loopback addresses, 30 each (under the per-client cap); /healthz below
+            // comes from 127.0.0.1.
+            let client = try server.connect(from: "127.0.0.\(2 + index % 10)")
+            try client.send(
+                request("POST", "/auth/v1/otp", headers: [("Content-Type", "application/json"), ("Content-Length", "1000")])
+                    + "{")
+            slow.append(client)
+        }
+        // One more body byte to each, every second: a pause far shorter than the timeout.
+        let trickle = Trickle(descriptors: slow.map(\.fd), roundEvery: .seconds(1))
+        defer { trickle.stop() }
+        XCTAssertTrue(trickle.waitForRounds(1, timeout: 10), "the slow connections stopped taking bytes")
+        XCTAssertTrue(
+            try eventually(within: 5) { try server.metrics()["trunk_sync_http_connections"] ?? 0 >= 300 },
+            "the slow connections are open")
+
+        var worst: Duration = .zero
+        for _ in 0..<20 {
+            let started = ContinuousClock.now
+            let (response, client) = try server.exchange(request("GET", "/healthz", headers: [("Connection", "close")]))
+            worst = max(worst, ContinuousClock.now - started)
+            XCTAssertEqual(response.status, 200)
+            client.close()
+        }
+        print("slowest of 20 /healthz beside 300 slow bodies: \(worst)")
+        XCTAssertLessThan(worst, .milliseconds(50), "slowest /healthz took \(worst)")
+
+        // At the deadline for the whole body (plus the 250 ms sweep), every slot is free
+        // again, although each client kept sending.
+        var open = -1.0
+        let freed = try eventually(within: bodyTimeout + 4, interval: .milliseconds(100)) {
+            open = try server.metrics()["trunk_sync_http_connections"] ?? -1
+            return open == 0
+        }
+        let elapsed = ContinuousClock.now - admitted
+        print("slow connections freed \(elapsed) after their heads; trickle rounds: \(trickle.stop())")
+        XCTAssertTrue(freed, "\(open) connections still open \(elapsed) after the heads")
+        XCTAssertGreaterThanOrEqual(elapsed, .milliseconds(Int64(bodyTimeout * 1000) - 500), "cut off before the deadline")
+        XCTAssertTrue(slow.allSatisfy { !$0.looksOpen }, "the server closed every slow connection")
+        assertServerHealthy(server)
+    }
+
+    func testConnectionsOverThePerClientCapGet503WhileOtherClientsAreServed() throws {
+        let server = try startServer(["TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT": "4"])
+        var open: [RawClient] = []
+        for _ in 0..<4 {
+            let client = try server.connect(from: "127.0.0.2")
+            try client.send(request("GET", "/healthz"))
+            XCTAssertEqual(try client.readResponse().status, 200)
+            open.append(client)
+        }
+        let fifth = try server.connect(from: "127.0.0.2")
+        try fifth.send(request("GET", "/healthz"))
+        let refused = try fifth.readResponse()
+        assertJSONError(refused, status: 503, code: "server_busy")
+        XCTAssertEqual(refused.header("retry-after"), "1")
+        assertClosesConnection(refused, on: fifth)
+        // Other clients are not affected, and the four keep working.
+        let (other, _) = try server.exchange(request("GET", "/healthz"), from: "127.0.0.3")
+        XCTAssertEqual(other.status, 200)
+        for client in open { assertConnectionUsable(client) }
+        XCTAssertTrue(
+            eventually(within: 5) { server.logs.contains("connections over the per-client cap refused") }, server.logs)
+
+        // Once one of the four closed, the client may open another.
+        open.removeLast().close()
+        var lastStatus = 0
+        let recovered = try eventually(within: 5) {
+            let (response, _) = try server.exchange(request("GET", "/healthz"), from: "127.0.0.2")
+            lastStatus = response.status
+            return response.status == 200
+        }
+        XCTAssertTrue(recovered, "still \(lastStatus) after one connection closed")
+    }
+
+    func testTrustedProxiesAreExemptFromThePerClientCap() throws {
+        let server = try startServer([
+            "TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT": "2", "TRUNK_SYNC_TRUSTED_PROXIES": "127.0.0.4/32",
+        ])
+        // A proxy carries many clients: its connections count only against the global cap.
+        var proxied: [RawClient] = []
+        for _ in 0..<6 {
+            let client = try server.connect(from: "127.0.0.4")
+            try client.send(request("GET", "/healthz"))
+            XCTAssertEqual(try client.readResponse().status, 200)
+            proxied.append(client)
+        }
+        var direct: [RawClient] = []
+        for _ in 0..<2 {
+            let client = try server.connect(from: "127.0.0.5")
+            try client.send(request("GET", "/healthz"))
+            XCTAssertEqual(try client.readResponse().status, 200)
+            direct.append(client)
+        }
+        let (third, _) = try server.exchange(request("GET", "/healthz"), from: "127.0.0.5")
+        XCTAssertEqual(third.status, 503, "anyone else is still capped")
+    }
+
     func testFiveThousandIdleKeepAliveConnectionsStayOpen() throws {
         try raiseOpenFileLimit(to: 12_000)
         let server = try startServer()
@@ -156,8 +261,9 @@ final class ConnectionTests: EndToEndTestCase {
         let memoryBefore = try residentMemory(of: server)
         var clients: [RawClient] = []
         clients.reserveCapacity(5000)
-        for _ in 0..<5000 {
-            let client = try server.connect()
+        for index in 0..<5000 {
+            // 200 from each of 25 addresses: under the per-client cap.
+            let client = try server.connect(from: "127.0.0.\(2 + index % 25)")
             try client.send(request("GET", "/healthz"))
             clients.append(client)
         }
@@ -281,19 +387,25 @@ final class ConnectionTests: EndToEndTestCase {
 }
 
 /// Sends one byte to each descriptor in turn, 0.2 ms apart, on a thread of its own, until
-/// stopped: slow clients that keep a request head open.
+/// stopped: slow clients that keep a request head or body open. `roundEvery`: start a round
+/// at most this often (a byte per connection every so often), instead of at once.
 private final class Trickle: Sendable {
     private let state = Mutex<(stopped: Bool, rounds: Int, finished: Bool)>((false, 0, false))
 
-    init(descriptors: [Int32]) {
+    init(descriptors: [Int32], roundEvery interval: Duration = .zero) {
         let thread = Thread { [self] in
             var byte = UInt8(ascii: "a")
             while !state.withLock({ $0.stopped }) {
+                let roundStarted = ContinuousClock.now
                 for fd in descriptors {
                     _ = send(fd, &byte, 1, Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT))
                     usleep(200)
                 }
                 state.withLock { $0.rounds += 1 }
+                // Wait out the rest of the interval in short naps, so stop() is noticed soon.
+                while ContinuousClock.now - roundStarted < interval, !state.withLock({ $0.stopped }) {
+                    usleep(10_000)
+                }
             }
             state.withLock { $0.finished = true }
         }

@@ -61,13 +61,19 @@ final class ConnectionStateMachineTests: XCTestCase {
         XCTAssertEqual(connection.deadlineKind, .none)
     }
 
-    func testBodyDeadlineRestartsOnEachReadAndExpiresWith408() {
+    func testBodyDeadlineCoversTheWholeBodyAndExpiresWith408() {
         var connection = machine()
         connection.bytesArrived(now: 1000)
         XCTAssertEqual(connection.headAdmitted(hasBody: true, expectsContinue: false, now: 1001), .none)
         XCTAssertEqual(connection.deadline, 1031)
-        connection.bytesArrived(now: 1020)
-        XCTAssertEqual(connection.deadline, 1050)
+        XCTAssertEqual(connection.deadlineKind, .requestTimeout)
+        // A byte now and then does not buy more time: the deadline is for the whole body.
+        for now in stride(from: UInt64(1002), through: 1030, by: 4) {
+            connection.bytesArrived(now: now)
+            XCTAssertEqual(connection.deadline, 1031, "moved by bytes at \(now)")
+            XCTAssertEqual(connection.deadlineKind, .requestTimeout)
+        }
+        XCTAssertEqual(connection.state, .readingBody)
         XCTAssertEqual(connection.deadlinePassed(), .sendRequestTimeout)
         XCTAssertEqual(connection.state, .writing(after: .close))
         XCTAssertEqual(connection.deadlineKind, .close, "then the client gets the write timeout to read the 408")
@@ -78,6 +84,39 @@ final class ConnectionStateMachineTests: XCTestCase {
         var connection = machine()
         connection.bytesArrived(now: 1000)
         XCTAssertEqual(connection.deadlinePassed(), .sendRequestTimeout)
+    }
+
+    func testHeadDeadlineCoversTheWholeHead() {
+        var connection = machine()
+        connection.bytesArrived(now: 1000)
+        for now in stride(from: UInt64(1001), through: 1009, by: 2) {
+            connection.bytesArrived(now: now)
+            XCTAssertEqual(connection.deadline, 1010, "moved by bytes at \(now)")
+        }
+    }
+
+    func testBodyAfter100ContinueHasOneDeadlineFromAdmission() {
+        var connection = machine()
+        connection.bytesArrived(now: 1000)
+        XCTAssertEqual(connection.headAdmitted(hasBody: true, expectsContinue: true, now: 1000), .sendContinue)
+        XCTAssertEqual(connection.outputDrained(hasBufferedInput: false, now: 1001), .none)
+        connection.bytesArrived(now: 1020)
+        connection.bytesArrived(now: 1029)
+        XCTAssertEqual(connection.deadline, 1030)
+        XCTAssertEqual(connection.deadlinePassed(), .sendRequestTimeout)
+    }
+
+    func testEachRequestOnAKeptAliveConnectionGetsAFreshBodyDeadline() {
+        var connection = machine()
+        connection.bytesArrived(now: 1000)
+        _ = connection.headAdmitted(hasBody: true, expectsContinue: false, now: 1000)
+        XCTAssertEqual(connection.requestComplete(), .dispatch)
+        connection.responseQueued(keepAlive: true)
+        _ = connection.outputDrained(hasBufferedInput: false, now: 1025)
+        connection.bytesArrived(now: 1040)
+        XCTAssertEqual(connection.deadline, 1050, "the next head's deadline")
+        _ = connection.headAdmitted(hasBody: true, expectsContinue: false, now: 1041)
+        XCTAssertEqual(connection.deadline, 1071, "the next body's deadline, from its own head")
     }
 
     func testExpectContinueIsSentAndTheBodyStaysUnderItsDeadline() {

@@ -13,10 +13,11 @@ final class AccessLogTests: XCTestCase {
 
     func entry(
         method: String = "GET", path: String = "/x", status: Int = 200, nanoseconds: UInt64 = 1_234_567,
-        requestID: String = "abc-1", userID: UUID? = nil
+        requestID: String = "abc-1", userID: UUID? = nil, client: String = ""
     ) -> AccessLog.Entry {
         AccessLog.Entry(
-            method: method, path: path, status: status, nanoseconds: nanoseconds, requestID: requestID, userID: userID)
+            method: method, path: path, status: status, nanoseconds: nanoseconds, requestID: requestID, userID: userID,
+            client: client)
     }
 
     func line(_ log: AccessLog, _ entry: AccessLog.Entry, milliseconds: Int = 7, prefix: [UInt8]? = nil) -> String {
@@ -54,7 +55,39 @@ final class AccessLogTests: XCTestCase {
         XCTAssertEqual(accessLine.drop { $0 != " " }, (handlerLine + "\n").drop { $0 != " " })
     }
 
+    func testTextLineWithTheClientAddressMatchesTheLogHandlersLine() {
+        let log = AccessLog(format: .text, label: "trunk-sync.http")
+        for client in ["192.0.2.1", "2001:db8::7"] {
+            let accessLine = line(log, entry(client: client))
+            XCTAssertTrue(accessLine.contains(": request client=\(client) duration_ms=1.23 "), accessLine)
+            let handlerLine = TrunkLogHandler.textLine(
+                level: .info, label: "trunk-sync.http", message: "request",
+                metadata: [
+                    "client": "\(client)", "duration_ms": "1.23", "method": "GET", "path": "/x", "request_id": "abc-1",
+                    "status": "200",
+                ])
+            XCTAssertEqual(accessLine.drop { $0 != " " }, (handlerLine + "\n").drop { $0 != " " })
+        }
+    }
+
     // MARK: - JSON
+
+    func testJSONLineWithTheClientAddressMatchesTheLogHandlersLine() throws {
+        let log = AccessLog(format: .json, label: "trunk-sync.http")
+        let accessLine = line(log, entry(userID: user, client: "2001:db8::7"))
+        let handlerLine = TrunkLogHandler.jsonLine(
+            level: .info, label: "trunk-sync.http", message: "request",
+            metadata: [
+                "client": "2001:db8::7", "duration_ms": "1.23", "method": "GET", "path": "/x", "request_id": "abc-1",
+                "status": "200", "user_id": "0f8fad5b-d9cb-469f-a165-70867728950e",
+            ])
+        guard case .object(var access) = try TestJSON(parsing: Array(accessLine.utf8)),
+            case .object(var handler) = try TestJSON(parsing: Array(handlerLine.utf8))
+        else { return XCTFail("not objects") }
+        XCTAssertNotNil(access.removeValue(forKey: "ts"))
+        XCTAssertNotNil(handler.removeValue(forKey: "ts"))
+        XCTAssertEqual(access, handler)
+    }
 
     func testJSONLine() throws {
         let log = AccessLog(format: .json, label: "trunk-sync.http")

@@ -33,8 +33,11 @@ final class AppHarness: @unchecked Sendable {
     let database: PostgresConfiguration
     let application: Application
     let server: HTTPServer<RequestPipeline>
+    /// The operator listener (`/metrics`), as `serve` runs it beside the public one.
+    let admin: HTTPServer<RequestPipeline>
     let sender = CapturingSender()
     let baseURL: String
+    let adminURL: String
     let secret = String(repeating: "s3cr3t-", count: 6)
     private let ownsDatabase: Bool
 
@@ -56,7 +59,8 @@ final class AppHarness: @unchecked Sendable {
         }
         var environment = [
             "TRUNK_SYNC_DATABASE_URL": try TestDatabase.url(of: database), "TRUNK_SYNC_JWT_SECRET": secret,
-            "TRUNK_SYNC_PORT": "0", "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations",
+            "TRUNK_SYNC_PORT": "0", "TRUNK_SYNC_ADMIN_PORT": "0",
+            "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations",
         ]
         environment.merge(extra) { $1 }
         var configuration = try Configuration.load(environment: environment)
@@ -65,13 +69,21 @@ final class AppHarness: @unchecked Sendable {
         try await application.reloadSigningKeys()  // as serve does before listening
         server = HTTPServer(
             configuration: application.serverConfiguration, responder: application.pipeline(logger: TestDatabase.quietLogger), logger: TestDatabase.quietLogger)
+        application.observe(server)
+        admin = HTTPServer(
+            configuration: application.adminServerConfiguration,
+            responder: application.adminPipeline(logger: TestDatabase.quietLogger), logger: TestDatabase.quietLogger)
+        let adminPort = try admin.start()
+        adminURL = "http://127.0.0.1:\(adminPort)"
         let port = try server.start()
         baseURL = "http://127.0.0.1:\(port)"
     }
 
     func stop() async {
         server.shutdown()
+        admin.shutdown()
         await server.waitUntilStopped()
+        await admin.waitUntilStopped()
         await application.close()
         if ownsDatabase { try? TestDatabase.drop(database) }
     }
@@ -87,11 +99,14 @@ final class AppHarness: @unchecked Sendable {
         var text: String { String(decoding: body, as: UTF8.self) }
     }
 
+    /// A request to the public listener, or to the admin listener when `admin`.
     func request(
         _ method: String, _ path: String, json: Any? = nil, rawBody: String? = nil, bearer: String? = nil,
-        headers: [String: String] = [:]
+        headers: [String: String] = [:], admin: Bool = false
     ) async throws -> Response {
-        guard let url = URL(string: baseURL + path) else { throw TestEnvironmentError("bad path \(path)") }
+        guard let url = URL(string: (admin ? adminURL : baseURL) + path) else {
+            throw TestEnvironmentError("bad path \(path)")
+        }
         var request = URLRequest(url: url)
         request.httpMethod = method
         if let json { request.httpBody = try JSONSerialization.data(withJSONObject: json) }

@@ -1,4 +1,5 @@
 import Foundation
+import HTTPServer
 import TestSupport
 import TrunkSync
 import XCTest
@@ -15,6 +16,39 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertEqual(configuration.logFormat, .text)
         XCTAssertEqual(configuration.corsOrigins, [])
         XCTAssertNil(configuration.databaseURL)
+        XCTAssertEqual(configuration.adminHost, "127.0.0.1")
+        XCTAssertEqual(configuration.adminPort, 9090)
+        XCTAssertTrue(configuration.trustedProxies.isEmpty)
+        XCTAssertEqual(configuration.httpMaxConnectionsPerClient, 256)
+        XCTAssertEqual(configuration.auth.otpEmailRule, RateLimiter.Rule(limit: 10, window: 3600))
+        XCTAssertEqual(configuration.auth.verifyEmailRule, RateLimiter.Rule(limit: 30, window: 3600))
+        let server = Application.serverConfiguration(of: configuration)
+        XCTAssertEqual(server.maxConnectionsPerClient, 256)
+        XCTAssertEqual(server.bodyTimeout, .seconds(30))
+    }
+
+    func testTrustedProxiesAndTheNetworkSettings() throws {
+        let configuration = try Configuration.load(environment: [
+            "TRUNK_SYNC_TRUSTED_PROXIES": " 10.0.0.0/8, 192.0.2.7 ,fd00::/8,, 2001:db8::1",
+            "TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT": "0", "TRUNK_SYNC_ADMIN_PORT": "0",
+            "TRUNK_SYNC_ADMIN_HOST": "::1", "TRUNK_SYNC_RATE_LIMIT_OTP_EMAIL": "3/60",
+            "TRUNK_SYNC_RATE_LIMIT_VERIFY_EMAIL": "4/120",
+        ])
+        XCTAssertEqual(
+            configuration.trustedProxies.networks.map(\.description),
+            ["10.0.0.0/8", "192.0.2.7/32", "fd00::/8", "2001:db8::1/128"])
+        XCTAssertEqual(configuration.httpMaxConnectionsPerClient, 0)
+        XCTAssertEqual(configuration.adminPort, 0)
+        XCTAssertEqual(configuration.adminHost, "::1")
+        XCTAssertEqual(configuration.auth.otpEmailRule, RateLimiter.Rule(limit: 3, window: 60))
+        XCTAssertEqual(configuration.auth.verifyEmailRule, RateLimiter.Rule(limit: 4, window: 120))
+        let server = Application.serverConfiguration(of: configuration)
+        XCTAssertEqual(server.trustedProxies, configuration.trustedProxies)
+        XCTAssertEqual(server.maxConnectionsPerClient, 0)
+        let admin = Application.adminServerConfiguration(of: configuration)
+        XCTAssertEqual(admin.host, "::1")
+        XCTAssertEqual(admin.port, 0)
+        XCTAssertTrue(admin.trustedProxies.isEmpty, "nobody forwards to the admin listener")
     }
 
     func testFileThenEnvironmentThenFlags() throws {
@@ -41,6 +75,14 @@ final class ConfigurationTests: XCTestCase {
             (["TRUNK_SYNC_LOG_FORMAT": "xml"], "TRUNK_SYNC_LOG_FORMAT must be text or json"),
             (["TRUNK_SYNC_PUBLIC_URL": "ftp://x"], "TRUNK_SYNC_PUBLIC_URL must be an http"),
             (["TRUNK_SYNC_DB_POOL_SIZE": "0"], "TRUNK_SYNC_DB_POOL_SIZE must be an integer"),
+            (["TRUNK_SYNC_TRUSTED_PROXIES": "10.0.0.0/8,proxy.internal"], "TRUNK_SYNC_TRUSTED_PROXIES must be a comma-separated list"),
+            (["TRUNK_SYNC_TRUSTED_PROXIES": "10.0.0.1/8"], "TRUNK_SYNC_TRUSTED_PROXIES must be a comma-separated list"),
+            (["TRUNK_SYNC_TRUSTED_PROXIES": "10.0.0.0/33"], "TRUNK_SYNC_TRUSTED_PROXIES must be a comma-separated list"),
+            (["TRUNK_SYNC_ADMIN_PORT": "x"], "TRUNK_SYNC_ADMIN_PORT must be a port number"),
+            (["TRUNK_SYNC_ADMIN_PORT": "8080"], "TRUNK_SYNC_ADMIN_PORT must differ from TRUNK_SYNC_PORT"),
+            (["TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT": "-1"], "TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT must be"),
+            (["TRUNK_SYNC_RATE_LIMIT_OTP_EMAIL": "10"], "TRUNK_SYNC_RATE_LIMIT_OTP_EMAIL must look like"),
+            (["TRUNK_SYNC_RATE_LIMIT_VERIFY_EMAIL": "0/60"], "TRUNK_SYNC_RATE_LIMIT_VERIFY_EMAIL must look like"),
         ]
         for (environment, expected) in cases {
             XCTAssertThrowsError(try Configuration.load(environment: environment)) { error in
@@ -102,5 +144,11 @@ final class ConfigurationTests: XCTestCase {
             Command.trunkSyncBinary(), ["config", "check"], environment: Command.environment(["TRUNK_SYNC_PORT": "-1"]))
         XCTAssertEqual(bad.status, 1)
         XCTAssertEqual(bad.stderr, "trunk-sync: TRUNK_SYNC_PORT must be a port number between 0 and 65535 (0: any free port)\n")
+        let proxies = try Command.run(
+            Command.trunkSyncBinary(), ["config", "check"],
+            environment: Command.environment(["TRUNK_SYNC_TRUSTED_PROXIES": "10.0.0.0/8, 10.1.2.3:80"]))
+        XCTAssertEqual(proxies.status, 1)
+        XCTAssertEqual(proxies.stderr.filter { $0 == "\n" }.count, 1, proxies.stderr)
+        XCTAssertTrue(proxies.stderr.contains("\"10.1.2.3:80\" is not one"), proxies.stderr)
     }
 }

@@ -29,7 +29,9 @@ final class MetricsTests: XCTestCase {
 
     func testMetricsParseAsPrometheusTextAndCountersMove() async throws {
         let app = try await AppHarness(environment: ["TRUNK_SYNC_RATE_LIMIT_OTP": "1/300"])
-        let before = try samples(try await app.request("GET", "/metrics").text)
+        let publicMetrics = try await app.request("GET", "/metrics")
+        XCTAssertEqual(publicMetrics.status, 404, "not on the public listener")
+        let before = try samples(try await app.request("GET", "/metrics", admin: true).text)
         XCTAssertEqual(before["trunk_sync_events_pushed_total"], 0)
         let token = try await app.token("m@example.com")
         let events = (0..<3).map { _ in SyncTests.event() }
@@ -37,7 +39,7 @@ final class MetricsTests: XCTestCase {
         _ = try await app.request("GET", "/sync/v1/events", bearer: token)
         _ = try await app.request("POST", "/auth/v1/otp", json: ["email": "m@example.com"])
         _ = try await app.request("POST", "/auth/v1/otp", json: ["email": "n@example.com"])
-        let response = try await app.request("GET", "/metrics")
+        let response = try await app.request("GET", "/metrics", admin: true)
         XCTAssertEqual(response.headers["content-type"], "text/plain; version=0.0.4; charset=utf-8")
         let after = try samples(response.text)
         XCTAssertEqual(after["trunk_sync_events_pushed_total"], 3)
@@ -47,6 +49,9 @@ final class MetricsTests: XCTestCase {
         XCTAssertEqual(after["trunk_sync_rate_limited_total{limit=otp}"], 1)
         XCTAssertNotNil(after["trunk_sync_db_pool_connections_open"])
         XCTAssertEqual(after["trunk_sync_longpolls_waiting"], 0)
+        XCTAssertNotNil(after["trunk_sync_http_connections"])
+        XCTAssertEqual(after["trunk_sync_http_requests_in_flight"], 0)
+        for name in Metrics.rateLimitNames { XCTAssertNotNil(after["trunk_sync_rate_limited_total{limit=\(name)}"], name) }
         XCTAssertEqual(after["trunk_sync_http_requests_total{method=POST,route=/sync/v1/events,status=200}"], 1)
         XCTAssertEqual(after["trunk_sync_http_requests_total{method=POST,route=/auth/v1/otp,status=429}"], 1)
         XCTAssertEqual(after["trunk_sync_http_request_duration_seconds_count{route=/sync/v1/events}"], 2)

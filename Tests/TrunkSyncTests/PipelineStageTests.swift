@@ -26,7 +26,7 @@ final class PipelineStageTests: XCTestCase {
             (try head("POST", "/rest/v1/events", body: 0), 64),
         ]
         for (head, limit) in cases {
-            guard case .readBody(let bodyLimit, let context) = harness.pipeline.admit(head, peer: "192.0.2.1") else {
+            guard case .readBody(let bodyLimit, let context) = harness.pipeline.admit(head, client: "192.0.2.1") else {
                 XCTFail("\(head.method) \(head.path): not admitted to read its body")
                 continue
             }
@@ -36,7 +36,7 @@ final class PipelineStageTests: XCTestCase {
             XCTAssertEqual(context.path, head.path)
         }
         // Route parameters are matched from the head and kept for the handler.
-        guard case .readBody(_, let context) = harness.pipeline.admit(try head("GET", "/echo/a%20b?q=1"), peer: "")
+        guard case .readBody(_, let context) = harness.pipeline.admit(try head("GET", "/echo/a%20b?q=1"), client: "")
         else { return XCTFail("/echo/:name not admitted") }
         XCTAssertEqual(context.parameters, ["name": "a b"])
         XCTAssertEqual(context.path, "/echo/a%20b")
@@ -45,7 +45,7 @@ final class PipelineStageTests: XCTestCase {
     func testAdmitUnknownPathAnswers404AfterTheBodyInTheNativeShape() throws {
         let harness = PipelineHarness()
         for head in [try head("GET", "/nope"), try head("POST", "/nope", body: 10), try head("GET", "/auth/v1")] {
-            let (response, context) = try answerAfterBody(harness.pipeline.admit(head, peer: ""))
+            let (response, context) = try answerAfterBody(harness.pipeline.admit(head, client: ""))
             XCTAssertEqual(response.status.code, 404)
             try assertJSON(response, #"{"code":"not_found","message":"Not found."}"#)
             XCTAssertEqual(headerNames(response), ["Content-Type"])
@@ -55,7 +55,7 @@ final class PipelineStageTests: XCTestCase {
 
     func testAdmitUnknownAuthPathAnswersInTheGoTrueShape() throws {
         let harness = PipelineHarness()
-        let (response, _) = try answerAfterBody(harness.pipeline.admit(try head("GET", "/auth/v1/nope"), peer: ""))
+        let (response, _) = try answerAfterBody(harness.pipeline.admit(try head("GET", "/auth/v1/nope"), client: ""))
         XCTAssertEqual(response.status.code, 404)
         try assertJSON(
             response, #"{"code":"not_found","error_code":"not_found","message":"Not found.","msg":"Not found."}"#)
@@ -65,7 +65,7 @@ final class PipelineStageTests: XCTestCase {
 
     func testAdmitUnknownRESTPathAnswersInThePostgRESTShape() throws {
         let harness = PipelineHarness()
-        let (response, _) = try answerAfterBody(harness.pipeline.admit(try head("GET", "/rest/v1/nope"), peer: ""))
+        let (response, _) = try answerAfterBody(harness.pipeline.admit(try head("GET", "/rest/v1/nope"), client: ""))
         XCTAssertEqual(response.status.code, 404)
         try assertJSON(response, #"{"code":"PGRST125","details":null,"hint":null,"message":"Not found."}"#)
         XCTAssertEqual(response.headers["Proxy-Status"], "PostgREST; error=PGRST125")
@@ -74,12 +74,12 @@ final class PipelineStageTests: XCTestCase {
 
     func testAdmitWrongMethodAnswers405WithAllowInTheFamilyShape() throws {
         let harness = PipelineHarness()
-        let (native, _) = try answerAfterBody(harness.pipeline.admit(try head("POST", "/x", body: 3), peer: ""))
+        let (native, _) = try answerAfterBody(harness.pipeline.admit(try head("POST", "/x", body: 3), client: ""))
         XCTAssertEqual(native.status.code, 405)
         XCTAssertEqual(native.headers.values(for: "Allow"), ["GET, HEAD, OPTIONS"])
         try assertJSON(native, #"{"code":"method_not_allowed","message":"Method POST is not allowed here."}"#)
 
-        let (auth, _) = try answerAfterBody(harness.pipeline.admit(try head("DELETE", "/auth/v1/user"), peer: ""))
+        let (auth, _) = try answerAfterBody(harness.pipeline.admit(try head("DELETE", "/auth/v1/user"), client: ""))
         XCTAssertEqual(auth.status.code, 405)
         XCTAssertEqual(auth.headers["Allow"], "GET, HEAD, OPTIONS")
         XCTAssertEqual(auth.headers["X-Supabase-Api-Version"], "2024-01-01")
@@ -88,7 +88,7 @@ final class PipelineStageTests: XCTestCase {
             #"{"code":"method_not_allowed","error_code":"method_not_allowed","message":"Method DELETE is not allowed here.","msg":"Method DELETE is not allowed here."}"#
         )
 
-        let (rest, _) = try answerAfterBody(harness.pipeline.admit(try head("PUT", "/rest/v1/events"), peer: ""))
+        let (rest, _) = try answerAfterBody(harness.pipeline.admit(try head("PUT", "/rest/v1/events"), client: ""))
         XCTAssertEqual(rest.status.code, 405)
         XCTAssertEqual(rest.headers["Allow"], "GET, POST, HEAD, OPTIONS")
         XCTAssertEqual(rest.headers["Proxy-Status"], "PostgREST; error=method_not_allowed")
@@ -100,20 +100,20 @@ final class PipelineStageTests: XCTestCase {
     func testAdmitContentLengthOverTheRouteLimitAnswers413AtOnceInTheFamilyShape() throws {
         let harness = PipelineHarness()
 
-        let (native, context) = try answer(harness.pipeline.admit(try head("POST", "/upload", body: 17), peer: ""))
+        let (native, context) = try answer(harness.pipeline.admit(try head("POST", "/upload", body: 17), client: ""))
         XCTAssertEqual(native.status.code, 413)
         try assertJSON(
             native,
             #"{"code":"body_too_large","message":"The request body is larger than this route accepts (16 bytes)."}"#)
         XCTAssertTrue(context.endpoint === harness.endpoint(.post, "/upload"), "the 413 is observed under its route")
 
-        let (none, _) = try answer(harness.pipeline.admit(try head("GET", "/x", body: 1025), peer: ""))
+        let (none, _) = try answer(harness.pipeline.admit(try head("GET", "/x", body: 1025), client: ""))
         XCTAssertEqual(none.status.code, 413)
         try assertJSON(
             none,
             #"{"code":"body_too_large","message":"The request body is larger than this route accepts (1024 bytes)."}"#)
 
-        let (auth, _) = try answer(harness.pipeline.admit(try head("POST", "/auth/v1/otp", body: 33), peer: ""))
+        let (auth, _) = try answer(harness.pipeline.admit(try head("POST", "/auth/v1/otp", body: 33), client: ""))
         XCTAssertEqual(auth.status.code, 413)
         XCTAssertEqual(auth.headers["X-Supabase-Api-Version"], "2024-01-01")
         let authMessage = "The request body is larger than this route accepts (32 bytes)."
@@ -123,7 +123,7 @@ final class PipelineStageTests: XCTestCase {
         )
 
         // Before authentication: no token needed to be refused.
-        let (rest, _) = try answer(harness.pipeline.admit(try head("POST", "/rest/v1/events", body: 65), peer: ""))
+        let (rest, _) = try answer(harness.pipeline.admit(try head("POST", "/rest/v1/events", body: 65), client: ""))
         XCTAssertEqual(rest.status.code, 413)
         XCTAssertEqual(rest.headers["Proxy-Status"], "PostgREST; error=PGRST413")
         try assertJSON(
@@ -143,7 +143,7 @@ final class PipelineStageTests: XCTestCase {
                     [
                         "Origin": listedOrigin, "Access-Control-Request-Method": "POST",
                         "Access-Control-Request-Headers": "authorization, apikey",
-                    ]), peer: ""))
+                    ]), client: ""))
         XCTAssertEqual(response.status.code, 204)
         XCTAssertEqual(response.headers["Access-Control-Allow-Origin"], listedOrigin)
         XCTAssertEqual(response.headers["Access-Control-Allow-Methods"], "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
@@ -155,7 +155,7 @@ final class PipelineStageTests: XCTestCase {
         // Without Access-Control-Request-Headers: the default list.
         let (defaults, _) = try answer(
             harness.pipeline.admit(
-                try head("OPTIONS", "/x", ["Origin": listedOrigin, "Access-Control-Request-Method": "GET"]), peer: ""))
+                try head("OPTIONS", "/x", ["Origin": listedOrigin, "Access-Control-Request-Method": "GET"]), client: ""))
         XCTAssertEqual(defaults.headers["Access-Control-Allow-Headers"], CORSPolicy.defaultAllowedHeaders)
         XCTAssertTrue(defaults.headers["Access-Control-Allow-Headers"]?.contains("x-request-id") == true)
 
@@ -165,7 +165,7 @@ final class PipelineStageTests: XCTestCase {
             any.pipeline.admit(
                 try head(
                     "OPTIONS", "/x", ["Origin": "https://elsewhere.test", "Access-Control-Request-Method": "GET"]),
-                peer: ""))
+                client: ""))
         XCTAssertEqual(star.headers["Access-Control-Allow-Origin"], "*")
     }
 
@@ -174,7 +174,7 @@ final class PipelineStageTests: XCTestCase {
         let (response, context) = try answer(
             harness.pipeline.admit(
                 try head("OPTIONS", "/x", ["Origin": "https://evil.test", "Access-Control-Request-Method": "GET"]),
-                peer: ""))
+                client: ""))
         XCTAssertEqual(response.status.code, 204)
         XCTAssertEqual(headerNames(response), [])
         var completed = response
@@ -187,20 +187,20 @@ final class PipelineStageTests: XCTestCase {
         // Even a browser's preflight gets no CORS headers when no origin is configured.
         let (response, context) = try answer(
             harness.pipeline.admit(
-                try head("OPTIONS", "/x", ["Origin": listedOrigin, "Access-Control-Request-Method": "GET"]), peer: ""))
+                try head("OPTIONS", "/x", ["Origin": listedOrigin, "Access-Control-Request-Method": "GET"]), client: ""))
         XCTAssertEqual(response.status.code, 204)
         XCTAssertEqual(response.headers.values(for: "Allow"), ["GET, HEAD, OPTIONS"])
         XCTAssertNil(response.headers["Access-Control-Allow-Origin"])
         XCTAssertNil(context.origin)
 
-        let (rest, _) = try answer(harness.pipeline.admit(try head("OPTIONS", "/rest/v1/events"), peer: ""))
+        let (rest, _) = try answer(harness.pipeline.admit(try head("OPTIONS", "/rest/v1/events"), client: ""))
         XCTAssertEqual(rest.headers["Allow"], "GET, POST, HEAD, OPTIONS")
 
-        let (server, _) = try answer(harness.pipeline.admit(try head("OPTIONS", "*"), peer: ""))
+        let (server, _) = try answer(harness.pipeline.admit(try head("OPTIONS", "*"), client: ""))
         XCTAssertEqual(server.status.code, 204)
         XCTAssertEqual(server.headers["Allow"], "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
 
-        let (unknown, _) = try answer(harness.pipeline.admit(try head("OPTIONS", "/auth/v1/nope"), peer: ""))
+        let (unknown, _) = try answer(harness.pipeline.admit(try head("OPTIONS", "/auth/v1/nope"), client: ""))
         XCTAssertEqual(unknown.status.code, 404)
         XCTAssertEqual(unknown.headers["X-Supabase-Api-Version"], "2024-01-01")
     }
@@ -213,7 +213,7 @@ final class PipelineStageTests: XCTestCase {
             var headers: HTTPHeaders = [:]
             if let value { headers.append(name: "X-Request-Id", value: value) }
             let head = try head("GET", "/x", headers)
-            guard case .readBody(_, let context) = harness.pipeline.admit(head, peer: "") else {
+            guard case .readBody(_, let context) = harness.pipeline.admit(head, client: "") else {
                 throw TestEnvironmentError("GET /x not admitted")
             }
             return context.requestID
@@ -714,7 +714,7 @@ final class PipelineStageTests: XCTestCase {
     }
 
     func admitted(_ harness: PipelineHarness, _ head: HTTPRequestHead) throws -> RequestPipeline.Context {
-        guard case .readBody(_, let context) = harness.pipeline.admit(head, peer: "") else {
+        guard case .readBody(_, let context) = harness.pipeline.admit(head, client: "") else {
             throw TestEnvironmentError("\(head.method) \(head.path) not admitted")
         }
         return context
@@ -858,7 +858,7 @@ struct PipelineHarness: Sendable {
     /// All three stages as the server runs them; the response as it would be written.
     func run(_ head: HTTPRequestHead, body: [UInt8] = []) async -> (HTTPResponse, RequestPipeline.Context) {
         let outcome: (HTTPResponse, RequestPipeline.Context)
-        switch pipeline.admit(head, peer: "192.0.2.1") {
+        switch pipeline.admit(head, client: "192.0.2.1") {
         case .answer(let answer, let admitted), .answerAfterBody(let answer, let admitted):
             outcome = (answer, admitted)
         case .readBody(_, let admitted):
@@ -880,7 +880,7 @@ struct PipelineHarness: Sendable {
     func later(_ head: HTTPRequestHead, file: StaticString = #filePath, line: UInt = #line) async -> (
         HTTPResponse, RequestPipeline.Context
     ) {
-        guard case .readBody(_, let admitted) = pipeline.admit(head, peer: "192.0.2.1") else {
+        guard case .readBody(_, let admitted) = pipeline.admit(head, client: "192.0.2.1") else {
             XCTFail("\(head.method) \(head.path) not admitted", file: file, line: line)
             return (
                 HTTPResponse(status: 599), RequestPipeline.Context(requestID: "", method: .get, path: "", started: 0)

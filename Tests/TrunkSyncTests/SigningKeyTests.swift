@@ -227,26 +227,37 @@ final class SigningKeyTests: XCTestCase {
     }
 
     func testReadinessWaitsForTheFirstKeyLoad() async throws {
-        let configuration = try Configuration.load(environment: environment.merging(["TRUNK_SYNC_PORT": "0"]) { $1 })
+        let configuration = try Configuration.load(environment: environment.merging(["TRUNK_SYNC_PORT": "0", "TRUNK_SYNC_ADMIN_PORT": "0"]) { $1 })
         let application = try Application(
             configuration: configuration, logger: TestDatabase.quietLogger, sender: app.sender)
         let server = HTTPServer(
             configuration: application.serverConfiguration, responder: application.pipeline(logger: TestDatabase.quietLogger),
             logger: TestDatabase.quietLogger)
+        let admin = HTTPServer(
+            configuration: application.adminServerConfiguration,
+            responder: application.adminPipeline(logger: TestDatabase.quietLogger), logger: TestDatabase.quietLogger)
         let port = try server.start()
-        func readiness() async throws -> (Int, String) {
+        let adminPort = try admin.start()
+        func readiness(_ port: Int) async throws -> (Int, String) {
             let url = try XCTUnwrap(URL(string: "http://127.0.0.1:\(port)/readyz"))
             let (data, response) = try await URLSession.shared.data(from: url)
             return ((response as? HTTPURLResponse)?.statusCode ?? 0, String(decoding: data, as: UTF8.self))
         }
-        let (before, body) = try await readiness()
+        let (before, body) = try await readiness(port)
         XCTAssertEqual(before, 503)
-        XCTAssertTrue(body.contains("signing_keys_not_loaded"), body)
+        XCTAssertFalse(body.contains("signing"), "the public answer names no reason: \(body)")
+        let (adminBefore, adminBody) = try await readiness(adminPort)
+        XCTAssertEqual(adminBefore, 503)
+        XCTAssertTrue(adminBody.contains("signing_keys_not_loaded"), adminBody)
         try await application.reloadSigningKeys()
-        let (after, _) = try await readiness()
+        let (after, _) = try await readiness(port)
         XCTAssertEqual(after, 200)
+        let (adminAfter, _) = try await readiness(adminPort)
+        XCTAssertEqual(adminAfter, 200)
         server.shutdown()
+        admin.shutdown()
         await server.waitUntilStopped()
+        await admin.waitUntilStopped()
         await application.close()
     }
 

@@ -83,12 +83,13 @@ TRUNK_SYNC_JWT_SECRET=$(head -c 48 /dev/urandom | base64 | tr -d '\n')
 # The shipped defaults: metrics on and the access log at its default level (`info`), written
 # to a file as an operator's log would be. BENCH_LOG_LEVEL=notice turns the access log off
 # for comparison (nginx runs with `access_log off`).
-TRUNK_SYNC_HOST=127.0.0.1 TRUNK_SYNC_PORT=0 TRUNK_SYNC_LOG_LEVEL=${BENCH_LOG_LEVEL:-info} \
+TRUNK_SYNC_HOST=127.0.0.1 TRUNK_SYNC_PORT=0 TRUNK_SYNC_ADMIN_PORT=0 TRUNK_SYNC_LOG_LEVEL=${BENCH_LOG_LEVEL:-info} \
   "$bin" serve 2>>"$work/server.log" &
 server_pid=$!
 ts_port=""
 for _ in $(seq 1 200); do
-  ts_port=$(sed -n 's/.* listening .*port=\([0-9][0-9]*\).*/\1/p' "$work/server.log" | head -n 1)
+  # The public line, not the admin listener's (no grep: it fails on an empty log under pipefail).
+  ts_port=$(sed -n '/ admin listening /d; s/.* listening .*port=\([0-9][0-9]*\).*/\1/p' "$work/server.log" | head -n 1)
   [ -n "$ts_port" ] && break
   kill -0 "$server_pid" 2>/dev/null || { cat "$work/server.log" >&2; exit 1; }
   sleep 0.1

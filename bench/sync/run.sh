@@ -57,11 +57,11 @@ export TRUNK_SYNC_LOG_LEVEL=notice  # the "listening" line is a notice; access l
 export TRUNK_SYNC_DB_POOL_SIZE=$pool
 "$bin" migrate >/dev/null 2>&1 || { "$bin" migrate; exit 1; }
 
-TRUNK_SYNC_PORT=0 "$bin" serve >"$work/serve.log" 2>&1 &
+TRUNK_SYNC_PORT=0 TRUNK_SYNC_ADMIN_PORT=0 "$bin" serve >"$work/serve.log" 2>&1 &
 server_pid=$!
 server_port=
 for _ in $(seq 1 100); do
-  server_port=$(sed -nE 's/.* listening .*port=([0-9]+).*/\1/p' "$work/serve.log" | head -n 1)
+  server_port=$(sed -nE '/ admin listening /d; s/.* listening .*port=([0-9]+).*/\1/p' "$work/serve.log" | head -n 1)
   [ -n "$server_port" ] && break
   kill -0 "$server_pid" 2>/dev/null || { cat "$work/serve.log" >&2; exit 1; }
   sleep 0.1

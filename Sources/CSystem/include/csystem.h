@@ -14,8 +14,10 @@ int csystem_set_thread_name(const char *name);
 int csystem_get_thread_name(char *buffer, size_t size);
 
 /// accept4(2) with SOCK_NONBLOCK | SOCK_CLOEXEC; the peer address is written as text
-/// ("1.2.3.4" or "::1") into `address` (at least 64 bytes).
-int csystem_accept(int listener, char *address, size_t address_size);
+/// ("1.2.3.4" or "::1") into `address` (at least 64 bytes) and in network order into `raw`
+/// (16 bytes; the first 4 for IPv4, IPv4-mapped IPv6 peers count as IPv4); `family` is 4, 6,
+/// or 0 for a peer without an IP address.
+int csystem_accept(int listener, char *address, size_t address_size, uint8_t *raw, int *family);
 
 /// send(2) with MSG_NOSIGNAL (a closed peer gives EPIPE, never SIGPIPE).
 ssize_t csystem_send(int fd, const void *buffer, size_t length);

@@ -3,7 +3,14 @@
 final class Connection<Context: Sendable> {
     let fd: Int32
     let id: UInt64
+    /// The peer's address as text.
     let remoteAddress: String
+    /// What the connection counts against in the per-client cap (nil: not counted).
+    let clientKey: IPAddress?
+    /// The peer is a trusted proxy: each request's client comes from `X-Forwarded-For`.
+    let peerIsTrustedProxy: Bool
+    /// The client of the current request: the peer, or whom a trusted proxy forwarded.
+    var clientAddress: String
     var parser: HTTPRequestParser
     var lifecycle: ConnectionStateMachine
 
@@ -24,10 +31,16 @@ final class Connection<Context: Sendable> {
     var requestKeepAlive = false
     var requestIsHead = false
 
-    init(fd: Int32, id: UInt64, remoteAddress: String, limits: HTTPParserLimits, lifecycle: ConnectionStateMachine) {
+    init(
+        fd: Int32, id: UInt64, remoteAddress: String, clientKey: IPAddress?, peerIsTrustedProxy: Bool,
+        limits: HTTPParserLimits, lifecycle: ConnectionStateMachine
+    ) {
         self.fd = fd
         self.id = id
         self.remoteAddress = remoteAddress
+        self.clientKey = clientKey
+        self.peerIsTrustedProxy = peerIsTrustedProxy
+        self.clientAddress = remoteAddress
         self.parser = HTTPRequestParser(limits: limits, bodyMode: .collect)
         self.lifecycle = lifecycle
     }

@@ -65,7 +65,9 @@ struct ConnectionStateMachine {
     }
 
     struct Timeouts: Equatable {
+        /// For the whole head, from its first byte (and for a new connection's silence).
         var header: UInt64
+        /// For the whole body, from the head's admission.
         var body: UInt64
         var keepAlive: UInt64
         var write: UInt64
@@ -101,15 +103,16 @@ struct ConnectionStateMachine {
         case .idle:
             state = .readingHead
             setDeadline(.requestTimeout, now &+ timeouts.header)
-        case .readingBody:
-            // The body timeout bounds each pause between reads.
-            setDeadline(.requestTimeout, now &+ timeouts.body)
         default:
+            // Nothing else moves a deadline: the head and the body each have one deadline
+            // for the whole of them, set when they start. Restarting it on every read would
+            // let a client trickling a byte every few seconds keep its slot forever.
             break
         }
     }
 
-    /// The application admitted a complete head: read its body (if any).
+    /// The application admitted a complete head: read its body (if any), all of it within
+    /// the body timeout from now.
     mutating func headAdmitted(hasBody: Bool, expectsContinue: Bool, now: UInt64) -> Action {
         guard state == .readingHead || state == .idle else { return .none }
         state = .readingBody

@@ -24,6 +24,16 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private var reserveFD: Int32 = -1
     private(set) var boundPort = 0
     private var connections: [Int32: Connection<Context>] = [:]
+    /// Open connections per client (`IPAddress.client`), for the per-client cap: one hash
+    /// look-up per accept and per close. A client's entry goes when its last connection
+    /// does, so the table never holds more entries than there are connections.
+    private var connectionsPerClient: [IPAddress: Int] = [:]
+    /// Connections refused by the per-client cap since it was last logged, the last client
+    /// refused, and when the line was written: one line per 10 s at most, however hard
+    /// someone pushes (the sweep writes what is left after a burst).
+    private var refusedPerClient = 0
+    private var lastRefusedClient: IPAddress? = nil
+    private var refusedPerClientLogged: UInt64 = 0
     private var nextConnectionID: UInt64 = 0
     private var shuttingDown = false
     /// The accept queue may hold connections no new edge will report (accept failed for want
@@ -58,7 +68,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         self.logger = logger
         self.serverLine = Array("Server: \(configuration.serverName)\r\n".utf8)
         timeouts = ConnectionStateMachine.Timeouts(
-            header: configuration.headerTimeout.nanosecondsClamped, body: configuration.bodyIdleTimeout.nanosecondsClamped,
+            header: configuration.headerTimeout.nanosecondsClamped, body: configuration.bodyTimeout.nanosecondsClamped,
             keepAlive: configuration.keepAliveTimeout.nanosecondsClamped,
             write: configuration.writeTimeout.nanosecondsClamped, linger: configuration.lingerTimeout.nanosecondsClamped)
     }
@@ -126,6 +136,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             }
             if now >= nextSweep {
                 sweepDeadlines()
+                logRefusedPerClient()
                 if acceptRetryPending, listener >= 0 { acceptConnections() }
                 nextSweep = now + 250_000_000
             }
@@ -158,6 +169,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
 
     private func acceptConnections() {
         var address = [CChar](repeating: 0, count: 64)
+        var raw = [UInt8](repeating: 0, count: 16)
+        var family: Int32 = 0
         var refusedForDescriptors = 0
         defer {
             if refusedForDescriptors > 0 {
@@ -166,7 +179,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         }
         if reserveFD < 0 { reserveFD = open("/dev/null", O_RDONLY | O_CLOEXEC) }
         while true {
-            let fd = csystem_accept(listener, &address, address.count)
+            let fd = csystem_accept(listener, &address, address.count, &raw, &family)
             if fd < 0 {
                 let error = errno
                 switch error {
@@ -189,7 +202,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                     }
                     let refusal = refusalResponse()  // built first: nothing may take the freed descriptor
                     close(reserveFD)
-                    let dropped = csystem_accept(listener, &address, address.count)
+                    let dropped = csystem_accept(listener, &address, address.count, &raw, &family)
                     let acceptError = errno
                     if dropped >= 0 {
                         _ = refusal.withUnsafeBytes { buffer in
@@ -214,19 +227,62 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 refuseConnection(fd)
                 continue
             }
+            let peer: IPAddress? =
+                switch family {
+                case 4: IPAddress(bytes: raw.prefix(4))
+                case 6: IPAddress(bytes: raw)
+                default: nil
+                }
+            let trusted = peer.map { !configuration.trustedProxies.isEmpty && configuration.trustedProxies.contains($0) } ?? false
+            var clientKey: IPAddress? = nil
+            if configuration.maxConnectionsPerClient > 0, !trusted, let peer {
+                let key = peer.client
+                let open = connectionsPerClient[key, default: 0]
+                if open >= configuration.maxConnectionsPerClient {
+                    refuseConnection(fd)
+                    refusedPerClient += 1
+                    lastRefusedClient = key
+                    logRefusedPerClient()
+                    continue
+                }
+                connectionsPerClient[key] = open + 1
+                clientKey = key
+            }
             _ = csystem_set_nodelay(fd)
             guard csystem_epoll_add(epoll, fd, epollIn | epollOut | epollRDHUP | epollET, UInt64(fd)) == 0 else {
                 close(fd)
+                if let clientKey { releaseClientSlot(clientKey) }
                 continue
             }
             nextConnectionID &+= 1
             let remote = String(decoding: address.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
             let connection = Connection<Context>(
-                fd: fd, id: nextConnectionID, remoteAddress: remote, limits: configuration.limits,
-                lifecycle: ConnectionStateMachine(timeouts: timeouts, now: now))
+                fd: fd, id: nextConnectionID, remoteAddress: remote, clientKey: clientKey, peerIsTrustedProxy: trusted,
+                limits: configuration.limits, lifecycle: ConnectionStateMachine(timeouts: timeouts, now: now))
             connections[fd] = connection
             connectionCount.store(connections.count, ordering: .relaxed)
         }
+    }
+
+    private func releaseClientSlot(_ key: IPAddress) {
+        guard let open = connectionsPerClient[key] else { return }
+        if open <= 1 { connectionsPerClient.removeValue(forKey: key) } else { connectionsPerClient[key] = open - 1 }
+    }
+
+    /// Logs the refusals by the per-client cap since the last line, if any and if that line is
+    /// 10 s old (or there was none).
+    private func logRefusedPerClient() {
+        guard refusedPerClient > 0,
+            refusedPerClientLogged == 0 || now >= refusedPerClientLogged &+ 10_000_000_000
+        else { return }
+        logger.warning(
+            "connections over the per-client cap refused",
+            metadata: [
+                "refused": "\(refusedPerClient)", "cap": "\(configuration.maxConnectionsPerClient)",
+                "last_client": "\(lastRefusedClient?.clientText ?? "")",
+            ])
+        refusedPerClient = 0
+        refusedPerClientLogged = now
     }
 
     private func refuseConnection(_ fd: Int32) {
@@ -368,7 +424,14 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private func admit(_ head: HTTPRequestHead, on connection: Connection<Context>) {
         connection.requestKeepAlive = head.keepAlive
         connection.requestIsHead = head.method == .head
-        switch responder.admit(head, peer: connection.remoteAddress) {
+        if connection.peerIsTrustedProxy {
+            // Per request: one proxy connection carries many clients in turn. Only for trusted
+            // peers, so without trusted proxies nothing here runs or allocates.
+            connection.clientAddress =
+                configuration.trustedProxies.forwardedClient(head.headers.values(for: "x-forwarded-for"))?.description
+                ?? connection.remoteAddress
+        }
+        switch responder.admit(head, client: connection.clientAddress) {
         case .readBody(let limit, let context):
             connection.context = context
             connection.parser.limitBody(to: limit)
@@ -398,7 +461,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         }
         let request = HTTPRequest(
             method: head.method, path: head.path, query: head.query, headers: head.headers, body: body,
-            remoteAddress: connection.remoteAddress)
+            remoteAddress: connection.clientAddress)
         switch responder.respond(to: request, context: context) {
         case .now(let response, let context):
             finish(response, context: context, on: connection)
@@ -518,6 +581,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         guard connections[connection.fd] === connection else { return }
         connections.removeValue(forKey: connection.fd)
         connectionCount.store(connections.count, ordering: .relaxed)
+        if let key = connection.clientKey { releaseClientSlot(key) }
         if connection.lifecycle.isHandling {
             connection.handlerTask?.cancel()
         }

@@ -5,7 +5,7 @@
 /// blocking: anything that waits goes into a `.later` reply, which runs as a task.
 ///
 /// One request goes through:
-/// 1. `admit(_:peer:)` when its head is complete, before any body byte is read: route it,
+/// 1. `admit(_:client:)` when its head is complete, before any body byte is read: route it,
 ///    pick its body limit, or answer at once (`404`, `405`, `413`, a CORS preflight).
 /// 2. `respond(to:context:)` once the whole body arrived (at most the admitted limit).
 /// 3. `complete(_:context:)` just before the response is written: add headers and observe
@@ -14,8 +14,9 @@ public protocol HTTPResponder: Sendable {
     /// What the application carries from `admit` to `complete` for one request.
     associatedtype Context: Sendable
 
-    /// Decides from the head alone.
-    func admit(_ head: HTTPRequestHead, peer: String) -> Admission<Context>
+    /// Decides from the head alone. `client` is the client's address as text: the peer's,
+    /// or, when the peer is a trusted proxy, the one it forwarded (`TrustedProxies`).
+    func admit(_ head: HTTPRequestHead, client: String) -> Admission<Context>
 
     /// Answers the complete request, at once or later.
     func respond(to request: HTTPRequest, context: Context) -> Reply<Context>
@@ -24,7 +25,7 @@ public protocol HTTPResponder: Sendable {
     func complete(_ response: inout HTTPResponse, context: Context)
 
     /// The response for bytes that are not an acceptable request (a `400`, `408`, `413`,
-    /// `431` …); the connection closes after it.
+    /// `431` …); the connection closes after it. `peer` is the connection's peer address.
     func reject(_ error: HTTPParserError, peer: String) -> HTTPResponse
 
     /// The `503` for a connection the server cannot take (connection limit, no descriptors).

@@ -10,8 +10,10 @@ public struct HTTPServerConfiguration: Sendable {
     /// Time to receive a whole request head once its first byte arrived → `408`; also how
     /// long a new connection may stay silent before it is closed. Default 10 s.
     public var headerTimeout: Duration = .seconds(10)
-    /// Longest pause while receiving a body → `408`. Default 30 s.
-    public var bodyIdleTimeout: Duration = .seconds(30)
+    /// Time to receive a whole request body once its head was admitted → `408`. A deadline
+    /// for the whole body, not for each pause: a client trickling a byte now and then must
+    /// not keep its connection slot for longer than this. Default 30 s.
+    public var bodyTimeout: Duration = .seconds(30)
     /// How long a keep-alive connection stays open waiting for its next request. Default 60 s.
     public var keepAliveTimeout: Duration = .seconds(60)
     /// Longest time a response may wait for the client to read it → close. Default 30 s.
@@ -22,6 +24,15 @@ public struct HTTPServerConfiguration: Sendable {
     public var lingerTimeout: Duration = .seconds(2)
     /// Most open connections; more are answered `503` and closed. Default 10,000.
     public var maxConnections = 10_000
+    /// Most open connections from one client (an IPv4 address, or an IPv6 /64); more are
+    /// answered `503` and closed, like connections over `maxConnections`. 0: no such cap.
+    /// Decided when a connection is accepted, from its peer address alone: a proxy's
+    /// `X-Forwarded-For` is not known yet, so connections from `trustedProxies` are exempt
+    /// (the proxy carries many clients; cap per client there). Default 256.
+    public var maxConnectionsPerClient = 256
+    /// Reverse proxies whose `X-Forwarded-For` names the client (see `TrustedProxies`).
+    /// Default none: the peer is the client.
+    public var trustedProxies = TrustedProxies()
     /// How long graceful shutdown waits for in-flight requests. Default 10 s.
     public var shutdownTimeout: Duration = .seconds(10)
     /// The `Server` header. Default `trunk-sync`.

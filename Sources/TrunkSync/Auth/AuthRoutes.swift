@@ -85,6 +85,7 @@ public struct AuthRoutes: Sendable {
         try await service.limit(.otp, ip: request.remoteAddress)  // before any parsing
         let body = try Self.decode(OTPBody.self, from: request)
         let email = try Self.email(body.email)
+        try await service.limit(.otp, email: email)  // before anything asks whether it has an account
         try await service.requestCode(email: email, createUser: body.create_user ?? true, ip: request.remoteAddress)
         return ok(Array("{}".utf8))
     }
@@ -99,6 +100,7 @@ public struct AuthRoutes: Sendable {
         try await service.limit(.verify, ip: request.remoteAddress)  // before any parsing
         let body = try Self.decode(VerifyBody.self, from: request)
         let email = try Self.email(body.email)
+        try await service.limit(.verify, email: email)  // whichever client guesses
         guard let type = body.type, ["email", "magiclink", "signup"].contains(type) else {
             throw AuthError.validation("Verify requires type \"email\"")
         }

@@ -18,12 +18,16 @@ public struct AuthSettings: Sendable {
     public var otpResendInterval = 60
     /// Wrong guesses that kill a code. Default 5.
     public var otpMaxAttempts = 5
-    /// Per IP: `/otp`. Default 30 per 300 s.
+    /// Per client (an IPv4 address or an IPv6 /64): `/otp`. Default 30 per 300 s.
     public var otpRule = RateLimiter.Rule(limit: 30, window: 300)
-    /// Per IP: `/verify`. Default 30 per 300 s.
+    /// Per client: `/verify`. Default 30 per 300 s.
     public var verifyRule = RateLimiter.Rule(limit: 30, window: 300)
-    /// Per IP: `/token`. Default 150 per 300 s.
+    /// Per client: `/token`. Default 150 per 300 s.
     public var tokenRule = RateLimiter.Rule(limit: 150, window: 300)
+    /// Per email address, whichever client asks: `/otp`. Default 10 per hour.
+    public var otpEmailRule = RateLimiter.Rule(limit: 10, window: 3600)
+    /// Per email address, whichever client asks: `/verify`. Default 30 per hour.
+    public var verifyEmailRule = RateLimiter.Rule(limit: 30, window: 3600)
     /// All sign-in mails of the deployment. Default 1000 per hour.
     public var mailRule = RateLimiter.Rule(limit: 1000, window: 3600)
     /// Seconds after rotation during which an old refresh token still yields a session (two
@@ -70,11 +74,13 @@ public struct AuthService: Sendable {
         try await pool.transaction(body)
     }
 
-    /// The routes with a per-IP limit.
+    /// The routes with a per-client limit.
     public enum LimitedRoute: String, Sendable { case otp, verify, token }
 
-    /// Counts a request against its route's per-IP limit; throws `429` when over it. The
-    /// routes call it first, before parsing anything.
+    /// Counts a request against its route's per-client limit; throws `429` when over it. The
+    /// routes call it first, before parsing anything. `ip` is the request's client address;
+    /// an IPv6 client is counted by its /64 (`IPAddress.client`), or one host could walk its
+    /// 2^64 addresses past any limit.
     public func limit(_ route: LimitedRoute, ip: String) async throws {
         let rule: RateLimiter.Rule
         switch route {
@@ -82,10 +88,34 @@ public struct AuthService: Sendable {
         case .verify: rule = settings.verifyRule
         case .token: rule = settings.tokenRule
         }
-        let retryAfter = try await database { try RateLimiter.hit("ip:\(route.rawValue):\(ip)", rule: rule, on: $0) }
+        let bucket = "ip:\(route.rawValue):\(RateLimiter.clientBucket(ip))"
+        let retryAfter = try await database { try RateLimiter.hit(bucket, rule: rule, on: $0) }
         if let retryAfter {
             metrics.rateLimited(route.rawValue).increment()
             throw AuthError.overRequestRateLimit(retryAfter: retryAfter)
+        }
+    }
+
+    /// Counts a request for `email` against its route's per-address limit, whichever client
+    /// sent it; throws `429` when over it. Called as soon as the address is parsed, before
+    /// anything looks at whether it has an account: known and unknown addresses are counted
+    /// and answered alike, so the limit tells nobody which addresses exist.
+    public func limit(_ route: LimitedRoute, email: Email) async throws {
+        let rule: RateLimiter.Rule
+        let name: String
+        switch route {
+        case .otp: (rule, name) = (settings.otpEmailRule, "otp_email")
+        case .verify: (rule, name) = (settings.verifyEmailRule, "verify_email")
+        case .token: return  // refresh tokens name no address
+        }
+        let bucket = "email:\(route.rawValue):\(RateLimiter.emailBucket(email.value))"
+        let retryAfter = try await database { try RateLimiter.hit(bucket, rule: rule, on: $0) }
+        if let retryAfter {
+            metrics.rateLimited(name).increment()
+            // GoTrue's codes: too many codes asked for one address, or too many attempts.
+            throw route == .otp
+                ? AuthError.overEmailSendRateLimit(retryAfter: retryAfter)
+                : AuthError.overRequestRateLimit(retryAfter: retryAfter)
         }
     }
 

@@ -1,4 +1,6 @@
+import HTTPServer
 import Postgres
+import TrunkCrypto
 
 /// Fixed-window counters kept in Postgres (table `rate_limits`), so every server instance
 /// shares them.
@@ -11,6 +13,19 @@ public struct RateLimiter: Sendable {
             self.limit = limit
             self.window = window
         }
+    }
+
+    /// The bucket part for a client address: an IPv4 address as it is, an IPv6 address as
+    /// its /64 (`2001:db8:1:2::/64`), so every address a host can pick from its prefix counts
+    /// as one client. Text that is not an address (`cli`) is used as it is.
+    public static func clientBucket(_ address: String) -> String {
+        IPAddress(address)?.clientText ?? address
+    }
+
+    /// The bucket part for an email address: its SHA-256 in hex, so the counters keep no
+    /// list of the addresses people tried (accounts or not).
+    public static func emailBucket(_ normalizedEmail: String) -> String {
+        Hex.encode(SHA256.hash(normalizedEmail))
     }
 
     /// Counts one hit in `bucket` and returns nil when allowed, or the seconds until the

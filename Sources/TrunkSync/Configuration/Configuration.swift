@@ -1,5 +1,6 @@
 import JSON
 import Foundation
+import HTTPServer
 import Logging
 import Mail
 
@@ -34,6 +35,12 @@ public struct Configuration: Sendable {
     public var host: String { value("host") ?? "127.0.0.1" }
     /// `TRUNK_SYNC_PORT`.
     public private(set) var port: Int = 8080
+    /// `TRUNK_SYNC_ADMIN_HOST`: where the operator listener (`/metrics`) binds.
+    public var adminHost: String { value("admin_host") ?? "127.0.0.1" }
+    /// `TRUNK_SYNC_ADMIN_PORT`.
+    public private(set) var adminPort: Int = 9090
+    /// `TRUNK_SYNC_TRUSTED_PROXIES`, parsed.
+    public private(set) var trustedProxies = TrustedProxies()
     /// `TRUNK_SYNC_JWT_SECRET`.
     public var jwtSecret: String? { value("jwt_secret") }
     /// `TRUNK_SYNC_PUBLIC_URL`, defaulting to `http://HOST:PORT`.
@@ -74,6 +81,8 @@ public struct Configuration: Sendable {
     public private(set) var httpWriteTimeout: Double = 30
     /// `TRUNK_SYNC_HTTP_MAX_CONNECTIONS`.
     public private(set) var httpMaxConnections: Int = 10_000
+    /// `TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT` (0: no cap).
+    public private(set) var httpMaxConnectionsPerClient: Int = 256
 
     /// Sign-in rules from `jwt_expiry`, `otp_*`, `rate_limit_*`, `refresh_reuse_interval`.
     public private(set) var auth = AuthSettings()
@@ -127,6 +136,29 @@ public struct Configuration: Sendable {
             }
             self.port = port
         }
+        if let text = value("admin_port") {
+            guard let port = Int(text), (0...65535).contains(port) else {
+                throw error("admin_port", "must be a port number between 0 and 65535 (0: any free port)")
+            }
+            adminPort = port
+        }
+        if adminPort != 0, adminPort == port {
+            throw error("admin_port", "must differ from TRUNK_SYNC_PORT (\(port)): the operator listener is a listener of its own")
+        }
+        if let text = value("trusted_proxies") {
+            var networks: [IPNetwork] = []
+            for entry in text.split(separator: ",") {
+                let trimmed = entry.trimmingCharacters(in: .whitespaces)
+                if trimmed.isEmpty { continue }
+                guard let network = IPNetwork(trimmed) else {
+                    throw error(
+                        "trusted_proxies",
+                        "must be a comma-separated list of addresses or CIDR blocks such as 10.0.0.0/8 or fd00::/8 (no bits set past the prefix); \"\(trimmed)\" is not one")
+                }
+                networks.append(network)
+            }
+            trustedProxies = TrustedProxies(networks)
+        }
         if let text = value("mailer") {
             guard let mailer = MailerKind(rawValue: text.lowercased()) else { throw error("mailer", "must be log or smtp") }
             self.mailer = mailer
@@ -163,6 +195,12 @@ public struct Configuration: Sendable {
             }
             httpMaxConnections = count
         }
+        if let text = value("http_max_connections_per_client") {
+            guard let count = Int(text), (0...1_000_000).contains(count) else {
+                throw error("http_max_connections_per_client", "must be an integer between 0 (no cap) and 1000000")
+            }
+            httpMaxConnectionsPerClient = count
+        }
         if let url = value("public_url") {
             guard let parsed = URL(string: url), ["http", "https"].contains(parsed.scheme?.lowercased() ?? ""),
                 parsed.host != nil
@@ -178,6 +216,8 @@ public struct Configuration: Sendable {
         auth.verifyRule = try rule("rate_limit_verify") ?? auth.verifyRule
         auth.tokenRule = try rule("rate_limit_token") ?? auth.tokenRule
         auth.mailRule = try rule("rate_limit_mail") ?? auth.mailRule
+        auth.otpEmailRule = try rule("rate_limit_otp_email") ?? auth.otpEmailRule
+        auth.verifyEmailRule = try rule("rate_limit_verify_email") ?? auth.verifyEmailRule
         auth.refreshReuseInterval = try integer("refresh_reuse_interval", 0...300) ?? auth.refreshReuseInterval
         if mailer == .smtp, smtpURL == nil { throw error("smtp_url", "is required when TRUNK_SYNC_MAILER is smtp") }
         if let url = smtpURL {

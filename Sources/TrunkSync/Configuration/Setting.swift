@@ -22,6 +22,15 @@ public struct Setting: Sendable {
         Setting(key: "host", defaultValue: "127.0.0.1", isSecret: false, summary: "Address to listen on (IPv4 or IPv6)."),
         Setting(key: "port", defaultValue: "8080", isSecret: false, summary: "TCP port to listen on (0: any free port, logged at start)."),
         Setting(
+            key: "admin_host", defaultValue: "127.0.0.1", isSecret: false,
+            summary: "Address of the operator listener (GET /metrics, detailed /readyz). Keep it private: loopback, or a network only your monitoring reaches."),
+        Setting(
+            key: "admin_port", defaultValue: "9090", isSecret: false,
+            summary: "TCP port of the operator listener (0: any free port, logged at start as `admin listening`). Must differ from TRUNK_SYNC_PORT."),
+        Setting(
+            key: "trusted_proxies", defaultValue: "", isSecret: false,
+            summary: "Comma-separated addresses or CIDR blocks (IPv4 and IPv6) of your reverse proxies. Only for a peer in this list is the client taken from X-Forwarded-For (the rightmost address that is not a trusted proxy). Default none: the peer is the client."),
+        Setting(
             key: "jwt_secret", defaultValue: nil, isSecret: true,
             summary: "HS256 signing secret for access tokens, at least 32 bytes. Required by serve."),
         Setting(
@@ -59,13 +68,19 @@ public struct Setting: Sendable {
             summary: "Wrong guesses after which a code is dead."),
         Setting(
             key: "rate_limit_otp", defaultValue: "30/300", isSecret: false,
-            summary: "Per-IP limit on POST /auth/v1/otp, as requests/seconds."),
+            summary: "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/otp, as requests/seconds."),
         Setting(
             key: "rate_limit_verify", defaultValue: "30/300", isSecret: false,
-            summary: "Per-IP limit on POST /auth/v1/verify, as requests/seconds."),
+            summary: "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/verify, as requests/seconds."),
         Setting(
             key: "rate_limit_token", defaultValue: "150/300", isSecret: false,
-            summary: "Per-IP limit on POST /auth/v1/token, as requests/seconds."),
+            summary: "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/token, as requests/seconds."),
+        Setting(
+            key: "rate_limit_otp_email", defaultValue: "10/3600", isSecret: false,
+            summary: "Per email address limit on POST /auth/v1/otp, whatever client asks, as requests/seconds."),
+        Setting(
+            key: "rate_limit_verify_email", defaultValue: "30/3600", isSecret: false,
+            summary: "Per email address limit on POST /auth/v1/verify, whatever client asks, as requests/seconds."),
         Setting(
             key: "rate_limit_mail", defaultValue: "1000/3600", isSecret: false,
             summary: "Sign-in mails the whole deployment may send, as mails/seconds."),
@@ -77,7 +92,7 @@ public struct Setting: Sendable {
             summary: "Seconds a client has to send a whole request head from its first byte (then 408); also how long a new connection may stay silent."),
         Setting(
             key: "http_body_timeout", defaultValue: "30", isSecret: false,
-            summary: "Longest pause, in seconds, while a request body is arriving (then 408)."),
+            summary: "Seconds a client has to send a whole request body once its head was accepted (then 408)."),
         Setting(
             key: "http_idle_timeout", defaultValue: "60", isSecret: false,
             summary: "Seconds an idle keep-alive connection stays open between requests."),
@@ -87,6 +102,9 @@ public struct Setting: Sendable {
         Setting(
             key: "http_max_connections", defaultValue: "10000", isSecret: false,
             summary: "Most open client connections; more are answered 503 and closed."),
+        Setting(
+            key: "http_max_connections_per_client", defaultValue: "256", isSecret: false,
+            summary: "Most open connections from one client address (an IPv6 client counts per /64); more are answered 503 and closed. Decided at accept from the peer address (X-Forwarded-For is not read yet): trusted proxies are exempt. 0: no cap."),
     ]
 
     /// The setting with a config-file key, if any.

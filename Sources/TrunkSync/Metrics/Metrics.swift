@@ -28,7 +28,9 @@ public final class Metrics: @unchecked Sendable {
     private let rateLimited: [String: Counter]
 
     /// The limits counted in `trunk_sync_rate_limited_total{limit=…}`.
-    public static let rateLimitNames = ["otp", "verify", "token", "mail"]
+    /// `otp`, `verify`, `token`: per client; `otp_email`, `verify_email`: per email address;
+    /// `mail`: the deployment's mails.
+    public static let rateLimitNames = ["otp", "verify", "token", "otp_email", "verify_email", "mail"]
 
     public init() {
         var register: [(String, String, String, Counter)] = []

@@ -26,6 +26,8 @@ public struct Application: Sendable {
     public let signingKeys: SigningKeyStore
     private let keyRefresh = BackgroundTask()
     private let logger: Logger
+    /// The last reason `/readyz` was not ready (logged once per change, not per probe).
+    private let notReadyReason = LastValue()
 
     /// The role the server's queries run as (created by the first migration).
     public static let databaseRole = "trunk_sync_app"
@@ -130,27 +132,59 @@ public struct Application: Sendable {
     }
 
     /// The HTTP server's settings taken from the configuration.
-    public var serverConfiguration: HTTPServerConfiguration {
+    public var serverConfiguration: HTTPServerConfiguration { Self.serverConfiguration(of: configuration) }
+
+    /// The public HTTP server's settings taken from `configuration`.
+    public static func serverConfiguration(of configuration: Configuration) -> HTTPServerConfiguration {
         var server = HTTPServerConfiguration()
         server.host = configuration.host
         server.port = configuration.port
         server.headerTimeout = .seconds(configuration.httpHeaderTimeout)
-        server.bodyIdleTimeout = .seconds(configuration.httpBodyTimeout)
+        server.bodyTimeout = .seconds(configuration.httpBodyTimeout)
         server.keepAliveTimeout = .seconds(configuration.httpIdleTimeout)
         server.writeTimeout = .seconds(configuration.httpWriteTimeout)
         server.maxConnections = configuration.httpMaxConnections
+        server.maxConnectionsPerClient = configuration.httpMaxConnectionsPerClient
+        server.trustedProxies = configuration.trustedProxies
         return server
     }
 
-    /// Every route of the application with its declarations.
+    /// The operator listener's settings: `TRUNK_SYNC_ADMIN_HOST` / `_PORT`, the same
+    /// timeouts, few connections (a scraper or two, an operator's curl), no proxies.
+    public var adminServerConfiguration: HTTPServerConfiguration { Self.adminServerConfiguration(of: configuration) }
+
+    /// The admin listener's settings taken from `configuration`.
+    public static func adminServerConfiguration(of configuration: Configuration) -> HTTPServerConfiguration {
+        var server = serverConfiguration(of: configuration)
+        server.host = configuration.adminHost
+        server.port = configuration.adminPort
+        server.maxConnections = 64
+        server.maxConnectionsPerClient = 0
+        server.trustedProxies = TrustedProxies()
+        return server
+    }
+
+    /// Every public route of the application with its declarations. Operator endpoints are
+    /// not among them: they are on the admin listener (`adminRoutes`).
     public func routes() -> Routes {
         var routes = Routes(metrics: metrics)
         let healthy = Array(#"{"status":"ok"}"#.utf8)
         routes.add(.get, "/healthz", family: .native, .inline { _ in .json(.ok, healthy) })
-        routes.add(.get, "/readyz", family: .native, .open { _ in await readiness() })
+        routes.add(.get, "/readyz", family: .native, .open { _ in await publicReadiness() })
         AuthRoutes(service: auth).register(in: &routes)
         SyncRoutes(store: events, notifier: notifier, metrics: metrics).register(in: &routes)
         RESTRoutes(pool: pool, store: events, metrics: metrics).register(in: &routes)
+        return routes
+    }
+
+    /// The operator endpoints, served only on the admin listener: `/metrics`, `/readyz` with
+    /// its reason, and `/healthz`. Their requests are observed apart (a `Metrics` of their
+    /// own that nobody renders), so scrapes do not mix into the public routes' series.
+    public func adminRoutes() -> Routes {
+        var routes = Routes(metrics: Metrics())
+        let healthy = Array(#"{"status":"ok"}"#.utf8)
+        routes.add(.get, "/healthz", family: .native, .inline { _ in .json(.ok, healthy) })
+        routes.add(.get, "/readyz", family: .native, .open { _ in await readiness() })
         let metrics = self.metrics
         routes.add(
             .get, "/metrics", family: .native,
@@ -162,12 +196,32 @@ public struct Application: Sendable {
         return routes
     }
 
-    /// The request pipeline over every route: what the HTTP server answers with. The access
-    /// log is on when `logger` writes `info` lines, in the configured format.
+    /// Adds the gauges of an HTTP server (the public one) to the metrics: open connections
+    /// and requests in flight.
+    public func observe(_ server: HTTPServer<RequestPipeline>) {
+        metrics.gauge("trunk_sync_http_connections", help: "Open client connections on the public listener.") {
+            Double(server.statistics.connections)
+        }
+        metrics.gauge("trunk_sync_http_requests_in_flight", help: "Requests whose handler is running (public listener).") {
+            Double(server.statistics.inFlight)
+        }
+    }
+
+    /// The request pipeline over every public route: what the HTTP server answers with. The
+    /// access log is on when `logger` writes `info` lines, in the configured format.
     public func pipeline(logger: Logger = Logger(label: "trunk-sync.http")) -> RequestPipeline {
         let accessLog = logger.logLevel <= .info ? AccessLog(format: configuration.logFormat, label: logger.label) : nil
         return RequestPipeline(
             routes: routes(), corsOrigins: configuration.corsOrigins,
+            authenticator: Authenticator(tokens: auth.tokens, apiKey: configuration.apiKey), accessLog: accessLog,
+            logger: logger)
+    }
+
+    /// The request pipeline of the admin listener: its own routes, no CORS, its own access log.
+    public func adminPipeline(logger: Logger = Logger(label: "trunk-sync.admin")) -> RequestPipeline {
+        let accessLog = logger.logLevel <= .info ? AccessLog(format: configuration.logFormat, label: logger.label) : nil
+        return RequestPipeline(
+            routes: adminRoutes(), corsOrigins: [],
             authenticator: Authenticator(tokens: auth.tokens, apiKey: configuration.apiKey), accessLog: accessLog,
             logger: logger)
     }
@@ -182,24 +236,80 @@ public struct Application: Sendable {
         await pool.close()
     }
 
+    /// The public `/readyz`: `200 {"status":"ready"}` or `503 not_ready`, nothing more.
+    /// Anyone can ask it, so it does not say how many migrations are pending or what failed:
+    /// the reason is logged (once per change, not once per probe) and served on the admin
+    /// listener.
+    func publicReadiness() async -> HTTPResponse {
+        guard case .notReady = await checkReadiness() else { return .json(.ok, #"{"status":"ready"}"#) }
+        return APIError(status: 503, code: "not_ready", message: "The server is not ready.", retryAfter: 5)
+            .response(for: .native)
+    }
+
     /// `200` when the database answers, no migration is pending and the signing keys have
-    /// been loaded, else `503` with the reason.
+    /// been loaded, else `503` with the reason: the admin listener's `/readyz`.
     func readiness() async -> HTTPResponse {
+        switch await checkReadiness() {
+        case .ready:
+            return .json(.ok, #"{"status":"ready"}"#)
+        case .notReady(let code, let message, _):
+            return APIError(status: 503, code: code, message: message).response(for: .native)
+        }
+    }
+
+    enum Readiness: Sendable {
+        case ready
+        /// `detail`: what only the log gets (an error's text).
+        case notReady(code: String, message: String, detail: String?)
+    }
+
+    /// Checks readiness and logs when the answer changed (the reason, with an error's text).
+    func checkReadiness() async -> Readiness {
+        let state = await readinessState()
+        let reason: String? =
+            switch state {
+            case .ready: nil
+            case .notReady(_, let message, let detail): detail.map { "\(message) \($0)" } ?? message
+            }
+        if notReadyReason.replace(with: reason) {
+            if let reason { logger.warning("not ready", metadata: ["reason": "\(reason)"]) } else { logger.notice("ready") }
+        }
+        return state
+    }
+
+    private func readinessState() async -> Readiness {
         do {
             let pending = try await pool.withConnection { [migrator] in try migrator.pendingCount(on: $0) }
             if pending > 0 {
-                return APIError(status: 503, code: "migrations_pending", message: "\(pending) migration(s) pending: run trunk-sync migrate.").response(for: .native)
+                return .notReady(
+                    code: "migrations_pending", message: "\(pending) migration(s) pending: run trunk-sync migrate.",
+                    detail: nil)
             }
             guard tokens.hasLoadedKeys else {
-                return APIError(status: 503, code: "signing_keys_not_loaded", message: "The signing keys have not been loaded yet.").response(for: .native)
+                return .notReady(
+                    code: "signing_keys_not_loaded", message: "The signing keys have not been loaded yet.", detail: nil)
             }
-            return .json(.ok, #"{"status":"ready"}"#)
+            return .ready
         } catch let error as MigrationError {
-            logger.error("not ready", metadata: ["reason": "\(error)"])
-            return APIError(status: 503, code: "migrations_invalid", message: "Applied migrations do not match this server's files.").response(for: .native)
+            return .notReady(
+                code: "migrations_invalid", message: "Applied migrations do not match this server's files.",
+                detail: "\(error)")
         } catch {
-            logger.error("not ready: database unavailable", metadata: ["error": "\(error)"])
-            return APIError(status: 503, code: "database_unavailable", message: "The database is not reachable.").response(for: .native)
+            return .notReady(
+                code: "database_unavailable", message: "The database is not reachable.", detail: "\(error)")
+        }
+    }
+}
+
+/// The last value seen, to log a state once when it changes rather than on every check.
+final class LastValue: Sendable {
+    private let value = Mutex<String?>(nil)
+
+    /// Stores `new`; whether it differs from the value before.
+    func replace(with new: String?) -> Bool {
+        value.withLock { value in
+            defer { value = new }
+            return value != new
         }
     }
 }

@@ -98,20 +98,40 @@ final class RawClient {
 
     deinit { close() }
 
-    /// Connects to 127.0.0.1:`port` within `timeout`, or throws.
-    static func connect(port: Int, timeout: Double = 5) throws -> RawClient {
-        switch tryConnect(port: port, timeout: timeout) {
+    /// Connects to 127.0.0.1:`port` within `timeout`, or throws. `source`: the local
+    /// address to connect from (any of 127.0.0.0/8, which Linux routes to the loopback
+    /// interface), so one test can be many clients.
+    static func connect(port: Int, from source: String? = nil, timeout: Double = 5) throws -> RawClient {
+        switch tryConnect(port: port, from: source, timeout: timeout) {
         case .connected(let client): return client
         case .refused: throw ClientError("connection to port \(port) refused")
         case .failed(let reason): throw ClientError("cannot connect to port \(port): \(reason)")
         }
     }
 
-    /// Connects to 127.0.0.1:`port` within `timeout` and reports a refusal as such.
-    static func tryConnect(port: Int, timeout: Double = 5) -> ConnectOutcome {
+    /// Connects to 127.0.0.1:`port` (from `source`, if given) within `timeout` and reports a
+    /// refusal as such.
+    static func tryConnect(port: Int, from source: String? = nil, timeout: Double = 5) -> ConnectOutcome {
         let fd = socket(
             AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { return .failed("socket: errno \(errno)") }
+        if let source {
+            // Bound before connecting, so the server sees this address as the peer.
+            var local = sockaddr_in()
+            local.sin_family = sa_family_t(AF_INET)
+            local.sin_port = 0
+            local.sin_addr.s_addr = inet_addr(source)
+            let bound = withUnsafePointer(to: &local) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+                }
+            }
+            guard bound == 0 else {
+                let code = errno
+                Glibc.close(fd)
+                return .failed("bind to \(source): errno \(code)")
+            }
+        }
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
         address.sin_port = in_port_t(UInt16(port).bigEndian)

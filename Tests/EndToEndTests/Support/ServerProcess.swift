@@ -83,6 +83,8 @@ final class ServerProcess {
     let stdout: OutputCollector
     /// The port from the server's `listening` log line (0 until it was seen).
     private(set) var port = 0
+    /// The admin listener's port, from its `admin listening` line (0 until it was seen).
+    private(set) var adminPort = 0
     private var cleanedUp = false
 
     private init(
@@ -96,13 +98,14 @@ final class ServerProcess {
         self.stderr = stderr
     }
 
-    /// The environment `serve` gets: a database, a secret, port 0, the repository's
-    /// migrations, then `overrides`.
+    /// The environment `serve` gets: a database, a secret, port 0 (also for the admin
+    /// listener: tests run beside each other), the repository's migrations, then `overrides`.
     static func serveEnvironment(databaseURL: String, overrides: [String: String]) -> [String: String] {
         var variables = [
             "TRUNK_SYNC_DATABASE_URL": databaseURL,
             "TRUNK_SYNC_JWT_SECRET": jwtSecret,
             "TRUNK_SYNC_PORT": "0",
+            "TRUNK_SYNC_ADMIN_PORT": "0",
             "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations",
         ]
         variables.merge(overrides) { $1 }
@@ -151,17 +154,27 @@ final class ServerProcess {
         }
     }
 
-    /// Reads the log until the `listening … port=N` line and remembers N.
+    /// Reads the log until the `listening … port=N` and `admin listening … port=M` lines and
+    /// remembers N and M.
     func waitUntilListening(timeout: Double) throws {
         // Text logs say `listening … port=N`, JSON logs `"msg":"listening",…,"port":"N"`.
-        guard let line = stderr.waitForLine(containing: "listening", timeout: timeout) else {
+        // The public line comes first; the admin line follows it.
+        guard let line = stderr.waitForLine(containing: "listening", timeout: timeout), !line.contains("admin listening")
+        else {
             throw ClientError("server did not report listening within \(timeout) s; log:\n\(logs)")
         }
-        guard let match = line.firstMatch(of: /port(?:=|":")(\d+)/), let port = Int(match.1), port > 0
-        else {
+        port = try Self.port(in: line)
+        guard let adminLine = stderr.waitForLine(containing: "admin listening", timeout: timeout) else {
+            throw ClientError("server did not report its admin listener within \(timeout) s; log:\n\(logs)")
+        }
+        adminPort = try Self.port(in: adminLine)
+    }
+
+    private static func port(in line: String) throws -> Int {
+        guard let match = line.firstMatch(of: /port(?:=|":")(\d+)/), let port = Int(match.1), port > 0 else {
             throw ClientError("no port in \(line.debugDescription)")
         }
-        self.port = port
+        return port
     }
 
     /// Everything the server wrote to stderr and stdout so far.
@@ -171,17 +184,38 @@ final class ServerProcess {
 
     // MARK: - Talking to it
 
-    /// A new connection to the server.
-    func connect(timeout: Double = 5) throws -> RawClient {
-        try RawClient.connect(port: port, timeout: timeout)
+    /// A new connection to the server (from `source`, a loopback address, when given).
+    func connect(from source: String? = nil, timeout: Double = 5) throws -> RawClient {
+        try RawClient.connect(port: port, from: source, timeout: timeout)
     }
 
-    /// Sends `request` on a new connection and reads one response.
-    func exchange(_ request: String, bodyExpected: Bool = true, timeout: Double = 5) throws -> (RawResponse, RawClient)
+    /// Sends `request` on a new connection (from `source`, a loopback address such as
+    /// `127.0.0.2`, when given) and reads one response.
+    func exchange(_ request: String, from source: String? = nil, bodyExpected: Bool = true, timeout: Double = 5) throws
+        -> (RawResponse, RawClient)
     {
-        let client = try connect()
+        let client = try RawClient.connect(port: port, from: source)
         try client.send(request)
         return (try client.readResponse(timeout: timeout, bodyExpected: bodyExpected), client)
+    }
+
+    /// Sends `request` to the admin listener on a new connection and reads one response.
+    func adminExchange(_ request: String, timeout: Double = 5) throws -> RawResponse {
+        let client = try RawClient.connect(port: adminPort)
+        try client.send(request)
+        return try client.readResponse(timeout: timeout)
+    }
+
+    /// The admin listener's `/metrics` as sample name (with labels, as written) → value.
+    func metrics() throws -> [String: Double] {
+        let response = try adminExchange(request("GET", "/metrics"))
+        guard response.status == 200 else { throw ClientError("admin /metrics answered \(response.status)") }
+        var samples: [String: Double] = [:]
+        for line in response.bodyText.split(separator: "\n") where !line.hasPrefix("#") {
+            guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else { continue }
+            samples[String(line[..<space])] = value
+        }
+        return samples
     }
 
     /// Whether a new connection can still be opened (false once the listener is closed).

@@ -17,6 +17,10 @@ final class AccessLog: Sendable {
         var nanoseconds: UInt64
         var requestID: String
         var userID: UUID?
+        /// The client's address (the peer, or whom a trusted proxy forwarded). Written as it
+        /// is: the event loop made it from a socket address or a parsed `IPAddress`, so it holds
+        /// only `[0-9a-f.:]`. Empty: no `client` field.
+        var client: String = ""
     }
 
     private let format: Configuration.LogFormat
@@ -77,7 +81,12 @@ final class AccessLog: Sendable {
             Self.appendPadded(milliseconds, width: 3, to: &out)
             out.append(contentsOf: "Z info ".utf8)
             out.append(contentsOf: label.utf8)
-            out.append(contentsOf: ": request duration_ms=".utf8)
+            out.append(contentsOf: ": request".utf8)
+            if !entry.client.isEmpty {
+                out.append(contentsOf: " client=".utf8)
+                out.append(contentsOf: entry.client.utf8)
+            }
+            out.append(contentsOf: " duration_ms=".utf8)
             Self.appendHundredths(duration, to: &out)
             out.append(contentsOf: " method=".utf8)
             out.append(contentsOf: entry.method.utf8)
@@ -97,7 +106,13 @@ final class AccessLog: Sendable {
             Self.appendPadded(milliseconds, width: 3, to: &out)
             out.append(contentsOf: "Z\",\"level\":\"info\",\"logger\":".utf8)
             out.append(contentsOf: JSONText.quote(label).utf8)
-            out.append(contentsOf: ",\"msg\":\"request\",\"duration_ms\":\"".utf8)
+            out.append(contentsOf: ",\"msg\":\"request\",".utf8)
+            if !entry.client.isEmpty {
+                out.append(contentsOf: "\"client\":\"".utf8)
+                out.append(contentsOf: entry.client.utf8)
+                out.append(contentsOf: "\",".utf8)
+            }
+            out.append(contentsOf: "\"duration_ms\":\"".utf8)
             Self.appendHundredths(duration, to: &out)
             out.append(contentsOf: "\",\"method\":".utf8)
             out.append(contentsOf: JSONText.quote(entry.method).utf8)

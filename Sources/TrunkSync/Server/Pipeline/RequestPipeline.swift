@@ -31,6 +31,8 @@ public struct RequestPipeline: HTTPResponder {
         var parameters: [String: String] = [:]
         /// The caller, once the authentication stage knows it (for the access log).
         var userID: UUID? = nil
+        /// The client's address (for the access log).
+        var client: String = ""
     }
 
     let router: Router<Endpoint>
@@ -56,11 +58,11 @@ public struct RequestPipeline: HTTPResponder {
 
     // MARK: - Stages on the head
 
-    public func admit(_ head: HTTPRequestHead, peer: String) -> Admission<Context> {
+    public func admit(_ head: HTTPRequestHead, client: String) -> Admission<Context> {
         var context = Context(
             requestID: RequestIDGenerator.sanitize(head.headers["x-request-id"]) ?? requestIDs.next(),
             method: head.method, path: head.path, origin: cors.isEnabled ? head.headers["origin"] : nil,
-            started: monotonicNanoseconds())
+            started: monotonicNanoseconds(), client: client)
         let family = Self.family(of: head.path)
         if head.method == .options {
             return .answer(options(head), context)
@@ -178,7 +180,7 @@ public struct RequestPipeline: HTTPResponder {
         accessLog?.record(
             AccessLog.Entry(
                 method: context.method.rawValue, path: context.path, status: status, nanoseconds: elapsed,
-                requestID: context.requestID, userID: context.userID))
+                requestID: context.requestID, userID: context.userID, client: context.client))
     }
 
     public func reject(_ error: HTTPParserError, peer: String) -> HTTPResponse {
