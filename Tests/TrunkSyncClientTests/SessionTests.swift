@@ -252,7 +252,7 @@ final class SessionTests: ClientTestCase {
             for try await events in laptop.liveEvents() { await received.add(events) }
         }
         defer { live.cancel() }
-        let metrics = server.url.appendingPathComponent("metrics")
+        let metrics = server.adminURL.appendingPathComponent("metrics")
         let waiting = await waitUntil(10) {
             ((try? await rawRequest("GET", metrics))?.body ?? "").contains("trunk_sync_longpolls_waiting 1")
         }

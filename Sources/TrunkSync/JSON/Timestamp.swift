@@ -119,7 +119,10 @@ public enum RFC3339 {
                 index += 1
             }
             guard (1...9).contains(digits) else { return nil }
-            for _ in digits..<6 where digits < 6 { micros *= 10 }
+            // (A range `digits..<6` would trap for 7 to 9 digits.)
+            if digits < 6 {
+                for _ in digits..<6 { micros *= 10 }
+            }
         }
         var offsetSeconds = 0
         if expect([90, 122]) {
@@ -137,8 +140,14 @@ public enum RFC3339 {
         guard index == bytes.count else { return nil }
         let days = daysFromCivil(year, month, day)
         let seconds = Int64(days) * 86_400 + Int64(hour * 3600 + minute * 60 + second) - Int64(offsetSeconds)
-        return PostgresTimestamp(microsecondsSinceEpoch: seconds * 1_000_000 + Int64(micros))
+        let microseconds = seconds * 1_000_000 + Int64(micros)
+        // Years 0001–9999 in UTC: what the offset moves outside cannot be written back.
+        guard (minimumMicroseconds...maximumMicroseconds).contains(microseconds) else { return nil }
+        return PostgresTimestamp(microsecondsSinceEpoch: microseconds)
     }
+
+    static let minimumMicroseconds = Int64(daysFromCivil(1, 1, 1)) * 86_400 * 1_000_000
+    static let maximumMicroseconds = Int64(daysFromCivil(10_000, 1, 1)) * 86_400 * 1_000_000 - 1
 
     private static func daysInMonth(_ year: Int, _ month: Int) -> Int {
         switch month {

@@ -85,6 +85,8 @@ final class SyncServer: @unchecked Sendable {  // mutable state guarded by `lock
     private var cleanedUp = false
 
     var url: URL { URL(string: "http://127.0.0.1:\(port)")! }
+    /// The admin listener (`/metrics`), on a port of its own.
+    var adminURL: URL { URL(string: "http://127.0.0.1:\(environment["TRUNK_SYNC_ADMIN_PORT"] ?? "0")")! }
 
     private init(database: PostgresConfiguration, port: Int, environment: [String: String]) {
         self.database = database
@@ -102,6 +104,7 @@ final class SyncServer: @unchecked Sendable {  // mutable state guarded by `lock
             var variables = [
                 "TRUNK_SYNC_DATABASE_URL": url, "TRUNK_SYNC_JWT_SECRET": jwtSecret, "TRUNK_SYNC_PORT": String(port),
                 "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations", "TRUNK_SYNC_OTP_RESEND_INTERVAL": "0",
+                "TRUNK_SYNC_ADMIN_PORT": String(try freePort()),
             ]
             variables.merge(overrides) { $1 }
             let environment = Command.environment(variables)
