@@ -18,7 +18,8 @@ final class OpenAPITests: EndToEndTestCase {
 
     /// An access token for `email`, from `trunk-sync token` with the server's environment.
     func accessToken(_ server: ServerProcess, _ email: String) throws -> String {
-        let result = try Command.run(Command.trunkSyncBinary(), ["token", "--email", email], environment: server.environment)
+        let result = try Command.run(
+            Command.trunkSyncBinary(), ["token", "--email", email], environment: server.environment)
         XCTAssertEqual(result.status, 0, result.stderr)
         let session = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any])
         return try XCTUnwrap(session["access_token"] as? String)
@@ -114,27 +115,36 @@ final class OpenAPITests: EndToEndTestCase {
         try exchange("readiness", "GET", "/readyz")
         try exchange("metrics", "GET", "/metrics")
         try exchange("this description", "GET", "/openapi.json")
-        try exchange("body over the limit of a route without a body", "GET", "/healthz", body: String(repeating: "x", count: 2000))
+        try exchange(
+            "body over the limit of a route without a body", "GET", "/healthz",
+            body: String(repeating: "x", count: 2000))
 
         // Auth: a whole sign-in, then the routes of a session.
         let email = "answers@example.com"
         try exchange("code requested", "POST", "/auth/v1/otp", body: #"{"email":"\#(email)"}"#)
         let line = try XCTUnwrap(server.stderr.waitForLine(containing: "sign-in code for \(email)", timeout: 5))
         let code = String(try XCTUnwrap(line.firstMatch(of: /: (\d{6})/)).output.1)
-        try exchange("wrong code", "POST", "/auth/v1/verify", body: #"{"email":"\#(email)","token":"000000x","type":"email"}"#)
+        try exchange(
+            "wrong code", "POST", "/auth/v1/verify", body: #"{"email":"\#(email)","token":"000000x","type":"email"}"#)
         let signIn = try exchange(
             "session", "POST", "/auth/v1/verify", body: #"{"email":"\#(email)","token":"\#(code)","type":"email"}"#)
         let session = try XCTUnwrap(signIn.jsonObject)
         let refresh = try XCTUnwrap(session["refresh_token"] as? String)
         let refreshed = try exchange(
-            "refreshed session", "POST", "/auth/v1/token?grant_type=refresh_token", body: #"{"refresh_token":"\#(refresh)"}"#)
+            "refreshed session", "POST", "/auth/v1/token?grant_type=refresh_token",
+            body: #"{"refresh_token":"\#(refresh)"}"#)
         let token = try XCTUnwrap(refreshed.jsonObject?["access_token"] as? String)
         let bearer = [("Authorization", "Bearer \(token)")]
-        try exchange("unknown refresh token", "POST", "/auth/v1/token?grant_type=refresh_token", body: #"{"refresh_token":"nope"}"#)
+        try exchange(
+            "unknown refresh token", "POST", "/auth/v1/token?grant_type=refresh_token",
+            body: #"{"refresh_token":"nope"}"#)
         try exchange("unsupported grant", "POST", "/auth/v1/token?grant_type=password", body: "{}")
         try exchange("user", "GET", "/auth/v1/user", headers: bearer)
-        try exchange("user updated", "PUT", "/auth/v1/user", headers: bearer, body: #"{"data":{"full_name":"Ann","theme":"dark"}}"#)
-        try exchange("email change refused", "PUT", "/auth/v1/user", headers: bearer, body: #"{"email":"b@example.com"}"#)
+        try exchange(
+            "user updated", "PUT", "/auth/v1/user", headers: bearer,
+            body: #"{"data":{"full_name":"Ann","theme":"dark"}}"#)
+        try exchange(
+            "email change refused", "PUT", "/auth/v1/user", headers: bearer, body: #"{"email":"b@example.com"}"#)
         try exchange("not JSON", "PUT", "/auth/v1/user", headers: bearer, body: "[1]")
         try exchange("no token", "GET", "/auth/v1/user")
         try exchange("bad token", "GET", "/auth/v1/user", headers: [("Authorization", "Bearer x.y.z")])
@@ -165,7 +175,9 @@ final class OpenAPITests: EndToEndTestCase {
 
         // REST.
         let user = try XCTUnwrap((session["user"] as? [String: Any])?["id"] as? String)
-        try exchange("rows", "GET", "/rest/v1/events?select=seq,payload,created_at&order=seq.desc&seq=gt.0", headers: bearer + [("Prefer", "count=exact")])
+        try exchange(
+            "rows", "GET", "/rest/v1/events?select=seq,payload,created_at&order=seq.desc&seq=gt.0",
+            headers: bearer + [("Prefer", "count=exact")])
         try exchange("all columns", "GET", "/rest/v1/events?limit=1&offset=1", headers: bearer)
         try exchange(
             "one object", "GET", "/rest/v1/events?seq=eq.1",
@@ -178,13 +190,18 @@ final class OpenAPITests: EndToEndTestCase {
         try exchange("no token", "GET", "/rest/v1/events")
         let row = #"{"client_id":"\#(UUID().uuidString)","type":"note","payload":{"a":[1,2]},"user_id":"\#(user)"}"#
         try exchange(
-            "inserted, with representation", "POST", "/rest/v1/events", headers: bearer + [("Prefer", "return=representation")],
+            "inserted, with representation", "POST", "/rest/v1/events",
+            headers: bearer + [("Prefer", "return=representation")],
             body: "[\(row)]", schema: "#/components/schemas/EventRows")
-        try exchange("inserted", "POST", "/rest/v1/events", headers: bearer, body: row.replacingOccurrences(of: "note", with: "other"))
+        try exchange(
+            "inserted", "POST", "/rest/v1/events", headers: bearer,
+            body: row.replacingOccurrences(of: "note", with: "other"))
         try exchange(
             "another user's row", "POST", "/rest/v1/events", headers: bearer,
             body: #"{"client_id":"\#(UUID().uuidString)","type":"note","user_id":"\#(UUID().uuidString)"}"#)
-        try exchange("row without type", "POST", "/rest/v1/events", headers: bearer, body: #"{"client_id":"\#(UUID().uuidString)"}"#)
+        try exchange(
+            "row without type", "POST", "/rest/v1/events", headers: bearer,
+            body: #"{"client_id":"\#(UUID().uuidString)"}"#)
         try exchange("append-only", "DELETE", "/rest/v1/events?seq=eq.1")
         try exchange("profile", "GET", "/rest/v1/profiles?select=full_name&id=eq.\(user)", headers: bearer)
         try exchange(

@@ -67,8 +67,10 @@ final class OpenAPIDocumentTests: XCTestCase {
         }
         var routes = Set<String>()
         for route in declarations {
-            let path = route.pattern.split(separator: "/").map { $0.hasPrefix(":") ? "{\($0.dropFirst())}" : String($0) }
-                .joined(separator: "/")
+            let path = route.pattern.split(separator: "/").map {
+                $0.hasPrefix(":") ? "{\($0.dropFirst())}" : String($0)
+            }
+            .joined(separator: "/")
             let name = "\(route.method.rawValue) /\(path)"
             routes.insert(name)
             guard let operation = paths["/" + path]?[route.method.rawValue.lowercased()] as? [String: Any] else {
@@ -96,8 +98,9 @@ final class OpenAPIDocumentTests: XCTestCase {
                     object = responses[String(reference.split(separator: "/").last ?? "")] as? [String: Any] ?? [:]
                 }
                 let text = String(
-                    decoding: try JSONSerialization.data(withJSONObject: object["content"] ?? [:]), as: UTF8.self)
-                    .replacingOccurrences(of: "\\/", with: "/")
+                    decoding: try JSONSerialization.data(withJSONObject: object["content"] ?? [:]), as: UTF8.self
+                )
+                .replacingOccurrences(of: "\\/", with: "/")
                 let pushError = route.family == .native && text.contains("#/components/schemas/PushError")
                 XCTAssertTrue(text.contains(shape) || pushError, "\(name) \(status): not in the shape of \(shape)")
             }

@@ -57,7 +57,9 @@ public struct Routes: Sendable {
 
     /// What each route declares, in the order added: for checks that the routes and their
     /// description (`docs/openapi.json`) agree.
-    public var declarations: [(method: HTTPMethod, pattern: String, family: APIFamily, bodyLimit: Int, authenticated: Bool)] {
+    public var declarations:
+        [(method: HTTPMethod, pattern: String, family: APIFamily, bodyLimit: Int, authenticated: Bool)]
+    {
         router.entries.map { route in
             let authenticated: Bool
             if case .authenticated = route.endpoint.handler { authenticated = true } else { authenticated = false }
