@@ -49,6 +49,11 @@ public struct Router<Endpoint: Sendable>: Sendable {
     /// Every route as (method, pattern), in order.
     public var patterns: [(method: HTTPMethod, pattern: String)] { routes.map { ($0.method, $0.pattern) } }
 
+    /// Every route as (method, pattern, endpoint), in order.
+    public var entries: [(method: HTTPMethod, pattern: String, endpoint: Endpoint)] {
+        routes.map { ($0.method, $0.pattern, $0.endpoint) }
+    }
+
     static func parse(_ pattern: String) -> [Segment] {
         pattern.split(separator: "/", omittingEmptySubsequences: true).map { part in
             part.hasPrefix(":") ? .parameter(String(part.dropFirst())) : .literal(String(part))

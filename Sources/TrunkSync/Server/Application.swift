@@ -171,6 +171,8 @@ public struct Application: Sendable {
         let healthy = Array(#"{"status":"ok"}"#.utf8)
         routes.add(.get, "/healthz", family: .native, .inline { _ in .json(.ok, healthy) })
         routes.add(.get, "/readyz", family: .native, .open { _ in await publicReadiness() })
+        let document = OpenAPIDocument.bytes
+        routes.add(.get, "/openapi.json", family: .native, .inline { _ in .json(.ok, document) })
         AuthRoutes(service: auth).register(in: &routes)
         SyncRoutes(store: events, notifier: notifier, metrics: metrics).register(in: &routes)
         RESTRoutes(pool: pool, store: events, metrics: metrics).register(in: &routes)

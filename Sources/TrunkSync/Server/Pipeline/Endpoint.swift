@@ -54,4 +54,16 @@ public struct Routes: Sendable {
             method, pattern,
             Endpoint(family: family, bodyLimit: bodyLimit, handler: handler, metrics: metrics.route(pattern)))
     }
+
+    /// What each route declares, in the order added: for checks that the routes and their
+    /// description (`docs/openapi.json`) agree.
+    public var declarations:
+        [(method: HTTPMethod, pattern: String, family: APIFamily, bodyLimit: Int, authenticated: Bool)]
+    {
+        router.entries.map { route in
+            let authenticated: Bool
+            if case .authenticated = route.endpoint.handler { authenticated = true } else { authenticated = false }
+            return (route.method, route.pattern, route.endpoint.family, route.endpoint.bodyLimit, authenticated)
+        }
+    }
 }
