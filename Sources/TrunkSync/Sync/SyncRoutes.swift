@@ -103,15 +103,19 @@ public struct SyncRoutes: Sendable {
         let parameters = try Self.parameters(request)
         var page = try await store.pull(for: user, after: parameters.after, limit: parameters.limit)
         if page.count == 0, parameters.wait > 0 {
+            // Taken before the re-check, so a commit between the two is not missed. Released
+            // on every way out of here — the re-pull throwing (database busy or lost), the
+            // task cancelled (the client went away), the wait ending: a ticket left behind
+            // counts as waiting for ever (`trunk_sync_longpolls_waiting`) and keeps its
+            // memory. Releasing twice is harmless.
             let ticket = notifier.ticket(for: user)
+            defer { ticket.cancel() }
             page = try await store.pull(for: user, after: parameters.after, limit: parameters.limit)
             if page.count == 0 {
                 await ticket.wait(timeout: .seconds(parameters.wait))
                 if !Task.isCancelled {
                     page = try await store.pull(for: user, after: parameters.after, limit: parameters.limit)
                 }
-            } else {
-                ticket.cancel()
             }
         }
         metrics.eventsPulled.increment(by: page.count)
