@@ -205,6 +205,53 @@ final class AuthTests: XCTestCase {
         assertAuthError(noHeader, 401, "no_authorization")
     }
 
+    func testTokensOfAnotherIssuerOrFromTheFutureAre401OnEveryRouteFamily() async throws {
+        let session = try await app.signIn("claims@example.com")
+        let token = try XCTUnwrap(session["access_token"] as? String)
+        let payload = try XCTUnwrap(Base64URL.decode(String(token.split(separator: ".")[1])))
+        let claims = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(payload)) as? [String: Any])
+        XCTAssertEqual(claims["iss"] as? String, app.application.configuration.publicURL + "/auth/v1")
+        // Signed with the right key: only the claims are wrong.
+        func sign(_ change: (inout [String: Any]) -> Void) throws -> String {
+            var changed = claims
+            change(&changed)
+            let input = Base64URL.encode(#"{"alg":"HS256","typ":"JWT"}"#) + "."
+                + Base64URL.encode(Array(try JSONSerialization.data(withJSONObject: changed)))
+            return input + "." + Base64URL.encode(HMAC.sha256(key: Array(app.secret.utf8), message: input))
+        }
+        let now = Int(Date().timeIntervalSince1970)
+        let bad: [(String, String)] = [
+            ("another issuer", try sign { $0["iss"] = "https://elsewhere.example/auth/v1" }),
+            ("no issuer", try sign { $0["iss"] = nil }),
+            ("issuer not a string", try sign { $0["iss"] = 1 }),
+            ("issued in the future", try sign { $0["iat"] = now + 120 }),
+            ("valid only in the future", try sign { $0["nbf"] = now + 120 }),
+            ("no issue time", try sign { $0["iat"] = nil }),
+            ("no session", try sign { $0["session_id"] = nil }),
+            ("no audience", try sign { $0["aud"] = nil }),
+        ]
+        let routes = ["/sync/v1/events", "/rest/v1/events", "/auth/v1/user"]
+        for (name, forged) in bad {
+            for path in routes {
+                let response = try await app.request("GET", path, bearer: forged)
+                XCTAssertEqual(response.status, 401, "\(name) on \(path): \(response.text)")
+            }
+            let push = try await app.request("POST", "/sync/v1/events", json: ["events": [SyncTests.event()]], bearer: forged)
+            XCTAssertEqual(push.status, 401, "\(name) on push")
+        }
+        // The same claims re-signed unchanged, and a little clock skew, are accepted.
+        for (name, good) in [
+            ("unchanged", try sign { _ in }), ("issued 10 s ahead", try sign { $0["iat"] = now + 10 }),
+            ("valid from a minute ago", try sign { $0["nbf"] = now - 60 }),
+        ] {
+            for path in routes {
+                let response = try await app.request("GET", path, bearer: good)
+                XCTAssertEqual(response.status, 200, "\(name) on \(path): \(response.text)")
+            }
+        }
+        XCTAssertEqual(try app.owner().query("select count(*) from events")[0].decode(Int.self, column: 0), 0)
+    }
+
     func testRefreshRotatesAndLateReuseRevokesTheSession() async throws {
         let session = try await app.signIn("rot@example.com")
         let first = try XCTUnwrap(session["refresh_token"] as? String)

@@ -281,7 +281,7 @@ public struct AuthService: Sendable {
             let sessionFilter: String
             switch scope {
             case .local: sessionFilter = "id = $2"
-            case .global: sessionFilter = "$2::uuid is null or true"
+            case .global: sessionFilter = "$2::uuid is not null"
             case .others: sessionFilter = "id is distinct from $2"
             }
             let revoked = try connection.query(
@@ -325,9 +325,8 @@ public struct AuthService: Sendable {
     }
 
     static func checkSession(_ claims: AccessClaims, on connection: PostgresConnection) throws {
-        guard let session = claims.sessionID else { return }
         let live = try connection.query(
-            "select 1 from sessions where id = $1 and user_id = $2 and revoked_at is null", session, claims.userID)
+            "select 1 from sessions where id = $1 and user_id = $2 and revoked_at is null", claims.sessionID, claims.userID)
         if live.isEmpty { throw AuthError.sessionNotFound }
     }
 

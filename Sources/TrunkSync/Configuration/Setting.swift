@@ -26,7 +26,7 @@ public struct Setting: Sendable {
             summary: "HS256 signing secret for access tokens, at least 32 bytes. Required by serve."),
         Setting(
             key: "public_url", defaultValue: nil, isSecret: false,
-            summary: "External base URL, used as the token issuer. Default http://HOST:PORT."),
+            summary: "External base URL. URL/auth/v1 is the token issuer (iss), checked on every request: every instance of a deployment, and trunk-sync token, must share it. Default http://HOST:PORT."),
         Setting(key: "mailer", defaultValue: "log", isSecret: false, summary: "log (codes printed to the log) or smtp."),
         Setting(
             key: "smtp_url", defaultValue: nil, isSecret: true,
