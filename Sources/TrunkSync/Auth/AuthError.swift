@@ -30,8 +30,4 @@ public enum AuthError {
             message: "For security purposes, you can only request this after \(retryAfter) seconds.",
             retryAfter: retryAfter)
     }
-
-    static let emailSendFailed = APIError(
-        status: 503, code: "email_send_failed", message: "The sign-in email could not be sent; try again later",
-        retryAfter: 30)
 }

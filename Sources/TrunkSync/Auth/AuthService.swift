@@ -29,6 +29,10 @@ public struct AuthSettings: Sendable {
     /// Seconds after rotation during which an old refresh token still yields a session (two
     /// tabs refreshing at once). Default 10.
     public var refreshReuseInterval = 10
+    /// Sign-in mails sent at once (sender tasks, and SMTP sessions). Default 2.
+    public var mailSenders = 2
+    /// Sign-in mails waiting for a sender; more are dropped (counted, logged). Default 1000.
+    public var mailQueueSize = 1000
 
     public init() {}
 }
@@ -37,7 +41,8 @@ public struct AuthSettings: Sendable {
 public struct AuthService: Sendable {
     let pool: PostgresPool
     let tokens: TokenIssuer
-    let sender: any SignInCodeSender
+    /// Delivers codes off the request path (see `SignInMailQueue`).
+    let mail: SignInMailQueue
     let settings: AuthSettings
     let logger: Logger
     let metrics: Metrics
@@ -52,14 +57,27 @@ public struct AuthService: Sendable {
         self.metrics = metrics
         self.pool = pool
         self.tokens = tokens
-        self.sender = sender
         self.settings = settings
         self.logger = logger
+        mail = SignInMailQueue(
+            sender: sender, senders: settings.mailSenders, capacity: settings.mailQueueSize, logger: logger,
+            metrics: metrics)
         codeKey = HMAC.sha256(key: Array(secret.utf8), message: "trunk-sync sign-in code key v1")
     }
 
     private func codeHash(_ email: Email, _ code: String) -> PostgresBytes {
         PostgresBytes(HMAC.sha256(key: codeKey, message: email.value + ":" + code))
+    }
+
+    /// How log lines name an address: the first 16 hex digits of an HMAC keyed from the JWT
+    /// secret. Lines about one address can be told apart and matched, and an operator who
+    /// knows the address can find them (`addressTag` in a test or a REPL), but a reader of
+    /// the log alone cannot confirm a guessed address, and no address is ever written out.
+    func addressTag(_ email: Email) -> String {
+        HMAC.sha256(key: codeKey, message: "log:" + email.value).prefix(8).map { byte in
+            let digits = Array("0123456789abcdef")
+            return String([digits[Int(byte >> 4)], digits[Int(byte & 15)]])
+        }.joined()
     }
 
     static func now() -> Int64 { Int64(Date().timeIntervalSince1970) }
@@ -91,52 +109,54 @@ public struct AuthService: Sendable {
 
     // MARK: - Codes
 
-    /// Sends a new code to `email` unless one was sent within the resend interval.
-    /// With `createUser` false and no such user, records a code nobody receives, so the
-    /// answer (and timing of later calls) is the same as for an existing user.
+    /// Records a new code for `email` and hands its mail to the mail queue, unless a code
+    /// was sent within the resend interval (`429`) or the deployment's mail cap is reached
+    /// (`429`).
+    ///
+    /// Nothing about the answer, its timing or the work done before it may tell whether the
+    /// address has an account: every request runs the same statements in the same order —
+    /// the resend check, the look-up of the account, the mail cap (counted for every
+    /// accepted request, mail or not), the upsert of the code — and stores either the code's
+    /// hash or, when no mail goes out (`create_user: false` and no account), the hash of
+    /// nothing anyone knows. The mail itself is sent by the queue's sender tasks after the
+    /// answer, so neither a slow mail server nor a failure shows; the only branch left on
+    /// the request path is `submit`, an append under an uncontended lock.
     public func requestCode(email: Email, createUser: Bool, ip: String) async throws {
         let code = SecureRandom.digits(6)
         let settings = self.settings
         let hash = codeHash(email, code)
-        enum Outcome: Sendable { case send, silent, wait(Int), mailCap(Int) }
+        let unknowable = PostgresBytes(SecureRandom.bytes(count: 32))
+        enum Outcome: Sendable { case accepted(deliverable: Bool), wait(Int), mailCap(Int) }
         let outcome: Outcome = try await database { connection in
             let recent = try connection.query(
                 "select ceil(extract(epoch from created_at + make_interval(secs => $2) - now()))::int8 from otp_codes where email = $1 and created_at > now() - make_interval(secs => $2)",
                 email.value, Int64(settings.otpResendInterval))
             if let row = recent.first { return .wait(max(1, try row.decode(Int.self, column: 0))) }
             let exists = try connection.query("select 1 from users where lower(email) = $1", email.value).count > 0
-            let deliverable = exists || createUser
-            if deliverable, let retry = try RateLimiter.hit("mail:global", rule: settings.mailRule, on: connection) {
+            if let retry = try RateLimiter.hit("mail:global", rule: settings.mailRule, on: connection) {
                 return .mailCap(retry)
             }
-            // An undeliverable request stores a hash of a code no one knows.
-            let stored = deliverable ? hash : PostgresBytes(SecureRandom.bytes(count: 32))
+            let deliverable = exists || createUser
             try connection.query(
                 """
                 insert into otp_codes (email, code_hash, created_at, expires_at, attempts, consumed_at)
                 values ($1, $2, now(), now() + make_interval(secs => $3), 0, null)
                 on conflict (email) do update set code_hash = excluded.code_hash, created_at = excluded.created_at,
                   expires_at = excluded.expires_at, attempts = 0, consumed_at = null
-                """, email.value, stored, Int64(settings.otpLifetime))
-            return deliverable ? .send : .silent
+                """, email.value, deliverable ? hash : unknowable, Int64(settings.otpLifetime))
+            return .accepted(deliverable: deliverable)
         }
         switch outcome {
-        case .silent: return
         case .wait(let seconds): throw AuthError.overEmailSendRateLimit(retryAfter: seconds)
         case .mailCap(let seconds):
             metrics.rateLimited("mail").increment()
             throw AuthError.overEmailSendRateLimit(retryAfter: seconds)
-        case .send:
-            do {
-                try await sender.sendSignInCode(code, to: email.value, expiresInMinutes: max(1, settings.otpLifetime / 60))
-                metrics.signInCodesSent.increment()
-            } catch {
-                metrics.mailFailures.increment()
-                logger.error("sign-in mail failed", metadata: ["error": "\(error)"])
-                // Let the user ask again at once instead of waiting for the resend interval.
-                _ = try? await database { try $0.query("delete from otp_codes where email = $1", email.value) }
-                throw AuthError.emailSendFailed
-            }
+        case .accepted(let deliverable):
+            guard deliverable else { return }
+            mail.submit(
+                SignInMailQueue.Job(
+                    code: code, email: email.value, expiresInMinutes: max(1, settings.otpLifetime / 60),
+                    addressTag: addressTag(email), requestID: RequestContext.requestID))
         }
     }
 

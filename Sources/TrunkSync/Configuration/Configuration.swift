@@ -75,7 +75,8 @@ public struct Configuration: Sendable {
     /// `TRUNK_SYNC_HTTP_MAX_CONNECTIONS`.
     public private(set) var httpMaxConnections: Int = 10_000
 
-    /// Sign-in rules from `jwt_expiry`, `otp_*`, `rate_limit_*`, `refresh_reuse_interval`.
+    /// Sign-in rules from `jwt_expiry`, `otp_*`, `rate_limit_*`, `refresh_reuse_interval`,
+    /// `mail_senders`, `mail_queue_size`.
     public private(set) var auth = AuthSettings()
     /// `TRUNK_SYNC_JWT_EXPIRY`, seconds.
     public private(set) var jwtExpiry = 3600
@@ -179,6 +180,8 @@ public struct Configuration: Sendable {
         auth.tokenRule = try rule("rate_limit_token") ?? auth.tokenRule
         auth.mailRule = try rule("rate_limit_mail") ?? auth.mailRule
         auth.refreshReuseInterval = try integer("refresh_reuse_interval", 0...300) ?? auth.refreshReuseInterval
+        auth.mailSenders = try integer("mail_senders", 1...64) ?? auth.mailSenders
+        auth.mailQueueSize = try integer("mail_queue_size", 1...100_000) ?? auth.mailQueueSize
         if mailer == .smtp, smtpURL == nil { throw error("smtp_url", "is required when TRUNK_SYNC_MAILER is smtp") }
         if let url = smtpURL {
             do {

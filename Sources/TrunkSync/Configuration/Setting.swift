@@ -33,6 +33,12 @@ public struct Setting: Sendable {
             summary: "smtp://[user:pass@]host:port[?tls=none|starttls|tls][&verify=false][&ca_file=PATH] or smtps://…; smtp:// requires STARTTLS unless tls=none; required when mailer is smtp."),
         Setting(key: "mail_from", defaultValue: "no-reply@localhost", isSecret: false, summary: "Sender address of sign-in mails."),
         Setting(
+            key: "mail_senders", defaultValue: "2", isSecret: false,
+            summary: "Sign-in mails sent at once (sender tasks, and SMTP sessions). Mails go out after /otp has answered."),
+        Setting(
+            key: "mail_queue_size", defaultValue: "1000", isSecret: false,
+            summary: "Sign-in mails waiting for a sender; when full, a new one is dropped (counted in trunk_sync_mail_dropped_total, logged) and /otp still answers 200."),
+        Setting(
             key: "cors_origins", defaultValue: "", isSecret: false,
             summary: "Comma-separated origins allowed by CORS; * allows any. Default none."),
         Setting(key: "log_level", defaultValue: "info", isSecret: false, summary: "trace, debug, info, notice, warning, error or critical; info and below write the access log."),
@@ -68,7 +74,7 @@ public struct Setting: Sendable {
             summary: "Per-IP limit on POST /auth/v1/token, as requests/seconds."),
         Setting(
             key: "rate_limit_mail", defaultValue: "1000/3600", isSecret: false,
-            summary: "Sign-in mails the whole deployment may send, as mails/seconds."),
+            summary: "Sign-in codes the whole deployment may issue (mailed or not), as codes/seconds."),
         Setting(
             key: "refresh_reuse_interval", defaultValue: "10", isSecret: false,
             summary: "Seconds a just-rotated refresh token still yields a session (tabs refreshing together)."),

@@ -32,8 +32,11 @@ public struct Application: Sendable {
 
     /// Builds the application: a pool from the configuration, migrations from its directory,
     /// and `sender` for sign-in codes (by default the one `TRUNK_SYNC_MAILER` names).
+    /// `statementObserver` is told every statement the pool runs (tests; see
+    /// `PostgresPool.Configuration.statementObserver`).
     public init(
-        configuration: Configuration, logger: Logger, sender: (any SignInCodeSender)? = nil, listen: Bool = true
+        configuration: Configuration, logger: Logger, sender: (any SignInCodeSender)? = nil, listen: Bool = true,
+        statementObserver: (@Sendable (String) -> Void)? = nil
     ) throws {
         self.configuration = configuration
         self.logger = logger
@@ -41,6 +44,7 @@ public struct Application: Sendable {
         settings.maxConnections = configuration.databasePoolSize
         settings.acquireTimeout = .milliseconds(Int64(configuration.databasePoolTimeout * 1000))
         settings.sessionSettings = [("role", Self.databaseRole)]
+        settings.statementObserver = statementObserver
         let database = try PostgresConfiguration(try configuration.requireDatabaseURL())
         pool = PostgresPool(database, configuration: settings, logger: logger)
         events = EventStore(pool: pool)
@@ -64,6 +68,8 @@ public struct Application: Sendable {
             Double(pool.statistics.waiting)
         }
         metrics.gauge("trunk_sync_longpolls_waiting", help: "Pulls waiting for new events.") { Double(notifier.waiting) }
+        let mail = auth.mail
+        metrics.gauge("trunk_sync_mail_queue_length", help: "Sign-in mails waiting for a sender.") { Double(mail.waiting) }
     }
 
     static func defaultSender(_ configuration: Configuration, logger: Logger) throws -> any SignInCodeSender {
@@ -72,7 +78,10 @@ public struct Application: Sendable {
             return MailCodeSender(mailer: LogMailer(logger: logger), from: configuration.mailFrom)
         case .smtp:
             let smtp = try SMTPConfiguration(url: configuration.smtpURL ?? "")
-            return MailCodeSender(mailer: try SMTPMailer(configuration: smtp, logger: logger), from: configuration.mailFrom)
+            // As many SMTP sessions as the mail queue has senders: no sender waits on another.
+            let mailer = try SMTPMailer(
+                configuration: smtp, logger: logger, maximumConnections: configuration.auth.mailSenders)
+            return MailCodeSender(mailer: mailer, from: configuration.mailFrom)
         }
     }
 
@@ -175,10 +184,12 @@ public struct Application: Sendable {
     /// Answers waiting long-polls at once and stops listening (graceful shutdown).
     public func beginShutdown() { notifier.shutdown() }
 
-    /// Stops everything the application started: the key refresh, the listener and the pool.
+    /// Stops everything the application started: the key refresh, the listener, the mail
+    /// queue (mails already queued get up to 5 seconds) and the pool.
     public func close() async {
         notifier.shutdown()
         await keyRefresh.stop()
+        await auth.mail.close(within: .seconds(5))
         await pool.close()
     }
 
