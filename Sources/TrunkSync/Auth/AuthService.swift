@@ -18,6 +18,11 @@ public struct AuthSettings: Sendable {
     public var otpResendInterval = 60
     /// Wrong guesses that kill a code. Default 5.
     public var otpMaxAttempts = 5
+    /// Refused `/verify` requests per address, across codes, that lock verification for the
+    /// address. Default 10 per 3600 s.
+    public var otpFailureRule = RateLimiter.Rule(limit: 10, window: 3600)
+    /// Seconds verification stays locked. Default 3600.
+    public var otpLockout = 3600
     /// Per IP: `/otp`. Default 30 per 300 s.
     public var otpRule = RateLimiter.Rule(limit: 30, window: 300)
     /// Per IP: `/verify`. Default 30 per 300 s.
@@ -166,42 +171,99 @@ public struct AuthService: Sendable {
     /// transaction, so a failure anywhere in between leaves the code usable for a retry.
     /// The per-IP limit is counted before, in its own transaction, so that failed attempts
     /// count too.
+    ///
+    /// Every refused request for an address counts against it across codes (a new code
+    /// resets the code's own `attempts`, not this): `otpFailureRule.limit` of them within
+    /// `otpFailureRule.window` lock verification for the address for `otpLockout` seconds.
+    /// While locked, every code — the right one too — gets the same `otp_expired` as a
+    /// wrong one, and nothing more is counted (the lock does not grow). An address without
+    /// an account is counted and locked alike, so the lock reveals nothing either. The lock
+    /// is logged with its end, and its end is logged again by the first request after it;
+    /// log lines name the address by `addressTag` and the user id, never in clear, and never
+    /// carry a code.
     public func verify(email: Email, code: String, ip: String, userAgent: String?) async throws -> IssuedSession {
         guard code.utf8.count == 6, code.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }) else { throw AuthError.otpExpired }
         let hash = codeHash(email, code)
-        let maxAttempts = settings.otpMaxAttempts
+        let settings = self.settings
         let refreshToken = Self.newRefreshToken()
-        enum Outcome: Sendable { case rejected, signedIn(UserRecord, sessionID: UUID) }
+        /// What the logs should hear of.
+        enum LockEvent: Sendable { case none, locked(until: PostgresTimestamp, failures: Int), ended }
+        enum Outcome: Sendable {
+            case rejected(LockEvent, user: UUID?)
+            case signedIn(UserRecord, sessionID: UUID, LockEvent)
+        }
         let outcome: Outcome = try await database { connection in
             let rows = try connection.query(
-                "select code_hash, expires_at > now(), attempts, consumed_at is null from otp_codes where email = $1 for update",
-                email.value)
-            guard let row = rows.first else { return .rejected }
+                """
+                select code_hash, expires_at > now(), attempts, consumed_at is null,
+                       coalesce(locked_until > now(), false), locked_until is not null,
+                       failures, failures_since is null or failures_since <= now() - make_interval(secs => $2),
+                       (select id from users where lower(email) = $1)
+                from otp_codes where email = $1 for update
+                """, email.value, Int64(settings.otpFailureRule.window))
+            guard let row = rows.first else { return .rejected(.none, user: nil) }
+            let user = try row.decode(UUID?.self, column: 8)
+            // Locked: the same answer as a wrong code, whatever the code; nothing counted.
+            if try row.decode(Bool.self, column: 4) { return .rejected(.none, user: user) }
+            let lockEnded = try row.decode(Bool.self, column: 5)
             let stored = try row.decode(PostgresBytes.self, column: 0)
-            let unexpired = try row.decode(Bool.self, column: 1)
-            let unused = try row.decode(Bool.self, column: 3)
-            let attempts = try row.decode(Int.self, column: 2)
-            guard unexpired, unused, attempts < maxAttempts else { return .rejected }
-            guard constantTimeEquals(stored.bytes, hash.bytes) else {
-                // Returned rather than thrown, so that the counted attempt commits.
-                try connection.query("update otp_codes set attempts = attempts + 1 where email = $1", email.value)
-                return .rejected
+            let live =
+                try row.decode(Bool.self, column: 1) && row.decode(Bool.self, column: 3)
+                && row.decode(Int.self, column: 2) < settings.otpMaxAttempts
+            guard live, constantTimeEquals(stored.bytes, hash.bytes) else {
+                // Returned rather than thrown, so that the counted failure commits. After a
+                // lock, or once the window has passed, counting starts over.
+                let windowOver = try lockEnded || row.decode(Bool.self, column: 7)
+                let failures = windowOver ? 1 : try row.decode(Int.self, column: 6) + 1
+                let lock = failures >= settings.otpFailureRule.limit
+                let until = try connection.query(
+                    """
+                    update otp_codes set attempts = attempts + $2, failures = $3,
+                      failures_since = case when $4 then now() else failures_since end,
+                      locked_until = case when $5 then now() + make_interval(secs => $6) end
+                    where email = $1 returning locked_until
+                    """, email.value, Int64(live ? 1 : 0), Int64(failures), windowOver, lock, Int64(settings.otpLockout)
+                )[0].decode(PostgresTimestamp?.self, column: 0)
+                if lock, let until { return .rejected(.locked(until: until, failures: failures), user: user) }
+                return .rejected(lockEnded ? .ended : .none, user: user)
             }
-            try connection.query("update otp_codes set consumed_at = now() where email = $1", email.value)
-            let user = try connection.query(
+            try connection.query(
+                """
+                update otp_codes set consumed_at = now(), failures = 0, failures_since = null, locked_until = null
+                where email = $1
+                """, email.value)
+            let signedInRow = try connection.query(
                 """
                 insert into users (email, email_confirmed_at, last_sign_in_at) values ($1, now(), now())
                 on conflict ((lower(email))) do update set last_sign_in_at = now(), updated_at = now(),
                   email_confirmed_at = coalesce(users.email_confirmed_at, now())
                 returning \(UserRecord.columns)
                 """, email.value)[0]
-            let signedIn = try UserRecord(row: user)
+            let signedIn = try UserRecord(row: signedInRow)
             let sessionID = try Self.insertSession(
                 userID: signedIn.id, refreshToken: refreshToken, ip: ip, userAgent: userAgent, on: connection)
-            return .signedIn(signedIn, sessionID: sessionID)
+            return .signedIn(signedIn, sessionID: sessionID, lockEnded ? .ended : .none)
         }
-        guard case .signedIn(let user, let sessionID) = outcome else { throw AuthError.otpExpired }
-        return issue(user: user, sessionID: sessionID, refreshToken: refreshToken)
+        let event: LockEvent
+        let user: UUID?
+        switch outcome {
+        case .rejected(let rejectedEvent, let rejectedUser): (event, user) = (rejectedEvent, rejectedUser)
+        case .signedIn(let signedIn, _, let signedInEvent): (event, user) = (signedInEvent, signedIn.id)
+        }
+        let who: Logger.Metadata = [
+            "address": "\(addressTag(email))", "user_id": "\(user?.uuidString.lowercased() ?? "none")",
+        ]
+        switch event {
+        case .none: break
+        case .locked(let until, let failures):
+            logger.warning(
+                "sign-in locked: too many wrong codes",
+                metadata: who.merging(["failures": "\(failures)", "until": "\(RFC3339.format(until))"]) { $1 })
+        case .ended:
+            logger.notice("sign-in lock ended", metadata: who)
+        }
+        guard case .signedIn(let signedIn, let sessionID, _) = outcome else { throw AuthError.otpExpired }
+        return issue(user: signedIn, sessionID: sessionID, refreshToken: refreshToken)
     }
 
     // MARK: - Sessions

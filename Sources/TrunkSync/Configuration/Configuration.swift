@@ -175,6 +175,8 @@ public struct Configuration: Sendable {
         auth.otpLifetime = try integer("otp_expiry", 30...86_400) ?? auth.otpLifetime
         auth.otpResendInterval = try integer("otp_resend_interval", 0...3600) ?? auth.otpResendInterval
         auth.otpMaxAttempts = try integer("otp_max_attempts", 1...100) ?? auth.otpMaxAttempts
+        auth.otpFailureRule = try rule("otp_failure_limit") ?? auth.otpFailureRule
+        auth.otpLockout = try integer("otp_lockout", 1...604_800) ?? auth.otpLockout
         auth.otpRule = try rule("rate_limit_otp") ?? auth.otpRule
         auth.verifyRule = try rule("rate_limit_verify") ?? auth.verifyRule
         auth.tokenRule = try rule("rate_limit_token") ?? auth.tokenRule

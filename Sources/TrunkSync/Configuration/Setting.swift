@@ -64,6 +64,12 @@ public struct Setting: Sendable {
             key: "otp_max_attempts", defaultValue: "5", isSecret: false,
             summary: "Wrong guesses after which a code is dead."),
         Setting(
+            key: "otp_failure_limit", defaultValue: "10/3600", isSecret: false,
+            summary: "Refused /auth/v1/verify requests per address, across codes and client addresses, that lock verification for the address, as failures/seconds."),
+        Setting(
+            key: "otp_lockout", defaultValue: "3600", isSecret: false,
+            summary: "Seconds verification stays locked; meanwhile every code, the right one too, gets otp_expired."),
+        Setting(
             key: "rate_limit_otp", defaultValue: "30/300", isSecret: false,
             summary: "Per-IP limit on POST /auth/v1/otp, as requests/seconds."),
         Setting(
