@@ -129,6 +129,7 @@ final class AppHarness: @unchecked Sendable {
             configuration: configuration, logger: logger, sender: sender,
             statementObserver: { statements.record($0) })
         try await application.reloadSigningKeys()  // as serve does before listening
+        await application.loadRevokedSessions()
         server = HTTPServer(
             configuration: application.serverConfiguration, responder: application.pipeline(logger: TestDatabase.quietLogger), logger: TestDatabase.quietLogger)
         let port = try server.start()

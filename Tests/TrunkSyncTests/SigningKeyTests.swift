@@ -226,10 +226,11 @@ final class SigningKeyTests: XCTestCase {
         }
     }
 
-    func testReadinessWaitsForTheFirstKeyLoad() async throws {
+    func testReadinessWaitsForTheFirstKeyLoadAndRevocationLoad() async throws {
         let configuration = try Configuration.load(environment: environment.merging(["TRUNK_SYNC_PORT": "0"]) { $1 })
+        // Without a listener, whose connection would load the revocations by itself.
         let application = try Application(
-            configuration: configuration, logger: TestDatabase.quietLogger, sender: app.sender)
+            configuration: configuration, logger: TestDatabase.quietLogger, sender: app.sender, listen: false)
         let server = HTTPServer(
             configuration: application.serverConfiguration, responder: application.pipeline(logger: TestDatabase.quietLogger),
             logger: TestDatabase.quietLogger)
@@ -243,6 +244,10 @@ final class SigningKeyTests: XCTestCase {
         XCTAssertEqual(before, 503)
         XCTAssertTrue(body.contains("signing_keys_not_loaded"), body)
         try await application.reloadSigningKeys()
+        let (keysLoaded, keysLoadedBody) = try await readiness()
+        XCTAssertEqual(keysLoaded, 503)
+        XCTAssertTrue(keysLoadedBody.contains("revocations_not_loaded"), keysLoadedBody)
+        await application.loadRevokedSessions()
         let (after, _) = try await readiness()
         XCTAssertEqual(after, 200)
         server.shutdown()

@@ -48,6 +48,8 @@ public struct AuthService: Sendable {
     let tokens: TokenIssuer
     /// Delivers codes off the request path (see `SignInMailQueue`).
     let mail: SignInMailQueue
+    /// Revoked sessions whose tokens may still be valid (see `SessionRevocations`).
+    public let revocations: SessionRevocations
     let settings: AuthSettings
     let logger: Logger
     let metrics: Metrics
@@ -64,6 +66,7 @@ public struct AuthService: Sendable {
         self.tokens = tokens
         self.settings = settings
         self.logger = logger
+        revocations = SessionRevocations(pool: pool, logger: logger)
         mail = SignInMailQueue(
             sender: sender, senders: settings.mailSenders, capacity: settings.mailQueueSize, logger: logger,
             metrics: metrics)
@@ -186,6 +189,8 @@ public struct AuthService: Sendable {
         let hash = codeHash(email, code)
         let settings = self.settings
         let refreshToken = Self.newRefreshToken()
+        let now = Self.now()
+        let accessExpiresAt = now + Int64(tokens.lifetime)
         /// What the logs should hear of.
         enum LockEvent: Sendable { case none, locked(until: PostgresTimestamp, failures: Int), ended }
         enum Outcome: Sendable {
@@ -241,7 +246,8 @@ public struct AuthService: Sendable {
                 """, email.value)[0]
             let signedIn = try UserRecord(row: signedInRow)
             let sessionID = try Self.insertSession(
-                userID: signedIn.id, refreshToken: refreshToken, ip: ip, userAgent: userAgent, on: connection)
+                userID: signedIn.id, refreshToken: refreshToken, ip: ip, userAgent: userAgent,
+                accessExpiresAt: accessExpiresAt, on: connection)
             return .signedIn(signedIn, sessionID: sessionID, lockEnded ? .ended : .none)
         }
         let event: LockEvent
@@ -263,7 +269,7 @@ public struct AuthService: Sendable {
             logger.notice("sign-in lock ended", metadata: who)
         }
         guard case .signedIn(let signedIn, let sessionID, _) = outcome else { throw AuthError.otpExpired }
-        return issue(user: signedIn, sessionID: sessionID, refreshToken: refreshToken)
+        return issue(user: signedIn, sessionID: sessionID, refreshToken: refreshToken, now: now)
     }
 
     // MARK: - Sessions
@@ -271,29 +277,35 @@ public struct AuthService: Sendable {
     /// Creates a session with its first refresh token and signs an access token.
     func startSession(for user: UserRecord, ip: String, userAgent: String?) async throws -> IssuedSession {
         let refreshToken = Self.newRefreshToken()
+        let now = Self.now()
+        let accessExpiresAt = now + Int64(tokens.lifetime)
         let sessionID = try await database { connection in
             try Self.insertSession(
-                userID: user.id, refreshToken: refreshToken, ip: ip, userAgent: userAgent, on: connection)
+                userID: user.id, refreshToken: refreshToken, ip: ip, userAgent: userAgent,
+                accessExpiresAt: accessExpiresAt, on: connection)
         }
-        return issue(user: user, sessionID: sessionID, refreshToken: refreshToken)
+        return issue(user: user, sessionID: sessionID, refreshToken: refreshToken, now: now)
     }
 
     /// Stores a session and its first refresh token on `connection`, inside the caller's
-    /// transaction, and returns the session's id.
+    /// transaction, and returns the session's id. `accessExpiresAt` is the expiry of the
+    /// access token about to be issued for it: a revocation of the session matters until
+    /// the newest such expiry (`SessionRevocations`).
     static func insertSession(
-        userID: UUID, refreshToken: String, ip: String, userAgent: String?, on connection: PostgresConnection
+        userID: UUID, refreshToken: String, ip: String, userAgent: String?, accessExpiresAt: Int64,
+        on connection: PostgresConnection
     ) throws -> UUID {
         let session = try connection.query(
-            "insert into sessions (user_id, ip, user_agent) values ($1, $2, $3) returning id", userID, ip,
-            userAgent.map { String($0.prefix(512)) })[0].decode(UUID.self, column: 0)
+            "insert into sessions (user_id, ip, user_agent, access_expires_at) values ($1, $2, $3, to_timestamp($4)) returning id",
+            userID, ip, userAgent.map { String($0.prefix(512)) }, accessExpiresAt)[0].decode(UUID.self, column: 0)
         try connection.query(
             "insert into refresh_tokens (session_id, user_id, token_hash) values ($1, $2, $3)", session, userID,
             hashToken(refreshToken))
         return session
     }
 
-    private func issue(user: UserRecord, sessionID: UUID, refreshToken: String) -> IssuedSession {
-        let now = Self.now()
+    /// Signs the access token at `now`, the time its expiry was recorded with the session.
+    private func issue(user: UserRecord, sessionID: UUID, refreshToken: String, now: Int64) -> IssuedSession {
         let access = tokens.accessToken(for: user, sessionID: sessionID, now: now)
         return IssuedSession(
             accessToken: access.token, expiresIn: tokens.lifetime, expiresAt: access.expiresAt, refreshToken: refreshToken,
@@ -311,7 +323,10 @@ public struct AuthService: Sendable {
         guard !token.isEmpty, token.utf8.count <= 128 else { throw AuthError.refreshTokenNotFound }
         let newToken = Self.newRefreshToken()
         let reuseInterval = settings.refreshReuseInterval
-        enum Outcome: Sendable { case notFound, reused, issued(UserRecord, UUID) }
+        let now = Self.now()
+        let accessExpiresAt = now + Int64(tokens.lifetime)
+        typealias Revoked = [(session: UUID, user: UUID, tokensExpireAt: Int64)]
+        enum Outcome: Sendable { case notFound, reused(Revoked), issued(UserRecord, UUID) }
         let outcome: Outcome = try await database { connection in
             let rows = try connection.query(
                 """
@@ -331,7 +346,7 @@ public struct AuthService: Sendable {
                     try connection.query("update sessions set revoked_at = now() where id = $1", sessionID)
                     try connection.query(
                         "update refresh_tokens set revoked_at = now() where session_id = $1 and revoked_at is null", sessionID)
-                    return .reused
+                    return .reused(try Self.revocations(of: [sessionID], on: connection))
                 }
             } else {
                 try connection.query("update refresh_tokens set rotated_at = now() where id = $1", tokenID)
@@ -339,27 +354,38 @@ public struct AuthService: Sendable {
             try connection.query(
                 "insert into refresh_tokens (session_id, user_id, token_hash, parent_id) values ($1, $2, $3, $4)",
                 sessionID, userID, Self.hashToken(newToken), tokenID)
-            try connection.query("update sessions set refreshed_at = now(), updated_at = now() where id = $1", sessionID)
+            try connection.query(
+                """
+                update sessions set refreshed_at = now(), updated_at = now(),
+                  access_expires_at = greatest(access_expires_at, to_timestamp($2))
+                where id = $1
+                """, sessionID, accessExpiresAt)
             let user = try connection.query("select \(UserRecord.columns) from users where id = $1", userID)[0]
             return .issued(try UserRecord(row: user), sessionID)
         }
         switch outcome {
         case .notFound: throw AuthError.refreshTokenNotFound
-        case .reused:
-            logger.warning("refresh token reused after rotation; session revoked")
+        case .reused(let revoked):
+            // Known here before the answer; other instances hear of it from the trigger.
+            revocations.record(revoked)
+            logger.warning(
+                "refresh token reused after rotation; session revoked",
+                metadata: ["session_id": "\(revoked.first?.session.uuidString.lowercased() ?? "")"])
             throw AuthError.refreshTokenAlreadyUsed
         case .issued(let user, let sessionID):
-            return issue(user: user, sessionID: sessionID, refreshToken: newToken)
+            return issue(user: user, sessionID: sessionID, refreshToken: newToken, now: now)
         }
     }
 
     /// Which sessions `logout` ends.
     public enum LogoutScope: String, Sendable { case local, global, others }
 
-    /// Revokes the caller's session, all the user's sessions, or all others.
+    /// Revokes the caller's session, all the user's sessions, or all others. Their access
+    /// tokens stop working at once here (recorded before the answer) and on every other
+    /// instance as soon as the trigger's notification arrives (milliseconds).
     public func logout(_ claims: AccessClaims, scope: LogoutScope) async throws {
         let current = claims.sessionID
-        try await database { connection in
+        let revoked = try await database { connection in
             let sessionFilter: String
             switch scope {
             case .local: sessionFilter = "id = $2"
@@ -372,7 +398,22 @@ public struct AuthService: Sendable {
             ).map { try $0.decode(UUID.self, column: 0) }
             try connection.query(
                 "update refresh_tokens set revoked_at = now() where session_id = any($1) and revoked_at is null", revoked)
+            return try Self.revocations(of: revoked, on: connection)
         }
+        revocations.record(revoked)
+    }
+
+    /// What the revocation trigger recorded for `sessions` in this transaction.
+    static func revocations(of sessions: [UUID], on connection: PostgresConnection) throws
+        -> [(session: UUID, user: UUID, tokensExpireAt: Int64)]
+    {
+        guard !sessions.isEmpty else { return [] }
+        return try connection.query(
+            """
+            select session_id, user_id, floor(extract(epoch from expires_at))::int8 from session_revocations
+            where session_id = any($1)
+            """, sessions
+        ).map { (try $0.decode(UUID.self, column: 0), try $0.decode(UUID.self, column: 1), try $0.decode(Int64.self, column: 2)) }
     }
 
     /// The caller's user, if the session behind the token is still live.

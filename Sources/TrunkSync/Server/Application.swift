@@ -49,8 +49,10 @@ public struct Application: Sendable {
         pool = PostgresPool(database, configuration: settings, logger: logger)
         events = EventStore(pool: pool)
         signingKeys = SigningKeyStore(pool: pool)
-        notifier = EventNotifier(
-            listener: listen ? PostgresListener(database, channels: [EventStore.channel], logger: logger) : nil)
+        let listener =
+            listen
+            ? PostgresListener(database, channels: [EventStore.channel, SessionRevocations.channel], logger: logger) : nil
+        notifier = EventNotifier(listener: listener)
         migrator = Migrator(migrations: try Migration.load(from: configuration.migrationsDirectory), logger: logger)
         let secret = configuration.jwtSecret ?? ""
         auth = AuthService(
@@ -58,8 +60,19 @@ public struct Application: Sendable {
             tokens: TokenIssuer(secret: secret, issuer: configuration.publicURL + "/auth/v1", lifetime: configuration.jwtExpiry),
             secret: secret, sender: try sender ?? Self.defaultSender(configuration, logger: logger),
             settings: configuration.auth, logger: logger, metrics: metrics)
+        if let listener {
+            // Both subscribe before the listener starts, so neither misses its first
+            // `.listening` (which makes the revocations load).
+            let notifier = self.notifier
+            auth.revocations.follow(listener.events(), wake: { notifier.wake($0) })
+            listener.start()
+        }
         let pool = self.pool
         let notifier = self.notifier
+        let revocations = auth.revocations
+        metrics.gauge("trunk_sync_revoked_sessions", help: "Revoked sessions whose access tokens may still be valid.") {
+            Double(revocations.count)
+        }
         metrics.gauge("trunk_sync_db_pool_connections_open", help: "Database connections open.") { Double(pool.statistics.open) }
         metrics.gauge("trunk_sync_db_pool_connections_in_use", help: "Database connections running a query.") {
             Double(pool.statistics.inUse)
@@ -106,6 +119,16 @@ public struct Application: Sendable {
                 metadata: ["kids": "\(after.0.compactMap { $0 }.joined(separator: ","))", "signing": "\(after.1)"])
         }
         return result
+    }
+
+    /// Loads the revoked sessions now, as `serve` does before accepting requests (the
+    /// listener's connection reloads them too, and retries); a failure is logged.
+    public func loadRevokedSessions() async {
+        do {
+            try await auth.revocations.load()
+        } catch {
+            logger.error("cannot load revoked sessions; retrying", metadata: ["error": "\(error)"])
+        }
     }
 
     /// Loads the signing keys, then reloads them every `interval` in a background task until
@@ -158,7 +181,7 @@ public struct Application: Sendable {
         routes.add(.get, "/healthz", family: .native, .inline { _ in .json(.ok, healthy) })
         routes.add(.get, "/readyz", family: .native, .open { _ in await readiness() })
         AuthRoutes(service: auth).register(in: &routes)
-        SyncRoutes(store: events, notifier: notifier, metrics: metrics).register(in: &routes)
+        SyncRoutes(store: events, notifier: notifier, metrics: metrics, revocations: auth.revocations).register(in: &routes)
         RESTRoutes(pool: pool, store: events, metrics: metrics).register(in: &routes)
         let metrics = self.metrics
         routes.add(
@@ -177,7 +200,8 @@ public struct Application: Sendable {
         let accessLog = logger.logLevel <= .info ? AccessLog(format: configuration.logFormat, label: logger.label) : nil
         return RequestPipeline(
             routes: routes(), corsOrigins: configuration.corsOrigins,
-            authenticator: Authenticator(tokens: auth.tokens, apiKey: configuration.apiKey), accessLog: accessLog,
+            authenticator: Authenticator(tokens: auth.tokens, apiKey: configuration.apiKey, revocations: auth.revocations),
+            accessLog: accessLog,
             logger: logger)
     }
 
@@ -189,12 +213,13 @@ public struct Application: Sendable {
     public func close() async {
         notifier.shutdown()
         await keyRefresh.stop()
+        await auth.revocations.stop()
         await auth.mail.close(within: .seconds(5))
         await pool.close()
     }
 
-    /// `200` when the database answers, no migration is pending and the signing keys have
-    /// been loaded, else `503` with the reason.
+    /// `200` when the database answers, no migration is pending and the signing keys and
+    /// revoked sessions have been loaded, else `503` with the reason.
     func readiness() async -> HTTPResponse {
         do {
             let pending = try await pool.withConnection { [migrator] in try migrator.pendingCount(on: $0) }
@@ -203,6 +228,9 @@ public struct Application: Sendable {
             }
             guard tokens.hasLoadedKeys else {
                 return APIError(status: 503, code: "signing_keys_not_loaded", message: "The signing keys have not been loaded yet.").response(for: .native)
+            }
+            guard auth.revocations.isLoaded else {
+                return APIError(status: 503, code: "revocations_not_loaded", message: "The revoked sessions have not been loaded yet.").response(for: .native)
             }
             return .json(.ok, #"{"status":"ready"}"#)
         } catch let error as MigrationError {

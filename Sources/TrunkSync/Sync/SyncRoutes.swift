@@ -10,13 +10,18 @@ public struct SyncRoutes: Sendable {
     let store: EventStore
     let notifier: EventNotifier
     let metrics: Metrics
+    let revocations: SessionRevocations?
 
     /// The largest push: 1000 events of at most 64 KiB of payload each would not fit, and
     /// need not: clients send batches of a few hundred small events.
     public static let pushBodyLimit = 10 * 1024 * 1024
 
-    public init(store: EventStore, notifier: EventNotifier, metrics: Metrics = Metrics()) {
+    /// `revocations`: a long-poll whose session is revoked while it waits answers `401`.
+    public init(
+        store: EventStore, notifier: EventNotifier, metrics: Metrics = Metrics(), revocations: SessionRevocations? = nil
+    ) {
         self.metrics = metrics
+        self.revocations = revocations
         self.store = store
         self.notifier = notifier
     }
@@ -27,7 +32,7 @@ public struct SyncRoutes: Sendable {
             .authenticated { request, claims in try await push(request, user: claims.userID) })
         routes.add(
             .get, "/sync/v1/events", family: .native,
-            .authenticated { request, claims in try await pull(request, user: claims.userID) })
+            .authenticated { request, claims in try await pull(request, claims: claims) })
     }
 
     func push(_ request: HTTPRequest, user: UUID) async throws -> HTTPResponse {
@@ -99,7 +104,8 @@ public struct SyncRoutes: Sendable {
         return parameters
     }
 
-    func pull(_ request: HTTPRequest, user: UUID) async throws -> HTTPResponse {
+    func pull(_ request: HTTPRequest, claims: AccessClaims) async throws -> HTTPResponse {
+        let user = claims.userID
         let parameters = try Self.parameters(request)
         var page = try await store.pull(for: user, after: parameters.after, limit: parameters.limit)
         if page.count == 0, parameters.wait > 0 {
@@ -113,6 +119,9 @@ public struct SyncRoutes: Sendable {
             page = try await store.pull(for: user, after: parameters.after, limit: parameters.limit)
             if page.count == 0 {
                 await ticket.wait(timeout: .seconds(parameters.wait))
+                // A revocation wakes the user's long-polls: the signed-out session gets
+                // nothing more, however long it meant to wait.
+                if revocations?.isRevoked(claims.sessionID) == true { throw APIError.unauthorized }
                 if !Task.isCancelled {
                     page = try await store.pull(for: user, after: parameters.after, limit: parameters.limit)
                 }
