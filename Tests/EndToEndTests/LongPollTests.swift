@@ -62,12 +62,12 @@ final class LongPollTests: EndToEndTestCase {
     func testLongPollsThatEndInADatabaseErrorAreReleased() throws {
         // One connection and no patience: most pulls find the pool busy, also the one a
         // long-poll makes right after taking its ticket.
-        let server = try startServer(["TRUNK_SYNC_DB_POOL_SIZE": "1", "TRUNK_SYNC_DB_POOL_TIMEOUT": "0.01"])
+        let server = try startServer(["TRUNK_SYNC_DB_POOL_SIZE": "1", "TRUNK_SYNC_DB_POOL_TIMEOUT": "0.005"])
         let token = try accessToken(server, "errors@example.com")
         var statuses: [Int: Int] = [:]
-        for _ in 0..<4 {
+        for _ in 0..<3 {
             var clients: [RawClient] = []
-            for _ in 0..<50 {
+            for _ in 0..<100 {
                 let client = try server.connect()
                 try client.send(longPoll(token, wait: 1))
                 clients.append(client)
@@ -79,7 +79,7 @@ final class LongPollTests: EndToEndTestCase {
                 client.close()
             }
         }
-        XCTAssertEqual(statuses.values.reduce(0, +), 200, "\(statuses)")
+        XCTAssertEqual(statuses.values.reduce(0, +), 300, "\(statuses)")
         XCTAssertGreaterThan(statuses[503] ?? 0, 0, "the pool was never busy: \(statuses)")
         XCTAssertTrue(eventually(within: 10, interval: .milliseconds(50)) { waiting(server) == 0 }, "\(waiting(server) ?? -1) still waiting; answers \(statuses)")
         assertServerHealthy(server)
