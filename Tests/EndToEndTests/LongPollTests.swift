@@ -19,7 +19,10 @@ final class LongPollTests: EndToEndTestCase {
     func waiting(_ server: ServerProcess) -> Int? {
         guard let (response, client) = try? server.exchange(request("GET", "/metrics")) else { return nil }
         client.close()
-        guard let line = response.bodyText.split(separator: "\n").first(where: { $0.hasPrefix("trunk_sync_longpolls_waiting ") })
+        guard
+            let line = response.bodyText.split(separator: "\n").first(where: {
+                $0.hasPrefix("trunk_sync_longpolls_waiting ")
+            })
         else { return nil }
         return Int(line.split(separator: " ").last ?? "")
     }
@@ -38,10 +41,14 @@ final class LongPollTests: EndToEndTestCase {
             try client.send(longPoll(token, wait: 60))
             clients.append(client)
         }
-        XCTAssertTrue(eventually(within: 20, interval: .milliseconds(50)) { waiting(server) == 100 }, "\(waiting(server) ?? -1) waiting")
+        XCTAssertTrue(
+            eventually(within: 20, interval: .milliseconds(50)) { waiting(server) == 100 },
+            "\(waiting(server) ?? -1) waiting")
         clients.forEach { $0.reset() }
         clients = []
-        XCTAssertTrue(eventually(within: 10, interval: .milliseconds(50)) { waiting(server) == 0 }, "\(waiting(server) ?? -1) still waiting")
+        XCTAssertTrue(
+            eventually(within: 10, interval: .milliseconds(50)) { waiting(server) == 0 },
+            "\(waiting(server) ?? -1) still waiting")
 
         // 100 more that go away while their pull is still on its way to the database:
         // some are cancelled between taking their ticket and waiting on it.
@@ -55,7 +62,9 @@ final class LongPollTests: EndToEndTestCase {
             if round % 2 == 1 { Thread.sleep(forTimeInterval: 0.002) }
             burst.forEach { $0.reset() }
         }
-        XCTAssertTrue(eventually(within: 10, interval: .milliseconds(50)) { waiting(server) == 0 }, "\(waiting(server) ?? -1) still waiting")
+        XCTAssertTrue(
+            eventually(within: 10, interval: .milliseconds(50)) { waiting(server) == 0 },
+            "\(waiting(server) ?? -1) still waiting")
         assertServerHealthy(server)
     }
 
@@ -81,7 +90,9 @@ final class LongPollTests: EndToEndTestCase {
         }
         XCTAssertEqual(statuses.values.reduce(0, +), 300, "\(statuses)")
         XCTAssertGreaterThan(statuses[503] ?? 0, 0, "the pool was never busy: \(statuses)")
-        XCTAssertTrue(eventually(within: 10, interval: .milliseconds(50)) { waiting(server) == 0 }, "\(waiting(server) ?? -1) still waiting; answers \(statuses)")
+        XCTAssertTrue(
+            eventually(within: 10, interval: .milliseconds(50)) { waiting(server) == 0 },
+            "\(waiting(server) ?? -1) still waiting; answers \(statuses)")
         assertServerHealthy(server)
     }
 }

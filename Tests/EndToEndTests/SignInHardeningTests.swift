@@ -18,28 +18,38 @@ final class SignInHardeningTests: EndToEndTestCase {
     }
 
     func session(_ server: ServerProcess, _ email: String) throws -> [String: Any] {
-        let result = try Command.run(Command.trunkSyncBinary(), ["token", "--email", email], environment: server.environment)
+        let result = try Command.run(
+            Command.trunkSyncBinary(), ["token", "--email", email], environment: server.environment)
         XCTAssertEqual(result.status, 0, result.stderr)
         return try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any])
     }
 
     func testAFailingMailServerIsNeitherShownNorSlowsTheAnswer() throws {
         // Nothing listens on this port: every mail fails.
-        let closed = try Command.run("/usr/bin/python3", ["-c", "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"])
+        let closed = try Command.run(
+            "/usr/bin/python3",
+            ["-c", "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"])
         let server = try startServer([
             "TRUNK_SYNC_MAILER": "smtp",
-            "TRUNK_SYNC_SMTP_URL": "smtp://127.0.0.1:\(closed.stdout.trimmingCharacters(in: .whitespacesAndNewlines))?tls=none",
+            "TRUNK_SYNC_SMTP_URL":
+                "smtp://127.0.0.1:\(closed.stdout.trimmingCharacters(in: .whitespacesAndNewlines))?tls=none",
         ])
         _ = try session(server, "member@example.com")
-        let known = try send(server, "POST", "/auth/v1/otp", body: #"{"email":"member@example.com","create_user":false}"#)
-        let unknown = try send(server, "POST", "/auth/v1/otp", body: #"{"email":"stranger@example.com","create_user":false}"#)
+        let known = try send(
+            server, "POST", "/auth/v1/otp", body: #"{"email":"member@example.com","create_user":false}"#)
+        let unknown = try send(
+            server, "POST", "/auth/v1/otp", body: #"{"email":"stranger@example.com","create_user":false}"#)
         for response in [known, unknown] {
             XCTAssertEqual(response.status, 200, response.bodyText)
             XCTAssertEqual(response.bodyText, "{}")
         }
         XCTAssertEqual(
-            known.headers.filter { !["x-request-id", "date"].contains($0.name.lowercased()) }.map { "\($0.name): \($0.value)" },
-            unknown.headers.filter { !["x-request-id", "date"].contains($0.name.lowercased()) }.map { "\($0.name): \($0.value)" })
+            known.headers.filter { !["x-request-id", "date"].contains($0.name.lowercased()) }.map {
+                "\($0.name): \($0.value)"
+            },
+            unknown.headers.filter { !["x-request-id", "date"].contains($0.name.lowercased()) }.map {
+                "\($0.name): \($0.value)"
+            })
         let line = try XCTUnwrap(server.stderr.waitForLine(containing: "sign-in mail failed", timeout: 10), server.logs)
         XCTAssertFalse(line.contains("member@example.com"), line)
         XCTAssertTrue(
@@ -57,16 +67,22 @@ final class SignInHardeningTests: EndToEndTestCase {
         for round in 0..<3 {
             XCTAssertEqual(try send(server, "POST", "/auth/v1/otp", body: #"{"email":"\#(email)"}"#).status, 200)
             // The log mailer prints each code; take the newest.
-            XCTAssertTrue(eventually(within: 5) { server.logs.components(separatedBy: "sign-in code for \(email)").count > round + 1 })
+            XCTAssertTrue(
+                eventually(within: 5) {
+                    server.logs.components(separatedBy: "sign-in code for \(email)").count > round + 1
+                })
             let lines = server.logs.split(separator: "\n").filter { $0.contains("sign-in code for \(email)") }
             code = String(try XCTUnwrap(lines.last?.firstMatch(of: /: (\d{6})/)).output.1)
             if round == 2 { break }
             for guess in ["000000", "111111", "222222", "333333"].filter({ $0 != code }).prefix(3) {
-                let wrong = try send(server, "POST", "/auth/v1/verify", body: #"{"email":"\#(email)","token":"\#(guess)","type":"email"}"#)
+                let wrong = try send(
+                    server, "POST", "/auth/v1/verify",
+                    body: #"{"email":"\#(email)","token":"\#(guess)","type":"email"}"#)
                 XCTAssertEqual(wrong.status, 403)
             }
         }
-        let right = try send(server, "POST", "/auth/v1/verify", body: #"{"email":"\#(email)","token":"\#(code)","type":"email"}"#)
+        let right = try send(
+            server, "POST", "/auth/v1/verify", body: #"{"email":"\#(email)","token":"\#(code)","type":"email"}"#)
         XCTAssertEqual(right.status, 403, "locked: the right code is refused like a wrong one")
         XCTAssertEqual(right.jsonObject?["code"] as? String, "otp_expired")
         let locked = try XCTUnwrap(server.stderr.waitForLine(containing: "sign-in locked", timeout: 5))
@@ -98,7 +114,8 @@ final class SignInHardeningTests: EndToEndTestCase {
         let server = try startServer()
         let token = try XCTUnwrap(try session(server, "bye@example.com")["access_token"] as? String)
         let polling = try server.connect()
-        try polling.send(request("GET", "/sync/v1/events?after=0&wait=30", headers: [("Authorization", "Bearer \(token)")]))
+        try polling.send(
+            request("GET", "/sync/v1/events?after=0&wait=30", headers: [("Authorization", "Bearer \(token)")]))
         XCTAssertTrue(
             eventually(within: 10) {
                 ((try? send(server, "GET", "/metrics"))?.bodyText ?? "").contains("trunk_sync_longpolls_waiting 1\n")

@@ -2,8 +2,9 @@ import Foundation
 import Logging
 import Postgres
 import TestSupport
-@testable import TrunkSync
 import XCTest
+
+@testable import TrunkSync
 
 /// Signing out, deleting a user and reusing a refresh token end the session's access
 /// tokens on every route of every instance within a second.
@@ -50,7 +51,8 @@ final class RevocationTests: XCTestCase {
                     response = try await instance.request("GET", path, bearer: token)
                 }
                 XCTAssertEqual(
-                    response.status, 401, "instance \(index), \(path) still accepts the token after a second: \(response.text)",
+                    response.status, 401,
+                    "instance \(index), \(path) still accepts the token after a second: \(response.text)",
                     file: file, line: line)
             }
         }
@@ -113,19 +115,23 @@ final class RevocationTests: XCTestCase {
         let session = try await app.signIn("stolen@example.com")
         let first = try XCTUnwrap(session["access_token"] as? String)
         let refresh = try XCTUnwrap(session["refresh_token"] as? String)
-        let rotated = try await second.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": refresh])
+        let rotated = try await second.request(
+            "POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": refresh])
         XCTAssertEqual(rotated.status, 200, rotated.text)
         let newer = try XCTUnwrap(rotated.json["access_token"] as? String)
         try await assertAccepted(newer, on: [app, second])
-        try app.owner().query("update refresh_tokens set rotated_at = now() - interval '1 minute' where rotated_at is not null")
-        let reused = try await app.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": refresh])
+        try app.owner().query(
+            "update refresh_tokens set rotated_at = now() - interval '1 minute' where rotated_at is not null")
+        let reused = try await app.request(
+            "POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": refresh])
         XCTAssertEqual(reused.json["code"] as? String, "refresh_token_already_used")
         let detected = ContinuousClock.now
         try await assertRefusedWithinASecond(first, on: [app, second], since: detected)
         try await assertRefusedWithinASecond(newer, on: [app, second], since: detected)
         // The revocation lasts as long as the newest token issued for the session.
         let expiry = try app.owner().query(
-            "select floor(extract(epoch from expires_at))::int8 from session_revocations")[0].decode(Int64.self, column: 0)
+            "select floor(extract(epoch from expires_at))::int8 from session_revocations")[0].decode(
+                Int64.self, column: 0)
         XCTAssertEqual(expiry, Int64(try XCTUnwrap(rotated.json["expires_at"] as? Int)))
     }
 
@@ -206,7 +212,8 @@ final class SessionRevocationsTests: XCTestCase {
 
     func testNotificationPayloads() {
         let (session, user) = (UUID(), UUID())
-        let parsed = SessionRevocations.parse("\(session.uuidString.lowercased()) \(user.uuidString.lowercased()) 1800000000")
+        let parsed = SessionRevocations.parse(
+            "\(session.uuidString.lowercased()) \(user.uuidString.lowercased()) 1800000000")
         XCTAssertEqual(parsed?.session, session)
         XCTAssertEqual(parsed?.user, user)
         XCTAssertEqual(parsed?.tokensExpireAt, 1_800_000_000)

@@ -1,8 +1,9 @@
 import Foundation
 import Postgres
 import TestSupport
-@testable import TrunkSync
 import XCTest
+
+@testable import TrunkSync
 
 /// `/otp` must not tell an address with an account from one without: same answer, same
 /// work on the request path, same time, whatever the mailer does.

@@ -1,8 +1,9 @@
 import Foundation
 import Postgres
 import TestSupport
-@testable import TrunkSync
 import XCTest
+
+@testable import TrunkSync
 
 /// Wrong codes are counted per address across codes: asking for a new code does not buy
 /// more guesses.
@@ -18,7 +19,8 @@ final class SignInLockoutTests: XCTestCase {
 
     /// A new code for `email` (the resend interval aged away first), read from the mailer.
     func newCode(_ email: String) async throws -> String {
-        try app.owner().query("update otp_codes set created_at = created_at - interval '1 hour' where email = $1", email)
+        try app.owner().query(
+            "update otp_codes set created_at = created_at - interval '1 hour' where email = $1", email)
         let sent = app.sender.count(for: email)
         let otp = try await app.request("POST", "/auth/v1/otp", json: ["email": email])
         XCTAssertEqual(otp.status, 200, otp.text)
@@ -54,7 +56,8 @@ final class SignInLockoutTests: XCTestCase {
             email)[0]
         XCTAssertEqual(try state.decode(Int.self, column: 0), 10)
         XCTAssertTrue(try state.decode(Bool.self, column: 1))
-        XCTAssertTrue(try state.decode(Bool.self, column: 2), "locked for an hour; requests while locked do not extend it")
+        XCTAssertTrue(
+            try state.decode(Bool.self, column: 2), "locked for an hour; requests while locked do not extend it")
 
         // The lock is logged once, with its end; neither the address nor a code appears.
         let tag = app.application.auth.addressTag(try XCTUnwrap(Email(email)))
@@ -64,7 +67,8 @@ final class SignInLockoutTests: XCTestCase {
         XCTAssertTrue(lockLine.contains("address=\(tag)"), lockLine)
         XCTAssertTrue(lockLine.contains("until=20"), lockLine)
         XCTAssertTrue(lockLine.contains("failures=10"), lockLine)
-        let userID = try app.owner().query("select id from users where email = $1", email)[0].decode(UUID.self, column: 0)
+        let userID = try app.owner().query("select id from users where email = $1", email)[0].decode(
+            UUID.self, column: 0)
         XCTAssertTrue(lockLine.contains("user_id=\(userID.uuidString.lowercased())"), lockLine)
         for line in app.logs.lines {
             XCTAssertFalse(line.contains(email), line)
@@ -76,7 +80,8 @@ final class SignInLockoutTests: XCTestCase {
         let after = try await verify(email, code)
         XCTAssertEqual(after.status, 200, after.text)
         XCTAssertTrue(app.logs.lines.contains { $0.contains("sign-in lock ended") && $0.contains("address=\(tag)") })
-        let reset = try app.owner().query("select failures, locked_until is null from otp_codes where email = $1", email)[0]
+        let reset = try app.owner().query(
+            "select failures, locked_until is null from otp_codes where email = $1", email)[0]
         XCTAssertEqual(try reset.decode(Int.self, column: 0), 0)
         XCTAssertTrue(try reset.decode(Bool.self, column: 1))
     }
@@ -89,7 +94,8 @@ final class SignInLockoutTests: XCTestCase {
             let otp = try await app.request("POST", "/auth/v1/otp", json: ["email": email, "create_user": false])
             XCTAssertEqual(otp.status, 200)
             for _ in 0..<11 {
-                try app.owner().query("update otp_codes set attempts = 0 where email = $1", email)  // keep the code live
+                // Keep the code live: only the count across codes is under test.
+                try app.owner().query("update otp_codes set attempts = 0 where email = $1", email)
                 answers[email, default: []].append(try await verify(email, "000000").status)
             }
             let locked = try app.owner().query("select locked_until > now() from otp_codes where email = $1", email)[0]
@@ -107,10 +113,12 @@ final class SignInLockoutTests: XCTestCase {
         for guess in wrong(code2).prefix(5) { _ = try await verify(email, guess) }
         // Nine in the last hour; the window started over an hour ago, so the tenth starts a
         // new count instead of locking.
-        try app.owner().query("update otp_codes set failures_since = now() - interval '61 minutes' where email = $1", email)
+        try app.owner().query(
+            "update otp_codes set failures_since = now() - interval '61 minutes' where email = $1", email)
         let code3 = try await newCode(email)
         _ = try await verify(email, wrong(code3)[0])
-        let state = try app.owner().query("select failures, locked_until is null from otp_codes where email = $1", email)[0]
+        let state = try app.owner().query(
+            "select failures, locked_until is null from otp_codes where email = $1", email)[0]
         XCTAssertEqual(try state.decode(Int.self, column: 0), 1)
         XCTAssertTrue(try state.decode(Bool.self, column: 1))
         let good = try await verify(email, code3)
@@ -119,7 +127,9 @@ final class SignInLockoutTests: XCTestCase {
 
     func testTheLimitsAreSettings() async throws {
         await app.stop()
-        app = try await AppHarness(environment: ["TRUNK_SYNC_OTP_FAILURE_LIMIT": "2/60", "TRUNK_SYNC_OTP_LOCKOUT": "120"])
+        app = try await AppHarness(environment: [
+            "TRUNK_SYNC_OTP_FAILURE_LIMIT": "2/60", "TRUNK_SYNC_OTP_LOCKOUT": "120",
+        ])
         let email = "strict@example.com"
         let code = try await newCode(email)
         for guess in wrong(code).prefix(2) { _ = try await verify(email, guess) }

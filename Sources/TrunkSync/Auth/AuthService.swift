@@ -227,7 +227,8 @@ public struct AuthService: Sendable {
                       failures_since = case when $4 then now() else failures_since end,
                       locked_until = case when $5 then now() + make_interval(secs => $6) end
                     where email = $1 returning locked_until
-                    """, email.value, Int64(live ? 1 : 0), Int64(failures), windowOver, lock, Int64(settings.otpLockout)
+                    """, email.value, Int64(live ? 1 : 0), Int64(failures), windowOver, lock,
+                    Int64(settings.otpLockout)
                 )[0].decode(PostgresTimestamp?.self, column: 0)
                 if lock, let until { return .rejected(.locked(until: until, failures: failures), user: user) }
                 return .rejected(lockEnded ? .ended : .none, user: user)
@@ -296,8 +297,10 @@ public struct AuthService: Sendable {
         on connection: PostgresConnection
     ) throws -> UUID {
         let session = try connection.query(
-            "insert into sessions (user_id, ip, user_agent, access_expires_at) values ($1, $2, $3, to_timestamp($4)) returning id",
-            userID, ip, userAgent.map { String($0.prefix(512)) }, accessExpiresAt)[0].decode(UUID.self, column: 0)
+            """
+            insert into sessions (user_id, ip, user_agent, access_expires_at) values ($1, $2, $3, to_timestamp($4))
+            returning id
+            """, userID, ip, userAgent.map { String($0.prefix(512)) }, accessExpiresAt)[0].decode(UUID.self, column: 0)
         try connection.query(
             "insert into refresh_tokens (session_id, user_id, token_hash) values ($1, $2, $3)", session, userID,
             hashToken(refreshToken))
@@ -413,7 +416,9 @@ public struct AuthService: Sendable {
             select session_id, user_id, floor(extract(epoch from expires_at))::int8 from session_revocations
             where session_id = any($1)
             """, sessions
-        ).map { (try $0.decode(UUID.self, column: 0), try $0.decode(UUID.self, column: 1), try $0.decode(Int64.self, column: 2)) }
+        ).map { row in
+            (try row.decode(UUID.self, column: 0), try row.decode(UUID.self, column: 1), try row.decode(Int64.self, column: 2))
+        }
     }
 
     /// The caller's user, if the session behind the token is still live.

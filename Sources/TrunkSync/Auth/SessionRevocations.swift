@@ -77,7 +77,9 @@ public final class SessionRevocations: Sendable {
     func record(_ revoked: [(session: UUID, user: UUID, tokensExpireAt: Int64)], now: Int64 = AuthService.now()) {
         guard !revoked.isEmpty else { return }
         update(now: now) { entries in
-            for entry in revoked { entries[entry.session] = max(entries[entry.session] ?? .min, entry.tokensExpireAt + Self.margin) }
+            for entry in revoked {
+                entries[entry.session] = max(entries[entry.session] ?? .min, entry.tokensExpireAt + Self.margin)
+            }
         }
         if let wake = onRevoked.withLock({ $0 }) { revoked.forEach { wake($0.user) } }
     }
@@ -121,7 +123,8 @@ public final class SessionRevocations: Sendable {
                 for await event in events {
                     switch event {
                     case .notification(let notification):
-                        guard notification.channel == Self.channel, let revoked = Self.parse(notification.payload) else {
+                        guard notification.channel == Self.channel, let revoked = Self.parse(notification.payload)
+                        else {
                             continue
                         }
                         record([revoked])
@@ -135,7 +138,8 @@ public final class SessionRevocations: Sendable {
     /// `<session> <user> <expiry>`, as the trigger sends it.
     static func parse(_ payload: String) -> (session: UUID, user: UUID, tokensExpireAt: Int64)? {
         let parts = payload.split(separator: " ")
-        guard parts.count == 3, let session = UUID(uuidString: String(parts[0])), let user = UUID(uuidString: String(parts[1])),
+        guard parts.count == 3, let session = UUID(uuidString: String(parts[0])),
+            let user = UUID(uuidString: String(parts[1])),
             let expiry = Int64(parts[2])
         else { return nil }
         return (session, user, expiry)

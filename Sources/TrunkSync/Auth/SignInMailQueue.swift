@@ -96,7 +96,9 @@ public final class SignInMailQueue: Sendable {
             }
             state.droppedSinceLog += 1
             let now = monotonicNanoseconds() / 1_000_000_000
-            guard state.lastDropLog == 0 || now >= state.lastDropLog + Self.dropLogInterval else { return .dropped(log: nil) }
+            guard state.lastDropLog == 0 || now >= state.lastDropLog + Self.dropLogInterval else {
+                return .dropped(log: nil)
+            }
             state.lastDropLog = max(now, 1)
             defer { state.droppedSinceLog = 0 }
             return .dropped(log: state.droppedSinceLog)
@@ -108,7 +110,8 @@ public final class SignInMailQueue: Sendable {
             metrics.mailDropped.increment()
             if let count {
                 logger.warning(
-                    "sign-in mail dropped: the mail queue is full", metadata: ["dropped": "\(count)", "address": "\(job.addressTag)"])
+                    "sign-in mail dropped: the mail queue is full",
+                    metadata: ["dropped": "\(count)", "address": "\(job.addressTag)"])
             }
         }
     }
@@ -146,7 +149,8 @@ public final class SignInMailQueue: Sendable {
                 metrics.mailFailures.increment()
                 // MailError's description never holds an address; other errors might (a
                 // server's reply quoted by another sender): take it out.
-                let reason = "\(error)".replacingOccurrences(of: job.email, with: "<recipient>", options: .caseInsensitive)
+                let reason = "\(error)".replacingOccurrences(
+                    of: job.email, with: "<recipient>", options: .caseInsensitive)
                 logger.error("sign-in mail failed", metadata: ["error": "\(reason)", "address": "\(job.addressTag)"])
             }
         }

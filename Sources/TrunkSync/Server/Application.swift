@@ -82,7 +82,9 @@ public struct Application: Sendable {
         }
         metrics.gauge("trunk_sync_longpolls_waiting", help: "Pulls waiting for new events.") { Double(notifier.waiting) }
         let mail = auth.mail
-        metrics.gauge("trunk_sync_mail_queue_length", help: "Sign-in mails waiting for a sender.") { Double(mail.waiting) }
+        metrics.gauge("trunk_sync_mail_queue_length", help: "Sign-in mails waiting for a sender.") {
+            Double(mail.waiting)
+        }
     }
 
     static func defaultSender(_ configuration: Configuration, logger: Logger) throws -> any SignInCodeSender {
@@ -181,7 +183,8 @@ public struct Application: Sendable {
         routes.add(.get, "/healthz", family: .native, .inline { _ in .json(.ok, healthy) })
         routes.add(.get, "/readyz", family: .native, .open { _ in await readiness() })
         AuthRoutes(service: auth).register(in: &routes)
-        SyncRoutes(store: events, notifier: notifier, metrics: metrics, revocations: auth.revocations).register(in: &routes)
+        SyncRoutes(store: events, notifier: notifier, metrics: metrics, revocations: auth.revocations)
+            .register(in: &routes)
         RESTRoutes(pool: pool, store: events, metrics: metrics).register(in: &routes)
         let metrics = self.metrics
         routes.add(
@@ -230,7 +233,9 @@ public struct Application: Sendable {
                 return APIError(status: 503, code: "signing_keys_not_loaded", message: "The signing keys have not been loaded yet.").response(for: .native)
             }
             guard auth.revocations.isLoaded else {
-                return APIError(status: 503, code: "revocations_not_loaded", message: "The revoked sessions have not been loaded yet.").response(for: .native)
+                return APIError(
+                    status: 503, code: "revocations_not_loaded", message: "The revoked sessions have not been loaded yet."
+                ).response(for: .native)
             }
             return .json(.ok, #"{"status":"ready"}"#)
         } catch let error as MigrationError {

@@ -11,7 +11,10 @@ struct Authenticator: Sendable {
     /// Sessions whose tokens no longer count though they have not expired.
     let revocations: SessionRevocations
 
-    init(tokens: TokenIssuer, apiKey: String?, revocations: SessionRevocations = SessionRevocations(pool: nil, logger: Logger(label: "trunk-sync"))) {
+    init(
+        tokens: TokenIssuer, apiKey: String?,
+        revocations: SessionRevocations = SessionRevocations(pool: nil, logger: Logger(label: "trunk-sync"))
+    ) {
         self.tokens = tokens
         self.apiKey = apiKey
         self.revocations = revocations
