@@ -13,6 +13,9 @@ public final class PostgresConnection {
     /// What this connection was opened with.
     public let configuration: PostgresConfiguration
     private let notices = NoticeState()
+    /// Told the SQL text of every statement this connection runs, before it runs (set by
+    /// the pool from `PostgresPool.Configuration.statementObserver`; nil: nothing is done).
+    public var statementObserver: (@Sendable (String) -> Void)? = nil
 
     private init(handle: OpaquePointer, configuration: PostgresConfiguration) {
         self.handle = handle
@@ -100,6 +103,7 @@ public final class PostgresConnection {
     /// Runs one parametrised statement with already encoded parameters.
     @discardableResult
     public func query(_ sql: String, binds: [PostgresBind]) throws -> PostgresResult {
+        statementObserver?(sql)
         let result = Self.withParameters(binds) { count, types, values, lengths, formats in
             PQexecParams(handle, sql, count, types, values, lengths, formats, 1)
         }
@@ -117,6 +121,7 @@ public final class PostgresConnection {
     @discardableResult
     public func pipeline(_ statements: [PostgresStatement]) throws -> [PostgresResult] {
         guard !statements.isEmpty else { return [] }
+        if let statementObserver { statements.forEach { statementObserver($0.sql) } }
         guard PQenterPipelineMode(handle) == 1 else { throw connectionError() }
         do {
             return try runPipeline(statements)
@@ -260,6 +265,7 @@ public final class PostgresConnection {
     /// Runs one or more statements without parameters (simple query protocol), e.g. a
     /// migration file. Results are discarded.
     public func execute(_ sql: String) throws {
+        statementObserver?(sql)
         _ = try check(PQexec(handle, sql))
     }
 

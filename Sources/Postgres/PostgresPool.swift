@@ -22,6 +22,10 @@ public final class PostgresPool: Sendable {
         /// Settings applied to each new connection with `set_config` (e.g. `role`,
         /// `statement_timeout`). Default none.
         public var sessionSettings: [(name: String, value: String)] = []
+        /// Told the SQL text of every statement a pooled connection runs, on the pool's
+        /// thread: lets tests see what work a request does (e.g. that two answers that must
+        /// not be told apart ran the same statements). Default nil, which costs nothing.
+        public var statementObserver: (@Sendable (String) -> Void)? = nil
 
         /// The defaults.
         public init() {}
@@ -232,6 +236,7 @@ public final class PostgresPool: Sendable {
         for setting in configuration.sessionSettings {
             try connection.query("select set_config($1, $2, false)", setting.name, setting.value)
         }
+        connection.statementObserver = configuration.statementObserver
         return connection
     }
 

@@ -27,6 +27,8 @@ struct Serve: AsyncParsableCommand {
             let application = try Application(configuration: configuration, logger: logger)
             // Before accepting requests, so tokens signed with ES256 keys verify from the start.
             await application.startSigningKeyRefresh()
+            // Likewise, so that no token of a session revoked before the start is accepted.
+            await application.loadRevokedSessions()
             let server = HTTPServer(
                 configuration: application.serverConfiguration, responder: application.pipeline(),
                 logger: Logger(label: "trunk-sync.http"))

@@ -2,6 +2,7 @@ import Foundation
 import HTTPServer
 import Logging
 import Postgres
+import Synchronization
 import TestSupport
 import TrunkSync
 
@@ -10,21 +11,77 @@ import TrunkSync
 #endif
 
 /// Keeps the codes the application "sends", for in-process tests of the auth flows (the
-/// real SMTP path is covered by the mail and end-to-end tests).
+/// real SMTP path is covered by the mail and end-to-end tests). Mails go out after `/otp`
+/// answered, so tests wait for them (`code(for:)`).
 final class CapturingSender: SignInCodeSender, @unchecked Sendable {
     private let lock = NSLock()
     private var codes: [String: [String]] = [:]
-    var failing = false
+    private var failing = false
+    private var delay: Duration = .zero
+    private var holding = false
+    private var held: [CheckedContinuation<Void, Never>] = []
 
     func sendSignInCode(_ code: String, to email: String, expiresInMinutes: Int) async throws {
-        struct Unreachable: Error {}
-        if lock.withLock({ failing }) { throw Unreachable() }
+        struct Unreachable: Error, CustomStringConvertible {
+            let email: String
+            var description: String { "mail server said: 550 <\(email)> unreachable" }
+        }
+        let (delay, holding) = lock.withLock { (self.delay, self.holding) }
+        if holding {
+            await withCheckedContinuation { continuation in
+                let stillHolding = lock.withLock {
+                    if self.holding { held.append(continuation) }
+                    return self.holding
+                }
+                if !stillHolding { continuation.resume() }
+            }
+        }
+        if delay > .zero { try? await Task.sleep(for: delay) }
+        if lock.withLock({ failing }) { throw Unreachable(email: email) }
         lock.withLock { codes[email, default: []].append(code) }
     }
 
     func last(for email: String) -> String? { lock.withLock { codes[email]?.last } }
     func count(for email: String) -> Int { lock.withLock { codes[email]?.count ?? 0 } }
+    var total: Int { lock.withLock { codes.values.map(\.count).reduce(0, +) } }
     func setFailing(_ value: Bool) { lock.withLock { failing = value } }
+    /// Every mail takes `delay` (a slow mail server).
+    func setDelay(_ value: Duration) { lock.withLock { delay = value } }
+    /// Mails wait until `release()` (a mail server that does not answer).
+    func hold() { lock.withLock { holding = true } }
+    func release() {
+        let waiting = lock.withLock {
+            holding = false
+            defer { held.removeAll() }
+            return held
+        }
+        waiting.forEach { $0.resume() }
+    }
+
+    /// The newest code sent to `email` once more than `previous` were, waiting up to 5 s.
+    func code(for email: String, after previous: Int = 0) async throws -> String {
+        let deadline = ContinuousClock.now + .seconds(5)
+        while ContinuousClock.now < deadline {
+            if let code = lock.withLock({ (codes[email]?.count ?? 0) > previous ? codes[email]?.last : nil }) { return code }
+            try await Task.sleep(for: .milliseconds(2))
+        }
+        throw TestEnvironmentError("no code sent to \(email)")
+    }
+}
+
+/// The SQL of the statements the application runs while recording.
+final class StatementRecorder: Sendable {
+    private let state = Mutex<(recording: Bool, statements: [String])>((false, []))
+
+    func record(_ sql: String) { state.withLock { if $0.recording { $0.statements.append(sql) } } }
+
+    /// Records what `body` makes the application run.
+    func during(_ body: () async throws -> Void) async rethrows -> [String] {
+        state.withLock { $0 = (true, []) }
+        defer { state.withLock { $0.recording = false } }
+        try await body()
+        return state.withLock { $0.statements }
+    }
 }
 
 /// A migrated database, the application on it and its HTTP server on a free port, in this
@@ -36,6 +93,9 @@ final class AppHarness: @unchecked Sendable {
     /// The operator listener (`/metrics`), as `serve` runs it beside the public one.
     let admin: HTTPServer<RequestPipeline>
     let sender = CapturingSender()
+    let statements = StatementRecorder()
+    /// The application's log lines at `info` and above (not the access log).
+    let logs = LogLines()
     let baseURL: String
     let adminURL: String
     let secret = String(repeating: "s3cr3t-", count: 6)
@@ -65,8 +125,15 @@ final class AppHarness: @unchecked Sendable {
         environment.merge(extra) { $1 }
         var configuration = try Configuration.load(environment: environment)
         if let settings { configuration.adjustAuth(settings) }
-        application = try Application(configuration: configuration, logger: TestDatabase.quietLogger, sender: sender)
+        let logs = self.logs
+        var logger = Logger(label: "trunk-sync", factory: { _ in CapturingLogHandler(lines: logs) })
+        logger.logLevel = .info
+        let statements = self.statements
+        application = try Application(
+            configuration: configuration, logger: logger, sender: sender,
+            statementObserver: { statements.record($0) })
         try await application.reloadSigningKeys()  // as serve does before listening
+        await application.loadRevokedSessions()
         server = HTTPServer(
             configuration: application.serverConfiguration, responder: application.pipeline(logger: TestDatabase.quietLogger), logger: TestDatabase.quietLogger)
         application.observe(server)
@@ -131,9 +198,11 @@ final class AppHarness: @unchecked Sendable {
 
     /// Requests a code, reads it from the sender, verifies it: the whole sign-in.
     func signIn(_ email: String) async throws -> [String: Any] {
+        let address = email.lowercased().trimmingCharacters(in: .whitespaces)
+        let sent = sender.count(for: address)
         let otp = try await request("POST", "/auth/v1/otp", json: ["email": email])
         guard otp.status == 200 else { throw TestEnvironmentError("otp: \(otp.status) \(otp.text)") }
-        guard let code = sender.last(for: email.lowercased().trimmingCharacters(in: .whitespaces)) else { throw TestEnvironmentError("no code sent") }
+        let code = try await sender.code(for: address, after: sent)
         let verify = try await request(
             "POST", "/auth/v1/verify", json: ["email": email, "token": code, "type": "email"])
         guard verify.status == 200 else { throw TestEnvironmentError("verify: \(verify.status) \(verify.text)") }

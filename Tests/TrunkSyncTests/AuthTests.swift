@@ -2,7 +2,7 @@ import Foundation
 import Postgres
 import TestSupport
 import TrunkCrypto
-import TrunkSync
+@testable import TrunkSync
 import XCTest
 
 final class AuthTests: XCTestCase {
@@ -62,7 +62,7 @@ final class AuthTests: XCTestCase {
 
     func testWrongExpiredUsedCodesAndUnknownEmailsGetTheSameAnswer() async throws {
         _ = try await app.request("POST", "/auth/v1/otp", json: ["email": "a@example.com"])
-        let code = try XCTUnwrap(app.sender.last(for: "a@example.com"))
+        let code = try await app.sender.code(for: "a@example.com")
         let wrong = code == "000000" ? "111111" : "000000"
         let wrongAnswer = try await app.request("POST", "/auth/v1/verify", json: ["email": "a@example.com", "token": wrong, "type": "email"])
         assertAuthError(wrongAnswer, 403, "otp_expired")
@@ -78,7 +78,7 @@ final class AuthTests: XCTestCase {
 
     func testExpiredCodeIsRefused() async throws {
         _ = try await app.request("POST", "/auth/v1/otp", json: ["email": "late@example.com"])
-        let code = try XCTUnwrap(app.sender.last(for: "late@example.com"))
+        let code = try await app.sender.code(for: "late@example.com")
         try app.owner().query("update otp_codes set expires_at = now() - interval '1 second' where email = 'late@example.com'")
         let response = try await app.request("POST", "/auth/v1/verify", json: ["email": "late@example.com", "token": code, "type": "email"])
         assertAuthError(response, 403, "otp_expired")
@@ -86,7 +86,7 @@ final class AuthTests: XCTestCase {
 
     func testFiveWrongGuessesKillTheCode() async throws {
         _ = try await app.request("POST", "/auth/v1/otp", json: ["email": "g@example.com"])
-        let code = try XCTUnwrap(app.sender.last(for: "g@example.com"))
+        let code = try await app.sender.code(for: "g@example.com")
         let wrong = (0..<10).map { String(repeating: String($0), count: 6) }.filter { $0 != code }
         for guess in wrong.prefix(5) {
             let response = try await app.request("POST", "/auth/v1/verify", json: ["email": "g@example.com", "token": guess, "type": "email"])
@@ -98,7 +98,7 @@ final class AuthTests: XCTestCase {
 
     func testCodesAreStoredOnlyAsKeyedHashes() async throws {
         _ = try await app.request("POST", "/auth/v1/otp", json: ["email": "h@example.com"])
-        let code = try XCTUnwrap(app.sender.last(for: "h@example.com"))
+        let code = try await app.sender.code(for: "h@example.com")
         let stored = try app.owner().query("select code_hash from otp_codes")[0].decode(PostgresBytes.self, column: 0).bytes
         XCTAssertEqual(stored.count, 32)
         XCTAssertNotEqual(stored, SHA256.hash(code))
@@ -113,6 +113,7 @@ final class AuthTests: XCTestCase {
         assertAuthError(second, 429, "over_email_send_rate_limit")
         let retry = Int(second.headers["retry-after"] ?? "") ?? 0
         XCTAssertTrue((1...60).contains(retry), "\(retry)")
+        _ = try await app.sender.code(for: "r@example.com")
         XCTAssertEqual(app.sender.count(for: "r@example.com"), 1)
     }
 
@@ -139,13 +140,28 @@ final class AuthTests: XCTestCase {
         XCTAssertEqual(rows, 0)
     }
 
-    func testMailFailureIs503AndTheAddressCanRetryAtOnce() async throws {
+    func testMailFailureIsLoggedAndCountedButNeverShown() async throws {
         app.sender.setFailing(true)
         let failed = try await app.request("POST", "/auth/v1/otp", json: ["email": "m@example.com"])
-        assertAuthError(failed, 503, "email_send_failed")
+        XCTAssertEqual(failed.status, 200, failed.text)
+        XCTAssertEqual(failed.text, "{}")
+        let deadline = ContinuousClock.now + .seconds(5)
+        while app.application.metrics.mailFailures.value == 0, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        XCTAssertEqual(app.application.metrics.mailFailures.value, 1)
+        XCTAssertTrue(app.application.metrics.render().contains("trunk_sync_mail_failures_total 1\n"))
+        let line = try XCTUnwrap(app.logs.lines.first { $0.contains("sign-in mail failed") }, "\(app.logs.lines)")
+        XCTAssertFalse(line.contains("m@example.com"), line)
+        XCTAssertTrue(line.contains("<recipient>"), line)
+        XCTAssertTrue(line.contains("address=" + app.application.auth.addressTag(try XCTUnwrap(Email("m@example.com")))), line)
+        // The address waits for the resend interval like any other: answering otherwise would
+        // tell an address with an account (whose mail failed) from one without (no mail).
         app.sender.setFailing(false)
-        let retried = try await app.request("POST", "/auth/v1/otp", json: ["email": "m@example.com"])
-        XCTAssertEqual(retried.status, 200)
+        let again = try await app.request("POST", "/auth/v1/otp", json: ["email": "m@example.com"])
+        assertAuthError(again, 429, "over_email_send_rate_limit")
+        let later = try await app.signInAfterResendInterval("m@example.com")
+        XCTAssertNotNil(later["access_token"] as? String)
     }
 
     // MARK: - Tokens
@@ -205,6 +221,53 @@ final class AuthTests: XCTestCase {
         assertAuthError(noHeader, 401, "no_authorization")
     }
 
+    func testTokensOfAnotherIssuerOrFromTheFutureAre401OnEveryRouteFamily() async throws {
+        let session = try await app.signIn("claims@example.com")
+        let token = try XCTUnwrap(session["access_token"] as? String)
+        let payload = try XCTUnwrap(Base64URL.decode(String(token.split(separator: ".")[1])))
+        let claims = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(payload)) as? [String: Any])
+        XCTAssertEqual(claims["iss"] as? String, app.application.configuration.publicURL + "/auth/v1")
+        // Signed with the right key: only the claims are wrong.
+        func sign(_ change: (inout [String: Any]) -> Void) throws -> String {
+            var changed = claims
+            change(&changed)
+            let input = Base64URL.encode(#"{"alg":"HS256","typ":"JWT"}"#) + "."
+                + Base64URL.encode(Array(try JSONSerialization.data(withJSONObject: changed)))
+            return input + "." + Base64URL.encode(HMAC.sha256(key: Array(app.secret.utf8), message: input))
+        }
+        let now = Int(Date().timeIntervalSince1970)
+        let bad: [(String, String)] = [
+            ("another issuer", try sign { $0["iss"] = "https://elsewhere.example/auth/v1" }),
+            ("no issuer", try sign { $0["iss"] = nil }),
+            ("issuer not a string", try sign { $0["iss"] = 1 }),
+            ("issued in the future", try sign { $0["iat"] = now + 120 }),
+            ("valid only in the future", try sign { $0["nbf"] = now + 120 }),
+            ("no issue time", try sign { $0["iat"] = nil }),
+            ("no session", try sign { $0["session_id"] = nil }),
+            ("no audience", try sign { $0["aud"] = nil }),
+        ]
+        let routes = ["/sync/v1/events", "/rest/v1/events", "/auth/v1/user"]
+        for (name, forged) in bad {
+            for path in routes {
+                let response = try await app.request("GET", path, bearer: forged)
+                XCTAssertEqual(response.status, 401, "\(name) on \(path): \(response.text)")
+            }
+            let push = try await app.request("POST", "/sync/v1/events", json: ["events": [SyncTests.event()]], bearer: forged)
+            XCTAssertEqual(push.status, 401, "\(name) on push")
+        }
+        // The same claims re-signed unchanged, and a little clock skew, are accepted.
+        for (name, good) in [
+            ("unchanged", try sign { _ in }), ("issued 10 s ahead", try sign { $0["iat"] = now + 10 }),
+            ("valid from a minute ago", try sign { $0["nbf"] = now - 60 }),
+        ] {
+            for path in routes {
+                let response = try await app.request("GET", path, bearer: good)
+                XCTAssertEqual(response.status, 200, "\(name) on \(path): \(response.text)")
+            }
+        }
+        XCTAssertEqual(try app.owner().query("select count(*) from events")[0].decode(Int.self, column: 0), 0)
+    }
+
     func testRefreshRotatesAndLateReuseRevokesTheSession() async throws {
         let session = try await app.signIn("rot@example.com")
         let first = try XCTUnwrap(session["refresh_token"] as? String)
@@ -221,7 +284,7 @@ final class AuthTests: XCTestCase {
         assertAuthError(descendant, 400, "refresh_token_not_found")
         let access = try XCTUnwrap(rotated.json["access_token"] as? String)
         let user = try await app.request("GET", "/auth/v1/user", bearer: access)
-        assertAuthError(user, 403, "session_not_found")
+        assertAuthError(user, 401, "session_not_found")
     }
 
     func testConcurrentRefreshOfOneTokenGivesBothTabsASession() async throws {
@@ -260,7 +323,7 @@ final class AuthTests: XCTestCase {
         let keep = try await app.request("GET", "/auth/v1/user", bearer: tokens[0])
         XCTAssertEqual(keep.status, 200)
         let gone = try await app.request("GET", "/auth/v1/user", bearer: tokens[1])
-        XCTAssertEqual(gone.status, 403)
+        assertAuthError(gone, 401, "session_not_found")
         let goneRefresh = try await app.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": refresh[2]])
         XCTAssertEqual(goneRefresh.status, 400)
         // local: the caller's session ends and can never refresh.
@@ -274,8 +337,9 @@ final class AuthTests: XCTestCase {
         let global = try await app.request("POST", "/auth/v1/logout", bearer: a["access_token"] as? String)
         XCTAssertEqual(global.status, 204)
         let bUser = try await app.request("GET", "/auth/v1/user", bearer: b["access_token"] as? String)
-        XCTAssertEqual(bUser.status, 403)
-        let badScope = try await app.request("POST", "/auth/v1/logout?scope=everyone", bearer: b["access_token"] as? String)
+        assertAuthError(bUser, 401, "session_not_found")
+        let c = try await app.signInAfterResendInterval("out@example.com")
+        let badScope = try await app.request("POST", "/auth/v1/logout?scope=everyone", bearer: c["access_token"] as? String)
         XCTAssertEqual(badScope.status, 400)
         let noToken = try await app.request("POST", "/auth/v1/logout")
         XCTAssertEqual(noToken.status, 401)
@@ -328,17 +392,25 @@ final class AuthRateLimitTests: XCTestCase {
         XCTAssertEqual(counted, 4)
     }
 
-    func testGlobalMailCap() async throws {
+    func testGlobalMailCapCountsEveryAddressAlike() async throws {
         let app = try await AppHarness(environment: ["TRUNK_SYNC_RATE_LIMIT_MAIL": "2/3600"])
         defer { Task { await app.stop() } }
+        _ = try await app.token("known@example.com")
+        // Requests that send no mail (no account, create_user false) count as well: the cap
+        // must not answer an address with an account differently from one without.
         for index in 0..<2 {
-            let ok = try await app.request("POST", "/auth/v1/otp", json: ["email": "cap\(index)@example.com"])
+            let ok = try await app.request("POST", "/auth/v1/otp", json: ["email": "cap\(index)@example.com", "create_user": false])
             XCTAssertEqual(ok.status, 200)
         }
-        let capped = try await app.request("POST", "/auth/v1/otp", json: ["email": "cap9@example.com"])
-        XCTAssertEqual(capped.status, 429)
-        XCTAssertEqual(capped.json["code"] as? String, "over_email_send_rate_limit")
-        XCTAssertEqual(app.sender.count(for: "cap9@example.com"), 0)
+        let known = try await app.request("POST", "/auth/v1/otp", json: ["email": "known@example.com", "create_user": false])
+        let unknown = try await app.request("POST", "/auth/v1/otp", json: ["email": "cap9@example.com", "create_user": false])
+        for capped in [known, unknown] {
+            XCTAssertEqual(capped.status, 429)
+            XCTAssertEqual(capped.json["code"] as? String, "over_email_send_rate_limit")
+        }
+        // The same but for the seconds left, which may tick between the two.
+        XCTAssertEqual(known.text.filter { !$0.isNumber }, unknown.text.filter { !$0.isNumber })
+        XCTAssertEqual(app.sender.count(for: "known@example.com"), 0)
     }
 }
 

@@ -306,6 +306,15 @@ final class PipelineStageTests: XCTestCase {
             signedToken(user: user, exp: now - TokenIssuer.leeway - 60),  // expired beyond the leeway
             signedToken(user: user, exp: now + 600, audience: "anon"),
             signedToken(subject: "not-a-uuid", exp: now + 600),
+            // Right key, wrong claims: another issuer, none, issued or valid only in the
+            // future beyond the clock skew, no issue time, no session to revoke.
+            signedToken(user: user, exp: now + 600, issuer: "http://other.example/auth/v1"),
+            signedToken(user: user, exp: now + 600, issuer: testIssuer + "/"),
+            signedToken(user: user, exp: now + 600, issuer: nil),
+            signedToken(user: user, exp: now + 600, issuedAt: now + TokenIssuer.leeway + 60),
+            signedToken(user: user, exp: now + 600, notBefore: now + TokenIssuer.leeway + 60),
+            signedToken(user: user, exp: now + 600, issuedAt: nil),
+            signedToken(user: user, session: nil, exp: now + 600),
         ]
         for token in invalid {
             let auth = await harness.later(try head("GET", "/auth/v1/user", ["Authorization": "Bearer \(token)"]))
@@ -344,7 +353,19 @@ final class PipelineStageTests: XCTestCase {
             XCTAssertEqual(context.userID, user, "the context returned carries the caller")
             XCTAssertEqual(context.requestID, "auth-1")
         }
-        // Just expired, within the leeway: still accepted.
+        // Just expired, issued or valid from a little ahead (clocks of two instances): within
+        // the leeway, still accepted.
+        let now = Int64(Date().timeIntervalSince1970)
+        for late in [
+            signedToken(user: user, exp: now - 5), signedToken(user: user, exp: now + 600, issuedAt: now + 20),
+            signedToken(user: user, exp: now + 600, notBefore: now + 20),
+            signedToken(user: user, exp: now + 600, notBefore: now - 20),
+        ] {
+            let (accepted, context) = await harness.later(
+                try head("GET", "/sync/v1/me", ["Authorization": "Bearer \(late)"]))
+            XCTAssertEqual(accepted.status.code, 200, late)
+            XCTAssertEqual(context.userID, user)
+        }
         let late = signedToken(user: user, exp: Int64(Date().timeIntervalSince1970) - 5)
         let (accepted, context) = await harness.later(
             try head("GET", "/sync/v1/me", ["Authorization": "Bearer \(late)"]))
@@ -762,13 +783,21 @@ final class PipelineStageTests: XCTestCase {
 let listedOrigin = "https://app.example.com"
 private let testSecret = "pipeline-stage-tests-secret-0123456789"
 
-/// A JWT signed with HS256 carrying the claims `TokenIssuer.verify` checks.
+/// The issuer of `PipelineHarness`'s tokens.
+let testIssuer = "http://trunk-sync.test/auth/v1"
+
+/// A JWT signed with HS256 carrying the claims `TokenIssuer.verify` checks; nil leaves a
+/// claim out.
 func signedToken(
-    user: UUID = UUID(), subject: String? = nil, session: UUID? = nil, exp: Int64, audience: String = "authenticated",
+    user: UUID = UUID(), subject: String? = nil, session: UUID? = UUID(), exp: Int64, audience: String = "authenticated",
+    issuer: String? = testIssuer, issuedAt: Int64? = Int64(Date().timeIntervalSince1970), notBefore: Int64? = nil,
     secret: String = testSecret
 ) -> String {
     var payload = #"{"sub":"\#(subject ?? user.uuidString.lowercased())","aud":"\#(audience)","exp":\#(exp)"#
     if let session { payload += #","session_id":"\#(session.uuidString.lowercased())""# }
+    if let issuer { payload += #","iss":"\#(issuer)""# }
+    if let issuedAt { payload += #","iat":\#(issuedAt)"# }
+    if let notBefore { payload += #","nbf":\#(notBefore)"# }
     payload += "}"
     return JWT.sign(payload: Array(payload.utf8), with: JWT.HS256Key(secret: secret))
 }
@@ -827,7 +856,7 @@ struct PipelineHarness: Sendable {
             calls.value.wrappingAdd(1, ordering: .relaxed)
             return .json(
                 .ok,
-                #"{"user":"\#(claims.userID.uuidString.lowercased())","session":"\#(claims.sessionID?.uuidString.lowercased() ?? "")","exp":\#(claims.expiresAt)}"#
+                #"{"user":"\#(claims.userID.uuidString.lowercased())","session":"\#(claims.sessionID.uuidString.lowercased())","exp":\#(claims.expiresAt)}"#
             )
         }
         routes.add(.get, "/sync/v1/me", family: .native, whoAmI)
@@ -839,7 +868,7 @@ struct PipelineHarness: Sendable {
         routes.add(.get, "/auth/v1/fail/:kind", family: .auth, .open(fail))
         routes.add(.get, "/rest/v1/fail/:kind", family: .rest, .open(fail))
 
-        let tokens = TokenIssuer(secret: testSecret, issuer: "trunk-sync-test", lifetime: 3600)
+        let tokens = TokenIssuer(secret: testSecret, issuer: testIssuer, lifetime: 3600)
         self.metrics = metrics
         self.tokens = tokens
         self.logs = logs

@@ -226,10 +226,11 @@ final class SigningKeyTests: XCTestCase {
         }
     }
 
-    func testReadinessWaitsForTheFirstKeyLoad() async throws {
+    func testReadinessWaitsForTheFirstKeyLoadAndRevocationLoad() async throws {
+        // Without a listener, whose connection would load the revocations by itself.
         let configuration = try Configuration.load(environment: environment.merging(["TRUNK_SYNC_PORT": "0", "TRUNK_SYNC_ADMIN_PORT": "0"]) { $1 })
         let application = try Application(
-            configuration: configuration, logger: TestDatabase.quietLogger, sender: app.sender)
+            configuration: configuration, logger: TestDatabase.quietLogger, sender: app.sender, listen: false)
         let server = HTTPServer(
             configuration: application.serverConfiguration, responder: application.pipeline(logger: TestDatabase.quietLogger),
             logger: TestDatabase.quietLogger)
@@ -250,6 +251,12 @@ final class SigningKeyTests: XCTestCase {
         XCTAssertEqual(adminBefore, 503)
         XCTAssertTrue(adminBody.contains("signing_keys_not_loaded"), adminBody)
         try await application.reloadSigningKeys()
+        let (keysLoaded, _) = try await readiness(port)
+        XCTAssertEqual(keysLoaded, 503)
+        let (adminKeysLoaded, adminKeysLoadedBody) = try await readiness(adminPort)
+        XCTAssertEqual(adminKeysLoaded, 503)
+        XCTAssertTrue(adminKeysLoadedBody.contains("revocations_not_loaded"), adminKeysLoadedBody)
+        await application.loadRevokedSessions()
         let (after, _) = try await readiness(port)
         XCTAssertEqual(after, 200)
         let (adminAfter, _) = try await readiness(adminPort)

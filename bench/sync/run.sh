@@ -52,6 +52,9 @@ settings=$(psql "$url" -At -c "select string_agg(name || '=' || setting, ' ' ord
 echo "== postgres $(psql "$url" -At -c 'show server_version'): $settings"
 
 export TRUNK_SYNC_DATABASE_URL=$url
+# The token issuer: `serve` accepts only tokens whose iss it would write itself, so the
+# token command and the server must agree on it (their ports differ).
+export TRUNK_SYNC_PUBLIC_URL=http://bench.invalid
 export TRUNK_SYNC_JWT_SECRET=$(head -c 32 /dev/urandom | base64)
 export TRUNK_SYNC_LOG_LEVEL=notice  # the "listening" line is a notice; access logs (info) stay off
 export TRUNK_SYNC_DB_POOL_SIZE=$pool

@@ -22,6 +22,9 @@ final class Connection<Context: Sendable> {
     var writable = true
     /// The peer closed its sending side: no more requests will come.
     var peerClosedInput = false
+    /// The socket reported an error or a hang-up (reset) with bytes still to read: no
+    /// answer can be sent any more.
+    var hungUp = false
     var handlerTask: Task<Void, Never>? = nil
 
     /// The request being answered: the application's context and what framing needs.

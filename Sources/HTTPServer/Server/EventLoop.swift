@@ -154,10 +154,18 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
 
     private func handle(_ flags: UInt32, on fd: Int32) {
         guard let connection = connections[fd] else { return }
-        if flags & (epollErr | epollHUP) != 0, flags & epollIn == 0 {
-            // Reset or fully closed: nobody is left to answer.
-            closeConnection(connection)
-            return
+        if flags & (epollErr | epollHUP) != 0 {
+            // Reset or fully closed: nobody is left to answer. While a handler runs nothing
+            // more is read, so this is the only news of it: closing cancels the handler (a
+            // long-poll stops waiting) instead of keeping it until its answer fails to send.
+            // A client that only shut its sending side (FIN) still gets its answer.
+            if flags & epollIn == 0 || connection.lifecycle.isHandling {
+                closeConnection(connection)
+                return
+            }
+            // Bytes arrived before the reset: they are read as usual, and a request among
+            // them that starts a handler is cancelled at once (`drive`).
+            connection.hungUp = true
         }
         if flags & epollRDHUP != 0 { connection.peerClosedInput = true }
         if flags & epollIn != 0 { connection.readable = true }
@@ -323,7 +331,10 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 }
             }
             switch connection.lifecycle.state {
-            case .handling, .closed:
+            case .handling:
+                if connection.hungUp { closeConnection(connection) }
+                return
+            case .closed:
                 return
             case .lingering:
                 discardInput(connection)

@@ -10,8 +10,11 @@ public enum AuthError {
     static let badJWT = APIError(status: 401, code: "bad_jwt", message: "Invalid or expired access token")
     static let noAuthorization = APIError(
         status: 401, code: "no_authorization", message: "This endpoint requires a bearer access token")
+    /// The token's session was revoked (sign-out, refresh token reuse) or its user deleted:
+    /// `401` like any token that no longer counts, with the code the Supabase clients read
+    /// to drop their session (GoTrue itself answers `403`).
     static let sessionNotFound = APIError(
-        status: 403, code: "session_not_found", message: "Session from the access token no longer exists")
+        status: 401, code: "session_not_found", message: "Session from the access token no longer exists")
     static let refreshTokenNotFound = APIError(
         status: 400, code: "refresh_token_not_found", message: "Invalid Refresh Token: Refresh Token Not Found")
     static let refreshTokenAlreadyUsed = APIError(
@@ -30,8 +33,4 @@ public enum AuthError {
             message: "For security purposes, you can only request this after \(retryAfter) seconds.",
             retryAfter: retryAfter)
     }
-
-    static let emailSendFailed = APIError(
-        status: 503, code: "email_send_failed", message: "The sign-in email could not be sent; try again later",
-        retryAfter: 30)
 }

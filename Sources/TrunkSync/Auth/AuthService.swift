@@ -18,6 +18,11 @@ public struct AuthSettings: Sendable {
     public var otpResendInterval = 60
     /// Wrong guesses that kill a code. Default 5.
     public var otpMaxAttempts = 5
+    /// Refused `/verify` requests per address, across codes, that lock verification for the
+    /// address. Default 10 per 3600 s.
+    public var otpFailureRule = RateLimiter.Rule(limit: 10, window: 3600)
+    /// Seconds verification stays locked. Default 3600.
+    public var otpLockout = 3600
     /// Per client (an IPv4 address or an IPv6 /64): `/otp`. Default 30 per 300 s.
     public var otpRule = RateLimiter.Rule(limit: 30, window: 300)
     /// Per client: `/verify`. Default 30 per 300 s.
@@ -33,6 +38,10 @@ public struct AuthSettings: Sendable {
     /// Seconds after rotation during which an old refresh token still yields a session (two
     /// tabs refreshing at once). Default 10.
     public var refreshReuseInterval = 10
+    /// Sign-in mails sent at once (sender tasks, and SMTP sessions). Default 2.
+    public var mailSenders = 2
+    /// Sign-in mails waiting for a sender; more are dropped (counted, logged). Default 1000.
+    public var mailQueueSize = 1000
 
     public init() {}
 }
@@ -41,7 +50,10 @@ public struct AuthSettings: Sendable {
 public struct AuthService: Sendable {
     let pool: PostgresPool
     let tokens: TokenIssuer
-    let sender: any SignInCodeSender
+    /// Delivers codes off the request path (see `SignInMailQueue`).
+    let mail: SignInMailQueue
+    /// Revoked sessions whose tokens may still be valid (see `SessionRevocations`).
+    public let revocations: SessionRevocations
     let settings: AuthSettings
     let logger: Logger
     let metrics: Metrics
@@ -56,14 +68,28 @@ public struct AuthService: Sendable {
         self.metrics = metrics
         self.pool = pool
         self.tokens = tokens
-        self.sender = sender
         self.settings = settings
         self.logger = logger
+        revocations = SessionRevocations(pool: pool, logger: logger)
+        mail = SignInMailQueue(
+            sender: sender, senders: settings.mailSenders, capacity: settings.mailQueueSize, logger: logger,
+            metrics: metrics)
         codeKey = HMAC.sha256(key: Array(secret.utf8), message: "trunk-sync sign-in code key v1")
     }
 
     private func codeHash(_ email: Email, _ code: String) -> PostgresBytes {
         PostgresBytes(HMAC.sha256(key: codeKey, message: email.value + ":" + code))
+    }
+
+    /// How log lines name an address: the first 16 hex digits of an HMAC keyed from the JWT
+    /// secret. Lines about one address can be told apart and matched, and an operator who
+    /// knows the address can find them (`addressTag` in a test or a REPL), but a reader of
+    /// the log alone cannot confirm a guessed address, and no address is ever written out.
+    func addressTag(_ email: Email) -> String {
+        HMAC.sha256(key: codeKey, message: "log:" + email.value).prefix(8).map { byte in
+            let digits = Array("0123456789abcdef")
+            return String([digits[Int(byte >> 4)], digits[Int(byte & 15)]])
+        }.joined()
     }
 
     static func now() -> Int64 { Int64(Date().timeIntervalSince1970) }
@@ -121,52 +147,54 @@ public struct AuthService: Sendable {
 
     // MARK: - Codes
 
-    /// Sends a new code to `email` unless one was sent within the resend interval.
-    /// With `createUser` false and no such user, records a code nobody receives, so the
-    /// answer (and timing of later calls) is the same as for an existing user.
+    /// Records a new code for `email` and hands its mail to the mail queue, unless a code
+    /// was sent within the resend interval (`429`) or the deployment's mail cap is reached
+    /// (`429`).
+    ///
+    /// Nothing about the answer, its timing or the work done before it may tell whether the
+    /// address has an account: every request runs the same statements in the same order —
+    /// the resend check, the look-up of the account, the mail cap (counted for every
+    /// accepted request, mail or not), the upsert of the code — and stores either the code's
+    /// hash or, when no mail goes out (`create_user: false` and no account), the hash of
+    /// nothing anyone knows. The mail itself is sent by the queue's sender tasks after the
+    /// answer, so neither a slow mail server nor a failure shows; the only branch left on
+    /// the request path is `submit`, an append under an uncontended lock.
     public func requestCode(email: Email, createUser: Bool, ip: String) async throws {
         let code = SecureRandom.digits(6)
         let settings = self.settings
         let hash = codeHash(email, code)
-        enum Outcome: Sendable { case send, silent, wait(Int), mailCap(Int) }
+        let unknowable = PostgresBytes(SecureRandom.bytes(count: 32))
+        enum Outcome: Sendable { case accepted(deliverable: Bool), wait(Int), mailCap(Int) }
         let outcome: Outcome = try await database { connection in
             let recent = try connection.query(
                 "select ceil(extract(epoch from created_at + make_interval(secs => $2) - now()))::int8 from otp_codes where email = $1 and created_at > now() - make_interval(secs => $2)",
                 email.value, Int64(settings.otpResendInterval))
             if let row = recent.first { return .wait(max(1, try row.decode(Int.self, column: 0))) }
             let exists = try connection.query("select 1 from users where lower(email) = $1", email.value).count > 0
-            let deliverable = exists || createUser
-            if deliverable, let retry = try RateLimiter.hit("mail:global", rule: settings.mailRule, on: connection) {
+            if let retry = try RateLimiter.hit("mail:global", rule: settings.mailRule, on: connection) {
                 return .mailCap(retry)
             }
-            // An undeliverable request stores a hash of a code no one knows.
-            let stored = deliverable ? hash : PostgresBytes(SecureRandom.bytes(count: 32))
+            let deliverable = exists || createUser
             try connection.query(
                 """
                 insert into otp_codes (email, code_hash, created_at, expires_at, attempts, consumed_at)
                 values ($1, $2, now(), now() + make_interval(secs => $3), 0, null)
                 on conflict (email) do update set code_hash = excluded.code_hash, created_at = excluded.created_at,
                   expires_at = excluded.expires_at, attempts = 0, consumed_at = null
-                """, email.value, stored, Int64(settings.otpLifetime))
-            return deliverable ? .send : .silent
+                """, email.value, deliverable ? hash : unknowable, Int64(settings.otpLifetime))
+            return .accepted(deliverable: deliverable)
         }
         switch outcome {
-        case .silent: return
         case .wait(let seconds): throw AuthError.overEmailSendRateLimit(retryAfter: seconds)
         case .mailCap(let seconds):
             metrics.rateLimited("mail").increment()
             throw AuthError.overEmailSendRateLimit(retryAfter: seconds)
-        case .send:
-            do {
-                try await sender.sendSignInCode(code, to: email.value, expiresInMinutes: max(1, settings.otpLifetime / 60))
-                metrics.signInCodesSent.increment()
-            } catch {
-                metrics.mailFailures.increment()
-                logger.error("sign-in mail failed", metadata: ["error": "\(error)"])
-                // Let the user ask again at once instead of waiting for the resend interval.
-                _ = try? await database { try $0.query("delete from otp_codes where email = $1", email.value) }
-                throw AuthError.emailSendFailed
-            }
+        case .accepted(let deliverable):
+            guard deliverable else { return }
+            mail.submit(
+                SignInMailQueue.Job(
+                    code: code, email: email.value, expiresInMinutes: max(1, settings.otpLifetime / 60),
+                    addressTag: addressTag(email), requestID: RequestContext.requestID))
         }
     }
 
@@ -176,42 +204,103 @@ public struct AuthService: Sendable {
     /// transaction, so a failure anywhere in between leaves the code usable for a retry.
     /// The per-IP limit is counted before, in its own transaction, so that failed attempts
     /// count too.
+    ///
+    /// Every refused request for an address counts against it across codes (a new code
+    /// resets the code's own `attempts`, not this): `otpFailureRule.limit` of them within
+    /// `otpFailureRule.window` lock verification for the address for `otpLockout` seconds.
+    /// While locked, every code — the right one too — gets the same `otp_expired` as a
+    /// wrong one, and nothing more is counted (the lock does not grow). An address without
+    /// an account is counted and locked alike, so the lock reveals nothing either. The lock
+    /// is logged with its end, and its end is logged again by the first request after it;
+    /// log lines name the address by `addressTag` and the user id, never in clear, and never
+    /// carry a code.
     public func verify(email: Email, code: String, ip: String, userAgent: String?) async throws -> IssuedSession {
         guard code.utf8.count == 6, code.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }) else { throw AuthError.otpExpired }
         let hash = codeHash(email, code)
-        let maxAttempts = settings.otpMaxAttempts
+        let settings = self.settings
         let refreshToken = Self.newRefreshToken()
-        enum Outcome: Sendable { case rejected, signedIn(UserRecord, sessionID: UUID) }
+        let now = Self.now()
+        let accessExpiresAt = now + Int64(tokens.lifetime)
+        /// What the logs should hear of.
+        enum LockEvent: Sendable { case none, locked(until: PostgresTimestamp, failures: Int), ended }
+        enum Outcome: Sendable {
+            case rejected(LockEvent, user: UUID?)
+            case signedIn(UserRecord, sessionID: UUID, LockEvent)
+        }
         let outcome: Outcome = try await database { connection in
             let rows = try connection.query(
-                "select code_hash, expires_at > now(), attempts, consumed_at is null from otp_codes where email = $1 for update",
-                email.value)
-            guard let row = rows.first else { return .rejected }
+                """
+                select code_hash, expires_at > now(), attempts, consumed_at is null,
+                       coalesce(locked_until > now(), false), locked_until is not null,
+                       failures, failures_since is null or failures_since <= now() - make_interval(secs => $2),
+                       (select id from users where lower(email) = $1)
+                from otp_codes where email = $1 for update
+                """, email.value, Int64(settings.otpFailureRule.window))
+            guard let row = rows.first else { return .rejected(.none, user: nil) }
+            let user = try row.decode(UUID?.self, column: 8)
+            // Locked: the same answer as a wrong code, whatever the code; nothing counted.
+            if try row.decode(Bool.self, column: 4) { return .rejected(.none, user: user) }
+            let lockEnded = try row.decode(Bool.self, column: 5)
             let stored = try row.decode(PostgresBytes.self, column: 0)
-            let unexpired = try row.decode(Bool.self, column: 1)
-            let unused = try row.decode(Bool.self, column: 3)
-            let attempts = try row.decode(Int.self, column: 2)
-            guard unexpired, unused, attempts < maxAttempts else { return .rejected }
-            guard constantTimeEquals(stored.bytes, hash.bytes) else {
-                // Returned rather than thrown, so that the counted attempt commits.
-                try connection.query("update otp_codes set attempts = attempts + 1 where email = $1", email.value)
-                return .rejected
+            let live =
+                try row.decode(Bool.self, column: 1) && row.decode(Bool.self, column: 3)
+                && row.decode(Int.self, column: 2) < settings.otpMaxAttempts
+            guard live, constantTimeEquals(stored.bytes, hash.bytes) else {
+                // Returned rather than thrown, so that the counted failure commits. After a
+                // lock, or once the window has passed, counting starts over.
+                let windowOver = try lockEnded || row.decode(Bool.self, column: 7)
+                let failures = windowOver ? 1 : try row.decode(Int.self, column: 6) + 1
+                let lock = failures >= settings.otpFailureRule.limit
+                let until = try connection.query(
+                    """
+                    update otp_codes set attempts = attempts + $2, failures = $3,
+                      failures_since = case when $4 then now() else failures_since end,
+                      locked_until = case when $5 then now() + make_interval(secs => $6) end
+                    where email = $1 returning locked_until
+                    """, email.value, Int64(live ? 1 : 0), Int64(failures), windowOver, lock,
+                    Int64(settings.otpLockout)
+                )[0].decode(PostgresTimestamp?.self, column: 0)
+                if lock, let until { return .rejected(.locked(until: until, failures: failures), user: user) }
+                return .rejected(lockEnded ? .ended : .none, user: user)
             }
-            try connection.query("update otp_codes set consumed_at = now() where email = $1", email.value)
-            let user = try connection.query(
+            try connection.query(
+                """
+                update otp_codes set consumed_at = now(), failures = 0, failures_since = null, locked_until = null
+                where email = $1
+                """, email.value)
+            let signedInRow = try connection.query(
                 """
                 insert into users (email, email_confirmed_at, last_sign_in_at) values ($1, now(), now())
                 on conflict ((lower(email))) do update set last_sign_in_at = now(), updated_at = now(),
                   email_confirmed_at = coalesce(users.email_confirmed_at, now())
                 returning \(UserRecord.columns)
                 """, email.value)[0]
-            let signedIn = try UserRecord(row: user)
+            let signedIn = try UserRecord(row: signedInRow)
             let sessionID = try Self.insertSession(
-                userID: signedIn.id, refreshToken: refreshToken, ip: ip, userAgent: userAgent, on: connection)
-            return .signedIn(signedIn, sessionID: sessionID)
+                userID: signedIn.id, refreshToken: refreshToken, ip: ip, userAgent: userAgent,
+                accessExpiresAt: accessExpiresAt, on: connection)
+            return .signedIn(signedIn, sessionID: sessionID, lockEnded ? .ended : .none)
         }
-        guard case .signedIn(let user, let sessionID) = outcome else { throw AuthError.otpExpired }
-        return issue(user: user, sessionID: sessionID, refreshToken: refreshToken)
+        let event: LockEvent
+        let user: UUID?
+        switch outcome {
+        case .rejected(let rejectedEvent, let rejectedUser): (event, user) = (rejectedEvent, rejectedUser)
+        case .signedIn(let signedIn, _, let signedInEvent): (event, user) = (signedInEvent, signedIn.id)
+        }
+        let who: Logger.Metadata = [
+            "address": "\(addressTag(email))", "user_id": "\(user?.uuidString.lowercased() ?? "none")",
+        ]
+        switch event {
+        case .none: break
+        case .locked(let until, let failures):
+            logger.warning(
+                "sign-in locked: too many wrong codes",
+                metadata: who.merging(["failures": "\(failures)", "until": "\(RFC3339.format(until))"]) { $1 })
+        case .ended:
+            logger.notice("sign-in lock ended", metadata: who)
+        }
+        guard case .signedIn(let signedIn, let sessionID, _) = outcome else { throw AuthError.otpExpired }
+        return issue(user: signedIn, sessionID: sessionID, refreshToken: refreshToken, now: now)
     }
 
     // MARK: - Sessions
@@ -219,29 +308,37 @@ public struct AuthService: Sendable {
     /// Creates a session with its first refresh token and signs an access token.
     func startSession(for user: UserRecord, ip: String, userAgent: String?) async throws -> IssuedSession {
         let refreshToken = Self.newRefreshToken()
+        let now = Self.now()
+        let accessExpiresAt = now + Int64(tokens.lifetime)
         let sessionID = try await database { connection in
             try Self.insertSession(
-                userID: user.id, refreshToken: refreshToken, ip: ip, userAgent: userAgent, on: connection)
+                userID: user.id, refreshToken: refreshToken, ip: ip, userAgent: userAgent,
+                accessExpiresAt: accessExpiresAt, on: connection)
         }
-        return issue(user: user, sessionID: sessionID, refreshToken: refreshToken)
+        return issue(user: user, sessionID: sessionID, refreshToken: refreshToken, now: now)
     }
 
     /// Stores a session and its first refresh token on `connection`, inside the caller's
-    /// transaction, and returns the session's id.
+    /// transaction, and returns the session's id. `accessExpiresAt` is the expiry of the
+    /// access token about to be issued for it: a revocation of the session matters until
+    /// the newest such expiry (`SessionRevocations`).
     static func insertSession(
-        userID: UUID, refreshToken: String, ip: String, userAgent: String?, on connection: PostgresConnection
+        userID: UUID, refreshToken: String, ip: String, userAgent: String?, accessExpiresAt: Int64,
+        on connection: PostgresConnection
     ) throws -> UUID {
         let session = try connection.query(
-            "insert into sessions (user_id, ip, user_agent) values ($1, $2, $3) returning id", userID, ip,
-            userAgent.map { String($0.prefix(512)) })[0].decode(UUID.self, column: 0)
+            """
+            insert into sessions (user_id, ip, user_agent, access_expires_at) values ($1, $2, $3, to_timestamp($4))
+            returning id
+            """, userID, ip, userAgent.map { String($0.prefix(512)) }, accessExpiresAt)[0].decode(UUID.self, column: 0)
         try connection.query(
             "insert into refresh_tokens (session_id, user_id, token_hash) values ($1, $2, $3)", session, userID,
             hashToken(refreshToken))
         return session
     }
 
-    private func issue(user: UserRecord, sessionID: UUID, refreshToken: String) -> IssuedSession {
-        let now = Self.now()
+    /// Signs the access token at `now`, the time its expiry was recorded with the session.
+    private func issue(user: UserRecord, sessionID: UUID, refreshToken: String, now: Int64) -> IssuedSession {
         let access = tokens.accessToken(for: user, sessionID: sessionID, now: now)
         return IssuedSession(
             accessToken: access.token, expiresIn: tokens.lifetime, expiresAt: access.expiresAt, refreshToken: refreshToken,
@@ -259,7 +356,10 @@ public struct AuthService: Sendable {
         guard !token.isEmpty, token.utf8.count <= 128 else { throw AuthError.refreshTokenNotFound }
         let newToken = Self.newRefreshToken()
         let reuseInterval = settings.refreshReuseInterval
-        enum Outcome: Sendable { case notFound, reused, issued(UserRecord, UUID) }
+        let now = Self.now()
+        let accessExpiresAt = now + Int64(tokens.lifetime)
+        typealias Revoked = [(session: UUID, user: UUID, tokensExpireAt: Int64)]
+        enum Outcome: Sendable { case notFound, reused(Revoked), issued(UserRecord, UUID) }
         let outcome: Outcome = try await database { connection in
             let rows = try connection.query(
                 """
@@ -279,7 +379,7 @@ public struct AuthService: Sendable {
                     try connection.query("update sessions set revoked_at = now() where id = $1", sessionID)
                     try connection.query(
                         "update refresh_tokens set revoked_at = now() where session_id = $1 and revoked_at is null", sessionID)
-                    return .reused
+                    return .reused(try Self.revocations(of: [sessionID], on: connection))
                 }
             } else {
                 try connection.query("update refresh_tokens set rotated_at = now() where id = $1", tokenID)
@@ -287,31 +387,42 @@ public struct AuthService: Sendable {
             try connection.query(
                 "insert into refresh_tokens (session_id, user_id, token_hash, parent_id) values ($1, $2, $3, $4)",
                 sessionID, userID, Self.hashToken(newToken), tokenID)
-            try connection.query("update sessions set refreshed_at = now(), updated_at = now() where id = $1", sessionID)
+            try connection.query(
+                """
+                update sessions set refreshed_at = now(), updated_at = now(),
+                  access_expires_at = greatest(access_expires_at, to_timestamp($2))
+                where id = $1
+                """, sessionID, accessExpiresAt)
             let user = try connection.query("select \(UserRecord.columns) from users where id = $1", userID)[0]
             return .issued(try UserRecord(row: user), sessionID)
         }
         switch outcome {
         case .notFound: throw AuthError.refreshTokenNotFound
-        case .reused:
-            logger.warning("refresh token reused after rotation; session revoked")
+        case .reused(let revoked):
+            // Known here before the answer; other instances hear of it from the trigger.
+            revocations.record(revoked)
+            logger.warning(
+                "refresh token reused after rotation; session revoked",
+                metadata: ["session_id": "\(revoked.first?.session.uuidString.lowercased() ?? "")"])
             throw AuthError.refreshTokenAlreadyUsed
         case .issued(let user, let sessionID):
-            return issue(user: user, sessionID: sessionID, refreshToken: newToken)
+            return issue(user: user, sessionID: sessionID, refreshToken: newToken, now: now)
         }
     }
 
     /// Which sessions `logout` ends.
     public enum LogoutScope: String, Sendable { case local, global, others }
 
-    /// Revokes the caller's session, all the user's sessions, or all others.
+    /// Revokes the caller's session, all the user's sessions, or all others. Their access
+    /// tokens stop working at once here (recorded before the answer) and on every other
+    /// instance as soon as the trigger's notification arrives (milliseconds).
     public func logout(_ claims: AccessClaims, scope: LogoutScope) async throws {
         let current = claims.sessionID
-        try await database { connection in
+        let revoked = try await database { connection in
             let sessionFilter: String
             switch scope {
             case .local: sessionFilter = "id = $2"
-            case .global: sessionFilter = "$2::uuid is null or true"
+            case .global: sessionFilter = "$2::uuid is not null"
             case .others: sessionFilter = "id is distinct from $2"
             }
             let revoked = try connection.query(
@@ -320,6 +431,23 @@ public struct AuthService: Sendable {
             ).map { try $0.decode(UUID.self, column: 0) }
             try connection.query(
                 "update refresh_tokens set revoked_at = now() where session_id = any($1) and revoked_at is null", revoked)
+            return try Self.revocations(of: revoked, on: connection)
+        }
+        revocations.record(revoked)
+    }
+
+    /// What the revocation trigger recorded for `sessions` in this transaction.
+    static func revocations(of sessions: [UUID], on connection: PostgresConnection) throws
+        -> [(session: UUID, user: UUID, tokensExpireAt: Int64)]
+    {
+        guard !sessions.isEmpty else { return [] }
+        return try connection.query(
+            """
+            select session_id, user_id, floor(extract(epoch from expires_at))::int8 from session_revocations
+            where session_id = any($1)
+            """, sessions
+        ).map { row in
+            (try row.decode(UUID.self, column: 0), try row.decode(UUID.self, column: 1), try row.decode(Int64.self, column: 2))
         }
     }
 
@@ -355,9 +483,8 @@ public struct AuthService: Sendable {
     }
 
     static func checkSession(_ claims: AccessClaims, on connection: PostgresConnection) throws {
-        guard let session = claims.sessionID else { return }
         let live = try connection.query(
-            "select 1 from sessions where id = $1 and user_id = $2 and revoked_at is null", session, claims.userID)
+            "select 1 from sessions where id = $1 and user_id = $2 and revoked_at is null", claims.sessionID, claims.userID)
         if live.isEmpty { throw AuthError.sessionNotFound }
     }
 

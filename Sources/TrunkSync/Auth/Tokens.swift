@@ -87,10 +87,17 @@ public struct IssuedSession: Sendable {
 public struct AccessClaims: Sendable, Equatable {
     /// The user (`sub`).
     public var userID: UUID
-    /// The session (`session_id`), absent in tokens not issued by a sign-in.
-    public var sessionID: UUID?
+    /// The session (`session_id`). Every token this server issues names one, and a token
+    /// without one is refused: a token that names no session could not be revoked.
+    public var sessionID: UUID
     /// Expiry, Unix seconds.
     public var expiresAt: Int64
+
+    public init(userID: UUID, sessionID: UUID, expiresAt: Int64) {
+        self.userID = userID
+        self.sessionID = sessionID
+        self.expiresAt = expiresAt
+    }
 }
 
 /// Issues and verifies access tokens (JWTs with Supabase's claims) with the current key set.
@@ -102,11 +109,14 @@ public struct AccessClaims: Sendable, Equatable {
 public final class TokenIssuer: Sendable {
     /// The HS256 key of the configured secret.
     public let secretKey: JWT.HS256Key
-    /// `iss` of issued tokens.
+    /// `iss` of issued tokens, and the only one accepted: `TRUNK_SYNC_PUBLIC_URL` +
+    /// `/auth/v1`, so every instance of a deployment (which share the public URL) accepts
+    /// the others' tokens and no other deployment's, even one that shares the secret.
     public let issuer: String
     /// Access token lifetime in seconds.
     public let lifetime: Int
-    /// Clock skew tolerated on `exp`, seconds.
+    /// Clock skew tolerated on `exp`, `iat` and `nbf`, seconds: instances' clocks differ a
+    /// little, and a token issued by one is used on another at once.
     public static let leeway: Int64 = 30
 
     /// An ES256 key in the current set.
@@ -247,10 +257,13 @@ public final class TokenIssuer: Sendable {
 
     /// The claims `verify` reads, from the payload's bytes with the one JSON parser (no
     /// Foundation decoding on the hot path). A repeated claim makes the token ambiguous:
-    /// refused.
+    /// refused; so does a claim of the wrong type (`iss` a number, `iat` a string).
     struct Claims: Equatable {
         var sub: String
         var exp: Double
+        var iss: String?
+        var iat: Double?
+        var nbf: Double?
         var audiences: [String] = []
         var sessionID: String?
 
@@ -258,26 +271,38 @@ public final class TokenIssuer: Sendable {
             payload.withUnsafeBufferPointer { buffer -> Claims? in
                 var scanner = JSONScanner(buffer, limits: JSONLimits(maxDepth: 8, maxStringBytes: 4096, maxBytes: 16 * 1024))
                 var sub: String?
+                var iss: String?
                 var exp: Double?
+                var iat: Double?
+                var nbf: Double?
                 var audiences: [String]?
                 var sessionID: String?? = nil
                 var valid = true
+                /// A string claim, once.
+                func string(_ claim: inout String?, _ scanner: inout JSONScanner) throws(JSONScanner.Failure) {
+                    if claim != nil || scanner.peek() != UInt8(ascii: "\"") {
+                        valid = false
+                        try scanner.skipValue()
+                    } else {
+                        claim = try scanner.string()
+                    }
+                }
+                /// A NumericDate claim (seconds, JSON number), once.
+                func number(_ claim: inout Double?, _ scanner: inout JSONScanner) throws(JSONScanner.Failure) {
+                    let range = try scanner.skipValue()
+                    if claim != nil { valid = false }
+                    claim = Double(String(decoding: scanner.slice(range), as: UTF8.self))
+                    if claim == nil { valid = false }
+                }
                 do throws(JSONScanner.Failure) {
                     guard scanner.peek() == UInt8(ascii: "{") else { return nil }
                     try scanner.object { (scanner: inout JSONScanner, key: String) throws(JSONScanner.Failure) in
                         switch key {
-                        case "sub":
-                            if sub != nil || scanner.peek() != UInt8(ascii: "\"") {
-                                valid = false
-                                try scanner.skipValue()
-                            } else {
-                                sub = try scanner.string()
-                            }
-                        case "exp":
-                            let range = try scanner.skipValue()
-                            if exp != nil { valid = false }
-                            exp = Double(String(decoding: scanner.slice(range), as: UTF8.self))
-                            if exp == nil { valid = false }
+                        case "sub": try string(&sub, &scanner)
+                        case "iss": try string(&iss, &scanner)
+                        case "exp": try number(&exp, &scanner)
+                        case "iat": try number(&iat, &scanner)
+                        case "nbf": try number(&nbf, &scanner)
                         case "aud":
                             if audiences != nil { valid = false }
                             if scanner.peek() == UInt8(ascii: "[") {
@@ -314,13 +339,19 @@ public final class TokenIssuer: Sendable {
                     return nil
                 }
                 guard valid, scanner.takeViolation() == nil, let sub, let exp else { return nil }
-                return Claims(sub: sub, exp: exp, audiences: audiences ?? [], sessionID: sessionID ?? nil)
+                return Claims(
+                    sub: sub, exp: exp, iss: iss, iat: iat, nbf: nbf, audiences: audiences ?? [],
+                    sessionID: sessionID ?? nil)
             }
         }
     }
 
-    /// Verifies signature (HS256 with the secret, or ES256 with a key in use named by the
-    /// token's `kid`), `exp` (with leeway) and `aud`; returns the claims.
+    /// Verifies the signature (HS256 with the secret, or ES256 with a key in use named by the
+    /// token's `kid`) and the claims, as strictly on every route (this is the only place
+    /// tokens are checked): `iss` is this server's issuer; `aud` includes `authenticated`;
+    /// `exp` has not passed; `iat` is present and `nbf`, if present, is not in the future
+    /// (each with `leeway` for clock skew); `sub` and `session_id` are UUIDs. Returns the
+    /// claims. Whether the session was revoked is the authentication stage's question.
     public func verify(_ token: String, now: Int64) throws(APIError) -> AccessClaims {
         let payload: [UInt8]
         do {
@@ -328,11 +359,18 @@ public final class TokenIssuer: Sendable {
         } catch {
             throw AuthError.badJWT
         }
-        guard let claims = Claims.parse(payload), let user = UUID(uuidString: claims.sub),
-            claims.audiences.contains("authenticated"), claims.exp.isFinite, abs(claims.exp) < 1e15,
-            Int64(claims.exp) + Self.leeway >= now
+        guard let claims = Claims.parse(payload), claims.iss == issuer, let user = UUID(uuidString: claims.sub),
+            let session = claims.sessionID.flatMap(UUID.init(uuidString:)), claims.audiences.contains("authenticated"),
+            let expiry = Self.seconds(claims.exp), expiry + Self.leeway >= now,
+            let issuedAt = claims.iat.flatMap(Self.seconds), issuedAt <= now + Self.leeway,
+            claims.nbf.map({ Self.seconds($0).map { $0 <= now + Self.leeway } ?? false }) ?? true
         else { throw AuthError.badJWT }
-        return AccessClaims(
-            userID: user, sessionID: claims.sessionID.flatMap(UUID.init(uuidString:)), expiresAt: Int64(claims.exp))
+        return AccessClaims(userID: user, sessionID: session, expiresAt: expiry)
+    }
+
+    /// A NumericDate as whole seconds, or nil when it is not a plausible time.
+    private static func seconds(_ value: Double) -> Int64? {
+        guard value.isFinite, abs(value) < 1e15 else { return nil }
+        return Int64(value)
     }
 }

@@ -84,7 +84,8 @@ public struct Configuration: Sendable {
     /// `TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT` (0: no cap).
     public private(set) var httpMaxConnectionsPerClient: Int = 256
 
-    /// Sign-in rules from `jwt_expiry`, `otp_*`, `rate_limit_*`, `refresh_reuse_interval`.
+    /// Sign-in rules from `jwt_expiry`, `otp_*`, `rate_limit_*`, `refresh_reuse_interval`,
+    /// `mail_senders`, `mail_queue_size`.
     public private(set) var auth = AuthSettings()
     /// `TRUNK_SYNC_JWT_EXPIRY`, seconds.
     public private(set) var jwtExpiry = 3600
@@ -212,6 +213,8 @@ public struct Configuration: Sendable {
         auth.otpLifetime = try integer("otp_expiry", 30...86_400) ?? auth.otpLifetime
         auth.otpResendInterval = try integer("otp_resend_interval", 0...3600) ?? auth.otpResendInterval
         auth.otpMaxAttempts = try integer("otp_max_attempts", 1...100) ?? auth.otpMaxAttempts
+        auth.otpFailureRule = try rule("otp_failure_limit") ?? auth.otpFailureRule
+        auth.otpLockout = try integer("otp_lockout", 1...604_800) ?? auth.otpLockout
         auth.otpRule = try rule("rate_limit_otp") ?? auth.otpRule
         auth.verifyRule = try rule("rate_limit_verify") ?? auth.verifyRule
         auth.tokenRule = try rule("rate_limit_token") ?? auth.tokenRule
@@ -219,6 +222,8 @@ public struct Configuration: Sendable {
         auth.otpEmailRule = try rule("rate_limit_otp_email") ?? auth.otpEmailRule
         auth.verifyEmailRule = try rule("rate_limit_verify_email") ?? auth.verifyEmailRule
         auth.refreshReuseInterval = try integer("refresh_reuse_interval", 0...300) ?? auth.refreshReuseInterval
+        auth.mailSenders = try integer("mail_senders", 1...64) ?? auth.mailSenders
+        auth.mailQueueSize = try integer("mail_queue_size", 1...100_000) ?? auth.mailQueueSize
         if mailer == .smtp, smtpURL == nil { throw error("smtp_url", "is required when TRUNK_SYNC_MAILER is smtp") }
         if let url = smtpURL {
             do {

@@ -35,12 +35,18 @@ public struct Setting: Sendable {
             summary: "HS256 signing secret for access tokens, at least 32 bytes. Required by serve."),
         Setting(
             key: "public_url", defaultValue: nil, isSecret: false,
-            summary: "External base URL, used as the token issuer. Default http://HOST:PORT."),
+            summary: "External base URL. URL/auth/v1 is the token issuer (iss), checked on every request: every instance of a deployment, and trunk-sync token, must share it. Default http://HOST:PORT."),
         Setting(key: "mailer", defaultValue: "log", isSecret: false, summary: "log (codes printed to the log) or smtp."),
         Setting(
             key: "smtp_url", defaultValue: nil, isSecret: true,
             summary: "smtp://[user:pass@]host:port[?tls=none|starttls|tls][&verify=false][&ca_file=PATH] or smtps://…; smtp:// requires STARTTLS unless tls=none; required when mailer is smtp."),
         Setting(key: "mail_from", defaultValue: "no-reply@localhost", isSecret: false, summary: "Sender address of sign-in mails."),
+        Setting(
+            key: "mail_senders", defaultValue: "2", isSecret: false,
+            summary: "Sign-in mails sent at once (sender tasks, and SMTP sessions). Mails go out after /otp has answered."),
+        Setting(
+            key: "mail_queue_size", defaultValue: "1000", isSecret: false,
+            summary: "Sign-in mails waiting for a sender; when full, a new one is dropped (counted in trunk_sync_mail_dropped_total, logged) and /otp still answers 200."),
         Setting(
             key: "cors_origins", defaultValue: "", isSecret: false,
             summary: "Comma-separated origins allowed by CORS; * allows any. Default none."),
@@ -67,6 +73,12 @@ public struct Setting: Sendable {
             key: "otp_max_attempts", defaultValue: "5", isSecret: false,
             summary: "Wrong guesses after which a code is dead."),
         Setting(
+            key: "otp_failure_limit", defaultValue: "10/3600", isSecret: false,
+            summary: "Refused /auth/v1/verify requests per address, across codes and client addresses, that lock verification for the address, as failures/seconds."),
+        Setting(
+            key: "otp_lockout", defaultValue: "3600", isSecret: false,
+            summary: "Seconds verification stays locked; meanwhile every code, the right one too, gets otp_expired."),
+        Setting(
             key: "rate_limit_otp", defaultValue: "30/300", isSecret: false,
             summary: "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/otp, as requests/seconds."),
         Setting(
@@ -83,7 +95,7 @@ public struct Setting: Sendable {
             summary: "Per email address limit on POST /auth/v1/verify, whatever client asks, as requests/seconds."),
         Setting(
             key: "rate_limit_mail", defaultValue: "1000/3600", isSecret: false,
-            summary: "Sign-in mails the whole deployment may send, as mails/seconds."),
+            summary: "Sign-in codes the whole deployment may issue (mailed or not), as codes/seconds."),
         Setting(
             key: "refresh_reuse_interval", defaultValue: "10", isSecret: false,
             summary: "Seconds a just-rotated refresh token still yields a session (tabs refreshing together)."),

@@ -23,8 +23,11 @@ public final class Metrics: @unchecked Sendable {
     public let eventsPulled: Counter
     /// Sign-in codes handed to the mailer.
     public let signInCodesSent: Counter
-    /// Sign-in mails that could not be sent.
+    /// Sign-in mails the mailer failed to send.
     public let mailFailures: Counter
+    /// Sign-in mails never handed to the mailer: the mail queue was full (or the server
+    /// stopped before their turn).
+    public let mailDropped: Counter
     private let rateLimited: [String: Counter]
 
     /// The limits counted in `trunk_sync_rate_limited_total{limit=…}`.
@@ -44,7 +47,9 @@ public final class Metrics: @unchecked Sendable {
             "trunk_sync_events_duplicate_total", "Pushed events skipped because their client_id was already stored.")
         eventsPulled = counter("trunk_sync_events_pulled_total", "Events returned by pulls (native and REST).")
         signInCodesSent = counter("trunk_sync_signin_codes_sent_total", "Sign-in codes handed to the mailer.")
-        mailFailures = counter("trunk_sync_mail_failures_total", "Sign-in mails that could not be sent.")
+        mailFailures = counter("trunk_sync_mail_failures_total", "Sign-in mails the mailer failed to send.")
+        mailDropped = counter(
+            "trunk_sync_mail_dropped_total", "Sign-in mails dropped unsent because the mail queue was full.")
         var limits: [String: Counter] = [:]
         for name in Self.rateLimitNames {
             limits[name] = counter(

@@ -34,8 +34,11 @@ public struct Application: Sendable {
 
     /// Builds the application: a pool from the configuration, migrations from its directory,
     /// and `sender` for sign-in codes (by default the one `TRUNK_SYNC_MAILER` names).
+    /// `statementObserver` is told every statement the pool runs (tests; see
+    /// `PostgresPool.Configuration.statementObserver`).
     public init(
-        configuration: Configuration, logger: Logger, sender: (any SignInCodeSender)? = nil, listen: Bool = true
+        configuration: Configuration, logger: Logger, sender: (any SignInCodeSender)? = nil, listen: Bool = true,
+        statementObserver: (@Sendable (String) -> Void)? = nil
     ) throws {
         self.configuration = configuration
         self.logger = logger
@@ -43,12 +46,15 @@ public struct Application: Sendable {
         settings.maxConnections = configuration.databasePoolSize
         settings.acquireTimeout = .milliseconds(Int64(configuration.databasePoolTimeout * 1000))
         settings.sessionSettings = [("role", Self.databaseRole)]
+        settings.statementObserver = statementObserver
         let database = try PostgresConfiguration(try configuration.requireDatabaseURL())
         pool = PostgresPool(database, configuration: settings, logger: logger)
         events = EventStore(pool: pool)
         signingKeys = SigningKeyStore(pool: pool)
-        notifier = EventNotifier(
-            listener: listen ? PostgresListener(database, channels: [EventStore.channel], logger: logger) : nil)
+        let listener =
+            listen
+            ? PostgresListener(database, channels: [EventStore.channel, SessionRevocations.channel], logger: logger) : nil
+        notifier = EventNotifier(listener: listener)
         migrator = Migrator(migrations: try Migration.load(from: configuration.migrationsDirectory), logger: logger)
         let secret = configuration.jwtSecret ?? ""
         auth = AuthService(
@@ -56,8 +62,19 @@ public struct Application: Sendable {
             tokens: TokenIssuer(secret: secret, issuer: configuration.publicURL + "/auth/v1", lifetime: configuration.jwtExpiry),
             secret: secret, sender: try sender ?? Self.defaultSender(configuration, logger: logger),
             settings: configuration.auth, logger: logger, metrics: metrics)
+        if let listener {
+            // Both subscribe before the listener starts, so neither misses its first
+            // `.listening` (which makes the revocations load).
+            let notifier = self.notifier
+            auth.revocations.follow(listener.events(), wake: { notifier.wake($0) })
+            listener.start()
+        }
         let pool = self.pool
         let notifier = self.notifier
+        let revocations = auth.revocations
+        metrics.gauge("trunk_sync_revoked_sessions", help: "Revoked sessions whose access tokens may still be valid.") {
+            Double(revocations.count)
+        }
         metrics.gauge("trunk_sync_db_pool_connections_open", help: "Database connections open.") { Double(pool.statistics.open) }
         metrics.gauge("trunk_sync_db_pool_connections_in_use", help: "Database connections running a query.") {
             Double(pool.statistics.inUse)
@@ -66,6 +83,10 @@ public struct Application: Sendable {
             Double(pool.statistics.waiting)
         }
         metrics.gauge("trunk_sync_longpolls_waiting", help: "Pulls waiting for new events.") { Double(notifier.waiting) }
+        let mail = auth.mail
+        metrics.gauge("trunk_sync_mail_queue_length", help: "Sign-in mails waiting for a sender.") {
+            Double(mail.waiting)
+        }
     }
 
     static func defaultSender(_ configuration: Configuration, logger: Logger) throws -> any SignInCodeSender {
@@ -74,7 +95,10 @@ public struct Application: Sendable {
             return MailCodeSender(mailer: LogMailer(logger: logger), from: configuration.mailFrom)
         case .smtp:
             let smtp = try SMTPConfiguration(url: configuration.smtpURL ?? "")
-            return MailCodeSender(mailer: try SMTPMailer(configuration: smtp, logger: logger), from: configuration.mailFrom)
+            // As many SMTP sessions as the mail queue has senders: no sender waits on another.
+            let mailer = try SMTPMailer(
+                configuration: smtp, logger: logger, maximumConnections: configuration.auth.mailSenders)
+            return MailCodeSender(mailer: mailer, from: configuration.mailFrom)
         }
     }
 
@@ -99,6 +123,16 @@ public struct Application: Sendable {
                 metadata: ["kids": "\(after.0.compactMap { $0 }.joined(separator: ","))", "signing": "\(after.1)"])
         }
         return result
+    }
+
+    /// Loads the revoked sessions now, as `serve` does before accepting requests (the
+    /// listener's connection reloads them too, and retries); a failure is logged.
+    public func loadRevokedSessions() async {
+        do {
+            try await auth.revocations.load()
+        } catch {
+            logger.error("cannot load revoked sessions; retrying", metadata: ["error": "\(error)"])
+        }
     }
 
     /// Loads the signing keys, then reloads them every `interval` in a background task until
@@ -174,7 +208,8 @@ public struct Application: Sendable {
         let document = OpenAPIDocument.bytes
         routes.add(.get, "/openapi.json", family: .native, .inline { _ in .json(.ok, document) })
         AuthRoutes(service: auth).register(in: &routes)
-        SyncRoutes(store: events, notifier: notifier, metrics: metrics).register(in: &routes)
+        SyncRoutes(store: events, notifier: notifier, metrics: metrics, revocations: auth.revocations)
+            .register(in: &routes)
         RESTRoutes(pool: pool, store: events, metrics: metrics).register(in: &routes)
         return routes
     }
@@ -215,7 +250,8 @@ public struct Application: Sendable {
         let accessLog = logger.logLevel <= .info ? AccessLog(format: configuration.logFormat, label: logger.label) : nil
         return RequestPipeline(
             routes: routes(), corsOrigins: configuration.corsOrigins,
-            authenticator: Authenticator(tokens: auth.tokens, apiKey: configuration.apiKey), accessLog: accessLog,
+            authenticator: Authenticator(tokens: auth.tokens, apiKey: configuration.apiKey, revocations: auth.revocations),
+            accessLog: accessLog,
             logger: logger)
     }
 
@@ -231,10 +267,13 @@ public struct Application: Sendable {
     /// Answers waiting long-polls at once and stops listening (graceful shutdown).
     public func beginShutdown() { notifier.shutdown() }
 
-    /// Stops everything the application started: the key refresh, the listener and the pool.
+    /// Stops everything the application started: the key refresh, the listener, the mail
+    /// queue (mails already queued get up to 5 seconds) and the pool.
     public func close() async {
         notifier.shutdown()
         await keyRefresh.stop()
+        await auth.revocations.stop()
+        await auth.mail.close(within: .seconds(5))
         await pool.close()
     }
 
@@ -249,7 +288,7 @@ public struct Application: Sendable {
     }
 
     /// `200` when the database answers, no migration is pending and the signing keys have
-    /// been loaded, else `503` with the reason: the admin listener's `/readyz`.
+    /// been loaded (and the revoked sessions), else `503` with the reason: the admin listener's `/readyz`.
     func readiness() async -> HTTPResponse {
         switch await checkReadiness() {
         case .ready:
@@ -290,6 +329,10 @@ public struct Application: Sendable {
             guard tokens.hasLoadedKeys else {
                 return .notReady(
                     code: "signing_keys_not_loaded", message: "The signing keys have not been loaded yet.", detail: nil)
+            }
+            guard auth.revocations.isLoaded else {
+                return .notReady(
+                    code: "revocations_not_loaded", message: "The revoked sessions have not been loaded yet.", detail: nil)
             }
             return .ready
         } catch let error as MigrationError {

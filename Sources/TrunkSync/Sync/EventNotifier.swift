@@ -11,6 +11,7 @@ public final class EventNotifier: Sendable {
     private let state = NotifierState()
 
     /// A notifier fed by `listener` (nil: only `shutdown` wakes waiters; for tools and tests).
+    /// The caller starts the listener once every subscriber has subscribed.
     public init(listener: PostgresListener?) {
         self.listener = listener
         guard let listener else { return }
@@ -20,6 +21,7 @@ public final class EventNotifier: Sendable {
             for await event in events {
                 switch event {
                 case .notification(let notification):
+                    guard notification.channel == EventStore.channel else { continue }
                     if let user = UUID(uuidString: notification.payload) { state.fire(user: user) }
                 case .listening:
                     // Notifications may have been missed while disconnected: everyone re-checks.
@@ -27,12 +29,18 @@ public final class EventNotifier: Sendable {
                 }
             }
         }
-        listener.start()
     }
 
     /// Registers interest in `user` before looking at the database, so a commit between the
     /// look and the wait is not missed.
     public func ticket(for user: UUID) -> WaitTicket { state.register(user: user) }
+
+    /// Wakes `user`'s waiting requests now (they look again, e.g. whether their session was
+    /// revoked).
+    public func wake(_ user: UUID) { state.fire(user: user) }
+
+    /// Whether the listener is connected and listening now.
+    public var isListening: Bool { listener?.isListening ?? false }
 
     /// Number of requests waiting now.
     public var waiting: Int { state.count }

@@ -10,13 +10,18 @@ public struct SyncRoutes: Sendable {
     let store: EventStore
     let notifier: EventNotifier
     let metrics: Metrics
+    let revocations: SessionRevocations?
 
     /// The largest push: 1000 events of at most 64 KiB of payload each would not fit, and
     /// need not: clients send batches of a few hundred small events.
     public static let pushBodyLimit = 10 * 1024 * 1024
 
-    public init(store: EventStore, notifier: EventNotifier, metrics: Metrics = Metrics()) {
+    /// `revocations`: a long-poll whose session is revoked while it waits answers `401`.
+    public init(
+        store: EventStore, notifier: EventNotifier, metrics: Metrics = Metrics(), revocations: SessionRevocations? = nil
+    ) {
         self.metrics = metrics
+        self.revocations = revocations
         self.store = store
         self.notifier = notifier
     }
@@ -27,7 +32,7 @@ public struct SyncRoutes: Sendable {
             .authenticated { request, claims in try await push(request, user: claims.userID) })
         routes.add(
             .get, "/sync/v1/events", family: .native,
-            .authenticated { request, claims in try await pull(request, user: claims.userID) })
+            .authenticated { request, claims in try await pull(request, claims: claims) })
     }
 
     func push(_ request: HTTPRequest, user: UUID) async throws -> HTTPResponse {
@@ -99,19 +104,27 @@ public struct SyncRoutes: Sendable {
         return parameters
     }
 
-    func pull(_ request: HTTPRequest, user: UUID) async throws -> HTTPResponse {
+    func pull(_ request: HTTPRequest, claims: AccessClaims) async throws -> HTTPResponse {
+        let user = claims.userID
         let parameters = try Self.parameters(request)
         var page = try await store.pull(for: user, after: parameters.after, limit: parameters.limit)
         if page.count == 0, parameters.wait > 0 {
+            // Taken before the re-check, so a commit between the two is not missed. Released
+            // on every way out of here — the re-pull throwing (database busy or lost), the
+            // task cancelled (the client went away), the wait ending: a ticket left behind
+            // counts as waiting for ever (`trunk_sync_longpolls_waiting`) and keeps its
+            // memory. Releasing twice is harmless.
             let ticket = notifier.ticket(for: user)
+            defer { ticket.cancel() }
             page = try await store.pull(for: user, after: parameters.after, limit: parameters.limit)
             if page.count == 0 {
                 await ticket.wait(timeout: .seconds(parameters.wait))
+                // A revocation wakes the user's long-polls: the signed-out session gets
+                // nothing more, however long it meant to wait.
+                if revocations?.isRevoked(claims.sessionID) == true { throw APIError.unauthorized }
                 if !Task.isCancelled {
                     page = try await store.pull(for: user, after: parameters.after, limit: parameters.limit)
                 }
-            } else {
-                ticket.cancel()
             }
         }
         metrics.eventsPulled.increment(by: page.count)

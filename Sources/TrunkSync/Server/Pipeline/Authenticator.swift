@@ -1,5 +1,6 @@
 import Foundation
 import HTTPServer
+import Logging
 
 /// The authentication stage: the one reader of `Authorization: Bearer` (and, for the REST
 /// API when one is configured, of `apikey`). Each family renders a failure in its own shape.
@@ -7,6 +8,17 @@ struct Authenticator: Sendable {
     let tokens: TokenIssuer
     /// When set, `/rest/v1` requests must carry it in `apikey`.
     let apiKey: String?
+    /// Sessions whose tokens no longer count though they have not expired.
+    let revocations: SessionRevocations
+
+    init(
+        tokens: TokenIssuer, apiKey: String?,
+        revocations: SessionRevocations = SessionRevocations(pool: nil, logger: Logger(label: "trunk-sync"))
+    ) {
+        self.tokens = tokens
+        self.apiKey = apiKey
+        self.revocations = revocations
+    }
 
     /// The verified claims of the request's bearer token, or the family's `401`.
     func authenticate(_ request: HTTPRequest, family: APIFamily) throws(APIError) -> AccessClaims {
@@ -16,11 +28,15 @@ struct Authenticator: Sendable {
         guard let token = Self.bearerToken(request.headers["authorization"]) else {
             throw Self.missing(family)
         }
+        let claims: AccessClaims
         do {
-            return try tokens.verify(token, now: Int64(Date().timeIntervalSince1970))
+            claims = try tokens.verify(token, now: Int64(Date().timeIntervalSince1970))
         } catch {
             throw Self.invalid(family)
         }
+        // Every route, every family: a signed-out session's token is refused everywhere.
+        if revocations.isRevoked(claims.sessionID) { throw Self.revoked(family) }
+        return claims
     }
 
     /// The token of `Bearer <token>` (scheme case-insensitive, surrounding blanks ignored).
@@ -39,6 +55,14 @@ struct Authenticator: Sendable {
     static func missing(_ family: APIFamily) -> APIError {
         switch family {
         case .auth: AuthError.noAuthorization
+        case .rest: RESTError.jwt
+        case .native: APIError.unauthorized
+        }
+    }
+
+    static func revoked(_ family: APIFamily) -> APIError {
+        switch family {
+        case .auth: AuthError.sessionNotFound
         case .rest: RESTError.jwt
         case .native: APIError.unauthorized
         }
