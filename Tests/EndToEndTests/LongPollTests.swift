@@ -15,10 +15,9 @@ final class LongPollTests: EndToEndTestCase {
         return try XCTUnwrap(session["access_token"] as? String)
     }
 
-    /// The gauge as `/metrics` shows it now (nil when it cannot be read).
+    /// The gauge as `/metrics` (on the admin listener) shows it now (nil when it cannot be read).
     func waiting(_ server: ServerProcess) -> Int? {
-        guard let (response, client) = try? server.exchange(request("GET", "/metrics")) else { return nil }
-        client.close()
+        guard let response = try? server.adminExchange(request("GET", "/metrics")) else { return nil }
         guard
             let line = response.bodyText.split(separator: "\n").first(where: {
                 $0.hasPrefix("trunk_sync_longpolls_waiting ")

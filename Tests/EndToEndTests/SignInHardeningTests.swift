@@ -54,7 +54,7 @@ final class SignInHardeningTests: EndToEndTestCase {
         XCTAssertFalse(line.contains("member@example.com"), line)
         XCTAssertTrue(
             eventually(within: 5) {
-                let metrics = (try? send(server, "GET", "/metrics"))?.bodyText ?? ""
+                let metrics = (try? server.adminExchange(request("GET", "/metrics")))?.bodyText ?? ""
                 return metrics.contains("trunk_sync_mail_failures_total 1\n")
             })
         XCTAssertFalse(server.logs.contains("stranger@example.com"))
@@ -118,7 +118,7 @@ final class SignInHardeningTests: EndToEndTestCase {
             request("GET", "/sync/v1/events?after=0&wait=30", headers: [("Authorization", "Bearer \(token)")]))
         XCTAssertTrue(
             eventually(within: 10) {
-                ((try? send(server, "GET", "/metrics"))?.bodyText ?? "").contains("trunk_sync_longpolls_waiting 1\n")
+                ((try? server.adminExchange(request("GET", "/metrics")))?.bodyText ?? "").contains("trunk_sync_longpolls_waiting 1\n")
             })
         let logout = try send(server, "POST", "/auth/v1/logout", token: token)
         XCTAssertEqual(logout.status, 204)

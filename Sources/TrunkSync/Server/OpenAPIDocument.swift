@@ -2833,7 +2833,7 @@ public enum OpenAPIDocument {
         }
       },
       "AuthUnauthorized": {
-        "description": "`no_authorization` (no bearer token) or `bad_jwt` (not valid).",
+        "description": "`no_authorization` (no bearer token) or `bad_jwt` (not valid). `session_not_found`: the token's session was signed out or revoked.",
         "headers": {
           "X-Request-Id": {
             "$ref": "#/components/headers/X-Request-Id"
@@ -2854,13 +2854,15 @@ public enum OpenAPIDocument {
                 "code": {
                   "enum": [
                     "no_authorization",
-                    "bad_jwt"
+                    "bad_jwt",
+                    "session_not_found"
                   ]
                 },
                 "error_code": {
                   "enum": [
                     "no_authorization",
-                    "bad_jwt"
+                    "bad_jwt",
+                    "session_not_found"
                   ]
                 }
               }
