@@ -59,7 +59,7 @@ let package = Package(
         .executableTarget(
             name: "trunk-sync",
             dependencies: [
-                "TrunkSync", "Postgres",
+                "TrunkSync", "Postgres", "CSystem",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]

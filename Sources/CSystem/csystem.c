@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -146,6 +147,12 @@ uint32_t csystem_epollerr(void) { return EPOLLERR; }
 uint32_t csystem_epollet(void) { return EPOLLET; }
 
 int csystem_eventfd(void) { return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
+
+int csystem_signal_is_ignored(int signo) {
+    struct sigaction current;
+    if (sigaction(signo, NULL, &current) != 0) return -1;
+    return current.sa_handler == SIG_IGN ? 1 : 0;
+}
 
 long csystem_raise_fd_limit(void) {
     struct rlimit limit;

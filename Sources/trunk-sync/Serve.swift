@@ -1,4 +1,5 @@
 import ArgumentParser
+import CSystem
 import Dispatch
 import Foundation
 import HTTPServer
@@ -44,6 +45,7 @@ struct Serve: AsyncParsableCommand {
                 server.shutdown()
                 admin.shutdown()
             }
+            await signals.waitUntilInstalled()
             let adminPort: Int
             let port: Int
             do {
@@ -103,4 +105,15 @@ final class ShutdownSignals: @unchecked Sendable {  // sources are immutable aft
     }
 
     func cancel() { sources.forEach { $0.cancel() } }
+
+    /// Waits (at most 2 s) until the sources' handlers are in place. libdispatch installs
+    /// its signal handler on its manager thread some time after `resume()`; until then the
+    /// disposition is the `SIG_IGN` set above, and a SIGTERM sent right after `listening`
+    /// (a supervisor, a test) would be dropped on a busy machine.
+    func waitUntilInstalled() async {
+        for _ in 0..<2000 {
+            if [SIGTERM, SIGINT].allSatisfy({ csystem_signal_is_ignored($0) == 0 }) { return }
+            try? await Task.sleep(for: .milliseconds(1))
+        }
+    }
 }

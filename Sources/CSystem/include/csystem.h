@@ -54,6 +54,9 @@ uint32_t csystem_epollet(void);
 /// eventfd(2), non-blocking and close-on-exec.
 int csystem_eventfd(void);
 
+/// 1 when `signo`'s disposition is SIG_IGN, 0 when it is anything else, -1 on error.
+int csystem_signal_is_ignored(int signo);
+
 /// Raises RLIMIT_NOFILE's soft limit to its hard limit; returns the new soft limit.
 long csystem_raise_fd_limit(void);
 
