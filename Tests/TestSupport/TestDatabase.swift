@@ -172,3 +172,21 @@ public func withTimeout<T: Sendable>(
         return first
     }
 }
+
+/// Secrets for tests, made as operators are told to (`openssl rand -base64 48`): fresh random
+/// bytes each time, so no test depends on a fixed, guessable value that `serve` refuses.
+public enum TestSecrets {
+    /// 48 random bytes in base64 (64 characters).
+    public static func random() -> String {
+        var generator = SystemRandomNumberGenerator()
+        let bytes = (0..<48).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        return Data(bytes).base64EncodedString()
+    }
+
+    /// 32 random bytes in hex (64 characters), as `openssl rand -hex 32`: for passwords that
+    /// go into URLs unescaped.
+    public static func randomHex() -> String {
+        var generator = SystemRandomNumberGenerator()
+        return (0..<32).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &generator)) }.joined()
+    }
+}

@@ -35,7 +35,8 @@ final class AppHarness: @unchecked Sendable {
     let server: HTTPServer<RequestPipeline>
     let sender = CapturingSender()
     let baseURL: String
-    let secret = String(repeating: "s3cr3t-", count: 6)
+    /// Random, as operators make theirs; a second instance shares the first one's.
+    let secret: String
     private let ownsDatabase: Bool
 
     /// Starts on a new migrated database, or on `sharing` another harness's database (a second
@@ -44,6 +45,7 @@ final class AppHarness: @unchecked Sendable {
         environment extra: [String: String] = [:], sharing other: AppHarness? = nil,
         settings: ((inout AuthSettings) -> Void)? = nil
     ) async throws {
+        secret = other?.secret ?? TestSecrets.random()
         if let other {
             database = other.database
             ownsDatabase = false

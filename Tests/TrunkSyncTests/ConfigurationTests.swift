@@ -50,15 +50,15 @@ final class ConfigurationTests: XCTestCase {
     }
 
     func testServeNeedsAStrongSecretAndADatabase() throws {
-        XCTAssertThrowsError(try Configuration.load(environment: ["TRUNK_SYNC_JWT_SECRET": String(repeating: "x", count: 32)]).validateForServe()) {
+        XCTAssertThrowsError(try Configuration.load(environment: ["TRUNK_SYNC_JWT_SECRET": TestSecrets.random()]).validateForServe()) {
             XCTAssertTrue("\($0)".hasPrefix("TRUNK_SYNC_DATABASE_URL is required"), "\($0)")
         }
         let short = try Configuration.load(environment: ["TRUNK_SYNC_DATABASE_URL": "postgres://x/y", "TRUNK_SYNC_JWT_SECRET": "short"])
         XCTAssertThrowsError(try short.validateForServe()) {
-            XCTAssertEqual("\($0)", "TRUNK_SYNC_JWT_SECRET must be at least 32 bytes")
+            XCTAssertEqual("\($0)", "TRUNK_SYNC_JWT_SECRET must be at least 32 bytes; make one with: openssl rand -base64 48")
         }
         let good = try Configuration.load(
-            environment: ["TRUNK_SYNC_DATABASE_URL": "postgres://x/y", "TRUNK_SYNC_JWT_SECRET": String(repeating: "s", count: 32)])
+            environment: ["TRUNK_SYNC_DATABASE_URL": "postgres://x/y", "TRUNK_SYNC_JWT_SECRET": TestSecrets.random()])
         XCTAssertNoThrow(try good.validateForServe())
     }
 
@@ -90,17 +90,39 @@ final class ConfigurationTests: XCTestCase {
     }
 
     func testConfigCheckCommand() throws {
+        let secret = TestSecrets.random()
         let good = try Command.run(
             Command.trunkSyncBinary(), ["config", "check"],
             environment: Command.environment([
-                "TRUNK_SYNC_DATABASE_URL": "postgres://u:pw@h/d", "TRUNK_SYNC_JWT_SECRET": String(repeating: "k", count: 40),
+                "TRUNK_SYNC_DATABASE_URL": "postgres://u:pw@127.0.0.1:1/d", "TRUNK_SYNC_JWT_SECRET": secret,
             ]))
         XCTAssertEqual(good.status, 0, good.stderr)
         XCTAssertTrue(good.stdout.contains("configuration OK"))
-        XCTAssertFalse(good.stdout.contains("kkkk"))
+        XCTAssertFalse(good.stdout.contains(secret))
         let bad = try Command.run(
             Command.trunkSyncBinary(), ["config", "check"], environment: Command.environment(["TRUNK_SYNC_PORT": "-1"]))
         XCTAssertEqual(bad.status, 1)
         XCTAssertEqual(bad.stderr, "trunk-sync: TRUNK_SYNC_PORT must be a port number between 0 and 65535 (0: any free port)\n")
+    }
+}
+
+/// The rules behind the refusals `SecretSettingsTests` checks through the binary.
+final class SecretRulesTests: XCTestCase {
+    func testShippedExamplesAndPlaceholdersAreRefused() {
+        for example in SecretRules.shippedExamples { XCTAssertNotNil(SecretRules.weakness(of: example), example) }
+        for password in ["password", "pass", "change-me-to-a-long-random-password", "CHANGEME"] {
+            XCTAssertTrue(SecretRules.isPlaceholderPassword(password), password)
+        }
+        XCTAssertFalse(SecretRules.isPlaceholderPassword("f3a9c1d07be2"))
+    }
+
+    func testRandomSecretsPassAndPatternsDoNot() {
+        for _ in 0..<2000 { XCTAssertNil(SecretRules.weakness(of: TestSecrets.random())) }
+        XCTAssertNil(SecretRules.weakness(of: "7f3a9c1d0be24e8a9f6c3b5d7e1a2c4f"), "hex with 14 different digits")
+        XCTAssertNil(SecretRules.weakness(of: "q1234567!" + TestSecrets.random().prefix(30)), "a run of seven is allowed")
+        XCTAssertNotNil(SecretRules.weakness(of: "q12345678" + TestSecrets.random().prefix(30)))
+        XCTAssertNotNil(SecretRules.weakness(of: "zyxwvuts" + TestSecrets.random().prefix(30)), "descending run")
+        XCTAssertNotNil(SecretRules.weakness(of: "deadbeef" + "deadbeef" + "deadbeef" + "deadbeef"))
+        XCTAssertNotNil(SecretRules.weakness(of: String(TestSecrets.random().prefix(20)) + String(repeating: "=", count: 12)))
     }
 }

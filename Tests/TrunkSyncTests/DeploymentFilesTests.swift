@@ -28,28 +28,69 @@ final class DeploymentFilesTests: XCTestCase {
         XCTAssertNotEqual(refused.status, 0, refused.stdout)
     }
 
-    func testComposeCommandsAndEnvironmentRunNatively() throws {
+    /// `.env.example` as the README says to fill it in: every `change-me` value replaced by
+    /// a fresh random one (hex for passwords, which go into URLs, base64 for the rest).
+    func filledInEnvFile() throws -> String {
+        let example = try String(contentsOfFile: repositoryRoot() + "/.env.example", encoding: .utf8)
+        let filled = example.split(separator: "\n", omittingEmptySubsequences: false).map { line -> String in
+            guard !line.hasPrefix("#"), let equals = line.firstIndex(of: "="), line[equals...].contains("change-me") else {
+                return String(line)
+            }
+            let key = line[..<equals]
+            let value = key.hasSuffix("PASSWORD") ? TestSecrets.randomHex() : TestSecrets.random()
+            return "\(key)=\(value)"
+        }.joined(separator: "\n")
+        let path = NSTemporaryDirectory() + "compose-env-\(UUID().uuidString)"
+        try filled.write(toFile: path, atomically: true, encoding: .utf8)
+        return path
+    }
+
+    /// Runs scripts/compose-native.py with `envFile` against a fresh database.
+    func runCompose(envFile: String) throws -> Command.Result {
         let database = try TestDatabase.create(prefix: "compose")
         defer { try? TestDatabase.drop(database) }
         let port = try XCTUnwrap(database["port"])
         let password = try XCTUnwrap(database["password"])
         let free = try Command.run(
             try python(), ["-c", "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"])
-        let result = try Command.run(
+        return try Command.run(
             try python(),
             [
                 repositoryRoot() + "/scripts/compose-native.py", repositoryRoot() + "/docker-compose.yml",
-                repositoryRoot() + "/.env.example", Command.trunkSyncBinary(), free.stdout.trimmingCharacters(in: .whitespacesAndNewlines),
+                envFile, Command.trunkSyncBinary(), free.stdout.trimmingCharacters(in: .whitespacesAndNewlines),
             ],
             environment: Command.environment([
                 "POSTGRES_HOST": "127.0.0.1", "POSTGRES_PORT": port, "POSTGRES_USER": database["user"] ?? "trunk",
                 "POSTGRES_PASSWORD": password, "POSTGRES_DB": try XCTUnwrap(database["dbname"]),
                 "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations",
             ]))
+    }
+
+    /// Deployed as the README says: .env.example copied and its placeholders replaced.
+    func testComposeCommandsAndEnvironmentRunNatively() throws {
+        let envFile = try filledInEnvFile()
+        defer { try? FileManager.default.removeItem(atPath: envFile) }
+        let result = try runCompose(envFile: envFile)
         XCTAssertEqual(result.status, 0, result.stdout + result.stderr)
         XCTAssertTrue(result.stdout.contains("ok migrate"), result.stdout)
         XCTAssertTrue(result.stdout.contains("ok serve is healthy"), result.stdout)
         XCTAssertTrue(result.stdout.contains("ok serve stopped cleanly"), result.stdout)
+    }
+
+    /// Deployed without changing .env.example: refused with one line naming the setting, the
+    /// example value never echoed.
+    func testComposeWithTheExampleSecretsIsRefused() throws {
+        let result = try runCompose(envFile: repositoryRoot() + "/.env.example")
+        XCTAssertNotEqual(result.status, 0, result.stdout)
+        let output = result.stdout + result.stderr
+        XCTAssertFalse(output.contains("ok serve is healthy"), output)
+        XCTAssertTrue(output.contains("trunk-sync: TRUNK_SYNC_"), output)
+        XCTAssertTrue(output.contains("example"), output)
+        let example = try String(contentsOfFile: repositoryRoot() + "/.env.example", encoding: .utf8)
+        for line in example.split(separator: "\n") where line.contains("=change-me") {
+            let value = String(line.split(separator: "=", maxSplits: 1)[1])
+            XCTAssertFalse(output.contains(value), "\(value) echoed: \(output)")
+        }
     }
 
     func testDockerfileShipsWhatTheBinaryLooksFor() throws {

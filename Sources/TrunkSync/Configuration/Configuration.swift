@@ -2,6 +2,7 @@ import JSON
 import Foundation
 import Logging
 import Mail
+import Postgres
 
 /// The effective configuration of a trunk-sync process, merged from (lowest to highest
 /// precedence) the defaults, a JSON file given with `--config`, the `TRUNK_SYNC_*`
@@ -226,11 +227,24 @@ public struct Configuration: Sendable {
         return seconds
     }
 
-    /// Checks what `serve` needs beyond the common settings.
+    /// Checks what `serve` needs beyond the common settings: a database, and a JWT secret
+    /// no one can guess (see `SecretRules`).
     public func validateForServe() throws {
         try requireDatabaseURL()
-        guard let secret = jwtSecret else { throw error("jwt_secret", "is required (at least 32 bytes)") }
-        guard secret.utf8.count >= 32 else { throw error("jwt_secret", "must be at least 32 bytes") }
+        try checkDatabasePassword("database_url")
+        guard let secret = jwtSecret else { throw error("jwt_secret", "is required; \(SecretRules.howToMake)") }
+        if let weakness = SecretRules.weakness(of: secret) {
+            throw error("jwt_secret", "\(weakness); \(SecretRules.howToMake)")
+        }
+    }
+
+    /// Refuses a database URL whose password is a documentation placeholder (the compose
+    /// example's, for one): the database is the second wall only if its password is secret.
+    private func checkDatabasePassword(_ key: String) throws {
+        guard let url = value(key), let password = try? PostgresConfiguration(url)["password"] else { return }
+        if SecretRules.isPlaceholderPassword(password) {
+            throw error(key, "has an example password from the trunk-sync documentation; choose a new one (e.g. openssl rand -hex 32) and set it on the database role too")
+        }
     }
 
     /// Checks that a database URL is set.

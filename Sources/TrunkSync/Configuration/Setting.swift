@@ -23,7 +23,7 @@ public struct Setting: Sendable {
         Setting(key: "port", defaultValue: "8080", isSecret: false, summary: "TCP port to listen on (0: any free port, logged at start)."),
         Setting(
             key: "jwt_secret", defaultValue: nil, isSecret: true,
-            summary: "HS256 signing secret for access tokens, at least 32 bytes. Required by serve."),
+            summary: "HS256 signing secret for access tokens: openssl rand -base64 48 (at least 32 bytes; example and guessable values are refused). Required by serve."),
         Setting(
             key: "public_url", defaultValue: nil, isSecret: false,
             summary: "External base URL, used as the token issuer. Default http://HOST:PORT."),

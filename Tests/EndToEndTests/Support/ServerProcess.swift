@@ -73,8 +73,9 @@ final class OutputCollector: @unchecked Sendable {  // state guarded by `conditi
 /// The real `trunk-sync serve` in a child process, on its own freshly migrated database and
 /// a port the kernel chose. `stop()` (or `cleanUp()`) ends it; `cleanUp()` also drops the database.
 final class ServerProcess {
-    /// A JWT secret long enough for `serve` (tests sign nothing with it).
-    static let jwtSecret = "end-to-end-test-secret-0123456789abcdef"
+    /// A JWT secret `serve` accepts: random, as operators make theirs (tests sign nothing
+    /// with it).
+    static let jwtSecret = TestSecrets.random()
 
     let process: Process
     let database: PostgresConfiguration
