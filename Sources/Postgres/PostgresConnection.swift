@@ -51,7 +51,8 @@ public final class PostgresConnection {
             throw PostgresError(kind: .connectionFailed, message: "could not connect to PostgreSQL at \(configuration.endpoint): out of memory")
         }
         guard PQstatus(handle) == CONNECTION_OK else {
-            let reason = Self.connectionFailureReason(String(cString: PQerrorMessage(handle)))
+            let reason = configuration.withoutPassword(
+                Self.connectionFailureReason(String(cString: PQerrorMessage(handle))))
             PQfinish(handle)
             throw PostgresError(
                 kind: .connectionFailed,
@@ -336,7 +337,7 @@ public final class PostgresConnection {
     }
 
     private func connectionError() -> PostgresError {
-        let reason = PostgresConfiguration.oneLine(String(cString: PQerrorMessage(handle)))
+        let reason = configuration.withoutPassword(PostgresConfiguration.oneLine(String(cString: PQerrorMessage(handle))))
         return PostgresError(
             kind: isOpen ? .server : .connectionClosed,
             message: "database connection to \(configuration.endpoint) lost",

@@ -108,4 +108,75 @@ final class SecretSettingsTests: XCTestCase {
             XCTAssertFalse(result.stdout.contains(secret))
         }
     }
+
+    // MARK: - Finding: secrets in errors
+
+    /// Malformed values of each secret setting, each holding `marker` where the secret part is.
+    /// Every setting `Setting.all` marks secret must have some.
+    func malformedValues(_ marker: String) -> [String: [String]] {
+        [
+            "database_url": [
+                "postgres://trunk:\(marker)@127.0.0.1:notaport/trunk_sync",  // port
+                "postgres://trunk:\(marker)/x@127.0.0.1/trunk_sync",  // unescaped / in the password
+                "postgres://trunk:ab@\(marker)@127.0.0.1/trunk_sync",  // unescaped @ in the password
+                "postgres://trunk:p%zz\(marker)@127.0.0.1/trunk_sync",  // bad percent-encoding
+                "postgres://trunk:\(marker)@[::1/trunk_sync",  // libpq quotes the whole URL
+                "postgres://trunk:\(marker)@127.0.0.1/trunk_sync?\(marker)=1",  // unknown parameter
+                "postgres://trunk:\(marker)@127.0.0.1/trunk_sync?sslmode=\(marker)",
+                "host=127.0.0.1 password=\(marker) \(marker)",  // conninfo without =
+                "host=127.0.0.1 password='\(marker)",  // unterminated quote
+            ],
+            "jwt_secret": [
+                marker,  // short
+                marker + String(repeating: "a", count: 40),  // guessable
+                marker + "-change-me-" + TestSecrets.random(),  // a placeholder
+            ],
+            "smtp_url": [
+                "smtp://user:\(marker)@127.0.0.1:notaport",
+                "smtp://user:\(marker)@127.0.0.1:587?tls=\(marker)",
+                "ftp://user:\(marker)@127.0.0.1",
+                "smtp://user:\(marker)@127.0.0.1/path",
+                "smtp://user:\(marker)@[::1",
+                "smtp://user:p%zz\(marker)@127.0.0.1",
+            ],
+            "api_key": [marker + "\u{7}", marker + " key", marker + "é"],
+        ]
+    }
+
+    func testMalformedSecretSettingsAreRefusedWithoutBeingShown() throws {
+        let marker = "sekr" + TestSecrets.randomHex().prefix(12)
+        let cases = malformedValues(marker)
+        for setting in Setting.all where setting.isSecret {
+            let values = try XCTUnwrap(cases[setting.key], "no malformed values for secret setting \(setting.key)")
+            for value in values {
+                var environment = [
+                    "TRUNK_SYNC_DATABASE_URL": unreachableDatabase, "TRUNK_SYNC_JWT_SECRET": TestSecrets.random(),
+                ]
+                environment[setting.environmentVariable] = value
+                try assertRefused(environment, variable: setting.environmentVariable, hiding: [marker, value])
+            }
+        }
+    }
+
+    /// A well-formed URL with the wrong password: `serve` runs and logs why it cannot reach
+    /// the database, and the password is in no line of it.
+    func testDatabaseErrorsInServesLogDoNotShowThePassword() throws {
+        let database = try TestDatabase.create(prefix: "secrets")
+        defer { try? TestDatabase.drop(database) }
+        let marker = "sekr" + TestSecrets.randomHex().prefix(12)
+        let url = try TestDatabase.url(of: database).replacingOccurrences(of: "://trunk:", with: "://trunk:\(marker)")
+        let (process, stdout, stderr) = try Command.start(
+            Command.trunkSyncBinary(), ["serve"],
+            environment: Command.environment([
+                "TRUNK_SYNC_DATABASE_URL": url, "TRUNK_SYNC_JWT_SECRET": TestSecrets.random(), "TRUNK_SYNC_PORT": "0",
+                "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations",
+            ]))
+        // The first key load fails at once; give it a moment, then stop the server.
+        Thread.sleep(forTimeInterval: 2)
+        process.terminate()
+        let result = Command.finish(process, stdout, stderr)
+        XCTAssertTrue(result.stderr.contains("password authentication failed"), result.stderr)
+        XCTAssertFalse(result.stderr.contains(marker), result.stderr)
+        XCTAssertFalse(result.stdout.contains(marker), result.stdout)
+    }
 }

@@ -180,6 +180,13 @@ public struct Configuration: Sendable {
         auth.tokenRule = try rule("rate_limit_token") ?? auth.tokenRule
         auth.mailRule = try rule("rate_limit_mail") ?? auth.mailRule
         auth.refreshReuseInterval = try integer("refresh_reuse_interval", 0...300) ?? auth.refreshReuseInterval
+        try validateDatabaseURL("database_url")
+        if let key = apiKey {
+            // It travels in a header: visible ASCII only. The message does not quote it.
+            guard key.utf8.count <= 1024, key.unicodeScalars.allSatisfy({ (0x21...0x7E).contains($0.value) }) else {
+                throw error("api_key", "must be at most 1024 visible ASCII characters (no spaces or control characters)")
+            }
+        }
         if mailer == .smtp, smtpURL == nil { throw error("smtp_url", "is required when TRUNK_SYNC_MAILER is smtp") }
         if let url = smtpURL {
             do {
@@ -194,6 +201,47 @@ public struct Configuration: Sendable {
         } catch {
             throw self.error("mail_from", "must be an address like no-reply@example.com or Name <no-reply@example.com>")
         }
+    }
+
+    /// Parses a database URL as libpq will, so a malformed one stops every command with one
+    /// line, and refuses a URL whose password would spill into other fields. Neither message
+    /// quotes the URL: libpq's reason has its quoted input removed.
+    private func validateDatabaseURL(_ key: String) throws {
+        guard let url = value(key) else { return }
+        let parsed: PostgresConfiguration
+        do {
+            parsed = try PostgresConfiguration(url)
+        } catch {
+            let reason = "\(error)".replacingOccurrences(of: "invalid database URL: ", with: "")
+            throw self.error(key, "is not a valid postgres:// URL or libpq conninfo string (\(reason))")
+        }
+        if Self.hasUnescapedCredentials(url) {
+            throw self.error(
+                key, "has an unescaped @ or / in its user name or password: percent-encode them (@ as %40, / as %2F)")
+        }
+        // libpq checks values only when it connects, and its message quotes them; these two
+        // are the ones a misplaced password ends up in.
+        if let ports = parsed["port"],
+            !ports.split(separator: ",", omittingEmptySubsequences: false).allSatisfy({ $0.isEmpty || (Int($0).map { (1...65535).contains($0) } ?? false) })
+        {
+            throw self.error(key, "has a port that is not a number from 1 to 65535")
+        }
+        if let mode = parsed["sslmode"], !["disable", "allow", "prefer", "require", "verify-ca", "verify-full"].contains(mode) {
+            throw self.error(key, "has an sslmode that is not disable, allow, prefer, require, verify-ca or verify-full")
+        }
+    }
+
+    /// Whether a `postgres://` URL's user name or password holds a raw `@` or `/`. libpq ends
+    /// the user information at the first of either, so the rest of the password becomes the
+    /// host, port or database name, and libpq's errors (and ours, naming the host) would
+    /// show it. Neither a host list nor a database name holds `@`.
+    static func hasUnescapedCredentials(_ url: String) -> Bool {
+        let lowered = url.lowercased()
+        guard let scheme = ["postgresql://", "postgres://"].first(where: { lowered.hasPrefix($0) }) else { return false }
+        let rest = url.dropFirst(scheme.count)
+        let beforeQuery = rest[..<(rest.firstIndex(of: "?") ?? rest.endIndex)]
+        guard let end = beforeQuery.firstIndex(where: { $0 == "@" || $0 == "/" }) else { return false }
+        return beforeQuery[beforeQuery.index(after: end)...].contains("@")
     }
 
     private func integer(_ key: String, _ range: ClosedRange<Int>) throws -> Int? {

@@ -48,7 +48,7 @@ public struct Setting: Sendable {
             summary: "Seconds a request waits for a free database connection before 503."),
         Setting(
             key: "api_key", defaultValue: nil, isSecret: true,
-            summary: "When set, /rest/v1 requests must send it in the apikey header (the apps' anon key). Default: any value."),
+            summary: "When set, /rest/v1 requests must send it in the apikey header (the apps' anon key; visible ASCII, at most 1024 characters). Default: any value."),
         Setting(key: "jwt_expiry", defaultValue: "3600", isSecret: false, summary: "Access token lifetime in seconds."),
         Setting(key: "otp_expiry", defaultValue: "600", isSecret: false, summary: "Seconds a sign-in code stays valid."),
         Setting(
