@@ -100,6 +100,7 @@ public struct AuthService: Sendable {
         let hash = codeHash(email, code)
         enum Outcome: Sendable { case send, silent, wait(Int), mailCap(Int) }
         let outcome: Outcome = try await database { connection in
+            try RowScope.apply(RowScope.email(email), on: connection)
             let recent = try connection.query(
                 "select ceil(extract(epoch from created_at + make_interval(secs => $2) - now()))::int8 from otp_codes where email = $1 and created_at > now() - make_interval(secs => $2)",
                 email.value, Int64(settings.otpResendInterval))
@@ -134,7 +135,10 @@ public struct AuthService: Sendable {
                 metrics.mailFailures.increment()
                 logger.error("sign-in mail failed", metadata: ["error": "\(error)"])
                 // Let the user ask again at once instead of waiting for the resend interval.
-                _ = try? await database { try $0.query("delete from otp_codes where email = $1", email.value) }
+                _ = try? await database { connection in
+                    try RowScope.apply(RowScope.email(email), on: connection)
+                    try connection.query("delete from otp_codes where email = $1", email.value)
+                }
                 throw AuthError.emailSendFailed
             }
         }
@@ -153,6 +157,7 @@ public struct AuthService: Sendable {
         let refreshToken = Self.newRefreshToken()
         enum Outcome: Sendable { case rejected, signedIn(UserRecord, sessionID: UUID) }
         let outcome: Outcome = try await database { connection in
+            try RowScope.apply(RowScope.email(email), on: connection)
             let rows = try connection.query(
                 "select code_hash, expires_at > now(), attempts, consumed_at is null from otp_codes where email = $1 for update",
                 email.value)
@@ -176,6 +181,8 @@ public struct AuthService: Sendable {
                 returning \(UserRecord.columns)
                 """, email.value)[0]
             let signedIn = try UserRecord(row: user)
+            // The session and its token are rows of the user, now that the id is known.
+            try RowScope.apply(RowScope.user(signedIn.id), on: connection)
             let sessionID = try Self.insertSession(
                 userID: signedIn.id, refreshToken: refreshToken, ip: ip, userAgent: userAgent, on: connection)
             return .signedIn(signedIn, sessionID: sessionID)
@@ -190,7 +197,8 @@ public struct AuthService: Sendable {
     func startSession(for user: UserRecord, ip: String, userAgent: String?) async throws -> IssuedSession {
         let refreshToken = Self.newRefreshToken()
         let sessionID = try await database { connection in
-            try Self.insertSession(
+            try RowScope.apply(RowScope.user(user.id), on: connection)
+            return try Self.insertSession(
                 userID: user.id, refreshToken: refreshToken, ip: ip, userAgent: userAgent, on: connection)
         }
         return issue(user: user, sessionID: sessionID, refreshToken: refreshToken)
@@ -231,6 +239,8 @@ public struct AuthService: Sendable {
         let reuseInterval = settings.refreshReuseInterval
         enum Outcome: Sendable { case notFound, reused, issued(UserRecord, UUID) }
         let outcome: Outcome = try await database { connection in
+            // Only the token is known: it names its user, whose rows the rest reads.
+            try RowScope.apply(RowScope.refreshToken(hash: Self.hashToken(token)), on: connection)
             let rows = try connection.query(
                 """
                 select t.id, t.session_id, t.user_id, t.revoked_at is not null or s.revoked_at is not null,
@@ -278,6 +288,7 @@ public struct AuthService: Sendable {
     public func logout(_ claims: AccessClaims, scope: LogoutScope) async throws {
         let current = claims.sessionID
         try await database { connection in
+            try RowScope.apply(RowScope.user(claims.userID), on: connection)
             let sessionFilter: String
             switch scope {
             case .local: sessionFilter = "id = $2"
@@ -296,6 +307,7 @@ public struct AuthService: Sendable {
     /// The caller's user, if the session behind the token is still live.
     public func user(_ claims: AccessClaims) async throws -> UserRecord {
         try await database { connection in
+            try RowScope.apply(RowScope.user(claims.userID), on: connection)
             try Self.checkSession(claims, on: connection)
             guard let row = try connection.query("select \(UserRecord.columns) from users where id = $1", claims.userID).first
             else { throw AuthError.userNotFound }
@@ -310,6 +322,7 @@ public struct AuthService: Sendable {
         let setsName = fullName != nil
         let name: String? = fullName?.stringValue
         return try await database { connection in
+            try RowScope.apply(RowScope.user(claims.userID), on: connection)
             try Self.checkSession(claims, on: connection)
             guard
                 let row = try connection.query(
@@ -334,6 +347,7 @@ public struct AuthService: Sendable {
     /// Creates the user if needed and a session for it, without a code (`trunk-sync token`).
     public func issueSession(email: Email) async throws -> IssuedSession {
         let user = try await database { connection in
+            try RowScope.apply(RowScope.email(email), on: connection)
             let row = try connection.query(
                 """
                 insert into users (email, email_confirmed_at, last_sign_in_at) values ($1, now(), now())
