@@ -25,8 +25,9 @@ struct KeysCommand: AsyncParsableCommand {
             (TRUNK_SYNC_JWT_EXPIRY, default 1 hour) has passed since the new key started signing. \
             Before that, retire refuses unless --force: tokens signed with the old key would get 401.
 
-            Private keys are stored unencrypted in the table signing_keys: protect database \
-            backups and replicas like the JWT secret.
+            Private keys are stored in the table signing_keys encrypted (AES-256-GCM) with \
+            TRUNK_SYNC_KEY_ENCRYPTION_KEY, which add needs, as do migrate and every server: the \
+            same key everywhere, kept out of the database and its backups.
             """,
         subcommands: [List.self, Add.self, Retire.self]
     )
@@ -34,7 +35,7 @@ struct KeysCommand: AsyncParsableCommand {
     static func store(_ options: CommonOptions) throws -> (SigningKeyStore, PostgresPool, Configuration) {
         let configuration = try options.load()
         let pool = try commandPool(configuration, logger: Logger(label: "trunk-sync.keys"))
-        return (SigningKeyStore(pool: pool), pool, configuration)
+        return (SigningKeyStore(pool: pool, encryption: configuration.keyEncryptionKey), pool, configuration)
     }
 
     static func time(_ timestamp: PostgresTimestamp) -> String { RFC3339.format(timestamp, fractionDigits: 0) }

@@ -27,12 +27,22 @@ struct Migrate: AsyncParsableCommand {
                     migrations: try Migration.load(from: configuration.migrationsDirectory), logger: logger)
                 let pool = try commandPool(configuration, logger: logger)
                 onExit { await pool.close() }
-                let applied = try await pool.withConnection { try migrator.migrate(on: $0) }
+                let encryption = configuration.keyEncryptionKey
+                let (applied, encrypted) = try await pool.withConnection { connection in
+                    var encrypted = 0
+                    let applied = try migrator.migrate(
+                        on: connection,
+                        // Stored keys no server could use would be a broken upgrade: refuse first.
+                        before: { try SigningKeyStore.checkBeforeMigrating(on: $0, encryption: encryption) },
+                        after: { encrypted = try SigningKeyStore.encryptPlaintextKeys(on: $0, encryption: encryption) })
+                    return (applied, encrypted)
+                }
                 if applied.isEmpty {
                     print("database is up to date (\(migrator.migrations.count) migrations applied)")
                 } else {
                     for migration in applied { print("applied \(migration.name)") }
                 }
+                if encrypted > 0 { print("encrypted \(encrypted) signing key(s) with TRUNK_SYNC_KEY_ENCRYPTION_KEY") }
             }
         }
     }

@@ -26,7 +26,12 @@ struct Serve: AsyncParsableCommand {
             let logger = Logger(label: "trunk-sync")
             let application = try Application(configuration: configuration, logger: logger)
             // Before accepting requests, so tokens signed with ES256 keys verify from the start.
-            await application.startSigningKeyRefresh()
+            // A key the key encryption key cannot open is a configuration error: serving
+            // without it would answer its tokens 401, so refuse to start instead.
+            if let loaded = await application.startSigningKeyRefresh(), let (kid, reason) = loaded.undecryptable.first {
+                await application.close()
+                throw CommandError("signing key \(kid) cannot be used: \(reason)")
+            }
             let server = HTTPServer(
                 configuration: application.serverConfiguration, responder: application.pipeline(),
                 logger: Logger(label: "trunk-sync.http"))

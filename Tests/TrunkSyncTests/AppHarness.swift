@@ -37,6 +37,8 @@ final class AppHarness: @unchecked Sendable {
     let baseURL: String
     /// Random, as operators make theirs; a second instance shares the first one's.
     let secret: String
+    /// `TRUNK_SYNC_KEY_ENCRYPTION_KEY`, likewise.
+    let keyEncryptionKey: String
     private let ownsDatabase: Bool
 
     /// Starts on a new migrated database, or on `sharing` another harness's database (a second
@@ -46,6 +48,7 @@ final class AppHarness: @unchecked Sendable {
         settings: ((inout AuthSettings) -> Void)? = nil
     ) async throws {
         secret = other?.secret ?? TestSecrets.random()
+        keyEncryptionKey = other?.keyEncryptionKey ?? TestSecrets.random()
         if let other {
             database = other.database
             ownsDatabase = false
@@ -59,6 +62,7 @@ final class AppHarness: @unchecked Sendable {
         var environment = [
             "TRUNK_SYNC_DATABASE_URL": try TestDatabase.url(of: database), "TRUNK_SYNC_JWT_SECRET": secret,
             "TRUNK_SYNC_PORT": "0", "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations",
+            "TRUNK_SYNC_KEY_ENCRYPTION_KEY": keyEncryptionKey,
         ]
         environment.merge(extra) { $1 }
         var configuration = try Configuration.load(environment: environment)

@@ -62,6 +62,37 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertNoThrow(try good.validateForServe())
     }
 
+    func testKeyEncryptionKeyFromTheEnvironmentOrAFile() throws {
+        let secret = TestSecrets.random()
+        XCTAssertEqual(try Configuration.load(environment: ["TRUNK_SYNC_KEY_ENCRYPTION_KEY": secret]).keyEncryptionSecret, secret)
+        XCTAssertNil(try Configuration.load(environment: [:]).keyEncryptionSecret)
+        let file = NSTemporaryDirectory() + "kek-\(UUID().uuidString)"
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        try (secret + "\n").write(toFile: file, atomically: true, encoding: .utf8)
+        let fromFile = try Configuration.load(environment: ["TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE": file])
+        XCTAssertEqual(fromFile.keyEncryptionSecret, secret, "the trailing newline is not part of it")
+        XCTAssertFalse(fromFile.redactedDescription.contains(secret))
+        XCTAssertThrowsError(
+            try Configuration.load(environment: ["TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE": file, "TRUNK_SYNC_KEY_ENCRYPTION_KEY": secret])
+        ) { XCTAssertTrue("\($0)".hasPrefix("TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE and TRUNK_SYNC_KEY_ENCRYPTION_KEY are both set"), "\($0)") }
+        XCTAssertThrowsError(try Configuration.load(environment: ["TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE": file + ".missing"])) {
+            XCTAssertEqual("\($0)", "TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE names a file that cannot be read: \(file).missing")
+        }
+        try "short\n".write(toFile: file, atomically: true, encoding: .utf8)
+        XCTAssertThrowsError(try Configuration.load(environment: ["TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE": file])) {
+            XCTAssertEqual(
+                "\($0)",
+                "TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE names a file whose key must be at least 32 bytes; make one with: openssl rand -base64 48")
+        }
+        // One secret must not serve as both.
+        XCTAssertThrowsError(
+            try Configuration.load(environment: [
+                "TRUNK_SYNC_DATABASE_URL": "postgres://x/y", "TRUNK_SYNC_JWT_SECRET": secret,
+                "TRUNK_SYNC_KEY_ENCRYPTION_KEY": secret,
+            ]).validateForServe()
+        ) { XCTAssertTrue("\($0)".hasPrefix("TRUNK_SYNC_KEY_ENCRYPTION_KEY must differ from TRUNK_SYNC_JWT_SECRET"), "\($0)") }
+    }
+
     func testUnknownOrMalformedFileIsRefused() throws {
         let file = NSTemporaryDirectory() + "config-\(UUID().uuidString).json"
         defer { try? FileManager.default.removeItem(atPath: file) }

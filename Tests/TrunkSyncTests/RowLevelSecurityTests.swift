@@ -217,6 +217,14 @@ class RowLevelSecurityTests: XCTestCase {
             try assertRefused(statement, settings: ["app.user_id": alice.uuidString])
         }
     }
+
+    /// The server's role cannot read the private halves of signing keys in clear, only the
+    /// sealed column.
+    func testTheServerRoleCannotReadPlaintextPrivateKeys() throws {
+        try assertRefused("select private_key from signing_keys", settings: [:])
+        try assertRefused("select * from signing_keys", settings: [:])
+        XCTAssertNoThrow(try asServer { try $0.query("select kid, private_key_sealed, public_jwk from signing_keys") })
+    }
 }
 
 /// The owner's own tools on a database whose owner is not a superuser (as on managed

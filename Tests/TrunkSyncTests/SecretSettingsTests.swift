@@ -140,6 +140,11 @@ final class SecretSettingsTests: XCTestCase {
                 "smtp://user:p%zz\(marker)@127.0.0.1",
             ],
             "api_key": [marker + "\u{7}", marker + " key", marker + "é"],
+            "key_encryption_key": [
+                marker,  // short
+                marker + String(repeating: "b", count: 40),  // guessable
+                marker + "-example-" + TestSecrets.random(),  // a placeholder
+            ],
         ]
     }
 

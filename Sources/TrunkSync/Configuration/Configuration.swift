@@ -37,6 +37,10 @@ public struct Configuration: Sendable {
     public private(set) var port: Int = 8080
     /// `TRUNK_SYNC_JWT_SECRET`.
     public var jwtSecret: String? { value("jwt_secret") }
+    /// `TRUNK_SYNC_KEY_ENCRYPTION_KEY`, or what `TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE` holds.
+    public private(set) var keyEncryptionSecret: String?
+    /// The key that encrypts stored signing keys, when one is configured.
+    public var keyEncryptionKey: KeyEncryptionKey? { keyEncryptionSecret.map(KeyEncryptionKey.init(secret:)) }
     /// `TRUNK_SYNC_PUBLIC_URL`, defaulting to `http://HOST:PORT`.
     public var publicURL: String {
         if let url = value("public_url") { return url }
@@ -181,6 +185,7 @@ public struct Configuration: Sendable {
         auth.mailRule = try rule("rate_limit_mail") ?? auth.mailRule
         auth.refreshReuseInterval = try integer("refresh_reuse_interval", 0...300) ?? auth.refreshReuseInterval
         try validateDatabaseURL("database_url")
+        try loadKeyEncryptionKey()
         if let key = apiKey {
             // It travels in a header: visible ASCII only. The message does not quote it.
             guard key.utf8.count <= 1024, key.unicodeScalars.allSatisfy({ (0x21...0x7E).contains($0.value) }) else {
@@ -200,6 +205,31 @@ public struct Configuration: Sendable {
             _ = try MailAddress(mailFrom, role: "sender")
         } catch {
             throw self.error("mail_from", "must be an address like no-reply@example.com or Name <no-reply@example.com>")
+        }
+    }
+
+    /// Reads the key encryption key from its variable or its file and holds it to the rules
+    /// of token-protecting secrets: it guards the ES256 keys as the JWT secret guards HS256.
+    private mutating func loadKeyEncryptionKey() throws {
+        let inline = value("key_encryption_key")
+        let file = value("key_encryption_key_file")
+        if inline != nil, file != nil {
+            throw error("key_encryption_key_file", "and TRUNK_SYNC_KEY_ENCRYPTION_KEY are both set: set only one")
+        }
+        if let file {
+            guard let data = FileManager.default.contents(atPath: file) else {
+                throw error("key_encryption_key_file", "names a file that cannot be read: \(file)")
+            }
+            let secret = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+            if let weakness = SecretRules.weakness(of: secret) {
+                throw error("key_encryption_key_file", "names a file whose key \(weakness); \(SecretRules.howToMake)")
+            }
+            keyEncryptionSecret = secret
+        } else if let inline {
+            if let weakness = SecretRules.weakness(of: inline) {
+                throw error("key_encryption_key", "\(weakness); \(SecretRules.howToMake)")
+            }
+            keyEncryptionSecret = inline
         }
     }
 
@@ -283,6 +313,11 @@ public struct Configuration: Sendable {
         guard let secret = jwtSecret else { throw error("jwt_secret", "is required; \(SecretRules.howToMake)") }
         if let weakness = SecretRules.weakness(of: secret) {
             throw error("jwt_secret", "\(weakness); \(SecretRules.howToMake)")
+        }
+        if keyEncryptionSecret == secret {
+            throw error(
+                value("key_encryption_key") != nil ? "key_encryption_key" : "key_encryption_key_file",
+                "must differ from TRUNK_SYNC_JWT_SECRET (a leak of one must not give away the other); \(SecretRules.howToMake)")
         }
     }
 

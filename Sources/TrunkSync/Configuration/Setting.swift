@@ -25,6 +25,12 @@ public struct Setting: Sendable {
             key: "jwt_secret", defaultValue: nil, isSecret: true,
             summary: "HS256 signing secret for access tokens: openssl rand -base64 48 (at least 32 bytes; example and guessable values are refused). Required by serve."),
         Setting(
+            key: "key_encryption_key", defaultValue: nil, isSecret: true,
+            summary: "Encrypts the ES256 private keys stored in the database (AES-256-GCM): openssl rand -base64 48, the same for migrate, keys add and every server, kept out of the database and its backups. Required by keys add, and by migrate and serve once signing keys exist."),
+        Setting(
+            key: "key_encryption_key_file", defaultValue: nil, isSecret: false,
+            summary: "A file holding TRUNK_SYNC_KEY_ENCRYPTION_KEY instead (a Docker or Kubernetes secret); surrounding whitespace is ignored. Set one of the two."),
+        Setting(
             key: "public_url", defaultValue: nil, isSecret: false,
             summary: "External base URL, used as the token issuer. Default http://HOST:PORT."),
         Setting(key: "mailer", defaultValue: "log", isSecret: false, summary: "log (codes printed to the log) or smtp."),

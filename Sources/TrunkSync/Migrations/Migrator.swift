@@ -55,7 +55,15 @@ public struct Migrator: Sendable {
     }
 
     /// Applies every pending migration in order and returns those it applied.
-    public func migrate(on connection: PostgresConnection) throws -> [Migration] {
+    ///
+    /// `before` runs under the lock once the applied files are verified and before anything
+    /// is applied: it may refuse the run (its error is rethrown as is, nothing changed).
+    /// `after` runs under the lock once every migration is applied, for upgrade steps that
+    /// need code rather than SQL (encrypting stored keys, the server's login role).
+    public func migrate(
+        on connection: PostgresConnection, before: (PostgresConnection) throws -> Void = { _ in },
+        after: (PostgresConnection) throws -> Void = { _ in }
+    ) throws -> [Migration] {
         let locked = try connection.query("select pg_try_advisory_lock($1)", Self.advisoryLockKey)[0]
             .decode(Bool.self, column: 0)
         if !locked {
@@ -71,6 +79,7 @@ public struct Migrator: Sendable {
         {
             throw MigrationError.outOfOrder(pending: early.name, newestApplied: newest.name)
         }
+        try before(connection)
         var applied: [Migration] = []
         for migration in status.pending {
             do {
@@ -88,6 +97,7 @@ public struct Migrator: Sendable {
             logger.info("applied migration", metadata: ["migration": "\(migration.name)"])
             applied.append(migration)
         }
+        try after(connection)
         return applied
     }
 
