@@ -25,6 +25,8 @@ struct Serve: AsyncParsableCommand {
             try configuration.validateForServe()
             let logger = Logger(label: "trunk-sync")
             let application = try Application(configuration: configuration, logger: logger)
+            // Loudly, but not a refusal: deployments that log in as the owner keep working.
+            await DatabaseRoles.report(url: try configuration.requireDatabaseURL(), logger: logger)
             // Before accepting requests, so tokens signed with ES256 keys verify from the start.
             // A key the key encryption key cannot open is a configuration error: serving
             // without it would answer its tokens 401, so refuse to start instead.

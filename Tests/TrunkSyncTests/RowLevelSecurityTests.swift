@@ -227,6 +227,39 @@ class RowLevelSecurityTests: XCTestCase {
     }
 }
 
+/// The same, logged in as the server's own login role (`TRUNK_SYNC_DATABASE_URL` naming
+/// another role than the owner), as `migrate` creates it: no `SET ROLE` to undo.
+final class ServerLoginRowLevelSecurityTests: RowLevelSecurityTests {
+    var role = ""
+    var password = ""
+
+    override func setUp() async throws {
+        try await super.setUp()
+        role = TestDatabase.roleName("rls_server")
+        password = TestSecrets.randomHex()
+        let login = try XCTUnwrap(try DatabaseRoles.ServerLogin(url: try TestDatabase.url(of: database, user: role, password: password)))
+        try DatabaseRoles.checkServerLogin(login, on: owner)
+        XCTAssertEqual(try DatabaseRoles.ensureServerLogin(login, on: owner), .created(role))
+    }
+
+    override func tearDown() async throws {
+        try await super.tearDown()
+        TestDatabase.dropRole(role)
+    }
+
+    override func serverConnection() throws -> PostgresConnection {
+        try PostgresConnection.connect(try PostgresConfiguration(try TestDatabase.url(of: database, user: role, password: password)))
+    }
+
+    /// Undoing the switch gains nothing: the login itself holds no more than trunk_sync_app.
+    func testResettingTheRoleGainsNothing() throws {
+        let connection = try serverConnection()
+        try connection.execute("reset role")
+        XCTAssertEqual(try count("users", on: connection), 0)
+        XCTAssertEqual(try DatabaseRoles.check(on: connection), DatabaseRoles.Findings())
+    }
+}
+
 /// The owner's own tools on a database whose owner is not a superuser (as on managed
 /// PostgreSQL): forced row-level security applies to it too, and `migrate` makes it a member
 /// of `trunk_sync_admin`, which sees every row; switched to the server's role, it sees none.
@@ -253,6 +286,21 @@ final class NonSuperuserOwnerTests: XCTestCase {
         XCTAssertFalse(try owner.query("select rolsuper from pg_roles where rolname = current_user")[0].decode(Bool.self, column: 0))
         try owner.query("insert into users (email) values ('a@example.com'), ('b@example.com')")
         XCTAssertEqual(try owner.query("select count(*) from users")[0].decode(Int.self, column: 0), 2)
+        XCTAssertNoThrow(try DatabaseRoles.requireOwner(on: owner))
+        // It can make the server's login, which then sees nothing without a scope.
+        let server = TestDatabase.roleName("owned_server")
+        defer { TestDatabase.dropRole(server) }
+        let serverPassword = TestSecrets.randomHex()
+        let login = try XCTUnwrap(
+            try DatabaseRoles.ServerLogin(url: try TestDatabase.url(of: database, user: server, password: serverPassword)))
+        try DatabaseRoles.checkServerLogin(login, on: owner)
+        XCTAssertEqual(try DatabaseRoles.ensureServerLogin(login, on: owner), .created(server))
+        let asServer = try PostgresConnection.connect(
+            try PostgresConfiguration(try TestDatabase.url(of: database, user: server, password: serverPassword)))
+        XCTAssertEqual(try asServer.query("select count(*) from users")[0].decode(Int.self, column: 0), 0)
+        XCTAssertThrowsError(try DatabaseRoles.requireOwner(on: asServer))
+        // The owner logged in as the server (the old setup) is warned about.
+        XCTAssertNotNil(try DatabaseRoles.check(on: owner).warning)
         try owner.query("select set_config('role', 'trunk_sync_app', false)")
         XCTAssertEqual(try owner.query("select count(*) from users")[0].decode(Int.self, column: 0), 0)
     }

@@ -114,8 +114,7 @@ final class SecretSettingsTests: XCTestCase {
     /// Malformed values of each secret setting, each holding `marker` where the secret part is.
     /// Every setting `Setting.all` marks secret must have some.
     func malformedValues(_ marker: String) -> [String: [String]] {
-        [
-            "database_url": [
+        let databaseURLs = [
                 "postgres://trunk:\(marker)@127.0.0.1:notaport/trunk_sync",  // port
                 "postgres://trunk:\(marker)/x@127.0.0.1/trunk_sync",  // unescaped / in the password
                 "postgres://trunk:ab@\(marker)@127.0.0.1/trunk_sync",  // unescaped @ in the password
@@ -125,7 +124,10 @@ final class SecretSettingsTests: XCTestCase {
                 "postgres://trunk:\(marker)@127.0.0.1/trunk_sync?sslmode=\(marker)",
                 "host=127.0.0.1 password=\(marker) \(marker)",  // conninfo without =
                 "host=127.0.0.1 password='\(marker)",  // unterminated quote
-            ],
+        ]
+        return [
+            "database_url": databaseURLs,
+            "migration_database_url": databaseURLs,
             "jwt_secret": [
                 marker,  // short
                 marker + String(repeating: "a", count: 40),  // guessable

@@ -29,8 +29,11 @@ public struct Configuration: Sendable {
     /// Raw values by setting key, with their source.
     public private(set) var values: [String: (value: String, source: Source)] = [:]
 
-    /// `TRUNK_SYNC_DATABASE_URL`.
+    /// `TRUNK_SYNC_DATABASE_URL`: what `serve` (and `token`) log in with.
     public var databaseURL: String? { value("database_url") }
+    /// `TRUNK_SYNC_MIGRATION_DATABASE_URL`, defaulting to `TRUNK_SYNC_DATABASE_URL`: what
+    /// `migrate`, `keys` and `users` log in with (the tables' owner).
+    public var migrationDatabaseURL: String? { value("migration_database_url") ?? databaseURL }
     /// `TRUNK_SYNC_HOST`.
     public var host: String { value("host") ?? "127.0.0.1" }
     /// `TRUNK_SYNC_PORT`.
@@ -185,6 +188,7 @@ public struct Configuration: Sendable {
         auth.mailRule = try rule("rate_limit_mail") ?? auth.mailRule
         auth.refreshReuseInterval = try integer("refresh_reuse_interval", 0...300) ?? auth.refreshReuseInterval
         try validateDatabaseURL("database_url")
+        try validateDatabaseURL("migration_database_url")
         try loadKeyEncryptionKey()
         if let key = apiKey {
             // It travels in a header: visible ASCII only. The message does not quote it.
@@ -336,6 +340,19 @@ public struct Configuration: Sendable {
         guard let url = databaseURL else {
             throw error("database_url", "is required (postgres://user:pass@host:port/db)")
         }
+        return url
+    }
+
+    /// The owner's URL for `migrate`, `keys` and `users` (refusing documentation placeholders:
+    /// `migrate` also gives the server's role the password in TRUNK_SYNC_DATABASE_URL).
+    public func requireMigrationDatabaseURL() throws -> String {
+        guard let url = migrationDatabaseURL else {
+            throw error(
+                "database_url",
+                "is required (postgres://user:pass@host:port/db; migrate, keys and users use TRUNK_SYNC_MIGRATION_DATABASE_URL instead when set)")
+        }
+        try checkDatabasePassword("migration_database_url")
+        try checkDatabasePassword("database_url")
         return url
     }
 

@@ -18,7 +18,10 @@ public struct Setting: Sendable {
     public static let all: [Setting] = [
         Setting(
             key: "database_url", defaultValue: nil, isSecret: true,
-            summary: "PostgreSQL to use: postgres://user:pass@host:port/db or a libpq conninfo string. Required."),
+            summary: "PostgreSQL to use: postgres://user:pass@host:port/db or a libpq conninfo string. Required. serve and token log in with it: best a role of the server's own (see TRUNK_SYNC_MIGRATION_DATABASE_URL); serve and config check warn when it is a superuser or owns the tables."),
+        Setting(
+            key: "migration_database_url", defaultValue: nil, isSecret: true,
+            summary: "PostgreSQL URL of the tables' owner, for migrate, keys and users. Default: TRUNK_SYNC_DATABASE_URL. When it logs in as another role than TRUNK_SYNC_DATABASE_URL, migrate creates or updates that role as the server's login (LOGIN, member of trunk_sync_app and nothing else, the password given there)."),
         Setting(key: "host", defaultValue: "127.0.0.1", isSecret: false, summary: "Address to listen on (IPv4 or IPv6)."),
         Setting(key: "port", defaultValue: "8080", isSecret: false, summary: "TCP port to listen on (0: any free port, logged at start)."),
         Setting(

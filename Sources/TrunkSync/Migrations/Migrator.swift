@@ -72,7 +72,7 @@ public struct Migrator: Sendable {
         }
         defer { _ = try? connection.query("select pg_advisory_unlock($1)", Self.advisoryLockKey) }
 
-        try connection.execute(Self.createTable)
+        // Every check before the first change, the table of applied migrations included.
         let status = try self.status(on: connection)
         if let newest = status.applied.max(by: { $0.version < $1.version }),
             let early = status.pending.first(where: { $0.version < newest.version })
@@ -80,6 +80,7 @@ public struct Migrator: Sendable {
             throw MigrationError.outOfOrder(pending: early.name, newestApplied: newest.name)
         }
         try before(connection)
+        try connection.execute(Self.createTable)
         var applied: [Migration] = []
         for migration in status.pending {
             do {
