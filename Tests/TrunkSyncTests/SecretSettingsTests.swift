@@ -73,6 +73,30 @@ final class SecretSettingsTests: XCTestCase {
                 ["TRUNK_SYNC_DATABASE_URL": unreachableDatabase, "TRUNK_SYNC_JWT_SECRET": example],
                 variable: "TRUNK_SYNC_JWT_SECRET", saying: ["openssl rand -base64 48"], hiding: [example])
         }
+        let keys = try documentedSecrets("TRUNK_SYNC_KEY_ENCRYPTION_KEY")
+        XCTAssertFalse(keys.isEmpty, ".env.example shows a placeholder")
+        for example in keys {
+            try assertRefused(
+                [
+                    "TRUNK_SYNC_DATABASE_URL": unreachableDatabase, "TRUNK_SYNC_JWT_SECRET": TestSecrets.random(),
+                    "TRUNK_SYNC_KEY_ENCRYPTION_KEY": example,
+                ],
+                variable: "TRUNK_SYNC_KEY_ENCRYPTION_KEY", saying: ["openssl rand -base64 48"], hiding: [example])
+        }
+        // The database passwords the documentation shows: .env.example's and the README's
+        // postgres://user:pass@host:port/db.
+        let example = try String(contentsOfFile: repositoryRoot() + "/.env.example", encoding: .utf8)
+        let passwords = example.split(separator: "\n").filter { $0.hasPrefix("POSTGRES_PASSWORD=") || $0.hasPrefix("SERVER_DB_PASSWORD=") }
+            .map { String($0.split(separator: "=", maxSplits: 1)[1]) } + ["pass"]
+        XCTAssertEqual(passwords.count, 3)
+        for password in passwords {
+            try assertRefused(
+                [
+                    "TRUNK_SYNC_DATABASE_URL": "postgres://user:\(password)@127.0.0.1:1/trunk_sync",
+                    "TRUNK_SYNC_JWT_SECRET": TestSecrets.random(),
+                ],
+                variable: "TRUNK_SYNC_DATABASE_URL", saying: ["example password"], hiding: [password == "pass" ? "" : password])
+        }
     }
 
     func testShortAndLowEntropySecretsAreRefused() throws {

@@ -35,7 +35,7 @@ public enum SecretRules {
     /// Passwords of database and mail URLs refused as placeholders (the documentation's
     /// `postgres://user:pass@…` and `smtp://user:password@…` among them). Passwords are not
     /// held to the entropy rules: existing deployments keep theirs.
-    static let placeholderPasswords: Set<String> = ["pass", "password", "secret", "changeme", "postgres"]
+    static let placeholderPasswords: Set<String> = ["pass", "password"]
 
     /// Why `secret` is not good enough to protect tokens (a phrase to follow the setting's
     /// name, never quoting the value), or nil when it is.
