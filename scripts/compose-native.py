@@ -9,9 +9,11 @@ ${VAR:?error}, $$) from the environment and ENV_FILE, then:
 1. runs the `migrate` service's command with its environment and expects exit 0;
 2. starts the `trunk-sync` service's command with its env_file and environment (its
    port moved to PORT and its admin port to any free one, since the container's ports may
-   be taken here; the admin port must not be published), waits until its
-   own healthcheck command succeeds, then sends SIGTERM and expects exit 0.
-Prints "ok ..." per step; exits 1 with the reason otherwise.
+   be taken here; the admin port must not be published), checks that no
+   value of that environment holds the owner's password (POSTGRES_PASSWORD), waits until
+   its own healthcheck command succeeds, then sends SIGTERM and expects exit 0 and no
+   warning about its database role (superuser, owner) in its log.
+Prints "ok ..." per step (and migrate's output); exits 1 with the reason otherwise.
 """
 import os
 import re
@@ -92,7 +94,9 @@ migrate = services["migrate"]
 result = subprocess.run([binary] + migrate["command"], env=environment(migrate), capture_output=True, text=True, timeout=120)
 if result.returncode != 0:
     raise SystemExit(f"migrate failed ({result.returncode}): {result.stderr.strip()}")
-print("ok migrate:", result.stdout.strip().splitlines()[-1], flush=True)
+for line in result.stdout.strip().splitlines():
+    print("migrate:", line, flush=True)
+print("ok migrate", flush=True)
 
 server = services["trunk-sync"]
 assert server["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
@@ -106,6 +110,12 @@ published = [str(entry) for entry in server.get("ports", [])]
 assert all(":9090" not in entry and not entry.endswith("9090") for entry in published), f"admin port published: {published}"
 assert env.get("TRUNK_SYNC_ADMIN_PORT") == "9090", "the admin listener's port is set"
 env["TRUNK_SYNC_ADMIN_PORT"] = "0"  # any free port: 9090 may be taken here
+owner_password = variables.get("POSTGRES_PASSWORD", "")
+assert owner_password, "POSTGRES_PASSWORD is set"
+leaks = [key for key, value in env.items() if owner_password in value]
+if leaks:
+    raise SystemExit(f"the server's environment holds the owner's password in {leaks}")
+print("ok serve's environment holds no owner password", flush=True)
 process = subprocess.Popen([binary] + server["command"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 check = [part.replace(":8080/", f":{port}/") for part in server["healthcheck"]["test"][1:]]
 deadline = time.time() + 30
@@ -121,6 +131,10 @@ if not healthy:
 print("ok serve is healthy by its compose healthcheck", flush=True)
 process.send_signal(signal.SIGTERM)
 code = process.wait(timeout=20)
+log = process.stderr.read() if process.stderr else ""
 if code != 0:
-    raise SystemExit(f"serve exited with {code} after SIGTERM")
+    raise SystemExit(f"serve exited with {code} after SIGTERM: {log}")
 print("ok serve stopped cleanly on SIGTERM", flush=True)
+if "TRUNK_SYNC_DATABASE_URL logs in as" in log:
+    raise SystemExit("serve warned about its database role: " + log)
+print("ok serve's database role is neither superuser nor owner", flush=True)

@@ -7,7 +7,11 @@
 #   pg.sh url DIR [DB]     print the superuser's postgres:// URL for database DB (default postgres)
 #
 # The cluster's superuser is `trunk` with a random password kept in DIR/password. When run as
-# root, the server runs as the `postgres` OS user, which owns DIR/pgdata.
+# root, the server runs as the `postgres` OS user, which owns DIR and DIR/pgdata.
+#
+# DIR is also the Unix socket's directory, and pg_hba trusts local connections (as the
+# superuser, with no password): DIR and the socket are owner-only (0700), so no other local
+# user can reach them. Clients here connect over TCP with the password.
 set -euo pipefail
 
 command=${1:?usage: pg.sh start|stop|restart|url DIR [PORT|DB]}
@@ -28,6 +32,8 @@ case "$command" in
       [ "$(cat "$dir/port" 2>/dev/null)" = "$port" ] && exit 0
       echo "the cluster in $dir already runs on port $(cat "$dir/port"); stop it first (pg.sh stop $dir)" >&2; exit 1
     fi
+    # Also tightens a directory an older pg.sh left world-readable.
+    chmod 700 "$dir"
     if [ ! -f "$dir/pgdata/PG_VERSION" ]; then
       [ -f "$dir/password" ] || (umask 077; head -c 18 /dev/urandom | base64 | tr -d '/+=' > "$dir/password")
       mkdir -p "$dir/pgdata"
@@ -43,7 +49,7 @@ case "$command" in
     fi
     echo "$port" > "$dir/port"
     [ "$(id -u)" -eq 0 ] && chown postgres "$dir/port"
-    options="-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$dir -c max_connections=200"
+    options="-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$dir -c unix_socket_permissions=0700 -c max_connections=200"
     [ "${PG_FAST:-}" = 1 ] && options="$options -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
     as_owner "$bin/pg_ctl" -D "$dir/pgdata" -l "$dir/server.log" -o "$options" -w -t 60 start >/dev/null \
       || { tail -n 20 "$dir/server.log" >&2; exit 1; }

@@ -1,35 +1,56 @@
 #!/usr/bin/env bash
 # `make run`: installs what is missing, starts a private PostgreSQL under .data/, creates the
-# database, generates a development JWT secret once, migrates, and serves on 127.0.0.1:8080
+# database, generates the development secrets once, migrates, and serves on 127.0.0.1:8080
 # with sign-in codes printed to the console. Ctrl-C stops the server and the database.
+#
+# As in production, two database logins: `migrate` (and the owner's tools) log in as the
+# cluster's superuser, the tables' owner; the server logs in as trunk_sync_server, which
+# migrate creates as a member of trunk_sync_app only, so row-level security binds it.
+#
+# Overrides (for tests): TRUNK_SYNC_DEV_DATA (default .data), TRUNK_SYNC_DEV_PG_PORT
+# (54329), TRUNK_SYNC_BIN (a built trunk-sync binary instead of `swift build`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/deps.sh
-mkdir -p .data
+data=${TRUNK_SYNC_DEV_DATA:-.data}
+mkdir -p "$data"
 pg_port=${TRUNK_SYNC_DEV_PG_PORT:-54329}
-scripts/pg.sh start .data/postgres "$pg_port"
-trap 'scripts/pg.sh stop .data/postgres' EXIT
+scripts/pg.sh start "$data/postgres" "$pg_port"
+trap 'scripts/pg.sh stop "$data/postgres"' EXIT
 
-admin_url=$(scripts/pg.sh url .data/postgres postgres)
+admin_url=$(scripts/pg.sh url "$data/postgres" postgres)
 if ! psql "$admin_url" -tAc "select 1 from pg_database where datname = 'trunk_sync'" | grep -q 1; then
   psql "$admin_url" -qc "create database trunk_sync"
 fi
-if [ ! -s .data/jwt_secret ]; then
-  (umask 077; head -c 48 /dev/urandom | base64 | tr -d '\n' > .data/jwt_secret)
+# Each secret once, readable by this user only.
+secret() {
+  [ -s "$data/$1" ] || (umask 077; $2 > "$data/$1")
+  cat "$data/$1"
+}
+jwt_secret=$(secret jwt_secret "openssl rand -base64 48")
+key_encryption_key=$(secret key_encryption_key "openssl rand -base64 48")
+server_password=$(secret server_db_password "openssl rand -hex 32")
+
+if [ -n "${TRUNK_SYNC_BIN:-}" ]; then
+  bin=$TRUNK_SYNC_BIN
+else
+  swift build --product trunk-sync
+  bin="$(swift build --show-bin-path)/trunk-sync"
 fi
 
-swift build --product trunk-sync
-bin="$(swift build --show-bin-path)/trunk-sync"
-
-export TRUNK_SYNC_DATABASE_URL
-TRUNK_SYNC_DATABASE_URL=$(scripts/pg.sh url .data/postgres trunk_sync)
-export TRUNK_SYNC_JWT_SECRET
-TRUNK_SYNC_JWT_SECRET=$(cat .data/jwt_secret)
+export TRUNK_SYNC_MIGRATION_DATABASE_URL
+TRUNK_SYNC_MIGRATION_DATABASE_URL=$(scripts/pg.sh url "$data/postgres" trunk_sync)
+export TRUNK_SYNC_DATABASE_URL="postgres://trunk_sync_server:$server_password@127.0.0.1:$pg_port/trunk_sync"
+export TRUNK_SYNC_JWT_SECRET=$jwt_secret
+export TRUNK_SYNC_KEY_ENCRYPTION_KEY=$key_encryption_key
 export TRUNK_SYNC_HOST=${TRUNK_SYNC_HOST:-127.0.0.1}
 export TRUNK_SYNC_PORT=${TRUNK_SYNC_PORT:-8080}
 export TRUNK_SYNC_MAILER=${TRUNK_SYNC_MAILER:-log}
 export TRUNK_SYNC_CORS_ORIGINS=${TRUNK_SYNC_CORS_ORIGINS:-*}
 
 "$bin" migrate
-"$bin" serve
+echo "make run: the server logs in as trunk_sync_server; for trunk-sync users|keys set" \
+  "TRUNK_SYNC_MIGRATION_DATABASE_URL=\$(scripts/pg.sh url $data/postgres trunk_sync)" >&2
+# The server gets its own login only, not the owner's URL.
+env -u TRUNK_SYNC_MIGRATION_DATABASE_URL "$bin" serve

@@ -14,7 +14,9 @@ public struct PostgresConfiguration: Sendable, CustomStringConvertible {
     ///
     /// Adds `connect_timeout=10` unless one is given, and identifies the client as
     /// `trunk-sync` unless `application_name` is given.
-    /// - Throws: `PostgresError` of kind `.invalidConfiguration` with libpq's reason.
+    /// - Throws: `PostgresError` of kind `.invalidConfiguration` with libpq's reason, every
+    ///   fragment of the input it quotes (which may be the password, or the whole URL)
+    ///   replaced by `"…"`.
     public init(_ urlOrConninfo: String) throws {
         var errorMessage: UnsafeMutablePointer<CChar>? = nil
         guard let options = PQconninfoParse(urlOrConninfo, &errorMessage) else {
@@ -22,7 +24,7 @@ public struct PostgresConfiguration: Sendable, CustomStringConvertible {
             if let errorMessage { PQfreemem(errorMessage) }
             throw PostgresError(
                 kind: .invalidConfiguration,
-                message: "invalid database URL: \(Self.oneLine(reason))"
+                message: "invalid database URL: \(Self.withoutQuotedInput(Self.oneLine(reason)))"
             )
         }
         defer { PQconninfoFree(options) }
@@ -63,7 +65,7 @@ public struct PostgresConfiguration: Sendable, CustomStringConvertible {
         let host = self["host"] ?? self["hostaddr"] ?? "localhost"
         let port = self["port"] ?? "5432"
         let database = self["dbname"] ?? self["user"] ?? "(default)"
-        return "\(host):\(port)/\(database)"
+        return withoutPassword("\(host):\(port)/\(database)")
     }
 
     /// The parameters with secrets replaced by `***`, for logs and `config check`.
@@ -72,6 +74,48 @@ public struct PostgresConfiguration: Sendable, CustomStringConvertible {
             let secret = pair.keyword == "password" || pair.keyword == "sslpassword"
             return "\(pair.keyword)=\(secret ? "***" : pair.value)"
         }.joined(separator: " ")
+    }
+
+    /// libpq's own keywords (`host`, `port`, `password`, …): the quoted words in its messages
+    /// that come from libpq, not from the input.
+    static let keywords: Set<String> = {
+        guard let defaults = PQconndefaults() else { return [] }
+        defer { PQconninfoFree(defaults) }
+        var names: Set<String> = []
+        var option = defaults
+        while let keyword = option.pointee.keyword {
+            names.insert(String(cString: keyword))
+            option += 1
+        }
+        return names
+    }()
+
+    /// `message` with every double-quoted fragment that is not a libpq keyword replaced by
+    /// `"…"`. libpq quotes pieces of the connection string it could not parse, such as
+    /// `invalid percent-encoded token: "p%zzword"` or the whole URL, password included.
+    static func withoutQuotedInput(_ message: String) -> String {
+        var result = ""
+        var rest = message[...]
+        while let open = rest.firstIndex(of: "\"") {
+            result += rest[..<open]
+            let afterOpen = rest.index(after: open)
+            guard let close = rest[afterOpen...].firstIndex(of: "\"") else {
+                // An unmatched quote: the rest may be input.
+                return result + "\"…"
+            }
+            let quoted = String(rest[afterOpen..<close])
+            result += keywords.contains(quoted) ? "\"\(quoted)\"" : "\"…\""
+            rest = rest[rest.index(after: close)...]
+        }
+        return result + rest
+    }
+
+    /// `message` with the password (when it is long enough to mean something) replaced by
+    /// `***`: libpq echoes values such as an out-of-range port, and a password with an
+    /// unescaped `/` or `@` spills into those.
+    func withoutPassword(_ message: String) -> String {
+        guard let password = self["password"], password.count >= 4 else { return message }
+        return message.replacingOccurrences(of: password, with: "***")
     }
 
     static func oneLine(_ text: String) -> String {

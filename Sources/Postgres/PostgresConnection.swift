@@ -54,7 +54,8 @@ public final class PostgresConnection {
             throw PostgresError(kind: .connectionFailed, message: "could not connect to PostgreSQL at \(configuration.endpoint): out of memory")
         }
         guard PQstatus(handle) == CONNECTION_OK else {
-            let reason = Self.connectionFailureReason(String(cString: PQerrorMessage(handle)))
+            let reason = configuration.withoutPassword(
+                Self.connectionFailureReason(String(cString: PQerrorMessage(handle))))
             PQfinish(handle)
             throw PostgresError(
                 kind: .connectionFailed,
@@ -293,6 +294,29 @@ public final class PostgresConnection {
         return String(cString: quoted)
     }
 
+    /// Quotes a string literal with libpq's own escaping, for the statements that take no
+    /// parameters (`ALTER ROLE … PASSWORD`).
+    public func quoteLiteral(_ text: String) throws -> String {
+        let bytes = Array(text.utf8)
+        guard let quoted = PQescapeLiteral(handle, text, bytes.count) else {
+            throw PostgresError(kind: .invalidConfiguration, message: "invalid literal")
+        }
+        defer { PQfreemem(quoted) }
+        return String(cString: quoted)
+    }
+
+    /// The password as the server stores it (a SCRAM-SHA-256 verifier, or whatever the
+    /// server's `password_encryption` says), computed here: the password itself never
+    /// travels to the server or into its logs, as with psql's `\password`.
+    public func encryptedPassword(_ password: String, role: String) throws -> String {
+        guard let encrypted = PQencryptPasswordConn(handle, password, role, nil) else {
+            throw PostgresError(
+                kind: isOpen ? .server : .connectionClosed, message: "cannot encrypt the password for role \(role)")
+        }
+        defer { PQfreemem(encrypted) }
+        return String(cString: encrypted)
+    }
+
     /// Checks an idle connection without a round trip: reads whatever the server sent while
     /// it was idle (a shutdown notice, EOF) and reports whether it is still usable.
     func isUsableAfterIdle() -> Bool {
@@ -342,7 +366,7 @@ public final class PostgresConnection {
     }
 
     private func connectionError() -> PostgresError {
-        let reason = PostgresConfiguration.oneLine(String(cString: PQerrorMessage(handle)))
+        let reason = configuration.withoutPassword(PostgresConfiguration.oneLine(String(cString: PQerrorMessage(handle))))
         return PostgresError(
             kind: isOpen ? .server : .connectionClosed,
             message: "database connection to \(configuration.endpoint) lost",

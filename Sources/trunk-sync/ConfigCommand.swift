@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import Logging
 import TrunkSync
 
 struct ConfigCommand: AsyncParsableCommand {
@@ -22,6 +23,9 @@ struct ConfigCommand: AsyncParsableCommand {
                 print(configuration.redactedDescription)
                 try configuration.validateForServe()
                 print("configuration OK")
+                // What serve would warn about the database role (not part of the exit status).
+                await DatabaseRoles.report(
+                    url: try configuration.requireDatabaseURL(), logger: Logger(label: "trunk-sync.config"))
             }
         }
     }

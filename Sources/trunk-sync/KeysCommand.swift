@@ -25,16 +25,26 @@ struct KeysCommand: AsyncParsableCommand {
             (TRUNK_SYNC_JWT_EXPIRY, default 1 hour) has passed since the new key started signing. \
             Before that, retire refuses unless --force: tokens signed with the old key would get 401.
 
-            Private keys are stored unencrypted in the table signing_keys: protect database \
-            backups and replicas like the JWT secret.
+            Private keys are stored in the table signing_keys encrypted (AES-256-GCM) with \
+            TRUNK_SYNC_KEY_ENCRYPTION_KEY, which add needs, as do migrate and every server: the \
+            same key everywhere, kept out of the database and its backups.
             """,
         subcommands: [List.self, Add.self, Retire.self]
     )
 
-    static func store(_ options: CommonOptions) throws -> (SigningKeyStore, PostgresPool, Configuration) {
+    /// The store on the owner's connection; `writing` (add, retire) first checks that it is
+    /// the owner, whom the server's login is not.
+    static func store(_ options: CommonOptions, writing: Bool) async throws -> (SigningKeyStore, Configuration) {
         let configuration = try options.load()
-        let pool = try commandPool(configuration, logger: Logger(label: "trunk-sync.keys"))
-        return (SigningKeyStore(pool: pool), pool, configuration)
+        let logger = Logger(label: "trunk-sync.keys")
+        let pool: PostgresPool
+        if writing {
+            pool = try await ownerPool(configuration, logger: logger)
+        } else {
+            pool = try commandPool(configuration, logger: logger)
+            onExit { await pool.close() }
+        }
+        return (SigningKeyStore(pool: pool, encryption: configuration.keyEncryptionKey), configuration)
     }
 
     static func time(_ timestamp: PostgresTimestamp) -> String { RFC3339.format(timestamp, fractionDigits: 0) }
@@ -51,8 +61,7 @@ struct KeysCommand: AsyncParsableCommand {
 
         func run() async throws {
             try await reportingErrors {
-                let (store, pool, _) = try KeysCommand.store(options)
-                onExit { await pool.close() }
+                let (store, _) = try await KeysCommand.store(options, writing: false)
                 let keys = try await store.list()
                 let rows = keys.map { key -> [String] in
                     let status: String
@@ -82,8 +91,7 @@ struct KeysCommand: AsyncParsableCommand {
 
         func run() async throws {
             try await reportingErrors {
-                let (store, pool, _) = try KeysCommand.store(options)
-                onExit { await pool.close() }
+                let (store, _) = try await KeysCommand.store(options, writing: true)
                 let key = try await store.add()
                 print(key.keyID ?? "")
                 FileHandle.standardError.write(
@@ -111,8 +119,7 @@ struct KeysCommand: AsyncParsableCommand {
 
         func run() async throws {
             try await reportingErrors {
-                let (store, pool, configuration) = try KeysCommand.store(options)
-                onExit { await pool.close() }
+                let (store, configuration) = try await KeysCommand.store(options, writing: true)
                 switch try await store.retire(kid, tokenLifetime: configuration.jwtExpiry, force: force) {
                 case .retired:
                     print("retired \(kid): servers stop verifying its tokens within 60 s")

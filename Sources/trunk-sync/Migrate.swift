@@ -27,11 +27,37 @@ struct Migrate: AsyncParsableCommand {
                     migrations: try Migration.load(from: configuration.migrationsDirectory), logger: logger)
                 let pool = try commandPool(configuration, logger: logger)
                 onExit { await pool.close() }
-                let applied = try await pool.withConnection { try migrator.migrate(on: $0) }
+                let encryption = configuration.keyEncryptionKey
+                // The server's login, when TRUNK_SYNC_DATABASE_URL is set (it may name the owner).
+                let server = try configuration.databaseURL.flatMap { try DatabaseRoles.ServerLogin(url: $0) }
+                let (applied, encrypted, role) = try await pool.withConnection { connection in
+                    var encrypted = 0
+                    var role = DatabaseRoles.Outcome.sameAsOwner
+                    let applied = try migrator.migrate(
+                        on: connection,
+                        // What would leave the deployment broken or exposed is refused first,
+                        // before anything changes: keys no server could use, a server login
+                        // with rights it must not have.
+                        before: { connection in
+                            try SigningKeyStore.checkBeforeMigrating(on: connection, encryption: encryption)
+                            if let server { try DatabaseRoles.checkServerLogin(server, on: connection) }
+                        },
+                        after: { connection in
+                            encrypted = try SigningKeyStore.encryptPlaintextKeys(on: connection, encryption: encryption)
+                            if let server { role = try DatabaseRoles.ensureServerLogin(server, on: connection) }
+                        })
+                    return (applied, encrypted, role)
+                }
                 if applied.isEmpty {
                     print("database is up to date (\(migrator.migrations.count) migrations applied)")
                 } else {
                     for migration in applied { print("applied \(migration.name)") }
+                }
+                if encrypted > 0 { print("encrypted \(encrypted) signing key(s) with TRUNK_SYNC_KEY_ENCRYPTION_KEY") }
+                switch role {
+                case .sameAsOwner: break
+                case .created(let name): print("created the server's login role \(name) (member of \(DatabaseRoles.app))")
+                case .updated(let name): print("updated the server's login role \(name) (member of \(DatabaseRoles.app))")
                 }
             }
         }

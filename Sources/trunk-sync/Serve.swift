@@ -26,8 +26,15 @@ struct Serve: AsyncParsableCommand {
             try configuration.validateForServe()
             let logger = Logger(label: "trunk-sync")
             let application = try Application(configuration: configuration, logger: logger)
+            // Loudly, but not a refusal: deployments that log in as the owner keep working.
+            await DatabaseRoles.report(url: try configuration.requireDatabaseURL(), logger: logger)
             // Before accepting requests, so tokens signed with ES256 keys verify from the start.
-            await application.startSigningKeyRefresh()
+            // A key the key encryption key cannot open is a configuration error: serving
+            // without it would answer its tokens 401, so refuse to start instead.
+            if let loaded = await application.startSigningKeyRefresh(), let (kid, reason) = loaded.undecryptable.first {
+                await application.close()
+                throw CommandError("signing key \(kid) cannot be used: \(reason)")
+            }
             // Likewise, so that no token of a session revoked before the start is accepted.
             await application.loadRevokedSessions()
             let server = HTTPServer(
@@ -39,6 +46,10 @@ struct Serve: AsyncParsableCommand {
                 configuration: application.adminServerConfiguration, responder: application.adminPipeline(),
                 logger: Logger(label: "trunk-sync.admin"))
             // Signals first: a SIGTERM right after "listening" must still shut down cleanly.
+            // A write to a peer that went away (a socket libpq or OpenSSL writes to while
+            // closing, a log pipe whose reader left) must be an EPIPE error, never the end of
+            // the process: one compose-native run died of SIGPIPE while shutting down.
+            signal(SIGPIPE, SIG_IGN)
             let signals = ShutdownSignals {
                 logger.notice("signal received, shutting down")
                 application.beginShutdown()

@@ -11,10 +11,9 @@ struct UsersCommand: AsyncParsableCommand {
         subcommands: [List.self, Show.self, Export.self, Delete.self]
     )
 
-    static func admin(_ options: CommonOptions) throws -> (UserAdmin, PostgresPool) {
+    static func admin(_ options: CommonOptions) async throws -> UserAdmin {
         let configuration = try options.load()
-        let pool = try commandPool(configuration, logger: Logger(label: "trunk-sync.users"))
-        return (UserAdmin(pool: pool), pool)
+        return UserAdmin(pool: try await ownerPool(configuration, logger: Logger(label: "trunk-sync.users")))
     }
 
     static func user(_ admin: UserAdmin, _ email: String) async throws -> UserAdmin.Summary {
@@ -33,8 +32,7 @@ struct UsersCommand: AsyncParsableCommand {
 
         func run() async throws {
             try await reportingErrors {
-                let (admin, pool) = try UsersCommand.admin(options)
-                onExit { await pool.close() }
+                let admin = try await UsersCommand.admin(options)
                 let users = try await admin.list()
                 let rows = users.map { [$0.email, UsersCommand.time($0.createdAt), UsersCommand.time($0.lastSignInAt), String($0.events)] }
                 print(table(header: ["EMAIL", "CREATED", "LAST SIGN-IN", "EVENTS"], rows: rows))
@@ -50,8 +48,7 @@ struct UsersCommand: AsyncParsableCommand {
 
         func run() async throws {
             try await reportingErrors {
-                let (admin, pool) = try UsersCommand.admin(options)
-                onExit { await pool.close() }
+                let admin = try await UsersCommand.admin(options)
                 let user = try await UsersCommand.user(admin, email)
                 print("id:              \(user.id.uuidString.lowercased())")
                 print("email:           \(user.email)")
@@ -72,8 +69,7 @@ struct UsersCommand: AsyncParsableCommand {
 
         func run() async throws {
             try await reportingErrors {
-                let (admin, pool) = try UsersCommand.admin(options)
-                onExit { await pool.close() }
+                let admin = try await UsersCommand.admin(options)
                 let user = try await UsersCommand.user(admin, email)
                 let showProgress = isatty(STDERR_FILENO) == 1
                 let written = try await admin.export(
@@ -100,8 +96,7 @@ struct UsersCommand: AsyncParsableCommand {
 
         func run() async throws {
             try await reportingErrors {
-                let (admin, pool) = try UsersCommand.admin(options)
-                onExit { await pool.close() }
+                let admin = try await UsersCommand.admin(options)
                 let user = try await UsersCommand.user(admin, email)
                 if !yes {
                     FileHandle.standardError.write(

@@ -73,7 +73,7 @@ final class AdminListenerTests: EndToEndTestCase {
             Command.trunkSyncBinary(), ["config", "check"],
             environment: Command.environment([
                 "TRUNK_SYNC_DATABASE_URL": "postgres://u:pw@h/d",
-                "TRUNK_SYNC_JWT_SECRET": String(repeating: "k", count: 40),
+                "TRUNK_SYNC_JWT_SECRET": TestSecrets.random(),
             ]))
         XCTAssertEqual(result.status, 0, result.stderr)
         XCTAssertTrue(result.stdout.contains("TRUNK_SYNC_ADMIN_HOST=127.0.0.1  [default]"), result.stdout)

@@ -57,6 +57,24 @@ final class ConnectionTests: XCTestCase {
         }
     }
 
+    /// libpq quotes the pieces of a connection string it cannot parse, up to the whole URL:
+    /// those never reach a message; its own keywords still do.
+    func testParseErrorsNeverQuoteTheInput() throws {
+        for input in [
+            "postgres://u:p%zzhunter2@h/db", "postgres://u:hunter2@[::1/db", "host=h password=hunter2 hunter2",
+            "postgres://u:hunter2@h/db?hunter2=1", "host=h password='hunter2",
+        ] {
+            XCTAssertThrowsError(try PostgresConfiguration(input)) { error in
+                let message = "\(error)" + String(reflecting: error)
+                XCTAssertTrue(message.hasPrefix("invalid database URL: "), message)
+                XCTAssertFalse(message.contains("hunter2"), message)
+            }
+        }
+        XCTAssertThrowsError(try PostgresConfiguration("host=h nosuchoption=1")) { error in
+            XCTAssertEqual("\(error)", #"invalid database URL: invalid connection option "…""#)
+        }
+    }
+
     func testValuesNeverBecomeSQL() throws {
         let connection = try PostgresConnection.connect(try TestDatabase.adminConfiguration())
         let hostile = "'); drop table pg_class; --"

@@ -48,6 +48,27 @@ public enum TestDatabase {
         return String(base.dropLast(adminDatabase.count)) + database
     }
 
+    /// The URL of a database made by `create` for another login role (`user`, `password`).
+    public static func url(of configuration: PostgresConfiguration, user: String, password: String) throws -> String {
+        let admin = try adminConfiguration()
+        guard let host = admin["host"], let port = admin["port"], let database = configuration["dbname"] else {
+            throw TestEnvironmentError("TRUNK_SYNC_TEST_DATABASE_URL must name host and port")
+        }
+        return "postgres://\(user):\(password)@\(host):\(port)/\(database)"
+    }
+
+    /// A unique name for a login role of one test (roles are cluster-wide), and a way to drop
+    /// it afterwards.
+    public static func roleName(_ prefix: String) -> String { "\(prefix)_\(UUID().uuidString.prefix(8).lowercased())" }
+
+    /// Drops a role made by a test (after the databases it had rights in are dropped).
+    public static func dropRole(_ name: String) {
+        guard let admin = try? PostgresConnection.connect(try adminConfiguration()),
+            let quoted = try? admin.quoteIdentifier(name)
+        else { return }
+        _ = try? admin.execute("drop role if exists \(quoted)")
+    }
+
     /// Restarts the whole cluster (`pg_ctl restart -m fast`), dropping every connection.
     public static func restartServer() throws {
         guard let directory = ProcessInfo.processInfo.environment["TRUNK_SYNC_TEST_PGDIR"] else {
@@ -170,5 +191,23 @@ public func withTimeout<T: Sendable>(
         guard let first = try await group.next() else { throw TestEnvironmentError("no result") }
         group.cancelAll()
         return first
+    }
+}
+
+/// Secrets for tests, made as operators are told to (`openssl rand -base64 48`): fresh random
+/// bytes each time, so no test depends on a fixed, guessable value that `serve` refuses.
+public enum TestSecrets {
+    /// 48 random bytes in base64 (64 characters).
+    public static func random() -> String {
+        var generator = SystemRandomNumberGenerator()
+        let bytes = (0..<48).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        return Data(bytes).base64EncodedString()
+    }
+
+    /// 32 random bytes in hex (64 characters), as `openssl rand -hex 32`: for passwords that
+    /// go into URLs unescaped.
+    public static func randomHex() -> String {
+        var generator = SystemRandomNumberGenerator()
+        return (0..<32).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &generator)) }.joined()
     }
 }

@@ -14,7 +14,7 @@ final class AdminCommandTests: XCTestCase {
         environment = Command.environment([
             "TRUNK_SYNC_DATABASE_URL": try TestDatabase.url(of: database),
             "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations",
-            "TRUNK_SYNC_JWT_SECRET": String(repeating: "k", count: 40),
+            "TRUNK_SYNC_JWT_SECRET": TestSecrets.random(),
         ])
         XCTAssertEqual(try run(["migrate"]).status, 0)
     }

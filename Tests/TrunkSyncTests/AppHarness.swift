@@ -98,7 +98,10 @@ final class AppHarness: @unchecked Sendable {
     let logs = LogLines()
     let baseURL: String
     let adminURL: String
-    let secret = String(repeating: "s3cr3t-", count: 6)
+    /// Random, as operators make theirs; a second instance shares the first one's.
+    let secret: String
+    /// `TRUNK_SYNC_KEY_ENCRYPTION_KEY`, likewise.
+    let keyEncryptionKey: String
     private let ownsDatabase: Bool
 
     /// Starts on a new migrated database, or on `sharing` another harness's database (a second
@@ -107,6 +110,8 @@ final class AppHarness: @unchecked Sendable {
         environment extra: [String: String] = [:], sharing other: AppHarness? = nil,
         settings: ((inout AuthSettings) -> Void)? = nil
     ) async throws {
+        secret = other?.secret ?? TestSecrets.random()
+        keyEncryptionKey = other?.keyEncryptionKey ?? TestSecrets.random()
         if let other {
             database = other.database
             ownsDatabase = false
@@ -121,6 +126,7 @@ final class AppHarness: @unchecked Sendable {
             "TRUNK_SYNC_DATABASE_URL": try TestDatabase.url(of: database), "TRUNK_SYNC_JWT_SECRET": secret,
             "TRUNK_SYNC_PORT": "0", "TRUNK_SYNC_ADMIN_PORT": "0",
             "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations",
+            "TRUNK_SYNC_KEY_ENCRYPTION_KEY": keyEncryptionKey,
         ]
         environment.merge(extra) { $1 }
         var configuration = try Configuration.load(environment: environment)

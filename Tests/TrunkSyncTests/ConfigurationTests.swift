@@ -92,16 +92,47 @@ final class ConfigurationTests: XCTestCase {
     }
 
     func testServeNeedsAStrongSecretAndADatabase() throws {
-        XCTAssertThrowsError(try Configuration.load(environment: ["TRUNK_SYNC_JWT_SECRET": String(repeating: "x", count: 32)]).validateForServe()) {
+        XCTAssertThrowsError(try Configuration.load(environment: ["TRUNK_SYNC_JWT_SECRET": TestSecrets.random()]).validateForServe()) {
             XCTAssertTrue("\($0)".hasPrefix("TRUNK_SYNC_DATABASE_URL is required"), "\($0)")
         }
         let short = try Configuration.load(environment: ["TRUNK_SYNC_DATABASE_URL": "postgres://x/y", "TRUNK_SYNC_JWT_SECRET": "short"])
         XCTAssertThrowsError(try short.validateForServe()) {
-            XCTAssertEqual("\($0)", "TRUNK_SYNC_JWT_SECRET must be at least 32 bytes")
+            XCTAssertEqual("\($0)", "TRUNK_SYNC_JWT_SECRET must be at least 32 bytes; make one with: openssl rand -base64 48")
         }
         let good = try Configuration.load(
-            environment: ["TRUNK_SYNC_DATABASE_URL": "postgres://x/y", "TRUNK_SYNC_JWT_SECRET": String(repeating: "s", count: 32)])
+            environment: ["TRUNK_SYNC_DATABASE_URL": "postgres://x/y", "TRUNK_SYNC_JWT_SECRET": TestSecrets.random()])
         XCTAssertNoThrow(try good.validateForServe())
+    }
+
+    func testKeyEncryptionKeyFromTheEnvironmentOrAFile() throws {
+        let secret = TestSecrets.random()
+        XCTAssertEqual(try Configuration.load(environment: ["TRUNK_SYNC_KEY_ENCRYPTION_KEY": secret]).keyEncryptionSecret, secret)
+        XCTAssertNil(try Configuration.load(environment: [:]).keyEncryptionSecret)
+        let file = NSTemporaryDirectory() + "kek-\(UUID().uuidString)"
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        try (secret + "\n").write(toFile: file, atomically: true, encoding: .utf8)
+        let fromFile = try Configuration.load(environment: ["TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE": file])
+        XCTAssertEqual(fromFile.keyEncryptionSecret, secret, "the trailing newline is not part of it")
+        XCTAssertFalse(fromFile.redactedDescription.contains(secret))
+        XCTAssertThrowsError(
+            try Configuration.load(environment: ["TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE": file, "TRUNK_SYNC_KEY_ENCRYPTION_KEY": secret])
+        ) { XCTAssertTrue("\($0)".hasPrefix("TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE and TRUNK_SYNC_KEY_ENCRYPTION_KEY are both set"), "\($0)") }
+        XCTAssertThrowsError(try Configuration.load(environment: ["TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE": file + ".missing"])) {
+            XCTAssertEqual("\($0)", "TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE names a file that cannot be read: \(file).missing")
+        }
+        try "short\n".write(toFile: file, atomically: true, encoding: .utf8)
+        XCTAssertThrowsError(try Configuration.load(environment: ["TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE": file])) {
+            XCTAssertEqual(
+                "\($0)",
+                "TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE names a file whose key must be at least 32 bytes; make one with: openssl rand -base64 48")
+        }
+        // One secret must not serve as both.
+        XCTAssertThrowsError(
+            try Configuration.load(environment: [
+                "TRUNK_SYNC_DATABASE_URL": "postgres://x/y", "TRUNK_SYNC_JWT_SECRET": secret,
+                "TRUNK_SYNC_KEY_ENCRYPTION_KEY": secret,
+            ]).validateForServe()
+        ) { XCTAssertTrue("\($0)".hasPrefix("TRUNK_SYNC_KEY_ENCRYPTION_KEY must differ from TRUNK_SYNC_JWT_SECRET"), "\($0)") }
     }
 
     func testUnknownOrMalformedFileIsRefused() throws {
@@ -132,14 +163,15 @@ final class ConfigurationTests: XCTestCase {
     }
 
     func testConfigCheckCommand() throws {
+        let secret = TestSecrets.random()
         let good = try Command.run(
             Command.trunkSyncBinary(), ["config", "check"],
             environment: Command.environment([
-                "TRUNK_SYNC_DATABASE_URL": "postgres://u:pw@h/d", "TRUNK_SYNC_JWT_SECRET": String(repeating: "k", count: 40),
+                "TRUNK_SYNC_DATABASE_URL": "postgres://u:pw@127.0.0.1:1/d", "TRUNK_SYNC_JWT_SECRET": secret,
             ]))
         XCTAssertEqual(good.status, 0, good.stderr)
         XCTAssertTrue(good.stdout.contains("configuration OK"))
-        XCTAssertFalse(good.stdout.contains("kkkk"))
+        XCTAssertFalse(good.stdout.contains(secret))
         let bad = try Command.run(
             Command.trunkSyncBinary(), ["config", "check"], environment: Command.environment(["TRUNK_SYNC_PORT": "-1"]))
         XCTAssertEqual(bad.status, 1)
@@ -150,5 +182,26 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertEqual(proxies.status, 1)
         XCTAssertEqual(proxies.stderr.filter { $0 == "\n" }.count, 1, proxies.stderr)
         XCTAssertTrue(proxies.stderr.contains("\"10.1.2.3:80\" is not one"), proxies.stderr)
+    }
+}
+
+/// The rules behind the refusals `SecretSettingsTests` checks through the binary.
+final class SecretRulesTests: XCTestCase {
+    func testShippedExamplesAndPlaceholdersAreRefused() {
+        for example in SecretRules.shippedExamples { XCTAssertNotNil(SecretRules.weakness(of: example), example) }
+        for password in ["password", "pass", "change-me-to-a-long-random-password", "CHANGEME"] {
+            XCTAssertTrue(SecretRules.isPlaceholderPassword(password), password)
+        }
+        XCTAssertFalse(SecretRules.isPlaceholderPassword("f3a9c1d07be2"))
+    }
+
+    func testRandomSecretsPassAndPatternsDoNot() {
+        for _ in 0..<2000 { XCTAssertNil(SecretRules.weakness(of: TestSecrets.random())) }
+        XCTAssertNil(SecretRules.weakness(of: "7f3a9c1d0be24e8a9f6c3b5d7e1a2c4f"), "hex with 14 different digits")
+        XCTAssertNil(SecretRules.weakness(of: "q1234567!" + TestSecrets.random().prefix(30)), "a run of seven is allowed")
+        XCTAssertNotNil(SecretRules.weakness(of: "q12345678" + TestSecrets.random().prefix(30)))
+        XCTAssertNotNil(SecretRules.weakness(of: "zyxwvuts" + TestSecrets.random().prefix(30)), "descending run")
+        XCTAssertNotNil(SecretRules.weakness(of: "deadbeef" + "deadbeef" + "deadbeef" + "deadbeef"))
+        XCTAssertNotNil(SecretRules.weakness(of: String(TestSecrets.random().prefix(20)) + String(repeating: "=", count: 12)))
     }
 }

@@ -28,9 +28,35 @@ final class DeploymentFilesTests: XCTestCase {
         XCTAssertNotEqual(refused.status, 0, refused.stdout)
     }
 
-    func testComposeCommandsAndEnvironmentRunNatively() throws {
+    /// `.env.example` as the README says to fill it in: every `change-me` value replaced by
+    /// a fresh random one (hex for passwords, which go into URLs, base64 for the rest).
+    func filledInEnvFile() throws -> String {
+        let example = try String(contentsOfFile: repositoryRoot() + "/.env.example", encoding: .utf8)
+        let filled = example.split(separator: "\n", omittingEmptySubsequences: false).map { line -> String in
+            guard !line.hasPrefix("#"), let equals = line.firstIndex(of: "="), line[equals...].contains("change-me") else {
+                return String(line)
+            }
+            let key = line[..<equals]
+            let value = key.hasSuffix("PASSWORD") ? TestSecrets.randomHex() : TestSecrets.random()
+            return "\(key)=\(value)"
+        }.joined(separator: "\n")
+        let path = NSTemporaryDirectory() + "compose-env-\(UUID().uuidString)"
+        try filled.write(toFile: path, atomically: true, encoding: .utf8)
+        return path
+    }
+
+    /// Runs scripts/compose-native.py with `envFile` against a fresh database; `inspect`
+    /// looks at the database (as its superuser) before it is dropped.
+    func runCompose(
+        envFile: String, serverRole: String = "compose_\(UUID().uuidString.prefix(8).lowercased())",
+        inspect: (PostgresConnection) throws -> Void = { _ in }
+    ) throws -> Command.Result {
         let database = try TestDatabase.create(prefix: "compose")
-        defer { try? TestDatabase.drop(database) }
+        let admin = try PostgresConnection.connect(try TestDatabase.adminConfiguration())
+        defer {
+            try? TestDatabase.drop(database)
+            _ = try? admin.execute("drop role if exists \(serverRole)")
+        }
         let port = try XCTUnwrap(database["port"])
         let password = try XCTUnwrap(database["password"])
         let free = try Command.run(
@@ -39,17 +65,73 @@ final class DeploymentFilesTests: XCTestCase {
             try python(),
             [
                 repositoryRoot() + "/scripts/compose-native.py", repositoryRoot() + "/docker-compose.yml",
-                repositoryRoot() + "/.env.example", Command.trunkSyncBinary(), free.stdout.trimmingCharacters(in: .whitespacesAndNewlines),
+                envFile, Command.trunkSyncBinary(), free.stdout.trimmingCharacters(in: .whitespacesAndNewlines),
             ],
             environment: Command.environment([
                 "POSTGRES_HOST": "127.0.0.1", "POSTGRES_PORT": port, "POSTGRES_USER": database["user"] ?? "trunk",
                 "POSTGRES_PASSWORD": password, "POSTGRES_DB": try XCTUnwrap(database["dbname"]),
                 "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations",
+                // Roles are cluster-wide: one of its own per run.
+                "SERVER_DB_USER": serverRole,
             ]))
+        try inspect(try PostgresConnection.connect(database))
+        return result
+    }
+
+    /// Deployed as the README says: .env.example copied and its placeholders replaced.
+    func testComposeCommandsAndEnvironmentRunNatively() throws {
+        let envFile = try filledInEnvFile()
+        defer { try? FileManager.default.removeItem(atPath: envFile) }
+        var role = ""
+        var result: Command.Result
+        // The free port is picked before serve binds it; on a busy machine another process
+        // may take it in between: then again on a new port (at most three times).
+        var attempts = 0
+        repeat {
+            attempts += 1
+            role = "compose_\(UUID().uuidString.prefix(8).lowercased())"
+            result = try composeAsTheREADMESays(envFile: envFile, role: role)
+        } while attempts < 3 && result.stdout.contains("Address already in use")
         XCTAssertEqual(result.status, 0, result.stdout + result.stderr)
+        XCTAssertTrue(result.stdout.contains("created the server's login role \(role)"), result.stdout)
+        XCTAssertTrue(result.stdout.contains("ok serve's environment holds no owner password"), result.stdout)
+        XCTAssertTrue(result.stdout.contains("ok serve's database role is neither superuser nor owner"), result.stdout)
         XCTAssertTrue(result.stdout.contains("ok migrate"), result.stdout)
         XCTAssertTrue(result.stdout.contains("ok serve is healthy"), result.stdout)
         XCTAssertTrue(result.stdout.contains("ok serve stopped cleanly"), result.stdout)
+    }
+
+    func composeAsTheREADMESays(envFile: String, role: String) throws -> Command.Result {
+        try runCompose(envFile: envFile, serverRole: role) { database in
+            // The server's login as migrate made it: a member of trunk_sync_app and nothing more.
+            let row = try database.query(
+                """
+                select rolcanlogin, rolsuper or rolcreaterole or rolcreatedb or rolbypassrls or rolreplication,
+                       pg_has_role(oid, 'trunk_sync_app', 'MEMBER'), pg_has_role(oid, 'trunk_sync_admin', 'MEMBER'),
+                       exists (select 1 from pg_class where relowner = r.oid)
+                from pg_roles r where rolname = $1
+                """, role)
+            XCTAssertEqual(row.count, 1, "migrate created \(role)")
+            guard let row = row.first else { return }
+            XCTAssertEqual(
+                try (0..<5).map { try row.decode(Bool.self, column: $0) }, [true, false, true, false, false])
+        }
+    }
+
+    /// Deployed without changing .env.example: refused with one line naming the setting, the
+    /// example value never echoed.
+    func testComposeWithTheExampleSecretsIsRefused() throws {
+        let result = try runCompose(envFile: repositoryRoot() + "/.env.example")
+        XCTAssertNotEqual(result.status, 0, result.stdout)
+        let output = result.stdout + result.stderr
+        XCTAssertFalse(output.contains("ok serve is healthy"), output)
+        XCTAssertTrue(output.contains("trunk-sync: TRUNK_SYNC_"), output)
+        XCTAssertTrue(output.contains("example"), output)
+        let example = try String(contentsOfFile: repositoryRoot() + "/.env.example", encoding: .utf8)
+        for line in example.split(separator: "\n") where line.contains("=change-me") {
+            let value = String(line.split(separator: "=", maxSplits: 1)[1])
+            XCTAssertFalse(output.contains(value), "\(value) echoed: \(output)")
+        }
     }
 
     func testDockerfileShipsWhatTheBinaryLooksFor() throws {

@@ -99,3 +99,124 @@ final class MigrateCommandTests: XCTestCase {
         XCTAssertTrue(result.stderr.contains("TRUNK_SYNC_DATABASE_URL is required"), result.stderr)
     }
 }
+
+/// `migrate` with the two logins: the owner's (TRUNK_SYNC_MIGRATION_DATABASE_URL) and the
+/// server's (TRUNK_SYNC_DATABASE_URL), which it creates and keeps to what the server needs.
+final class ServerLoginRoleTests: XCTestCase {
+    var database: PostgresConfiguration!
+    var role: String!
+    var password: String!
+    var environment: [String: String]!
+
+    override func setUpWithError() throws {
+        database = try TestDatabase.create(prefix: "roles")
+        role = TestDatabase.roleName("server")
+        password = TestSecrets.randomHex()
+        environment = Command.environment([
+            "TRUNK_SYNC_MIGRATION_DATABASE_URL": try TestDatabase.url(of: database),
+            "TRUNK_SYNC_DATABASE_URL": try TestDatabase.url(of: database, user: role, password: password),
+            "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations",
+            "TRUNK_SYNC_JWT_SECRET": TestSecrets.random(), "TRUNK_SYNC_KEY_ENCRYPTION_KEY": TestSecrets.random(),
+        ])
+    }
+
+    override func tearDownWithError() throws {
+        try TestDatabase.drop(database)
+        TestDatabase.dropRole(role)
+    }
+
+    func run(_ arguments: [String]) throws -> Command.Result {
+        try Command.run(Command.trunkSyncBinary(), arguments, environment: environment)
+    }
+
+    /// The role's attributes: login, any right a server must not have, member of
+    /// trunk_sync_app, member of trunk_sync_admin, owner of anything.
+    func attributes(_ name: String) throws -> [Bool] {
+        let row = try PostgresConnection.connect(database).query(
+            """
+            select rolcanlogin, rolsuper or rolcreaterole or rolcreatedb or rolbypassrls or rolreplication,
+                   pg_has_role(oid, 'trunk_sync_app', 'MEMBER'), pg_has_role(oid, 'trunk_sync_admin', 'MEMBER'),
+                   exists (select 1 from pg_class where relowner = r.oid)
+            from pg_roles r where rolname = $1
+            """, name)[0]
+        return try (0..<5).map { try row.decode(Bool.self, column: $0) }
+    }
+
+    func connectsAsServer(password: String) -> Bool {
+        guard let url = try? TestDatabase.url(of: database, user: role, password: password),
+            let configuration = try? PostgresConfiguration(url)
+        else { return false }
+        return (try? PostgresConnection.connect(configuration)) != nil
+    }
+
+    func testMigrateCreatesTheServersLoginAndKeepsItToWhatTheServerNeeds() throws {
+        let first = try run(["migrate"])
+        XCTAssertEqual(first.status, 0, first.stderr)
+        XCTAssertTrue(first.stdout.contains("created the server's login role \(role!) (member of trunk_sync_app)"), first.stdout)
+        XCTAssertEqual(try attributes(role), [true, false, true, false, false])
+        XCTAssertTrue(connectsAsServer(password: password), "the password from TRUNK_SYNC_DATABASE_URL")
+        // Stored as a verifier, not in clear.
+        let stored = try PostgresConnection.connect(try TestDatabase.adminConfiguration()).query(
+            "select rolpassword from pg_authid where rolname = $1", role)[0].decode(String.self, column: 0)
+        XCTAssertTrue(stored.hasPrefix("SCRAM-SHA-256$"), stored)
+
+        // Run again: updated, nothing else; a changed password in the URL replaces the old one.
+        let again = try run(["migrate"])
+        XCTAssertEqual(again.status, 0, again.stderr)
+        XCTAssertTrue(again.stdout.contains("updated the server's login role \(role!)"), again.stdout)
+        let rotated = TestSecrets.randomHex()
+        environment["TRUNK_SYNC_DATABASE_URL"] = try TestDatabase.url(of: database, user: role, password: rotated)
+        XCTAssertEqual(try run(["migrate"]).status, 0)
+        XCTAssertFalse(connectsAsServer(password: password))
+        XCTAssertTrue(connectsAsServer(password: rotated))
+        // A membership in trunk_sync_admin given by hand is taken away again.
+        try PostgresConnection.connect(database).execute("grant trunk_sync_admin to \(role!)")
+        XCTAssertEqual(try run(["migrate"]).status, 0)
+        XCTAssertEqual(try attributes(role), [true, false, true, false, false])
+    }
+
+    /// A role with rights a server must not have is refused before anything changes, not
+    /// stripped of them (it may be an administrator's).
+    func testMigrateRefusesAPrivilegedServerLoginAndChangesNothing() throws {
+        let admin = try PostgresConnection.connect(try TestDatabase.adminConfiguration())
+        for attributes in ["superuser", "createrole", "bypassrls"] {
+            let privileged = TestDatabase.roleName("privileged")
+            defer { TestDatabase.dropRole(privileged) }
+            try admin.execute("create role \(privileged) login \(attributes) password '\(password!)'")
+            environment["TRUNK_SYNC_DATABASE_URL"] = try TestDatabase.url(of: database, user: privileged, password: password)
+            let refused = try run(["migrate"])
+            XCTAssertEqual(refused.status, 1, refused.stdout)
+            XCTAssertEqual(
+                refused.stderr,
+                "trunk-sync: TRUNK_SYNC_DATABASE_URL logs in as \(privileged), which has \(attributes.uppercased()): name a role only the server uses in TRUNK_SYNC_DATABASE_URL (migrate creates it); nothing was changed\n"
+            )
+            XCTAssertFalse(refused.stderr.contains(password))
+            let migrated = try PostgresConnection.connect(database).query("select to_regclass('schema_migrations') is null")[0]
+                .decode(Bool.self, column: 0)
+            XCTAssertTrue(migrated, "nothing applied")
+            let still = try admin.query(
+                "select rolsuper or rolcreaterole or rolbypassrls from pg_roles where rolname = $1", privileged)[0]
+                .decode(Bool.self, column: 0)
+            XCTAssertTrue(still, "its rights are left alone")
+        }
+    }
+
+    /// The owner's tools logged in as the server's login see nothing through row-level
+    /// security: they say so instead of printing an empty list.
+    func testOwnerToolsRefuseTheServersLogin() throws {
+        XCTAssertEqual(try run(["migrate"]).status, 0)
+        XCTAssertEqual(try run(["token", "--email", "a@example.com"]).status, 0, "token runs as the server")
+        let list = try run(["users", "list"])
+        XCTAssertEqual(list.status, 0, list.stderr)
+        XCTAssertTrue(list.stdout.contains("a@example.com"), "as the owner: \(list.stdout)")
+        environment.removeValue(forKey: "TRUNK_SYNC_MIGRATION_DATABASE_URL")
+        for command in [["users", "list"], ["keys", "add"], ["keys", "retire", "x"]] {
+            let refused = try run(command)
+            XCTAssertEqual(refused.status, 1, refused.stdout)
+            XCTAssertEqual(
+                refused.stderr,
+                "trunk-sync: this command needs the tables' owner, but the database URL logs in as \(role!): set TRUNK_SYNC_MIGRATION_DATABASE_URL to the URL trunk-sync migrate uses\n",
+                command.joined(separator: " "))
+        }
+    }
+}

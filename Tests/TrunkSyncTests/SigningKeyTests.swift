@@ -21,7 +21,7 @@ final class SigningKeyTests: XCTestCase {
         environment = Command.environment([
             "TRUNK_SYNC_DATABASE_URL": try TestDatabase.url(of: app.database),
             "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations",
-            "TRUNK_SYNC_JWT_SECRET": app.secret,
+            "TRUNK_SYNC_JWT_SECRET": app.secret, "TRUNK_SYNC_KEY_ENCRYPTION_KEY": app.keyEncryptionKey,
         ])
     }
 
@@ -192,6 +192,37 @@ final class SigningKeyTests: XCTestCase {
         XCTAssertEqual(publishedNone, [])
         let hs256Final = try await status(hs256)
         XCTAssertEqual(hs256Final, 200)
+    }
+
+    /// What a database dump holds after `keys add`: the private key only sealed, which the
+    /// server (given the key encryption key) opens.
+    func testKeysAddStoresThePrivateKeyEncrypted() async throws {
+        let kid = try addKey()
+        let row = try app.owner().query("select private_key, private_key_sealed from signing_keys where kid = $1", kid)[0]
+        XCTAssertNil(try row.decode(String?.self, column: 0), "no plaintext column value")
+        let sealed = try XCTUnwrap(try row.decode(PostgresBytes?.self, column: 1)).bytes
+        XCTAssertEqual(sealed.first, 1, "format version")
+        XCTAssertFalse(String(decoding: sealed, as: UTF8.self).contains("PRIVATE KEY"))
+        // The server opens it with the key, and only with the right one.
+        let loaded = try await app.application.reloadSigningKeys()
+        XCTAssertEqual(loaded.keys.map(\.key.keyID), [kid])
+        XCTAssertTrue(loaded.undecryptable.isEmpty)
+        let pem = try KeyEncryptionKey(secret: app.keyEncryptionKey).open(sealed, keyID: kid)
+        XCTAssertTrue(pem.hasPrefix("-----BEGIN PRIVATE KEY-----"), "PKCS#8 PEM inside")
+        XCTAssertThrowsError(try KeyEncryptionKey(secret: TestSecrets.random()).open(sealed, keyID: kid))
+        XCTAssertThrowsError(try KeyEncryptionKey(secret: app.keyEncryptionKey).open(sealed, keyID: "another-kid"),
+                             "bound to its kid")
+    }
+
+    func testKeysAddWithoutAKeyEncryptionKeyIsRefused() throws {
+        environment.removeValue(forKey: "TRUNK_SYNC_KEY_ENCRYPTION_KEY")
+        let refused = try keys(["add"])
+        XCTAssertEqual(refused.status, 1)
+        XCTAssertTrue(
+            refused.stderr.hasPrefix("trunk-sync: TRUNK_SYNC_KEY_ENCRYPTION_KEY is required to add a signing key"),
+            refused.stderr)
+        XCTAssertEqual(refused.stderr.split(separator: "\n").count, 1, refused.stderr)
+        XCTAssertEqual(try app.owner().query("select count(*) from signing_keys")[0].decode(Int.self, column: 0), 0)
     }
 
     func testRetiringAnUnknownKidIsAClearError() throws {

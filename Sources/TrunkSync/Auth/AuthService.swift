@@ -166,6 +166,7 @@ public struct AuthService: Sendable {
         let unknowable = PostgresBytes(SecureRandom.bytes(count: 32))
         enum Outcome: Sendable { case accepted(deliverable: Bool), wait(Int), mailCap(Int) }
         let outcome: Outcome = try await database { connection in
+            try RowScope.apply(RowScope.email(email), on: connection)
             let recent = try connection.query(
                 "select ceil(extract(epoch from created_at + make_interval(secs => $2) - now()))::int8 from otp_codes where email = $1 and created_at > now() - make_interval(secs => $2)",
                 email.value, Int64(settings.otpResendInterval))
@@ -228,6 +229,7 @@ public struct AuthService: Sendable {
             case signedIn(UserRecord, sessionID: UUID, LockEvent)
         }
         let outcome: Outcome = try await database { connection in
+            try RowScope.apply(RowScope.email(email), on: connection)
             let rows = try connection.query(
                 """
                 select code_hash, expires_at > now(), attempts, consumed_at is null,
@@ -276,6 +278,8 @@ public struct AuthService: Sendable {
                 returning \(UserRecord.columns)
                 """, email.value)[0]
             let signedIn = try UserRecord(row: signedInRow)
+            // The session and its token are rows of the user, now that the id is known.
+            try RowScope.apply(RowScope.user(signedIn.id), on: connection)
             let sessionID = try Self.insertSession(
                 userID: signedIn.id, refreshToken: refreshToken, ip: ip, userAgent: userAgent,
                 accessExpiresAt: accessExpiresAt, on: connection)
@@ -311,7 +315,8 @@ public struct AuthService: Sendable {
         let now = Self.now()
         let accessExpiresAt = now + Int64(tokens.lifetime)
         let sessionID = try await database { connection in
-            try Self.insertSession(
+            try RowScope.apply(RowScope.user(user.id), on: connection)
+            return try Self.insertSession(
                 userID: user.id, refreshToken: refreshToken, ip: ip, userAgent: userAgent,
                 accessExpiresAt: accessExpiresAt, on: connection)
         }
@@ -361,6 +366,8 @@ public struct AuthService: Sendable {
         typealias Revoked = [(session: UUID, user: UUID, tokensExpireAt: Int64)]
         enum Outcome: Sendable { case notFound, reused(Revoked), issued(UserRecord, UUID) }
         let outcome: Outcome = try await database { connection in
+            // Only the token is known: it names its user, whose rows the rest reads.
+            try RowScope.apply(RowScope.refreshToken(hash: Self.hashToken(token)), on: connection)
             let rows = try connection.query(
                 """
                 select t.id, t.session_id, t.user_id, t.revoked_at is not null or s.revoked_at is not null,
@@ -419,6 +426,7 @@ public struct AuthService: Sendable {
     public func logout(_ claims: AccessClaims, scope: LogoutScope) async throws {
         let current = claims.sessionID
         let revoked = try await database { connection in
+            try RowScope.apply(RowScope.user(claims.userID), on: connection)
             let sessionFilter: String
             switch scope {
             case .local: sessionFilter = "id = $2"
@@ -454,6 +462,7 @@ public struct AuthService: Sendable {
     /// The caller's user, if the session behind the token is still live.
     public func user(_ claims: AccessClaims) async throws -> UserRecord {
         try await database { connection in
+            try RowScope.apply(RowScope.user(claims.userID), on: connection)
             try Self.checkSession(claims, on: connection)
             guard let row = try connection.query("select \(UserRecord.columns) from users where id = $1", claims.userID).first
             else { throw AuthError.userNotFound }
@@ -468,6 +477,7 @@ public struct AuthService: Sendable {
         let setsName = fullName != nil
         let name: String? = fullName?.stringValue
         return try await database { connection in
+            try RowScope.apply(RowScope.user(claims.userID), on: connection)
             try Self.checkSession(claims, on: connection)
             guard
                 let row = try connection.query(
@@ -491,6 +501,7 @@ public struct AuthService: Sendable {
     /// Creates the user if needed and a session for it, without a code (`trunk-sync token`).
     public func issueSession(email: Email) async throws -> IssuedSession {
         let user = try await database { connection in
+            try RowScope.apply(RowScope.email(email), on: connection)
             let row = try connection.query(
                 """
                 insert into users (email, email_confirmed_at, last_sign_in_at) values ($1, now(), now())

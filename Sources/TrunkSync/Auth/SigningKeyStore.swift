@@ -11,8 +11,15 @@ import TrunkCrypto
 /// knows it; the newest key past that delay signs. `retire` ends it: from the next reload
 /// it neither verifies nor is published. The HS256 secret verifies throughout, and signs
 /// whenever no key does.
+///
+/// Private keys are stored encrypted (`private_key_sealed`, see `KeyEncryptionKey`); the
+/// server's role may read only that column, and only a server given
+/// `TRUNK_SYNC_KEY_ENCRYPTION_KEY` can use them.
 public struct SigningKeyStore: Sendable {
     let pool: PostgresPool
+    /// What seals and opens the private keys; nil when `TRUNK_SYNC_KEY_ENCRYPTION_KEY` is not
+    /// set (then no key can be added, and stored keys cannot be loaded).
+    let encryption: KeyEncryptionKey?
 
     /// How often a server re-reads the keys: 60 seconds.
     public static let reloadInterval: Duration = .seconds(60)
@@ -23,9 +30,34 @@ public struct SigningKeyStore: Sendable {
     /// know yet.
     public static let activationDelay: Double = 660
 
-    /// A store on `pool`: the server's pool (role `trunk_sync_app`, which may only read) or
-    /// the command-line pool (the migrating user, which may also write).
-    public init(pool: PostgresPool) { self.pool = pool }
+    /// A store on `pool`: the server's pool (role `trunk_sync_app`, which may only read, and
+    /// not the plaintext column) or the command-line pool (the owner, which may also write).
+    public init(pool: PostgresPool, encryption: KeyEncryptionKey? = nil) {
+        self.pool = pool
+        self.encryption = encryption
+    }
+
+    /// Why a stored private key cannot be used. Each message is one line for the operator.
+    public enum KeyLoadError: Error, Equatable, CustomStringConvertible {
+        /// It is stored encrypted and no key encryption key is configured.
+        case noKeyEncryptionKey
+        /// The configured key encryption key does not open it.
+        case wrongKeyEncryptionKey
+        /// It is still stored in plaintext (written by an older version after `migrate`).
+        case storedUnencrypted
+
+        public var description: String {
+            switch self {
+            case .noKeyEncryptionKey:
+                return "it is stored encrypted and TRUNK_SYNC_KEY_ENCRYPTION_KEY is not set: "
+                    + "give every server the key trunk-sync migrate and keys add use"
+            case .wrongKeyEncryptionKey:
+                return "TRUNK_SYNC_KEY_ENCRYPTION_KEY does not decrypt it: it was encrypted with another key"
+            case .storedUnencrypted:
+                return "it is stored unencrypted: run trunk-sync migrate with TRUNK_SYNC_KEY_ENCRYPTION_KEY set to encrypt it"
+            }
+        }
+    }
 
     /// What a key is doing now.
     public enum Status: Sendable, Equatable {
@@ -55,7 +87,8 @@ public struct SigningKeyStore: Sendable {
     /// A non-retired key as the server loads it.
     struct ActiveRow: Sendable {
         var keyID: String
-        var privateKeyPEM: String
+        /// The decrypted PEM, or why there is none.
+        var privateKeyPEM: Result<String, KeyLoadError>
         /// Seconds since `created_at`, by the database's clock.
         var age: Double
     }
@@ -105,38 +138,124 @@ public struct SigningKeyStore: Sendable {
 
     /// The non-retired keys, newest first, for the server.
     func activeKeys() async throws -> [ActiveRow] {
-        try await pool.withConnection { connection in
+        let encryption = self.encryption
+        return try await pool.withConnection { connection in
             try connection.query(
                 """
-                select kid, private_key, extract(epoch from now() - created_at)::float8
+                select kid, private_key_sealed, extract(epoch from now() - created_at)::float8
                 from signing_keys where retired_at is null order by created_at desc, kid desc
                 """
             ).map { row in
-                ActiveRow(
-                    keyID: try row.decode(String.self, column: 0),
-                    privateKeyPEM: try row.decode(String.self, column: 1),
-                    age: try row.decode(Double.self, column: 2))
+                let keyID = try row.decode(String.self, column: 0)
+                let sealed = try row.decode(PostgresBytes?.self, column: 1)
+                let pem: Result<String, KeyLoadError>
+                if let sealed {
+                    if let encryption {
+                        pem = Result { () throws(KeyLoadError) in try encryption.open(sealed.bytes, keyID: keyID) }
+                    } else {
+                        pem = .failure(.noKeyEncryptionKey)
+                    }
+                } else {
+                    pem = .failure(.storedUnencrypted)
+                }
+                return ActiveRow(keyID: keyID, privateKeyPEM: pem, age: try row.decode(Double.self, column: 2))
             }
+        }
+    }
+
+    /// `keys add` without `TRUNK_SYNC_KEY_ENCRYPTION_KEY`.
+    public struct KeyEncryptionKeyRequired: Error, CustomStringConvertible {
+        public var description: String {
+            "TRUNK_SYNC_KEY_ENCRYPTION_KEY is required to add a signing key (its private half is stored encrypted with it); "
+                + "\(SecretRules.howToMake), and give the same one to migrate and every server"
         }
     }
 
     /// Generates a P-256 key, stores it and returns it (its `kid` is its RFC 7638
     /// thumbprint, which never starts with `-`).
     public func add() async throws -> JWT.ES256Key {
+        guard let encryption else { throw KeyEncryptionKeyRequired() }
         var generated = try JWT.ES256Key.generate()
         // A kid starting with "-" would read as an option in `trunk-sync keys retire KID`;
         // one key in 64 is replaced by another.
         while generated.thumbprint.hasPrefix("-") { generated = try JWT.ES256Key.generate() }
         let key = generated.withKeyID(generated.thumbprint)
-        let pem = try key.privateKeyPEM()
         let keyID = generated.thumbprint
+        let sealed = PostgresBytes(try encryption.seal(privateKeyPEM: try key.privateKeyPEM(), keyID: keyID))
         _ = try await pool.withConnection { connection in
             try connection.query(
-                "insert into signing_keys (kid, algorithm, private_key, public_jwk) values ($1, 'ES256', $2, $3)",
-                keyID,
-                pem, PostgresJSON(key.publicJWK))
+                "insert into signing_keys (kid, algorithm, private_key_sealed, public_jwk) values ($1, 'ES256', $2, $3)",
+                keyID, sealed, PostgresJSON(key.publicJWK))
         }
         return key
+    }
+
+    // MARK: - Upgrading stored keys (run by `migrate`, as the owner)
+
+    /// Why `migrate` will not start: it would leave keys no server can use. Nothing has been
+    /// changed when it is thrown.
+    public enum UpgradeError: Error, Equatable, CustomStringConvertible {
+        /// Plaintext private keys exist and no key encryption key is set to encrypt them.
+        case plaintextKeysNeedAKey(count: Int)
+        /// The configured key encryption key does not open a stored key.
+        case wrongKeyEncryptionKey(keyID: String)
+
+        public var description: String {
+            switch self {
+            case .plaintextKeysNeedAKey(let count):
+                return "signing_keys holds \(count) private key(s) stored unencrypted: set TRUNK_SYNC_KEY_ENCRYPTION_KEY "
+                    + "(\(SecretRules.howToMake); servers need the same one) and run trunk-sync migrate again, "
+                    + "which encrypts them; nothing was changed"
+            case .wrongKeyEncryptionKey(let keyID):
+                return "TRUNK_SYNC_KEY_ENCRYPTION_KEY does not decrypt signing key \(keyID): it is not the key the stored "
+                    + "keys were encrypted with; nothing was changed"
+            }
+        }
+    }
+
+    /// Before `migrate` applies anything: refuses when stored keys would be left unusable
+    /// (plaintext keys and no key to encrypt them with, or sealed keys `encryption` cannot
+    /// open). Works on every schema version (no table yet, plaintext only, sealed).
+    public static func checkBeforeMigrating(on connection: PostgresConnection, encryption: KeyEncryptionKey?) throws {
+        let columns = Set(
+            try connection.query(
+                "select attname::text from pg_attribute where attrelid = to_regclass('signing_keys') and attnum > 0 and not attisdropped"
+            ).map { try $0.decode(String.self, column: 0) })
+        guard columns.contains("private_key") else { return }
+        let plaintext = try connection.query("select count(*) from signing_keys where private_key is not null")[0]
+            .decode(Int.self, column: 0)
+        if plaintext > 0, encryption == nil { throw UpgradeError.plaintextKeysNeedAKey(count: plaintext) }
+        guard columns.contains("private_key_sealed"), let encryption else { return }
+        for row in try connection.query(
+            "select kid, private_key_sealed from signing_keys where private_key_sealed is not null order by kid")
+        {
+            let keyID = try row.decode(String.self, column: 0)
+            do {
+                _ = try encryption.open(try row.decode(PostgresBytes.self, column: 1).bytes, keyID: keyID)
+            } catch {
+                throw UpgradeError.wrongKeyEncryptionKey(keyID: keyID)
+            }
+        }
+    }
+
+    /// After `migrate` applied everything: encrypts every private key still stored in
+    /// plaintext, in one transaction, and returns how many.
+    public static func encryptPlaintextKeys(on connection: PostgresConnection, encryption: KeyEncryptionKey?) throws
+        -> Int
+    {
+        guard let encryption else { return 0 }
+        return try connection.transaction { connection in
+            let rows = try connection.query(
+                "select kid, private_key from signing_keys where private_key is not null order by kid for update")
+            for row in rows {
+                let keyID = try row.decode(String.self, column: 0)
+                let sealed = try encryption.seal(privateKeyPEM: try row.decode(String.self, column: 1), keyID: keyID)
+                try connection.query(
+                    "update signing_keys set private_key_sealed = $2, private_key = null where kid = $1", keyID,
+                    PostgresBytes(sealed))
+            }
+            return rows.count
+        }
     }
 
     /// What `retire` did.

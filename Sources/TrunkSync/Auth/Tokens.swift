@@ -192,6 +192,9 @@ public final class TokenIssuer: Sendable {
         public var keys: [LoadedKey]
         /// Keys whose stored private key could not be read (left out), with the reason.
         public var unreadable: [(keyID: String, reason: String)]
+        /// Of those, the keys the key encryption key did not open (none set, the wrong one,
+        /// still in plaintext): a configuration problem `serve` refuses to start with.
+        public var undecryptable: [(keyID: String, reason: SigningKeyStore.KeyLoadError)] = []
     }
 
     /// Reads the non-retired keys from `store` and installs them (the database work runs
@@ -206,12 +209,15 @@ public final class TokenIssuer: Sendable {
         let now = Date().timeIntervalSince1970
         var keys: [LoadedKey] = []
         var unreadable: [(keyID: String, reason: String)] = []
+        var undecryptable: [(keyID: String, reason: SigningKeyStore.KeyLoadError)] = []
         for row in rows {
             do {
-                let key = try JWT.ES256Key(privateKeyPEM: row.privateKeyPEM, keyID: row.keyID)
+                let pem = try row.privateKeyPEM.get()
+                let key = try JWT.ES256Key(privateKeyPEM: pem, keyID: row.keyID)
                 keys.append(LoadedKey(key: key, signsFrom: now - row.age + SigningKeyStore.activationDelay))
             } catch {
                 unreadable.append((row.keyID, "\(error)"))
+                if let reason = error as? SigningKeyStore.KeyLoadError { undecryptable.append((row.keyID, reason)) }
             }
         }
         keySet.withLock { set in
@@ -219,7 +225,7 @@ public final class TokenIssuer: Sendable {
             set.installedReload = ticket
             set.apply(keys, secretKey: secretKey)
         }
-        return ReloadResult(keys: keys, unreadable: unreadable)
+        return ReloadResult(keys: keys, unreadable: unreadable, undecryptable: undecryptable)
     }
 
     /// A signed access token for `user` in `sessionID`, and its expiry.

@@ -3,6 +3,7 @@ import Foundation
 import HTTPServer
 import Logging
 import Mail
+import Postgres
 
 /// The effective configuration of a trunk-sync process, merged from (lowest to highest
 /// precedence) the defaults, a JSON file given with `--config`, the `TRUNK_SYNC_*`
@@ -29,8 +30,11 @@ public struct Configuration: Sendable {
     /// Raw values by setting key, with their source.
     public private(set) var values: [String: (value: String, source: Source)] = [:]
 
-    /// `TRUNK_SYNC_DATABASE_URL`.
+    /// `TRUNK_SYNC_DATABASE_URL`: what `serve` (and `token`) log in with.
     public var databaseURL: String? { value("database_url") }
+    /// `TRUNK_SYNC_MIGRATION_DATABASE_URL`, defaulting to `TRUNK_SYNC_DATABASE_URL`: what
+    /// `migrate`, `keys` and `users` log in with (the tables' owner).
+    public var migrationDatabaseURL: String? { value("migration_database_url") ?? databaseURL }
     /// `TRUNK_SYNC_HOST`.
     public var host: String { value("host") ?? "127.0.0.1" }
     /// `TRUNK_SYNC_PORT`.
@@ -43,6 +47,10 @@ public struct Configuration: Sendable {
     public private(set) var trustedProxies = TrustedProxies()
     /// `TRUNK_SYNC_JWT_SECRET`.
     public var jwtSecret: String? { value("jwt_secret") }
+    /// `TRUNK_SYNC_KEY_ENCRYPTION_KEY`, or what `TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE` holds.
+    public private(set) var keyEncryptionSecret: String?
+    /// The key that encrypts stored signing keys, when one is configured.
+    public var keyEncryptionKey: KeyEncryptionKey? { keyEncryptionSecret.map(KeyEncryptionKey.init(secret:)) }
     /// `TRUNK_SYNC_PUBLIC_URL`, defaulting to `http://HOST:PORT`.
     public var publicURL: String {
         if let url = value("public_url") { return url }
@@ -224,6 +232,15 @@ public struct Configuration: Sendable {
         auth.refreshReuseInterval = try integer("refresh_reuse_interval", 0...300) ?? auth.refreshReuseInterval
         auth.mailSenders = try integer("mail_senders", 1...64) ?? auth.mailSenders
         auth.mailQueueSize = try integer("mail_queue_size", 1...100_000) ?? auth.mailQueueSize
+        try validateDatabaseURL("database_url")
+        try validateDatabaseURL("migration_database_url")
+        try loadKeyEncryptionKey()
+        if let key = apiKey {
+            // It travels in a header: visible ASCII only. The message does not quote it.
+            guard key.utf8.count <= 1024, key.unicodeScalars.allSatisfy({ (0x21...0x7E).contains($0.value) }) else {
+                throw error("api_key", "must be at most 1024 visible ASCII characters (no spaces or control characters)")
+            }
+        }
         if mailer == .smtp, smtpURL == nil { throw error("smtp_url", "is required when TRUNK_SYNC_MAILER is smtp") }
         if let url = smtpURL {
             do {
@@ -238,6 +255,72 @@ public struct Configuration: Sendable {
         } catch {
             throw self.error("mail_from", "must be an address like no-reply@example.com or Name <no-reply@example.com>")
         }
+    }
+
+    /// Reads the key encryption key from its variable or its file and holds it to the rules
+    /// of token-protecting secrets: it guards the ES256 keys as the JWT secret guards HS256.
+    private mutating func loadKeyEncryptionKey() throws {
+        let inline = value("key_encryption_key")
+        let file = value("key_encryption_key_file")
+        if inline != nil, file != nil {
+            throw error("key_encryption_key_file", "and TRUNK_SYNC_KEY_ENCRYPTION_KEY are both set: set only one")
+        }
+        if let file {
+            guard let data = FileManager.default.contents(atPath: file) else {
+                throw error("key_encryption_key_file", "names a file that cannot be read: \(file)")
+            }
+            let secret = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+            if let weakness = SecretRules.weakness(of: secret) {
+                throw error("key_encryption_key_file", "names a file whose key \(weakness); \(SecretRules.howToMake)")
+            }
+            keyEncryptionSecret = secret
+        } else if let inline {
+            if let weakness = SecretRules.weakness(of: inline) {
+                throw error("key_encryption_key", "\(weakness); \(SecretRules.howToMake)")
+            }
+            keyEncryptionSecret = inline
+        }
+    }
+
+    /// Parses a database URL as libpq will, so a malformed one stops every command with one
+    /// line, and refuses a URL whose password would spill into other fields. Neither message
+    /// quotes the URL: libpq's reason has its quoted input removed.
+    private func validateDatabaseURL(_ key: String) throws {
+        guard let url = value(key) else { return }
+        let parsed: PostgresConfiguration
+        do {
+            parsed = try PostgresConfiguration(url)
+        } catch {
+            let reason = "\(error)".replacingOccurrences(of: "invalid database URL: ", with: "")
+            throw self.error(key, "is not a valid postgres:// URL or libpq conninfo string (\(reason))")
+        }
+        if Self.hasUnescapedCredentials(url) {
+            throw self.error(
+                key, "has an unescaped @ or / in its user name or password: percent-encode them (@ as %40, / as %2F)")
+        }
+        // libpq checks values only when it connects, and its message quotes them; these two
+        // are the ones a misplaced password ends up in.
+        if let ports = parsed["port"],
+            !ports.split(separator: ",", omittingEmptySubsequences: false).allSatisfy({ $0.isEmpty || (Int($0).map { (1...65535).contains($0) } ?? false) })
+        {
+            throw self.error(key, "has a port that is not a number from 1 to 65535")
+        }
+        if let mode = parsed["sslmode"], !["disable", "allow", "prefer", "require", "verify-ca", "verify-full"].contains(mode) {
+            throw self.error(key, "has an sslmode that is not disable, allow, prefer, require, verify-ca or verify-full")
+        }
+    }
+
+    /// Whether a `postgres://` URL's user name or password holds a raw `@` or `/`. libpq ends
+    /// the user information at the first of either, so the rest of the password becomes the
+    /// host, port or database name, and libpq's errors (and ours, naming the host) would
+    /// show it. Neither a host list nor a database name holds `@`.
+    static func hasUnescapedCredentials(_ url: String) -> Bool {
+        let lowered = url.lowercased()
+        guard let scheme = ["postgresql://", "postgres://"].first(where: { lowered.hasPrefix($0) }) else { return false }
+        let rest = url.dropFirst(scheme.count)
+        let beforeQuery = rest[..<(rest.firstIndex(of: "?") ?? rest.endIndex)]
+        guard let end = beforeQuery.firstIndex(where: { $0 == "@" || $0 == "/" }) else { return false }
+        return beforeQuery[beforeQuery.index(after: end)...].contains("@")
     }
 
     private func integer(_ key: String, _ range: ClosedRange<Int>) throws -> Int? {
@@ -271,11 +354,29 @@ public struct Configuration: Sendable {
         return seconds
     }
 
-    /// Checks what `serve` needs beyond the common settings.
+    /// Checks what `serve` needs beyond the common settings: a database, and a JWT secret
+    /// no one can guess (see `SecretRules`).
     public func validateForServe() throws {
         try requireDatabaseURL()
-        guard let secret = jwtSecret else { throw error("jwt_secret", "is required (at least 32 bytes)") }
-        guard secret.utf8.count >= 32 else { throw error("jwt_secret", "must be at least 32 bytes") }
+        try checkDatabasePassword("database_url")
+        guard let secret = jwtSecret else { throw error("jwt_secret", "is required; \(SecretRules.howToMake)") }
+        if let weakness = SecretRules.weakness(of: secret) {
+            throw error("jwt_secret", "\(weakness); \(SecretRules.howToMake)")
+        }
+        if keyEncryptionSecret == secret {
+            throw error(
+                value("key_encryption_key") != nil ? "key_encryption_key" : "key_encryption_key_file",
+                "must differ from TRUNK_SYNC_JWT_SECRET (a leak of one must not give away the other); \(SecretRules.howToMake)")
+        }
+    }
+
+    /// Refuses a database URL whose password is a documentation placeholder (the compose
+    /// example's, for one): the database is the second wall only if its password is secret.
+    private func checkDatabasePassword(_ key: String) throws {
+        guard let url = value(key), let password = try? PostgresConfiguration(url)["password"] else { return }
+        if SecretRules.isPlaceholderPassword(password) {
+            throw error(key, "has an example password from the trunk-sync documentation; choose a new one (e.g. openssl rand -hex 32) and set it on the database role too")
+        }
     }
 
     /// Checks that a database URL is set.
@@ -284,6 +385,19 @@ public struct Configuration: Sendable {
         guard let url = databaseURL else {
             throw error("database_url", "is required (postgres://user:pass@host:port/db)")
         }
+        return url
+    }
+
+    /// The owner's URL for `migrate`, `keys` and `users` (refusing documentation placeholders:
+    /// `migrate` also gives the server's role the password in TRUNK_SYNC_DATABASE_URL).
+    public func requireMigrationDatabaseURL() throws -> String {
+        guard let url = migrationDatabaseURL else {
+            throw error(
+                "database_url",
+                "is required (postgres://user:pass@host:port/db; migrate, keys and users use TRUNK_SYNC_MIGRATION_DATABASE_URL instead when set)")
+        }
+        try checkDatabasePassword("migration_database_url")
+        try checkDatabasePassword("database_url")
         return url
     }
 

@@ -18,7 +18,10 @@ public struct Setting: Sendable {
     public static let all: [Setting] = [
         Setting(
             key: "database_url", defaultValue: nil, isSecret: true,
-            summary: "PostgreSQL to use: postgres://user:pass@host:port/db or a libpq conninfo string. Required."),
+            summary: "PostgreSQL to use: postgres://user:pass@host:port/db or a libpq conninfo string. Required. serve and token log in with it: best a role of the server's own (see TRUNK_SYNC_MIGRATION_DATABASE_URL); serve and config check warn when it is a superuser or owns the tables."),
+        Setting(
+            key: "migration_database_url", defaultValue: nil, isSecret: true,
+            summary: "PostgreSQL URL of the tables' owner, for migrate, keys and users. Default: TRUNK_SYNC_DATABASE_URL. When it logs in as another role than TRUNK_SYNC_DATABASE_URL, migrate creates or updates that role as the server's login (LOGIN, member of trunk_sync_app and nothing else, the password given there)."),
         Setting(key: "host", defaultValue: "127.0.0.1", isSecret: false, summary: "Address to listen on (IPv4 or IPv6)."),
         Setting(key: "port", defaultValue: "8080", isSecret: false, summary: "TCP port to listen on (0: any free port, logged at start)."),
         Setting(
@@ -32,7 +35,13 @@ public struct Setting: Sendable {
             summary: "Comma-separated addresses or CIDR blocks (IPv4 and IPv6) of your reverse proxies. Only for a peer in this list is the client taken from X-Forwarded-For (the rightmost address that is not a trusted proxy). Default none: the peer is the client."),
         Setting(
             key: "jwt_secret", defaultValue: nil, isSecret: true,
-            summary: "HS256 signing secret for access tokens, at least 32 bytes. Required by serve."),
+            summary: "HS256 signing secret for access tokens: openssl rand -base64 48 (at least 32 bytes; example and guessable values are refused). Required by serve."),
+        Setting(
+            key: "key_encryption_key", defaultValue: nil, isSecret: true,
+            summary: "Encrypts the ES256 private keys stored in the database (AES-256-GCM): openssl rand -base64 48, the same for migrate, keys add and every server, kept out of the database and its backups. Required by keys add, and by migrate and serve once signing keys exist."),
+        Setting(
+            key: "key_encryption_key_file", defaultValue: nil, isSecret: false,
+            summary: "A file holding TRUNK_SYNC_KEY_ENCRYPTION_KEY instead (a Docker or Kubernetes secret); surrounding whitespace is ignored. Set one of the two."),
         Setting(
             key: "public_url", defaultValue: nil, isSecret: false,
             summary: "External base URL. URL/auth/v1 is the token issuer (iss), checked on every request: every instance of a deployment, and trunk-sync token, must share it. Default http://HOST:PORT."),
@@ -63,7 +72,7 @@ public struct Setting: Sendable {
             summary: "Seconds a request waits for a free database connection before 503."),
         Setting(
             key: "api_key", defaultValue: nil, isSecret: true,
-            summary: "When set, /rest/v1 requests must send it in the apikey header (the apps' anon key). Default: any value."),
+            summary: "When set, /rest/v1 requests must send it in the apikey header (the apps' anon key; visible ASCII, at most 1024 characters). Default: any value."),
         Setting(key: "jwt_expiry", defaultValue: "3600", isSecret: false, summary: "Access token lifetime in seconds."),
         Setting(key: "otp_expiry", defaultValue: "600", isSecret: false, summary: "Seconds a sign-in code stays valid."),
         Setting(

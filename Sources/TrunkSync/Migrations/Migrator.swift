@@ -55,7 +55,15 @@ public struct Migrator: Sendable {
     }
 
     /// Applies every pending migration in order and returns those it applied.
-    public func migrate(on connection: PostgresConnection) throws -> [Migration] {
+    ///
+    /// `before` runs under the lock once the applied files are verified and before anything
+    /// is applied: it may refuse the run (its error is rethrown as is, nothing changed).
+    /// `after` runs under the lock once every migration is applied, for upgrade steps that
+    /// need code rather than SQL (encrypting stored keys, the server's login role).
+    public func migrate(
+        on connection: PostgresConnection, before: (PostgresConnection) throws -> Void = { _ in },
+        after: (PostgresConnection) throws -> Void = { _ in }
+    ) throws -> [Migration] {
         let locked = try connection.query("select pg_try_advisory_lock($1)", Self.advisoryLockKey)[0]
             .decode(Bool.self, column: 0)
         if !locked {
@@ -64,13 +72,15 @@ public struct Migrator: Sendable {
         }
         defer { _ = try? connection.query("select pg_advisory_unlock($1)", Self.advisoryLockKey) }
 
-        try connection.execute(Self.createTable)
+        // Every check before the first change, the table of applied migrations included.
         let status = try self.status(on: connection)
         if let newest = status.applied.max(by: { $0.version < $1.version }),
             let early = status.pending.first(where: { $0.version < newest.version })
         {
             throw MigrationError.outOfOrder(pending: early.name, newestApplied: newest.name)
         }
+        try before(connection)
+        try connection.execute(Self.createTable)
         var applied: [Migration] = []
         for migration in status.pending {
             do {
@@ -88,6 +98,7 @@ public struct Migrator: Sendable {
             logger.info("applied migration", metadata: ["migration": "\(migration.name)"])
             applied.append(migration)
         }
+        try after(connection)
         return applied
     }
 

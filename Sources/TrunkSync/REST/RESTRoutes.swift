@@ -196,7 +196,8 @@ public struct RESTRoutes: Sendable {
     func selectProfiles(_ request: HTTPRequest, user: UUID) async throws -> HTTPResponse {
         let query = try RESTQuery.parse(request, table: "profiles", columns: Self.profileColumns)
         let limit = min(query.limit ?? Self.maxRows, Self.maxRows)
-        let rows = try await pool.withConnection { connection in
+        let rows = try await pool.transaction { connection in
+            try EventStore.scope(connection, to: user)
             let filters = query.whereClause(startingAt: 4)
             return try connection.query(
                 "select \(query.columns.map(\.sql).joined(separator: ", ")) from users where id = $1" + filters.sql
@@ -210,7 +211,8 @@ public struct RESTRoutes: Sendable {
         let query = try RESTQuery.parse(request, table: "profiles", columns: Self.profileColumns)
         let preferences = Self.preferences(request)
         let change = try RESTInsert.parseProfile(request.body, caller: user, allowArray: upsert)
-        let rows = try await pool.withConnection { connection in
+        let rows = try await pool.transaction { connection in
+            try EventStore.scope(connection, to: user)
             let filters = query.whereClause(startingAt: 3)
             return try connection.query(
                 """

@@ -50,7 +50,7 @@ public struct Application: Sendable {
         let database = try PostgresConfiguration(try configuration.requireDatabaseURL())
         pool = PostgresPool(database, configuration: settings, logger: logger)
         events = EventStore(pool: pool)
-        signingKeys = SigningKeyStore(pool: pool)
+        signingKeys = SigningKeyStore(pool: pool, encryption: configuration.keyEncryptionKey)
         let listener =
             listen
             ? PostgresListener(database, channels: [EventStore.channel, SessionRevocations.channel], logger: logger) : nil
@@ -138,12 +138,16 @@ public struct Application: Sendable {
     /// Loads the signing keys, then reloads them every `interval` in a background task until
     /// `close()`, so `trunk-sync keys add|retire` reach every instance without a restart. A
     /// failed load is logged and retried after 5 seconds (`/readyz` answers 503 until the
-    /// first load succeeds).
-    public func startSigningKeyRefresh(every interval: Duration = SigningKeyStore.reloadInterval) async {
+    /// first load succeeds). Returns what the first load found, nil when it failed.
+    @discardableResult
+    public func startSigningKeyRefresh(every interval: Duration = SigningKeyStore.reloadInterval) async
+        -> TokenIssuer.ReloadResult?
+    {
         let retry = min(interval, .seconds(5))
         var delay = interval
+        var first: TokenIssuer.ReloadResult? = nil
         do {
-            try await reloadSigningKeys()
+            first = try await reloadSigningKeys()
         } catch {
             logger.error("cannot load signing keys; retrying", metadata: ["error": "\(error)"])
             delay = retry
@@ -163,6 +167,7 @@ public struct Application: Sendable {
                     }
                 }
             })
+        return first
     }
 
     /// The HTTP server's settings taken from the configuration.

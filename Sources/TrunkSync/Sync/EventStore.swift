@@ -26,9 +26,7 @@ public struct EventStore: Sendable {
     }
 
     /// The statement that scopes the transaction to `user`, for pipelines.
-    static func scope(to user: UUID) -> PostgresStatement {
-        .prepared("select set_config('app.user_id', $1, true)", user.uuidString.lowercased())
-    }
+    static func scope(to user: UUID) -> PostgresStatement { RowScope.user(user) }
 
     /// Stores the events `user` has not pushed before, in one transaction under the user's row
     /// lock, numbering them after the user's last event; repeats (earlier pushes or earlier in

@@ -1,4 +1,5 @@
 import Foundation
+import Postgres
 import XCTest
 
 /// A test case that starts real `trunk-sync serve` processes and always cleans them up
@@ -17,6 +18,14 @@ class EndToEndTestCase: XCTestCase {
     /// Launches a server without waiting for it to listen; cleaned up after the test.
     func launchServer(_ environment: [String: String] = [:]) throws -> ServerProcess {
         let server = try ServerProcess.launch(environment)
+        servers.append(server)
+        return server
+    }
+
+    /// Launches a server on a database the test prepared (see `ServerProcess.launch(on:_:)`);
+    /// the process is cleaned up after the test, the database is not dropped.
+    func launchServer(on database: PostgresConfiguration, _ overrides: [String: String?] = [:]) throws -> ServerProcess {
+        let server = try ServerProcess.launch(on: database, overrides)
         servers.append(server)
         return server
     }

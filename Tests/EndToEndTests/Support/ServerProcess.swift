@@ -73,8 +73,11 @@ final class OutputCollector: @unchecked Sendable {  // state guarded by `conditi
 /// The real `trunk-sync serve` in a child process, on its own freshly migrated database and
 /// a port the kernel chose. `stop()` (or `cleanUp()`) ends it; `cleanUp()` also drops the database.
 final class ServerProcess {
-    /// A JWT secret long enough for `serve` (tests sign nothing with it).
-    static let jwtSecret = "end-to-end-test-secret-0123456789abcdef"
+    /// A JWT secret `serve` accepts: random, as operators make theirs (tests sign nothing
+    /// with it).
+    static let jwtSecret = TestSecrets.random()
+    /// The key encryption key every server here gets (and `migrate`, `keys add`).
+    static let keyEncryptionKey = TestSecrets.random()
 
     let process: Process
     let database: PostgresConfiguration
@@ -86,12 +89,15 @@ final class ServerProcess {
     /// The admin listener's port, from its `admin listening` line (0 until it was seen).
     private(set) var adminPort = 0
     private var cleanedUp = false
+    /// Whether `cleanUp()` drops the database (false for one the test brought).
+    private let ownsDatabase: Bool
 
     private init(
         process: Process, database: PostgresConfiguration, environment: [String: String], stdout: OutputCollector,
-        stderr: OutputCollector
+        stderr: OutputCollector, ownsDatabase: Bool = true
     ) {
         self.process = process
+        self.ownsDatabase = ownsDatabase
         self.database = database
         self.environment = environment
         self.stdout = stdout
@@ -104,6 +110,7 @@ final class ServerProcess {
         var variables = [
             "TRUNK_SYNC_DATABASE_URL": databaseURL,
             "TRUNK_SYNC_JWT_SECRET": jwtSecret,
+            "TRUNK_SYNC_KEY_ENCRYPTION_KEY": keyEncryptionKey,
             "TRUNK_SYNC_PORT": "0",
             "TRUNK_SYNC_ADMIN_PORT": "0",
             "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations",
@@ -152,6 +159,19 @@ final class ServerProcess {
             try? TestDatabase.drop(database)
             throw error
         }
+    }
+
+    /// Launches `serve` on `database` as it is (not migrated here, not dropped by `cleanUp`)
+    /// with `serveEnvironment` for it plus `overrides` (a nil value removes the variable).
+    static func launch(on database: PostgresConfiguration, _ overrides: [String: String?]) throws -> ServerProcess {
+        var environment = serveEnvironment(databaseURL: try TestDatabase.url(of: database), overrides: [:])
+        for (name, value) in overrides { environment[name] = value }
+        let (process, stdoutPipe, stderrPipe) = try Command.start(
+            Command.trunkSyncBinary(), ["serve"], environment: environment)
+        return ServerProcess(
+            process: process, database: database, environment: environment,
+            stdout: OutputCollector(reading: stdoutPipe.fileHandleForReading),
+            stderr: OutputCollector(reading: stderrPipe.fileHandleForReading), ownsDatabase: false)
     }
 
     /// Reads the log until the `listening … port=N` and `admin listening … port=M` lines and
@@ -255,7 +275,7 @@ final class ServerProcess {
         }
         _ = stderr.waitForEnd(timeout: 5)
         _ = stdout.waitForEnd(timeout: 5)
-        try? TestDatabase.drop(database)
+        if ownsDatabase { try? TestDatabase.drop(database) }
     }
 }
 

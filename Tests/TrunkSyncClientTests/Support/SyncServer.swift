@@ -74,7 +74,8 @@ final class LineCollector: @unchecked Sendable {  // state guarded by `condition
 /// port that stays the same when the server is killed and started again (the client's
 /// storage is per server URL).
 final class SyncServer: @unchecked Sendable {  // mutable state guarded by `lock`
-    static let jwtSecret = "client-test-secret-0123456789abcdef0123"
+    static let jwtSecret = TestSecrets.random()
+    static let keyEncryptionKey = TestSecrets.random()
 
     let database: PostgresConfiguration
     let port: Int
@@ -104,7 +105,7 @@ final class SyncServer: @unchecked Sendable {  // mutable state guarded by `lock
             var variables = [
                 "TRUNK_SYNC_DATABASE_URL": url, "TRUNK_SYNC_JWT_SECRET": jwtSecret, "TRUNK_SYNC_PORT": String(port),
                 "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations", "TRUNK_SYNC_OTP_RESEND_INTERVAL": "0",
-                "TRUNK_SYNC_ADMIN_PORT": String(try freePort()),
+                "TRUNK_SYNC_ADMIN_PORT": String(try freePort()), "TRUNK_SYNC_KEY_ENCRYPTION_KEY": keyEncryptionKey,
             ]
             variables.merge(overrides) { $1 }
             let environment = Command.environment(variables)
