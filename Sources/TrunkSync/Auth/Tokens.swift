@@ -35,7 +35,7 @@ public struct UserRecord: Sendable, Equatable {
     func write(to writer: inout JSONWriter, key: String? = nil) {
         func time(_ timestamp: PostgresTimestamp?) -> String? { timestamp.map { RFC3339.format($0) } }
         writer.beginObject(key)
-        writer.string("id", id.uuidString.lowercased())
+        writer.string("id", UUIDText.lowercase(id))
         writer.string("aud", "authenticated")
         writer.string("role", "authenticated")
         writer.string("email", email)
@@ -234,7 +234,7 @@ public final class TokenIssuer: Sendable {
         var writer = JSONWriter(capacity: 512)
         writer.beginObject()
         writer.string("iss", issuer)
-        writer.string("sub", user.id.uuidString.lowercased())
+        writer.string("sub", UUIDText.lowercase(user.id))
         writer.string("aud", "authenticated")
         writer.int("exp", expiresAt)
         writer.int("iat", now)
@@ -250,7 +250,7 @@ public final class TokenIssuer: Sendable {
         writer.int("timestamp", now)
         writer.endObject()
         writer.endArray()
-        writer.string("session_id", sessionID.uuidString.lowercased())
+        writer.string("session_id", UUIDText.lowercase(sessionID))
         writer.bool("is_anonymous", false)
         writer.endObject()
         if let key = signingKey(at: now), let token = try? JWT.sign(payload: writer.bytes, with: key) {
@@ -365,8 +365,8 @@ public final class TokenIssuer: Sendable {
         } catch {
             throw AuthError.badJWT
         }
-        guard let claims = Claims.parse(payload), claims.iss == issuer, let user = UUID(uuidString: claims.sub),
-            let session = claims.sessionID.flatMap(UUID.init(uuidString:)), claims.audiences.contains("authenticated"),
+        guard let claims = Claims.parse(payload), claims.iss == issuer, let user = UUIDText.parse(claims.sub),
+            let session = claims.sessionID.flatMap(UUIDText.parse), claims.audiences.contains("authenticated"),
             let expiry = Self.seconds(claims.exp), expiry + Self.leeway >= now,
             let issuedAt = claims.iat.flatMap(Self.seconds), issuedAt <= now + Self.leeway,
             claims.nbf.map({ Self.seconds($0).map { $0 <= now + Self.leeway } ?? false }) ?? true

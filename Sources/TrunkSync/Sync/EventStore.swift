@@ -106,6 +106,7 @@ public struct EventStore: Sendable {
         results.reserveCapacity(events.count)
         var fresh: [IncomingEvent] = []
         var assigned: [UUID: Int64] = [:]
+        assigned.reserveCapacity(events.count)
         for event in events {
             if let seq = existing[event.clientID] ?? assigned[event.clientID] {
                 results.append(PushResult(clientID: event.clientID, created: false, seq: seq))
@@ -135,7 +136,7 @@ public struct EventStore: Sendable {
             .prepared(
                 "update users set last_seq = $2, last_event_at = $3 where id = $1", user, lastSeq + Int64(fresh.count),
                 lastCreated),
-            .prepared("select pg_notify($1, $2)", channel, user.uuidString.lowercased()),
+            .prepared("select pg_notify($1, $2)", channel, UUIDText.lowercase(user)),
         ])
         guard written[0].count == fresh.count else { return .repeatsEarlierPush }
         try connection.pipeline([.commit])
