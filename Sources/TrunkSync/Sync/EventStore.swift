@@ -155,29 +155,28 @@ public struct EventStore: Sendable {
     /// The user's events with `seq > after`, in `seq` order, at most `limit`. Reads
     /// `limit + 1` rows to know whether more follow; the `(user_id, seq)` index delivers
     /// them in order.
-    /// One round trip: `begin`, the scope, the select and `commit` are pipelined.
+    ///
+    /// One statement, one round trip: `trunk_sync_pull` (migration 0007) sets the user's
+    /// scope for its own implicit transaction and selects, where a pull used to pipeline
+    /// `begin`, the scope, the select and `commit` — four statements for PostgreSQL to run.
     public func pull(for user: UUID, after: Int64, limit: Int) async throws -> Page {
         try await pool.withConnection { connection in
-            try connection.pipelinedTransaction { connection in
-                try Self.pull(for: user, after: after, limit: limit, on: connection)
-            }
+            try Self.pull(for: user, after: after, limit: limit, on: connection)
         }
+    }
+
+    /// The pull's one statement (prepared once per connection: whatever the values, the
+    /// `(user_id, seq)` index is the plan).
+    static func pullStatement(for user: UUID, after: Int64, limit: Int) -> PostgresStatement {
+        .prepared(
+            "select seq, id, type, payload, client_id, client_timestamp, created_at from trunk_sync_pull($1, $2, $3)",
+            user, after, Int64(limit + 1))
     }
 
     private static func pull(for user: UUID, after: Int64, limit: Int, on connection: PostgresConnection) throws
         -> Page
     {
-        let rows = try connection.pipeline([
-            .begin,
-            scope(to: user),
-            // Prepared: whatever the values, the (user_id, seq) index is the plan.
-            .prepared(
-                """
-                select seq, id, type, payload, client_id, client_timestamp, created_at
-                from events where user_id = $1 and seq > $2 order by seq limit $3
-                """, user, after, Int64(limit + 1)),
-            .commit,
-        ])[2]
+        let rows = try connection.pipeline([pullStatement(for: user, after: after, limit: limit)])[0]
         let count = min(rows.count, limit)
         let (json, lastSeq) = try EventPageEncoder.encode(rows, count: count)
         return Page(eventsJSON: json, count: count, lastSeq: lastSeq, hasMore: rows.count > limit)
