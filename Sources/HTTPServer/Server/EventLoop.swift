@@ -16,6 +16,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private let responder: Responder
     private let logger: Logger
     private let mailbox = Mailbox<Context>()
+    /// Handlers run here: on this loop's thread (`LoopExecutor`).
+    let executor: LoopExecutor
     private let stopped = StopSignal()
     private let timeouts: ConnectionStateMachine.Timeouts
 
@@ -67,6 +69,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         self.responder = responder
         self.logger = logger
         self.serverLine = Array("Server: \(configuration.serverName)\r\n".utf8)
+        let mailbox = self.mailbox
+        self.executor = LoopExecutor(wake: { mailbox.wake() })
         timeouts = ConnectionStateMachine.Timeouts(
             header: configuration.headerTimeout.nanosecondsClamped, body: configuration.bodyTimeout.nanosecondsClamped,
             keepAlive: configuration.keepAliveTimeout.nanosecondsClamped,
@@ -117,9 +121,11 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private func run() {
         var events = [csystem_event](repeating: csystem_event(), count: 256)
         var nextSweep: UInt64 = 0
+        var jobsLeft = false
+        executor.attachToCurrentThread()
         while true {
             responder.loopWillWait()
-            let timeout: Int32 = connections.isEmpty && !shuttingDown ? 1000 : 250
+            let timeout: Int32 = jobsLeft ? 0 : connections.isEmpty && !shuttingDown ? 1000 : 250
             let count = csystem_epoll_wait(epoll, &events, Int32(events.count), timeout)
             now = monotonicNow()
             if count < 0 {
@@ -134,6 +140,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 default: handle(event.events, on: Int32(truncatingIfNeeded: event.data))
                 }
             }
+            jobsLeft = executor.runQueuedJobs()
             if now >= nextSweep {
                 sweepDeadlines()
                 logRefusedPerClient()
@@ -147,6 +154,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         close(epoll)
         close(mailbox.eventFD)
         if reserveFD >= 0 { close(reserveFD) }
+        executor.stop()
         responder.loopWillWait()
         logger.info("HTTP server stopped")
         stopped.signal()
@@ -479,29 +487,40 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         case .later(let operation):
             inFlightCount.wrappingAdd(1, ordering: .relaxed)
             let mailbox = self.mailbox
+            let executor = self.executor
             let fd = connection.fd
             let id = connection.id
-            connection.handlerTask = Task {
+            // On the loop's thread: read, handled and answered without leaving it (unless the
+            // handler itself awaits work elsewhere).
+            connection.handlerTask = Task(executorPreference: executor) { [self] in
                 let (response, context) = await operation()
-                mailbox.post(.init(fd: fd, connectionID: id, response: response, context: context))
+                let completion = Mailbox<Context>.Completion(fd: fd, connectionID: id, response: response, context: context)
+                if executor.isOnLoopThread {
+                    complete(completion)
+                } else {
+                    mailbox.post(completion)
+                }
             }
         }
     }
 
     private func handleMailbox() {
         let (completions, shutdown) = mailbox.drain()
-        for completion in completions {
-            inFlightCount.wrappingAdd(-1, ordering: .relaxed)
-            guard let connection = connections[completion.fd], connection.id == completion.connectionID,
-                connection.lifecycle.isHandling
-            else {
-                continue  // the client went away meanwhile
-            }
-            connection.handlerTask = nil
-            finish(completion.response, context: completion.context, on: connection)
-            drive(connection)
-        }
+        for completion in completions { complete(completion) }
         if shutdown, !shuttingDown { beginShutdown() }
+    }
+
+    /// A handler's answer, on the loop's thread.
+    private func complete(_ completion: Mailbox<Context>.Completion) {
+        inFlightCount.wrappingAdd(-1, ordering: .relaxed)
+        guard let connection = connections[completion.fd], connection.id == completion.connectionID,
+            connection.lifecycle.isHandling
+        else {
+            return  // the client went away meanwhile
+        }
+        connection.handlerTask = nil
+        finish(completion.response, context: completion.context, on: connection)
+        drive(connection)
     }
 
     /// Queues the final response to the current request.
