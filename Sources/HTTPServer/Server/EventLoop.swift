@@ -122,6 +122,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         var events = [csystem_event](repeating: csystem_event(), count: 256)
         var nextSweep: UInt64 = 0
         var jobsLeft = false
+        executor.epoll = epoll
         executor.attachToCurrentThread()
         while true {
             responder.loopWillWait()
@@ -137,6 +138,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 switch event.data {
                 case Self.listenerToken: acceptConnections()
                 case Self.wakeToken: handleMailbox()
+                case let token where token & LoopExecutor.sourceTokenBit != 0 && token < Self.wakeToken:
+                    executor.dispatch(token: token, flags: event.events)
                 default: handle(event.events, on: Int32(truncatingIfNeeded: event.data))
                 }
             }
@@ -154,8 +157,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         close(epoll)
         close(mailbox.eventFD)
         if reserveFD >= 0 { close(reserveFD) }
-        executor.stop()
         responder.loopWillWait()
+        // Last: from here on, jobs run one at a time off this thread.
+        executor.stop()
         logger.info("HTTP server stopped")
         stopped.signal()
     }

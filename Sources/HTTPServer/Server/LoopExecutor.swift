@@ -1,3 +1,4 @@
+import CSystem
 import Foundation
 import Synchronization
 
@@ -18,21 +19,35 @@ public final class LoopExecutor: TaskExecutor, @unchecked Sendable {
         var jobs: [UnownedJob] = []
         /// The loop was told (or is awake and will look): no further wake-up is needed.
         var wakePending = false
-        /// The loop has ended: jobs go to the global executor (a handler cancelled at
-        /// shutdown still runs to its end).
+        /// The loop has ended: jobs go to `afterStop`, one at a time (a handler cancelled at
+        /// shutdown still runs to its end; the database pool still closes in order).
         var stopped = false
     }
 
     private let queue = Mutex(Queue())
+    /// Runs jobs once the loop has ended: serial, so what was confined to the loop stays
+    /// confined (one job at a time), and counted as the loop's thread.
+    private let afterStop = DispatchQueue(label: "trunk-sync.loop-after-stop")
+    private static let afterStopKey = DispatchSpecificKey<Bool>()
     private let wake: @Sendable () -> Void
     /// The loop thread's identity, set once before any job is enqueued.
     private nonisolated(unsafe) var loopThread: pthread_t? = nil
+
+    /// Other descriptors the loop watches for their owners (database connections), by
+    /// descriptor; loop-confined.
+    private nonisolated(unsafe) var sources: [Int32: (_ readable: Bool, _ writable: Bool) -> Void] = [:]
+    /// The loop's epoll instance, set before any job runs.
+    nonisolated(unsafe) var epoll: Int32 = -1
+
+    /// The epoll token of a watched descriptor: above every connection's (its descriptor).
+    static let sourceTokenBit: UInt64 = 1 << 40
 
     /// Most jobs run per loop iteration before the loop looks at its sockets again.
     static let jobsPerIteration = 512
 
     init(wake: @escaping @Sendable () -> Void) {
         self.wake = wake
+        afterStop.setSpecific(key: Self.afterStopKey, value: true)
     }
 
     /// Called on the loop's thread when it starts.
@@ -42,8 +57,8 @@ public final class LoopExecutor: TaskExecutor, @unchecked Sendable {
 
     /// True on the loop's thread.
     public var isOnLoopThread: Bool {
-        guard let loopThread else { return false }
-        return pthread_equal(loopThread, pthread_self()) != 0
+        if let loopThread, pthread_equal(loopThread, pthread_self()) != 0 { return true }
+        return DispatchQueue.getSpecific(key: Self.afterStopKey) == true
     }
 
     public func enqueue(_ job: consuming ExecutorJob) {
@@ -56,19 +71,56 @@ public final class LoopExecutor: TaskExecutor, @unchecked Sendable {
             queue.wakePending = true
             return (true, true)
         }
-        if !accepted { globalConcurrentExecutor.enqueue(ExecutorJob(job)) }
+        if !accepted { runAfterStop(job) }
         if mustWake { wake() }
     }
 
-    /// The loop has ended: what is queued and whatever comes later runs on the global
-    /// executor.
+    /// The loop has ended (its epoll instance is closed): what is queued and whatever comes
+    /// later runs on `afterStop`, in order.
     func stop() {
         let left = queue.withLock { queue -> [UnownedJob] in
             queue.stopped = true
             defer { queue.jobs = [] }
             return queue.jobs
         }
-        for job in left { globalConcurrentExecutor.enqueue(ExecutorJob(job)) }
+        epoll = -1
+        for job in left { runAfterStop(job) }
+    }
+
+    private func runAfterStop(_ job: UnownedJob) {
+        afterStop.async { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
+    }
+
+    /// Reports readiness of `fd` to `handler` on the loop's thread (level-triggered): readable
+    /// or hung up always, writable while `writable`. Called again, it changes `writable`.
+    /// On the loop's thread only.
+    public func watch(_ fd: Int32, writable: Bool, handler: @escaping (_ readable: Bool, _ writable: Bool) -> Void) {
+        precondition(isOnLoopThread, "watch(_:) off the loop's thread")
+        let events = csystem_epollin() | csystem_epollrdhup() | (writable ? csystem_epollout() : 0)
+        let token = UInt64(UInt32(bitPattern: fd)) | Self.sourceTokenBit
+        if sources.updateValue(handler, forKey: fd) == nil {
+            if csystem_epoll_add(epoll, fd, events, token) != 0 {
+                sources[fd] = nil
+                handler(true, false)  // the owner finds the descriptor unusable when it reads
+            }
+        } else {
+            _ = csystem_epoll_modify(epoll, fd, events, token)
+        }
+    }
+
+    /// Stops watching `fd` (before it is closed). On the loop's thread only.
+    public func unwatch(_ fd: Int32) {
+        precondition(isOnLoopThread, "unwatch(_:) off the loop's thread")
+        guard sources.removeValue(forKey: fd) != nil else { return }
+        _ = csystem_epoll_delete(epoll, fd)
+    }
+
+    /// Hands an epoll event for a watched descriptor to its owner.
+    func dispatch(token: UInt64, flags: UInt32) {
+        let fd = Int32(truncatingIfNeeded: token & 0xFFFF_FFFF)
+        guard let handler = sources[fd] else { return }
+        let readable = flags & (csystem_epollin() | csystem_epollrdhup() | csystem_epollhup() | csystem_epollerr()) != 0
+        handler(readable, flags & csystem_epollout() != 0)
     }
 
     /// Runs queued jobs on the loop's thread, at most `jobsPerIteration`; true when more
