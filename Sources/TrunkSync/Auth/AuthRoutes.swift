@@ -177,4 +177,9 @@ public struct MailCodeSender: SignInCodeSender {
     public func sendSignInCode(_ code: String, to email: String, expiresInMinutes: Int) async throws {
         try await mailer.send(MailMessage.signInCode(code: code, to: email, from: from, expiresInMinutes: expiresInMinutes))
     }
+
+    public func sendReauthenticationCode(_ code: String, to email: String, expiresInMinutes: Int) async throws {
+        try await mailer.send(
+            MailMessage.confirmationCode(code: code, to: email, from: from, expiresInMinutes: expiresInMinutes))
+    }
 }

@@ -1813,6 +1813,200 @@ public enum OpenAPIDocument {
         },
         "x-body-limit": 10485760
       }
+    },
+    "/auth/v1/reauthenticate": {
+      "post": {
+        "operationId": "reauthenticate",
+        "tags": [
+          "auth"
+        ],
+        "summary": "Mail a confirmation code to the signed-in user",
+        "description": "Mails a fresh 6-digit code to the caller's address, which `DELETE /sync/v1/account` takes. The same rules as sign-in codes: it expires after `TRUNK_SYNC_OTP_EXPIRY`, works once, dies after `TRUNK_SYNC_OTP_MAX_ATTEMPTS` wrong guesses, a new one replaces it at most every `TRUNK_SYNC_OTP_RESEND_INTERVAL` seconds, and the per-client, per-address and deployment-wide limits of `/otp` apply (each with a bucket of its own). Any body (at most 4 KiB) is ignored.",
+        "security": [
+          {
+            "bearerAuth": []
+          }
+        ],
+        "responses": {
+          "200": {
+            "description": "A code was mailed.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              },
+              "X-Supabase-Api-Version": {
+                "$ref": "#/components/headers/X-Supabase-Api-Version"
+              }
+            },
+            "content": {
+              "application/json": {
+                "schema": {
+                  "type": "object",
+                  "maxProperties": 0
+                }
+              }
+            }
+          },
+          "401": {
+            "$ref": "#/components/responses/AuthUnauthorized"
+          },
+          "413": {
+            "$ref": "#/components/responses/AuthBodyTooLarge"
+          },
+          "429": {
+            "$ref": "#/components/responses/AuthRateLimited"
+          },
+          "500": {
+            "$ref": "#/components/responses/AuthInternalError"
+          },
+          "503": {
+            "$ref": "#/components/responses/AuthUnavailable"
+          }
+        },
+        "x-body-limit": 4096
+      },
+      "get": {
+        "operationId": "reauthenticateGet",
+        "tags": [
+          "auth"
+        ],
+        "summary": "Mail a confirmation code to the signed-in user",
+        "description": "Mails a fresh 6-digit code to the caller's address, which `DELETE /sync/v1/account` takes. The same rules as sign-in codes: it expires after `TRUNK_SYNC_OTP_EXPIRY`, works once, dies after `TRUNK_SYNC_OTP_MAX_ATTEMPTS` wrong guesses, a new one replaces it at most every `TRUNK_SYNC_OTP_RESEND_INTERVAL` seconds, and the per-client, per-address and deployment-wide limits of `/otp` apply (each with a bucket of its own). The Supabase clients ask with `GET`; the same as `POST`.",
+        "security": [
+          {
+            "bearerAuth": []
+          }
+        ],
+        "responses": {
+          "200": {
+            "description": "A code was mailed.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              },
+              "X-Supabase-Api-Version": {
+                "$ref": "#/components/headers/X-Supabase-Api-Version"
+              }
+            },
+            "content": {
+              "application/json": {
+                "schema": {
+                  "type": "object",
+                  "maxProperties": 0
+                }
+              }
+            }
+          },
+          "401": {
+            "$ref": "#/components/responses/AuthUnauthorized"
+          },
+          "413": {
+            "$ref": "#/components/responses/AuthBodyTooLarge"
+          },
+          "429": {
+            "$ref": "#/components/responses/AuthRateLimited"
+          },
+          "500": {
+            "$ref": "#/components/responses/AuthInternalError"
+          },
+          "503": {
+            "$ref": "#/components/responses/AuthUnavailable"
+          }
+        },
+        "x-body-limit": 1024
+      }
+    },
+    "/sync/v1/account": {
+      "delete": {
+        "operationId": "deleteAccount",
+        "tags": [
+          "sync"
+        ],
+        "summary": "Delete the signed-in user's account and all their data",
+        "description": "Takes the code mailed by `POST /auth/v1/reauthenticate` and, in one transaction, deletes the user with their events, profile, sessions, refresh tokens and codes. Every access and refresh token of the user is refused from then on, on every route of every instance, and their waiting long-polls and exports end. A wrong, expired, used or never-asked-for code deletes nothing (`400 reauthentication_not_valid`; wrong guesses count as at `/verify`). Errors have the Supabase Auth shape. Counted against a per-client limit before the body is parsed. Body at most 4 KiB.",
+        "requestBody": {
+          "required": true,
+          "content": {
+            "application/json": {
+              "schema": {
+                "$ref": "#/components/schemas/AccountDeletion"
+              }
+            }
+          }
+        },
+        "security": [
+          {
+            "bearerAuth": []
+          }
+        ],
+        "responses": {
+          "204": {
+            "description": "The account and all its data are gone.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              },
+              "X-Supabase-Api-Version": {
+                "$ref": "#/components/headers/X-Supabase-Api-Version"
+              }
+            }
+          },
+          "400": {
+            "description": "`bad_json` (not a JSON object), `validation_failed` (no code, or not a string) or `reauthentication_not_valid` (the code is wrong, expired, used up or was never asked for, or too many wrong codes locked confirmation for a while): nothing was deleted.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              },
+              "X-Supabase-Api-Version": {
+                "$ref": "#/components/headers/X-Supabase-Api-Version"
+              }
+            },
+            "content": {
+              "application/json": {
+                "schema": {
+                  "allOf": [
+                    {
+                      "$ref": "#/components/schemas/AuthError"
+                    }
+                  ],
+                  "properties": {
+                    "code": {
+                      "enum": [
+                        "bad_json",
+                        "validation_failed",
+                        "reauthentication_not_valid"
+                      ]
+                    },
+                    "error_code": {
+                      "enum": [
+                        "bad_json",
+                        "validation_failed",
+                        "reauthentication_not_valid"
+                      ]
+                    }
+                  }
+                }
+              }
+            }
+          },
+          "401": {
+            "$ref": "#/components/responses/AuthUnauthorized"
+          },
+          "413": {
+            "$ref": "#/components/responses/AuthBodyTooLarge"
+          },
+          "429": {
+            "$ref": "#/components/responses/AuthRateLimited"
+          },
+          "500": {
+            "$ref": "#/components/responses/AuthInternalError"
+          },
+          "503": {
+            "$ref": "#/components/responses/AuthUnavailable"
+          }
+        },
+        "x-body-limit": 4096
+      }
     }
   },
   "components": {
@@ -2721,6 +2915,19 @@ public enum OpenAPIDocument {
             "$ref": "#/components/schemas/ProfileRow"
           }
         ]
+      },
+      "AccountDeletion": {
+        "type": "object",
+        "required": [
+          "code"
+        ],
+        "properties": {
+          "code": {
+            "type": "string",
+            "minLength": 1,
+            "description": "The 6-digit code mailed by `POST /auth/v1/reauthenticate`."
+          }
+        }
       }
     },
     "responses": {
