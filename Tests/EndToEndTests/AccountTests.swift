@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import Synchronization
 import TestSupport
 import XCTest
 
@@ -200,5 +201,191 @@ final class AccountTests: EndToEndTestCase {
         // The Supabase clients ask with GET.
         XCTAssertEqual(try send(server, "GET", "/auth/v1/reauthenticate", token: user.access).status, 429)
         XCTAssertEqual(try send(server, "GET", "/auth/v1/reauthenticate").status, 401)
+    }
+
+    // MARK: - Export
+
+    /// Stores `count` events for `user` straight into the database (as the owner), as a push
+    /// would have numbered them.
+    func seed(_ server: ServerProcess, user: String, events count: Int) throws {
+        let owner = try PostgresConnection.connect(server.database)
+        try owner.query(
+            """
+            insert into events (user_id, seq, type, payload, client_id, client_timestamp, created_at)
+            select $1::uuid, n, 'note', jsonb_build_object('n', n, 'text', 'ü "q" \\ line'), gen_random_uuid(),
+                   now(), now() + n * interval '1 millisecond'
+            from generate_series(1, $2::int) n
+            """, user, Int64(count))
+        try owner.query(
+            "update users set last_seq = $2, last_event_at = now() + $2 * interval '1 millisecond' where id = $1::uuid",
+            user, Int64(count))
+    }
+
+    /// The server's resident set (`VmRSS` of /proc/PID/status), in KiB.
+    func residentKiB(_ server: ServerProcess) -> Int { Self.residentKiB(pid: server.process.processIdentifier) }
+
+    static func residentKiB(pid: Int32) -> Int {
+        let status = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
+        guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }) else { return 0 }
+        return Int(line.split(separator: " ").dropFirst().first ?? "") ?? 0
+    }
+
+    /// Samples the server's RSS every 10 ms while `body` runs; the largest sample, in KiB.
+    func peakResidentKiB(_ server: ServerProcess, during body: () throws -> Void) rethrows -> Int {
+        let peak = Mutex(0)
+        let done = Mutex(false)
+        let pid = server.process.processIdentifier
+        let sampler = Thread {
+            while !done.withLock({ $0 }) {
+                let now = Self.residentKiB(pid: pid)
+                peak.withLock { $0 = max($0, now) }
+                usleep(10_000)
+            }
+        }
+        sampler.start()
+        defer { done.withLock { $0 = true } }
+        try body()
+        usleep(20_000)
+        return peak.withLock { $0 }
+    }
+
+    /// Downloads the export with curl; (status, headers, body lines).
+    func download(_ server: ServerProcess, token: String) throws -> (status: Int, headers: String, lines: [Substring]) {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("export-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let result = try Command.run(
+            "/usr/bin/curl",
+            [
+                "-sS", "-o", directory.path + "/body", "-D", directory.path + "/headers", "-w", "%{http_code}",
+                "-H", "Authorization: Bearer \(token)", "http://127.0.0.1:\(server.port)/sync/v1/export",
+            ])
+        XCTAssertEqual(result.status, 0, "curl: \(result.stderr)")
+        let body = try String(contentsOfFile: directory.path + "/body", encoding: .utf8)
+        let headers = try String(contentsOfFile: directory.path + "/headers", encoding: .utf8)
+        return (Int(result.stdout) ?? 0, headers, body.split(separator: "\n", omittingEmptySubsequences: false))
+    }
+
+    func testExportStreamsEveryEventInOrderInFlatMemory() throws {
+        let server = try startServer()
+        let user = try session(server, "big@example.com")
+        let other = try session(server, "small@example.com")
+        try seed(server, user: user.user, events: 100_000)
+        try push(server, other.access, count: 3)
+        XCTAssertEqual(
+            try send(
+                server, "PUT", "/auth/v1/user", body: #"{"data":{"full_name":"Big Ü","plan":"x"}}"#, token: user.access
+            )
+            .status, 200)
+        // Warm up (allocator, libpq, prepared statements) with a page of each kind, then idle.
+        XCTAssertEqual(try send(server, "GET", "/sync/v1/events?after=0&limit=1000", token: user.access).status, 200)
+        XCTAssertEqual(try download(server, token: other.access).status, 200)
+        usleep(200_000)
+        let idle = residentKiB(server)
+
+        var exported: (status: Int, headers: String, lines: [Substring]) = (0, "", [])
+        let peak = try peakResidentKiB(server) { exported = try download(server, token: user.access) }
+        XCTAssertEqual(exported.status, 200)
+        let headers = exported.headers.lowercased()
+        XCTAssertTrue(headers.contains("content-type: application/x-ndjson"), headers)
+        XCTAssertTrue(headers.contains("transfer-encoding: chunked"), headers)
+        XCTAssertNotNil(
+            exported.headers.firstMatch(
+                of: /Content-Disposition: attachment; filename="trunk-sync-export-\d{4}-\d{2}-\d{2}\.ndjson"/),
+            exported.headers)
+        print("export of 100,000 events: RSS idle \(idle) KiB, peak \(peak) KiB while streaming")
+        XCTAssertLessThan(peak - idle, 6 * 1024, "the server's memory stays flat while it streams")
+
+        var lines = exported.lines
+        XCTAssertEqual(lines.popLast(), "", "every line ends with a newline")
+        XCTAssertEqual(lines.count, 100_001)
+        let account = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(lines[0].utf8)) as? [String: Any])
+        XCTAssertEqual(account["kind"] as? String, "account")
+        XCTAssertEqual(account["id"] as? String, user.user)
+        XCTAssertEqual(account["email"] as? String, "big@example.com")
+        XCTAssertEqual(account["full_name"] as? String, "Big Ü")
+        XCTAssertEqual((account["user_metadata"] as? [String: Any])?["plan"] as? String, "x")
+        XCTAssertNotNil(account["created_at"] as? String)
+        var expected = 1
+        for line in lines.dropFirst() {
+            guard let event = try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] else {
+                return XCTFail("not a JSON object: \(line)")
+            }
+            guard event["kind"] as? String == "event", event["seq"] as? Int == expected else {
+                return XCTFail("line \(expected): \(line)")
+            }
+            if expected == 1 {
+                XCTAssertEqual((event["payload"] as? [String: Any])?["text"] as? String, "ü \"q\" \\ line")
+                XCTAssertEqual(
+                    Set(event.keys),
+                    ["kind", "id", "seq", "type", "payload", "client_id", "client_timestamp", "created_at"])
+            }
+            expected += 1
+        }
+        // The other user's export has their events only.
+        let small = try download(server, token: other.access)
+        XCTAssertEqual(small.lines.count, 5)
+        XCTAssertFalse(small.lines.joined().contains(user.user))
+        // Bad input.
+        assertJSONError(
+            try send(server, "GET", "/sync/v1/export?after=3", token: user.access), status: 400,
+            code: "invalid_parameter")
+        assertJSONError(try send(server, "GET", "/sync/v1/export"), status: 401)
+    }
+
+    func testAStalledExportHoldsBoundedMemoryOneAtATimeAndEndsWithTheAccount() throws {
+        let server = try startServer(["TRUNK_SYNC_OTP_RESEND_INTERVAL": "0"])
+        let email = "stalled@example.com"
+        let user = try session(server, email)
+        try seed(server, user: user.user, events: 100_000)
+        XCTAssertEqual(try send(server, "GET", "/sync/v1/events?after=0&limit=1000", token: user.access).status, 200)
+        usleep(200_000)
+        let idle = residentKiB(server)
+
+        // A client that reads the head, then nothing.
+        let stalled = try server.connect()
+        try stalled.send(request("GET", "/sync/v1/export", headers: [("Authorization", "Bearer \(user.access)")]))
+        let head = try stalled.readResponse(timeout: 10, bodyExpected: false)
+        XCTAssertEqual(head.status, 200)
+        let peak = peakResidentKiB(server) { usleep(2_000_000) }
+        print("stalled export: RSS idle \(idle) KiB, peak \(peak) KiB")
+        XCTAssertLessThan(peak - idle, 6 * 1024, "a client that stops reading makes the server buffer nothing more")
+        XCTAssertTrue(server.isRunning)
+
+        // One export per user at a time.
+        assertJSONError(
+            try send(server, "GET", "/sync/v1/export", token: user.access), status: 409, code: "export_in_progress")
+
+        // Deleting the account ends the stalled export at once: the connection closes without
+        // the body's last chunk.
+        let code = try confirmationCode(server, email, token: user.access)
+        XCTAssertEqual(
+            try send(server, "DELETE", "/sync/v1/account", body: #"{"code":"\#(code)"}"#, token: user.access).status,
+            204)
+        XCTAssertTrue(try stalled.waitForClose(timeout: 10), "the export's connection is closed")
+        XCTAssertEqual(try rows(of: user.user, email: email, in: server).values.reduce(0, +), 0)
+        XCTAssertTrue(server.isRunning)
+    }
+
+    func testAClientThatLeavesReleasesTheExport() throws {
+        let server = try startServer()
+        let user = try session(server, "leaver@example.com")
+        try seed(server, user: user.user, events: 20_000)
+        let leaving = try server.connect()
+        try leaving.send(request("GET", "/sync/v1/export", headers: [("Authorization", "Bearer \(user.access)")]))
+        XCTAssertEqual(try leaving.readResponse(timeout: 10, bodyExpected: false).status, 200)
+        leaving.close()
+        // The next export may start as soon as the server noticed; it is whole.
+        var status = 0
+        XCTAssertTrue(
+            eventually(within: 10, interval: .milliseconds(50)) {
+                status = (try? download(server, token: user.access))?.status ?? 0
+                return status == 200
+            }, "status \(status)")
+        let owner = try PostgresConnection.connect(server.database)
+        XCTAssertTrue(
+            eventually(within: 5) {
+                (try? owner.query("select count(*) from account_exports")[0].decode(Int.self, column: 0)) == 0
+            }, "every lease released")
     }
 }

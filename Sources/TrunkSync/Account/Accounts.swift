@@ -156,51 +156,66 @@ public struct Accounts: Sendable {
     ///
     /// At most one export per user runs at a time across instances (`ExportError.inProgress`);
     /// a deletion meanwhile ends it with `ExportError.interrupted`. `progress` gets (events
-    /// written, events in the export) after each page.
+    /// written, events in the export) after each page. Same as `beginExport` then `run`.
     @discardableResult
     public func export(
         _ user: UUID, pageSize: Int = Accounts.exportPageSize,
         progress: (@Sendable (Int64, Int64) -> Void)? = nil,
         write: @Sendable ([UInt8]) async throws -> Void
     ) async throws -> ExportSummary {
-        let start = try await beginExport(user)
-        var released = false
+        try await run(try await beginExport(user), pageSize: pageSize, progress: progress, write: write)
+    }
+
+    /// An export that has started: its user's lease is held until `run` returns.
+    public struct Export: Sendable {
+        /// Whose data it is.
+        public let user: UUID
+        let lease: UUID
+        let accountLine: [UInt8]
+        /// The last `seq` it includes (the user's events when it started).
+        public let through: Int64
+    }
+
+    /// Writes `export` (see `export(_:pageSize:progress:write:)`) and releases its lease,
+    /// however it ends. `proceed` is asked before each page: false ends the export with
+    /// `ExportError.interrupted` (a session revoked meanwhile).
+    @discardableResult
+    public func run(
+        _ export: Export, pageSize: Int = Accounts.exportPageSize, progress: (@Sendable (Int64, Int64) -> Void)? = nil,
+        proceed: (@Sendable () -> Bool)? = nil, write: @Sendable ([UInt8]) async throws -> Void
+    ) async throws -> ExportSummary {
+        let user = export.user
         do {
-            try await write(start.accountLine)
+            try await write(export.accountLine)
             var cursor: Int64 = 0
             var written: Int64 = 0
-            while cursor < start.through {
+            while cursor < export.through {
+                if let proceed, !proceed() { throw ExportError.interrupted }
                 guard
                     let page = try await exportPage(
-                        user, lease: start.lease, after: cursor, through: start.through, limit: pageSize)
+                        user, lease: export.lease, after: cursor, through: export.through, limit: max(1, pageSize))
                 else { throw ExportError.interrupted }
                 guard page.count > 0, let last = page.lastSeq else { break }
                 try await write(Self.lines(kind: "event", fromArray: page.eventsJSON))
                 written += Int64(page.count)
                 cursor = last
-                progress?(written, start.through)
+                progress?(written, export.through)
             }
-            released = true
-            try await endExport(user, lease: start.lease)
+            try await endExport(user, lease: export.lease)
             return ExportSummary(events: written)
         } catch {
-            if !released { try? await endExport(user, lease: start.lease) }
+            // Released in a task of its own: a cancelled producer must still let go.
+            let lease = export.lease
+            await Task.detached { [self] in try? await endExport(user, lease: lease) }.value
             throw error
         }
     }
 
-    /// The account line of `user` and the export's bounds, once its lease is held.
-    struct ExportStart: Sendable {
-        var lease: UUID
-        var accountLine: [UInt8]
-        /// The last `seq` the export includes.
-        var through: Int64
-    }
-
-    /// Reads the account and takes the user's export lease (or finds it held).
-    func beginExport(_ user: UUID) async throws -> ExportStart {
+    /// Reads the account and takes the user's export lease; throws `ExportError.notFound`
+    /// or `.inProgress`. Hand the result to `run`, which releases the lease.
+    public func beginExport(_ user: UUID) async throws -> Export {
         let lease = UUID()
-        let start: ExportStart? = try await pool.transaction { connection in
+        let start: Export? = try await pool.transaction { connection in
             try RowScope.apply(RowScope.user(user), on: connection)
             guard
                 let row = try connection.query(
@@ -224,8 +239,8 @@ public struct Accounts: Sendable {
             writer.string("full_name", try row.decode(String?.self, column: 3))
             writer.raw("user_metadata", try row.decode(PostgresJSON.self, column: 4).bytes)
             writer.endObject()
-            return ExportStart(
-                lease: lease, accountLine: writer.bytes + [UInt8(ascii: "\n")],
+            return Export(
+                user: user, lease: lease, accountLine: writer.bytes + [UInt8(ascii: "\n")],
                 through: try row.decode(Int64.self, column: 5))
         }
         guard let start else { throw ExportError.notFound }

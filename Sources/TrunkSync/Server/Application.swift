@@ -220,7 +220,7 @@ public struct Application: Sendable {
         SyncRoutes(store: events, notifier: notifier, metrics: metrics, revocations: auth.revocations)
             .register(in: &routes)
         RESTRoutes(pool: pool, store: events, metrics: metrics).register(in: &routes)
-        AccountRoutes(accounts: accounts, auth: auth).register(in: &routes)
+        AccountRoutes(accounts: accounts, auth: auth, notifier: notifier).register(in: &routes)
         return routes
     }
 

@@ -2007,6 +2007,112 @@ public enum OpenAPIDocument {
         },
         "x-body-limit": 4096
       }
+    },
+    "/sync/v1/export": {
+      "get": {
+        "operationId": "exportAccount",
+        "tags": [
+          "sync"
+        ],
+        "summary": "Download a copy of the signed-in user's data",
+        "description": "The user's data as JSON lines (NDJSON), streamed as it is read: first `{\"kind\":\"account\",\"id\",\"email\",\"created_at\",\"full_name\",\"user_metadata\"}`, then one `{\"kind\":\"event\",…}` per event with the fields of a pulled event, in `seq` order: the events stored when the export started. The body is chunked; a body that ends without its last chunk (the connection closed early: the account was deleted or the session signed out meanwhile, or the server failed) is incomplete. The server reads the next page only when the client has taken the previous one, so a slow client slows the export. At most one export per user runs at a time. No parameters; body at most 1 KiB.",
+        "security": [
+          {
+            "bearerAuth": []
+          }
+        ],
+        "responses": {
+          "200": {
+            "description": "The export, as it is read.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              },
+              "Content-Disposition": {
+                "description": "`attachment; filename=\"trunk-sync-export-YYYY-MM-DD.ndjson\"` (the server's date, UTC).",
+                "required": true,
+                "schema": {
+                  "type": "string",
+                  "pattern": "^attachment; filename=\"trunk-sync-export-\\d{4}-\\d{2}-\\d{2}\\.ndjson\"$"
+                }
+              }
+            },
+            "content": {
+              "application/x-ndjson": {
+                "schema": {
+                  "type": "string",
+                  "description": "One JSON object per line, each line ending with a newline."
+                }
+              }
+            }
+          },
+          "400": {
+            "description": "`invalid_parameter`: the export takes no query parameters.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              }
+            },
+            "content": {
+              "application/json": {
+                "schema": {
+                  "allOf": [
+                    {
+                      "$ref": "#/components/schemas/NativeError"
+                    }
+                  ],
+                  "properties": {
+                    "code": {
+                      "enum": [
+                        "invalid_parameter"
+                      ]
+                    }
+                  }
+                }
+              }
+            }
+          },
+          "401": {
+            "$ref": "#/components/responses/NativeUnauthorized"
+          },
+          "409": {
+            "description": "`export_in_progress`: another export of this user is running (on any instance); try again when it has finished.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              }
+            },
+            "content": {
+              "application/json": {
+                "schema": {
+                  "allOf": [
+                    {
+                      "$ref": "#/components/schemas/NativeError"
+                    }
+                  ],
+                  "properties": {
+                    "code": {
+                      "enum": [
+                        "export_in_progress"
+                      ]
+                    }
+                  }
+                }
+              }
+            }
+          },
+          "413": {
+            "$ref": "#/components/responses/NativeBodyTooLarge"
+          },
+          "500": {
+            "$ref": "#/components/responses/NativeInternalError"
+          },
+          "503": {
+            "$ref": "#/components/responses/NativeUnavailable"
+          }
+        },
+        "x-body-limit": 1024
+      }
     }
   },
   "components": {

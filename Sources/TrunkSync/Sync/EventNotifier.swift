@@ -45,6 +45,9 @@ public final class EventNotifier: Sendable {
     /// Number of requests waiting now.
     public var waiting: Int { state.count }
 
+    /// Whether `shutdown` was called (every ticket now fires at once).
+    public var isShutDown: Bool { state.isClosed }
+
     /// Wakes every waiter now and every future waiter at once (graceful shutdown).
     public func shutdown() {
         state.shutdown()
@@ -117,6 +120,7 @@ final class NotifierState: @unchecked Sendable {
     private var closed = false
 
     var count: Int { lock.withLock { total } }
+    var isClosed: Bool { lock.withLock { closed } }
 
     func register(user: UUID) -> WaitTicket {
         lock.lock()
