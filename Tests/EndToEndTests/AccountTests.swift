@@ -326,6 +326,12 @@ final class AccountTests: EndToEndTestCase {
         let small = try download(server, token: other.access)
         XCTAssertEqual(small.lines.count, 5)
         XCTAssertFalse(small.lines.joined().contains(user.user))
+        // A user without events gets the account line alone.
+        let empty = try session(server, "empty@example.com")
+        let nothing = try download(server, token: empty.access)
+        XCTAssertEqual(nothing.status, 200)
+        XCTAssertEqual(nothing.lines.count, 2, "\(nothing.lines)")
+        XCTAssertTrue(nothing.lines[0].hasPrefix(#"{"kind":"account","id":"\#(empty.user)""#), "\(nothing.lines[0])")
         // Bad input.
         assertJSONError(
             try send(server, "GET", "/sync/v1/export?after=3", token: user.access), status: 400,
