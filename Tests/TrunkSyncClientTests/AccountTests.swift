@@ -94,4 +94,35 @@ final class ClientAccountTests: ClientTestCase {
         XCTAssertEqual(
             try String(contentsOf: file, encoding: .utf8).split(separator: "\n").count, 1201, "left as it was")
     }
+
+    /// An export cut short on the server (the account deleted while it streams) is no file:
+    /// the download fails and the destination stays as it was.
+    func testAnExportCutShortLeavesNoFile() async throws {
+        let server = try startServer()
+        let client = try makeClient(server, storage: try makeStorage())
+        try await signIn(client, server, as: "cut@example.com")
+        let user = try userID(server, "cut@example.com")
+        let owner = try server.connect()
+        try owner.query(
+            """
+            insert into events (user_id, seq, type, payload, client_id, client_timestamp, created_at)
+            select $1::uuid, n, 'note', jsonb_build_object('n', n), gen_random_uuid(), now(), now() + n * interval '1 millisecond'
+            from generate_series(1, 200000) n
+            """, user)
+        try owner.query("update users set last_seq = 200000 where id = $1::uuid", user)
+        let file = try makeStorage().appendingPathComponent("export.ndjson")
+        try Data("before".utf8).write(to: file)
+
+        let export = Task { try await client.exportData(to: file) }
+        let started = await waitUntil(10) {
+            (try? server.rows("select count(*)::text from account_exports"))?.first?.first == "1"
+        }
+        XCTAssertTrue(started)
+        try owner.query("delete from users where id = $1::uuid", user)
+        do {
+            try await export.value
+            XCTFail("an incomplete export was taken for a whole one")
+        } catch TrunkSyncError.network(_) {}
+        XCTAssertEqual(try String(contentsOf: file, encoding: .utf8), "before")
+    }
 }
