@@ -353,6 +353,7 @@ final class AccountTests: EndToEndTestCase {
         try stalled.send(request("GET", "/sync/v1/export", headers: [("Authorization", "Bearer \(user.access)")]))
         let head = try stalled.readResponse(timeout: 10, bodyExpected: false)
         XCTAssertEqual(head.status, 200)
+        XCTAssertEqual(try server.metrics()["trunk_sync_longpolls_waiting"], 0, "an export is no waiting pull")
         let peak = peakResidentKiB(server) { usleep(2_000_000) }
         print("stalled export: RSS idle \(idle) KiB, peak \(peak) KiB")
         XCTAssertLessThan(peak - idle, 6 * 1024, "a client that stops reading makes the server buffer nothing more")

@@ -13,6 +13,8 @@ public struct AccountRoutes: Sendable {
     /// Wakes a running export when its user's sessions are revoked (a deletion, a sign-out).
     let notifier: EventNotifier
 
+    /// The routes over `accounts`, with `auth`'s codes and revocations and `notifier`'s
+    /// wake-ups.
     public init(accounts: Accounts, auth: AuthService, notifier: EventNotifier) {
         self.accounts = accounts
         self.auth = auth
@@ -23,6 +25,7 @@ public struct AccountRoutes: Sendable {
     /// waits for it (a page may add to it once).
     static let exportBufferLimit = 64 * 1024
 
+    /// Adds the routes.
     public func register(in routes: inout Routes) {
         let small = Endpoint.BodyLimit.small
         for method in [HTTPMethod.post, .get] {
@@ -126,7 +129,7 @@ public struct AccountRoutes: Sendable {
         _ session: UUID, of user: UUID, _ revocations: SessionRevocations, _ notifier: EventNotifier
     ) async {
         while !Task.isCancelled, !notifier.isShutDown {
-            let ticket = notifier.ticket(for: user)
+            let ticket = notifier.ticket(for: user, counted: false)
             defer { ticket.cancel() }
             if revocations.isRevoked(session) { return }
             await ticket.wait(timeout: .seconds(3600))

@@ -126,6 +126,7 @@ public struct Accounts: Sendable {
         /// written is incomplete.
         case interrupted
 
+        /// One line for an operator.
         public var description: String {
             switch self {
             case .notFound: "no such user"
