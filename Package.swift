@@ -76,7 +76,8 @@ let package = Package(
         .target(name: "TestSupport", dependencies: ["Postgres"], path: "Tests/TestSupport"),
         .testTarget(name: "TrunkCryptoTests", dependencies: ["TrunkCrypto"]),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres", "TestSupport", "CSystem"]),
-        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"]),
+        .testTarget(
+            name: "HTTPServerTests", dependencies: ["HTTPServer", .product(name: "Logging", package: "swift-log")]),
         .testTarget(name: "JSONTests", dependencies: ["JSON"]),
         .testTarget(name: "MailTests", dependencies: ["Mail", "TestSupport"]),
         .testTarget(name: "EndToEndTests", dependencies: ["TestSupport", "Postgres"]),

@@ -69,8 +69,9 @@ public struct HTTPStatus: Hashable, Sendable, ExpressibleByIntegerLiteral, Custo
     public static let serviceUnavailable: HTTPStatus = 503
 }
 
-/// What a handler answers. The server adds `Content-Length`, `Date`, `Server`,
-/// `X-Request-Id`, CORS and `Connection` headers.
+/// What a handler answers. The server adds `Content-Length` (or `Transfer-Encoding:
+/// chunked` for a streamed body), `Date`, `Server` and `Connection`; the application's
+/// pipeline adds `X-Request-Id` and CORS headers.
 public struct HTTPResponse: Sendable {
     /// The status.
     public var status: HTTPStatus
@@ -81,6 +82,8 @@ public struct HTTPResponse: Sendable {
     public var body: [UInt8]
     /// Close the connection after this response.
     public var closeConnection = false
+    /// A body produced over time instead of `body` (see `HTTPBodyStream`).
+    public var stream: HTTPBodyStream? = nil
 
     /// A response from its parts.
     public init(status: HTTPStatus, headers: HTTPHeaders = [:], body: [UInt8] = []) {
@@ -95,6 +98,17 @@ public struct HTTPResponse: Sendable {
         all.reserveCapacity(all.count + 4)  // room for what the pipeline adds (request id, CORS)
         all.append(name: "Content-Type", value: "application/json; charset=utf-8")
         return HTTPResponse(status: status, headers: all, body: body)
+    }
+
+    /// A response whose body `produce` writes over time, sent as it comes (chunked, or
+    /// close-delimited to an HTTP/1.0 client). See `HTTPBodyStream` and `HTTPBodyWriter`.
+    public static func streamed(
+        _ status: HTTPStatus, headers: HTTPHeaders = [:], bufferLimit: Int = 64 * 1024,
+        shutdown: HTTPBodyStream.Shutdown = .finish, _ produce: @escaping @Sendable (HTTPBodyWriter) async -> Void
+    ) -> HTTPResponse {
+        var response = HTTPResponse(status: status, headers: headers)
+        response.stream = HTTPBodyStream(bufferLimit: bufferLimit, shutdown: shutdown, produce: produce)
+        return response
     }
 
     /// A JSON response from a string of JSON.

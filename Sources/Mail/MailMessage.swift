@@ -52,4 +52,30 @@ public struct MailMessage: Sendable, Equatable {
             from: from, to: to, subject: "Your sign-in code: \(code)", textBody: body,
             logSummary: "sign-in code for \(to): \(code)")
     }
+
+    /// The email carrying a one-time code that confirms an action of a signed-in user
+    /// (`POST /auth/v1/reauthenticate`, needed to delete the account).
+    ///
+    /// The subject is `Your confirmation code: CODE`; the body repeats the code, says how
+    /// long it stays valid and that it confirms deleting the account, and tells a reader who
+    /// did not ask to ignore it and sign out elsewhere. `logSummary` is `confirmation code
+    /// for TO: CODE`.
+    public static func confirmationCode(code: String, to: String, from: String, expiresInMinutes: Int) -> MailMessage {
+        let minutes = expiresInMinutes == 1 ? "1 minute" : "\(expiresInMinutes) minutes"
+        let body = """
+            Your confirmation code is:
+
+                \(code)
+
+            The app asked for it to confirm a change to your account, such as deleting it with all
+            its data. It expires in \(minutes) and works only once.
+
+            If you did not ask for it, do not enter it anywhere: someone may be signed in as you.
+            Sign out of your other devices from the app, and nothing will be changed.
+
+            """
+        return MailMessage(
+            from: from, to: to, subject: "Your confirmation code: \(code)", textBody: body,
+            logSummary: "confirmation code for \(to): \(code)")
+    }
 }

@@ -179,6 +179,80 @@ public actor TrunkSyncClient {
         return result
     }
 
+    // MARK: - Account
+
+    /// Mails the signed-in user a fresh 6-digit confirmation code (`POST
+    /// /auth/v1/reauthenticate`), which `deleteAccount(code:)` takes. Ask the user to type it
+    /// from the mail.
+    /// - Throws: `.notSignedIn`, `.sessionExpired`; `.rateLimited` when a code was sent
+    ///   within the last minute (`retryAfter` says when to offer "send again").
+    public func reauthenticate() async throws {
+        // Not retried after a network failure, as `sendCode`: the mail may have gone out.
+        let answer = try await send(
+            "POST", "/auth/v1/reauthenticate", bearer: true, retry: RetryRules(network: false, statuses: [503]))
+        guard answer.status == 200 else { throw failure(answer) }
+    }
+
+    /// Deletes the signed-in user's account and all their data on the server (`DELETE
+    /// /sync/v1/account`) with the code from `reauthenticate()`, then everything this client
+    /// stored for the user: session, cursor, outbox (events not sent yet are gone with the
+    /// account) and quarantine. Every session of the user, on every device, ends.
+    /// - Throws: `.invalidCode` for a wrong, expired or used code (nothing was deleted; ask
+    ///   for a new one); `.notSignedIn`, `.sessionExpired`; `.network` when the answer was lost
+    ///   (the account may be gone: the next call then finds the session expired).
+    public func deleteAccount(code: String) async throws {
+        await acquireSync()
+        defer { releaseSync() }
+        guard session != nil, let store else { throw TrunkSyncError.notSignedIn }
+        let body = try JSONSerialization.data(withJSONObject: ["code": code])
+        let answer = try await send(
+            "DELETE", "/sync/v1/account", body: Array(body), bearer: true,
+            retry: RetryRules(network: false, statuses: [503]))
+        if answer.serverError.code == "reauthentication_not_valid" { throw TrunkSyncError.invalidCode }
+        guard answer.status == 204 else { throw failure(answer) }
+        try storage {
+            try FileSystem.remove(layout.sessionFile)
+            store.close()
+            try FileSystem.remove(store.directory)
+        }
+        if self.store === store { self.store = nil }
+        session = nil
+        signedIn.set(nil)
+    }
+
+    /// Downloads a copy of the signed-in user's data (`GET /sync/v1/export`: one JSON object
+    /// per line, the account first, then every event in order) to the file `destination`.
+    /// The body is written to a temporary file as it arrives, never held in memory, and moved
+    /// to `destination` (replacing it) only once complete: after a failure nothing is there.
+    /// - Throws: `.notSignedIn`, `.sessionExpired`; `.server` with code `export_in_progress`
+    ///   while another export of the user runs; `.network` when the download broke off.
+    public func exportData(to destination: URL) async throws {
+        var refreshedAfter401 = false
+        while true {
+            let token = try await validAccessToken()
+            var request = URLRequest(url: try endpoint("/sync/v1/export", []))
+            request.httpMethod = "GET"
+            request.timeoutInterval = configuration.requestTimeout
+            request.setValue("application/x-ndjson", forHTTPHeaderField: "Accept")
+            request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization")
+            if let key = configuration.apiKey { request.setValue(key, forHTTPHeaderField: "apikey") }
+            configuration.observer?(.request(method: "GET", path: "/sync/v1/export"))
+            let answer: HTTPAnswer
+            do {
+                answer = try await transport.download(request, to: destination)
+            } catch let failure as TransportFailure {
+                throw TrunkSyncError.network(failure.description)
+            }
+            if answer.status == 401, !refreshedAfter401 {
+                refreshedAfter401 = true
+                _ = try await refreshed(replacing: token, proactive: false)
+                continue
+            }
+            guard answer.status == 200 else { throw failure(answer) }
+            return
+        }
+    }
+
     // MARK: - Recording
 
     /// Records an event: its payload (any `Encodable` that encodes as a JSON object; dates

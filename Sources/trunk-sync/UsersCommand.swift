@@ -11,9 +11,11 @@ struct UsersCommand: AsyncParsableCommand {
         subcommands: [List.self, Show.self, Export.self, Delete.self]
     )
 
-    static func admin(_ options: CommonOptions) async throws -> UserAdmin {
+    static func admin(_ options: CommonOptions) async throws -> (UserAdmin, Accounts) {
         let configuration = try options.load()
-        return UserAdmin(pool: try await ownerPool(configuration, logger: Logger(label: "trunk-sync.users")))
+        let logger = Logger(label: "trunk-sync.users")
+        let pool = try await ownerPool(configuration, logger: logger)
+        return (UserAdmin(pool: pool), Accounts(pool: pool, logger: logger))
     }
 
     static func user(_ admin: UserAdmin, _ email: String) async throws -> UserAdmin.Summary {
@@ -32,7 +34,7 @@ struct UsersCommand: AsyncParsableCommand {
 
         func run() async throws {
             try await reportingErrors {
-                let admin = try await UsersCommand.admin(options)
+                let (admin, _) = try await UsersCommand.admin(options)
                 let users = try await admin.list()
                 let rows = users.map { [$0.email, UsersCommand.time($0.createdAt), UsersCommand.time($0.lastSignInAt), String($0.events)] }
                 print(table(header: ["EMAIL", "CREATED", "LAST SIGN-IN", "EVENTS"], rows: rows))
@@ -48,7 +50,7 @@ struct UsersCommand: AsyncParsableCommand {
 
         func run() async throws {
             try await reportingErrors {
-                let admin = try await UsersCommand.admin(options)
+                let (admin, _) = try await UsersCommand.admin(options)
                 let user = try await UsersCommand.user(admin, email)
                 print("id:              \(user.id.uuidString.lowercased())")
                 print("email:           \(user.email)")
@@ -63,24 +65,28 @@ struct UsersCommand: AsyncParsableCommand {
 
     struct Export: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Write the user's events as JSON lines to stdout (progress on stderr when it is a terminal).")
+            abstract:
+                "Write the user's account and events as JSON lines to stdout, as GET /sync/v1/export does (progress on stderr when it is a terminal)."
+        )
         @OptionGroup var options: CommonOptions
         @Argument(help: "The user's email address.") var email: String
 
         func run() async throws {
             try await reportingErrors {
-                let admin = try await UsersCommand.admin(options)
+                let (admin, accounts) = try await UsersCommand.admin(options)
                 let user = try await UsersCommand.user(admin, email)
                 let showProgress = isatty(STDERR_FILENO) == 1
-                let written = try await admin.export(
-                    user, write: { FileHandle.standardOutput.write(Data($0)) },
+                let written = try await accounts.export(
+                    user.id,
                     progress: { done, total in
                         guard showProgress else { return }
                         let width = 30
                         let filled = total > 0 ? Int(Double(done) / Double(total) * Double(width)) : width
                         let bar = String(repeating: "#", count: min(filled, width)) + String(repeating: ".", count: max(0, width - filled))
                         FileHandle.standardError.write(Data("\r[\(bar)] \(done)/\(total) events".utf8))
-                    })
+                    },
+                    write: { FileHandle.standardOutput.write(Data($0)) }
+                ).events
                 if showProgress { FileHandle.standardError.write(Data("\n".utf8)) }
                 FileHandle.standardError.write(Data("exported \(written) event(s) of \(user.email)\n".utf8))
             }
@@ -96,7 +102,7 @@ struct UsersCommand: AsyncParsableCommand {
 
         func run() async throws {
             try await reportingErrors {
-                let admin = try await UsersCommand.admin(options)
+                let (admin, accounts) = try await UsersCommand.admin(options)
                 let user = try await UsersCommand.user(admin, email)
                 if !yes {
                     FileHandle.standardError.write(
@@ -105,8 +111,10 @@ struct UsersCommand: AsyncParsableCommand {
                         throw CommandError("not confirmed; nothing deleted")
                     }
                 }
-                _ = try await admin.delete(user)
-                print("deleted \(user.email) and \(user.events) event(s)")
+                guard let deleted = try await accounts.delete(user.id) else {
+                    throw CommandError("no user with email \(user.email)")
+                }
+                print("deleted \(user.email) and \(deleted.events) event(s)")
             }
         }
     }

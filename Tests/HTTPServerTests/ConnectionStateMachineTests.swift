@@ -231,4 +231,96 @@ final class ConnectionStateMachineTests: XCTestCase {
         XCTAssertEqual(connection.requestComplete(), .ignoreRequest)
         XCTAssertEqual(connection.state, .idle)
     }
+
+    // MARK: - Streamed responses
+
+    func testStreamedResponseHasNoDeadlineWhileTheProducerSetsThePaceThenGoesOnToTheNextRequest() {
+        var connection = handling()
+        XCTAssertEqual(connection.streamStarted(keepAlive: true), .nextRequest)
+        XCTAssertEqual(connection.state, .streaming(after: .nextRequest))
+        XCTAssertTrue(connection.isStreaming)
+        XCTAssertEqual(connection.deadlineKind, .none, "an idle stream waits for its producer, not the client")
+        XCTAssertEqual(connection.outputDrained(hasBufferedInput: false, now: 1001), .none)
+        XCTAssertEqual(connection.state, .streaming(after: .nextRequest), "drained output does not end the body")
+        connection.bytesArrived(now: 1002)
+        XCTAssertEqual(
+            connection.state, .streaming(after: .nextRequest), "a pipelined request waits for the body's end")
+        connection.streamEnded()
+        XCTAssertEqual(connection.state, .writing(after: .nextRequest))
+        XCTAssertEqual(connection.outputDrained(hasBufferedInput: false, now: 1003), .none)
+        XCTAssertEqual(connection.state, .idle)
+        XCTAssertEqual(connection.deadline, 1063)
+    }
+
+    func testStreamedResponseToAClientThatStopsReadingIsClosedAfterTheWriteTimeout() {
+        var connection = handling()
+        connection.streamStarted(keepAlive: true)
+        connection.writeBlocked(now: 1010)
+        XCTAssertEqual(connection.deadline, 1030)
+        XCTAssertEqual(connection.deadlineKind, .close)
+        connection.wroteSome(now: 1015)
+        XCTAssertEqual(connection.deadline, 1035, "a client that reads keeps its time")
+        connection.writeBlocked(now: 1016)
+        XCTAssertEqual(connection.deadline, 1035, "blocking again does not move it")
+        XCTAssertEqual(connection.outputDrained(hasBufferedInput: false, now: 1020), .none)
+        XCTAssertEqual(connection.deadlineKind, .none, "caught up: no deadline until the next blocked write")
+        connection.writeBlocked(now: 1040)
+        XCTAssertEqual(connection.deadlinePassed(), .close)
+        XCTAssertEqual(connection.state, .closed)
+    }
+
+    func testStreamedResponseEndsWithTheWriteDeadlineStillRunningWhenTheClientIsBehind() {
+        var connection = handling()
+        connection.streamStarted(keepAlive: false)
+        connection.writeBlocked(now: 1010)
+        connection.streamEnded()
+        XCTAssertEqual(connection.state, .writing(after: .close))
+        XCTAssertEqual(connection.deadline, 1030)
+        XCTAssertEqual(connection.deadlineKind, .close)
+    }
+
+    func testCloseDelimitedOrRefusedKeepAliveStreamClosesAfterItsBody() {
+        var connection = handling()
+        XCTAssertEqual(connection.streamStarted(keepAlive: false), .close)
+        connection.streamEnded()
+        XCTAssertEqual(connection.outputDrained(hasBufferedInput: true, now: 1001), .close)
+        XCTAssertEqual(connection.state, .closed)
+    }
+
+    func testAbandonedStreamClosesOnceWhatWasWrittenIsSent() {
+        var connection = handling()
+        connection.streamStarted(keepAlive: true)
+        connection.streamAbandoned()
+        XCTAssertEqual(connection.state, .writing(after: .close), "never the next request: the body is cut off")
+        XCTAssertEqual(connection.outputDrained(hasBufferedInput: false, now: 1001), .close)
+        var answered = handling()
+        answered.streamAbandoned()
+        XCTAssertEqual(answered.state, .handling, "only a stream can be abandoned")
+    }
+
+    func testClientClosingItsSideEndsAStream() {
+        var connection = handling()
+        connection.streamStarted(keepAlive: true)
+        XCTAssertEqual(connection.peerClosedInput(), .close)
+        XCTAssertEqual(connection.state, .closed)
+    }
+
+    func testShutdownTellsAStreamsProducerAndClosesAfterTheBody() {
+        var connection = handling()
+        connection.streamStarted(keepAlive: true)
+        XCTAssertEqual(connection.shutdownBegan(), .endStream)
+        XCTAssertEqual(connection.state, .streaming(after: .close))
+        connection.streamEnded()
+        XCTAssertEqual(connection.outputDrained(hasBufferedInput: false, now: 1001), .close)
+
+        var late = handling()
+        XCTAssertEqual(late.shutdownBegan(), .none)
+        XCTAssertEqual(late.streamStarted(keepAlive: true), .close, "a stream started during shutdown closes after")
+    }
+
+    func testStreamStartsOnlyFromAHandler() {
+        var connection = machine()
+        XCTAssertEqual(connection.streamStarted(keepAlive: true), .close)
+        XCTAssertEqual(connection.state, .idle)
+    }
 }

@@ -68,10 +68,15 @@ final class AdminCommandTests: XCTestCase {
 
         let export = try run(["users", "export", "ada@example.com"])
         XCTAssertEqual(export.status, 0, export.stderr)
-        let exported = export.stdout.split(separator: "\n")
-        XCTAssertEqual(exported.count, 2500)
+        var exported = export.stdout.split(separator: "\n")
+        XCTAssertEqual(exported.count, 2501, "the account, then each event")
+        let account = try XCTUnwrap(
+            try JSONSerialization.jsonObject(with: Data(exported.removeFirst().utf8)) as? [String: Any])
+        XCTAssertEqual(account["kind"] as? String, "account")
+        XCTAssertEqual(account["email"] as? String, "ada@example.com")
         let seqs = try exported.map { line -> Int in
             let object = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+            XCTAssertEqual(object["kind"] as? String, "event")
             XCTAssertEqual((object["payload"] as? [String: Any])?["text"] as? String, "ü \"q\"")
             return try XCTUnwrap(object["seq"] as? Int)
         }
@@ -92,6 +97,7 @@ final class AdminCommandTests: XCTestCase {
                  + (select count(*) from sessions s where not exists (select 1 from users u where u.id = s.user_id))
                  + (select count(*) from refresh_tokens t where not exists (select 1 from users u where u.id = t.user_id))
                  + (select count(*) from otp_codes where email = 'ada@example.com')
+                 + (select count(*) from reauthentication_codes c where not exists (select 1 from users u where u.id = c.user_id))
             """)[0].decode(Int.self, column: 0)
         XCTAssertEqual(remaining, 0, "no row of the deleted user anywhere")
         let bobEvents = try owner.query("select count(*) from events")[0].decode(Int.self, column: 0)

@@ -33,6 +33,9 @@ final class Connection<Context: Sendable> {
     var prepared: HTTPResponse? = nil
     var requestKeepAlive = false
     var requestIsHead = false
+    var requestIsHTTP10 = false
+    /// The streamed body being sent, while the lifecycle is `streaming`.
+    var stream: ActiveStream? = nil
 
     init(
         fd: Int32, id: UInt64, remoteAddress: String, clientKey: IPAddress?, peerIsTrustedProxy: Bool,
@@ -49,4 +52,13 @@ final class Connection<Context: Sendable> {
     }
 
     var hasPendingOutput: Bool { outputOffset < output.count }
+}
+
+/// A streamed response body in progress on a connection.
+struct ActiveStream {
+    let writer: HTTPBodyWriter
+    let producer: Task<Void, Never>
+    /// Chunked (HTTP/1.1) or delimited by closing the connection (HTTP/1.0).
+    let chunked: Bool
+    let shutdown: HTTPBodyStream.Shutdown
 }

@@ -11,6 +11,11 @@
 /// A `lingering` connection has sent its final response and half-closed its side; it reads
 /// and drops what the client is still sending so that closing does not reset the connection
 /// before the client has read the answer (a `413` sent while the body is on its way).
+///
+/// A streamed response (`HTTPBodyStream`) goes `handling ──head──▶ streaming ──end──▶ writing`:
+/// while `streaming`, its producer writes the body over time; nothing is due from the client
+/// (no deadline) unless the socket stops taking output (the write timeout), and the client
+/// closing its side ends it, since nobody is left to read it.
 struct ConnectionStateMachine {
     enum State: Equatable {
         /// Waiting for the first byte of a request (a new or a kept-alive connection).
@@ -24,6 +29,9 @@ struct ConnectionStateMachine {
         case handling
         /// A response is queued; `after` says what follows once it is written.
         case writing(after: AfterWrite)
+        /// A streamed response's head is queued and its body is being produced; `after` says
+        /// what follows once its end is written.
+        case streaming(after: AfterWrite)
         /// The final response is out and the write side shut; unread input is dropped.
         case lingering
         case closed
@@ -62,6 +70,8 @@ struct ConnectionStateMachine {
         case close
         /// Queue a `408` and close after writing it.
         case sendRequestTimeout
+        /// Graceful shutdown began during a streamed response: tell its producer.
+        case endStream
     }
 
     struct Timeouts: Equatable {
@@ -90,6 +100,12 @@ struct ConnectionStateMachine {
 
     /// Whether a handler is running.
     var isHandling: Bool { state == .handling }
+
+    /// Whether a streamed response's body is being produced.
+    var isStreaming: Bool {
+        if case .streaming = state { return true }
+        return false
+    }
 
     /// Whether the connection may be closed now without losing anything in flight (idle,
     /// between requests).
@@ -155,6 +171,33 @@ struct ConnectionStateMachine {
         return after
     }
 
+    /// The head of a streamed response was queued (instead of `responseQueued`): its body
+    /// follows over time. `keepAlive`: the request, the response and the body's framing
+    /// allow another request after it (a close-delimited body does not).
+    @discardableResult
+    mutating func streamStarted(keepAlive: Bool) -> AfterWrite {
+        guard state == .handling else { return .close }
+        let after: AfterWrite = keepAlive && !shuttingDown ? .nextRequest : .close
+        state = .streaming(after: after)
+        setDeadline(.none, 0)
+        return after
+    }
+
+    /// The producer finished and the end of the body is queued: the rest is an ordinary write.
+    /// A write deadline already running (the client is behind) stays.
+    mutating func streamEnded() {
+        guard case .streaming(let after) = state else { return }
+        state = .writing(after: after)
+    }
+
+    /// The producer gave up without finishing its body: what it wrote is sent, then the
+    /// connection closes without the end of the body, so the client cannot take a cut-off
+    /// body for a complete one.
+    mutating func streamAbandoned() {
+        guard isStreaming else { return }
+        state = .writing(after: .close)
+    }
+
     /// The bytes could not be parsed: a final error response is queued, then close.
     mutating func protocolErrorQueued() {
         state = .writing(after: .close)
@@ -173,7 +216,12 @@ struct ConnectionStateMachine {
 
     /// Some output went out while blocked: the client is reading, extend its time.
     mutating func wroteSome(now: UInt64) {
-        if case .writing = state, deadlineKind == .close { setDeadline(.close, now &+ timeouts.write) }
+        switch state {
+        case .writing, .streaming:
+            if deadlineKind == .close { setDeadline(.close, now &+ timeouts.write) }
+        default:
+            break
+        }
     }
 
     /// All queued output was written. `hasBufferedInput`: bytes of a next request wait in
@@ -198,6 +246,10 @@ struct ConnectionStateMachine {
             return .shutdownWrite
         case .readingBody:
             // `100 Continue` went out; the body is still due under the body deadline.
+            return .none
+        case .streaming:
+            // The client has read everything so far; the producer sets the pace now.
+            setDeadline(.none, 0)
             return .none
         default:
             return .none
@@ -224,7 +276,9 @@ struct ConnectionStateMachine {
     /// The peer will send nothing more. Close unless a response is still owed or queued.
     mutating func peerClosedInput() -> Action {
         switch state {
-        case .idle, .readingHead, .readingBody, .lingering:
+        case .idle, .readingHead, .readingBody, .lingering, .streaming:
+            // A stream has no end of its own to wait for: nobody is left to read it (and a
+            // dead stream would otherwise be found only at its next write).
             state = .closed
             return .close
         case .handling, .writing, .closed:
@@ -233,7 +287,7 @@ struct ConnectionStateMachine {
     }
 
     /// Graceful shutdown began: idle connections close now, the others after their
-    /// current response.
+    /// current response (a streamed one's producer is told).
     mutating func shutdownBegan() -> Action {
         shuttingDown = true
         switch state {
@@ -243,6 +297,9 @@ struct ConnectionStateMachine {
         case .writing(.nextRequest):
             state = .writing(after: .close)
             return .none
+        case .streaming:
+            state = .streaming(after: .close)
+            return .endStream
         default:
             return .none
         }

@@ -171,7 +171,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             // more is read, so this is the only news of it: closing cancels the handler (a
             // long-poll stops waiting) instead of keeping it until its answer fails to send.
             // A client that only shut its sending side (FIN) still gets its answer.
-            if flags & epollIn == 0 || connection.lifecycle.isHandling {
+            if flags & epollIn == 0 || connection.lifecycle.isHandling || connection.lifecycle.isStreaming {
                 closeConnection(connection)
                 return
             }
@@ -346,6 +346,17 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             case .handling:
                 if connection.hungUp { closeConnection(connection) }
                 return
+            case .streaming:
+                if connection.hungUp
+                    || (connection.peerClosedInput && connection.lifecycle.peerClosedInput() == .close)
+                {
+                    closeConnection(connection)
+                    return
+                }
+                // Nothing more is parsed until the body ends (responses stay in order): take
+                // what the producer wrote once the socket has sent what was taken before.
+                guard pumpStream(connection) else { return }
+                continue
             case .closed:
                 return
             case .lingering:
@@ -447,6 +458,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private func admit(_ head: HTTPRequestHead, on connection: Connection<Context>) {
         connection.requestKeepAlive = head.keepAlive
         connection.requestIsHead = head.method == .head
+        connection.requestIsHTTP10 = head.version == .http10
         if connection.peerIsTrustedProxy {
             // Per request: one proxy connection carries many clients in turn. Only for trusted
             // peers, so without trusted proxies nothing here runs or allocates.
@@ -509,8 +521,14 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     }
 
     private func handleMailbox() {
-        let (completions, shutdown) = mailbox.drain()
+        let (completions, streamsReady, shutdown) = mailbox.drain()
         for completion in completions { complete(completion) }
+        for ready in streamsReady {
+            guard let connection = connections[ready.fd], connection.id == ready.connectionID,
+                connection.lifecycle.isStreaming
+            else { continue }
+            drive(connection)
+        }
         if shutdown, !shuttingDown { beginShutdown() }
     }
 
@@ -520,20 +538,103 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         guard let connection = connections[completion.fd], connection.id == completion.connectionID,
             connection.lifecycle.isHandling
         else {
-            return  // the client went away meanwhile
+            // The client went away meanwhile. A streamed body's producer still runs once,
+            // to learn that nobody reads it and release what it holds.
+            if let stream = completion.response.stream { runUnsent(stream) }
+            return
         }
         connection.handlerTask = nil
         finish(completion.response, context: completion.context, on: connection)
         drive(connection)
     }
 
-    /// Queues the final response to the current request.
+    // MARK: - Streamed bodies
+
+    /// Queues the head of a streamed response and starts its producer.
+    private func startStream(
+        _ response: HTTPResponse, _ body: HTTPBodyStream, keepAlive: Bool, context: Context,
+        on connection: Connection<Context>
+    ) {
+        var response = response
+        let chunked = !connection.requestIsHTTP10
+        let after = connection.lifecycle.streamStarted(keepAlive: keepAlive && chunked)
+        responder.complete(&response, context: context)
+        serialize(
+            response, framing: chunked ? .chunked : .untilClose, keepAlive: after == .nextRequest, omitBody: false,
+            into: &connection.output)
+        connection.context = nil
+        let mailbox = self.mailbox
+        let fd = connection.fd
+        let id = connection.id
+        let writer = HTTPBodyWriter(bufferLimit: body.bufferLimit) { mailbox.postStreamReady(fd: fd, connectionID: id) }
+        let producer = Task {
+            await body.produce(writer)
+            writer.producerReturned()
+        }
+        connection.stream = ActiveStream(writer: writer, producer: producer, chunked: chunked, shutdown: body.shutdown)
+    }
+
+    /// Runs a streamed body's producer that has nobody to send to: its writer is closed and
+    /// its task cancelled from the start.
+    private func runUnsent(_ body: HTTPBodyStream) {
+        let writer = HTTPBodyWriter.closed()
+        Task { await body.produce(writer) }.cancel()
+    }
+
+    /// Moves what the producer wrote into the connection's output, framed, once what was
+    /// taken before has been sent. Returns whether output was queued (the caller flushes it).
+    private func pumpStream(_ connection: Connection<Context>) -> Bool {
+        guard let stream = connection.stream, !connection.hasPendingOutput else { return false }
+        let (chunks, end) = stream.writer.take()
+        var size = 0
+        for chunk in chunks { size += chunk.count }
+        if size > 0 {
+            connection.output.reserveCapacity(size + 16)
+            if stream.chunked {
+                appendHex(size, to: &connection.output)
+                connection.output.append(contentsOf: Self.crlf)
+            }
+            for chunk in chunks { connection.output.append(contentsOf: chunk) }
+            if stream.chunked { connection.output.append(contentsOf: Self.crlf) }
+        }
+        switch end {
+        case .open:
+            break
+        case .finished:
+            connection.stream = nil
+            connection.lifecycle.streamEnded()
+            if stream.chunked { connection.output.append(contentsOf: Self.lastChunk) }
+        case .abandoned:
+            connection.stream = nil
+            connection.lifecycle.streamAbandoned()
+        }
+        if end != .open, !connection.hasPendingOutput {
+            // Nothing left to send: what follows the body (the close that ends it) is now.
+            if connection.lifecycle.outputDrained(hasBufferedInput: false, now: now) == .close {
+                closeConnection(connection)
+                return false
+            }
+        }
+        return connection.hasPendingOutput
+    }
+
+    /// Queues the final response to the current request (or the head of a streamed one).
     private func finish(_ response: HTTPResponse, context: Context, on connection: Connection<Context>) {
         var response = response
         let keepAlive = connection.requestKeepAlive && !response.closeConnection && !connection.parser.isClosed
+        if let stream = response.stream {
+            if Self.bodyAllowed(response.status.code), !connection.requestIsHead {
+                startStream(response, stream, keepAlive: keepAlive, context: context, on: connection)
+                return
+            }
+            runUnsent(stream)  // a `HEAD`, or a status without a body: only the head is sent
+        }
         let after = connection.lifecycle.responseQueued(keepAlive: keepAlive)
         responder.complete(&response, context: context)
-        serialize(response, keepAlive: after == .nextRequest, omitBody: connection.requestIsHead, into: &connection.output)
+        serialize(
+            response, framing: response.stream == nil ? .length : connection.requestIsHTTP10 ? .untilClose : .chunked,
+            keepAlive: after == .nextRequest,
+            omitBody: connection.requestIsHead, into: &connection.output)
         connection.context = nil
     }
 
@@ -545,9 +646,24 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             into: &connection.output)
     }
 
-    private func serialize(_ response: HTTPResponse, keepAlive: Bool, omitBody: Bool, into output: inout [UInt8]) {
+    /// How a response's body is delimited.
+    enum Framing {
+        /// `Content-Length` (the body is known).
+        case length
+        /// `Transfer-Encoding: chunked` (a streamed body, HTTP/1.1).
+        case chunked
+        /// Neither: the body ends when the connection closes (a streamed body, HTTP/1.0).
+        case untilClose
+    }
+
+    private static func bodyAllowed(_ code: Int) -> Bool { !(code < 200 || code == 204 || code == 304) }
+
+    private func serialize(
+        _ response: HTTPResponse, framing: Framing = .length, keepAlive: Bool, omitBody: Bool,
+        into output: inout [UInt8]
+    ) {
         let code = response.status.code
-        let bodyAllowed = !(code < 200 || code == 204 || code == 304)
+        let bodyAllowed = Self.bodyAllowed(code)
         output.reserveCapacity(output.count + 256 + response.body.count)
         HTTPStatus.appendStatusLine(code, to: &output)
         for field in response.headers {
@@ -557,15 +673,22 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             output.append(contentsOf: Self.crlf)
         }
         if bodyAllowed {
-            output.append(contentsOf: Self.contentLengthPrefix)
-            appendDecimal(response.body.count, to: &output)
-            output.append(contentsOf: Self.crlf)
+            switch framing {
+            case .length:
+                output.append(contentsOf: Self.contentLengthPrefix)
+                appendDecimal(response.body.count, to: &output)
+                output.append(contentsOf: Self.crlf)
+            case .chunked:
+                output.append(contentsOf: Self.chunkedLine)
+            case .untilClose:
+                break
+            }
         }
         dates.appendHeaderLine(to: &output)
         output.append(contentsOf: serverLine)
         output.append(contentsOf: keepAlive ? Self.keepAliveLine : Self.closeLine)
         output.append(contentsOf: Self.crlf)
-        if bodyAllowed, !omitBody { output.append(contentsOf: response.body) }
+        if bodyAllowed, !omitBody, framing == .length { output.append(contentsOf: response.body) }
     }
 
     private static var colonSpace: StaticString { ": " }
@@ -573,6 +696,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private static var contentLengthPrefix: StaticString { "Content-Length: " }
     private static var keepAliveLine: StaticString { "Connection: keep-alive\r\n" }
     private static var closeLine: StaticString { "Connection: close\r\n" }
+    private static var chunkedLine: StaticString { "Transfer-Encoding: chunked\r\n" }
+    private static var lastChunk: StaticString { "0\r\n\r\n" }
 
     // MARK: - Deadlines and shutdown
 
@@ -607,6 +732,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             let action = connection.lifecycle.shutdownBegan()
             if action == .close || (connection.lifecycle.state == .readingHead && connection.parser.bufferedByteCount == 0) {
                 closeConnection(connection)
+            } else if action == .endStream, let stream = connection.stream, stream.shutdown == .cancel {
+                stream.producer.cancel()
             }
         }
     }
@@ -619,7 +746,23 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         if connection.lifecycle.isHandling {
             connection.handlerTask?.cancel()
         }
+        if let stream = connection.stream {
+            connection.stream = nil
+            stream.writer.close()
+            stream.producer.cancel()
+        }
         close(connection.fd)  // also removes it from epoll
+    }
+}
+
+/// Appends `value` in lowercase hexadecimal ASCII (a chunk size).
+func appendHex(_ value: Int, to output: inout [UInt8]) {
+    let digits: StaticString = "0123456789abcdef"
+    var shift = (Int.bitWidth - value.leadingZeroBitCount + 3) / 4 * 4 - 4
+    if shift < 0 { shift = 0 }
+    while shift >= 0 {
+        output.append(digits.utf8Start[(value >> shift) & 0xF])
+        shift -= 4
     }
 }
 

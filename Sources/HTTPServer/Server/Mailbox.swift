@@ -1,8 +1,8 @@
 import CSystem
 import Foundation
 
-/// Hands work back to the event loop from other threads: finished responses and the
-/// shutdown request. Writing to an eventfd wakes the loop from `epoll_wait`.
+/// Hands work back to the event loop from other threads: finished responses, streamed
+/// bodies with something to send, and the shutdown request. Writing to an eventfd wakes the loop from `epoll_wait`.
 final class Mailbox<Context: Sendable>: @unchecked Sendable {
     struct Completion {
         let fd: Int32
@@ -14,6 +14,8 @@ final class Mailbox<Context: Sendable>: @unchecked Sendable {
     let eventFD: Int32
     private let lock = NSLock()
     private var completions: [Completion] = []
+    /// Connections (fd, id) whose streamed body has something new to take.
+    private var streamsReady: [(fd: Int32, connectionID: UInt64)] = []
     private var shutdownRequested = false
     private var signalled = false
 
@@ -30,6 +32,16 @@ final class Mailbox<Context: Sendable>: @unchecked Sendable {
         if wake { wakeLoop() }
     }
 
+    /// A streamed body of connection `fd` / `connectionID` has something to take.
+    func postStreamReady(fd: Int32, connectionID: UInt64) {
+        lock.lock()
+        streamsReady.append((fd, connectionID))
+        let wake = !signalled
+        signalled = true
+        lock.unlock()
+        if wake { wakeLoop() }
+    }
+
     func requestShutdown() {
         lock.lock()
         shutdownRequested = true
@@ -39,15 +51,19 @@ final class Mailbox<Context: Sendable>: @unchecked Sendable {
     }
 
     /// Takes everything posted so far (called by the loop after the eventfd fired).
-    func drain() -> (completions: [Completion], shutdown: Bool) {
+    func drain() -> (
+        completions: [Completion], streamsReady: [(fd: Int32, connectionID: UInt64)], shutdown: Bool
+    ) {
         var counter: UInt64 = 0
         _ = read(eventFD, &counter, 8)
         lock.lock()
         defer { lock.unlock() }
         let taken = completions
         completions = []
+        let ready = streamsReady
+        streamsReady = []
         signalled = false
-        return (taken, shutdownRequested)
+        return (taken, ready, shutdownRequested)
     }
 
     /// Wakes the loop without posting anything (the loop's executor has jobs).

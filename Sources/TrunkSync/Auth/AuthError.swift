@@ -34,3 +34,11 @@ public enum AuthError {
             retryAfter: retryAfter)
     }
 }
+
+extension AuthError {
+    /// The confirmation code of `/auth/v1/reauthenticate` was wrong, expired, used up, never
+    /// asked for, or the user is locked out for a while: one answer for all, as GoTrue's.
+    static let reauthenticationNotValid = APIError(
+        status: 400, code: "reauthentication_not_valid",
+        message: "The confirmation code is invalid or has expired; ask for a new one with POST /auth/v1/reauthenticate")
+}

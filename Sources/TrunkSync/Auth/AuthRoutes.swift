@@ -179,4 +179,10 @@ public struct MailCodeSender: SignInCodeSender {
     public func sendSignInCode(_ code: String, to email: String, expiresInMinutes: Int) async throws {
         try await mailer.send(MailMessage.signInCode(code: code, to: email, from: from, expiresInMinutes: expiresInMinutes))
     }
+
+    /// Mails the confirmation code (`MailMessage.confirmationCode`).
+    public func sendReauthenticationCode(_ code: String, to email: String, expiresInMinutes: Int) async throws {
+        try await mailer.send(
+            MailMessage.confirmationCode(code: code, to: email, from: from, expiresInMinutes: expiresInMinutes))
+    }
 }

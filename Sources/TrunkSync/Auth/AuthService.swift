@@ -4,10 +4,20 @@ import Logging
 import Postgres
 import TrunkCrypto
 
-/// Sends sign-in codes (by mail, or to the log in development).
+/// Sends sign-in and confirmation codes (by mail, or to the log in development).
 public protocol SignInCodeSender: Sendable {
-    /// Delivers `code` to `email`; throws when it could not be handed over.
+    /// Delivers sign-in `code` to `email`; throws when it could not be handed over.
     func sendSignInCode(_ code: String, to email: String, expiresInMinutes: Int) async throws
+    /// Delivers `code` confirming a signed-in user's action (`/auth/v1/reauthenticate`);
+    /// by default as a sign-in code.
+    func sendReauthenticationCode(_ code: String, to email: String, expiresInMinutes: Int) async throws
+}
+
+extension SignInCodeSender {
+    /// Sends it as `sendSignInCode` does.
+    public func sendReauthenticationCode(_ code: String, to email: String, expiresInMinutes: Int) async throws {
+        try await sendSignInCode(code, to: email, expiresInMinutes: expiresInMinutes)
+    }
 }
 
 /// The rules of sign-in (every one configurable; the defaults are the documented ones).
@@ -59,7 +69,7 @@ public struct AuthService: Sendable {
     let metrics: Metrics
     /// HMAC key for stored codes, derived from the JWT secret so a database dump alone does
     /// not allow brute-forcing live codes offline.
-    private let codeKey: [UInt8]
+    let codeKey: [UInt8]
 
     public init(
         pool: PostgresPool, tokens: TokenIssuer, secret: String, sender: any SignInCodeSender, settings: AuthSettings,
@@ -100,8 +110,10 @@ public struct AuthService: Sendable {
         try await pool.transaction(body)
     }
 
-    /// The routes with a per-client limit.
-    public enum LimitedRoute: String, Sendable { case otp, verify, token }
+    /// The routes with a per-client limit. `reauthenticate` (mails a code, as `/otp`) and
+    /// `account` (takes one, as `/verify`) have the rules of the route they resemble and
+    /// buckets of their own.
+    public enum LimitedRoute: String, Sendable { case otp, verify, token, reauthenticate, account }
 
     /// Counts a request against its route's per-client limit; throws `429` when over it. The
     /// routes call it first, before parsing anything. `ip` is the request's client address;
@@ -110,8 +122,8 @@ public struct AuthService: Sendable {
     public func limit(_ route: LimitedRoute, ip: String) async throws {
         let rule: RateLimiter.Rule
         switch route {
-        case .otp: rule = settings.otpRule
-        case .verify: rule = settings.verifyRule
+        case .otp, .reauthenticate: rule = settings.otpRule
+        case .verify, .account: rule = settings.verifyRule
         case .token: rule = settings.tokenRule
         }
         let bucket = "ip:\(route.rawValue):\(RateLimiter.clientBucket(ip))"
@@ -130,8 +142,8 @@ public struct AuthService: Sendable {
         let rule: RateLimiter.Rule
         let name: String
         switch route {
-        case .otp: (rule, name) = (settings.otpEmailRule, "otp_email")
-        case .verify: (rule, name) = (settings.verifyEmailRule, "verify_email")
+        case .otp, .reauthenticate: (rule, name) = (settings.otpEmailRule, "otp_email")
+        case .verify, .account: (rule, name) = (settings.verifyEmailRule, "verify_email")
         case .token: return  // refresh tokens name no address
         }
         let bucket = "email:\(route.rawValue):\(RateLimiter.emailBucket(email.value))"
@@ -139,7 +151,7 @@ public struct AuthService: Sendable {
         if let retryAfter {
             metrics.rateLimited(name).increment()
             // GoTrue's codes: too many codes asked for one address, or too many attempts.
-            throw route == .otp
+            throw route == .otp || route == .reauthenticate
                 ? AuthError.overEmailSendRateLimit(retryAfter: retryAfter)
                 : AuthError.overRequestRateLimit(retryAfter: retryAfter)
         }
@@ -167,22 +179,17 @@ public struct AuthService: Sendable {
         enum Outcome: Sendable { case accepted(deliverable: Bool), wait(Int), mailCap(Int) }
         let outcome: Outcome = try await database { connection in
             try RowScope.apply(RowScope.email(email), on: connection)
-            let recent = try connection.query(
-                "select ceil(extract(epoch from created_at + make_interval(secs => $2) - now()))::int8 from otp_codes where email = $1 and created_at > now() - make_interval(secs => $2)",
-                email.value, Int64(settings.otpResendInterval))
-            if let row = recent.first { return .wait(max(1, try row.decode(Int.self, column: 0))) }
+            let codes = OneTimeCodes.signIn
+            if let wait = try codes.resendWait(email.value, interval: settings.otpResendInterval, on: connection) {
+                return .wait(wait)
+            }
             let exists = try connection.query("select 1 from users where lower(email) = $1", email.value).count > 0
             if let retry = try RateLimiter.hit("mail:global", rule: settings.mailRule, on: connection) {
                 return .mailCap(retry)
             }
             let deliverable = exists || createUser
-            try connection.query(
-                """
-                insert into otp_codes (email, code_hash, created_at, expires_at, attempts, consumed_at)
-                values ($1, $2, now(), now() + make_interval(secs => $3), 0, null)
-                on conflict (email) do update set code_hash = excluded.code_hash, created_at = excluded.created_at,
-                  expires_at = excluded.expires_at, attempts = 0, consumed_at = null
-                """, email.value, deliverable ? hash : unknowable, Int64(settings.otpLifetime))
+            try codes.store(
+                email.value, hash: deliverable ? hash : unknowable, lifetime: settings.otpLifetime, on: connection)
             return .accepted(deliverable: deliverable)
         }
         switch outcome {
@@ -216,60 +223,30 @@ public struct AuthService: Sendable {
     /// log lines name the address by `addressTag` and the user id, never in clear, and never
     /// carry a code.
     public func verify(email: Email, code: String, ip: String, userAgent: String?) async throws -> IssuedSession {
-        guard code.utf8.count == 6, code.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }) else { throw AuthError.otpExpired }
+        guard OneTimeCodes.isWellFormed(code) else { throw AuthError.otpExpired }
         let hash = codeHash(email, code)
         let settings = self.settings
         let refreshToken = Self.newRefreshToken()
         let now = Self.now()
         let accessExpiresAt = now + Int64(tokens.lifetime)
-        /// What the logs should hear of.
-        enum LockEvent: Sendable { case none, locked(until: PostgresTimestamp, failures: Int), ended }
+        typealias LockEvent = OneTimeCodes.LockEvent
         enum Outcome: Sendable {
             case rejected(LockEvent, user: UUID?)
             case signedIn(UserRecord, sessionID: UUID, LockEvent)
         }
         let outcome: Outcome = try await database { connection in
             try RowScope.apply(RowScope.email(email), on: connection)
-            let rows = try connection.query(
-                """
-                select code_hash, expires_at > now(), attempts, consumed_at is null,
-                       coalesce(locked_until > now(), false), locked_until is not null,
-                       failures, failures_since is null or failures_since <= now() - make_interval(secs => $2),
-                       (select id from users where lower(email) = $1)
-                from otp_codes where email = $1 for update
-                """, email.value, Int64(settings.otpFailureRule.window))
-            guard let row = rows.first else { return .rejected(.none, user: nil) }
-            let user = try row.decode(UUID?.self, column: 8)
-            // Locked: the same answer as a wrong code, whatever the code; nothing counted.
-            if try row.decode(Bool.self, column: 4) { return .rejected(.none, user: user) }
-            let lockEnded = try row.decode(Bool.self, column: 5)
-            let stored = try row.decode(PostgresBytes.self, column: 0)
-            let live =
-                try row.decode(Bool.self, column: 1) && row.decode(Bool.self, column: 3)
-                && row.decode(Int.self, column: 2) < settings.otpMaxAttempts
-            guard live, constantTimeEquals(stored.bytes, hash.bytes) else {
-                // Returned rather than thrown, so that the counted failure commits. After a
-                // lock, or once the window has passed, counting starts over.
-                let windowOver = try lockEnded || row.decode(Bool.self, column: 7)
-                let failures = windowOver ? 1 : try row.decode(Int.self, column: 6) + 1
-                let lock = failures >= settings.otpFailureRule.limit
-                let until = try connection.query(
-                    """
-                    update otp_codes set attempts = attempts + $2, failures = $3,
-                      failures_since = case when $4 then now() else failures_since end,
-                      locked_until = case when $5 then now() + make_interval(secs => $6) end
-                    where email = $1 returning locked_until
-                    """, email.value, Int64(live ? 1 : 0), Int64(failures), windowOver, lock,
-                    Int64(settings.otpLockout)
-                )[0].decode(PostgresTimestamp?.self, column: 0)
-                if lock, let until { return .rejected(.locked(until: until, failures: failures), user: user) }
-                return .rejected(lockEnded ? .ended : .none, user: user)
+            let lockEnded: Bool
+            switch try OneTimeCodes.signIn.check(email.value, hash: hash, settings: settings, on: connection) {
+            case .refused(.none):
+                return .rejected(.none, user: nil)
+            case .refused(let event):
+                // Only the log lines of a lock name the user.
+                let user = try connection.query("select id from users where lower(email) = $1", email.value).first
+                return .rejected(event, user: try user?.decode(UUID.self, column: 0))
+            case .accepted(let event):
+                if case .ended = event { lockEnded = true } else { lockEnded = false }
             }
-            try connection.query(
-                """
-                update otp_codes set consumed_at = now(), failures = 0, failures_since = null, locked_until = null
-                where email = $1
-                """, email.value)
             let signedInRow = try connection.query(
                 """
                 insert into users (email, email_confirmed_at, last_sign_in_at) values ($1, now(), now())

@@ -22,6 +22,9 @@ import Synchronization
 public final class SignInMailQueue: Sendable {
     /// One mail to send.
     struct Job: Sendable {
+        /// What the code is for.
+        enum Purpose: Sendable { case signIn, reauthentication }
+        var purpose: Purpose = .signIn
         var code: String
         var email: String
         var expiresInMinutes: Int
@@ -143,7 +146,13 @@ public final class SignInMailQueue: Sendable {
     private func deliver(_ job: Job) async {
         await RequestContext.$requestID.withValue(job.requestID) {
             do {
-                try await sender.sendSignInCode(job.code, to: job.email, expiresInMinutes: job.expiresInMinutes)
+                switch job.purpose {
+                case .signIn:
+                    try await sender.sendSignInCode(job.code, to: job.email, expiresInMinutes: job.expiresInMinutes)
+                case .reauthentication:
+                    try await sender.sendReauthenticationCode(
+                        job.code, to: job.email, expiresInMinutes: job.expiresInMinutes)
+                }
                 metrics.signInCodesSent.increment()
             } catch {
                 metrics.mailFailures.increment()

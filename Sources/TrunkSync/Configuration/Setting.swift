@@ -74,37 +74,37 @@ public struct Setting: Sendable {
             key: "api_key", defaultValue: nil, isSecret: true,
             summary: "When set, /rest/v1 requests must send it in the apikey header (the apps' anon key; visible ASCII, at most 1024 characters). Default: any value."),
         Setting(key: "jwt_expiry", defaultValue: "3600", isSecret: false, summary: "Access token lifetime in seconds."),
-        Setting(key: "otp_expiry", defaultValue: "600", isSecret: false, summary: "Seconds a sign-in code stays valid."),
+        Setting(key: "otp_expiry", defaultValue: "600", isSecret: false, summary: "Seconds a sign-in or confirmation code stays valid."),
         Setting(
             key: "otp_resend_interval", defaultValue: "60", isSecret: false,
-            summary: "Seconds before another code may be sent to the same address."),
+            summary: "Seconds before another code may be sent to the same address (or, for confirmation codes, the same user)."),
         Setting(
             key: "otp_max_attempts", defaultValue: "5", isSecret: false,
-            summary: "Wrong guesses after which a code is dead."),
+            summary: "Wrong guesses after which a code (sign-in or confirmation) is dead."),
         Setting(
             key: "otp_failure_limit", defaultValue: "10/3600", isSecret: false,
-            summary: "Refused /auth/v1/verify requests per address, across codes and client addresses, that lock verification for the address, as failures/seconds."),
+            summary: "Refused /auth/v1/verify requests per address, across codes and client addresses, that lock verification for the address, as failures/seconds; likewise refused confirmation codes per user for DELETE /sync/v1/account."),
         Setting(
             key: "otp_lockout", defaultValue: "3600", isSecret: false,
             summary: "Seconds verification stays locked; meanwhile every code, the right one too, gets otp_expired."),
         Setting(
             key: "rate_limit_otp", defaultValue: "30/300", isSecret: false,
-            summary: "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/otp, as requests/seconds."),
+            summary: "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/otp, and apart on /auth/v1/reauthenticate, as requests/seconds."),
         Setting(
             key: "rate_limit_verify", defaultValue: "30/300", isSecret: false,
-            summary: "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/verify, as requests/seconds."),
+            summary: "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/verify, and apart on DELETE /sync/v1/account, as requests/seconds."),
         Setting(
             key: "rate_limit_token", defaultValue: "150/300", isSecret: false,
             summary: "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/token, as requests/seconds."),
         Setting(
             key: "rate_limit_otp_email", defaultValue: "10/3600", isSecret: false,
-            summary: "Per email address limit on POST /auth/v1/otp, whatever client asks, as requests/seconds."),
+            summary: "Per email address limit on POST /auth/v1/otp, and apart on /auth/v1/reauthenticate, whatever client asks, as requests/seconds."),
         Setting(
             key: "rate_limit_verify_email", defaultValue: "30/3600", isSecret: false,
             summary: "Per email address limit on POST /auth/v1/verify, whatever client asks, as requests/seconds."),
         Setting(
             key: "rate_limit_mail", defaultValue: "1000/3600", isSecret: false,
-            summary: "Sign-in codes the whole deployment may issue (mailed or not), as codes/seconds."),
+            summary: "Sign-in and confirmation codes the whole deployment may issue (mailed or not), as codes/seconds."),
         Setting(
             key: "refresh_reuse_interval", defaultValue: "10", isSecret: false,
             summary: "Seconds a just-rotated refresh token still yields a session (tabs refreshing together)."),

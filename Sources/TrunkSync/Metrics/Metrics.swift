@@ -31,9 +31,11 @@ public final class Metrics: @unchecked Sendable {
     private let rateLimited: [String: Counter]
 
     /// The limits counted in `trunk_sync_rate_limited_total{limit=…}`.
-    /// `otp`, `verify`, `token`: per client; `otp_email`, `verify_email`: per email address;
-    /// `mail`: the deployment's mails.
-    public static let rateLimitNames = ["otp", "verify", "token", "otp_email", "verify_email", "mail"]
+    /// `otp`, `verify`, `token`, `reauthenticate`, `account`: per client; `otp_email`,
+    /// `verify_email`: per email address; `mail`: the deployment's mails.
+    public static let rateLimitNames = [
+        "otp", "verify", "token", "reauthenticate", "account", "otp_email", "verify_email", "mail",
+    ]
 
     public init() {
         var register: [(String, String, String, Counter)] = []

@@ -24,6 +24,9 @@ public struct Application: Sendable {
     public let metrics = Metrics()
     /// The ES256 signing keys in the database.
     public let signingKeys: SigningKeyStore
+    /// Users' accounts as a whole: export and deletion (the self-service routes use it; so
+    /// may operator tools running in the server).
+    public let accounts: Accounts
     private let keyRefresh = BackgroundTask()
     private let logger: Logger
     /// The last reason `/readyz` was not ready (logged once per change, not per probe).
@@ -62,6 +65,7 @@ public struct Application: Sendable {
             tokens: TokenIssuer(secret: secret, issuer: configuration.publicURL + "/auth/v1", lifetime: configuration.jwtExpiry),
             secret: secret, sender: try sender ?? Self.defaultSender(configuration, logger: logger),
             settings: configuration.auth, logger: logger, metrics: metrics)
+        accounts = Accounts(pool: pool, logger: logger, revocations: auth.revocations)
         if let listener {
             // Both subscribe before the listener starts, so neither misses its first
             // `.listening` (which makes the revocations load).
@@ -221,6 +225,7 @@ public struct Application: Sendable {
         SyncRoutes(store: events, notifier: notifier, metrics: metrics, revocations: auth.revocations)
             .register(in: &routes)
         RESTRoutes(pool: pool, store: events, metrics: metrics).register(in: &routes)
+        AccountRoutes(accounts: accounts, auth: auth, notifier: notifier).register(in: &routes)
         return routes
     }
 

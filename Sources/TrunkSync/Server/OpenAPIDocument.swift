@@ -1813,6 +1813,306 @@ public enum OpenAPIDocument {
         },
         "x-body-limit": 10485760
       }
+    },
+    "/auth/v1/reauthenticate": {
+      "post": {
+        "operationId": "reauthenticate",
+        "tags": [
+          "auth"
+        ],
+        "summary": "Mail a confirmation code to the signed-in user",
+        "description": "Mails a fresh 6-digit code to the caller's address, which `DELETE /sync/v1/account` takes. The same rules as sign-in codes: it expires after `TRUNK_SYNC_OTP_EXPIRY`, works once, dies after `TRUNK_SYNC_OTP_MAX_ATTEMPTS` wrong guesses, a new one replaces it at most every `TRUNK_SYNC_OTP_RESEND_INTERVAL` seconds, and the per-client, per-address and deployment-wide limits of `/otp` apply (each with a bucket of its own). Any body (at most 4 KiB) is ignored.",
+        "security": [
+          {
+            "bearerAuth": []
+          }
+        ],
+        "responses": {
+          "200": {
+            "description": "A code was mailed.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              },
+              "X-Supabase-Api-Version": {
+                "$ref": "#/components/headers/X-Supabase-Api-Version"
+              }
+            },
+            "content": {
+              "application/json": {
+                "schema": {
+                  "type": "object",
+                  "maxProperties": 0
+                }
+              }
+            }
+          },
+          "401": {
+            "$ref": "#/components/responses/AuthUnauthorized"
+          },
+          "413": {
+            "$ref": "#/components/responses/AuthBodyTooLarge"
+          },
+          "429": {
+            "$ref": "#/components/responses/AuthRateLimited"
+          },
+          "500": {
+            "$ref": "#/components/responses/AuthInternalError"
+          },
+          "503": {
+            "$ref": "#/components/responses/AuthUnavailable"
+          }
+        },
+        "x-body-limit": 4096
+      },
+      "get": {
+        "operationId": "reauthenticateGet",
+        "tags": [
+          "auth"
+        ],
+        "summary": "Mail a confirmation code to the signed-in user",
+        "description": "Mails a fresh 6-digit code to the caller's address, which `DELETE /sync/v1/account` takes. The same rules as sign-in codes: it expires after `TRUNK_SYNC_OTP_EXPIRY`, works once, dies after `TRUNK_SYNC_OTP_MAX_ATTEMPTS` wrong guesses, a new one replaces it at most every `TRUNK_SYNC_OTP_RESEND_INTERVAL` seconds, and the per-client, per-address and deployment-wide limits of `/otp` apply (each with a bucket of its own). The Supabase clients ask with `GET`; the same as `POST`.",
+        "security": [
+          {
+            "bearerAuth": []
+          }
+        ],
+        "responses": {
+          "200": {
+            "description": "A code was mailed.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              },
+              "X-Supabase-Api-Version": {
+                "$ref": "#/components/headers/X-Supabase-Api-Version"
+              }
+            },
+            "content": {
+              "application/json": {
+                "schema": {
+                  "type": "object",
+                  "maxProperties": 0
+                }
+              }
+            }
+          },
+          "401": {
+            "$ref": "#/components/responses/AuthUnauthorized"
+          },
+          "413": {
+            "$ref": "#/components/responses/AuthBodyTooLarge"
+          },
+          "429": {
+            "$ref": "#/components/responses/AuthRateLimited"
+          },
+          "500": {
+            "$ref": "#/components/responses/AuthInternalError"
+          },
+          "503": {
+            "$ref": "#/components/responses/AuthUnavailable"
+          }
+        },
+        "x-body-limit": 1024
+      }
+    },
+    "/sync/v1/account": {
+      "delete": {
+        "operationId": "deleteAccount",
+        "tags": [
+          "sync"
+        ],
+        "summary": "Delete the signed-in user's account and all their data",
+        "description": "Takes the code mailed by `POST /auth/v1/reauthenticate` and, in one transaction, deletes the user with their events, profile, sessions, refresh tokens and codes. Every access and refresh token of the user is refused from then on, on every route of every instance, and their waiting long-polls and exports end. A wrong, expired, used or never-asked-for code deletes nothing (`400 reauthentication_not_valid`; wrong guesses count as at `/verify`). Errors have the Supabase Auth shape. Counted against a per-client limit before the body is parsed. Body at most 4 KiB.",
+        "requestBody": {
+          "required": true,
+          "content": {
+            "application/json": {
+              "schema": {
+                "$ref": "#/components/schemas/AccountDeletion"
+              }
+            }
+          }
+        },
+        "security": [
+          {
+            "bearerAuth": []
+          }
+        ],
+        "responses": {
+          "204": {
+            "description": "The account and all its data are gone.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              },
+              "X-Supabase-Api-Version": {
+                "$ref": "#/components/headers/X-Supabase-Api-Version"
+              }
+            }
+          },
+          "400": {
+            "description": "`bad_json` (not a JSON object), `validation_failed` (no code, or not a string) or `reauthentication_not_valid` (the code is wrong, expired, used up or was never asked for, or too many wrong codes locked confirmation for a while): nothing was deleted.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              },
+              "X-Supabase-Api-Version": {
+                "$ref": "#/components/headers/X-Supabase-Api-Version"
+              }
+            },
+            "content": {
+              "application/json": {
+                "schema": {
+                  "allOf": [
+                    {
+                      "$ref": "#/components/schemas/AuthError"
+                    }
+                  ],
+                  "properties": {
+                    "code": {
+                      "enum": [
+                        "bad_json",
+                        "validation_failed",
+                        "reauthentication_not_valid"
+                      ]
+                    },
+                    "error_code": {
+                      "enum": [
+                        "bad_json",
+                        "validation_failed",
+                        "reauthentication_not_valid"
+                      ]
+                    }
+                  }
+                }
+              }
+            }
+          },
+          "401": {
+            "$ref": "#/components/responses/AuthUnauthorized"
+          },
+          "413": {
+            "$ref": "#/components/responses/AuthBodyTooLarge"
+          },
+          "429": {
+            "$ref": "#/components/responses/AuthRateLimited"
+          },
+          "500": {
+            "$ref": "#/components/responses/AuthInternalError"
+          },
+          "503": {
+            "$ref": "#/components/responses/AuthUnavailable"
+          }
+        },
+        "x-body-limit": 4096
+      }
+    },
+    "/sync/v1/export": {
+      "get": {
+        "operationId": "exportAccount",
+        "tags": [
+          "sync"
+        ],
+        "summary": "Download a copy of the signed-in user's data",
+        "description": "The user's data as JSON lines (NDJSON), streamed as it is read: first `{\"kind\":\"account\",\"id\",\"email\",\"created_at\",\"full_name\",\"user_metadata\"}`, then one `{\"kind\":\"event\",…}` per event with the fields of a pulled event, in `seq` order: the events stored when the export started. The body is chunked; a body that ends without its last chunk (the connection closed early: the account was deleted or the session signed out meanwhile, or the server failed) is incomplete. The server reads the next page only when the client has taken the previous one, so a slow client slows the export. At most one export per user runs at a time. No parameters; body at most 1 KiB.",
+        "security": [
+          {
+            "bearerAuth": []
+          }
+        ],
+        "responses": {
+          "200": {
+            "description": "The export, as it is read.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              },
+              "Content-Disposition": {
+                "description": "`attachment; filename=\"trunk-sync-export-YYYY-MM-DD.ndjson\"` (the server's date, UTC).",
+                "required": true,
+                "schema": {
+                  "type": "string",
+                  "pattern": "^attachment; filename=\"trunk-sync-export-\\d{4}-\\d{2}-\\d{2}\\.ndjson\"$"
+                }
+              }
+            },
+            "content": {
+              "application/x-ndjson": {
+                "schema": {
+                  "type": "string",
+                  "description": "One JSON object per line, each line ending with a newline."
+                }
+              }
+            }
+          },
+          "400": {
+            "description": "`invalid_parameter`: the export takes no query parameters.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              }
+            },
+            "content": {
+              "application/json": {
+                "schema": {
+                  "allOf": [
+                    {
+                      "$ref": "#/components/schemas/NativeError"
+                    }
+                  ],
+                  "properties": {
+                    "code": {
+                      "enum": [
+                        "invalid_parameter"
+                      ]
+                    }
+                  }
+                }
+              }
+            }
+          },
+          "401": {
+            "$ref": "#/components/responses/NativeUnauthorized"
+          },
+          "409": {
+            "description": "`export_in_progress`: another export of this user is running (on any instance); try again when it has finished.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              }
+            },
+            "content": {
+              "application/json": {
+                "schema": {
+                  "allOf": [
+                    {
+                      "$ref": "#/components/schemas/NativeError"
+                    }
+                  ],
+                  "properties": {
+                    "code": {
+                      "enum": [
+                        "export_in_progress"
+                      ]
+                    }
+                  }
+                }
+              }
+            }
+          },
+          "413": {
+            "$ref": "#/components/responses/NativeBodyTooLarge"
+          },
+          "500": {
+            "$ref": "#/components/responses/NativeInternalError"
+          },
+          "503": {
+            "$ref": "#/components/responses/NativeUnavailable"
+          }
+        },
+        "x-body-limit": 1024
+      }
     }
   },
   "components": {
@@ -2721,6 +3021,19 @@ public enum OpenAPIDocument {
             "$ref": "#/components/schemas/ProfileRow"
           }
         ]
+      },
+      "AccountDeletion": {
+        "type": "object",
+        "required": [
+          "code"
+        ],
+        "properties": {
+          "code": {
+            "type": "string",
+            "minLength": 1,
+            "description": "The 6-digit code mailed by `POST /auth/v1/reauthenticate`."
+          }
+        }
       }
     },
     "responses": {

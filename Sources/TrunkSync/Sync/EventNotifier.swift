@@ -32,8 +32,11 @@ public final class EventNotifier: Sendable {
     }
 
     /// Registers interest in `user` before looking at the database, so a commit between the
-    /// look and the wait is not missed.
-    public func ticket(for user: UUID) -> WaitTicket { state.register(user: user) }
+    /// look and the wait is not missed. `counted`: whether it is a pull waiting for events
+    /// (`waiting`); an export watching for its session's end is not.
+    public func ticket(for user: UUID, counted: Bool = true) -> WaitTicket {
+        state.register(user: user, counted: counted)
+    }
 
     /// Wakes `user`'s waiting requests now (they look again, e.g. whether their session was
     /// revoked).
@@ -42,8 +45,11 @@ public final class EventNotifier: Sendable {
     /// Whether the listener is connected and listening now.
     public var isListening: Bool { listener?.isListening ?? false }
 
-    /// Number of requests waiting now.
+    /// Number of pulls waiting now.
     public var waiting: Int { state.count }
+
+    /// Whether `shutdown` was called (every ticket now fires at once).
+    public var isShutDown: Bool { state.isClosed }
 
     /// Wakes every waiter now and every future waiter at once (graceful shutdown).
     public func shutdown() {
@@ -56,14 +62,17 @@ public final class EventNotifier: Sendable {
 public final class WaitTicket: @unchecked Sendable {
     let user: UUID
     let id: UInt64
+    /// Counted in `EventNotifier.waiting`.
+    let counted: Bool
     private let lock = NSLock()
     private var fired = false
     private var continuation: CheckedContinuation<Void, Never>?
     private weak var owner: NotifierState?
 
-    init(user: UUID, id: UInt64, owner: NotifierState) {
+    init(user: UUID, id: UInt64, counted: Bool, owner: NotifierState) {
         self.user = user
         self.id = id
+        self.counted = counted
         self.owner = owner
     }
 
@@ -117,13 +126,14 @@ final class NotifierState: @unchecked Sendable {
     private var closed = false
 
     var count: Int { lock.withLock { total } }
+    var isClosed: Bool { lock.withLock { closed } }
 
-    func register(user: UUID) -> WaitTicket {
+    func register(user: UUID, counted: Bool) -> WaitTicket {
         lock.lock()
         nextID += 1
-        let ticket = WaitTicket(user: user, id: nextID, owner: self)
+        let ticket = WaitTicket(user: user, id: nextID, counted: counted, owner: self)
         tickets[user, default: [:]][nextID] = ticket
-        total += 1
+        if counted { total += 1 }
         let isClosed = closed
         lock.unlock()
         if isClosed { ticket.fire() }
@@ -132,7 +142,7 @@ final class NotifierState: @unchecked Sendable {
 
     func remove(_ ticket: WaitTicket) {
         lock.withLock {
-            if tickets[ticket.user]?.removeValue(forKey: ticket.id) != nil { total -= 1 }
+            if tickets[ticket.user]?.removeValue(forKey: ticket.id) != nil, ticket.counted { total -= 1 }
             if tickets[ticket.user]?.isEmpty == true { tickets.removeValue(forKey: ticket.user) }
         }
     }

@@ -53,7 +53,7 @@ struct TransportFailure: Error, CustomStringConvertible {
 /// on Linux) through its completion-handler API, which both have, and cancels the request
 /// when the calling task is cancelled.
 final class HTTPTransport: Sendable {
-    private let session: URLSession
+    let session: URLSession
 
     init() {
         let configuration = URLSessionConfiguration.ephemeral
@@ -68,37 +68,73 @@ final class HTTPTransport: Sendable {
     deinit { session.invalidateAndCancel() }
 
     func send(_ request: URLRequest) async throws -> HTTPAnswer {
+        try await perform { finish in
+            session.dataTask(with: request) { data, response, error in
+                finish(Self.answer(response, error) { _ in data ?? Data() })
+            }
+        }
+    }
+
+    /// Sends `request` and writes a `2xx` answer's body to `destination` as it arrives (a
+    /// download task's temporary file, moved into place, replacing what was there, once the
+    /// body is complete); any other answer's body is returned in memory (an error, small).
+    func download(_ request: URLRequest, to destination: URL) async throws -> HTTPAnswer {
+        try await perform { finish in
+            session.downloadTask(with: request) { location, response, error in
+                // The temporary file is removed when this handler returns: move or read it now.
+                finish(
+                    Self.answer(response, location == nil ? error ?? TransportFailure(description: "no body") : error) {
+                        status in
+                        guard let location else { return Data() }
+                        do {
+                            guard (200..<300).contains(status) else { return try Data(contentsOf: location) }
+                            _ = try? FileManager.default.removeItem(at: destination)
+                            try FileManager.default.moveItem(at: location, to: destination)
+                            return Data()
+                        } catch {
+                            throw TransportFailure(description: "cannot store the download: \(error)")
+                        }
+                    })
+            }
+        }
+    }
+
+    /// Runs the task `make` builds (it calls `finish` once, from its completion handler) and
+    /// cancels it when the calling task is cancelled.
+    private func perform(
+        _ make: (@escaping @Sendable (Result<HTTPAnswer, Error>) -> Void) -> URLSessionTask
+    ) async throws -> HTTPAnswer {
         let box = TaskBox()
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<HTTPAnswer, Error>) in
-                let task = session.dataTask(with: request) { data, response, error in
-                    if let error {
-                        let nsError = error as NSError
-                        if nsError.domain == NSURLErrorDomain && nsError.code == NSURLErrorCancelled {
-                            continuation.resume(throwing: CancellationError())
-                        } else {
-                            continuation.resume(throwing: TransportFailure(description: error.localizedDescription))
-                        }
-                        return
-                    }
-                    guard let http = response as? HTTPURLResponse else {
-                        continuation.resume(throwing: TransportFailure(description: "not an HTTP response"))
-                        return
-                    }
-                    var headers: [String: String] = [:]
-                    for (name, value) in http.allHeaderFields {
-                        if let name = name as? String, let value = value as? String {
-                            headers[name.lowercased()] = value
-                        }
-                    }
-                    continuation.resume(
-                        returning: HTTPAnswer(status: http.statusCode, headers: headers, body: data ?? Data()))
-                }
-                box.start(task)
+                box.start(make { continuation.resume(with: $0) })
             }
         } onCancel: {
             box.cancel()
         }
+    }
+
+    /// A finished task's outcome: its error (cancellation as `CancellationError`, anything
+    /// else as `TransportFailure`), or the answer with the body `body` makes for its status.
+    private static func answer(_ response: URLResponse?, _ error: Error?, body: (Int) throws -> Data)
+        -> Result<HTTPAnswer, Error>
+    {
+        if let error {
+            let nsError = error as NSError
+            if nsError.domain == NSURLErrorDomain && nsError.code == NSURLErrorCancelled {
+                return .failure(CancellationError())
+            }
+            if error is TransportFailure { return .failure(error) }
+            return .failure(TransportFailure(description: error.localizedDescription))
+        }
+        guard let http = response as? HTTPURLResponse else {
+            return .failure(TransportFailure(description: "not an HTTP response"))
+        }
+        var headers: [String: String] = [:]
+        for (name, value) in http.allHeaderFields {
+            if let name = name as? String, let value = value as? String { headers[name.lowercased()] = value }
+        }
+        return Result { HTTPAnswer(status: http.statusCode, headers: headers, body: try body(http.statusCode)) }
     }
 }
 
@@ -106,10 +142,10 @@ final class HTTPTransport: Sendable {
 /// before the task exists).
 private final class TaskBox: @unchecked Sendable {  // state guarded by `lock`
     private let lock = NSLock()
-    private var task: URLSessionDataTask?
+    private var task: URLSessionTask?
     private var cancelled = false
 
-    func start(_ task: URLSessionDataTask) {
+    func start(_ task: URLSessionTask) {
         let cancelNow = lock.withLock {
             self.task = task
             return cancelled

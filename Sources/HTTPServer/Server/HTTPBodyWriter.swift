@@ -1,0 +1,223 @@
+import Synchronization
+
+/// A response body produced over time (an export, a stream of events): the server sends the
+/// head at once, then each piece the producer writes as it comes, chunked (close-delimited
+/// to an HTTP/1.0 client), and ends the body when the producer calls `finish()`.
+///
+/// The producer runs as a task of its own, exactly once, with the `HTTPBodyWriter` of its
+/// connection. When there is nobody to send to (the client went away before the head was
+/// sent, a `HEAD` request, a status without a body), its writer is already closed and its
+/// task cancelled, so it learns that at its first write and returns; whatever it holds is
+/// released then.
+public struct HTTPBodyStream: Sendable {
+    /// What a producer does when graceful shutdown begins.
+    public enum Shutdown: Sendable {
+        /// Keep producing: the body is part of a request in flight and gets the shutdown
+        /// drain (`HTTPServerConfiguration.shutdownTimeout`) to finish (an export).
+        case finish
+        /// The producer's task is cancelled at once: it writes nothing more and calls
+        /// `finish()`, so its client reads a complete body and may come back to another
+        /// instance (an endless stream of events).
+        case cancel
+    }
+
+    /// Once this many bytes are written but not yet sent to the socket, `write` waits and
+    /// `writeIfRoom` refuses (so at most this plus one write are ever buffered).
+    public var bufferLimit: Int
+    /// What graceful shutdown does to the producer.
+    public var shutdown: Shutdown
+    /// Writes the body; called once, as a task, when the response head is queued.
+    public var produce: @Sendable (HTTPBodyWriter) async -> Void
+
+    /// A body of `produce`'s writes, buffering at most `bufferLimit` bytes (default 64 KiB)
+    /// beyond what the socket has taken.
+    public init(
+        bufferLimit: Int = 64 * 1024, shutdown: Shutdown = .finish,
+        produce: @escaping @Sendable (HTTPBodyWriter) async -> Void
+    ) {
+        self.bufferLimit = max(1, bufferLimit)
+        self.shutdown = shutdown
+        self.produce = produce
+    }
+}
+
+/// Where a streamed response's producer writes its body. Safe from any task; the event loop
+/// takes what was written whenever the socket has sent what it took before, so at most
+/// `bufferLimit` bytes (plus one write) wait in memory however slowly the client reads.
+///
+/// Backpressure, two ways:
+/// - `write(_:)` suspends while the buffer is full and resumes when the client has read
+///   enough: the body's pace is the client's (an export of any size in flat memory).
+/// - `writeIfRoom(_:)` never waits: it says `.full` and writes nothing, so the producer can
+///   give up on a client that is not keeping up (a live stream that must not buffer for it).
+///
+/// Either way a connection that is gone (the client closed it or did not read within the
+/// write timeout, the server stopped) is reported as `.closed` / `HTTPBodyWriter.Closed`.
+public final class HTTPBodyWriter: Sendable {
+    /// What `writeIfRoom(_:)` did.
+    public enum WriteResult: Sendable, Equatable {
+        /// The bytes are queued.
+        case written
+        /// The buffer is full: nothing was queued.
+        case full
+        /// The connection is gone (or the body ended): nothing will be sent.
+        case closed
+    }
+
+    /// The connection is gone, the body was finished, or the producer's task was cancelled.
+    public struct Closed: Error, Sendable {}
+
+    /// How the producer's part ended, as the loop sees it.
+    enum End: Equatable {
+        /// Still producing.
+        case open
+        /// `finish()`: the body is complete.
+        case finished
+        /// The producer returned without finishing: the body is incomplete.
+        case abandoned
+    }
+
+    struct State {
+        var chunks: [[UInt8]] = []
+        /// Bytes in `chunks` plus those the loop took and has not sent yet.
+        var buffered = 0
+        /// Bytes the loop took with its last `take()`.
+        var taken = 0
+        var end = End.open
+        /// The connection closed: writes fail.
+        var closed = false
+        /// The loop was told since its last `take()`.
+        var notified = false
+        /// The producer waiting in `write` for room.
+        var waiter: CheckedContinuation<Void, Never>? = nil
+    }
+
+    /// The most bytes buffered before writers wait.
+    public let bufferLimit: Int
+    private let state = Mutex(State())
+    /// Tells the loop there is something to take (posts to its mailbox).
+    private let wake: @Sendable () -> Void
+
+    init(bufferLimit: Int, wake: @escaping @Sendable () -> Void) {
+        self.bufferLimit = bufferLimit
+        self.wake = wake
+    }
+
+    /// A writer that was never connected (nobody to send to).
+    static func closed() -> HTTPBodyWriter {
+        let writer = HTTPBodyWriter(bufferLimit: 1, wake: {})
+        writer.close()
+        return writer
+    }
+
+    // MARK: - For producers
+
+    /// Queues `bytes`, first waiting while the buffer is full.
+    /// - Throws: `Closed` when the connection is gone, the body was finished, or the task is
+    ///   cancelled (also while waiting).
+    public func write(_ bytes: [UInt8]) async throws(Closed) {
+        while true {
+            if Task.isCancelled { throw Closed() }
+            switch writeIfRoom(bytes) {
+            case .written: return
+            case .closed: throw Closed()
+            case .full: await waitForRoom()
+            }
+        }
+    }
+
+    /// Queues `bytes` if the buffer has room, else writes nothing and says `.full`.
+    public func writeIfRoom(_ bytes: [UInt8]) -> WriteResult {
+        if bytes.isEmpty { return state.withLock { $0.closed || $0.end != .open ? .closed : .written } }
+        let (result, notify) = state.withLock { state -> (WriteResult, Bool) in
+            guard !state.closed, state.end == .open else { return (.closed, false) }
+            guard state.buffered < bufferLimit else { return (.full, false) }
+            state.chunks.append(bytes)
+            state.buffered += bytes.count
+            defer { state.notified = true }
+            return (.written, !state.notified)
+        }
+        if notify { wake() }
+        return result
+    }
+
+    /// Ends the body: what was written is sent, then the end of the body. Later writes fail.
+    public func finish() {
+        let notify = state.withLock { state -> Bool in
+            guard !state.closed, state.end == .open else { return false }
+            state.end = .finished
+            defer { state.notified = true }
+            return !state.notified
+        }
+        if notify { wake() }
+    }
+
+    /// Whether the connection is gone (or the body ended): nothing more will be sent.
+    public var isClosed: Bool { state.withLock { $0.closed || $0.end != .open } }
+
+    /// Bytes written and not yet sent to the socket.
+    public var bufferedByteCount: Int { state.withLock { $0.buffered } }
+
+    private func waitForRoom() async {
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let resumeNow = state.withLock { state -> Bool in
+                    if state.closed || state.buffered < bufferLimit || Task.isCancelled { return true }
+                    state.waiter = continuation
+                    return false
+                }
+                if resumeNow { continuation.resume() }
+            }
+        } onCancel: {
+            state.withLock { state in
+                defer { state.waiter = nil }
+                return state.waiter
+            }?.resume()
+        }
+    }
+
+    // MARK: - For the loop
+
+    /// The producer returned: without `finish()` the body is incomplete.
+    func producerReturned() {
+        let notify = state.withLock { state -> Bool in
+            guard state.end == .open else { return false }
+            state.end = .abandoned
+            defer { state.notified = true }
+            return !state.closed && !state.notified
+        }
+        if notify { wake() }
+    }
+
+    /// Everything written since the last call, and how the producer's part stands. Called
+    /// when the bytes taken last time have all been sent: their room is freed (a waiting
+    /// `write` resumes).
+    func take() -> (bytes: [[UInt8]], end: End) {
+        let (bytes, end, waiter) = state.withLock { state -> ([[UInt8]], End, CheckedContinuation<Void, Never>?) in
+            state.buffered -= state.taken
+            let chunks = state.chunks
+            state.chunks = []
+            state.taken = state.buffered
+            state.notified = false
+            var waiter: CheckedContinuation<Void, Never>? = nil
+            if state.buffered < bufferLimit {
+                waiter = state.waiter
+                state.waiter = nil
+            }
+            return (chunks, state.end, waiter)
+        }
+        waiter?.resume()
+        return (bytes, end)
+    }
+
+    /// The connection is gone: writes fail from now on, a waiting one at once.
+    func close() {
+        let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in
+            state.closed = true
+            state.chunks = []
+            defer { state.waiter = nil }
+            return state.waiter
+        }
+        waiter?.resume()
+    }
+}

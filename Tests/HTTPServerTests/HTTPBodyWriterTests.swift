@@ -1,0 +1,103 @@
+import Synchronization
+import XCTest
+
+@testable import HTTPServer
+
+/// The writer between a streamed body's producer and the event loop, without a loop: the
+/// test plays the loop (`take`, `close`).
+final class HTTPBodyWriterTests: XCTestCase {
+    final class Wakes: Sendable {
+        let count = Atomic<Int>(0)
+    }
+
+    func testWakesTheLoopOncePerTakeAndHandsOverWritesInOrder() {
+        let wakes = Wakes()
+        let writer = HTTPBodyWriter(bufferLimit: 100) { wakes.count.add(1, ordering: .relaxed) }
+        XCTAssertEqual(writer.writeIfRoom([1, 2]), .written)
+        XCTAssertEqual(writer.writeIfRoom([3]), .written)
+        XCTAssertEqual(wakes.count.load(ordering: .relaxed), 1, "one wake-up until the loop takes")
+        let (chunks, end) = writer.take()
+        XCTAssertEqual(chunks, [[1, 2], [3]])
+        XCTAssertEqual(end, .open)
+        XCTAssertEqual(writer.bufferedByteCount, 3, "taken but not yet sent still counts")
+        XCTAssertEqual(writer.writeIfRoom([4]), .written)
+        XCTAssertEqual(wakes.count.load(ordering: .relaxed), 2)
+        XCTAssertEqual(writer.take().bytes, [[4]])
+        XCTAssertEqual(writer.bufferedByteCount, 1, "the first three bytes were sent")
+        XCTAssertEqual(writer.take().bytes, [])
+        XCTAssertEqual(writer.bufferedByteCount, 0)
+    }
+
+    func testWriteIfRoomRefusesOnceTheLimitIsReachedAndWritesNothing() {
+        let writer = HTTPBodyWriter(bufferLimit: 10) {}
+        XCTAssertEqual(writer.writeIfRoom(Array(repeating: 0, count: 25)), .written, "one write may pass the limit")
+        XCTAssertEqual(writer.writeIfRoom([1]), .full)
+        XCTAssertEqual(writer.bufferedByteCount, 25)
+        _ = writer.take()
+        XCTAssertEqual(writer.writeIfRoom([1]), .full, "taken is not sent")
+        _ = writer.take()
+        XCTAssertEqual(writer.writeIfRoom([1]), .written)
+    }
+
+    func testWriteWaitsForRoomAndResumesWhenTheLoopHasSentWhatItTook() async throws {
+        let writer = HTTPBodyWriter(bufferLimit: 4) {}
+        try await writer.write([1, 2, 3, 4])
+        let second = Task { try await writer.write([5]) }
+        try await Task.sleep(for: .milliseconds(50))
+        XCTAssertEqual(writer.bufferedByteCount, 4, "the second write waits")
+        XCTAssertEqual(writer.take().bytes, [[1, 2, 3, 4]])
+        XCTAssertEqual(writer.take().bytes, [], "the first four bytes sent: room again")
+        try await second.value
+        XCTAssertEqual(writer.take().bytes, [[5]])
+    }
+
+    /// A writer whose one byte of room is taken, and a task waiting to write more: it
+    /// returns whether that write threw.
+    func fullWriterWithAWaitingWrite() async throws -> (HTTPBodyWriter, Task<Bool, Never>) {
+        let writer = HTTPBodyWriter(bufferLimit: 1) {}
+        try await writer.write([1])
+        let waiting = Task { () -> Bool in
+            do {
+                try await writer.write([2])
+                return false
+            } catch {
+                return true
+            }
+        }
+        try await Task.sleep(for: .milliseconds(20))
+        return (writer, waiting)
+    }
+
+    func testClosingFailsWritesAndResumesAWaitingOne() async throws {
+        let (writer, waiting) = try await fullWriterWithAWaitingWrite()
+        writer.close()
+        let threw = await waiting.value
+        XCTAssertTrue(threw)
+        XCTAssertTrue(writer.isClosed)
+        XCTAssertEqual(writer.writeIfRoom([3]), .closed)
+    }
+
+    func testCancellingAWaitingWriteThrows() async throws {
+        let (writer, waiting) = try await fullWriterWithAWaitingWrite()
+        waiting.cancel()
+        let threw = await waiting.value
+        XCTAssertTrue(threw)
+        XCTAssertFalse(writer.isClosed, "the connection is still there: the producer may finish")
+    }
+
+    func testFinishEndsTheBodyAndAProducerReturningWithoutItAbandonsIt() {
+        let writer = HTTPBodyWriter(bufferLimit: 10) {}
+        XCTAssertEqual(writer.writeIfRoom([1]), .written)
+        writer.finish()
+        XCTAssertEqual(writer.writeIfRoom([2]), .closed, "nothing after the end")
+        writer.producerReturned()
+        let (chunks, end) = writer.take()
+        XCTAssertEqual(chunks, [[1]])
+        XCTAssertEqual(end, .finished, "returning after finishing is the normal way")
+
+        let abandoned = HTTPBodyWriter(bufferLimit: 10) {}
+        XCTAssertEqual(abandoned.writeIfRoom([1]), .written)
+        abandoned.producerReturned()
+        XCTAssertEqual(abandoned.take().end, .abandoned)
+    }
+}

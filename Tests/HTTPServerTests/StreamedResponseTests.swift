@@ -1,0 +1,318 @@
+import Foundation
+import Logging
+import Synchronization
+import XCTest
+
+@testable import HTTPServer
+
+/// Streamed responses through a real `HTTPServer` on a loopback socket: framing, keep-alive
+/// after the body, backpressure from a client that does not read, a producer that gives up,
+/// a client that goes away, and shutdown.
+final class StreamedResponseTests: XCTestCase {
+    /// What the producers of the test routes saw.
+    final class Probe: Sendable {
+        let producerEnded = Atomic<Int>(0)
+        let sawClosed = Atomic<Int>(0)
+        let sawCancelled = Atomic<Int>(0)
+        let written = Atomic<Int>(0)
+        let mostBuffered = Atomic<Int>(0)
+    }
+
+    struct Responder: HTTPResponder {
+        let probe: Probe
+
+        func admit(_ head: HTTPRequestHead, client: String) -> Admission<Int> { .readBody(bodyLimit: 1024, 0) }
+
+        func respond(to request: HTTPRequest, context: Int) -> Reply<Int> {
+            let probe = self.probe
+            let n = Int(request.queryValue("n") ?? "") ?? 3
+            switch request.path {
+            case "/count":
+                return .now(
+                    .streamed(.ok, headers: ["Content-Type": "text/plain"]) { writer in
+                        for index in 0..<n { try? await writer.write(Array("line \(index)\n".utf8)) }
+                        writer.finish()
+                    }, 0)
+            case "/empty":
+                return .now(.streamed(.ok) { writer in writer.finish() }, 0)
+            case "/later":
+                // From a task, as an application's handlers answer.
+                return .later {
+                    (
+                        .streamed(.ok) { writer in
+                            try? await writer.write(Array("from a task".utf8))
+                            writer.finish()
+                        }, 0
+                    )
+                }
+            case "/flood":
+                // Writes until the connection is gone, waiting for room: flat memory however
+                // much it has to send and however slowly the client reads.
+                return .now(
+                    .streamed(.ok, bufferLimit: 64 * 1024) { writer in
+                        let block = [UInt8](repeating: UInt8(ascii: "x"), count: 16 * 1024)
+                        do {
+                            while true {
+                                try await writer.write(block)
+                                probe.written.add(block.count, ordering: .relaxed)
+                                probe.mostBuffered.max(writer.bufferedByteCount, ordering: .relaxed)
+                            }
+                        } catch {
+                            probe.sawClosed.add(1, ordering: .relaxed)
+                        }
+                        probe.producerEnded.add(1, ordering: .relaxed)
+                    }, 0)
+            case "/abandon":
+                return .now(
+                    .streamed(.ok) { writer in
+                        try? await writer.write(Array("partial".utf8))
+                    }, 0)
+            case "/endless":
+                // Waits for ever; ends cleanly when cancelled at shutdown.
+                return .now(
+                    .streamed(.ok, shutdown: .cancel) { writer in
+                        try? await writer.write(Array("open\n".utf8))
+                        while !Task.isCancelled { try? await Task.sleep(for: .seconds(60)) }
+                        probe.sawCancelled.add(1, ordering: .relaxed)
+                        _ = writer.writeIfRoom(Array("bye\n".utf8))
+                        writer.finish()
+                    }, 0)
+            case "/head-only":
+                return .now(
+                    .streamed(.noContent) { writer in
+                        if writer.isClosed { probe.sawClosed.add(1, ordering: .relaxed) }
+                        probe.producerEnded.add(1, ordering: .relaxed)
+                    }, 0)
+            default:
+                return .now(HTTPResponse(status: .notFound, body: Array("no".utf8)), 0)
+            }
+        }
+
+        func complete(_ response: inout HTTPResponse, context: Int) {}
+        func reject(_ error: HTTPParserError, peer: String) -> HTTPResponse {
+            HTTPResponse(status: HTTPStatus(error.status))
+        }
+        func refuseConnection() -> HTTPResponse { HTTPResponse(status: .serviceUnavailable) }
+    }
+
+    var server: HTTPServer<Responder>!
+    let probe = Probe()
+
+    override func setUpWithError() throws {
+        var configuration = HTTPServerConfiguration()
+        configuration.port = 0
+        configuration.writeTimeout = .seconds(3)
+        configuration.shutdownTimeout = .seconds(5)
+        server = HTTPServer(
+            configuration: configuration, responder: Responder(probe: probe), logger: Logger(label: "test"))
+        try server.start()
+    }
+
+    override func tearDown() async throws {
+        server.shutdown()
+        await server.waitUntilStopped()
+    }
+
+    func testChunkedBodyEndsWithTheLastChunkAndTheConnectionTakesTheNextRequest() throws {
+        let client = try TestClient(port: server.port)
+        try client.send("GET /count?n=3 HTTP/1.1\r\nHost: x\r\n\r\n")
+        let head = try client.readHead()
+        XCTAssertTrue(head.hasPrefix("HTTP/1.1 200 OK\r\n"), head)
+        XCTAssertTrue(head.contains("Transfer-Encoding: chunked\r\n"), head)
+        XCTAssertFalse(head.lowercased().contains("content-length"), head)
+        XCTAssertTrue(head.contains("Connection: keep-alive\r\n"), head)
+        XCTAssertEqual(try client.readChunkedBody(), "line 0\nline 1\nline 2\n")
+
+        try client.send("GET /empty HTTP/1.1\r\nHost: x\r\n\r\n")
+        XCTAssertTrue(try client.readHead().contains("Transfer-Encoding: chunked"))
+        XCTAssertEqual(try client.readChunkedBody(), "")
+
+        try client.send("GET /later HTTP/1.1\r\nHost: x\r\n\r\n")
+        _ = try client.readHead()
+        XCTAssertEqual(try client.readChunkedBody(), "from a task")
+    }
+
+    func testHTTP10ClientGetsABodyDelimitedByClose() throws {
+        let client = try TestClient(port: server.port)
+        try client.send("GET /count?n=2 HTTP/1.0\r\n\r\n")
+        let head = try client.readHead()
+        XCTAssertFalse(head.contains("Transfer-Encoding"), head)
+        XCTAssertTrue(head.contains("Connection: close\r\n"), head)
+        XCTAssertEqual(String(decoding: try client.readUntilClose(), as: UTF8.self), "line 0\nline 1\n")
+    }
+
+    func testHeadRequestAndBodylessStatusSendOnlyTheHeadAndStillRunTheProducerOnce() throws {
+        let client = try TestClient(port: server.port)
+        try client.send("GET /head-only HTTP/1.1\r\nHost: x\r\n\r\n")
+        let head = try client.readHead()
+        XCTAssertTrue(head.hasPrefix("HTTP/1.1 204"), head)
+        try eventually { probe.producerEnded.load(ordering: .relaxed) == 1 }
+        XCTAssertEqual(probe.sawClosed.load(ordering: .relaxed), 1, "its writer was closed: nobody to send to")
+        try client.send("HEAD /count HTTP/1.1\r\nHost: x\r\n\r\n")
+        XCTAssertTrue(try client.readHead().hasPrefix("HTTP/1.1 200"))
+        try client.send("GET /count?n=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        _ = try client.readHead()
+        XCTAssertEqual(try client.readChunkedBody(), "line 0\n", "no body followed the HEAD answer")
+    }
+
+    func testClientThatDoesNotReadHoldsBackTheProducerAndItsGoingAwayEndsIt() throws {
+        let client = try TestClient(port: server.port, receiveBuffer: 4096)
+        try client.send("GET /flood HTTP/1.1\r\nHost: x\r\n\r\n")
+        // The socket buffers fill, then the producer waits: the total written stops growing.
+        var last = -1
+        try eventually(within: 10) {
+            let now = probe.written.load(ordering: .relaxed)
+            defer { last = now }
+            Thread.sleep(forTimeInterval: 0.2)
+            return now > 0 && now == last
+        }
+        XCTAssertLessThanOrEqual(
+            probe.mostBuffered.load(ordering: .relaxed), 64 * 1024 + 16 * 1024,
+            "never more than the limit and one write")
+        XCTAssertEqual(probe.producerEnded.load(ordering: .relaxed), 0, "still waiting for room")
+        client.close()
+        try eventually { probe.producerEnded.load(ordering: .relaxed) == 1 }
+        XCTAssertEqual(probe.sawClosed.load(ordering: .relaxed), 1, "the producer's write threw")
+    }
+
+    func testClientThatStopsReadingIsDroppedAfterTheWriteTimeout() throws {
+        let client = try TestClient(port: server.port, receiveBuffer: 4096)
+        try client.send("GET /flood HTTP/1.1\r\nHost: x\r\n\r\n")
+        try eventually(within: 10) { probe.producerEnded.load(ordering: .relaxed) == 1 }
+        XCTAssertEqual(probe.sawClosed.load(ordering: .relaxed), 1)
+    }
+
+    func testProducerReturningWithoutFinishingClosesWithoutTheLastChunk() throws {
+        let client = try TestClient(port: server.port)
+        try client.send("GET /abandon HTTP/1.1\r\nHost: x\r\n\r\n")
+        _ = try client.readHead()
+        let rest = String(decoding: try client.readUntilClose(), as: UTF8.self)
+        XCTAssertEqual(rest, "7\r\npartial\r\n", "the body is cut off: no terminating chunk")
+    }
+
+    func testShutdownCancelsEndlessProducersWhichEndTheirBodyCleanly() async throws {
+        let client = try TestClient(port: server.port)
+        try client.send("GET /endless HTTP/1.1\r\nHost: x\r\n\r\n")
+        _ = try client.readHead()
+        XCTAssertEqual(try client.readChunk(), "open\n")
+        let started = Date()
+        server.shutdown()
+        XCTAssertEqual(try client.readChunkedBody(), "bye\n")
+        XCTAssertTrue(try client.waitForClose())
+        XCTAssertLessThan(Date().timeIntervalSince(started), 2, "promptly, not after the shutdown timeout")
+        XCTAssertEqual(probe.sawCancelled.load(ordering: .relaxed), 1)
+    }
+}
+
+/// Polls `condition` until it holds, failing after `seconds`.
+private func eventually(within seconds: Double = 5, _ condition: () throws -> Bool) throws {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if try condition() { return }
+        Thread.sleep(forTimeInterval: 0.01)
+    }
+    XCTFail("condition not met within \(seconds) s")
+}
+
+/// A blocking loopback client with a receive timeout.
+private final class TestClient {
+    struct Failure: Error, CustomStringConvertible { let description: String }
+
+    let fd: Int32
+    private var pending: [UInt8] = []
+    private var closed = false
+
+    init(port: Int, receiveBuffer: Int32? = nil) throws {
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw Failure(description: "socket: errno \(errno)") }
+        if var size = receiveBuffer {
+            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        }
+        var timeout = timeval(tv_sec: 5, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let result = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
+        guard result == 0 else { throw Failure(description: "connect: errno \(errno)") }
+    }
+
+    deinit { close() }
+
+    func close() {
+        guard !closed else { return }
+        closed = true
+        Glibc.close(fd)
+    }
+
+    func send(_ text: String) throws {
+        let bytes = Array(text.utf8)
+        let sent = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        guard sent == bytes.count else { throw Failure(description: "send: errno \(errno)") }
+    }
+
+    /// Reads more into `pending`; false at EOF.
+    private func receive() throws -> Bool {
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        let count = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+        if count > 0 {
+            pending.append(contentsOf: buffer[0..<count])
+            return true
+        }
+        if count == 0 || errno == ECONNRESET { return false }
+        throw Failure(description: "recv: errno \(errno) with \(pending.count) bytes pending")
+    }
+
+    private func line() throws -> String {
+        while true {
+            if let end = pending.firstIndex(of: 10), end > 0, pending[end - 1] == 13 {
+                let text = String(decoding: pending[..<(end - 1)], as: UTF8.self)
+                pending.removeFirst(end + 1)
+                return text
+            }
+            guard try receive() else { throw Failure(description: "closed before a line ended") }
+        }
+    }
+
+    func readHead() throws -> String {
+        var head = ""
+        while true {
+            let next = try line()
+            if next.isEmpty { return head }
+            head += next + "\r\n"
+        }
+    }
+
+    /// One chunk's data; nil for the last chunk.
+    func readChunk() throws -> String? {
+        guard let size = Int(try line(), radix: 16) else { throw Failure(description: "bad chunk size") }
+        while pending.count < size + 2 {
+            guard try receive() else { throw Failure(description: "closed inside a chunk") }
+        }
+        let data = String(decoding: pending[..<size], as: UTF8.self)
+        pending.removeFirst(size + 2)
+        return size == 0 ? nil : data
+    }
+
+    func readChunkedBody() throws -> String {
+        var body = ""
+        while let chunk = try readChunk() { body += chunk }
+        return body
+    }
+
+    func readUntilClose() throws -> [UInt8] {
+        while try receive() {}
+        defer { pending = [] }
+        return pending
+    }
+
+    func waitForClose() throws -> Bool {
+        while try receive() {}
+        return true
+    }
+}
