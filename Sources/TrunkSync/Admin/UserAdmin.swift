@@ -105,8 +105,11 @@ public struct UserAdmin: Sendable {
 
     /// Deletes the user and everything of theirs: sessions, refresh tokens and events (by
     /// cascade) and any pending sign-in code. Returns false when there was no such user.
+    /// Scoped to the user and their address, so it works as the server's role too (the
+    /// console), whose row-level security shows it nothing else.
     public func delete(_ user: Summary) async throws -> Bool {
         try await pool.transaction { connection in
+            try RowScope.apply(RowScope.user(user.id), RowScope.address(user.email.lowercased()), on: connection)
             try connection.query("delete from otp_codes where email = $1", user.email.lowercased())
             return try connection.query("delete from users where id = $1", user.id).affectedRows == 1
         }

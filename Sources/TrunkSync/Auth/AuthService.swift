@@ -77,8 +77,8 @@ public struct AuthService: Sendable {
         codeKey = HMAC.sha256(key: Array(secret.utf8), message: "trunk-sync sign-in code key v1")
     }
 
-    private func codeHash(_ email: Email, _ code: String) -> PostgresBytes {
-        PostgresBytes(HMAC.sha256(key: codeKey, message: email.value + ":" + code))
+    private func codeHash(_ key: CodeKey, _ code: String) -> PostgresBytes {
+        PostgresBytes(HMAC.sha256(key: codeKey, message: key.value + ":" + code))
     }
 
     /// How log lines name an address: the first 16 hex digits of an HMAC keyed from the JWT
@@ -100,8 +100,23 @@ public struct AuthService: Sendable {
         try await pool.transaction(body)
     }
 
-    /// The routes with a per-client limit.
-    public enum LimitedRoute: String, Sendable { case otp, verify, token }
+    /// The routes with a per-client limit. The console's sign-in (`/admin/v1/auth/…`) has
+    /// the same limits as the app's, counted in buckets of its own (and in the same
+    /// `trunk_sync_rate_limited_total` series).
+    public enum LimitedRoute: String, Sendable {
+        case otp, verify, token
+        case consoleOTP = "console_otp"
+        case consoleVerify = "console_verify"
+
+        /// The app route whose limits it has.
+        var limits: LimitedRoute {
+            switch self {
+            case .consoleOTP: .otp
+            case .consoleVerify: .verify
+            default: self
+            }
+        }
+    }
 
     /// Counts a request against its route's per-client limit; throws `429` when over it. The
     /// routes call it first, before parsing anything. `ip` is the request's client address;
@@ -109,15 +124,15 @@ public struct AuthService: Sendable {
     /// 2^64 addresses past any limit.
     public func limit(_ route: LimitedRoute, ip: String) async throws {
         let rule: RateLimiter.Rule
-        switch route {
+        switch route.limits {
         case .otp: rule = settings.otpRule
         case .verify: rule = settings.verifyRule
-        case .token: rule = settings.tokenRule
+        default: rule = settings.tokenRule
         }
         let bucket = "ip:\(route.rawValue):\(RateLimiter.clientBucket(ip))"
         let retryAfter = try await database { try RateLimiter.hit(bucket, rule: rule, on: $0) }
         if let retryAfter {
-            metrics.rateLimited(route.rawValue).increment()
+            metrics.rateLimited(route.limits.rawValue).increment()
             throw AuthError.overRequestRateLimit(retryAfter: retryAfter)
         }
     }
@@ -129,17 +144,17 @@ public struct AuthService: Sendable {
     public func limit(_ route: LimitedRoute, email: Email) async throws {
         let rule: RateLimiter.Rule
         let name: String
-        switch route {
+        switch route.limits {
         case .otp: (rule, name) = (settings.otpEmailRule, "otp_email")
         case .verify: (rule, name) = (settings.verifyEmailRule, "verify_email")
-        case .token: return  // refresh tokens name no address
+        default: return  // refresh tokens name no address
         }
         let bucket = "email:\(route.rawValue):\(RateLimiter.emailBucket(email.value))"
         let retryAfter = try await database { try RateLimiter.hit(bucket, rule: rule, on: $0) }
         if let retryAfter {
             metrics.rateLimited(name).increment()
             // GoTrue's codes: too many codes asked for one address, or too many attempts.
-            throw route == .otp
+            throw route.limits == .otp
                 ? AuthError.overEmailSendRateLimit(retryAfter: retryAfter)
                 : AuthError.overRequestRateLimit(retryAfter: retryAfter)
         }
@@ -160,29 +175,47 @@ public struct AuthService: Sendable {
     /// answer, so neither a slow mail server nor a failure shows; the only branch left on
     /// the request path is `submit`, an append under an uncontended lock.
     public func requestCode(email: Email, createUser: Bool, ip: String) async throws {
+        try await requestCode(for: .app(email), email: email) { exists in exists || createUser }
+    }
+
+    /// Whose code a stored code is: an app sign-in's, keyed by the address, or a console
+    /// sign-in's, keyed apart (`console:` and the address; an address has no `:`), so that
+    /// neither replaces, uses or locks the other's code, and a console code never signs
+    /// anyone in to the app.
+    struct CodeKey: Sendable {
+        /// The `otp_codes.email` of the code, and the `app.email` that scopes it.
+        let value: String
+        static func app(_ email: Email) -> CodeKey { CodeKey(value: email.value) }
+        static func console(_ email: Email) -> CodeKey { CodeKey(value: "console:" + email.value) }
+    }
+
+    /// `requestCode` for the code stored under `key`: `deliverable` says, given whether an
+    /// app account has the key's address (always false for a console key, whose scope shows
+    /// no users row), whether a mail goes out. The statements are the same either way.
+    func requestCode(for key: CodeKey, email: Email, deliverable: @escaping @Sendable (Bool) -> Bool) async throws {
         let code = SecureRandom.digits(6)
         let settings = self.settings
-        let hash = codeHash(email, code)
+        let hash = codeHash(key, code)
         let unknowable = PostgresBytes(SecureRandom.bytes(count: 32))
         enum Outcome: Sendable { case accepted(deliverable: Bool), wait(Int), mailCap(Int) }
         let outcome: Outcome = try await database { connection in
-            try RowScope.apply(RowScope.email(email), on: connection)
+            try RowScope.apply(RowScope.address(key.value), on: connection)
             let recent = try connection.query(
                 "select ceil(extract(epoch from created_at + make_interval(secs => $2) - now()))::int8 from otp_codes where email = $1 and created_at > now() - make_interval(secs => $2)",
-                email.value, Int64(settings.otpResendInterval))
+                key.value, Int64(settings.otpResendInterval))
             if let row = recent.first { return .wait(max(1, try row.decode(Int.self, column: 0))) }
-            let exists = try connection.query("select 1 from users where lower(email) = $1", email.value).count > 0
+            let exists = try connection.query("select 1 from users where lower(email) = $1", key.value).count > 0
             if let retry = try RateLimiter.hit("mail:global", rule: settings.mailRule, on: connection) {
                 return .mailCap(retry)
             }
-            let deliverable = exists || createUser
+            let deliverable = deliverable(exists)
             try connection.query(
                 """
                 insert into otp_codes (email, code_hash, created_at, expires_at, attempts, consumed_at)
                 values ($1, $2, now(), now() + make_interval(secs => $3), 0, null)
                 on conflict (email) do update set code_hash = excluded.code_hash, created_at = excluded.created_at,
                   expires_at = excluded.expires_at, attempts = 0, consumed_at = null
-                """, email.value, deliverable ? hash : unknowable, Int64(settings.otpLifetime))
+                """, key.value, deliverable ? hash : unknowable, Int64(settings.otpLifetime))
             return .accepted(deliverable: deliverable)
         }
         switch outcome {
@@ -216,20 +249,43 @@ public struct AuthService: Sendable {
     /// log lines name the address by `addressTag` and the user id, never in clear, and never
     /// carry a code.
     public func verify(email: Email, code: String, ip: String, userAgent: String?) async throws -> IssuedSession {
-        guard code.utf8.count == 6, code.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }) else { throw AuthError.otpExpired }
-        let hash = codeHash(email, code)
-        let settings = self.settings
         let refreshToken = Self.newRefreshToken()
         let now = Self.now()
         let accessExpiresAt = now + Int64(tokens.lifetime)
-        /// What the logs should hear of.
-        enum LockEvent: Sendable { case none, locked(until: PostgresTimestamp, failures: Int), ended }
-        enum Outcome: Sendable {
-            case rejected(LockEvent, user: UUID?)
-            case signedIn(UserRecord, sessionID: UUID, LockEvent)
+        let (signedIn, sessionID) = try await consumeCode(.app(email), email: email, code: code) { connection in
+            let signedInRow = try connection.query(
+                """
+                insert into users (email, email_confirmed_at, last_sign_in_at) values ($1, now(), now())
+                on conflict ((lower(email))) do update set last_sign_in_at = now(), updated_at = now(),
+                  email_confirmed_at = coalesce(users.email_confirmed_at, now())
+                returning \(UserRecord.columns)
+                """, email.value)[0]
+            let signedIn = try UserRecord(row: signedInRow)
+            // The session and its token are rows of the user, now that the id is known.
+            try RowScope.apply(RowScope.user(signedIn.id), on: connection)
+            let sessionID = try Self.insertSession(
+                userID: signedIn.id, refreshToken: refreshToken, ip: ip, userAgent: userAgent,
+                accessExpiresAt: accessExpiresAt, on: connection)
+            return ((signedIn, sessionID), signedIn.id)
         }
-        let outcome: Outcome = try await database { connection in
-            try RowScope.apply(RowScope.email(email), on: connection)
+        return issue(user: signedIn, sessionID: sessionID, refreshToken: refreshToken, now: now)
+    }
+
+    /// Checks `code` against the code stored under `key` and, when it is right, consumes it
+    /// and runs `signIn` in the same transaction (its result, and the user id the log names);
+    /// otherwise counts the failure and throws `otp_expired`. The rules of `verify` — attempts
+    /// per code, failures per key across codes, the lockout and its log lines — hold for
+    /// every key alike.
+    func consumeCode<T: Sendable>(
+        _ key: CodeKey, email: Email, code: String,
+        signIn: @escaping @Sendable (PostgresConnection) throws -> (T, user: UUID?)
+    ) async throws -> T {
+        guard code.utf8.count == 6, code.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }) else { throw AuthError.otpExpired }
+        let hash = codeHash(key, code)
+        let settings = self.settings
+        typealias LockEvent = CodeLockEvent
+        let outcome: CodeOutcome<T> = try await database { connection in
+            try RowScope.apply(RowScope.address(key.value), on: connection)
             let rows = try connection.query(
                 """
                 select code_hash, expires_at > now(), attempts, consumed_at is null,
@@ -237,7 +293,7 @@ public struct AuthService: Sendable {
                        failures, failures_since is null or failures_since <= now() - make_interval(secs => $2),
                        (select id from users where lower(email) = $1)
                 from otp_codes where email = $1 for update
-                """, email.value, Int64(settings.otpFailureRule.window))
+                """, key.value, Int64(settings.otpFailureRule.window))
             guard let row = rows.first else { return .rejected(.none, user: nil) }
             let user = try row.decode(UUID?.self, column: 8)
             // Locked: the same answer as a wrong code, whatever the code; nothing counted.
@@ -259,7 +315,7 @@ public struct AuthService: Sendable {
                       failures_since = case when $4 then now() else failures_since end,
                       locked_until = case when $5 then now() + make_interval(secs => $6) end
                     where email = $1 returning locked_until
-                    """, email.value, Int64(live ? 1 : 0), Int64(failures), windowOver, lock,
+                    """, key.value, Int64(live ? 1 : 0), Int64(failures), windowOver, lock,
                     Int64(settings.otpLockout)
                 )[0].decode(PostgresTimestamp?.self, column: 0)
                 if lock, let until { return .rejected(.locked(until: until, failures: failures), user: user) }
@@ -269,27 +325,15 @@ public struct AuthService: Sendable {
                 """
                 update otp_codes set consumed_at = now(), failures = 0, failures_since = null, locked_until = null
                 where email = $1
-                """, email.value)
-            let signedInRow = try connection.query(
-                """
-                insert into users (email, email_confirmed_at, last_sign_in_at) values ($1, now(), now())
-                on conflict ((lower(email))) do update set last_sign_in_at = now(), updated_at = now(),
-                  email_confirmed_at = coalesce(users.email_confirmed_at, now())
-                returning \(UserRecord.columns)
-                """, email.value)[0]
-            let signedIn = try UserRecord(row: signedInRow)
-            // The session and its token are rows of the user, now that the id is known.
-            try RowScope.apply(RowScope.user(signedIn.id), on: connection)
-            let sessionID = try Self.insertSession(
-                userID: signedIn.id, refreshToken: refreshToken, ip: ip, userAgent: userAgent,
-                accessExpiresAt: accessExpiresAt, on: connection)
-            return .signedIn(signedIn, sessionID: sessionID, lockEnded ? .ended : .none)
+                """, key.value)
+            let (result, signedInUser) = try signIn(connection)
+            return .signedIn(result, user: signedInUser, lockEnded ? .ended : .none)
         }
         let event: LockEvent
         let user: UUID?
         switch outcome {
         case .rejected(let rejectedEvent, let rejectedUser): (event, user) = (rejectedEvent, rejectedUser)
-        case .signedIn(let signedIn, _, let signedInEvent): (event, user) = (signedInEvent, signedIn.id)
+        case .signedIn(_, let signedInUser, let signedInEvent): (event, user) = (signedInEvent, signedInUser)
         }
         let who: Logger.Metadata = [
             "address": "\(addressTag(email))", "user_id": "\(user?.uuidString.lowercased() ?? "none")",
@@ -303,8 +347,17 @@ public struct AuthService: Sendable {
         case .ended:
             logger.notice("sign-in lock ended", metadata: who)
         }
-        guard case .signedIn(let signedIn, let sessionID, _) = outcome else { throw AuthError.otpExpired }
-        return issue(user: signedIn, sessionID: sessionID, refreshToken: refreshToken, now: now)
+        guard case .signedIn(let result, _, _) = outcome else { throw AuthError.otpExpired }
+        return result
+    }
+
+    /// What the logs should hear of after a code was checked.
+    private enum CodeLockEvent: Sendable { case none, locked(until: PostgresTimestamp, failures: Int), ended }
+
+    /// How a code check ended.
+    private enum CodeOutcome<T: Sendable>: Sendable {
+        case rejected(CodeLockEvent, user: UUID?)
+        case signedIn(T, user: UUID?, CodeLockEvent)
     }
 
     // MARK: - Sessions
