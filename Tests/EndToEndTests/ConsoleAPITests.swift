@@ -49,7 +49,7 @@ final class ConsoleAPITests: EndToEndTestCase {
     func mailedCode(_ sink: SMTPSink, to email: String, count: Int = 1) throws -> String {
         var code: String?
         XCTAssertTrue(
-            eventually(within: 10) {
+            try eventually(within: 10) {
                 let mails = try sink.received().filter { $0.recipients.contains(email) }
                 guard mails.count >= count, let body = mails[count - 1].body,
                     let match = body.firstMatch(of: /\b(\d{6})\b/)
