@@ -250,6 +250,7 @@ try:
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#event-list article.event")) == 4)
     kinds = {a.find_element(By.CSS_SELECTOR, ".tag").text for a in driver.find_elements(By.CSS_SELECTOR, "#event-list article.event")}
     assert kinds == {"task"}, kinds
+    driver.save_screenshot(os.path.join(SHOTS, "04-user-top.png"))  # the first screen only (README)
     shot("04-user")
     console_errors()
     step("events filtered by type")

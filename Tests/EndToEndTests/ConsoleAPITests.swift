@@ -75,7 +75,8 @@ final class ConsoleAPITests: EndToEndTestCase {
 
     /// An app session for `email` (creating the user).
     func appSession(_ server: ServerProcess, _ email: String) throws -> (token: String, user: String) {
-        let result = try Command.run(Command.trunkSyncBinary(), ["token", "--email", email], environment: server.environment)
+        let result = try Command.run(
+            Command.trunkSyncBinary(), ["token", "--email", email], environment: server.environment)
         XCTAssertEqual(result.status, 0, result.stderr)
         let session = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any])
         let user = try XCTUnwrap((session["user"] as? [String: Any])?["id"] as? String)
@@ -87,7 +88,8 @@ final class ConsoleAPITests: EndToEndTestCase {
         let items = events.map { type, payload in
             #"{"client_id":"\#(UUID().uuidString.lowercased())","type":"\#(type)","payload":\#(payload),"client_timestamp":"2026-11-22T04:10:02.123Z"}"#
         }
-        let pushed = try app(server, "POST", "/sync/v1/events", body: #"{"events":[\#(items.joined(separator: ","))]}"#, token: token)
+        let pushed = try app(
+            server, "POST", "/sync/v1/events", body: #"{"events":[\#(items.joined(separator: ","))]}"#, token: token)
         XCTAssertEqual(pushed.status, 200, pushed.bodyText)
     }
 
@@ -100,7 +102,9 @@ final class ConsoleAPITests: EndToEndTestCase {
 
     func testThePublicListenerServesNeitherTheConsoleNorItsAPI() throws {
         let server = try startServer(["TRUNK_SYNC_ADMIN_EMAILS": Self.operatorEmail])
-        for path in ["/console", "/console/", "/console/app.js", "/admin/v1/session", "/admin/v1/users", "/admin/v1/overview"] {
+        for path in [
+            "/console", "/console/", "/console/app.js", "/admin/v1/session", "/admin/v1/users", "/admin/v1/overview",
+        ] {
             assertJSONError(try app(server, "GET", path), status: 404, code: "not_found")
         }
         assertJSONError(
@@ -160,9 +164,7 @@ final class ConsoleAPITests: EndToEndTestCase {
             XCTAssertEqual(response.status, 200, response.bodyText)
             XCTAssertEqual(response.bodyText, "{}")
         }
-        XCTAssertEqual(
-            outsider.headers.filter { !["x-request-id", "date"].contains($0.name.lowercased()) }.map { "\($0.name): \($0.value)" },
-            insider.headers.filter { !["x-request-id", "date"].contains($0.name.lowercased()) }.map { "\($0.name): \($0.value)" })
+        XCTAssertEqual(outsider.comparableHeaders, insider.comparableHeaders)
         let code = try mailedCode(sink, to: Self.operatorEmail)
         XCTAssertEqual(try sink.received().count, 1, "no mail for the app user")
 
@@ -181,7 +183,8 @@ final class ConsoleAPITests: EndToEndTestCase {
         let appCode = try mailedCode(sink, to: Self.operatorEmail, count: 2)
         if appCode != code {
             assertJSONError(
-                try admin(server, "POST", "/admin/v1/auth/verify", body: #"{"email":"ops@example.com","code":"\#(appCode)"}"#),
+                try admin(
+                    server, "POST", "/admin/v1/auth/verify", body: #"{"email":"ops@example.com","code":"\#(appCode)"}"#),
                 status: 403, code: "otp_expired")
         }
 
@@ -217,11 +220,13 @@ final class ConsoleAPITests: EndToEndTestCase {
             ("/admin/v1/auth/verify", #"{"email":"ops@example.com"}"#, "validation_failed"),
             ("/admin/v1/auth/verify", #"{"email":"ops@example.com","code":"12345x"}"#, "otp_expired"),
         ] {
-            assertJSONError(try admin(server, "POST", path, body: body), status: code == "otp_expired" ? 403 : 400, code: code)
+            assertJSONError(
+                try admin(server, "POST", path, body: body), status: code == "otp_expired" ? 403 : 400, code: code)
         }
         let large = try server.adminExchange(
             request(
-                "POST", "/admin/v1/auth/otp", headers: [("Content-Type", "application/json"), ("Content-Length", "5000")]))
+                "POST", "/admin/v1/auth/otp",
+                headers: [("Content-Type", "application/json"), ("Content-Length", "5000")]))
         assertJSONError(large, status: 413, code: "body_too_large")
         XCTAssertEqual(try sink.received().count, 0)
     }
@@ -235,7 +240,8 @@ final class ConsoleAPITests: EndToEndTestCase {
         let (appToken, user) = try appSession(server, "member@example.com")
         let session = UUID().uuidString.lowercased()
         let routes: [(String, String, String?)] = [
-            ("GET", "/admin/v1/overview", nil), ("GET", "/admin/v1/users", nil), ("GET", "/admin/v1/users/\(user)", nil),
+            ("GET", "/admin/v1/overview", nil), ("GET", "/admin/v1/users", nil),
+            ("GET", "/admin/v1/users/\(user)", nil),
             ("DELETE", "/admin/v1/users/\(user)", #"{"confirm_email":"member@example.com"}"#),
             ("GET", "/admin/v1/users/\(user)/sessions", nil),
             ("DELETE", "/admin/v1/users/\(user)/sessions/\(session)", nil),
@@ -246,9 +252,11 @@ final class ConsoleAPITests: EndToEndTestCase {
             assertJSONError(try admin(server, method, path, body: body), status: 401, code: "console_unauthorized")
             // An app user's access token is not a console session.
             assertJSONError(
-                try admin(server, method, path, body: body, bearer: appToken), status: 401, code: "console_unauthorized")
+                try admin(server, method, path, body: body, bearer: appToken), status: 401, code: "console_unauthorized"
+            )
             assertJSONError(
-                try admin(server, method, path, body: body, cookie: appToken), status: 401, code: "console_unauthorized")
+                try admin(server, method, path, body: body, cookie: appToken), status: 401, code: "console_unauthorized"
+            )
             assertJSONError(
                 try admin(server, method, path, body: body, cookie: "tsc_" + String(repeating: "A", count: 43)),
                 status: 401, code: "console_unauthorized")
@@ -277,7 +285,8 @@ final class ConsoleAPITests: EndToEndTestCase {
         let out = try admin(server, "POST", "/admin/v1/auth/logout", cookie: token)
         XCTAssertEqual(out.status, 204)
         XCTAssertTrue(out.header("set-cookie")?.contains("Max-Age=0") ?? false, out.header("set-cookie") ?? "none")
-        assertJSONError(try admin(server, "GET", "/admin/v1/overview", cookie: token), status: 401, code: "console_unauthorized")
+        assertJSONError(
+            try admin(server, "GET", "/admin/v1/overview", cookie: token), status: 401, code: "console_unauthorized")
     }
 
     func testRemovingAnAddressFromAdminEmailsEndsItsSessions() throws {
@@ -289,7 +298,8 @@ final class ConsoleAPITests: EndToEndTestCase {
         let second = try launchServer(
             on: first.database, ["TRUNK_SYNC_ADMIN_EMAILS": "someone-else@example.com", "TRUNK_SYNC_MAILER": nil])
         try second.waitUntilListening(timeout: 15)
-        assertJSONError(try admin(second, "GET", "/admin/v1/overview", cookie: token), status: 401, code: "console_unauthorized")
+        assertJSONError(
+            try admin(second, "GET", "/admin/v1/overview", cookie: token), status: 401, code: "console_unauthorized")
     }
 
     // MARK: - Overview and users
@@ -320,7 +330,8 @@ final class ConsoleAPITests: EndToEndTestCase {
         let sink = try SMTPSink()
         defer { sink.stop() }
         let server = try startConsoleServer(sink)
-        for email in ["a1@alpha.example", "a2@alpha.example", "a3@alpha.example", "b1@beta.example", "b2@beta.example"] {
+        for email in ["a1@alpha.example", "a2@alpha.example", "a3@alpha.example", "b1@beta.example", "b2@beta.example"]
+        {
             _ = try appSession(server, email)
         }
         let token = try signIn(server, sink)
@@ -336,14 +347,16 @@ final class ConsoleAPITests: EndToEndTestCase {
         XCTAssertEqual(alpha["total"] as? Int, 3)
         // The search is text, not a pattern.
         for q in ["%25", "_", "a%25"] {
-            XCTAssertEqual(try json(try admin(server, "GET", "/admin/v1/users?q=\(q)", cookie: token))["total"] as? Int, 0, q)
+            XCTAssertEqual(
+                try json(try admin(server, "GET", "/admin/v1/users?q=\(q)", cookie: token))["total"] as? Int, 0, q)
         }
         for query in [
             "limit=0", "limit=101", "limit=abc", "limit=-1", "offset=-1", "offset=1000001", "offset=1e3",
             "q=" + String(repeating: "x", count: 321), "q=%01",
         ] {
             assertJSONError(
-                try admin(server, "GET", "/admin/v1/users?\(query)", cookie: token), status: 400, code: "validation_failed")
+                try admin(server, "GET", "/admin/v1/users?\(query)", cookie: token), status: 400,
+                code: "validation_failed")
         }
     }
 
@@ -357,8 +370,10 @@ final class ConsoleAPITests: EndToEndTestCase {
         let (otherToken, _) = try appSession(server, "member@example.com")
         try push(
             server, appToken,
-            [("note", #"{"text":"one"}"#), ("task", #"{"done":false}"#), ("note", #"{"text":"three"}"#),
-             ("note", #"{"nested":{"list":[1,2]}}"#), ("task", #"{"done":true}"#)])
+            [
+                ("note", #"{"text":"one"}"#), ("task", #"{"done":false}"#), ("note", #"{"text":"three"}"#),
+                ("note", #"{"nested":{"list":[1,2]}}"#), ("task", #"{"done":true}"#),
+            ])
         let token = try signIn(server, sink)
 
         let detail = try json(try admin(server, "GET", "/admin/v1/users/\(user)", cookie: token))
@@ -400,13 +415,16 @@ final class ConsoleAPITests: EndToEndTestCase {
                 try admin(server, "GET", "/admin/v1/users/\(user)/events?\(query)", cookie: token), status: 400,
                 code: "validation_failed")
         }
-        for path in ["/admin/v1/users/not-a-uuid", "/admin/v1/users/not-a-uuid/events", "/admin/v1/users/not-a-uuid/sessions"] {
+        for path in [
+            "/admin/v1/users/not-a-uuid", "/admin/v1/users/not-a-uuid/events", "/admin/v1/users/not-a-uuid/sessions",
+        ] {
             assertJSONError(try admin(server, "GET", path, cookie: token), status: 400, code: "validation_failed")
         }
         let nobody = UUID().uuidString.lowercased()
         for path in ["", "/events", "/sessions", "/export"] {
             assertJSONError(
-                try admin(server, "GET", "/admin/v1/users/\(nobody)\(path)", cookie: token), status: 404, code: "user_not_found")
+                try admin(server, "GET", "/admin/v1/users/\(nobody)\(path)", cookie: token), status: 404,
+                code: "user_not_found")
         }
 
         // Sessions: revoking one refuses its token at once, and only its token.
@@ -425,14 +443,16 @@ final class ConsoleAPITests: EndToEndTestCase {
         assertJSONError(
             try admin(server, "DELETE", "/admin/v1/users/\(user)/sessions/\(nobody)", cookie: token), status: 404,
             code: "session_not_found")
-        XCTAssertEqual(try admin(server, "DELETE", "/admin/v1/users/\(user)/sessions/\(sessionID)", cookie: token).status, 204)
+        XCTAssertEqual(
+            try admin(server, "DELETE", "/admin/v1/users/\(user)/sessions/\(sessionID)", cookie: token).status, 204)
         XCTAssertEqual(try app(server, "GET", "/sync/v1/events?after=0", token: appToken).status, 401)
         XCTAssertEqual(try app(server, "GET", "/sync/v1/events?after=0", token: otherToken).status, 200)
         assertJSONError(
             try admin(server, "DELETE", "/admin/v1/users/\(user)/sessions/\(sessionID)", cookie: token), status: 404,
             code: "session_not_found")
         let revokedLine = try XCTUnwrap(server.stderr.waitForLine(containing: "console: session revoked", timeout: 5))
-        XCTAssertTrue(revokedLine.contains("admin=ops@example.com") && revokedLine.contains("user_id=\(user)"), revokedLine)
+        XCTAssertTrue(
+            revokedLine.contains("admin=ops@example.com") && revokedLine.contains("user_id=\(user)"), revokedLine)
 
         // Export: the account's events as JSON lines.
         let export = try admin(server, "GET", "/admin/v1/users/\(user)/export", cookie: token)
@@ -442,7 +462,9 @@ final class ConsoleAPITests: EndToEndTestCase {
         let lines = export.bodyText.split(separator: "\n")
         XCTAssertEqual(lines.count, 5)
         XCTAssertEqual(
-            try lines.map { try JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }.map { $0?["seq"] as? Int },
+            try lines.map { try JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }.map {
+                $0?["seq"] as? Int
+            },
             [1, 2, 3, 4, 5])
         XCTAssertNotNil(server.stderr.waitForLine(containing: "console: user exported", timeout: 5))
 
@@ -453,17 +475,23 @@ final class ConsoleAPITests: EndToEndTestCase {
                 code: "confirmation_mismatch")
         }
         assertJSONError(
-            try admin(server, "DELETE", "/admin/v1/users/\(user)", body: "[", cookie: token), status: 400, code: "bad_json")
-        XCTAssertEqual(try app(server, "GET", "/sync/v1/events?after=0", token: otherToken).status, 200, "nothing deleted")
+            try admin(server, "DELETE", "/admin/v1/users/\(user)", body: "[", cookie: token), status: 400,
+            code: "bad_json")
+        XCTAssertEqual(
+            try app(server, "GET", "/sync/v1/events?after=0", token: otherToken).status, 200, "nothing deleted")
         let deleted = try json(
-            try admin(server, "DELETE", "/admin/v1/users/\(user)", body: #"{"confirm_email":"Member@Example.com"}"#, cookie: token))
+            try admin(
+                server, "DELETE", "/admin/v1/users/\(user)", body: #"{"confirm_email":"Member@Example.com"}"#,
+                cookie: token))
         XCTAssertEqual(deleted["deleted"] as? Bool, true)
         XCTAssertEqual(deleted["events"] as? Int, 5)
         XCTAssertEqual(deleted["sessions_revoked"] as? Int, 1)
         XCTAssertEqual(try app(server, "GET", "/sync/v1/events?after=0", token: otherToken).status, 401)
-        assertJSONError(try admin(server, "GET", "/admin/v1/users/\(user)", cookie: token), status: 404, code: "user_not_found")
+        assertJSONError(
+            try admin(server, "GET", "/admin/v1/users/\(user)", cookie: token), status: 404, code: "user_not_found")
         let deletedLine = try XCTUnwrap(server.stderr.waitForLine(containing: "console: user deleted", timeout: 5))
-        XCTAssertTrue(deletedLine.contains("admin=ops@example.com") && deletedLine.contains("user_id=\(user)"), deletedLine)
+        XCTAssertTrue(
+            deletedLine.contains("admin=ops@example.com") && deletedLine.contains("user_id=\(user)"), deletedLine)
         XCTAssertEqual(try json(try admin(server, "GET", "/admin/v1/users", cookie: token))["total"] as? Int, 0)
     }
 }

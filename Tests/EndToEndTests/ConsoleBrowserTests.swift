@@ -11,8 +11,10 @@ final class ConsoleBrowserTests: EndToEndTestCase {
         guard let python = ProcessInfo.processInfo.environment["TRUNK_SYNC_TEST_PYTHON"], !python.isEmpty else {
             throw TestEnvironmentError("TRUNK_SYNC_TEST_PYTHON is not set: run the tests with `make test`")
         }
-        for tool in ["/usr/bin/chromium", "/usr/bin/chromedriver"] where !FileManager.default.isExecutableFile(atPath: tool) {
-            throw TestEnvironmentError("\(tool) is missing: run the tests with `make test` (it installs chromium-driver)")
+        for tool in ["/usr/bin/chromium", "/usr/bin/chromedriver"]
+        where !FileManager.default.isExecutableFile(atPath: tool) {
+            throw TestEnvironmentError(
+                "\(tool) is missing: run the tests with `make test` (it installs chromium-driver)")
         }
         let sink = try SMTPSink()
         defer { sink.stop() }
@@ -35,16 +37,20 @@ final class ConsoleBrowserTests: EndToEndTestCase {
             "sign-in page: email and one-time-code forms", "a non-operator cannot sign in",
             "operator signed in with the mailed code", "overview with live figures",
             "found the user and opened their events", "events filtered by type",
-            "revoked a session and its token is refused", "exported the user's events", "deleted the user", "signed out",
+            "revoked a session and its token is refused", "exported the user's events", "deleted the user",
+            "signed out",
             "no console errors",
         ] {
-            XCTAssertTrue(result.stdout.contains("ok \(step)\n"), "missing step \(step): \(result.stdout)\(result.stderr)")
+            XCTAssertTrue(
+                result.stdout.contains("ok \(step)\n"), "missing step \(step): \(result.stdout)\(result.stderr)")
         }
         for page in ["01-sign-in", "02-overview", "03-users", "04-user", "05-deleted"] {
             XCTAssertTrue(FileManager.default.fileExists(atPath: "\(screenshots)/\(page).png"), page)
         }
         // Every action on the user is in the log with the operator's address and the user's id.
-        for action in ["console: user viewed", "console: session revoked", "console: user exported", "console: user deleted"] {
+        for action in [
+            "console: user viewed", "console: session revoked", "console: user exported", "console: user deleted",
+        ] {
             let line = try XCTUnwrap(server.stderr.waitForLine(containing: action, timeout: 5), action)
             XCTAssertTrue(line.contains("admin=ops@example.com") && line.contains("user_id="), line)
         }

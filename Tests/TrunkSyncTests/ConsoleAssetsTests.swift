@@ -10,7 +10,9 @@ final class ConsoleAssetsTests: XCTestCase {
     static let directory = repositoryRoot() + "/console"
 
     func sources() throws -> [String: [UInt8]] {
-        let names = try FileManager.default.contentsOfDirectory(atPath: Self.directory).filter { !$0.hasPrefix("README") }
+        let names = try FileManager.default.contentsOfDirectory(atPath: Self.directory).filter {
+            !$0.hasPrefix("README")
+        }
         return try Dictionary(
             uniqueKeysWithValues: names.map { name in
                 (name, Array(try Data(contentsOf: URL(fileURLWithPath: Self.directory + "/" + name))))
@@ -33,16 +35,21 @@ final class ConsoleAssetsTests: XCTestCase {
         for (name, bytes) in try sources() {
             let text = String(decoding: bytes, as: UTF8.self)
             let withoutNamespace = text.replacingOccurrences(of: #"xmlns="http://www.w3.org/2000/svg""#, with: "")
-            XCTAssertFalse(withoutNamespace.contains("http://") || withoutNamespace.contains("https://"), "\(name) names another host")
+            XCTAssertFalse(
+                withoutNamespace.contains("http://") || withoutNamespace.contains("https://"),
+                "\(name) names another host")
             XCTAssertNil(text.firstMatch(of: /\sstyle\s*=/), "\(name) has an inline style attribute")
             XCTAssertNil(text.firstMatch(of: /<style/), "\(name) has an inline stylesheet")
             XCTAssertNil(text.firstMatch(of: /\son[a-z]+\s*=\s*"/), "\(name) has an inline event handler")
-            for forbidden in ["innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"] {
+            for forbidden in [
+                "innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function",
+            ] {
                 XCTAssertFalse(text.contains(forbidden), "\(name) uses \(forbidden)")
             }
             if name.hasSuffix(".html") {
                 for script in text.matches(of: /<script([^>]*)>/) {
-                    XCTAssertTrue(script.1.contains("src=\"/console/"), "\(name): every script is a file of the console")
+                    XCTAssertTrue(
+                        script.1.contains("src=\"/console/"), "\(name): every script is a file of the console")
                 }
             }
         }

@@ -18,7 +18,8 @@ struct ConsoleAccounts: Sendable {
         guard user.events <= Self.maxExportEvents else {
             throw APIError(
                 status: 413, code: "export_too_large",
-                message: "The account has \(user.events) events, more than the console exports (\(Self.maxExportEvents)).",
+                message:
+                    "The account has \(user.events) events, more than the console exports (\(Self.maxExportEvents)).",
                 hint: "Run trunk-sync users export \(user.email) on the server.")
         }
         let lines = Lines()

@@ -225,7 +225,9 @@ struct ConsoleRoutes: Sendable {
     }
 
     /// The user named by the path, or `404` (`400` when the id is not a UUID).
-    private func target(_ request: HTTPRequest) async throws -> (ConsoleStore.UserRow, metadata: [UInt8], types: [String]) {
+    private func target(_ request: HTTPRequest) async throws -> (
+        ConsoleStore.UserRow, metadata: [UInt8], types: [String]
+    ) {
         let id = try Self.uuid(request.parameters["id"], name: "user id")
         guard let found = try await store.user(id) else { throw ConsoleError.userNotFound }
         return found
@@ -312,7 +314,8 @@ struct ConsoleRoutes: Sendable {
         var headers = Self.apiHeaders
         headers.append(name: "Content-Type", value: "application/x-ndjson; charset=utf-8")
         headers.append(
-            name: "Content-Disposition", value: "attachment; filename=\"trunk-sync-\(user.id.uuidString.lowercased()).jsonl\"")
+            name: "Content-Disposition",
+            value: "attachment; filename=\"trunk-sync-\(user.id.uuidString.lowercased()).jsonl\"")
         return HTTPResponse(status: .ok, headers: headers, body: body)
     }
 
@@ -358,7 +361,8 @@ struct ConsoleRoutes: Sendable {
     ) {
         logger.notice(
             "console: \(message)",
-            metadata: extra.merging(["admin": "\(signedIn.email)", "user_id": "\(user.uuidString.lowercased())"]) { $1 })
+            metadata: extra.merging(["admin": "\(signedIn.email)", "user_id": "\(user.uuidString.lowercased())"]) { $1 }
+        )
     }
 
     static func uuid(_ raw: String?, name: String) throws -> UUID {

@@ -132,7 +132,8 @@ struct ConsoleStore: Sendable {
                 """, user
             ).map { row in
                 SessionRow(
-                    id: try row.decode(UUID.self, column: 0), createdAt: try row.decode(PostgresTimestamp.self, column: 1),
+                    id: try row.decode(UUID.self, column: 0),
+                    createdAt: try row.decode(PostgresTimestamp.self, column: 1),
                     refreshedAt: try row.decode(PostgresTimestamp?.self, column: 2),
                     revokedAt: try row.decode(PostgresTimestamp?.self, column: 3),
                     accessExpiresAt: try row.decode(PostgresTimestamp?.self, column: 4),
