@@ -9,17 +9,18 @@ struct ConsoleAccounts: Sendable {
     let pool: PostgresPool
     let revocations: SessionRevocations
 
-    /// The most events the console exports in one answer (it is built in memory); larger
-    /// accounts are exported with `trunk-sync users export`.
-    static let maxExportEvents: Int64 = 100_000
+    /// The most payload bytes (as stored) the console exports in one answer, which it builds
+    /// in memory; larger accounts are exported with `trunk-sync users export`.
+    static let maxExportBytes: Int64 = 64 * 1024 * 1024
 
     /// The user's events as JSON lines (`trunk-sync users export`'s format), oldest first.
-    func export(_ user: UserAdmin.Summary) async throws -> (body: [UInt8], events: Int64) {
-        guard user.events <= Self.maxExportEvents else {
+    /// `payloadBytes`: the size of their payloads as stored (`ConsoleStore.payloadBytes`).
+    func export(_ user: UserAdmin.Summary, payloadBytes: Int64) async throws -> (body: [UInt8], events: Int64) {
+        guard payloadBytes <= Self.maxExportBytes else {
             throw APIError(
                 status: 413, code: "export_too_large",
                 message:
-                    "The account has \(user.events) events, more than the console exports (\(Self.maxExportEvents)).",
+                    "The account's events hold \(payloadBytes) bytes of payload, more than the console exports at once (\(Self.maxExportBytes)).",
                 hint: "Run trunk-sync users export \(user.email) on the server.")
         }
         let lines = Lines()

@@ -309,7 +309,8 @@ struct ConsoleRoutes: Sendable {
 
     private func export(_ request: HTTPRequest, _ signedIn: ConsoleAuth.Operator) async throws -> HTTPResponse {
         let (user, _, _) = try await target(request)
-        let (body, written) = try await accounts.export(user.summary)
+        let (body, written) = try await accounts.export(
+            user.summary, payloadBytes: try await store.payloadBytes(of: user.id))
         log("user exported", signedIn, user.id, ["events": "\(written)"])
         var headers = Self.apiHeaders
         headers.append(name: "Content-Type", value: "application/x-ndjson; charset=utf-8")
