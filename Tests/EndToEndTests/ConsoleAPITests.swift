@@ -316,7 +316,7 @@ final class ConsoleAPITests: EndToEndTestCase {
         XCTAssertEqual(overview["events_last_24h"] as? Int, 3)
         XCTAssertGreaterThanOrEqual(overview["requests_total"] as? Int ?? 0, 1, "the push, at least")
         XCTAssertEqual(overview["server_errors_total"] as? Int, 0)
-        XCTAssertEqual(overview["schema_version"] as? String, "0007_console")
+        XCTAssertEqual(overview["schema_version"] as? String, "0008_console")
         XCTAssertEqual(overview["pending_migrations"] as? Int, 0)
         XCTAssertEqual(overview["long_polls_waiting"] as? Int, 0)
         XCTAssertFalse((overview["version"] as? String ?? "").isEmpty)

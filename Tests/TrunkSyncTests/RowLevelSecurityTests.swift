@@ -225,7 +225,7 @@ class RowLevelSecurityTests: XCTestCase {
             "insert into users (email) values ('mallory@example.com')", settings: asAlice)
     }
 
-    /// A console session's token hash (migration 0007) lets the server's role read every
+    /// A console session's token hash (migration 0008) lets the server's role read every
     /// user's users, sessions and events rows while the session is live, and nothing more:
     /// no codes, no refresh tokens, no writes; expired, revoked or unknown, nothing at all.
     func testALiveConsoleSessionReadsAcrossUsersAndNothingElse() throws {

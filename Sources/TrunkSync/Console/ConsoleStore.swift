@@ -6,7 +6,7 @@ import Postgres
 /// sessions and their events.
 ///
 /// Reads across users run with `RowScope.console` (the operator's token hash), which
-/// migration 0007's policies honour only while that console session is live; reads and
+/// migration 0008's policies honour only while that console session is live; reads and
 /// changes of one user run scoped to that user (`RowScope.user`), as the app's own do.
 struct ConsoleStore: Sendable {
     let pool: PostgresPool

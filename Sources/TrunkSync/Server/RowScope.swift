@@ -22,7 +22,7 @@ enum RowScope {
         .prepared("select set_config('app.email', $1, true)", key)
     }
 
-    /// `app.console_token_hash`: while it names a live console session (migration 0007),
+    /// `app.console_token_hash`: while it names a live console session (migration 0008),
     /// the server's role may read every user's users, sessions and events rows.
     static func console(tokenHash: PostgresBytes) -> PostgresStatement {
         .prepared("select set_config('app.console_token_hash', $1, true)", Hex.encode(tokenHash.bytes))
