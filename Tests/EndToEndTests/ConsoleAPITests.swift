@@ -33,18 +33,6 @@ final class ConsoleAPITests: EndToEndTestCase {
         return try server.adminExchange(request(method, path, headers: headers, body: body), timeout: 10)
     }
 
-    /// A request to the public listener.
-    func app(_ server: ServerProcess, _ method: String, _ path: String, body: String? = nil, token: String? = nil)
-        throws -> RawResponse
-    {
-        var headers: [(String, String)] = []
-        if body != nil { headers.append(("Content-Type", "application/json")) }
-        if let token { headers.append(("Authorization", "Bearer \(token)")) }
-        let (response, client) = try server.exchange(request(method, path, headers: headers, body: body), timeout: 10)
-        client.close()
-        return response
-    }
-
     /// The code of the `index`-th mail (1-based) the sink received for `email`.
     func mailedCode(_ sink: SMTPSink, to email: String, count: Int = 1) throws -> String {
         var code: String?
@@ -88,7 +76,7 @@ final class ConsoleAPITests: EndToEndTestCase {
         let items = events.map { type, payload in
             #"{"client_id":"\#(UUID().uuidString.lowercased())","type":"\#(type)","payload":\#(payload),"client_timestamp":"2026-11-22T04:10:02.123Z"}"#
         }
-        let pushed = try app(
+        let pushed = try send(
             server, "POST", "/sync/v1/events", body: #"{"events":[\#(items.joined(separator: ","))]}"#, token: token)
         XCTAssertEqual(pushed.status, 200, pushed.bodyText)
     }
@@ -105,10 +93,10 @@ final class ConsoleAPITests: EndToEndTestCase {
         for path in [
             "/console", "/console/", "/console/app.js", "/admin/v1/session", "/admin/v1/users", "/admin/v1/overview",
         ] {
-            assertJSONError(try app(server, "GET", path), status: 404, code: "not_found")
+            assertJSONError(try send(server, "GET", path), status: 404, code: "not_found")
         }
         assertJSONError(
-            try app(server, "POST", "/admin/v1/auth/otp", body: #"{"email":"ops@example.com"}"#), status: 404,
+            try send(server, "POST", "/admin/v1/auth/otp", body: #"{"email":"ops@example.com"}"#), status: 404,
             code: "not_found")
     }
 
@@ -176,10 +164,10 @@ final class ConsoleAPITests: EndToEndTestCase {
             XCTAssertNil(refused.header("set-cookie"))
         }
         // A console code signs nobody in to the app, and an app code nobody in to the console.
-        let appSignIn = try app(
+        let appSignIn = try send(
             server, "POST", "/auth/v1/verify", body: #"{"email":"ops@example.com","token":"\#(code)","type":"email"}"#)
         XCTAssertEqual(appSignIn.status, 403, appSignIn.bodyText)
-        XCTAssertEqual(try app(server, "POST", "/auth/v1/otp", body: #"{"email":"ops@example.com"}"#).status, 200)
+        XCTAssertEqual(try send(server, "POST", "/auth/v1/otp", body: #"{"email":"ops@example.com"}"#).status, 200)
         let appCode = try mailedCode(sink, to: Self.operatorEmail, count: 2)
         if appCode != code {
             assertJSONError(
@@ -271,10 +259,10 @@ final class ConsoleAPITests: EndToEndTestCase {
         let state = try json(try admin(server, "GET", "/admin/v1/session", cookie: token, consoleHeader: false))
         XCTAssertEqual(state["signed_in"] as? Bool, false)
         // The console's token is not an app token either.
-        XCTAssertEqual(try app(server, "GET", "/sync/v1/events?after=0", token: token).status, 401)
-        XCTAssertEqual(try app(server, "GET", "/auth/v1/user", token: token).status, 401)
+        XCTAssertEqual(try send(server, "GET", "/sync/v1/events?after=0", token: token).status, 401)
+        XCTAssertEqual(try send(server, "GET", "/auth/v1/user", token: token).status, 401)
         // The app user is untouched by all of the above.
-        XCTAssertEqual(try app(server, "GET", "/auth/v1/user", token: appToken).status, 200)
+        XCTAssertEqual(try send(server, "GET", "/auth/v1/user", token: appToken).status, 200)
 
         // Cookie with header, and bearer, both work; sign-out ends the session.
         XCTAssertEqual(try admin(server, "GET", "/admin/v1/overview", cookie: token).status, 200)
@@ -445,8 +433,8 @@ final class ConsoleAPITests: EndToEndTestCase {
             code: "session_not_found")
         XCTAssertEqual(
             try admin(server, "DELETE", "/admin/v1/users/\(user)/sessions/\(sessionID)", cookie: token).status, 204)
-        XCTAssertEqual(try app(server, "GET", "/sync/v1/events?after=0", token: appToken).status, 401)
-        XCTAssertEqual(try app(server, "GET", "/sync/v1/events?after=0", token: otherToken).status, 200)
+        XCTAssertEqual(try send(server, "GET", "/sync/v1/events?after=0", token: appToken).status, 401)
+        XCTAssertEqual(try send(server, "GET", "/sync/v1/events?after=0", token: otherToken).status, 200)
         assertJSONError(
             try admin(server, "DELETE", "/admin/v1/users/\(user)/sessions/\(sessionID)", cookie: token), status: 404,
             code: "session_not_found")
@@ -478,7 +466,7 @@ final class ConsoleAPITests: EndToEndTestCase {
             try admin(server, "DELETE", "/admin/v1/users/\(user)", body: "[", cookie: token), status: 400,
             code: "bad_json")
         XCTAssertEqual(
-            try app(server, "GET", "/sync/v1/events?after=0", token: otherToken).status, 200, "nothing deleted")
+            try send(server, "GET", "/sync/v1/events?after=0", token: otherToken).status, 200, "nothing deleted")
         let deleted = try json(
             try admin(
                 server, "DELETE", "/admin/v1/users/\(user)", body: #"{"confirm_email":"Member@Example.com"}"#,
@@ -486,7 +474,7 @@ final class ConsoleAPITests: EndToEndTestCase {
         XCTAssertEqual(deleted["deleted"] as? Bool, true)
         XCTAssertEqual(deleted["events"] as? Int, 5)
         XCTAssertEqual(deleted["sessions_revoked"] as? Int, 1)
-        XCTAssertEqual(try app(server, "GET", "/sync/v1/events?after=0", token: otherToken).status, 401)
+        XCTAssertEqual(try send(server, "GET", "/sync/v1/events?after=0", token: otherToken).status, 401)
         assertJSONError(
             try admin(server, "GET", "/admin/v1/users/\(user)", cookie: token), status: 404, code: "user_not_found")
         let deletedLine = try XCTUnwrap(server.stderr.waitForLine(containing: "console: user deleted", timeout: 5))

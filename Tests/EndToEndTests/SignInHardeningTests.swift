@@ -6,17 +6,6 @@ import XCTest
 /// mail fails, wrong codes lock an address across codes, tokens from another issuer are
 /// refused, and signing out ends the access token on every route at once.
 final class SignInHardeningTests: EndToEndTestCase {
-    func send(_ server: ServerProcess, _ method: String, _ path: String, body: String? = nil, token: String? = nil)
-        throws -> RawResponse
-    {
-        var headers: [(String, String)] = []
-        if body != nil { headers.append(("Content-Type", "application/json")) }
-        if let token { headers.append(("Authorization", "Bearer \(token)")) }
-        let (response, client) = try server.exchange(request(method, path, headers: headers, body: body), timeout: 10)
-        client.close()
-        return response
-    }
-
     func session(_ server: ServerProcess, _ email: String) throws -> [String: Any] {
         let result = try Command.run(
             Command.trunkSyncBinary(), ["token", "--email", email], environment: server.environment)
