@@ -2,7 +2,9 @@
 # Installs the Debian packages trunk-sync needs to build, run and test, skipping those present.
 set -euo pipefail
 
+# With arguments: those packages instead (scripts/test.sh adds the browser its tests drive).
 packages=(libpq-dev libssl-dev pkg-config postgresql python3-aiosmtpd python3-jwt python3-venv curl openssl)
+[ $# -gt 0 ] && packages=("$@")
 missing=()
 for package in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then

@@ -9,6 +9,7 @@ struct TrunkSyncCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "trunk-sync",
         abstract: "Self-hosted sync server for local-first apps.",
+        version: TrunkSyncVersion.current,
         subcommands: [
             Serve.self, Migrate.self, TokenCommand.self, UsersCommand.self, KeysCommand.self, ConfigCommand.self,
         ]

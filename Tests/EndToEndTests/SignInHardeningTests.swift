@@ -6,17 +6,6 @@ import XCTest
 /// mail fails, wrong codes lock an address across codes, tokens from another issuer are
 /// refused, and signing out ends the access token on every route at once.
 final class SignInHardeningTests: EndToEndTestCase {
-    func send(_ server: ServerProcess, _ method: String, _ path: String, body: String? = nil, token: String? = nil)
-        throws -> RawResponse
-    {
-        var headers: [(String, String)] = []
-        if body != nil { headers.append(("Content-Type", "application/json")) }
-        if let token { headers.append(("Authorization", "Bearer \(token)")) }
-        let (response, client) = try server.exchange(request(method, path, headers: headers, body: body), timeout: 10)
-        client.close()
-        return response
-    }
-
     func session(_ server: ServerProcess, _ email: String) throws -> [String: Any] {
         let result = try Command.run(
             Command.trunkSyncBinary(), ["token", "--email", email], environment: server.environment)
@@ -43,13 +32,7 @@ final class SignInHardeningTests: EndToEndTestCase {
             XCTAssertEqual(response.status, 200, response.bodyText)
             XCTAssertEqual(response.bodyText, "{}")
         }
-        XCTAssertEqual(
-            known.headers.filter { !["x-request-id", "date"].contains($0.name.lowercased()) }.map {
-                "\($0.name): \($0.value)"
-            },
-            unknown.headers.filter { !["x-request-id", "date"].contains($0.name.lowercased()) }.map {
-                "\($0.name): \($0.value)"
-            })
+        XCTAssertEqual(known.comparableHeaders, unknown.comparableHeaders)
         let line = try XCTUnwrap(server.stderr.waitForLine(containing: "sign-in mail failed", timeout: 10), server.logs)
         XCTAssertFalse(line.contains("member@example.com"), line)
         XCTAssertTrue(

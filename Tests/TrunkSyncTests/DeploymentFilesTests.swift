@@ -91,7 +91,7 @@ final class DeploymentFilesTests: XCTestCase {
             attempts += 1
             role = "compose_\(UUID().uuidString.prefix(8).lowercased())"
             result = try composeAsTheREADMESays(envFile: envFile, role: role)
-        } while attempts < 3 && result.stdout.contains("Address already in use")
+        } while attempts < 3 && (result.stdout + result.stderr).contains("Address already in use")
         XCTAssertEqual(result.status, 0, result.stdout + result.stderr)
         XCTAssertTrue(result.stdout.contains("created the server's login role \(role)"), result.stdout)
         XCTAssertTrue(result.stdout.contains("ok serve's environment holds no owner password"), result.stdout)

@@ -225,6 +225,47 @@ class RowLevelSecurityTests: XCTestCase {
             "insert into users (email) values ('mallory@example.com')", settings: asAlice)
     }
 
+    /// A console session's token hash (migration 0008) lets the server's role read every
+    /// user's users, sessions and events rows while the session is live, and nothing more:
+    /// no codes, no refresh tokens, no writes; expired, revoked or unknown, nothing at all.
+    func testALiveConsoleSessionReadsAcrossUsersAndNothingElse() throws {
+        func hash(_ token: String) -> String { Hex.encode(SHA256.hash(token)) }
+        for (token, expires, revoked) in [
+            ("live", "now() + interval '10 minutes'", "null"), ("expired", "now() - interval '1 second'", "null"),
+            ("revoked", "now() + interval '10 minutes'", "now()"),
+        ] {
+            try owner.query(
+                "insert into console_sessions (email, token_hash, expires_at, revoked_at) values ('ops@example.com', $1, \(expires), \(revoked))",
+                PostgresBytes(SHA256.hash(token)))
+        }
+        XCTAssertEqual(
+            try counts(["app.console_token_hash": hash("live")]),
+            ["users": 2, "sessions": 2, "refresh_tokens": 0, "otp_codes": 0, "events": 5])
+        for token in ["expired", "revoked", "unknown"] {
+            XCTAssertEqual(
+                try counts(["app.console_token_hash": hash(token)]),
+                Dictionary(uniqueKeysWithValues: Self.userTables.map { ($0, 0) }), token)
+        }
+        try asServer(["app.console_token_hash": hash("live")]) { connection in
+            for statement in [
+                "update users set full_name = 'x'", "update sessions set revoked_at = now()", "delete from users",
+            ] {
+                XCTAssertEqual(try connection.query(statement).affectedRows, 0, statement)
+            }
+        }
+    }
+
+    /// The server's role deletes a user (the console's deletion) only scoped to that user,
+    /// and the user's sessions and events go with it.
+    func testTheServerRoleDeletesOnlyTheScopedUser() throws {
+        try asServer(["app.user_id": alice.uuidString.lowercased()]) { connection in
+            XCTAssertEqual(try connection.query("delete from users where id = $1", bob).affectedRows, 0)
+            XCTAssertEqual(try connection.query("delete from users").affectedRows, 1)
+            XCTAssertEqual(try count("events", on: connection), 0)
+            XCTAssertEqual(try count("sessions", on: connection), 0)
+        }
+    }
+
     func testTheLogIsAppendOnlyForTheServer() throws {
         for statement in ["update events set type = 'changed'", "delete from events"] {
             try assertRefused(statement, settings: ["app.user_id": alice.uuidString])

@@ -87,8 +87,8 @@ public struct AuthService: Sendable {
         codeKey = HMAC.sha256(key: Array(secret.utf8), message: "trunk-sync sign-in code key v1")
     }
 
-    private func codeHash(_ email: Email, _ code: String) -> PostgresBytes {
-        PostgresBytes(HMAC.sha256(key: codeKey, message: email.value + ":" + code))
+    private func codeHash(_ key: CodeKey, _ code: String) -> PostgresBytes {
+        PostgresBytes(HMAC.sha256(key: codeKey, message: key.value + ":" + code))
     }
 
     /// How log lines name an address: the first 16 hex digits of an HMAC keyed from the JWT
@@ -112,8 +112,31 @@ public struct AuthService: Sendable {
 
     /// The routes with a per-client limit. `reauthenticate` (mails a code, as `/otp`) and
     /// `account` (takes one, as `/verify`) have the rules of the route they resemble and
-    /// buckets of their own.
-    public enum LimitedRoute: String, Sendable { case otp, verify, token, reauthenticate, account }
+    /// buckets and counters of their own. The console's sign-in (`/admin/v1/auth/…`) has the
+    /// same limits as the app's, counted in buckets of its own (and in the app routes'
+    /// `trunk_sync_rate_limited_total` series).
+    public enum LimitedRoute: String, Sendable {
+        case otp, verify, token, reauthenticate, account
+        case consoleOTP = "console_otp"
+        case consoleVerify = "console_verify"
+
+        /// The app route whose limits it has.
+        var limits: LimitedRoute {
+            switch self {
+            case .consoleOTP, .reauthenticate: .otp
+            case .consoleVerify, .account: .verify
+            default: self
+            }
+        }
+
+        /// Its `limit` label in `trunk_sync_rate_limited_total`.
+        var metricName: String {
+            switch self {
+            case .consoleOTP, .consoleVerify: limits.rawValue
+            default: rawValue
+            }
+        }
+    }
 
     /// Counts a request against its route's per-client limit; throws `429` when over it. The
     /// routes call it first, before parsing anything. `ip` is the request's client address;
@@ -121,15 +144,15 @@ public struct AuthService: Sendable {
     /// 2^64 addresses past any limit.
     public func limit(_ route: LimitedRoute, ip: String) async throws {
         let rule: RateLimiter.Rule
-        switch route {
-        case .otp, .reauthenticate: rule = settings.otpRule
-        case .verify, .account: rule = settings.verifyRule
-        case .token: rule = settings.tokenRule
+        switch route.limits {
+        case .otp: rule = settings.otpRule
+        case .verify: rule = settings.verifyRule
+        default: rule = settings.tokenRule
         }
         let bucket = "ip:\(route.rawValue):\(RateLimiter.clientBucket(ip))"
         let retryAfter = try await database { try RateLimiter.hit(bucket, rule: rule, on: $0) }
         if let retryAfter {
-            metrics.rateLimited(route.rawValue).increment()
+            metrics.rateLimited(route.metricName).increment()
             throw AuthError.overRequestRateLimit(retryAfter: retryAfter)
         }
     }
@@ -141,17 +164,17 @@ public struct AuthService: Sendable {
     public func limit(_ route: LimitedRoute, email: Email) async throws {
         let rule: RateLimiter.Rule
         let name: String
-        switch route {
-        case .otp, .reauthenticate: (rule, name) = (settings.otpEmailRule, "otp_email")
-        case .verify, .account: (rule, name) = (settings.verifyEmailRule, "verify_email")
-        case .token: return  // refresh tokens name no address
+        switch route.limits {
+        case .otp: (rule, name) = (settings.otpEmailRule, "otp_email")
+        case .verify: (rule, name) = (settings.verifyEmailRule, "verify_email")
+        default: return  // refresh tokens name no address
         }
         let bucket = "email:\(route.rawValue):\(RateLimiter.emailBucket(email.value))"
         let retryAfter = try await database { try RateLimiter.hit(bucket, rule: rule, on: $0) }
         if let retryAfter {
             metrics.rateLimited(name).increment()
             // GoTrue's codes: too many codes asked for one address, or too many attempts.
-            throw route == .otp || route == .reauthenticate
+            throw route.limits == .otp
                 ? AuthError.overEmailSendRateLimit(retryAfter: retryAfter)
                 : AuthError.overRequestRateLimit(retryAfter: retryAfter)
         }
@@ -172,24 +195,42 @@ public struct AuthService: Sendable {
     /// answer, so neither a slow mail server nor a failure shows; the only branch left on
     /// the request path is `submit`, an append under an uncontended lock.
     public func requestCode(email: Email, createUser: Bool, ip: String) async throws {
+        try await requestCode(for: .app(email), email: email) { exists in exists || createUser }
+    }
+
+    /// Whose code a stored code is: an app sign-in's, keyed by the address, or a console
+    /// sign-in's, keyed apart (`console:` and the address; an address has no `:`), so that
+    /// neither replaces, uses or locks the other's code, and a console code never signs
+    /// anyone in to the app.
+    struct CodeKey: Sendable {
+        /// The `otp_codes.email` of the code, and the `app.email` that scopes it.
+        let value: String
+        static func app(_ email: Email) -> CodeKey { CodeKey(value: email.value) }
+        static func console(_ email: Email) -> CodeKey { CodeKey(value: "console:" + email.value) }
+    }
+
+    /// `requestCode` for the code stored under `key`: `deliverable` says, given whether an
+    /// app account has the key's address (always false for a console key, whose scope shows
+    /// no users row), whether a mail goes out. The statements are the same either way.
+    func requestCode(for key: CodeKey, email: Email, deliverable: @escaping @Sendable (Bool) -> Bool) async throws {
         let code = SecureRandom.digits(6)
         let settings = self.settings
-        let hash = codeHash(email, code)
+        let hash = codeHash(key, code)
         let unknowable = PostgresBytes(SecureRandom.bytes(count: 32))
         enum Outcome: Sendable { case accepted(deliverable: Bool), wait(Int), mailCap(Int) }
         let outcome: Outcome = try await database { connection in
-            try RowScope.apply(RowScope.email(email), on: connection)
+            try RowScope.apply(RowScope.address(key.value), on: connection)
             let codes = OneTimeCodes.signIn
-            if let wait = try codes.resendWait(email.value, interval: settings.otpResendInterval, on: connection) {
+            if let wait = try codes.resendWait(key.value, interval: settings.otpResendInterval, on: connection) {
                 return .wait(wait)
             }
-            let exists = try connection.query("select 1 from users where lower(email) = $1", email.value).count > 0
+            let exists = try connection.query("select 1 from users where lower(email) = $1", key.value).count > 0
             if let retry = try RateLimiter.hit("mail:global", rule: settings.mailRule, on: connection) {
                 return .mailCap(retry)
             }
-            let deliverable = exists || createUser
+            let deliverable = deliverable(exists)
             try codes.store(
-                email.value, hash: deliverable ? hash : unknowable, lifetime: settings.otpLifetime, on: connection)
+                key.value, hash: deliverable ? hash : unknowable, lifetime: settings.otpLifetime, on: connection)
             return .accepted(deliverable: deliverable)
         }
         switch outcome {
@@ -223,30 +264,10 @@ public struct AuthService: Sendable {
     /// log lines name the address by `addressTag` and the user id, never in clear, and never
     /// carry a code.
     public func verify(email: Email, code: String, ip: String, userAgent: String?) async throws -> IssuedSession {
-        guard OneTimeCodes.isWellFormed(code) else { throw AuthError.otpExpired }
-        let hash = codeHash(email, code)
-        let settings = self.settings
         let refreshToken = Self.newRefreshToken()
         let now = Self.now()
         let accessExpiresAt = now + Int64(tokens.lifetime)
-        typealias LockEvent = OneTimeCodes.LockEvent
-        enum Outcome: Sendable {
-            case rejected(LockEvent, user: UUID?)
-            case signedIn(UserRecord, sessionID: UUID, LockEvent)
-        }
-        let outcome: Outcome = try await database { connection in
-            try RowScope.apply(RowScope.email(email), on: connection)
-            let lockEnded: Bool
-            switch try OneTimeCodes.signIn.check(email.value, hash: hash, settings: settings, on: connection) {
-            case .refused(.none):
-                return .rejected(.none, user: nil)
-            case .refused(let event):
-                // Only the log lines of a lock name the user.
-                let user = try connection.query("select id from users where lower(email) = $1", email.value).first
-                return .rejected(event, user: try user?.decode(UUID.self, column: 0))
-            case .accepted(let event):
-                if case .ended = event { lockEnded = true } else { lockEnded = false }
-            }
+        let (signedIn, sessionID) = try await consumeCode(.app(email), email: email, code: code) { connection in
             let signedInRow = try connection.query(
                 """
                 insert into users (email, email_confirmed_at, last_sign_in_at) values ($1, now(), now())
@@ -260,13 +281,45 @@ public struct AuthService: Sendable {
             let sessionID = try Self.insertSession(
                 userID: signedIn.id, refreshToken: refreshToken, ip: ip, userAgent: userAgent,
                 accessExpiresAt: accessExpiresAt, on: connection)
-            return .signedIn(signedIn, sessionID: sessionID, lockEnded ? .ended : .none)
+            return ((signedIn, sessionID), signedIn.id)
+        }
+        return issue(user: signedIn, sessionID: sessionID, refreshToken: refreshToken, now: now)
+    }
+
+    /// Checks `code` against the code stored under `key` and, when it is right, consumes it
+    /// and runs `signIn` in the same transaction (its result, and the user id the log names);
+    /// otherwise counts the failure and throws `otp_expired`. The rules of `verify` — attempts
+    /// per code, failures per key across codes, the lockout and its log lines — hold for
+    /// every key alike.
+    func consumeCode<T: Sendable>(
+        _ key: CodeKey, email: Email, code: String,
+        signIn: @escaping @Sendable (PostgresConnection) throws -> (T, user: UUID?)
+    ) async throws -> T {
+        guard OneTimeCodes.isWellFormed(code) else { throw AuthError.otpExpired }
+        let hash = codeHash(key, code)
+        let settings = self.settings
+        typealias LockEvent = OneTimeCodes.LockEvent
+        let outcome: CodeOutcome<T> = try await database { connection in
+            try RowScope.apply(RowScope.address(key.value), on: connection)
+            let lockEnded: Bool
+            switch try OneTimeCodes.signIn.check(key.value, hash: hash, settings: settings, on: connection) {
+            case .refused(.none):
+                return .rejected(.none, user: nil)
+            case .refused(let event):
+                // Only the log lines of a lock name the user.
+                let user = try connection.query("select id from users where lower(email) = $1", key.value).first
+                return .rejected(event, user: try user?.decode(UUID.self, column: 0))
+            case .accepted(let event):
+                if case .ended = event { lockEnded = true } else { lockEnded = false }
+            }
+            let (result, signedInUser) = try signIn(connection)
+            return .signedIn(result, user: signedInUser, lockEnded ? .ended : .none)
         }
         let event: LockEvent
         let user: UUID?
         switch outcome {
         case .rejected(let rejectedEvent, let rejectedUser): (event, user) = (rejectedEvent, rejectedUser)
-        case .signedIn(let signedIn, _, let signedInEvent): (event, user) = (signedInEvent, signedIn.id)
+        case .signedIn(_, let signedInUser, let signedInEvent): (event, user) = (signedInEvent, signedInUser)
         }
         let who: Logger.Metadata = [
             "address": "\(addressTag(email))", "user_id": "\(user?.uuidString.lowercased() ?? "none")",
@@ -280,8 +333,14 @@ public struct AuthService: Sendable {
         case .ended:
             logger.notice("sign-in lock ended", metadata: who)
         }
-        guard case .signedIn(let signedIn, let sessionID, _) = outcome else { throw AuthError.otpExpired }
-        return issue(user: signedIn, sessionID: sessionID, refreshToken: refreshToken, now: now)
+        guard case .signedIn(let result, _, _) = outcome else { throw AuthError.otpExpired }
+        return result
+    }
+
+    /// How a code check ended.
+    private enum CodeOutcome<T: Sendable>: Sendable {
+        case rejected(OneTimeCodes.LockEvent, user: UUID?)
+        case signedIn(T, user: UUID?, OneTimeCodes.LockEvent)
     }
 
     // MARK: - Sessions

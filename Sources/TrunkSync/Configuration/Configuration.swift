@@ -43,6 +43,9 @@ public struct Configuration: Sendable {
     public var adminHost: String { value("admin_host") ?? "127.0.0.1" }
     /// `TRUNK_SYNC_ADMIN_PORT`.
     public private(set) var adminPort: Int = 9090
+    /// `TRUNK_SYNC_ADMIN_EMAILS`: who may sign in to the operator console (normalised,
+    /// without repeats). Empty: console sign-in is disabled.
+    public private(set) var adminEmails: [Email] = []
     /// `TRUNK_SYNC_TRUSTED_PROXIES`, parsed.
     public private(set) var trustedProxies = TrustedProxies()
     /// `TRUNK_SYNC_JWT_SECRET`.
@@ -153,6 +156,19 @@ public struct Configuration: Sendable {
         }
         if adminPort != 0, adminPort == port {
             throw error("admin_port", "must differ from TRUNK_SYNC_PORT (\(port)): the operator listener is a listener of its own")
+        }
+        if let text = value("admin_emails") {
+            var emails: [Email] = []
+            for entry in text.split(separator: ",") {
+                let trimmed = entry.trimmingCharacters(in: .whitespaces)
+                if trimmed.isEmpty { continue }
+                guard let email = Email(trimmed) else {
+                    throw error(
+                        "admin_emails", "must be a comma-separated list of email addresses; \"\(trimmed)\" is not one")
+                }
+                if !emails.contains(email) { emails.append(email) }
+            }
+            adminEmails = emails
         }
         if let text = value("trusted_proxies") {
             var networks: [IPNetwork] = []

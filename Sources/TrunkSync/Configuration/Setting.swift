@@ -31,6 +31,9 @@ public struct Setting: Sendable {
             key: "admin_port", defaultValue: "9090", isSecret: false,
             summary: "TCP port of the operator listener (0: any free port, logged at start as `admin listening`). Must differ from TRUNK_SYNC_PORT."),
         Setting(
+            key: "admin_emails", defaultValue: "", isSecret: false,
+            summary: "Comma-separated email addresses that may sign in to the operator console (/console/ on the admin listener) with a mailed code. Default none: console sign-in is disabled."),
+        Setting(
             key: "trusted_proxies", defaultValue: "", isSecret: false,
             summary: "Comma-separated addresses or CIDR blocks (IPv4 and IPv6) of your reverse proxies. Only for a peer in this list is the client taken from X-Forwarded-For (the rightmost address that is not a trusted proxy). Default none: the peer is the client."),
         Setting(

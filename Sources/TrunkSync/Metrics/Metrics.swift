@@ -76,6 +76,18 @@ public final class Metrics: @unchecked Sendable {
         }
     }
 
+    /// Requests answered so far on every route, and of those the `5xx` answers: what the
+    /// console's overview turns into requests and errors per second. Reads the cells (no
+    /// rendering); never on a request's path.
+    public func requestTotals() -> (requests: UInt64, serverErrors: UInt64) {
+        let routes = lock.withLock { Array(self.routes.values) }
+        return routes.reduce(into: (UInt64(0), UInt64(0))) { sum, route in
+            let totals = route.totals()
+            sum.0 += totals.requests
+            sum.1 += totals.serverErrors
+        }
+    }
+
     /// Registers a gauge read at render time.
     public func gauge(_ name: String, help: String, _ read: @escaping @Sendable () -> Double) {
         lock.withLock { gauges.append((name, help, read)) }
@@ -204,6 +216,20 @@ public final class HTTPRouteMetrics: @unchecked Sendable {  // cells are only to
     }
 
     private func load(_ index: Int) -> UInt64 { csystem_atomic_load(cells + index) }
+
+    /// Requests counted, and those answered with a `5xx` status.
+    func totals() -> (requests: UInt64, serverErrors: UInt64) {
+        var requests: UInt64 = 0
+        var serverErrors: UInt64 = 0
+        for row in 0..<Self.methods.count {
+            for slot in 0..<Self.statusSlots {
+                let value = load(row * Self.statusSlots + slot)
+                requests += value
+                if slot < Self.statuses.count, Self.statuses[slot] >= 500 { serverErrors += value }
+            }
+        }
+        return (requests, serverErrors)
+    }
 
     func renderCounts(into out: inout String) {
         let route = Metrics.escapeLabel(pattern)

@@ -27,6 +27,8 @@ public struct Application: Sendable {
     /// Users' accounts as a whole: export and deletion (the self-service routes use it; so
     /// may operator tools running in the server).
     public let accounts: Accounts
+    /// When the application started, Unix seconds (the console's uptime).
+    let startedAt = Date().timeIntervalSince1970
     private let keyRefresh = BackgroundTask()
     private let logger: Logger
     /// The last reason `/readyz` was not ready (logged once per change, not per probe).
@@ -230,8 +232,9 @@ public struct Application: Sendable {
     }
 
     /// The operator endpoints, served only on the admin listener: `/metrics`, `/readyz` with
-    /// its reason, and `/healthz`. Their requests are observed apart (a `Metrics` of their
-    /// own that nobody renders), so scrapes do not mix into the public routes' series.
+    /// its reason, `/healthz`, and the console (`/console/`, `/admin/v1/…`). Their requests
+    /// are observed apart (a `Metrics` of their own that nobody renders), so scrapes and the
+    /// console do not mix into the public routes' series.
     public func adminRoutes() -> Routes {
         var routes = Routes(metrics: Metrics())
         let healthy = Array(#"{"status":"ok"}"#.utf8)
@@ -245,7 +248,28 @@ public struct Application: Sendable {
                     status: .ok, headers: ["Content-Type": "text/plain; version=0.0.4; charset=utf-8"],
                     body: Array(metrics.render().utf8))
             })
+        console().register(in: &routes)
         return routes
+    }
+
+    /// The console's routes over this application's pool, sessions and figures.
+    func console() -> ConsoleRoutes {
+        let (metrics, pool, notifier, migrator, startedAt) = (self.metrics, self.pool, self.notifier, migrator, startedAt)
+        return ConsoleRoutes(
+            auth: ConsoleAuth(
+                auth: auth, pool: pool, operators: configuration.adminEmails,
+                logger: Logger(label: "trunk-sync.console")),
+            store: ConsoleStore(pool: pool), accounts: ConsoleAccounts(accounts: accounts),
+            sessions: auth,
+            overview: {
+                let totals = metrics.requestTotals()
+                let status = try await pool.withConnection { try migrator.status(on: $0, allowNewer: true) }
+                return ConsoleRoutes.OverviewFigures(
+                    requests: totals.requests, serverErrors: totals.serverErrors, pool: pool.statistics,
+                    longPollsWaiting: notifier.waiting,
+                    schemaVersion: status.applied.map(\.name).max().map { $0.replacingOccurrences(of: ".sql", with: "") }, pendingMigrations: status.pending.count,
+                    startedAt: startedAt)
+            }, logger: Logger(label: "trunk-sync.console"))
     }
 
     /// Connects the application to the public HTTP server: pushes and pulls get database

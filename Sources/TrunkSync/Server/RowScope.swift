@@ -14,8 +14,18 @@ enum RowScope {
 
     /// `app.email`: the address's users row and sign-in code, for sign-in, which looks a
     /// user up by address before it knows the id.
-    static func email(_ email: Email) -> PostgresStatement {
-        .prepared("select set_config('app.email', $1, true)", email.value)
+    static func email(_ email: Email) -> PostgresStatement { address(email.value) }
+
+    /// `app.email` set to a code's key (`AuthService.CodeKey`): an address, or a console
+    /// sign-in's `console:` key, which matches no users row.
+    static func address(_ key: String) -> PostgresStatement {
+        .prepared("select set_config('app.email', $1, true)", key)
+    }
+
+    /// `app.console_token_hash`: while it names a live console session (migration 0008),
+    /// the server's role may read every user's users, sessions and events rows.
+    static func console(tokenHash: PostgresBytes) -> PostgresStatement {
+        .prepared("select set_config('app.console_token_hash', $1, true)", Hex.encode(tokenHash.bytes))
     }
 
     /// `app.refresh_token_hash`, then `app.user_id` of that token's owner (empty when no

@@ -40,6 +40,19 @@ class EndToEndTestCase: XCTestCase {
         super.tearDown()
     }
 
+    /// Sends a request to the public listener on a new connection (with a JSON `body` and a
+    /// bearer `token` when given) and reads the answer.
+    func send(_ server: ServerProcess, _ method: String, _ path: String, body: String? = nil, token: String? = nil)
+        throws -> RawResponse
+    {
+        var headers: [(String, String)] = []
+        if body != nil { headers.append(("Content-Type", "application/json")) }
+        if let token { headers.append(("Authorization", "Bearer \(token)")) }
+        let (response, client) = try server.exchange(request(method, path, headers: headers, body: body), timeout: 10)
+        client.close()
+        return response
+    }
+
     // MARK: - Assertions
 
     /// The response is `status` with a JSON error body `{"code": code, "message": …}`.

@@ -68,6 +68,12 @@ struct RawResponse {
 
     var bodyText: String { String(decoding: body, as: UTF8.self) }
 
+    /// The header lines that two answers to the same question must share: all but
+    /// `X-Request-Id` and `Date` (for checks that an answer reveals nothing).
+    var comparableHeaders: [String] {
+        headers.filter { !["x-request-id", "date"].contains($0.name.lowercased()) }.map { "\($0.name): \($0.value)" }
+    }
+
     /// The body as a JSON object, or nil.
     var jsonObject: [String: Any]? {
         (try? JSONSerialization.jsonObject(with: Data(body))) as? [String: Any]

@@ -1,0 +1,316 @@
+"""The operator console in a real browser: headless Debian Chromium driven by Selenium.
+
+    console_browser.py ADMIN_URL PUBLIC_URL SMTP_SINK_DIR SCREENSHOT_DIR OPERATOR_EMAIL
+
+Against a running trunk-sync whose mails go to the SMTP sink writing into SMTP_SINK_DIR
+(scripts/smtp-sink.py) and whose TRUNK_SYNC_ADMIN_EMAILS holds OPERATOR_EMAIL. Creates an
+app user through the public API (sign-in by mailed code, two sessions, events), then in the
+browser: a non-operator cannot sign in; the operator signs in with the code from the sink,
+sees the overview, finds the user, opens their events (formatted payloads, type filter),
+revokes one session (whose token the API then refuses), exports and deletes the user (whose
+other token the API then refuses), and signs out. No step may leave an error in the
+browser's console. Prints `ok <step>` per step and writes a screenshot of each page into
+SCREENSHOT_DIR.
+"""
+import base64
+import glob
+import json
+import os
+import re
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as EC
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+ADMIN, PUBLIC, SINK, SHOTS, OPERATOR = sys.argv[1:6]
+MEMBER = f"carol-{uuid.uuid4().hex[:8]}@example.com"
+os.makedirs(SHOTS, exist_ok=True)
+
+
+def step(name):
+    print(f"ok {name}", flush=True)
+
+
+def http(method, url, body=None, token=None):
+    """(status, parsed JSON or None) of a request to the server."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            text = response.read()
+            return response.status, json.loads(text) if text else None
+    except urllib.error.HTTPError as error:
+        text = error.read()
+        return error.code, json.loads(text) if text else None
+
+
+def mails_to(address):
+    """Bodies of the mails the sink received for `address`, oldest first."""
+    bodies = []
+    for path in sorted(glob.glob(os.path.join(SINK, "*.json")), key=lambda p: int(os.path.basename(p)[:-5])):
+        with open(path, encoding="utf-8") as file:
+            record = json.load(file)
+        if address in record.get("rcpt_tos", []):
+            bodies.append(record["parsed"]["body"])
+    return bodies
+
+
+def code_for(address, count):
+    """The code in the `count`-th mail to `address`, waiting for it (at most 15 s)."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        bodies = mails_to(address)
+        if len(bodies) >= count:
+            return re.search(r"\b(\d{6})\b", bodies[count - 1]).group(1)
+        time.sleep(0.05)
+    raise AssertionError(f"no mail number {count} for {address}")
+
+
+def app_sign_in(number):
+    """A new app session for MEMBER, by the `number`-th code mailed to it. The server runs
+    with a resend interval of 1 s: a 429 is waited out as its Retry-After says."""
+    deadline = time.monotonic() + 15
+    while True:
+        status, _ = http("POST", f"{PUBLIC}/auth/v1/otp", {"email": MEMBER})
+        if status != 429 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert status == 200, status
+    code = code_for(MEMBER, number)
+    status, session = http("POST", f"{PUBLIC}/auth/v1/verify", {"email": MEMBER, "token": code, "type": "email"})
+    assert status == 200, (status, session)
+    return session
+
+
+def session_id(token):
+    payload = token.split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["session_id"]
+
+
+# --- An app user, made through the public API -------------------------------------------
+first = app_sign_in(1)
+second = app_sign_in(2)
+token1 = first["access_token"]
+token2 = second["access_token"]
+assert session_id(token1) != session_id(token2)
+user_id = first["user"]["id"]
+events = []
+for index in range(12):
+    kind = "task" if index % 3 == 2 else "note"
+    payload = {"index": index, "text": f"event {index}", "tags": ["a", "b"], "nested": {"done": index % 2 == 0}}
+    events.append({"client_id": str(uuid.uuid4()), "type": kind, "payload": payload,
+                   "client_timestamp": "2026-11-22T04:10:02.123Z"})
+status, pushed = http("POST", f"{PUBLIC}/sync/v1/events", {"events": events}, token1)
+assert status == 200, (status, pushed)
+step("app user created through the API with two sessions and 12 events")
+
+# --- The browser ---------------------------------------------------------------------------
+options = webdriver.ChromeOptions()
+options.binary_location = "/usr/bin/chromium"
+for argument in ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,900",
+                 "--disable-gpu", "--no-first-run", "--disable-extensions"]:
+    options.add_argument(argument)
+options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+options.add_experimental_option("prefs", {"download.default_directory": os.path.abspath(SHOTS),
+                                          "download.prompt_for_download": False})
+driver = webdriver.Chrome(service=Service(executable_path="/usr/bin/chromedriver"), options=options)
+wait = WebDriverWait(driver, 15)
+
+
+def console_errors(allowed=()):
+    """Fails on any error in the browser's console since the last call, except entries that
+    contain one of `allowed` (requests the test made fail on purpose)."""
+    entries = driver.get_log("browser")
+    errors = [e for e in entries if e["level"] in ("SEVERE", "ERROR")
+              and not any(text in e["message"] for text in allowed)]
+    assert not errors, f"browser console errors: {errors}"
+    return entries
+
+
+def shot(name):
+    height = driver.execute_script("return Math.max(document.body.scrollHeight, 900)")
+    driver.set_window_size(1280, min(height + 40, 4000))
+    driver.save_screenshot(os.path.join(SHOTS, f"{name}.png"))
+    driver.set_window_size(1280, 900)
+
+
+def find(css):
+    return wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, css)))
+
+
+def visible(css):
+    return wait.until(EC.visibility_of_element_located((By.CSS_SELECTOR, css)))
+
+
+def text_in(css, text):
+    wait.until(EC.text_to_be_present_in_element((By.CSS_SELECTOR, css), text))
+
+
+def clickable(css):
+    return wait.until(EC.element_to_be_clickable((By.CSS_SELECTOR, css)))
+
+
+def console_cookie():
+    """The console's cookie as the browser holds it (its Path is /admin/v1, so the page's
+    own cookie list, /console/, would not show it)."""
+    cookies = driver.execute_cdp_cmd("Network.getAllCookies", {})["cookies"]
+    return [c for c in cookies if c["name"] == "trunk_sync_console"]
+
+
+try:
+    driver.get(f"{ADMIN}/console/")
+    email = visible("#email-form input[type=email]")
+    assert email.get_attribute("name") == "email"
+    assert find("#email-form button[type=submit]")
+    code_input = find("#code-form input[autocomplete=one-time-code]")
+    assert find("#code-form button[type=submit]")
+    shot("01-sign-in")
+    console_errors()
+    step("sign-in page: email and one-time-code forms")
+
+    # A non-operator (an app user) gets the same neutral answer, no mail and no session.
+    mails_before = len(mails_to(MEMBER))
+    email.send_keys(MEMBER)
+    clickable("#email-form button").click()
+    text_in("#sign-in .status", "If this address may use the console")
+    visible("#code-form")
+    code_input.send_keys("000000")
+    clickable("#code-form button").click()
+    text_in("#sign-in .status", "wrong or has expired")
+    assert not console_cookie(), "no session"
+    assert driver.find_element(By.ID, "nav").get_attribute("hidden") is not None
+    # The refused code is the one expected failure in the log (the browser reports the 403).
+    console_errors(allowed=("/admin/v1/auth/verify - Failed to load resource: the server responded with a status of 403",))
+    step("a non-operator cannot sign in")
+
+    # The operator signs in with the code read from the SMTP sink.
+    driver.get(f"{ADMIN}/console/")
+    email = visible("#email-form input[type=email]")
+    email.send_keys(OPERATOR)
+    clickable("#email-form button").click()
+    visible("#code-form")
+    find("#code-form input").send_keys(code_for(OPERATOR, 1))
+    # Asked for earlier, the non-operator's code would have been mailed by now: none was.
+    assert len(mails_to(MEMBER)) == mails_before, "no console code is mailed to a non-operator"
+    clickable("#code-form button").click()
+    visible("#nav")
+    text_in("#who", OPERATOR)
+    cookie = console_cookie()
+    assert cookie and cookie[0]["httpOnly"] and cookie[0]["sameSite"] == "Strict" and cookie[0]["path"] == "/admin/v1", cookie
+    assert driver.execute_script("return document.cookie").find("trunk_sync_console") < 0, "HttpOnly"
+    step("operator signed in with the mailed code")
+
+    # Overview, refreshed live: requests/s appear with the second sample.
+    text_in("#card-users .value", "1")
+    text_in("#card-events .value", "12")
+    WebDriverWait(driver, 20).until(lambda d: re.fullmatch(r"\d+\.\d\d", d.find_element(
+        By.CSS_SELECTOR, "#card-rps .value").text) is not None)
+    text_in("#card-schema .detail", "no migration pending")
+    shot("02-overview")
+    console_errors()
+    step("overview with live figures")
+
+    # Users: search, then the user's page.
+    clickable("#nav a[data-view=users]").click()
+    find("#user-table")
+    search = visible("#user-search")
+    search.clear()
+    search.send_keys(MEMBER.split("@")[0])
+    clickable("#user-search-form button").click()
+    link = wait.until(EC.element_to_be_clickable((By.LINK_TEXT, MEMBER)))
+    rows = driver.find_elements(By.CSS_SELECTOR, "#user-table tbody tr")
+    assert len(rows) == 1, len(rows)
+    assert "12" in rows[0].text
+    shot("03-users")
+    link.click()
+    text_in("#user-email", MEMBER)
+    text_in("#profile-events", "12")
+    articles = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#event-list article.event"))
+    assert len(articles) == 12, len(articles)
+    assert articles[0].get_attribute("data-seq") == "12", "newest first"
+    payload = articles[0].find_element(By.CSS_SELECTOR, "pre.json").text
+    assert payload.startswith("{\n  \"") and "\n    \"a\",\n" in payload, payload  # formatted, indented JSON
+    assert json.loads(payload)["index"] == 11 and json.loads(payload)["nested"] == {"done": False}, payload
+    step("found the user and opened their events")
+
+    # Type filter.
+    Select(find("#event-type")).select_by_value("task")
+    clickable("#event-filter button").click()
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#event-list article.event")) == 4)
+    kinds = {a.find_element(By.CSS_SELECTOR, ".tag").text for a in driver.find_elements(By.CSS_SELECTOR, "#event-list article.event")}
+    assert kinds == {"task"}, kinds
+    driver.save_screenshot(os.path.join(SHOTS, "04-user-top.png"))  # the first screen only (README)
+    shot("04-user")
+    console_errors()
+    step("events filtered by type")
+
+    # Revoke the session: its token is refused by the API at once.
+    assert http("GET", f"{PUBLIC}/sync/v1/events?after=0", token=token1)[0] == 200
+    clickable(f"button.revoke[data-session='{session_id(token1)}']").click()
+    text_in("#user-status", "revoked")
+    wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, f"button.revoke[data-session='{session_id(token1)}']"))
+    status, body = http("GET", f"{PUBLIC}/sync/v1/events?after=0", token=token1)
+    assert status == 401, (status, body)
+    console_errors()
+    step("revoked a session and its token is refused")
+
+    # Export.
+    clickable("#export").click()
+    text_in("#user-status", "Exported 12 event(s)")
+    download = os.path.join(SHOTS, f"trunk-sync-{user_id}.jsonl")
+    deadline = time.monotonic() + 10
+    while not os.path.exists(download) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with open(download, encoding="utf-8") as file:
+        exported = [json.loads(line) for line in file if line.strip()]
+    assert [event["seq"] for event in exported] == list(range(1, 13)), exported
+    os.remove(download)
+    console_errors()
+    step("exported the user's events")
+
+    # Delete, after typing the address again: the user's other session ends too.
+    status, _ = http("POST", f"{PUBLIC}/auth/v1/token?grant_type=refresh_token", {"refresh_token": first["refresh_token"]})
+    assert status == 400, "the revoked session's refresh token is dead too"
+    assert http("GET", f"{PUBLIC}/sync/v1/events?after=0", token=token2)[0] == 200
+    clickable("#delete").click()
+    confirm = visible("#confirm-email")
+    confirm.send_keys("someone-else@example.com")
+    assert not driver.find_element(By.ID, "confirm-delete").is_enabled()
+    confirm.clear()
+    confirm.send_keys(MEMBER)
+    clickable("#confirm-delete").click()
+    text_in("#users", f"Deleted {MEMBER} with 12 event(s).")
+    status, _ = http("GET", f"{PUBLIC}/sync/v1/events?after=0", token=token2)
+    assert status == 401, "deleting the user revoked their other session"
+    search = visible("#user-search")
+    search.send_keys(MEMBER.split("@")[0])
+    clickable("#user-search-form button").click()
+    visible("#no-users")
+    shot("05-deleted")
+    console_errors()
+    step("deleted the user")
+
+    clickable("#sign-out").click()
+    visible("#email-form")
+    assert not console_cookie()
+    console_errors()
+    step("signed out")
+except BaseException:
+    shot("failure")
+    print("page at failure:", driver.current_url, driver.find_element(By.TAG_NAME, "body").text, file=sys.stderr)
+    print("browser log:", driver.get_log("browser"), file=sys.stderr)
+    raise
+finally:
+    driver.quit()
+step("no console errors")

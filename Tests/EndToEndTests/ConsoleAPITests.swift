@@ -1,0 +1,494 @@
+import Foundation
+import TestSupport
+import XCTest
+
+/// The operator console's API (`/admin/v1`) and page (`/console/`) through the real binary:
+/// served on the admin listener only, sign-in by mailed code for `TRUNK_SYNC_ADMIN_EMAILS`
+/// only, console sessions apart from app sessions, and every route's authorisation, paging
+/// and refusals of bad input (each a 4xx JSON error that changes nothing).
+final class ConsoleAPITests: EndToEndTestCase {
+    static let operatorEmail = "ops@example.com"
+
+    /// A server that mails through `sink` and lets `ops@example.com` into the console.
+    func startConsoleServer(_ sink: SMTPSink, _ extra: [String: String] = [:]) throws -> ServerProcess {
+        try startServer(
+            [
+                "TRUNK_SYNC_MAILER": "smtp", "TRUNK_SYNC_SMTP_URL": "smtp://127.0.0.1:\(sink.port)?tls=none",
+                "TRUNK_SYNC_ADMIN_EMAILS": "\(Self.operatorEmail), second-op@example.com",
+            ].merging(extra) { $1 })
+    }
+
+    /// A request to the admin listener with the console's cookie and header (or `bearer`).
+    func admin(
+        _ server: ServerProcess, _ method: String, _ path: String, body: String? = nil, cookie: String? = nil,
+        bearer: String? = nil, consoleHeader: Bool = true
+    ) throws -> RawResponse {
+        var headers: [(String, String)] = []
+        if body != nil { headers.append(("Content-Type", "application/json")) }
+        if let cookie {
+            headers.append(("Cookie", "other=1; trunk_sync_console=\(cookie)"))
+            if consoleHeader { headers.append(("X-Trunk-Sync-Console", "1")) }
+        }
+        if let bearer { headers.append(("Authorization", "Bearer \(bearer)")) }
+        return try server.adminExchange(request(method, path, headers: headers, body: body), timeout: 10)
+    }
+
+    /// The code of the `index`-th mail (1-based) the sink received for `email`.
+    func mailedCode(_ sink: SMTPSink, to email: String, count: Int = 1) throws -> String {
+        var code: String?
+        XCTAssertTrue(
+            try eventually(within: 10) {
+                let mails = try sink.received().filter { $0.recipients.contains(email) }
+                guard mails.count >= count, let body = mails[count - 1].body,
+                    let match = body.firstMatch(of: /\b(\d{6})\b/)
+                else { return false }
+                code = String(match.1)
+                return true
+            }, "no mail with a code for \(email)")
+        return try XCTUnwrap(code)
+    }
+
+    /// Signs `email` in to the console; the token from the cookie.
+    func signIn(_ server: ServerProcess, _ sink: SMTPSink, _ email: String = operatorEmail) throws -> String {
+        let asked = try admin(server, "POST", "/admin/v1/auth/otp", body: #"{"email":"\#(email)"}"#)
+        XCTAssertEqual(asked.status, 200, asked.bodyText)
+        let code = try mailedCode(sink, to: email)
+        let verified = try admin(
+            server, "POST", "/admin/v1/auth/verify", body: #"{"email":"\#(email)","code":"\#(code)"}"#)
+        XCTAssertEqual(verified.status, 200, verified.bodyText)
+        let cookie = try XCTUnwrap(verified.header("set-cookie"))
+        let token = try XCTUnwrap(cookie.firstMatch(of: /^trunk_sync_console=(tsc_[A-Za-z0-9_-]+);/)?.1)
+        return String(token)
+    }
+
+    /// An app session for `email` (creating the user).
+    func appSession(_ server: ServerProcess, _ email: String) throws -> (token: String, user: String) {
+        let result = try Command.run(
+            Command.trunkSyncBinary(), ["token", "--email", email], environment: server.environment)
+        XCTAssertEqual(result.status, 0, result.stderr)
+        let session = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any])
+        let user = try XCTUnwrap((session["user"] as? [String: Any])?["id"] as? String)
+        return (try XCTUnwrap(session["access_token"] as? String), user)
+    }
+
+    /// Pushes events `(type, payload)` for the token's user.
+    func push(_ server: ServerProcess, _ token: String, _ events: [(String, String)]) throws {
+        let items = events.map { type, payload in
+            #"{"client_id":"\#(UUID().uuidString.lowercased())","type":"\#(type)","payload":\#(payload),"client_timestamp":"2026-11-22T04:10:02.123Z"}"#
+        }
+        let pushed = try send(
+            server, "POST", "/sync/v1/events", body: #"{"events":[\#(items.joined(separator: ","))]}"#, token: token)
+        XCTAssertEqual(pushed.status, 200, pushed.bodyText)
+    }
+
+    func json(_ response: RawResponse, file: StaticString = #filePath, line: UInt = #line) throws -> [String: Any] {
+        XCTAssertEqual(response.status, 200, response.bodyText, file: file, line: line)
+        return try XCTUnwrap(response.jsonObject, response.bodyText, file: file, line: line)
+    }
+
+    // MARK: - Where it is served
+
+    func testThePublicListenerServesNeitherTheConsoleNorItsAPI() throws {
+        let server = try startServer(["TRUNK_SYNC_ADMIN_EMAILS": Self.operatorEmail])
+        for path in [
+            "/console", "/console/", "/console/app.js", "/admin/v1/session", "/admin/v1/users", "/admin/v1/overview",
+        ] {
+            assertJSONError(try send(server, "GET", path), status: 404, code: "not_found")
+        }
+        assertJSONError(
+            try send(server, "POST", "/admin/v1/auth/otp", body: #"{"email":"ops@example.com"}"#), status: 404,
+            code: "not_found")
+    }
+
+    func testThePageIsServedWithAStrictContentSecurityPolicy() throws {
+        let server = try startServer()
+        let redirect = try admin(server, "GET", "/console")
+        XCTAssertEqual(redirect.status, 301)
+        XCTAssertEqual(redirect.header("location"), "/console/")
+
+        let page = try admin(server, "GET", "/console/")
+        XCTAssertEqual(page.status, 200)
+        XCTAssertEqual(page.header("content-type"), "text/html; charset=utf-8")
+        let policy = try XCTUnwrap(page.header("content-security-policy"))
+        XCTAssertTrue(policy.hasPrefix("default-src 'self';"), policy)
+        XCTAssertFalse(policy.contains("unsafe"), policy)
+        XCTAssertEqual(page.header("x-content-type-options"), "nosniff")
+        XCTAssertEqual(page.header("x-frame-options"), "DENY")
+        // Every file the page names is served, with the type a module needs.
+        for match in page.bodyText.matches(of: /(?:src|href)="(\/console\/[a-z.]+)"/) {
+            XCTAssertEqual(try admin(server, "GET", String(match.1)).status, 200, String(match.1))
+        }
+        let module = try admin(server, "GET", "/console/app.js")
+        XCTAssertEqual(module.header("content-type"), "text/javascript; charset=utf-8")
+        XCTAssertNotNil(module.header("content-security-policy"))
+        assertJSONError(try admin(server, "GET", "/console/nothing.js"), status: 404, code: "not_found")
+        assertJSONError(try admin(server, "GET", "/console/..%2Fmetrics"), status: 404, code: "not_found")
+    }
+
+    // MARK: - Sign-in
+
+    func testWithoutAdminEmailsSignInIsDisabledAndSaysSo() throws {
+        let server = try startServer()
+        let state = try json(try admin(server, "GET", "/admin/v1/session"))
+        XCTAssertEqual(state["sign_in_enabled"] as? Bool, false)
+        XCTAssertEqual(state["signed_in"] as? Bool, false)
+        let asked = try admin(server, "POST", "/admin/v1/auth/otp", body: #"{"email":"ops@example.com"}"#)
+        assertJSONError(asked, status: 403, code: "console_disabled")
+        XCTAssertTrue(asked.bodyText.contains("TRUNK_SYNC_ADMIN_EMAILS"), asked.bodyText)
+        assertJSONError(
+            try admin(server, "POST", "/admin/v1/auth/verify", body: #"{"email":"ops@example.com","code":"123456"}"#),
+            status: 403, code: "console_disabled")
+    }
+
+    func testOnlyOperatorsGetACodeAndOthersTheSameNeutralAnswer() throws {
+        let sink = try SMTPSink()
+        defer { sink.stop() }
+        let server = try startConsoleServer(sink)
+        _ = try appSession(server, "member@example.com")  // an app user, not an operator
+
+        let outsider = try admin(server, "POST", "/admin/v1/auth/otp", body: #"{"email":"member@example.com"}"#)
+        let insider = try admin(server, "POST", "/admin/v1/auth/otp", body: #"{"email":"OPS@example.com"}"#)
+        for response in [outsider, insider] {
+            XCTAssertEqual(response.status, 200, response.bodyText)
+            XCTAssertEqual(response.bodyText, "{}")
+        }
+        XCTAssertEqual(outsider.comparableHeaders, insider.comparableHeaders)
+        let code = try mailedCode(sink, to: Self.operatorEmail)
+        XCTAssertEqual(try sink.received().count, 1, "no mail for the app user")
+
+        // The outsider cannot sign in whatever the code; no session, no cookie.
+        for guess in ["000000", code] {
+            let refused = try admin(
+                server, "POST", "/admin/v1/auth/verify", body: #"{"email":"member@example.com","code":"\#(guess)"}"#)
+            assertJSONError(refused, status: 403, code: "otp_expired")
+            XCTAssertNil(refused.header("set-cookie"))
+        }
+        // A console code signs nobody in to the app, and an app code nobody in to the console.
+        let appSignIn = try send(
+            server, "POST", "/auth/v1/verify", body: #"{"email":"ops@example.com","token":"\#(code)","type":"email"}"#)
+        XCTAssertEqual(appSignIn.status, 403, appSignIn.bodyText)
+        XCTAssertEqual(try send(server, "POST", "/auth/v1/otp", body: #"{"email":"ops@example.com"}"#).status, 200)
+        let appCode = try mailedCode(sink, to: Self.operatorEmail, count: 2)
+        if appCode != code {
+            assertJSONError(
+                try admin(
+                    server, "POST", "/admin/v1/auth/verify", body: #"{"email":"ops@example.com","code":"\#(appCode)"}"#),
+                status: 403, code: "otp_expired")
+        }
+
+        let verified = try admin(
+            server, "POST", "/admin/v1/auth/verify", body: #"{"email":"ops@example.com","code":"\#(code)"}"#)
+        let body = try json(verified)
+        XCTAssertEqual(body["email"] as? String, Self.operatorEmail)
+        let expiresAt = try XCTUnwrap(body["expires_at"] as? Int)
+        XCTAssertEqual(Double(expiresAt), Date().timeIntervalSince1970 + 1800, accuracy: 60, "short-lived: 30 minutes")
+        XCTAssertNil(body["token"], "the token is in the HttpOnly cookie only")
+        let cookie = try XCTUnwrap(verified.header("set-cookie"))
+        for attribute in ["Path=/admin/v1", "Max-Age=1800", "HttpOnly", "SameSite=Strict"] {
+            XCTAssertTrue(cookie.contains(attribute), cookie)
+        }
+        assertJSONError(
+            try admin(server, "POST", "/admin/v1/auth/verify", body: #"{"email":"ops@example.com","code":"\#(code)"}"#),
+            status: 403, code: "otp_expired")  // used once
+        XCTAssertFalse(server.logs.contains(code), "the code never appears in the log")
+        let line = try XCTUnwrap(server.stderr.waitForLine(containing: "console sign-in", timeout: 5))
+        XCTAssertTrue(line.contains("admin=ops@example.com"), line)
+    }
+
+    func testSignInRefusesBadInputWithJSONErrors() throws {
+        let sink = try SMTPSink()
+        defer { sink.stop() }
+        let server = try startConsoleServer(sink)
+        for (path, body, code) in [
+            ("/admin/v1/auth/otp", "not json", "bad_json"),
+            ("/admin/v1/auth/otp", "[]", "bad_json"),
+            ("/admin/v1/auth/otp", "{}", "validation_failed"),
+            ("/admin/v1/auth/otp", #"{"email":"no-at-sign"}"#, "validation_failed"),
+            ("/admin/v1/auth/otp", #"{"email":42}"#, "validation_failed"),
+            ("/admin/v1/auth/verify", #"{"email":"ops@example.com"}"#, "validation_failed"),
+            ("/admin/v1/auth/verify", #"{"email":"ops@example.com","code":"12345x"}"#, "otp_expired"),
+        ] {
+            assertJSONError(
+                try admin(server, "POST", path, body: body), status: code == "otp_expired" ? 403 : 400, code: code)
+        }
+        let large = try server.adminExchange(
+            request(
+                "POST", "/admin/v1/auth/otp",
+                headers: [("Content-Type", "application/json"), ("Content-Length", "5000")]))
+        assertJSONError(large, status: 413, code: "body_too_large")
+        XCTAssertEqual(try sink.received().count, 0)
+    }
+
+    // MARK: - Authorisation
+
+    func testEveryRouteWantsAConsoleSessionAndNothingElse() throws {
+        let sink = try SMTPSink()
+        defer { sink.stop() }
+        let server = try startConsoleServer(sink)
+        let (appToken, user) = try appSession(server, "member@example.com")
+        let session = UUID().uuidString.lowercased()
+        let routes: [(String, String, String?)] = [
+            ("GET", "/admin/v1/overview", nil), ("GET", "/admin/v1/users", nil),
+            ("GET", "/admin/v1/users/\(user)", nil),
+            ("DELETE", "/admin/v1/users/\(user)", #"{"confirm_email":"member@example.com"}"#),
+            ("GET", "/admin/v1/users/\(user)/sessions", nil),
+            ("DELETE", "/admin/v1/users/\(user)/sessions/\(session)", nil),
+            ("GET", "/admin/v1/users/\(user)/events", nil), ("GET", "/admin/v1/users/\(user)/export", nil),
+            ("POST", "/admin/v1/auth/logout", nil),
+        ]
+        for (method, path, body) in routes {
+            assertJSONError(try admin(server, method, path, body: body), status: 401, code: "console_unauthorized")
+            // An app user's access token is not a console session.
+            assertJSONError(
+                try admin(server, method, path, body: body, bearer: appToken), status: 401, code: "console_unauthorized"
+            )
+            assertJSONError(
+                try admin(server, method, path, body: body, cookie: appToken), status: 401, code: "console_unauthorized"
+            )
+            assertJSONError(
+                try admin(server, method, path, body: body, cookie: "tsc_" + String(repeating: "A", count: 43)),
+                status: 401, code: "console_unauthorized")
+        }
+        let token = try signIn(server, sink)
+        // The cookie without the console's header (what a cross-site form would send): refused.
+        for (method, path, body) in routes {
+            assertJSONError(
+                try admin(server, method, path, body: body, cookie: token, consoleHeader: false), status: 403,
+                code: "console_header_required")
+        }
+        let state = try json(try admin(server, "GET", "/admin/v1/session", cookie: token, consoleHeader: false))
+        XCTAssertEqual(state["signed_in"] as? Bool, false)
+        // The console's token is not an app token either.
+        XCTAssertEqual(try send(server, "GET", "/sync/v1/events?after=0", token: token).status, 401)
+        XCTAssertEqual(try send(server, "GET", "/auth/v1/user", token: token).status, 401)
+        // The app user is untouched by all of the above.
+        XCTAssertEqual(try send(server, "GET", "/auth/v1/user", token: appToken).status, 200)
+
+        // Cookie with header, and bearer, both work; sign-out ends the session.
+        XCTAssertEqual(try admin(server, "GET", "/admin/v1/overview", cookie: token).status, 200)
+        XCTAssertEqual(try admin(server, "GET", "/admin/v1/overview", bearer: token).status, 200)
+        let me = try json(try admin(server, "GET", "/admin/v1/session", cookie: token))
+        XCTAssertEqual(me["signed_in"] as? Bool, true)
+        XCTAssertEqual(me["email"] as? String, Self.operatorEmail)
+        let out = try admin(server, "POST", "/admin/v1/auth/logout", cookie: token)
+        XCTAssertEqual(out.status, 204)
+        XCTAssertTrue(out.header("set-cookie")?.contains("Max-Age=0") ?? false, out.header("set-cookie") ?? "none")
+        assertJSONError(
+            try admin(server, "GET", "/admin/v1/overview", cookie: token), status: 401, code: "console_unauthorized")
+    }
+
+    func testRemovingAnAddressFromAdminEmailsEndsItsSessions() throws {
+        let sink = try SMTPSink()
+        defer { sink.stop() }
+        let first = try startConsoleServer(sink)
+        let token = try signIn(first, sink)
+        XCTAssertEqual(first.stop(), 0)
+        let second = try launchServer(
+            on: first.database, ["TRUNK_SYNC_ADMIN_EMAILS": "someone-else@example.com", "TRUNK_SYNC_MAILER": nil])
+        try second.waitUntilListening(timeout: 15)
+        assertJSONError(
+            try admin(second, "GET", "/admin/v1/overview", cookie: token), status: 401, code: "console_unauthorized")
+    }
+
+    // MARK: - Overview and users
+
+    func testOverviewReportsTheServersFigures() throws {
+        let sink = try SMTPSink()
+        defer { sink.stop() }
+        let server = try startConsoleServer(sink)
+        let (appToken, _) = try appSession(server, "member@example.com")
+        try push(server, appToken, [("note", #"{"n":1}"#), ("note", #"{"n":2}"#), ("task", #"{"n":3}"#)])
+        let token = try signIn(server, sink)
+        let overview = try json(try admin(server, "GET", "/admin/v1/overview", cookie: token))
+        XCTAssertEqual(overview["users"] as? Int, 1)
+        XCTAssertEqual(overview["events_last_24h"] as? Int, 3)
+        XCTAssertGreaterThanOrEqual(overview["requests_total"] as? Int ?? 0, 1, "the push, at least")
+        XCTAssertEqual(overview["server_errors_total"] as? Int, 0)
+        XCTAssertEqual(overview["schema_version"] as? String, "0008_console")
+        XCTAssertEqual(overview["pending_migrations"] as? Int, 0)
+        XCTAssertEqual(overview["long_polls_waiting"] as? Int, 0)
+        XCTAssertFalse((overview["version"] as? String ?? "").isEmpty)
+        XCTAssertNotNil(overview["sampled_at"] as? Double)
+        let pool = try XCTUnwrap(overview["database_pool"] as? [String: Any])
+        XCTAssertEqual(pool["max"] as? Int, 10)
+        XCTAssertNotNil(pool["in_use"] as? Int)
+    }
+
+    func testUsersAreListedSearchedAndPaged() throws {
+        let sink = try SMTPSink()
+        defer { sink.stop() }
+        let server = try startConsoleServer(sink)
+        for email in ["a1@alpha.example", "a2@alpha.example", "a3@alpha.example", "b1@beta.example", "b2@beta.example"]
+        {
+            _ = try appSession(server, email)
+        }
+        let token = try signIn(server, sink)
+        let all = try json(try admin(server, "GET", "/admin/v1/users?limit=2", cookie: token))
+        XCTAssertEqual(all["total"] as? Int, 5)
+        let first = try XCTUnwrap(all["users"] as? [[String: Any]])
+        XCTAssertEqual(first.map { $0["email"] as? String }, ["b2@beta.example", "b1@beta.example"], "newest first")
+        XCTAssertEqual(first[0]["active_sessions"] as? Int, 1)
+        XCTAssertEqual(first[0]["events"] as? Int, 0)
+        let third = try json(try admin(server, "GET", "/admin/v1/users?limit=2&offset=4", cookie: token))
+        XCTAssertEqual((third["users"] as? [[String: Any]])?.map { $0["email"] as? String }, ["a1@alpha.example"])
+        let alpha = try json(try admin(server, "GET", "/admin/v1/users?q=ALPHA", cookie: token))
+        XCTAssertEqual(alpha["total"] as? Int, 3)
+        // The search is text, not a pattern.
+        for q in ["%25", "_", "a%25"] {
+            XCTAssertEqual(
+                try json(try admin(server, "GET", "/admin/v1/users?q=\(q)", cookie: token))["total"] as? Int, 0, q)
+        }
+        for query in [
+            "limit=0", "limit=101", "limit=abc", "limit=-1", "offset=-1", "offset=1000001", "offset=1e3",
+            "q=" + String(repeating: "x", count: 321), "q=%01",
+        ] {
+            assertJSONError(
+                try admin(server, "GET", "/admin/v1/users?\(query)", cookie: token), status: 400,
+                code: "validation_failed")
+        }
+    }
+
+    // MARK: - One user
+
+    func testAUsersEventsSessionsExportAndDeletion() throws {
+        let sink = try SMTPSink()
+        defer { sink.stop() }
+        let server = try startConsoleServer(sink)
+        let (appToken, user) = try appSession(server, "member@example.com")
+        let (otherToken, _) = try appSession(server, "member@example.com")
+        try push(
+            server, appToken,
+            [
+                ("note", #"{"text":"one"}"#), ("task", #"{"done":false}"#), ("note", #"{"text":"three"}"#),
+                ("note", #"{"nested":{"list":[1,2]}}"#), ("task", #"{"done":true}"#),
+            ])
+        let token = try signIn(server, sink)
+
+        let detail = try json(try admin(server, "GET", "/admin/v1/users/\(user)", cookie: token))
+        let profile = try XCTUnwrap(detail["user"] as? [String: Any])
+        XCTAssertEqual(profile["email"] as? String, "member@example.com")
+        XCTAssertEqual(profile["events"] as? Int, 5)
+        XCTAssertEqual(profile["active_sessions"] as? Int, 2)
+        XCTAssertEqual(detail["event_types"] as? [String], ["note", "task"])
+
+        // Events: newest first, paged with next_before, filtered by type and time.
+        let page1 = try json(try admin(server, "GET", "/admin/v1/users/\(user)/events?limit=2", cookie: token))
+        XCTAssertEqual((page1["events"] as? [[String: Any]])?.map { $0["seq"] as? Int }, [5, 4])
+        XCTAssertEqual(page1["has_more"] as? Bool, true)
+        XCTAssertEqual(page1["next_before"] as? Int, 4)
+        let page2 = try json(try admin(server, "GET", "/admin/v1/users/\(user)/events?limit=2&before=4", cookie: token))
+        XCTAssertEqual((page2["events"] as? [[String: Any]])?.map { $0["seq"] as? Int }, [3, 2])
+        let last = try json(try admin(server, "GET", "/admin/v1/users/\(user)/events?limit=2&before=2", cookie: token))
+        XCTAssertEqual((last["events"] as? [[String: Any]])?.map { $0["seq"] as? Int }, [1])
+        XCTAssertEqual(last["has_more"] as? Bool, false)
+        XCTAssertTrue(last["next_before"] is NSNull)
+        let first = try XCTUnwrap((last["events"] as? [[String: Any]])?.first)
+        XCTAssertEqual(first["payload"] as? [String: String], ["text": "one"])
+        XCTAssertEqual(first["type"] as? String, "note")
+        let tasks = try json(try admin(server, "GET", "/admin/v1/users/\(user)/events?type=task", cookie: token))
+        XCTAssertEqual((tasks["events"] as? [[String: Any]])?.map { $0["seq"] as? Int }, [5, 2])
+        let future = try json(
+            try admin(server, "GET", "/admin/v1/users/\(user)/events?from=2999-01-01T00:00:00Z", cookie: token))
+        XCTAssertEqual((future["events"] as? [[String: Any]])?.count, 0)
+        let past = try json(
+            try admin(
+                server, "GET", "/admin/v1/users/\(user)/events?from=2000-01-01T00:00:00Z&to=2999-01-01T00:00:00Z",
+                cookie: token))
+        XCTAssertEqual((past["events"] as? [[String: Any]])?.count, 5)
+        for query in [
+            "limit=0", "limit=201", "before=0", "before=x", "from=yesterday", "to=2026-13-01T00:00:00Z",
+            "from=2026-01-02T00:00:00Z&to=2026-01-01T00:00:00Z", "type=" + String(repeating: "t", count: 129),
+        ] {
+            assertJSONError(
+                try admin(server, "GET", "/admin/v1/users/\(user)/events?\(query)", cookie: token), status: 400,
+                code: "validation_failed")
+        }
+        for path in [
+            "/admin/v1/users/not-a-uuid", "/admin/v1/users/not-a-uuid/events", "/admin/v1/users/not-a-uuid/sessions",
+        ] {
+            assertJSONError(try admin(server, "GET", path, cookie: token), status: 400, code: "validation_failed")
+        }
+        let nobody = UUID().uuidString.lowercased()
+        for path in ["", "/events", "/sessions", "/export"] {
+            assertJSONError(
+                try admin(server, "GET", "/admin/v1/users/\(nobody)\(path)", cookie: token), status: 404,
+                code: "user_not_found")
+        }
+
+        // Sessions: revoking one refuses its token at once, and only its token.
+        let sessions = try XCTUnwrap(
+            try json(try admin(server, "GET", "/admin/v1/users/\(user)/sessions", cookie: token))["sessions"]
+                as? [[String: Any]])
+        XCTAssertEqual(sessions.count, 2)
+        let claims = try XCTUnwrap(
+            try JSONSerialization.jsonObject(
+                with: XCTUnwrap(Data(base64URLEncoded: String(appToken.split(separator: ".")[1])))) as? [String: Any])
+        let sessionID = try XCTUnwrap(claims["session_id"] as? String)
+        XCTAssertTrue(sessions.contains { $0["id"] as? String == sessionID && $0["active"] as? Bool == true })
+        assertJSONError(
+            try admin(server, "DELETE", "/admin/v1/users/\(user)/sessions/not-a-uuid", cookie: token), status: 400,
+            code: "validation_failed")
+        assertJSONError(
+            try admin(server, "DELETE", "/admin/v1/users/\(user)/sessions/\(nobody)", cookie: token), status: 404,
+            code: "session_not_found")
+        XCTAssertEqual(
+            try admin(server, "DELETE", "/admin/v1/users/\(user)/sessions/\(sessionID)", cookie: token).status, 204)
+        XCTAssertEqual(try send(server, "GET", "/sync/v1/events?after=0", token: appToken).status, 401)
+        XCTAssertEqual(try send(server, "GET", "/sync/v1/events?after=0", token: otherToken).status, 200)
+        assertJSONError(
+            try admin(server, "DELETE", "/admin/v1/users/\(user)/sessions/\(sessionID)", cookie: token), status: 404,
+            code: "session_not_found")
+        let revokedLine = try XCTUnwrap(server.stderr.waitForLine(containing: "console: session revoked", timeout: 5))
+        XCTAssertTrue(
+            revokedLine.contains("admin=ops@example.com") && revokedLine.contains("user_id=\(user)"), revokedLine)
+
+        // Export: the account's events as JSON lines.
+        let export = try admin(server, "GET", "/admin/v1/users/\(user)/export", cookie: token)
+        XCTAssertEqual(export.status, 200)
+        XCTAssertEqual(export.header("content-type"), "application/x-ndjson; charset=utf-8")
+        XCTAssertTrue(export.header("content-disposition")?.hasPrefix("attachment;") ?? false)
+        let lines = export.bodyText.split(separator: "\n")
+        XCTAssertEqual(lines.count, 5)
+        XCTAssertEqual(
+            try lines.map { try JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }.map {
+                $0?["seq"] as? Int
+            },
+            [1, 2, 3, 4, 5])
+        XCTAssertNotNil(server.stderr.waitForLine(containing: "console: user exported", timeout: 5))
+
+        // Deletion: only with the address typed again; then gone, with every session.
+        for body in ["{}", #"{"confirm_email":"someone@example.com"}"#, #"{"confirm_email":"nope"}"#] {
+            assertJSONError(
+                try admin(server, "DELETE", "/admin/v1/users/\(user)", body: body, cookie: token), status: 400,
+                code: "confirmation_mismatch")
+        }
+        assertJSONError(
+            try admin(server, "DELETE", "/admin/v1/users/\(user)", body: "[", cookie: token), status: 400,
+            code: "bad_json")
+        XCTAssertEqual(
+            try send(server, "GET", "/sync/v1/events?after=0", token: otherToken).status, 200, "nothing deleted")
+        let deleted = try json(
+            try admin(
+                server, "DELETE", "/admin/v1/users/\(user)", body: #"{"confirm_email":"Member@Example.com"}"#,
+                cookie: token))
+        XCTAssertEqual(deleted["deleted"] as? Bool, true)
+        XCTAssertEqual(deleted["events"] as? Int, 5)
+        XCTAssertEqual(deleted["sessions_revoked"] as? Int, 1)
+        XCTAssertEqual(try send(server, "GET", "/sync/v1/events?after=0", token: otherToken).status, 401)
+        assertJSONError(
+            try admin(server, "GET", "/admin/v1/users/\(user)", cookie: token), status: 404, code: "user_not_found")
+        let deletedLine = try XCTUnwrap(server.stderr.waitForLine(containing: "console: user deleted", timeout: 5))
+        XCTAssertTrue(
+            deletedLine.contains("admin=ops@example.com") && deletedLine.contains("user_id=\(user)"), deletedLine)
+        XCTAssertEqual(try json(try admin(server, "GET", "/admin/v1/users", cookie: token))["total"] as? Int, 0)
+    }
+}
+
+extension Data {
+    /// Base64url without padding, as in a JWT.
+    init?(base64URLEncoded text: String) {
+        var base64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        while base64.count % 4 != 0 { base64 += "=" }
+        self.init(base64Encoded: base64)
+    }
+}

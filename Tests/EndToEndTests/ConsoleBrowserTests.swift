@@ -1,0 +1,58 @@
+import Foundation
+import TestSupport
+import XCTest
+
+/// The operator console in headless Chromium (Debian's `chromium` and `chromium-driver`,
+/// Selenium from the test venv; scripts/test.sh installs them): Tests/Console/console_browser.py
+/// drives it against the real binary and a real SMTP sink. Screenshots of each page are
+/// written to .build/console-screenshots/ for a person to look at.
+final class ConsoleBrowserTests: EndToEndTestCase {
+    func testTheConsoleInARealBrowser() throws {
+        guard let python = ProcessInfo.processInfo.environment["TRUNK_SYNC_TEST_PYTHON"], !python.isEmpty else {
+            throw TestEnvironmentError("TRUNK_SYNC_TEST_PYTHON is not set: run the tests with `make test`")
+        }
+        for tool in ["/usr/bin/chromium", "/usr/bin/chromedriver"]
+        where !FileManager.default.isExecutableFile(atPath: tool) {
+            throw TestEnvironmentError(
+                "\(tool) is missing: run the tests with `make test` (it installs chromium-driver)")
+        }
+        let sink = try SMTPSink()
+        defer { sink.stop() }
+        let server = try startServer([
+            "TRUNK_SYNC_MAILER": "smtp", "TRUNK_SYNC_SMTP_URL": "smtp://127.0.0.1:\(sink.port)?tls=none",
+            "TRUNK_SYNC_ADMIN_EMAILS": "ops@example.com",
+            // The script signs the same app user in twice in a row.
+            "TRUNK_SYNC_OTP_RESEND_INTERVAL": "1",
+        ])
+        let screenshots = repositoryRoot() + "/.build/console-screenshots"
+        let result = try Command.run(
+            python,
+            [
+                repositoryRoot() + "/Tests/Console/console_browser.py", "http://127.0.0.1:\(server.adminPort)",
+                "http://127.0.0.1:\(server.port)", sink.directory.path, screenshots, "ops@example.com",
+            ])
+        XCTAssertEqual(result.status, 0, result.stdout + result.stderr)
+        for step in [
+            "app user created through the API with two sessions and 12 events",
+            "sign-in page: email and one-time-code forms", "a non-operator cannot sign in",
+            "operator signed in with the mailed code", "overview with live figures",
+            "found the user and opened their events", "events filtered by type",
+            "revoked a session and its token is refused", "exported the user's events", "deleted the user",
+            "signed out",
+            "no console errors",
+        ] {
+            XCTAssertTrue(
+                result.stdout.contains("ok \(step)\n"), "missing step \(step): \(result.stdout)\(result.stderr)")
+        }
+        for page in ["01-sign-in", "02-overview", "03-users", "04-user", "05-deleted"] {
+            XCTAssertTrue(FileManager.default.fileExists(atPath: "\(screenshots)/\(page).png"), page)
+        }
+        // Every action on the user is in the log with the operator's address and the user's id.
+        for action in [
+            "console: user viewed", "console: session revoked", "console: user exported", "console: user deleted",
+        ] {
+            let line = try XCTUnwrap(server.stderr.waitForLine(containing: action, timeout: 5), action)
+            XCTAssertTrue(line.contains("admin=ops@example.com") && line.contains("user_id="), line)
+        }
+    }
+}

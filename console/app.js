@@ -1,0 +1,97 @@
+// The console: which view the address (#/…) names, and whether someone is signed in.
+import { api, whenSignedOut } from './api.js';
+import { h, replace } from './dom.js';
+import { renderOverview } from './overview.js';
+import { renderSignIn } from './signin.js';
+import { renderUser } from './user.js';
+import { renderUsers } from './users.js';
+
+const main = document.getElementById('main');
+const nav = document.getElementById('nav');
+const who = document.getElementById('who');
+const signOutButton = document.getElementById('sign-out');
+
+let session = null;
+let enabled = false;
+/** Bumped on every navigation: views that outlive theirs (the overview's refresh) stop. */
+let generation = 0;
+/** A message for the next view (after a deletion). */
+let pendingMessage = null;
+
+function showSignedIn(current) {
+  session = current;
+  nav.hidden = !current;
+  signOutButton.hidden = !current;
+  who.textContent = current ? current.email : '';
+}
+
+function go(hash, message) {
+  pendingMessage = message || null;
+  if (window.location.hash === hash) route();
+  else window.location.hash = hash;
+}
+
+async function route() {
+  const mine = ++generation;
+  const isCurrent = () => mine === generation;
+  if (!session) {
+    renderSignIn(main, {
+      enabled,
+      signedIn: (current) => {
+        showSignedIn(current);
+        route();
+      },
+    });
+    return;
+  }
+  const hash = window.location.hash || '#/';
+  const [path, query] = hash.slice(1).split('?');
+  const params = new URLSearchParams(query || '');
+  const message = pendingMessage;
+  pendingMessage = null;
+  const parts = path.split('/').filter((part) => part !== '');
+  for (const link of nav.querySelectorAll('a')) {
+    link.classList.toggle('current', link.dataset.view === (parts[0] === 'users' ? 'users' : 'overview'));
+  }
+  if (parts.length === 0) {
+    await renderOverview(main, isCurrent);
+  } else if (parts[0] === 'users' && parts.length === 1) {
+    await renderUsers(main, params, go, message);
+  } else if (parts[0] === 'users' && parts.length === 2) {
+    await renderUser(main, decodeURIComponent(parts[1]), go);
+  } else {
+    replace(main, h('section', { class: 'panel' }, h('h1', {}, 'Not found'),
+      h('p', {}, h('a', { href: '#/' }, 'Overview'))));
+  }
+}
+
+whenSignedOut(() => {
+  if (!session) return;
+  showSignedIn(null);
+  route();
+});
+
+signOutButton.addEventListener('click', async () => {
+  try {
+    await api('POST', '/auth/logout');
+  } finally {
+    showSignedIn(null);
+    route();
+  }
+});
+
+window.addEventListener('hashchange', route);
+
+async function start() {
+  try {
+    const state = await api('GET', '/session');
+    enabled = state.sign_in_enabled;
+    showSignedIn(state.signed_in ? { email: state.email, expires_at: state.expires_at } : null);
+  } catch (error) {
+    replace(main, h('p', { class: 'notice error', role: 'alert' }, error.message));
+    return;
+  }
+  route();
+}
+
+start();
