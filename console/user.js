@@ -50,13 +50,14 @@ function actions(user, status, go) {
     try {
       const response = await api('GET', `/users/${user.id}/export`, { raw: true });
       const blob = await response.blob();
-      const lines = (await blob.text()).split('\n').filter((line) => line !== '').length;
+      // The first line is the account, every other one an event.
+      const events = Math.max(0, (await blob.text()).split('\n').filter((line) => line !== '').length - 1);
       const link = h('a', { href: URL.createObjectURL(blob), download: `trunk-sync-${user.id}.jsonl` });
       document.body.append(link);
       link.click();
       link.remove();
       setTimeout(() => URL.revokeObjectURL(link.href), 60000);
-      replace(status, notice('ok', `Exported ${count(lines)} event(s) as JSON lines.`));
+      replace(status, notice('ok', `Exported the account and ${count(events)} event(s) as JSON lines.`));
     } catch (error) {
       replace(status, notice('error', error.message));
     } finally {

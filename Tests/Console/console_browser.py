@@ -267,14 +267,15 @@ try:
 
     # Export.
     clickable("#export").click()
-    text_in("#user-status", "Exported 12 event(s)")
+    text_in("#user-status", "Exported the account and 12 event(s)")
     download = os.path.join(SHOTS, f"trunk-sync-{user_id}.jsonl")
     deadline = time.monotonic() + 10
     while not os.path.exists(download) and time.monotonic() < deadline:
         time.sleep(0.05)
     with open(download, encoding="utf-8") as file:
         exported = [json.loads(line) for line in file if line.strip()]
-    assert [event["seq"] for event in exported] == list(range(1, 13)), exported
+    assert exported[0]["kind"] == "account", exported[0]
+    assert [event["seq"] for event in exported[1:]] == list(range(1, 13)), exported
     os.remove(download)
     console_errors()
     step("exported the user's events")

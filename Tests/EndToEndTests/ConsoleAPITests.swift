@@ -304,7 +304,10 @@ final class ConsoleAPITests: EndToEndTestCase {
         XCTAssertEqual(overview["events_last_24h"] as? Int, 3)
         XCTAssertGreaterThanOrEqual(overview["requests_total"] as? Int ?? 0, 1, "the push, at least")
         XCTAssertEqual(overview["server_errors_total"] as? Int, 0)
-        XCTAssertEqual(overview["schema_version"] as? String, "0008_console")
+        // The newest migration file shipped.
+        let newest = try FileManager.default.contentsOfDirectory(atPath: repositoryRoot() + "/migrations")
+            .filter { $0.hasSuffix(".sql") }.max().map { String($0.dropLast(4)) }
+        XCTAssertEqual(overview["schema_version"] as? String, newest)
         XCTAssertEqual(overview["pending_migrations"] as? Int, 0)
         XCTAssertEqual(overview["long_polls_waiting"] as? Int, 0)
         XCTAssertFalse((overview["version"] as? String ?? "").isEmpty)
@@ -442,13 +445,16 @@ final class ConsoleAPITests: EndToEndTestCase {
         XCTAssertTrue(
             revokedLine.contains("admin=ops@example.com") && revokedLine.contains("user_id=\(user)"), revokedLine)
 
-        // Export: the account's events as JSON lines.
+        // Export: the account, then its events, as JSON lines (the format of /sync/v1/export).
         let export = try admin(server, "GET", "/admin/v1/users/\(user)/export", cookie: token)
         XCTAssertEqual(export.status, 200)
         XCTAssertEqual(export.header("content-type"), "application/x-ndjson; charset=utf-8")
         XCTAssertTrue(export.header("content-disposition")?.hasPrefix("attachment;") ?? false)
-        let lines = export.bodyText.split(separator: "\n")
-        XCTAssertEqual(lines.count, 5)
+        var lines = export.bodyText.split(separator: "\n")
+        XCTAssertEqual(lines.count, 6)
+        let account = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(lines.removeFirst().utf8)) as? [String: Any])
+        XCTAssertEqual(account["kind"] as? String, "account")
+        XCTAssertEqual(account["id"] as? String, user.lowercased())
         XCTAssertEqual(
             try lines.map { try JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }.map {
                 $0?["seq"] as? Int
