@@ -19,3 +19,10 @@ function request()
   if fixed_request then return fixed_request end
   return wrk.format("GET", "/sync/v1/events?after=" .. math.random(0, max_after) .. "&limit=" .. limit)
 end
+
+-- BENCH_DELAY_MS: pause before each request of a connection (the latency measurement runs
+-- at a fixed rate, half the maximum: run.sh computes it).
+local pause = tonumber(os.getenv("BENCH_DELAY_MS") or "0")
+if pause > 0 then
+  function delay() return pause end
+end

@@ -51,3 +51,10 @@ function request()
   return wrk.format("POST", "/sync/v1/events",
     { ["Authorization"] = "Bearer " .. token, ["Content-Type"] = "application/json" }, body)
 end
+
+-- BENCH_DELAY_MS: pause before each request of a connection (the latency measurement runs
+-- at a fixed rate, half the maximum: run.sh computes it).
+local pause = tonumber(os.getenv("BENCH_DELAY_MS") or "0")
+if pause > 0 then
+  function delay() return pause end
+end

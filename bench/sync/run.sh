@@ -4,7 +4,7 @@
 #
 #   bench/sync/run.sh            full run (about 4 minutes)
 #   BENCH_DURATION=5 bench/sync/run.sh    shorter measurements
-#   BENCH_ONLY=pull,empty ...    only these measurements (push, pull, empty)
+#   BENCH_ONLY=pull,empty ...    only these measurements (push, pull, empty, latency)
 #   BENCH_KEEP=1 ...             leave the cluster and server running afterwards (prints how to stop)
 #
 # Needs wrk and the PostgreSQL 15 server + client binaries (pgbench). Loopback only.
@@ -120,7 +120,7 @@ run_pgbench() {
   done
   echo "$best"
 }
-wanted() { [[ ",${BENCH_ONLY:-push,pull,empty}," == *",$1,"* ]]; }
+wanted() { [[ ",${BENCH_ONLY:-push,pull,empty,latency}," == *",$1,"* ]]; }
 ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
 checkpoint() { psql "$url" -c checkpoint; }
 declare -A figure reference same
@@ -201,6 +201,24 @@ if wanted empty; then
   same[empty]=$(python3 -c "print(round($tps))")
 fi
 
+# 4. Latency at half the maximum rate: each connection pauses between requests (wrk's
+# `delay`) so that all of them together send half the requests/s measured above; p50/p99
+# from wrk. Goal: p99 <= 20 ms for push and empty pull.
+declare -A p99
+if wanted latency && [ -n "${figure[push]:-}" ] && [ -n "${figure[empty]:-}" ]; then
+  half_delay() { python3 -c "print(max(1, round($connections * 1000 / ($1 / 2))))"; }
+  delay=$(half_delay "$(python3 -c "print(${figure[push]} / 100)")")
+  echo "== push at half its rate: $connections connections, one request each per $delay ms"
+  BENCH_TOKENS=$work/tokens BENCH_CONNECTIONS=$connections BENCH_EVENTS=100 BENCH_DELAY_MS=$delay \
+    run_wrk "$work/push-half.txt" -t"$connections" -c"$connections" -d"${duration}s" -s "$here/push.lua" "$base" >/dev/null
+  p99[push]=$(awk '$1 == "99%" { print $2 }' "$work/push-half.txt")
+  delay=$(half_delay "${figure[empty]}")
+  echo "== empty pull at half its rate: $connections connections, one request each per $delay ms"
+  BENCH_TOKEN=$pull_token BENCH_LIMIT=$page BENCH_AFTER=$log_events BENCH_DELAY_MS=$delay \
+    run_wrk "$work/empty-half.txt" -t2 -c"$connections" -d"${duration}s" -s "$here/pull.lua" "$base" >/dev/null
+  p99[empty]=$(awk '$1 == "99%" { print $2 }' "$work/empty-half.txt")
+fi
+
 echo
 echo "bench/sync $(date -u +%Y-%m-%d) — ${duration}s per measurement, $(nproc) cores, commit $(git rev-parse --short HEAD)"
 # The ratio and goal compare with the ceiling; "same tx" is pgbench running the server's own
@@ -215,4 +233,7 @@ row() {
 wanted push && row push ev/s rows/s 0.70 push
 wanted pull && row pull ev/s rows/s 0.50 pull
 wanted empty && row empty req/s q/s 0.70 empty-pull
+if [ -n "${p99[push]:-}" ]; then
+  echo "p99 at half the maximum rate (goal 20ms): push ${p99[push]}, empty pull ${p99[empty]} (pool $pool)"
+fi
 echo "latencies and raw outputs: rerun with BENCH_KEEP=1 and see $work"
