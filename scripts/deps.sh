@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs the Debian packages trunk-sync needs to build, run and test, skipping those present.
+# Installs the Debian packages trunk-sync needs to build, run and test, and any named as
+# arguments, skipping those present.
 set -euo pipefail
 
-packages=(libpq-dev libssl-dev pkg-config postgresql python3-aiosmtpd python3-jwt python3-venv curl openssl)
+packages=(libpq-dev libssl-dev pkg-config postgresql python3-aiosmtpd python3-jwt python3-venv curl openssl "$@")
 missing=()
 for package in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then

@@ -142,8 +142,8 @@ public struct EventStore: Sendable {
         return .stored(results)
     }
 
-    /// One page of a user's events after `cursor`, already encoded as the JSON array
-    /// elements of the pull response.
+    /// One page of a user's events after `cursor`, already encoded as the pull response's
+    /// `events` array (or as Server-Sent Events, for the stream).
     public struct Page: Sendable {
         public var eventsJSON: [UInt8]
         public var count: Int
@@ -156,16 +156,20 @@ public struct EventStore: Sendable {
     /// them in order.
     /// One round trip: `begin`, the scope, the select and `commit` are pipelined.
     public func pull(for user: UUID, after: Int64, limit: Int) async throws -> Page {
+        try await pull(for: user, after: after, limit: limit, framing: .jsonArray)
+    }
+
+    func pull(for user: UUID, after: Int64, limit: Int, framing: EventPageEncoder.Framing) async throws -> Page {
         try await pool.withConnection { connection in
             try connection.pipelinedTransaction { connection in
-                try Self.pull(for: user, after: after, limit: limit, on: connection)
+                try Self.pull(for: user, after: after, limit: limit, framing: framing, on: connection)
             }
         }
     }
 
-    private static func pull(for user: UUID, after: Int64, limit: Int, on connection: PostgresConnection) throws
-        -> Page
-    {
+    private static func pull(
+        for user: UUID, after: Int64, limit: Int, framing: EventPageEncoder.Framing, on connection: PostgresConnection
+    ) throws -> Page {
         let rows = try connection.pipeline([
             .begin,
             scope(to: user),
@@ -178,7 +182,7 @@ public struct EventStore: Sendable {
             .commit,
         ])[2]
         let count = min(rows.count, limit)
-        let (json, lastSeq) = try EventPageEncoder.encode(rows, count: count)
+        let (json, lastSeq) = try EventPageEncoder.encode(rows, count: count, framing: framing)
         return Page(eventsJSON: json, count: count, lastSeq: lastSeq, hasMore: rows.count > limit)
     }
 }

@@ -74,19 +74,30 @@ public struct SyncRoutes: Sendable {
         var wait = 0
     }
 
+    /// The query's parameters, each at most once (else `400 invalid_parameter`).
+    static func uniqueQueryItems(_ request: HTTPRequest) throws(APIError) -> [(name: String, value: String)] {
+        let items = request.queryItems
+        var seen = Set<String>()
+        for (name, _) in items where !seen.insert(name).inserted {
+            throw APIError.badRequest("invalid_parameter", "\(name) is given more than once.")
+        }
+        return items
+    }
+
+    /// A cursor (`after`): a non-negative integer.
+    static func cursor(_ value: String) throws(APIError) -> Int64 {
+        guard let number = Int64(value), number >= 0 else {
+            throw APIError.badRequest("invalid_parameter", "after must be a non-negative integer.")
+        }
+        return number
+    }
+
     static func parameters(_ request: HTTPRequest) throws -> PullParameters {
         var parameters = PullParameters()
-        var seen = Set<String>()
-        for (name, value) in request.queryItems {
-            guard seen.insert(name).inserted else {
-                throw APIError.badRequest("invalid_parameter", "\(name) is given more than once.")
-            }
+        for (name, value) in try uniqueQueryItems(request) {
             switch name {
             case "after":
-                guard let number = Int64(value), number >= 0 else {
-                    throw APIError.badRequest("invalid_parameter", "after must be a non-negative integer.")
-                }
-                parameters.after = number
+                parameters.after = try cursor(value)
             case "limit":
                 guard let number = Int(value), (1...1000).contains(number) else {
                     throw APIError.badRequest("invalid_parameter", "limit must be an integer from 1 to 1000.")
