@@ -8,14 +8,14 @@ import Synchronization
 /// one ticker that sends every stream's heartbeat and ends streams whose access token
 /// expired.
 ///
-/// An open stream is a producer task suspended on its `EventSubscription` (no thread, no
-/// database connection), its connection's `HTTPBodyWriter`, and an entry here. When its
-/// user's events change (a `NOTIFY` from any instance) it wakes, reads what is new in pages
-/// with the pull query, and writes one Server-Sent Events message per event.
-///
-/// Streams of one user that wait at the same cursor share one query per commit
-/// (`SharedPulls`): ten thousand tabs of one account cost the database one select, and the
-/// page's bytes are shared by every writer until the loop copies them into its sockets.
+/// A stream's producer writes its backlog itself, then parks in its user's `LiveHub`: an
+/// open, idle stream is a suspended continuation (no thread, no database connection), its
+/// connection's `HTTPBodyWriter`, and an entry here. When the user's events change (a
+/// `NOTIFY` from any instance) the hub — one task per user with streams — reads what is new
+/// once per cursor its streams wait at, and writes the page into each of their writers: ten
+/// thousand tabs of one account cost one select and no task wake-up each, and the page's
+/// bytes are shared by every writer until the loop copies them into its sockets. A parked
+/// stream is handed back to its producer only to end.
 public final class EventStreams: Sendable {
     /// Limits and timing (`TRUNK_SYNC_STREAM_*`).
     public struct Settings: Sendable {
@@ -47,28 +47,28 @@ public final class EventStreams: Sendable {
         case databaseError = "database_error"
     }
 
-    /// An open stream as the ticker sees it.
+    /// An open stream as the ticker and its hub see it.
     final class Entry: Sendable {
         let id: UInt64
-        let user: UUID
+        let session: UUID
         let expiresAt: Int64
         let writer: HTTPBodyWriter
-        let subscription: EventSubscription
+        let hub: LiveHub
         /// Set by the ticker (expiry, a heartbeat that did not fit); the producer ends on it.
         let ended = Mutex<End?>(nil)
 
-        init(id: UInt64, user: UUID, expiresAt: Int64, writer: HTTPBodyWriter, subscription: EventSubscription) {
+        init(id: UInt64, session: UUID, expiresAt: Int64, writer: HTTPBodyWriter, hub: LiveHub) {
             self.id = id
-            self.user = user
+            self.session = session
             self.expiresAt = expiresAt
             self.writer = writer
-            self.subscription = subscription
+            self.hub = hub
         }
 
-        /// Ends the stream at the producer's next look.
+        /// Ends the stream: at once if it is parked, else at its producer's next look.
         func end(_ reason: End) {
             ended.withLock { if $0 == nil { $0 = reason } }
-            subscription.wake()
+            hub.unpark(id, reason)
         }
     }
 
@@ -76,6 +76,8 @@ public final class EventStreams: Sendable {
         var perUser: [UUID: Int] = [:]
         var total = 0
         var open: [UInt64: Entry] = [:]
+        /// Each user's hub, while the user has streams (counted by `perUser`).
+        var hubs: [UUID: LiveHub] = [:]
         var nextID: UInt64 = 0
         var ticker: Task<Void, Never>? = nil
         var closed = false
@@ -126,27 +128,42 @@ public final class EventStreams: Sendable {
     // MARK: - Slots
 
     /// Takes a slot for a stream of `user`, or throws `429` (per user, then per server).
-    func reserve(for user: UUID) throws(APIError) {
-        let refusal = state.withLock { state -> APIError? in
-            if state.closed { return Self.shuttingDown }
-            if state.total >= settings.maxTotal { return Self.tooManyOnServer }
+    /// Returns the user's hub (started with the user's first stream).
+    @discardableResult
+    func reserve(for user: UUID) throws(APIError) -> LiveHub {
+        let (hub, refusal) = state.withLock { state -> (LiveHub?, APIError?) in
+            if state.closed { return (nil, Self.shuttingDown) }
+            if state.total >= settings.maxTotal { return (nil, Self.tooManyOnServer) }
             let mine = state.perUser[user, default: 0]
-            if mine >= settings.maxPerUser { return Self.tooManyForUser(settings.maxPerUser) }
+            if mine >= settings.maxPerUser { return (nil, Self.tooManyForUser(settings.maxPerUser)) }
             state.perUser[user] = mine + 1
             state.total += 1
-            return nil
+            if let hub = state.hubs[user] { return (hub, nil) }
+            let hub = LiveHub(user: user, streams: self)
+            state.hubs[user] = hub
+            return (hub, nil)
         }
         if let refusal { throw refusal }
+        guard let hub else { throw APIError.internalError }
+        hub.start()
+        return hub
     }
 
-    /// Gives back a slot taken by `reserve` (and forgets the stream's entry, if any).
+    /// Gives back a slot taken by `reserve` (and forgets the stream's entry, if any); the
+    /// user's last stream stops the hub.
     func release(for user: UUID, entry: Entry?) {
-        state.withLock { state in
+        let idle = state.withLock { state -> LiveHub? in
             if let entry { state.open.removeValue(forKey: entry.id) }
             state.total -= 1
             let mine = state.perUser[user, default: 1] - 1
-            if mine <= 0 { state.perUser.removeValue(forKey: user) } else { state.perUser[user] = mine }
+            if mine > 0 {
+                state.perUser[user] = mine
+                return nil
+            }
+            state.perUser.removeValue(forKey: user)
+            return state.hubs.removeValue(forKey: user)
         }
+        idle?.stop()
     }
 
     static func tooManyForUser(_ limit: Int) -> APIError {
@@ -166,12 +183,11 @@ public final class EventStreams: Sendable {
     // MARK: - Registry and ticker
 
     /// Registers an open stream for the ticker (heartbeats, token expiry).
-    func register(user: UUID, expiresAt: Int64, writer: HTTPBodyWriter, subscription: EventSubscription) -> Entry {
+    func register(session: UUID, expiresAt: Int64, writer: HTTPBodyWriter, hub: LiveHub) -> Entry {
         opened.increment()
         return state.withLock { state in
             state.nextID += 1
-            let entry = Entry(
-                id: state.nextID, user: user, expiresAt: expiresAt, writer: writer, subscription: subscription)
+            let entry = Entry(id: state.nextID, session: session, expiresAt: expiresAt, writer: writer, hub: hub)
             state.open[entry.id] = entry
             if state.ticker == nil, !state.closed {
                 state.ticker = Task { [weak self] in await self?.tick() }
@@ -181,6 +197,8 @@ public final class EventStreams: Sendable {
     }
 
     func recordEnd(_ reason: End) { endedCounts[reason]?.increment() }
+
+    func recordStreamed(_ count: Int) { streamed.increment(by: count) }
 
     /// Once a second: ends the streams whose token expired; every `heartbeat` seconds, a
     /// comment on every stream (one that has no room for it is too far behind: it ends).
@@ -212,87 +230,59 @@ public final class EventStreams: Sendable {
         var user: UUID
         var session: UUID
         var expiresAt: Int64
-        var subscription: EventSubscription
-        var firstPage: EventStore.Page
+        var hub: LiveHub
+        var firstPage: SharedPulls.Result
         var cursor: Int64
     }
 
-    /// The producer of one stream: `retry:`, the backlog, then each commit's events, until
-    /// the token expires, the session is revoked, the client falls behind or goes away, or
-    /// the server shuts down. Always ends the body cleanly (the client resumes with
-    /// `Last-Event-ID`) and gives its slot back.
+    /// The producer of one stream: `retry:`, the backlog at the client's pace, then parked in
+    /// its hub, which writes each commit's events, until the token expires, the session is
+    /// revoked, the client falls behind or goes away, or the server shuts down. Always ends
+    /// the body cleanly (the client resumes with `Last-Event-ID`) and gives its slot back.
     func run(_ start: Start, writer: HTTPBodyWriter) async {
-        let entry = register(
-            user: start.user, expiresAt: start.expiresAt, writer: writer, subscription: start.subscription)
+        let entry = register(session: start.session, expiresAt: start.expiresAt, writer: writer, hub: start.hub)
         var end = End.clientGone
         defer {
-            start.subscription.cancel()
             release(for: start.user, entry: entry)
             recordEnd(end)
             writer.finish()
             logger.debug("event stream ended", metadata: ["reason": "\(end.rawValue)", "user_id": "\(start.user)"])
         }
         _ = writer.writeIfRoom(Array("retry: \(settings.retryMilliseconds)\n\n".utf8))
-        var page = start.firstPage
+        var result = start.firstPage
         var cursor = start.cursor
-        var live = false
-        var generation: UInt64 = 0
         while true {
-            if page.count > 0 {
-                if live {
-                    // Live events go to every stream at once: one that has no room for them
-                    // is too far behind to buffer for; it ends and resumes from its last id.
-                    switch writer.writeIfRoom(page.eventsJSON) {
-                    case .written: break
-                    case .full:
-                        end = .slowReader
-                        return
-                    case .closed:
-                        end = Task.isCancelled ? .shutdown : .clientGone
-                        return
-                    }
-                } else {
-                    // The backlog goes at the client's pace, a page at a time.
-                    do {
-                        try await writer.write(page.eventsJSON)
-                    } catch {
-                        end = Task.isCancelled ? .shutdown : .clientGone
-                        return
-                    }
+            if result.page.count > 0 {
+                do {
+                    try await writer.write(result.page.eventsJSON)
+                } catch {
+                    end = Task.isCancelled && !writer.isClosed ? .shutdown : .clientGone
+                    return
                 }
-                cursor = page.lastSeq ?? cursor
-                streamed.increment(by: page.count)
-            }
-            if !page.hasMore {
-                live = true
-                generation = await start.subscription.next()
-            }
-            if Task.isCancelled {
-                end = .shutdown
-                return
+                cursor = result.page.lastSeq ?? cursor
+                recordStreamed(result.page.count)
             }
             if let reason = entry.ended.withLock({ $0 }) {
                 end = reason
                 return
             }
-            if revocations?.isRevoked(start.session) == true {
-                end = .revoked
-                return
-            }
-            if writer.isClosed { return }
+            if !result.page.hasMore { break }
             do {
-                page = try await pulls.page(
-                    for: start.user, after: cursor, limit: settings.pageSize, notBefore: live ? generation : 0)
+                result = try await pulls.page(for: start.user, after: cursor, limit: settings.pageSize, notBefore: 0)
             } catch {
-                if Task.isCancelled {
-                    end = .shutdown
-                } else {
-                    end = .databaseError
-                    logger.warning("event stream ended by a database error", metadata: ["error": "\(error)"])
-                }
+                end = endAfterFailure(error)
                 return
             }
         }
+        // Live: the hub writes from now on; the stream is handed back only to end.
+        end = await start.hub.park(entry, at: cursor, readAt: result.generation)
+    }
+
+    /// Why a stream ends after a failed read.
+    func endAfterFailure(_ error: any Error) -> End {
+        if Task.isCancelled { return .shutdown }
+        logger.warning("event stream ended by a database error", metadata: ["error": "\(error)"])
+        return .databaseError
     }
 
     /// No new streams from now on; stops the ticker (open streams end with the HTTP
@@ -332,14 +322,19 @@ final class SharedPulls: Sendable {
         self.notifier = notifier
     }
 
+    /// A page and the notifier's generation when its read started: it holds every commit
+    /// whose wake-up had that generation or an earlier one.
+    struct Result: Sendable {
+        var page: EventStore.Page
+        var generation: UInt64
+    }
+
     /// `user`'s events after `after` as Server-Sent Events, read no earlier than the
     /// notifier's wake-up `generation`.
-    func page(for user: UUID, after: Int64, limit: Int, notBefore generation: UInt64) async throws
-        -> EventStore.Page
-    {
+    func page(for user: UUID, after: Int64, limit: Int, notBefore generation: UInt64) async throws -> Result {
         let key = Key(user: user, after: after, limit: limit)
-        let task = inFlight.withLock { pulls -> Task<EventStore.Page, any Error> in
-            if let pull = pulls[key], pull.generation >= generation { return pull.task }
+        let (task, started) = inFlight.withLock { pulls -> (Task<EventStore.Page, any Error>, UInt64) in
+            if let pull = pulls[key], pull.generation >= generation { return (pull.task, pull.generation) }
             // The generation is read under the lock and before the query starts: a wake-up
             // counted after this may have been missed by it, and its streams start another.
             let started = notifier.generation
@@ -348,9 +343,9 @@ final class SharedPulls: Sendable {
                 return try await store.pull(for: user, after: after, limit: limit, framing: .serverSentEvents)
             }
             pulls[key] = Pull(generation: started, task: task)
-            return task
+            return (task, started)
         }
-        return try await task.value
+        return Result(page: try await task.value, generation: started)
     }
 
     private func finished(_ key: Key, _ generation: UInt64) {
@@ -361,4 +356,142 @@ final class SharedPulls: Sendable {
 
     /// Pulls in flight now (for tests).
     var inFlightCount: Int { inFlight.withLock { $0.count } }
+}
+
+/// One user's live streams on this instance: parked at their cursors, written to by one
+/// task when the user's events change (a commit on any instance, a revoked session, the
+/// listener reconnecting), and handed back to their producers only to end.
+final class LiveHub: Sendable {
+    private struct Parked {
+        var entry: EventStreams.Entry
+        var cursor: Int64
+        var continuation: CheckedContinuation<EventStreams.End, Never>
+    }
+
+    private struct State {
+        var parked: [UInt64: Parked] = [:]
+        var task: Task<Void, Never>? = nil
+        var stopped = false
+    }
+
+    let user: UUID
+    private let streams: EventStreams
+    private let subscription: EventSubscription
+    private let state = Mutex(State())
+
+    init(user: UUID, streams: EventStreams) {
+        self.user = user
+        self.streams = streams
+        subscription = streams.notifier.subscribe(to: user)
+    }
+
+    /// Starts the task that follows the user's wake-ups (once).
+    func start() {
+        state.withLock { state in
+            guard state.task == nil, !state.stopped else { return }
+            state.task = Task { [self] in
+                while !Task.isCancelled {
+                    await subscription.next()
+                    if Task.isCancelled { break }
+                    await fanOut()
+                }
+            }
+        }
+    }
+
+    /// The user's last stream ended: stops following (streams parked meanwhile end).
+    func stop() {
+        let (task, parked) = state.withLock { state in
+            state.stopped = true
+            defer {
+                state.task = nil
+                state.parked = [:]
+            }
+            return (state.task, Array(state.parked.values))
+        }
+        task?.cancel()
+        subscription.cancel()
+        for stream in parked { stream.continuation.resume(returning: .shutdown) }
+    }
+
+    /// Parks a stream whose backlog up to `cursor` is written, read at the notifier's
+    /// `generation`; returns why it ends. A wake-up counted after that read may have been
+    /// missed by it: then the hub looks at once.
+    func park(_ entry: EventStreams.Entry, at cursor: Int64, readAt generation: UInt64) async -> EventStreams.End {
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<EventStreams.End, Never>) in
+                let ended: EventStreams.End? = state.withLock { state in
+                    if state.stopped { return .shutdown }
+                    if Task.isCancelled { return entry.writer.isClosed ? .clientGone : .shutdown }
+                    if let reason = entry.ended.withLock({ $0 }) { return reason }
+                    state.parked[entry.id] = Parked(entry: entry, cursor: cursor, continuation: continuation)
+                    return nil
+                }
+                if let ended {
+                    continuation.resume(returning: ended)
+                } else if streams.notifier.generation > generation {
+                    subscription.wake()
+                }
+            }
+        } onCancel: {
+            // The connection closed (the writer says so) or the server is shutting down.
+            unpark(entry.id, entry.writer.isClosed ? .clientGone : .shutdown)
+        }
+    }
+
+    /// Hands a parked stream back to its producer to end (no effect if it is not parked).
+    func unpark(_ id: UInt64, _ reason: EventStreams.End) {
+        state.withLock { $0.parked.removeValue(forKey: id) }?.continuation.resume(returning: reason)
+    }
+
+    /// Writes what is new to every parked stream: one read per cursor they wait at (all at
+    /// the same one, usually), the page's bytes shared by every writer.
+    private func fanOut() async {
+        let generation = streams.notifier.generation
+        var seen = Set<Int64>()
+        while true {
+            let groups = state.withLock { state -> [Int64: [UInt64]] in
+                var groups: [Int64: [UInt64]] = [:]
+                for (id, parked) in state.parked where !seen.contains(parked.cursor) {
+                    groups[parked.cursor, default: []].append(id)
+                }
+                return groups
+            }
+            guard let (cursor, ids) = groups.first else { return }
+            seen.insert(cursor)
+            let result: SharedPulls.Result
+            do {
+                result = try await streams.pulls.page(
+                    for: user, after: cursor, limit: streams.settings.pageSize, notBefore: generation)
+            } catch {
+                let reason = streams.endAfterFailure(error)
+                for id in ids { unpark(id, reason) }
+                continue
+            }
+            let page = result.page
+            var written = 0
+            for id in ids {
+                guard let entry = state.withLock({ $0.parked[id]?.entry }) else { continue }
+                if let revocations = streams.revocations, revocations.isRevoked(entry.session) {
+                    unpark(id, .revoked)
+                    continue
+                }
+                guard page.count > 0, let lastSeq = page.lastSeq else { continue }
+                // Live events go to every stream at once: one that has no room for them is
+                // too far behind to buffer for; it ends and resumes from its last id.
+                switch entry.writer.writeIfRoom(page.eventsJSON) {
+                case .written:
+                    written += 1
+                    state.withLock { state in
+                        if state.parked[id] != nil { state.parked[id]?.cursor = lastSeq }
+                    }
+                case .full: unpark(id, .slowReader)
+                case .closed: unpark(id, entry.writer.isClosed ? .clientGone : .shutdown)
+                }
+            }
+            streams.recordStreamed(written * page.count)
+            // Read after the wake-up and complete: streams now at its end are up to date.
+            if !page.hasMore, let lastSeq = page.lastSeq { seen.insert(lastSeq) }
+        }
+    }
 }

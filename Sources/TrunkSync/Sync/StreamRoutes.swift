@@ -66,19 +66,16 @@ struct StreamRoutes: Sendable {
     func stream(_ request: HTTPRequest, claims: AccessClaims) async throws -> HTTPResponse {
         let after = try Self.startingPoint(request)
         guard Self.acceptsEventStream(request.headers) else { throw Self.notAcceptable }
-        try streams.reserve(for: claims.userID)
-        // Subscribed before the first page is read, so a commit in between wakes the stream.
-        let subscription = streams.notifier.subscribe(to: claims.userID)
+        let hub = try streams.reserve(for: claims.userID)
         let start: EventStreams.Start
         do {
-            let page = try await streams.pulls.page(
+            let first = try await streams.pulls.page(
                 for: claims.userID, after: after, limit: streams.settings.pageSize,
                 notBefore: streams.notifier.generation)
             start = EventStreams.Start(
-                user: claims.userID, session: claims.sessionID, expiresAt: claims.expiresAt,
-                subscription: subscription, firstPage: page, cursor: after)
+                user: claims.userID, session: claims.sessionID, expiresAt: claims.expiresAt, hub: hub,
+                firstPage: first, cursor: after)
         } catch {
-            subscription.cancel()
             streams.release(for: claims.userID, entry: nil)
             throw error
         }
