@@ -61,6 +61,9 @@ public final class EventNotifier: Sendable {
     /// whose wake-up had a generation up to `n`.
     public var generation: UInt64 { state.generation }
 
+    /// Whether `shutdown()` was called (waiters are woken at once from then on).
+    public var isShutDown: Bool { state.isClosed }
+
     /// Wakes every waiter now and every future waiter at once (graceful shutdown).
     public func shutdown() {
         state.shutdown()
@@ -207,6 +210,7 @@ final class NotifierState: @unchecked Sendable {
     private var wakeUps: UInt64 = 0
 
     var count: Int { lock.withLock { total } }
+    var isClosed: Bool { lock.withLock { closed } }
     var generation: UInt64 { lock.withLock { wakeUps } }
 
     func register<Ticket: Wakeable>(user: UUID, _ make: (UInt64, NotifierState) -> Ticket) -> Ticket {

@@ -120,21 +120,28 @@ public struct SyncRoutes: Sendable {
         let parameters = try Self.parameters(request)
         var page = try await store.pull(for: user, after: parameters.after, limit: parameters.limit)
         if page.count == 0, parameters.wait > 0 {
-            // Taken before the re-check, so a commit between the two is not missed. Released
-            // on every way out of here — the re-pull throwing (database busy or lost), the
-            // task cancelled (the client went away), the wait ending: a ticket left behind
-            // counts as waiting for ever (`trunk_sync_longpolls_waiting`) and keeps its
-            // memory. Releasing twice is harmless.
-            let ticket = notifier.ticket(for: user)
-            defer { ticket.cancel() }
-            page = try await store.pull(for: user, after: parameters.after, limit: parameters.limit)
-            if page.count == 0 {
-                await ticket.wait(timeout: .seconds(parameters.wait))
+            // Held until an event comes or `wait` runs out: a wake-up that brings nothing (the
+            // listener reconnecting, another session of the user signed out) waits again.
+            let deadline = ContinuousClock.now.advanced(by: .seconds(parameters.wait))
+            while page.count == 0 {
+                // Taken before the re-check, so a commit between the two is not missed.
+                // Released on every way out of here — the re-pull throwing (database busy or
+                // lost), the task cancelled (the client went away), the wait ending: a ticket
+                // left behind counts as waiting for ever (`trunk_sync_longpolls_waiting`) and
+                // keeps its memory. Releasing twice is harmless.
+                let ticket = notifier.ticket(for: user)
+                defer { ticket.cancel() }
+                page = try await store.pull(for: user, after: parameters.after, limit: parameters.limit)
+                let remaining = ContinuousClock.now.duration(to: deadline)
+                if page.count > 0 || remaining <= .zero { break }
+                await ticket.wait(timeout: remaining)
                 // A revocation wakes the user's long-polls: the signed-out session gets
                 // nothing more, however long it meant to wait.
                 if revocations?.isRevoked(claims.sessionID) == true { throw APIError.unauthorized }
-                if !Task.isCancelled {
+                if Task.isCancelled { break }
+                if notifier.isShutDown || ContinuousClock.now >= deadline {
                     page = try await store.pull(for: user, after: parameters.after, limit: parameters.limit)
+                    break
                 }
             }
         }
