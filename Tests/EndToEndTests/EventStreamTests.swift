@@ -239,6 +239,21 @@ final class EventStreamTests: EndToEndTestCase {
         XCTAssertTrue(try resumed.noEvent(within: 0.3))
     }
 
+    func testABacklogReadSlowlyIsNotCutOffByTheHeartbeat() throws {
+        let server = try startServer(["TRUNK_SYNC_STREAM_BUFFER": "4096", "TRUNK_SYNC_STREAM_HEARTBEAT": "1"])
+        let (token, _) = try session(server, "backlog@example.com")
+        for _ in 0..<4 { try push(server, token, count: 50, padding: 2000) }
+        let stream = try open(server, token, after: 0)
+        var received: [Int64] = []
+        let slowUntil = Date().addingTimeInterval(2.5)  // heartbeats come while the buffer is full
+        while received.count < 200 {
+            if Date() < slowUntil { Thread.sleep(forTimeInterval: 0.1) }
+            received += try stream.events(1).map(\.id)
+        }
+        XCTAssertEqual(received, Array(1...200))
+        XCTAssertEqual(metric(server, #"trunk_sync_streams_ended_total{reason="slow_reader"}"#), 0)
+    }
+
     func testTokenExpiryEndsTheStream() throws {
         let server = try startServer()
         let (token, _) = try session(server, "expiry@example.com")

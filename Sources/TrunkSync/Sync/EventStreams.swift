@@ -54,7 +54,7 @@ public final class EventStreams: Sendable {
         let expiresAt: Int64
         let writer: HTTPBodyWriter
         let hub: LiveHub
-        /// Set by the ticker (expiry, a heartbeat that did not fit); the producer ends on it.
+        /// Set by the ticker (expiry); the producer ends on it.
         let ended = Mutex<End?>(nil)
 
         init(id: UInt64, session: UUID, expiresAt: Int64, writer: HTTPBodyWriter, hub: LiveHub) {
@@ -201,7 +201,8 @@ public final class EventStreams: Sendable {
     func recordStreamed(_ count: Int) { streamed.increment(by: count) }
 
     /// Once a second: ends the streams whose token expired; every `heartbeat` seconds, a
-    /// comment on every stream (one that has no room for it is too far behind: it ends).
+    /// comment on every stream (not on one whose buffer is full: bytes are on their way to
+    /// that client already, and a backlog read at the client's pace is no reason to end).
     private func tick() async {
         var lastHeartbeat = monotonicNanoseconds()
         let period = UInt64(settings.heartbeat) * 1_000_000_000
@@ -215,8 +216,8 @@ public final class EventStreams: Sendable {
             for entry in entries {
                 if now >= entry.expiresAt {
                     entry.end(.expired)
-                } else if beat, entry.writer.writeIfRoom(heartbeat) == .full {
-                    entry.end(.slowReader)
+                } else if beat {
+                    _ = entry.writer.writeIfRoom(heartbeat)
                 }
             }
         }
@@ -297,10 +298,9 @@ public final class EventStreams: Sendable {
     }
 }
 
-/// Pulls shared by the streams of one user waiting at the same cursor: a stream woken by a
-/// commit joins a pull of its user's events after its cursor only if that pull started
-/// after the wake-up (so it sees the commit); otherwise it starts one, which later wakers
-/// join.
+/// Reads of one user's events after one cursor, shared while in flight: a reader that
+/// answers a wake-up joins a read only if it started after that wake-up (so it sees the
+/// commit); otherwise it starts one, which later readers join.
 final class SharedPulls: Sendable {
     private struct Key: Hashable {
         var user: UUID
