@@ -128,6 +128,14 @@ int csystem_epoll_delete(int epoll, int fd) {
     return epoll_ctl(epoll, EPOLL_CTL_DEL, fd, &event);
 }
 
+int csystem_epoll_modify(int epoll, int fd, uint32_t events, uint64_t data) {
+    struct epoll_event event;
+    memset(&event, 0, sizeof(event));
+    event.events = events;
+    event.data.u64 = data;
+    return epoll_ctl(epoll, EPOLL_CTL_MOD, fd, &event);
+}
+
 int csystem_epoll_wait(int epoll, csystem_event *events, int max_events, int timeout_ms) {
     struct epoll_event raw[256];
     if (max_events > 256) max_events = 256;

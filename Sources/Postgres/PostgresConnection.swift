@@ -81,7 +81,7 @@ public final class PostgresConnection {
 
     /// Set when a pipeline ended in a state this class cannot recover from (the connection
     /// broke half-way): the connection then counts as closed, so the pool replaces it.
-    private var lostTrack = false
+    var lostTrack = false
 
     /// Whether a transaction is open (or failed) on this connection.
     public var isInTransaction: Bool {
@@ -136,12 +136,31 @@ public final class PostgresConnection {
 
     /// What the server answers in a pipeline, in order: a `Parse` of a statement being
     /// prepared, or a statement's result.
-    private enum PipelineReply {
+    enum PipelineReply {
         case prepared(PreparedKey, name: String)
         case statement
     }
 
     private func runPipeline(_ statements: [PostgresStatement]) throws -> [PostgresResult] {
+        let replies = try sendPipeline(statements)
+        var collector = PipelineCollector(replies: replies)
+        for _ in replies {
+            // Each reply is one result, then NULL.
+            guard let result = PQgetResult(handle) else { throw connectionError() }
+            try collector.accept(result, on: self)
+            while let extra = PQgetResult(handle) { PQclear(extra) }
+        }
+        guard let sync = PQgetResult(handle) else { throw connectionError() }
+        let synced = PQresultStatus(sync) == PGRES_PIPELINE_SYNC
+        PQclear(sync)
+        guard synced, PQexitPipelineMode(handle) == 1 else { throw connectionError() }
+        return try collector.finish()
+    }
+
+    /// Queues `statements` and a sync in pipeline mode (entered by the caller); returns what
+    /// the server will answer, in order. In non-blocking mode nothing waits: what does not
+    /// fit the socket stays in libpq's buffer for `PQflush`.
+    func sendPipeline(_ statements: [PostgresStatement]) throws -> [PipelineReply] {
         var replies: [PipelineReply] = []
         replies.reserveCapacity(statements.count + 2)
         var preparing: [PreparedKey: String] = [:]
@@ -170,34 +189,49 @@ public final class PostgresConnection {
             replies.append(.statement)
         }
         guard PQpipelineSync(handle) == 1 else { throw connectionError() }
+        return replies
+    }
+
+    /// Gathers a pipeline's results, one per reply, in order: statements' rows, the first
+    /// error (the server skips the rest: `PGRES_PIPELINE_ABORTED`), statements prepared.
+    struct PipelineCollector {
+        let replies: [PipelineReply]
+        private(set) var next = 0
         var results: [PostgresResult] = []
-        results.reserveCapacity(statements.count)
         var failure: (any Error)? = nil
-        for reply in replies {
-            // Each reply is one result, then NULL.
-            guard let result = PQgetResult(handle) else { throw connectionError() }
+
+        init(replies: [PipelineReply]) {
+            self.replies = replies
+            results.reserveCapacity(replies.count)
+        }
+
+        var isComplete: Bool { next == replies.count }
+
+        /// Takes the result of the next reply (and frees it when it is not kept).
+        mutating func accept(_ result: OpaquePointer, on connection: PostgresConnection) throws {
+            let reply = next < replies.count ? replies[next] : .statement
+            next += 1
             if PQresultStatus(result) == PGRES_PIPELINE_ABORTED {
                 PQclear(result)
-            } else {
-                do {
-                    let checked = try check(result)
-                    switch reply {
-                    case .prepared(let key, let name): preparedStatements[key] = name
-                    case .statement: results.append(checked)
-                    }
-                } catch {
-                    if !isOpen { throw error }
-                    failure = failure ?? error
-                }
+                return
             }
-            while let extra = PQgetResult(handle) { PQclear(extra) }
+            do {
+                let checked = try connection.check(result)
+                switch reply {
+                case .prepared(let key, let name): connection.preparedStatements[key] = name
+                case .statement: results.append(checked)
+                }
+            } catch {
+                if !connection.isOpen { throw error }
+                failure = failure ?? error
+            }
         }
-        guard let sync = PQgetResult(handle) else { throw connectionError() }
-        let synced = PQresultStatus(sync) == PGRES_PIPELINE_SYNC
-        PQclear(sync)
-        guard synced, PQexitPipelineMode(handle) == 1 else { throw connectionError() }
-        if let failure { throw failure }
-        return results
+
+        /// The statements' results, or the first error.
+        func finish() throws -> [PostgresResult] {
+            if let failure { throw failure }
+            return results
+        }
     }
 
     /// A statement prepared on this connection: its text and parameter types.
@@ -207,7 +241,7 @@ public final class PostgresConnection {
     }
 
     /// The statements prepared on this connection (they live as long as the session).
-    private var preparedStatements: [PreparedKey: String] = [:]
+    var preparedStatements: [PreparedKey: String] = [:]
 
     /// Most statements one connection prepares; later ones run unprepared. The hot paths
     /// have a handful of fixed statements: this only bounds a mistake.
@@ -229,7 +263,7 @@ public final class PostgresConnection {
     }
 
     /// Lays `binds` out as libpq's parallel arrays of types, values, lengths and formats.
-    private static func withParameters<R>(
+    static func withParameters<R>(
         _ binds: [PostgresBind],
         _ body: (
             Int32, [UInt32], [UnsafePointer<CChar>?], [Int32], [Int32]
@@ -365,7 +399,7 @@ public final class PostgresConnection {
         }
     }
 
-    private func connectionError() -> PostgresError {
+    func connectionError() -> PostgresError {
         let reason = configuration.withoutPassword(PostgresConfiguration.oneLine(String(cString: PQerrorMessage(handle))))
         return PostgresError(
             kind: isOpen ? .server : .connectionClosed,
@@ -413,4 +447,6 @@ public struct PostgresStatement: Sendable {
     public static let begin = PostgresStatement.prepared("begin")
     /// `commit`.
     public static let commit = PostgresStatement.prepared("commit")
+    /// `rollback`, prepared once per connection.
+    public static let rollback = PostgresStatement.prepared("rollback")
 }

@@ -143,7 +143,7 @@ public final class PostgresPool: Sendable {
                 startThread(name: "pg-pool-\(connection % 1000)") { [self] in slotLoop(slot) }
             case .fail(let request, let reason):
                 let (job, openError) = lock.withLock { (state.jobs.removeValue(forKey: request), state.lastOpenError) }
-                job?.fail(error(for: reason, openError: openError))
+                job?.fail(reason.error(acquireTimeout: configuration.acquireTimeout, openError: openError))
             case .close(let connection):
                 lock.withLock {
                     state.slots[connection]?.closing = true
@@ -163,21 +163,6 @@ public final class PostgresPool: Sendable {
                     for waiter in waiters { waiter.resume() }
                 }
             }
-        }
-    }
-
-    private func error(for reason: PoolStateMachine.FailureReason, openError: (any Error)?) -> any Error {
-        switch reason {
-        case .exhausted:
-            return PostgresError(
-                kind: .poolExhausted,
-                message: "database pool exhausted: no connection free within \(configuration.acquireTimeout)")
-        case .closed:
-            return PostgresError(kind: .poolClosed, message: "the database pool is closed")
-        case .cancelled:
-            return CancellationError()
-        case .connectionFailed:
-            return openError ?? PostgresError(kind: .connectionFailed, message: "cannot connect to the database")
         }
     }
 
@@ -306,5 +291,22 @@ extension Duration {
     var nanoseconds: Int64 {
         let (seconds, attoseconds) = components
         return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
+    }
+}
+
+extension PoolStateMachine.FailureReason {
+    /// What a request that failed for this reason throws (both pools).
+    func error(acquireTimeout: Duration, openError: (any Error)?) -> any Error {
+        switch self {
+        case .exhausted:
+            return PostgresError(
+                kind: .poolExhausted, message: "database pool exhausted: no connection free within \(acquireTimeout)")
+        case .closed:
+            return PostgresError(kind: .poolClosed, message: "the database pool is closed")
+        case .cancelled:
+            return CancellationError()
+        case .connectionFailed:
+            return openError ?? PostgresError(kind: .connectionFailed, message: "cannot connect to the database")
+        }
     }
 }

@@ -54,7 +54,7 @@ final class DevScriptsTests: XCTestCase {
         let pgPort = try freePort()
         let httpPort = try freePort()
         let log = data + "/run.log"
-        FileManager.default.createFile(atPath: log, contents: nil)
+        XCTAssertTrue(FileManager.default.createFile(atPath: log, contents: nil))
         let output = try FileHandle(forWritingTo: URL(fileURLWithPath: log))
         // Foundation starts it in a process group of its own, which gets the stop signal as a
         // terminal's Ctrl-C would reach the whole group; output goes to a file, which the

@@ -192,6 +192,19 @@ class RowLevelSecurityTests: XCTestCase {
         XCTAssertEqual(try count("users", on: connection), 0)
     }
 
+    /// The pull's one statement (migration 0007) scopes itself, reads only that user's rows
+    /// after the cursor, and leaves nothing set behind it.
+    func testThePullFunctionScopesItsOwnStatementOnly() throws {
+        let connection = try serverConnection()
+        let page = try connection.query(
+            "select seq from trunk_sync_pull($1, $2, $3)", alice, Int64(1), Int64(10))
+        XCTAssertEqual(try page.map { try $0.decode(Int64.self, column: 0) }, [2, 3])
+        XCTAssertEqual(try connection.query("select seq from trunk_sync_pull($1, 0, 10)", bob).count, 2)
+        XCTAssertEqual(try connection.query("select seq from trunk_sync_pull($1, 0, 1)", alice).count, 1)
+        XCTAssertEqual(try connection.query("select current_setting('app.user_id', true)")[0].decode(String?.self, column: 0) ?? "", "")
+        XCTAssertEqual(try count("events", on: connection), 0)
+    }
+
     // MARK: - Writing
 
     func testAnotherUsersRowsCannotBeWritten() throws {

@@ -1,9 +1,5 @@
--- pgbench: the server's pull transaction without the server (informational reference): begin,
--- scope, the pull select (limit + 1 rows), commit, in one pipeline, as trunk_sync_app.
-\startpipeline
-begin;
-select set_config('app.user_id', :uidtext, true);
+-- pgbench: the server's empty pull without the server (informational reference): the one
+-- statement the server sends (trunk_sync_pull: scope and select, limit + 1 rows), as
+-- trunk_sync_app.
 select seq, id, type, payload, client_id, client_timestamp, created_at
-from events where user_id = :uid and seq > :last order by seq limit 1001;
-commit;
-\endpipeline
+from trunk_sync_pull(:uid, :last, 1001);

@@ -1,11 +1,6 @@
--- pgbench: the server's pull transaction without the server (informational reference): begin,
--- scope, the pull select (limit + 1 rows) after a random cursor, commit, in one pipeline,
--- as trunk_sync_app.
+-- pgbench: the server's pull without the server (informational reference): the one
+-- statement the server sends (trunk_sync_pull: scope and select, limit + 1 rows) after a
+-- random cursor, as trunk_sync_app.
 \set after random(0, :max_after)
-\startpipeline
-begin;
-select set_config('app.user_id', :uidtext, true);
 select seq, id, type, payload, client_id, client_timestamp, created_at
-from events where user_id = :uid and seq > :after order by seq limit 1001;
-commit;
-\endpipeline
+from trunk_sync_pull(:uid, :after, 1001);

@@ -34,6 +34,7 @@ int csystem_listen(const char *host, int port, int backlog, int *bound_port, cha
 int csystem_epoll_create(void);
 int csystem_epoll_add(int epoll, int fd, uint32_t events, uint64_t data);
 int csystem_epoll_delete(int epoll, int fd);
+int csystem_epoll_modify(int epoll, int fd, uint32_t events, uint64_t data);
 
 /// One ready descriptor from `csystem_epoll_wait`.
 typedef struct {

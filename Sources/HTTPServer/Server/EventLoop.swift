@@ -16,6 +16,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private let responder: Responder
     private let logger: Logger
     private let mailbox = Mailbox<Context>()
+    /// Handlers run here: on this loop's thread (`LoopExecutor`).
+    let executor: LoopExecutor
     private let stopped = StopSignal()
     private let timeouts: ConnectionStateMachine.Timeouts
 
@@ -67,6 +69,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         self.responder = responder
         self.logger = logger
         self.serverLine = Array("Server: \(configuration.serverName)\r\n".utf8)
+        let mailbox = self.mailbox
+        self.executor = LoopExecutor(wake: { mailbox.wake() })
         timeouts = ConnectionStateMachine.Timeouts(
             header: configuration.headerTimeout.nanosecondsClamped, body: configuration.bodyTimeout.nanosecondsClamped,
             keepAlive: configuration.keepAliveTimeout.nanosecondsClamped,
@@ -117,9 +121,12 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private func run() {
         var events = [csystem_event](repeating: csystem_event(), count: 256)
         var nextSweep: UInt64 = 0
+        var jobsLeft = false
+        executor.epoll = epoll
+        executor.attachToCurrentThread()
         while true {
             responder.loopWillWait()
-            let timeout: Int32 = connections.isEmpty && !shuttingDown ? 1000 : 250
+            let timeout: Int32 = jobsLeft ? 0 : connections.isEmpty && !shuttingDown ? 1000 : 250
             let count = csystem_epoll_wait(epoll, &events, Int32(events.count), timeout)
             now = monotonicNow()
             if count < 0 {
@@ -131,9 +138,12 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 switch event.data {
                 case Self.listenerToken: acceptConnections()
                 case Self.wakeToken: handleMailbox()
+                case let token where token & LoopExecutor.sourceTokenBit != 0 && token < Self.wakeToken:
+                    executor.dispatch(token: token, flags: event.events)
                 default: handle(event.events, on: Int32(truncatingIfNeeded: event.data))
                 }
             }
+            jobsLeft = executor.runQueuedJobs()
             if now >= nextSweep {
                 sweepDeadlines()
                 logRefusedPerClient()
@@ -148,6 +158,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         close(mailbox.eventFD)
         if reserveFD >= 0 { close(reserveFD) }
         responder.loopWillWait()
+        // Last: from here on, jobs run one at a time off this thread.
+        executor.stop()
         logger.info("HTTP server stopped")
         stopped.signal()
     }
@@ -491,31 +503,26 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         case .later(let operation):
             inFlightCount.wrappingAdd(1, ordering: .relaxed)
             let mailbox = self.mailbox
+            let executor = self.executor
             let fd = connection.fd
             let id = connection.id
-            connection.handlerTask = Task {
+            // On the loop's thread: read, handled and answered without leaving it (unless the
+            // handler itself awaits work elsewhere).
+            connection.handlerTask = Task(executorPreference: executor) { [self] in
                 let (response, context) = await operation()
-                mailbox.post(.init(fd: fd, connectionID: id, response: response, context: context))
+                let completion = Mailbox<Context>.Completion(fd: fd, connectionID: id, response: response, context: context)
+                if executor.isOnLoopThread {
+                    complete(completion)
+                } else {
+                    mailbox.post(completion)
+                }
             }
         }
     }
 
     private func handleMailbox() {
         let (completions, streamsReady, shutdown) = mailbox.drain()
-        for completion in completions {
-            inFlightCount.wrappingAdd(-1, ordering: .relaxed)
-            guard let connection = connections[completion.fd], connection.id == completion.connectionID,
-                connection.lifecycle.isHandling
-            else {
-                // The client went away meanwhile. A streamed body's producer still runs once,
-                // to learn that nobody reads it and release what it holds.
-                if let stream = completion.response.stream { runUnsent(stream) }
-                continue
-            }
-            connection.handlerTask = nil
-            finish(completion.response, context: completion.context, on: connection)
-            drive(connection)
-        }
+        for completion in completions { complete(completion) }
         for ready in streamsReady {
             guard let connection = connections[ready.fd], connection.id == ready.connectionID,
                 connection.lifecycle.isStreaming
@@ -523,6 +530,22 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             drive(connection)
         }
         if shutdown, !shuttingDown { beginShutdown() }
+    }
+
+    /// A handler's answer, on the loop's thread.
+    private func complete(_ completion: Mailbox<Context>.Completion) {
+        inFlightCount.wrappingAdd(-1, ordering: .relaxed)
+        guard let connection = connections[completion.fd], connection.id == completion.connectionID,
+            connection.lifecycle.isHandling
+        else {
+            // The client went away meanwhile. A streamed body's producer still runs once, to
+            // learn that nobody reads it and release what it holds.
+            if let stream = completion.response.stream { runUnsent(stream) }
+            return
+        }
+        connection.handlerTask = nil
+        finish(completion.response, context: completion.context, on: connection)
+        drive(connection)
     }
 
     // MARK: - Streamed bodies

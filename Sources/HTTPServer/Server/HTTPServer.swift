@@ -42,6 +42,10 @@ public final class HTTPServer<Responder: HTTPResponder>: Sendable {
         await loop.waitUntilStopped()
     }
 
+    /// The loop's thread as a task executor, and the watcher of other descriptors (database
+    /// connections driven by the same loop).
+    public var executor: LoopExecutor { loop.executor }
+
     /// Open connections and requests in flight, for metrics.
     public var statistics: (connections: Int, inFlight: Int) { loop.statistics }
 }

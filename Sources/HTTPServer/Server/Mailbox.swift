@@ -66,6 +66,9 @@ final class Mailbox<Context: Sendable>: @unchecked Sendable {
         return (taken, ready, shutdownRequested)
     }
 
+    /// Wakes the loop without posting anything (the loop's executor has jobs).
+    func wake() { wakeLoop() }
+
     private func wakeLoop() {
         var one: UInt64 = 1
         while write(eventFD, &one, 8) < 0, errno == EINTR {}

@@ -62,7 +62,9 @@ public struct AuthRoutes: Sendable {
             return try JSONBody.decode(T.self, from: request.body)
         } catch {
             switch error.kind {
-            case .malformed, .tooLarge, .wrongType where error.path.isEmpty:
+            case .malformed, .tooLarge:
+                throw APIError(status: 400, code: "bad_json", message: "The request body must be a JSON object: \(error.reason)")
+            case .wrongType where error.path.isEmpty:
                 throw APIError(status: 400, code: "bad_json", message: "The request body must be a JSON object: \(error.reason)")
             case .invalidValue, .wrongType:
                 throw AuthError.validation(error.path.isEmpty ? error.reason : "\(error.path) \(error.reason)")

@@ -138,8 +138,8 @@ public final class SessionRevocations: Sendable {
     /// `<session> <user> <expiry>`, as the trigger sends it.
     static func parse(_ payload: String) -> (session: UUID, user: UUID, tokensExpireAt: Int64)? {
         let parts = payload.split(separator: " ")
-        guard parts.count == 3, let session = UUID(uuidString: String(parts[0])),
-            let user = UUID(uuidString: String(parts[1])),
+        guard parts.count == 3, let session = UUIDText.parse(String(parts[0])),
+            let user = UUIDText.parse(String(parts[1])),
             let expiry = Int64(parts[2])
         else { return nil }
         return (session, user, expiry)

@@ -35,7 +35,7 @@ public struct UserRecord: Sendable, Equatable {
     func write(to writer: inout JSONWriter, key: String? = nil) {
         func time(_ timestamp: PostgresTimestamp?) -> String? { timestamp.map { RFC3339.format($0) } }
         writer.beginObject(key)
-        writer.string("id", id.uuidString.lowercased())
+        writer.string("id", UUIDText.lowercase(id))
         writer.string("aud", "authenticated")
         writer.string("role", "authenticated")
         writer.string("email", email)
@@ -143,8 +143,19 @@ public final class TokenIssuer: Sendable {
         var reloadsStarted = 0
         var installedReload = 0
         var loaded = false
+        /// Tokens that passed every check with these keys, and their claims: the same bytes
+        /// verify the same way while the keys stay, so a client's next request with its
+        /// token skips the signature. Only the expiry depends on the clock from then on (a
+        /// token whose `iat`/`nbf` were acceptable stays so). Emptied whenever the keys
+        /// change (a retired key's tokens stop counting at once) and when full.
+        var verified: [String: AccessClaims] = [:]
+        static let verifiedCapacity = 4096
+        /// Counts key changes, so a verification that raced a reload is not remembered.
+        var generation = 0
 
         mutating func apply(_ keys: [LoadedKey], secretKey: JWT.HS256Key) {
+            verified = [:]
+            generation += 1
             self.keys = keys
             verificationKeys = [.hs256(secretKey)] + keys.map { .es256($0.key) }
             jwks = Array(("{\"keys\":[" + keys.map(\.key.publicJWK).joined(separator: ",") + "]}").utf8)
@@ -234,7 +245,7 @@ public final class TokenIssuer: Sendable {
         var writer = JSONWriter(capacity: 512)
         writer.beginObject()
         writer.string("iss", issuer)
-        writer.string("sub", user.id.uuidString.lowercased())
+        writer.string("sub", UUIDText.lowercase(user.id))
         writer.string("aud", "authenticated")
         writer.int("exp", expiresAt)
         writer.int("iat", now)
@@ -250,7 +261,7 @@ public final class TokenIssuer: Sendable {
         writer.int("timestamp", now)
         writer.endObject()
         writer.endArray()
-        writer.string("session_id", sessionID.uuidString.lowercased())
+        writer.string("session_id", UUIDText.lowercase(sessionID))
         writer.bool("is_anonymous", false)
         writer.endObject()
         if let key = signingKey(at: now), let token = try? JWT.sign(payload: writer.bytes, with: key) {
@@ -359,19 +370,33 @@ public final class TokenIssuer: Sendable {
     /// (each with `leeway` for clock skew); `sub` and `session_id` are UUIDs. Returns the
     /// claims. Whether the session was revoked is the authentication stage's question.
     public func verify(_ token: String, now: Int64) throws(APIError) -> AccessClaims {
+        let (cached, keys, generation) = keySet.withLock { set in
+            (set.verified[token], set.verificationKeys, set.generation)
+        }
+        if let cached {
+            guard cached.expiresAt + Self.leeway >= now else { throw AuthError.badJWT }
+            return cached
+        }
         let payload: [UInt8]
         do {
-            payload = try JWT.verify(token, keys: keySet.withLock { $0.verificationKeys })
+            payload = try JWT.verify(token, keys: keys)
         } catch {
             throw AuthError.badJWT
         }
-        guard let claims = Claims.parse(payload), claims.iss == issuer, let user = UUID(uuidString: claims.sub),
-            let session = claims.sessionID.flatMap(UUID.init(uuidString:)), claims.audiences.contains("authenticated"),
+        guard let claims = Claims.parse(payload), claims.iss == issuer, let user = UUIDText.parse(claims.sub),
+            let session = claims.sessionID.flatMap(UUIDText.parse), claims.audiences.contains("authenticated"),
             let expiry = Self.seconds(claims.exp), expiry + Self.leeway >= now,
             let issuedAt = claims.iat.flatMap(Self.seconds), issuedAt <= now + Self.leeway,
             claims.nbf.map({ Self.seconds($0).map { $0 <= now + Self.leeway } ?? false }) ?? true
         else { throw AuthError.badJWT }
-        return AccessClaims(userID: user, sessionID: session, expiresAt: expiry)
+        let verified = AccessClaims(userID: user, sessionID: session, expiresAt: expiry)
+        keySet.withLock { set in
+            // Only for the keys it was checked with: a reload in between leaves it out.
+            guard set.generation == generation else { return }
+            if set.verified.count >= KeySet.verifiedCapacity { set.verified.removeAll(keepingCapacity: true) }
+            set.verified[token] = verified
+        }
+        return verified
     }
 
     /// A NumericDate as whole seconds, or nil when it is not a plausible time.

@@ -69,7 +69,7 @@ enum RESTInsert {
                 default: throw RESTError.badValue("\(member)", type: "text")
                 }
             case "id":
-                guard let text = member.stringValue, let id = StrictUUID.parse(text) else {
+                guard let text = member.stringValue, let id = UUIDText.parse(text) else {
                     throw RESTError.badValue(member.stringValue ?? "", type: "uuid")
                 }
                 guard id == caller else {

@@ -124,7 +124,7 @@ struct RESTQuery: Sendable {
     static func bind(_ text: String, for column: RESTColumn) throws -> PostgresBind {
         switch column.kind {
         case .uuid:
-            guard let id = StrictUUID.parse(text) else { throw RESTError.badValue(text, type: "uuid") }
+            guard let id = UUIDText.parse(text) else { throw RESTError.badValue(text, type: "uuid") }
             return id.postgresBind
         case .int:
             guard let number = Int64(text) else { throw RESTError.badValue(text, type: "bigint") }

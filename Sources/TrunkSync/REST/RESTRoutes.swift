@@ -106,7 +106,7 @@ public struct RESTRoutes: Sendable {
                 continue
             }
             switch column.kind {
-            case .uuid: writer.string(column.name, try row.decode(UUID.self, column: index).uuidString.lowercased())
+            case .uuid: writer.string(column.name, UUIDText.lowercase(try row.decode(UUID.self, column: index)))
             case .int: writer.int(column.name, try row.decode(Int64.self, column: index))
             case .text: writer.string(column.name, try row.decode(String.self, column: index))
             case .json: writer.raw(column.name, try row.decode(PostgresJSON.self, column: index).bytes)

@@ -80,12 +80,17 @@ public struct Application: Sendable {
         metrics.gauge("trunk_sync_revoked_sessions", help: "Revoked sessions whose access tokens may still be valid.") {
             Double(revocations.count)
         }
-        metrics.gauge("trunk_sync_db_pool_connections_open", help: "Database connections open.") { Double(pool.statistics.open) }
+        // Both pools: the blocking one (sign-in, REST, admin) and the loop's (push, pull).
+        let events = self.events
+        @Sendable func both(_ figure: (PostgresPool.Statistics) -> Int) -> Double {
+            Double(figure(pool.statistics) + (events.loopDriven.map { figure($0.statistics) } ?? 0))
+        }
+        metrics.gauge("trunk_sync_db_pool_connections_open", help: "Database connections open.") { both(\.open) }
         metrics.gauge("trunk_sync_db_pool_connections_in_use", help: "Database connections running a query.") {
-            Double(pool.statistics.inUse)
+            both(\.inUse)
         }
         metrics.gauge("trunk_sync_db_pool_waiting", help: "Requests waiting for a database connection.") {
-            Double(pool.statistics.waiting)
+            both(\.waiting)
         }
         metrics.gauge("trunk_sync_longpolls_waiting", help: "Pulls waiting for new events.") { Double(notifier.waiting) }
         let mail = auth.mail
@@ -244,9 +249,14 @@ public struct Application: Sendable {
         return routes
     }
 
-    /// Adds the gauges of an HTTP server (the public one) to the metrics: open connections
-    /// and requests in flight.
+    /// Connects the application to the public HTTP server: pushes and pulls get database
+    /// connections driven by the server's event loop (`PostgresLoopPool`, as many as
+    /// `TRUNK_SYNC_DB_POOL_SIZE`), and the metrics the server's gauges (open connections,
+    /// requests in flight).
     public func observe(_ server: HTTPServer<RequestPipeline>) {
+        let loopPool = PostgresLoopPool(
+            pool.connectionConfiguration, configuration: pool.configuration, loop: server.executor, logger: logger)
+        events.drive(on: loopPool)
         metrics.gauge("trunk_sync_http_connections", help: "Open client connections on the public listener.") {
             Double(server.statistics.connections)
         }
@@ -290,6 +300,7 @@ public struct Application: Sendable {
         await keyRefresh.stop()
         await auth.revocations.stop()
         await auth.mail.close(within: .seconds(5))
+        await events.loopDriven?.close()
         await pool.close()
     }
 

@@ -9,7 +9,7 @@ import TrunkCrypto
 enum RowScope {
     /// `app.user_id`: the user's users row, sessions, refresh tokens and events.
     static func user(_ id: UUID) -> PostgresStatement {
-        .prepared("select set_config('app.user_id', $1, true)", id.uuidString.lowercased())
+        .prepared("select set_config('app.user_id', $1, true)", UUIDText.lowercase(id))
     }
 
     /// `app.email`: the address's users row and sign-in code, for sign-in, which looks a

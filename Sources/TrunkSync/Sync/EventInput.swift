@@ -70,7 +70,8 @@ struct EventInput {
         var type: String?
         var payload: PostgresJSON?
         var timestamp: PostgresTimestamp?
-        var seen = Set<String>()
+        // The known fields met so far (bits of `Self.fieldBit`): no set of strings per event.
+        var seen: UInt8 = 0
         let dialect = self.dialect
         try scanner.object { (scanner: inout JSONScanner, key: String) throws(JSONScanner.Failure) in
             if case .rest(_, let columns?, _) = dialect, !columns.contains(key) {
@@ -78,7 +79,9 @@ struct EventInput {
                 _ = scanner.takeViolation()
                 return
             }
-            if !seen.insert(key).inserted, Self.fields.contains(key) { problem(key, "appears twice") }
+            let bit = Self.fieldBit(key)
+            if seen & bit != 0 { problem(key, "appears twice") }
+            seen |= bit
             let isNull = scanner.peek() == UInt8(ascii: "n")
             let restAllowsNull: Bool
             if case .rest = dialect { restAllowsNull = isNull && (key == "payload" || key == "client_timestamp") } else {
@@ -86,7 +89,7 @@ struct EventInput {
             }
             switch key {
             case "client_id":
-                if case .text(let text) = try Self.string(&scanner), let id = StrictUUID.parse(text) {
+                if case .text(let text) = try Self.string(&scanner), let id = UUIDText.parse(text) {
                     clientID = id
                 } else {
                     problem(key, "must be a UUID")
@@ -142,30 +145,40 @@ struct EventInput {
                     }
                     return  // the native API ignores keys it does not know
                 }
-                if case .text(let text) = try Self.string(&scanner), let id = StrictUUID.parse(text) {
+                if case .text(let text) = try Self.string(&scanner), let id = UUIDText.parse(text) {
                     if id != caller, refusal == nil { refusal = RESTError.foreignUser }
                 } else {
                     problem(key, "must be a UUID")
                 }
             }
         }
-        let fieldsWithProblems = Set(problems[before...].map(\.field))
+        func hasProblem(_ field: String) -> Bool { problems[before...].contains { $0.field == field } }
         switch dialect {
         case .rest(_, _, let now):
             // Left out or null: an empty payload, the time of arrival.
-            if payload == nil, !fieldsWithProblems.contains("payload") { payload = PostgresJSON("{}") }
-            if timestamp == nil, !fieldsWithProblems.contains("client_timestamp") { timestamp = now }
+            if payload == nil, !hasProblem("payload") { payload = PostgresJSON("{}") }
+            if timestamp == nil, !hasProblem("client_timestamp") { timestamp = now }
         case .native:
-            if payload == nil, !seen.contains("payload") { problem("payload", "is required") }
-            if timestamp == nil, !seen.contains("client_timestamp") { problem("client_timestamp", "is required") }
+            if payload == nil, seen & Self.fieldBit("payload") == 0 { problem("payload", "is required") }
+            if timestamp == nil, seen & Self.fieldBit("client_timestamp") == 0 { problem("client_timestamp", "is required") }
         }
-        if clientID == nil, !seen.contains("client_id") { problem("client_id", "is required") }
-        if type == nil, !seen.contains("type") { problem("type", "is required") }
+        if clientID == nil, seen & Self.fieldBit("client_id") == 0 { problem("client_id", "is required") }
+        if type == nil, seen & Self.fieldBit("type") == 0 { problem("type", "is required") }
         guard problems.count == before, let clientID, let type, let payload, let timestamp else { return nil }
         return IncomingEvent(clientID: clientID, type: type, payload: payload, clientTimestamp: timestamp)
     }
 
-    static let fields: Set<String> = ["client_id", "type", "payload", "client_timestamp"]
+    /// A bit for each field an event must have, 0 for any other key.
+    @inline(__always)
+    static func fieldBit(_ key: String) -> UInt8 {
+        switch key {
+        case "client_id": return 1
+        case "type": return 2
+        case "payload": return 4
+        case "client_timestamp": return 8
+        default: return 0
+        }
+    }
 
     enum StringValue {
         case text(String)
@@ -207,27 +220,5 @@ struct EventInput {
         return APIError(
             status: 400, code: "validation_failed", message: "\(count) event(s) are invalid; nothing was stored.",
             details: .json(details(problems)))
-    }
-}
-
-/// UUIDs exactly as RFC 9562 writes them: 36 characters, hexadecimal digits in groups of
-/// 8-4-4-4-12 (either case). Foundation's parser also takes other spellings.
-enum StrictUUID {
-    static func parse(_ text: String) -> UUID? {
-        let utf8 = text.utf8
-        guard utf8.count == 36 else { return nil }
-        for (position, byte) in utf8.enumerated() {
-            switch position {
-            case 8, 13, 18, 23: guard byte == UInt8(ascii: "-") else { return nil }
-            default:
-                switch byte {
-                case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "a")...UInt8(ascii: "f"),
-                    UInt8(ascii: "A")...UInt8(ascii: "F"):
-                    continue
-                default: return nil
-                }
-            }
-        }
-        return UUID(uuidString: text)
     }
 }

@@ -26,7 +26,7 @@ public final class EventNotifier: Sendable {
                 switch event {
                 case .notification(let notification):
                     guard notification.channel == EventStore.channel else { continue }
-                    if let user = UUID(uuidString: notification.payload) { state.fire(user: user) }
+                    if let user = UUIDText.parse(notification.payload) { state.fire(user: user) }
                 case .listening:
                     // Notifications may have been missed while disconnected: everyone re-checks.
                     state.fireAll()

@@ -149,14 +149,7 @@ enum EventPageEncoder {
     /// A `uuid` cell as `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, lowercase.
     private static func putUUID(_ bytes: UnsafeRawBufferPointer?, _ out: inout UnsafeMutablePointer<UInt8>) throws {
         guard let bytes, bytes.count == 16 else { throw null(1) }
-        let hex = hexDigits.utf8Start
-        for index in 0..<16 {
-            if index == 4 || index == 6 || index == 8 || index == 10 { put(UInt8(ascii: "-"), &out) }
-            let byte = bytes[index]
-            out[0] = hex[Int(byte >> 4)]
-            out[1] = hex[Int(byte & 0x0F)]
-            out += 2
-        }
+        UUIDText.write(bytes, to: &out)
     }
 
     /// As `String(value)`.

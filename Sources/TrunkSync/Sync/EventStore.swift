@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import Synchronization
 
 /// All SQL of the event log, one place. Every query runs in a transaction that first sets
 /// `app.user_id`, as the restricted role, and also filters by user itself: row-level
@@ -9,8 +10,18 @@ public struct EventStore: Sendable {
     public static let channel = "trunk_sync_events"
 
     let pool: PostgresPool
+    /// The HTTP loop's own connections, once the server exists (`drive(on:)`): pushes and
+    /// pulls then run on the loop that read the request, without a thread hop. Until then,
+    /// and for the CLI and in-process tests, the blocking `pool`.
+    private let loopPool = LoopPoolSlot()
 
     public init(pool: PostgresPool) { self.pool = pool }
+
+    /// From now on, pushes and pulls use `loopPool` (set once, before requests arrive).
+    public func drive(on loopPool: PostgresLoopPool) { self.loopPool.pool.withLock { $0 = loopPool } }
+
+    /// The loop pool in use, if any.
+    public var loopDriven: PostgresLoopPool? { loopPool.pool.withLock { $0 } }
 
     /// What happened to one pushed event.
     public struct PushResult: Sendable, Equatable {
@@ -41,18 +52,29 @@ public struct EventStore: Sendable {
     /// lag behind a growing log. If the index finds an earlier push, the transaction is
     /// rolled back and the push runs again, looking its repeats up first.
     public func push(_ events: [IncomingEvent], for user: UUID) async throws -> [PushResult]? {
-        try await pool.withConnection { connection in
-            // A return without `commit` (unknown user, nothing new, a repeat found) rolls
-            // back: nothing was written.
+        // A return without `commit` (unknown user, nothing new, a repeat found) rolls back:
+        // nothing was written.
+        if let loopPool = loopDriven {
+            return try await loopPool.withConnection { connection in
+                for lookingUpRepeats in [false, true] {
+                    let attempt = try await connection.pipelinedTransaction { connection in
+                        try await Self.push(events, for: user, lookingUpRepeats: lookingUpRepeats) { statements in
+                            try await connection.pipeline(statements)
+                        }
+                    }
+                    if let outcome = attempt.outcome { return outcome }
+                }
+                throw UnexpectedRepeat()
+            }
+        }
+        return try await pool.withConnection { connection in
             for lookingUpRepeats in [false, true] {
                 let attempt = try connection.pipelinedTransaction { connection in
-                    try Self.push(events, for: user, on: connection, lookingUpRepeats: lookingUpRepeats)
+                    try Self.push(events, for: user, lookingUpRepeats: lookingUpRepeats) { statements in
+                        try connection.pipeline(statements)
+                    }
                 }
-                switch attempt {
-                case .unknownUser: return nil
-                case .stored(let results): return results
-                case .repeatsEarlierPush: continue
-                }
+                if let outcome = attempt.outcome { return outcome }
             }
             // With the look-up under the lock, every repeat is known before the insert.
             throw UnexpectedRepeat()
@@ -65,81 +87,158 @@ public struct EventStore: Sendable {
         case stored([PushResult])
         /// Without the look-up, an event turned out to repeat an earlier push.
         case repeatsEarlierPush
+
+        /// What `push` returns, or nil to try again with the look-up.
+        var outcome: [PushResult]?? {
+            switch self {
+            case .unknownUser: return .some(nil)
+            case .stored(let results): return .some(results)
+            case .repeatsEarlierPush: return nil
+            }
+        }
+    }
+
+    /// One attempt, its round trips sent through `pipeline` (blocking or loop-driven: the
+    /// same statements either way).
+    private static func push(
+        _ events: [IncomingEvent], for user: UUID, lookingUpRepeats: Bool,
+        pipeline: ([PostgresStatement]) throws -> [PostgresResult]
+    ) throws -> PushAttempt {
+        try pushSteps(events, for: user, lookingUpRepeats: lookingUpRepeats).run(pipeline)
     }
 
     private static func push(
-        _ events: [IncomingEvent], for user: UUID, on connection: PostgresConnection, lookingUpRepeats: Bool
-    ) throws -> PushAttempt {
-        var head: [PostgresStatement] = [
-            .begin,
-            scope(to: user),
-            // The lock serialises this user's pushes, so seq and created_at follow commit order.
-            .prepared(
-                """
-                select last_seq,
-                       greatest(date_trunc('milliseconds', clock_timestamp()),
-                                coalesce(last_event_at + interval '1 millisecond', '-infinity'::timestamptz))
-                from users where id = $1 for update
-                """, user),
-        ]
-        if lookingUpRepeats {
-            // Runs after the lock is granted, so it sees every earlier push. Not prepared:
-            // planned for this array and this user's statistics each time.
-            head.append(
-                PostgresStatement(
-                    "select client_id, seq from events where user_id = $1 and client_id = any($2)", user,
-                    events.map(\.clientID)))
-        }
-        let replies = try connection.pipeline(head)
-        guard let state = replies[2].first else { return .unknownUser }
-        let lastSeq = try state.decode(Int64.self, column: 0)
-        let base = try state.decode(PostgresTimestamp.self, column: 1)
+        _ events: [IncomingEvent], for user: UUID, lookingUpRepeats: Bool,
+        pipeline: ([PostgresStatement]) async throws -> [PostgresResult]
+    ) async throws -> PushAttempt {
+        try await pushSteps(events, for: user, lookingUpRepeats: lookingUpRepeats).run(pipeline)
+    }
 
-        var existing: [UUID: Int64] = [:]
-        if lookingUpRepeats {
-            for row in replies[3] {
-                existing[try row.decode(UUID.self, column: 0)] = try row.decode(Int64.self, column: 1)
-            }
-        }
+    private static func pushSteps(_ events: [IncomingEvent], for user: UUID, lookingUpRepeats: Bool) -> PushSteps {
+        PushSteps(events: events, user: user, lookingUpRepeats: lookingUpRepeats)
+    }
 
+    /// One attempt at a push as three round trips with decisions between them, whatever
+    /// carries the round trips: `begin`, scope and lock (and the look-up); insert, cursor
+    /// update and notification; `commit`.
+    struct PushSteps {
+        let events: [IncomingEvent]
+        let user: UUID
+        let lookingUpRepeats: Bool
         var results: [PushResult] = []
-        results.reserveCapacity(events.count)
-        var fresh: [IncomingEvent] = []
-        var assigned: [UUID: Int64] = [:]
-        for event in events {
-            if let seq = existing[event.clientID] ?? assigned[event.clientID] {
-                results.append(PushResult(clientID: event.clientID, created: false, seq: seq))
-            } else {
-                let seq = lastSeq + Int64(fresh.count) + 1
-                assigned[event.clientID] = seq
-                fresh.append(event)
-                results.append(PushResult(clientID: event.clientID, created: true, seq: seq))
+
+        init(events: [IncomingEvent], user: UUID, lookingUpRepeats: Bool) {
+            self.events = events
+            self.user = user
+            self.lookingUpRepeats = lookingUpRepeats
+        }
+
+        enum Next {
+            case send([PostgresStatement])
+            case done(PushAttempt)
+        }
+
+        func run(_ pipeline: ([PostgresStatement]) throws -> [PostgresResult]) throws -> PushAttempt {
+            var steps = self
+            switch try steps.afterHead(try pipeline(steps.head())) {
+            case .done(let attempt): return attempt
+            case .send(let write):
+                guard steps.afterWrite(try pipeline(write)) else { return .repeatsEarlierPush }
+                _ = try pipeline([.commit])
+                return .stored(steps.results)
             }
         }
-        guard !fresh.isEmpty else { return .stored(results) }
-        let lastCreated = PostgresTimestamp(
-            microsecondsSinceEpoch: base.microsecondsSinceEpoch + Int64(fresh.count - 1) * 1000)
-        let written = try connection.pipeline([
-            // `on conflict do nothing` leaves out an event stored by an earlier push (only
-            // possible without the look-up); `returning` tells, and the caller then rolls
-            // this transaction back, update and notification included.
-            .prepared(
-                """
-                insert into events (user_id, seq, type, payload, client_id, client_timestamp, created_at)
-                select $1, $2 + n, t, p, c, ts, $3 + (n - 1) * interval '1 millisecond'
-                from unnest($4::uuid[], $5::text[], $6::jsonb[], $7::timestamptz[]) with ordinality as x(c, t, p, ts, n)
-                on conflict (user_id, client_id) do nothing
-                returning 1
-                """, user, lastSeq, base, fresh.map(\.clientID), fresh.map(\.type), fresh.map(\.payload),
-                fresh.map(\.clientTimestamp)),
-            .prepared(
-                "update users set last_seq = $2, last_event_at = $3 where id = $1", user, lastSeq + Int64(fresh.count),
-                lastCreated),
-            .prepared("select pg_notify($1, $2)", channel, user.uuidString.lowercased()),
-        ])
-        guard written[0].count == fresh.count else { return .repeatsEarlierPush }
-        try connection.pipeline([.commit])
-        return .stored(results)
+
+        func run(_ pipeline: ([PostgresStatement]) async throws -> [PostgresResult]) async throws -> PushAttempt {
+            var steps = self
+            switch try steps.afterHead(try await pipeline(steps.head())) {
+            case .done(let attempt): return attempt
+            case .send(let write):
+                guard steps.afterWrite(try await pipeline(write)) else { return .repeatsEarlierPush }
+                _ = try await pipeline([.commit])
+                return .stored(steps.results)
+            }
+        }
+
+        func head() -> [PostgresStatement] {
+            var head: [PostgresStatement] = [
+                .begin,
+                scope(to: user),
+                // The lock serialises this user's pushes, so seq and created_at follow commit order.
+                .prepared(
+                    """
+                    select last_seq,
+                           greatest(date_trunc('milliseconds', clock_timestamp()),
+                                    coalesce(last_event_at + interval '1 millisecond', '-infinity'::timestamptz))
+                    from users where id = $1 for update
+                    """, user),
+            ]
+            if lookingUpRepeats {
+                // Runs after the lock is granted, so it sees every earlier push. Not prepared:
+                // planned for this array and this user's statistics each time.
+                head.append(
+                    PostgresStatement(
+                        "select client_id, seq from events where user_id = $1 and client_id = any($2)", user,
+                        events.map(\.clientID)))
+            }
+            return head
+        }
+
+        /// After the lock: numbers the new events, and what to write (or the outcome).
+        mutating func afterHead(_ replies: [PostgresResult]) throws -> Next {
+            guard replies.count > 2, let state = replies[2].first else { return .done(.unknownUser) }
+            let lastSeq = try state.decode(Int64.self, column: 0)
+            let base = try state.decode(PostgresTimestamp.self, column: 1)
+
+            var existing: [UUID: Int64] = [:]
+            if lookingUpRepeats {
+                for row in replies[3] {
+                    existing[try row.decode(UUID.self, column: 0)] = try row.decode(Int64.self, column: 1)
+                }
+            }
+
+            results.reserveCapacity(events.count)
+            var fresh: [IncomingEvent] = []
+            var assigned: [UUID: Int64] = [:]
+            assigned.reserveCapacity(events.count)
+            for event in events {
+                if let seq = existing[event.clientID] ?? assigned[event.clientID] {
+                    results.append(PushResult(clientID: event.clientID, created: false, seq: seq))
+                } else {
+                    let seq = lastSeq + Int64(fresh.count) + 1
+                    assigned[event.clientID] = seq
+                    fresh.append(event)
+                    results.append(PushResult(clientID: event.clientID, created: true, seq: seq))
+                }
+            }
+            guard !fresh.isEmpty else { return .done(.stored(results)) }
+            freshCount = fresh.count
+            let lastCreated = PostgresTimestamp(
+                microsecondsSinceEpoch: base.microsecondsSinceEpoch + Int64(fresh.count - 1) * 1000)
+            return .send([
+                // `on conflict do nothing` leaves out an event stored by an earlier push (only
+                // possible without the look-up); `returning` tells, and the caller then rolls
+                // this transaction back, update and notification included.
+                .prepared(
+                    """
+                    insert into events (user_id, seq, type, payload, client_id, client_timestamp, created_at)
+                    select $1, $2 + n, t, p, c, ts, $3 + (n - 1) * interval '1 millisecond'
+                    from unnest($4::uuid[], $5::text[], $6::jsonb[], $7::timestamptz[]) with ordinality as x(c, t, p, ts, n)
+                    on conflict (user_id, client_id) do nothing
+                    returning 1
+                    """, user, lastSeq, base, fresh.map(\.clientID), fresh.map(\.type), fresh.map(\.payload),
+                    fresh.map(\.clientTimestamp)),
+                .prepared(
+                    "update users set last_seq = $2, last_event_at = $3 where id = $1", user,
+                    lastSeq + Int64(fresh.count), lastCreated),
+                .prepared("select pg_notify($1, $2)", channel, UUIDText.lowercase(user)),
+            ])
+        }
+
+        private var freshCount = 0
+
+        /// Whether every new event was written (else one repeats an earlier push).
+        func afterWrite(_ written: [PostgresResult]) -> Bool { written.first?.count == freshCount }
     }
 
     /// One page of a user's events after `cursor`, already encoded as the pull response's
@@ -154,37 +253,47 @@ public struct EventStore: Sendable {
     /// The user's events with `seq > after`, in `seq` order, at most `limit`. Reads
     /// `limit + 1` rows to know whether more follow; the `(user_id, seq)` index delivers
     /// them in order.
-    /// One round trip: `begin`, the scope, the select and `commit` are pipelined.
+    ///
+    /// One statement, one round trip: `trunk_sync_pull` (migration 0007) sets the user's
+    /// scope for its own implicit transaction and selects, where a pull used to pipeline
+    /// `begin`, the scope, the select and `commit` — four statements for PostgreSQL to run.
     public func pull(for user: UUID, after: Int64, limit: Int) async throws -> Page {
         try await pull(for: user, after: after, limit: limit, framing: .jsonArray)
     }
 
+    /// A pull whose events are written with `framing` (the stream's Server-Sent Events).
     func pull(for user: UUID, after: Int64, limit: Int, framing: EventPageEncoder.Framing) async throws -> Page {
-        try await pool.withConnection { connection in
-            try connection.pipelinedTransaction { connection in
-                try Self.pull(for: user, after: after, limit: limit, framing: framing, on: connection)
+        let statement = Self.pullStatement(for: user, after: after, limit: limit)
+        if let loopPool = loopDriven {
+            return try await loopPool.withConnection { connection in
+                try Self.page(try await connection.pipeline([statement])[0], limit: limit, framing: framing)
             }
+        }
+        return try await pool.withConnection { connection in
+            try Self.page(try connection.pipeline([statement])[0], limit: limit, framing: framing)
         }
     }
 
-    private static func pull(
-        for user: UUID, after: Int64, limit: Int, framing: EventPageEncoder.Framing, on connection: PostgresConnection
-    ) throws -> Page {
-        let rows = try connection.pipeline([
-            .begin,
-            scope(to: user),
-            // Prepared: whatever the values, the (user_id, seq) index is the plan.
-            .prepared(
-                """
-                select seq, id, type, payload, client_id, client_timestamp, created_at
-                from events where user_id = $1 and seq > $2 order by seq limit $3
-                """, user, after, Int64(limit + 1)),
-            .commit,
-        ])[2]
+    /// The pull's one statement (prepared once per connection: whatever the values, the
+    /// `(user_id, seq)` index is the plan).
+    static func pullStatement(for user: UUID, after: Int64, limit: Int) -> PostgresStatement {
+        .prepared(
+            "select seq, id, type, payload, client_id, client_timestamp, created_at from trunk_sync_pull($1, $2, $3)",
+            user, after, Int64(limit + 1))
+    }
+
+    /// The page from the statement's `limit + 1` rows, encoded.
+    private static func page(_ rows: PostgresResult, limit: Int, framing: EventPageEncoder.Framing) throws -> Page {
         let count = min(rows.count, limit)
         let (json, lastSeq) = try EventPageEncoder.encode(rows, count: count, framing: framing)
         return Page(eventsJSON: json, count: count, lastSeq: lastSeq, hasMore: rows.count > limit)
     }
+}
+
+/// Where `EventStore` keeps its loop pool: set once when the server starts, shared by every
+/// copy of the store.
+final class LoopPoolSlot: Sendable {
+    let pool = Mutex<PostgresLoopPool?>(nil)
 }
 
 /// An insert skipped an event the look-up under the user's lock did not find (never expected:

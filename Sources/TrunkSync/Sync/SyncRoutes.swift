@@ -58,7 +58,7 @@ public struct SyncRoutes: Sendable {
         writer.beginArray("results")
         for result in results {
             writer.beginObject()
-            writer.string("client_id", result.clientID.uuidString.lowercased())
+            writer.string("client_id", UUIDText.lowercase(result.clientID))
             writer.string("status", result.created ? "created" : "duplicate")
             writer.int("seq", result.seq)
             writer.endObject()

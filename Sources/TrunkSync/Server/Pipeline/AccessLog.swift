@@ -98,7 +98,7 @@ final class AccessLog: Sendable {
             Self.appendPadded(entry.status, width: 1, to: &out)
             if let user = entry.userID {
                 out.append(contentsOf: " user_id=".utf8)
-                out.append(contentsOf: user.uuidString.lowercased().utf8)
+                out.append(contentsOf: UUIDText.lowercase(user).utf8)
             }
         case .json:
             out.append(contentsOf: "{\"ts\":\"".utf8)
@@ -125,7 +125,7 @@ final class AccessLog: Sendable {
             out.append(UInt8(ascii: "\""))
             if let user = entry.userID {
                 out.append(contentsOf: ",\"user_id\":\"".utf8)
-                out.append(contentsOf: user.uuidString.lowercased().utf8)
+                out.append(contentsOf: UUIDText.lowercase(user).utf8)
                 out.append(UInt8(ascii: "\""))
             }
             out.append(UInt8(ascii: "}"))

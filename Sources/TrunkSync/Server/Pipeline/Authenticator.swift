@@ -46,16 +46,26 @@ struct Authenticator: Sendable {
     }
 
     /// The token of `Bearer <token>` (scheme case-insensitive, surrounding blanks ignored).
+    /// Byte by byte: on every authenticated request (Foundation's `trimmingCharacters` went
+    /// through UTF-16 and cost more than verifying the token).
     static func bearerToken(_ header: String?) -> String? {
         guard let header else { return nil }
         let utf8 = header.utf8
         guard utf8.count > 7 else { return nil }
-        let scheme = utf8.prefix(6)
-        guard String(decoding: scheme, as: UTF8.self).lowercased() == "bearer",
-            utf8[utf8.index(utf8.startIndex, offsetBy: 6)] == UInt8(ascii: " ")
-        else { return nil }
-        let token = header.dropFirst(7).trimmingCharacters(in: .whitespaces)
-        return token.isEmpty ? nil : token
+        var index = utf8.startIndex
+        for expected in "bearer".utf8 {
+            // ASCII letters only: `| 0x20` lowercases them and no other byte maps onto one.
+            guard utf8[index] | 0x20 == expected else { return nil }
+            index = utf8.index(after: index)
+        }
+        guard utf8[index] == UInt8(ascii: " ") else { return nil }
+        func isBlank(_ byte: UInt8) -> Bool { byte == UInt8(ascii: " ") || byte == UInt8(ascii: "\t") }
+        var start = utf8.index(after: index)
+        var end = utf8.endIndex
+        while start < end, isBlank(utf8[start]) { start = utf8.index(after: start) }
+        while end > start, isBlank(utf8[utf8.index(before: end)]) { end = utf8.index(before: end) }
+        guard start < end else { return nil }
+        return String(Substring(utf8[start..<end]))
     }
 
     static func missing(_ family: APIFamily) -> APIError {

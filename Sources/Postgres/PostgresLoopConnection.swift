@@ -1,0 +1,147 @@
+import CLibPQ
+import Foundation
+
+/// A `PostgresConnection` driven without blocking by a `PostgresEventLoop`: libpq in
+/// non-blocking pipeline mode, its socket watched by the loop. Confined to the loop's
+/// thread; leased by `PostgresLoopPool` to one task at a time, which runs one pipeline at a
+/// time (`pipeline` suspends the task; nothing blocks).
+///
+/// States: idle (nothing sent) → sending (libpq's buffer not yet on the socket: writable
+/// is watched) → waiting (readable is watched; results gathered as they arrive) → idle at
+/// the pipeline's sync. Any I/O failure (server restart, terminated backend) makes it
+/// broken: the waiting task is resumed with `.connectionClosed`, the socket is no longer
+/// watched, and the pool closes and replaces it.
+public final class PostgresLoopConnection: @unchecked Sendable {
+    let connection: PostgresConnection
+    let loop: any PostgresEventLoop
+    private let fd: Int32
+    private var pending: (collector: PostgresConnection.PipelineCollector, continuation: CheckedContinuation<[PostgresResult], any Error>)?
+    private var watchingWritable = false
+    /// No further use: I/O failed or the connection was closed.
+    private(set) var isBroken = false
+
+    /// Takes over an open connection, on the loop's thread.
+    init(_ connection: PostgresConnection, loop: any PostgresEventLoop) throws {
+        self.connection = connection
+        self.loop = loop
+        self.fd = connection.socket
+        guard fd >= 0, PQsetnonblocking(connection.handle, 1) == 0, PQenterPipelineMode(connection.handle) == 1 else {
+            throw connection.connectionError()
+        }
+        loop.watch(fd, writable: false) { [unowned self] readiness in self.ready(readiness) }
+    }
+
+    /// Whether the connection can take the next pipeline.
+    var isUsable: Bool { !isBroken && connection.isOpen && pending == nil }
+
+    /// Whether a transaction is open (or failed).
+    public var isInTransaction: Bool { connection.isInTransaction }
+
+    /// Runs `statements` in one round trip and returns their results in order; the first
+    /// that fails is thrown and the server skips the rest (as `PostgresConnection.pipeline`).
+    /// On the loop's thread, one pipeline at a time.
+    @discardableResult
+    public func pipeline(_ statements: [PostgresStatement]) async throws -> [PostgresResult] {
+        guard !statements.isEmpty else { return [] }
+        guard !isBroken, connection.isOpen else { throw connection.connectionError() }
+        precondition(pending == nil, "one pipeline at a time on a leased connection")
+        if let observer = connection.statementObserver { statements.forEach { observer($0.sql) } }
+        return try await withCheckedThrowingContinuation { continuation in
+            do {
+                let replies = try connection.sendPipeline(statements)
+                pending = (PostgresConnection.PipelineCollector(replies: replies), continuation)
+                flush()
+            } catch {
+                lose()
+                continuation.resume(throwing: error)
+            }
+        }
+    }
+
+    /// As `PostgresConnection.pipelinedTransaction`: whatever transaction `body` leaves open,
+    /// by throwing or by returning early, is rolled back.
+    public func pipelinedTransaction<T>(_ body: (PostgresLoopConnection) async throws -> T) async throws -> T {
+        do {
+            let value = try await body(self)
+            if !isBroken, connection.isOpen, isInTransaction { try await pipeline([.rollback]) }
+            return value
+        } catch {
+            if !isBroken, connection.isOpen, isInTransaction { _ = try? await pipeline([.rollback]) }
+            throw error
+        }
+    }
+
+    private func flush() {
+        switch PQflush(connection.handle) {
+        case 0: setWritable(false)
+        case 1: setWritable(true)
+        default: lose()
+        }
+    }
+
+    private func setWritable(_ writable: Bool) {
+        guard writable != watchingWritable, !isBroken else { return }
+        watchingWritable = writable
+        loop.watch(fd, writable: writable) { [unowned self] readiness in self.ready(readiness) }
+    }
+
+    private func ready(_ readiness: PostgresIOReadiness) {
+        guard !isBroken else { return }
+        if readiness.writable { flush() }
+        guard readiness.readable, !isBroken else { return }
+        guard PQconsumeInput(connection.handle) == 1 else { return lose() }
+        // What an idle session may receive: notifications (nobody listens here) and notices.
+        while let notification = PQnotifies(connection.handle) { PQfreemem(notification) }
+        var separators = 0
+        while pending != nil, PQisBusy(connection.handle) == 0 {
+            guard let result = PQgetResult(connection.handle) else {
+                // NULL ends each statement's results; two in a row: nothing more has arrived.
+                separators += 1
+                if separators > 1 { break }
+                continue
+            }
+            separators = 0
+            if PQresultStatus(result) == PGRES_PIPELINE_SYNC {
+                PQclear(result)
+                complete()
+                continue
+            }
+            do {
+                try pending?.collector.accept(result, on: connection)
+            } catch {
+                return lose(error)
+            }
+        }
+        if PQstatus(connection.handle) != CONNECTION_OK { lose() }
+    }
+
+    private func complete() {
+        guard let (collector, continuation) = pending else { return }
+        pending = nil
+        continuation.resume(with: Result { try collector.finish() })
+    }
+
+    /// The connection is unusable: fail the waiting pipeline, stop watching.
+    private func lose(_ error: (any Error)? = nil) {
+        guard !isBroken else { return }
+        isBroken = true
+        connection.lostTrack = true
+        loop.unwatch(fd)
+        if let (_, continuation) = pending {
+            pending = nil
+            continuation.resume(throwing: error ?? connection.connectionError())
+        }
+    }
+
+    /// Stops watching the socket (before the connection is closed). On the loop's thread.
+    func close() {
+        if !isBroken {
+            isBroken = true
+            loop.unwatch(fd)
+        }
+        if let (_, continuation) = pending {
+            pending = nil
+            continuation.resume(throwing: PostgresError(kind: .poolClosed, message: "the database pool is closed"))
+        }
+    }
+}

@@ -1,0 +1,198 @@
+import Foundation
+import Logging
+import Synchronization
+
+/// A pool of non-blocking connections owned by one event loop: the same `PoolStateMachine`
+/// as `PostgresPool` (bounded, FIFO waiting, acquire timeout, replacement of broken
+/// connections), driven from the loop's thread, so a request's queries are sent, awaited
+/// and read on the thread that handles the request, and a waiting request holds no thread.
+///
+/// Opening a connection is the one blocking step (`PQconnectdbParams`, rare): it runs on a
+/// short-lived thread of its own, which hands the open connection to the loop.
+public final class PostgresLoopPool: @unchecked Sendable {
+    /// Where connections go.
+    public let connectionConfiguration: PostgresConfiguration
+    /// The pool's settings (`maxWaiting`, `acquireTimeout`, session settings, observer).
+    public let configuration: PostgresPool.Configuration
+    /// The loop that drives every connection of this pool.
+    public let loop: any PostgresEventLoop
+    private let logger: Logger
+
+    // Loop-confined state.
+    private var machine: PoolStateMachine
+    private var connections: [PoolStateMachine.ConnectionID: PostgresLoopConnection] = [:]
+    private var waiters: [PoolStateMachine.RequestID: CheckedContinuation<PoolStateMachine.ConnectionID, any Error>] = [:]
+    private var nextRequestID: PoolStateMachine.RequestID = 0
+    private var lastOpenError: (any Error)?
+    private var closeWaiters: [CheckedContinuation<Void, Never>] = []
+    private var ticking = false
+    /// Open and leased connections and waiting requests, for metrics from any thread.
+    private let counts = Atomic<Int>(0)
+
+    /// A pool on `loop`; nothing is opened until the first request.
+    public init(
+        _ connection: PostgresConfiguration, configuration: PostgresPool.Configuration, loop: any PostgresEventLoop,
+        logger: Logger
+    ) {
+        self.connectionConfiguration = connection
+        self.configuration = configuration
+        self.loop = loop
+        self.logger = logger
+        machine = PoolStateMachine(
+            configuration: .init(maxConnections: configuration.maxConnections, maxWaiting: configuration.maxWaiting))
+    }
+
+    /// The pool's current state (read from any thread; approximate while it changes).
+    public var statistics: PostgresPool.Statistics {
+        let packed = counts.load(ordering: .relaxed)
+        return PostgresPool.Statistics(
+            open: packed & 0xFFFF, inUse: (packed >> 16) & 0xFFFF, waiting: packed >> 32,
+            maxConnections: configuration.maxConnections)
+    }
+
+    /// Runs `body` with a leased connection on the loop's thread and returns its result.
+    /// Whatever transaction `body` leaves open is rolled back before the connection is
+    /// reused; a connection that broke is replaced.
+    /// - Throws: `.poolExhausted` after `acquireTimeout`, `.poolClosed`, connection errors,
+    ///   or whatever `body` throws.
+    public func withConnection<T: Sendable>(
+        _ body: (PostgresLoopConnection) async throws -> T
+    ) async throws -> T {
+        try await withTaskExecutorPreference(loop) {
+            let (id, connection) = try await acquire()
+            do {
+                let value = try await body(connection)
+                await release(id, connection)
+                return value
+            } catch {
+                await release(id, connection)
+                throw error
+            }
+        }
+    }
+
+    /// Stops the pool: waiting requests fail with `.poolClosed`, leased connections close
+    /// when given back, idle ones at once.
+    public func close() async {
+        await withTaskExecutorPreference(loop) {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                closeWaiters.append(continuation)
+                perform(machine.shutdown())
+            }
+        }
+    }
+
+    // MARK: - On the loop's thread
+
+    private func acquire() async throws -> (PoolStateMachine.ConnectionID, PostgresLoopConnection) {
+        // A connection found broken when leased (the server closed it while idle) is given
+        // back and another taken, as often as there are connections.
+        for _ in 0...configuration.maxConnections {
+            nextRequestID &+= 1
+            let request = nextRequestID
+            let deadline = monotonicNanoseconds() + UInt64(max(0, configuration.acquireTimeout.nanoseconds))
+            let id = try await withTaskCancellationHandler {
+                try await withCheckedThrowingContinuation { continuation in
+                    waiters[request] = continuation
+                    perform(machine.request(request, deadline: deadline))
+                    startTicking()
+                }
+            } onCancel: {
+                Task(executorPreference: loop) { self.perform(self.machine.cancel(request)) }
+            }
+            guard let connection = connections[id] else { continue }
+            if connection.isUsable { return (id, connection) }
+            logger.warning("replacing a broken database connection")
+            perform(machine.connectionReleased(id, reusable: false))
+        }
+        throw PostgresError(kind: .connectionClosed, message: "no usable database connection")
+    }
+
+    private func release(_ id: PoolStateMachine.ConnectionID, _ connection: PostgresLoopConnection) async {
+        if connection.isUsable, connection.isInTransaction {
+            _ = try? await connection.pipeline([.rollback])
+        }
+        perform(machine.connectionReleased(id, reusable: connection.isUsable && !connection.isInTransaction))
+    }
+
+    /// Reports the time to the state machine while requests wait (their deadlines).
+    private func startTicking() {
+        guard !ticking, machine.nextDeadline != nil else { return }
+        ticking = true
+        Task(executorPreference: loop) {
+            while let deadline = self.machine.nextDeadline {
+                let now = monotonicNanoseconds()
+                if deadline > now {
+                    try? await Task.sleep(nanoseconds: min(deadline - now, 100_000_000))
+                    continue
+                }
+                let actions = self.machine.timePassed(now)
+                if !actions.isEmpty {
+                    self.logger.warning("database pool exhausted", metadata: ["timed_out": "\(actions.count)"])
+                }
+                self.perform(actions)
+            }
+            self.ticking = false
+        }
+    }
+
+    private func perform(_ actions: [PoolStateMachine.Action]) {
+        for action in actions {
+            switch action {
+            case .lease(let connection, let request):
+                waiters.removeValue(forKey: request)?.resume(returning: connection)
+            case .open(let id):
+                open(id)
+            case .fail(let request, let reason):
+                waiters.removeValue(forKey: request)?.resume(
+                    throwing: reason.error(acquireTimeout: configuration.acquireTimeout, openError: lastOpenError))
+            case .close(let id):
+                connections.removeValue(forKey: id)?.close()
+            case .shutdownComplete:
+                let waiting = closeWaiters
+                closeWaiters = []
+                for waiter in waiting { waiter.resume() }
+            }
+        }
+        let waiting = machine.waitingCount
+        counts.store(
+            machine.openCount | (machine.leasedCount << 16) | (waiting << 32), ordering: .relaxed)
+    }
+
+    private func open(_ id: PoolStateMachine.ConnectionID) {
+        let configuration = self.configuration
+        let target = connectionConfiguration
+        let loop = self.loop
+        startThread(name: "pg-open-\(id % 1000)") {
+            let opened = Result { () throws -> PostgresConnection in
+                let connection = try PostgresConnection.connect(target)
+                for setting in configuration.sessionSettings {
+                    try connection.query("select set_config($1, $2, false)", setting.name, setting.value)
+                }
+                connection.statementObserver = configuration.statementObserver
+                return connection
+            }
+            let handOver = UncheckedBox(opened)
+            Task(executorPreference: loop) { self.opened(id, handOver.value) }
+        }
+    }
+
+    private func opened(_ id: PoolStateMachine.ConnectionID, _ result: Result<PostgresConnection, any Error>) {
+        do {
+            let connection = try PostgresLoopConnection(try result.get(), loop: loop)
+            connections[id] = connection
+            perform(machine.connectionOpened(id))
+        } catch {
+            lastOpenError = error
+            perform(machine.connectionFailed(id))
+        }
+    }
+
+}
+
+/// Carries a value that is not `Sendable` from the thread that made it to the loop, which
+/// is its only user from then on.
+private struct UncheckedBox<Value>: @unchecked Sendable {
+    let value: Value
+    init(_ value: Value) { self.value = value }
+}

@@ -1,0 +1,184 @@
+import Foundation
+import HTTPServer
+import Logging
+import Postgres
+import Synchronization
+import TestSupport
+import XCTest
+
+@testable import TrunkSync
+
+/// Database connections driven by an HTTP server's event loop (`PostgresLoopPool`): queries
+/// run on the loop's thread without blocking it; failures, cancellation, exhaustion and
+/// shutdown behave as with the blocking pool.
+final class LoopPoolTests: XCTestCase {
+    var database: PostgresConfiguration!
+    var server: HTTPServer<NothingResponder>!
+
+    override func setUp() async throws {
+        database = try TestDatabase.create(prefix: "looppool")
+        var configuration = HTTPServerConfiguration()
+        configuration.port = 0
+        server = HTTPServer(configuration: configuration, responder: NothingResponder(), logger: TestDatabase.quietLogger)
+        try server.start()
+    }
+
+    override func tearDown() async throws {
+        server.shutdown()
+        await server.waitUntilStopped()
+        try TestDatabase.drop(database)
+    }
+
+    func pool(size: Int = 4, timeout: Duration = .seconds(5)) -> PostgresLoopPool {
+        var settings = PostgresPool.Configuration()
+        settings.maxConnections = size
+        settings.acquireTimeout = timeout
+        return PostgresLoopPool(database, configuration: settings, loop: server.executor, logger: TestDatabase.quietLogger)
+    }
+
+    func testQueriesRunOnTheLoopsThreadAndConnectionsAreReused() async throws {
+        let pool = pool(size: 2)
+        let executor = server.executor
+        for round in 0..<20 {
+            let (value, onLoop, pid) = try await pool.withConnection { connection in
+                let rows = try await connection.pipeline([.prepared("select $1::bigint + 1, pg_backend_pid()", Int64(round))])[0]
+                return (try rows[0].decode(Int64.self, column: 0), executor.isOnLoopThread, try rows[0].decode(Int32.self, column: 1))
+            }
+            XCTAssertEqual(value, Int64(round) + 1)
+            XCTAssertTrue(onLoop)
+            XCTAssertNotEqual(pid, 0)
+        }
+        XCTAssertEqual(pool.statistics.open, 1, "one request at a time needs one connection")
+        await pool.close()
+    }
+
+    func testAFailedStatementIsThrownAndTheTransactionRolledBack() async throws {
+        let pool = pool(size: 1)
+        do {
+            _ = try await pool.withConnection { connection in
+                try await connection.pipelinedTransaction { connection in
+                    try await connection.pipeline([.begin, PostgresStatement("select 1/0")])
+                }
+            }
+            XCTFail("division by zero must throw")
+        } catch let error as PostgresError {
+            XCTAssertEqual(error.sqlState, SQLState(rawValue: "22012"))  // division_by_zero
+        }
+        // The same (only) connection, usable and outside any transaction.
+        let status = try await pool.withConnection { connection in
+            try await connection.pipeline([PostgresStatement("select 1")])[0].count
+        }
+        XCTAssertEqual(status, 1)
+        await pool.close()
+    }
+
+    func testAConnectionLostMidQueryFailsThatQueryAndIsReplaced() async throws {
+        let pool = pool(size: 1)
+        let database = self.database!
+        do {
+            _ = try await pool.withConnection { connection in
+                let pid = try await connection.pipeline([PostgresStatement("select pg_backend_pid()")])[0][0]
+                    .decode(Int32.self, column: 0)
+                // Terminated while it sleeps: the server restarting under a running pipeline.
+                Thread.detachNewThread {
+                    Thread.sleep(forTimeInterval: 0.2)
+                    _ = try? PostgresConnection.connect(database).query("select pg_terminate_backend($1)", pid)
+                }
+                return try await connection.pipeline([PostgresStatement("select pg_sleep(10)")]).count
+            }
+            XCTFail("the query must fail")
+        } catch let error as PostgresError {
+            XCTAssertEqual(error.kind, .connectionClosed, "\(error)")
+        }
+        let answer = try await pool.withConnection { connection in
+            try await connection.pipeline([PostgresStatement("select 42")])[0][0].decode(Int.self, column: 0)
+        }
+        XCTAssertEqual(answer, 42)
+        await pool.close()
+    }
+
+    func testALargeResultDoesNotHoldUpOtherQueriesOnTheLoop() async throws {
+        let pool = pool(size: 2)
+        let order = Mutex<[String]>([])
+        async let large: Int = pool.withConnection { connection in
+            let rows = try await connection.pipeline([
+                PostgresStatement("select repeat('x', 200) from pg_sleep(0.3), generate_series(1, 100000)")
+            ])[0]
+            order.withLock { $0.append("large") }
+            return rows.count
+        }
+        try await Task.sleep(for: .milliseconds(50))
+        let small = try await pool.withConnection { connection in
+            try await connection.pipeline([PostgresStatement("select 1")])[0].count
+        }
+        order.withLock { $0.append("small") }
+        let count = try await large
+        XCTAssertEqual(count, 100_000)
+        XCTAssertEqual(small, 1)
+        XCTAssertEqual(order.withLock { $0 }, ["small", "large"])
+        await pool.close()
+    }
+
+    func testWaitingIsBoundedInTimeAndACancelledWaiterLeavesTheQueue() async throws {
+        let pool = pool(size: 1, timeout: .milliseconds(300))
+        let holding = Mutex(false)
+        async let holder: Void = pool.withConnection { connection in
+            holding.withLock { $0 = true }
+            try await connection.pipeline([PostgresStatement("select pg_sleep(1.5)")])
+        }
+        while !holding.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(5)) }
+        // Exhausted: the waiter fails after the acquire timeout with poolExhausted.
+        let started = ContinuousClock.now
+        do {
+            _ = try await pool.withConnection { _ in 1 }
+            XCTFail("must time out")
+        } catch let error as PostgresError {
+            XCTAssertEqual(error.kind, .poolExhausted)
+            XCTAssertLessThan(ContinuousClock.now - started, .seconds(1.4))
+        }
+        // Cancelled while waiting: CancellationError, and the queue is empty again.
+        let waiter = Task { try await pool.withConnection { _ in 1 } }
+        try await Task.sleep(for: .milliseconds(50))
+        waiter.cancel()
+        do {
+            _ = try await waiter.value
+            XCTFail("a cancelled waiter must not get a connection")
+        } catch {
+            XCTAssertTrue(error is CancellationError, "\(error)")
+        }
+        XCTAssertEqual(pool.statistics.waiting, 0)
+        try await holder
+        await pool.close()
+    }
+
+    func testShutdownFailsWaitersAndLetsTheRunningQueryFinish() async throws {
+        let pool = pool(size: 1)
+        let holding = Mutex(false)
+        async let holder: Int = pool.withConnection { connection in
+            holding.withLock { $0 = true }
+            return try await connection.pipeline([PostgresStatement("select 7 from pg_sleep(0.5)")])[0][0]
+                .decode(Int.self, column: 0)
+        }
+        while !holding.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(5)) }
+        let waiter = Task { try await pool.withConnection { _ in 1 } }
+        try await Task.sleep(for: .milliseconds(50))
+        await pool.close()
+        do {
+            _ = try await waiter.value
+            XCTFail("a waiter must fail at shutdown")
+        } catch let error as PostgresError {
+            XCTAssertEqual(error.kind, .poolClosed)
+        }
+        let finished = try await holder
+        XCTAssertEqual(finished, 7)
+    }
+}
+
+/// A responder for a server that only lends its loop.
+struct NothingResponder: HTTPResponder {
+    func admit(_ head: HTTPRequestHead, client: String) -> Admission<Int> { .answer(.json(.ok, "{}"), 0) }
+    func respond(to request: HTTPRequest, context: Int) -> Reply<Int> { .now(.json(.ok, "{}"), 0) }
+    func complete(_ response: inout HTTPResponse, context: Int) {}
+    func reject(_ error: HTTPParserError, peer: String) -> HTTPResponse { .json(400, "{}") }
+    func refuseConnection() -> HTTPResponse { .json(503, "{}") }
+}
