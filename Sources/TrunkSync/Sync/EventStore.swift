@@ -262,9 +262,12 @@ public struct EventStore: Sendable {
     }
 
     /// A pull whose events are written with `framing` (the stream's Server-Sent Events).
+    /// The stream's reads (`framing: .serverSentEvents`) use the blocking pool: they are not
+    /// requests the HTTP server drains before it stops, and a query left waiting on a loop
+    /// that has stopped would never finish (nor would closing the loop's pool).
     func pull(for user: UUID, after: Int64, limit: Int, framing: EventPageEncoder.Framing) async throws -> Page {
         let statement = Self.pullStatement(for: user, after: after, limit: limit)
-        if let loopPool = loopDriven {
+        if framing == .jsonArray, let loopPool = loopDriven {
             return try await loopPool.withConnection { connection in
                 try Self.page(try await connection.pipeline([statement])[0], limit: limit, framing: framing)
             }

@@ -286,15 +286,16 @@ public final class EventStreams: Sendable {
         return .databaseError
     }
 
-    /// No new streams from now on; stops the ticker (open streams end with the HTTP
-    /// server's shutdown, which cancels them).
+    /// No new streams from now on; stops the ticker and the hubs (open streams end with the
+    /// HTTP server's shutdown, which cancels them).
     func close() {
-        let ticker = state.withLock { state in
+        let (ticker, hubs) = state.withLock { state in
             state.closed = true
             defer { state.ticker = nil }
-            return state.ticker
+            return (state.ticker, Array(state.hubs.values))
         }
         ticker?.cancel()
+        for hub in hubs { hub.stopFollowing() }
     }
 }
 
@@ -392,11 +393,18 @@ final class LiveHub: Sendable {
             state.task = Task { [self] in
                 while !Task.isCancelled {
                     await subscription.next()
-                    if Task.isCancelled { break }
+                    // Shutdown wakes every subscription: the streams end, nothing is read.
+                    if Task.isCancelled || streams.notifier.isShutDown { break }
                     await fanOut()
                 }
             }
         }
+    }
+
+    /// Stops reading for the parked streams (shutdown: they end when the HTTP server
+    /// cancels them).
+    func stopFollowing() {
+        state.withLock { $0.task }?.cancel()
     }
 
     /// The user's last stream ended: stops following (streams parked meanwhile end).
