@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages trunk-sync needs to build, run and test, skipping those present.
+# Installs the Debian packages trunk-sync needs to build, run and test, and any named as
+# arguments, skipping those present.
 set -euo pipefail
 
 # With arguments: those packages instead (scripts/test.sh adds the browser its tests drive).

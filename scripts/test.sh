@@ -6,14 +6,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/deps.sh
-# The console's browser tests drive Debian's Chromium through its chromedriver (Selenium never
-# downloads a browser here).
+# Debian's Chromium and its chromedriver for the browser tests (the console, the event
+# stream's EventSource); Selenium never downloads a browser here.
 scripts/deps.sh chromium chromium-driver
 swift build --build-tests
 
 # Python tools the tests drive: the real supabase client, compose schema validation, YAML,
 # for docs/openapi.json its validator and schemathesis (which brings jsonschema), and
-# Selenium for the console's browser tests.
+# Selenium for the browser tests (the console; the event stream's EventSource).
 venv=.build/test-venv
 if ! "$venv/bin/python" -c "import supabase, yaml, check_jsonschema, prometheus_client, openapi_spec_validator, schemathesis, jsonschema, selenium" 2>/dev/null \
   || [ "$("$venv/bin/schemathesis" --version 2>/dev/null)" != "schemathesis, version 4.32.5" ]; then

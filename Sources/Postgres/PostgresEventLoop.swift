@@ -8,6 +8,10 @@ public protocol PostgresEventLoop: TaskExecutor {
     /// True on the loop's thread.
     var isOnLoopThread: Bool { get }
 
+    /// False once the loop has stopped waiting on sockets: nothing watched is reported any
+    /// more (jobs still run, one at a time).
+    var isRunning: Bool { get }
+
     /// Reports readiness of `fd` to `handler`, on the loop's thread (level-triggered):
     /// readable (or hung up) always, writable while `writable` is true. Called again for
     /// the same descriptor, it changes `writable`. Only on the loop's thread.

@@ -78,6 +78,12 @@ public final class PostgresLoopPool: @unchecked Sendable {
             await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
                 closeWaiters.append(continuation)
                 perform(machine.shutdown())
+                // A stopped loop reads no socket: a pipeline still waiting would wait for
+                // ever, and its connection never come back. Fail it (its task then gives the
+                // connection back, which completes the shutdown).
+                if !loop.isRunning {
+                    for connection in connections.values { connection.close() }
+                }
             }
         }
     }

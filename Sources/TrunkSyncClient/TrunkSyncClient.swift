@@ -379,8 +379,8 @@ public actor TrunkSyncClient {
     ///
     /// Today this long-polls `GET /sync/v1/events?wait=` (`Configuration.longPollWait`):
     /// the server holds each request until the user's next push, so events from another
-    /// device arrive within a round trip. (The server's `/sync/v1/stream` Server-Sent
-    /// Events route does not exist yet; `LiveFeed` is where it will plug in.)
+    /// device arrive within a round trip. (The server also offers `GET /sync/v1/stream`,
+    /// Server-Sent Events; a feed over it would plug in at `LiveFeed`, not written yet.)
     ///
     /// The cursor of a page is stored when the loop asks for the next one, i.e. after the
     /// loop's body applied it; a page whose body did not finish comes again. Failures

@@ -171,6 +171,13 @@ final class OpenAPITests: EndToEndTestCase {
         try exchange("empty pull", "GET", "/sync/v1/events?after=1000", headers: bearer)
         try exchange("bad limit", "GET", "/sync/v1/events?limit=0", headers: bearer)
         try exchange("unauthenticated push", "POST", "/sync/v1/events", body: push)
+        // The stream's refusals (its body, endless, is checked in EventStreamTests).
+        let eventStream = ("Accept", "text/event-stream")
+        try exchange("stream without Accept", "GET", "/sync/v1/stream", headers: bearer)
+        try exchange("stream with bad after", "GET", "/sync/v1/stream?after=x", headers: bearer + [eventStream])
+        try exchange(
+            "stream with bad Last-Event-ID", "GET", "/sync/v1/stream", headers: bearer + [eventStream, ("Last-Event-ID", "x")])
+        try exchange("stream without token", "GET", "/sync/v1/stream", headers: [eventStream])
 
         // REST.
         let user = try XCTUnwrap((session["user"] as? [String: Any])?["id"] as? String)

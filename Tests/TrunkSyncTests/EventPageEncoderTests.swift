@@ -68,6 +68,31 @@ final class EventPageEncoderTests: XCTestCase {
         XCTAssertEqual(parsed[3]["seq"] as? Int, Int.max)
     }
 
+    /// The stream's framing: one message per event, `id:` its seq, `data:` the very object
+    /// of the pull (each on one line, line breaks in strings escaped).
+    func testServerSentEventsFramingWrapsEachPullObject() throws {
+        let connection = try PostgresConnection.connect(try TestDatabase.adminConfiguration())
+        let rows = try connection.query(Self.query)
+        let (sse, lastSeq) = try EventPageEncoder.encode(rows, count: rows.count, framing: .serverSentEvents)
+        XCTAssertEqual(lastSeq, Int64.max)
+        let objects = try XCTUnwrap(
+            try JSONSerialization.jsonObject(with: Data(try Self.reference(rows, count: rows.count))) as? [Any])
+        var expected = ""
+        for index in 0..<rows.count {
+            let single = try Self.reference(rows, count: index + 1)
+            let previous = index == 0 ? 1 : try Self.reference(rows, count: index).count
+            // The reference array's element `index`: what follows the previous prefix's `]`.
+            let object = String(decoding: single[previous..<(single.count - 1)], as: UTF8.self)
+            let trimmed = object.hasPrefix(",") ? String(object.dropFirst()) : object
+            expected += "id: \(try rows[index].decode(Int64.self, column: 0))\nevent: event\ndata: \(trimmed)\n\n"
+        }
+        XCTAssertEqual(objects.count, rows.count)
+        XCTAssertEqual(String(decoding: sse, as: UTF8.self), expected)
+        let (empty, none) = try EventPageEncoder.encode(rows, count: 0, framing: .serverSentEvents)
+        XCTAssertEqual(empty, [])
+        XCTAssertNil(none)
+    }
+
     func testRejectsAnotherShapeAndNulls() throws {
         let connection = try PostgresConnection.connect(try TestDatabase.adminConfiguration())
         let wrongType = try connection.query(

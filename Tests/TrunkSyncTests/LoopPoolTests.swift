@@ -172,6 +172,31 @@ final class LoopPoolTests: XCTestCase {
         let finished = try await holder
         XCTAssertEqual(finished, 7)
     }
+
+    func testClosingAfterTheLoopStoppedEndsAQueryStillWaiting() async throws {
+        let pool = pool(size: 1)
+        let sent = Mutex(false)
+        let query = Task {
+            try await pool.withConnection { connection in
+                async let result = connection.pipeline([PostgresStatement("select pg_sleep(3)")])
+                sent.withLock { $0 = true }
+                return try await result.count
+            }
+        }
+        while !sent.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(5)) }
+        // The loop stops with the pipeline in flight: nobody reads its socket any more.
+        server.shutdown()
+        await server.waitUntilStopped()
+        let began = ContinuousClock.now
+        await pool.close()
+        XCTAssertLessThan(ContinuousClock.now - began, .seconds(2), "close must not wait for the orphaned query")
+        do {
+            _ = try await query.value
+            XCTFail("the orphaned query must fail")
+        } catch let error as PostgresError {
+            XCTAssertEqual(error.kind, .poolClosed)
+        }
+    }
 }
 
 /// A responder for a server that only lends its loop.

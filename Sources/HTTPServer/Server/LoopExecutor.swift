@@ -55,6 +55,9 @@ public final class LoopExecutor: TaskExecutor, @unchecked Sendable {
         loopThread = pthread_self()
     }
 
+    /// False once the loop has ended (its sockets are no longer watched).
+    public var isRunning: Bool { !queue.withLock { $0.stopped } }
+
     /// True on the loop's thread.
     public var isOnLoopThread: Bool {
         if let loopThread, pthread_equal(loopThread, pthread_self()) != 0 { return true }

@@ -95,6 +95,9 @@ public struct Configuration: Sendable {
     /// `TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT` (0: no cap).
     public private(set) var httpMaxConnectionsPerClient: Int = 256
 
+    /// The event streams' limits and heartbeat (`stream_*`).
+    public private(set) var streams = EventStreams.Settings()
+
     /// Sign-in rules from `jwt_expiry`, `otp_*`, `rate_limit_*`, `refresh_reuse_interval`,
     /// `mail_senders`, `mail_queue_size`.
     public private(set) var auth = AuthSettings()
@@ -233,6 +236,10 @@ public struct Configuration: Sendable {
                 throw error("public_url", "must be an http:// or https:// URL")
             }
         }
+        streams.heartbeat = try integer("stream_heartbeat", 1...3600) ?? streams.heartbeat
+        streams.maxPerUser = try integer("stream_max_per_user", 1...100_000) ?? streams.maxPerUser
+        streams.maxTotal = try integer("stream_max", 1...1_000_000) ?? streams.maxTotal
+        streams.bufferBytes = try integer("stream_buffer", 4096...64 * 1024 * 1024) ?? streams.bufferBytes
         jwtExpiry = try integer("jwt_expiry", 60...86_400 * 7) ?? jwtExpiry
         auth.otpLifetime = try integer("otp_expiry", 30...86_400) ?? auth.otpLifetime
         auth.otpResendInterval = try integer("otp_resend_interval", 0...3600) ?? auth.otpResendInterval

@@ -129,6 +129,18 @@ public struct Setting: Sendable {
         Setting(
             key: "http_max_connections_per_client", defaultValue: "256", isSecret: false,
             summary: "Most open connections from one client address (an IPv6 client counts per /64); more are answered 503 and closed. Decided at accept from the peer address (X-Forwarded-For is not read yet): trusted proxies are exempt. 0: no cap."),
+        Setting(
+            key: "stream_heartbeat", defaultValue: "15", isSecret: false,
+            summary: "Seconds between the `: keep-alive` comments of every event stream (GET /sync/v1/stream), so proxies keep idle streams open."),
+        Setting(
+            key: "stream_max_per_user", defaultValue: "10", isSecret: false,
+            summary: "Most event streams one user may have open on this instance; more are answered 429 with Retry-After."),
+        Setting(
+            key: "stream_max", defaultValue: "5000", isSecret: false,
+            summary: "Most event streams open on this instance; more are answered 429 with Retry-After. Each is an open connection: keep it below TRUNK_SYNC_HTTP_MAX_CONNECTIONS."),
+        Setting(
+            key: "stream_buffer", defaultValue: "262144", isSecret: false,
+            summary: "Bytes an event stream may have waiting for a slow client; a live event that finds it full ends the stream (the client resumes with Last-Event-ID, losing nothing)."),
     ]
 
     /// The setting with a config-file key, if any.

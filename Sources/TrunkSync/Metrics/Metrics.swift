@@ -88,6 +88,13 @@ public final class Metrics: @unchecked Sendable {
         }
     }
 
+    /// Registers a counter (at start-up, like every series) and returns its handle.
+    public func counter(_ name: String, help: String, labels: String = "") -> Counter {
+        let counter = Counter()
+        lock.withLock { counters.append((name, help, labels, counter)) }
+        return counter
+    }
+
     /// Registers a gauge read at render time.
     public func gauge(_ name: String, help: String, _ read: @escaping @Sendable () -> Double) {
         lock.withLock { gauges.append((name, help, read)) }

@@ -18,8 +18,10 @@ public struct Application: Sendable {
     public let auth: AuthService
     /// The event log.
     public let events: EventStore
-    /// Wakes long-polls (LISTEN on its own connection).
+    /// Wakes long-polls and event streams (LISTEN on its own connection).
     public let notifier: EventNotifier
+    /// The live event streams (`GET /sync/v1/stream`).
+    public let streams: EventStreams
     /// Counters, histograms and gauges for `/metrics`.
     public let metrics = Metrics()
     /// The ES256 signing keys in the database.
@@ -68,6 +70,9 @@ public struct Application: Sendable {
             secret: secret, sender: try sender ?? Self.defaultSender(configuration, logger: logger),
             settings: configuration.auth, logger: logger, metrics: metrics)
         accounts = Accounts(pool: pool, logger: logger, revocations: auth.revocations)
+        streams = EventStreams(
+            settings: configuration.streams, store: events, notifier: notifier, revocations: auth.revocations,
+            metrics: metrics, logger: logger)
         if let listener {
             // Both subscribe before the listener starts, so neither misses its first
             // `.listening` (which makes the revocations load).
@@ -226,6 +231,7 @@ public struct Application: Sendable {
         AuthRoutes(service: auth).register(in: &routes)
         SyncRoutes(store: events, notifier: notifier, metrics: metrics, revocations: auth.revocations)
             .register(in: &routes)
+        StreamRoutes(streams: streams).register(in: &routes)
         RESTRoutes(pool: pool, store: events, metrics: metrics).register(in: &routes)
         AccountRoutes(accounts: accounts, auth: auth, notifier: notifier).register(in: &routes)
         return routes
@@ -308,12 +314,17 @@ public struct Application: Sendable {
             logger: logger)
     }
 
-    /// Answers waiting long-polls at once and stops listening (graceful shutdown).
-    public func beginShutdown() { notifier.shutdown() }
+    /// Answers waiting long-polls at once, takes no new event streams and stops listening
+    /// (graceful shutdown; the HTTP server's shutdown ends the open streams).
+    public func beginShutdown() {
+        streams.close()
+        notifier.shutdown()
+    }
 
     /// Stops everything the application started: the key refresh, the listener, the mail
     /// queue (mails already queued get up to 5 seconds) and the pool.
     public func close() async {
+        streams.close()
         notifier.shutdown()
         await keyRefresh.stop()
         await auth.revocations.stop()

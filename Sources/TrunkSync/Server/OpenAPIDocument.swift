@@ -1055,6 +1055,195 @@ public enum OpenAPIDocument {
         "x-body-limit": 1024
       }
     },
+    "/sync/v1/stream": {
+      "get": {
+        "operationId": "stream",
+        "tags": [
+          "sync"
+        ],
+        "summary": "Live event stream (Server-Sent Events)",
+        "description": "The user's events with `seq` greater than the starting point (`Last-Event-ID` when sent, which a reconnecting `EventSource` does, else `after`), in `seq` order, then every new event as it commits on any instance. The body is `text/event-stream`: first `retry: 1000`, then one message per event, `id: <seq>`, `event: event`, `data: <the event object exactly as in the pull response>`, and a `: keep-alive` comment every `TRUNK_SYNC_STREAM_HEARTBEAT` seconds. The stream ends cleanly (the client reconnects with `Last-Event-ID` and loses nothing) when the access token expires, when its session is signed out, when the client reads too slowly for the server's bounded buffer, and on shutdown. The request must accept `text/event-stream` (`Accept`), else `406`. The token may be sent as the `access_token` query parameter instead of `Authorization` (browsers' `EventSource` cannot send headers); it is never logged. Limits per user and per instance answer `429` with `Retry-After` before the stream starts. Any other query parameter, or one given twice, is `400`.",
+        "parameters": [
+          {
+            "name": "after",
+            "in": "query",
+            "required": false,
+            "description": "Start after this `seq` (the id of the last event the client has).",
+            "schema": {
+              "type": "integer",
+              "minimum": 0,
+              "maximum": 9223372036854775807,
+              "default": 0
+            }
+          },
+          {
+            "name": "access_token",
+            "in": "query",
+            "required": false,
+            "description": "The access token, for clients that cannot send `Authorization` (`EventSource`). Used only when `Authorization` is absent.",
+            "schema": {
+              "type": "string"
+            }
+          },
+          {
+            "name": "Last-Event-ID",
+            "in": "header",
+            "required": false,
+            "description": "The id of the last event received; wins over `after`. Empty means none.",
+            "schema": {
+              "type": "string",
+              "pattern": "^[0-9]*$",
+              "maxLength": 19
+            }
+          }
+        ],
+        "security": [
+          {
+            "bearerAuth": []
+          }
+        ],
+        "responses": {
+          "200": {
+            "description": "The stream: `retry:`, then one message per event, and heartbeat comments; chunked, without end until one of the reasons above.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              }
+            },
+            "content": {
+              "text/event-stream": {
+                "schema": {
+                  "type": "string"
+                }
+              }
+            }
+          },
+          "400": {
+            "description": "`invalid_parameter`: `after` out of range or not an integer, an unknown or repeated parameter; `invalid_last_event_id`: `Last-Event-ID` not a non-negative integer, or sent twice.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              }
+            },
+            "content": {
+              "application/json": {
+                "schema": {
+                  "allOf": [
+                    {
+                      "$ref": "#/components/schemas/NativeError"
+                    }
+                  ],
+                  "properties": {
+                    "code": {
+                      "enum": [
+                        "invalid_parameter",
+                        "invalid_last_event_id"
+                      ]
+                    }
+                  }
+                }
+              }
+            }
+          },
+          "401": {
+            "$ref": "#/components/responses/NativeUnauthorized"
+          },
+          "406": {
+            "description": "`not_acceptable`: the request does not accept `text/event-stream`.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              }
+            },
+            "content": {
+              "application/json": {
+                "schema": {
+                  "allOf": [
+                    {
+                      "$ref": "#/components/schemas/NativeError"
+                    }
+                  ],
+                  "properties": {
+                    "code": {
+                      "enum": [
+                        "not_acceptable"
+                      ]
+                    }
+                  }
+                }
+              }
+            }
+          },
+          "413": {
+            "$ref": "#/components/responses/NativeBodyTooLarge"
+          },
+          "429": {
+            "description": "`too_many_streams`: the user, or this instance, has as many streams open as allowed (`TRUNK_SYNC_STREAM_MAX_PER_USER`, `TRUNK_SYNC_STREAM_MAX`).",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              },
+              "Retry-After": {
+                "$ref": "#/components/headers/Retry-After"
+              }
+            },
+            "content": {
+              "application/json": {
+                "schema": {
+                  "allOf": [
+                    {
+                      "$ref": "#/components/schemas/NativeError"
+                    }
+                  ],
+                  "properties": {
+                    "code": {
+                      "enum": [
+                        "too_many_streams"
+                      ]
+                    }
+                  }
+                }
+              }
+            }
+          },
+          "500": {
+            "$ref": "#/components/responses/NativeInternalError"
+          },
+          "503": {
+            "description": "`database_busy` or `database_unavailable` (the first page could not be read; `Retry-After` 1 or 5), or `shutting_down` (the instance is stopping; retry on another).",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              },
+              "Retry-After": {
+                "$ref": "#/components/headers/Retry-After"
+              }
+            },
+            "content": {
+              "application/json": {
+                "schema": {
+                  "allOf": [
+                    {
+                      "$ref": "#/components/schemas/NativeError"
+                    }
+                  ],
+                  "properties": {
+                    "code": {
+                      "enum": [
+                        "database_busy",
+                        "database_unavailable",
+                        "shutting_down"
+                      ]
+                    }
+                  }
+                }
+              }
+            }
+          }
+        },
+        "x-body-limit": 1024
+      }
+    },
     "/rest/v1/events": {
       "get": {
         "operationId": "selectEvents",

@@ -1,11 +1,15 @@
 import Foundation
 import Logging
 import Postgres
+import Synchronization
 
-/// Wakes long-polls when their user's events change, on any server instance: every push
-/// sends `NOTIFY trunk_sync_events, '<user id>'`, and one `PostgresListener` per process
-/// turns those into wake-ups. A waiting request holds a continuation only — no thread, no
-/// database connection.
+/// Wakes long-polls and event streams when their user's events change, on any server
+/// instance: every push sends `NOTIFY trunk_sync_events, '<user id>'`, and one
+/// `PostgresListener` per process turns those into wake-ups. A waiting request holds a
+/// continuation only — no thread, no database connection.
+///
+/// A long-poll takes a one-shot `WaitTicket`; a stream an `EventSubscription`, which stays
+/// registered and remembers a wake-up that came while its stream was busy writing.
 public final class EventNotifier: Sendable {
     private let listener: PostgresListener?
     private let state = NotifierState()
@@ -35,7 +39,13 @@ public final class EventNotifier: Sendable {
     /// look and the wait is not missed. `counted`: whether it is a pull waiting for events
     /// (`waiting`); an export watching for its session's end is not.
     public func ticket(for user: UUID, counted: Bool = true) -> WaitTicket {
-        state.register(user: user, counted: counted)
+        state.register(user: user) { WaitTicket(user: user, id: $0, counted: counted, owner: $1) }
+    }
+
+    /// Registers a stream's lasting interest in `user` (before it reads its backlog, so a
+    /// commit meanwhile is not missed). Release it with `cancel()`.
+    public func subscribe(to user: UUID) -> EventSubscription {
+        state.register(user: user) { EventSubscription(user: user, id: $0, owner: $1) }
     }
 
     /// Wakes `user`'s waiting requests now (they look again, e.g. whether their session was
@@ -45,10 +55,14 @@ public final class EventNotifier: Sendable {
     /// Whether the listener is connected and listening now.
     public var isListening: Bool { listener?.isListening ?? false }
 
-    /// Number of pulls waiting now.
+    /// Number of long-polls waiting now.
     public var waiting: Int { state.count }
 
-    /// Whether `shutdown` was called (every ticket now fires at once).
+    /// Counts wake-ups (of any user): a query started when this was `n` sees every commit
+    /// whose wake-up had a generation up to `n`.
+    public var generation: UInt64 { state.generation }
+
+    /// Whether `shutdown()` was called (waiters are woken at once from then on).
     public var isShutDown: Bool { state.isClosed }
 
     /// Wakes every waiter now and every future waiter at once (graceful shutdown).
@@ -58,8 +72,19 @@ public final class EventNotifier: Sendable {
     }
 }
 
+/// What the notifier can wake.
+protocol Wakeable: AnyObject, Sendable {
+    var user: UUID { get }
+    var id: UInt64 { get }
+    /// Counted in `EventNotifier.waiting` (a pull waiting for events; not a stream's
+    /// subscription, nor an export watching for its session's end).
+    var counted: Bool { get }
+    /// Wakes it; `generation` counts the wake-ups of the notifier.
+    func fire(generation: UInt64)
+}
+
 /// One waiting request's claim on a wake-up.
-public final class WaitTicket: @unchecked Sendable {
+public final class WaitTicket: Wakeable, @unchecked Sendable {
     let user: UUID
     let id: UInt64
     /// Counted in `EventNotifier.waiting`.
@@ -76,7 +101,7 @@ public final class WaitTicket: @unchecked Sendable {
         self.owner = owner
     }
 
-    func fire() {
+    func fire(generation: UInt64 = 0) {
         lock.lock()
         fired = true
         let waiting = continuation
@@ -118,29 +143,98 @@ public final class WaitTicket: @unchecked Sendable {
     public func cancel() { owner?.remove(self) }
 }
 
+/// A stream's lasting claim on wake-ups for its user: `next()` returns once something may
+/// have changed since the last call (an event committed, the session revoked, the listener
+/// reconnected, `wake()`), however many wake-ups came meanwhile.
+public final class EventSubscription: Wakeable, Sendable {
+    let user: UUID
+    let id: UInt64
+    let counted = false
+    private struct State {
+        var pending = false
+        /// The newest wake-up's generation.
+        var generation: UInt64 = 0
+        var continuation: CheckedContinuation<Void, Never>? = nil
+    }
+    private let state = Mutex(State())
+    private weak let owner: NotifierState?
+
+    init(user: UUID, id: UInt64, owner: NotifierState) {
+        self.user = user
+        self.id = id
+        self.owner = owner
+    }
+
+    func fire(generation: UInt64) {
+        state.withLock { state -> CheckedContinuation<Void, Never>? in
+            state.generation = max(state.generation, generation)
+            guard let waiting = state.continuation else {
+                state.pending = true
+                return nil
+            }
+            state.continuation = nil
+            return waiting
+        }?.resume()
+    }
+
+    /// Wakes this subscription's stream alone (it re-checks what it waits for: its token's
+    /// expiry, a heartbeat due).
+    public func wake() { fire(generation: 0) }
+
+    /// Suspends until woken since the last call, or the task is cancelled. Returns the
+    /// newest wake-up's generation (`EventNotifier.generation`): a query started at or after
+    /// it sees the commit that caused it.
+    @discardableResult
+    public func next() async -> UInt64 {
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let ready = state.withLock { state -> Bool in
+                    if state.pending || Task.isCancelled {
+                        state.pending = false
+                        return true
+                    }
+                    state.continuation = continuation
+                    return false
+                }
+                if ready { continuation.resume() }
+            }
+        } onCancel: {
+            fire(generation: 0)
+        }
+        return state.withLock { $0.generation }
+    }
+
+    /// Stops the wake-ups.
+    public func cancel() { owner?.remove(self) }
+}
+
 final class NotifierState: @unchecked Sendable {
     private let lock = NSLock()
-    private var tickets: [UUID: [UInt64: WaitTicket]] = [:]
+    private var tickets: [UUID: [UInt64: any Wakeable]] = [:]
     private var nextID: UInt64 = 0
+    /// Long-poll tickets registered (subscriptions are counted by their streams).
     private var total = 0
     private var closed = false
+    private var wakeUps: UInt64 = 0
 
     var count: Int { lock.withLock { total } }
     var isClosed: Bool { lock.withLock { closed } }
+    var generation: UInt64 { lock.withLock { wakeUps } }
 
-    func register(user: UUID, counted: Bool) -> WaitTicket {
+    func register<Ticket: Wakeable>(user: UUID, _ make: (UInt64, NotifierState) -> Ticket) -> Ticket {
         lock.lock()
         nextID += 1
-        let ticket = WaitTicket(user: user, id: nextID, counted: counted, owner: self)
+        let ticket = make(nextID, self)
         tickets[user, default: [:]][nextID] = ticket
-        if counted { total += 1 }
+        if ticket.counted { total += 1 }
         let isClosed = closed
+        let generation = wakeUps
         lock.unlock()
-        if isClosed { ticket.fire() }
+        if isClosed { ticket.fire(generation: generation) }
         return ticket
     }
 
-    func remove(_ ticket: WaitTicket) {
+    func remove(_ ticket: any Wakeable) {
         lock.withLock {
             if tickets[ticket.user]?.removeValue(forKey: ticket.id) != nil, ticket.counted { total -= 1 }
             if tickets[ticket.user]?.isEmpty == true { tickets.removeValue(forKey: ticket.user) }
@@ -148,13 +242,19 @@ final class NotifierState: @unchecked Sendable {
     }
 
     func fire(user: UUID) {
-        let waiting = lock.withLock { tickets[user].map { Array($0.values) } ?? [] }
-        waiting.forEach { $0.fire() }
+        let (waiting, generation) = lock.withLock {
+            wakeUps += 1
+            return (tickets[user].map { Array($0.values) } ?? [], wakeUps)
+        }
+        waiting.forEach { $0.fire(generation: generation) }
     }
 
     func fireAll() {
-        let waiting = lock.withLock { tickets.values.flatMap { $0.values } }
-        waiting.forEach { $0.fire() }
+        let (waiting, generation) = lock.withLock {
+            wakeUps += 1
+            return (tickets.values.flatMap { $0.values }, wakeUps)
+        }
+        waiting.forEach { $0.fire(generation: generation) }
     }
 
     func shutdown() {

@@ -15,11 +15,23 @@ enum EventPageEncoder {
         PostgresType.timestamptz, PostgresType.timestamptz,
     ]
 
-    /// The first `count` rows of `rows` as `[{"id":…,"seq":…,…},{…}]`, and the `seq` of the
-    /// last one.
+    /// How the events of a page are written around each event object.
+    enum Framing {
+        /// `[{…},{…}]`: the pull response's `events`.
+        case jsonArray
+        /// One Server-Sent Events message per event: `id: <seq>\nevent: event\ndata: {…}\n\n`
+        /// (an event object is one line: JSON strings escape line breaks, and PostgreSQL
+        /// prints `jsonb` on one line).
+        case serverSentEvents
+    }
+
+    /// The first `count` rows of `rows` as `[{"id":…,"seq":…,…},{…}]` (or as Server-Sent
+    /// Events), and the `seq` of the last one.
     /// - Throws: a decoding error for a column of another type, a `NULL`, an infinite
     ///   timestamp or a `jsonb` format other than version 1 (as the decoders it replaces).
-    static func encode(_ rows: PostgresResult, count: Int) throws -> (json: [UInt8], lastSeq: Int64?) {
+    static func encode(_ rows: PostgresResult, count: Int, framing: Framing = .jsonArray) throws -> (
+        json: [UInt8], lastSeq: Int64?
+    ) {
         guard rows.columnCount == columnTypes.count else {
             throw UnexpectedRow(reason: "\(rows.columnCount) columns")
         }
@@ -32,19 +44,27 @@ enum EventPageEncoder {
         var capacity = 2
         for index in 0..<count {
             let row = rows[index]
-            capacity += fixedBytesPerRow + 6 * row.withRawBytes(column: 2) { $0?.count ?? 0 }
+            capacity += fixedBytesPerRow + (framing == .serverSentEvents ? sseBytesPerRow : 0)
+            capacity += 6 * row.withRawBytes(column: 2) { $0?.count ?? 0 }
             capacity += row.withRawBytes(column: 3) { $0?.count ?? 0 }
         }
         var lastSeq: Int64? = nil
         let json = try [UInt8](unsafeUninitializedCapacity: capacity) { buffer, initialized in
             guard let start = buffer.baseAddress else { return }
             var out = start
-            put(UInt8(ascii: "["), &out)
+            if framing == .jsonArray { put(UInt8(ascii: "["), &out) }
             for index in 0..<count {
                 let row = rows[index]
-                if index > 0 { put(UInt8(ascii: ","), &out) }
                 let seq = try row.withRawBytes(column: 0) { bytes in try int64(bytes) }
                 lastSeq = seq
+                switch framing {
+                case .jsonArray:
+                    if index > 0 { put(UInt8(ascii: ","), &out) }
+                case .serverSentEvents:
+                    put("id: ", &out)
+                    putDecimal(seq, &out)
+                    put("\nevent: event\ndata: ", &out)
+                }
                 put("{\"id\":\"", &out)
                 try row.withRawBytes(column: 1) { bytes in try putUUID(bytes, &out) }
                 put("\",\"seq\":", &out)
@@ -70,8 +90,9 @@ enum EventPageEncoder {
                     out += RFC3339.write(try timestamp(bytes), fractionDigits: 3, zulu: true, to: out)
                 }
                 put("\"}", &out)
+                if framing == .serverSentEvents { put("\n\n", &out) }
             }
-            put(UInt8(ascii: "]"), &out)
+            if framing == .jsonArray { put(UInt8(ascii: "]"), &out) }
             initialized = out - start
         }
         return (json, lastSeq)
@@ -81,6 +102,9 @@ enum EventPageEncoder {
     /// punctuation (~110 bytes), two UUIDs (72), a decimal `Int64` (≤ 20), two timestamps
     /// (≤ 32 each) and a comma.
     static let fixedBytesPerRow = 300
+    /// A Server-Sent Events message's own lines: `id: ` and a decimal `Int64`, `event:`,
+    /// `data: `, line breaks.
+    static let sseBytesPerRow = 64
 
     /// A row the pull query cannot return (the schema guarantees the shape and `not null`).
     struct UnexpectedRow: Error {

@@ -241,8 +241,8 @@ public struct EventStore: Sendable {
         func afterWrite(_ written: [PostgresResult]) -> Bool { written.first?.count == freshCount }
     }
 
-    /// One page of a user's events after `cursor`, already encoded as the JSON array
-    /// elements of the pull response.
+    /// One page of a user's events after `cursor`, already encoded as the pull response's
+    /// `events` array (or as Server-Sent Events, for the stream).
     public struct Page: Sendable {
         public var eventsJSON: [UInt8]
         public var count: Int
@@ -258,14 +258,22 @@ public struct EventStore: Sendable {
     /// scope for its own implicit transaction and selects, where a pull used to pipeline
     /// `begin`, the scope, the select and `commit` — four statements for PostgreSQL to run.
     public func pull(for user: UUID, after: Int64, limit: Int) async throws -> Page {
+        try await pull(for: user, after: after, limit: limit, framing: .jsonArray)
+    }
+
+    /// A pull whose events are written with `framing` (the stream's Server-Sent Events).
+    /// The stream's reads (`framing: .serverSentEvents`) use the blocking pool: they are not
+    /// requests the HTTP server drains before it stops, and a query left waiting on a loop
+    /// that has stopped would never finish (nor would closing the loop's pool).
+    func pull(for user: UUID, after: Int64, limit: Int, framing: EventPageEncoder.Framing) async throws -> Page {
         let statement = Self.pullStatement(for: user, after: after, limit: limit)
-        if let loopPool = loopDriven {
+        if framing == .jsonArray, let loopPool = loopDriven {
             return try await loopPool.withConnection { connection in
-                try Self.page(try await connection.pipeline([statement])[0], limit: limit)
+                try Self.page(try await connection.pipeline([statement])[0], limit: limit, framing: framing)
             }
         }
         return try await pool.withConnection { connection in
-            try Self.page(try connection.pipeline([statement])[0], limit: limit)
+            try Self.page(try connection.pipeline([statement])[0], limit: limit, framing: framing)
         }
     }
 
@@ -278,9 +286,9 @@ public struct EventStore: Sendable {
     }
 
     /// The page from the statement's `limit + 1` rows, encoded.
-    private static func page(_ rows: PostgresResult, limit: Int) throws -> Page {
+    private static func page(_ rows: PostgresResult, limit: Int, framing: EventPageEncoder.Framing) throws -> Page {
         let count = min(rows.count, limit)
-        let (json, lastSeq) = try EventPageEncoder.encode(rows, count: count)
+        let (json, lastSeq) = try EventPageEncoder.encode(rows, count: count, framing: framing)
         return Page(eventsJSON: json, count: count, lastSeq: lastSeq, hasMore: rows.count > limit)
     }
 }

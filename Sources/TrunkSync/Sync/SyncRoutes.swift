@@ -74,19 +74,30 @@ public struct SyncRoutes: Sendable {
         var wait = 0
     }
 
+    /// The query's parameters, each at most once (else `400 invalid_parameter`).
+    static func uniqueQueryItems(_ request: HTTPRequest) throws(APIError) -> [(name: String, value: String)] {
+        let items = request.queryItems
+        var seen = Set<String>()
+        for (name, _) in items where !seen.insert(name).inserted {
+            throw APIError.badRequest("invalid_parameter", "\(name) is given more than once.")
+        }
+        return items
+    }
+
+    /// A cursor (`after`): a non-negative integer.
+    static func cursor(_ value: String) throws(APIError) -> Int64 {
+        guard let number = Int64(value), number >= 0 else {
+            throw APIError.badRequest("invalid_parameter", "after must be a non-negative integer.")
+        }
+        return number
+    }
+
     static func parameters(_ request: HTTPRequest) throws -> PullParameters {
         var parameters = PullParameters()
-        var seen = Set<String>()
-        for (name, value) in request.queryItems {
-            guard seen.insert(name).inserted else {
-                throw APIError.badRequest("invalid_parameter", "\(name) is given more than once.")
-            }
+        for (name, value) in try uniqueQueryItems(request) {
             switch name {
             case "after":
-                guard let number = Int64(value), number >= 0 else {
-                    throw APIError.badRequest("invalid_parameter", "after must be a non-negative integer.")
-                }
-                parameters.after = number
+                parameters.after = try cursor(value)
             case "limit":
                 guard let number = Int(value), (1...1000).contains(number) else {
                     throw APIError.badRequest("invalid_parameter", "limit must be an integer from 1 to 1000.")
@@ -109,21 +120,28 @@ public struct SyncRoutes: Sendable {
         let parameters = try Self.parameters(request)
         var page = try await store.pull(for: user, after: parameters.after, limit: parameters.limit)
         if page.count == 0, parameters.wait > 0 {
-            // Taken before the re-check, so a commit between the two is not missed. Released
-            // on every way out of here — the re-pull throwing (database busy or lost), the
-            // task cancelled (the client went away), the wait ending: a ticket left behind
-            // counts as waiting for ever (`trunk_sync_longpolls_waiting`) and keeps its
-            // memory. Releasing twice is harmless.
-            let ticket = notifier.ticket(for: user)
-            defer { ticket.cancel() }
-            page = try await store.pull(for: user, after: parameters.after, limit: parameters.limit)
-            if page.count == 0 {
-                await ticket.wait(timeout: .seconds(parameters.wait))
+            // Held until an event comes or `wait` runs out: a wake-up that brings nothing (the
+            // listener reconnecting, another session of the user signed out) waits again.
+            let deadline = ContinuousClock.now.advanced(by: .seconds(parameters.wait))
+            while page.count == 0 {
+                // Taken before the re-check, so a commit between the two is not missed.
+                // Released on every way out of here — the re-pull throwing (database busy or
+                // lost), the task cancelled (the client went away), the wait ending: a ticket
+                // left behind counts as waiting for ever (`trunk_sync_longpolls_waiting`) and
+                // keeps its memory. Releasing twice is harmless.
+                let ticket = notifier.ticket(for: user)
+                defer { ticket.cancel() }
+                page = try await store.pull(for: user, after: parameters.after, limit: parameters.limit)
+                let remaining = ContinuousClock.now.duration(to: deadline)
+                if page.count > 0 || remaining <= .zero { break }
+                await ticket.wait(timeout: remaining)
                 // A revocation wakes the user's long-polls: the signed-out session gets
                 // nothing more, however long it meant to wait.
                 if revocations?.isRevoked(claims.sessionID) == true { throw APIError.unauthorized }
-                if !Task.isCancelled {
+                if Task.isCancelled { break }
+                if notifier.isShutDown || ContinuousClock.now >= deadline {
                     page = try await store.pull(for: user, after: parameters.after, limit: parameters.limit)
+                    break
                 }
             }
         }

@@ -64,10 +64,10 @@ struct EventPage: Sendable, Equatable {
 /// How `liveEvents()` hears of new events: the next non-empty page after a cursor, or an
 /// empty one when nothing came for a while.
 ///
-/// Today there is one feed, `LongPollFeed`. When the server gains `GET /sync/v1/stream`
-/// (Server-Sent Events), a feed that keeps one stream open and hands out the events it
-/// buffered implements this protocol, and `liveEvents()` chooses it; the cursor handling
-/// of `liveEvents()` stays as it is.
+/// Today there is one feed, `LongPollFeed`. The server's `GET /sync/v1/stream` (Server-Sent
+/// Events, resumable with `Last-Event-ID`) would be a second one: a feed that keeps one
+/// stream open and hands out the events it buffered implements this protocol, and
+/// `liveEvents()` chooses it; the cursor handling of `liveEvents()` stays as it is.
 protocol LiveFeed: Sendable {
     func nextPage(after cursor: Int64) async throws -> EventPage
 }

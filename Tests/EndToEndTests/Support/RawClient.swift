@@ -313,6 +313,33 @@ final class RawClient {
         return response
     }
 
+    /// Reads one chunk of a chunked body (after its head was read with `bodyExpected:
+    /// false`): its data, or nil for the last chunk (whose trailer line is consumed too).
+    func readChunk(timeout: Double = 5) throws -> [UInt8]? {
+        let deadline = Deadline(seconds: timeout)
+        let crlf: [UInt8] = [13, 10]
+        var lineEnd: Int? = firstRange(of: crlf, in: pending)
+        while lineEnd == nil {
+            guard try receiveSome(deadline: deadline) else {
+                throw ClientError(closedByPeer ? "connection closed before a chunk" : "no chunk within \(timeout) s")
+            }
+            lineEnd = firstRange(of: crlf, in: pending)
+        }
+        guard let lineEnd else { return nil }
+        let sizeText = String(decoding: pending[0..<lineEnd], as: UTF8.self)
+        guard let size = Int(sizeText.split(separator: ";").first ?? "", radix: 16) else {
+            throw ClientError("bad chunk size line \(sizeText.debugDescription)")
+        }
+        while pending.count < lineEnd + 2 + size + 2 {
+            guard try receiveSome(deadline: deadline) else {
+                throw ClientError(closedByPeer ? "connection closed inside a chunk" : "chunk incomplete after \(timeout) s")
+            }
+        }
+        let data = Array(pending[(lineEnd + 2)..<(lineEnd + 2 + size)])
+        pending.removeFirst(lineEnd + 2 + size + 2)
+        return size == 0 ? nil : data
+    }
+
     /// Waits until the server closes the connection (EOF or reset), discarding what arrives
     /// meanwhile. True when it closed within `timeout`.
     func waitForClose(timeout: Double = 5) throws -> Bool {

@@ -20,12 +20,18 @@ struct Authenticator: Sendable {
         self.revocations = revocations
     }
 
-    /// The verified claims of the request's bearer token, or the family's `401`.
-    func authenticate(_ request: HTTPRequest, family: APIFamily) throws(APIError) -> AccessClaims {
+    /// The verified claims of the request's bearer token, or the family's `401`. With
+    /// `queryToken`, a request without `Authorization` may carry the token as the
+    /// `access_token` query parameter (the event stream's `EventSource` clients).
+    func authenticate(_ request: HTTPRequest, family: APIFamily, queryToken: Bool = false) throws(APIError)
+        -> AccessClaims
+    {
         if family == .rest, let apiKey {
             guard let given = request.headers["apikey"], given == apiKey else { throw RESTError.apiKey }
         }
-        guard let token = Self.bearerToken(request.headers["authorization"]) else {
+        let header = request.headers["authorization"]
+        let fromQuery = queryToken && header == nil ? request.queryValue("access_token") : nil
+        guard let token = Self.bearerToken(header) ?? fromQuery.flatMap({ $0.isEmpty ? nil : $0 }) else {
             throw Self.missing(family)
         }
         let claims: AccessClaims

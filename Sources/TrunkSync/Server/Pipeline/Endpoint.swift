@@ -19,12 +19,20 @@ public final class Endpoint: Sendable {
     /// The largest body accepted, in bytes; a larger one is refused with `413` from the head.
     public let bodyLimit: Int
     public let handler: Handler
+    /// The bearer token may come as the `access_token` query parameter when there is no
+    /// `Authorization` header: only for the event stream, since a browser's `EventSource`
+    /// cannot send headers. (The access log writes paths without their query.)
+    public let acceptsQueryToken: Bool
     /// Its request counts and latencies (shared by the methods of one pattern).
     let metrics: HTTPRouteMetrics
 
-    init(family: APIFamily, bodyLimit: Int, handler: Handler, metrics: HTTPRouteMetrics) {
+    init(
+        family: APIFamily, bodyLimit: Int, acceptsQueryToken: Bool = false, handler: Handler,
+        metrics: HTTPRouteMetrics
+    ) {
         self.family = family
         self.bodyLimit = bodyLimit
+        self.acceptsQueryToken = acceptsQueryToken
         self.handler = handler
         self.metrics = metrics
     }
@@ -45,14 +53,17 @@ public struct Routes: Sendable {
 
     init(metrics: Metrics) { self.metrics = metrics }
 
-    /// Adds a route of `family` with `bodyLimit` and `handler`.
+    /// Adds a route of `family` with `bodyLimit` and `handler` (see
+    /// `Endpoint.acceptsQueryToken`).
     public mutating func add(
         _ method: HTTPMethod, _ pattern: String, family: APIFamily, bodyLimit: Int = Endpoint.BodyLimit.none,
-        _ handler: Endpoint.Handler
+        acceptsQueryToken: Bool = false, _ handler: Endpoint.Handler
     ) {
         router.add(
             method, pattern,
-            Endpoint(family: family, bodyLimit: bodyLimit, handler: handler, metrics: metrics.route(pattern)))
+            Endpoint(
+                family: family, bodyLimit: bodyLimit, acceptsQueryToken: acceptsQueryToken, handler: handler,
+                metrics: metrics.route(pattern)))
     }
 
     /// What each route declares, in the order added: for checks that the routes and their

@@ -135,7 +135,8 @@ public struct RequestPipeline: HTTPResponder {
                 await RequestContext.$requestID.withValue(request.requestID) {
                     var context = context
                     do {
-                        let claims = try authenticator.authenticate(request, family: family)
+                        let claims = try authenticator.authenticate(
+                            request, family: family, queryToken: endpoint.acceptsQueryToken)
                         context.userID = claims.userID
                         return (try await handler(request, claims), context)
                     } catch {

@@ -1,0 +1,381 @@
+import Foundation
+import TestSupport
+import XCTest
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// `GET /sync/v1/stream` through the real binary: backlog then live, resuming with
+/// `Last-Event-ID`, other instances, slow readers, token expiry, logout, heartbeats,
+/// SIGTERM, other users, limits, and every bad input.
+final class EventStreamTests: EndToEndTestCase {
+    /// A session for `email` from `trunk-sync token` (access token, user id).
+    func session(_ server: ServerProcess, _ email: String) throws -> (token: String, user: String) {
+        let result = try Command.run(
+            Command.trunkSyncBinary(), ["token", "--email", email], environment: server.environment)
+        XCTAssertEqual(result.status, 0, result.stderr)
+        let object = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any])
+        let user = try XCTUnwrap(object["user"] as? [String: Any])
+        return (try XCTUnwrap(object["access_token"] as? String), try XCTUnwrap(user["id"] as? String))
+    }
+
+    /// Pushes `count` events (payloads padded to about `padding` bytes); their seqs.
+    @discardableResult
+    func push(_ server: ServerProcess, _ token: String, count: Int, padding: Int = 0, tag: String = "n") throws
+        -> [Int64]
+    {
+        let pad = String(repeating: "x", count: padding)
+        let events = (0..<count).map { index in
+            #"{"client_id":"\#(UUID().uuidString.lowercased())","type":"note","payload":{"\#(tag)":\#(index),"pad":"\#(pad)"},"client_timestamp":"2026-11-22T04:10:02.123Z"}"#
+        }
+        let body = #"{"events":[\#(events.joined(separator: ","))]}"#
+        let (response, _) = try server.exchange(
+            request("POST", "/sync/v1/events", headers: [("Authorization", "Bearer \(token)")], body: body))
+        XCTAssertEqual(response.status, 200, response.bodyText)
+        let results = try XCTUnwrap(response.jsonObject?["results"] as? [[String: Any]])
+        return results.compactMap { ($0["seq"] as? NSNumber)?.int64Value }
+    }
+
+    /// The events of a pull, each as its JSON text exactly as the pull response has it.
+    func pulledEventTexts(_ server: ServerProcess, _ token: String, after: Int64 = 0) throws -> [String] {
+        let (response, _) = try server.exchange(
+            request("GET", "/sync/v1/events?after=\(after)&limit=1000", headers: [("Authorization", "Bearer \(token)")])
+        )
+        XCTAssertEqual(response.status, 200)
+        // The array's elements: every object starts with `{"id":`, which no payload here holds.
+        let text = response.bodyText
+        guard let start = text.range(of: #""events":["#), let end = text.range(of: #"],"next_after""#) else {
+            return []
+        }
+        let inner = String(text[start.upperBound..<end.lowerBound])
+        if inner.isEmpty { return [] }
+        let parts = inner.components(separatedBy: #"},{"id":"#)
+        return parts.enumerated().map { index, part in
+            (index > 0 ? #"{"id":"# : "") + part + (index < parts.count - 1 ? "}" : "")
+        }
+    }
+
+    func open(
+        _ server: ServerProcess, _ token: String, after: Int64? = nil, lastEventID: Int64? = nil,
+        queryToken: Bool = false
+    ) throws -> EventStreamClient {
+        var query: [String] = []
+        if let after { query.append("after=\(after)") }
+        var headers: [(String, String)] = []
+        if queryToken {
+            query.append("access_token=\(token)")
+        } else {
+            headers.append(("Authorization", "Bearer \(token)"))
+        }
+        if let lastEventID { headers.append(("Last-Event-ID", String(lastEventID))) }
+        let target = "/sync/v1/stream" + (query.isEmpty ? "" : "?" + query.joined(separator: "&"))
+        return try EventStreamClient(server: server, target: target, headers: headers)
+    }
+
+    func metric(_ server: ServerProcess, _ name: String) -> Double {
+        (try? server.metrics()[name]) ?? -1
+    }
+
+    // MARK: - Delivery
+
+    func testBacklogThenLiveInOrderNothingTwiceEachEventAsInThePull() throws {
+        let server = try startServer()
+        let (token, _) = try session(server, "stream@example.com")
+        try push(server, token, count: 250)  // more than one page of backlog
+        let stream = try open(server, token, after: 0)
+        XCTAssertEqual(stream.head.header("content-type"), "text/event-stream; charset=utf-8")
+        XCTAssertEqual(stream.head.header("transfer-encoding"), "chunked")
+        XCTAssertEqual(stream.head.header("cache-control"), "no-store")
+        XCTAssertEqual(try stream.next(), .retry(1000), "retry: first")
+        let backlog = try stream.events(250)
+        XCTAssertEqual(backlog.map(\.id), Array(1...250))
+        try push(server, token, count: 3)
+        let live = try stream.events(3)
+        XCTAssertEqual(live.map(\.id), [251, 252, 253])
+        XCTAssertEqual((backlog + live).map(\.data), try pulledEventTexts(server, token), "each event as in the pull")
+        XCTAssertTrue(try stream.noEvent(within: 0.5), "nothing twice")
+        try push(server, token, count: 1)
+        XCTAssertEqual(try stream.events(1).map(\.id), [254])
+    }
+
+    func testStartsAfterTheGivenSeqAndLastEventIDWinsOverAfter() throws {
+        let server = try startServer()
+        let (token, _) = try session(server, "start@example.com")
+        try push(server, token, count: 10)
+        let fromAfter = try open(server, token, after: 7)
+        XCTAssertEqual(try fromAfter.events(3).map(\.id), [8, 9, 10])
+        let fromHeader = try open(server, token, after: 2, lastEventID: 9)
+        XCTAssertEqual(try fromHeader.events(1).map(\.id), [10])
+        XCTAssertTrue(try fromHeader.noEvent(within: 0.3))
+    }
+
+    func testReconnectWithLastEventIDGetsExactlyTheEventsMissed() throws {
+        let server = try startServer()
+        let (token, _) = try session(server, "resume@example.com")
+        try push(server, token, count: 5)
+        let first = try open(server, token, after: 0)
+        XCTAssertEqual(try first.events(5).map(\.id), [1, 2, 3, 4, 5])
+        let last = try XCTUnwrap(first.lastEventID)
+        first.close()
+        try push(server, token, count: 100)
+        let second = try open(server, token, after: 0, lastEventID: last)
+        XCTAssertEqual(try second.events(100).map(\.id), Array(6...105))
+        XCTAssertTrue(try second.noEvent(within: 0.5), "exactly those 100")
+    }
+
+    func testEventPushedThroughASecondInstanceArrivesWithinASecond() throws {
+        let server = try startServer()
+        let other = try launchServer(on: server.database)
+        try other.waitUntilListening(timeout: 15)
+        let (token, _) = try session(server, "instances@example.com")
+        let stream = try open(server, token, after: 0)
+        XCTAssertEqual(try stream.next(), .retry(1000))
+        for round in 1...3 {
+            let started = Date()
+            try push(other, token, count: 1)
+            XCTAssertEqual(try stream.events(1, timeout: 5).map(\.id), [Int64(round)])
+            XCTAssertLessThan(Date().timeIntervalSince(started), 1, "round \(round)")
+        }
+    }
+
+    func testAnotherUsersEventsNeverAppear() throws {
+        let server = try startServer()
+        let (mine, _) = try session(server, "mine@example.com")
+        let (theirs, _) = try session(server, "theirs@example.com")
+        try push(server, theirs, count: 5, tag: "theirs")
+        let stream = try open(server, mine, after: 0)
+        try push(server, theirs, count: 5, tag: "theirs")
+        try push(server, mine, count: 2, tag: "mine")
+        let events = try stream.events(2)
+        XCTAssertEqual(events.map(\.id), [1, 2])
+        XCTAssertTrue(events.allSatisfy { $0.data.contains(#""mine":"#) && !$0.data.contains("theirs") })
+        try push(server, theirs, count: 3, tag: "theirs")
+        XCTAssertTrue(try stream.noEvent(within: 0.5))
+    }
+
+    func testBrowserStyleQueryTokenWorksAndNeverReachesTheLog() throws {
+        let server = try startServer()
+        let (token, _) = try session(server, "query@example.com")
+        try push(server, token, count: 2)
+        let stream = try open(server, token, after: 0, queryToken: true)
+        XCTAssertEqual(try stream.events(2).map(\.id), [1, 2])
+        XCTAssertNotNil(
+            server.stdout.waitForLine(containing: "/sync/v1/stream", timeout: 5)
+                ?? server.stderr.waitForLine(containing: "/sync/v1/stream", timeout: 1), "an access log line")
+        XCTAssertFalse(server.logs.contains(token), "the token is in the log")
+        XCTAssertFalse(server.logs.contains("access_token"), "the query is in the log")
+        // Only this route takes it.
+        let (pull, _) = try server.exchange(request("GET", "/sync/v1/events?access_token=\(token)"))
+        XCTAssertEqual(pull.status, 401)
+    }
+
+    /// A real browser: headless Chromium opens a page served from another origin, whose
+    /// `EventSource` (which cannot send headers) passes the token in the query.
+    func testBrowserEventSourceFromAnotherOriginReceivesBacklogAndLiveEvents() throws {
+        guard let python = ProcessInfo.processInfo.environment["TRUNK_SYNC_TEST_PYTHON"], !python.isEmpty else {
+            throw TestEnvironmentError("TRUNK_SYNC_TEST_PYTHON is not set: run the tests with `make test`")
+        }
+        let pagePort = try freePort()
+        let server = try startServer(["TRUNK_SYNC_CORS_ORIGINS": "http://127.0.0.1:\(pagePort)"])
+        let (token, _) = try session(server, "browser@example.com")
+        let result = try Command.run(
+            python,
+            [
+                repositoryRoot() + "/Tests/Browser/eventsource.py", "http://127.0.0.1:\(server.port)", String(pagePort),
+                token,
+            ])
+        XCTAssertEqual(result.status, 0, result.stdout + result.stderr)
+        let output = try XCTUnwrap(
+            try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any], result.stdout)
+        XCTAssertEqual(output["opened"] as? Bool, true)
+        let received = try XCTUnwrap(output["received"] as? [[String: Any]])
+        XCTAssertEqual(received.compactMap { $0["id"] as? String }, ["1", "2", "3", "4"], "lastEventId is the seq")
+        XCTAssertEqual(received.compactMap { ($0["seq"] as? NSNumber)?.intValue }, [1, 2, 3, 4])
+        XCTAssertEqual(
+            received.compactMap { (($0["payload"] as? [String: Any])?["n"] as? NSNumber)?.intValue }, [1, 2, 3, 4])
+        XCTAssertFalse(server.logs.contains(token), "the query token is in the log")
+    }
+
+    /// A TCP port nothing listens on now.
+    func freePort() throws -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
+                bind(fd, pointer, length) == 0 && getsockname(fd, pointer, &length) == 0
+            }
+        }
+        guard bound else { throw ClientError("cannot find a free port: errno \(errno)") }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    // MARK: - Ends
+
+    func testSlowReaderIsCutOffAndItsResumeLosesNothing() throws {
+        let server = try startServer(["TRUNK_SYNC_STREAM_BUFFER": "4096"])
+        let (token, _) = try session(server, "slow@example.com")
+        let stream = try open(server, token, after: 0)
+        // The client reads nothing while more than every buffer on the way (the server's
+        // 4 KiB, the sockets' few MiB) is pushed.
+        var pushed = 0
+        for _ in 0..<80 where metric(server, #"trunk_sync_streams_ended_total{reason="slow_reader"}"#) < 1 {
+            pushed += try push(server, token, count: 50, padding: 4000).count
+        }
+        XCTAssertTrue(
+            eventually(within: 10) { metric(server, #"trunk_sync_streams_ended_total{reason="slow_reader"}"#) == 1 },
+            "the slow stream was not cut off after \(pushed) events")
+        // It reads what was sent before the cut, then a clean end.
+        let received = try stream.readToEnd(timeout: 30)
+        XCTAssertLessThan(received.count, pushed)
+        XCTAssertEqual(received.map(\.id), Array(1...Int64(received.count)), "in order, no gap")
+        let resumed = try open(server, token, after: 0, lastEventID: try XCTUnwrap(stream.lastEventID))
+        let rest = try resumed.events(pushed - received.count, timeout: 30)
+        XCTAssertEqual(rest.map(\.id), Array(Int64(received.count + 1)...Int64(pushed)))
+        XCTAssertTrue(try resumed.noEvent(within: 0.3))
+    }
+
+    func testABacklogReadSlowlyIsNotCutOffByTheHeartbeat() throws {
+        let server = try startServer(["TRUNK_SYNC_STREAM_BUFFER": "4096", "TRUNK_SYNC_STREAM_HEARTBEAT": "1"])
+        let (token, _) = try session(server, "backlog@example.com")
+        for _ in 0..<4 { try push(server, token, count: 50, padding: 2000) }
+        let stream = try open(server, token, after: 0)
+        var received: [Int64] = []
+        let slowUntil = Date().addingTimeInterval(2.5)  // heartbeats come while the buffer is full
+        while received.count < 200 {
+            if Date() < slowUntil { Thread.sleep(forTimeInterval: 0.1) }
+            received += try stream.events(1).map(\.id)
+        }
+        XCTAssertEqual(received, Array(1...200))
+        XCTAssertEqual(metric(server, #"trunk_sync_streams_ended_total{reason="slow_reader"}"#), 0)
+    }
+
+    func testTokenExpiryEndsTheStream() throws {
+        let server = try startServer()
+        let (token, _) = try session(server, "expiry@example.com")
+        let short = try reissue(token, expiringIn: 2)
+        let stream = try open(server, short, after: 0)
+        let started = Date()
+        XCTAssertEqual(try stream.readToEnd(timeout: 6).count, 0)
+        let elapsed = Date().timeIntervalSince(started)
+        XCTAssertGreaterThan(elapsed, 0.5)
+        XCTAssertTrue(
+            eventually(within: 2) { metric(server, #"trunk_sync_streams_ended_total{reason="token_expired"}"#) == 1 })
+        XCTAssertEqual(metric(server, "trunk_sync_streams_open"), 0)
+    }
+
+    func testLogoutEndsTheStreamWithinASecond() throws {
+        let server = try startServer()
+        let (token, _) = try session(server, "logout@example.com")
+        let stream = try open(server, token, after: 0)
+        XCTAssertEqual(try stream.next(), .retry(1000))
+        let (response, _) = try server.exchange(
+            request("POST", "/auth/v1/logout", headers: [("Authorization", "Bearer \(token)")]))
+        XCTAssertEqual(response.status, 204)
+        let loggedOut = Date()
+        XCTAssertEqual(try stream.readToEnd(timeout: 3).count, 0)
+        XCTAssertLessThan(Date().timeIntervalSince(loggedOut), 1)
+        let (again, _) = try server.exchange(
+            request(
+                "GET", "/sync/v1/stream",
+                headers: [("Authorization", "Bearer \(token)"), ("Accept", "text/event-stream")]))
+        XCTAssertEqual(again.status, 401, "the signed-out token opens no new stream")
+    }
+
+    func testHeartbeatsArrive() throws {
+        let server = try startServer(["TRUNK_SYNC_STREAM_HEARTBEAT": "1"])
+        let (token, _) = try session(server, "heartbeat@example.com")
+        let stream = try open(server, token, after: 0)
+        XCTAssertEqual(try stream.next(), .retry(1000))
+        XCTAssertEqual(try stream.next(timeout: 3), .comment("keep-alive"))
+        XCTAssertEqual(try stream.next(timeout: 3), .comment("keep-alive"))
+    }
+
+    func testSIGTERMEndsEveryStreamPromptlyAndCleanly() throws {
+        let server = try startServer()
+        let (token, _) = try session(server, "sigterm@example.com")
+        let streams = try (0..<3).map { _ in try open(server, token, after: 0) }
+        for stream in streams { XCTAssertEqual(try stream.next(), .retry(1000)) }
+        let started = Date()
+        server.signal(SIGTERM)
+        for stream in streams { XCTAssertEqual(try stream.readToEnd(timeout: 3).count, 0, "a clean end") }
+        XCTAssertEqual(server.waitForExit(timeout: 5), 0)
+        XCTAssertLessThan(Date().timeIntervalSince(started), 2)
+    }
+
+    // MARK: - Limits and bad input
+
+    func testStreamsPerUserAndPerServerAreLimitedBeforeTheStreamStarts() throws {
+        let server = try startServer(["TRUNK_SYNC_STREAM_MAX_PER_USER": "2", "TRUNK_SYNC_STREAM_MAX": "3"])
+        let (token, _) = try session(server, "limit@example.com")
+        let (other, _) = try session(server, "limit-other@example.com")
+        let first = try open(server, token)
+        let second = try open(server, token)
+        let streamHeaders = [("Authorization", "Bearer \(token)"), ("Accept", "text/event-stream")]
+        let (third, _) = try server.exchange(request("GET", "/sync/v1/stream", headers: streamHeaders))
+        assertJSONError(third, status: 429, code: "too_many_streams")
+        XCTAssertEqual(third.header("retry-after"), "5")
+        let others = try open(server, other)
+        let (overServer, _) = try server.exchange(
+            request(
+                "GET", "/sync/v1/stream",
+                headers: [("Authorization", "Bearer \(other)"), ("Accept", "text/event-stream")]))
+        assertJSONError(overServer, status: 429, code: "too_many_streams")
+        first.close()
+        XCTAssertTrue(
+            eventually(within: 5) { metric(server, "trunk_sync_streams_open") == 2 }, "the closed stream's slot")
+        let again = try open(server, token)
+        XCTAssertEqual(try again.next(), .retry(1000))
+        withExtendedLifetime((second, others)) {}
+    }
+
+    func testBadInputIsAClearErrorAndOpensNothing() throws {
+        let server = try startServer()
+        let (token, _) = try session(server, "bad@example.com")
+        let bearer = ("Authorization", "Bearer \(token)")
+        let accept = ("Accept", "text/event-stream")
+        let cases: [(String, [(String, String)], Int, String)] = [
+            ("/sync/v1/stream", [bearer], 406, "not_acceptable"),
+            ("/sync/v1/stream", [bearer, ("Accept", "application/json")], 406, "not_acceptable"),
+            ("/sync/v1/stream?after=-1", [bearer, accept], 400, "invalid_parameter"),
+            ("/sync/v1/stream?after=x", [bearer, accept], 400, "invalid_parameter"),
+            ("/sync/v1/stream?after=1&after=2", [bearer, accept], 400, "invalid_parameter"),
+            ("/sync/v1/stream?limit=5", [bearer, accept], 400, "invalid_parameter"),
+            ("/sync/v1/stream", [bearer, accept, ("Last-Event-ID", "abc")], 400, "invalid_last_event_id"),
+            ("/sync/v1/stream", [bearer, accept, ("Last-Event-ID", "-5")], 400, "invalid_last_event_id"),
+            ("/sync/v1/stream", [accept], 401, "unauthorized"),
+            ("/sync/v1/stream?access_token=", [accept], 401, "unauthorized"),
+            ("/sync/v1/stream?access_token=not.a.token", [accept], 401, "unauthorized"),
+            ("/sync/v1/stream", [("Authorization", "Bearer nope"), accept], 401, "unauthorized"),
+        ]
+        for (target, headers, status, code) in cases {
+            let (response, _) = try server.exchange(request("GET", target, headers: headers))
+            assertJSONError(response, status: status, code: code)
+        }
+        let (post, _) = try server.exchange(request("POST", "/sync/v1/stream", headers: [bearer, accept], body: ""))
+        XCTAssertEqual(post.status, 405)
+        XCTAssertEqual(metric(server, "trunk_sync_streams_opened_total"), 0)
+        assertServerHealthy(server)
+    }
+
+    // MARK: - Helpers
+
+    /// `token` with its `exp` `seconds` from now, signed again with the test servers' secret.
+    func reissue(_ token: String, expiringIn seconds: Int) throws -> String {
+        let script = """
+            import jwt, sys, time
+            claims = jwt.decode(sys.argv[1], options={"verify_signature": False})
+            claims["exp"] = int(time.time()) + int(sys.argv[3])
+            print(jwt.encode(claims, sys.argv[2], algorithm="HS256"))
+            """
+        let result = try Command.run(
+            "/usr/bin/python3", ["-c", script, token, ServerProcess.jwtSecret, String(seconds)],
+            environment: Command.environment([:]))
+        XCTAssertEqual(result.status, 0, result.stderr)
+        return result.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+}

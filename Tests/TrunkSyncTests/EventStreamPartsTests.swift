@@ -1,0 +1,98 @@
+import Foundation
+import HTTPServer
+import Logging
+import Postgres
+import XCTest
+
+@testable import TrunkSync
+
+/// The event stream's parts without a server: its inputs, its slots, and the subscription
+/// that wakes it (the whole stream is in `EventStreamTests`, end to end).
+final class EventStreamPartsTests: XCTestCase {
+    func request(_ query: String?, headers: HTTPHeaders = [:]) -> HTTPRequest {
+        HTTPRequest(method: .get, path: "/sync/v1/stream", query: query, headers: headers)
+    }
+
+    func testStartingPointIsAfterOrTheLastEventIDWhichWins() throws {
+        XCTAssertEqual(try StreamRoutes.startingPoint(request(nil)), 0)
+        XCTAssertEqual(try StreamRoutes.startingPoint(request("after=42&access_token=t")), 42)
+        XCTAssertEqual(try StreamRoutes.startingPoint(request("after=42", headers: ["Last-Event-ID": "7"])), 7)
+        XCTAssertEqual(try StreamRoutes.startingPoint(request("after=42", headers: ["Last-Event-ID": ""])), 42)
+        XCTAssertEqual(try StreamRoutes.startingPoint(request(nil, headers: ["Last-Event-ID": " 9 "])), 9)
+    }
+
+    func testStartingPointRefusesWhatIsNotACursor() {
+        for (query, headers, code) in [
+            ("after=-1", [:], "invalid_parameter"), ("after=1.5", [:], "invalid_parameter"),
+            ("after=99999999999999999999", [:], "invalid_parameter"), ("after=1&after=2", [:], "invalid_parameter"),
+            ("wait=5", [:], "invalid_parameter"), ("access_token=a&access_token=b", [:], "invalid_parameter"),
+            ("", ["Last-Event-ID": "x"], "invalid_last_event_id"),
+            ("", ["Last-Event-ID": "-1"], "invalid_last_event_id"),
+        ] as [(String, HTTPHeaders, String)] {
+            XCTAssertThrowsError(try StreamRoutes.startingPoint(request(query, headers: headers)), query) { error in
+                XCTAssertEqual((error as? APIError)?.code, code, query)
+            }
+        }
+        var twice = HTTPHeaders()
+        twice.append(name: "Last-Event-ID", value: "1")
+        twice.append(name: "Last-Event-ID", value: "2")
+        XCTAssertThrowsError(try StreamRoutes.startingPoint(request(nil, headers: twice)))
+    }
+
+    func testAcceptMustNameTheEventStreamType() {
+        XCTAssertTrue(StreamRoutes.acceptsEventStream(["Accept": "text/event-stream"]))
+        XCTAssertTrue(StreamRoutes.acceptsEventStream(["Accept": "application/json, Text/Event-Stream;q=0.9"]))
+        XCTAssertFalse(StreamRoutes.acceptsEventStream([:]))
+        XCTAssertFalse(StreamRoutes.acceptsEventStream(["Accept": "*/*"]))
+        XCTAssertFalse(StreamRoutes.acceptsEventStream(["Accept": "text/event-streams"]))
+    }
+
+    func streams(perUser: Int, total: Int) throws -> EventStreams {
+        var settings = EventStreams.Settings()
+        settings.maxPerUser = perUser
+        settings.maxTotal = total
+        let pool = PostgresPool(
+            try PostgresConfiguration("postgres://nobody@127.0.0.1:1/none"), logger: Logger(label: "test"))
+        return EventStreams(
+            settings: settings, store: EventStore(pool: pool), notifier: EventNotifier(listener: nil), revocations: nil,
+            metrics: Metrics(), logger: Logger(label: "test"))
+    }
+
+    func testSlotsPerUserAndPerServerAreGivenBack() throws {
+        let streams = try streams(perUser: 2, total: 3)
+        let (alice, bob) = (UUID(), UUID())
+        try streams.reserve(for: alice)
+        try streams.reserve(for: alice)
+        XCTAssertThrowsError(try streams.reserve(for: alice)) { XCTAssertEqual(($0 as? APIError)?.status, 429) }
+        try streams.reserve(for: bob)
+        XCTAssertThrowsError(try streams.reserve(for: bob)) { XCTAssertEqual(($0 as? APIError)?.retryAfter, 5) }
+        streams.release(for: alice, entry: nil)
+        XCTAssertEqual(streams.openCount, 2)
+        try streams.reserve(for: bob)
+        streams.close()
+        streams.release(for: bob, entry: nil)
+        XCTAssertThrowsError(try streams.reserve(for: UUID())) { XCTAssertEqual(($0 as? APIError)?.status, 503) }
+    }
+
+    func testSubscriptionRemembersAWakeUpThatCameWhileItWasBusy() async throws {
+        let notifier = EventNotifier(listener: nil)
+        let user = UUID()
+        let subscription = notifier.subscribe(to: user)
+        XCTAssertEqual(notifier.waiting, 0, "streams are not long-polls")
+        let before = notifier.generation
+        notifier.wake(user)
+        notifier.wake(user)
+        notifier.wake(UUID())  // another user's
+        let generation = await subscription.next()  // returns at once: woken meanwhile
+        XCTAssertGreaterThan(generation, before)
+        let waiting = Task { await subscription.next() }
+        try await Task.sleep(for: .milliseconds(50))
+        notifier.wake(user)
+        let second = await waiting.value
+        XCTAssertGreaterThan(second, generation)
+        subscription.cancel()
+        let cancelled = Task { await subscription.next() }
+        cancelled.cancel()
+        _ = await cancelled.value  // cancellation ends the wait
+    }
+}

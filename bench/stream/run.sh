@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# bench/stream: 10,000 open idle event streams (GET /sync/v1/stream) of one user: the
+# server's memory, and the time from a commit to the event on every stream. See
+# bench/README.md for what it measures and the results.
+#
+# Environment: BENCH_STREAMS (default 10000), BENCH_COMMITS (pushes measured, default 20).
+# Needs cc, PostgreSQL, curl and python3.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+count=${BENCH_STREAMS:-10000}
+commits=${BENCH_COMMITS:-20}
+
+for tool in cc psql curl python3; do
+  command -v "$tool" >/dev/null || { echo "bench: $tool not found" >&2; exit 1; }
+done
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -le $((count + 100)) ]; then
+  echo "bench: ulimit -n is $(ulimit -n), need more than $((count + 100)) for $count streams" >&2
+  exit 1
+fi
+
+echo "== building trunk-sync (release) and the stream client" >&2
+swift build -c release --scratch-path .build-release --product trunk-sync >&2
+bin="$(swift build -c release --scratch-path .build-release --show-bin-path)/trunk-sync"
+work=$(mktemp -d "${TMPDIR:-/tmp}/trunk-sync-bench-stream.XXXXXX")
+cc -O2 -Wall -o "$work/streams" bench/stream/streams.c
+
+server_pid=""
+client_pid=""
+cleanup() {
+  for pid in "$client_pid" "$server_pid"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; done
+  for pid in "$client_pid" "$server_pid"; do [ -n "$pid" ] && wait "$pid" 2>/dev/null || true; done
+  scripts/pg.sh stop "$work/pg" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
+mib() { awk -v kib="$1" 'BEGIN { printf "%.1f", kib / 1024 }'; }
+threads() { ls "/proc/$1/task" | wc -l; }
+
+echo "== starting PostgreSQL, migrating, starting trunk-sync" >&2
+pg_port=$(free_port)
+PG_FAST=1 scripts/pg.sh start "$work/pg" "$pg_port"
+psql "$(scripts/pg.sh url "$work/pg" postgres)" -qc "create database trunk_sync"
+export TRUNK_SYNC_DATABASE_URL
+TRUNK_SYNC_DATABASE_URL=$(scripts/pg.sh url "$work/pg" trunk_sync)
+export TRUNK_SYNC_JWT_SECRET
+TRUNK_SYNC_JWT_SECRET=$(head -c 48 /dev/urandom | base64 | tr -d '\n')
+# The tokens' issuer: the same for `token` and `serve` (whose port is picked at start).
+export TRUNK_SYNC_PUBLIC_URL=http://bench.invalid
+"$bin" migrate >"$work/migrate.log" 2>&1 || { cat "$work/migrate.log" >&2; exit 1; }
+token=$("$bin" token --email bench@example.com | python3 -c 'import json, sys; print(json.load(sys.stdin)["access_token"])')
+
+# The shipped defaults but for the limits a bench of one user with 10,000 streams needs.
+TRUNK_SYNC_HOST=127.0.0.1 TRUNK_SYNC_PORT=0 TRUNK_SYNC_ADMIN_PORT=0 \
+  TRUNK_SYNC_STREAM_MAX=$((count + 10)) TRUNK_SYNC_STREAM_MAX_PER_USER=$((count + 10)) \
+  TRUNK_SYNC_HTTP_MAX_CONNECTIONS=$((count + 100)) \
+  "$bin" serve 2>>"$work/server.log" &
+server_pid=$!
+port=""
+for _ in $(seq 1 200); do
+  port=$(sed -n '/ admin listening /d; s/.* listening .*port=\([0-9][0-9]*\).*/\1/p' "$work/server.log" | head -n 1)
+  [ -n "$port" ] && break
+  kill -0 "$server_pid" 2>/dev/null || { cat "$work/server.log" >&2; exit 1; }
+  sleep 0.1
+done
+[ -n "$port" ] || { echo "bench: trunk-sync did not report its port" >&2; exit 1; }
+curl -fsS -o /dev/null "http://127.0.0.1:$port/healthz"
+rss_start=$(rss_kib "$server_pid")
+threads_start=$(threads "$server_pid")
+
+echo "== opening $count streams (load before: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+"$work/streams" 127.0.0.1 "$port" "$count" "$token" "$commits" "$work/ready" "$work/go" >"$work/client.out" &
+client_pid=$!
+for _ in $(seq 1 3000); do
+  [ -s "$work/ready" ] && break
+  kill -0 "$client_pid" 2>/dev/null || { echo "bench: the stream client failed" >&2; exit 1; }
+  sleep 0.1
+done
+[ -s "$work/ready" ] || { echo "bench: the streams did not open" >&2; exit 1; }
+sleep 2
+rss_idle=$(rss_kib "$server_pid")
+threads_idle=$(threads "$server_pid")
+perf_pid=""
+if [ -n "${BENCH_PERF:-}" ]; then  # where the server's time goes during the commits
+  perf record -q -g -p "$server_pid" -o "$work/perf.data" 2>/dev/null &
+  perf_pid=$!
+  sleep 1
+fi
+cpu_before=$(awk '{ print $14 + $15 }' "/proc/$server_pid/stat")
+touch "$work/go"
+echo "== $commits commits, each to all $count streams" >&2
+wait "$client_pid" || { echo "bench: the stream client failed" >&2; cat "$work/client.out" >&2; exit 1; }
+client_pid=""
+cpu_ms=$(awk -v before="$cpu_before" -v hz="$(getconf CLK_TCK)" -v n="$commits" '{ printf "%.0f", ($14 + $15 - before) * 1000 / hz / n }' "/proc/$server_pid/stat")
+if [ -n "$perf_pid" ]; then
+  kill -INT "$perf_pid"; wait "$perf_pid" || true
+  perf report -i "$work/perf.data" --no-children --sort ${BENCH_PERF_SORT:-dso,symbol} -g none --stdio 2>/dev/null | grep -v '^#' | grep '%' | head -40 >&2
+fi
+rss_after=$(rss_kib "$server_pid")
+per_stream=$(awk -v a="$rss_idle" -v b="$rss_start" -v n="$count" 'BEGIN { printf "%.1f", (a - b) / n }')
+
+cat <<EOF
+
+date                     $(date -u +%FT%TZ)  ($(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg))
+streams                  $count of one user
+RSS at start             $(mib "$rss_start") MiB, $threads_start threads
+RSS, streams open, idle  $(mib "$rss_idle") MiB, $threads_idle threads  (goal <= 200 MiB; $per_stream KiB per stream)
+RSS after the commits    $(mib "$rss_after") MiB
+commit -> event          $(cat "$work/client.out")  (goal p99 <= 100 ms; from sending the push)
+server CPU per commit    $cpu_ms ms  (user + system, all threads)
+EOF
