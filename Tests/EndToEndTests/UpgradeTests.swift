@@ -107,7 +107,7 @@ final class UpgradeTests: EndToEndTestCase {
         let migrated = try trunkSync(["migrate"])
         XCTAssertEqual(migrated.status, 0, migrated.stderr)
         for line in [
-            "applied 0005_row_level_security.sql", "applied 0006_encrypted_signing_keys.sql", "applied 0007_pull_function.sql",
+            "applied 0005_row_level_security.sql", "applied 0006_encrypted_signing_keys.sql", "applied 0007_pull_function.sql", "applied 0010_drop_pull_function.sql",
             "encrypted 1 signing key(s) with TRUNK_SYNC_KEY_ENCRYPTION_KEY",
         ] {
             XCTAssertTrue(migrated.stdout.contains(line), migrated.stdout)

@@ -192,16 +192,18 @@ class RowLevelSecurityTests: XCTestCase {
         XCTAssertEqual(try count("users", on: connection), 0)
     }
 
-    /// The pull's one statement (migration 0007) scopes itself, reads only that user's rows
-    /// after the cursor, and leaves nothing set behind it.
-    func testThePullFunctionScopesItsOwnStatementOnly() throws {
+    /// The pull's scope and select, pipelined without `begin`/`commit`: one implicit
+    /// transaction, so the select sees that user's rows and nothing stays set afterwards.
+    func testAPipelinedScopeLastsOnlyItsImplicitTransaction() throws {
         let connection = try serverConnection()
-        let page = try connection.query(
-            "select seq from trunk_sync_pull($1, $2, $3)", alice, Int64(1), Int64(10))
+        let select = PostgresStatement.prepared("select seq from events where seq > $1 order by seq", Int64(1))
+        let page = try connection.pipeline([
+            .prepared("select set_config('app.user_id', $1, true)", alice.uuidString.lowercased()), select,
+        ])[1]
         XCTAssertEqual(try page.map { try $0.decode(Int64.self, column: 0) }, [2, 3])
-        XCTAssertEqual(try connection.query("select seq from trunk_sync_pull($1, 0, 10)", bob).count, 2)
-        XCTAssertEqual(try connection.query("select seq from trunk_sync_pull($1, 0, 1)", alice).count, 1)
-        XCTAssertEqual(try connection.query("select current_setting('app.user_id', true)")[0].decode(String?.self, column: 0) ?? "", "")
+        XCTAssertEqual(try connection.pipeline([select])[0].count, 0, "the next pipeline sees nothing")
+        XCTAssertEqual(
+            try connection.query("select current_setting('app.user_id', true)")[0].decode(String?.self, column: 0) ?? "", "")
         XCTAssertEqual(try count("events", on: connection), 0)
     }
 

@@ -1,6 +1,9 @@
--- pgbench: the server's pull without the server (informational reference): the one
--- statement the server sends (trunk_sync_pull: scope and select, limit + 1 rows) after a
--- random cursor, as trunk_sync_app.
+-- pgbench: the server's pull without the server (informational reference): the scope and
+-- the select (limit + 1 rows) after a random cursor in one pipeline without begin/commit
+-- (one implicit transaction), as trunk_sync_app.
 \set after random(0, :max_after)
+\startpipeline
+select set_config('app.user_id', :uidtext, true);
 select seq, id, type, payload, client_id, client_timestamp, created_at
-from trunk_sync_pull(:uid, :after, 1001);
+from events where user_id = :uid and seq > :after order by seq limit 1001;
+\endpipeline

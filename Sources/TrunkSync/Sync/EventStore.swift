@@ -254,9 +254,11 @@ public struct EventStore: Sendable {
     /// `limit + 1` rows to know whether more follow; the `(user_id, seq)` index delivers
     /// them in order.
     ///
-    /// One statement, one round trip: `trunk_sync_pull` (migration 0007) sets the user's
-    /// scope for its own implicit transaction and selects, where a pull used to pipeline
-    /// `begin`, the scope, the select and `commit` — four statements for PostgreSQL to run.
+    /// One round trip of two statements: the scope and the select, pipelined without
+    /// `begin`/`commit`, so they share one implicit transaction (everything before the
+    /// pipeline's sync) and the scope (`set_config(…, true)`) ends with it. Gap-free: a
+    /// user's pushes commit in `seq` order under the user's row lock, so one snapshot never
+    /// sees `seq` N + 1 without N.
     public func pull(for user: UUID, after: Int64, limit: Int) async throws -> Page {
         try await pull(for: user, after: after, limit: limit, framing: .jsonArray)
     }
@@ -266,23 +268,28 @@ public struct EventStore: Sendable {
     /// requests the HTTP server drains before it stops, and a query left waiting on a loop
     /// that has stopped would never finish (nor would closing the loop's pool).
     func pull(for user: UUID, after: Int64, limit: Int, framing: EventPageEncoder.Framing) async throws -> Page {
-        let statement = Self.pullStatement(for: user, after: after, limit: limit)
+        let statements = Self.pullStatements(for: user, after: after, limit: limit)
         if framing == .jsonArray, let loopPool = loopDriven {
             return try await loopPool.withConnection { connection in
-                try Self.page(try await connection.pipeline([statement])[0], limit: limit, framing: framing)
+                try Self.page(try await connection.pipeline(statements)[1], limit: limit, framing: framing)
             }
         }
         return try await pool.withConnection { connection in
-            try Self.page(try connection.pipeline([statement])[0], limit: limit, framing: framing)
+            try Self.page(try connection.pipeline(statements)[1], limit: limit, framing: framing)
         }
     }
 
-    /// The pull's one statement (prepared once per connection: whatever the values, the
+    /// The pull's scope and select (prepared once per connection: whatever the values, the
     /// `(user_id, seq)` index is the plan).
-    static func pullStatement(for user: UUID, after: Int64, limit: Int) -> PostgresStatement {
-        .prepared(
-            "select seq, id, type, payload, client_id, client_timestamp, created_at from trunk_sync_pull($1, $2, $3)",
-            user, after, Int64(limit + 1))
+    static func pullStatements(for user: UUID, after: Int64, limit: Int) -> [PostgresStatement] {
+        [
+            scope(to: user),
+            .prepared(
+                """
+                select seq, id, type, payload, client_id, client_timestamp, created_at
+                from events where user_id = $1 and seq > $2 order by seq limit $3
+                """, user, after, Int64(limit + 1)),
+        ]
     }
 
     /// The page from the statement's `limit + 1` rows, encoded.
