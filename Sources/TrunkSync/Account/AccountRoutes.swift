@@ -80,9 +80,7 @@ public struct AccountRoutes: Sendable {
         do {
             export = try await accounts.beginExport(claims.userID)
         } catch Accounts.ExportError.inProgress {
-            throw APIError(
-                status: 409, code: "export_in_progress",
-                message: "An export of this account is already running; try again when it has finished.")
+            throw APIError.exportInProgress
         } catch Accounts.ExportError.notFound {
             throw APIError.unauthorized
         }

@@ -330,3 +330,10 @@ public struct Accounts: Sendable {
         return out
     }
 }
+
+extension APIError {
+    /// `409`: the user's export lease is held by another export (`Accounts.ExportError.inProgress`).
+    static let exportInProgress = APIError(
+        status: 409, code: "export_in_progress",
+        message: "An export of this account is already running; try again when it has finished.")
+}

@@ -26,9 +26,7 @@ struct ConsoleAccounts: Sendable {
             let written = try await accounts.export(user.id) { lines.append($0) }
             return (lines.bytes, written.events)
         } catch Accounts.ExportError.inProgress {
-            throw APIError(
-                status: 409, code: "export_in_progress",
-                message: "An export of this account is already running; try again when it has finished.")
+            throw APIError.exportInProgress
         } catch Accounts.ExportError.notFound {
             throw ConsoleError.userNotFound
         }
