@@ -58,7 +58,7 @@ public struct EventStore: Sendable {
             return try await loopPool.withConnection { connection in
                 for lookingUpRepeats in [false, true] {
                     let attempt = try await connection.pipelinedTransaction { connection in
-                        try await Self.push(events, for: user, lookingUpRepeats: lookingUpRepeats) { statements in
+                        try await PushSteps(events: events, user: user, lookingUpRepeats: lookingUpRepeats).run { statements in
                             try await connection.pipeline(statements)
                         }
                     }
@@ -70,7 +70,7 @@ public struct EventStore: Sendable {
         return try await pool.withConnection { connection in
             for lookingUpRepeats in [false, true] {
                 let attempt = try connection.pipelinedTransaction { connection in
-                    try Self.push(events, for: user, lookingUpRepeats: lookingUpRepeats) { statements in
+                    try PushSteps(events: events, user: user, lookingUpRepeats: lookingUpRepeats).run { statements in
                         try connection.pipeline(statements)
                     }
                 }
@@ -98,28 +98,8 @@ public struct EventStore: Sendable {
         }
     }
 
-    /// One attempt, its round trips sent through `pipeline` (blocking or loop-driven: the
-    /// same statements either way).
-    private static func push(
-        _ events: [IncomingEvent], for user: UUID, lookingUpRepeats: Bool,
-        pipeline: ([PostgresStatement]) throws -> [PostgresResult]
-    ) throws -> PushAttempt {
-        try pushSteps(events, for: user, lookingUpRepeats: lookingUpRepeats).run(pipeline)
-    }
-
-    private static func push(
-        _ events: [IncomingEvent], for user: UUID, lookingUpRepeats: Bool,
-        pipeline: ([PostgresStatement]) async throws -> [PostgresResult]
-    ) async throws -> PushAttempt {
-        try await pushSteps(events, for: user, lookingUpRepeats: lookingUpRepeats).run(pipeline)
-    }
-
-    private static func pushSteps(_ events: [IncomingEvent], for user: UUID, lookingUpRepeats: Bool) -> PushSteps {
-        PushSteps(events: events, user: user, lookingUpRepeats: lookingUpRepeats)
-    }
-
-    /// One attempt at a push as three round trips with decisions between them, whatever
-    /// carries the round trips: `begin`, scope and lock (and the look-up); insert, cursor
+    /// One attempt at a push as three round trips with decisions between them, the same
+    /// statements whichever driver carries them (blocking or loop-driven): `begin`, scope and lock (and the look-up); insert, cursor
     /// update and notification; `commit`.
     struct PushSteps {
         let events: [IncomingEvent]
