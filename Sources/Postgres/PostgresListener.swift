@@ -20,8 +20,9 @@ public struct PostgresNotification: Sendable, Equatable {
 public enum PostgresListenerEvent: Sendable, Equatable {
     /// A notification arrived.
     case notification(PostgresNotification)
-    /// The listener (re)connected and is listening again. Notifications sent while it was
-    /// disconnected are lost, so subscribers should re-check whatever they wait for.
+    /// The listener (re)connected and is listening again, or this subscriber fell more than
+    /// its buffer behind and lost notifications. Either way notifications were missed, so
+    /// subscribers should re-check whatever they wait for.
     case listening
 }
 
@@ -69,6 +70,11 @@ public final class PostgresListener: Sendable {
     /// Whether the listener is connected and listening right now.
     public var isListening: Bool { state.withLock { $0.listening } }
 
+    /// The connection it listens on now, numbered from 1 (each reconnect counts one more);
+    /// nil while not listening. Knowledge built from notifications holds only as long as
+    /// this stays the same.
+    public var session: UInt64? { state.withLock { $0.listening ? $0.sessions : nil } }
+
     /// A stream of everything the listener delivers from now on. The buffer is bounded
     /// (newest 10,000 kept); ending the iteration unsubscribes.
     public func events() -> AsyncStream<PostgresListenerEvent> {
@@ -96,7 +102,11 @@ public final class PostgresListener: Sendable {
 
     private func deliver(_ event: PostgresListenerEvent) {
         let subscribers = state.withLock { Array($0.subscribers.values) }
-        for subscriber in subscribers { subscriber.yield(event) }
+        for subscriber in subscribers {
+            // A full buffer drops the oldest event: tell that subscriber it missed some (the
+            // `.listening` then itself is the newest, so it is kept).
+            if case .dropped = subscriber.yield(event), event != .listening { subscriber.yield(.listening) }
+        }
     }
 
     private func run() {
@@ -111,7 +121,10 @@ public final class PostgresListener: Sendable {
                     }
                     connection = opened
                     backoffMilliseconds = 100
-                    state.withLock { $0.listening = true }
+                    state.withLock {
+                        $0.listening = true
+                        $0.sessions += 1
+                    }
                     logger.debug("listening for notifications", metadata: ["channels": "\(channels)"])
                     deliver(.listening)
                 } catch {
@@ -179,6 +192,8 @@ final class ListenerState: @unchecked Sendable {
         var started = false
         var stopped = false
         var listening = false
+        /// Connections that reached `LISTEN`.
+        var sessions: UInt64 = 0
         var nextID: UInt64 = 0
         var subscribers: [UInt64: AsyncStream<PostgresListenerEvent>.Continuation] = [:]
     }

@@ -39,6 +39,37 @@ final class ListenerTests: XCTestCase {
         XCTAssertNil(end, "the stream finishes when the listener stops")
     }
 
+    func testASubscriberThatFallsBehindItsBufferIsToldItMissedNotifications() async throws {
+        let listener = PostgresListener(try listenerConfiguration(), channels: ["burst"], logger: TestDatabase.quietLogger)
+        var slow = listener.events().makeAsyncIterator()
+        var marker = listener.events().makeAsyncIterator()
+        listener.start()
+        let watchdog = Task { try await Task.sleep(for: .seconds(30)); listener.stop() }
+        defer { watchdog.cancel() }
+        let listening = await nextEvent(&slow)
+        XCTAssertEqual(listening, .listening)
+        XCTAssertEqual(listener.session, 1)
+        let sender = try PostgresConnection.connect(try TestDatabase.adminConfiguration())
+        // More than the 10,000 a subscriber's buffer holds, while `slow` reads nothing.
+        try sender.query("select count(pg_notify('burst', n::text)) from generate_series(1, 10100) n")
+        try sender.query("select pg_notify('burst', 'last')")
+        // Every subscriber is handed each event in turn: once `marker` has the last one,
+        // so has `slow`.
+        while let event = await nextEvent(&marker),
+            event != .notification(PostgresNotification(channel: "burst", payload: "last"))
+        {}
+        var received: [PostgresListenerEvent] = []
+        while received.last != .notification(PostgresNotification(channel: "burst", payload: "last")) {
+            guard let event = await nextEvent(&slow) else { break }
+            received.append(event)
+        }
+        let after = await nextEvent(&slow)
+        XCTAssertEqual(after, .listening, "the newest event says notifications were lost")
+        XCTAssertLessThan(received.count, 10_102, "the oldest were dropped")
+        XCTAssertEqual(listener.session, 1, "no reconnect")
+        listener.stop()
+    }
+
     func testNotificationsOnOtherChannelsAreNotDelivered() async throws {
         let listener = PostgresListener(try listenerConfiguration(), channels: ["wanted"], logger: TestDatabase.quietLogger)
         var events = listener.events().makeAsyncIterator()

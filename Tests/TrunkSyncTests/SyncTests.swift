@@ -303,6 +303,11 @@ final class SyncPoolTests: XCTestCase {
     func testPoolExhaustionAnswers503WithRetryAfterAndRecovers() async throws {
         let app = try await AppHarness(environment: ["TRUNK_SYNC_DB_POOL_SIZE": "1", "TRUNK_SYNC_DB_POOL_TIMEOUT": "0.3"])
         let token = try await app.token("busy@example.com")
+        // A reader with one event: its pull from the start always reads the database (an
+        // empty pull may be answered from memory).
+        let reader = try await app.token("reader@example.com")
+        let seeded = try await app.request("POST", "/sync/v1/events", json: ["events": [SyncTests.event()]], bearer: reader)
+        XCTAssertEqual(seeded.status, 200)
         // Block the only connection: a push waits for the user's row lock held here.
         let blocker = try app.owner()
         try blocker.execute("begin")
@@ -314,7 +319,7 @@ final class SyncPoolTests: XCTestCase {
         var busy: AppHarness.Response? = nil
         let deadline = Date().addingTimeInterval(10)
         while Date() < deadline {
-            let response = try await app.request("GET", "/sync/v1/events", bearer: token)
+            let response = try await app.request("GET", "/sync/v1/events?after=0", bearer: reader)
             if response.status == 503 {
                 busy = response
                 break

@@ -195,10 +195,17 @@ if wanted empty; then
   echo "== empty pull: wrk -t2 -c$connections, after=$log_events"
   figure[empty]=$(BENCH_TOKEN=$pull_token BENCH_LIMIT=$page BENCH_AFTER=$log_events \
     run_wrk "$work/empty.txt" -t2 -c"$connections" -d"${duration}s" -s "$here/pull.lua" "$base")
+  # Known empty from the notifications, the empty pull is answered from memory; a pull of
+  # the newest event alone always reads the database: that path's figure, for comparison.
+  echo "== pull of one new event (informational): wrk -t2 -c$connections, after=$((log_events - 1))"
+  figure[one]=$(BENCH_TOKEN=$pull_token BENCH_LIMIT=$page BENCH_AFTER=$((log_events - 1)) \
+    run_wrk "$work/one.txt" -t2 -c"$connections" -d"${duration}s" -s "$here/pull.lua" "$base")
+  reference[one]=${reference[empty]}
   echo "== empty pull transaction without the server (informational): pgbench empty_transaction.sql"
   tps=$(PGOPTIONS="-c role=trunk_sync_app" run_pgbench empty-transaction "$here/empty_transaction.sql" \
     -D uid="$pull_user" -D uidtext="$pull_user" -D last="$log_events")
   same[empty]=$(python3 -c "print(round($tps))")
+  same[one]=${same[empty]}
 fi
 
 # 4. Latency at half the maximum rate: each connection pauses between requests (wrk's
@@ -233,6 +240,7 @@ row() {
 wanted push && row push ev/s rows/s 0.70 push
 wanted pull && row pull ev/s rows/s 0.50 pull
 wanted empty && row empty req/s q/s 0.70 empty-pull
+wanted empty && row one req/s q/s - "  one new"
 if [ -n "${p99[push]:-}" ]; then
   echo "p99 at half the maximum rate (goal 20ms): push ${p99[push]}, empty pull ${p99[empty]} (pool $pool)"
 fi

@@ -56,12 +56,12 @@ public struct Application: Sendable {
         settings.statementObserver = statementObserver
         let database = try PostgresConfiguration(try configuration.requireDatabaseURL())
         pool = PostgresPool(database, configuration: settings, logger: logger)
-        events = EventStore(pool: pool)
-        signingKeys = SigningKeyStore(pool: pool, encryption: configuration.keyEncryptionKey)
         let listener =
             listen
             ? PostgresListener(database, channels: [EventStore.channel, SessionRevocations.channel], logger: logger) : nil
-        notifier = EventNotifier(listener: listener)
+        events = EventStore(pool: pool, listener: listener)
+        signingKeys = SigningKeyStore(pool: pool, encryption: configuration.keyEncryptionKey)
+        notifier = EventNotifier(listener: listener, store: events)
         migrator = Migrator(migrations: try Migration.load(from: configuration.migrationsDirectory), logger: logger)
         let secret = configuration.jwtSecret ?? ""
         auth = AuthService(

@@ -13,26 +13,45 @@ import Synchronization
 public final class EventNotifier: Sendable {
     private let listener: PostgresListener?
     private let state = NotifierState()
+    /// What the event store knows of users' newest events: told of every commit announced.
+    private let lastSeqs: LastSeqCache?
 
     /// A notifier fed by `listener` (nil: only `shutdown` wakes waiters; for tools and tests).
-    /// The caller starts the listener once every subscriber has subscribed.
-    public init(listener: PostgresListener?) {
+    /// The caller starts the listener once every subscriber has subscribed. `lastSeqs`
+    /// (the event store's) hears of every commit and reconnect before anyone is woken.
+    init(listener: PostgresListener?, lastSeqs: LastSeqCache?) {
         self.listener = listener
+        self.lastSeqs = lastSeqs
         guard let listener else { return }
         let events = listener.events()
-        let state = self.state
+        let (state, lastSeqs) = (self.state, self.lastSeqs)
         Task.detached {
             for await event in events {
                 switch event {
                 case .notification(let notification):
                     guard notification.channel == EventStore.channel else { continue }
-                    if let user = UUIDText.parse(notification.payload) { state.fire(user: user) }
+                    // Forgotten before the wake-up, so a woken long-poll's re-pull asks the database.
+                    if let user = UUIDText.parse(notification.payload) {
+                        lastSeqs?.invalidate(user)
+                        state.fire(user: user)
+                    }
                 case .listening:
                     // Notifications may have been missed while disconnected: everyone re-checks.
+                    lastSeqs?.listening(session: listener.session)
                     state.fireAll()
                 }
             }
         }
+    }
+
+    /// A notifier fed by `listener` that tells `store` of every commit.
+    public convenience init(listener: PostgresListener?, store: EventStore) {
+        self.init(listener: listener, lastSeqs: store.lastSeqs)
+    }
+
+    /// A notifier fed by `listener` alone (nil: only `shutdown` wakes waiters; for tools and tests).
+    public convenience init(listener: PostgresListener?) {
+        self.init(listener: listener, lastSeqs: nil)
     }
 
     /// Registers interest in `user` before looking at the database, so a commit between the

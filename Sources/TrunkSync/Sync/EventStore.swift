@@ -14,8 +14,16 @@ public struct EventStore: Sendable {
     /// pulls then run on the loop that read the request, without a thread hop. Until then,
     /// and for the CLI and in-process tests, the blocking `pool`.
     private let loopPool = LoopPoolSlot()
+    /// Users' newest events as far as the notifications tell: empty pulls answered from
+    /// memory. Trusted only while `listener` (the `EventNotifier`'s, which feeds it) listens.
+    let lastSeqs: LastSeqCache
 
-    public init(pool: PostgresPool) { self.pool = pool }
+    /// A store on `pool`; with `listener` (the one its `EventNotifier` follows), pulls known
+    /// to be empty are answered without a query.
+    public init(pool: PostgresPool, listener: PostgresListener? = nil) {
+        self.pool = pool
+        lastSeqs = LastSeqCache(session: { listener?.session })
+    }
 
     /// From now on, pushes and pulls use `loopPool` (set once, before requests arrive).
     public func drive(on loopPool: PostgresLoopPool) { self.loopPool.pool.withLock { $0 = loopPool } }
@@ -52,6 +60,14 @@ public struct EventStore: Sendable {
     /// lag behind a growing log. If the index finds an earlier push, the transaction is
     /// rolled back and the push runs again, looking its repeats up first.
     public func push(_ events: [IncomingEvent], for user: UUID) async throws -> [PushResult]? {
+        let results = try await store(events, for: user)
+        // This instance's next pull of the user asks the database, without waiting for the
+        // notification of this commit.
+        if results?.contains(where: \.created) == true { lastSeqs.invalidate(user) }
+        return results
+    }
+
+    private func store(_ events: [IncomingEvent], for user: UUID) async throws -> [PushResult]? {
         // A return without `commit` (unknown user, nothing new, a repeat found) rolls back:
         // nothing was written.
         if let loopPool = loopDriven {
@@ -228,6 +244,9 @@ public struct EventStore: Sendable {
         public var count: Int
         public var lastSeq: Int64?
         public var hasMore: Bool
+
+        /// No events.
+        public static let empty = Page(eventsJSON: Array("[]".utf8), count: 0, lastSeq: nil, hasMore: false)
     }
 
     /// The user's events with `seq > after`, in `seq` order, at most `limit`. Reads
@@ -239,8 +258,16 @@ public struct EventStore: Sendable {
     /// pipeline's sync) and the scope (`set_config(…, true)`) ends with it. Gap-free: a
     /// user's pushes commit in `seq` order under the user's row lock, so one snapshot never
     /// sees `seq` N + 1 without N.
+    ///
+    /// A pull this instance knows to be empty (`LastSeqCache`: the user's newest event is at
+    /// or before `after`, as of the newest notification) is answered without a query; any
+    /// other answer that holds the user's newest event teaches it that.
     public func pull(for user: UUID, after: Int64, limit: Int) async throws -> Page {
-        try await pull(for: user, after: after, limit: limit, framing: .jsonArray)
+        if lastSeqs.isKnownEmpty(user, after: after) { return .empty }
+        let ticket = lastSeqs.ticket()
+        let page = try await pull(for: user, after: after, limit: limit, framing: .jsonArray)
+        if let ticket, !page.hasMore { lastSeqs.record(user, newest: page.lastSeq ?? after, since: ticket) }
+        return page
     }
 
     /// A pull whose events are written with `framing` (the stream's Server-Sent Events).
