@@ -16,9 +16,9 @@ final class LastSeqCacheTests: XCTestCase {
     let user = UUID()
     let session = Session()
 
-    func listeningCache(capacity: Int = 16) -> LastSeqCache {
+    func listeningCache(capacity: Int = 16, maxAge: Duration = .seconds(3600)) -> LastSeqCache {
         let session = self.session
-        let cache = LastSeqCache(capacity: capacity, session: { session.value.withLock { $0 } })
+        let cache = LastSeqCache(capacity: capacity, maxAge: maxAge, session: { session.value.withLock { $0 } })
         cache.listening(session: 1)
         return cache
     }
@@ -99,6 +99,19 @@ final class LastSeqCacheTests: XCTestCase {
         cache.listening(session: 1)  // notifications lost (a subscriber fell behind)
         cache.record(user, newest: 5, since: ticket)
         XCTAssertFalse(cache.isKnownEmpty(user, after: 5))
+    }
+
+    func testAnEntryIsTrustedOnlyForItsMaximumAge() throws {
+        // A notification lost between a commit and its NOTIFY is outlived by no entry.
+        let cache = listeningCache(maxAge: .zero)
+        cache.record(user, newest: 5, since: try XCTUnwrap(cache.ticket()))
+        XCTAssertFalse(cache.isKnownEmpty(user, after: 5))
+        // An expired bound is replaced by the next record, not combined with it.
+        cache.record(user, newest: 9, since: try XCTUnwrap(cache.ticket()))
+        XCTAssertEqual(cache.count, 1)
+        let fresh = listeningCache(maxAge: .seconds(60))
+        fresh.record(user, newest: 5, since: try XCTUnwrap(fresh.ticket()))
+        XCTAssertTrue(fresh.isKnownEmpty(user, after: 5))
     }
 
     func testWithoutAListenerNothingIsEverKnown() {

@@ -54,11 +54,17 @@ public struct EventStore: Sendable {
     ///
     /// Every insert into `events` happens under this lock, so while it is held the user's
     /// stored `client_id`s cannot change. A push first assumes it repeats no earlier push
-    /// (the common case) and lets the `(user_id, client_id)` unique index check that while
-    /// inserting: three round trips (`begin`, scope and lock; insert, cursor update and
-    /// notification; `commit`) and no look-up, whose plan would depend on statistics that
-    /// lag behind a growing log. If the index finds an earlier push, the transaction is
-    /// rolled back and the push runs again, looking its repeats up first.
+    /// (the common case): one round trip whose one statement moves the user's cursor (taking
+    /// the lock) and inserts, the `(user_id, client_id)` unique index checking for repeats
+    /// while inserting, and no look-up, whose plan would depend on statistics that lag behind
+    /// a growing log. If the index finds an earlier push, the transaction is rolled back and
+    /// the push runs again, looking its repeats up under the lock first.
+    ///
+    /// The notification goes out right after the commit, in the same round trip but its own
+    /// transaction: a `NOTIFY` inside the transaction would hold PostgreSQL's notification
+    /// lock through the commit's WAL flush and so serialise every push's commit (no group
+    /// commit). Only a connection cut between the two loses it; `LastSeqCache` entries
+    /// expire, and a long-poll's wait is bounded, so nothing waits for it for ever.
     public func push(_ events: [IncomingEvent], for user: UUID) async throws -> [PushResult]? {
         let results = try await store(events, for: user)
         // This instance's next pull of the user asks the database, without waiting for the
@@ -114,14 +120,14 @@ public struct EventStore: Sendable {
         }
     }
 
-    /// One attempt at a push as three round trips with decisions between them, the same
-    /// statements whichever driver carries them (blocking or loop-driven): `begin`, scope and lock (and the look-up); insert, cursor
-    /// update and notification; `commit`.
+    /// One attempt at a push, the same statements whichever driver carries them (blocking or
+    /// loop-driven). Without the look-up: one round trip (`begin`, scope, cursor and insert
+    /// in one statement, `commit`, notification). With it: `begin`, scope, lock and look-up;
+    /// insert and cursor update; `commit` and notification.
     struct PushSteps {
         let events: [IncomingEvent]
         let user: UUID
         let lookingUpRepeats: Bool
-        var results: [PushResult] = []
 
         init(events: [IncomingEvent], user: UUID, lookingUpRepeats: Bool) {
             self.events = events
@@ -129,38 +135,182 @@ public struct EventStore: Sendable {
             self.lookingUpRepeats = lookingUpRepeats
         }
 
-        enum Next {
-            case send([PostgresStatement])
-            case done(PushAttempt)
-        }
-
         func run(_ pipeline: ([PostgresStatement]) throws -> [PostgresResult]) throws -> PushAttempt {
-            var steps = self
-            switch try steps.afterHead(try pipeline(steps.head())) {
-            case .done(let attempt): return attempt
-            case .send(let write):
-                guard steps.afterWrite(try pipeline(write)) else { return .repeatsEarlierPush }
-                _ = try pipeline([.commit])
-                return .stored(steps.results)
+            if !lookingUpRepeats {
+                let batch = Batch(events, existing: [:])
+                do {
+                    return try batch.stored(afterCursor: try pipeline(batch.oneRoundTrip(for: user)))
+                } catch let error as PostgresError where Self.repeatsEarlierPush(error) {
+                    return .repeatsEarlierPush
+                }
             }
+            guard let head = try Self.lockedState(try pipeline(lockAndLookUp())) else { return .unknownUser }
+            let batch = Batch(events, existing: head.existing)
+            guard !batch.fresh.isEmpty else { return .stored(batch.results(base: head.lastSeq)) }
+            guard try pipeline(batch.write(for: user, after: head)).first?.count == batch.fresh.count else {
+                return .repeatsEarlierPush
+            }
+            _ = try pipeline(commitAndNotify)
+            return .stored(batch.results(base: head.lastSeq))
         }
 
         func run(_ pipeline: ([PostgresStatement]) async throws -> [PostgresResult]) async throws -> PushAttempt {
-            var steps = self
-            switch try steps.afterHead(try await pipeline(steps.head())) {
-            case .done(let attempt): return attempt
-            case .send(let write):
-                guard steps.afterWrite(try await pipeline(write)) else { return .repeatsEarlierPush }
-                _ = try await pipeline([.commit])
-                return .stored(steps.results)
+            if !lookingUpRepeats {
+                let batch = Batch(events, existing: [:])
+                do {
+                    return try batch.stored(afterCursor: try await pipeline(batch.oneRoundTrip(for: user)))
+                } catch let error as PostgresError where Self.repeatsEarlierPush(error) {
+                    return .repeatsEarlierPush
+                }
+            }
+            guard let head = try Self.lockedState(try await pipeline(lockAndLookUp())) else { return .unknownUser }
+            let batch = Batch(events, existing: head.existing)
+            guard !batch.fresh.isEmpty else { return .stored(batch.results(base: head.lastSeq)) }
+            guard try await pipeline(batch.write(for: user, after: head)).first?.count == batch.fresh.count else {
+                return .repeatsEarlierPush
+            }
+            _ = try await pipeline(commitAndNotify)
+            return .stored(batch.results(base: head.lastSeq))
+        }
+
+        /// The insert met an event this user pushed before (the `(user_id, client_id)` index).
+        static func repeatsEarlierPush(_ error: PostgresError) -> Bool {
+            error.isUniqueViolation && error.constraint == "events_user_id_client_id_key"
+        }
+
+        /// `commit`, then the notification in a transaction of its own that need not wait
+        /// for a WAL flush (it writes nothing durable).
+        var commitAndNotify: [PostgresStatement] {
+            [
+                .commit,
+                .prepared(
+                    "select set_config('synchronous_commit', 'off', true), pg_notify($1, $2)", channel,
+                    UUIDText.lowercase(user)),
+            ]
+        }
+
+        /// The batch's events split into the new ones (first of their `client_id`, not stored
+        /// before) and the repeats, in order.
+        struct Batch {
+            let events: [IncomingEvent]
+            /// The events to insert, in order: the `n`-th gets `seq` base + `n`.
+            var fresh: [IncomingEvent] = []
+            /// For each event: its rank among `fresh` (1-based) or its stored `seq` (negated
+            /// rank is never needed: a stored `seq` is known only with the look-up).
+            private var assigned: [Assignment] = []
+            private enum Assignment {
+                case fresh(Int64)
+                case stored(Int64)
+            }
+
+            init(_ events: [IncomingEvent], existing: [UUID: Int64]) {
+                self.events = events
+                var ranks: [UUID: Int64] = [:]
+                ranks.reserveCapacity(events.count)
+                assigned.reserveCapacity(events.count)
+                for event in events {
+                    if let seq = existing[event.clientID] {
+                        assigned.append(.stored(seq))
+                    } else if let rank = ranks[event.clientID] {
+                        assigned.append(.fresh(rank))
+                    } else {
+                        let rank = Int64(fresh.count + 1)
+                        ranks[event.clientID] = rank
+                        fresh.append(event)
+                        assigned.append(.fresh(rank))
+                    }
+                }
+            }
+
+            /// Each event's outcome once the new ones are numbered after `base`.
+            func results(base: Int64) -> [PushResult] {
+                var seen = Set<Int64>()
+                return zip(events, assigned).map { event, assignment in
+                    switch assignment {
+                    case .stored(let seq): return PushResult(clientID: event.clientID, created: false, seq: seq)
+                    case .fresh(let rank):
+                        return PushResult(clientID: event.clientID, created: seen.insert(rank).inserted, seq: base + rank)
+                    }
+                }
+            }
+
+            /// The common case in one round trip: the cursor moves by the number of new events
+            /// (the update takes the user's row lock, held to the commit, so `seq` and
+            /// `created_at` follow commit order) and the events are inserted after it, in one
+            /// statement; no row when the user does not exist. A repeat of an earlier push
+            /// fails the insert on the unique index, and everything after it is skipped.
+            func oneRoundTrip(for user: UUID) -> [PostgresStatement] {
+                [
+                    .begin,
+                    scope(to: user),
+                    .prepared(
+                        """
+                        with cursor as (
+                          update users
+                             set last_seq = last_seq + $2,
+                                 last_event_at = greatest(date_trunc('milliseconds', clock_timestamp()),
+                                                          coalesce(last_event_at + interval '1 millisecond', '-infinity'::timestamptz))
+                                                 + ($2 - 1) * interval '1 millisecond'
+                           where id = $1
+                          returning last_seq - $2 as base_seq
+                                  , last_event_at - ($2 - 1) * interval '1 millisecond' as base_at
+                        ), stored as (
+                          insert into events (user_id, seq, type, payload, client_id, client_timestamp, created_at)
+                          select $1, cursor.base_seq + x.n, x.t, x.p, x.c, x.ts, cursor.base_at + (x.n - 1) * interval '1 millisecond'
+                          from cursor, unnest($3::uuid[], $4::text[], $5::jsonb[], $6::timestamptz[]) with ordinality as x(c, t, p, ts, n)
+                          returning 1
+                        )
+                        select base_seq, (select count(*) from stored) from cursor
+                        """, user, Int64(fresh.count), fresh.map(\.clientID), fresh.map(\.type), fresh.map(\.payload),
+                        fresh.map(\.clientTimestamp)),
+                ] + PushSteps(events: [], user: user, lookingUpRepeats: false).commitAndNotify
+            }
+
+            /// The outcome of `oneRoundTrip`.
+            func stored(afterCursor replies: [PostgresResult]) throws -> PushAttempt {
+                guard replies.count > 2, let row = replies[2].first else { return .unknownUser }
+                let base = try row.decode(Int64.self, column: 0)
+                guard try row.decode(Int64.self, column: 1) == Int64(fresh.count) else { throw UnexpectedRepeat() }
+                return .stored(results(base: base))
+            }
+
+            /// With the look-up, under the lock: the insert and the cursor update.
+            func write(for user: UUID, after head: LockedState) -> [PostgresStatement] {
+                let lastCreated = PostgresTimestamp(
+                    microsecondsSinceEpoch: head.base.microsecondsSinceEpoch + Int64(fresh.count - 1) * 1000)
+                return [
+                    // `on conflict do nothing` leaves out an event stored meanwhile (never
+                    // expected under the lock); `returning` tells, and the caller then rolls back.
+                    .prepared(
+                        """
+                        insert into events (user_id, seq, type, payload, client_id, client_timestamp, created_at)
+                        select $1, $2 + n, t, p, c, ts, $3 + (n - 1) * interval '1 millisecond'
+                        from unnest($4::uuid[], $5::text[], $6::jsonb[], $7::timestamptz[]) with ordinality as x(c, t, p, ts, n)
+                        on conflict (user_id, client_id) do nothing
+                        returning 1
+                        """, user, head.lastSeq, head.base, fresh.map(\.clientID), fresh.map(\.type), fresh.map(\.payload),
+                        fresh.map(\.clientTimestamp)),
+                    .prepared(
+                        "update users set last_seq = $2, last_event_at = $3 where id = $1", user,
+                        head.lastSeq + Int64(fresh.count), lastCreated),
+                ]
             }
         }
 
-        func head() -> [PostgresStatement] {
-            var head: [PostgresStatement] = [
+        /// What the look-up path learns under the lock.
+        struct LockedState {
+            var lastSeq: Int64
+            /// The first new event's `created_at`.
+            var base: PostgresTimestamp
+            /// The batch's `client_id`s stored before, with their `seq`.
+            var existing: [UUID: Int64]
+        }
+
+        /// `begin`, scope, the user's row lock and the look-up of the batch's `client_id`s.
+        func lockAndLookUp() -> [PostgresStatement] {
+            [
                 .begin,
                 scope(to: user),
-                // The lock serialises this user's pushes, so seq and created_at follow commit order.
                 .prepared(
                     """
                     select last_seq,
@@ -168,73 +318,25 @@ public struct EventStore: Sendable {
                                     coalesce(last_event_at + interval '1 millisecond', '-infinity'::timestamptz))
                     from users where id = $1 for update
                     """, user),
-            ]
-            if lookingUpRepeats {
                 // Runs after the lock is granted, so it sees every earlier push. Not prepared:
                 // planned for this array and this user's statistics each time.
-                head.append(
-                    PostgresStatement(
-                        "select client_id, seq from events where user_id = $1 and client_id = any($2)", user,
-                        events.map(\.clientID)))
-            }
-            return head
+                PostgresStatement(
+                    "select client_id, seq from events where user_id = $1 and client_id = any($2)", user,
+                    events.map(\.clientID)),
+            ]
         }
 
-        /// After the lock: numbers the new events, and what to write (or the outcome).
-        mutating func afterHead(_ replies: [PostgresResult]) throws -> Next {
-            guard replies.count > 2, let state = replies[2].first else { return .done(.unknownUser) }
-            let lastSeq = try state.decode(Int64.self, column: 0)
-            let base = try state.decode(PostgresTimestamp.self, column: 1)
-
+        /// The state under the lock; nil when the user does not exist.
+        static func lockedState(_ replies: [PostgresResult]) throws -> LockedState? {
+            guard replies.count > 3, let state = replies[2].first else { return nil }
             var existing: [UUID: Int64] = [:]
-            if lookingUpRepeats {
-                for row in replies[3] {
-                    existing[try row.decode(UUID.self, column: 0)] = try row.decode(Int64.self, column: 1)
-                }
+            for row in replies[3] {
+                existing[try row.decode(UUID.self, column: 0)] = try row.decode(Int64.self, column: 1)
             }
-
-            results.reserveCapacity(events.count)
-            var fresh: [IncomingEvent] = []
-            var assigned: [UUID: Int64] = [:]
-            assigned.reserveCapacity(events.count)
-            for event in events {
-                if let seq = existing[event.clientID] ?? assigned[event.clientID] {
-                    results.append(PushResult(clientID: event.clientID, created: false, seq: seq))
-                } else {
-                    let seq = lastSeq + Int64(fresh.count) + 1
-                    assigned[event.clientID] = seq
-                    fresh.append(event)
-                    results.append(PushResult(clientID: event.clientID, created: true, seq: seq))
-                }
-            }
-            guard !fresh.isEmpty else { return .done(.stored(results)) }
-            freshCount = fresh.count
-            let lastCreated = PostgresTimestamp(
-                microsecondsSinceEpoch: base.microsecondsSinceEpoch + Int64(fresh.count - 1) * 1000)
-            return .send([
-                // `on conflict do nothing` leaves out an event stored by an earlier push (only
-                // possible without the look-up); `returning` tells, and the caller then rolls
-                // this transaction back, update and notification included.
-                .prepared(
-                    """
-                    insert into events (user_id, seq, type, payload, client_id, client_timestamp, created_at)
-                    select $1, $2 + n, t, p, c, ts, $3 + (n - 1) * interval '1 millisecond'
-                    from unnest($4::uuid[], $5::text[], $6::jsonb[], $7::timestamptz[]) with ordinality as x(c, t, p, ts, n)
-                    on conflict (user_id, client_id) do nothing
-                    returning 1
-                    """, user, lastSeq, base, fresh.map(\.clientID), fresh.map(\.type), fresh.map(\.payload),
-                    fresh.map(\.clientTimestamp)),
-                .prepared(
-                    "update users set last_seq = $2, last_event_at = $3 where id = $1", user,
-                    lastSeq + Int64(fresh.count), lastCreated),
-                .prepared("select pg_notify($1, $2)", channel, UUIDText.lowercase(user)),
-            ])
+            return LockedState(
+                lastSeq: try state.decode(Int64.self, column: 0), base: try state.decode(PostgresTimestamp.self, column: 1),
+                existing: existing)
         }
-
-        private var freshCount = 0
-
-        /// Whether every new event was written (else one repeats an earlier push).
-        func afterWrite(_ written: [PostgresResult]) -> Bool { written.first?.count == freshCount }
     }
 
     /// One page of a user's events after `cursor`, already encoded as the pull response's

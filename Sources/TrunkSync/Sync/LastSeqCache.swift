@@ -19,12 +19,18 @@ import Synchronization
 /// subscriber falling behind its buffer, which the listener reports the same way) clears
 /// everything, and until then nothing is answered from here.
 ///
+/// A notification can still be lost — the pushing connection cut between its commit and the
+/// `NOTIFY` that follows it — so an entry is trusted for `maxAge` (60 s, the longest a
+/// long-poll waits) at most, then the database is asked again.
+///
 /// Bounded: at most `capacity` users (entries and the markers of recent invalidations);
 /// when full, everything is cleared (and pulls in flight may not record), never evicted one
 /// by one, which could forget a marker a pull in flight still needs.
 final class LastSeqCache: Sendable {
     /// Most users remembered: about 5 MiB at most.
     static let defaultCapacity = 65_536
+    /// How long an entry is trusted without a fresh look at the database.
+    static let defaultMaxAge: Duration = .seconds(60)
 
     /// Taken before a pull's query; `record` accepts the pull's result only if nothing the
     /// query might have missed happened since.
@@ -37,6 +43,8 @@ final class LastSeqCache: Sendable {
         var bound: Int64?
         /// The epoch of the user's last invalidation (0: none while remembered).
         var invalidated: UInt64
+        /// When `bound` was learnt (the oldest of the records it combines).
+        var learnt: ContinuousClock.Instant
     }
 
     private struct State {
@@ -51,21 +59,27 @@ final class LastSeqCache: Sendable {
 
     private let state = Mutex(State())
     private let capacity: Int
+    private let maxAge: Duration
     /// The listener's current session (nil while it is not listening).
     private let currentSession: @Sendable () -> UInt64?
 
     /// A cache trusted while `session()` equals the session passed to `listening(session:)`.
-    init(capacity: Int = LastSeqCache.defaultCapacity, session: @escaping @Sendable () -> UInt64?) {
+    init(
+        capacity: Int = LastSeqCache.defaultCapacity, maxAge: Duration = LastSeqCache.defaultMaxAge,
+        session: @escaping @Sendable () -> UInt64?
+    ) {
         self.capacity = max(1, capacity)
+        self.maxAge = maxAge
         self.currentSession = session
     }
 
     /// Whether `user` has no event after `after` (as of the newest notification received).
     func isKnownEmpty(_ user: UUID, after: Int64) -> Bool {
         guard let session = currentSession() else { return false }
+        let now = ContinuousClock.now
         return state.withLock { state in
-            guard state.session == session, let bound = state.entries[user]?.bound else { return false }
-            return after >= bound
+            guard state.session == session, let entry = state.entries[user], let bound = entry.bound else { return false }
+            return after >= bound && entry.learnt.duration(to: now) < maxAge
         }
     }
 
@@ -81,16 +95,22 @@ final class LastSeqCache: Sendable {
     /// After a pull that read `user`'s newest event: that event's `seq`, or the pull's
     /// `after` when it found nothing.
     func record(_ user: UUID, newest bound: Int64, since ticket: Ticket) {
+        let now = ContinuousClock.now
         state.withLock { state in
             guard ticket.epoch >= state.clearedAt else { return }
             if var entry = state.entries[user] {
                 guard entry.invalidated <= ticket.epoch else { return }
                 // Two records without an invalidation between them: the smaller bound is the
                 // safe one (an `after` beyond the newest event records more than it knows).
-                entry.bound = min(entry.bound ?? bound, bound)
+                if let known = entry.bound, entry.learnt.duration(to: now) < maxAge {
+                    entry.bound = min(known, bound)
+                } else {
+                    entry.bound = bound
+                    entry.learnt = now
+                }
                 state.entries[user] = entry
             } else if state.entries.count < capacity {
-                state.entries[user] = Entry(bound: bound, invalidated: 0)
+                state.entries[user] = Entry(bound: bound, invalidated: 0, learnt: now)
             } else {
                 Self.clear(&state)
             }
@@ -105,7 +125,7 @@ final class LastSeqCache: Sendable {
             if state.entries[user] == nil, state.entries.count >= capacity {
                 Self.clear(&state)
             } else {
-                state.entries[user] = Entry(bound: nil, invalidated: state.epoch)
+                state.entries[user] = Entry(bound: nil, invalidated: state.epoch, learnt: .now)
             }
         }
     }
