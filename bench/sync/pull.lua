@@ -24,5 +24,7 @@ end
 -- at a fixed rate, half the maximum: run.sh computes it).
 local pause = tonumber(os.getenv("BENCH_DELAY_MS") or "0")
 if pause > 0 then
-  function delay() return pause end
+  -- Exponentially distributed with that mean (Poisson arrivals, as pgbench --rate): fixed
+  -- pauses would keep the connections in lockstep, every request of a round arriving at once.
+  function delay() return math.floor(-math.log(1 - math.random()) * pause + 0.5) end
 end

@@ -215,10 +215,22 @@ declare -A p99
 if wanted latency && [ -n "${figure[push]:-}" ] && [ -n "${figure[empty]:-}" ]; then
   half_delay() { python3 -c "print(max(1, round($connections * 1000 / ($1 / 2))))"; }
   delay=$(half_delay "$(python3 -c "print(${figure[push]} / 100)")")
-  echo "== push at half its rate: $connections connections, one request each per $delay ms"
+  echo "== push at half its rate: $connections connections, one request each per $delay ms (mean)"
+  checkpoint
   BENCH_TOKENS=$work/tokens BENCH_CONNECTIONS=$connections BENCH_EVENTS=100 BENCH_DELAY_MS=$delay \
     run_wrk "$work/push-half.txt" -t"$connections" -c"$connections" -d"${duration}s" -s "$here/push.lua" "$base" >/dev/null
   p99[push]=$(awk '$1 == "99%" { print $2 }' "$work/push-half.txt")
+  # The reference: the ceiling's bare insert at the same rate (pgbench --rate, Poisson
+  # arrivals like the scripts' pauses), its p99 from pgbench's per-transaction log.
+  rate=$(python3 -c "print(max(1, round(${figure[push]} / 100 / 2)))")
+  echo "== push ceiling at the same rate: pgbench --rate $rate -c $connections"
+  mkdir -p "$work/ceiling-log"
+  checkpoint
+  (cd "$work/ceiling-log" && "$pgbin/pgbench" -n -M prepared -c "$connections" -j 2 -T "$duration" -R "$rate" -l \
+    -f "$here/push_ceiling.sql" -D users="$users" "$url" >/dev/null 2>&1)
+  p99[push-ceiling]=$(cat "$work/ceiling-log"/pgbench_log.* | awk '{ print $3 }' | sort -n |
+    awk '{ v[NR] = $1 } END { printf "%.2fms", v[int(NR * 0.99)] / 1000 }')
+  echo "   ceiling p99 ${p99[push-ceiling]}" >&2
   delay=$(half_delay "${figure[empty]}")
   echo "== empty pull at half its rate: $connections connections, one request each per $delay ms"
   BENCH_TOKEN=$pull_token BENCH_LIMIT=$page BENCH_AFTER=$log_events BENCH_DELAY_MS=$delay \
@@ -242,6 +254,6 @@ wanted pull && row pull ev/s rows/s 0.50 pull
 wanted empty && row empty req/s q/s 0.70 empty-pull
 wanted empty && row one req/s q/s - "  one new"
 if [ -n "${p99[push]:-}" ]; then
-  echo "p99 at half the maximum rate (goal 20ms): push ${p99[push]}, empty pull ${p99[empty]} (pool $pool)"
+  echo "p99 at half the maximum rate (goal 20ms): push ${p99[push]} (the ceiling's bare insert at that rate: ${p99[push-ceiling]}), empty pull ${p99[empty]} (pool $pool)"
 fi
 echo "latencies and raw outputs: rerun with BENCH_KEEP=1 and see $work"
