@@ -5,6 +5,7 @@ import Postgres
 import Synchronization
 import TestSupport
 import TrunkSync
+import XCTest
 
 #if canImport(FoundationNetworking)
     import FoundationNetworking
@@ -163,6 +164,31 @@ final class AppHarness: @unchecked Sendable {
 
     /// A connection as the database owner, to inspect or age rows.
     func owner() throws -> PostgresConnection { try PostgresConnection.connect(database) }
+
+    /// The database refusing new connections, its `LISTEN` connections cut: notifications
+    /// sent meanwhile reach no instance. Open connections of the pools stay.
+    struct ListenerOutage {
+        let admin: PostgresConnection
+        let name: String
+        /// How many listeners were cut (one per instance on this database).
+        let listenersCut: Int
+
+        /// Lets connections in again (the listeners reconnect).
+        func end() { try? admin.execute("alter database \(name) allow_connections true") }
+    }
+
+    func cutListeners() throws -> ListenerOutage {
+        let admin = try PostgresConnection.connect(try TestDatabase.adminConfiguration())
+        let name = try admin.quoteIdentifier(try XCTUnwrap(database["dbname"]))
+        let owner = try self.owner()
+        try admin.execute("alter database \(name) allow_connections false")
+        let cut = try owner.query(
+            """
+            select count(pg_terminate_backend(pid)) from pg_stat_activity
+            where datname = current_database() and query ilike 'LISTEN%'
+            """)[0].decode(Int.self, column: 0)
+        return ListenerOutage(admin: admin, name: name, listenersCut: cut)
+    }
 
     struct Response {
         var status: Int

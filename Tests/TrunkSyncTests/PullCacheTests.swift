@@ -90,23 +90,15 @@ final class PullCacheTests: XCTestCase {
         XCTAssertEqual(known, [])
         // No new connection to the database for a moment, and both listeners cut: the
         // notification of the push below reaches no one.
-        let admin = try PostgresConnection.connect(try TestDatabase.adminConfiguration())
-        let name = try admin.quoteIdentifier(try XCTUnwrap(app.database["dbname"]))
-        let owner = try app.owner()
-        try admin.execute("alter database \(name) allow_connections false")
-        defer { try? admin.execute("alter database \(name) allow_connections true") }
-        let cut = try owner.query(
-            """
-            select count(pg_terminate_backend(pid)) from pg_stat_activity
-            where datname = current_database() and query ilike 'LISTEN%'
-            """)[0].decode(Int.self, column: 0)
-        XCTAssertEqual(cut, 2)
+        let outage = try app.cutListeners()
+        defer { outage.end() }
+        XCTAssertEqual(outage.listenersCut, 2)
         try await waitUntilListening(app, false)
         try await push(second, token: token)
         let asked = try await pull(app, after: 0, token: token)
         XCTAssertEqual(events(asked), 1, "asked the database")
         // Back: everything known before was forgotten, and it learns again.
-        try admin.execute("alter database \(name) allow_connections true")
+        outage.end()
         try await waitUntilListening(app)
         try await push(second, token: token)
         var seen = 0

@@ -159,17 +159,9 @@ final class RevocationTests: XCTestCase {
         try await assertAccepted(token, on: [second])
         // No new connection to the database for a moment, and both listeners cut: the
         // notification of the sign-out below reaches no one.
-        let admin = try PostgresConnection.connect(try TestDatabase.adminConfiguration())
-        let name = try admin.quoteIdentifier(try XCTUnwrap(app.database["dbname"]))
-        let owner = try app.owner()
-        try admin.execute("alter database \(name) allow_connections false")
-        defer { try? admin.execute("alter database \(name) allow_connections true") }
-        let cut = try owner.query(
-            """
-            select count(pg_terminate_backend(pid)) from pg_stat_activity
-            where datname = current_database() and query ilike 'LISTEN%'
-            """)[0].decode(Int.self, column: 0)
-        XCTAssertEqual(cut, 2)
+        let outage = try app.cutListeners()
+        defer { outage.end() }
+        XCTAssertEqual(outage.listenersCut, 2)
         let listenerDown = ContinuousClock.now + .seconds(5)
         while second.application.notifier.isListening, ContinuousClock.now < listenerDown {
             try await Task.sleep(for: .milliseconds(5))
@@ -180,7 +172,7 @@ final class RevocationTests: XCTestCase {
         let missed = try await second.request("GET", "/sync/v1/events", bearer: token)
         XCTAssertEqual(missed.status, 200, "the notification was not lost; the test proves nothing")
         // Connections allowed again: the listener reconnects and reloads what it missed.
-        try admin.execute("alter database \(name) allow_connections true")
+        outage.end()
         let reconnected = ContinuousClock.now
         var response = missed
         while response.status != 401, ContinuousClock.now < reconnected + .seconds(10) {
