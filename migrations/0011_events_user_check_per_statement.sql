@@ -65,10 +65,12 @@ begin
       message = 'update on table "users" violates foreign key constraint "events_user_id_fkey" on table "events"',
       constraint = 'events_user_id_fkey';
   end if;
-  return new;
+  return null;
 end
 $$;
 revoke all on function trunk_sync_users_keep_id() from public;
 
-create trigger users_keep_id before update of id on users
+-- After the update (as the foreign key's check): row-level security's check of the new row
+-- comes first.
+create trigger users_keep_id after update of id on users
   for each row execute function trunk_sync_users_keep_id();
