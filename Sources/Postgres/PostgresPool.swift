@@ -167,14 +167,20 @@ public final class PostgresPool: Sendable {
     }
 
     /// One connection's thread: opens it, then runs the jobs leased to it until told to close.
+    /// The connection is closed (its `PQfinish`) in `serve`, before the count of threads drops:
+    /// `close()` returns only when no thread still uses libpq, so a process that exits right
+    /// after does not tear down the libraries under a closing connection.
     private func slotLoop(_ slot: PoolSlot) {
         lock.withLock { state.threads += 1 }
-        defer {
-            lock.withLock {
-                state.threads -= 1
-                lock.broadcast(2)
-            }
+        serve(slot)
+        lock.withLock {
+            state.threads -= 1
+            lock.broadcast(2)
         }
+    }
+
+    /// Opens the slot's connection and runs its jobs; the connection is gone when it returns.
+    private func serve(_ slot: PoolSlot) {
         var connection: PostgresConnection
         do {
             connection = try openConnection()
