@@ -87,9 +87,10 @@ final class WebClientTests: EndToEndTestCase {
             "one token refresh shared by two tabs",
             "a refused event quarantined, the others pushed", "two accounts in one browser kept apart",
             "sign-out kept the unsent events for the next sign-in", "without IndexedDB, record refuses clearly",
-            "exported the account as NDJSON",
+            "exported the account as NDJSON", "the example page signs in, records and lists a note",
         ] {
-            XCTAssertTrue(result.stdout.contains("ok \(step)"), "missing step \(step): \(result.stdout)\(result.stderr)")
+            XCTAssertTrue(
+                result.stdout.contains("ok \(step)"), "missing step \(step): \(result.stdout)\(result.stderr)")
         }
         XCTAssertFalse(server.logs.contains("access_token="), "a token in the log")
     }

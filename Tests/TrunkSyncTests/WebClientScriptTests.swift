@@ -9,7 +9,8 @@ final class WebClientScriptTests: XCTestCase {
     func testEmbeddedScriptIsTheFileByteForByte() throws {
         let file = try Data(contentsOf: URL(fileURLWithPath: repositoryRoot() + "/clients/web/trunk-sync.js"))
         XCTAssertFalse(file.isEmpty)
-        XCTAssertTrue(Array(file) == WebClientScript.bytes, "clients/web/trunk-sync.js differs: run scripts/web-client-embed.sh")
+        XCTAssertTrue(
+            Array(file) == WebClientScript.bytes, "clients/web/trunk-sync.js differs: run scripts/web-client-embed.sh")
     }
 
     func testETagMatching() {

@@ -966,7 +966,8 @@ export class TrunkSyncClient {
     const account = this.current();
     const session = this.session;
     try {
-      await this.sync();
+      // One try, no waiting: signing out offline must not hang on backoff.
+      await navigator.locks.request(`trunk-sync|sync|${account.key}`, () => this.pushAll(account, { retry: false }));
     } catch {
       // offline or refused: the events stay
     }
