@@ -375,7 +375,7 @@ def main():
         # A tab killed while its pushes are in flight (the server committed, the answer is
         # held back by the proxy): reopened, it sends the rest and nothing twice.
         open_page(first, proxy.url, {"maxBatchEvents": 50, "autoPush": False})
-        proxy.push_delay = 0.3
+        proxy.push_delay = 0.5
         assert js(first, RECORD, "crash", 600) == 600
         js(first, "window.syncing = client.sync().catch(() => {}); return true")
         wait_until(lambda: len(tagged(server_events(alice), "crash")) >= 50, "a first batch on the server")

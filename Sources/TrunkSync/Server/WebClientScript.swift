@@ -748,10 +748,10 @@ export class TrunkSyncClient {
         report.rejected.push(...moved);
         continue;
       }
-      await transact(db, ['outbox'], 'readwrite', (tx) => {
-        const store = tx.objectStore('outbox');
-        for (const record of batch) store.delete(record.n);
-      });
+      // The batch is the outbox's first keys in order (records only append after them), so
+      // one range delete removes exactly it.
+      const range = IDBKeyRange.bound(batch[0].n, batch[batch.length - 1].n);
+      await transact(db, ['outbox'], 'readwrite', (tx) => tx.objectStore('outbox').delete(range));
       report.pushed += answer.accepted;
       report.duplicates += answer.duplicates;
       maxEvents = this.maxBatchEvents;
