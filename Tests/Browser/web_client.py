@@ -128,6 +128,15 @@ def exactly_once(events, tag, count):
     assert len(set(ids)) == len(ids)
 
 
+class QuietServer(http.server.ThreadingHTTPServer):
+    """A browser closing a connection mid-answer (a crashed tab, a cut stream) is expected."""
+
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        pass
+
+
 # MARK: - A proxy between the pages and the server
 
 
@@ -156,8 +165,7 @@ class Proxy:
 
             do_GET = do_POST = do_PUT = do_DELETE = do_OPTIONS = do_HEAD = forward
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = QuietServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -341,7 +349,7 @@ return count;
 
 
 def main():
-    page = http.server.ThreadingHTTPServer(("127.0.0.1", PAGE_PORT), Page)
+    page = QuietServer(("127.0.0.1", PAGE_PORT), Page)
     threading.Thread(target=page.serve_forever, daemon=True).start()
     proxy, proxy2 = Proxy(), Proxy()
     first = browser()
@@ -554,7 +562,13 @@ def main():
         assert js(first, "return await client.pendingCount()") == 2
         js(first, "await client.sync(); return true")
         exactly_once(server_events(alice), "kept", 2)
-        step("sign-out kept the unsent events for the next sign-in")
+        offline(first, True)
+        assert js(first, RECORD, "discarded", 2) == 2
+        assert js(first, "return (await client.signOut({discard: true})).unsentEvents") == 0
+        offline(first, False)
+        sign_in(first, ALICE)
+        assert js(first, "return await client.pendingCount()") == 0
+        step("sign-out kept the unsent events for the next sign-in, or discarded them when asked")
 
         # No IndexedDB (as in some private modes): record refuses, nothing kept in memory.
         first.get(f"{PAGE_ORIGIN}/")
@@ -589,6 +603,28 @@ def main():
         first.refresh()
         wait_until(lambda: element_shows(first, "#notes", "hello from the example"), "the note after a reload")
         step("the example page signs in, records and lists a note")
+
+        # Deleting the account: a mailed confirmation code, then everything is gone, here too.
+        dave_token = api_token(dave)
+        open_page(first, API, {"autoPush": False})
+        assert js(first, "return client.user.email") == dave
+        mails = len(mails_to(dave))
+        wait_until(lambda: js(first, "try { await client.reauthenticate(); return true } catch (e) {"
+                                     " if (e.status === 429) { await new Promise(r => setTimeout(r, e.retryAfter || 1000));"
+                                     " return false } throw e }"), "a confirmation code")
+        code = code_for(dave, mails + 1)
+        refused = js(first, "try { await client.deleteAccount('000000'); return 'deleted' } catch (e) { return e.status }")
+        assert refused == 400 and js(first, "return client.isSignedIn")
+        js(first, "await client.deleteAccount(args[0]); return true", code)
+        assert not js(first, "return client.isSignedIn")
+        names = js(first, "return (await indexedDB.databases()).map(d => d.name)")
+        assert not [name for name in names if name.startswith("trunk-sync|" + API + "|")], names
+        try:
+            server_events(dave_token)
+            raise AssertionError("the deleted account's token still works")
+        except urllib.error.HTTPError as error:
+            assert error.code == 401, error.code
+        step("deleted the account with a mailed code, and its local data")
     finally:
         first.quit()
         if second:
