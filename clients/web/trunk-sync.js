@@ -336,11 +336,12 @@ export class TrunkSyncClient {
     /** @type {Account | null} */
     this.account = null;
     this.persistRequested = false;
+    this.closed = false;
     this.session = this.readSession();
     this.openAccount();
     if (typeof window !== 'undefined') {
       window.addEventListener('storage', (event) => {
-        if (event.key === this.sessionKey) {
+        if (event.key === this.sessionKey && !this.closed) {
           this.session = this.readSession();
           this.openAccount();
         }
@@ -1023,6 +1024,7 @@ export class TrunkSyncClient {
 
   /** Stops this client's work in this tab (leadership passes to another tab). */
   close() {
+    this.closed = true;
     this.account?.stop();
     this.account = null;
   }
