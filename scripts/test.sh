@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 
 scripts/deps.sh
 # Debian's Chromium and its chromedriver for the browser tests (the console, the event
-# stream's EventSource); Selenium never downloads a browser here.
-scripts/deps.sh chromium chromium-driver
+# stream's EventSource, the web client), Node for the web client's pure parts; Selenium never
+# downloads a browser here.
+scripts/deps.sh chromium chromium-driver nodejs
 swift build --build-tests
 
 # Python tools the tests drive: the real supabase client, compose schema validation, YAML,

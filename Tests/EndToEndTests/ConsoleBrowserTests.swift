@@ -8,14 +8,7 @@ import XCTest
 /// written to .build/console-screenshots/ for a person to look at.
 final class ConsoleBrowserTests: EndToEndTestCase {
     func testTheConsoleInARealBrowser() throws {
-        guard let python = ProcessInfo.processInfo.environment["TRUNK_SYNC_TEST_PYTHON"], !python.isEmpty else {
-            throw TestEnvironmentError("TRUNK_SYNC_TEST_PYTHON is not set: run the tests with `make test`")
-        }
-        for tool in ["/usr/bin/chromium", "/usr/bin/chromedriver"]
-        where !FileManager.default.isExecutableFile(atPath: tool) {
-            throw TestEnvironmentError(
-                "\(tool) is missing: run the tests with `make test` (it installs chromium-driver)")
-        }
+        let python = try browserTestPython()
         let sink = try SMTPSink()
         defer { sink.stop() }
         let server = try startServer([

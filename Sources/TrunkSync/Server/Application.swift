@@ -228,6 +228,7 @@ public struct Application: Sendable {
         routes.add(.get, "/readyz", family: .native, .open { _ in await publicReadiness() })
         let document = OpenAPIDocument.bytes
         routes.add(.get, "/openapi.json", family: .native, .inline { _ in .json(.ok, document) })
+        WebClientRoute.register(in: &routes)
         AuthRoutes(service: auth).register(in: &routes)
         SyncRoutes(store: events, notifier: notifier, metrics: metrics, revocations: auth.revocations)
             .register(in: &routes)

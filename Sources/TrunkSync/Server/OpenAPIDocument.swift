@@ -162,6 +162,78 @@ public enum OpenAPIDocument {
         "x-body-limit": 1024
       }
     },
+    "/client/v1/trunk-sync.js": {
+      "get": {
+        "operationId": "webClient",
+        "tags": [
+          "operations"
+        ],
+        "summary": "The browser client",
+        "description": "The browser client library (`clients/web/trunk-sync.js` of the server's source, byte for byte): a dependency-free ES module a page imports from the server it syncs with. CORS as every route, so a page on an allowed origin can import it. Cacheable: `ETag` (the SHA-256 of the file) and `Cache-Control`; `If-None-Match` with that tag answers `304` without a body. See docs/web-client.md.",
+        "security": [],
+        "parameters": [
+          {
+            "name": "If-None-Match",
+            "in": "header",
+            "required": false,
+            "schema": {
+              "type": "string",
+              "maxLength": 512
+            },
+            "description": "An `ETag` seen before: `304` while the file is the same."
+          }
+        ],
+        "responses": {
+          "200": {
+            "description": "The module.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              },
+              "ETag": {
+                "required": true,
+                "schema": {
+                  "type": "string",
+                  "pattern": "^\"[0-9a-f]{32}\"$"
+                }
+              },
+              "Cache-Control": {
+                "required": true,
+                "schema": {
+                  "const": "public, max-age=600"
+                }
+              }
+            },
+            "content": {
+              "text/javascript": {
+                "schema": {
+                  "type": "string"
+                }
+              }
+            }
+          },
+          "304": {
+            "description": "The copy the client has (its `If-None-Match` names the current `ETag`) is current.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              },
+              "ETag": {
+                "required": true,
+                "schema": {
+                  "type": "string",
+                  "pattern": "^\"[0-9a-f]{32}\"$"
+                }
+              }
+            }
+          },
+          "413": {
+            "$ref": "#/components/responses/NativeBodyTooLarge"
+          }
+        },
+        "x-body-limit": 1024
+      }
+    },
     "/auth/v1/otp": {
       "post": {
         "operationId": "signInWithOtp",

@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import TestSupport
 import XCTest
 
 /// A test case that starts real `trunk-sync serve` processes and always cleans them up
@@ -51,6 +52,37 @@ class EndToEndTestCase: XCTestCase {
         let (response, client) = try server.exchange(request(method, path, headers: headers, body: body), timeout: 10)
         client.close()
         return response
+    }
+
+    /// The test venv's Python (with Selenium) for the scripts that drive headless Chromium,
+    /// after checking Debian's `chromium` and `chromium-driver` are there.
+    func browserTestPython() throws -> String {
+        guard let python = ProcessInfo.processInfo.environment["TRUNK_SYNC_TEST_PYTHON"], !python.isEmpty else {
+            throw TestEnvironmentError("TRUNK_SYNC_TEST_PYTHON is not set: run the tests with `make test`")
+        }
+        for tool in ["/usr/bin/chromium", "/usr/bin/chromedriver"]
+        where !FileManager.default.isExecutableFile(atPath: tool) {
+            throw TestEnvironmentError(
+                "\(tool) is missing: run the tests with `make test` (it installs chromium-driver)")
+        }
+        return python
+    }
+
+    /// A TCP port nothing listens on now.
+    func freePort() throws -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
+                bind(fd, pointer, length) == 0 && getsockname(fd, pointer, &length) == 0
+            }
+        }
+        guard bound else { throw ClientError("cannot find a free port: errno \(errno)") }
+        return Int(UInt16(bigEndian: address.sin_port))
     }
 
     // MARK: - Assertions

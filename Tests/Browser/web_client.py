@@ -1,0 +1,657 @@
+"""The browser client (clients/web/trunk-sync.js) in headless Chromium against the real server.
+
+Usage: web_client.py API_URL PAGE_PORT SMTP_SINK_DIR
+
+Serves a page on http://127.0.0.1:PAGE_PORT (another origin than API_URL) that imports the
+module, and drives it through selenium (Debian's chromium and chromium-driver). The pages
+talk to the server through small HTTP proxies run here, which can hold push answers back,
+answer a request with a 429/503/401 instead of the server, and cut every open stream. Mails
+(sign-in codes) come from the SMTP sink's directory. Prints `ok <step>` per step that held;
+exits non-zero at the first that did not.
+"""
+import glob
+import http.client
+import http.server
+import json
+import os
+import re
+import socket
+import sys
+import threading
+import time
+import urllib.request
+
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import WebDriverException
+from selenium.webdriver.common.by import By
+
+API, PAGE_PORT, SINK = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+API_PORT = int(API.rsplit(":", 1)[1])
+MODULE = os.path.join(os.path.dirname(__file__), "..", "..", "clients", "web", "trunk-sync.js")
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "web", "index.html")
+PAGE_ORIGIN = f"http://127.0.0.1:{PAGE_PORT}"
+TIMEOUT = 90  # generous: the machine is shared
+RUN = os.urandom(3).hex()  # addresses of this run: the per-address limits start afresh
+ALICE, CAROL = f"alice-{RUN}@example.com", f"carol-{RUN}@example.com"
+
+
+def element_shows(driver, selector, text=None):
+    """The element is displayed (and holds `text`); False while the page is (re)loading."""
+    try:
+        element = driver.find_element(By.CSS_SELECTOR, selector)
+        return element.is_displayed() and (text is None or text in element.text)
+    except WebDriverException:
+        return False
+
+
+def step(name):
+    print(f"ok {name}", flush=True)
+
+
+def wait_until(condition, what, timeout=TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# MARK: - Mail and the API, directly
+
+
+def mails_to(address):
+    bodies = []
+    for path in sorted(glob.glob(os.path.join(SINK, "*.json")), key=lambda p: int(os.path.basename(p)[:-5])):
+        with open(path, encoding="utf-8") as file:
+            record = json.load(file)
+        if address in record.get("rcpt_tos", []):
+            bodies.append(record["parsed"]["body"])
+    return bodies
+
+
+def code_for(address, count):
+    bodies = wait_until(lambda: len(mails_to(address)) >= count and mails_to(address), f"mail {count} to {address}")
+    return re.search(r"\b(\d{6})\b", bodies[count - 1]).group(1)
+
+
+def api(method, path, body=None, token=None):
+    request = urllib.request.Request(API + path, method=method, data=None if body is None else json.dumps(body).encode())
+    request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        text = response.read().decode()
+        return json.loads(text) if text else None
+
+
+def api_token(address):
+    """A session of our own for `address`, to look at what the server stored."""
+    count = len(mails_to(address)) + 1
+    wait_until(lambda: try_otp(address), f"a code for {address}")
+    session = api("POST", "/auth/v1/verify", {"email": address, "token": code_for(address, count), "type": "email"})
+    return session["access_token"]
+
+
+def try_otp(address):
+    try:
+        api("POST", "/auth/v1/otp", {"email": address})
+        return True
+    except urllib.error.HTTPError as error:
+        if error.code == 429:  # the resend interval (1 s in the test server)
+            time.sleep(float(error.headers.get("Retry-After") or 1))
+            return False
+        raise
+
+
+def server_events(token):
+    events, after = [], 0
+    while True:
+        page = api("GET", f"/sync/v1/events?after={after}&limit=1000", token=token)
+        events += page["events"]
+        after = page["next_after"]
+        if not page["has_more"]:
+            return events
+
+
+def tagged(events, tag):
+    return [event for event in events if event["payload"].get("tag") == tag]
+
+
+def exactly_once(events, tag, count):
+    numbers = sorted(event["payload"]["n"] for event in tagged(events, tag))
+    assert numbers == list(range(count)), f"{tag}: {len(numbers)} events, want each of 0..{count - 1} once"
+    ids = [event["client_id"] for event in tagged(events, tag)]
+    assert len(set(ids)) == len(ids)
+
+
+class QuietServer(http.server.ThreadingHTTPServer):
+    """A browser closing a connection mid-answer (a crashed tab, a cut stream) is expected."""
+
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        pass
+
+
+# MARK: - A proxy between the pages and the server
+
+
+class Proxy:
+    """HTTP forwarding with faults: `rules` answer matching requests instead of the server
+    (each used once), `push_delay` holds push answers back after the server committed,
+    `paused` closes every request unanswered, `cut()` ends the open event streams."""
+
+    def __init__(self):
+        self.rules, self.log, self.streams = [], [], set()
+        self.push_delay, self.paused = 0.0, False
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def forward(self):
+                try:
+                    proxy.handle(self)
+                except (OSError, http.client.HTTPException):  # the page went away
+                    self.close_connection = True
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_OPTIONS = do_HEAD = forward
+
+        self.server = QuietServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def add_rule(self, method, path, status, headers=None, body=None, skip=0):
+        """Answers the matching request after the next `skip` ones with `status`, once."""
+        with self.lock:
+            self.rules.append([method, path, status, headers or {}, body or {"code": "injected", "message": "x"}, skip])
+
+    def requests(self, method, path):
+        with self.lock:
+            return [entry for entry in self.log if entry[1] == method and entry[2] == path]
+
+    def cut(self):
+        with self.lock:
+            streams = list(self.streams)
+        for client, upstream in streams:
+            for sock in (client, upstream):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def handle(self, handler):
+        method, path = handler.command, handler.path.split("?")[0]
+        if self.paused:
+            handler.close_connection = True
+            handler.connection.shutdown(socket.SHUT_RDWR)
+            return
+        length = int(handler.headers.get("Content-Length") or 0)
+        body = handler.rfile.read(length) if length else None
+        with self.lock:
+            rule = next((r for r in self.rules if r[0] == method and r[1] == path), None)
+            if rule and rule[5] > 0:
+                rule[5] -= 1
+                rule = None
+            elif rule:
+                self.rules.remove(rule)
+        if rule:
+            payload = json.dumps(rule[4]).encode()
+            handler.send_response(rule[2])
+            for name, value in {
+                "Content-Type": "application/json", "Content-Length": str(len(payload)),
+                "Access-Control-Allow-Origin": handler.headers.get("Origin", "*"),
+                "Access-Control-Expose-Headers": "Retry-After", **rule[3],
+            }.items():
+                handler.send_header(name, value)
+            handler.end_headers()
+            handler.wfile.write(payload)
+            with self.lock:
+                self.log.append((time.monotonic(), method, path, rule[2]))
+            return
+        upstream = http.client.HTTPConnection("127.0.0.1", API_PORT, timeout=300)
+        headers = {k: v for k, v in handler.headers.items()
+                   if k.lower() not in ("host", "connection", "content-length", "keep-alive", "transfer-encoding")}
+        upstream.request(method, handler.path, body=body, headers=headers)
+        response = upstream.getresponse()
+        with self.lock:
+            self.log.append((time.monotonic(), method, path, response.status))
+        if method == "POST" and path == "/sync/v1/events" and self.push_delay:
+            time.sleep(self.push_delay)
+        streaming = (response.getheader("Content-Type") or "").startswith("text/event-stream")
+        handler.send_response_only(response.status)
+        for name, value in response.getheaders():
+            if name.lower() not in ("connection", "content-length", "keep-alive", "transfer-encoding"):
+                handler.send_header(name, value)
+        if not streaming:
+            data = response.read()
+            handler.send_header("Content-Length", str(len(data)))
+            handler.end_headers()
+            handler.wfile.write(data)
+            upstream.close()
+            return
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        handler.close_connection = True
+        entry = (handler.connection, upstream.sock)
+        with self.lock:
+            self.streams.add(entry)
+        try:
+            while True:
+                chunk = response.read1(65536)
+                if not chunk:
+                    break
+                handler.wfile.write(chunk)
+                handler.wfile.flush()
+        except (OSError, http.client.HTTPException):
+            pass
+        finally:
+            with self.lock:
+                self.streams.discard(entry)
+            upstream.close()
+
+
+# MARK: - The page
+
+
+PAGE = """<!doctype html>
+<meta charset="utf-8">
+<title>trunk-sync web client test</title>
+<script type="module">
+  import * as module from '/trunk-sync.js';
+  window.TrunkSync = module;
+  window.ready = true;
+</script>
+"""
+
+
+class Page(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path.startswith("/trunk-sync.js"):
+            with open(MODULE, "rb") as file:
+                body, kind = file.read(), "text/javascript; charset=utf-8"
+        elif self.path.startswith("/example/"):
+            with open(EXAMPLE, "rb") as file:
+                body, kind = file.read(), "text/html; charset=utf-8"
+        else:
+            body, kind = PAGE.encode(), "text/html; charset=utf-8"
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def browser():
+    options = Options()
+    options.binary_location = "/usr/bin/chromium"
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    driver.set_script_timeout(TIMEOUT)
+    return driver
+
+
+def js(driver, body, *args):
+    """Runs `body` as an async function in the page (its arguments as `args`); returns its
+    value or raises with the page's error."""
+    script = (
+        "const done = arguments[arguments.length - 1];"
+        "const args = Array.from(arguments).slice(0, -1);"
+        f"(async (args) => {{ {body} }})(args).then((value) => done({{value: value === undefined ? null : value}}),"
+        " (error) => done({error: String(error && (error.code ? error.code + ': ' : '') + (error.stack || error))}));"
+    )
+    result = driver.execute_async_script(script, *args)
+    if "error" in result:
+        raise AssertionError(f"page: {result['error']}")
+    return result["value"]
+
+
+def open_page(driver, url, options=None):
+    driver.get(f"{PAGE_ORIGIN}/")
+    wait_until(lambda: driver.execute_script("return window.ready === true"), "the module")
+    js(driver, "window.client = new TrunkSync.TrunkSyncClient({url: args[0], ...args[1]});"
+       "window.live = []; window.recorded = [];", url, options or {})
+
+
+def sign_in(driver, address):
+    count = len(mails_to(address)) + 1
+    wait_until(lambda: js(driver, "try { await client.sendCode(args[0]); return true } catch (e) {"
+                                  " if (e.status === 429) { await new Promise(r => setTimeout(r, (e.retryAfter || 1000))); return false }"
+                                  " throw e }", address), f"a code for {address}")
+    js(driver, "await client.verify(args[0], args[1]);", address, code_for(address, count))
+    assert js(driver, "return client.isSignedIn")
+
+
+# The stored session's access token as if it had expired, in this tab.
+EXPIRE = ("const key = 'trunk-sync|session|' + client.url;"
+          "const s = JSON.parse(localStorage.getItem(key)); s.expires_at = 0;"
+          "localStorage.setItem(key, JSON.stringify(s)); client.session = s;")
+
+RECORD = """
+const [tag, count] = args;
+for (let n = 0; n < count; n++) window.recorded.push(await client.record('note', {tag, n}));
+return count;
+"""
+
+
+def main():
+    page = QuietServer(("127.0.0.1", PAGE_PORT), Page)
+    threading.Thread(target=page.serve_forever, daemon=True).start()
+    proxy, proxy2 = Proxy(), Proxy()
+    first = browser()
+    second = None
+    try:
+        # The served copy imports from the server's own origin (CORS as the API).
+        first.get(f"{PAGE_ORIGIN}/")
+        wait_until(lambda: first.execute_script("return window.ready === true"), "the module")
+        served = js(first, "const m = await import(args[0] + '/client/v1/trunk-sync.js');"
+                           "return typeof m.TrunkSyncClient === 'function'", API)
+        assert served
+        step("the served module imports from another origin")
+
+        alice = api_token(ALICE)
+
+        # Offline: record works and keeps the events; back online, sync sends them.
+        open_page(first, proxy.url, {"retry": {"maxAttempts": 2, "baseDelay": 50}})
+        sign_in(first, ALICE)
+        offline(first, True)
+        assert js(first, RECORD, "offline", 20) == 20
+        assert js(first, "return await client.pendingCount()") == 20
+        assert tagged(server_events(alice), "offline") == []
+        offline(first, False)
+        report = js(first, "const seen = []; const r = await client.sync((events) => { seen.push(...events) });"
+                           "return {...r, seen: seen.filter(e => e.payload.tag === 'offline').length,"
+                           " pending: await client.pendingCount()}")
+        assert report["seen"] == 20 and report["pending"] == 0, report
+        exactly_once(server_events(alice), "offline", 20)
+        step("recorded offline, then synced: each event once on the server")
+
+        # A tab killed while its pushes are in flight (the server committed, the answer is
+        # held back by the proxy): reopened, it sends the rest and nothing twice.
+        open_page(first, proxy.url, {"maxBatchEvents": 50, "autoPush": False})
+        proxy.push_delay = 0.5
+        assert js(first, RECORD, "crash", 600) == 600
+        js(first, "window.syncing = client.sync().catch(() => {}); return true")
+        wait_until(lambda: len(tagged(server_events(alice), "crash")) >= 50, "a first batch on the server")
+        crash(first)
+        stored = len(tagged(server_events(alice), "crash"))
+        proxy.push_delay = 0
+        open_page(first, proxy.url, {"maxBatchEvents": 50, "autoPush": False})
+        report = js(first, "const r = await client.sync(); return {...r, pending: await client.pendingCount()}")
+        assert report["pending"] == 0 and report["pushed"] + report["duplicates"] >= 600 - stored, report
+        exactly_once(server_events(alice), "crash", 600)
+        assert stored < 600, "the tab was not killed mid-push"
+        step(f"tab killed mid-push ({stored} of 600 stored, {report['duplicates']} answered as duplicates):"
+             " each event once")
+
+        # Two tabs record at once; the leader is killed; the other takes over.
+        open_page(first, proxy.url, {"maxBatchEvents": 20})
+        leader = first.current_window_handle
+        assert wait_until(lambda: js(first, "return client.isLeader"), "a leader")
+        first.switch_to.new_window("tab")
+        other = first.current_window_handle
+        open_page(first, proxy.url, {"maxBatchEvents": 20})
+        assert not js(first, "return client.isLeader")
+        first.execute_script("window.recording = (async () => { for (let n = 0; n < 300; n++)"
+                             " window.recorded.push(await client.record('note', {tag: 'tabs-b', n})) })()")
+        first.switch_to.window(leader)
+        proxy.push_delay = 0.2
+        assert js(first, RECORD, "tabs-a", 300) == 300
+        wait_until(lambda: len(proxy.requests("POST", "/sync/v1/events")) > 0, "the leader pushing")
+        crash(first)
+        first.switch_to.window(other)
+        started = time.monotonic()
+        wait_until(lambda: js(first, "return client.isLeader"), "the other tab to take over")
+        took = time.monotonic() - started
+        proxy.push_delay = 0
+        js(first, "await window.recording; return true")
+        js(first, "await client.sync(); return true")
+        events = server_events(alice)
+        exactly_once(events, "tabs-a", 300)
+        exactly_once(events, "tabs-b", 300)
+        step(f"leader tab killed, the other took over (after {took:.2f} s): nothing lost or doubled")
+
+        # A second browser profile (another device) gets the events live over the stream,
+        # and after its connection is cut resumes with none missed.
+        second = browser()
+        open_page(second, proxy2.url)
+        sign_in(second, ALICE)
+        js(second, "(async () => { for await (const e of client.liveEvents()) window.live.push(e.seq) })(); return true")
+        total = len(server_events(alice))
+        wait_until(lambda: len(second.execute_script("return window.live")) >= total, "the backlog live")
+        leader_tab = second.current_window_handle
+        second.switch_to.new_window("tab")  # another tab of that profile gets them from the leader
+        follower_tab = second.current_window_handle
+        open_page(second, proxy2.url)
+        assert not js(second, "return client.isLeader")
+        js(second, "(async () => { for await (const e of client.liveEvents()) window.live.push(e.seq) })(); return true")
+        second.switch_to.window(leader_tab)
+        assert js(first, RECORD, "live-1", 5) == 5
+        js(first, "await client.sync(); return true")
+        wait_until(lambda: len(second.execute_script("return window.live")) >= total + 5, "live events")
+        proxy2.paused = True
+        proxy2.cut()
+        assert js(first, RECORD, "live-2", 5) == 5
+        js(first, "await client.sync(); return true")
+        proxy2.paused = False
+        wait_until(lambda: len(second.execute_script("return window.live")) >= total + 10, "events after the cut")
+        live = second.execute_script("return window.live")
+        assert live == list(range(1, total + 11)), f"live seqs {live[:5]}…{live[-12:]}"
+        second.switch_to.window(follower_tab)
+        wait_until(lambda: len(second.execute_script("return window.live")) >= 10, "events in the other tab")
+        assert second.execute_script("return window.live") == list(range(total + 1, total + 11))
+        assert len(proxy2.requests("GET", "/sync/v1/stream")) >= 2, "the stream was not reopened"
+        step("a second profile got every event live, none missed after a cut connection")
+
+        # 429 and 503 with Retry-After: waited out, then the push goes through.
+        open_page(first, proxy.url, {"autoPush": False})
+        assert js(first, RECORD, "busy", 1) == 1
+        proxy.add_rule("POST", "/sync/v1/events", 429, {"Retry-After": "2"})
+        proxy.add_rule("POST", "/sync/v1/events", 503, {"Retry-After": "1"})
+        before = len(proxy.requests("POST", "/sync/v1/events"))
+        report = js(first, "return await client.sync()")
+        assert report["pushed"] == 1, report
+        times = [entry[0] for entry in proxy.requests("POST", "/sync/v1/events")[before:]]
+        statuses = [entry[3] for entry in proxy.requests("POST", "/sync/v1/events")[before:]]
+        assert statuses == [429, 503, 200], statuses
+        assert times[1] - times[0] >= 2.0 and times[2] - times[1] >= 1.0, times
+        step("429 and 503 with Retry-After honoured")
+
+        # An access token refused mid-sync (what an expired one gets): refreshed once, the
+        # sync goes on from the same page.
+        open_page(first, proxy.url, {"autoPush": False, "pageSize": 100})
+        refresh_before = first.execute_script(
+            "return JSON.parse(localStorage.getItem('trunk-sync|session|' + client.url)).refresh_token")
+        proxy.add_rule("GET", "/sync/v1/events", 401, {}, {"code": "invalid_token", "message": "expired"}, skip=2)
+        js(first, "await client.sync(() => {}); return true")  # up to date
+        js(first, "const db = await client.current().db(); await new Promise((resolve) => {"
+                  " const tx = db.transaction('meta', 'readwrite'); tx.objectStore('meta').put(0, 'cursor');"
+                  " tx.oncomplete = resolve }); return true")  # from the start again: many pages
+        report = js(first, "const seqs = []; const r = await client.sync((events) => { seqs.push(...events.map(e => e.seq)) });"
+                           "return {...r, seqs}")
+        total = len(server_events(alice))
+        assert report["seqs"] == list(range(1, total + 1)), (report["pulled"], total)
+        refresh_after = first.execute_script(
+            "return JSON.parse(localStorage.getItem('trunk-sync|session|' + client.url)).refresh_token")
+        assert refresh_after != refresh_before and len(proxy.requests("POST", "/auth/v1/token")) == 1
+        # An access token past its expiry here is refreshed before it is used.
+        first.execute_script(EXPIRE)
+        assert js(first, RECORD, "after-expiry", 1) == 1
+        js(first, "await client.sync(); return true")
+        assert len(proxy.requests("POST", "/auth/v1/token")) == 2
+        exactly_once(server_events(alice), "after-expiry", 1)
+        step("token expiry mid-sync: refreshed and the sync went on")
+
+        # Two tabs whose token expired at once: one refresh serves both (the refresh token
+        # rotates, so a second use would be a reuse).
+        refreshes = len(proxy.requests("POST", "/auth/v1/token"))
+        tab_a = first.current_window_handle
+        first.switch_to.new_window("tab")
+        tab_b = first.current_window_handle
+        open_page(first, proxy.url, {"autoPush": False})
+        for handle in (tab_a, tab_b):
+            first.switch_to.window(handle)
+            first.execute_script(EXPIRE)
+        for handle in (tab_a, tab_b):
+            first.switch_to.window(handle)
+            first.execute_script("window.both = client.sync(() => {}).then(() => true, (e) => String(e))")
+        for handle in (tab_a, tab_b):
+            first.switch_to.window(handle)
+            assert js(first, "return await window.both") is True
+        assert len(proxy.requests("POST", "/auth/v1/token")) == refreshes + 1, proxy.requests("POST", "/auth/v1/token")
+        first.switch_to.window(tab_b)
+        first.close()
+        first.switch_to.window(tab_a)
+        step("one token refresh shared by two tabs")
+
+        # A refused event goes to the quarantine; the rest are pushed.
+        report = js(first, "await client.record('note', {tag: 'q', n: 0});"
+                           "const bad = await client.record('note', {tag: 'q-bad', text: 'a\\u0000b'});"
+                           "await client.record('note', {tag: 'q', n: 1});"
+                           "const r = await client.sync();"
+                           "const q = await client.quarantinedEvents();"
+                           "return {...r, bad, q, pending: await client.pendingCount()}")
+        assert report["pushed"] == 2 and report["pending"] == 0, report
+        assert [event["client_id"] for event in report["q"]] == [report["bad"]], report
+        assert report["q"][0]["field"] and report["q"][0]["reason"], report
+        assert [r["client_id"] for r in report["rejected"]] == [report["bad"]], report
+        exactly_once(server_events(alice), "q", 2)
+        step("a refused event quarantined, the others pushed")
+
+        # Two accounts in one browser: outboxes and cursors apart.
+        assert js(first, RECORD, "apart-alice", 3) == 3
+        sign_in(first, CAROL)
+        assert js(first, "return await client.pendingCount()") == 0
+        assert js(first, RECORD, "apart-carol", 2) == 2
+        report = js(first, "const seen = []; const r = await client.sync((e) => { seen.push(...e) });"
+                           "return {...r, tags: seen.map(e => e.payload.tag)}")
+        assert report["tags"] == ["apart-carol", "apart-carol"], report
+        carol = api_token(CAROL)
+        assert [e["payload"]["tag"] for e in server_events(carol)] == ["apart-carol"] * 2
+        assert tagged(server_events(alice), "apart-alice") == []
+        sign_in(first, ALICE)
+        assert js(first, "return await client.pendingCount()") == 3
+        js(first, "await client.sync(); return true")
+        exactly_once(server_events(alice), "apart-alice", 3)
+        names = js(first, "return (await indexedDB.databases()).map(d => d.name)")
+        assert len([name for name in names if name.startswith("trunk-sync|" + proxy.url)]) == 2, names
+        step("two accounts in one browser kept apart")
+
+        # Signing out keeps unsent events unless asked to discard them.
+        open_page(first, proxy.url, {"autoPush": False})
+        offline(first, True)
+        assert js(first, RECORD, "kept", 2) == 2
+        assert js(first, "return (await client.signOut()).unsentEvents") == 2
+        assert not js(first, "return client.isSignedIn")
+        offline(first, False)
+        sign_in(first, ALICE)
+        assert js(first, "return await client.pendingCount()") == 2
+        js(first, "await client.sync(); return true")
+        exactly_once(server_events(alice), "kept", 2)
+        offline(first, True)
+        assert js(first, RECORD, "discarded", 2) == 2
+        assert js(first, "return (await client.signOut({discard: true})).unsentEvents") == 0
+        offline(first, False)
+        sign_in(first, ALICE)
+        assert js(first, "return await client.pendingCount()") == 0
+        step("sign-out kept the unsent events for the next sign-in, or discarded them when asked")
+
+        # No IndexedDB (as in some private modes): record refuses, nothing kept in memory.
+        first.get(f"{PAGE_ORIGIN}/")
+        wait_until(lambda: first.execute_script("return window.ready === true"), "the module")
+        refused = js(first, "indexedDB.open = () => { throw new DOMException('denied', 'SecurityError') };"
+                            "const client = new TrunkSync.TrunkSyncClient({url: args[0]});"
+                            "try { await client.record('note', {n: 1}); return 'recorded' }"
+                            "catch (e) { return [e.code, e.message] }", proxy.url)
+        assert refused[0] == "storage_unavailable" and "IndexedDB" in refused[1], refused
+        step("without IndexedDB, record refuses clearly")
+        open_page(first, proxy.url, {"autoPush": False})
+
+        blob = js(first, "const b = await client.exportData(); return [b.type, (await b.text()).split('\\n')[0]]")
+        assert '"kind":"account"' in blob[1], blob
+        step("exported the account as NDJSON")
+
+        # The example page (examples/web), as a person uses it, with the served module.
+        dave = f"dave-{RUN}@example.com"
+        first.get(f"{PAGE_ORIGIN}/example/?server={API}")
+        wait_until(lambda: element_shows(first, "#email-form"), "the sign-in form")
+        first.find_element(By.CSS_SELECTOR, "#email-form input").send_keys(dave)
+        first.find_element(By.CSS_SELECTOR, "#email-form button").click()
+        code = code_for(dave, 1)
+        first.find_element(By.CSS_SELECTOR, "#code-form input").send_keys(code)
+        first.find_element(By.CSS_SELECTOR, "#code-form button").click()
+        wait_until(lambda: element_shows(first, "#note-form"), "the signed-in page")
+        first.find_element(By.CSS_SELECTOR, "#note-form input").send_keys("hello from the example")
+        first.find_element(By.CSS_SELECTOR, "#note-form button").click()
+        # Recorded, pushed by the leader tab and back over the live stream into the list.
+        wait_until(lambda: element_shows(first, "#notes", "hello from the example"), "the note listed")
+        assert [e["payload"]["text"] for e in server_events(api_token(dave))] == ["hello from the example"]
+        first.refresh()
+        wait_until(lambda: element_shows(first, "#notes", "hello from the example"), "the note after a reload")
+        step("the example page signs in, records and lists a note")
+
+        # Deleting the account: a mailed confirmation code, then everything is gone, here too.
+        dave_token = api_token(dave)
+        open_page(first, API, {"autoPush": False})
+        assert js(first, "return client.user.email") == dave
+        mails = len(mails_to(dave))
+        wait_until(lambda: js(first, "try { await client.reauthenticate(); return true } catch (e) {"
+                                     " if (e.status === 429) { await new Promise(r => setTimeout(r, e.retryAfter || 1000));"
+                                     " return false } throw e }"), "a confirmation code")
+        code = code_for(dave, mails + 1)
+        refused = js(first, "try { await client.deleteAccount('000000'); return 'deleted' } catch (e) { return e.status }")
+        assert refused == 400 and js(first, "return client.isSignedIn")
+        js(first, "await client.deleteAccount(args[0]); return true", code)
+        assert not js(first, "return client.isSignedIn")
+        names = js(first, "return (await indexedDB.databases()).map(d => d.name)")
+        assert not [name for name in names if name.startswith("trunk-sync|" + API + "|")], names
+        try:
+            server_events(dave_token)
+            raise AssertionError("the deleted account's token still works")
+        except urllib.error.HTTPError as error:
+            assert error.code == 401, error.code
+        step("deleted the account with a mailed code, and its local data")
+    finally:
+        first.quit()
+        if second:
+            second.quit()
+        page.shutdown()
+
+
+def offline(driver, on):
+    """DevTools' network emulation for the current tab (it needs Network.enable first)."""
+    driver.execute_cdp_cmd("Network.enable", {})
+    driver.execute_cdp_cmd("Network.emulateNetworkConditions",
+                           {"offline": on, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1})
+
+
+def crash(driver):
+    """Kills the current tab's renderer (Page.crash), as a killed tab dies mid-work; the
+    driver is then on a new blank tab (a crashed tab takes no more commands)."""
+    victim = driver.current_window_handle
+    driver.switch_to.new_window("tab")
+    spare = driver.current_window_handle
+    driver.switch_to.window(victim)
+    try:
+        driver.execute_cdp_cmd("Page.crash", {})
+    except Exception:  # the answer never comes from a crashed tab
+        pass
+    driver.switch_to.window(spare)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+import Foundation
+import TestSupport
+import XCTest
+
+/// The browser client (clients/web/trunk-sync.js): served by the binary at
+/// `/client/v1/trunk-sync.js`, and driven in headless Chromium (Debian's `chromium` and
+/// `chromium-driver`, Selenium from the test venv) by Tests/Browser/web_client.py against the
+/// real server, Postgres and an SMTP sink.
+final class WebClientTests: EndToEndTestCase {
+    static let source = repositoryRoot() + "/clients/web/trunk-sync.js"
+
+    /// The pure parts (batching, backoff, Retry-After, SSE framing) under Node's test runner
+    /// (Debian's `nodejs`; scripts/test.sh installs it): clients/web/test/.
+    func testPurePartsUnderNode() throws {
+        guard FileManager.default.isExecutableFile(atPath: "/usr/bin/node") else {
+            throw TestEnvironmentError("/usr/bin/node is missing: run the tests with `make test` (it installs nodejs)")
+        }
+        let result = try Command.run("/usr/bin/node", ["--test", repositoryRoot() + "/clients/web/test/"])
+        XCTAssertEqual(result.status, 0, result.stdout + result.stderr)
+        XCTAssertTrue(result.stdout.contains("# fail 0"), result.stdout)
+        XCTAssertFalse(result.stdout.contains("# pass 0"), result.stdout)
+    }
+
+    func testServedCacheableWithCORSAndRevalidatedByETag() throws {
+        let origin = "http://app.example.com"
+        let server = try startServer(["TRUNK_SYNC_CORS_ORIGINS": origin])
+        let (response, _) = try server.exchange(
+            request("GET", "/client/v1/trunk-sync.js", headers: [("Origin", origin)]))
+        XCTAssertEqual(response.status, 200)
+        XCTAssertEqual(response.header("Content-Type"), "text/javascript; charset=utf-8")
+        XCTAssertEqual(response.header("Cache-Control"), "public, max-age=600")
+        XCTAssertEqual(response.header("Access-Control-Allow-Origin"), origin)
+        XCTAssertEqual(response.header("X-Content-Type-Options"), "nosniff")
+        XCTAssertTrue(response.body == Array(try Data(contentsOf: URL(fileURLWithPath: Self.source))))
+        let etag = try XCTUnwrap(response.header("ETag"))
+        XCTAssertTrue(etag.hasPrefix("\"") && etag.hasSuffix("\"") && etag.count == 34, etag)
+
+        let (fresh, _) = try server.exchange(
+            request("GET", "/client/v1/trunk-sync.js", headers: [("If-None-Match", "\"other\", \(etag)")]),
+            bodyExpected: false)
+        XCTAssertEqual(fresh.status, 304)
+        XCTAssertEqual(fresh.header("ETag"), etag)
+        XCTAssertTrue(fresh.body.isEmpty)
+        let (stale, _) = try server.exchange(
+            request("GET", "/client/v1/trunk-sync.js", headers: [("If-None-Match", "\"other\"")]))
+        XCTAssertEqual(stale.status, 200)
+        XCTAssertFalse(stale.body.isEmpty)
+
+        // An origin that is not allowed gets the file without the CORS header: the browser
+        // refuses to run it as a module from that origin.
+        let (foreign, _) = try server.exchange(
+            request("GET", "/client/v1/trunk-sync.js", headers: [("Origin", "http://evil.example")]))
+        XCTAssertNil(foreign.header("Access-Control-Allow-Origin"))
+        // Only GET: anything else is the API's 405, a body is refused from the head.
+        let (post, _) = try server.exchange(request("POST", "/client/v1/trunk-sync.js", body: "{}"))
+        assertJSONError(post, status: 405)
+        let (large, _) = try server.exchange(
+            request("GET", "/client/v1/trunk-sync.js", headers: [("Content-Length", "4096")]))
+        assertJSONError(large, status: 413)
+    }
+
+    func testTheClientInARealBrowser() throws {
+        let python = try browserTestPython()
+        let sink = try SMTPSink()
+        defer { sink.stop() }
+        let pagePort = try freePort()
+        let server = try startServer([
+            "TRUNK_SYNC_MAILER": "smtp", "TRUNK_SYNC_SMTP_URL": "smtp://127.0.0.1:\(sink.port)?tls=none",
+            "TRUNK_SYNC_CORS_ORIGINS": "http://127.0.0.1:\(pagePort)",
+            // The script signs the same user in several times in a row.
+            "TRUNK_SYNC_OTP_RESEND_INTERVAL": "1",
+            "TRUNK_SYNC_RATE_LIMIT_OTP": "1000/300", "TRUNK_SYNC_RATE_LIMIT_VERIFY": "1000/300",
+        ])
+        let result = try Command.run(
+            python,
+            [
+                repositoryRoot() + "/Tests/Browser/web_client.py", "http://127.0.0.1:\(server.port)", String(pagePort),
+                sink.directory.path,
+            ])
+        XCTAssertEqual(result.status, 0, result.stdout + result.stderr)
+        for step in [
+            "the served module imports from another origin",
+            "recorded offline, then synced: each event once on the server",
+            "tab killed mid-push", "leader tab killed, the other took over",
+            "a second profile got every event live, none missed after a cut connection",
+            "429 and 503 with Retry-After honoured", "token expiry mid-sync: refreshed and the sync went on",
+            "one token refresh shared by two tabs",
+            "a refused event quarantined, the others pushed", "two accounts in one browser kept apart",
+            "sign-out kept the unsent events for the next sign-in, or discarded them when asked", "without IndexedDB, record refuses clearly",
+            "exported the account as NDJSON", "the example page signs in, records and lists a note",
+            "deleted the account with a mailed code, and its local data",
+        ] {
+            XCTAssertTrue(
+                result.stdout.contains("ok \(step)"), "missing step \(step): \(result.stdout)\(result.stderr)")
+        }
+        XCTAssertFalse(server.logs.contains("access_token="), "a token in the log")
+    }
+}

@@ -1,0 +1,94 @@
+// The browser client's pure parts under Node's built-in test runner:
+//   node --test clients/web/test/
+// (the browser parts are tested in headless Chromium: Tests/Browser/web_client.py).
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import {
+  SSEParser,
+  backoffDelay,
+  firstBatch,
+  parseRetryAfter,
+  refusedEvents,
+  retryAfterDelay,
+  utf8Length,
+} from '../trunk-sync.js';
+
+test('backoff is full jitter, doubling up to the cap', () => {
+  const policy = { baseDelay: 500, maxDelay: 30000 };
+  assert.equal(backoffDelay(0, policy, () => 0.999999), 499.9995);
+  assert.equal(backoffDelay(3, policy, () => 1), 4000);
+  assert.equal(backoffDelay(10, policy, () => 1), 30000);
+  assert.equal(backoffDelay(1000, policy, () => 1), 30000); // no overflow to Infinity
+  assert.equal(backoffDelay(2, policy, () => 0), 0);
+  for (let attempt = 0; attempt < 12; attempt++) {
+    const delay = backoffDelay(attempt, policy);
+    assert.ok(delay >= 0 && delay <= Math.min(30000, 500 * 2 ** attempt));
+  }
+});
+
+test('Retry-After in seconds or as a date; absent or unreadable is null', () => {
+  assert.equal(parseRetryAfter('2'), 2000);
+  assert.equal(parseRetryAfter(' 120 '), 120000);
+  const now = Date.parse('2026-11-26T12:00:00Z');
+  assert.equal(parseRetryAfter('Thu, 26 Nov 2026 12:00:05 GMT', now), 5000);
+  assert.equal(parseRetryAfter('Thu, 26 Nov 2026 11:00:00 GMT', now), 0);
+  assert.equal(parseRetryAfter(null), null);
+  assert.equal(parseRetryAfter('soon'), null);
+  assert.equal(parseRetryAfter('-1'), null);
+});
+
+test('a Retry-After wait is exactly it plus at most 10 % jitter', () => {
+  assert.equal(retryAfterDelay(2000, () => 0), 2000);
+  assert.equal(retryAfterDelay(2000, () => 1), 2200);
+});
+
+test('batches stay within the event and byte limits, oldest first, never empty', () => {
+  const records = Array.from({ length: 10 }, (_, n) => ({ n, bytes: 100 }));
+  assert.deepEqual(firstBatch(records, { maxEvents: 4, maxBytes: 1e6 }).map((r) => r.n), [0, 1, 2, 3]);
+  assert.deepEqual(firstBatch(records, { maxEvents: 100, maxBytes: 250 }).map((r) => r.n), [0, 1]);
+  // One event over the byte limit still goes alone (the server judges it).
+  assert.deepEqual(firstBatch([{ n: 0, bytes: 500 }, { n: 1, bytes: 1 }], { maxEvents: 10, maxBytes: 100 }).map((r) => r.n), [0]);
+  assert.deepEqual(firstBatch([], { maxEvents: 10, maxBytes: 100 }), []);
+});
+
+test('payload bytes are counted as UTF-8', () => {
+  assert.equal(utf8Length('{"a":"é"}'), 10);
+  assert.equal(utf8Length('😀'), 4);
+});
+
+test('SSE framing: ids, event names, multi-line data, comments, retry, any line ending, split chunks', () => {
+  const parser = new SSEParser();
+  const text = 'retry: 1000\n\n: keep-alive\n\nid: 1\nevent: event\ndata: {"seq":1}\n\n' +
+    'id: 2\r\nevent: event\r\ndata: a\r\ndata: b\r\n\r\nid: 3\revent: event\rdata:c\r\r';
+  const messages = [];
+  // Fed one character at a time: nothing depends on where the chunks end.
+  for (const character of text) messages.push(...parser.push(character));
+  assert.equal(parser.retry, 1000);
+  assert.deepEqual(messages, [
+    { id: '1', event: 'event', data: '{"seq":1}' },
+    { id: '2', event: 'event', data: 'a\nb' },
+    { id: '3', event: 'event', data: 'c' },
+  ]);
+  // A message without data is not dispatched; the id is kept for the next one.
+  assert.deepEqual(parser.push('id: 9\n\ndata: x\n\n'), [{ id: '9', event: 'message', data: 'x' }]);
+  // An incomplete message waits for the rest.
+  assert.deepEqual(parser.push('id: 10\nevent: event\ndata: {"seq"'), []);
+  assert.deepEqual(parser.push(':10}\n\n'), [{ id: '10', event: 'event', data: '{"seq":10}' }]);
+});
+
+test('a 400 names the refused events by index, first problem each', () => {
+  const refused = refusedEvents({
+    code: 'validation_failed',
+    details: [
+      { index: 2, field: 'payload', reason: 'contains \\u0000' },
+      { index: 2, field: 'type', reason: 'too long' },
+      { index: 0, field: 'client_timestamp', reason: 'not RFC 3339' },
+      { field: 'events', reason: 'no index' },
+    ],
+  });
+  assert.deepEqual([...refused.keys()].sort(), [0, 2]);
+  assert.deepEqual(refused.get(2), { field: 'payload', reason: 'contains \\u0000' });
+  assert.equal(refusedEvents({ code: 'invalid_json' }).size, 0);
+  assert.equal(refusedEvents(null).size, 0);
+});

@@ -1,0 +1,162 @@
+// Types of trunk-sync's browser client (trunk-sync.js). Guide: docs/web-client.md.
+
+/** An event as the server returns it (pull, live stream, sync handler). */
+export interface SyncEvent {
+  /** The server's id of the event. */
+  id: string;
+  /** Its position in the user's log: 1, 2, 3, … without gaps. */
+  seq: number;
+  /** The id `record` returned; the same on every device. */
+  client_id: string;
+  type: string;
+  payload: Record<string, unknown>;
+  /** RFC 3339, when `record` was called. */
+  client_timestamp: string;
+  /** RFC 3339, when the server stored it. */
+  created_at: string;
+}
+
+export interface RetryOptions {
+  /** Tries per call (network failures, 408, 429, 500, 502, 503, 504). Default 6. */
+  maxAttempts?: number;
+  /** Backoff: random between 0 and min(maxDelay, baseDelay · 2^attempt) ms. Default 500. */
+  baseDelay?: number;
+  /** Default 30000 ms. */
+  maxDelay?: number;
+  /** A Retry-After longer than this (ms) is not waited out: `rate_limited`. Default 120000. */
+  maxRetryAfter?: number;
+}
+
+export interface TrunkSyncOptions {
+  /** The server's base URL, e.g. `https://sync.example.com`. */
+  url: string;
+  /** Events per push, at most 1000 (the server's limit). Default 500. */
+  maxBatchEvents?: number;
+  /** Payload bytes per push, at most 5 MiB (half the server's 10 MiB). Default 4 MiB. */
+  maxBatchBytes?: number;
+  /** Events per pulled page, at most 1000. Default 1000. */
+  pageSize?: number;
+  retry?: RetryOptions;
+  /** Refresh the access token this many seconds before it expires (at most half its life). Default 60. */
+  refreshMargin?: number;
+  /** The leader tab holds the live stream (`/sync/v1/stream`). Default true. */
+  live?: boolean;
+  /** The leader tab pushes soon after any tab records. Default true. */
+  autoPush?: boolean;
+  /** The fetch to use (tests). Default `globalThis.fetch`. */
+  fetch?: typeof fetch;
+}
+
+export interface SyncReport {
+  /** Events the server stored now. */
+  pushed: number;
+  /** Events the server already had (a push whose answer was lost, sent again). */
+  duplicates: number;
+  /** Events handed to the handler. */
+  pulled: number;
+  /** Events the server refused, moved to the quarantine. */
+  rejected: RefusedEvent[];
+}
+
+export interface RefusedEvent {
+  client_id: string;
+  type: string;
+  /** The field the server named, e.g. `payload`. */
+  field: string;
+  reason: string;
+}
+
+/** An event in the quarantine: what was recorded and why the server refused it. */
+export interface QuarantinedEvent {
+  client_id: string;
+  type: string;
+  payload: Record<string, unknown>;
+  client_timestamp: string;
+  field: string;
+  reason: string;
+  /** RFC 3339. */
+  quarantined_at: string;
+}
+
+/**
+ * What the client throws. `code`: `storage_unavailable` (IndexedDB cannot be opened: nothing
+ * recorded), `not_signed_in`, `session_expired` (the server ended the session: sign in again;
+ * the outbox stays), `network`, `rate_limited` (`retryAfter` ms), `invalid_event` (refused by
+ * `record` itself), `unsupported`, `cancelled`, or the server's error code (`otp_expired`,
+ * `reauthentication_not_valid`, …) with `status`.
+ */
+export class TrunkSyncError extends Error {
+  readonly code: string;
+  /** The HTTP status, 0 when there was no answer. */
+  readonly status: number;
+  readonly details?: unknown;
+  /** Milliseconds the server asked to wait (Retry-After). */
+  readonly retryAfter?: number;
+}
+
+export class TrunkSyncClient {
+  constructor(options: TrunkSyncOptions);
+  /** The server's base URL as given, without a trailing slash. */
+  readonly url: string;
+  /** A session is stored for this server (also after a reload, in every tab). */
+  readonly isSignedIn: boolean;
+  /** The signed-in user, or null. */
+  readonly user: { id: string; email: string | null } | null;
+  /** This tab is the account's leader: it pushes, and holds the live stream. */
+  readonly isLeader: boolean;
+
+  /** Mails a 6-digit code (POST /auth/v1/otp). Not repeated after a network failure. */
+  sendCode(email: string): Promise<void>;
+  /** Signs in with the mailed code; the session is stored for this server. */
+  verify(email: string, code: string): Promise<void>;
+
+  /**
+   * Records an event; resolves with its client_id once the event is committed to IndexedDB
+   * with strict durability. Rejects with `storage_unavailable` when storage cannot be opened.
+   */
+  record(type: string, payload: Record<string, unknown>): Promise<string>;
+  /** Events recorded and not yet stored by the server (quarantined ones excluded). */
+  pendingCount(): Promise<number>;
+  /**
+   * Pushes the outbox, then pulls every page after the stored cursor; `handler` gets each
+   * page in seq order and the cursor is stored only after it returned (at least once).
+   */
+  sync(handler?: (events: SyncEvent[]) => unknown | Promise<unknown>): Promise<SyncReport>;
+  /** Events as they commit on the server, in every tab (from the leader's stream). */
+  liveEvents(): AsyncIterableIterator<SyncEvent>;
+
+  quarantinedEvents(): Promise<QuarantinedEvent[]>;
+  /** Puts quarantined events back in the outbox, same ids. */
+  requeueQuarantined(clientIds: string[]): Promise<void>;
+  /** Drops quarantined events for good. */
+  discardQuarantined(clientIds: string[]): Promise<void>;
+
+  /**
+   * Pushes once, revokes the session and forgets it here. Unsent events stay in this user's
+   * outbox for the next sign-in (counted) unless `discard` is true.
+   */
+  signOut(options?: { discard?: boolean }): Promise<{ unsentEvents: number }>;
+  /** Mails a confirmation code for `deleteAccount`. */
+  reauthenticate(): Promise<void>;
+  /** Deletes the account and its data on the server, then everything kept here for the user. */
+  deleteAccount(code: string): Promise<void>;
+  /** The account and its events, NDJSON (GET /sync/v1/export). */
+  exportData(): Promise<Blob>;
+  /** Calls `listener('leader')` when this tab becomes the leader; returns an unsubscribe. */
+  onStateChange(listener: (state: 'leader') => void): () => void;
+  /** Stops this client's work in this tab (another tab becomes the leader). */
+  close(): void;
+}
+
+/** Pure helpers, exported for tests. */
+export function backoffDelay(attempt: number, policy: { baseDelay: number; maxDelay: number }, random?: () => number): number;
+export function parseRetryAfter(value: string | null | undefined, now?: number): number | null;
+export function retryAfterDelay(ms: number, random?: () => number): number;
+export function firstBatch<T extends { bytes: number }>(records: T[], limits: { maxEvents: number; maxBytes: number }): T[];
+export function utf8Length(text: string): number;
+export function refusedEvents(body: unknown): Map<number, { field: string; reason: string }>;
+export class SSEParser {
+  lastEventId: string;
+  retry: number | null;
+  push(text: string): { id: string; event: string; data: string }[];
+}

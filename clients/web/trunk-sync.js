@@ -1,0 +1,1031 @@
+// trunk-sync's browser client: sign-in with a mailed code, a durable outbox in IndexedDB,
+// batched push, paged pull and live events over Server-Sent Events, one leader tab per
+// account. Dependency-free ES module; types in trunk-sync.d.ts; guide in docs/web-client.md.
+//
+//   import { TrunkSyncClient } from 'https://sync.example.com/client/v1/trunk-sync.js';
+
+const VERSION = 1;
+const MAX_PAYLOAD_BYTES = 64 * 1024;
+const SERVER_MAX_BATCH_EVENTS = 1000;
+const SERVER_MAX_BATCH_BYTES = 10 * 1024 * 1024;
+
+/** What the client throws: `code` says which failure (see trunk-sync.d.ts). */
+export class TrunkSyncError extends Error {
+  /**
+   * @param {string} code
+   * @param {string} message
+   * @param {{status?: number, details?: unknown, retryAfter?: number}} [extra]
+   */
+  constructor(code, message, extra = {}) {
+    super(message);
+    this.name = 'TrunkSyncError';
+    this.code = code;
+    this.status = extra.status ?? 0;
+    this.details = extra.details;
+    this.retryAfter = extra.retryAfter;
+  }
+}
+
+// MARK: - Pure parts (exported for tests)
+
+/**
+ * The wait in ms before try `attempt + 1` (from 0) without Retry-After: random between 0 and
+ * min(maxDelay, baseDelay · 2^attempt) ("full jitter").
+ * @param {number} attempt @param {{baseDelay: number, maxDelay: number}} policy
+ * @param {() => number} [random]
+ */
+export function backoffDelay(attempt, policy, random = Math.random) {
+  const cap = Math.min(policy.maxDelay, policy.baseDelay * 2 ** Math.min(attempt, 30));
+  return random() * cap;
+}
+
+/**
+ * A Retry-After header in ms (seconds or an HTTP date), or null when absent or unreadable.
+ * @param {string | null | undefined} value @param {number} [now]
+ */
+export function parseRetryAfter(value, now = Date.now()) {
+  if (value == null) return null;
+  const text = String(value).trim();
+  if (/^\d+$/.test(text)) return Number(text) * 1000;
+  if (!/^[A-Za-z]{3}, /.test(text)) return null; // an HTTP date: "Thu, 26 Nov 2026 12:00:00 GMT"
+  const date = Date.parse(text);
+  return Number.isNaN(date) ? null : Math.max(0, date - now);
+}
+
+/**
+ * The wait a Retry-After of `ms` asks for: exactly that, plus up to 10 % jitter.
+ * @param {number} ms @param {() => number} [random]
+ */
+export function retryAfterDelay(ms, random = Math.random) {
+  return ms + random() * ms * 0.1;
+}
+
+/**
+ * The first batch of `records` (oldest first) within `maxEvents` and `maxBytes` of payload
+ * (each record's `bytes`); at least one record when there is any.
+ * @template {{bytes: number}} T
+ * @param {T[]} records @param {{maxEvents: number, maxBytes: number}} limits
+ * @returns {T[]}
+ */
+export function firstBatch(records, limits) {
+  const batch = [];
+  let bytes = 0;
+  for (const record of records) {
+    if (batch.length >= limits.maxEvents) break;
+    if (batch.length > 0 && bytes + record.bytes > limits.maxBytes) break;
+    batch.push(record);
+    bytes += record.bytes;
+  }
+  return batch;
+}
+
+/** Bytes of a string as UTF-8. @param {string} text */
+export function utf8Length(text) {
+  return new TextEncoder().encode(text).length;
+}
+
+/**
+ * Server-Sent Events framing (the WHATWG rules): feed text as it arrives, get each complete
+ * message `{id, event, data}` (`id` is the last id seen, as EventSource keeps it) and the
+ * server's `retry` hint.
+ */
+export class SSEParser {
+  constructor() {
+    this.buffer = '';
+    this.data = [];
+    this.event = '';
+    this.lastEventId = '';
+    /** @type {number | null} */
+    this.retry = null;
+    this.sawData = false;
+    this.skipLF = false;
+  }
+
+  /** @param {string} text @returns {{id: string, event: string, data: string}[]} */
+  push(text) {
+    // A \r that ended the last chunk ended a line; a \n right after it belongs to it.
+    if (this.skipLF && text.startsWith('\n')) text = text.slice(1);
+    if (text.length > 0) this.skipLF = false;
+    this.buffer += text;
+    const messages = [];
+    for (;;) {
+      const match = /\r\n|\r|\n/.exec(this.buffer);
+      if (!match) break;
+      if (match[0] === '\r' && match.index === this.buffer.length - 1) this.skipLF = true;
+      const line = this.buffer.slice(0, match.index);
+      this.buffer = this.buffer.slice(match.index + match[0].length);
+      const message = this.line(line);
+      if (message) messages.push(message);
+    }
+    return messages;
+  }
+
+  /** @param {string} line */
+  line(line) {
+    if (line === '') {
+      if (!this.sawData) {
+        this.event = '';
+        return null;
+      }
+      const message = { id: this.lastEventId, event: this.event || 'message', data: this.data.join('\n') };
+      this.data = [];
+      this.event = '';
+      this.sawData = false;
+      return message;
+    }
+    if (line.startsWith(':')) return null;
+    const colon = line.indexOf(':');
+    const field = colon < 0 ? line : line.slice(0, colon);
+    let value = colon < 0 ? '' : line.slice(colon + 1);
+    if (value.startsWith(' ')) value = value.slice(1);
+    if (field === 'data') {
+      this.data.push(value);
+      this.sawData = true;
+    } else if (field === 'event') this.event = value;
+    else if (field === 'id' && !value.includes('\0')) this.lastEventId = value;
+    else if (field === 'retry' && /^\d+$/.test(value)) this.retry = Number(value);
+    return null;
+  }
+}
+
+/**
+ * The indexes of the events a `400 validation_failed` names, with their first problem.
+ * @param {any} body @returns {Map<number, {field: string, reason: string}>}
+ */
+export function refusedEvents(body) {
+  const refused = new Map();
+  if (!body || !Array.isArray(body.details)) return refused;
+  for (const problem of body.details) {
+    if (problem && Number.isInteger(problem.index) && !refused.has(problem.index)) {
+      refused.set(problem.index, { field: String(problem.field ?? ''), reason: String(problem.reason ?? '') });
+    }
+  }
+  return refused;
+}
+
+// MARK: - IndexedDB
+
+/** @param {IDBRequest | IDBTransaction} request */
+function settled(request) {
+  return new Promise((resolve, reject) => {
+    if ('oncomplete' in request) {
+      request.oncomplete = () => resolve(undefined);
+      request.onabort = () => reject(request.error ?? new Error('transaction aborted'));
+      request.onerror = () => reject(request.error);
+    } else {
+      request.onsuccess = () => resolve(request.result);
+      request.onerror = () => reject(request.error);
+    }
+  });
+}
+
+/**
+ * Opens (and creates) one user's database; rejects with `storage_unavailable` when the
+ * browser cannot give persistent storage (private modes, storage disabled, quota).
+ * @param {string} name @returns {Promise<IDBDatabase>}
+ */
+function openDatabase(name) {
+  return new Promise((resolve, reject) => {
+    const fail = (/** @type {unknown} */ cause) =>
+      reject(
+        new TrunkSyncError(
+          'storage_unavailable',
+          `IndexedDB cannot be opened (${cause instanceof Error ? cause.message : String(cause)}): ` +
+            'events cannot be kept safely, so nothing is recorded',
+        ),
+      );
+    let request;
+    try {
+      if (typeof indexedDB === 'undefined') throw new Error('no indexedDB in this context');
+      request = indexedDB.open(name, VERSION);
+    } catch (error) {
+      fail(error);
+      return;
+    }
+    request.onupgradeneeded = () => {
+      const db = request.result;
+      if (!db.objectStoreNames.contains('outbox')) db.createObjectStore('outbox', { keyPath: 'n', autoIncrement: true });
+      if (!db.objectStoreNames.contains('quarantine')) db.createObjectStore('quarantine', { keyPath: 'client_id' });
+      if (!db.objectStoreNames.contains('meta')) db.createObjectStore('meta');
+    };
+    request.onsuccess = () => {
+      const db = request.result;
+      db.onversionchange = () => db.close();
+      resolve(db);
+    };
+    request.onerror = () => fail(request.error);
+    request.onblocked = () => fail(new Error('blocked by an older version open in another tab'));
+  });
+}
+
+/**
+ * Runs `work` in one transaction and resolves after it committed (strict durability: on
+ * disk, not just in the OS's cache).
+ * @template T
+ * @param {IDBDatabase} db @param {string[]} stores @param {IDBTransactionMode} mode
+ * @param {(tx: IDBTransaction) => T} work @returns {Promise<T>}
+ */
+async function transact(db, stores, mode, work) {
+  let tx;
+  try {
+    tx = db.transaction(stores, mode, { durability: 'strict' });
+  } catch (error) {
+    throw new TrunkSyncError('storage_unavailable', `IndexedDB refused a transaction: ${String(error)}`);
+  }
+  const done = settled(tx);
+  const result = work(tx);
+  await done;
+  return result;
+}
+
+// MARK: - Helpers
+
+const sleep = (/** @type {number} */ ms, /** @type {AbortSignal | undefined} */ signal) =>
+  new Promise((resolve) => {
+    const timer = setTimeout(finish, ms);
+    function finish() {
+      clearTimeout(timer);
+      signal?.removeEventListener('abort', finish);
+      if (typeof window !== 'undefined') window.removeEventListener('online', finish);
+      resolve(undefined);
+    }
+    signal?.addEventListener('abort', finish);
+    // Coming back online ends a wait for the network at once.
+    if (typeof window !== 'undefined') window.addEventListener('online', finish);
+  });
+
+/** @param {unknown} value */
+function isPlainObject(value) {
+  return value !== null && typeof value === 'object' && Object.getPrototypeOf(value) === Object.prototype;
+}
+
+const RETRYABLE = new Set([408, 429, 500, 502, 503, 504]);
+
+// MARK: - The client
+
+/** One signed-in user's local state: database, channel, leadership. */
+class Account {
+  /** @param {TrunkSyncClient} client @param {string} userId */
+  constructor(client, userId) {
+    this.client = client;
+    this.userId = userId;
+    this.key = `${client.url}|${userId}`;
+    this.stopped = new AbortController();
+    /** @type {Promise<IDBDatabase> | null} */
+    this.dbPromise = null;
+    this.isLeader = false;
+    this.channel = typeof BroadcastChannel === 'undefined' ? null : new BroadcastChannel(`trunk-sync|${this.key}`);
+    if (this.channel) this.channel.onmessage = (message) => client._message(this, message.data);
+  }
+
+  db() {
+    if (!this.dbPromise) {
+      this.dbPromise = openDatabase(`trunk-sync|${this.key}`);
+      this.dbPromise.catch(() => {
+        this.dbPromise = null; // the next call tries again
+      });
+    }
+    return this.dbPromise;
+  }
+
+  /** @param {any} message */
+  post(message) {
+    try {
+      this.channel?.postMessage(message);
+    } catch {
+      // closed
+    }
+  }
+
+  stop() {
+    this.stopped.abort();
+    this.channel?.close();
+    this.dbPromise?.then((db) => db.close()).catch(() => {});
+  }
+}
+
+/**
+ * The browser client. See trunk-sync.d.ts for the documented options and methods.
+ */
+export class TrunkSyncClient {
+  /** @param {import('./trunk-sync').TrunkSyncOptions} options */
+  constructor(options) {
+    if (!options || typeof options.url !== 'string') throw new TypeError('TrunkSyncClient needs { url }');
+    const parsed = new URL(options.url);
+    if (parsed.protocol !== 'https:' && parsed.protocol !== 'http:') throw new TypeError('url must be http(s)');
+    /** The server's base URL, without a trailing slash. */
+    this.url = parsed.origin + parsed.pathname.replace(/\/+$/, '');
+    this.maxBatchEvents = Math.min(options.maxBatchEvents ?? 500, SERVER_MAX_BATCH_EVENTS);
+    this.maxBatchBytes = Math.min(options.maxBatchBytes ?? 4 * 1024 * 1024, SERVER_MAX_BATCH_BYTES / 2);
+    this.pageSize = Math.min(options.pageSize ?? 1000, 1000);
+    this.retry = { maxAttempts: 6, baseDelay: 500, maxDelay: 30000, maxRetryAfter: 120000, ...options.retry };
+    this.refreshMargin = options.refreshMargin ?? 60;
+    this.live = options.live ?? true;
+    this.autoPush = options.autoPush ?? true;
+    this.fetch = options.fetch ?? globalThis.fetch.bind(globalThis);
+    this.sessionKey = `trunk-sync|session|${this.url}`;
+    if (typeof navigator === 'undefined' || !navigator.locks) {
+      throw new TrunkSyncError('unsupported', 'this browser has no Web Locks (navigator.locks); use a current browser over https or localhost');
+    }
+    /** @type {Set<(event: any) => void>} */
+    this.liveListeners = new Set();
+    /** @type {Set<(state: string) => void>} */
+    this.stateListeners = new Set();
+    /** @type {Promise<any> | null} */
+    this.refreshing = null;
+    /** @type {Account | null} */
+    this.account = null;
+    this.persistRequested = false;
+    this.closed = false;
+    this.session = this.readSession();
+    this.openAccount();
+    if (typeof window !== 'undefined') {
+      window.addEventListener('storage', (event) => {
+        if (event.key === this.sessionKey && !this.closed) {
+          this.session = this.readSession();
+          this.openAccount();
+        }
+      });
+      window.addEventListener('online', () => this.schedulePush(0));
+    }
+  }
+
+  // MARK: Session
+
+  /** True while a session is stored for this server (also after a reload). */
+  get isSignedIn() {
+    return this.session !== null;
+  }
+
+  /** The signed-in user's id and email, or null. */
+  get user() {
+    return this.session ? { id: this.session.user_id, email: this.session.email } : null;
+  }
+
+  /** True while this tab is its account's leader (pushes, pulls, holds the live stream). */
+  get isLeader() {
+    return this.account?.isLeader ?? false;
+  }
+
+  readSession() {
+    try {
+      const text = localStorage.getItem(this.sessionKey);
+      const session = text ? JSON.parse(text) : null;
+      return session && typeof session.refresh_token === 'string' && typeof session.user_id === 'string'
+        ? session
+        : null;
+    } catch {
+      return null;
+    }
+  }
+
+  /** @param {any} session */
+  storeSession(session) {
+    try {
+      if (session) localStorage.setItem(this.sessionKey, JSON.stringify(session));
+      else localStorage.removeItem(this.sessionKey);
+    } catch (error) {
+      throw new TrunkSyncError('storage_unavailable', `the session cannot be stored: ${String(error)}`);
+    }
+    this.session = session;
+    this.openAccount();
+  }
+
+  /** Opens the local state of the stored session's user (closing another user's). */
+  openAccount() {
+    const userId = this.session?.user_id ?? null;
+    if (this.account && this.account.userId === userId) return;
+    this.account?.stop();
+    this.account = null;
+    if (!userId) return;
+    const account = new Account(this, userId);
+    this.account = account;
+    this.requestPersistence();
+    const { signal } = account.stopped;
+    navigator.locks
+      .request(`trunk-sync|leader|${account.key}`, { signal }, async () => {
+        account.isLeader = true;
+        this.emitState('leader');
+        try {
+          await this.lead(account);
+        } finally {
+          account.isLeader = false;
+        }
+      })
+      .catch(() => {}); // aborted on sign-out or switch
+  }
+
+  requestPersistence() {
+    if (this.persistRequested) return;
+    this.persistRequested = true;
+    try {
+      navigator.storage?.persist?.().catch(() => {});
+    } catch {
+      // not offered here
+    }
+  }
+
+  /** @param {string} state */
+  emitState(state) {
+    for (const listener of this.stateListeners) listener(state);
+  }
+
+  /**
+   * Calls `listener('leader')` when this tab becomes its account's leader.
+   * @param {(state: string) => void} listener
+   */
+  onStateChange(listener) {
+    this.stateListeners.add(listener);
+    return () => this.stateListeners.delete(listener);
+  }
+
+  /** Mails a 6-digit sign-in code. Not repeated after a network failure. @param {string} email */
+  async sendCode(email) {
+    await this.request('POST', '/auth/v1/otp', { body: { email }, auth: false, retry: false });
+  }
+
+  /** Signs in with the mailed code; the session is stored for this server. */
+  async verify(/** @type {string} */ email, /** @type {string} */ code) {
+    const body = await this.request('POST', '/auth/v1/verify', {
+      body: { email, token: code, type: 'email' },
+      auth: false,
+      retry: false,
+    });
+    this.storeSession(this.sessionFrom(body));
+  }
+
+  /** @param {any} body */
+  sessionFrom(body) {
+    if (!body || typeof body.access_token !== 'string' || !body.user || typeof body.user.id !== 'string') {
+      throw new TrunkSyncError('invalid_response', 'the server answered without a session');
+    }
+    const now = Math.floor(Date.now() / 1000);
+    return {
+      access_token: body.access_token,
+      refresh_token: body.refresh_token,
+      expires_in: body.expires_in,
+      // The local clock decides when to refresh, whatever the server's says.
+      expires_at: now + Number(body.expires_in || 3600),
+      user_id: body.user.id,
+      email: body.user.email ?? null,
+    };
+  }
+
+  /** The access token, refreshed first when it expires soon. */
+  async accessToken() {
+    const session = this.session;
+    if (!session) throw new TrunkSyncError('not_signed_in', 'sign in first');
+    const margin = Math.min(this.refreshMargin, (session.expires_in || 3600) / 2);
+    if (session.expires_at - Date.now() / 1000 > margin) return session.access_token;
+    return (await this.refresh(session.access_token)).access_token;
+  }
+
+  /**
+   * One refresh for every tab of this origin: under a Web Lock, and only when the stored
+   * session still has the token that failed (another tab may have refreshed meanwhile).
+   * @param {string} staleToken
+   */
+  refresh(staleToken) {
+    if (this.refreshing) return this.refreshing;
+    this.refreshing = navigator.locks
+      .request(`trunk-sync|refresh|${this.url}`, async () => {
+        const stored = this.readSession();
+        if (!stored || stored.user_id !== this.session?.user_id) {
+          this.session = stored;
+          this.openAccount();
+          throw new TrunkSyncError('session_expired', 'signed out meanwhile');
+        }
+        const margin = Math.min(this.refreshMargin, (stored.expires_in || 3600) / 2);
+        if (stored.access_token !== staleToken && stored.expires_at - Date.now() / 1000 > margin) {
+          this.session = stored;
+          return stored;
+        }
+        let body;
+        try {
+          body = await this.request('POST', '/auth/v1/token?grant_type=refresh_token', {
+            body: { refresh_token: stored.refresh_token },
+            auth: false,
+          });
+        } catch (error) {
+          if (error instanceof TrunkSyncError && (error.status === 400 || error.status === 401 || error.status === 403)) {
+            // Revoked or expired: signed out here; the outbox stays for the next sign-in.
+            this.storeSession(null);
+            throw new TrunkSyncError('session_expired', 'the session ended: sign in again', { status: error.status });
+          }
+          throw error;
+        }
+        const session = this.sessionFrom(body);
+        this.storeSession(session);
+        return session;
+      })
+      .finally(() => {
+        this.refreshing = null;
+      });
+    return this.refreshing;
+  }
+
+  // MARK: HTTP
+
+  /**
+   * One API call with retries: network failures, 408, 429, 500, 502, 503, 504; Retry-After
+   * honoured exactly (plus ≤ 10 % jitter), else full-jitter backoff; one refresh after a 401.
+   * @param {string} method @param {string} path
+   * @param {{body?: any, auth?: boolean, retry?: boolean, raw?: boolean, signal?: AbortSignal}} [options]
+   */
+  async request(method, path, options = {}) {
+    const { body, auth = true, retry = true, raw = false, signal } = options;
+    let refreshed = false;
+    for (let attempt = 0; ; attempt++) {
+      if (signal?.aborted) throw new TrunkSyncError('cancelled', 'cancelled');
+      /** @type {Record<string, string>} */
+      const headers = { Accept: 'application/json' };
+      let token = null;
+      if (auth) {
+        token = await this.accessToken();
+        headers.Authorization = `Bearer ${token}`;
+      }
+      if (body !== undefined) headers['Content-Type'] = 'application/json';
+      let response;
+      try {
+        response = await this.fetch(this.url + path, {
+          method,
+          headers,
+          body: body === undefined ? undefined : JSON.stringify(body),
+          cache: 'no-store',
+          signal,
+        });
+      } catch (error) {
+        if (signal?.aborted) throw new TrunkSyncError('cancelled', 'cancelled');
+        if (!retry || attempt + 1 >= this.retry.maxAttempts) {
+          throw new TrunkSyncError('network', `the server cannot be reached: ${String(error)}`);
+        }
+        await sleep(backoffDelay(attempt, this.retry), signal);
+        continue;
+      }
+      if (response.ok) {
+        if (raw) return response;
+        if (response.status === 204) return null;
+        const text = await response.text();
+        return text ? JSON.parse(text) : null;
+      }
+      let errorBody = null;
+      try {
+        errorBody = await response.json();
+      } catch {
+        // not JSON
+      }
+      if (response.status === 401 && auth && token && !refreshed) {
+        refreshed = true;
+        await this.refresh(token);
+        attempt--;
+        continue;
+      }
+      const retryAfter = parseRetryAfter(response.headers.get('Retry-After'));
+      const error = new TrunkSyncError(
+        errorBody?.error_code ?? errorBody?.code ?? `http_${response.status}`,
+        errorBody?.message ?? errorBody?.msg ?? `HTTP ${response.status}`,
+        { status: response.status, details: errorBody?.details, retryAfter: retryAfter ?? undefined },
+      );
+      if (response.status === 401 && auth) {
+        this.storeSession(null);
+        throw new TrunkSyncError('session_expired', 'the session ended: sign in again', { status: 401 });
+      }
+      if (!retry || !RETRYABLE.has(response.status)) throw error;
+      if (retryAfter !== null && retryAfter > this.retry.maxRetryAfter) {
+        throw new TrunkSyncError('rate_limited', `the server asks to wait ${retryAfter / 1000} s`, {
+          status: response.status,
+          retryAfter,
+        });
+      }
+      if (attempt + 1 >= this.retry.maxAttempts) throw error;
+      const wait =
+        retryAfter !== null && (response.status === 429 || response.status === 503)
+          ? retryAfterDelay(retryAfter)
+          : backoffDelay(attempt, this.retry);
+      await sleep(wait, signal);
+    }
+  }
+
+  /** The signed-in user's account; throws when signed out. */
+  current() {
+    if (!this.account) throw new TrunkSyncError('not_signed_in', 'sign in first');
+    return this.account;
+  }
+
+  // MARK: Outbox
+
+  /**
+   * Records an event: resolves with its client_id once it is committed to IndexedDB with
+   * strict durability. The id is sent with every push of the event, so the server stores
+   * it once whatever happens.
+   * @param {string} type @param {Record<string, unknown>} payload @returns {Promise<string>}
+   */
+  async record(type, payload) {
+    if (typeof type !== 'string' || type.length < 1 || type.length > 128) {
+      throw new TrunkSyncError('invalid_event', 'type must be 1–128 characters');
+    }
+    if (!isPlainObject(payload)) throw new TrunkSyncError('invalid_event', 'payload must be a plain object');
+    const json = JSON.stringify(payload);
+    const bytes = utf8Length(json);
+    if (bytes > MAX_PAYLOAD_BYTES) throw new TrunkSyncError('invalid_event', 'payload is over 64 KiB');
+    const account = this.current();
+    const db = await account.db();
+    const event = {
+      client_id: crypto.randomUUID(),
+      type,
+      payload: JSON.parse(json),
+      client_timestamp: new Date().toISOString(),
+      bytes,
+    };
+    await transact(db, ['outbox'], 'readwrite', (tx) => tx.objectStore('outbox').add(event));
+    account.post({ kind: 'recorded' });
+    this.schedulePush();
+    return event.client_id;
+  }
+
+  /** Events recorded and not yet stored by the server (quarantined ones excluded). */
+  async pendingCount() {
+    const db = await this.current().db();
+    const request = db.transaction('outbox').objectStore('outbox').count();
+    return settled(request);
+  }
+
+  /** Events the server refused (400 naming them), oldest first, with the reason. */
+  async quarantinedEvents() {
+    const db = await this.current().db();
+    /** @type {any[]} */
+    const all = await settled(db.transaction('quarantine').objectStore('quarantine').getAll());
+    return all.sort((a, b) => a.quarantined_at.localeCompare(b.quarantined_at)).map(({ bytes, n, ...rest }) => rest);
+  }
+
+  /** Drops quarantined events for good. @param {string[]} clientIds */
+  async discardQuarantined(clientIds) {
+    const db = await this.current().db();
+    await transact(db, ['quarantine'], 'readwrite', (tx) => {
+      for (const id of clientIds) tx.objectStore('quarantine').delete(id);
+    });
+  }
+
+  /** Puts quarantined events back in the outbox, same ids. @param {string[]} clientIds */
+  async requeueQuarantined(clientIds) {
+    const db = await this.current().db();
+    await transact(db, ['quarantine', 'outbox'], 'readwrite', (tx) => {
+      const quarantine = tx.objectStore('quarantine');
+      for (const id of clientIds) {
+        const request = quarantine.get(id);
+        request.onsuccess = () => {
+          const record = request.result;
+          if (!record) return;
+          quarantine.delete(id);
+          const { quarantined_at, field, reason, n, ...event } = record;
+          tx.objectStore('outbox').add(event);
+        };
+      }
+    });
+    this.schedulePush(0);
+  }
+
+  // MARK: Sync
+
+  /**
+   * Pushes the outbox, then pulls every page after the stored cursor, calling `handler` with
+   * each (the cursor is stored only after it returned). One tab at a time (a Web Lock).
+   * @param {(events: any[]) => unknown | Promise<unknown>} [handler]
+   */
+  async sync(handler) {
+    const account = this.current();
+    return navigator.locks.request(`trunk-sync|sync|${account.key}`, async () => {
+      const pushed = await this.pushAll(account);
+      const pulled = handler ? await this.pullAll(account, handler) : 0;
+      return { ...pushed, pulled };
+    });
+  }
+
+  /**
+   * Pushes every event in the outbox, oldest first, in batches within the limits.
+   * @param {Account} account @param {{retry?: boolean}} [options]
+   */
+  async pushAll(account, options = {}) {
+    const db = await account.db();
+    const report = { pushed: 0, duplicates: 0, rejected: /** @type {any[]} */ ([]) };
+    let maxEvents = this.maxBatchEvents;
+    for (;;) {
+      if (account.stopped.signal.aborted) throw new TrunkSyncError('cancelled', 'signed out');
+      /** @type {any[]} */
+      const head = await settled(db.transaction('outbox').objectStore('outbox').getAll(null, maxEvents));
+      const batch = firstBatch(head, { maxEvents, maxBytes: this.maxBatchBytes });
+      if (batch.length === 0) return report;
+      const events = batch.map(({ client_id, type, payload, client_timestamp }) => ({
+        client_id,
+        type,
+        payload,
+        client_timestamp,
+      }));
+      let answer;
+      try {
+        answer = await this.request('POST', '/sync/v1/events', {
+          body: { events },
+          signal: account.stopped.signal,
+          retry: options.retry ?? true,
+        });
+      } catch (error) {
+        if (!(error instanceof TrunkSyncError) || (error.status !== 400 && error.status !== 413)) throw error;
+        const refused = error.status === 400 ? refusedEvents({ details: error.details }) : new Map();
+        if (refused.size === 0 && batch.length > 1) {
+          maxEvents = Math.max(1, Math.floor(batch.length / 2)); // find the one it is about
+          continue;
+        }
+        if (refused.size === 0) refused.set(0, { field: '', reason: error.message });
+        const moved = await this.quarantine(db, batch, refused);
+        report.rejected.push(...moved);
+        continue;
+      }
+      // The batch is the outbox's first keys in order (records only append after them), so
+      // one range delete removes exactly it.
+      const range = IDBKeyRange.bound(batch[0].n, batch[batch.length - 1].n);
+      await transact(db, ['outbox'], 'readwrite', (tx) => tx.objectStore('outbox').delete(range));
+      report.pushed += answer.accepted;
+      report.duplicates += answer.duplicates;
+      maxEvents = this.maxBatchEvents;
+    }
+  }
+
+  /**
+   * Moves the refused events of a batch from the outbox to the quarantine, in one transaction.
+   * @param {IDBDatabase} db @param {any[]} batch @param {Map<number, {field: string, reason: string}>} refused
+   */
+  async quarantine(db, batch, refused) {
+    const moved = [];
+    const now = new Date().toISOString();
+    await transact(db, ['outbox', 'quarantine'], 'readwrite', (tx) => {
+      for (const [index, problem] of refused) {
+        const record = batch[index];
+        if (!record) continue;
+        tx.objectStore('outbox').delete(record.n);
+        const { n, ...event } = record;
+        tx.objectStore('quarantine').put({ ...event, ...problem, quarantined_at: now });
+        moved.push({ client_id: event.client_id, type: event.type, ...problem });
+      }
+    });
+    return moved;
+  }
+
+  /** @param {Account} account @param {(events: any[]) => unknown} handler */
+  async pullAll(account, handler) {
+    const db = await account.db();
+    let cursor = (await settled(db.transaction('meta').objectStore('meta').get('cursor'))) ?? 0;
+    let pulled = 0;
+    for (;;) {
+      const page = await this.request('GET', `/sync/v1/events?after=${cursor}&limit=${this.pageSize}`, {
+        signal: account.stopped.signal,
+      });
+      if (page.events.length > 0) {
+        await handler(page.events);
+        pulled += page.events.length;
+      }
+      if (page.next_after !== cursor) {
+        cursor = page.next_after;
+        await transact(db, ['meta'], 'readwrite', (tx) => tx.objectStore('meta').put(cursor, 'cursor'));
+      }
+      if (!page.has_more) return pulled;
+    }
+  }
+
+  /** The leader pushes shortly after any tab recorded. @param {number} [delay] */
+  schedulePush(delay = 20) {
+    const account = this.account;
+    if (!account?.isLeader || !this.autoPush) return;
+    account.pushWanted = true;
+    if (account.pushTimer) return;
+    account.pushTimer = setTimeout(() => this.backgroundPush(account), delay);
+  }
+
+  /**
+   * The leader's pushes: one try per round under the sync lock, the waits (Retry-After or
+   * backoff) outside it, so an explicit `sync()` in any tab never waits behind a backoff.
+   * @param {Account} account
+   */
+  async backgroundPush(account) {
+    let attempt = 0;
+    while (account.pushWanted && !account.stopped.signal.aborted && account.isLeader) {
+      account.pushWanted = false;
+      try {
+        await navigator.locks.request(`trunk-sync|sync|${account.key}`, { signal: account.stopped.signal }, () =>
+          this.pushAll(account, { retry: false }),
+        );
+        attempt = 0;
+      } catch (error) {
+        if (account.stopped.signal.aborted) break;
+        if (error instanceof TrunkSyncError && (error.code === 'session_expired' || error.code === 'not_signed_in')) break;
+        account.pushWanted = true;
+        const retryAfter = error instanceof TrunkSyncError ? error.retryAfter : undefined;
+        const wait = retryAfter !== undefined ? retryAfterDelay(retryAfter) : backoffDelay(attempt++, this.retry);
+        await sleep(wait, account.stopped.signal);
+      }
+    }
+    account.pushTimer = null;
+  }
+
+  // MARK: Leadership and live events
+
+  /** @param {Account} account @param {any} message */
+  _message(account, message) {
+    if (account !== this.account || !message) return;
+    if (message.kind === 'recorded') this.schedulePush();
+    else if (message.kind === 'live' && Array.isArray(message.events)) this.deliver(message.events);
+  }
+
+  /** @param {any[]} events */
+  deliver(events) {
+    for (const event of events) for (const listener of this.liveListeners) listener(event);
+  }
+
+  /**
+   * The leader's work until its account stops: push what is waiting, then hold the stream.
+   * @param {Account} account
+   */
+  async lead(account) {
+    const { signal } = account.stopped;
+    this.schedulePush(0);
+    if (this.live) await this.stream(account);
+    else await new Promise((resolve) => signal.addEventListener('abort', resolve));
+  }
+
+  /**
+   * Holds `/sync/v1/stream` with `Last-Event-ID`, reconnecting after any end, refreshing the
+   * token when it expired, honouring Retry-After; each event goes to every tab.
+   * @param {Account} account
+   */
+  async stream(account) {
+    const { signal } = account.stopped;
+    const db = await account.db().catch(() => null);
+    if (!db) return;
+    /** @type {number} */
+    let lastSeq = (await settled(db.transaction('meta').objectStore('meta').get('live'))) ?? -1;
+    if (lastSeq < 0) lastSeq = (await settled(db.transaction('meta').objectStore('meta').get('cursor'))) ?? 0;
+    let attempt = 0;
+    while (!signal.aborted) {
+      let wait = 0;
+      try {
+        const token = await this.accessToken();
+        const response = await this.fetch(`${this.url}/sync/v1/stream?after=${lastSeq}`, {
+          headers: { Authorization: `Bearer ${token}`, Accept: 'text/event-stream', 'Last-Event-ID': String(lastSeq) },
+          cache: 'no-store',
+          signal,
+        });
+        if (response.status === 401) {
+          await response.body?.cancel();
+          await this.refresh(token);
+          continue;
+        }
+        if (!response.ok || !response.body) {
+          await response.body?.cancel();
+          const retryAfter = parseRetryAfter(response.headers.get('Retry-After'));
+          wait = retryAfter !== null ? retryAfterDelay(retryAfter) : backoffDelay(attempt++, this.retry);
+        } else {
+          attempt = 0;
+          const parser = new SSEParser();
+          const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+          for (;;) {
+            const { value, done } = await reader.read();
+            if (done) break;
+            const events = [];
+            for (const message of parser.push(value)) {
+              if (message.event !== 'event') continue;
+              const event = JSON.parse(message.data);
+              if (event.seq <= lastSeq) continue;
+              events.push(event);
+              lastSeq = event.seq;
+            }
+            if (events.length > 0) {
+              this.deliver(events);
+              account.post({ kind: 'live', events });
+              const seq = lastSeq;
+              transact(db, ['meta'], 'readwrite', (tx) => tx.objectStore('meta').put(seq, 'live')).catch(() => {});
+            }
+          }
+          // A clean end (token expired, server shutting down): reconnect at once.
+        }
+      } catch (error) {
+        if (signal.aborted) return;
+        if (error instanceof TrunkSyncError && error.code === 'session_expired') return;
+        wait = backoffDelay(attempt++, this.retry);
+      }
+      if (wait > 0) await sleep(wait, signal);
+    }
+  }
+
+  /**
+   * Events as they commit on the server (from the leader tab's stream), in every tab, as an
+   * async iterator of event objects. `return()` (a `break` in `for await`) ends it.
+   * @returns {AsyncIterableIterator<any>}
+   */
+  liveEvents() {
+    /** @type {any[]} */
+    const queue = [];
+    /** @type {((result: IteratorResult<any>) => void) | null} */
+    let waiting = null;
+    let ended = false;
+    const listener = (/** @type {any} */ event) => {
+      if (waiting) {
+        const resolve = waiting;
+        waiting = null;
+        resolve({ value: event, done: false });
+      } else queue.push(event);
+    };
+    this.liveListeners.add(listener);
+    const end = () => {
+      ended = true;
+      this.liveListeners.delete(listener);
+      if (waiting) waiting({ value: undefined, done: true });
+      waiting = null;
+      return Promise.resolve({ value: undefined, done: true });
+    };
+    return {
+      next: () => {
+        if (queue.length > 0) return Promise.resolve({ value: queue.shift(), done: false });
+        if (ended) return Promise.resolve({ value: undefined, done: true });
+        return new Promise((resolve) => {
+          waiting = resolve;
+        });
+      },
+      return: end,
+      [Symbol.asyncIterator]() {
+        return this;
+      },
+    };
+  }
+
+  // MARK: Sign-out and account
+
+  /**
+   * Signs out: pushes once, revokes the session and forgets it here. Unsent events stay in
+   * this user's outbox (counted in `unsentEvents`) unless `discard` is true.
+   * @param {{discard?: boolean}} [options]
+   */
+  async signOut(options = {}) {
+    const account = this.current();
+    const session = this.session;
+    try {
+      // One try, no waiting: signing out offline must not hang on backoff.
+      await navigator.locks.request(`trunk-sync|sync|${account.key}`, () => this.pushAll(account, { retry: false }));
+    } catch {
+      // offline or refused: the events stay
+    }
+    try {
+      await this.request('POST', '/auth/v1/logout?scope=local', { retry: false });
+    } catch {
+      // the local session goes anyway
+    }
+    const db = await account.db();
+    let unsentEvents = await settled(db.transaction('outbox').objectStore('outbox').count());
+    if (options.discard) {
+      await transact(db, ['outbox', 'quarantine'], 'readwrite', (tx) => {
+        tx.objectStore('outbox').clear();
+        tx.objectStore('quarantine').clear();
+      });
+      unsentEvents = 0;
+    }
+    await transact(db, ['meta'], 'readwrite', (tx) => tx.objectStore('meta').clear());
+    if (this.readSession()?.user_id === session?.user_id) this.storeSession(null);
+    else this.openAccount();
+    return { unsentEvents };
+  }
+
+  /** Mails the user a confirmation code for `deleteAccount`. */
+  async reauthenticate() {
+    await this.request('POST', '/auth/v1/reauthenticate', { retry: false });
+  }
+
+  /**
+   * Deletes the account and all its data on the server with the mailed code, then
+   * everything kept here for the user. @param {string} code
+   */
+  async deleteAccount(code) {
+    const account = this.current();
+    await this.request('DELETE', '/sync/v1/account', { body: { code }, retry: false });
+    const name = `trunk-sync|${account.key}`;
+    this.storeSession(null);
+    await new Promise((resolve) => {
+      const request = indexedDB.deleteDatabase(name);
+      request.onsuccess = request.onerror = request.onblocked = () => resolve(undefined);
+    });
+  }
+
+  /** The user's account and events as an NDJSON Blob (`GET /sync/v1/export`). */
+  async exportData() {
+    const response = await this.request('GET', '/sync/v1/export', { raw: true, retry: false });
+    try {
+      return await response.blob();
+    } catch (error) {
+      throw new TrunkSyncError('network', `the export was cut off: ${String(error)}`);
+    }
+  }
+
+  /** Stops this client's work in this tab (leadership passes to another tab). */
+  close() {
+    this.closed = true;
+    this.account?.stop();
+    this.account = null;
+  }
+}
