@@ -205,7 +205,9 @@ public struct Application: Sendable {
     }
 
     /// The operator listener's settings: `TRUNK_SYNC_ADMIN_HOST` / `_PORT`, the same
-    /// timeouts, few connections (a scraper or two, an operator's curl), no proxies.
+    /// timeouts and trusted proxies (a TLS proxy may serve the console: its
+    /// `X-Forwarded-Proto` makes the console's cookie `Secure`), few connections (a scraper or
+    /// two, an operator's curl).
     public var adminServerConfiguration: HTTPServerConfiguration { Self.adminServerConfiguration(of: configuration) }
 
     /// The admin listener's settings taken from `configuration`.
@@ -215,7 +217,6 @@ public struct Application: Sendable {
         server.port = configuration.adminPort
         server.maxConnections = 64
         server.maxConnectionsPerClient = 0
-        server.trustedProxies = TrustedProxies()
         return server
     }
 
@@ -305,12 +306,14 @@ public struct Application: Sendable {
             logger: logger)
     }
 
-    /// The request pipeline of the admin listener: its own routes, no CORS, its own access log.
+    /// The request pipeline of the admin listener: its own routes, no CORS, its own access log,
+    /// and the checks that keep other sites out (`AdminRequestGuard`).
     public func adminPipeline(logger: Logger = Logger(label: "trunk-sync.admin")) -> RequestPipeline {
         let accessLog = logger.logLevel <= .info ? AccessLog(format: configuration.logFormat, label: logger.label) : nil
         return RequestPipeline(
             routes: adminRoutes(), corsOrigins: [],
             authenticator: Authenticator(tokens: auth.tokens, apiKey: configuration.apiKey), accessLog: accessLog,
+            requestGuard: AdminRequestGuard(bindHost: configuration.adminHost, hostnames: configuration.adminHostnames),
             logger: logger)
     }
 
