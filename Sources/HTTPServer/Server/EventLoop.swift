@@ -494,9 +494,15 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             finish(prepared, context: context, on: connection)
             return
         }
-        let request = HTTPRequest(
+        var request = HTTPRequest(
             method: head.method, path: head.path, query: head.query, headers: head.headers, body: body,
             remoteAddress: connection.clientAddress)
+        if connection.peerIsTrustedProxy {
+            // The leftmost entry is the scheme the client used (proxies in a chain append theirs).
+            request.forwardedHTTPS =
+                head.headers["x-forwarded-proto"]?.split(separator: ",").first?.trimmingCharacters(in: .whitespaces)
+                .lowercased() == "https"
+        }
         switch responder.respond(to: request, context: context) {
         case .now(let response, let context):
             finish(response, context: context, on: connection)
