@@ -1972,9 +1972,12 @@ public enum OpenAPIDocument {
           "rest"
         ],
         "summary": "Any other table: not found",
-        "description": "Answered without authentication.",
+        "description": "Answered without authentication. Empty path segments are skipped, so a `table` that begins or ends with `/` (`/rest/v1//profiles`) names `events` or `profiles` after all: that table's route, which wants a bearer token first (`401` without one).",
         "security": [],
         "responses": {
+          "401": {
+            "$ref": "#/components/responses/RESTUnauthorized"
+          },
           "404": {
             "$ref": "#/components/responses/RESTUnknownTable"
           },
@@ -1990,9 +1993,12 @@ public enum OpenAPIDocument {
           "rest"
         ],
         "summary": "Any other table: not found",
-        "description": "Answered without authentication; a body (at most 10 MiB) is read and ignored.",
+        "description": "Answered without authentication; a body (at most 10 MiB) is read and ignored. Empty path segments are skipped, so a `table` that begins or ends with `/` (`/rest/v1//events`) names `events` or `profiles` after all: that table's route, which wants a bearer token first (`401` without one).",
         "security": [],
         "responses": {
+          "401": {
+            "$ref": "#/components/responses/RESTUnauthorized"
+          },
           "404": {
             "$ref": "#/components/responses/RESTUnknownTable"
           },
