@@ -1972,7 +1972,7 @@ public enum OpenAPIDocument {
           "rest"
         ],
         "summary": "Any other table: not found",
-        "description": "Answered without authentication. Empty path segments are skipped, so a `table` that begins or ends with `/` (`/rest/v1//profiles`) names `events` or `profiles` after all: that table's route, which wants a bearer token first (`401` without one).",
+        "description": "Answered without authentication. Empty path segments are skipped, and some clients decode `table` before sending it (`profile%73` as `profiles`): a request that arrives as `/rest/v1//profiles`, `/rest/v1/events/` or `/rest/v1/profiles` is that table's route, which wants a bearer token first (`401` without one).",
         "security": [],
         "responses": {
           "401": {
@@ -1993,7 +1993,7 @@ public enum OpenAPIDocument {
           "rest"
         ],
         "summary": "Any other table: not found",
-        "description": "Answered without authentication; a body (at most 10 MiB) is read and ignored. Empty path segments are skipped, so a `table` that begins or ends with `/` (`/rest/v1//events`) names `events` or `profiles` after all: that table's route, which wants a bearer token first (`401` without one).",
+        "description": "Answered without authentication; a body (at most 10 MiB) is read and ignored. Empty path segments are skipped, and some clients decode `table` before sending it (`profile%73` as `profiles`): a request that arrives as `/rest/v1//profiles`, `/rest/v1/events/` or `/rest/v1/profiles` is that table's route, which wants a bearer token first (`401` without one).",
         "security": [],
         "responses": {
           "401": {
