@@ -72,10 +72,11 @@ func monotonicNanoseconds() -> UInt64 {
 /// clean-up runs.
 func startThread(name: String, _ body: @escaping @Sendable () -> Void) {
     let context = Unmanaged.passRetained(ThreadBody(body)).toOpaque()
-    let result = csystem_thread_start(name, 1 << 20, { context in
+    let entry: @convention(c) (UnsafeMutableRawPointer?) -> Void = { context in
         guard let context else { return }
         Unmanaged<ThreadBody>.fromOpaque(context).takeRetainedValue().body()
-    }, context)
+    }
+    let result = csystem_thread_start(name, 1 << 20, entry, context)
     if result != 0 {
         Unmanaged<ThreadBody>.fromOpaque(context).release()
         preconditionFailure("cannot start thread \(name): errno \(result)")  // out of threads or memory

@@ -21,7 +21,9 @@ final class AdminRequestGuardTests: XCTestCase {
     func testAWildcardListenerTakesAnyAddressLocalhostAndItsNamesOnly() {
         for bind in ["0.0.0.0", "::"] {
             let guardian = AdminRequestGuard(bindHost: bind, hostnames: ["trunk-sync"])
-            for host in ["10.1.2.3:9090", "192.0.2.1", "[2001:db8::1]:9090", "localhost:9090", "trunk-sync:9090", "TRUNK-SYNC"] {
+            for host in [
+                "10.1.2.3:9090", "192.0.2.1", "[2001:db8::1]:9090", "localhost:9090", "trunk-sync:9090", "TRUNK-SYNC",
+            ] {
                 XCTAssertTrue(allowed(guardian, host), "\(bind) \(host)")
             }
             for host in ["evil.example", "trunk-sync.evil.example", "10.1.2.3:x", "[::1", "a:b:c", ""] {

@@ -120,10 +120,11 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         }
         // Joinable and registered: the process joins it before exiting (csystem_threads_join_all).
         let context = Unmanaged.passRetained(LoopThreadBody { [self] in run() }).toOpaque()
-        let result = csystem_thread_start("http-loop", 1 << 20, { context in
+        let entry: @convention(c) (UnsafeMutableRawPointer?) -> Void = { context in
             guard let context else { return }
             Unmanaged<LoopThreadBody>.fromOpaque(context).takeRetainedValue().body()
-        }, context)
+        }
+        let result = csystem_thread_start("http-loop", 1 << 20, entry, context)
         guard result == 0 else {
             Unmanaged<LoopThreadBody>.fromOpaque(context).release()
             closeDescriptors()

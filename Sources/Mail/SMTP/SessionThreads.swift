@@ -39,10 +39,11 @@ final class SessionThreads: @unchecked Sendable {
             threads += 1
             // Joinable and registered: the process joins it before exiting.
             let context = Unmanaged.passRetained(self).toOpaque()
-            let started = csystem_thread_start("\(name)-\(threads)", 1 << 20, { context in
+            let entry: @convention(c) (UnsafeMutableRawPointer?) -> Void = { context in
                 guard let context else { return }
                 Unmanaged<SessionThreads>.fromOpaque(context).takeRetainedValue().run()
-            }, context)
+            }
+            let started = csystem_thread_start("\(name)-\(threads)", 1 << 20, entry, context)
             if started != 0 {
                 Unmanaged<SessionThreads>.fromOpaque(context).release()
                 threads -= 1

@@ -46,8 +46,8 @@ struct AdminRequestGuard: Sendable {
         if let host, !isAllowed(host: host) {
             return APIError(
                 status: 421, code: "host_not_allowed",
-                message:
-                    "This listener does not answer to this Host: use its address, or add the name to TRUNK_SYNC_ADMIN_HOSTNAMES.")
+                message: "This listener does not answer to this Host: use its address, "
+                    + "or add the name to TRUNK_SYNC_ADMIN_HOSTNAMES.")
         }
         if let origin = head.headers["origin"], !Self.isSameOrigin(origin, host: host) {
             return APIError(
@@ -57,7 +57,8 @@ struct AdminRequestGuard: Sendable {
             !Self.isJSON(head.headers["content-type"])
         {
             return APIError(
-                status: 415, code: "unsupported_media_type", message: "The body must be JSON: Content-Type: application/json.")
+                status: 415, code: "unsupported_media_type",
+                message: "The body must be JSON: Content-Type: application/json.")
         }
         return nil
     }
