@@ -1,5 +1,5 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test build release format lint clean fuzz fuzz-json bench
+.PHONY: run test build release format lint clean fuzz fuzz-json fuzz-api bench
 
 run:
 	scripts/run.sh
@@ -29,6 +29,9 @@ fuzz:
 
 fuzz-json:
 	scripts/fuzz.sh json
+
+fuzz-api:
+	scripts/fuzz-api.sh
 
 bench:
 	bench/http/run.sh

@@ -48,7 +48,7 @@ let package = Package(
         // The one JSON parser and writer, with I-JSON rules (no dependencies, so the fuzzer
         // builds it on its own).
         .target(name: "JSON"),
-        .target(name: "Mail", dependencies: ["COpenSSL", "TrunkCrypto", .product(name: "Logging", package: "swift-log")]),
+        .target(name: "Mail", dependencies: ["COpenSSL", "CSystem", "TrunkCrypto", .product(name: "Logging", package: "swift-log")]),
         .target(
             name: "TrunkSync",
             dependencies: [

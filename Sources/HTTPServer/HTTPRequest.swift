@@ -19,6 +19,10 @@ public struct HTTPRequest: Sendable {
     public var remoteAddress: String
     /// Parameters captured by the route pattern (`/users/:id` → `id`), percent-decoded.
     public var parameters: [String: String] = [:]
+    /// Whether the client reached a trusted proxy over HTTPS: the peer is a trusted proxy
+    /// and its `X-Forwarded-Proto` says `https`. False for any other peer, whatever it sends
+    /// (the server itself speaks plain HTTP).
+    public var forwardedHTTPS = false
 
     /// A request from its parts.
     public init(

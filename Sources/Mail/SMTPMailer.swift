@@ -43,6 +43,10 @@ public final class SMTPMailer: Mailer {
 
     deinit { threads.stop() }
 
+    /// Lets the session threads end once the mails in hand are done (the process joins them
+    /// before exiting); later sends fail as `.overloaded`.
+    public func close() { threads.stop() }
+
     /// Delivers `message`, returning once the server accepted it.
     /// - Throws: `MailError`: `.invalidMessage` before connecting, `.overloaded` when the
     ///   queue is full, else what the session ran into (see `MailError.Kind`).

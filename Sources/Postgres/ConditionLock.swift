@@ -66,14 +66,25 @@ func monotonicNanoseconds() -> UInt64 {
     return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
 }
 
-/// Starts a named thread that runs `body` once.
+/// Starts a named thread (visible in gdb, top and crash reports) that runs `body` once. It
+/// is joinable and registered: the command line joins every such thread before the process
+/// exits (`csystem_threads_join_all`), so none is inside libpq or OpenSSL while their
+/// clean-up runs.
 func startThread(name: String, _ body: @escaping @Sendable () -> Void) {
-    let thread = Thread {
-        // Visible in gdb, top and crash reports (Linux keeps 15 bytes).
-        _ = csystem_set_thread_name(name)
-        body()
+    let context = Unmanaged.passRetained(ThreadBody(body)).toOpaque()
+    let entry: @convention(c) (UnsafeMutableRawPointer?) -> Void = { context in
+        guard let context else { return }
+        Unmanaged<ThreadBody>.fromOpaque(context).takeRetainedValue().body()
     }
-    thread.name = name
-    thread.stackSize = 1 << 20
-    thread.start()
+    let result = csystem_thread_start(name, 1 << 20, entry, context)
+    if result != 0 {
+        Unmanaged<ThreadBody>.fromOpaque(context).release()
+        preconditionFailure("cannot start thread \(name): errno \(result)")  // out of threads or memory
+    }
+}
+
+/// A thread's work, carried through C.
+private final class ThreadBody: Sendable {
+    let body: @Sendable () -> Void
+    init(_ body: @escaping @Sendable () -> Void) { self.body = body }
 }

@@ -91,11 +91,41 @@ public final class PostgresListener: Sendable {
         return stream
     }
 
-    /// Stops listening, closes the connection and finishes every subscriber's stream.
+    /// Stops listening, closes the connection and finishes every subscriber's stream, without
+    /// waiting for the thread (`close()` waits).
     public func stop() {
         state.withLock { $0.stopped = true }
         var byte: UInt8 = 1
         _ = write(wakePipe.write, &byte, 1)
+    }
+
+    /// Stops listening and returns once the listening thread has closed its connection and
+    /// ended (at once when it never started; a connection attempt under way is waited for).
+    public func close() async {
+        let neverStarted = state.withLock { state -> Bool in
+            state.stopped = true
+            defer { state.started = true }  // a later `start()` does nothing
+            return !state.started
+        }
+        if neverStarted {
+            let subscribers = state.withLock { state in
+                defer { state.subscribers.removeAll() }
+                return Array(state.subscribers.values)
+            }
+            for subscriber in subscribers { subscriber.finish() }
+            Glibc.close(wakePipe.read)
+            Glibc.close(wakePipe.write)
+            return
+        }
+        var byte: UInt8 = 1
+        _ = write(wakePipe.write, &byte, 1)
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let ended = state.withLock { state -> Bool in
+                if !state.ended { state.endWaiters.append(continuation) }
+                return state.ended
+            }
+            if ended { continuation.resume() }
+        }
     }
 
     private var isStopped: Bool { state.withLock { $0.stopped } }
@@ -172,8 +202,14 @@ public final class PostgresListener: Sendable {
             return Array(state.subscribers.values)
         }
         for subscriber in subscribers { subscriber.finish() }
-        close(wakePipe.read)
-        close(wakePipe.write)
+        Glibc.close(wakePipe.read)
+        Glibc.close(wakePipe.write)
+        let waiters = state.withLock { state in
+            state.ended = true
+            defer { state.endWaiters.removeAll() }
+            return state.endWaiters
+        }
+        for waiter in waiters { waiter.resume() }
     }
 
     private func waitForWake(timeoutMilliseconds: Int32) {
@@ -191,6 +227,9 @@ final class ListenerState: @unchecked Sendable {
     struct Fields {
         var started = false
         var stopped = false
+        /// The thread has closed its connection and is about to end.
+        var ended = false
+        var endWaiters: [CheckedContinuation<Void, Never>] = []
         var listening = false
         /// Connections that reached `LISTEN`.
         var sessions: UInt64 = 0

@@ -60,15 +60,32 @@ struct Serve: AsyncParsableCommand {
             let adminPort: Int
             let port: Int
             do {
-                adminPort = try admin.start()
+                do {
+                    adminPort = try admin.start()
+                } catch let error as HTTPServerError where error != .shutDownBeforeStart {
+                    throw StartupError(
+                        description: "admin listener (TRUNK_SYNC_ADMIN_HOST, TRUNK_SYNC_ADMIN_PORT): \(error)")
+                }
+                do {
+                    port = try server.start()
+                } catch let error as HTTPServerError where error != .shutDownBeforeStart {
+                    throw StartupError(description: "listener (TRUNK_SYNC_HOST, TRUNK_SYNC_PORT): \(error)")
+                }
             } catch {
-                throw StartupError(description: "admin listener (TRUNK_SYNC_ADMIN_HOST, TRUNK_SYNC_ADMIN_PORT): \(error)")
-            }
-            do {
-                port = try server.start()
-            } catch {
+                // Close everything opened so far, threads ended, before the one line: a
+                // process that exits with a pool thread still connecting crashes in OpenSSL's
+                // clean-up. A server that never ran stops at once (its pool closes off the loop).
+                application.beginShutdown()
+                server.shutdown()
                 admin.shutdown()
+                await server.waitUntilStopped()
                 await admin.waitUntilStopped()
+                signals.cancel()
+                await application.close()
+                if (error as? HTTPServerError) == .shutDownBeforeStart {  // a signal came first
+                    logger.notice("stopped")
+                    return
+                }
                 throw error
             }
             if configuration.mailer == .log {

@@ -1,4 +1,6 @@
 import ArgumentParser
+import CSystem
+import Dispatch
 import Foundation
 import Logging
 import Postgres
@@ -71,13 +73,31 @@ private final class ExitWork: @unchecked Sendable {
 func onExit(_ work: @escaping @Sendable () async -> Void) { exitWork.add(work) }
 
 /// Runs `body`, turning the errors an operator can act on into one line on stderr and exit 1.
+/// Either way, what `onExit` registered runs, and then every thread the process started is
+/// joined before it exits.
 func reportingErrors(_ body: () async throws -> Void) async throws {
     do {
         try await body()
         await exitWork.run()
+        await joinThreads()
     } catch {
         await exitWork.run()
+        await joinThreads()
         try report(error)
+    }
+}
+
+/// Joins every thread the process started (the pools', the listener's, the event loops',
+/// the mailer's: all go through `csystem_thread_start`), once everything owning one has been
+/// closed: a thread still inside libpq or OpenSSL while `exit` runs their clean-up corrupts
+/// the heap. Waits at most 10 seconds (a connection attempt under way), then says how many
+/// are left. The wait runs on a Dispatch thread, not on Swift's cooperative pool.
+func joinThreads() async {
+    let left = await withCheckedContinuation { (continuation: CheckedContinuation<Int32, Never>) in
+        DispatchQueue.global().async { continuation.resume(returning: csystem_threads_join_all(10_000)) }
+    }
+    if left > 0 {
+        FileHandle.standardError.write(Data("trunk-sync: \(left) thread(s) still running at exit\n".utf8))
     }
 }
 

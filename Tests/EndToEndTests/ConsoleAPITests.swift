@@ -191,7 +191,7 @@ final class ConsoleAPITests: EndToEndTestCase {
             try admin(server, "POST", "/admin/v1/auth/verify", body: #"{"email":"ops@example.com","code":"\#(code)"}"#),
             status: 403, code: "otp_expired")  // used once
         XCTAssertFalse(server.logs.contains(code), "the code never appears in the log")
-        let line = try XCTUnwrap(server.stderr.waitForLine(containing: "console sign-in", timeout: 5))
+        let line = try XCTUnwrap(server.stderr.waitForLine(containing: "console sign-in admin=", timeout: 5))
         XCTAssertTrue(line.contains("admin=ops@example.com"), line)
     }
 
@@ -343,12 +343,122 @@ final class ConsoleAPITests: EndToEndTestCase {
         }
         for query in [
             "limit=0", "limit=101", "limit=abc", "limit=-1", "offset=-1", "offset=1000001", "offset=1e3",
-            "q=" + String(repeating: "x", count: 321), "q=%01",
+            "q=" + String(repeating: "x", count: 321), "q=%01", "q=alpha%00", "q=%00",
         ] {
             assertJSONError(
                 try admin(server, "GET", "/admin/v1/users?\(query)", cookie: token), status: 400,
                 code: "validation_failed")
         }
+    }
+
+    func testReadsSearchesAndFailedSignInsAreLogged() throws {
+        let sink = try SMTPSink()
+        defer { sink.stop() }
+        let server = try startConsoleServer(sink)
+        let (_, user) = try appSession(server, "member@example.com")
+
+        // Failed sign-ins leave a line before any lockout: an operator's address by name, any
+        // other only by its tag (never in clear), and no code.
+        XCTAssertEqual(
+            try admin(server, "POST", "/admin/v1/auth/otp", body: #"{"email":"ops@example.com"}"#).status, 200)
+        let code = try mailedCode(sink, to: Self.operatorEmail)
+        let wrong = code == "000000" ? "111111" : "000000"
+        assertJSONError(
+            try admin(server, "POST", "/admin/v1/auth/verify", body: #"{"email":"ops@example.com","code":"\#(wrong)"}"#),
+            status: 403, code: "otp_expired")
+        let failed = try XCTUnwrap(server.stderr.waitForLine(containing: "console sign-in failed", timeout: 5))
+        XCTAssertTrue(failed.contains("admin=ops@example.com"), failed)
+        XCTAssertFalse(failed.contains(wrong), failed)
+        assertJSONError(
+            try admin(
+                server, "POST", "/admin/v1/auth/verify", body: #"{"email":"stranger@example.com","code":"123456"}"#),
+            status: 403, code: "otp_expired")
+        XCTAssertTrue(
+            eventually(within: 5) {
+                server.logs.split(separator: "\n").filter { $0.contains("console sign-in failed") }.count == 2
+            })
+        let outsider = try XCTUnwrap(
+            server.logs.split(separator: "\n").last { $0.contains("console sign-in failed") }.map(String.init))
+        XCTAssertTrue(outsider.firstMatch(of: /address=[0-9a-f]{16}/) != nil, outsider)
+        XCTAssertFalse(server.logs.contains("stranger@example.com"), "no address in clear")
+
+        // Listing, searching and a user's sessions (their addresses and user agents) are logged.
+        let verified = try admin(
+            server, "POST", "/admin/v1/auth/verify", body: #"{"email":"ops@example.com","code":"\#(code)"}"#)
+        XCTAssertEqual(verified.status, 200, verified.bodyText)
+        let token = String(
+            try XCTUnwrap(verified.header("set-cookie")?.firstMatch(of: /^trunk_sync_console=(tsc_[A-Za-z0-9_-]+);/)?.1))
+        XCTAssertEqual(try admin(server, "GET", "/admin/v1/users", cookie: token).status, 200)
+        let listed = try XCTUnwrap(server.stderr.waitForLine(containing: "console: users listed", timeout: 5))
+        XCTAssertTrue(listed.contains("admin=ops@example.com"), listed)
+        XCTAssertEqual(try admin(server, "GET", "/admin/v1/users?q=member", cookie: token).status, 200)
+        let searched = try XCTUnwrap(server.stderr.waitForLine(containing: "console: users searched", timeout: 5))
+        XCTAssertTrue(
+            searched.contains("admin=ops@example.com") && searched.contains("member") && searched.contains("found=1"),
+            searched)
+        XCTAssertEqual(try admin(server, "GET", "/admin/v1/users/\(user)/sessions", cookie: token).status, 200)
+        let viewed = try XCTUnwrap(server.stderr.waitForLine(containing: "console: sessions viewed", timeout: 5))
+        XCTAssertTrue(viewed.contains("admin=ops@example.com") && viewed.contains("user_id=\(user)"), viewed)
+    }
+
+    func testOverHTTPSThroughATrustedProxyTheCookieIsSecureWithTheHostPrefix() throws {
+        let sink = try SMTPSink()
+        defer { sink.stop() }
+        let server = try startConsoleServer(sink, ["TRUNK_SYNC_TRUSTED_PROXIES": "127.0.0.1/32"])
+        let https = [("X-Forwarded-Proto", "https"), ("X-Forwarded-For", "203.0.113.9")]
+        func exchange(_ method: String, _ path: String, _ headers: [(String, String)], body: String? = nil) throws
+            -> RawResponse
+        {
+            try server.adminExchange(request(method, path, headers: headers, body: body), timeout: 10)
+        }
+        let json = [("Content-Type", "application/json")]
+        XCTAssertEqual(
+            try exchange("POST", "/admin/v1/auth/otp", https + json, body: #"{"email":"ops@example.com"}"#).status, 200)
+        let code = try mailedCode(sink, to: Self.operatorEmail)
+        let verified = try exchange(
+            "POST", "/admin/v1/auth/verify", https + json, body: #"{"email":"ops@example.com","code":"\#(code)"}"#)
+        XCTAssertEqual(verified.status, 200, verified.bodyText)
+        let cookie = try XCTUnwrap(verified.header("set-cookie"))
+        let token = String(try XCTUnwrap(cookie.firstMatch(of: /^__Host-trunk_sync_console=(tsc_[A-Za-z0-9_-]+);/)?.1))
+        for attribute in ["; Path=/;", "Max-Age=1800", "; Secure", "HttpOnly", "SameSite=Strict"] {
+            XCTAssertTrue(cookie.contains(attribute), cookie)
+        }
+        XCTAssertFalse(cookie.contains("Domain"), cookie)
+        let console = [("X-Trunk-Sync-Console", "1")]
+        // Over HTTPS only the __Host- cookie counts; over plain HTTP only the plain one.
+        XCTAssertEqual(
+            try exchange("GET", "/admin/v1/overview", https + console + [("Cookie", "__Host-trunk_sync_console=\(token)")])
+                .status, 200)
+        assertJSONError(
+            try exchange("GET", "/admin/v1/overview", https + console + [("Cookie", "trunk_sync_console=\(token)")]),
+            status: 401, code: "console_unauthorized")
+        assertJSONError(
+            try exchange("GET", "/admin/v1/overview", console + [("Cookie", "__Host-trunk_sync_console=\(token)")]),
+            status: 401, code: "console_unauthorized")
+        XCTAssertEqual(
+            try exchange("GET", "/admin/v1/overview", console + [("Cookie", "trunk_sync_console=\(token)")]).status, 200)
+        let signedOut = try exchange(
+            "POST", "/admin/v1/auth/logout", https + console + [("Cookie", "__Host-trunk_sync_console=\(token)")])
+        XCTAssertEqual(signedOut.status, 204)
+        XCTAssertEqual(
+            signedOut.header("set-cookie"), "__Host-trunk_sync_console=; Path=/; Max-Age=0; Secure; HttpOnly; SameSite=Strict")
+
+        // Plain loopback keeps the plain cookie, and a peer that is not a trusted proxy cannot
+        // claim HTTPS.
+        let direct = try startConsoleServer(sink)
+        XCTAssertEqual(
+            try direct.adminExchange(
+                request("POST", "/admin/v1/auth/otp", headers: https + json, body: #"{"email":"ops@example.com"}"#)
+            ).status, 200)
+        let second = try mailedCode(sink, to: Self.operatorEmail, count: 2)
+        let plain = try direct.adminExchange(
+            request(
+                "POST", "/admin/v1/auth/verify", headers: https + json,
+                body: #"{"email":"ops@example.com","code":"\#(second)"}"#), timeout: 10)
+        XCTAssertEqual(plain.status, 200, plain.bodyText)
+        let plainCookie = try XCTUnwrap(plain.header("set-cookie"))
+        XCTAssertTrue(plainCookie.hasPrefix("trunk_sync_console=tsc_"), plainCookie)
+        XCTAssertFalse(plainCookie.contains("Secure"), plainCookie)
     }
 
     // MARK: - One user
@@ -401,6 +511,8 @@ final class ConsoleAPITests: EndToEndTestCase {
         for query in [
             "limit=0", "limit=201", "before=0", "before=x", "from=yesterday", "to=2026-13-01T00:00:00Z",
             "from=2026-01-02T00:00:00Z&to=2026-01-01T00:00:00Z", "type=" + String(repeating: "t", count: 129),
+            // PostgreSQL text cannot hold NUL: libpq would cut `task%00x` to `task` (as REST, refused).
+            "type=task%00x", "type=%00", "type=task%0A",
         ] {
             assertJSONError(
                 try admin(server, "GET", "/admin/v1/users/\(user)/events?\(query)", cookie: token), status: 400,

@@ -54,13 +54,19 @@ final class OpenAPITests: EndToEndTestCase {
         environment["TRUNK_SYNC_FUZZ_HOOKS"] = repositoryRoot() + "/Tests/OpenAPI/hooks.py"
         environment["NO_COLOR"] = "1"
         environment["PYTHONDONTWRITEBYTECODE"] = "1"  // nothing left in Tests/OpenAPI
+        // `make fuzz-api` (scripts/fuzz-api.sh): another seed and more examples than the
+        // fixed run of `make test`.
+        var options: [String] = []
+        if let seed = environment["TRUNK_SYNC_FUZZ_API_SEED"], !seed.isEmpty { options += ["--seed", seed] }
+        if let examples = environment["TRUNK_SYNC_FUZZ_API_EXAMPLES"], !examples.isEmpty {
+            options += ["--max-examples", examples]
+        }
         let started = Date()
         let result = try Command.run(
             try venvScript("schemathesis"),
             [
                 "--config-file", repositoryRoot() + "/Tests/OpenAPI/schemathesis.toml", "run", "--no-color",
-                "http://127.0.0.1:\(server.port)/openapi.json",
-            ],
+            ] + options + ["http://127.0.0.1:\(server.port)/openapi.json"],
             environment: environment, currentDirectory: work)
         let seconds = Date().timeIntervalSince(started)
         print("schemathesis ran for \(String(format: "%.1f", seconds)) s")

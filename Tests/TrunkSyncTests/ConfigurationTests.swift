@@ -48,7 +48,7 @@ final class ConfigurationTests: XCTestCase {
         let admin = Application.adminServerConfiguration(of: configuration)
         XCTAssertEqual(admin.host, "::1")
         XCTAssertEqual(admin.port, 0)
-        XCTAssertTrue(admin.trustedProxies.isEmpty, "nobody forwards to the admin listener")
+        XCTAssertEqual(admin.trustedProxies, configuration.trustedProxies, "a TLS proxy may serve the console")
     }
 
     func testFileThenEnvironmentThenFlags() throws {
@@ -79,6 +79,9 @@ final class ConfigurationTests: XCTestCase {
             (["TRUNK_SYNC_TRUSTED_PROXIES": "10.0.0.1/8"], "TRUNK_SYNC_TRUSTED_PROXIES must be a comma-separated list"),
             (["TRUNK_SYNC_TRUSTED_PROXIES": "10.0.0.0/33"], "TRUNK_SYNC_TRUSTED_PROXIES must be a comma-separated list"),
             (["TRUNK_SYNC_ADMIN_PORT": "x"], "TRUNK_SYNC_ADMIN_PORT must be a port number"),
+            (["TRUNK_SYNC_ADMIN_HOSTNAMES": "console.internal:9090"], "TRUNK_SYNC_ADMIN_HOSTNAMES must be a comma-separated list of host names"),
+            (["TRUNK_SYNC_ADMIN_HOSTNAMES": "-bad.example"], "TRUNK_SYNC_ADMIN_HOSTNAMES must be a comma-separated list of host names"),
+            (["TRUNK_SYNC_ADMIN_HOSTNAMES": "a..b"], "TRUNK_SYNC_ADMIN_HOSTNAMES must be a comma-separated list of host names"),
             (["TRUNK_SYNC_ADMIN_PORT": "8080"], "TRUNK_SYNC_ADMIN_PORT must differ from TRUNK_SYNC_PORT"),
             (["TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT": "-1"], "TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT must be"),
             (["TRUNK_SYNC_RATE_LIMIT_OTP_EMAIL": "10"], "TRUNK_SYNC_RATE_LIMIT_OTP_EMAIL must look like"),

@@ -13,6 +13,22 @@ int csystem_set_thread_name(const char *name);
 /// Copies the calling thread's name into `buffer`; 0 on success.
 int csystem_get_thread_name(char *buffer, size_t size);
 
+/// Starts a joinable thread named `name` (15 bytes kept) with a stack of `stack_size` bytes
+/// that runs `body(context)` once. Every such thread is registered until it is joined:
+/// finished threads are joined without waiting (`pthread_tryjoin_np`) whenever another
+/// starts, and `csystem_threads_join_all` joins the rest, so the process can exit knowing no
+/// thread of its own still runs (a thread inside libpq or OpenSSL while `exit` runs their
+/// clean-up corrupts the heap). 0 on success, else an errno value (`body` then never runs).
+int csystem_thread_start(const char *name, size_t stack_size, void (*body)(void *), void *context);
+
+/// Joins every thread started by `csystem_thread_start`, including threads started while it
+/// waits, giving up after `timeout_ms`. Returns how many are still running (0: all joined).
+/// Call it after everything that owns threads has been told to stop.
+int csystem_threads_join_all(unsigned timeout_ms);
+
+/// Threads started by `csystem_thread_start` and not joined yet (finished or not).
+int csystem_threads_registered(void);
+
 /// accept4(2) with SOCK_NONBLOCK | SOCK_CLOEXEC; the peer address is written as text
 /// ("1.2.3.4" or "::1") into `address` (at least 64 bytes) and in network order into `raw`
 /// (16 bytes; the first 4 for IPv4, IPv4-mapped IPv6 peers count as IPv4); `family` is 4, 6,

@@ -19,6 +19,10 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     /// Handlers run here: on this loop's thread (`LoopExecutor`).
     let executor: LoopExecutor
     private let stopped = StopSignal()
+    /// Whether the loop's thread was started: a loop told to stop before it ran never will,
+    /// and its executor runs what it is given off the loop at once.
+    private let lifecycle = Mutex(Lifecycle.new)
+    private enum Lifecycle { case new, running, stopped }
     private let timeouts: ConnectionStateMachine.Timeouts
 
     private var epoll: Int32 = -1
@@ -84,6 +88,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     // MARK: - Start and stop
 
     func start() throws -> Int {
+        guard lifecycle.withLock({ $0 == .new }) else { throw HTTPServerError.shutDownBeforeStart }
         let limit = csystem_raise_fd_limit()
         var port: Int32 = 0
         var reason = [CChar](repeating: 0, count: 256)
@@ -98,21 +103,61 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             csystem_epoll_add(epoll, listener, epollIn | epollET, Self.listenerToken) == 0,
             csystem_epoll_add(epoll, mailbox.eventFD, epollIn | epollET, Self.wakeToken) == 0
         else {
-            close(fd)
-            throw HTTPServerError(description: "cannot set up epoll: errno \(errno)")
+            let error = errno
+            closeDescriptors()
+            throw HTTPServerError(description: "cannot set up epoll: errno \(error)")
         }
         reserveFD = open("/dev/null", O_RDONLY | O_CLOEXEC)
         logger.debug("file descriptor limit", metadata: ["nofile": "\(limit)"])
-        let thread = Thread { [self] in
-            _ = csystem_set_thread_name("http-loop")
-            run()
+        let proceed = lifecycle.withLock { state -> Bool in
+            guard state == .new else { return false }
+            state = .running
+            return true
         }
-        thread.stackSize = 1 << 20
-        thread.start()
+        guard proceed else {
+            closeDescriptors()
+            throw HTTPServerError.shutDownBeforeStart
+        }
+        // Joinable and registered: the process joins it before exiting (csystem_threads_join_all).
+        let context = Unmanaged.passRetained(LoopThreadBody { [self] in run() }).toOpaque()
+        let entry: @convention(c) (UnsafeMutableRawPointer?) -> Void = { context in
+            guard let context else { return }
+            Unmanaged<LoopThreadBody>.fromOpaque(context).takeRetainedValue().body()
+        }
+        let result = csystem_thread_start("http-loop", 1 << 20, entry, context)
+        guard result == 0 else {
+            Unmanaged<LoopThreadBody>.fromOpaque(context).release()
+            closeDescriptors()
+            lifecycle.withLock { $0 = .new }  // never ran: `requestShutdown` stops the executor
+            throw HTTPServerError(description: "cannot start the event loop's thread: errno \(result)")
+        }
         return boundPort
     }
 
-    func requestShutdown() { mailbox.requestShutdown() }
+    /// The listener, epoll and reserve descriptors of a loop that will not run.
+    private func closeDescriptors() {
+        if listener >= 0 { close(listener) }
+        if epoll >= 0 { close(epoll) }
+        if reserveFD >= 0 { close(reserveFD) }
+        (listener, epoll, reserveFD) = (-1, -1, -1)
+    }
+
+    /// Begins graceful shutdown. A loop that never ran (its start failed, or another
+    /// listener's did) is stopped at once: `waitUntilStopped` returns, and jobs given to its
+    /// executor (a database pool closing) run off the loop instead of waiting for ever.
+    func requestShutdown() {
+        let neverRan = lifecycle.withLock { state -> Bool in
+            guard state == .new else { return false }
+            state = .stopped
+            return true
+        }
+        guard neverRan else {
+            mailbox.requestShutdown()
+            return
+        }
+        executor.stop()
+        stopped.signal()
+    }
 
     func waitUntilStopped() async { await stopped.wait() }
 
@@ -494,9 +539,15 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             finish(prepared, context: context, on: connection)
             return
         }
-        let request = HTTPRequest(
+        var request = HTTPRequest(
             method: head.method, path: head.path, query: head.query, headers: head.headers, body: body,
             remoteAddress: connection.clientAddress)
+        if connection.peerIsTrustedProxy {
+            // The leftmost entry is the scheme the client used (proxies in a chain append theirs).
+            request.forwardedHTTPS =
+                head.headers["x-forwarded-proto"]?.split(separator: ",").first?.trimmingCharacters(in: .whitespaces)
+                .lowercased() == "https"
+        }
         switch responder.respond(to: request, context: context) {
         case .now(let response, let context):
             finish(response, context: context, on: connection)
@@ -861,4 +912,10 @@ final class DateHeaderCache {
         }
         return line
     }
+}
+
+/// The loop thread's work, carried through C.
+private final class LoopThreadBody: @unchecked Sendable {  // runs once, on the new thread
+    let body: () -> Void
+    init(_ body: @escaping () -> Void) { self.body = body }
 }

@@ -35,6 +35,8 @@ public final class HTTPServer<Responder: HTTPResponder>: Sendable {
 
     /// Begins graceful shutdown: stop accepting, close idle connections, let in-flight
     /// requests finish (at most `shutdownTimeout`), then stop the loop. Safe from any thread.
+    /// Before `start()` (or after it failed): the server is stopped at once and will not
+    /// start; its executor runs what it is given off the loop.
     public func shutdown() { loop.requestShutdown() }
 
     /// Suspends until the loop has stopped and every connection is closed.
@@ -51,7 +53,10 @@ public final class HTTPServer<Responder: HTTPResponder>: Sendable {
 }
 
 /// The server could not start.
-public struct HTTPServerError: Error, CustomStringConvertible {
+public struct HTTPServerError: Error, CustomStringConvertible, Equatable {
     /// One line for the operator.
     public let description: String
+
+    /// `start()` after `shutdown()`: the server will not run.
+    public static let shutDownBeforeStart = HTTPServerError(description: "the server was shut down before it started")
 }

@@ -1,3 +1,4 @@
+import CSystem
 import Foundation
 
 /// The threads `SMTPMailer` runs its blocking sessions on, so no SMTP call ever holds a
@@ -36,9 +37,21 @@ final class SessionThreads: @unchecked Sendable {
         let freeThreads = threads - busyThreads
         if waiting + 1 > freeThreads && threads < maximumThreads {
             threads += 1
-            let thread = Thread { [self] in run() }
-            thread.name = "\(name)-\(threads)"
-            thread.start()
+            // Joinable and registered: the process joins it before exiting.
+            let context = Unmanaged.passRetained(self).toOpaque()
+            let entry: @convention(c) (UnsafeMutableRawPointer?) -> Void = { context in
+                guard let context else { return }
+                Unmanaged<SessionThreads>.fromOpaque(context).takeRetainedValue().run()
+            }
+            let started = csystem_thread_start("\(name)-\(threads)", 1 << 20, entry, context)
+            if started != 0 {
+                Unmanaged<SessionThreads>.fromOpaque(context).release()
+                threads -= 1
+                if threads == 0 {  // nobody would ever run it
+                    jobs.removeLast()
+                    return false
+                }
+            }
         }
         condition.signal()
         return true

@@ -176,6 +176,9 @@ public struct MailCodeSender: SignInCodeSender {
         self.from = from
     }
 
+    /// Closes the mailer (its SMTP threads end).
+    public func close() { mailer.close() }
+
     public func sendSignInCode(_ code: String, to email: String, expiresInMinutes: Int) async throws {
         try await mailer.send(MailMessage.signInCode(code: code, to: email, from: from, expiresInMinutes: expiresInMinutes))
     }

@@ -11,9 +11,15 @@ public protocol SignInCodeSender: Sendable {
     /// Delivers `code` confirming a signed-in user's action (`/auth/v1/reauthenticate`);
     /// by default as a sign-in code.
     func sendReauthenticationCode(_ code: String, to email: String, expiresInMinutes: Int) async throws
+    /// Lets whatever the sender runs on (threads) end once its work is done; nothing is sent
+    /// afterwards. By default nothing to do.
+    func close()
 }
 
 extension SignInCodeSender {
+    /// Nothing to close.
+    public func close() {}
+
     /// Sends it as `sendSignInCode` does.
     public func sendReauthenticationCode(_ code: String, to email: String, expiresInMinutes: Int) async throws {
         try await sendSignInCode(code, to: email, expiresInMinutes: expiresInMinutes)

@@ -190,6 +190,8 @@ public final class SignInMailQueue: Sendable {
                 sleeper.cancel()
             }
         }
+        // The mailer's threads end once what they run is done (the process joins them).
+        defer { sender.close() }
         guard !finished else { return }
         tasks.forEach { $0.cancel() }
         let left = state.withLock { state -> Int in

@@ -46,6 +46,9 @@ public struct Configuration: Sendable {
     /// `TRUNK_SYNC_ADMIN_EMAILS`: who may sign in to the operator console (normalised,
     /// without repeats). Empty: console sign-in is disabled.
     public private(set) var adminEmails: [Email] = []
+    /// `TRUNK_SYNC_ADMIN_HOSTNAMES`: names the operator listener answers to besides its
+    /// addresses (lower case, without repeats).
+    public private(set) var adminHostnames: [String] = []
     /// `TRUNK_SYNC_TRUSTED_PROXIES`, parsed.
     public private(set) var trustedProxies = TrustedProxies()
     /// `TRUNK_SYNC_JWT_SECRET`.
@@ -172,6 +175,25 @@ public struct Configuration: Sendable {
                 if !emails.contains(email) { emails.append(email) }
             }
             adminEmails = emails
+        }
+        if let text = value("admin_hostnames") {
+            var names: [String] = []
+            for entry in text.split(separator: ",") {
+                let name = entry.trimmingCharacters(in: .whitespaces).lowercased()
+                if name.isEmpty { continue }
+                let labels = name.split(separator: ".", omittingEmptySubsequences: false)
+                guard name.utf8.count <= 253,
+                    labels.allSatisfy({ label in
+                        !label.isEmpty && label.utf8.count <= 63 && !label.hasPrefix("-") && !label.hasSuffix("-")
+                            && label.utf8.allSatisfy { ($0 >= 97 && $0 <= 122) || ($0 >= 48 && $0 <= 57) || $0 == 45 }
+                    })
+                else {
+                    throw error(
+                        "admin_hostnames", "must be a comma-separated list of host names; \"\(name)\" is not one")
+                }
+                if !names.contains(name) { names.append(name) }
+            }
+            adminHostnames = names
         }
         if let text = value("trusted_proxies") {
             var networks: [IPNetwork] = []

@@ -34,6 +34,9 @@ public struct Setting: Sendable {
             key: "admin_emails", defaultValue: "", isSecret: false,
             summary: "Comma-separated email addresses that may sign in to the operator console (/console/ on the admin listener) with a mailed code. Default none: console sign-in is disabled."),
         Setting(
+            key: "admin_hostnames", defaultValue: "", isSecret: false,
+            summary: "Comma-separated host names the operator listener answers to besides its addresses (e.g. trunk-sync for a scraper on a compose network, or the name a TLS proxy serves the console under). A request whose Host is another name is refused (421): DNS rebinding cannot reach the listener. Default none: addresses only, and localhost when bound to loopback or a wildcard address."),
+        Setting(
             key: "trusted_proxies", defaultValue: "", isSecret: false,
             summary: "Comma-separated addresses or CIDR blocks (IPv4 and IPv6) of your reverse proxies. Only for a peer in this list is the client taken from X-Forwarded-For (the rightmost address that is not a trusted proxy). Default none: the peer is the client."),
         Setting(

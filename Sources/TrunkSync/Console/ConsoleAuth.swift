@@ -33,8 +33,13 @@ public struct ConsoleAuth: Sendable {
 
     /// Seconds a console session lives (from sign-in; not extended by use).
     public static let sessionLifetime = 1800
-    /// The cookie that carries the token.
+    /// The cookie that carries the token over plain HTTP (loopback, an SSH tunnel).
     public static let cookieName = "trunk_sync_console"
+    /// The cookie that carries the token when the console is reached over HTTPS (through a
+    /// trusted proxy): `Secure`, and with the `__Host-` prefix, which browsers accept only
+    /// from a secure origin, with `Path=/` and no `Domain`, so no other host (a sibling
+    /// subdomain) can set or overwrite it.
+    public static let secureCookieName = "__Host-trunk_sync_console"
     /// The header every cookie-authenticated request must carry (value `1`).
     public static let requestHeader = "X-Trunk-Sync-Console"
     /// Tokens are `tsc_` and 43 base64url characters; anything much longer is not one.
@@ -96,6 +101,20 @@ public struct ConsoleAuth: Sendable {
         return (token, signedIn)
     }
 
+    /// Logs a refused console code (wrong, used or expired, an address that is not an
+    /// operator's, or a locked address), so failed attempts show before the lockout does. An
+    /// operator's address is written out (`admin=`, as on their other lines); any other
+    /// address only by its tag, as the app's sign-in lines name addresses.
+    func logFailedSignIn(email: Email, ip: String) {
+        var metadata: Logger.Metadata = ["ip": "\(ip)"]
+        if operators.contains(email.value) {
+            metadata["admin"] = "\(email.value)"
+        } else {
+            metadata["address"] = "\(auth.addressTag(email))"
+        }
+        logger.warning("console sign-in failed", metadata: metadata)
+    }
+
     /// The operator behind a request's token (cookie with the console header, or bearer), or
     /// `401 console_unauthorized` (`403 console_header_required` for a cookie without the
     /// header). A session whose address was removed from `TRUNK_SYNC_ADMIN_EMAILS` no
@@ -104,7 +123,7 @@ public struct ConsoleAuth: Sendable {
         let token: String
         if let bearer = Authenticator.bearerToken(request.headers["authorization"]) {
             token = bearer
-        } else if let cookie = Self.cookie(request.headers["cookie"]) {
+        } else if let cookie = Self.cookie(request.headers["cookie"], secure: request.forwardedHTTPS) {
             guard request.headers[Self.requestHeader.lowercased()] == "1" else { throw ConsoleError.headerRequired }
             token = cookie
         } else {
@@ -137,20 +156,26 @@ public struct ConsoleAuth: Sendable {
             "console sign-out", metadata: ["admin": "\(signedIn.email)", "console_session": "\(signedIn.sessionID)"])
     }
 
-    /// The `Set-Cookie` value that hands the browser `token` (or, nil, removes it).
-    static func setCookie(_ token: String?) -> String {
+    /// The `Set-Cookie` value that hands the browser `token` (or, nil, removes it); `secure`
+    /// when the request came over HTTPS (`HTTPRequest.forwardedHTTPS`).
+    static func setCookie(_ token: String?, secure: Bool) -> String {
         let value = token ?? ""
         let maxAge = token == nil ? 0 : sessionLifetime
+        if secure {
+            return "\(secureCookieName)=\(value); Path=/; Max-Age=\(maxAge); Secure; HttpOnly; SameSite=Strict"
+        }
         return "\(cookieName)=\(value); Path=/admin/v1; Max-Age=\(maxAge); HttpOnly; SameSite=Strict"
     }
 
-    /// The console cookie's value in a `Cookie` header, if any.
-    static func cookie(_ header: String?) -> String? {
+    /// The console cookie's value in a `Cookie` header, if any: over HTTPS only the
+    /// `__Host-` cookie counts, over plain HTTP only the other.
+    static func cookie(_ header: String?, secure: Bool) -> String? {
         guard let header else { return nil }
+        let name = secure ? secureCookieName : cookieName
         for part in header.split(separator: ";") {
             let pair = part.trimmingCharacters(in: .whitespaces)
             guard let equals = pair.firstIndex(of: "=") else { continue }
-            if pair[..<equals] == cookieName {
+            if pair[..<equals] == name {
                 let value = String(pair[pair.index(after: equals)...])
                 return value.isEmpty ? nil : value
             }

@@ -37,7 +37,7 @@ struct ConsoleRoutes: Sendable {
         routes.add(.post, "/admin/v1/auth/verify", family: .native, bodyLimit: small, .open { try await verify($0) })
         routes.add(
             .post, "/admin/v1/auth/logout", family: .native, bodyLimit: small,
-            guarded { _, signedIn in try await signOut(signedIn) })
+            guarded { try await signOut($0, $1) })
         routes.add(.get, "/admin/v1/overview", family: .native, guarded { _, signedIn in try await overview(signedIn) })
         routes.add(.get, "/admin/v1/users", family: .native, guarded { try await users($0, $1) })
         routes.add(.get, "/admin/v1/users/:id", family: .native, guarded { try await user($0, $1) })
@@ -115,11 +115,17 @@ struct ConsoleRoutes: Sendable {
         let email = try AuthRoutes.email(body.email)
         try await sessions.limit(.consoleVerify, email: email)
         guard let code = body.code, !code.isEmpty else { throw ConsoleError.validation("code is required") }
-        let (token, signedIn) = try await auth.verify(
-            email: email, code: code.trimmingCharactersInWhitespace(), ip: request.remoteAddress,
-            userAgent: request.headers["user-agent"])
+        let (token, signedIn): (String, ConsoleAuth.Operator)
+        do {
+            (token, signedIn) = try await auth.verify(
+                email: email, code: code.trimmingCharactersInWhitespace(), ip: request.remoteAddress,
+                userAgent: request.headers["user-agent"])
+        } catch let error as APIError where error.code == AuthError.otpExpired.code {
+            auth.logFailedSignIn(email: email, ip: request.remoteAddress)
+            throw error
+        }
         var response = Self.json(Self.sessionJSON(signedIn))
-        response.headers.append(name: "Set-Cookie", value: ConsoleAuth.setCookie(token))
+        response.headers.append(name: "Set-Cookie", value: ConsoleAuth.setCookie(token, secure: request.forwardedHTTPS))
         return response
     }
 
@@ -142,10 +148,10 @@ struct ConsoleRoutes: Sendable {
         return Self.json(writer.bytes)
     }
 
-    private func signOut(_ signedIn: ConsoleAuth.Operator) async throws -> HTTPResponse {
+    private func signOut(_ request: HTTPRequest, _ signedIn: ConsoleAuth.Operator) async throws -> HTTPResponse {
         try await auth.signOut(signedIn)
         var headers = Self.apiHeaders
-        headers.append(name: "Set-Cookie", value: ConsoleAuth.setCookie(nil))
+        headers.append(name: "Set-Cookie", value: ConsoleAuth.setCookie(nil, secure: request.forwardedHTTPS))
         return HTTPResponse(status: .noContent, headers: headers)
     }
 
@@ -190,15 +196,15 @@ struct ConsoleRoutes: Sendable {
     private func users(_ request: HTTPRequest, _ signedIn: ConsoleAuth.Operator) async throws -> HTTPResponse {
         let limit = try Self.integer(request, "limit", in: 1...100) ?? 25
         let offset = try Self.integer(request, "offset", in: 0...1_000_000) ?? 0
-        var search: String? = nil
-        if let q = request.queryValue("q")?.trimmingCharactersInWhitespace(), !q.isEmpty {
-            guard q.utf8.count <= 320 else { throw ConsoleError.validation("q must be at most 320 bytes") }
-            guard !q.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) else {
-                throw ConsoleError.validation("q must not contain control characters")
-            }
-            search = q
+        let search = try Self.text(request, "q", maxBytes: 320)?.trimmingCharactersInWhitespace()
+        let page = try await store.users(signedIn, search: search?.isEmpty == false ? search : nil, limit: limit, offset: offset)
+        if let search, !search.isEmpty {
+            logger.notice(
+                "console: users searched",
+                metadata: ["admin": "\(signedIn.email)", "search": "\(search)", "found": "\(page.total)"])
+        } else {
+            logger.notice("console: users listed", metadata: ["admin": "\(signedIn.email)", "offset": "\(offset)"])
         }
-        let page = try await store.users(signedIn, search: search, limit: limit, offset: offset)
         var writer = JSONWriter(capacity: 256 + 256 * page.users.count)
         writer.beginObject()
         writer.int("total", page.total)
@@ -250,6 +256,7 @@ struct ConsoleRoutes: Sendable {
     private func userSessions(_ request: HTTPRequest, _ signedIn: ConsoleAuth.Operator) async throws -> HTTPResponse {
         let (user, _, _) = try await target(request)
         let rows = try await store.sessions(of: user.id)
+        log("sessions viewed", signedIn, user.id, ["sessions": "\(rows.count)"])
         var writer = JSONWriter(capacity: 256 + 256 * rows.count)
         writer.beginObject()
         writer.beginArray("sessions")
@@ -326,10 +333,7 @@ struct ConsoleRoutes: Sendable {
         let limit = try Self.integer(request, "limit", in: 1...200) ?? 50
         var filter = ConsoleStore.EventFilter()
         filter.before = try Self.integer(request, "before", in: 1...Int.max).map(Int64.init)
-        if let type = request.queryValue("type"), !type.isEmpty {
-            guard type.utf8.count <= 128 else { throw ConsoleError.validation("type must be at most 128 bytes") }
-            filter.type = type
-        }
+        if let type = try Self.text(request, "type", maxBytes: 128), !type.isEmpty { filter.type = type }
         filter.from = try Self.time(request, "from")
         filter.to = try Self.time(request, "to")
         if let from = filter.from, let to = filter.to, from >= to {
@@ -371,6 +375,18 @@ struct ConsoleRoutes: Sendable {
             throw ConsoleError.validation("\(name) must be a UUID")
         }
         return id
+    }
+
+    /// The query parameter `name` as text of at most `maxBytes` bytes, nil when absent. Control
+    /// characters are refused: PostgreSQL text cannot hold NUL (`%00`; libpq would cut the
+    /// value short), and no address or event type contains the others.
+    static func text(_ request: HTTPRequest, _ name: String, maxBytes: Int) throws -> String? {
+        guard let text = request.queryValue(name) else { return nil }
+        guard text.utf8.count <= maxBytes else { throw ConsoleError.validation("\(name) must be at most \(maxBytes) bytes") }
+        guard !text.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) else {
+            throw ConsoleError.validation("\(name) must not contain control characters")
+        }
+        return text
     }
 
     /// The query parameter `name` as an integer within `range`, nil when absent.

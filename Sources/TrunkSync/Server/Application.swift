@@ -55,6 +55,10 @@ public struct Application: Sendable {
         settings.sessionSettings = [("role", Self.databaseRole)]
         settings.statementObserver = statementObserver
         let database = try PostgresConfiguration(try configuration.requireDatabaseURL())
+        // Whatever can fail comes before the pool, whose timer thread starts with it: a
+        // refusal here leaves nothing running.
+        let migrations = try Migration.load(from: configuration.migrationsDirectory)
+        let codeSender = try sender ?? Self.defaultSender(configuration, logger: logger)
         pool = PostgresPool(database, configuration: settings, logger: logger)
         let listener =
             listen
@@ -62,12 +66,12 @@ public struct Application: Sendable {
         events = EventStore(pool: pool, listener: listener)
         signingKeys = SigningKeyStore(pool: pool, encryption: configuration.keyEncryptionKey)
         notifier = EventNotifier(listener: listener, store: events)
-        migrator = Migrator(migrations: try Migration.load(from: configuration.migrationsDirectory), logger: logger)
+        migrator = Migrator(migrations: migrations, logger: logger)
         let secret = configuration.jwtSecret ?? ""
         auth = AuthService(
             pool: pool,
             tokens: TokenIssuer(secret: secret, issuer: configuration.publicURL + "/auth/v1", lifetime: configuration.jwtExpiry),
-            secret: secret, sender: try sender ?? Self.defaultSender(configuration, logger: logger),
+            secret: secret, sender: codeSender,
             settings: configuration.auth, logger: logger, metrics: metrics)
         accounts = Accounts(pool: pool, logger: logger, revocations: auth.revocations)
         streams = EventStreams(
@@ -205,7 +209,9 @@ public struct Application: Sendable {
     }
 
     /// The operator listener's settings: `TRUNK_SYNC_ADMIN_HOST` / `_PORT`, the same
-    /// timeouts, few connections (a scraper or two, an operator's curl), no proxies.
+    /// timeouts and trusted proxies (a TLS proxy may serve the console: its
+    /// `X-Forwarded-Proto` makes the console's cookie `Secure`), few connections (a scraper or
+    /// two, an operator's curl).
     public var adminServerConfiguration: HTTPServerConfiguration { Self.adminServerConfiguration(of: configuration) }
 
     /// The admin listener's settings taken from `configuration`.
@@ -215,7 +221,6 @@ public struct Application: Sendable {
         server.port = configuration.adminPort
         server.maxConnections = 64
         server.maxConnectionsPerClient = 0
-        server.trustedProxies = TrustedProxies()
         return server
     }
 
@@ -306,12 +311,14 @@ public struct Application: Sendable {
             logger: logger)
     }
 
-    /// The request pipeline of the admin listener: its own routes, no CORS, its own access log.
+    /// The request pipeline of the admin listener: its own routes, no CORS, its own access log,
+    /// and the checks that keep other sites out (`AdminRequestGuard`).
     public func adminPipeline(logger: Logger = Logger(label: "trunk-sync.admin")) -> RequestPipeline {
         let accessLog = logger.logLevel <= .info ? AccessLog(format: configuration.logFormat, label: logger.label) : nil
         return RequestPipeline(
             routes: adminRoutes(), corsOrigins: [],
             authenticator: Authenticator(tokens: auth.tokens, apiKey: configuration.apiKey), accessLog: accessLog,
+            requestGuard: AdminRequestGuard(bindHost: configuration.adminHost, hostnames: configuration.adminHostnames),
             logger: logger)
     }
 
@@ -322,11 +329,13 @@ public struct Application: Sendable {
         notifier.shutdown()
     }
 
-    /// Stops everything the application started: the key refresh, the listener, the mail
-    /// queue (mails already queued get up to 5 seconds) and the pool.
+    /// Stops everything the application started: the key refresh, the listener (its thread
+    /// ended), the mail queue (mails already queued get up to 5 seconds) and the pools (every
+    /// connection closed, every thread ended). Also after a start-up that failed half-way:
+    /// the loop-driven pool of a server that never ran closes off the loop.
     public func close() async {
         streams.close()
-        notifier.shutdown()
+        await notifier.close()
         await keyRefresh.stop()
         await auth.revocations.stop()
         await auth.mail.close(within: .seconds(5))

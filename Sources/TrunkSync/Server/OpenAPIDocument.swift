@@ -2044,9 +2044,12 @@ public enum OpenAPIDocument {
           "rest"
         ],
         "summary": "Any other table: not found",
-        "description": "Answered without authentication.",
+        "description": "Answered without authentication. Empty path segments are skipped, and some clients decode `table` before sending it (`profile%73` as `profiles`): a request that arrives as `/rest/v1//profiles`, `/rest/v1/events/` or `/rest/v1/profiles` is that table's route, which wants a bearer token first (`401` without one).",
         "security": [],
         "responses": {
+          "401": {
+            "$ref": "#/components/responses/RESTUnauthorized"
+          },
           "404": {
             "$ref": "#/components/responses/RESTUnknownTable"
           },
@@ -2062,9 +2065,12 @@ public enum OpenAPIDocument {
           "rest"
         ],
         "summary": "Any other table: not found",
-        "description": "Answered without authentication; a body (at most 10 MiB) is read and ignored.",
+        "description": "Answered without authentication; a body (at most 10 MiB) is read and ignored. Empty path segments are skipped, and some clients decode `table` before sending it (`profile%73` as `profiles`): a request that arrives as `/rest/v1//profiles`, `/rest/v1/events/` or `/rest/v1/profiles` is that table's route, which wants a bearer token first (`401` without one).",
         "security": [],
         "responses": {
+          "401": {
+            "$ref": "#/components/responses/RESTUnauthorized"
+          },
           "404": {
             "$ref": "#/components/responses/RESTUnknownTable"
           },

@@ -89,6 +89,12 @@ public final class EventNotifier: Sendable {
         state.shutdown()
         listener?.stop()
     }
+
+    /// `shutdown()`, then waits until the listener's thread has closed its connection.
+    public func close() async {
+        shutdown()
+        await listener?.close()
+    }
 }
 
 /// What the notifier can wake.

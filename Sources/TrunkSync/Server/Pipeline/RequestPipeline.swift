@@ -14,7 +14,8 @@ public enum RequestContext {
 /// The path of every request from head to response, as named stages (see
 /// docs/ARCHITECTURE.md):
 ///
-///     admit:    request id → CORS preflight → route → body limit     (head only, on the loop)
+///     admit:    request id → (admin listener: Host, Origin, media type) → CORS preflight →
+///               route → body limit                                   (head only, on the loop)
 ///     respond:  authenticate → handler → errors in the family's shape (a task, unless inline)
 ///     complete: X-Request-Id and CORS headers → observe (access log + metrics)
 ///
@@ -39,14 +40,18 @@ public struct RequestPipeline: HTTPResponder {
     let cors: CORSPolicy
     let authenticator: Authenticator
     let accessLog: AccessLog?
+    /// The admin listener's Host, Origin and media type checks (nil on the public listener).
+    let requestGuard: AdminRequestGuard?
     let logger: Logger
     private let requestIDs = RequestIDGenerator()
     private let unmatched: HTTPRouteMetrics
     private let preflight: HTTPRouteMetrics
 
     init(
-        routes: Routes, corsOrigins: [String], authenticator: Authenticator, accessLog: AccessLog?, logger: Logger
+        routes: Routes, corsOrigins: [String], authenticator: Authenticator, accessLog: AccessLog?,
+        requestGuard: AdminRequestGuard? = nil, logger: Logger
     ) {
+        self.requestGuard = requestGuard
         router = routes.router
         cors = CORSPolicy(origins: corsOrigins)
         self.authenticator = authenticator
@@ -64,10 +69,18 @@ public struct RequestPipeline: HTTPResponder {
             method: head.method, path: head.path, origin: cors.isEnabled ? head.headers["origin"] : nil,
             started: monotonicNanoseconds(), client: client)
         let family = Self.family(of: head.path)
+        let match = router.match(method: head.method, path: head.path)
+        if let requestGuard {
+            var endpoint: Endpoint? = nil
+            if case .found(let found, _, _) = match { endpoint = found }
+            if let refusal = requestGuard.check(head, endpoint: endpoint) {
+                return .answer(refusal.response(for: endpoint?.family ?? family), context)
+            }
+        }
         if head.method == .options {
             return .answer(options(head), context)
         }
-        switch router.match(method: head.method, path: head.path) {
+        switch match {
         case .notFound:
             return .answerAfterBody(APIError.notFound().response(for: family), context)
         case .methodNotAllowed(let allowed):
