@@ -1,0 +1,461 @@
+import Foundation
+import Postgres
+import TrunkCrypto
+
+/// One run of `SupabaseImport`: the phases in order (users, sessions, events, verification),
+/// each streaming the source in batches. The destination's SQL is here, in one place.
+final class ImportRun {
+    let options: SupabaseImport.Options
+    let source: SupabaseSource
+    let destination: PostgresConnection
+    let rejects: RejectWriter
+    var report = SupabaseImport.Report()
+    /// Source users not imported this run (rejected, or an email conflict): their events and
+    /// sessions are rejected too, and the verification leaves them out.
+    var notImported = Set<String>()
+
+    init(options: SupabaseImport.Options, source: SupabaseSource, destination: PostgresConnection, rejects: RejectWriter) {
+        self.options = options
+        self.source = source
+        self.destination = destination
+        self.rejects = rejects
+        report.dryRun = options.dryRun
+        report.rejectFile = options.dryRun ? nil : options.rejectFile
+    }
+
+    func all() throws -> SupabaseImport.Report {
+        // A dry run does everything in one transaction and rolls it back: the counts are
+        // exactly what a real run would find, and nothing stays (no notification leaves an
+        // aborted transaction).
+        if options.dryRun { try destination.execute("begin") }
+        try users()
+        try sessions()
+        try events()
+        try verify()
+        if options.dryRun { try destination.execute("rollback") }
+        return report
+    }
+
+    /// Runs `body` in a transaction of its own, or inside the dry run's.
+    @discardableResult
+    private func batch<T>(_ body: () throws -> T) throws -> T {
+        if options.dryRun { return try body() }
+        return try destination.transaction { _ in try body() }
+    }
+
+    private func reject(_ table: String, _ id: String, _ reason: String) {
+        rejects.write(table: table, id: id, reason: reason)
+    }
+
+    // MARK: - Users
+
+    private func users() throws {
+        var copy = CopyText()
+        try source.stream(source.usersQuery, batch: options.batchSize) { rows in
+            copy.removeAll()
+            var batchIDs: [String] = []
+            for row in rows {
+                report.users.read += 1
+                let id = try row.decode(String.self, column: 0)
+                if !row.isNull(column: 7) { report.profiles.read += 1 }
+                if let reason = try row.decode(String?.self, column: 8) {
+                    report.users.rejected += 1
+                    notImported.insert(id)
+                    reject("auth.users", id, reason)
+                    continue
+                }
+                let raw = try row.decode(String.self, column: 1)
+                guard let email = Email(raw), email.value.utf8.count <= 320 else {
+                    report.users.rejected += 1
+                    notImported.insert(id)
+                    reject("auth.users", id, "email is not a valid address")
+                    continue
+                }
+                batchIDs.append(id)
+                copy.field(id)
+                copy.field(email.value)
+                for column in 2...7 { copy.field(row, column) }
+                copy.endRow()
+            }
+            guard !copy.isEmpty else { return }
+            try batch {
+                try destination.execute("truncate import_users")
+                try destination.copyIn("copy import_users from stdin", data: copy.bytes)
+                for row in try destination.query(Self.userConflicts) {
+                    let id = try row.decode(String.self, column: 0)
+                    let email = try row.decode(String.self, column: 1)
+                    notImported.insert(id)
+                    report.conflicts.append(.init(sourceID: id, email: email))
+                    reject("auth.users", id, "email \(email) belongs to another trunk-sync user")
+                }
+                let counts = try destination.query(Self.insertUsers)[0]
+                report.users.alreadyThere += Int(try counts.decode(Int64.self, column: 0))
+                report.users.imported += Int(try counts.decode(Int64.self, column: 1))
+                report.profiles.imported += Int(try counts.decode(Int64.self, column: 2))
+            }
+        }
+    }
+
+    static let userConflicts = """
+        select s.id::text, s.email from import_users s
+        where exists (select from users u where lower(u.email) = s.email and u.id <> s.id)
+        """
+
+    /// Inserts the users not there yet (by id; an email another user has is a conflict,
+    /// reported before). `profiles.full_name` wins over the metadata's. Returns: already
+    /// there, imported, imported with a profile name.
+    static let insertUsers = """
+        with there as (select count(*) n from import_users s where exists (select from users u where u.id = s.id)),
+        ins as (
+          insert into users (id, email, created_at, updated_at, email_confirmed_at, last_sign_in_at, full_name, user_metadata)
+          select s.id, s.email, s.created_at, s.updated_at, s.email_confirmed_at, s.last_sign_in_at,
+                 coalesce(s.profile_name, s.metadata->>'full_name'),
+                 case when s.profile_name is null then s.metadata
+                      else s.metadata || jsonb_build_object('full_name', s.profile_name) end
+          from import_users s
+          where not exists (select from users u where u.id = s.id or lower(u.email) = s.email)
+          on conflict do nothing
+          returning id
+        )
+        select (select n from there), (select count(*) from ins),
+               (select count(*) from ins join import_users s on s.id = ins.id where s.profile_name is not null)
+        """
+
+    // MARK: - Sessions
+
+    private func sessions() throws {
+        var copy = CopyText()
+        let batchSize = min(options.batchSize, 1000)
+        try source.stream(source.sessionsQuery, batch: batchSize) { rows in
+            copy.removeAll()
+            var opaque: [String: String] = [:]  // session id → user id, sessions that need a look-up
+            var meta: [String: (user: String, createdAt: String, aal: String)] = [:]
+            for row in rows {
+                report.sessions.read += 1
+                let id = try row.decode(String.self, column: 0)
+                let user = try row.decode(String.self, column: 1)
+                if notImported.contains(user) {
+                    report.sessions.rejected += 1
+                    reject("auth.sessions", id, "its user was not imported")
+                    continue
+                }
+                meta[id] = (user, try row.decode(String.self, column: 2), try row.decode(String.self, column: 3))
+                if let stored = try row.decode(String?.self, column: 4), let sessionID = UUIDText.parse(id) {
+                    switch SupabaseRefreshToken.key(stored: stored) {
+                    case .success(let key):
+                        let counter = UInt64(try row.decode(String?.self, column: 5) ?? "0") ?? 0
+                        let token = SupabaseRefreshToken.encode(session: sessionID, counter: counter, key: key)
+                        append(&copy, id, meta[id], token: token)
+                    case .failure:
+                        report.sessionsUndecryptable += 1
+                        meta[id] = nil
+                    }
+                } else {
+                    opaque[id] = user
+                }
+            }
+            if !opaque.isEmpty {
+                let ids = "{" + opaque.keys.joined(separator: ",") + "}"
+                var found = Set<String>()
+                for row in try source.connection.query(SupabaseSource.opaqueTokensQuery, ids) {
+                    let id = try row.decode(String.self, column: 0)
+                    found.insert(id)
+                    append(&copy, id, meta[id], token: try row.decode(String.self, column: 1))
+                }
+                report.sessionsWithoutToken += opaque.keys.filter { !found.contains($0) }.count
+            }
+            guard !copy.isEmpty else { return }
+            try batch {
+                try destination.execute("truncate import_sessions")
+                try destination.copyIn("copy import_sessions from stdin", data: copy.bytes)
+                for row in try destination.query(Self.sessionsOfMissingUsers) {
+                    report.sessions.rejected += 1
+                    reject("auth.sessions", try row.decode(String.self, column: 0), "its user is not in trunk-sync")
+                }
+                let counts = try destination.query(Self.insertSessions)[0]
+                report.sessions.alreadyThere += Int(try counts.decode(Int64.self, column: 0))
+                report.sessions.imported += Int(try counts.decode(Int64.self, column: 1))
+            }
+        }
+    }
+
+    private func append(_ copy: inout CopyText, _ id: String, _ meta: (user: String, createdAt: String, aal: String)?, token: String) {
+        guard let meta else { return }
+        copy.field(id)
+        copy.field(meta.user)
+        copy.field(meta.createdAt)
+        copy.field(meta.aal == "aal2" ? "aal2" : "aal1")
+        copy.field(bytea: SHA256.hash(token))
+        copy.endRow()
+    }
+
+    static let sessionsOfMissingUsers = """
+        select distinct s.id::text from import_sessions s where not exists (select from users u where u.id = s.user_id)
+        """
+
+    /// Inserts the sessions not there yet with their live refresh tokens (stored hashed, as
+    /// trunk-sync stores its own). Their access tokens' revocation outlives the hosted
+    /// project's longest token lifetime (`access_expires_at`, a week). Returns: already
+    /// there, imported.
+    static let insertSessions = """
+        with there as (select count(distinct s.id) n from import_sessions s where exists (select from sessions x where x.id = s.id)),
+        ins as (
+          insert into sessions (id, user_id, created_at, updated_at, aal, access_expires_at)
+          select distinct on (s.id) s.id, s.user_id, s.created_at, now(), s.aal, now() + interval '7 days'
+          from import_sessions s
+          where exists (select from users u where u.id = s.user_id) and not exists (select from sessions x where x.id = s.id)
+          on conflict (id) do nothing
+          returning id
+        ),
+        tokens as (
+          insert into refresh_tokens (session_id, user_id, token_hash)
+          select s.id, s.user_id, s.token_hash from import_sessions s join ins on ins.id = s.id
+          on conflict (token_hash) do nothing
+          returning 1
+        )
+        select (select n from there), (select count(*) from ins), (select count(*) from tokens)
+        """
+
+    // MARK: - Events
+
+    private func events() throws {
+        let total = Int(try source.connection.query(SupabaseSource.eventTotalQuery)[0].decode(Int64.self, column: 0))
+        // The users whose source count differs from what earlier runs read (all of them, the
+        // first time), by keyset pages so memory stays bounded.
+        var copy = CopyText()
+        try batch { try destination.execute("truncate import_counts") }
+        try source.stream(SupabaseSource.eventCountsQuery, batch: 10_000) { rows in
+            copy.removeAll()
+            for row in rows {
+                copy.field(row, 0)
+                copy.field(row, 1)
+                copy.endRow()
+            }
+            try batch { try destination.copyIn("copy import_counts from stdin", data: copy.bytes) }
+        }
+        var done = try Int(destination.query(Self.eventsAlreadyRead)[0].decode(Int64.self, column: 0))
+        report.events.read = done
+        options.progress?(done, total)
+        var after = "00000000-0000-0000-0000-000000000000"
+        while true {
+            let page = try destination.query(Self.usersToRead, after)
+            guard let last = page.last else { break }
+            after = try last.decode(String.self, column: 0)
+            let users = try page.map { try $0.decode(String.self, column: 0) }
+            if !options.dryRun {
+                // Counted again from zero as their batches commit.
+                try destination.query("delete from supabase_import_progress where user_id = any($1::uuid[])", "{" + users.joined(separator: ",") + "}")
+            }
+            try source.stream(SupabaseSource.eventsQuery, binds: ["{" + users.joined(separator: ",") + "}"], batch: options.batchSize) { rows in
+                try eventBatch(rows, copy: &copy)
+                done += rows.count
+                options.progress?(done, total)
+            }
+        }
+        report.events.read = done
+    }
+
+    /// Events of users whose count already matches (read by earlier runs).
+    static let eventsAlreadyRead = """
+        select coalesce(sum(c.n), 0)::int8 from import_counts c join supabase_import_progress p using (user_id)
+        where p.events_seen = c.n
+        """
+
+    /// The next page of users to read (`$1`: after this id).
+    static let usersToRead = """
+        select c.user_id::text from import_counts c left join supabase_import_progress p using (user_id)
+        where c.user_id > $1::uuid and p.events_seen is distinct from c.n
+        order by c.user_id limit 1000
+        """
+
+    private func eventBatch(_ rows: PostgresResult, copy: inout CopyText) throws {
+        copy.removeAll()
+        var seen: [String: Int] = [:]
+        var ord = 0
+        for row in rows {
+            let user = try row.decode(String.self, column: 0)
+            seen[user, default: 0] += 1
+            if let reason = try row.decode(String?.self, column: 7) {
+                report.events.rejected += 1
+                reject("public.events", try row.decode(String.self, column: 1), reason)
+                continue
+            }
+            if notImported.contains(user) {
+                report.events.rejected += 1
+                reject("public.events", try row.decode(String.self, column: 1), "its user was not imported")
+                continue
+            }
+            ord += 1
+            copy.field(Int64(ord))
+            for column in 0...6 { copy.field(row, column) }
+            copy.endRow()
+        }
+        var seenCopy = CopyText(capacity: seen.count * 48)
+        for (user, count) in seen {
+            seenCopy.field(user)
+            seenCopy.field(Int64(count))
+            seenCopy.endRow()
+        }
+        let notify: [String] = try batch {
+            try destination.execute("truncate import_events, import_seen")
+            if !copy.isEmpty { try destination.copyIn("copy import_events from stdin", data: copy.bytes) }
+            try destination.copyIn("copy import_seen from stdin", data: seenCopy.bytes)
+            // Each user's row locked, in id order, as a push locks it: seq and created_at
+            // continue after what the user pushed, whoever commits first.
+            try destination.execute("select from users where id in (select user_id from import_events) order by id for update")
+            for row in try destination.query(Self.eventsOfMissingUsers) {
+                report.events.rejected += 1
+                reject("public.events", try row.decode(String.self, column: 0), "its user is not in trunk-sync")
+            }
+            let counts = try destination.query(Self.eventCounts)[0]
+            report.events.alreadyThere += Int(try counts.decode(Int64.self, column: 0))
+            report.eventsRetimed += Int(try counts.decode(Int64.self, column: 1))
+            var users: [String] = []
+            for row in try destination.query(Self.insertEvents) {
+                users.append(try row.decode(String.self, column: 0))
+                report.events.imported += Int(try row.decode(Int64.self, column: 1))
+            }
+            try destination.execute(Self.recordProgress)
+            return users
+        }
+        // Announced after the commit, as a push does: running servers serve them at once.
+        if !options.dryRun, !notify.isEmpty {
+            try destination.query(
+                "select pg_notify($1, u) from regexp_split_to_table($2, ',') u", EventStore.channel, notify.joined(separator: ","))
+        }
+    }
+
+    static let eventsOfMissingUsers = """
+        select s.id::text from import_events s where not exists (select from users u where u.id = s.user_id)
+        """
+
+    /// Already there (by `(user_id, client_id)`), and how many new ones will be retimed.
+    static let eventCounts = """
+        select count(*) filter (where exists (select from events e where e.user_id = s.user_id and e.client_id = s.client_id)),
+               count(*) filter (where u.last_event_at is not null and s.created_at < u.last_event_at
+                                and not exists (select from events e where e.user_id = s.user_id and e.client_id = s.client_id))
+        from import_events s join users u on u.id = s.user_id
+        """
+
+    /// Inserts the new events: `seq` after the user's `last_seq` in source order;
+    /// `created_at` kept, unless it is before the user's newest event here (a delta import
+    /// after the user pushed to trunk-sync), then moved just after it, so `created_at >
+    /// lastSync` finds it. Moves each user's cursor. Returns: user, events inserted.
+    static let insertEvents = """
+        with fresh as (
+          select s.*, row_number() over (partition by s.user_id order by s.ord) rn
+          from import_events s
+          where exists (select from users u where u.id = s.user_id)
+            and not exists (select from events e where e.user_id = s.user_id and e.client_id = s.client_id)
+        ),
+        ins as (
+          insert into events (id, user_id, seq, type, payload, client_id, client_timestamp, created_at)
+          select f.id, f.user_id, u.last_seq + f.rn, f.type, f.payload, f.client_id, f.client_timestamp,
+                 case when u.last_event_at is not null and f.created_at < u.last_event_at
+                      then date_trunc('milliseconds', u.last_event_at) + f.rn * interval '1 millisecond'
+                      else f.created_at end
+          from fresh f join users u on u.id = f.user_id
+          on conflict do nothing
+          returning user_id, seq, created_at
+        ),
+        per_user as (select user_id, count(*) n, max(seq) max_seq, max(created_at) max_at from ins group by user_id),
+        moved as (
+          update users u set last_seq = greatest(u.last_seq, p.max_seq), last_event_at = greatest(u.last_event_at, p.max_at)
+          from per_user p where u.id = p.user_id
+          returning u.id
+        )
+        select p.user_id::text, p.n from per_user p join moved on moved.id = p.user_id
+        """
+
+    /// Counts the batch's source rows per user (imported users only: a user not imported is
+    /// read again next time).
+    static let recordProgress = """
+        insert into supabase_import_progress (user_id, events_seen)
+        select s.user_id, s.n from import_seen s where exists (select from users u where u.id = s.user_id)
+        on conflict (user_id) do update
+          set events_seen = supabase_import_progress.events_seen + excluded.events_seen, updated_at = now()
+        """
+
+    // MARK: - Verification
+
+    /// Merges the source's event keys with the destination's, both in `(user_id,
+    /// client_id)` order, through cursors: constant memory whatever the size.
+    private func verify() throws {
+        if !options.dryRun { try destination.execute("begin isolation level repeatable read, read only") }
+        defer { if !options.dryRun { _ = try? destination.execute("commit") } }
+        let theirs = try KeyCursor(destination, name: "verify_destination", sql: "select user_id::text, client_id::text from events order by user_id, client_id")
+        try source.connection.query("declare verify_source no scroll cursor for " + SupabaseSource.eventKeysQuery)
+        let ours = try KeyCursor(source.connection, name: "verify_source", sql: nil)
+        var verification = SupabaseImport.Verification()
+        var sourceDigest = [UInt8](repeating: 0, count: 32)
+        var destinationDigest = sourceDigest
+        var currentUser: String? = nil
+        var userExpected = 0
+        var userFound = 0
+        func finishUser() {
+            guard currentUser != nil, userExpected > 0 else { return }
+            verification.users += 1
+            if userFound == userExpected {
+                verification.usersComplete += 1
+            } else if verification.incompleteUsers.count < 10, let currentUser {
+                verification.incompleteUsers[currentUser] = userExpected - userFound
+            }
+        }
+        var other = try theirs.next()
+        while let row = try ours.next() {
+            let (user, client) = (row.0, row.1)
+            if user != currentUser {
+                finishUser()
+                currentUser = user
+                userExpected = 0
+                userFound = 0
+            }
+            guard row.2, !notImported.contains(user) else { continue }
+            userExpected += 1
+            verification.eventsExpected += 1
+            let key = user + "," + client
+            sourceDigest = SHA256.hash(sourceDigest + Array(key.utf8))
+            while let candidate = other, (candidate.0, candidate.1) < (user, client) { other = try theirs.next() }
+            if let candidate = other, candidate.0 == user, candidate.1 == client {
+                userFound += 1
+                verification.eventsFound += 1
+                destinationDigest = SHA256.hash(destinationDigest + Array(key.utf8))
+            }
+        }
+        finishUser()
+        verification.sourceDigest = Hex.encode(sourceDigest)
+        verification.destinationDigest = Hex.encode(destinationDigest)
+        report.verification = verification
+    }
+}
+
+/// Rows `(user_id, client_id, accepted)` from a cursor, fetched in pages.
+private final class KeyCursor {
+    let connection: PostgresConnection
+    let name: String
+    var page: PostgresResult? = nil
+    var index = 0
+    var exhausted = false
+
+    init(_ connection: PostgresConnection, name: String, sql: String?) throws {
+        self.connection = connection
+        self.name = name
+        if let sql { try connection.execute("declare \(name) no scroll cursor for \(sql)") }
+    }
+
+    func next() throws -> (String, String, Bool)? {
+        if page == nil || index >= page?.count ?? 0 {
+            guard !exhausted else { return nil }
+            let fetched = try connection.query("fetch forward 10000 from \(name)")
+            if fetched.count < 10000 { exhausted = true }
+            page = fetched
+            index = 0
+            if fetched.isEmpty { return nil }
+        }
+        guard let page else { return nil }
+        let row = page[index]
+        index += 1
+        let accepted = page.columnCount > 2 ? try row.decode(Bool.self, column: 2) : true
+        return (try row.decode(String.self, column: 0), try row.decode(String.self, column: 1), accepted)
+    }
+}
