@@ -473,4 +473,43 @@ final class SupabaseImportTests: EndToEndTestCase {
         environment["TRUNK_SYNC_DATABASE_URL"] = try TestDatabase.url(of: empty)
         XCTAssertTrue(try failure(source.url, environment: environment).contains("not migrated"))
     }
+
+    func testImportedJWKSVerifiesTheHostedProjectsES256Tokens() throws {
+        let database = try TestDatabase.create(prefix: "jwks")
+        sources.append(database)
+        let environment = ServerProcess.serveEnvironment(databaseURL: try TestDatabase.url(of: database), overrides: [:])
+        XCTAssertEqual(try Command.run(Command.trunkSyncBinary(), ["migrate"], environment: environment).status, 0)
+        let hostedKey = try JWT.ES256Key.generate(keyID: "hosted-es256")
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("jwks-\(UUID().uuidString).json").path
+        files.append(file)
+        try Data(#"{"keys":[\#(hostedKey.publicJWK)]}"#.utf8).write(to: URL(fileURLWithPath: file))
+        let imported = try Command.run(Command.trunkSyncBinary(), ["keys", "import-jwks", file], environment: environment)
+        XCTAssertEqual(imported.status, 0, imported.stderr)
+        XCTAssertTrue(imported.stdout.contains("imported ES256 key hosted-es256"), imported.stdout)
+        let listed = try Command.run(Command.trunkSyncBinary(), ["keys", "list"], environment: environment)
+        XCTAssertTrue(listed.stdout.contains("imported (verifies only)"), listed.stdout)
+        // A file with a private key is refused, with one line, and stores nothing.
+        let privateFile = file + ".private"
+        files.append(privateFile)
+        try Data((hostedKey.publicJWK.dropLast() + #","d":"AAAA"}"#).utf8).write(to: URL(fileURLWithPath: privateFile))
+        let refused = try Command.run(Command.trunkSyncBinary(), ["keys", "import-jwks", privateFile], environment: environment)
+        XCTAssertEqual(refused.status, 1)
+        XCTAssertTrue(refused.stderr.contains("private member"), refused.stderr)
+
+        let user = UUID()
+        let session = UUID()
+        let admin = try PostgresConnection.connect(database)
+        try admin.query("insert into users (id, email) values ($1, 'es@example.com')", user)
+        let server = try launchServer(on: database, ["TRUNK_SYNC_ACCEPTED_ISSUERS": Self.hostedIssuer])
+        try server.waitUntilListening(timeout: 15)
+        let now = Int64(Date().timeIntervalSince1970)
+        let claims = """
+            {"iss":"\(Self.hostedIssuer)","sub":"\(user.uuidString.lowercased())","aud":"authenticated","exp":\(now + 600),\
+            "iat":\(now),"role":"authenticated","aal":"aal1","session_id":"\(session.uuidString.lowercased())","is_anonymous":false}
+            """
+        let token = try JWT.sign(payload: Array(claims.utf8), with: hostedKey)
+        XCTAssertEqual(try send(server, "GET", "/sync/v1/events?after=0", token: token).status, 200)
+        let other = try JWT.sign(payload: Array(claims.utf8), with: try JWT.ES256Key.generate(keyID: "hosted-es256"))
+        XCTAssertEqual(try send(server, "GET", "/sync/v1/events?after=0", token: other).status, 401)
+    }
 }
