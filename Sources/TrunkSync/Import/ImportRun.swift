@@ -77,7 +77,7 @@ final class ImportRun {
                 for column in 2...7 { copy.field(row, column) }
                 copy.endRow()
             }
-            guard !copy.isEmpty else { return }
+            guard !copy.isEmpty else { return 0 }
             try batch {
                 try destination.execute("truncate import_users")
                 try destination.copyIn("copy import_users from stdin", data: copy.bytes)
@@ -93,6 +93,7 @@ final class ImportRun {
                 report.users.imported += Int(try counts.decode(Int64.self, column: 1))
                 report.profiles.imported += Int(try counts.decode(Int64.self, column: 2))
             }
+            return copy.bytes.count
         }
     }
 
@@ -164,7 +165,7 @@ final class ImportRun {
                 }
                 report.sessionsWithoutToken += opaque.keys.filter { !found.contains($0) }.count
             }
-            guard !copy.isEmpty else { return }
+            guard !copy.isEmpty else { return 0 }
             try batch {
                 try destination.execute("truncate import_sessions")
                 try destination.copyIn("copy import_sessions from stdin", data: copy.bytes)
@@ -176,6 +177,7 @@ final class ImportRun {
                 report.sessions.alreadyThere += Int(try counts.decode(Int64.self, column: 0))
                 report.sessions.imported += Int(try counts.decode(Int64.self, column: 1))
             }
+            return 0
         }
     }
 
@@ -232,6 +234,7 @@ final class ImportRun {
                 copy.endRow()
             }
             try batch { try destination.copyIn("copy import_counts from stdin", data: copy.bytes) }
+            return 0
         }
         var done = try Int(destination.query(Self.eventsAlreadyRead)[0].decode(Int64.self, column: 0))
         report.events.read = done
@@ -250,6 +253,7 @@ final class ImportRun {
                 try eventBatch(rows, copy: &copy)
                 done += rows.count
                 options.progress?(done, total)
+                return copy.bytes.count
             }
         }
         report.events.read = done

@@ -69,16 +69,25 @@ struct SupabaseSource {
         }
     }
 
-    /// Runs `body` over the rows of `sql` (text columns only), `batch` rows at a time, through a
-    /// cursor, so memory stays bounded whatever the table's size.
-    func stream(_ sql: String, binds: [any PostgresEncodable] = [], batch: Int, _ body: (PostgresResult) throws -> Void) throws {
+    /// Bytes of rows one fetch aims at: the next fetch takes fewer rows when they are large
+    /// (payloads go up to 64 KiB), so memory stays bounded whatever the rows hold.
+    static let fetchBytes = 8 << 20
+
+    /// Runs `body` over the rows of `sql` (text columns only), at most `batch` rows at a time,
+    /// through a cursor, so memory stays bounded whatever the table's size. `body` returns
+    /// the bytes the rows made (0: unknown), which sizes the next fetch.
+    func stream(
+        _ sql: String, binds: [any PostgresEncodable] = [], batch: Int, _ body: (PostgresResult) throws -> Int
+    ) throws {
         try connection.query("declare import_cursor no scroll cursor for " + sql, binds: binds.map { $0.postgresBind })
         defer { _ = try? connection.execute("close import_cursor") }
+        var count = batch
         while true {
-            let rows = try connection.query("fetch forward \(batch) from import_cursor")
+            let rows = try connection.query("fetch forward \(count) from import_cursor")
             if rows.isEmpty { break }
-            try body(rows)
-            if rows.count < batch { break }
+            let bytes = try body(rows)
+            if rows.count < count { break }
+            if bytes > 0 { count = max(100, min(batch, Self.fetchBytes / max(1, bytes / rows.count))) }
         }
     }
 
@@ -125,12 +134,14 @@ struct SupabaseSource {
     }
 
     /// The events of the users in `$1` (uuid[]), each user's in the source's order (time,
-    /// then id). Columns: user_id, id, type, payload, client_id, client_timestamp,
-    /// created_at, reject reason.
+    /// then id). Columns: user_id, id, type, payload (null when rejected: an oversized one
+    /// is not transferred), client_id, client_timestamp, created_at, reject reason.
     static let eventsQuery = """
-        select e.user_id::text, e.id::text, e.type, e.payload::text, e.client_id::text, e.client_timestamp::text,
-               e.created_at::text, \(eventRejectReason("e"))
-        from public.events e where e.user_id = any($1::uuid[]) order by e.user_id, e.created_at, e.id
+        select user_id, id, type, case when reason is null then payload end, client_id, client_timestamp, created_at, reason
+        from (select e.user_id::text, e.id::text, e.type, e.payload::text, e.client_id::text,
+                     e.client_timestamp::text, e.created_at::text, \(eventRejectReason("e")) as reason, e.created_at as t, e.id as i
+              from public.events e where e.user_id = any($1::uuid[])) e
+        order by e.user_id, e.t, e.i
         """
 
     /// Every event's key and whether trunk-sync's rules accept it, in key order (the
