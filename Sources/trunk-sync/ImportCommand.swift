@@ -35,7 +35,7 @@ struct ImportCommand: AsyncParsableCommand {
         var rejectFile = "trunk-sync-import-rejects.jsonl"
         @Flag(help: "Read and check everything, write nothing, and report what would happen.") var dryRun = false
         @Flag(help: "Print the report as JSON.") var json = false
-        @Option(help: "Rows per batch (each batch commits on its own).") var batchSize = 5000
+        @Option(help: "Rows per batch (each batch commits on its own).") var batchSize = 10_000
 
         func validate() throws {
             guard (100...50_000).contains(batchSize) else { throw ValidationError("--batch-size must be 100 to 50000") }

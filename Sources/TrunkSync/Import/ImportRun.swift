@@ -28,10 +28,17 @@ final class ImportRun {
         // exactly what a real run would find, and nothing stays (no notification leaves an
         // aborted transaction).
         if options.dryRun { try destination.execute("begin") }
-        try users()
-        try sessions()
-        try events()
-        try verify()
+        func timed(_ phase: String, _ body: () throws -> Void) throws {
+            let start = ContinuousClock.now
+            try body()
+            let elapsed = ContinuousClock.now - start
+            report.seconds[phase] =
+                ((Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18) * 1000).rounded() / 1000
+        }
+        try timed("users", users)
+        try timed("sessions", sessions)
+        try timed("events", events)
+        try timed("verification", verify)
         if options.dryRun { try destination.execute("rollback") }
         return report
     }
@@ -240,6 +247,7 @@ final class ImportRun {
         report.events.read = done
         options.progress?(done, total)
         var after = "00000000-0000-0000-0000-000000000000"
+        var writing = Duration.zero
         while true {
             let page = try destination.query(Self.usersToRead, after)
             guard let last = page.last else { break }
@@ -250,6 +258,8 @@ final class ImportRun {
                 try destination.query("delete from supabase_import_progress where user_id = any($1::uuid[])", "{" + users.joined(separator: ",") + "}")
             }
             try source.stream(SupabaseSource.eventsQuery, binds: ["{" + users.joined(separator: ",") + "}"], batch: options.batchSize) { rows in
+                let start = ContinuousClock.now
+                defer { writing += ContinuousClock.now - start }
                 try eventBatch(rows, copy: &copy)
                 done += rows.count
                 options.progress?(done, total)
@@ -257,6 +267,7 @@ final class ImportRun {
             }
         }
         report.events.read = done
+        report.seconds["events_writing"] = ((Double(writing.components.seconds) + Double(writing.components.attoseconds) / 1e18) * 1000).rounded() / 1000
     }
 
     /// Events of users whose count already matches (read by earlier runs).
@@ -311,13 +322,13 @@ final class ImportRun {
                 report.events.rejected += 1
                 reject("public.events", try row.decode(String.self, column: 0), "its user is not in trunk-sync")
             }
-            let counts = try destination.query(Self.eventCounts)[0]
-            report.events.alreadyThere += Int(try counts.decode(Int64.self, column: 0))
-            report.eventsRetimed += Int(try counts.decode(Int64.self, column: 1))
             var users: [String] = []
             for row in try destination.query(Self.insertEvents) {
-                users.append(try row.decode(String.self, column: 0))
-                report.events.imported += Int(try row.decode(Int64.self, column: 1))
+                let inserted = Int(try row.decode(Int64.self, column: 1))
+                report.events.imported += inserted
+                report.events.alreadyThere += Int(try row.decode(Int64.self, column: 2)) - inserted
+                report.eventsRetimed += Int(try row.decode(Int64.self, column: 3))
+                if inserted > 0 { users.append(try row.decode(String.self, column: 0)) }
             }
             try destination.execute(Self.recordProgress)
             return users
@@ -333,18 +344,11 @@ final class ImportRun {
         select s.id::text from import_events s where not exists (select from users u where u.id = s.user_id)
         """
 
-    /// Already there (by `(user_id, client_id)`), and how many new ones will be retimed.
-    static let eventCounts = """
-        select count(*) filter (where exists (select from events e where e.user_id = s.user_id and e.client_id = s.client_id)),
-               count(*) filter (where u.last_event_at is not null and s.created_at < u.last_event_at
-                                and not exists (select from events e where e.user_id = s.user_id and e.client_id = s.client_id))
-        from import_events s join users u on u.id = s.user_id
-        """
-
     /// Inserts the new events: `seq` after the user's `last_seq` in source order;
     /// `created_at` kept, unless it is before the user's newest event here (a delta import
     /// after the user pushed to trunk-sync), then moved just after it, so `created_at >
-    /// lastSync` finds it. Moves each user's cursor. Returns: user, events inserted.
+    /// lastSync` finds it. Moves each user's cursor. Returns, per user of the batch that
+    /// is in trunk-sync: events inserted, events in the batch, events retimed.
     static let insertEvents = """
         with fresh as (
           select s.*, row_number() over (partition by s.user_id order by s.ord) rn
@@ -352,23 +356,33 @@ final class ImportRun {
           where exists (select from users u where u.id = s.user_id)
             and not exists (select from events e where e.user_id = s.user_id and e.client_id = s.client_id)
         ),
-        ins as (
-          insert into events (id, user_id, seq, type, payload, client_id, client_timestamp, created_at)
-          select f.id, f.user_id, u.last_seq + f.rn, f.type, f.payload, f.client_id, f.client_timestamp,
+        placed as (
+          select f.id, f.user_id, u.last_seq + f.rn seq, f.type, f.payload, f.client_id, f.client_timestamp,
                  case when u.last_event_at is not null and f.created_at < u.last_event_at
                       then date_trunc('milliseconds', u.last_event_at) + f.rn * interval '1 millisecond'
-                      else f.created_at end
+                      else f.created_at end created_at,
+                 u.last_event_at is not null and f.created_at < u.last_event_at retimed
           from fresh f join users u on u.id = f.user_id
-          on conflict do nothing
-          returning user_id, seq, created_at
         ),
-        per_user as (select user_id, count(*) n, max(seq) max_seq, max(created_at) max_at from ins group by user_id),
+        ins as (
+          insert into events (id, user_id, seq, type, payload, client_id, client_timestamp, created_at)
+          select id, user_id, seq, type, payload, client_id, client_timestamp, created_at from placed
+          on conflict do nothing
+          returning id, user_id, seq, created_at
+        ),
+        per_user as (
+          select ins.user_id, count(*) n, count(*) filter (where p.retimed) retimed, max(ins.seq) max_seq,
+                 max(ins.created_at) max_at
+          from ins join placed p on p.id = ins.id group by ins.user_id
+        ),
         moved as (
           update users u set last_seq = greatest(u.last_seq, p.max_seq), last_event_at = greatest(u.last_event_at, p.max_at)
           from per_user p where u.id = p.user_id
           returning u.id
-        )
-        select p.user_id::text, p.n from per_user p join moved on moved.id = p.user_id
+        ),
+        batch as (select s.user_id, count(*) n from import_events s join users u on u.id = s.user_id group by s.user_id)
+        select b.user_id::text, coalesce(p.n, 0), b.n, coalesce(p.retimed, 0)
+        from batch b left join per_user p on p.user_id = b.user_id
         """
 
     /// Counts the batch's source rows per user (imported users only: a user not imported is

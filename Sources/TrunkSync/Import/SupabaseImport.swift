@@ -46,7 +46,7 @@ public struct SupabaseImport: Sendable {
         /// Check and count everything in one transaction rolled back at the end.
         public var dryRun = false
         /// Rows per batch.
-        public var batchSize = 5000
+        public var batchSize = 10_000
         /// Called with progress now and then (events read, events in total).
         public var progress: (@Sendable (_ done: Int, _ total: Int) -> Void)? = nil
 
@@ -154,6 +154,8 @@ public struct SupabaseImport: Sendable {
         public var conflicts: [Conflict] = []
         public var verification = Verification()
         public var rejectFile: String?
+        /// Seconds each phase took (users, sessions, events, verification).
+        public var seconds: [String: Double] = [:]
 
         /// Whether anything was rejected or conflicted (the command then exits 3).
         public var hasRejects: Bool {
@@ -168,6 +170,7 @@ public struct SupabaseImport: Sendable {
             case sessionsWithoutToken = "sessions_without_token"
             case conflicts, verification
             case rejectFile = "reject_file"
+            case seconds
         }
     }
 
@@ -209,6 +212,7 @@ public struct SupabaseImport: Sendable {
         try connection.execute(
             """
             set timezone = 'UTC';
+            set work_mem = '32MB';
             create temp table import_users (id uuid, email text, created_at timestamptz, updated_at timestamptz,
               email_confirmed_at timestamptz, last_sign_in_at timestamptz, metadata jsonb, profile_name text);
             create temp table import_events (ord int, user_id uuid, id uuid, type text, payload jsonb, client_id uuid,
