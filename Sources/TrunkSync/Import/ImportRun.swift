@@ -322,13 +322,19 @@ final class ImportRun {
                 report.events.rejected += 1
                 reject("public.events", try row.decode(String.self, column: 0), "its user is not in trunk-sync")
             }
+            // The events already here leave the batch first, found through the (user_id,
+            // client_id) index one by one: a hash join would read all of `events` once per
+            // batch, which grows with the import (statistics of a table being loaded lag, so
+            // the planner is told, for this statement only).
+            try destination.execute("set local enable_hashjoin = off; set local enable_mergejoin = off")
+            report.events.alreadyThere += Int(try destination.query(Self.dropEventsAlreadyHere)[0].decode(Int64.self, column: 0))
+            try destination.execute("set local enable_hashjoin = on; set local enable_mergejoin = on")
             var users: [String] = []
             for row in try destination.query(Self.insertEvents) {
                 let inserted = Int(try row.decode(Int64.self, column: 1))
                 report.events.imported += inserted
-                report.events.alreadyThere += Int(try row.decode(Int64.self, column: 2)) - inserted
-                report.eventsRetimed += Int(try row.decode(Int64.self, column: 3))
-                if inserted > 0 { users.append(try row.decode(String.self, column: 0)) }
+                report.eventsRetimed += Int(try row.decode(Int64.self, column: 2))
+                users.append(try row.decode(String.self, column: 0))
             }
             try destination.execute(Self.recordProgress)
             return users
@@ -344,45 +350,47 @@ final class ImportRun {
         select s.id::text from import_events s where not exists (select from users u where u.id = s.user_id)
         """
 
-    /// Inserts the new events: `seq` after the user's `last_seq` in source order;
-    /// `created_at` kept, unless it is before the user's newest event here (a delta import
-    /// after the user pushed to trunk-sync), then moved just after it, so `created_at >
-    /// lastSync` finds it. Moves each user's cursor. Returns, per user of the batch that
-    /// is in trunk-sync: events inserted, events in the batch, events retimed.
+    /// Removes from the batch the events already here (by `(user_id, client_id)`); returns
+    /// how many.
+    static let dropEventsAlreadyHere = """
+        with gone as (
+          delete from import_events s
+          where exists (select from events e where e.user_id = s.user_id and e.client_id = s.client_id)
+          returning 1
+        )
+        select count(*) from gone
+        """
+
+    /// Inserts the batch's events of users that are here (the ones already here were
+    /// dropped before): `seq` after the user's `last_seq` in source order; `created_at`
+    /// kept, unless it is before the user's newest event here (a delta import after the
+    /// user pushed to trunk-sync), then moved just after it, so `created_at > lastSync`
+    /// finds it. Moves each user's cursor. Returns per user: events inserted, retimed.
     static let insertEvents = """
-        with fresh as (
-          select s.*, row_number() over (partition by s.user_id order by s.ord) rn
-          from import_events s
-          where exists (select from users u where u.id = s.user_id)
-            and not exists (select from events e where e.user_id = s.user_id and e.client_id = s.client_id)
-        ),
-        placed as (
-          select f.id, f.user_id, u.last_seq + f.rn seq, f.type, f.payload, f.client_id, f.client_timestamp,
-                 case when u.last_event_at is not null and f.created_at < u.last_event_at
-                      then date_trunc('milliseconds', u.last_event_at) + f.rn * interval '1 millisecond'
-                      else f.created_at end created_at,
-                 u.last_event_at is not null and f.created_at < u.last_event_at retimed
-          from fresh f join users u on u.id = f.user_id
+        with placed as (
+          select s.*, u.last_seq + rn seq,
+                 case when u.last_event_at is not null and s.created_at < u.last_event_at
+                      then date_trunc('milliseconds', u.last_event_at) + rn * interval '1 millisecond'
+                      else s.created_at end placed_at,
+                 u.last_event_at is not null and s.created_at < u.last_event_at retimed
+          from (select *, row_number() over (partition by user_id order by ord) rn from import_events) s
+          join users u on u.id = s.user_id
         ),
         ins as (
           insert into events (id, user_id, seq, type, payload, client_id, client_timestamp, created_at)
-          select id, user_id, seq, type, payload, client_id, client_timestamp, created_at from placed
-          on conflict do nothing
-          returning id, user_id, seq, created_at
+          select id, user_id, seq, type, payload, client_id, client_timestamp, placed_at from placed
+          on conflict (id) do nothing
+          returning user_id, seq, created_at
         ),
-        per_user as (
-          select ins.user_id, count(*) n, count(*) filter (where p.retimed) retimed, max(ins.seq) max_seq,
-                 max(ins.created_at) max_at
-          from ins join placed p on p.id = ins.id group by ins.user_id
-        ),
+        per_user as (select user_id, count(*) n, max(seq) max_seq, max(created_at) max_at from ins group by user_id),
+        retimed as (select user_id, count(*) filter (where retimed) n from placed group by user_id),
         moved as (
           update users u set last_seq = greatest(u.last_seq, p.max_seq), last_event_at = greatest(u.last_event_at, p.max_at)
           from per_user p where u.id = p.user_id
           returning u.id
-        ),
-        batch as (select s.user_id, count(*) n from import_events s join users u on u.id = s.user_id group by s.user_id)
-        select b.user_id::text, coalesce(p.n, 0), b.n, coalesce(p.retimed, 0)
-        from batch b left join per_user p on p.user_id = b.user_id
+        )
+        select p.user_id::text, p.n, r.n
+        from per_user p join moved on moved.id = p.user_id join retimed r on r.user_id = p.user_id
         """
 
     /// Counts the batch's source rows per user (imported users only: a user not imported is

@@ -33,7 +33,10 @@ struct SupabaseSource {
             throw ImportError.source("\(error)")
         }
         try connection.execute(
+            // A hosted role may carry timeouts meant for API requests; the snapshot stays open
+            // for the whole import, idle while batches are written.
             "set timezone = 'UTC'; set datestyle = 'ISO, YMD'; set intervalstyle = 'postgres'; set extra_float_digits = 3;"
+                + " set statement_timeout = 0; set idle_in_transaction_session_timeout = 0;"
                 + " begin isolation level repeatable read, read only")
         try checkSchema()
     }
