@@ -421,6 +421,17 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertEqual(result.status, 0)
         XCTAssertEqual(counts(report, "events")["imported"], 0)
         XCTAssertEqual(counts(report, "events")["read"], 40_003)
+
+        // The verification does look: an event lost here (its user's count still matches,
+        // so no re-read) is reported, and the command exits 4.
+        try db.query("delete from events where user_id = '00000000-0000-4000-8000-000000000007' and seq = 5")
+        (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 4, result.stderr)
+        let verification = report?["verification"] as? [String: Any]
+        XCTAssertEqual(verification?["passed"] as? Bool, false)
+        XCTAssertEqual((verification?["events_expected"] as? Int).map { $0 - 1 }, verification?["events_found"] as? Int)
+        XCTAssertEqual(verification?["incomplete_users"] as? [String: Int], ["00000000-0000-4000-8000-000000000007": 1])
+        XCTAssertNotEqual(verification?["source_digest"] as? String, verification?["destination_digest"] as? String)
     }
 
     func testDryRunWritesNothing() throws {

@@ -38,6 +38,16 @@ final class ImportRun {
         try timed("users", users)
         try timed("sessions", sessions)
         try timed("events", events)
+        // Fresh statistics for the servers' queries (and the visibility map, which lets the
+        // verification read the keys from the index alone) after a bulk load.
+        if !options.dryRun, report.events.imported > 0 {
+            try timed("vacuum") {
+                // One statement per call: several in one would run as a transaction block,
+                // where VACUUM cannot.
+                try destination.execute("vacuum (analyze) events")
+                try destination.execute("analyze users")
+            }
+        }
         try timed("verification", verify)
         if options.dryRun { try destination.execute("rollback") }
         return report
@@ -405,57 +415,77 @@ final class ImportRun {
     // MARK: - Verification
 
     /// Merges the source's event keys with the destination's, both in `(user_id,
-    /// client_id)` order, through cursors: constant memory whatever the size.
+    /// client_id)` order through cursors (index-only scans on both sides): constant memory
+    /// whatever the size. A source key missing here is looked up again, a thousand at a
+    /// time, to tell a rejected event (trunk-sync's rules refuse it) from a missing one.
+    /// The digests are order-independent (XOR of each pair's SHA-256), so a rejected pair
+    /// leaves the source's again.
     private func verify() throws {
         if !options.dryRun { try destination.execute("begin isolation level repeatable read, read only") }
         defer { if !options.dryRun { _ = try? destination.execute("commit") } }
         let theirs = try KeyCursor(destination, name: "verify_destination", sql: "select user_id::text, client_id::text from events order by user_id, client_id")
-        try source.connection.query("declare verify_source no scroll cursor for " + SupabaseSource.eventKeysQuery)
-        let ours = try KeyCursor(source.connection, name: "verify_source", sql: nil)
+        let ours = try KeyCursor(source.connection, name: "verify_source", sql: SupabaseSource.eventKeysQuery)
         var verification = SupabaseImport.Verification()
         var sourceDigest = [UInt8](repeating: 0, count: 32)
         var destinationDigest = sourceDigest
-        var currentUser: String? = nil
-        var userExpected = 0
-        var userFound = 0
-        func finishUser() {
-            guard currentUser != nil, userExpected > 0 else { return }
-            verification.users += 1
-            if userFound == userExpected {
-                verification.usersComplete += 1
-            } else if verification.incompleteUsers.count < 10, let currentUser {
-                verification.incompleteUsers[currentUser] = userExpected - userFound
+        var pending: [(user: String, client: String, hash: [UInt8])] = []
+        var incompleteUsers = 0
+        var lastIncomplete: String? = nil
+        func xor(_ digest: inout [UInt8], _ hash: [UInt8]) { for index in 0..<32 { digest[index] ^= hash[index] } }
+        func classifyPending() throws {
+            guard !pending.isEmpty else { return }
+            var accepted = Set<String>()
+            let rows = try source.connection.query(
+                SupabaseSource.acceptedKeysQuery, "{" + pending.map(\.user).joined(separator: ",") + "}",
+                "{" + pending.map(\.client).joined(separator: ",") + "}")
+            for row in rows where try row.decode(Bool.self, column: 2) {
+                accepted.insert(try row.decode(String.self, column: 0) + "," + row.decode(String.self, column: 1))
             }
+            for key in pending {
+                if accepted.contains(key.user + "," + key.client) {
+                    if key.user != lastIncomplete {
+                        incompleteUsers += 1
+                        lastIncomplete = key.user
+                    }
+                    if verification.incompleteUsers.count < 10 || verification.incompleteUsers[key.user] != nil {
+                        verification.incompleteUsers[key.user, default: 0] += 1
+                    }
+                } else {
+                    verification.eventsExpected -= 1
+                    xor(&sourceDigest, key.hash)
+                }
+            }
+            pending.removeAll(keepingCapacity: true)
         }
+        var currentUser: String? = nil
         var other = try theirs.next()
-        while let row = try ours.next() {
-            let (user, client) = (row.0, row.1)
+        while let (user, client) = try ours.next() {
+            guard !notImported.contains(user) else { continue }
             if user != currentUser {
-                finishUser()
                 currentUser = user
-                userExpected = 0
-                userFound = 0
+                verification.users += 1
             }
-            guard row.2, !notImported.contains(user) else { continue }
-            userExpected += 1
             verification.eventsExpected += 1
-            let key = user + "," + client
-            sourceDigest = SHA256.hash(sourceDigest + Array(key.utf8))
+            let hash = SHA256.hash(user + "," + client)
+            xor(&sourceDigest, hash)
             while let candidate = other, (candidate.0, candidate.1) < (user, client) { other = try theirs.next() }
             if let candidate = other, candidate.0 == user, candidate.1 == client {
-                userFound += 1
                 verification.eventsFound += 1
-                destinationDigest = SHA256.hash(destinationDigest + Array(key.utf8))
+                xor(&destinationDigest, hash)
+            } else {
+                pending.append((user, client, hash))
+                if pending.count >= 1000 { try classifyPending() }
             }
         }
-        finishUser()
+        try classifyPending()
+        verification.usersComplete = verification.users - incompleteUsers
         verification.sourceDigest = Hex.encode(sourceDigest)
         verification.destinationDigest = Hex.encode(destinationDigest)
         report.verification = verification
     }
 }
 
-/// Rows `(user_id, client_id, accepted)` from a cursor, fetched in pages.
+/// Rows `(user_id, client_id)` from a cursor, fetched in pages.
 private final class KeyCursor {
     let connection: PostgresConnection
     let name: String
@@ -463,13 +493,13 @@ private final class KeyCursor {
     var index = 0
     var exhausted = false
 
-    init(_ connection: PostgresConnection, name: String, sql: String?) throws {
+    init(_ connection: PostgresConnection, name: String, sql: String) throws {
         self.connection = connection
         self.name = name
-        if let sql { try connection.execute("declare \(name) no scroll cursor for \(sql)") }
+        try connection.execute("declare \(name) no scroll cursor for \(sql)")
     }
 
-    func next() throws -> (String, String, Bool)? {
+    func next() throws -> (String, String)? {
         if page == nil || index >= page?.count ?? 0 {
             guard !exhausted else { return nil }
             let fetched = try connection.query("fetch forward 10000 from \(name)")
@@ -481,7 +511,6 @@ private final class KeyCursor {
         guard let page else { return nil }
         let row = page[index]
         index += 1
-        let accepted = page.columnCount > 2 ? try row.decode(Bool.self, column: 2) : true
-        return (try row.decode(String.self, column: 0), try row.decode(String.self, column: 1), accepted)
+        return (try row.decode(String.self, column: 0), try row.decode(String.self, column: 1))
     }
 }

@@ -79,8 +79,8 @@ public struct SupabaseImport: Sendable {
         public var usersComplete = 0
         public var eventsExpected = 0
         public var eventsFound = 0
-        /// SHA-256 chained over the expected `(user_id, client_id)` pairs in key order, and
-        /// over the pairs found in the destination: equal when nothing is missing.
+        /// XOR of the SHA-256 of each expected `"user_id,client_id"` pair, and of each pair
+        /// found in the destination: equal when nothing is missing.
         public var sourceDigest = ""
         public var destinationDigest = ""
         /// Up to 10 users with events missing, and how many.

@@ -147,11 +147,19 @@ struct SupabaseSource {
         order by e.user_id, e.t, e.i
         """
 
-    /// Every event's key and whether trunk-sync's rules accept it, in key order (the
-    /// verification pass). Columns: user_id, client_id, accepted.
+    /// Every event's key in key order (the verification pass; the source's unique index on
+    /// them serves it). Columns: user_id, client_id.
     static let eventKeysQuery = """
+        select e.user_id::text, e.client_id::text from public.events e where e.client_id is not null
+        order by e.user_id, e.client_id
+        """
+
+    /// Whether trunk-sync's rules accept the events of the keys `($1[i], $2[i])` (uuid[]s).
+    /// Columns: user_id, client_id, accepted.
+    static let acceptedKeysQuery = """
         select e.user_id::text, e.client_id::text, (\(eventRejectReason("e"))) is null
-        from public.events e where e.client_id is not null order by e.user_id, e.client_id
+        from unnest($1::uuid[], $2::uuid[]) k(user_id, client_id)
+        join public.events e on e.user_id = k.user_id and e.client_id = k.client_id
         """
 
     /// Sessions that have not ended: not past `not_after`. Columns: id, user_id, created_at,
