@@ -267,13 +267,16 @@ final class ImportRun {
                 // Counted again from zero as their batches commit.
                 try destination.query("delete from supabase_import_progress where user_id = any($1::uuid[])", "{" + users.joined(separator: ",") + "}")
             }
-            try source.stream(SupabaseSource.eventsQuery, binds: ["{" + users.joined(separator: ",") + "}"], batch: options.batchSize) { rows in
+            // The next batch is read and encoded on a thread of its own while this one is
+            // written: the source and the destination work at the same time.
+            let reader = BatchReader(source: source, users: users, batchSize: options.batchSize, notImported: notImported)
+            defer { reader.finish() }
+            while let prepared = try reader.next() {
                 let start = ContinuousClock.now
-                defer { writing += ContinuousClock.now - start }
-                try eventBatch(rows, copy: &copy)
-                done += rows.count
+                try write(prepared)
+                writing += ContinuousClock.now - start
+                done += prepared.rows
                 options.progress?(done, total)
-                return copy.bytes.count
             }
         }
         report.events.read = done
@@ -293,34 +296,14 @@ final class ImportRun {
         order by c.user_id limit 1000
         """
 
-    private func eventBatch(_ rows: PostgresResult, copy: inout CopyText) throws {
-        copy.removeAll()
-        var seen: [String: Int] = [:]
-        var ord = 0
-        for row in rows {
-            let user = try row.decode(String.self, column: 0)
-            seen[user, default: 0] += 1
-            if let reason = try row.decode(String?.self, column: 7) {
-                report.events.rejected += 1
-                reject("public.events", try row.decode(String.self, column: 1), reason)
-                continue
-            }
-            if notImported.contains(user) {
-                report.events.rejected += 1
-                reject("public.events", try row.decode(String.self, column: 1), "its user was not imported")
-                continue
-            }
-            ord += 1
-            copy.field(Int64(ord))
-            for column in 0...6 { copy.field(row, column) }
-            copy.endRow()
+    /// Writes one prepared batch in its own transaction, then announces it.
+    private func write(_ prepared: PreparedBatch) throws {
+        for (id, reason) in prepared.rejects {
+            report.events.rejected += 1
+            reject("public.events", id, reason)
         }
-        var seenCopy = CopyText(capacity: seen.count * 48)
-        for (user, count) in seen {
-            seenCopy.field(user)
-            seenCopy.field(Int64(count))
-            seenCopy.endRow()
-        }
+        let copy = prepared.events
+        let seenCopy = prepared.seen
         let notify: [String] = try batch {
             try destination.execute("truncate import_events, import_seen")
             if !copy.isEmpty { try destination.copyIn("copy import_events from stdin", data: copy.bytes) }
@@ -513,4 +496,117 @@ private final class KeyCursor {
         index += 1
         return (try row.decode(String.self, column: 0), try row.decode(String.self, column: 1))
     }
+}
+
+/// One batch of source events, encoded for COPY, with its rejects.
+struct PreparedBatch: Sendable {
+    /// Source rows the batch holds (rejected ones included).
+    var rows = 0
+    /// `import_events` rows.
+    var events = CopyText()
+    /// `import_seen` rows: source rows per user.
+    var seen = CopyText(capacity: 4096)
+    /// Rejected rows: source id, reason.
+    var rejects: [(String, String)] = []
+}
+
+/// Reads the events of `users` from the source on a thread of its own and hands over
+/// encoded batches, at most two ahead of the writer (bounded memory). `finish` stops it
+/// and waits for its thread to end.
+final class BatchReader: @unchecked Sendable {  // state guarded by `condition`
+    private let condition = NSCondition()
+    private var ready: [PreparedBatch] = []
+    private var ended = false
+    private var failure: Error? = nil
+    private var stopping = false
+    private var threadEnded = false
+    private static let ahead = 2
+
+    init(source: SupabaseSource, users: [String], batchSize: Int, notImported: Set<String>) {
+        let source = UncheckedBox(source)
+        let thread = Thread { [self] in
+            do {
+                try source.value.stream(
+                    SupabaseSource.eventsQuery, binds: ["{" + users.joined(separator: ",") + "}"], batch: batchSize
+                ) { rows in
+                    let prepared = try Self.prepare(rows, notImported: notImported)
+                    let bytes = prepared.events.bytes.count
+                    condition.lock()
+                    defer { condition.unlock() }
+                    while ready.count >= Self.ahead && !stopping { condition.wait() }
+                    if stopping { throw CancellationError() }
+                    ready.append(prepared)
+                    condition.broadcast()
+                    return bytes
+                }
+            } catch {
+                condition.lock()
+                if !(error is CancellationError) { failure = error }
+                condition.unlock()
+            }
+            condition.lock()
+            ended = true
+            threadEnded = true
+            condition.broadcast()
+            condition.unlock()
+        }
+        thread.stackSize = 1 << 22
+        thread.start()
+    }
+
+    /// The next batch, nil at the end; rethrows the reader's error.
+    func next() throws -> PreparedBatch? {
+        condition.lock()
+        defer { condition.unlock() }
+        while ready.isEmpty && !ended { condition.wait() }
+        if let failure { throw failure }
+        if ready.isEmpty { return nil }
+        let batch = ready.removeFirst()
+        condition.broadcast()
+        return batch
+    }
+
+    /// Stops the reader (if it still runs) and waits until its thread ended.
+    func finish() {
+        condition.lock()
+        stopping = true
+        condition.broadcast()
+        while !threadEnded { condition.wait() }
+        condition.unlock()
+    }
+
+    private static func prepare(_ rows: PostgresResult, notImported: Set<String>) throws -> PreparedBatch {
+        var prepared = PreparedBatch()
+        prepared.rows = rows.count
+        var seen: [String: Int] = [:]
+        var ord = 0
+        for row in rows {
+            let user = try row.decode(String.self, column: 0)
+            seen[user, default: 0] += 1
+            if let reason = try row.decode(String?.self, column: 7) {
+                prepared.rejects.append((try row.decode(String.self, column: 1), reason))
+                continue
+            }
+            if notImported.contains(user) {
+                prepared.rejects.append((try row.decode(String.self, column: 1), "its user was not imported"))
+                continue
+            }
+            ord += 1
+            prepared.events.field(Int64(ord))
+            for column in 0...6 { prepared.events.field(row, column) }
+            prepared.events.endRow()
+        }
+        for (user, count) in seen {
+            prepared.seen.field(user)
+            prepared.seen.field(Int64(count))
+            prepared.seen.endRow()
+        }
+        return prepared
+    }
+}
+
+/// Hands a value that is used by one thread at a time to another thread.
+private struct UncheckedBox<T>: @unchecked Sendable {
+    let value: T
+    init(_ value: T) { self.value = value }
 }
