@@ -80,7 +80,7 @@ let package = Package(
             name: "HTTPServerTests", dependencies: ["HTTPServer", .product(name: "Logging", package: "swift-log")]),
         .testTarget(name: "JSONTests", dependencies: ["JSON"]),
         .testTarget(name: "MailTests", dependencies: ["Mail", "TestSupport"]),
-        .testTarget(name: "EndToEndTests", dependencies: ["TestSupport", "Postgres"]),
+        .testTarget(name: "EndToEndTests", dependencies: ["TestSupport", "Postgres", "TrunkCrypto"]),
         .testTarget(name: "TrunkSyncClientTests", dependencies: ["TrunkSyncClient", "TestSupport", "Postgres"]),
         .testTarget(
             name: "TrunkSyncTests",

@@ -11,6 +11,8 @@ public enum JWT {
         case hs256 = "HS256"
         /// ECDSA on P-256 with SHA-256.
         case es256 = "ES256"
+        /// RSASSA-PKCS1-v1_5 with SHA-256 (verification only: imported public keys).
+        case rs256 = "RS256"
     }
 
     /// A key that signs and verifies HS256 tokens.
@@ -33,12 +35,15 @@ public enum JWT {
         case hs256(HS256Key)
         /// A P-256 key (`alg: ES256`).
         case es256(ES256Key)
+        /// An RSA public key (`alg: RS256`), verification only.
+        case rs256(RS256Key)
 
         /// The key's `kid`, if any.
         public var keyID: String? {
             switch self {
             case .hs256(let key): return key.keyID
             case .es256(let key): return key.keyID
+            case .rs256(let key): return key.keyID
             }
         }
 
@@ -47,6 +52,7 @@ public enum JWT {
             switch self {
             case .hs256: return .hs256
             case .es256: return .es256
+            case .rs256: return .rs256
             }
         }
     }
@@ -55,7 +61,7 @@ public enum JWT {
     public enum VerificationError: Error, Equatable, CustomStringConvertible {
         /// Not three base64url segments, or a header without a string `alg`.
         case malformed
-        /// `alg` is neither `HS256` nor `ES256` (`none` included).
+        /// `alg` is not `HS256`, `ES256` or `RS256` (`none` included).
         case unsupportedAlgorithm(String)
         /// No key has the token's `kid` (or, without `kid`, no key lacks one).
         case unknownKey
@@ -103,9 +109,12 @@ public enum JWT {
 
     /// Verifies a token against the accepted keys and returns its payload bytes.
     ///
-    /// The header's `alg` must be `HS256` or `ES256` (never `none`). A token with a `kid`
-    /// must name one of `keys`; one without is tried against the keys that have no id. Of
-    /// those, only keys of the token's algorithm are used.
+    /// The header's `alg` must be `HS256`, `ES256` or `RS256` (never `none`). A token with a
+    /// `kid` must name one of `keys`; one without is tried against the keys that have no id.
+    /// Of those, only keys of the token's algorithm are used. One exception: an HS256 token
+    /// whose `kid` names no key is tried against the HS256 keys without an id, because
+    /// hosted Supabase projects put a `kid` on tokens signed with their one shared secret
+    /// (an HMAC key has no public identity; the `kid` is only a hint).
     public static func verify(_ token: String, keys: [Key]) throws(VerificationError) -> [UInt8] {
         let parts = token.utf8.split(separator: UInt8(ascii: "."), omittingEmptySubsequences: false)
         guard parts.count == 3, let headerBytes = Base64URL.decode(parts[0]), let payload = Base64URL.decode(parts[1]),
@@ -113,7 +122,10 @@ public enum JWT {
         else { throw .malformed }
         let header = try parseHeader(headerBytes)
         guard let algorithm = Algorithm(rawValue: header.alg) else { throw .unsupportedAlgorithm(header.alg) }
-        let named = keys.filter { $0.keyID == header.kid }
+        var named = keys.filter { $0.keyID == header.kid }
+        if named.isEmpty, header.kid != nil, algorithm == .hs256 {
+            named = keys.filter { $0.keyID == nil && $0.algorithm == .hs256 }
+        }
         guard !named.isEmpty else { throw .unknownKey }
         let signingInput = token.utf8.prefix(parts[0].count + 1 + parts[1].count)
         var matchedAlgorithm = false
@@ -123,6 +135,8 @@ public enum JWT {
             case .hs256(let key):
                 if constantTimeEquals(HMAC.sha256(key: key.secret, message: signingInput), signature) { return payload }
             case .es256(let key):
+                if key.isValidSignature(signature, for: signingInput) { return payload }
+            case .rs256(let key):
                 if key.isValidSignature(signature, for: signingInput) { return payload }
             }
         }

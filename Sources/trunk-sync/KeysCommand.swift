@@ -28,8 +28,12 @@ struct KeysCommand: AsyncParsableCommand {
             Private keys are stored in the table signing_keys encrypted (AES-256-GCM) with \
             TRUNK_SYNC_KEY_ENCRYPTION_KEY, which add needs, as do migrate and every server: the \
             same key everywhere, kept out of the database and its backups.
+
+            Moving from a hosted Supabase project on asymmetric keys: `trunk-sync keys import-jwks \
+            FILE` stores its public keys as verify-only (with TRUNK_SYNC_ACCEPTED_ISSUERS naming \
+            its issuer), so the access tokens it issued work until they expire.
             """,
-        subcommands: [List.self, Add.self, Retire.self]
+        subcommands: [List.self, Add.self, Retire.self, ImportJWKS.self]
     )
 
     /// The store on the owner's connection; `writing` (add, retire) first checks that it is
@@ -74,7 +78,13 @@ struct KeysCommand: AsyncParsableCommand {
                     }
                     return [key.keyID, key.algorithm, KeysCommand.time(key.createdAt), status]
                 }
-                print(table(header: ["KID", "ALG", "CREATED", "STATUS"], rows: rows))
+                let imported = try await ImportedKeys.list(pool: store.pool).map { key -> [String] in
+                    [
+                        key.keyID, key.algorithm, KeysCommand.time(key.createdAt),
+                        key.retiredAt.map { "retired " + KeysCommand.time($0) } ?? "imported (verifies only)",
+                    ]
+                }
+                print(table(header: ["KID", "ALG", "CREATED", "STATUS"], rows: rows + imported))
                 let signing = keys.contains { $0.status == .signing }
                 print(
                     "\(keys.count) key(s); HS256 (TRUNK_SYNC_JWT_SECRET) verifies"
@@ -120,12 +130,45 @@ struct KeysCommand: AsyncParsableCommand {
         func run() async throws {
             try await reportingErrors {
                 let (store, configuration) = try await KeysCommand.store(options, writing: true)
+                // An imported key signs nothing here: retiring it only ends its tokens.
+                if try await ImportedKeys.retire(kid, pool: store.pool) {
+                    print("retired imported key \(kid): servers stop verifying its tokens within 60 s")
+                    return
+                }
                 switch try await store.retire(kid, tokenLifetime: configuration.jwtExpiry, force: force) {
                 case .retired:
                     print("retired \(kid): servers stop verifying its tokens within 60 s")
                 case .alreadyRetired(let time):
                     print("\(kid) was already retired at \(KeysCommand.time(time))")
                 }
+            }
+        }
+    }
+
+    struct ImportJWKS: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "import-jwks",
+            abstract: "Import another issuer's public keys (a JWKS file) as verify-only keys.",
+            discussion: """
+                For a hosted Supabase project on asymmetric keys: save \
+                https://<ref>.supabase.co/auth/v1/.well-known/jwks.json to FILE, import it, and set \
+                TRUNK_SYNC_ACCEPTED_ISSUERS=https://<ref>.supabase.co/auth/v1. ES256 and RS256 keys \
+                are accepted; each needs a kid; private members are refused. Servers verify with \
+                them within 60 s. Retire one with `trunk-sync keys retire KID` once the tokens it \
+                signed have expired.
+                """)
+        @OptionGroup var options: CommonOptions
+        @Argument(help: "The JWKS file ({\"keys\": [...]}) or one JWK.") var file: String
+
+        func run() async throws {
+            try await reportingErrors {
+                guard let data = FileManager.default.contents(atPath: file) else {
+                    throw ValidationError("cannot read \(file)")
+                }
+                let entries = try ImportedKeys.parse(data)
+                let (store, _) = try await KeysCommand.store(options, writing: true)
+                _ = try await ImportedKeys.store(entries, pool: store.pool)
+                for entry in entries { print("imported \(entry.algorithm) key \(entry.keyID) (verifies only)") }
             }
         }
     }

@@ -14,6 +14,7 @@ struct TrunkSyncCommand: AsyncParsableCommand {
         version: TrunkSyncVersion.current,
         subcommands: [
             Serve.self, Migrate.self, TokenCommand.self, UsersCommand.self, KeysCommand.self, ConfigCommand.self,
+            ImportCommand.self,
         ]
     )
 }

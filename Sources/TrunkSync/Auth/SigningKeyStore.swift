@@ -16,7 +16,7 @@ import TrunkCrypto
 /// server's role may read only that column, and only a server given
 /// `TRUNK_SYNC_KEY_ENCRYPTION_KEY` can use them.
 public struct SigningKeyStore: Sendable {
-    let pool: PostgresPool
+    public let pool: PostgresPool
     /// What seals and opens the private keys; nil when `TRUNK_SYNC_KEY_ENCRYPTION_KEY` is not
     /// set (then no key can be added, and stored keys cannot be loaded).
     let encryption: KeyEncryptionKey?

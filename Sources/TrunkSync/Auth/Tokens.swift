@@ -109,10 +109,13 @@ public struct AccessClaims: Sendable, Equatable {
 public final class TokenIssuer: Sendable {
     /// The HS256 key of the configured secret.
     public let secretKey: JWT.HS256Key
-    /// `iss` of issued tokens, and the only one accepted: `TRUNK_SYNC_PUBLIC_URL` +
-    /// `/auth/v1`, so every instance of a deployment (which share the public URL) accepts
-    /// the others' tokens and no other deployment's, even one that shares the secret.
+    /// `iss` of issued tokens, and accepted: `TRUNK_SYNC_PUBLIC_URL` + `/auth/v1`, so every
+    /// instance of a deployment (which share the public URL) accepts the others' tokens and
+    /// no other deployment's, even one that shares the secret.
     public let issuer: String
+    /// Further issuers whose tokens are accepted (`TRUNK_SYNC_ACCEPTED_ISSUERS`): the hosted
+    /// project a deployment moved from, so the access tokens it issued work until they expire.
+    public let acceptedIssuers: Set<String>
     /// Access token lifetime in seconds.
     public let lifetime: Int
     /// Clock skew tolerated on `exp`, `iat` and `nbf`, seconds: instances' clocks differ a
@@ -136,6 +139,8 @@ public final class TokenIssuer: Sendable {
     private struct KeySet: Sendable {
         /// Newest first.
         var keys: [LoadedKey] = []
+        /// Verify-only public keys imported from another issuer's JWKS (`keys import-jwks`).
+        var importedKeys: [JWT.Key] = []
         var verificationKeys: [JWT.Key]
         var jwks: [UInt8] = Array(#"{"keys":[]}"#.utf8)
         /// Reloads started and the newest one installed, so a slow reload never replaces
@@ -153,11 +158,12 @@ public final class TokenIssuer: Sendable {
         /// Counts key changes, so a verification that raced a reload is not remembered.
         var generation = 0
 
-        mutating func apply(_ keys: [LoadedKey], secretKey: JWT.HS256Key) {
+        mutating func apply(_ keys: [LoadedKey], imported: [JWT.Key], secretKey: JWT.HS256Key) {
             verified = [:]
             generation += 1
             self.keys = keys
-            verificationKeys = [.hs256(secretKey)] + keys.map { .es256($0.key) }
+            importedKeys = imported
+            verificationKeys = [.hs256(secretKey)] + keys.map { .es256($0.key) } + imported
             jwks = Array(("{\"keys\":[" + keys.map(\.key.publicJWK).joined(separator: ",") + "]}").utf8)
             loaded = true
         }
@@ -166,9 +172,10 @@ public final class TokenIssuer: Sendable {
     private let keySet: Mutex<KeySet>
 
     /// An issuer that signs with `secret` (HS256) until ES256 keys are installed.
-    public init(secret: String, issuer: String, lifetime: Int) {
+    public init(secret: String, issuer: String, lifetime: Int, acceptedIssuers: [String] = []) {
         secretKey = JWT.HS256Key(secret: secret)
         self.issuer = issuer
+        self.acceptedIssuers = Set(acceptedIssuers)
         self.lifetime = lifetime
         keySet = Mutex(KeySet(verificationKeys: [.hs256(secretKey)]))
     }
@@ -188,14 +195,17 @@ public final class TokenIssuer: Sendable {
         keySet.withLock { set in set.keys.first { $0.signsFrom <= Double(now) }?.key }
     }
 
-    /// Replaces the ES256 keys (newest first) at once.
-    public func install(_ keys: [LoadedKey]) {
+    /// Replaces the ES256 keys (newest first) and the imported verify-only keys at once.
+    public func install(_ keys: [LoadedKey], imported: [JWT.Key] = []) {
         keySet.withLock { set in
             set.reloadsStarted += 1
             set.installedReload = set.reloadsStarted
-            set.apply(keys, secretKey: secretKey)
+            set.apply(keys, imported: imported, secretKey: secretKey)
         }
     }
+
+    /// The imported verify-only keys in use.
+    public var importedKeys: [JWT.Key] { keySet.withLock { $0.importedKeys } }
 
     /// What a reload found.
     public struct ReloadResult: Sendable {
@@ -217,6 +227,7 @@ public final class TokenIssuer: Sendable {
             return set.reloadsStarted
         }
         let rows = try await store.activeKeys()
+        let imported = try await store.importedKeys()
         let now = Date().timeIntervalSince1970
         var keys: [LoadedKey] = []
         var unreadable: [(keyID: String, reason: String)] = []
@@ -234,8 +245,9 @@ public final class TokenIssuer: Sendable {
         keySet.withLock { set in
             guard ticket > set.installedReload else { return }
             set.installedReload = ticket
-            set.apply(keys, secretKey: secretKey)
+            set.apply(keys, imported: imported.keys, secretKey: secretKey)
         }
+        unreadable += imported.unreadable
         return ReloadResult(keys: keys, unreadable: unreadable, undecryptable: undecryptable)
     }
 
@@ -364,8 +376,8 @@ public final class TokenIssuer: Sendable {
     }
 
     /// Verifies the signature (HS256 with the secret, or ES256 with a key in use named by the
-    /// token's `kid`) and the claims, as strictly on every route (this is the only place
-    /// tokens are checked): `iss` is this server's issuer; `aud` includes `authenticated`;
+    /// token's `kid`, or an imported key) and the claims, as strictly on every route (this is
+    /// the only place tokens are checked): `iss` is this server's issuer or an accepted one; `aud` includes `authenticated`;
     /// `exp` has not passed; `iat` is present and `nbf`, if present, is not in the future
     /// (each with `leeway` for clock skew); `sub` and `session_id` are UUIDs. Returns the
     /// claims. Whether the session was revoked is the authentication stage's question.
@@ -383,7 +395,8 @@ public final class TokenIssuer: Sendable {
         } catch {
             throw AuthError.badJWT
         }
-        guard let claims = Claims.parse(payload), claims.iss == issuer, let user = UUIDText.parse(claims.sub),
+        guard let claims = Claims.parse(payload), let iss = claims.iss, iss == issuer || acceptedIssuers.contains(iss),
+            let user = UUIDText.parse(claims.sub),
             let session = claims.sessionID.flatMap(UUIDText.parse), claims.audiences.contains("authenticated"),
             let expiry = Self.seconds(claims.exp), expiry + Self.leeway >= now,
             let issuedAt = claims.iat.flatMap(Self.seconds), issuedAt <= now + Self.leeway,

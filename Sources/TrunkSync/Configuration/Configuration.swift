@@ -62,6 +62,11 @@ public struct Configuration: Sendable {
         if let url = value("public_url") { return url }
         return host.contains(":") ? "http://[\(host)]:\(port)" : "http://\(host):\(port)"
     }
+    /// `TRUNK_SYNC_ACCEPTED_ISSUERS`, split on commas.
+    public var acceptedIssuers: [String] {
+        (value("accepted_issuers") ?? "").split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
+            .filter { !$0.isEmpty }
+    }
     /// `TRUNK_SYNC_MAILER`.
     public private(set) var mailer: MailerKind = .log
     /// `TRUNK_SYNC_SMTP_URL`.

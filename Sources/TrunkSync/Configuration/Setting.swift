@@ -51,6 +51,9 @@ public struct Setting: Sendable {
         Setting(
             key: "public_url", defaultValue: nil, isSecret: false,
             summary: "External base URL. URL/auth/v1 is the token issuer (iss), checked on every request: every instance of a deployment, and trunk-sync token, must share it. Default http://HOST:PORT."),
+        Setting(
+            key: "accepted_issuers", defaultValue: "", isSecret: false,
+            summary: "Comma-separated further token issuers (iss) accepted beside URL/auth/v1, full URLs such as https://<ref>.supabase.co/auth/v1: after moving from a hosted Supabase project, its access tokens (signed with TRUNK_SYNC_JWT_SECRET set to the project's JWT secret, or with keys from keys import-jwks) keep working until they expire. Default none."),
         Setting(key: "mailer", defaultValue: "log", isSecret: false, summary: "log (codes printed to the log) or smtp."),
         Setting(
             key: "smtp_url", defaultValue: nil, isSecret: true,

@@ -70,7 +70,8 @@ public struct Application: Sendable {
         let secret = configuration.jwtSecret ?? ""
         auth = AuthService(
             pool: pool,
-            tokens: TokenIssuer(secret: secret, issuer: configuration.publicURL + "/auth/v1", lifetime: configuration.jwtExpiry),
+            tokens: TokenIssuer(secret: secret, issuer: configuration.publicURL + "/auth/v1", lifetime: configuration.jwtExpiry,
+                acceptedIssuers: configuration.acceptedIssuers),
             secret: secret, sender: codeSender,
             settings: configuration.auth, logger: logger, metrics: metrics)
         accounts = Accounts(pool: pool, logger: logger, revocations: auth.revocations)

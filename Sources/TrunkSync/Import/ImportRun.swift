@@ -1,0 +1,612 @@
+import Foundation
+import Postgres
+import TrunkCrypto
+
+/// One run of `SupabaseImport`: the phases in order (users, sessions, events, verification),
+/// each streaming the source in batches. The destination's SQL is here, in one place.
+final class ImportRun {
+    let options: SupabaseImport.Options
+    let source: SupabaseSource
+    let destination: PostgresConnection
+    let rejects: RejectWriter
+    var report = SupabaseImport.Report()
+    /// Source users not imported this run (rejected, or an email conflict): their events and
+    /// sessions are rejected too, and the verification leaves them out.
+    var notImported = Set<String>()
+
+    init(options: SupabaseImport.Options, source: SupabaseSource, destination: PostgresConnection, rejects: RejectWriter) {
+        self.options = options
+        self.source = source
+        self.destination = destination
+        self.rejects = rejects
+        report.dryRun = options.dryRun
+        report.rejectFile = options.dryRun ? nil : options.rejectFile
+    }
+
+    func all() throws -> SupabaseImport.Report {
+        // A dry run does everything in one transaction and rolls it back: the counts are
+        // exactly what a real run would find, and nothing stays (no notification leaves an
+        // aborted transaction).
+        if options.dryRun { try destination.execute("begin") }
+        func timed(_ phase: String, _ body: () throws -> Void) throws {
+            let start = ContinuousClock.now
+            try body()
+            let elapsed = ContinuousClock.now - start
+            report.seconds[phase] =
+                ((Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18) * 1000).rounded() / 1000
+        }
+        try timed("users", users)
+        try timed("sessions", sessions)
+        try timed("events", events)
+        // Fresh statistics for the servers' queries (and the visibility map, which lets the
+        // verification read the keys from the index alone) after a bulk load.
+        if !options.dryRun, report.events.imported > 0 {
+            try timed("vacuum") {
+                // One statement per call: several in one would run as a transaction block,
+                // where VACUUM cannot.
+                try destination.execute("vacuum (analyze) events")
+                try destination.execute("analyze users")
+            }
+        }
+        try timed("verification", verify)
+        if options.dryRun { try destination.execute("rollback") }
+        return report
+    }
+
+    /// Runs `body` in a transaction of its own, or inside the dry run's.
+    @discardableResult
+    private func batch<T>(_ body: () throws -> T) throws -> T {
+        if options.dryRun { return try body() }
+        return try destination.transaction { _ in try body() }
+    }
+
+    private func reject(_ table: String, _ id: String, _ reason: String) {
+        rejects.write(table: table, id: id, reason: reason)
+    }
+
+    // MARK: - Users
+
+    private func users() throws {
+        var copy = CopyText()
+        try source.stream(source.usersQuery, batch: options.batchSize) { rows in
+            copy.removeAll()
+            var batchIDs: [String] = []
+            for row in rows {
+                report.users.read += 1
+                let id = try row.decode(String.self, column: 0)
+                if !row.isNull(column: 7) { report.profiles.read += 1 }
+                if let reason = try row.decode(String?.self, column: 8) {
+                    report.users.rejected += 1
+                    notImported.insert(id)
+                    reject("auth.users", id, reason)
+                    continue
+                }
+                let raw = try row.decode(String.self, column: 1)
+                guard let email = Email(raw), email.value.utf8.count <= 320 else {
+                    report.users.rejected += 1
+                    notImported.insert(id)
+                    reject("auth.users", id, "email is not a valid address")
+                    continue
+                }
+                batchIDs.append(id)
+                copy.field(id)
+                copy.field(email.value)
+                for column in 2...7 { copy.field(row, column) }
+                copy.endRow()
+            }
+            guard !copy.isEmpty else { return 0 }
+            try batch {
+                try destination.execute("truncate import_users")
+                try destination.copyIn("copy import_users from stdin", data: copy.bytes)
+                for row in try destination.query(Self.userConflicts) {
+                    let id = try row.decode(String.self, column: 0)
+                    let email = try row.decode(String.self, column: 1)
+                    notImported.insert(id)
+                    report.conflicts.append(.init(sourceID: id, email: email))
+                    reject("auth.users", id, "email \(email) belongs to another trunk-sync user")
+                }
+                let counts = try destination.query(Self.insertUsers)[0]
+                report.users.alreadyThere += Int(try counts.decode(Int64.self, column: 0))
+                report.users.imported += Int(try counts.decode(Int64.self, column: 1))
+                report.profiles.imported += Int(try counts.decode(Int64.self, column: 2))
+            }
+            return copy.bytes.count
+        }
+    }
+
+    static let userConflicts = """
+        select s.id::text, s.email from import_users s
+        where exists (select from users u where lower(u.email) = s.email and u.id <> s.id)
+        """
+
+    /// Inserts the users not there yet (by id; an email another user has is a conflict,
+    /// reported before). `profiles.full_name` wins over the metadata's. Returns: already
+    /// there, imported, imported with a profile name.
+    static let insertUsers = """
+        with there as (select count(*) n from import_users s where exists (select from users u where u.id = s.id)),
+        ins as (
+          insert into users (id, email, created_at, updated_at, email_confirmed_at, last_sign_in_at, full_name, user_metadata)
+          select s.id, s.email, s.created_at, s.updated_at, s.email_confirmed_at, s.last_sign_in_at,
+                 coalesce(s.profile_name, s.metadata->>'full_name'),
+                 case when s.profile_name is null then s.metadata
+                      else s.metadata || jsonb_build_object('full_name', s.profile_name) end
+          from import_users s
+          where not exists (select from users u where u.id = s.id or lower(u.email) = s.email)
+          on conflict do nothing
+          returning id
+        )
+        select (select n from there), (select count(*) from ins),
+               (select count(*) from ins join import_users s on s.id = ins.id where s.profile_name is not null)
+        """
+
+    // MARK: - Sessions
+
+    private func sessions() throws {
+        var copy = CopyText()
+        let batchSize = min(options.batchSize, 1000)
+        try source.stream(source.sessionsQuery, batch: batchSize) { rows in
+            copy.removeAll()
+            var opaque: [String: String] = [:]  // session id → user id, sessions that need a look-up
+            var meta: [String: (user: String, createdAt: String, aal: String)] = [:]
+            for row in rows {
+                report.sessions.read += 1
+                let id = try row.decode(String.self, column: 0)
+                let user = try row.decode(String.self, column: 1)
+                if notImported.contains(user) {
+                    report.sessions.rejected += 1
+                    reject("auth.sessions", id, "its user was not imported")
+                    continue
+                }
+                meta[id] = (user, try row.decode(String.self, column: 2), try row.decode(String.self, column: 3))
+                if let stored = try row.decode(String?.self, column: 4), let sessionID = UUIDText.parse(id) {
+                    switch SupabaseRefreshToken.key(stored: stored) {
+                    case .success(let key):
+                        let counter = UInt64(try row.decode(String?.self, column: 5) ?? "0") ?? 0
+                        let token = SupabaseRefreshToken.encode(session: sessionID, counter: counter, key: key)
+                        append(&copy, id, meta[id], token: token)
+                    case .failure:
+                        report.sessionsUndecryptable += 1
+                        meta[id] = nil
+                    }
+                } else {
+                    opaque[id] = user
+                }
+            }
+            if !opaque.isEmpty {
+                let ids = "{" + opaque.keys.joined(separator: ",") + "}"
+                var found = Set<String>()
+                for row in try source.connection.query(SupabaseSource.opaqueTokensQuery, ids) {
+                    let id = try row.decode(String.self, column: 0)
+                    found.insert(id)
+                    append(&copy, id, meta[id], token: try row.decode(String.self, column: 1))
+                }
+                report.sessionsWithoutToken += opaque.keys.filter { !found.contains($0) }.count
+            }
+            guard !copy.isEmpty else { return 0 }
+            try batch {
+                try destination.execute("truncate import_sessions")
+                try destination.copyIn("copy import_sessions from stdin", data: copy.bytes)
+                for row in try destination.query(Self.sessionsOfMissingUsers) {
+                    report.sessions.rejected += 1
+                    reject("auth.sessions", try row.decode(String.self, column: 0), "its user is not in trunk-sync")
+                }
+                let counts = try destination.query(Self.insertSessions)[0]
+                report.sessions.alreadyThere += Int(try counts.decode(Int64.self, column: 0))
+                report.sessions.imported += Int(try counts.decode(Int64.self, column: 1))
+            }
+            return 0
+        }
+    }
+
+    private func append(_ copy: inout CopyText, _ id: String, _ meta: (user: String, createdAt: String, aal: String)?, token: String) {
+        guard let meta else { return }
+        copy.field(id)
+        copy.field(meta.user)
+        copy.field(meta.createdAt)
+        copy.field(meta.aal == "aal2" ? "aal2" : "aal1")
+        copy.field(bytea: SHA256.hash(token))
+        copy.endRow()
+    }
+
+    static let sessionsOfMissingUsers = """
+        select distinct s.id::text from import_sessions s where not exists (select from users u where u.id = s.user_id)
+        """
+
+    /// Inserts the sessions not there yet with their live refresh tokens (stored hashed, as
+    /// trunk-sync stores its own). Their access tokens' revocation outlives the hosted
+    /// project's longest token lifetime (`access_expires_at`, a week). Returns: already
+    /// there, imported.
+    static let insertSessions = """
+        with there as (select count(distinct s.id) n from import_sessions s where exists (select from sessions x where x.id = s.id)),
+        ins as (
+          insert into sessions (id, user_id, created_at, updated_at, aal, access_expires_at)
+          select distinct on (s.id) s.id, s.user_id, s.created_at, now(), s.aal, now() + interval '7 days'
+          from import_sessions s
+          where exists (select from users u where u.id = s.user_id) and not exists (select from sessions x where x.id = s.id)
+          on conflict (id) do nothing
+          returning id
+        ),
+        tokens as (
+          insert into refresh_tokens (session_id, user_id, token_hash)
+          select s.id, s.user_id, s.token_hash from import_sessions s join ins on ins.id = s.id
+          on conflict (token_hash) do nothing
+          returning 1
+        )
+        select (select n from there), (select count(*) from ins), (select count(*) from tokens)
+        """
+
+    // MARK: - Events
+
+    private func events() throws {
+        let total = Int(try source.connection.query(SupabaseSource.eventTotalQuery)[0].decode(Int64.self, column: 0))
+        // The users whose source count differs from what earlier runs read (all of them, the
+        // first time), by keyset pages so memory stays bounded.
+        var copy = CopyText()
+        try batch { try destination.execute("truncate import_counts") }
+        try source.stream(SupabaseSource.eventCountsQuery, batch: 10_000) { rows in
+            copy.removeAll()
+            for row in rows {
+                copy.field(row, 0)
+                copy.field(row, 1)
+                copy.endRow()
+            }
+            try batch { try destination.copyIn("copy import_counts from stdin", data: copy.bytes) }
+            return 0
+        }
+        var done = try Int(destination.query(Self.eventsAlreadyRead)[0].decode(Int64.self, column: 0))
+        report.events.read = done
+        options.progress?(done, total)
+        var after = "00000000-0000-0000-0000-000000000000"
+        var writing = Duration.zero
+        while true {
+            let page = try destination.query(Self.usersToRead, after)
+            guard let last = page.last else { break }
+            after = try last.decode(String.self, column: 0)
+            let users = try page.map { try $0.decode(String.self, column: 0) }
+            if !options.dryRun {
+                // Counted again from zero as their batches commit.
+                try destination.query("delete from supabase_import_progress where user_id = any($1::uuid[])", "{" + users.joined(separator: ",") + "}")
+            }
+            // The next batch is read and encoded on a thread of its own while this one is
+            // written: the source and the destination work at the same time.
+            let reader = BatchReader(source: source, users: users, batchSize: options.batchSize, notImported: notImported)
+            defer { reader.finish() }
+            while let prepared = try reader.next() {
+                let start = ContinuousClock.now
+                try write(prepared)
+                writing += ContinuousClock.now - start
+                done += prepared.rows
+                options.progress?(done, total)
+            }
+        }
+        report.events.read = done
+        report.seconds["events_writing"] = ((Double(writing.components.seconds) + Double(writing.components.attoseconds) / 1e18) * 1000).rounded() / 1000
+    }
+
+    /// Events of users whose count already matches (read by earlier runs).
+    static let eventsAlreadyRead = """
+        select coalesce(sum(c.n), 0)::int8 from import_counts c join supabase_import_progress p using (user_id)
+        where p.events_seen = c.n
+        """
+
+    /// The next page of users to read (`$1`: after this id).
+    static let usersToRead = """
+        select c.user_id::text from import_counts c left join supabase_import_progress p using (user_id)
+        where c.user_id > $1::uuid and p.events_seen is distinct from c.n
+        order by c.user_id limit 1000
+        """
+
+    /// Writes one prepared batch in its own transaction, then announces it.
+    private func write(_ prepared: PreparedBatch) throws {
+        for (id, reason) in prepared.rejects {
+            report.events.rejected += 1
+            reject("public.events", id, reason)
+        }
+        let copy = prepared.events
+        let seenCopy = prepared.seen
+        let notify: [String] = try batch {
+            try destination.execute("truncate import_events, import_seen")
+            if !copy.isEmpty { try destination.copyIn("copy import_events from stdin", data: copy.bytes) }
+            try destination.copyIn("copy import_seen from stdin", data: seenCopy.bytes)
+            // Each user's row locked, in id order, as a push locks it: seq and created_at
+            // continue after what the user pushed, whoever commits first.
+            try destination.execute("select from users where id in (select user_id from import_events) order by id for update")
+            for row in try destination.query(Self.eventsOfMissingUsers) {
+                report.events.rejected += 1
+                reject("public.events", try row.decode(String.self, column: 0), "its user is not in trunk-sync")
+            }
+            // The events already here leave the batch first, found through the (user_id,
+            // client_id) index one by one: a hash join would read all of `events` once per
+            // batch, which grows with the import (statistics of a table being loaded lag, so
+            // the planner is told, for this statement only).
+            try destination.execute("set local enable_hashjoin = off; set local enable_mergejoin = off")
+            report.events.alreadyThere += Int(try destination.query(Self.dropEventsAlreadyHere)[0].decode(Int64.self, column: 0))
+            try destination.execute("set local enable_hashjoin = on; set local enable_mergejoin = on")
+            var users: [String] = []
+            for row in try destination.query(Self.insertEvents) {
+                let inserted = Int(try row.decode(Int64.self, column: 1))
+                report.events.imported += inserted
+                report.eventsRetimed += Int(try row.decode(Int64.self, column: 2))
+                users.append(try row.decode(String.self, column: 0))
+            }
+            try destination.execute(Self.recordProgress)
+            return users
+        }
+        // Announced after the commit, as a push does: running servers serve them at once.
+        if !options.dryRun, !notify.isEmpty {
+            try destination.query(
+                "select pg_notify($1, u) from regexp_split_to_table($2, ',') u", EventStore.channel, notify.joined(separator: ","))
+        }
+    }
+
+    static let eventsOfMissingUsers = """
+        select s.id::text from import_events s where not exists (select from users u where u.id = s.user_id)
+        """
+
+    /// Removes from the batch the events already here (by `(user_id, client_id)`); returns
+    /// how many.
+    static let dropEventsAlreadyHere = """
+        with gone as (
+          delete from import_events s
+          where exists (select from events e where e.user_id = s.user_id and e.client_id = s.client_id)
+          returning 1
+        )
+        select count(*) from gone
+        """
+
+    /// Inserts the batch's events of users that are here (the ones already here were
+    /// dropped before): `seq` after the user's `last_seq` in source order; `created_at`
+    /// kept, unless it is before the user's newest event here (a delta import after the
+    /// user pushed to trunk-sync), then moved just after it, so `created_at > lastSync`
+    /// finds it. Moves each user's cursor. Returns per user: events inserted, retimed.
+    static let insertEvents = """
+        with placed as (
+          select s.*, u.last_seq + rn seq,
+                 case when u.last_event_at is not null and s.created_at < u.last_event_at
+                      then date_trunc('milliseconds', u.last_event_at) + rn * interval '1 millisecond'
+                      else s.created_at end placed_at,
+                 u.last_event_at is not null and s.created_at < u.last_event_at retimed
+          from (select *, row_number() over (partition by user_id order by ord) rn from import_events) s
+          join users u on u.id = s.user_id
+        ),
+        ins as (
+          insert into events (id, user_id, seq, type, payload, client_id, client_timestamp, created_at)
+          select id, user_id, seq, type, payload, client_id, client_timestamp, placed_at from placed
+          on conflict (id) do nothing
+          returning user_id, seq, created_at
+        ),
+        per_user as (select user_id, count(*) n, max(seq) max_seq, max(created_at) max_at from ins group by user_id),
+        retimed as (select user_id, count(*) filter (where retimed) n from placed group by user_id),
+        moved as (
+          update users u set last_seq = greatest(u.last_seq, p.max_seq), last_event_at = greatest(u.last_event_at, p.max_at)
+          from per_user p where u.id = p.user_id
+          returning u.id
+        )
+        select p.user_id::text, p.n, r.n
+        from per_user p join moved on moved.id = p.user_id join retimed r on r.user_id = p.user_id
+        """
+
+    /// Counts the batch's source rows per user (imported users only: a user not imported is
+    /// read again next time).
+    static let recordProgress = """
+        insert into supabase_import_progress (user_id, events_seen)
+        select s.user_id, s.n from import_seen s where exists (select from users u where u.id = s.user_id)
+        on conflict (user_id) do update
+          set events_seen = supabase_import_progress.events_seen + excluded.events_seen, updated_at = now()
+        """
+
+    // MARK: - Verification
+
+    /// Merges the source's event keys with the destination's, both in `(user_id,
+    /// client_id)` order through cursors (index-only scans on both sides): constant memory
+    /// whatever the size. A source key missing here is looked up again, a thousand at a
+    /// time, to tell a rejected event (trunk-sync's rules refuse it) from a missing one.
+    /// The digests are order-independent (XOR of each pair's SHA-256), so a rejected pair
+    /// leaves the source's again.
+    private func verify() throws {
+        if !options.dryRun { try destination.execute("begin isolation level repeatable read, read only") }
+        defer { if !options.dryRun { _ = try? destination.execute("commit") } }
+        let theirs = try KeyCursor(destination, name: "verify_destination", sql: "select user_id::text, client_id::text from events order by user_id, client_id")
+        let ours = try KeyCursor(source.connection, name: "verify_source", sql: SupabaseSource.eventKeysQuery)
+        var verification = SupabaseImport.Verification()
+        var sourceDigest = [UInt8](repeating: 0, count: 32)
+        var destinationDigest = sourceDigest
+        var pending: [(user: String, client: String, hash: [UInt8])] = []
+        var incompleteUsers = 0
+        var lastIncomplete: String? = nil
+        func xor(_ digest: inout [UInt8], _ hash: [UInt8]) { for index in 0..<32 { digest[index] ^= hash[index] } }
+        func classifyPending() throws {
+            guard !pending.isEmpty else { return }
+            var accepted = Set<String>()
+            let rows = try source.connection.query(
+                SupabaseSource.acceptedKeysQuery, "{" + pending.map(\.user).joined(separator: ",") + "}",
+                "{" + pending.map(\.client).joined(separator: ",") + "}")
+            for row in rows where try row.decode(Bool.self, column: 2) {
+                accepted.insert(try row.decode(String.self, column: 0) + "," + row.decode(String.self, column: 1))
+            }
+            for key in pending {
+                if accepted.contains(key.user + "," + key.client) {
+                    if key.user != lastIncomplete {
+                        incompleteUsers += 1
+                        lastIncomplete = key.user
+                    }
+                    if verification.incompleteUsers.count < 10 || verification.incompleteUsers[key.user] != nil {
+                        verification.incompleteUsers[key.user, default: 0] += 1
+                    }
+                } else {
+                    verification.eventsExpected -= 1
+                    xor(&sourceDigest, key.hash)
+                }
+            }
+            pending.removeAll(keepingCapacity: true)
+        }
+        var currentUser: String? = nil
+        var other = try theirs.next()
+        while let (user, client) = try ours.next() {
+            guard !notImported.contains(user) else { continue }
+            if user != currentUser {
+                currentUser = user
+                verification.users += 1
+            }
+            verification.eventsExpected += 1
+            let hash = SHA256.hash(user + "," + client)
+            xor(&sourceDigest, hash)
+            while let candidate = other, (candidate.0, candidate.1) < (user, client) { other = try theirs.next() }
+            if let candidate = other, candidate.0 == user, candidate.1 == client {
+                verification.eventsFound += 1
+                xor(&destinationDigest, hash)
+            } else {
+                pending.append((user, client, hash))
+                if pending.count >= 1000 { try classifyPending() }
+            }
+        }
+        try classifyPending()
+        verification.usersComplete = verification.users - incompleteUsers
+        verification.sourceDigest = Hex.encode(sourceDigest)
+        verification.destinationDigest = Hex.encode(destinationDigest)
+        report.verification = verification
+    }
+}
+
+/// Rows `(user_id, client_id)` from a cursor, fetched in pages.
+private final class KeyCursor {
+    let connection: PostgresConnection
+    let name: String
+    var page: PostgresResult? = nil
+    var index = 0
+    var exhausted = false
+
+    init(_ connection: PostgresConnection, name: String, sql: String) throws {
+        self.connection = connection
+        self.name = name
+        try connection.execute("declare \(name) no scroll cursor for \(sql)")
+    }
+
+    func next() throws -> (String, String)? {
+        if page == nil || index >= page?.count ?? 0 {
+            guard !exhausted else { return nil }
+            let fetched = try connection.query("fetch forward 10000 from \(name)")
+            if fetched.count < 10000 { exhausted = true }
+            page = fetched
+            index = 0
+            if fetched.isEmpty { return nil }
+        }
+        guard let page else { return nil }
+        let row = page[index]
+        index += 1
+        return (try row.decode(String.self, column: 0), try row.decode(String.self, column: 1))
+    }
+}
+
+/// One batch of source events, encoded for COPY, with its rejects.
+struct PreparedBatch: Sendable {
+    /// Source rows the batch holds (rejected ones included).
+    var rows = 0
+    /// `import_events` rows.
+    var events = CopyText()
+    /// `import_seen` rows: source rows per user.
+    var seen = CopyText(capacity: 4096)
+    /// Rejected rows: source id, reason.
+    var rejects: [(String, String)] = []
+}
+
+/// Reads the events of `users` from the source on a thread of its own and hands over
+/// encoded batches, at most two ahead of the writer (bounded memory). `finish` stops it
+/// and waits for its thread to end.
+final class BatchReader: @unchecked Sendable {  // state guarded by `condition`
+    private let condition = NSCondition()
+    private var ready: [PreparedBatch] = []
+    private var ended = false
+    private var failure: Error? = nil
+    private var stopping = false
+    private var threadEnded = false
+    private static let ahead = 2
+
+    init(source: SupabaseSource, users: [String], batchSize: Int, notImported: Set<String>) {
+        let source = UncheckedBox(source)
+        let thread = Thread { [self] in
+            do {
+                try source.value.stream(
+                    SupabaseSource.eventsQuery, binds: ["{" + users.joined(separator: ",") + "}"], batch: batchSize
+                ) { rows in
+                    let prepared = try Self.prepare(rows, notImported: notImported)
+                    let bytes = prepared.events.bytes.count
+                    condition.lock()
+                    defer { condition.unlock() }
+                    while ready.count >= Self.ahead && !stopping { condition.wait() }
+                    if stopping { throw CancellationError() }
+                    ready.append(prepared)
+                    condition.broadcast()
+                    return bytes
+                }
+            } catch {
+                condition.lock()
+                if !(error is CancellationError) { failure = error }
+                condition.unlock()
+            }
+            condition.lock()
+            ended = true
+            threadEnded = true
+            condition.broadcast()
+            condition.unlock()
+        }
+        thread.stackSize = 1 << 22
+        thread.start()
+    }
+
+    /// The next batch, nil at the end; rethrows the reader's error.
+    func next() throws -> PreparedBatch? {
+        condition.lock()
+        defer { condition.unlock() }
+        while ready.isEmpty && !ended { condition.wait() }
+        if let failure { throw failure }
+        if ready.isEmpty { return nil }
+        let batch = ready.removeFirst()
+        condition.broadcast()
+        return batch
+    }
+
+    /// Stops the reader (if it still runs) and waits until its thread ended.
+    func finish() {
+        condition.lock()
+        stopping = true
+        condition.broadcast()
+        while !threadEnded { condition.wait() }
+        condition.unlock()
+    }
+
+    private static func prepare(_ rows: PostgresResult, notImported: Set<String>) throws -> PreparedBatch {
+        var prepared = PreparedBatch()
+        prepared.rows = rows.count
+        var seen: [String: Int] = [:]
+        var ord = 0
+        for row in rows {
+            let user = try row.decode(String.self, column: 0)
+            seen[user, default: 0] += 1
+            if let reason = try row.decode(String?.self, column: 7) {
+                prepared.rejects.append((try row.decode(String.self, column: 1), reason))
+                continue
+            }
+            if notImported.contains(user) {
+                prepared.rejects.append((try row.decode(String.self, column: 1), "its user was not imported"))
+                continue
+            }
+            ord += 1
+            prepared.events.field(Int64(ord))
+            for column in 0...6 { prepared.events.field(row, column) }
+            prepared.events.endRow()
+        }
+        for (user, count) in seen {
+            prepared.seen.field(user)
+            prepared.seen.field(Int64(count))
+            prepared.seen.endRow()
+        }
+        return prepared
+    }
+}
+
+/// Hands a value that is used by one thread at a time to another thread.
+private struct UncheckedBox<T>: @unchecked Sendable {
+    let value: T
+    init(_ value: T) { self.value = value }
+}

@@ -1,0 +1,251 @@
+import Foundation
+import Logging
+import Postgres
+import TrunkCrypto
+
+/// An error that stops an import, one line an operator can act on; nothing half-written
+/// that a re-run cannot finish (every batch commits whole or not at all).
+public enum ImportError: Error, CustomStringConvertible {
+    /// The source cannot be read as a Supabase project's database.
+    case source(String)
+    /// The destination cannot take the import.
+    case destination(String)
+
+    public var description: String {
+        switch self {
+        case .source(let message): return "source: \(message)"
+        case .destination(let message): return "destination: \(message)"
+        }
+    }
+}
+
+/// `trunk-sync import supabase`: moves a hosted Supabase project's users (with their
+/// profiles' `full_name`), events and live sessions into trunk-sync's tables.
+///
+/// - Source: read in one read-only repeatable-read snapshot (`SupabaseSource`).
+/// - Destination: written as the tables' owner, in batches that each commit on their own
+///   (COPY into a temporary table, then one set-based statement), so a run killed at any
+///   moment loses at most the batch in flight and a re-run finishes the job: users are
+///   matched by id, events by `(user_id, client_id)`, sessions by id, and each user's count
+///   of source events read is committed with the batch (`supabase_import_progress`), so a
+///   re-run reads only the users whose count changed.
+/// - Events get `seq` after the user's `last_seq` (after what they pushed meanwhile), in the
+///   source's order (time, then id), under the user's row lock as a push takes it; each
+///   committed batch is announced on `trunk_sync_events` as a push is.
+public struct SupabaseImport: Sendable {
+    /// What to do.
+    public struct Options: Sendable {
+        /// The source's URL or conninfo (`--from`).
+        public var source: String
+        /// The destination (the owner's login).
+        public var destination: PostgresConfiguration
+        /// Migrations this binary ships, to check the destination is current.
+        public var migrations: [Migration]
+        /// Where rejected rows go (JSON lines), unless a dry run.
+        public var rejectFile: String
+        /// Check and count everything in one transaction rolled back at the end.
+        public var dryRun = false
+        /// Rows per batch.
+        public var batchSize = 10_000
+        /// Called with progress now and then (events read, events in total).
+        public var progress: (@Sendable (_ done: Int, _ total: Int) -> Void)? = nil
+
+        public init(source: String, destination: PostgresConfiguration, migrations: [Migration], rejectFile: String) {
+            self.source = source
+            self.destination = destination
+            self.migrations = migrations
+            self.rejectFile = rejectFile
+        }
+    }
+
+    /// Counts for one table.
+    public struct TableCounts: Codable, Sendable, Equatable {
+        public var read = 0
+        public var imported = 0
+        public var alreadyThere = 0
+        public var rejected = 0
+
+        enum CodingKeys: String, CodingKey {
+            case read, imported
+            case alreadyThere = "already_there"
+            case rejected
+        }
+    }
+
+    /// The verification pass: every event the source holds for an imported user, and that
+    /// trunk-sync's rules accept, is in the destination under the same user and `client_id`.
+    public struct Verification: Codable, Sendable, Equatable {
+        public var users = 0
+        public var usersComplete = 0
+        public var eventsExpected = 0
+        public var eventsFound = 0
+        /// XOR of the SHA-256 of each expected `"user_id,client_id"` pair, and of each pair
+        /// found in the destination: equal when nothing is missing.
+        public var sourceDigest = ""
+        public var destinationDigest = ""
+        /// Up to 10 users with events missing, and how many.
+        public var incompleteUsers: [String: Int] = [:]
+
+        public var passed: Bool { eventsExpected == eventsFound && sourceDigest == destinationDigest }
+
+        enum CodingKeys: String, CodingKey {
+            case users
+            case usersComplete = "users_complete"
+            case eventsExpected = "events_expected"
+            case eventsFound = "events_found"
+            case sourceDigest = "source_digest"
+            case destinationDigest = "destination_digest"
+            case incompleteUsers = "incomplete_users"
+            case passed
+        }
+
+        public func encode(to encoder: any Encoder) throws {
+            var container = encoder.container(keyedBy: CodingKeys.self)
+            try container.encode(users, forKey: .users)
+            try container.encode(usersComplete, forKey: .usersComplete)
+            try container.encode(eventsExpected, forKey: .eventsExpected)
+            try container.encode(eventsFound, forKey: .eventsFound)
+            try container.encode(sourceDigest, forKey: .sourceDigest)
+            try container.encode(destinationDigest, forKey: .destinationDigest)
+            try container.encode(incompleteUsers, forKey: .incompleteUsers)
+            try container.encode(passed, forKey: .passed)
+        }
+
+        public init() {}
+
+        public init(from decoder: any Decoder) throws {
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            users = try container.decode(Int.self, forKey: .users)
+            usersComplete = try container.decode(Int.self, forKey: .usersComplete)
+            eventsExpected = try container.decode(Int.self, forKey: .eventsExpected)
+            eventsFound = try container.decode(Int.self, forKey: .eventsFound)
+            sourceDigest = try container.decode(String.self, forKey: .sourceDigest)
+            destinationDigest = try container.decode(String.self, forKey: .destinationDigest)
+            incompleteUsers = try container.decode([String: Int].self, forKey: .incompleteUsers)
+        }
+    }
+
+    /// An email that already belongs to another trunk-sync user: never merged.
+    public struct Conflict: Codable, Sendable, Equatable {
+        public var sourceID: String
+        public var email: String
+        enum CodingKeys: String, CodingKey {
+            case sourceID = "source_id"
+            case email
+        }
+    }
+
+    /// What a run did (or, dry, would do).
+    public struct Report: Codable, Sendable {
+        public var dryRun = false
+        public var users = TableCounts()
+        public var profiles = TableCounts()
+        public var events = TableCounts()
+        public var sessions = TableCounts()
+        /// Events whose `created_at` was moved after the user's newest trunk-sync event (a
+        /// delta import of events the hosted project took after the user's first pushes
+        /// here), so `created_at > lastSync` still finds them.
+        public var eventsRetimed = 0
+        /// Sessions whose refresh-token key is stored encrypted: not imported, those users
+        /// sign in again.
+        public var sessionsUndecryptable = 0
+        /// Sessions with no live refresh token (every one revoked): nothing to continue.
+        public var sessionsWithoutToken = 0
+        public var conflicts: [Conflict] = []
+        public var verification = Verification()
+        public var rejectFile: String?
+        /// Seconds each phase took (users, sessions, events, verification).
+        public var seconds: [String: Double] = [:]
+
+        /// Whether anything was rejected or conflicted (the command then exits 3).
+        public var hasRejects: Bool {
+            users.rejected + events.rejected + sessions.rejected > 0 || !conflicts.isEmpty
+        }
+
+        enum CodingKeys: String, CodingKey {
+            case dryRun = "dry_run"
+            case users, profiles, events, sessions
+            case eventsRetimed = "events_retimed"
+            case sessionsUndecryptable = "sessions_undecryptable"
+            case sessionsWithoutToken = "sessions_without_token"
+            case conflicts, verification
+            case rejectFile = "reject_file"
+            case seconds
+        }
+    }
+
+    let options: Options
+
+    public init(_ options: Options) { self.options = options }
+
+    /// Runs the import (blocking: call it from a thread of its own, not the cooperative pool).
+    public func run() throws -> Report {
+        let source = try SupabaseSource(url: options.source)
+        let destination = try Self.openDestination(options)
+        let rejects = try RejectWriter(path: options.dryRun ? nil : options.rejectFile)
+        defer { rejects.close() }
+        return try ImportRun(options: options, source: source, destination: destination, rejects: rejects).all()
+    }
+
+    static func openDestination(_ options: Options) throws -> PostgresConnection {
+        let connection: PostgresConnection
+        do {
+            connection = try PostgresConnection.connect(options.destination)
+        } catch {
+            throw ImportError.destination("\(error)")
+        }
+        do {
+            try DatabaseRoles.requireOwner(on: connection)
+        } catch {
+            throw ImportError.destination("\(error)")
+        }
+        let status: Migrator.Status
+        do {
+            status = try Migrator(migrations: options.migrations, logger: .init(label: "trunk-sync.import")).status(on: connection)
+        } catch {
+            throw ImportError.destination("not migrated (\(error)): run trunk-sync migrate first")
+        }
+        if !status.pending.isEmpty {
+            throw ImportError.destination(
+                "not migrated: \(status.pending.count) migration(s) pending (\(status.pending.map(\.name).joined(separator: ", "))); run trunk-sync migrate first")
+        }
+        try connection.execute(
+            """
+            set timezone = 'UTC';
+            set work_mem = '32MB';
+            create temp table import_users (id uuid, email text, created_at timestamptz, updated_at timestamptz,
+              email_confirmed_at timestamptz, last_sign_in_at timestamptz, metadata jsonb, profile_name text);
+            create temp table import_events (ord int, user_id uuid, id uuid, type text, payload jsonb, client_id uuid,
+              client_timestamp timestamptz, created_at timestamptz);
+            create temp table import_seen (user_id uuid, n bigint);
+            create temp table import_counts (user_id uuid primary key, n bigint);
+            create temp table import_sessions (id uuid, user_id uuid, created_at timestamptz, aal text, token_hash bytea);
+            """)
+        return connection
+    }
+}
+
+/// Rejected rows, as JSON lines: `{"table", "id", "reason"}`.
+final class RejectWriter {
+    private var handle: FileHandle?
+    let path: String?
+
+    init(path: String?) throws {
+        self.path = path
+        guard let path else { return }
+        guard FileManager.default.createFile(atPath: path, contents: nil), let handle = FileHandle(forWritingAtPath: path)
+        else { throw ImportError.destination("cannot write the reject file \(path)") }
+        self.handle = handle
+    }
+
+    func write(table: String, id: String, reason: String) {
+        guard let handle else { return }
+        let line = try? JSONSerialization.data(withJSONObject: ["table": table, "id": id, "reason": reason], options: [.sortedKeys])
+        handle.write((line ?? Data()) + Data([0x0a]))
+    }
+
+    func close() {
+        try? handle?.close()
+        handle = nil
+    }
+}

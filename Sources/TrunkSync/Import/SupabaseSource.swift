@@ -1,0 +1,180 @@
+import Foundation
+import Postgres
+
+/// What `trunk-sync import supabase` reads from a hosted Supabase project's database, and the
+/// SQL that reads it (the one place for it). Everything is read in one read-only,
+/// repeatable-read transaction, so every phase sees the same snapshot.
+struct SupabaseSource {
+    let connection: PostgresConnection
+    /// Whether `public.profiles` exists with `id` and `full_name`.
+    private(set) var hasProfiles = false
+    /// Whether `auth.sessions` has the signed refresh tokens' columns.
+    private(set) var hasSignedRefreshTokens = false
+
+    /// The columns read, per table; a source without one of them is refused naming it.
+    static let required: [(table: String, columns: [String])] = [
+        ("auth.users", ["id", "email", "created_at", "updated_at", "email_confirmed_at", "last_sign_in_at", "raw_user_meta_data"]),
+        ("auth.sessions", ["id", "user_id", "created_at", "not_after", "aal"]),
+        ("auth.refresh_tokens", ["token", "session_id", "revoked"]),
+        ("public.events", ["id", "user_id", "type", "payload", "client_id", "client_timestamp", "created_at"]),
+    ]
+
+    /// Opens the snapshot and checks the schema and the login's rights.
+    init(url: String) throws {
+        let configuration: PostgresConfiguration
+        do {
+            configuration = try PostgresConfiguration(url)
+        } catch {
+            throw ImportError.source("the --from URL is not a PostgreSQL URL or conninfo string: \(error)")
+        }
+        do {
+            connection = try PostgresConnection.connect(configuration)
+        } catch {
+            throw ImportError.source("\(error)")
+        }
+        try connection.execute(
+            // A hosted role may carry timeouts meant for API requests; the snapshot stays open
+            // for the whole import, idle while batches are written.
+            "set timezone = 'UTC'; set datestyle = 'ISO, YMD'; set intervalstyle = 'postgres'; set extra_float_digits = 3;"
+                + " set statement_timeout = 0; set idle_in_transaction_session_timeout = 0;"
+                + " begin isolation level repeatable read, read only")
+        try checkSchema()
+    }
+
+    private mutating func checkSchema() throws {
+        let rows = try connection.query(
+            """
+            select table_schema || '.' || table_name, column_name from information_schema.columns
+            where (table_schema, table_name) in (('auth', 'users'), ('auth', 'sessions'), ('auth', 'refresh_tokens'),
+                                                 ('public', 'events'), ('public', 'profiles'))
+            """)
+        var columns: [String: Set<String>] = [:]
+        for row in rows { columns[try row.decode(String.self, column: 0), default: []].insert(try row.decode(String.self, column: 1)) }
+        guard columns["auth.users"] != nil else {
+            throw ImportError.source("the source has no table auth.users (or this login cannot read it): is --from a Supabase project's database?")
+        }
+        for (table, needed) in Self.required {
+            guard let present = columns[table] else { throw ImportError.source("the source has no table \(table) (or this login cannot read it)") }
+            let missing = needed.filter { !present.contains($0) }
+            if !missing.isEmpty {
+                throw ImportError.source("the source's \(table) lacks column(s) \(missing.joined(separator: ", "))")
+            }
+        }
+        hasProfiles = columns["public.profiles"].map { $0.contains("id") && $0.contains("full_name") } ?? false
+        hasSignedRefreshTokens =
+            columns["auth.sessions"].map { $0.contains("refresh_token_hmac_key") && $0.contains("refresh_token_counter") } ?? false
+        // auth.users has row-level security and no policy: a login that does not bypass it
+        // reads no users at all, which would look like an empty project.
+        let role = try connection.query("select current_user::text, rolsuper or rolbypassrls from pg_roles where rolname = current_user")
+        if let row = role.first, try !row.decode(Bool.self, column: 1) {
+            throw ImportError.source(
+                "the source login \(try row.decode(String.self, column: 0)) does not bypass row-level security, so auth.users would look empty: use the project's postgres role")
+        }
+    }
+
+    /// Bytes of rows one fetch aims at: the next fetch takes fewer rows when they are large
+    /// (payloads go up to 64 KiB), so memory stays bounded whatever the rows hold.
+    static let fetchBytes = 8 << 20
+
+    /// Runs `body` over the rows of `sql` (text columns only), at most `batch` rows at a time,
+    /// through a cursor, so memory stays bounded whatever the table's size. `body` returns
+    /// the bytes the rows made (0: unknown), which sizes the next fetch.
+    func stream(
+        _ sql: String, binds: [any PostgresEncodable] = [], batch: Int, _ body: (PostgresResult) throws -> Int
+    ) throws {
+        try connection.query("declare import_cursor no scroll cursor for " + sql, binds: binds.map { $0.postgresBind })
+        defer { _ = try? connection.execute("close import_cursor") }
+        var count = batch
+        while true {
+            let rows = try connection.query("fetch forward \(count) from import_cursor")
+            if rows.isEmpty { break }
+            let bytes = try body(rows)
+            if rows.count < count { break }
+            if bytes > 0 { count = max(100, min(batch, Self.fetchBytes / max(1, bytes / rows.count))) }
+        }
+    }
+
+    // MARK: - The queries (every column as text, to be copied on as it came)
+
+    /// Users, with the profile's `full_name` where there is one. Columns: id, email,
+    /// created_at, updated_at, email_confirmed_at, last_sign_in_at, metadata (a JSON object,
+    /// `{}` when the source's is not one), profile full_name, reject reason.
+    var usersQuery: String {
+        let profile = hasProfiles ? "(select p.full_name::text from public.profiles p where p.id = u.id)" : "null::text"
+        return """
+            select u.id::text, lower(u.email), u.created_at::text, coalesce(u.updated_at, u.created_at)::text,
+                   u.email_confirmed_at::text, u.last_sign_in_at::text,
+                   case when jsonb_typeof(u.raw_user_meta_data) = 'object' then u.raw_user_meta_data::text else '{}' end,
+                   \(profile),
+                   case when u.email is null or u.email = '' then 'no email address'
+                        when u.created_at is null or not isfinite(u.created_at) then 'created_at missing or not finite'
+                   end
+            from auth.users u order by u.id
+            """
+    }
+
+    /// Per-user counts of events: user id, count.
+    static let eventCountsQuery = "select user_id::text, count(*)::text from public.events group by user_id"
+
+    /// Total number of events (for progress).
+    static let eventTotalQuery = "select count(*) from public.events"
+
+    /// Why trunk-sync's own rules would refuse an event (nil: they accept it), as SQL.
+    static func eventRejectReason(_ e: String) -> String {
+        """
+        case when \(e).client_id is null then 'client_id is null'
+             when \(e).type is null or char_length(\(e).type) not between 1 and \(EventInput.maxTypeLength) then 'type is not 1 to \(EventInput.maxTypeLength) characters'
+             when jsonb_typeof(\(e).payload) is distinct from 'object' then 'payload is not a JSON object'
+             when octet_length(\(e).payload::text) > \(EventInput.maxPayloadBytes) then 'payload is over \(EventInput.maxPayloadBytes) bytes'
+             when \(e).client_timestamp is null or not isfinite(\(e).client_timestamp)
+                  or \(e).client_timestamp < '0001-01-01T00:00:00Z' or \(e).client_timestamp >= '10000-01-01T00:00:00Z'
+               then 'client_timestamp is out of range'
+             when \(e).created_at is null or not isfinite(\(e).created_at)
+                  or \(e).created_at < '0001-01-01T00:00:00Z' or \(e).created_at >= '10000-01-01T00:00:00Z'
+               then 'created_at is out of range'
+        end
+        """
+    }
+
+    /// The events of the users in `$1` (uuid[]), each user's in the source's order (time,
+    /// then id). Columns: user_id, id, type, payload (null when rejected: an oversized one
+    /// is not transferred), client_id, client_timestamp, created_at, reject reason.
+    static let eventsQuery = """
+        select user_id, id, type, case when reason is null then payload end, client_id, client_timestamp, created_at, reason
+        from (select e.user_id::text, e.id::text, e.type, e.payload::text, e.client_id::text,
+                     e.client_timestamp::text, e.created_at::text, \(eventRejectReason("e")) as reason, e.created_at as t, e.id as i
+              from public.events e where e.user_id = any($1::uuid[])) e
+        order by e.user_id, e.t, e.i
+        """
+
+    /// Every event's key in key order (the verification pass; the source's unique index on
+    /// them serves it). Columns: user_id, client_id.
+    static let eventKeysQuery = """
+        select e.user_id::text, e.client_id::text from public.events e where e.client_id is not null
+        order by e.user_id, e.client_id
+        """
+
+    /// Whether trunk-sync's rules accept the events of the keys `($1[i], $2[i])` (uuid[]s).
+    /// Columns: user_id, client_id, accepted.
+    static let acceptedKeysQuery = """
+        select e.user_id::text, e.client_id::text, (\(eventRejectReason("e"))) is null
+        from unnest($1::uuid[], $2::uuid[]) k(user_id, client_id)
+        join public.events e on e.user_id = k.user_id and e.client_id = k.client_id
+        """
+
+    /// Sessions that have not ended: not past `not_after`. Columns: id, user_id, created_at,
+    /// aal, HMAC key (signed tokens), counter.
+    var sessionsQuery: String {
+        let signed = hasSignedRefreshTokens ? "s.refresh_token_hmac_key::text, s.refresh_token_counter::text" : "null::text, null::text"
+        return """
+            select s.id::text, s.user_id::text, coalesce(s.created_at, now())::text, coalesce(s.aal::text, 'aal1'), \(signed)
+            from auth.sessions s where s.not_after is null or s.not_after > now() order by s.id
+            """
+    }
+
+    /// The live opaque refresh tokens of the sessions in `$1` (uuid[]). Columns: session id, token.
+    static let opaqueTokensQuery = """
+        select t.session_id::text, t.token::text from auth.refresh_tokens t
+        where t.session_id = any($1::uuid[]) and not coalesce(t.revoked, false) and t.token is not null
+        """
+}

@@ -1,0 +1,526 @@
+import Foundation
+import Postgres
+import TestSupport
+import TrunkCrypto
+import XCTest
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// `trunk-sync import supabase` end to end: a Supabase-shaped source database in the test
+/// cluster (Supabase Auth's tables as its migrations define the columns read, the cloud-sync
+/// plan's `events` with its row-level security, a `profiles` table), read by a login that is
+/// not a superuser but bypasses row-level security, as a hosted project's `postgres` role;
+/// the real binary imports into a running server's database; sessions issued "by Supabase"
+/// then continue against trunk-sync.
+final class SupabaseImportTests: EndToEndTestCase {
+    static let hostedIssuer = "https://abcdefghijklmnop.supabase.co/auth/v1"
+
+    var sources: [PostgresConfiguration] = []
+    var roles: [String] = []
+    var files: [String] = []
+
+    override func tearDown() {
+        super.tearDown()
+        for source in sources { try? TestDatabase.drop(source) }
+        for role in roles { TestDatabase.dropRole(role) }
+        for file in files { try? FileManager.default.removeItem(atPath: file) }
+    }
+
+    // MARK: - The source
+
+    struct Source {
+        let admin: PostgresConnection
+        let url: String
+        let configuration: PostgresConfiguration
+    }
+
+    /// The schema a hosted project has for what the import reads (Supabase Auth's migrations,
+    /// reduced to these tables; the cloud-sync plan's `events` and `profiles`).
+    static let schema = """
+        create schema auth;
+        create type auth.aal_level as enum ('aal1', 'aal2', 'aal3');
+        create function auth.uid() returns uuid language sql stable
+          as $$ select nullif(current_setting('request.jwt.claim.sub', true), '')::uuid $$;
+        create table auth.users (
+          instance_id uuid, id uuid not null primary key, aud varchar(255), role varchar(255), email varchar(255),
+          encrypted_password varchar(255), email_confirmed_at timestamptz, invited_at timestamptz,
+          confirmation_token varchar(255), recovery_token varchar(255), last_sign_in_at timestamptz,
+          raw_app_meta_data jsonb, raw_user_meta_data jsonb, is_super_admin bool, created_at timestamptz,
+          updated_at timestamptz, phone text unique default null, phone_confirmed_at timestamptz,
+          banned_until timestamptz, deleted_at timestamptz, is_sso_user boolean not null default false,
+          is_anonymous boolean not null default false);
+        alter table auth.users enable row level security;
+        create table auth.identities (
+          provider_id text not null, user_id uuid not null references auth.users (id) on delete cascade,
+          identity_data jsonb not null, provider text not null, last_sign_in_at timestamptz, created_at timestamptz,
+          updated_at timestamptz, email text generated always as (lower(identity_data->>'email')) stored,
+          id uuid not null default gen_random_uuid() primary key, unique (provider_id, provider));
+        create table auth.sessions (
+          id uuid not null primary key, user_id uuid not null references auth.users (id) on delete cascade,
+          created_at timestamptz, updated_at timestamptz, factor_id uuid, aal auth.aal_level, not_after timestamptz,
+          refreshed_at timestamp, user_agent text, ip inet, tag text, oauth_client_id uuid,
+          refresh_token_hmac_key text, refresh_token_counter bigint, scopes text);
+        create table auth.refresh_tokens (
+          instance_id uuid, id bigserial primary key, token varchar(255) unique, user_id varchar(255), revoked bool,
+          created_at timestamptz, updated_at timestamptz, parent varchar(255),
+          session_id uuid references auth.sessions (id) on delete cascade);
+        create table public.profiles (
+          id uuid primary key references auth.users (id) on delete cascade, full_name text, updated_at timestamptz);
+        alter table public.profiles enable row level security;
+        create policy "own profile" on public.profiles for all using (auth.uid() = id);
+        create table public.events (
+          id uuid primary key default gen_random_uuid(),
+          user_id uuid not null references auth.users (id) on delete cascade,
+          type text not null, payload jsonb not null default '{}', client_id uuid not null,
+          client_timestamp timestamptz not null, created_at timestamptz not null default now(),
+          unique (user_id, client_id));
+        create index events_user_created on public.events (user_id, created_at);
+        alter table public.events enable row level security;
+        create policy "own events" on public.events for all using (auth.uid() = user_id) with check (auth.uid() = user_id);
+        """
+
+    /// A fresh source database with the schema, and a login like a hosted project's
+    /// `postgres`: not a superuser, BYPASSRLS (or not, to test the refusal).
+    func makeSource(bypassRLS: Bool = true, schema: String = SupabaseImportTests.schema) throws -> Source {
+        let configuration = try TestDatabase.create(prefix: "supa")
+        sources.append(configuration)
+        let admin = try PostgresConnection.connect(configuration)
+        try admin.execute(schema)
+        let role = TestDatabase.roleName("supa")
+        roles.append(role)
+        let password = "pw-\(UUID().uuidString.prefix(8))"
+        try admin.execute(
+            """
+            create role \(role) login password '\(password)' \(bypassRLS ? "bypassrls" : "nobypassrls");
+            grant usage on schema public to \(role);
+            grant select on all tables in schema public to \(role);
+            do $$ begin
+              if exists (select from pg_namespace where nspname = 'auth') then
+                grant usage on schema auth to \(role);
+                grant select on all tables in schema auth to \(role);
+              end if;
+            end $$;
+            """)
+        return Source(
+            admin: admin, url: try TestDatabase.url(of: configuration, user: role, password: password) + "?sslmode=prefer",
+            configuration: configuration)
+    }
+
+    @discardableResult
+    func addUser(_ source: Source, email: String, metadata: String = "{}", created: String = "2026-01-02 03:04:05.123456+00")
+        throws -> UUID
+    {
+        let id = UUID()
+        try source.admin.query(
+            """
+            insert into auth.users (instance_id, id, aud, role, email, email_confirmed_at, last_sign_in_at,
+                                    raw_app_meta_data, raw_user_meta_data, created_at, updated_at)
+            values ('00000000-0000-0000-0000-000000000000', $1, 'authenticated', 'authenticated', $2, $3::timestamptz,
+                    $3::timestamptz, '{"provider":"email","providers":["email"]}', $4::jsonb, $3::timestamptz, $3::timestamptz)
+            """, id, email, created, metadata)
+        try source.admin.query(
+            """
+            insert into auth.identities (provider_id, user_id, identity_data, provider, created_at)
+            values ($1::text, $1, jsonb_build_object('sub', $1::text, 'email', $2::text), 'email', now())
+            """, id, email)
+        return id
+    }
+
+    /// Adds events: (type, payload JSON, created_at text).
+    func addEvents(_ source: Source, user: UUID, _ events: [(String, String, String)]) throws -> [UUID] {
+        var clients: [UUID] = []
+        for (type, payload, created) in events {
+            let client = UUID()
+            clients.append(client)
+            try source.admin.query(
+                """
+                insert into public.events (user_id, type, payload, client_id, client_timestamp, created_at)
+                values ($1, $2, $3::jsonb, $4, $5::timestamptz, $5::timestamptz)
+                """, user, type, payload, client, created)
+        }
+        return clients
+    }
+
+    /// A live session with opaque refresh tokens (`tokens` in order, all but the last revoked).
+    func addOpaqueSession(_ source: Source, user: UUID, tokens: [String], notAfter: String? = nil) throws -> UUID {
+        let session = UUID()
+        try source.admin.query(
+            "insert into auth.sessions (id, user_id, created_at, updated_at, aal, not_after) values ($1, $2, now(), now(), 'aal1', $3::timestamptz)",
+            session, user, notAfter)
+        for (index, token) in tokens.enumerated() {
+            try source.admin.query(
+                """
+                insert into auth.refresh_tokens (instance_id, token, user_id, revoked, created_at, updated_at, parent, session_id)
+                values ('00000000-0000-0000-0000-000000000000', $1, $2::text, $3, now(), now(), $4, $5)
+                """, token, user, index < tokens.count - 1, index > 0 ? tokens[index - 1] : nil, session)
+        }
+        return session
+    }
+
+    /// A live session with signed refresh tokens; returns it and the token its client holds.
+    func addSignedSession(_ source: Source, user: UUID, counter: UInt64, storedKey: String? = nil) throws -> (UUID, String) {
+        let session = UUID()
+        let key = (0..<32).map { _ in UInt8.random(in: 0...255) }
+        try source.admin.query(
+            """
+            insert into auth.sessions (id, user_id, created_at, updated_at, aal, refresh_token_hmac_key, refresh_token_counter)
+            values ($1, $2, now(), now(), 'aal1', $3, $4)
+            """, session, user, storedKey ?? Base64URL.encode(key), Int64(counter))
+        return (session, Self.signedToken(session: session, counter: counter, key: key))
+    }
+
+    /// The signed form, written from the format's description (supabase/auth
+    /// internal/crypto/refresh_tokens.go), independently of the product's encoder.
+    static func signedToken(session: UUID, counter: UInt64, key: [UInt8]) -> String {
+        var message: [UInt8] = [0x00]
+        let u = session.uuid
+        message += [u.0, u.1, u.2, u.3, u.4, u.5, u.6, u.7, u.8, u.9, u.10, u.11, u.12, u.13, u.14, u.15]
+        var value = counter
+        repeat {
+            let low = UInt8(value & 0x7f)
+            value >>= 7
+            message.append(value == 0 ? low : low | 0x80)
+        } while value != 0
+        let signature = Array(HMAC.sha256(key: key, message: message)[0..<16])
+        let checksum = Array(SHA256.hash(message + signature)[0..<4])
+        return Base64URL.encode(message + signature + checksum)
+    }
+
+    /// An access token as the hosted project signs it: HS256 with its JWT secret and a `kid`.
+    static func hostedAccessToken(user: UUID, session: UUID, email: String) -> String {
+        let now = Int64(Date().timeIntervalSince1970)
+        let sub = user.uuidString.lowercased()
+        let claims = """
+            {"iss":"\(hostedIssuer)","sub":"\(sub)","aud":"authenticated","exp":\(now + 3600),"iat":\(now),\
+            "email":"\(email)","phone":"","app_metadata":{"provider":"email","providers":["email"]},\
+            "user_metadata":{"email":"\(email)","email_verified":true,"phone_verified":false,"sub":"\(sub)"},\
+            "role":"authenticated","aal":"aal1","amr":[{"method":"otp","timestamp":\(now)}],\
+            "session_id":"\(session.uuidString.lowercased())","is_anonymous":false}
+            """
+        return JWT.sign(payload: Array(claims.utf8), with: JWT.HS256Key(secret: ServerProcess.jwtSecret, keyID: "hostedKid1"))
+    }
+
+    // MARK: - Running the command
+
+    func importCommand(_ server: ServerProcess, from url: String, _ extra: [String] = []) throws -> (Command.Result, [String: Any]?, String) {
+        let rejectFile = FileManager.default.temporaryDirectory.appendingPathComponent("rejects-\(UUID().uuidString).jsonl").path
+        files.append(rejectFile)
+        let result = try Command.run(
+            Command.trunkSyncBinary(), ["import", "supabase", "--from", url, "--json", "--reject-file", rejectFile] + extra,
+            environment: server.environment)
+        let report = (try? JSONSerialization.jsonObject(with: Data(result.stdout.utf8))) as? [String: Any]
+        return (result, report, rejectFile)
+    }
+
+    func counts(_ report: [String: Any]?, _ table: String) -> [String: Int] {
+        (report?[table] as? [String: Any])?.compactMapValues { $0 as? Int } ?? [:]
+    }
+
+    func destination(_ server: ServerProcess) throws -> PostgresConnection {
+        try PostgresConnection.connect(server.database)
+    }
+
+    func startServer() throws -> ServerProcess {
+        try startServer(["TRUNK_SYNC_ACCEPTED_ISSUERS": "https://other.example/auth/v1, \(Self.hostedIssuer)"])
+    }
+
+    // MARK: - Tests
+
+    func testImportKeepsUsersEventsAndSessionsAndRejectsWhatTrunkSyncRefuses() throws {
+        let source = try makeSource()
+        let ada = try addUser(source, email: "Ada@Example.com", metadata: #"{"full_name":"Ada Meta","theme":"dark"}"#)
+        try source.admin.query("insert into public.profiles (id, full_name) values ($1, 'Ada Lovelace')", ada)
+        let bob = try addUser(source, email: "bob@example.com", metadata: #"{"full_name":"Bob"}"#)
+        let carol = try addUser(source, email: "carol@example.com")
+        let dup = try addUser(source, email: "dup@example.com")
+        // Two events share a created_at: the tie goes by id.
+        let adaClients = try addEvents(
+            source, user: ada,
+            [
+                ("sprout_planted", #"{"n":1}"#, "2026-03-01 10:00:00.123456+00"),
+                ("sprout_watered", #"{"n":2}"#, "2026-03-01 10:00:01.654321+00"),
+                ("sprout_watered", #"{"n":3}"#, "2026-03-01 10:00:01.654321+00"),
+                ("leaf_grown", #"{"n":4,"text":"tab\tand\\backslash\nnewline"}"#, "2026-03-02 08:00:00.000001+00"),
+            ])
+        _ = try addEvents(source, user: bob, [("sprout_planted", "{}", "2026-03-01 11:00:00.5+00")])
+        let rejected = try addEvents(
+            source, user: bob,
+            [
+                ("array_payload", "[1,2]", "2026-03-01 12:00:00+00"),
+                ("big_payload", #"{"s":"\#(String(repeating: "x", count: 70_000))"}"#, "2026-03-01 12:00:01+00"),
+                (String(repeating: "t", count: 129), "{}", "2026-03-01 12:00:02+00"),
+            ])
+        let infinite = UUID()
+        try source.admin.query(
+            """
+            insert into public.events (user_id, type, payload, client_id, client_timestamp, created_at)
+            values ($1, 'far_future', '{}', $2, 'infinity', '2026-03-01 12:00:03+00')
+            """, bob, infinite)
+        _ = try addEvents(source, user: dup, [("x", "{}", "2026-03-01 13:00:00+00")])
+        let adaSession = try addOpaqueSession(source, user: ada, tokens: ["adaToken00", "adaToken01"])
+        _ = try addOpaqueSession(source, user: ada, tokens: ["adaExpired"], notAfter: "2026-01-01 00:00:00+00")
+        let (bobSession, bobToken) = try addSignedSession(source, user: bob, counter: 300)
+        _ = try addSignedSession(
+            source, user: carol, counter: 1,
+            storedKey: #"{"key_id":"k1","alg":"aes-gcm-hkdf","nonce":"bm9uY2U","data":"c2VhbGVk"}"#)
+
+        let server = try startServer()
+        let other = UUID()
+        try destination(server).query("insert into users (id, email) values ($1, 'dup@example.com')", other)
+
+        let (result, report, rejectFile) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 3, "rejects and a conflict exit 3; stderr: \(result.stderr)\n\(result.stdout)")
+        XCTAssertEqual(counts(report, "users"), ["read": 4, "imported": 3, "already_there": 0, "rejected": 0])
+        XCTAssertEqual(counts(report, "profiles")["imported"], 1)
+        XCTAssertEqual(counts(report, "events"), ["read": 10, "imported": 5, "already_there": 0, "rejected": 5])
+        XCTAssertEqual(counts(report, "sessions")["imported"], 2)
+        XCTAssertEqual(report?["sessions_undecryptable"] as? Int, 1)
+        let conflicts = report?["conflicts"] as? [[String: Any]]
+        XCTAssertEqual(conflicts?.first?["email"] as? String, "dup@example.com")
+        let verification = report?["verification"] as? [String: Any]
+        XCTAssertEqual(verification?["passed"] as? Bool, true, "\(String(describing: verification))")
+        XCTAssertEqual(verification?["events_expected"] as? Int, 5)
+
+        let lines = try String(contentsOfFile: rejectFile, encoding: .utf8).split(separator: "\n").compactMap {
+            try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: String]
+        }
+        let reasons = Dictionary(lines.map { ($0["id"] ?? "", $0["reason"] ?? "") }, uniquingKeysWith: { $1 })
+        let ids = try Dictionary(
+            uniqueKeysWithValues: source.admin.query("select client_id::text, id::text from public.events").map {
+                (try $0.decode(String.self, column: 0), try $0.decode(String.self, column: 1))
+            })
+        func reason(_ client: UUID) -> String? { ids[client.uuidString.lowercased()].flatMap { reasons[$0] } }
+        XCTAssertEqual(reason(rejected[0]), "payload is not a JSON object")
+        XCTAssertEqual(reason(rejected[1]), "payload is over 65536 bytes")
+        XCTAssertEqual(reason(rejected[2]), "type is not 1 to 128 characters")
+        XCTAssertEqual(reason(infinite), "client_timestamp is out of range")
+        XCTAssertTrue(reasons[dup.uuidString.lowercased()]?.contains("belongs to another trunk-sync user") ?? false, "\(reasons)")
+        XCTAssertTrue(lines.allSatisfy { ["auth.users", "public.events", "auth.sessions"].contains($0["table"] ?? "") })
+
+        // The hosted access token (HS256 with a kid, the hosted issuer) pulls Ada's events in
+        // source order, ties by id, created_at to the microsecond.
+        let access = Self.hostedAccessToken(user: ada, session: adaSession, email: "ada@example.com")
+        let pulled = try send(server, "GET", "/sync/v1/events?after=0", token: access)
+        XCTAssertEqual(pulled.status, 200, pulled.bodyText)
+        let events = try XCTUnwrap(pulled.jsonObject?["events"] as? [[String: Any]])
+        XCTAssertEqual(events.map { $0["seq"] as? Int }, [1, 2, 3, 4])
+        let tieOrder = try source.admin.query(
+            "select client_id::text from public.events where user_id = $1 order by created_at, id", ada
+        ).map { try $0.decode(String.self, column: 0) }
+        XCTAssertEqual(events.map { $0["client_id"] as? String }, tieOrder)
+        XCTAssertEqual(Set(tieOrder), Set(adaClients.map { $0.uuidString.lowercased() }))
+        XCTAssertEqual((events.last?["payload"] as? [String: Any])?["text"] as? String, "tab\tand\\backslash\nnewline")
+
+        // Continuing the hosted client's query: created_at > lastSync.
+        let lastSync = "2026-03-01T10:00:00.123456%2B00:00"
+        let rest = try send(server, "GET", "/rest/v1/events?select=client_id,created_at&created_at=gt.\(lastSync)&order=created_at.asc", token: access)
+        XCTAssertEqual(rest.status, 200, rest.bodyText)
+        let rows = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(rest.body)) as? [[String: Any]])
+        XCTAssertEqual(rows.count, 3)
+        XCTAssertEqual(rows.map { $0["created_at"] as? String }.last, "2026-03-02T08:00:00.000001+00:00")
+        XCTAssertEqual(rows.first?["created_at"] as? String, "2026-03-01T10:00:01.654321+00:00")
+
+        // The profile's name won over the metadata's.
+        let profile = try send(server, "GET", "/rest/v1/profiles?select=full_name", token: access)
+        XCTAssertTrue(profile.bodyText.contains("Ada Lovelace"), profile.bodyText)
+
+        // Both refresh-token forms work once against trunk-sync, and rotate.
+        for (token, user) in [("adaToken01", ada), (bobToken, bob)] {
+            let refreshed = try send(server, "POST", "/auth/v1/token?grant_type=refresh_token", body: #"{"refresh_token":"\#(token)"}"#)
+            XCTAssertEqual(refreshed.status, 200, refreshed.bodyText)
+            let session = try XCTUnwrap(refreshed.jsonObject)
+            XCTAssertNotEqual(session["refresh_token"] as? String, token)
+            XCTAssertEqual((session["user"] as? [String: Any])?["id"] as? String, user.uuidString.lowercased())
+            let own = try XCTUnwrap(session["access_token"] as? String)
+            let page = try send(server, "GET", "/sync/v1/events?after=0", token: own)
+            XCTAssertEqual(page.status, 200)
+            XCTAssertEqual((page.jsonObject?["events"] as? [Any])?.count, user == ada ? 4 : 1)
+        }
+        XCTAssertNotEqual(bobSession, adaSession)
+        // The revoked opaque token and the expired session did not come along.
+        for token in ["adaToken00", "adaExpired"] {
+            let refused = try send(server, "POST", "/auth/v1/token?grant_type=refresh_token", body: #"{"refresh_token":"\#(token)"}"#)
+            XCTAssertGreaterThanOrEqual(refused.status, 400, token)
+        }
+    }
+
+    func testDeltaImportAfterPushesAndAKillNineRerunDoubleNothing() throws {
+        let source = try makeSource()
+        let ada = try addUser(source, email: "ada@example.com")
+        _ = try addEvents(source, user: ada, [("a", "{}", "2026-03-01 10:00:00.000001+00"), ("b", "{}", "2026-03-01 10:00:02.000002+00")])
+        let session = try addOpaqueSession(source, user: ada, tokens: ["adaLive"])
+        // Enough rows that a small batch size gives the kill many commits to land between.
+        try source.admin.execute(
+            """
+            insert into auth.users (id, email, created_at, updated_at, raw_user_meta_data)
+            select ('00000000-0000-4000-8000-' || lpad(to_hex(g), 12, '0'))::uuid, 'bulk' || g || '@example.com',
+                   '2026-01-01', '2026-01-01', '{}'
+            from generate_series(1, 200) g;
+            insert into public.events (user_id, type, payload, client_id, client_timestamp, created_at)
+            select ('00000000-0000-4000-8000-' || lpad(to_hex(1 + g % 200), 12, '0'))::uuid, 'bulk', jsonb_build_object('g', g),
+                   gen_random_uuid(), '2026-02-01'::timestamptz + g * interval '1 second', '2026-02-01'::timestamptz + g * interval '1 second'
+            from generate_series(1, 40000) g;
+            """)
+        let server = try startServer()
+
+        // kill -9 once some batches committed, then run again to the end.
+        let rejectFile = FileManager.default.temporaryDirectory.appendingPathComponent("kill-\(UUID().uuidString).jsonl").path
+        files.append(rejectFile)
+        let (process, stdout, stderr) = try Command.start(
+            Command.trunkSyncBinary(), ["import", "supabase", "--from", source.url, "--batch-size", "100", "--reject-file", rejectFile],
+            environment: server.environment)
+        let db = try destination(server)
+        XCTAssertTrue(try eventually(within: 120) { try db.query("select count(*) from events")[0].decode(Int64.self, column: 0) > 0 })
+        kill(process.processIdentifier, SIGKILL)
+        _ = Command.finish(process, stdout, stderr)
+        XCTAssertEqual(process.terminationReason, .uncaughtSignal)
+        let partial = try db.query("select count(*) from events")[0].decode(Int64.self, column: 0)
+        XCTAssertLessThan(partial, 40_002, "killed before the end")
+
+        var (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        XCTAssertEqual(try db.query("select count(*) from events")[0].decode(Int64.self, column: 0), 40_002)
+        // Nothing doubled, and every user's seq is 1…n without a hole.
+        XCTAssertEqual(
+            try db.query("select count(*) from (select user_id from events group by user_id having max(seq) <> count(*)) x")[0]
+                .decode(Int64.self, column: 0), 0)
+        XCTAssertEqual((report?["verification"] as? [String: Any])?["passed"] as? Bool, true)
+
+        // Ada pushes to trunk-sync; meanwhile the hosted project took one more of her events.
+        let access = Self.hostedAccessToken(user: ada, session: session, email: "ada@example.com")
+        let pushed = UUID().uuidString.lowercased()
+        let push = try send(
+            server, "POST", "/sync/v1/events",
+            body: #"{"events":[{"client_id":"\#(pushed)","type":"p","payload":{},"client_timestamp":"2026-03-05T00:00:00Z"}]}"#,
+            token: access)
+        XCTAssertEqual(push.status, 200, push.bodyText)
+        let late = try addEvents(source, user: ada, [("c", "{}", "2026-03-01 10:00:03.000003+00")])[0]
+
+        (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr)
+        XCTAssertEqual(counts(report, "events")["imported"], 1)
+        XCTAssertEqual(counts(report, "events")["already_there"], 2, "only Ada's events were read again")
+        XCTAssertEqual(counts(report, "users")["already_there"], 201)
+        XCTAssertEqual(counts(report, "sessions")["already_there"], 1)
+        XCTAssertEqual(report?["events_retimed"] as? Int, 1)
+
+        // Numbered after her push, and found by a client continuing from the hosted lastSync.
+        let page = try XCTUnwrap(try send(server, "GET", "/sync/v1/events?after=2", token: access).jsonObject?["events"] as? [[String: Any]])
+        XCTAssertEqual(page.map { $0["client_id"] as? String }, [pushed, late.uuidString.lowercased()])
+        XCTAssertEqual(page.map { $0["seq"] as? Int }, [3, 4])
+        let rest = try send(
+            server, "GET", "/rest/v1/events?select=client_id&created_at=gt.2026-03-01T10:00:02.000002%2B00:00&order=created_at.asc",
+            token: access)
+        let unseen = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(rest.body)) as? [[String: Any]])
+        XCTAssertEqual(Set(unseen.compactMap { $0["client_id"] as? String }), [pushed, late.uuidString.lowercased()])
+
+        // A third run finds nothing new.
+        (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0)
+        XCTAssertEqual(counts(report, "events")["imported"], 0)
+        XCTAssertEqual(counts(report, "events")["read"], 40_003)
+
+        // The verification does look: an event lost here (its user's count still matches,
+        // so no re-read) is reported, and the command exits 4.
+        try db.query("delete from events where user_id = '00000000-0000-4000-8000-000000000007' and seq = 5")
+        (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 4, result.stderr)
+        let verification = report?["verification"] as? [String: Any]
+        XCTAssertEqual(verification?["passed"] as? Bool, false)
+        XCTAssertEqual((verification?["events_expected"] as? Int).map { $0 - 1 }, verification?["events_found"] as? Int)
+        XCTAssertEqual(verification?["incomplete_users"] as? [String: Int], ["00000000-0000-4000-8000-000000000007": 1])
+        XCTAssertNotEqual(verification?["source_digest"] as? String, verification?["destination_digest"] as? String)
+    }
+
+    func testDryRunWritesNothing() throws {
+        let source = try makeSource()
+        let ada = try addUser(source, email: "ada@example.com")
+        _ = try addEvents(source, user: ada, [("a", "[]", "2026-03-01 10:00:00+00"), ("b", "{}", "2026-03-01 10:00:01+00")])
+        _ = try addOpaqueSession(source, user: ada, tokens: ["t1"])
+        let server = try startServer()
+        let (result, report, rejectFile) = try importCommand(server, from: source.url, ["--dry-run"])
+        XCTAssertEqual(result.status, 3, result.stderr)
+        XCTAssertEqual(report?["dry_run"] as? Bool, true)
+        XCTAssertEqual(counts(report, "users")["imported"], 1)
+        XCTAssertEqual(counts(report, "events")["imported"], 1)
+        XCTAssertEqual(counts(report, "events")["rejected"], 1)
+        XCTAssertEqual(counts(report, "sessions")["imported"], 1)
+        let db = try destination(server)
+        for table in ["users", "events", "sessions", "refresh_tokens", "supabase_import_progress"] {
+            XCTAssertEqual(try db.query("select count(*) from \(table)")[0].decode(Int64.self, column: 0), 0, table)
+        }
+        XCTAssertFalse(FileManager.default.fileExists(atPath: rejectFile), "a dry run writes no reject file")
+    }
+
+    func testClearOneLineErrors() throws {
+        let server = try startServer()
+        func failure(_ url: String, environment: [String: String]? = nil) throws -> String {
+            let result = try Command.run(
+                Command.trunkSyncBinary(), ["import", "supabase", "--from", url, "--reject-file", "/dev/null"],
+                environment: environment ?? server.environment)
+            XCTAssertEqual(result.status, 1, result.stdout + result.stderr)
+            XCTAssertEqual(result.stderr.split(separator: "\n").count, 1, result.stderr)
+            return result.stderr
+        }
+        // Unreachable, wrong password.
+        XCTAssertTrue(try failure("postgres://nobody@127.0.0.1:1/x?connect_timeout=2").contains("could not connect"))
+        let source = try makeSource()
+        let wrong = source.url.replacingOccurrences(of: ":pw-", with: ":wrong-")
+        let refused = try failure(wrong)
+        XCTAssertTrue(refused.contains("password authentication failed"), refused)
+        XCTAssertFalse(refused.contains("wrong-"), "no password in the message")
+        // A login that does not bypass row-level security would see no users.
+        XCTAssertTrue(try failure(try makeSource(bypassRLS: false).url).contains("does not bypass row-level security"))
+        // A database that is not a Supabase project's, and one missing a column.
+        XCTAssertTrue(try failure(try makeSource(schema: "select 1").url).contains("no table auth.users"))
+        let missing = try makeSource(schema: Self.schema + "alter table public.events drop column client_timestamp;")
+        XCTAssertTrue(try failure(missing.url).contains("public.events lacks column(s) client_timestamp"))
+        // A destination not migrated.
+        let empty = try TestDatabase.create(prefix: "supadst")
+        sources.append(empty)
+        var environment = server.environment
+        environment["TRUNK_SYNC_DATABASE_URL"] = try TestDatabase.url(of: empty)
+        XCTAssertTrue(try failure(source.url, environment: environment).contains("not migrated"))
+    }
+
+    func testImportedJWKSVerifiesTheHostedProjectsES256Tokens() throws {
+        let database = try TestDatabase.create(prefix: "jwks")
+        sources.append(database)
+        let environment = ServerProcess.serveEnvironment(databaseURL: try TestDatabase.url(of: database), overrides: [:])
+        XCTAssertEqual(try Command.run(Command.trunkSyncBinary(), ["migrate"], environment: environment).status, 0)
+        let hostedKey = try JWT.ES256Key.generate(keyID: "hosted-es256")
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("jwks-\(UUID().uuidString).json").path
+        files.append(file)
+        try Data(#"{"keys":[\#(hostedKey.publicJWK)]}"#.utf8).write(to: URL(fileURLWithPath: file))
+        let imported = try Command.run(Command.trunkSyncBinary(), ["keys", "import-jwks", file], environment: environment)
+        XCTAssertEqual(imported.status, 0, imported.stderr)
+        XCTAssertTrue(imported.stdout.contains("imported ES256 key hosted-es256"), imported.stdout)
+        let listed = try Command.run(Command.trunkSyncBinary(), ["keys", "list"], environment: environment)
+        XCTAssertTrue(listed.stdout.contains("imported (verifies only)"), listed.stdout)
+        // A file with a private key is refused, with one line, and stores nothing.
+        let privateFile = file + ".private"
+        files.append(privateFile)
+        try Data((hostedKey.publicJWK.dropLast() + #","d":"AAAA"}"#).utf8).write(to: URL(fileURLWithPath: privateFile))
+        let refused = try Command.run(Command.trunkSyncBinary(), ["keys", "import-jwks", privateFile], environment: environment)
+        XCTAssertEqual(refused.status, 1)
+        XCTAssertTrue(refused.stderr.contains("private member"), refused.stderr)
+
+        let user = UUID()
+        let session = UUID()
+        let admin = try PostgresConnection.connect(database)
+        try admin.query("insert into users (id, email) values ($1, 'es@example.com')", user)
+        let server = try launchServer(on: database, ["TRUNK_SYNC_ACCEPTED_ISSUERS": Self.hostedIssuer])
+        try server.waitUntilListening(timeout: 15)
+        let now = Int64(Date().timeIntervalSince1970)
+        let claims = """
+            {"iss":"\(Self.hostedIssuer)","sub":"\(user.uuidString.lowercased())","aud":"authenticated","exp":\(now + 600),\
+            "iat":\(now),"role":"authenticated","aal":"aal1","session_id":"\(session.uuidString.lowercased())","is_anonymous":false}
+            """
+        let token = try JWT.sign(payload: Array(claims.utf8), with: hostedKey)
+        XCTAssertEqual(try send(server, "GET", "/sync/v1/events?after=0", token: token).status, 200)
+        let other = try JWT.sign(payload: Array(claims.utf8), with: try JWT.ES256Key.generate(keyID: "hosted-es256"))
+        XCTAssertEqual(try send(server, "GET", "/sync/v1/events?after=0", token: other).status, 401)
+    }
+}
