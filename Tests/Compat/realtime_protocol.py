@@ -24,6 +24,7 @@ import socket
 import struct
 import sys
 import urllib.parse
+import urllib.request
 
 import websockets
 from realtime_support import WAIT, insert as insert_at, step, user_of
@@ -321,6 +322,30 @@ async def client_tests():
         beat = await recv(ws)
         assert beat[1] == "31" and beat[3] == "phx_reply", f"a change after phx_leave: {beat}"
         step("phx_leave: ok, phx_close, nothing more")
+
+    # profiles UPDATE: a profile change through /rest/v1/profiles, shaped as it returns it.
+    async with websockets.connect(url) as ws:
+        binding = {"event": "UPDATE", "schema": "public", "table": "profiles", "filter": f"id=eq.{user_a}"}
+        await ws.send(json.dumps(["1", "1", "realtime:profile", "phx_join", join_payload(token_a, [binding])]))
+        reply = await recv(ws)
+        assert reply[4]["status"] == "ok", reply
+        profile_id = reply[4]["response"]["postgres_changes"][0]["id"]
+        assert (await recv(ws))[3] == "system"
+        request = urllib.request.Request(
+            base_url + f"/rest/v1/profiles?id=eq.{user_a}", data=json.dumps({"full_name": "Ada Realtime"}).encode(),
+            method="PATCH", headers={"Content-Type": "application/json", "apikey": "anon-key",
+                                     "Authorization": "Bearer " + token_a, "Prefer": "return=representation"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            row = json.loads(response.read().decode())[0]
+        change = await recv(ws)
+        assert change[3] == "postgres_changes" and change[4]["ids"] == [profile_id], change
+        data = change[4]["data"]
+        assert data["type"] == "UPDATE" and data["table"] == "profiles" and data["record"] == row, (data, row)
+        assert data["old_record"] == {"id": user_a} and data["commit_timestamp"] == row["updated_at"], data
+        insert(token_a)  # an event is not a profile change
+        await ws.send(json.dumps([None, "9", "phoenix", "heartbeat", {}]))
+        assert (await recv(ws))[1] == "9", "an event reached a profiles binding"
+        step("profiles UPDATE arrives as /rest/v1/profiles returns the row")
 
     # vsn 1.0.0 objects, as supabase-swift speaks them; B's filter names A's rows.
     url1 = f"ws://{HOST}:{PORT}/realtime/v1/websocket?apikey=anon-key&vsn=1.0.0"

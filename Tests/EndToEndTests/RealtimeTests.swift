@@ -102,7 +102,7 @@ final class RealtimeTests: EndToEndTestCase {
             "oversized frame -> 1009", "oversized fragmented message -> 1009", "fragmented control frame -> 1002",
             "text that is not UTF-8 -> 1007", "half-open connection is closed", "slow reader is closed with 1013",
             "vsn 2.0.0 (realtime-js)", "Broadcast (binary and JSON) and Presence refused", "bad joins",
-            "phx_leave", "vsn 1.0.0 (supabase-swift shapes)", "access_token of another user ends the channel",
+            "phx_leave", "profiles UPDATE arrives", "vsn 1.0.0 (supabase-swift shapes)", "access_token of another user ends the channel",
             "shutdown closes with 1001",
         ])
     }

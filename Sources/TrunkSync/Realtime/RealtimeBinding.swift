@@ -27,13 +27,16 @@ struct RealtimeTable: Sendable {
     var columnTypes: [String]
     /// The change it reports (`INSERT` for the append-only log, `UPDATE` for profiles).
     var change: String
+    /// The column whose time is the change's `commit_timestamp`.
+    var timeColumn: String
 
     static let events = RealtimeTable(
         name: "events", columns: RESTRoutes.eventColumns,
-        columnTypes: ["uuid", "uuid", "int8", "text", "jsonb", "uuid", "timestamptz", "timestamptz"], change: "INSERT")
+        columnTypes: ["uuid", "uuid", "int8", "text", "jsonb", "uuid", "timestamptz", "timestamptz"], change: "INSERT",
+        timeColumn: "created_at")
     static let profiles = RealtimeTable(
         name: "profiles", columns: RESTRoutes.profileColumns, columnTypes: ["uuid", "text", "timestamptz"],
-        change: "UPDATE")
+        change: "UPDATE", timeColumn: "updated_at")
 
     static func named(_ name: String) -> RealtimeTable? {
         switch name {

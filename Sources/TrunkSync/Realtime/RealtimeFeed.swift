@@ -188,14 +188,28 @@ public final class RealtimeFeed: Sendable {
 
     // MARK: - SQL
 
-    /// Where the user's log stands now (`users.last_seq`); nil when the user is gone.
-    func lastSeq(of user: UUID) async throws -> Int64? {
+    /// Where the user's log stands now (`users.last_seq`) and when the profile last changed;
+    /// nil when the user is gone.
+    func start(of user: UUID) async throws -> (lastSeq: Int64, profileUpdatedAt: Int64)? {
         try await pool.withConnection { connection in
             let results = try connection.pipeline([
-                RowScope.user(user), .prepared("select last_seq from users where id = $1", user),
+                RowScope.user(user), .prepared("select last_seq, updated_at from users where id = $1", user),
             ])
             guard results[1].count == 1 else { return nil }
-            return try results[1][0].decode(Int64.self, column: 0)
+            return (
+                try results[1][0].decode(Int64.self, column: 0),
+                try results[1][0].decode(PostgresTimestamp.self, column: 1).microsecondsSinceEpoch
+            )
+        }
+    }
+
+    /// The user's profile with the columns `/rest/v1/profiles` returns, in its order.
+    func profile(of user: UUID) async throws -> PostgresResult {
+        let columns = RealtimeTable.profiles.columns.map(\.sql).joined(separator: ", ")
+        return try await pool.withConnection { connection in
+            try connection.pipeline([
+                RowScope.user(user), .prepared("select \(columns) from users where id = $1", user),
+            ])[1]
         }
     }
 
@@ -289,6 +303,8 @@ final class RealtimeHub: Sendable {
         var channels: [UInt64: RealtimeChannel] = [:]
         /// The newest event the channels were given (or the log's end when the hub started).
         var cursor: Int64? = nil
+        /// The profile's `updated_at` last sent (or when the hub started), microseconds.
+        var profileSeen: Int64 = 0
         var task: Task<Void, Never>? = nil
         var stopped = false
     }
@@ -299,23 +315,28 @@ final class RealtimeHub: Sendable {
     private let state = Mutex(State())
     /// Where the log stood when the hub started (read after subscribing, so no later commit
     /// is missed); every join waits for it.
-    private let start: Task<Int64?, any Error>
+    private let start: Task<(lastSeq: Int64, profileUpdatedAt: Int64)?, any Error>
 
     init(user: UUID, feed: RealtimeFeed) {
         self.user = user
         self.feed = feed
         let subscription = feed.notifier.subscribe(to: user)
         self.subscription = subscription
-        start = Task { try await feed.lastSeq(of: user) }
+        start = Task { try await feed.start(of: user) }
     }
 
     /// Registers `channel` once the hub knows where the log stands (the first call starts
     /// the hub's task).
     func add(_ channel: RealtimeChannel) async throws {
-        guard let cursor = try await start.value else { throw RealtimeError("the account no longer exists") }
+        guard let (cursor, profileUpdatedAt) = try await start.value else {
+            throw RealtimeError("the account no longer exists")
+        }
         state.withLock { state in
             guard !state.stopped else { return }
-            if state.cursor == nil { state.cursor = cursor }
+            if state.cursor == nil {
+                state.cursor = cursor
+                state.profileSeen = profileUpdatedAt
+            }
             state.channels[channel.id] = channel
             if state.task == nil {
                 state.task = Task { [self] in
@@ -357,6 +378,9 @@ final class RealtimeHub: Sendable {
             channels.removeAll { $0.isEnded }
         }
         guard !channels.isEmpty, let start = state.withLock({ $0.cursor }) else { return }
+        if channels.contains(where: { $0.bindings.contains { $0.table.name == RealtimeTable.profiles.name } }) {
+            await sendProfileChange(to: channels)
+        }
         var cursor = start
         let table = RealtimeTable.events
         let limit = feed.settings.pageSize
@@ -375,24 +399,50 @@ final class RealtimeHub: Sendable {
                 let row = rows[index]
                 guard let change = try? Self.change(row, table: table) else { continue }
                 cursor = max(cursor, change.seq)
-                for channel in channels where !channel.isEnded {
-                    let ids = channel.bindings.filter { $0.table.name == table.name && $0.matches(type: "INSERT", values: change.values) }
-                    guard !ids.isEmpty else { continue }
-                    var writer = JSONWriter(capacity: change.data.count + 32)
-                    writer.beginObject()
-                    writer.beginArray("ids")
-                    for binding in ids { writer.int(nil, Int64(binding.id)) }
-                    writer.endArray()
-                    writer.raw("data", change.data)
-                    writer.endObject()
-                    channel.send(event: "postgres_changes", payload: writer.bytes)
-                    sent += 1
-                }
+                sent += Self.send(change, table: table, to: channels)
             }
             feed.recordSent(sent)
             state.withLock { $0.cursor = cursor }
             if rows.count <= limit { return }
         }
+    }
+
+    /// Sends the profile's change if it changed since the last one sent.
+    private func sendProfileChange(to channels: [RealtimeChannel]) async {
+        let table = RealtimeTable.profiles
+        guard let rows = try? await feed.profile(of: user), rows.count == 1,
+            let change = try? Self.change(rows[0], table: table),
+            case .time(let updatedAt)? = change.values["updated_at"]
+        else { return }
+        let isNew = state.withLock { state -> Bool in
+            guard updatedAt > state.profileSeen else { return false }
+            state.profileSeen = updatedAt
+            return true
+        }
+        guard isNew else { return }
+        feed.recordSent(Self.send(change, table: table, to: channels))
+    }
+
+    /// Sends `change` to each channel with bindings it matches (their ids in one message).
+    /// Returns how many messages went out.
+    private static func send(_ change: Change, table: RealtimeTable, to channels: [RealtimeChannel]) -> Int {
+        var sent = 0
+        for channel in channels where !channel.isEnded {
+            let ids = channel.bindings.filter {
+                $0.table.name == table.name && $0.matches(type: table.change, values: change.values)
+            }
+            guard !ids.isEmpty else { continue }
+            var writer = JSONWriter(capacity: change.data.count + 32)
+            writer.beginObject()
+            writer.beginArray("ids")
+            for binding in ids { writer.int(nil, Int64(binding.id)) }
+            writer.endArray()
+            writer.raw("data", change.data)
+            writer.endObject()
+            channel.send(event: "postgres_changes", payload: writer.bytes)
+            sent += 1
+        }
+        return sent
     }
 
     struct Change {
@@ -403,29 +453,34 @@ final class RealtimeHub: Sendable {
         var values: [String: RealtimeValue]
     }
 
-    /// An events row as a change: the record shaped as `/rest/v1/events` returns it.
+    /// A row as a change: the record shaped as `/rest/v1/<table>` returns it (an update's
+    /// `old_record` holds the primary key only, as Supabase's without `replica identity full`).
     static func change(_ row: PostgresRow, table: RealtimeTable) throws -> Change {
         var record = JSONWriter(capacity: 256)
         try RESTRoutes.write(row, columns: table.columns, to: &record)
         var values: [String: RealtimeValue] = [:]
         var seq: Int64 = 0
-        var createdAt = ""
+        var time = ""
+        var id = ""
         for (index, column) in table.columns.enumerated() {
             if row.isNull(column: index) {
                 values[column.name] = .null
                 continue
             }
             switch column.kind {
-            case .uuid: values[column.name] = .text(UUIDText.lowercase(try row.decode(UUID.self, column: index)))
+            case .uuid:
+                let text = UUIDText.lowercase(try row.decode(UUID.self, column: index))
+                values[column.name] = .text(text)
+                if column.name == "id" { id = text }
             case .int:
                 let number = try row.decode(Int64.self, column: index)
                 values[column.name] = .int(number)
                 if column.name == "seq" { seq = number }
             case .text: values[column.name] = .text(try row.decode(String.self, column: index))
             case .timestamp:
-                let time = try row.decode(PostgresTimestamp.self, column: index)
-                values[column.name] = .time(time.microsecondsSinceEpoch)
-                if column.name == "created_at" { createdAt = RFC3339.formatPostgREST(time) }
+                let stamp = try row.decode(PostgresTimestamp.self, column: index)
+                values[column.name] = .time(stamp.microsecondsSinceEpoch)
+                if column.name == table.timeColumn { time = RFC3339.formatPostgREST(stamp) }
             case .json: break
             }
         }
@@ -433,7 +488,7 @@ final class RealtimeHub: Sendable {
         data.beginObject()
         data.string("schema", "public")
         data.string("table", table.name)
-        data.string("commit_timestamp", createdAt)
+        data.string("commit_timestamp", time)
         data.string("type", table.change)
         data.beginArray("columns")
         for (column, type) in zip(table.columns, table.columnTypes) {
@@ -444,6 +499,11 @@ final class RealtimeHub: Sendable {
         }
         data.endArray()
         data.raw("record", record.bytes)
+        if table.change == "UPDATE" {
+            data.beginObject("old_record")
+            data.string("id", id)
+            data.endObject()
+        }
         data.null("errors")
         data.endObject()
         return Change(seq: seq, data: data.bytes, values: values)
