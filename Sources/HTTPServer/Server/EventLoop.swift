@@ -673,6 +673,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         let socket = WebSocket(settings: upgrade.settings) { mailbox.postStreamReady(fd: fd, connectionID: id) }
         var parser = WebSocketFrameParser(limits: upgrade.settings.limits)
         parser.feed(connection.parser.takeBufferedBytes())
+        connection.parser = HTTPRequestParser(limits: connection.parser.limits)  // its buffer is not needed again
         let session = Task {
             await upgrade.session(socket)
             socket.writer.producerReturned()

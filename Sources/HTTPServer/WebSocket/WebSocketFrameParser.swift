@@ -95,10 +95,7 @@ public struct WebSocketFrameParser: Sendable {
     /// Adds bytes received from the client.
     public mutating func feed(_ bytes: UnsafeRawBufferPointer) {
         guard !isClosed else { return }
-        if start > 0, start == buffer.count {
-            buffer.removeAll(keepingCapacity: buffer.capacity <= 128 * 1024)
-            start = 0
-        } else if start > 4096, start * 2 > buffer.count {
+        if start > 4096, start * 2 > buffer.count {
             buffer.removeSubrange(0..<start)
             start = 0
         }
@@ -114,6 +111,11 @@ public struct WebSocketFrameParser: Sendable {
     public mutating func next() -> WebSocketFrameEvent? {
         while !isClosed {
             let available = buffer.count - start
+            if available == 0, !buffer.isEmpty {
+                // Everything was returned: an idle socket keeps no buffer.
+                buffer = []
+                start = 0
+            }
             guard available >= 2 else { return nil }
             let first = buffer[start]
             let second = buffer[start + 1]
