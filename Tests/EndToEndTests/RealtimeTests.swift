@@ -106,4 +106,29 @@ final class RealtimeTests: EndToEndTestCase {
             "shutdown closes with 1001",
         ])
     }
+
+    /// Sockets over `TRUNK_SYNC_REALTIME_MAX` are refused `429` with `Retry-After` before the
+    /// upgrade (the clients retry with backoff); a closed socket gives its slot back.
+    func testSocketsOverTheInstanceCapGet429() throws {
+        let server = try startServer(["TRUNK_SYNC_REALTIME_MAX": "1"])
+        let handshake = request(
+            "GET", "/realtime/v1/websocket?vsn=2.0.0",
+            headers: [
+                ("Upgrade", "websocket"), ("Connection", "Upgrade"), ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+                ("Sec-WebSocket-Version", "13"),
+            ])
+        let first = try server.connect()
+        try first.send(handshake)
+        let upgraded = try first.readResponse(bodyExpected: false)
+        XCTAssertEqual(upgraded.status, 101)
+        XCTAssertEqual(upgraded.header("sec-websocket-accept"), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=")
+        let (refused, _) = try server.exchange(handshake)
+        assertJSONError(refused, status: 429, code: "too_many_sockets")
+        XCTAssertNotNil(refused.header("retry-after"))
+        first.close()
+        let freed = eventually(within: 10) {
+            ((try? server.exchange(handshake, bodyExpected: false))?.0.status ?? 0) == 101
+        }
+        XCTAssertTrue(freed, "the closed socket's slot was not given back")
+    }
 }
