@@ -2,7 +2,8 @@
 
 Usage: realtime_protocol.py BASE_URL SESSION_A SESSION_B
 SESSION_A / SESSION_B are `trunk-sync token` outputs (JSON) of two users; the server runs
-with TRUNK_SYNC_API_KEY=anon-key and TRUNK_SYNC_REALTIME_BUFFER=4096.
+with TRUNK_SYNC_API_KEY=anon-key, TRUNK_SYNC_REALTIME_BUFFER=4096 and
+TRUNK_SYNC_REALTIME_MAX_CHANNELS_PER_USER=3.
 
 - Raw sockets: the handshake, and the edge cases of RFC 6455 (unmasked frame -> 1002,
   oversized -> 1009, fragmented control frame -> 1002, bad UTF-8 -> 1007, ping/pong, the
@@ -249,6 +250,19 @@ async def client_tests():
     token_a, token_b = session_a["access_token"], session_b["access_token"]
     user_a = user_of(token_a)
     url = f"ws://{HOST}:{PORT}{PATH}"
+    # The server runs with TRUNK_SYNC_REALTIME_MAX_CHANNELS_PER_USER=3.
+    async with websockets.connect(url) as ws:
+        every = [{"event": "INSERT", "schema": "public", "table": "events"}]
+        for number in range(4):
+            await ws.send(json.dumps([str(number), str(number), f"realtime:cap{number}", "phx_join", join_payload(token_b, every)]))
+            reply = await recv(ws)
+            if number < 3:
+                assert reply[4]["status"] == "ok", reply
+                assert (await recv(ws))[3] == "system"
+            else:
+                assert reply[4]["status"] == "error" and "channels joined already" in reply[4]["response"]["reason"], reply
+        step("channels over the per-user cap are refused in the join's reply")
+
     async with websockets.connect(url) as ws:
         bindings = [
             {"event": "INSERT", "schema": "public", "table": "events"},

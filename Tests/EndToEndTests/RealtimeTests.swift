@@ -90,7 +90,10 @@ final class RealtimeTests: EndToEndTestCase {
     /// The WebSocket layer's edge cases with raw sockets, and the Phoenix protocol with an
     /// independent client in both serializers; SIGTERM closes open sockets with 1001.
     func testWebSocketEdgeCasesAndProtocolShapes() throws {
-        let server = try startServer(["TRUNK_SYNC_API_KEY": "anon-key", "TRUNK_SYNC_REALTIME_BUFFER": "4096"])
+        let server = try startServer([
+            "TRUNK_SYNC_API_KEY": "anon-key", "TRUNK_SYNC_REALTIME_BUFFER": "4096",
+            "TRUNK_SYNC_REALTIME_MAX_CHANNELS_PER_USER": "3",
+        ])
         let a = try session(server, "realtime-c@example.com")
         let b = try session(server, "realtime-d@example.com")
         let result = try runScript("realtime_protocol.py", ["http://127.0.0.1:\(server.port)", a, b], pause: "stop now") {
@@ -101,7 +104,7 @@ final class RealtimeTests: EndToEndTestCase {
             "handshake", "refused handshakes", "ping/pong, heartbeat, close handshake", "unmasked client frame -> 1002",
             "oversized frame -> 1009", "oversized fragmented message -> 1009", "fragmented control frame -> 1002",
             "text that is not UTF-8 -> 1007", "half-open connection is closed", "slow reader is closed with 1013",
-            "vsn 2.0.0 (realtime-js)", "Broadcast (binary and JSON) and Presence refused", "bad joins",
+            "channels over the per-user cap are refused", "vsn 2.0.0 (realtime-js)", "Broadcast (binary and JSON) and Presence refused", "bad joins",
             "phx_leave", "profiles UPDATE arrives", "vsn 1.0.0 (supabase-swift shapes)", "access_token of another user ends the channel",
             "shutdown closes with 1001",
         ])
