@@ -1,5 +1,5 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test build release format lint clean fuzz fuzz-json fuzz-api bench
+.PHONY: run test build release format lint clean fuzz fuzz-ws fuzz-json fuzz-api bench
 
 run:
 	scripts/run.sh
@@ -26,6 +26,10 @@ clean:
 # Not part of `make test`: see README ("Fuzzing", "Benchmarks").
 fuzz:
 	scripts/fuzz.sh http
+	scripts/fuzz.sh ws
+
+fuzz-ws:
+	scripts/fuzz.sh ws
 
 fuzz-json:
 	scripts/fuzz.sh json

@@ -37,7 +37,7 @@ let package = Package(
             dependencies: ["CLibPQ", "CSystem", .product(name: "Logging", package: "swift-log")]
         ),
         .target(
-            name: "HTTPServer", dependencies: ["CSystem", .product(name: "Logging", package: "swift-log")],
+            name: "HTTPServer", dependencies: ["CSystem", "COpenSSL", .product(name: "Logging", package: "swift-log")],
             // The event loop is generic over the application's responder: let the executable
             // specialize it (unspecialized, generic metadata look-ups cost ~10% of /healthz). Its
             // state is confined to the loop thread, so release builds skip the run-time

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # `make fuzz` / `make fuzz-json`: builds a libFuzzer target with AddressSanitizer and runs
-# it — HTTPRequestParser (Fuzz/HTTPParserFuzz) or the JSON module's parser
-# (Fuzz/JSONParserFuzz). Not part of `make test` or of Package.swift's build.
+# it — HTTPRequestParser (Fuzz/HTTPParserFuzz), WebSocketFrameParser (Fuzz/WebSocketParserFuzz)
+# or the JSON module's parser (Fuzz/JSONParserFuzz). Not part of `make test` or of Package.swift's build.
 #
-#   scripts/fuzz.sh [http|json] [libFuzzer options…]   e.g. scripts/fuzz.sh json -runs=100000
-#   scripts/fuzz.sh [http|json] FILE…                  replays saved inputs (crash-…, Fuzz/corpus/…)
+#   scripts/fuzz.sh [http|ws|json] [libFuzzer options…]   e.g. scripts/fuzz.sh json -runs=100000
+#   scripts/fuzz.sh [http|ws|json] FILE…                  replays saved inputs (crash-…, Fuzz/corpus/…)
 #
 # Environment: FUZZ_RUNS (default 1000000), FUZZ_MAX_LEN (default 8192), FUZZ_TIMEOUT
 # (seconds per input, default 10), FUZZ_RSS_MB (default 2048), FUZZ_JOBS (parallel
@@ -15,13 +15,14 @@
 # first, .build-fuzz/corpus; Fuzz/corpus (hand-written requests and every input that once
 # crashed) is the committed seed and stays untouched;
 # crashes, leaks and timeouts are written to .build-fuzz/artifacts/. The JSON target uses
-# .build-fuzz/json-corpus, Fuzz/json-corpus and Fuzz/json.dict the same way.
+# .build-fuzz/json-corpus, Fuzz/json-corpus and Fuzz/json.dict the same way; the WebSocket
+# target .build-fuzz/ws-corpus and Fuzz/ws-corpus (no dictionary).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 target=http
 case "${1:-}" in
-  http|json) target=$1; shift ;;
+  http|ws|json) target=$1; shift ;;
 esac
 
 out=.build-fuzz
@@ -31,6 +32,13 @@ if [ "$target" = json ]; then
   binary="$out/json-parser-fuzz"
   corpus=("$out/json-corpus" Fuzz/json-corpus)
   dict=Fuzz/json.dict
+  max_len=${FUZZ_MAX_LEN:-4096}
+elif [ "$target" = ws ]; then
+  sources=(Sources/HTTPServer/WebSocket/WebSocketFrameParser.swift Fuzz/WebSocketParserFuzz/main.swift)
+  module=WebSocketParserFuzz
+  binary="$out/ws-parser-fuzz"
+  corpus=("$out/ws-corpus" Fuzz/ws-corpus)
+  dict=
   max_len=${FUZZ_MAX_LEN:-4096}
 else
   sources=(
@@ -75,7 +83,7 @@ status=0
   -max_len="$max_len" \
   -timeout="${FUZZ_TIMEOUT:-10}" \
   -rss_limit_mb="${FUZZ_RSS_MB:-2048}" \
-  -dict="$dict" \
+  ${dict:+-dict="$dict"} \
   -artifact_prefix="$out/artifacts/" \
   -print_final_stats=1 \
   "${parallel[@]}" "$@" \

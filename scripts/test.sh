@@ -14,14 +14,16 @@ swift build --build-tests
 
 # Python tools the tests drive: the real supabase client, compose schema validation, YAML,
 # for docs/openapi.json its validator and schemathesis (which brings jsonschema), and
-# Selenium for the browser tests (the console; the event stream's EventSource).
+# Selenium for the browser tests (the console; the event stream's EventSource), and websockets
+# as an independent WebSocket client for the Realtime tests.
 venv=.build/test-venv
-if ! "$venv/bin/python" -c "import supabase, yaml, check_jsonschema, prometheus_client, openapi_spec_validator, schemathesis, jsonschema, selenium" 2>/dev/null \
+if ! "$venv/bin/python" -c "import supabase, yaml, check_jsonschema, prometheus_client, openapi_spec_validator, schemathesis, jsonschema, selenium, websockets" 2>/dev/null \
   || [ "$("$venv/bin/schemathesis" --version 2>/dev/null)" != "schemathesis, version 4.32.5" ]; then
   # Debian's python3 with its site packages: aiosmtpd and PyJWT come from apt (deps.sh).
   /usr/bin/python3 -m venv --system-site-packages "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "supabase==2.34.1" check-jsonschema pyyaml prometheus-client \
-    "openapi-spec-validator==0.9.0" "schemathesis==4.32.5" "selenium==4.40.0"
+    "openapi-spec-validator==0.9.0" "schemathesis==4.32.5" "selenium==4.40.0" \
+    "websockets==15.0.1"
 fi
 export TRUNK_SYNC_TEST_PYTHON="$PWD/$venv/bin/python"
 

@@ -284,6 +284,16 @@ public struct HTTPRequestParser: Sendable {
         discardingBody = true
     }
 
+    /// Hands over the bytes received after the last request and not parsed (a connection
+    /// upgraded to another protocol reads them as its first bytes); the parser is left empty.
+    public mutating func takeBufferedBytes() -> [UInt8] {
+        let rest = Array(buffer[readIndex..<writeIndex])
+        readIndex = 0
+        writeIndex = 0
+        scanned = 0
+        return rest
+    }
+
     // MARK: - State
 
     /// Bytes received and not yet parsed: an unfinished line, or body bytes and pipelined

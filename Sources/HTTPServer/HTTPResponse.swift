@@ -12,6 +12,7 @@ public struct HTTPStatus: Hashable, Sendable, ExpressibleByIntegerLiteral, Custo
     public var reason: String {
         switch code {
         case 100: return "Continue"
+        case 101: return "Switching Protocols"
         case 200: return "OK"
         case 201: return "Created"
         case 204: return "No Content"
@@ -31,6 +32,7 @@ public struct HTTPStatus: Hashable, Sendable, ExpressibleByIntegerLiteral, Custo
         case 414: return "URI Too Long"
         case 415: return "Unsupported Media Type"
         case 422: return "Unprocessable Content"
+        case 426: return "Upgrade Required"
         case 429: return "Too Many Requests"
         case 431: return "Request Header Fields Too Large"
         case 500: return "Internal Server Error"
@@ -84,6 +86,8 @@ public struct HTTPResponse: Sendable {
     public var closeConnection = false
     /// A body produced over time instead of `body` (see `HTTPBodyStream`).
     public var stream: HTTPBodyStream? = nil
+    /// With status `101`: the connection becomes a WebSocket (see `HTTPResponse.webSocket`).
+    public var webSocket: WebSocketUpgrade? = nil
 
     /// A response from its parts.
     public init(status: HTTPStatus, headers: HTTPHeaders = [:], body: [UInt8] = []) {

@@ -323,4 +323,61 @@ final class ConnectionStateMachineTests: XCTestCase {
         XCTAssertEqual(connection.streamStarted(keepAlive: true), .close)
         XCTAssertEqual(connection.state, .idle)
     }
+
+    // MARK: - WebSocket
+
+    func testWebSocketIsIdleTimedAndEveryFrameRestartsIt() {
+        var connection = handling()
+        connection.webSocketStarted(idleTimeout: 90, now: 1005)
+        XCTAssertEqual(connection.state, .webSocket)
+        XCTAssertTrue(connection.isWebSocket)
+        XCTAssertEqual(connection.deadline, 1095)
+        XCTAssertEqual(connection.deadlineKind, .close)
+        connection.webSocketActivity(now: 1050)
+        XCTAssertEqual(connection.deadline, 1140, "a heartbeat keeps the socket")
+        XCTAssertEqual(connection.deadlinePassed(), .close)
+        XCTAssertEqual(connection.state, .closed)
+    }
+
+    func testWebSocketWhoseClientStopsReadingGetsTheWriteTimeoutWhateverItSends() {
+        var connection = handling()
+        connection.webSocketStarted(idleTimeout: 90, now: 1000)
+        connection.writeBlocked(now: 1010)
+        XCTAssertEqual(connection.deadline, 1030)
+        connection.webSocketActivity(now: 1020)
+        XCTAssertEqual(connection.deadline, 1030, "frames arriving do not excuse a client that reads nothing")
+        connection.wroteSome(now: 1025)
+        XCTAssertEqual(connection.deadline, 1045, "reading extends it")
+        XCTAssertEqual(connection.outputDrained(hasBufferedInput: false, now: 1040), .none)
+        XCTAssertEqual(connection.state, .webSocket)
+        XCTAssertEqual(connection.deadline, 1130, "drained: idle-timed again")
+    }
+
+    func testWebSocketEndsWithCloseFrameThenLingersOrClosesAfterThePeersClose() {
+        var ended = handling()
+        ended.webSocketStarted(idleTimeout: 90, now: 1000)
+        ended.webSocketEnded()
+        XCTAssertEqual(ended.state, .writing(after: .linger))
+        XCTAssertEqual(ended.outputDrained(hasBufferedInput: false, now: 1001), .shutdownWrite)
+        XCTAssertEqual(ended.state, .lingering)
+        XCTAssertEqual(ended.deadline, 1003)
+
+        var answered = handling()
+        answered.webSocketStarted(idleTimeout: 90, now: 1000)
+        answered.webSocketClosedByPeer()
+        XCTAssertEqual(answered.state, .writing(after: .close))
+        XCTAssertEqual(answered.outputDrained(hasBufferedInput: false, now: 1001), .close)
+    }
+
+    func testWebSocketHalfOpenClosesAndShutdownAsksForCloseFrame() {
+        var halfOpen = handling()
+        halfOpen.webSocketStarted(idleTimeout: 90, now: 1000)
+        XCTAssertEqual(halfOpen.peerClosedInput(), .close)
+        XCTAssertEqual(halfOpen.state, .closed)
+
+        var stopping = handling()
+        stopping.webSocketStarted(idleTimeout: 90, now: 1000)
+        XCTAssertEqual(stopping.shutdownBegan(), .endWebSocket)
+        XCTAssertEqual(stopping.state, .webSocket, "the loop queues close 1001, then the socket ends")
+    }
 }

@@ -8,12 +8,21 @@
 # streams per user, the shipped per-user limit; 1 = every stream of one user, the worst
 # case), BENCH_COMMITS (pushes measured, each by one user, default 50).
 # Needs cc, PostgreSQL, curl and python3.
+#
+# bench/realtime/run.sh runs the same with BENCH_TARGET=realtime: Realtime sockets
+# (GET /realtime/v1/websocket, one postgres_changes channel each) instead of event streams.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 count=${BENCH_STREAMS:-10000}
 users=${BENCH_USERS:-$(( count / 10 > 0 ? count / 10 : 1 ))}
 commits=${BENCH_COMMITS:-50}
+target=${BENCH_TARGET:-stream}
+case "$target" in
+  stream) client=streams; kind=streams; goal=100 ;;
+  realtime) client=sockets; kind=sockets; goal=20 ;;
+  *) echo "bench: BENCH_TARGET must be stream or realtime" >&2; exit 1 ;;
+esac
 if [ "$users" -lt 1 ] || [ "$users" -gt "$count" ]; then
   echo "bench: BENCH_USERS must be between 1 and BENCH_STREAMS ($count)" >&2
   exit 1
@@ -29,11 +38,11 @@ if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -le $((count + 100)) ]; t
   exit 1
 fi
 
-echo "== building trunk-sync (release) and the stream client" >&2
+echo "== building trunk-sync (release) and the $target client" >&2
 swift build -c release --scratch-path .build-release --product trunk-sync >&2
 bin="$(swift build -c release --scratch-path .build-release --show-bin-path)/trunk-sync"
-work=$(mktemp -d "${TMPDIR:-/tmp}/trunk-sync-bench-stream.XXXXXX")
-cc -O2 -Wall -o "$work/streams" bench/stream/streams.c
+work=$(mktemp -d "${TMPDIR:-/tmp}/trunk-sync-bench-$target.XXXXXX")
+cc -O2 -Wall -o "$work/client" "bench/$target/$client.c"
 
 server_pid=""
 client_pid=""
@@ -83,9 +92,17 @@ PY
 # only when a user has more streams than that (BENCH_USERS=1); TRUNK_SYNC_STREAM_MAX (5000)
 # and TRUNK_SYNC_HTTP_MAX_CONNECTIONS (10000, and the push needs one more connection) only
 # above those.
+# Realtime: TRUNK_SYNC_REALTIME_MAX (5000) above it, the channels per user (100) above
+# those, and the idle timeout (90 s): the client sends no heartbeat while it measures.
 limits=()
-[ "$per_user" -gt 10 ] && limits+=("TRUNK_SYNC_STREAM_MAX_PER_USER=$per_user")
-[ "$count" -gt 5000 ] && limits+=("TRUNK_SYNC_STREAM_MAX=$count")
+if [ "$target" = realtime ]; then
+  [ "$per_user" -gt 100 ] && limits+=("TRUNK_SYNC_REALTIME_MAX_CHANNELS_PER_USER=$per_user")
+  [ "$count" -gt 5000 ] && limits+=("TRUNK_SYNC_REALTIME_MAX=$count")
+  limits+=("TRUNK_SYNC_REALTIME_IDLE_TIMEOUT=3600")
+else
+  [ "$per_user" -gt 10 ] && limits+=("TRUNK_SYNC_STREAM_MAX_PER_USER=$per_user")
+  [ "$count" -gt 5000 ] && limits+=("TRUNK_SYNC_STREAM_MAX=$count")
+fi
 [ $((count + 100)) -gt 10000 ] && limits+=("TRUNK_SYNC_HTTP_MAX_CONNECTIONS=$((count + 100))")
 echo "== raised limits: ${limits[*]:-none}" >&2
 env TRUNK_SYNC_HOST=127.0.0.1 TRUNK_SYNC_PORT=0 TRUNK_SYNC_ADMIN_PORT=0 "${limits[@]}" \
@@ -103,15 +120,15 @@ curl -fsS -o /dev/null "http://127.0.0.1:$port/healthz"
 rss_start=$(rss_kib "$server_pid")
 threads_start=$(threads "$server_pid")
 
-echo "== opening $count streams (load before: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
-"$work/streams" 127.0.0.1 "$port" "$count" "$users" "$work/tokens" "$commits" "$work/ready" "$work/go" >"$work/client.out" &
+echo "== opening $count $kind (load before: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+"$work/client" 127.0.0.1 "$port" "$count" "$users" "$work/tokens" "$commits" "$work/ready" "$work/go" >"$work/client.out" &
 client_pid=$!
 for _ in $(seq 1 3000); do
   [ -s "$work/ready" ] && break
-  kill -0 "$client_pid" 2>/dev/null || { echo "bench: the stream client failed" >&2; exit 1; }
+  kill -0 "$client_pid" 2>/dev/null || { echo "bench: the $target client failed" >&2; exit 1; }
   sleep 0.1
 done
-[ -s "$work/ready" ] || { echo "bench: the streams did not open" >&2; exit 1; }
+[ -s "$work/ready" ] || { echo "bench: the $kind did not open" >&2; exit 1; }
 sleep 2
 rss_idle=$(rss_kib "$server_pid")
 threads_idle=$(threads "$server_pid")
@@ -123,8 +140,8 @@ if [ -n "${BENCH_PERF:-}" ]; then  # where the server's time goes during the com
 fi
 cpu_before=$(awk '{ print $14 + $15 }' "/proc/$server_pid/stat")
 touch "$work/go"
-echo "== $commits commits, each by one user to that user's streams ($per_user at most)" >&2
-wait "$client_pid" || { echo "bench: the stream client failed" >&2; cat "$work/client.out" >&2; exit 1; }
+echo "== $commits commits, each by one user to that user's $kind ($per_user at most)" >&2
+wait "$client_pid" || { echo "bench: the $target client failed" >&2; cat "$work/client.out" >&2; exit 1; }
 client_pid=""
 cpu_ms=$(awk -v before="$cpu_before" -v hz="$(getconf CLK_TCK)" -v n="$commits" '{ printf "%.0f", ($14 + $15 - before) * 1000 / hz / n }' "/proc/$server_pid/stat")
 if [ -n "$perf_pid" ]; then
@@ -137,11 +154,11 @@ per_stream=$(awk -v a="$rss_idle" -v b="$rss_start" -v n="$count" 'BEGIN { print
 cat <<EOF
 
 date                     $(date -u +%FT%TZ)  ($(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg))
-streams                  $count of $users users (at most $per_user each; raised: ${limits[*]:-none})
+$kind                  $count of $users users (at most $per_user each; raised: ${limits[*]:-none})
 RSS at start             $(mib "$rss_start") MiB, $threads_start threads
-RSS, streams open, idle  $(mib "$rss_idle") MiB, $threads_idle threads  (goal <= 200 MiB; $per_stream KiB per stream)
+RSS, $kind open, idle  $(mib "$rss_idle") MiB, $threads_idle threads  (goal <= 200 MiB; $per_stream KiB each)
 RSS after the commits    $(mib "$rss_after") MiB
-commit -> event          $(sed -n 1p "$work/client.out")  (goal p99 <= 100 ms; from sending the push, every stream of the pushing user)
-other users' streams     $(sed -n 2p "$work/client.out")  (must be 0, 0, 0)
+commit -> event          $(sed -n 1p "$work/client.out")  (goal p99 <= $goal ms; from sending the push, each of the pushing user's $kind)
+other users' $kind     $(sed -n 2p "$work/client.out")  (must be 0, 0, 0)
 server CPU per commit    $cpu_ms ms  (user + system, all threads)
 EOF

@@ -36,6 +36,8 @@ final class Connection<Context: Sendable> {
     var requestIsHTTP10 = false
     /// The streamed body being sent, while the lifecycle is `streaming`.
     var stream: ActiveStream? = nil
+    /// The WebSocket, while the lifecycle is `webSocket`.
+    var webSocket: ActiveWebSocket? = nil
 
     init(
         fd: Int32, id: UInt64, remoteAddress: String, clientKey: IPAddress?, peerIsTrustedProxy: Bool,
@@ -61,4 +63,19 @@ struct ActiveStream {
     /// Chunked (HTTP/1.1) or delimited by closing the connection (HTTP/1.0).
     let chunked: Bool
     let shutdown: HTTPBodyStream.Shutdown
+}
+
+/// An upgraded connection's WebSocket: the client's frames, the session's side, its task.
+final class ActiveWebSocket {
+    var parser: WebSocketFrameParser
+    let socket: WebSocket
+    let session: Task<Void, Never>
+    /// The server's close frame is queued: nothing else is sent after it.
+    var closeSent = false
+
+    init(parser: WebSocketFrameParser, socket: WebSocket, session: Task<Void, Never>) {
+        self.parser = parser
+        self.socket = socket
+        self.session = session
+    }
 }

@@ -16,6 +16,12 @@
 /// while `streaming`, its producer writes the body over time; nothing is due from the client
 /// (no deadline) unless the socket stops taking output (the write timeout), and the client
 /// closing its side ends it, since nobody is left to read it.
+///
+/// A WebSocket upgrade goes `handling ──101──▶ webSocket ──close frame queued──▶ writing`:
+/// frames flow both ways; the connection is closed when nothing arrives for the idle timeout
+/// or the client does not read what is queued within the write timeout. Once the server's
+/// close frame is queued the connection lingers (the client's answering close is read and
+/// dropped); after the client's close frame it closes once the answer is written.
 struct ConnectionStateMachine {
     enum State: Equatable {
         /// Waiting for the first byte of a request (a new or a kept-alive connection).
@@ -32,6 +38,8 @@ struct ConnectionStateMachine {
         /// A streamed response's head is queued and its body is being produced; `after` says
         /// what follows once its end is written.
         case streaming(after: AfterWrite)
+        /// Upgraded to WebSocket: frames flow both ways.
+        case webSocket
         /// The final response is out and the write side shut; unread input is dropped.
         case lingering
         case closed
@@ -72,6 +80,8 @@ struct ConnectionStateMachine {
         case sendRequestTimeout
         /// Graceful shutdown began during a streamed response: tell its producer.
         case endStream
+        /// Graceful shutdown began on a WebSocket: send close `1001`.
+        case endWebSocket
     }
 
     struct Timeouts: Equatable {
@@ -90,6 +100,9 @@ struct ConnectionStateMachine {
     /// The head just admitted has no body: the parser's next `.request` is this request.
     private var requestAnsweredEarly = false
     private var shuttingDown = false
+    /// A WebSocket's idle timeout, and whether its output is blocked (the write timeout runs).
+    private var webSocketIdle: UInt64 = 0
+    private var outputBlocked = false
     let timeouts: Timeouts
 
     /// A new connection: it must send a request head within the header timeout.
@@ -106,6 +119,9 @@ struct ConnectionStateMachine {
         if case .streaming = state { return true }
         return false
     }
+
+    /// Whether the connection is an upgraded WebSocket.
+    var isWebSocket: Bool { state == .webSocket }
 
     /// Whether the connection may be closed now without losing anything in flight (idle,
     /// between requests).
@@ -183,6 +199,38 @@ struct ConnectionStateMachine {
         return after
     }
 
+    /// A `101` to WebSocket was queued: frames flow from now on; nothing arriving for
+    /// `idleTimeout` closes the connection.
+    mutating func webSocketStarted(idleTimeout: UInt64, now: UInt64) {
+        guard state == .handling else { return }
+        state = .webSocket
+        webSocketIdle = idleTimeout
+        outputBlocked = false
+        setDeadline(.close, now &+ idleTimeout)
+    }
+
+    /// A frame arrived on the WebSocket: the idle timeout starts again (unless the client is
+    /// not reading: then the write timeout keeps running).
+    mutating func webSocketActivity(now: UInt64) {
+        guard state == .webSocket, !outputBlocked else { return }
+        setDeadline(.close, now &+ webSocketIdle)
+    }
+
+    /// The server's close frame is queued: write it, then half-close and drop what the
+    /// client still sends (its answering close) until it closes or the linger time passes.
+    mutating func webSocketEnded() {
+        guard state == .webSocket else { return }
+        state = .writing(after: .linger)
+        if !outputBlocked { setDeadline(.none, 0) }
+    }
+
+    /// The client's close frame arrived and the answer is queued: close once it is written.
+    mutating func webSocketClosedByPeer() {
+        guard state == .webSocket else { return }
+        state = .writing(after: .close)
+        if !outputBlocked { setDeadline(.none, 0) }
+    }
+
     /// The producer finished and the end of the body is queued: the rest is an ordinary write.
     /// A write deadline already running (the client is behind) stays.
     mutating func streamEnded() {
@@ -209,6 +257,11 @@ struct ConnectionStateMachine {
 
     /// The socket would not take all of the queued output: the client must read it in time.
     mutating func writeBlocked(now: UInt64) {
+        if state == .webSocket {
+            if !outputBlocked { setDeadline(.close, now &+ timeouts.write) }
+            outputBlocked = true
+            return
+        }
         if deadlineKind != .close || deadline == 0 {
             setDeadline(.close, now &+ timeouts.write)
         }
@@ -217,6 +270,8 @@ struct ConnectionStateMachine {
     /// Some output went out while blocked: the client is reading, extend its time.
     mutating func wroteSome(now: UInt64) {
         switch state {
+        case .webSocket:
+            if outputBlocked { setDeadline(.close, now &+ timeouts.write) }
         case .writing, .streaming:
             if deadlineKind == .close { setDeadline(.close, now &+ timeouts.write) }
         default:
@@ -227,7 +282,12 @@ struct ConnectionStateMachine {
     /// All queued output was written. `hasBufferedInput`: bytes of a next request wait in
     /// the parser.
     mutating func outputDrained(hasBufferedInput: Bool, now: UInt64) -> Action {
+        outputBlocked = false
         switch state {
+        case .webSocket:
+            // The client has read everything: it is idle-timed again.
+            setDeadline(.close, now &+ webSocketIdle)
+            return .none
         case .writing(.nextRequest):
             if hasBufferedInput {
                 state = .readingHead
@@ -276,7 +336,7 @@ struct ConnectionStateMachine {
     /// The peer will send nothing more. Close unless a response is still owed or queued.
     mutating func peerClosedInput() -> Action {
         switch state {
-        case .idle, .readingHead, .readingBody, .lingering, .streaming:
+        case .idle, .readingHead, .readingBody, .lingering, .streaming, .webSocket:
             // A stream has no end of its own to wait for: nobody is left to read it (and a
             // dead stream would otherwise be found only at its next write).
             state = .closed
@@ -300,6 +360,8 @@ struct ConnectionStateMachine {
         case .streaming:
             state = .streaming(after: .close)
             return .endStream
+        case .webSocket:
+            return .endWebSocket
         default:
             return .none
         }

@@ -216,7 +216,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             // more is read, so this is the only news of it: closing cancels the handler (a
             // long-poll stops waiting) instead of keeping it until its answer fails to send.
             // A client that only shut its sending side (FIN) still gets its answer.
-            if flags & epollIn == 0 || connection.lifecycle.isHandling || connection.lifecycle.isStreaming {
+            if flags & epollIn == 0 || connection.lifecycle.isHandling || connection.lifecycle.isStreaming
+                || connection.lifecycle.isWebSocket
+            {
                 closeConnection(connection)
                 return
             }
@@ -402,6 +404,24 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 // what the producer wrote once the socket has sent what was taken before.
                 guard pumpStream(connection) else { return }
                 continue
+            case .webSocket:
+                if connection.hungUp {
+                    closeConnection(connection)
+                    return
+                }
+                guard let webSocket = connection.webSocket else { return }
+                // Frames already received first, then what the session queued, then more input.
+                if handleFrames(connection, webSocket) || pumpWebSocket(connection, webSocket) { continue }
+                guard connection.readable else {
+                    if connection.peerClosedInput {
+                        // Half-open: the client will send nothing more, not even a close frame.
+                        _ = connection.lifecycle.peerClosedInput()
+                        closeConnection(connection)
+                    }
+                    return
+                }
+                guard readInput(connection) else { return }
+                continue
             case .closed:
                 return
             case .lingering:
@@ -434,28 +454,43 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 }
                 return
             }
-            let fd = connection.fd
-            let received = readBuffer.withUnsafeMutableBytes { buffer -> Int in
-                while true {
-                    let count = read(fd, buffer.baseAddress, buffer.count)
-                    if count < 0, errno == EINTR { continue }
-                    if count > 0 { connection.parser.feed(UnsafeRawBufferPointer(rebasing: buffer[0..<count])) }
-                    return count
+            guard readInput(connection) else { return }
+        }
+    }
+
+    /// Reads once into the connection's parser (its WebSocket's, once upgraded). False when
+    /// the read found the connection reset (it is closed: nobody is left to answer).
+    private func readInput(_ connection: Connection<Context>) -> Bool {
+        let fd = connection.fd
+        let webSocket = connection.webSocket
+        let received = readBuffer.withUnsafeMutableBytes { buffer -> Int in
+            while true {
+                let count = read(fd, buffer.baseAddress, buffer.count)
+                if count < 0, errno == EINTR { continue }
+                if count > 0 {
+                    let bytes = UnsafeRawBufferPointer(rebasing: buffer[0..<count])
+                    if let webSocket { webSocket.parser.feed(bytes) } else { connection.parser.feed(bytes) }
                 }
-            }
-            if received > 0 {
-                if received < Self.readChunk { connection.readable = false }
-                connection.lifecycle.bytesArrived(now: now)
-            } else if received == 0 {
-                connection.readable = false
-                connection.peerClosedInput = true
-            } else if errno != EAGAIN && errno != EWOULDBLOCK {
-                closeConnection(connection)  // reset: nobody is left to answer
-                return
-            } else {
-                connection.readable = false
+                return count
             }
         }
+        if received > 0 {
+            if received < Self.readChunk { connection.readable = false }
+            if webSocket != nil {
+                connection.lifecycle.webSocketActivity(now: now)
+            } else {
+                connection.lifecycle.bytesArrived(now: now)
+            }
+        } else if received == 0 {
+            connection.readable = false
+            connection.peerClosedInput = true
+        } else if errno != EAGAIN && errno != EWOULDBLOCK {
+            closeConnection(connection)
+            return false
+        } else {
+            connection.readable = false
+        }
+        return true
     }
 
     /// Lingering close: read and drop what the client still sends, until EOF.
@@ -576,7 +611,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         for completion in completions { complete(completion) }
         for ready in streamsReady {
             guard let connection = connections[ready.fd], connection.id == ready.connectionID,
-                connection.lifecycle.isStreaming
+                connection.lifecycle.isStreaming || connection.lifecycle.isWebSocket
             else { continue }
             drive(connection)
         }
@@ -590,8 +625,10 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             connection.lifecycle.isHandling
         else {
             // The client went away meanwhile. A streamed body's producer still runs once,
-            // to learn that nobody reads it and release what it holds.
+            // to learn that nobody reads it and release what it holds (a WebSocket session
+            // too: its socket is over from the start).
             if let stream = completion.response.stream { runUnsent(stream) }
+            if let upgrade = completion.response.webSocket { runUnconnected(upgrade) }
             return
         }
         connection.handlerTask = nil
@@ -669,9 +706,122 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         return connection.hasPendingOutput
     }
 
+    // MARK: - WebSocket
+
+    /// Queues the `101` and starts the session; bytes the client sent after its handshake
+    /// are its first frames.
+    private func startWebSocket(
+        _ response: HTTPResponse, _ upgrade: WebSocketUpgrade, context: Context, on connection: Connection<Context>
+    ) {
+        var response = response
+        connection.lifecycle.webSocketStarted(idleTimeout: upgrade.settings.idleTimeout.nanosecondsClamped, now: now)
+        responder.complete(&response, context: context)
+        serialize(response, keepAlive: false, upgrade: true, omitBody: true, into: &connection.output)
+        connection.context = nil
+        let mailbox = self.mailbox
+        let fd = connection.fd
+        let id = connection.id
+        let socket = WebSocket(settings: upgrade.settings) { mailbox.postStreamReady(fd: fd, connectionID: id) }
+        var parser = WebSocketFrameParser(limits: upgrade.settings.limits)
+        parser.feed(connection.parser.takeBufferedBytes())
+        connection.parser = HTTPRequestParser(limits: connection.parser.limits)  // its buffer is not needed again
+        let session = Task {
+            await upgrade.session(socket)
+            socket.writer.producerReturned()
+        }
+        connection.webSocket = ActiveWebSocket(parser: parser, socket: socket, session: session)
+    }
+
+    /// A session whose connection closed before its `101` was sent: it runs once with a
+    /// socket that is over from the start.
+    private func runUnconnected(_ upgrade: WebSocketUpgrade) {
+        let socket = WebSocket(settings: upgrade.settings, wake: {})
+        socket.connectionEnded()
+        Task { await upgrade.session(socket) }.cancel()
+    }
+
+    /// Handles the frames parsed so far. Returns whether output was queued or the
+    /// connection's state changed (the caller goes round again).
+    private func handleFrames(_ connection: Connection<Context>, _ webSocket: ActiveWebSocket) -> Bool {
+        var progressed = false
+        while let event = webSocket.parser.next() {
+            switch event {
+            case .text(let bytes), .binary(let bytes):
+                let message: WebSocketMessage = if case .text = event { .text(bytes) } else { .binary(bytes) }
+                guard webSocket.socket.deliver(message) else {
+                    endWebSocket(connection, webSocket, .policyViolation, "messages arrive faster than they are handled")
+                    return true
+                }
+            case .ping(let payload):
+                WebSocketFrame.append(opcode: 0xA, payload: payload, to: &connection.output)
+                progressed = true
+            case .pong:
+                break
+            case .close(let code, _):
+                // Answer with the client's code (or none), then close once it is written.
+                webSocket.socket.connectionEnded()
+                webSocket.session.cancel()
+                if !webSocket.closeSent {
+                    webSocket.closeSent = true
+                    if let code {
+                        connection.output.append(contentsOf: WebSocketFrame.close(code))
+                    } else {
+                        WebSocketFrame.append(opcode: 0x8, payload: [], to: &connection.output)
+                    }
+                }
+                connection.webSocket = nil
+                connection.lifecycle.webSocketClosedByPeer()
+                return true
+            case .error(let code, let reason):
+                endWebSocket(connection, webSocket, code, reason)
+                return true
+            }
+        }
+        return progressed
+    }
+
+    /// Moves what the session queued into the connection's output once what was taken
+    /// before is sent; a session that closed (or returned) gets its close frame. Returns
+    /// whether output was queued or the state changed.
+    private func pumpWebSocket(_ connection: Connection<Context>, _ webSocket: ActiveWebSocket) -> Bool {
+        guard !connection.hasPendingOutput else { return false }
+        let (chunks, end) = webSocket.socket.writer.take()
+        for chunk in chunks { connection.output.append(contentsOf: chunk) }
+        if end != .open {
+            let (code, reason) = webSocket.socket.closeRequest
+            endWebSocket(connection, webSocket, code, reason)
+            return true
+        }
+        return connection.hasPendingOutput
+    }
+
+    /// Queues the server's close frame (after what is queued already), ends the session's
+    /// side, and lets the connection linger for the client's answering close.
+    private func endWebSocket(
+        _ connection: Connection<Context>, _ webSocket: ActiveWebSocket, _ code: WebSocketCloseCode, _ reason: String
+    ) {
+        webSocket.socket.connectionEnded()
+        webSocket.session.cancel()
+        if !webSocket.closeSent {
+            webSocket.closeSent = true
+            connection.output.append(contentsOf: WebSocketFrame.close(code, reason: reason))
+        }
+        connection.webSocket = nil
+        connection.lifecycle.webSocketEnded()
+    }
+
     /// Queues the final response to the current request (or the head of a streamed one).
     private func finish(_ response: HTTPResponse, context: Context, on connection: Connection<Context>) {
         var response = response
+        if let upgrade = response.webSocket {
+            if response.status.code == 101, !connection.requestIsHTTP10, !connection.requestIsHead {
+                startWebSocket(response, upgrade, context: context, on: connection)
+                return
+            }
+            // An HTTP/1.0 client cannot be upgraded (nor a `HEAD`): answer like a bad request.
+            runUnconnected(upgrade)
+            response = responder.reject(.invalidUpgrade, peer: connection.remoteAddress)
+        }
         let keepAlive = connection.requestKeepAlive && !response.closeConnection && !connection.parser.isClosed
         if let stream = response.stream {
             if Self.bodyAllowed(response.status.code), !connection.requestIsHead {
@@ -710,7 +860,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private static func bodyAllowed(_ code: Int) -> Bool { !(code < 200 || code == 204 || code == 304) }
 
     private func serialize(
-        _ response: HTTPResponse, framing: Framing = .length, keepAlive: Bool, omitBody: Bool,
+        _ response: HTTPResponse, framing: Framing = .length, keepAlive: Bool, upgrade: Bool = false, omitBody: Bool,
         into output: inout [UInt8]
     ) {
         let code = response.status.code
@@ -737,7 +887,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         }
         dates.appendHeaderLine(to: &output)
         output.append(contentsOf: serverLine)
-        output.append(contentsOf: keepAlive ? Self.keepAliveLine : Self.closeLine)
+        output.append(contentsOf: upgrade ? Self.upgradeLine : keepAlive ? Self.keepAliveLine : Self.closeLine)
         output.append(contentsOf: Self.crlf)
         if bodyAllowed, !omitBody, framing == .length { output.append(contentsOf: response.body) }
     }
@@ -747,6 +897,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private static var contentLengthPrefix: StaticString { "Content-Length: " }
     private static var keepAliveLine: StaticString { "Connection: keep-alive\r\n" }
     private static var closeLine: StaticString { "Connection: close\r\n" }
+    private static var upgradeLine: StaticString { "Connection: Upgrade\r\n" }
     private static var chunkedLine: StaticString { "Transfer-Encoding: chunked\r\n" }
     private static var lastChunk: StaticString { "0\r\n\r\n" }
 
@@ -785,6 +936,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 closeConnection(connection)
             } else if action == .endStream, let stream = connection.stream, stream.shutdown == .cancel {
                 stream.producer.cancel()
+            } else if action == .endWebSocket, let webSocket = connection.webSocket {
+                endWebSocket(connection, webSocket, .goingAway, "server shutting down")
+                drive(connection)
             }
         }
     }
@@ -801,6 +955,11 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             connection.stream = nil
             stream.writer.close()
             stream.producer.cancel()
+        }
+        if let webSocket = connection.webSocket {
+            connection.webSocket = nil
+            webSocket.socket.connectionEnded()
+            webSocket.session.cancel()
         }
         close(connection.fd)  // also removes it from epoll
     }
@@ -845,6 +1004,10 @@ extension Array where Element == UInt8 {
 }
 
 extension HTTPParserError {
+    /// A WebSocket upgrade the connection cannot make (HTTP/1.0, `HEAD`).
+    static let invalidUpgrade = HTTPParserError(
+        status: 400, code: "invalid_upgrade", message: "A WebSocket upgrade needs an HTTP/1.1 GET request.")
+
     /// The request head or body did not arrive in time.
     static let timeout = HTTPParserError(
         status: 408, code: "request_timeout", message: "The request was not received in time.")

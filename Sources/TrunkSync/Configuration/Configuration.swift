@@ -105,6 +105,8 @@ public struct Configuration: Sendable {
 
     /// The event streams' limits and heartbeat (`stream_*`).
     public private(set) var streams = EventStreams.Settings()
+    /// Supabase Realtime's limits (`realtime_*`).
+    public private(set) var realtime = RealtimeFeed.Settings()
 
     /// Sign-in rules from `jwt_expiry`, `otp_*`, `rate_limit_*`, `refresh_reuse_interval`,
     /// `mail_senders`, `mail_queue_size`.
@@ -267,6 +269,10 @@ public struct Configuration: Sendable {
         streams.maxPerUser = try integer("stream_max_per_user", 1...100_000) ?? streams.maxPerUser
         streams.maxTotal = try integer("stream_max", 1...1_000_000) ?? streams.maxTotal
         streams.bufferBytes = try integer("stream_buffer", 4096...64 * 1024 * 1024) ?? streams.bufferBytes
+        realtime.maxSockets = try integer("realtime_max", 1...1_000_000) ?? realtime.maxSockets
+        realtime.maxChannelsPerUser = try integer("realtime_max_channels_per_user", 1...100_000) ?? realtime.maxChannelsPerUser
+        realtime.bufferBytes = try integer("realtime_buffer", 4096...64 * 1024 * 1024) ?? realtime.bufferBytes
+        realtime.idleTimeout = try integer("realtime_idle_timeout", 30...3600) ?? realtime.idleTimeout
         jwtExpiry = try integer("jwt_expiry", 60...86_400 * 7) ?? jwtExpiry
         auth.otpLifetime = try integer("otp_expiry", 30...86_400) ?? auth.otpLifetime
         auth.otpResendInterval = try integer("otp_resend_interval", 0...3600) ?? auth.otpResendInterval

@@ -147,6 +147,18 @@ public struct Setting: Sendable {
         Setting(
             key: "stream_buffer", defaultValue: "262144", isSecret: false,
             summary: "Bytes an event stream may have waiting for a slow client; a live event that finds it full ends the stream (the client resumes with Last-Event-ID, losing nothing)."),
+        Setting(
+            key: "realtime_max", defaultValue: "5000", isSecret: false,
+            summary: "Most Supabase Realtime sockets (GET /realtime/v1/websocket) open on this instance; more are answered 429 with Retry-After. Each is an open connection: keep it below TRUNK_SYNC_HTTP_MAX_CONNECTIONS."),
+        Setting(
+            key: "realtime_max_channels_per_user", defaultValue: "100", isSecret: false,
+            summary: "Most Realtime channels one user may have joined on this instance; a join over it is refused in its reply."),
+        Setting(
+            key: "realtime_buffer", defaultValue: "262144", isSecret: false,
+            summary: "Bytes a Realtime socket may have waiting for a slow client; a message that finds it full closes the socket with 1013 (Realtime does not replay: the client rejoins and should pull)."),
+        Setting(
+            key: "realtime_idle_timeout", defaultValue: "90", isSecret: false,
+            summary: "Seconds a Realtime socket may send nothing (not even its 25 s heartbeat) before it is closed."),
     ]
 
     /// The setting with a config-file key, if any.

@@ -223,6 +223,8 @@ public struct RESTRoutes: Sendable {
                 returning \(query.columns.map(\.sql).joined(separator: ", "))
                 """, binds: [user.postgresBind, (change.fullName ?? nil).postgresBind] + filters.binds)
         }
+        // Realtime's `profiles` subscribers (on any instance) hear of it as of an event.
+        if rows.count > 0 { try? await pool.withConnection { try EventStore.announce(user, on: $0) } }
         let status: HTTPStatus = upsert ? .created : .ok
         guard preferences.representation else { return HTTPResponse(status: upsert ? .created : .noContent) }
         return try Self.rowsResponse(rows, columns: query.columns, request: request, offset: 0, total: nil, status: status)

@@ -22,6 +22,8 @@ public struct Application: Sendable {
     public let notifier: EventNotifier
     /// The live event streams (`GET /sync/v1/stream`).
     public let streams: EventStreams
+    /// Supabase Realtime's `postgres_changes` (`GET /realtime/v1/websocket`).
+    public let realtime: RealtimeFeed
     /// Counters, histograms and gauges for `/metrics`.
     public let metrics = Metrics()
     /// The ES256 signing keys in the database.
@@ -78,6 +80,9 @@ public struct Application: Sendable {
         streams = EventStreams(
             settings: configuration.streams, store: events, notifier: notifier, revocations: auth.revocations,
             metrics: metrics, logger: logger)
+        realtime = RealtimeFeed(
+            settings: configuration.realtime, pool: pool, notifier: notifier, revocations: auth.revocations,
+            tokens: auth.tokens, metrics: metrics, logger: logger)
         if let listener {
             // Both subscribe before the listener starts, so neither misses its first
             // `.listening` (which makes the revocations load).
@@ -239,6 +244,7 @@ public struct Application: Sendable {
         SyncRoutes(store: events, notifier: notifier, metrics: metrics, revocations: auth.revocations)
             .register(in: &routes)
         StreamRoutes(streams: streams).register(in: &routes)
+        RealtimeRoutes(feed: realtime, apiKey: configuration.apiKey).register(in: &routes)
         RESTRoutes(pool: pool, store: events, metrics: metrics).register(in: &routes)
         AccountRoutes(accounts: accounts, auth: auth, notifier: notifier).register(in: &routes)
         return routes
@@ -327,6 +333,7 @@ public struct Application: Sendable {
     /// (graceful shutdown; the HTTP server's shutdown ends the open streams).
     public func beginShutdown() {
         streams.close()
+        realtime.close()
         notifier.shutdown()
     }
 
@@ -336,6 +343,7 @@ public struct Application: Sendable {
     /// the loop-driven pool of a server that never ran closes off the loop.
     public func close() async {
         streams.close()
+        realtime.close()
         await notifier.close()
         await keyRefresh.stop()
         await auth.revocations.stop()

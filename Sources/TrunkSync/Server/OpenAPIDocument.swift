@@ -1316,6 +1316,208 @@ public enum OpenAPIDocument {
         "x-body-limit": 1024
       }
     },
+    "/realtime/v1/websocket": {
+      "get": {
+        "operationId": "realtimeWebSocket",
+        "tags": [
+          "sync"
+        ],
+        "summary": "Supabase Realtime (WebSocket upgrade): postgres_changes",
+        "description": "A WebSocket (RFC 6455) speaking Phoenix channels as supabase-js and supabase-swift Realtime do: `vsn=1.0.0` JSON objects `{join_ref, ref, topic, event, payload}` or `vsn=2.0.0` JSON arrays `[join_ref, ref, topic, event, payload]`. A `phx_join` on `realtime:<name>` with the user's `access_token` and `config.postgres_changes` bindings on `public.events` (`INSERT` or `*`) and `public.profiles` (`UPDATE`), each with an optional filter `column=eq|neq|lt|lte|gt|gte.value` or `column=in.(a,b)`, is answered `phx_reply` `{status: \"ok\", response: {postgres_changes: [{id, event, schema, table, filter}]}}` in the client's order, then a `system` message; each change is a `postgres_changes` message `{ids, data: {schema, table, commit_timestamp, type, columns, record, errors}}` whose `record` is the row as `/rest/v1/events` returns it. Only the signed-in user's rows are ever sent, whatever the filter. `heartbeat` on topic `phoenix`, `phx_leave` and `access_token` are answered; a token that is expired, revoked or another user's ends the channel (`system` error, then `phx_close`). Broadcast and Presence are refused with an error reply. Nothing missed while disconnected is replayed: pull after `SUBSCRIBED`, or use `/sync/v1/stream`. Limits: frames and messages 64 KiB (close `1009`), `TRUNK_SYNC_REALTIME_BUFFER` bytes queued for a slow client (close `1013`), `TRUNK_SYNC_REALTIME_IDLE_TIMEOUT` seconds without a frame, `TRUNK_SYNC_REALTIME_MAX` sockets per instance, `TRUNK_SYNC_REALTIME_MAX_CHANNELS_PER_USER` channels per user; shutdown closes with `1001`. See docs/realtime.md.",
+        "parameters": [
+          {
+            "name": "vsn",
+            "in": "query",
+            "required": false,
+            "description": "The serializer: `1.0.0` (JSON objects, the default) or `2.0.0` (JSON arrays).",
+            "schema": {
+              "type": "string",
+              "enum": [
+                "1.0.0",
+                "2.0.0"
+              ],
+              "default": "1.0.0"
+            }
+          },
+          {
+            "name": "apikey",
+            "in": "query",
+            "required": false,
+            "description": "The project's key (`TRUNK_SYNC_API_KEY`), required when one is set; the `apikey` header is accepted too. The user's access token comes in each `phx_join`.",
+            "schema": {
+              "type": "string"
+            }
+          },
+          {
+            "name": "Upgrade",
+            "in": "header",
+            "required": true,
+            "description": "`websocket`.",
+            "schema": {
+              "type": "string"
+            }
+          },
+          {
+            "name": "Sec-WebSocket-Key",
+            "in": "header",
+            "required": true,
+            "description": "16 random bytes in base64.",
+            "schema": {
+              "type": "string"
+            }
+          },
+          {
+            "name": "Sec-WebSocket-Version",
+            "in": "header",
+            "required": true,
+            "description": "`13`.",
+            "schema": {
+              "type": "string"
+            }
+          }
+        ],
+        "x-body-limit": 1024,
+        "responses": {
+          "101": {
+            "description": "Switching Protocols: the connection is a WebSocket from here on.",
+            "headers": {
+              "Upgrade": {
+                "description": "`websocket`.",
+                "schema": {
+                  "type": "string"
+                }
+              },
+              "Sec-WebSocket-Accept": {
+                "description": "base64(SHA-1(key + the RFC 6455 GUID)).",
+                "schema": {
+                  "type": "string"
+                }
+              },
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              }
+            }
+          },
+          "400": {
+            "description": "Not a WebSocket handshake (`websocket_required`), an unknown `vsn`, or a query parameter given twice.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              }
+            },
+            "content": {
+              "application/json": {
+                "schema": {
+                  "$ref": "#/components/schemas/RESTError"
+                }
+              }
+            }
+          },
+          "401": {
+            "$ref": "#/components/responses/RESTUnauthorized"
+          },
+          "413": {
+            "$ref": "#/components/responses/RESTBodyTooLarge"
+          },
+          "426": {
+            "description": "`websocket_version`: `Sec-WebSocket-Version` is not 13.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              },
+              "Sec-WebSocket-Version": {
+                "description": "The version the server speaks: `13`.",
+                "schema": {
+                  "type": "string",
+                  "enum": [
+                    "13"
+                  ]
+                }
+              }
+            },
+            "content": {
+              "application/json": {
+                "schema": {
+                  "allOf": [
+                    {
+                      "$ref": "#/components/schemas/RESTError"
+                    }
+                  ],
+                  "properties": {
+                    "code": {
+                      "enum": [
+                        "websocket_version"
+                      ]
+                    }
+                  }
+                }
+              }
+            }
+          },
+          "429": {
+            "description": "`too_many_sockets`: the instance has `TRUNK_SYNC_REALTIME_MAX` sockets open; retry after `Retry-After` (the clients reconnect with backoff).",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              },
+              "Retry-After": {
+                "$ref": "#/components/headers/Retry-After"
+              }
+            },
+            "content": {
+              "application/json": {
+                "schema": {
+                  "allOf": [
+                    {
+                      "$ref": "#/components/schemas/RESTError"
+                    }
+                  ],
+                  "properties": {
+                    "code": {
+                      "enum": [
+                        "too_many_sockets"
+                      ]
+                    }
+                  }
+                }
+              }
+            }
+          },
+          "500": {
+            "$ref": "#/components/responses/RESTInternalError"
+          },
+          "503": {
+            "description": "`shutting_down`: the server is stopping; retry.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              },
+              "Retry-After": {
+                "$ref": "#/components/headers/Retry-After"
+              }
+            },
+            "content": {
+              "application/json": {
+                "schema": {
+                  "allOf": [
+                    {
+                      "$ref": "#/components/schemas/RESTError"
+                    }
+                  ],
+                  "properties": {
+                    "code": {
+                      "enum": [
+                        "shutting_down"
+                      ]
+                    }
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    },
     "/rest/v1/events": {
       "get": {
         "operationId": "selectEvents",

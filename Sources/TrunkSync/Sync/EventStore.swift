@@ -44,6 +44,12 @@ public struct EventStore: Sendable {
         try connection.query(statement.sql, binds: statement.binds)
     }
 
+    /// Tells every instance that `user`'s rows changed (outside a transaction), as a push
+    /// does after its commit: for a profile update, which Realtime subscribers follow.
+    static func announce(_ user: UUID, on connection: PostgresConnection) throws {
+        try connection.query("select pg_notify($1, $2)", binds: [channel.postgresBind, UUIDText.lowercase(user).postgresBind])
+    }
+
     /// The statement that scopes the transaction to `user`, for pipelines.
     static func scope(to user: UUID) -> PostgresStatement { RowScope.user(user) }
 

@@ -1,0 +1,511 @@
+import Foundation
+import HTTPServer
+import JSON
+import Logging
+import Postgres
+import Synchronization
+
+/// Supabase Realtime's `postgres_changes` on this instance: its limits, the joined channels,
+/// and one hub per user with channels, fed by the same `EventNotifier` wake-ups as the event
+/// streams. An idle socket is a suspended task waiting for its next message and its entries
+/// here: no thread, no database connection. When a user's events change (a `NOTIFY` from any
+/// instance) the user's hub reads what is new once, and writes each row to every channel of
+/// the user whose bindings match it: ten sockets of one account cost one select per commit.
+/// All of Realtime's SQL is in this file.
+public final class RealtimeFeed: Sendable {
+    /// Limits (`TRUNK_SYNC_REALTIME_*`).
+    public struct Settings: Sendable {
+        /// Most open Realtime sockets on this instance; more are answered `429`. Default 5,000.
+        public var maxSockets = 5_000
+        /// Most joined channels per user on this instance; more are refused in the join's
+        /// reply. Default 100.
+        public var maxChannelsPerUser = 100
+        /// Most joined channels per socket. Default 100.
+        public var maxChannelsPerSocket = 100
+        /// Bytes a socket may have queued and not yet sent before it is closed (`1013`: the
+        /// client reads too slowly). Default 256 KiB.
+        public var bufferBytes = 256 * 1024
+        /// Seconds without any frame from the client before its socket is closed (the
+        /// clients send a heartbeat every 25 s). Default 90.
+        public var idleTimeout = 90
+        /// Rows per read. Default 100.
+        public var pageSize = 100
+
+        public init() {}
+    }
+
+    private struct State {
+        var sockets = 0
+        var channelsPerUser: [UUID: Int] = [:]
+        var hubs: [UUID: RealtimeHub] = [:]
+        var channels: [UInt64: RealtimeChannel] = [:]
+        var nextID: UInt64 = 0
+        var ticker: Task<Void, Never>? = nil
+        var closed = false
+    }
+
+    let settings: Settings
+    let pool: PostgresPool
+    let notifier: EventNotifier
+    let revocations: SessionRevocations?
+    let tokens: TokenIssuer
+    let logger: Logger
+    private let state = Mutex(State())
+    private let sent: Counter
+
+    public init(
+        settings: Settings, pool: PostgresPool, notifier: EventNotifier, revocations: SessionRevocations?,
+        tokens: TokenIssuer, metrics: Metrics, logger: Logger
+    ) {
+        self.settings = settings
+        self.pool = pool
+        self.notifier = notifier
+        self.revocations = revocations
+        self.tokens = tokens
+        self.logger = logger
+        sent = metrics.counter("trunk_sync_realtime_changes_sent_total", help: "postgres_changes messages sent.")
+        metrics.gauge("trunk_sync_realtime_sockets_open", help: "Realtime sockets open now.") { [weak self] in
+            Double(self?.socketCount ?? 0)
+        }
+    }
+
+    /// Sockets open now.
+    public var socketCount: Int { state.withLock { $0.sockets } }
+
+    /// Channels joined now.
+    var channelCount: Int { state.withLock { $0.channels.count } }
+
+    // MARK: - Sockets
+
+    /// Takes a socket slot, or throws `429` (`503` while shutting down).
+    func openSocket() throws(APIError) {
+        let refusal = state.withLock { state -> APIError? in
+            if state.closed { return EventStreams.shuttingDown }
+            if state.sockets >= settings.maxSockets {
+                return APIError(
+                    status: 429, code: "too_many_sockets",
+                    message: "The server has as many Realtime sockets as it takes; retry later.", retryAfter: 5)
+            }
+            state.sockets += 1
+            return nil
+        }
+        if let refusal { throw refusal }
+    }
+
+    func closeSocket() { state.withLock { $0.sockets -= 1 } }
+
+    // MARK: - Channels
+
+    /// Joins `channel`: takes the user's slot, and registers it with the user's hub once the
+    /// hub knows where the user's log stands, so any commit after this returns reaches it.
+    func join(_ channel: RealtimeChannel) async throws(RealtimeError) {
+        let (hub, refusal) = state.withLock { state -> (RealtimeHub?, RealtimeError?) in
+            if state.closed { return (nil, RealtimeError("the server is shutting down")) }
+            let mine = state.channelsPerUser[channel.user, default: 0]
+            if mine >= settings.maxChannelsPerUser {
+                return (nil, RealtimeError("this account has \(settings.maxChannelsPerUser) channels joined already"))
+            }
+            state.channelsPerUser[channel.user] = mine + 1
+            state.channels[channel.id] = channel
+            if state.ticker == nil {
+                state.ticker = Task { [weak self] in await self?.tick() }
+            }
+            if let hub = state.hubs[channel.user] { return (hub, nil) }
+            let hub = RealtimeHub(user: channel.user, feed: self)
+            state.hubs[channel.user] = hub
+            return (hub, nil)
+        }
+        if let refusal { throw refusal }
+        guard let hub else { throw RealtimeError("internal error") }
+        do {
+            try await hub.add(channel)
+        } catch {
+            leave(channel)
+            throw RealtimeError("the database is unavailable; retry")
+        }
+    }
+
+    /// Ends `channel` (left, replaced, its socket gone, or ended by the server): gives its
+    /// slot back; the user's last channel stops the hub. Idempotent.
+    func leave(_ channel: RealtimeChannel) {
+        guard channel.markEnded() else { return }
+        let idle = state.withLock { state -> RealtimeHub? in
+            guard state.channels.removeValue(forKey: channel.id) != nil else { return nil }
+            let mine = state.channelsPerUser[channel.user, default: 1] - 1
+            let hub = state.hubs[channel.user]
+            hub?.remove(channel.id)
+            if mine > 0 {
+                state.channelsPerUser[channel.user] = mine
+                return nil
+            }
+            state.channelsPerUser.removeValue(forKey: channel.user)
+            return state.hubs.removeValue(forKey: channel.user)
+        }
+        idle?.stop()
+    }
+
+    /// Ends `channel` from the server's side: a `system` error naming `reason`, then
+    /// `phx_close` (the client does not rejoin a closed channel).
+    func end(_ channel: RealtimeChannel, reason: String) {
+        guard !channel.isEnded else { return }
+        channel.sendSystem(ok: false, message: reason)
+        channel.send(event: "phx_close", payload: Array("{}".utf8))
+        leave(channel)
+    }
+
+    func nextChannelID() -> UInt64 {
+        state.withLock { state in
+            state.nextID += 1
+            return state.nextID
+        }
+    }
+
+    func recordSent(_ count: Int) { sent.increment(by: count) }
+
+    /// Once a second: ends the channels whose access token expired.
+    private func tick() async {
+        while !Task.isCancelled {
+            try? await Task.sleep(for: .seconds(1))
+            let channels = state.withLock { Array($0.channels.values) }
+            let now = AuthService.now()
+            for channel in channels where now >= channel.expiresAt {
+                end(channel, reason: "Token has expired; send a fresh access_token and rejoin")
+            }
+        }
+    }
+
+    /// Takes no new sockets or channels; stops the ticker and the hubs (open sockets are
+    /// closed with `1001` by the HTTP server's shutdown).
+    func close() {
+        let (ticker, hubs) = state.withLock { state in
+            state.closed = true
+            defer { state.ticker = nil }
+            return (state.ticker, Array(state.hubs.values))
+        }
+        ticker?.cancel()
+        for hub in hubs { hub.stopFollowing() }
+    }
+
+    // MARK: - SQL
+
+    /// Where the user's log stands now (`users.last_seq`) and when the profile last changed;
+    /// nil when the user is gone.
+    func start(of user: UUID) async throws -> (lastSeq: Int64, profileUpdatedAt: Int64)? {
+        try await pool.withConnection { connection in
+            let results = try connection.pipeline([
+                RowScope.user(user), .prepared("select last_seq, updated_at from users where id = $1", user),
+            ])
+            guard results[1].count == 1 else { return nil }
+            return (
+                try results[1][0].decode(Int64.self, column: 0),
+                try results[1][0].decode(PostgresTimestamp.self, column: 1).microsecondsSinceEpoch
+            )
+        }
+    }
+
+    /// The user's profile with the columns `/rest/v1/profiles` returns, in its order.
+    func profile(of user: UUID) async throws -> PostgresResult {
+        let columns = RealtimeTable.profiles.columns.map(\.sql).joined(separator: ", ")
+        return try await pool.withConnection { connection in
+            try connection.pipeline([
+                RowScope.user(user), .prepared("select \(columns) from users where id = $1", user),
+            ])[1]
+        }
+    }
+
+    /// The user's events after `after`, at most `limit` (+1 to know there is more), with the
+    /// columns `/rest/v1/events` returns, in its order.
+    func events(of user: UUID, after: Int64, limit: Int) async throws -> PostgresResult {
+        let columns = RealtimeTable.events.columns.map(\.sql).joined(separator: ", ")
+        return try await pool.withConnection { connection in
+            try connection.pipeline([
+                RowScope.user(user),
+                .prepared(
+                    "select \(columns) from events where user_id = $1 and seq > $2 order by seq limit $3", user, after,
+                    Int64(limit + 1)),
+            ])[1]
+        }
+    }
+}
+
+/// One joined channel: its socket, topic, bindings and the session whose token joined it.
+final class RealtimeChannel: Sendable {
+    struct Auth: Sendable {
+        var session: UUID
+        var expiresAt: Int64
+    }
+
+    let id: UInt64
+    let user: UUID
+    let socket: WebSocket
+    let version: PhoenixMessage.Version
+    let topic: String
+    let joinRef: String?
+    let bindings: [RealtimeBinding]
+    private let auth: Mutex<Auth>
+    private let ended = Mutex(false)
+
+    init(
+        id: UInt64, user: UUID, session: UUID, expiresAt: Int64, socket: WebSocket, version: PhoenixMessage.Version,
+        topic: String, joinRef: String?, bindings: [RealtimeBinding]
+    ) {
+        self.id = id
+        self.user = user
+        self.socket = socket
+        self.version = version
+        self.topic = topic
+        self.joinRef = joinRef
+        self.bindings = bindings
+        auth = Mutex(Auth(session: session, expiresAt: expiresAt))
+    }
+
+    var session: UUID { auth.withLock { $0.session } }
+    var expiresAt: Int64 { auth.withLock { $0.expiresAt } }
+    var isEnded: Bool { ended.withLock { $0 } }
+
+    /// A refreshed token of the same user: the channel follows its session and expiry.
+    func refresh(session: UUID, expiresAt: Int64) {
+        auth.withLock { $0 = Auth(session: session, expiresAt: expiresAt) }
+    }
+
+    /// Marks the channel ended; false if it was already.
+    func markEnded() -> Bool {
+        ended.withLock { ended in
+            defer { ended = true }
+            return !ended
+        }
+    }
+
+    /// Sends a message on this channel's topic. A client too far behind is disconnected.
+    func send(event: String, ref: String? = nil, payload: [UInt8]) {
+        let bytes = PhoenixMessage.encode(
+            joinRef: joinRef, ref: ref, topic: topic, event: event, payload: payload, version: version)
+        RealtimeSession.send(bytes, on: socket)
+    }
+
+    /// The `system` message of the `postgres_changes` extension.
+    func sendSystem(ok: Bool, message: String) {
+        var writer = JSONWriter(capacity: 128)
+        writer.beginObject()
+        writer.string("extension", "postgres_changes")
+        writer.string("status", ok ? "ok" : "error")
+        writer.string("message", message)
+        writer.string("channel", topic.hasPrefix("realtime:") ? String(topic.dropFirst(9)) : topic)
+        writer.endObject()
+        send(event: "system", payload: writer.bytes)
+    }
+}
+
+/// One user's joined channels on this instance, written to by one task when the user's
+/// events change (a commit on any instance, a revoked session, the listener reconnecting).
+final class RealtimeHub: Sendable {
+    private struct State {
+        var channels: [UInt64: RealtimeChannel] = [:]
+        /// The newest event the channels were given (or the log's end when the hub started).
+        var cursor: Int64? = nil
+        /// The profile's `updated_at` last sent (or when the hub started), microseconds.
+        var profileSeen: Int64 = 0
+        var task: Task<Void, Never>? = nil
+        var stopped = false
+    }
+
+    let user: UUID
+    private let feed: RealtimeFeed
+    private let subscription: EventSubscription
+    private let state = Mutex(State())
+    /// Where the log stood when the hub started (read after subscribing, so no later commit
+    /// is missed); every join waits for it.
+    private let start: Task<(lastSeq: Int64, profileUpdatedAt: Int64)?, any Error>
+
+    init(user: UUID, feed: RealtimeFeed) {
+        self.user = user
+        self.feed = feed
+        let subscription = feed.notifier.subscribe(to: user)
+        self.subscription = subscription
+        start = Task { try await feed.start(of: user) }
+    }
+
+    /// Registers `channel` once the hub knows where the log stands (the first call starts
+    /// the hub's task).
+    func add(_ channel: RealtimeChannel) async throws {
+        guard let (cursor, profileUpdatedAt) = try await start.value else {
+            throw RealtimeError("the account no longer exists")
+        }
+        state.withLock { state in
+            guard !state.stopped else { return }
+            if state.cursor == nil {
+                state.cursor = cursor
+                state.profileSeen = profileUpdatedAt
+            }
+            state.channels[channel.id] = channel
+            if state.task == nil {
+                state.task = Task { [self] in
+                    while !Task.isCancelled {
+                        await subscription.next()
+                        if Task.isCancelled || feed.notifier.isShutDown { break }
+                        await fanOut()
+                    }
+                }
+            }
+        }
+    }
+
+    func remove(_ id: UInt64) { state.withLock { _ = $0.channels.removeValue(forKey: id) } }
+
+    /// Stops following (shutdown: the sockets end with the HTTP server's).
+    func stopFollowing() { state.withLock { $0.task }?.cancel() }
+
+    /// The user's last channel left.
+    func stop() {
+        let task = state.withLock { state in
+            state.stopped = true
+            defer { state.task = nil }
+            return state.task
+        }
+        task?.cancel()
+        start.cancel()
+        subscription.cancel()
+    }
+
+    /// Ends the channels whose session was revoked, then reads what is new and sends each
+    /// row to the channels whose bindings match it.
+    private func fanOut() async {
+        var channels = state.withLock { Array($0.channels.values) }
+        if let revocations = feed.revocations {
+            for channel in channels where revocations.isRevoked(channel.session) {
+                feed.end(channel, reason: "The session was signed out")
+            }
+            channels.removeAll { $0.isEnded }
+        }
+        guard !channels.isEmpty, let start = state.withLock({ $0.cursor }) else { return }
+        if channels.contains(where: { $0.bindings.contains { $0.table.name == RealtimeTable.profiles.name } }) {
+            await sendProfileChange(to: channels)
+        }
+        var cursor = start
+        let table = RealtimeTable.events
+        let limit = feed.settings.pageSize
+        while true {
+            let rows: PostgresResult
+            do {
+                rows = try await feed.events(of: user, after: cursor, limit: limit)
+            } catch {
+                if !Task.isCancelled {
+                    feed.logger.warning("realtime read failed", metadata: ["error": "\(error)"])
+                }
+                return
+            }
+            var sent = 0
+            for index in 0..<min(rows.count, limit) {
+                let row = rows[index]
+                guard let change = try? Self.change(row, table: table) else { continue }
+                cursor = max(cursor, change.seq)
+                sent += Self.send(change, table: table, to: channels)
+            }
+            feed.recordSent(sent)
+            state.withLock { $0.cursor = cursor }
+            if rows.count <= limit { return }
+        }
+    }
+
+    /// Sends the profile's change if it changed since the last one sent.
+    private func sendProfileChange(to channels: [RealtimeChannel]) async {
+        let table = RealtimeTable.profiles
+        guard let rows = try? await feed.profile(of: user), rows.count == 1,
+            let change = try? Self.change(rows[0], table: table),
+            case .time(let updatedAt)? = change.values["updated_at"]
+        else { return }
+        let isNew = state.withLock { state -> Bool in
+            guard updatedAt > state.profileSeen else { return false }
+            state.profileSeen = updatedAt
+            return true
+        }
+        guard isNew else { return }
+        feed.recordSent(Self.send(change, table: table, to: channels))
+    }
+
+    /// Sends `change` to each channel with bindings it matches (their ids in one message).
+    /// Returns how many messages went out.
+    private static func send(_ change: Change, table: RealtimeTable, to channels: [RealtimeChannel]) -> Int {
+        var sent = 0
+        for channel in channels where !channel.isEnded {
+            let ids = channel.bindings.filter {
+                $0.table.name == table.name && $0.matches(type: table.change, values: change.values)
+            }
+            guard !ids.isEmpty else { continue }
+            var writer = JSONWriter(capacity: change.data.count + 32)
+            writer.beginObject()
+            writer.beginArray("ids")
+            for binding in ids { writer.int(nil, Int64(binding.id)) }
+            writer.endArray()
+            writer.raw("data", change.data)
+            writer.endObject()
+            channel.send(event: "postgres_changes", payload: writer.bytes)
+            sent += 1
+        }
+        return sent
+    }
+
+    struct Change {
+        var seq: Int64
+        /// The message's `data`, shared by every channel it goes to.
+        var data: [UInt8]
+        /// The row's filterable values, by column.
+        var values: [String: RealtimeValue]
+    }
+
+    /// A row as a change: the record shaped as `/rest/v1/<table>` returns it (an update's
+    /// `old_record` holds the primary key only, as Supabase's without `replica identity full`).
+    static func change(_ row: PostgresRow, table: RealtimeTable) throws -> Change {
+        var record = JSONWriter(capacity: 256)
+        try RESTRoutes.write(row, columns: table.columns, to: &record)
+        var values: [String: RealtimeValue] = [:]
+        var seq: Int64 = 0
+        var time = ""
+        var id = ""
+        for (index, column) in table.columns.enumerated() {
+            if row.isNull(column: index) {
+                values[column.name] = .null
+                continue
+            }
+            switch column.kind {
+            case .uuid:
+                let text = UUIDText.lowercase(try row.decode(UUID.self, column: index))
+                values[column.name] = .text(text)
+                if column.name == "id" { id = text }
+            case .int:
+                let number = try row.decode(Int64.self, column: index)
+                values[column.name] = .int(number)
+                if column.name == "seq" { seq = number }
+            case .text: values[column.name] = .text(try row.decode(String.self, column: index))
+            case .timestamp:
+                let stamp = try row.decode(PostgresTimestamp.self, column: index)
+                values[column.name] = .time(stamp.microsecondsSinceEpoch)
+                if column.name == table.timeColumn { time = RFC3339.formatPostgREST(stamp) }
+            case .json: break
+            }
+        }
+        var data = JSONWriter(capacity: record.bytes.count + 400)
+        data.beginObject()
+        data.string("schema", "public")
+        data.string("table", table.name)
+        data.string("commit_timestamp", time)
+        data.string("type", table.change)
+        data.beginArray("columns")
+        for (column, type) in zip(table.columns, table.columnTypes) {
+            data.beginObject()
+            data.string("name", column.name)
+            data.string("type", type)
+            data.endObject()
+        }
+        data.endArray()
+        data.raw("record", record.bytes)
+        if table.change == "UPDATE" {
+            data.beginObject("old_record")
+            data.string("id", id)
+            data.endObject()
+        }
+        data.null("errors")
+        data.endObject()
+        return Change(seq: seq, data: data.bytes, values: values)
+    }
+}

@@ -1,0 +1,266 @@
+import Foundation
+import HTTPServer
+import JSON
+import Logging
+
+/// One Realtime socket: reads the client's Phoenix messages and answers them, until the
+/// connection ends. Its channels are written to by their users' hubs (`RealtimeFeed`).
+struct RealtimeSession {
+    let feed: RealtimeFeed
+    let socket: WebSocket
+    let version: PhoenixMessage.Version
+    /// Joined channels by topic.
+    private var channels: [String: RealtimeChannel] = [:]
+
+    init(feed: RealtimeFeed, socket: WebSocket, version: PhoenixMessage.Version) {
+        self.feed = feed
+        self.socket = socket
+        self.version = version
+    }
+
+    /// Queues `bytes`; a client that is too far behind is closed (`1013`).
+    static func send(_ bytes: [UInt8], on socket: WebSocket) {
+        if socket.send(text: bytes) == .full {
+            socket.close(.tryAgainLater, reason: "the client reads too slowly")
+        }
+    }
+
+    /// Answers messages until the connection ends, then leaves every channel.
+    mutating func run() async {
+        defer {
+            for channel in channels.values { feed.leave(channel) }
+            feed.closeSocket()
+        }
+        while let message = await socket.receive() {
+            switch message {
+            case .text(let bytes):
+                do {
+                    let decoded = try PhoenixMessage.decode(bytes, version: version)
+                    await handle(decoded)
+                } catch {
+                    // Nothing to answer to: the topic and ref are unknown.
+                    reply(to: PhoenixMessage(joinRef: nil, ref: nil, topic: "phoenix", event: "", payload: .null),
+                          error: "malformed message: \(error.reason)")
+                }
+            case .binary(let bytes):
+                // supabase-js sends Broadcast as binary frames (vsn 2.0.0): refused, with an answer.
+                let header = PhoenixMessage.binaryPushHeader(bytes)
+                let message = PhoenixMessage(
+                    joinRef: header?.joinRef, ref: header?.ref, topic: header?.topic ?? "phoenix", event: "broadcast",
+                    payload: .null)
+                reply(to: message, error: Self.broadcastRefused)
+            }
+        }
+    }
+
+    static let broadcastRefused = "Broadcast is not supported by this server (trunk-sync serves postgres_changes only)"
+    static let presenceRefused = "Presence is not supported by this server (trunk-sync serves postgres_changes only)"
+
+    private mutating func handle(_ message: PhoenixMessage) async {
+        if message.topic == "phoenix" {
+            if message.event == "heartbeat" {
+                reply(to: message, ok: Array("{}".utf8))
+            } else {
+                reply(to: message, error: "unknown event \(message.event) on topic phoenix")
+            }
+            return
+        }
+        switch message.event {
+        case "phx_join":
+            await join(message)
+        case "phx_leave":
+            if let channel = channels.removeValue(forKey: message.topic) {
+                feed.leave(channel)
+            }
+            reply(to: message, ok: Array("{}".utf8))
+            send(topic: message.topic, joinRef: message.joinRef, event: "phx_close", payload: Array("{}".utf8))
+        case "access_token":
+            refreshToken(message)
+        case "broadcast":
+            reply(to: message, error: Self.broadcastRefused)
+        case "presence":
+            reply(to: message, error: Self.presenceRefused)
+        default:
+            guard channels[message.topic] != nil else {
+                reply(to: message, error: "unmatched topic")
+                return
+            }
+            reply(to: message, error: "unknown event \(message.event)")
+        }
+    }
+
+    private mutating func join(_ message: PhoenixMessage) async {
+        if let old = channels.removeValue(forKey: message.topic) { feed.leave(old) }
+        guard channels.count < feed.settings.maxChannelsPerSocket else {
+            reply(to: message, error: "this socket has \(feed.settings.maxChannelsPerSocket) channels joined already")
+            return
+        }
+        let payload = message.payload.objectValue ?? [:]
+        let config = payload["config"]?.objectValue ?? [:]
+        if config["presence"]?.objectValue?["enabled"]?.boolValue == true {
+            reply(to: message, error: Self.presenceRefused)
+            return
+        }
+        guard let token = payload["access_token"]?.stringValue, !token.isEmpty else {
+            reply(to: message, error: "Sign in first: postgres_changes needs the user's access_token in the join")
+            return
+        }
+        let claims: AccessClaims
+        do {
+            claims = try verify(token)
+        } catch {
+            reply(to: message, error: error.reason)
+            return
+        }
+        var bindings: [RealtimeBinding] = []
+        var entries: [JSONValue] = []
+        switch config["postgres_changes"] {
+        case nil, .null?: break
+        case .array(let list)?: entries = list
+        default:
+            reply(to: message, error: "config.postgres_changes must be an array")
+            return
+        }
+        guard entries.count <= 100 else {
+            reply(to: message, error: "a channel takes at most 100 postgres_changes bindings")
+            return
+        }
+        do {
+            for (index, entry) in entries.enumerated() {
+                bindings.append(try RealtimeBinding.parse(entry, id: index + 1))
+            }
+        } catch {
+            reply(to: message, error: error.reason)
+            return
+        }
+        let channel = RealtimeChannel(
+            id: feed.nextChannelID(), user: claims.userID, session: claims.sessionID, expiresAt: claims.expiresAt,
+            socket: socket, version: version, topic: message.topic, joinRef: message.joinRef ?? message.ref,
+            bindings: bindings)
+        do {
+            try await feed.join(channel)
+        } catch {
+            reply(to: message, error: error.reason)
+            return
+        }
+        guard !socket.isClosed else {
+            feed.leave(channel)
+            return
+        }
+        channels[message.topic] = channel
+        var writer = JSONWriter(capacity: 128 * max(bindings.count, 1))
+        writer.beginObject()
+        writer.beginArray("postgres_changes")
+        for binding in bindings { binding.write(to: &writer) }
+        writer.endArray()
+        writer.endObject()
+        reply(to: message, ok: writer.bytes)
+        if !bindings.isEmpty {
+            channel.sendSystem(ok: true, message: "Subscribed to PostgreSQL")
+        }
+    }
+
+    /// `access_token` on a joined channel: a valid token of the same user keeps it going
+    /// (with the new token's expiry); anything else ends it.
+    private mutating func refreshToken(_ message: PhoenixMessage) {
+        guard let channel = channels[message.topic] else {
+            reply(to: message, error: "unmatched topic")
+            return
+        }
+        let token = message.payload.objectValue?["access_token"]?.stringValue ?? ""
+        do throws(RealtimeError) {
+            let claims = try verify(token)
+            guard claims.userID == channel.user else { throw RealtimeError("the token belongs to another user") }
+            channel.refresh(session: claims.sessionID, expiresAt: claims.expiresAt)
+            reply(to: message, ok: Array("{}".utf8))
+        } catch {
+            channels.removeValue(forKey: message.topic)
+            feed.end(channel, reason: "Access token refused: \(error.reason)")
+        }
+    }
+
+    private func verify(_ token: String) throws(RealtimeError) -> AccessClaims {
+        let claims: AccessClaims
+        do {
+            claims = try feed.tokens.verify(token, now: AuthService.now())
+        } catch {
+            throw RealtimeError("Invalid or expired access_token")
+        }
+        if let revocations = feed.revocations, revocations.isRevoked(claims.sessionID) {
+            throw RealtimeError("The session was signed out")
+        }
+        return claims
+    }
+
+    private func reply(to message: PhoenixMessage, ok response: [UInt8]) {
+        send(topic: message.topic, joinRef: message.joinRef, ref: message.ref, event: "phx_reply",
+             payload: PhoenixMessage.reply(ok: true, response: response))
+    }
+
+    private func reply(to message: PhoenixMessage, error reason: String) {
+        send(topic: message.topic, joinRef: message.joinRef, ref: message.ref, event: "phx_reply",
+             payload: PhoenixMessage.reply(ok: false, response: PhoenixMessage.reason(reason)))
+    }
+
+    private func send(topic: String, joinRef: String?, ref: String? = nil, event: String, payload: [UInt8]) {
+        Self.send(
+            PhoenixMessage.encode(joinRef: joinRef, ref: ref, topic: topic, event: event, payload: payload, version: version),
+            on: socket)
+    }
+}
+
+/// `GET /realtime/v1/websocket`: Supabase Realtime over WebSocket (`postgres_changes` only).
+struct RealtimeRoutes: Sendable {
+    let feed: RealtimeFeed
+    /// When set, the `apikey` query parameter must carry it (as `/rest/v1`'s header).
+    let apiKey: String?
+
+    static let path = "/realtime/v1/websocket"
+
+    func register(in routes: inout Routes) {
+        routes.add(.get, Self.path, family: .rest, .open { request in try connect(request) })
+    }
+
+    func connect(_ request: HTTPRequest) throws -> HTTPResponse {
+        var version = PhoenixMessage.Version.v1
+        var key: String? = nil
+        for (name, value) in try SyncRoutes.uniqueQueryItems(request) {
+            switch name {
+            case "vsn":
+                guard let known = PhoenixMessage.Version(rawValue: value) else {
+                    throw APIError.badRequest("invalid_parameter", "vsn must be 1.0.0 or 2.0.0.")
+                }
+                version = known
+            case "apikey":
+                key = value
+            default:
+                break  // clients add their own parameters (log_level, …)
+            }
+        }
+        if let apiKey {
+            guard let given = key ?? request.headers["apikey"], given == apiKey else { throw RESTError.apiKey }
+        }
+        let accept: String
+        switch WebSocketHandshake.accept(request) {
+        case .success(let value): accept = value
+        case .failure(.unsupportedVersion):
+            var response = APIError(
+                status: 426, code: "websocket_version", message: "Only WebSocket version 13 is supported."
+            ).response(for: .rest)
+            response.headers.append(name: "Sec-WebSocket-Version", value: "13")
+            return response
+        case .failure(.notAHandshake(let reason)):
+            throw APIError.badRequest("websocket_required", reason)
+        }
+        try feed.openSocket()
+        var settings = WebSocketSettings()
+        settings.outputBufferLimit = feed.settings.bufferBytes
+        settings.idleTimeout = .seconds(feed.settings.idleTimeout)
+        let feed = self.feed
+        let chosen = version
+        return .webSocket(accept: accept, settings: settings) { socket in
+            var session = RealtimeSession(feed: feed, socket: socket, version: chosen)
+            await session.run()
+        }
+    }
+}

@@ -1,0 +1,154 @@
+"""Supabase's own Realtime client (the `realtime` package supabase-py uses) against trunk-sync.
+
+Usage: realtime_flow.py BASE_URL OTHER_BASE_URL SESSION_A SESSION_B
+BASE_URL is the instance the client subscribes on, OTHER_BASE_URL another instance on the
+same database (inserts go through it). SESSION_A / SESSION_B are `trunk-sync token` outputs
+(JSON) of two users. Prints one "ok <step>" line per step and exits non-zero on a failure.
+
+In the middle it prints "restart now" and waits for a line on stdin: the test restarts the
+subscribed instance meanwhile, and the client must re-subscribe on its own.
+"""
+import asyncio
+import json
+import sys
+import time
+import urllib.request
+
+from realtime import AsyncRealtimeClient, RealtimeSubscribeStates
+from realtime_support import WAIT, insert, step, user_of
+
+base_url, other_url = sys.argv[1], sys.argv[2]
+session_a, session_b = json.loads(sys.argv[3]), json.loads(sys.argv[4])
+
+
+def http(method, url, token=None, body=None):
+    headers = {"Content-Type": "application/json", "apikey": "anon-key"}
+    if token:
+        headers["Authorization"] = "Bearer " + token
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read().decode()
+        return json.loads(text) if text else None
+
+
+
+class Subscriber:
+    """One client with one channel: `events` INSERT for the user, and `*` with a type filter."""
+
+    def __init__(self, name, session, filter_user):
+        self.name = name
+        self.token = session["access_token"]
+        self.client = AsyncRealtimeClient(base_url + "/realtime/v1", "anon-key", initial_backoff=0.2, max_retries=30)
+        self.all = asyncio.Queue()
+        self.notes = asyncio.Queue()
+        self.states = asyncio.Queue()
+        self.filter_user = filter_user
+
+    async def subscribe(self):
+        await self.client.connect()
+        await self.client.set_auth(self.token)
+        self.channel = self.client.channel("events-" + self.name)
+        self.channel.on_postgres_changes(
+            "INSERT", schema="public", table="events", filter=f"user_id=eq.{self.filter_user}",
+            callback=lambda payload: self.all.put_nowait(payload))
+        self.channel.on_postgres_changes(
+            "*", schema="public", table="events", filter="type=in.(note,memo)",
+            callback=lambda payload: self.notes.put_nowait(payload))
+        await self.channel.subscribe(lambda state, error: self.states.put_nowait((state, error)))
+        await self.wait_subscribed()
+
+    async def wait_subscribed(self, reconnecting=False):
+        """Until SUBSCRIBED; a CHANNEL_ERROR is a failure unless the connection was lost."""
+        while True:
+            state, error = await asyncio.wait_for(self.states.get(), WAIT * 3)
+            print(f"  {self.name}: {state.value} {error or ''}", flush=True)
+            if state == RealtimeSubscribeStates.SUBSCRIBED:
+                return
+            if state == RealtimeSubscribeStates.CHANNEL_ERROR and not reconnecting:
+                raise SystemExit(f"{self.name}: channel error {error}")
+
+
+async def expect(queue, seq, what):
+    started = time.monotonic()
+    while True:
+        payload = await asyncio.wait_for(queue.get(), WAIT)
+        record = payload["data"]["record"]
+        if record["seq"] == seq:
+            print(f"  {what}: {1000 * (time.monotonic() - started):.0f} ms", flush=True)
+            return payload
+
+
+async def main():
+    user_a = user_of(session_a["access_token"])
+    a = Subscriber("a", session_a, user_a)
+    # B subscribes with a filter naming A's rows: row scoping must still give it nothing of A's.
+    b = Subscriber("b", session_b, user_a)
+    await a.subscribe()
+    await b.subscribe()
+    step("subscribe (SUBSCRIBED with postgres_changes bindings matched by position)")
+
+    row = insert(other_url, session_a["access_token"])
+    payload = await expect(a.all, row["seq"], "insert through another instance")
+    data = payload["data"]
+    assert data["type"] == "INSERT" and data["schema"] == "public" and data["table"] == "events", data
+    rest = http("GET", base_url + f"/rest/v1/events?seq=eq.{row['seq']}", session_a["access_token"])
+    assert data["record"] == rest[0] == row, (data["record"], rest)
+    assert {c["name"] for c in data["columns"]} == set(row), data["columns"]
+    await expect(a.notes, row["seq"], "the type filter's binding")
+    step("insert through another instance arrives, record as /rest/v1/events returns it")
+
+    other = insert(base_url, session_a["access_token"], kind="sprout")
+    await expect(a.all, other["seq"], "unfiltered binding")
+    note = insert(base_url, session_a["access_token"], kind="memo")
+    await expect(a.notes, note["seq"], "in filter")
+    assert all(p["data"]["record"]["type"] in ("note", "memo") for p in list(a.notes._queue)), "filter leaked"
+    step("filters: eq on user_id, in on type")
+
+    # A fresh token from the refresh grant: the channel goes on with it.
+    refreshed = http(
+        "POST", base_url + "/auth/v1/token?grant_type=refresh_token", None,
+        {"refresh_token": session_a["refresh_token"]})
+    a.token = refreshed["access_token"]
+    await a.client.set_auth(a.token)
+    row = insert(other_url, a.token)
+    await expect(a.all, row["seq"], "after the token refresh")
+    step("access_token refresh keeps the channel")
+
+    # The connection drops under the client: it reconnects and rejoins by itself.
+    await a.client._ws_connection.close(code=4000)
+    await a.wait_subscribed(reconnecting=True)
+    row = insert(other_url, a.token)
+    await expect(a.all, row["seq"], "after a dropped connection")
+    step("re-subscribes after a dropped connection")
+
+    print("restart now", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    await a.wait_subscribed(reconnecting=True)
+    row = insert(other_url, a.token)
+    await expect(a.all, row["seq"], "after a server restart")
+    step("re-subscribes after a server restart")
+
+    assert b.all.empty() and b.notes.empty(), "B received A's rows"
+    own = insert(other_url, session_b["access_token"], kind="note")
+    payload = await expect(b.notes, own["seq"], "B's own row")
+    assert payload["data"]["record"]["user_id"] == user_of(session_b["access_token"])
+    assert b.all.empty(), "B's user_id=eq.A binding matched B's row"
+    step("never another user's row")
+
+    # Signing out ends the channel: a system error (CHANNEL_ERROR), then phx_close (CLOSED).
+    started = time.monotonic()
+    http("POST", base_url + "/auth/v1/logout", a.token)
+    seen = []
+    while RealtimeSubscribeStates.CLOSED not in seen:
+        state, error = await asyncio.wait_for(a.states.get(), WAIT)
+        seen.append(state)
+    print(f"  sign-out ended the channel: {1000 * (time.monotonic() - started):.0f} ms", flush=True)
+    assert RealtimeSubscribeStates.CHANNEL_ERROR in seen, seen
+    step("sign-out ends the channel")
+
+    await a.client.close()
+    await b.client.close()
+
+
+asyncio.run(main())
