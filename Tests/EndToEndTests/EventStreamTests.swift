@@ -286,6 +286,41 @@ final class EventStreamTests: EndToEndTestCase {
         XCTAssertEqual(again.status, 401, "the signed-out token opens no new stream")
     }
 
+    /// The audit's case: a stream still sending a large backlog to a slow reader, and the
+    /// session signed out (or the account deleted) through another instance. The stream ends
+    /// within a second, as a live one does, and sends no more than what was already on its
+    /// way (a few buffers), not the rest of the backlog.
+    func testLogoutOrDeletionEndsAStreamStillSendingItsBacklog() throws {
+        let server = try startServer()
+        let other = try launchServer(on: server.database)
+        try other.waitUntilListening(timeout: 15)
+        for ending in ["logout", "deletion"] {
+            let (token, _) = try session(server, "backlog-\(ending)@example.com")
+            for _ in 0..<40 { try push(server, token, count: 50, padding: 4000) }  // 2,000 events, ~8 MB
+            let stream = try open(server, token, after: 0)
+            XCTAssertEqual(try stream.events(10).map(\.id), Array(1...10))
+            // The reader stops; the server waits for it with its buffers full.
+            let revokedBefore = metric(server, #"trunk_sync_streams_ended_total{reason="session_revoked"}"#)
+            if ending == "logout" {
+                let (response, _) = try other.exchange(
+                    request("POST", "/auth/v1/logout", headers: [("Authorization", "Bearer \(token)")]))
+                XCTAssertEqual(response.status, 204)
+            } else {
+                let result = try Command.run(
+                    Command.trunkSyncBinary(), ["users", "delete", "backlog-\(ending)@example.com", "--yes"], environment: other.environment)
+                XCTAssertEqual(result.status, 0, result.stderr)
+            }
+            XCTAssertTrue(
+                eventually(within: 1) {
+                    metric(server, #"trunk_sync_streams_ended_total{reason="session_revoked"}"#) == revokedBefore + 1
+                }, "\(ending): the stream did not end within a second")
+            let rest = try stream.readToEnd(timeout: 30)
+            XCTAssertLessThan(10 + rest.count, 2000, "\(ending): the backlog's rest was not sent")
+            XCTAssertEqual(rest.map(\.id), Array(11...Int64(10 + rest.count)), "in order, then a clean end")
+        }
+        XCTAssertEqual(metric(server, "trunk_sync_streams_open"), 0)
+    }
+
     func testHeartbeatsArrive() throws {
         let server = try startServer(["TRUNK_SYNC_STREAM_HEARTBEAT": "1"])
         let (token, _) = try session(server, "heartbeat@example.com")
