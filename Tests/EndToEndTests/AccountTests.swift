@@ -232,9 +232,13 @@ final class AccountTests: EndToEndTestCase {
 
     /// Samples the server's RSS every 10 ms while `body` runs; the largest sample, in KiB.
     func peakResidentKiB(_ server: ServerProcess, during body: () throws -> Void) rethrows -> Int {
+        try Self.peakResidentKiB(pid: server.process.processIdentifier, during: body)
+    }
+
+    /// Samples process `pid`'s RSS every 10 ms while `body` runs; the largest sample, in KiB.
+    static func peakResidentKiB(pid: Int32, during body: () throws -> Void) rethrows -> Int {
         let peak = Mutex(0)
         let done = Mutex(false)
-        let pid = server.process.processIdentifier
         let sampler = Thread {
             while !done.withLock({ $0 }) {
                 let now = Self.residentKiB(pid: pid)
