@@ -112,7 +112,8 @@ public struct AccountRoutes: Sendable {
                 group.addTask {
                     do {
                         try await accounts.run(
-                            export, proceed: proceed, write: { bytes in try await writer.write(bytes) })
+                            export, proceed: proceed,
+                            write: { bytes in try await writer.write(bytes, inPiecesOf: exportBufferLimit) })
                         writer.finish()
                     } catch is HTTPBodyWriter.Closed {
                         // The client went away, or `until` returned (the task was cancelled).

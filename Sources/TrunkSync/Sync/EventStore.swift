@@ -475,36 +475,67 @@ public struct EventStore: Sendable {
     /// The stream's reads (`framing: .serverSentEvents`) use the blocking pool: they are not
     /// requests the HTTP server drains before it stops, and a query left waiting on a loop
     /// that has stopped would never finish (nor would closing the loop's pool).
+    ///
+    /// The stream's pages are also bounded in bytes (`streamedPageBytes`): a stream holds
+    /// its page while a slow client reads it.
     func pull(for user: UUID, after: Int64, limit: Int, framing: EventPageEncoder.Framing) async throws -> Page {
-        let statements = Self.pullStatements(for: user, after: after, limit: limit)
         if framing == .jsonArray, let loopPool = loopDriven {
+            let statements = Self.pullStatements(for: user, after: after, limit: limit)
             return try await loopPool.withConnection { connection in
                 try Self.page(try await connection.pipeline(statements)[1], limit: limit, framing: framing)
             }
         }
+        let maxBytes = framing == .serverSentEvents ? Self.streamedPageBytes : nil
+        let statements = Self.pullStatements(for: user, after: after, limit: limit, maxBytes: maxBytes)
         return try await pool.withConnection { connection in
-            try Self.page(try connection.pipeline(statements)[1], limit: limit, framing: framing)
+            try Self.page(try connection.pipeline(statements)[1], limit: limit, framing: framing, maxBytes: maxBytes)
         }
     }
 
+    /// Payload bytes (as printed) a page of a streamed body — the stream's, the export's —
+    /// holds before its last event: with that event's 64 KiB at most, such a page stays
+    /// under ~1.1 MiB whatever its events, so a slow reader holds no more than that plus its
+    /// writer's buffer.
+    public static let streamedPageBytes = 1024 * 1024
+
+    /// `select` (the seven columns of a page, in `seq` order) cut after the first event at
+    /// which its payloads as printed reach parameter `$bytesParameter` bytes (the first
+    /// event is always kept).
+    static func boundedInBytes(_ select: String, bytesParameter: Int) -> String {
+        """
+        select seq, id, type, payload, client_id, client_timestamp, created_at from (
+          select page.*, sum(octet_length(page.payload::text)) over (order by page.seq)
+                         - octet_length(page.payload::text) as bytes_before
+          from (\(select)) page
+        ) sized where bytes_before < $\(bytesParameter) order by seq
+        """
+    }
+
     /// The pull's scope and select (prepared once per connection: whatever the values, the
-    /// `(user_id, seq)` index is the plan).
-    static func pullStatements(for user: UUID, after: Int64, limit: Int) -> [PostgresStatement] {
-        [
+    /// `(user_id, seq)` index is the plan), bounded in bytes when `maxBytes` is given.
+    static func pullStatements(for user: UUID, after: Int64, limit: Int, maxBytes: Int? = nil) -> [PostgresStatement] {
+        let select = """
+            select seq, id, type, payload, client_id, client_timestamp, created_at
+            from events where user_id = $1 and seq > $2 order by seq limit $3
+            """
+        guard let maxBytes else {
+            return [scope(to: user), .prepared(select, user, after, Int64(limit + 1))]
+        }
+        return [
             scope(to: user),
-            .prepared(
-                """
-                select seq, id, type, payload, client_id, client_timestamp, created_at
-                from events where user_id = $1 and seq > $2 order by seq limit $3
-                """, user, after, Int64(limit + 1)),
+            .prepared(boundedInBytes(select, bytesParameter: 4), user, after, Int64(limit + 1), Int64(maxBytes)),
         ]
     }
 
-    /// The page from the statement's `limit + 1` rows, encoded.
-    private static func page(_ rows: PostgresResult, limit: Int, framing: EventPageEncoder.Framing) throws -> Page {
+    /// The page from the statement's `limit + 1` rows, encoded. A page cut at `maxBytes` (its
+    /// encoding is at least that long) may have more after it.
+    private static func page(_ rows: PostgresResult, limit: Int, framing: EventPageEncoder.Framing, maxBytes: Int? = nil)
+        throws -> Page
+    {
         let count = min(rows.count, limit)
         let (json, lastSeq) = try EventPageEncoder.encode(rows, count: count, framing: framing)
-        return Page(eventsJSON: json, count: count, lastSeq: lastSeq, hasMore: rows.count > limit)
+        let cut = maxBytes.map { json.count >= $0 } ?? false
+        return Page(eventsJSON: json, count: count, lastSeq: lastSeq, hasMore: rows.count > limit || cut)
     }
 }
 

@@ -299,7 +299,7 @@ public final class EventStreams: Sendable {
         while true {
             if result.page.count > 0 {
                 do {
-                    try await writer.write(result.page.eventsJSON)
+                    try await writer.write(result.page.eventsJSON, inPiecesOf: settings.bufferBytes)
                 } catch {
                     return .ended(entry.ended.withLock({ $0 }) ?? (Task.isCancelled && !writer.isClosed ? .shutdown : .clientGone))
                 }
