@@ -378,6 +378,26 @@ final class AccountTests: EndToEndTestCase {
         XCTAssertTrue(server.isRunning)
     }
 
+    /// Signing out through another instance ends a stalled export within a second, as every
+    /// other route and stream, and releases its lease.
+    func testLogoutThroughAnotherInstanceEndsAStalledExportWithinASecond() throws {
+        let server = try startServer()
+        let other = try launchServer(on: server.database)
+        try other.waitUntilListening(timeout: 15)
+        let user = try session(server, "export-logout@example.com")
+        try seed(server, user: user.user, events: 100_000)
+        let stalled = try server.connect()
+        try stalled.send(request("GET", "/sync/v1/export", headers: [("Authorization", "Bearer \(user.access)")]))
+        XCTAssertEqual(try stalled.readResponse(timeout: 10, bodyExpected: false).status, 200)
+        XCTAssertEqual(try send(other, "POST", "/auth/v1/logout", token: user.access).status, 204)
+        XCTAssertTrue(try stalled.waitForClose(timeout: 1), "the export ends within a second of the logout")
+        let owner = try PostgresConnection.connect(server.database)
+        XCTAssertTrue(
+            eventually(within: 5) {
+                (try? owner.query("select count(*) from account_exports")[0].decode(Int.self, column: 0)) == 0
+            }, "the lease is released")
+    }
+
     func testAClientThatLeavesReleasesTheExport() throws {
         let server = try startServer()
         let user = try session(server, "leaver@example.com")
