@@ -221,6 +221,10 @@ public final class PostgresConnection {
                 case .prepared(let key, let name): connection.preparedStatements[key] = name
                 case .statement: results.append(checked)
                 }
+            } catch var error as PostgresError {
+                if !connection.isOpen { throw error }
+                if failure == nil, case .statement = reply { error.pipelineIndex = results.count }
+                failure = failure ?? error
             } catch {
                 if !connection.isOpen { throw error }
                 failure = failure ?? error

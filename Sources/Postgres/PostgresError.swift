@@ -36,6 +36,11 @@ public struct PostgresError: Error, Sendable, CustomStringConvertible, CustomDeb
     public let hint: String?
     /// The constraint the error is about (e.g. for unique violations), if any.
     public let constraint: String?
+    /// For a statement of a pipeline that failed while its connection stayed usable: its
+    /// position among the pipeline's statements (every one before it succeeded, none after
+    /// it ran). Nil for anything else, a connection lost mid-pipeline among them: then which
+    /// statements ran is unknown.
+    public internal(set) var pipelineIndex: Int? = nil
 
     init(
         kind: Kind, message: String, sqlState: SQLState? = nil, serverMessage: String? = nil,

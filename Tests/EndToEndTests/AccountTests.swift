@@ -232,9 +232,13 @@ final class AccountTests: EndToEndTestCase {
 
     /// Samples the server's RSS every 10 ms while `body` runs; the largest sample, in KiB.
     func peakResidentKiB(_ server: ServerProcess, during body: () throws -> Void) rethrows -> Int {
+        try Self.peakResidentKiB(pid: server.process.processIdentifier, during: body)
+    }
+
+    /// Samples process `pid`'s RSS every 10 ms while `body` runs; the largest sample, in KiB.
+    static func peakResidentKiB(pid: Int32, during body: () throws -> Void) rethrows -> Int {
         let peak = Mutex(0)
         let done = Mutex(false)
-        let pid = server.process.processIdentifier
         let sampler = Thread {
             while !done.withLock({ $0 }) {
                 let now = Self.residentKiB(pid: pid)
@@ -372,6 +376,26 @@ final class AccountTests: EndToEndTestCase {
         XCTAssertTrue(try stalled.waitForClose(timeout: 10), "the export's connection is closed")
         XCTAssertEqual(try rows(of: user.user, email: email, in: server).values.reduce(0, +), 0)
         XCTAssertTrue(server.isRunning)
+    }
+
+    /// Signing out through another instance ends a stalled export within a second, as every
+    /// other route and stream, and releases its lease.
+    func testLogoutThroughAnotherInstanceEndsAStalledExportWithinASecond() throws {
+        let server = try startServer()
+        let other = try launchServer(on: server.database)
+        try other.waitUntilListening(timeout: 15)
+        let user = try session(server, "export-logout@example.com")
+        try seed(server, user: user.user, events: 100_000)
+        let stalled = try server.connect()
+        try stalled.send(request("GET", "/sync/v1/export", headers: [("Authorization", "Bearer \(user.access)")]))
+        XCTAssertEqual(try stalled.readResponse(timeout: 10, bodyExpected: false).status, 200)
+        XCTAssertEqual(try send(other, "POST", "/auth/v1/logout", token: user.access).status, 204)
+        XCTAssertTrue(try stalled.waitForClose(timeout: 1), "the export ends within a second of the logout")
+        let owner = try PostgresConnection.connect(server.database)
+        XCTAssertTrue(
+            eventually(within: 5) {
+                (try? owner.query("select count(*) from account_exports")[0].decode(Int.self, column: 0)) == 0
+            }, "the lease is released")
     }
 
     func testAClientThatLeavesReleasesTheExport() throws {

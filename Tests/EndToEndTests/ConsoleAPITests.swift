@@ -1,4 +1,5 @@
 import Foundation
+import Postgres
 import TestSupport
 import XCTest
 
@@ -463,6 +464,73 @@ final class ConsoleAPITests: EndToEndTestCase {
 
     // MARK: - One user
 
+    /// The audit's case: 200,000 events of `{}` made a 73 MB body the console built in memory
+    /// (its cap counted payload bytes only). Now streamed as the account export is: a reader
+    /// that stops holds nothing more, a whole download keeps memory flat, and the account's
+    /// one export lease holds across instances and kinds of export.
+    func testTheExportIsStreamedInFlatMemoryWithTheAccountsLease() throws {
+        let sink = try SMTPSink()
+        defer { sink.stop() }
+        let server = try startConsoleServer(sink)
+        let other = try launchServer(on: server.database)
+        try other.waitUntilListening(timeout: 15)
+        let (appToken, user) = try appSession(server, "many@example.com")
+        let owner = try PostgresConnection.connect(server.database)
+        try owner.query(
+            """
+            insert into events (user_id, seq, type, payload, client_id, client_timestamp, created_at)
+            select $1::uuid, n, 'note', '{}', gen_random_uuid(), now(), now() + n * interval '1 millisecond'
+            from generate_series(1, 200000) n
+            """, user)
+        try owner.query("update users set last_seq = 200000 where id = $1::uuid", user)
+        let token = try signIn(server, sink)
+        let path = "/admin/v1/users/\(user)/export"
+        let exportRequest = request(
+            "GET", path, headers: [("Cookie", "trunk_sync_console=\(token)"), ("X-Trunk-Sync-Console", "1")])
+        XCTAssertNotNil(try json(try admin(server, "GET", "/admin/v1/users/\(user)", cookie: token))["user"])
+        usleep(200_000)
+        let pid = server.process.processIdentifier
+        let idle = AccountTests.residentKiB(pid: pid)
+
+        // A reader that takes the head, then nothing: the body is streamed, and waits for it.
+        let stalled = try RawClient.connect(port: server.adminPort)
+        try stalled.send(exportRequest)
+        let head = try stalled.readResponse(timeout: 10, bodyExpected: false)
+        XCTAssertEqual(head.status, 200)
+        XCTAssertEqual(head.header("transfer-encoding"), "chunked")
+        XCTAssertNil(head.header("content-length"))
+        let stalledPeak = AccountTests.peakResidentKiB(pid: pid) { usleep(1_000_000) }
+        XCTAssertLessThan(stalledPeak - idle, 8 * 1024, "a reader that stops makes the server build nothing more")
+        // One export of the account at a time, whichever instance and route asks.
+        assertJSONError(try admin(server, "GET", path, cookie: token), status: 409, code: "export_in_progress")
+        assertJSONError(
+            try send(other, "GET", "/sync/v1/export", token: appToken), status: 409, code: "export_in_progress")
+        stalled.close()
+
+        // A whole download, read as it comes: every line, in flat memory.
+        var lines = 0
+        var status = 0
+        let peak = try AccountTests.peakResidentKiB(pid: pid) {
+            XCTAssertTrue(
+                try eventually(within: 10, interval: .milliseconds(50)) {
+                    let client = try RawClient.connect(port: server.adminPort)
+                    defer { client.close() }
+                    try client.send(exportRequest)
+                    let head = try client.readResponse(timeout: 10, bodyExpected: false)
+                    status = head.status
+                    guard status == 200 else { return false }  // the stalled export's lease, until it ends
+                    while let chunk = try client.readChunk(timeout: 30) {
+                        lines += chunk.reduce(0) { $0 + ($1 == 10 ? 1 : 0) }
+                    }
+                    return true
+                }, "status \(status)")
+        }
+        XCTAssertEqual(lines, 200_001, "the account line and every event")
+        print("console export of 200,000 events: RSS idle \(idle) KiB, stalled \(stalledPeak) KiB, peak \(peak) KiB")
+        XCTAssertLessThan(peak - idle, 16 * 1024, "the server's memory stays flat while it streams")
+        XCTAssertNotNil(server.stderr.waitForLine(containing: "console: user exported", timeout: 5))
+    }
+
     func testAUsersEventsSessionsExportAndDeletion() throws {
         let sink = try SMTPSink()
         defer { sink.stop() }
@@ -558,7 +626,14 @@ final class ConsoleAPITests: EndToEndTestCase {
             revokedLine.contains("admin=ops@example.com") && revokedLine.contains("user_id=\(user)"), revokedLine)
 
         // Export: the account, then its events, as JSON lines (the format of /sync/v1/export).
-        let export = try admin(server, "GET", "/admin/v1/users/\(user)/export", cookie: token)
+        let exporting = try RawClient.connect(port: server.adminPort)
+        try exporting.send(
+            request(
+                "GET", "/admin/v1/users/\(user)/export",
+                headers: [("Cookie", "trunk_sync_console=\(token)"), ("X-Trunk-Sync-Console", "1")]))
+        var export = try exporting.readResponse(timeout: 10, bodyExpected: false)
+        while let chunk = try exporting.readChunk(timeout: 10) { export.body += chunk }
+        exporting.close()
         XCTAssertEqual(export.status, 200)
         XCTAssertEqual(export.header("content-type"), "application/x-ndjson; charset=utf-8")
         XCTAssertTrue(export.header("content-disposition")?.hasPrefix("attachment;") ?? false)

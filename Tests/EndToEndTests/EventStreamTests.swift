@@ -269,6 +269,71 @@ final class EventStreamTests: EndToEndTestCase {
         XCTAssertEqual(again.status, 401, "the signed-out token opens no new stream")
     }
 
+    /// The audit's case: a stream still sending a large backlog to a slow reader, and the
+    /// session signed out (or the account deleted) through another instance. The stream ends
+    /// within a second, as a live one does, and sends no more than what was already on its
+    /// way (a few buffers), not the rest of the backlog.
+    func testLogoutOrDeletionEndsAStreamStillSendingItsBacklog() throws {
+        let server = try startServer()
+        let other = try launchServer(on: server.database)
+        try other.waitUntilListening(timeout: 15)
+        for ending in ["logout", "deletion"] {
+            let (token, _) = try session(server, "backlog-\(ending)@example.com")
+            for _ in 0..<40 { try push(server, token, count: 50, padding: 4000) }  // 2,000 events, ~8 MB
+            let stream = try open(server, token, after: 0)
+            XCTAssertEqual(try stream.events(10).map(\.id), Array(1...10))
+            // The reader stops; the server waits for it with its buffers full.
+            let revokedBefore = metric(server, #"trunk_sync_streams_ended_total{reason="session_revoked"}"#)
+            if ending == "logout" {
+                let (response, _) = try other.exchange(
+                    request("POST", "/auth/v1/logout", headers: [("Authorization", "Bearer \(token)")]))
+                XCTAssertEqual(response.status, 204)
+            } else {
+                let result = try Command.run(
+                    Command.trunkSyncBinary(), ["users", "delete", "backlog-\(ending)@example.com", "--yes"], environment: other.environment)
+                XCTAssertEqual(result.status, 0, result.stderr)
+            }
+            XCTAssertTrue(
+                eventually(within: 1) {
+                    metric(server, #"trunk_sync_streams_ended_total{reason="session_revoked"}"#) == revokedBefore + 1
+                }, "\(ending): the stream did not end within a second")
+            let rest = try stream.readToEnd(timeout: 30)
+            XCTAssertLessThan(10 + rest.count, 2000, "\(ending): the backlog's rest was not sent")
+            XCTAssertEqual(rest.map(\.id), Array(11...Int64(10 + rest.count)), "in order, then a clean end")
+        }
+        XCTAssertEqual(metric(server, "trunk_sync_streams_open"), 0)
+    }
+
+    /// A slow reader holds at most its writer's buffer and one page bounded in bytes (issue
+    /// 23: a 100-event page of 64 KiB events, 6.4 MB, plus that page again as one write).
+    /// Four streams of large events whose readers stop: the server's memory grows by a few
+    /// MiB in all, not by 4 × 13 MB.
+    func testSlowReadersOfLargeEventsHoldBoundedMemory() throws {
+        let server = try startServer()
+        let (token, _) = try session(server, "large@example.com")
+        for _ in 0..<10 { try push(server, token, count: 20, padding: 60_000) }  // 200 events, 12 MB
+        // Warm up: one stream reads everything once.
+        let warm = try open(server, token, after: 0)
+        XCTAssertEqual(try warm.events(200, timeout: 30).count, 200)
+        warm.close()
+        XCTAssertTrue(eventually(within: 5) { metric(server, "trunk_sync_streams_open") == 0 })
+        usleep(200_000)
+        let idle = AccountTests.residentKiB(pid: server.process.processIdentifier)
+        var stalled: [EventStreamClient] = []
+        let peak = try AccountTests.peakResidentKiB(pid: server.process.processIdentifier) {
+            for _ in 0..<4 {
+                let stream = try open(server, token, after: 0)
+                XCTAssertEqual(try stream.next(), .retry(1000))
+                stalled.append(stream)
+            }
+            usleep(1_500_000)  // the readers read nothing more; the producers wait
+        }
+        print("4 stalled streams of 60 KB events: RSS idle \(idle) KiB, peak \(peak) KiB")
+        XCTAssertLessThan(peak - idle, 16 * 1024, "each slow reader holds its buffer and one ~1 MiB page")
+        // Nothing is lost: each reads its whole backlog when it reads again.
+        for stream in stalled { XCTAssertEqual(try stream.events(200, timeout: 60).map(\.id), Array(1...200)) }
+    }
+
     func testHeartbeatsArrive() throws {
         let server = try startServer(["TRUNK_SYNC_STREAM_HEARTBEAT": "1"])
         let (token, _) = try session(server, "heartbeat@example.com")

@@ -51,6 +51,37 @@ final class HTTPBodyWriterTests: XCTestCase {
         XCTAssertEqual(writer.take().bytes, [[5]])
     }
 
+    /// `write` counts the write itself: the buffer never passes the limit (issue 23: a slow
+    /// reader held "limit plus one write", a 6.4 MB page). Only a write larger than the limit
+    /// passes it, alone, and producers write pieces no larger (`write(_:inPiecesOf:)`).
+    func testWriteWaitsUntilTheWholeWriteFitsUnderTheLimit() async throws {
+        let writer = HTTPBodyWriter(bufferLimit: 10) {}
+        try await writer.write(Array(repeating: 1, count: 6))
+        let second = Task { try await writer.write(Array(repeating: 2, count: 6)) }
+        try await Task.sleep(for: .milliseconds(50))
+        XCTAssertEqual(writer.bufferedByteCount, 6, "6 + 6 would pass 10: the second write waits")
+        XCTAssertEqual(writer.take().bytes.map(\.count), [6])
+        XCTAssertEqual(writer.bufferedByteCount, 6, "taken, not yet sent")
+        _ = writer.take()
+        try await second.value
+        XCTAssertEqual(writer.bufferedByteCount, 6)
+        _ = writer.take()
+        _ = writer.take()
+        // A page larger than the limit, in pieces: never more than the limit buffered.
+        let page = (0..<35).map { UInt8($0) }
+        let pieces = Task { try await writer.write(page, inPiecesOf: 10) }
+        var sent: [UInt8] = []
+        var most = 0
+        while sent.count < page.count {
+            most = max(most, writer.bufferedByteCount)
+            sent += writer.take().bytes.joined()
+            await Task.yield()
+        }
+        try await pieces.value
+        XCTAssertEqual(sent, page)
+        XCTAssertLessThanOrEqual(most, 10)
+    }
+
     /// A writer whose one byte of room is taken, and a task waiting to write more: it
     /// returns whether that write threw.
     func fullWriterWithAWaitingWrite() async throws -> (HTTPBodyWriter, Task<Bool, Never>) {

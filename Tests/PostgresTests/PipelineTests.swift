@@ -36,6 +36,7 @@ final class PipelineTests: XCTestCase {
             ])
         ) { error in
             XCTAssertTrue((error as? PostgresError)?.isUniqueViolation ?? false, "\(error)")
+            XCTAssertEqual((error as? PostgresError)?.pipelineIndex, 1, "which statement failed")
         }
         XCTAssertTrue(connection.isOpen)
         XCTAssertFalse(connection.isInTransaction)
@@ -120,6 +121,7 @@ final class PipelineTests: XCTestCase {
             ])
         ) { error in
             XCTAssertEqual((error as? PostgresError)?.kind, .connectionClosed, "\(error)")
+            XCTAssertNil((error as? PostgresError)?.pipelineIndex, "what ran is unknown")
         }
         XCTAssertFalse(connection.isOpen)
     }

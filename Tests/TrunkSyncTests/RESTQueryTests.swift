@@ -47,6 +47,18 @@ final class RESTQueryTests: XCTestCase {
         XCTAssertEqual(try parse("select=*").columns.count, RESTRoutes.eventColumns.count)
     }
 
+    /// Each column at most once (PostgREST would print the key twice): the select list can
+    /// never ask for more than the table's columns, so an answer's size is bounded by the rows.
+    func testEachColumnAtMostOnce() throws {
+        XCTAssertEqual(try parse("select=payload,seq,type").columns.map(\.name), ["payload", "seq", "type"])
+        XCTAssertEqual(
+            try parse("select=" + RESTRoutes.eventColumns.map(\.name).joined(separator: ",")).columns.count,
+            RESTRoutes.eventColumns.count)
+        let repeated = refusal("select=seq,payload,payload")
+        XCTAssertEqual(repeated?.message, "failed to parse select parameter (payload)")
+        XCTAssertEqual(repeated?.details, .text("column payload is selected more than once"))
+    }
+
     func testColumnsOfAnInsert() throws {
         XCTAssertEqual(try parse(#"columns="type","client_id""#).insertColumns, ["type", "client_id"])
         XCTAssertEqual(refusal("columns=nope")?.code, "42703")
@@ -60,6 +72,9 @@ final class RESTQueryTests: XCTestCase {
             ("seq=like.5", "PGRST100"), ("seq=gt.five", "22P02"), ("client_id=eq.nope", "22P02"),
             ("client_id=eq.6f1f0e3c11114c3e9d7a3a1c8f0f2b10", "22P02"), ("created_at=gt.now", "22P02"),
             ("payload=eq.{}", "PGRST100"), ("nope=eq.1", "42703"), ("type=eq.a%00b", "22P02"),
+            ("select=payload,payload", "PGRST100"), ("select=seq,%20seq", "PGRST100"),
+            ("select=" + Array(repeating: "payload", count: 900).joined(separator: ","), "PGRST100"),
+            ("select=" + Array(repeating: "nope", count: 9).joined(separator: ","), "PGRST100"),
         ]
         for (query, code) in cases {
             let error = refusal(query)

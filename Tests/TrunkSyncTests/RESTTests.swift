@@ -50,6 +50,32 @@ final class RESTTests: XCTestCase {
         (try? JSONSerialization.jsonObject(with: response.body)) as? [[String: Any]] ?? []
     }
 
+    /// The audit's attack: 20 events of 60 KB and `select=payload,payload,…(×900)` built a
+    /// 1 GB answer. Now refused from the query string alone, and an answer holds each column
+    /// once, so its size is bounded by its rows (README: "Limits and errors").
+    func testRepeatedColumnsAreRefusedAndAnswersStayWithinTheRowBound() async throws {
+        let big = String(repeating: "x", count: 60_000)
+        let rows: [[String: Any]] = (0..<20).map { _ in
+            var event = row()
+            event["payload"] = ["s": big]
+            return event
+        }
+        let inserted = try await insert(rows)
+        XCTAssertEqual(inserted.status, 201)
+        let attack = try await get(
+            "/rest/v1/events?select=" + Array(repeating: "payload", count: 900).joined(separator: ",") + "&limit=20")
+        assertPostgRESTError(attack, 400, "PGRST100")
+        XCTAssertLessThan(attack.body.count, 1024)
+        let twice = try await get("/rest/v1/events?select=seq,payload,seq")
+        assertPostgRESTError(twice, 400, "PGRST100")
+        XCTAssertEqual(twice.json["details"] as? String, "column seq is selected more than once")
+        // Every column once: at most one payload per row, plus the fixed fields.
+        let all = try await get("/rest/v1/events?select=id,user_id,seq,type,payload,client_id,client_timestamp,created_at&limit=20")
+        XCTAssertEqual(all.status, 200)
+        XCTAssertEqual(array(all).count, 20)
+        XCTAssertLessThanOrEqual(all.body.count, 20 * RESTRoutes.maxEventRowBytes)
+    }
+
     func testInsertMinimalByDefaultAndRepresentationOnRequest() async throws {
         let minimal = try await insert(row())
         XCTAssertEqual(minimal.status, 201)

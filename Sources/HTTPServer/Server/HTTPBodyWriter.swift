@@ -21,8 +21,9 @@ public struct HTTPBodyStream: Sendable {
         case cancel
     }
 
-    /// Once this many bytes are written but not yet sent to the socket, `write` waits and
-    /// `writeIfRoom` refuses (so at most this plus one write are ever buffered).
+    /// Bytes written but not yet sent to the socket that `write` never goes past (it waits
+    /// until the write fits, the write counted; one larger than this waits for an empty
+    /// buffer), and past which `writeIfRoom` refuses (it may pass it by one write).
     public var bufferLimit: Int
     /// What graceful shutdown does to the producer.
     public var shutdown: Shutdown
@@ -43,11 +44,14 @@ public struct HTTPBodyStream: Sendable {
 
 /// Where a streamed response's producer writes its body. Safe from any task; the event loop
 /// takes what was written whenever the socket has sent what it took before, so at most
-/// `bufferLimit` bytes (plus one write) wait in memory however slowly the client reads.
+/// `bufferLimit` bytes wait in memory however slowly the client reads (with `writeIfRoom`,
+/// plus one write).
 ///
 /// Backpressure, two ways:
-/// - `write(_:)` suspends while the buffer is full and resumes when the client has read
-///   enough: the body's pace is the client's (an export of any size in flat memory).
+/// - `write(_:)` suspends until the buffer has room for the whole write (or is empty, for a
+///   write larger than the limit) and resumes when the client has read enough: the body's
+///   pace is the client's (an export of any size in flat memory). Producers write pieces of
+///   at most `bufferLimit` (`write(_:inPiecesOf:)`), so the limit bounds the buffer.
 /// - `writeIfRoom(_:)` never waits: it says `.full` and writes nothing, so the producer can
 ///   give up on a client that is not keeping up (a live stream that must not buffer for it).
 ///
@@ -90,6 +94,8 @@ public final class HTTPBodyWriter: Sendable {
         var notified = false
         /// The producer waiting in `write` for room.
         var waiter: CheckedContinuation<Void, Never>? = nil
+        /// The size of the write it waits to fit.
+        var waiting = 0
     }
 
     /// The most bytes buffered before writers wait.
@@ -118,20 +124,41 @@ public final class HTTPBodyWriter: Sendable {
     public func write(_ bytes: [UInt8]) async throws(Closed) {
         while true {
             if Task.isCancelled { throw Closed() }
-            switch writeIfRoom(bytes) {
+            switch enqueue(bytes, fitting: true) {
             case .written: return
             case .closed: throw Closed()
-            case .full: await waitForRoom()
+            case .full: await waitForRoom(for: bytes.count)
             }
         }
     }
 
+    /// Writes `bytes` as pieces of at most `size` bytes, each with `write(_:)`: the buffer
+    /// never holds more than `bufferLimit` (when `size` is at most that).
+    public func write(_ bytes: [UInt8], inPiecesOf size: Int) async throws(Closed) {
+        guard bytes.count > size, size > 0 else { return try await write(bytes) }
+        var start = 0
+        while start < bytes.count {
+            let end = min(start + size, bytes.count)
+            try await write(Array(bytes[start..<end]))
+            start = end
+        }
+    }
+
+    /// Whether `count` more bytes fit: the buffer is empty, or they fit under the limit.
+    private func fits(_ count: Int, _ state: State) -> Bool {
+        state.buffered == 0 || state.buffered + count <= bufferLimit
+    }
+
     /// Queues `bytes` if the buffer has room, else writes nothing and says `.full`.
-    public func writeIfRoom(_ bytes: [UInt8]) -> WriteResult {
+    public func writeIfRoom(_ bytes: [UInt8]) -> WriteResult { enqueue(bytes, fitting: false) }
+
+    /// Queues `bytes` if there is room: `fitting`, if they fit whole (`write`); else if the
+    /// buffer is under its limit (`writeIfRoom`).
+    private func enqueue(_ bytes: [UInt8], fitting: Bool) -> WriteResult {
         if bytes.isEmpty { return state.withLock { $0.closed || $0.end != .open ? .closed : .written } }
         let (result, notify) = state.withLock { state -> (WriteResult, Bool) in
             guard !state.closed, state.end == .open else { return (.closed, false) }
-            guard state.buffered < bufferLimit else { return (.full, false) }
+            guard fitting ? fits(bytes.count, state) : state.buffered < bufferLimit else { return (.full, false) }
             state.chunks.append(bytes)
             state.buffered += bytes.count
             defer { state.notified = true }
@@ -158,12 +185,13 @@ public final class HTTPBodyWriter: Sendable {
     /// Bytes written and not yet sent to the socket.
     public var bufferedByteCount: Int { state.withLock { $0.buffered } }
 
-    private func waitForRoom() async {
+    private func waitForRoom(for count: Int) async {
         await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
                 let resumeNow = state.withLock { state -> Bool in
-                    if state.closed || state.buffered < bufferLimit || Task.isCancelled { return true }
+                    if state.closed || fits(count, state) || Task.isCancelled { return true }
                     state.waiter = continuation
+                    state.waiting = count
                     return false
                 }
                 if resumeNow { continuation.resume() }
@@ -200,7 +228,7 @@ public final class HTTPBodyWriter: Sendable {
             state.taken = state.buffered
             state.notified = false
             var waiter: CheckedContinuation<Void, Never>? = nil
-            if state.buffered < bufferLimit {
+            if fits(state.waiting, state) {
                 waiter = state.waiter
                 state.waiter = nil
             }

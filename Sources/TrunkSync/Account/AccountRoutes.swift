@@ -89,30 +89,41 @@ public struct AccountRoutes: Sendable {
             "Content-Disposition": "attachment; filename=\"trunk-sync-export-\(Self.today()).ndjson\"",
             "Cache-Control": "no-store",
         ]
-        let accounts = self.accounts
         let revocations = auth.revocations
         let notifier = self.notifier
         let session = claims.sessionID
+        return Self.streamed(
+            export, of: accounts, headers: headers, proceed: { !revocations.isRevoked(session) },
+            until: { await Self.untilRevoked(session, of: export.user, revocations, notifier) })
+    }
+
+    /// `export` as a streamed response (`GET /sync/v1/export`, the console's export): page
+    /// by page at the client's pace, at most `exportBufferLimit` plus one page held. Ends
+    /// early when `proceed` says no before a page, or as soon as `until` returns (a revoked
+    /// session), even while waiting for a client that stopped reading; then the body is cut
+    /// short. The lease is released however it ends.
+    static func streamed(
+        _ export: Accounts.Export, of accounts: Accounts, headers: HTTPHeaders,
+        proceed: (@Sendable () -> Bool)? = nil, until: (@Sendable () async -> Void)? = nil
+    ) -> HTTPResponse {
         let logger = accounts.logger
-        return .streamed(.ok, headers: headers, bufferLimit: Self.exportBufferLimit) { writer in
-            // Whichever ends first: the export, or the session (deleted, signed out) — even
-            // while the export waits for a client that stopped reading.
+        return .streamed(.ok, headers: headers, bufferLimit: exportBufferLimit) { writer in
             await withTaskGroup(of: Void.self) { group in
                 group.addTask {
                     do {
                         try await accounts.run(
-                            export, proceed: { !revocations.isRevoked(session) },
-                            write: { bytes in try await writer.write(bytes) })
+                            export, proceed: proceed,
+                            write: { bytes in try await writer.write(bytes, inPiecesOf: exportBufferLimit) })
                         writer.finish()
                     } catch is HTTPBodyWriter.Closed {
-                        // The client went away, or the session ended (the task was cancelled).
+                        // The client went away, or `until` returned (the task was cancelled).
                     } catch {
                         logger.warning(
                             "export ended early",
                             metadata: ["user_id": "\(export.user.uuidString.lowercased())", "reason": "\(error)"])
                     }
                 }
-                group.addTask { await Self.untilRevoked(session, of: export.user, revocations, notifier) }
+                if let until { group.addTask { await until() } }
                 await group.next()
                 group.cancelAll()
             }

@@ -143,9 +143,9 @@ public struct Accounts: Sendable {
         public var events: Int64
     }
 
-    /// Events read per page: a page is in memory while it is written, and an event's
-    /// payload may be 64 KiB, so a page stays under ~17 MiB at worst and a few dozen KiB
-    /// usually.
+    /// Events read per page, at most: a page is in memory while it is written, so it is
+    /// also cut at `EventStore.streamedPageBytes` of payloads (an event's payload may be
+    /// 64 KiB): ~1.1 MiB at worst, a few dozen KiB usually.
     public static let exportPageSize = 256
 
     /// Writes the user's data as JSON lines (NDJSON) through `write`, page by page, as it is
@@ -263,10 +263,11 @@ public struct Accounts: Sendable {
                         user,
                         lease),
                     .prepared(
-                        """
-                        select seq, id, type, payload, client_id, client_timestamp, created_at
-                        from events where user_id = $1 and seq > $2 and seq <= $3 order by seq limit $4
-                        """, user, after, through, Int64(limit)),
+                        EventStore.boundedInBytes(
+                            """
+                            select seq, id, type, payload, client_id, client_timestamp, created_at
+                            from events where user_id = $1 and seq > $2 and seq <= $3 order by seq limit $4
+                            """, bytesParameter: 5), user, after, through, Int64(limit), Int64(EventStore.streamedPageBytes)),
                     .commit,
                 ])
                 guard !replies[2].isEmpty else { return nil }

@@ -316,15 +316,15 @@ struct ConsoleRoutes: Sendable {
 
     private func export(_ request: HTTPRequest, _ signedIn: ConsoleAuth.Operator) async throws -> HTTPResponse {
         let (user, _, _) = try await target(request)
-        let (body, written) = try await accounts.export(
-            user.summary, payloadBytes: try await store.payloadBytes(of: user.id))
-        log("user exported", signedIn, user.id, ["events": "\(written)"])
+        let export = try await accounts.beginExport(user.summary)
+        log("user exported", signedIn, user.id, ["events": "\(export.through)"])
         var headers = Self.apiHeaders
         headers.append(name: "Content-Type", value: "application/x-ndjson; charset=utf-8")
         headers.append(
             name: "Content-Disposition",
             value: "attachment; filename=\"trunk-sync-\(user.id.uuidString.lowercased()).jsonl\"")
-        return HTTPResponse(status: .ok, headers: headers, body: body)
+        // Streamed as the account's own export: any size, in flat memory, at the browser's pace.
+        return AccountRoutes.streamed(export, of: accounts.accounts, headers: headers)
     }
 
     // MARK: - Events

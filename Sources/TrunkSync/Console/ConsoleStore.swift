@@ -151,17 +151,6 @@ struct ConsoleStore: Sendable {
         }
     }
 
-    /// The size of the user's payloads as stored (what an export holds, give or take the
-    /// other fields).
-    func payloadBytes(of user: UUID) async throws -> Int64 {
-        try await pool.transaction { connection in
-            try RowScope.apply(RowScope.user(user), on: connection)
-            return try connection.query(
-                "select coalesce(sum(octet_length(payload::text)), 0)::int8 from events where user_id = $1", user
-            )[0].decode(Int64.self, column: 0)
-        }
-    }
-
     /// What a page of events is filtered by.
     struct EventFilter: Sendable {
         /// Only events with `seq` below this (the cursor of the page before); nil: the newest.

@@ -64,11 +64,23 @@ struct RESTQuery: Sendable {
             switch name {
             case "select":
                 if value.isEmpty || value == "*" { continue }
-                query.columns = try value.split(separator: ",").map { part in
+                let parts = value.split(separator: ",")
+                // Each column at most once, so never more items than the table has columns:
+                // refused before any is looked up, however long the list.
+                guard parts.count <= available.count else {
+                    throw RESTError.parse(
+                        "failed to parse select parameter", details: "at most \(available.count) columns, each selected once")
+                }
+                var seen = Set<String>()
+                query.columns = try parts.map { part in
                     let name = part.trimmingCharacters(in: .whitespaces)
                     if name == "*" { throw RESTError.parse("\"*\" cannot be combined with columns") }
                     guard name.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "_" }) else {
                         throw RESTError.parse("failed to parse select parameter (\(name))", details: "only plain column names are supported")
+                    }
+                    guard seen.insert(name).inserted else {
+                        throw RESTError.parse(
+                            "failed to parse select parameter (\(name))", details: "column \(name) is selected more than once")
                     }
                     return try column(name)
                 }

@@ -20,6 +20,12 @@ public struct RESTRoutes: Sendable {
     /// Most rows one response carries (as hosted Supabase projects).
     static let maxRows = 1000
 
+    /// The most bytes one event row takes in an answer: each column at most once
+    /// (`RESTQuery` refuses repeats), a payload of at most 64 KiB as printed, a type of at
+    /// most 128 characters (each up to 6 bytes escaped) and the fixed fields. So no answer
+    /// is larger than `maxRows` of these (~66 MB), whatever the query; README "Limits and errors".
+    public static let maxEventRowBytes = EventInput.maxPayloadBytes + 6 * EventInput.maxTypeLength + 512
+
     static let eventColumns: [RESTColumn] = [
         RESTColumn(name: "id", kind: .uuid, sql: "id"),
         RESTColumn(name: "user_id", kind: .uuid, sql: "user_id"),

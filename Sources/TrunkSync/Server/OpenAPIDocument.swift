@@ -4127,7 +4127,7 @@ public enum OpenAPIDocument {
         "name": "select",
         "in": "query",
         "required": false,
-        "description": "Comma-separated column names, or `*` (the default). Only plain columns: no renames, casts or embedded resources (`PGRST100`); an unknown column is `42703`.",
+        "description": "Comma-separated column names, or `*` (the default), each at most once. Only plain columns: no renames, casts or embedded resources; a repeated column is refused (`PGRST100`); an unknown column is `42703`.",
         "schema": {
           "type": "string",
           "pattern": "^(\\*|(id|user_id|seq|type|payload|client_id|client_timestamp|created_at)(,(id|user_id|seq|type|payload|client_id|client_timestamp|created_at))*)$"
@@ -4172,7 +4172,7 @@ public enum OpenAPIDocument {
         "name": "select",
         "in": "query",
         "required": false,
-        "description": "Comma-separated column names, or `*` (the default). Only plain columns: no renames, casts or embedded resources (`PGRST100`); an unknown column is `42703`.",
+        "description": "Comma-separated column names, or `*` (the default), each at most once. Only plain columns: no renames, casts or embedded resources; a repeated column is refused (`PGRST100`); an unknown column is `42703`.",
         "schema": {
           "type": "string",
           "pattern": "^(\\*|(id|full_name|updated_at)(,(id|full_name|updated_at))*)$"

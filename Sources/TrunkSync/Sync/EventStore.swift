@@ -69,17 +69,55 @@ public struct EventStore: Sendable {
     /// The notification goes out right after the commit, in the same round trip but its own
     /// transaction: a `NOTIFY` inside the transaction would hold PostgreSQL's notification
     /// lock through the commit's WAL flush and so serialise every push's commit (no group
-    /// commit). Only a connection cut between the two loses it; `LastSeqCache` entries
-    /// expire, and a long-poll's wait is bounded, so nothing waits for it for ever.
+    /// commit). A failure between the two must not hide committed events:
+    /// - the commit is known and only the notification failed: the notification is sent
+    ///   again on another connection, and the push answers its results;
+    /// - the connection was lost after `commit` was sent, outcome unknown: the push runs
+    ///   again on another connection (pushes are idempotent; its look-up waits on the
+    ///   user's row lock for the lost transaction to end), which stores or finds the events
+    ///   and announces them; if that fails too, `503 database_unavailable`, which the client
+    ///   retries;
+    /// - a push whose events were all stored before (such a retry) still commits and
+    ///   announces them, and clears this instance's empty-pull cache.
     public func push(_ events: [IncomingEvent], for user: UUID) async throws -> [PushResult]? {
-        let results = try await store(events, for: user)
+        var outcome: PushOutcome?
+        do {
+            outcome = try await store(events, for: user)
+        } catch is CommitOutcomeUnknown {
+            // Pushes are idempotent: the same push again, on another connection, settles it.
+            // Its look-up waits for the user's row lock, so for the lost transaction to end;
+            // then the events are stored (by it or by this) and announced. It fails only if
+            // the database is unreachable or loses this connection too.
+            lastSeqs.invalidate(user)
+            do {
+                outcome = try await storeBlocking(events, for: user, lookingUpRepeats: [true])
+            } catch is CommitOutcomeUnknown {
+                throw APIError.databaseUnavailable
+            }
+        }
+        guard let outcome else { return nil }
         // This instance's next pull of the user asks the database, without waiting for the
-        // notification of this commit.
-        if results?.contains(where: \.created) == true { lastSeqs.invalidate(user) }
-        return results
+        // notification of this commit (or of the events a retry found already stored).
+        lastSeqs.invalidate(user)
+        if !outcome.announced { await announce(user) }
+        return outcome.results
     }
 
-    private func store(_ events: [IncomingEvent], for user: UUID) async throws -> [PushResult]? {
+    /// Sends the user's notification on a connection of its own (after the push's own was
+    /// lost); a failure is left to the listeners' reconnect, which wakes everything.
+    func announce(_ user: UUID) async {
+        _ = try? await pool.withConnection { connection in
+            try connection.query("select pg_notify($1, $2)", Self.channel, UUIDText.lowercase(user))
+        }
+    }
+
+    /// What a push stored, and whether its notification went out with it.
+    struct PushOutcome {
+        var results: [PushResult]
+        var announced = true
+    }
+
+    private func store(_ events: [IncomingEvent], for user: UUID) async throws -> PushOutcome? {
         // A return without `commit` (unknown user, nothing new, a repeat found) rolls back:
         // nothing was written.
         if let loopPool = loopDriven {
@@ -95,8 +133,15 @@ public struct EventStore: Sendable {
                 throw UnexpectedRepeat()
             }
         }
-        return try await pool.withConnection { connection in
-            for lookingUpRepeats in [false, true] {
+        return try await storeBlocking(events, for: user, lookingUpRepeats: [false, true])
+    }
+
+    /// `store` on the blocking pool, with the attempts `lookingUpRepeats` lists.
+    private func storeBlocking(_ events: [IncomingEvent], for user: UUID, lookingUpRepeats attempts: [Bool]) async throws
+        -> PushOutcome?
+    {
+        try await pool.withConnection { connection in
+            for lookingUpRepeats in attempts {
                 let attempt = try connection.pipelinedTransaction { connection in
                     try PushSteps(events: events, user: user, lookingUpRepeats: lookingUpRepeats).run { statements in
                         try connection.pipeline(statements)
@@ -113,18 +158,25 @@ public struct EventStore: Sendable {
     enum PushAttempt {
         case unknownUser
         case stored([PushResult])
+        /// Committed, but the notification after the commit failed.
+        case storedUnannounced([PushResult])
         /// Without the look-up, an event turned out to repeat an earlier push.
         case repeatsEarlierPush
 
-        /// What `push` returns, or nil to try again with the look-up.
-        var outcome: [PushResult]?? {
+        /// What `store` returns, or nil to try again with the look-up.
+        var outcome: PushOutcome?? {
             switch self {
             case .unknownUser: return .some(nil)
-            case .stored(let results): return .some(results)
+            case .stored(let results): return .some(PushOutcome(results: results))
+            case .storedUnannounced(let results): return .some(PushOutcome(results: results, announced: false))
             case .repeatsEarlierPush: return nil
             }
         }
     }
+
+    /// The connection was lost after the push's `commit` was sent and before its answer
+    /// came: the events may or may not be stored.
+    struct CommitOutcomeUnknown: Error {}
 
     /// One attempt at a push, the same statements whichever driver carries them (blocking or
     /// loop-driven). Without the look-up: one round trip (`begin`, scope, cursor and insert
@@ -144,39 +196,83 @@ public struct EventStore: Sendable {
         func run(_ pipeline: ([PostgresStatement]) throws -> [PostgresResult]) throws -> PushAttempt {
             if !lookingUpRepeats {
                 let batch = Batch(events, existing: [:])
+                let replies: [PostgresResult]
                 do {
-                    return try batch.stored(afterCursor: try pipeline(batch.oneRoundTrip(for: user)))
+                    replies = try pipeline(batch.oneRoundTrip(for: user))
                 } catch let error as PostgresError where Self.repeatsEarlierPush(error) {
                     return .repeatsEarlierPush
+                } catch {
+                    // Committed, only the notification failed: the attempt with the look-up
+                    // finds the events stored and announces them.
+                    guard try Self.committed(despite: error, commitAt: Batch.commitIndex) else { throw error }
+                    return .repeatsEarlierPush
                 }
+                return try batch.stored(afterCursor: replies)
             }
             guard let head = try Self.lockedState(try pipeline(lockAndLookUp())) else { return .unknownUser }
             let batch = Batch(events, existing: head.existing)
-            guard !batch.fresh.isEmpty else { return .stored(batch.results(base: head.lastSeq)) }
-            guard try pipeline(batch.write(for: user, after: head)).first?.count == batch.fresh.count else {
-                return .repeatsEarlierPush
+            let results = batch.results(base: head.lastSeq)
+            if !batch.fresh.isEmpty {
+                guard try pipeline(batch.write(for: user, after: head)).first?.count == batch.fresh.count else {
+                    return .repeatsEarlierPush
+                }
             }
-            _ = try pipeline(commitAndNotify)
-            return .stored(batch.results(base: head.lastSeq))
+            // Also when every event was stored before: announced again, for the case that
+            // the earlier push's notification was lost.
+            do {
+                _ = try pipeline(commitAndNotify)
+            } catch {
+                guard try Self.committed(despite: error, commitAt: 0) else { throw error }
+                return .storedUnannounced(results)
+            }
+            return .stored(results)
         }
 
         func run(_ pipeline: ([PostgresStatement]) async throws -> [PostgresResult]) async throws -> PushAttempt {
             if !lookingUpRepeats {
                 let batch = Batch(events, existing: [:])
+                let replies: [PostgresResult]
                 do {
-                    return try batch.stored(afterCursor: try await pipeline(batch.oneRoundTrip(for: user)))
+                    replies = try await pipeline(batch.oneRoundTrip(for: user))
                 } catch let error as PostgresError where Self.repeatsEarlierPush(error) {
                     return .repeatsEarlierPush
+                } catch {
+                    // Committed, only the notification failed: the attempt with the look-up
+                    // finds the events stored and announces them.
+                    guard try Self.committed(despite: error, commitAt: Batch.commitIndex) else { throw error }
+                    return .repeatsEarlierPush
                 }
+                return try batch.stored(afterCursor: replies)
             }
             guard let head = try Self.lockedState(try await pipeline(lockAndLookUp())) else { return .unknownUser }
             let batch = Batch(events, existing: head.existing)
-            guard !batch.fresh.isEmpty else { return .stored(batch.results(base: head.lastSeq)) }
-            guard try await pipeline(batch.write(for: user, after: head)).first?.count == batch.fresh.count else {
-                return .repeatsEarlierPush
+            let results = batch.results(base: head.lastSeq)
+            if !batch.fresh.isEmpty {
+                guard try await pipeline(batch.write(for: user, after: head)).first?.count == batch.fresh.count else {
+                    return .repeatsEarlierPush
+                }
             }
-            _ = try await pipeline(commitAndNotify)
-            return .stored(batch.results(base: head.lastSeq))
+            // Also when every event was stored before: announced again, for the case that
+            // the earlier push's notification was lost.
+            do {
+                _ = try await pipeline(commitAndNotify)
+            } catch {
+                guard try Self.committed(despite: error, commitAt: 0) else { throw error }
+                return .storedUnannounced(results)
+            }
+            return .stored(results)
+        }
+
+        /// Whether the pipeline that failed with `error` had committed: its `commit` (at
+        /// `commitAt` among its statements) succeeded and a later statement (the
+        /// notification) failed. False when a statement before the commit failed (nothing was
+        /// stored: `error` stands). Throws `CommitOutcomeUnknown` when the connection was lost
+        /// with the commit sent and its answer not received.
+        static func committed(despite error: any Error, commitAt: Int) throws -> Bool {
+            guard let error = error as? PostgresError, let index = error.pipelineIndex else {
+                throw CommitOutcomeUnknown()
+            }
+            return index > commitAt
         }
 
         /// The insert met an event this user pushed before (the `(user_id, client_id)` index).
@@ -271,6 +367,9 @@ public struct EventStore: Sendable {
                         fresh.map(\.clientTimestamp)),
                 ] + PushSteps(events: [], user: user, lookingUpRepeats: false).commitAndNotify
             }
+
+            /// Where `oneRoundTrip` has its `commit`.
+            static let commitIndex = 3
 
             /// The outcome of `oneRoundTrip`.
             func stored(afterCursor replies: [PostgresResult]) throws -> PushAttempt {
@@ -382,36 +481,67 @@ public struct EventStore: Sendable {
     /// The stream's reads (`framing: .serverSentEvents`) use the blocking pool: they are not
     /// requests the HTTP server drains before it stops, and a query left waiting on a loop
     /// that has stopped would never finish (nor would closing the loop's pool).
+    ///
+    /// The stream's pages are also bounded in bytes (`streamedPageBytes`): a stream holds
+    /// its page while a slow client reads it.
     func pull(for user: UUID, after: Int64, limit: Int, framing: EventPageEncoder.Framing) async throws -> Page {
-        let statements = Self.pullStatements(for: user, after: after, limit: limit)
         if framing == .jsonArray, let loopPool = loopDriven {
+            let statements = Self.pullStatements(for: user, after: after, limit: limit)
             return try await loopPool.withConnection { connection in
                 try Self.page(try await connection.pipeline(statements)[1], limit: limit, framing: framing)
             }
         }
+        let maxBytes = framing == .serverSentEvents ? Self.streamedPageBytes : nil
+        let statements = Self.pullStatements(for: user, after: after, limit: limit, maxBytes: maxBytes)
         return try await pool.withConnection { connection in
-            try Self.page(try connection.pipeline(statements)[1], limit: limit, framing: framing)
+            try Self.page(try connection.pipeline(statements)[1], limit: limit, framing: framing, maxBytes: maxBytes)
         }
     }
 
+    /// Payload bytes (as printed) a page of a streamed body — the stream's, the export's —
+    /// holds before its last event: with that event's 64 KiB at most, such a page stays
+    /// under ~1.1 MiB whatever its events, so a slow reader holds no more than that plus its
+    /// writer's buffer.
+    public static let streamedPageBytes = 1024 * 1024
+
+    /// `select` (the seven columns of a page, in `seq` order) cut after the first event at
+    /// which its payloads as printed reach parameter `$bytesParameter` bytes (the first
+    /// event is always kept).
+    static func boundedInBytes(_ select: String, bytesParameter: Int) -> String {
+        """
+        select seq, id, type, payload, client_id, client_timestamp, created_at from (
+          select page.*, sum(octet_length(page.payload::text)) over (order by page.seq)
+                         - octet_length(page.payload::text) as bytes_before
+          from (\(select)) page
+        ) sized where bytes_before < $\(bytesParameter) order by seq
+        """
+    }
+
     /// The pull's scope and select (prepared once per connection: whatever the values, the
-    /// `(user_id, seq)` index is the plan).
-    static func pullStatements(for user: UUID, after: Int64, limit: Int) -> [PostgresStatement] {
-        [
+    /// `(user_id, seq)` index is the plan), bounded in bytes when `maxBytes` is given.
+    static func pullStatements(for user: UUID, after: Int64, limit: Int, maxBytes: Int? = nil) -> [PostgresStatement] {
+        let select = """
+            select seq, id, type, payload, client_id, client_timestamp, created_at
+            from events where user_id = $1 and seq > $2 order by seq limit $3
+            """
+        guard let maxBytes else {
+            return [scope(to: user), .prepared(select, user, after, Int64(limit + 1))]
+        }
+        return [
             scope(to: user),
-            .prepared(
-                """
-                select seq, id, type, payload, client_id, client_timestamp, created_at
-                from events where user_id = $1 and seq > $2 order by seq limit $3
-                """, user, after, Int64(limit + 1)),
+            .prepared(boundedInBytes(select, bytesParameter: 4), user, after, Int64(limit + 1), Int64(maxBytes)),
         ]
     }
 
-    /// The page from the statement's `limit + 1` rows, encoded.
-    private static func page(_ rows: PostgresResult, limit: Int, framing: EventPageEncoder.Framing) throws -> Page {
+    /// The page from the statement's `limit + 1` rows, encoded. A page cut at `maxBytes` (its
+    /// encoding is at least that long) may have more after it.
+    private static func page(_ rows: PostgresResult, limit: Int, framing: EventPageEncoder.Framing, maxBytes: Int? = nil)
+        throws -> Page
+    {
         let count = min(rows.count, limit)
         let (json, lastSeq) = try EventPageEncoder.encode(rows, count: count, framing: framing)
-        return Page(eventsJSON: json, count: count, lastSeq: lastSeq, hasMore: rows.count > limit)
+        let cut = maxBytes.map { json.count >= $0 } ?? false
+        return Page(eventsJSON: json, count: count, lastSeq: lastSeq, hasMore: rows.count > limit || cut)
     }
 }
 

@@ -54,8 +54,11 @@ public final class EventStreams: Sendable {
         let expiresAt: Int64
         let writer: HTTPBodyWriter
         let hub: LiveHub
-        /// Set by the ticker (expiry); the producer ends on it.
+        /// Set by the ticker (expiry) or a revocation; the producer ends on it.
         let ended = Mutex<End?>(nil)
+        /// The task writing the backlog, while it runs: ending the stream cancels it, so a
+        /// backlog waiting for a slow reader (or for the database) ends at once too.
+        private let backlog = Mutex<Task<EventStreams.Backlog, Never>?>(nil)
 
         init(id: UInt64, session: UUID, expiresAt: Int64, writer: HTTPBodyWriter, hub: LiveHub) {
             self.id = id
@@ -65,11 +68,24 @@ public final class EventStreams: Sendable {
             self.hub = hub
         }
 
-        /// Ends the stream: at once if it is parked, else at its producer's next look.
+        /// Ends the stream: at once, whether it is parked or still writing its backlog.
         func end(_ reason: End) {
             ended.withLock { if $0 == nil { $0 = reason } }
+            backlog.withLock { $0 }?.cancel()
             hub.unpark(id, reason)
         }
+
+        /// Follows `task`, the stream's backlog, until it returns (cancelled at once if the
+        /// stream has ended already).
+        func follow(_ task: Task<EventStreams.Backlog, Never>) async -> EventStreams.Backlog {
+            backlog.withLock { $0 = task }
+            if ended.withLock({ $0 }) != nil { task.cancel() }
+            defer { backlog.withLock { $0 = nil } }
+            return await withTaskCancellationHandler { await task.value } onCancel: { task.cancel() }
+        }
+
+        /// Whether the stream's session was signed out (or its account deleted).
+        func isRevoked(_ revocations: SessionRevocations?) -> Bool { revocations?.isRevoked(session) ?? false }
     }
 
     private struct State {
@@ -152,6 +168,7 @@ public final class EventStreams: Sendable {
     /// Gives back a slot taken by `reserve` (and forgets the stream's entry, if any); the
     /// user's last stream stops the hub.
     func release(for user: UUID, entry: Entry?) {
+        if let entry { entry.hub.leave(entry) }
         let idle = state.withLock { state -> LiveHub? in
             if let entry { state.open.removeValue(forKey: entry.id) }
             state.total -= 1
@@ -182,10 +199,11 @@ public final class EventStreams: Sendable {
 
     // MARK: - Registry and ticker
 
-    /// Registers an open stream for the ticker (heartbeats, token expiry).
+    /// Registers an open stream for the ticker (heartbeats, token expiry, revocation) and
+    /// its hub (revocation).
     func register(session: UUID, expiresAt: Int64, writer: HTTPBodyWriter, hub: LiveHub) -> Entry {
         opened.increment()
-        return state.withLock { state in
+        let entry = state.withLock { state in
             state.nextID += 1
             let entry = Entry(id: state.nextID, session: session, expiresAt: expiresAt, writer: writer, hub: hub)
             state.open[entry.id] = entry
@@ -194,6 +212,8 @@ public final class EventStreams: Sendable {
             }
             return entry
         }
+        hub.join(entry)
+        return entry
     }
 
     func recordEnd(_ reason: End) { endedCounts[reason]?.increment() }
@@ -216,6 +236,9 @@ public final class EventStreams: Sendable {
             for entry in entries {
                 if now >= entry.expiresAt {
                     entry.end(.expired)
+                } else if entry.isRevoked(revocations) {
+                    // Usually ended by the revocation's wake-up already (`LiveHub`).
+                    entry.end(.revoked)
                 } else if beat {
                     _ = entry.writer.writeIfRoom(heartbeat)
                 }
@@ -238,8 +261,10 @@ public final class EventStreams: Sendable {
 
     /// The producer of one stream: `retry:`, the backlog at the client's pace, then parked in
     /// its hub, which writes each commit's events, until the token expires, the session is
-    /// revoked, the client falls behind or goes away, or the server shuts down. Always ends
-    /// the body cleanly (the client resumes with `Last-Event-ID`) and gives its slot back.
+    /// revoked, the client falls behind or goes away, or the server shuts down — in the
+    /// backlog as when live: the backlog is a task of its own that ending the stream cancels.
+    /// Always ends the body cleanly (the client resumes with `Last-Event-ID`) and gives its
+    /// slot back.
     func run(_ start: Start, writer: HTTPBodyWriter) async {
         let entry = register(session: start.session, expiresAt: start.expiresAt, writer: writer, hub: start.hub)
         var end = End.clientGone
@@ -250,33 +275,46 @@ public final class EventStreams: Sendable {
             logger.debug("event stream ended", metadata: ["reason": "\(end.rawValue)", "user_id": "\(start.user)"])
         }
         _ = writer.writeIfRoom(Array("retry: \(settings.retryMilliseconds)\n\n".utf8))
+        switch await entry.follow(Task { await backlog(start, entry: entry, writer: writer) }) {
+        case .ended(let reason):
+            end = reason
+        case .caughtUp(let cursor, let generation):
+            // Live: the hub writes from now on; the stream is handed back only to end.
+            end = await start.hub.park(entry, at: cursor, readAt: generation)
+        }
+    }
+
+    /// How a stream's backlog ended.
+    enum Backlog: Sendable {
+        /// Written up to `cursor`, as read at the notifier's `generation`.
+        case caughtUp(cursor: Int64, generation: UInt64)
+        case ended(End)
+    }
+
+    /// Writes the backlog at the client's pace, a page at a time. Cancelled: the stream ended
+    /// (`entry.ended` says why) or the server is shutting down.
+    private func backlog(_ start: Start, entry: Entry, writer: HTTPBodyWriter) async -> Backlog {
         var result = start.firstPage
         var cursor = start.cursor
         while true {
             if result.page.count > 0 {
                 do {
-                    try await writer.write(result.page.eventsJSON)
+                    try await writer.write(result.page.eventsJSON, inPiecesOf: settings.bufferBytes)
                 } catch {
-                    end = Task.isCancelled && !writer.isClosed ? .shutdown : .clientGone
-                    return
+                    return .ended(entry.ended.withLock({ $0 }) ?? (Task.isCancelled && !writer.isClosed ? .shutdown : .clientGone))
                 }
                 cursor = result.page.lastSeq ?? cursor
                 recordStreamed(result.page.count)
             }
-            if let reason = entry.ended.withLock({ $0 }) {
-                end = reason
-                return
-            }
+            if let reason = entry.ended.withLock({ $0 }) { return .ended(reason) }
             if !result.page.hasMore { break }
             do {
                 result = try await pulls.page(for: start.user, after: cursor, limit: settings.pageSize, notBefore: 0)
             } catch {
-                end = endAfterFailure(error)
-                return
+                return .ended(entry.ended.withLock({ $0 }) ?? endAfterFailure(error))
             }
         }
-        // Live: the hub writes from now on; the stream is handed back only to end.
-        end = await start.hub.park(entry, at: cursor, readAt: result.generation)
+        return .caughtUp(cursor: cursor, generation: result.generation)
     }
 
     /// Why a stream ends after a failed read.
@@ -371,6 +409,8 @@ final class LiveHub: Sendable {
 
     private struct State {
         var parked: [UInt64: Parked] = [:]
+        /// Every open stream of the user here, parked or still writing its backlog.
+        var members: [UInt64: EventStreams.Entry] = [:]
         var task: Task<Void, Never>? = nil
         var stopped = false
     }
@@ -395,9 +435,25 @@ final class LiveHub: Sendable {
                     await subscription.next()
                     // Shutdown wakes every subscription: the streams end, nothing is read.
                     if Task.isCancelled || streams.notifier.isShutDown { break }
+                    endRevoked()
                     await fanOut()
                 }
             }
+        }
+    }
+
+    /// A stream of the user opened here.
+    func join(_ entry: EventStreams.Entry) { state.withLock { $0.members[entry.id] = entry } }
+
+    /// The stream ended.
+    func leave(_ entry: EventStreams.Entry) { state.withLock { _ = $0.members.removeValue(forKey: entry.id) } }
+
+    /// Ends the user's streams whose session was revoked (a revocation wakes the hub),
+    /// parked or still writing their backlog.
+    private func endRevoked() {
+        guard let revocations = streams.revocations else { return }
+        for entry in state.withLock({ Array($0.members.values) }) where entry.isRevoked(revocations) {
+            entry.end(.revoked)
         }
     }
 
