@@ -1,6 +1,7 @@
 import Foundation
 import Postgres
 import TestSupport
+import TrunkSync
 import XCTest
 
 /// docker-compose.yml and the Dockerfile cannot run here (no Docker engine), so the compose
@@ -132,6 +133,47 @@ final class DeploymentFilesTests: XCTestCase {
             let value = String(line.split(separator: "=", maxSplits: 1)[1])
             XCTAssertFalse(output.contains(value), "\(value) echoed: \(output)")
         }
+    }
+
+    /// The image pins each Swift package to the version this test run was built with
+    /// (recorded in scripts/package-versions; Package.resolved stays out of git), and builds
+    /// the binary as `make release` does.
+    func testImageBuildPinsTheTestedPackageVersions() throws {
+        let recorded = try String(contentsOfFile: repositoryRoot() + "/scripts/package-versions", encoding: .utf8)
+            .split(separator: "\n").filter { !$0.hasPrefix("#") && !$0.isEmpty }
+            .map { $0.split(separator: " ").map(String.init) }
+        let state = try JSONSerialization.jsonObject(
+            with: Data(contentsOf: URL(fileURLWithPath: repositoryRoot() + "/.build/workspace-state.json")))
+        let dependencies = try XCTUnwrap(((state as? [String: Any])?["object"] as? [String: Any])?["dependencies"] as? [[String: Any]])
+        let tested = dependencies.compactMap { dependency -> [String]? in
+            guard let name = (dependency["packageRef"] as? [String: Any])?["identity"] as? String,
+                let version = ((dependency["state"] as? [String: Any])?["checkoutState"] as? [String: Any])?["version"] as? String
+            else { return nil }
+            return [name, version]
+        }
+        XCTAssertEqual(recorded.sorted { $0[0] < $1[0] }, tested.sorted { $0[0] < $1[0] }, "scripts/package-versions")
+        let dockerfile = try String(contentsOfFile: repositoryRoot() + "/Dockerfile", encoding: .utf8)
+        XCTAssertTrue(dockerfile.contains("COPY scripts/package-versions ./scripts/package-versions"), dockerfile)
+        XCTAssertTrue(dockerfile.contains(#"swift package resolve "$name" --version "$version""#), dockerfile)
+        XCTAssertFalse(dockerfile.contains("RUN swift package resolve\n"), "no unpinned resolve")
+        let makefile = try String(contentsOfFile: repositoryRoot() + "/Makefile", encoding: .utf8)
+        let release = try XCTUnwrap(makefile.components(separatedBy: "release:\n\t").dropFirst().first?.split(separator: "\n").first)
+        XCTAssertTrue(dockerfile.contains("RUN \(release) --product trunk-sync"), "the image builds as `make release`: \(release)")
+    }
+
+    /// One trusted-proxy value for a reverse proxy on the host: the compose network's gateway,
+    /// which .env.example and the operator's guide name.
+    func testTrustedProxyIsTheComposeGateway() throws {
+        let compose = try String(contentsOfFile: repositoryRoot() + "/docker-compose.yml", encoding: .utf8)
+        XCTAssertTrue(compose.contains("gateway: ${COMPOSE_GATEWAY:-172.30.80.1}"), compose)
+        XCTAssertTrue(compose.contains("subnet: ${COMPOSE_SUBNET:-172.30.80.0/24}"), compose)
+        let example = try String(contentsOfFile: repositoryRoot() + "/.env.example", encoding: .utf8)
+        XCTAssertTrue(example.contains("# TRUNK_SYNC_TRUSTED_PROXIES=172.30.80.1\n"), example)
+        let configuration = try Configuration.load(environment: ["TRUNK_SYNC_TRUSTED_PROXIES": "172.30.80.1"])
+        XCTAssertFalse(configuration.trustedProxies.isEmpty)
+        // Published ports bind loopback unless TRUNK_SYNC_PUBLISH says otherwise; Compose 2.24+.
+        XCTAssertTrue(compose.contains(#""127.0.0.1:9090:9090""#), compose)
+        XCTAssertTrue(compose.contains("Docker Compose 2.24 or newer"), compose)
     }
 
     func testDockerfileShipsWhatTheBinaryLooksFor() throws {

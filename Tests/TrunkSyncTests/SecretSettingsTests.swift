@@ -73,6 +73,15 @@ final class SecretSettingsTests: XCTestCase {
                 ["TRUNK_SYNC_DATABASE_URL": unreachableDatabase, "TRUNK_SYNC_JWT_SECRET": example],
                 variable: "TRUNK_SYNC_JWT_SECRET", saying: ["openssl rand -base64 48"], hiding: [example])
         }
+        // Supabase's documented JWT secrets, which operators moving from Supabase paste.
+        for example in [
+            "super-secret-jwt-token-with-at-least-32-characters-long",
+            "your-super-secret-jwt-token-with-at-least-32-characters-long",
+        ] {
+            try assertRefused(
+                ["TRUNK_SYNC_DATABASE_URL": unreachableDatabase, "TRUNK_SYNC_JWT_SECRET": example],
+                variable: "TRUNK_SYNC_JWT_SECRET", saying: ["Supabase", "openssl rand -base64 48"], hiding: [example])
+        }
         let keys = try documentedSecrets("TRUNK_SYNC_KEY_ENCRYPTION_KEY")
         XCTAssertFalse(keys.isEmpty, ".env.example shows a placeholder")
         for example in keys {
