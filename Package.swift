@@ -34,7 +34,8 @@ let package = Package(
         .target(name: "TrunkCrypto", dependencies: ["COpenSSL", "JSON"]),
         .target(
             name: "Postgres",
-            dependencies: ["CLibPQ", "CSystem", .product(name: "Logging", package: "swift-log")]
+            dependencies: ["CLibPQ", "CSystem", .product(name: "Logging", package: "swift-log")],
+            exclude: ["README.md"]
         ),
         .target(
             name: "HTTPServer", dependencies: ["CSystem", .product(name: "Logging", package: "swift-log")],
