@@ -8,7 +8,8 @@ WORKDIR /src
 # exact version the tests build with (scripts/package-versions), not the newest of the day.
 COPY Package.swift ./
 COPY scripts/package-versions ./scripts/package-versions
-RUN grep -v '^#' scripts/package-versions | while read -r name version; do \
+RUN swift package resolve \
+ && grep -v '^#' scripts/package-versions | while read -r name version; do \
       swift package resolve "$name" --version "$version" || exit 1; \
     done
 COPY Sources ./Sources

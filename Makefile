@@ -1,5 +1,5 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test build release format lint clean fuzz fuzz-json bench
+.PHONY: run test build release format lint clean fuzz fuzz-json bench drill
 
 run:
 	scripts/run.sh
@@ -32,3 +32,8 @@ fuzz-json:
 
 bench:
 	bench/http/run.sh
+
+# The point-in-time restore drill (docs/operations.md, "Back up and restore"): base backup,
+# pushes, T, more pushes, delete from events, restore to T into a fresh cluster.
+drill:
+	scripts/drill-restore.sh

@@ -27,6 +27,11 @@ take() {
   mkdir -p "$dir/base" "$dir/wal"
   local name target
   name=$(date -u +%Y%m%dT%H%M%SZ)
+  # One base backup per second at most: the names sort by time.
+  while [ -e "$dir/base/$name" ] || [ -e "$dir/base/$name.partial" ]; do
+    sleep 1
+    name=$(date -u +%Y%m%dT%H%M%SZ)
+  done
   target="$dir/base/$name"
   # Marks when the backup started: WAL archived before it is older than its start point.
   touch "$dir/base/.$name.started"

@@ -155,7 +155,25 @@ final class DeploymentFilesTests: XCTestCase {
         let dockerfile = try String(contentsOfFile: repositoryRoot() + "/Dockerfile", encoding: .utf8)
         XCTAssertTrue(dockerfile.contains("COPY scripts/package-versions ./scripts/package-versions"), dockerfile)
         XCTAssertTrue(dockerfile.contains(#"swift package resolve "$name" --version "$version""#), dockerfile)
-        XCTAssertFalse(dockerfile.contains("RUN swift package resolve\n"), "no unpinned resolve")
+        // The Dockerfile's resolve step, run here on Package.swift and the recorded versions
+        // alone (as in the image's build stage): it pins what the tests built with.
+        let step = try XCTUnwrap(
+            dockerfile.components(separatedBy: "COPY scripts/package-versions ./scripts/package-versions\nRUN ").dropFirst().first?
+                .components(separatedBy: "\nCOPY Sources").first)
+        let directory = NSTemporaryDirectory() + "image-resolve-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: directory + "/scripts", withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        for file in ["Package.swift", "scripts/package-versions"] {
+            try FileManager.default.copyItem(atPath: repositoryRoot() + "/" + file, toPath: directory + "/" + file)
+        }
+        let resolved = try Command.run("/bin/bash", ["-c", "cd \"$1\" && " + step, "resolve", directory])
+        XCTAssertEqual(resolved.status, 0, resolved.stdout + resolved.stderr)
+        let pins = try String(contentsOfFile: directory + "/Package.resolved", encoding: .utf8)
+        for entry in recorded {
+            XCTAssertTrue(
+                pins.range(of: "\"identity\" : \"\(entry[0])\"[^}]*\"version\" : \"\(entry[1])\"", options: .regularExpression) != nil,
+                "\(entry) in \(pins)")
+        }
         let makefile = try String(contentsOfFile: repositoryRoot() + "/Makefile", encoding: .utf8)
         let release = try XCTUnwrap(makefile.components(separatedBy: "release:\n\t").dropFirst().first?.split(separator: "\n").first)
         XCTAssertTrue(dockerfile.contains("RUN \(release) --product trunk-sync"), "the image builds as `make release`: \(release)")
@@ -174,6 +192,20 @@ final class DeploymentFilesTests: XCTestCase {
         // Published ports bind loopback unless TRUNK_SYNC_PUBLISH says otherwise; Compose 2.24+.
         XCTAssertTrue(compose.contains(#""127.0.0.1:9090:9090""#), compose)
         XCTAssertTrue(compose.contains("Docker Compose 2.24 or newer"), compose)
+    }
+
+    /// The compose file archives WAL and takes base backups as `make drill` rehearses: the
+    /// same archive_command (another directory) and the same backup script.
+    func testComposeBacksUpAsTheDrillRestores() throws {
+        let compose = try String(contentsOfFile: repositoryRoot() + "/docker-compose.yml", encoding: .utf8)
+        let drill = try String(contentsOfFile: repositoryRoot() + "/scripts/drill-restore.sh", encoding: .utf8)
+        XCTAssertTrue(compose.contains("- archive_command=test ! -f /backup/wal/%f && cp %p /backup/wal/%f"), compose)
+        XCTAssertTrue(drill.contains("archive_command = 'test ! -f $backup/wal/%f && cp %p $backup/wal/%f'"), drill)
+        XCTAssertTrue(compose.contains("- ./scripts/backup.sh:/usr/local/bin/trunk-sync-backup:ro"), compose)
+        XCTAssertTrue(compose.contains("BACKUP_DIR: /backup"), compose)
+        XCTAssertTrue(drill.contains("scripts/backup.sh once"), drill)
+        let makefile = try String(contentsOfFile: repositoryRoot() + "/Makefile", encoding: .utf8)
+        XCTAssertTrue(makefile.contains("drill:\n\tscripts/drill-restore.sh"), makefile)
     }
 
     func testDockerfileShipsWhatTheBinaryLooksFor() throws {
