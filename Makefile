@@ -1,5 +1,5 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test build release format lint clean fuzz fuzz-json bench drill
+.PHONY: run test build release format lint clean fuzz fuzz-json bench drill drill-failover
 
 run:
 	scripts/run.sh
@@ -37,3 +37,10 @@ bench:
 # pushes, T, more pushes, delete from events, restore to T into a fresh cluster.
 drill:
 	scripts/drill-restore.sh
+
+# The failover drill (docs/operations.md, "Fail over"): primary + synchronous standby,
+# continuous pushes, the primary killed, the standby promoted. Not part of `make test`.
+drill-failover:
+	scripts/deps.sh
+	swift build --product trunk-sync
+	python3 scripts/drill-failover.py "$$(swift build --show-bin-path)/trunk-sync"
