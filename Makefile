@@ -23,7 +23,7 @@ clean:
 	scripts/pg.sh stop .data/postgres || true
 	rm -rf .build
 
-# Not part of `make test`: see README ("Fuzzing", "Benchmarks").
+# Not part of `make test`: see docs/development.md ("Fuzzing", "Benchmarks").
 fuzz:
 	scripts/fuzz.sh http
 

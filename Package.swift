@@ -7,7 +7,7 @@ let package = Package(
     platforms: [.macOS(.v14), .iOS(.v16)],
     products: [
         .executable(name: "trunk-sync", targets: ["trunk-sync"]),
-        // The Swift client apps depend on: Foundation only (README, "Client library").
+        // The Swift client apps depend on: Foundation only (docs/clients.md, "Client library").
         .library(name: "TrunkSyncClient", targets: ["TrunkSyncClient"]),
     ],
     dependencies: [

@@ -53,7 +53,7 @@ final class SecretSettingsTests: XCTestCase {
 
     /// Every `TRUNK_SYNC_JWT_SECRET=` value the repository's documentation shows.
     func documentedSecrets(_ variable: String) throws -> [String] {
-        let files = [".env.example", "README.md", "config/README.md", "docker-compose.yml"]
+        let files = [".env.example", "README.md", "docs/operations.md", "docs/api.md", "config/README.md", "docker-compose.yml"]
         var values: [String] = []
         for file in files {
             let text = try String(contentsOfFile: repositoryRoot() + "/" + file, encoding: .utf8)
