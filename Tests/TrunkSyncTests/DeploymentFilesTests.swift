@@ -204,6 +204,14 @@ final class DeploymentFilesTests: XCTestCase {
         XCTAssertTrue(compose.contains("- ./scripts/backup.sh:/usr/local/bin/trunk-sync-backup:ro"), compose)
         XCTAssertTrue(compose.contains("BACKUP_DIR: /backup"), compose)
         XCTAssertTrue(drill.contains("scripts/backup.sh once"), drill)
+        // pg_basebackup connects for replication from the backup container: the database's
+        // rules must allow it (the image's own match "all" databases, which excludes it).
+        XCTAssertTrue(compose.contains("- hba_file=/etc/postgresql/trunk-sync-hba.conf"), compose)
+        XCTAssertTrue(compose.contains("- ./scripts/pg_hba.conf:/etc/postgresql/trunk-sync-hba.conf:ro"), compose)
+        let hba = try String(contentsOfFile: repositoryRoot() + "/scripts/pg_hba.conf", encoding: .utf8)
+        let rules = hba.split(separator: "\n").filter { !$0.hasPrefix("#") }.map { $0.split(separator: " ").map(String.init) }
+        XCTAssertTrue(rules.contains(["host", "replication", "all", "all", "scram-sha-256"]), hba)
+        XCTAssertFalse(rules.contains { $0.first == "host" && $0.last == "trust" }, "no password-less network login")
         let makefile = try String(contentsOfFile: repositoryRoot() + "/Makefile", encoding: .utf8)
         XCTAssertTrue(makefile.contains("drill:\n\tscripts/drill-restore.sh"), makefile)
     }
