@@ -4,9 +4,14 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends libpq-dev libssl-dev pkg-config \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-# Resolve dependencies first so they are cached apart from the sources.
+# Resolve dependencies first so they are cached apart from the sources, each pinned to the
+# exact version the tests build with (scripts/package-versions), not the newest of the day.
 COPY Package.swift ./
-RUN swift package resolve
+COPY scripts/package-versions ./scripts/package-versions
+RUN swift package resolve \
+ && grep -v '^#' scripts/package-versions | while read -r name version; do \
+      swift package resolve "$name" --version "$version" || exit 1; \
+    done
 COPY Sources ./Sources
 COPY Tests ./Tests
 RUN swift build -c release --product trunk-sync \

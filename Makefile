@@ -1,5 +1,5 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test build release format lint clean fuzz fuzz-ws fuzz-json fuzz-api bench
+.PHONY: run test build release format lint clean fuzz fuzz-ws fuzz-json fuzz-api bench drill drill-failover
 
 run:
 	scripts/run.sh
@@ -23,7 +23,7 @@ clean:
 	scripts/pg.sh stop .data/postgres || true
 	rm -rf .build
 
-# Not part of `make test`: see README ("Fuzzing", "Benchmarks").
+# Not part of `make test`: see docs/development.md ("Fuzzing", "Benchmarks").
 fuzz:
 	scripts/fuzz.sh http
 	scripts/fuzz.sh ws
@@ -39,3 +39,15 @@ fuzz-api:
 
 bench:
 	bench/http/run.sh
+
+# The point-in-time restore drill (docs/operations.md, "Back up and restore"): base backup,
+# pushes, T, more pushes, delete from events, restore to T into a fresh cluster.
+drill:
+	scripts/drill-restore.sh
+
+# The failover drill (docs/operations.md, "Fail over"): primary + synchronous standby,
+# continuous pushes, the primary killed, the standby promoted. Not part of `make test`.
+drill-failover:
+	scripts/deps.sh
+	swift build --product trunk-sync
+	python3 scripts/drill-failover.py "$$(swift build --show-bin-path)/trunk-sync"

@@ -7,7 +7,7 @@ let package = Package(
     platforms: [.macOS(.v14), .iOS(.v16)],
     products: [
         .executable(name: "trunk-sync", targets: ["trunk-sync"]),
-        // The Swift client apps depend on: Foundation only (README, "Client library").
+        // The Swift client apps depend on: Foundation only (docs/clients.md, "Client library").
         .library(name: "TrunkSyncClient", targets: ["TrunkSyncClient"]),
     ],
     dependencies: [
@@ -34,7 +34,8 @@ let package = Package(
         .target(name: "TrunkCrypto", dependencies: ["COpenSSL", "JSON"]),
         .target(
             name: "Postgres",
-            dependencies: ["CLibPQ", "CSystem", .product(name: "Logging", package: "swift-log")]
+            dependencies: ["CLibPQ", "CSystem", .product(name: "Logging", package: "swift-log")],
+            exclude: ["README.md"]
         ),
         .target(
             name: "HTTPServer", dependencies: ["CSystem", "COpenSSL", .product(name: "Logging", package: "swift-log")],

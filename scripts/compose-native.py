@@ -9,7 +9,7 @@ ${VAR:?error}, $$) from the environment and ENV_FILE, then:
 1. runs the `migrate` service's command with its environment and expects exit 0;
 2. starts the `trunk-sync` service's command with its env_file and environment (its
    port moved to PORT and its admin port to any free one, since the container's ports may
-   be taken here; the admin port must not be published), checks that no
+   be taken here; the admin port must be published on loopback only), checks that no
    value of that environment holds the owner's password (POSTGRES_PASSWORD), waits until
    its own healthcheck command succeeds, then sends SIGTERM and expects exit 0 and no
    warning about its database role (superuser, owner) in its log.
@@ -105,9 +105,11 @@ env = environment(server)
 assert server["command"] == ["serve"] and migrate["command"] == ["migrate"], "commands take no flags"
 assert any(key.startswith("TRUNK_SYNC_") for key in env)
 env["TRUNK_SYNC_PORT"] = port
-# The operator listener is never published: only the public port is.
+# The operator listener (the console) is published on the host's loopback only.
 published = [str(entry) for entry in server.get("ports", [])]
-assert all(":9090" not in entry and not entry.endswith("9090") for entry in published), f"admin port published: {published}"
+admin = [entry for entry in published if entry.endswith(":9090")]
+assert admin == ["127.0.0.1:9090:9090"], f"admin port must be published on loopback only: {published}"
+print("ok the console is published on 127.0.0.1:9090 only", flush=True)
 assert env.get("TRUNK_SYNC_ADMIN_PORT") == "9090", "the admin listener's port is set"
 env["TRUNK_SYNC_ADMIN_PORT"] = "0"  # any free port: 9090 may be taken here
 owner_password = variables.get("POSTGRES_PASSWORD", "")

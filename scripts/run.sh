@@ -50,7 +50,21 @@ export TRUNK_SYNC_MAILER=${TRUNK_SYNC_MAILER:-log}
 export TRUNK_SYNC_CORS_ORIGINS=${TRUNK_SYNC_CORS_ORIGINS:-*}
 
 "$bin" migrate
-echo "make run: the server logs in as trunk_sync_server; for trunk-sync users|keys set" \
-  "TRUNK_SYNC_MIGRATION_DATABASE_URL=\$(scripts/pg.sh url $data/postgres trunk_sync)" >&2
+# Where things are, once, before the server's own log.
+admin_port=${TRUNK_SYNC_ADMIN_PORT:-9090}
+if [ -n "${TRUNK_SYNC_ADMIN_EMAILS:-}" ]; then
+  console="http://127.0.0.1:$admin_port/console/ (sign in as $TRUNK_SYNC_ADMIN_EMAILS; the code appears below)"
+else
+  console="http://127.0.0.1:$admin_port/console/ (sign-in disabled; enable it with TRUNK_SYNC_ADMIN_EMAILS=you@example.com make run)"
+fi
+cat >&2 <<EOF
+make run:
+  API           http://$TRUNK_SYNC_HOST:$TRUNK_SYNC_PORT/  (described at /openapi.json; docs/api.md)
+  console       $console
+  metrics       http://127.0.0.1:$admin_port/metrics
+  sign-in codes printed below (TRUNK_SYNC_MAILER=$TRUNK_SYNC_MAILER)
+  owner's tools TRUNK_SYNC_MIGRATION_DATABASE_URL=\$(scripts/pg.sh url $data/postgres trunk_sync) trunk-sync users list
+  the server logs in as trunk_sync_server; Ctrl-C stops it and the database
+EOF
 # The server gets its own login only, not the owner's URL.
 env -u TRUNK_SYNC_MIGRATION_DATABASE_URL "$bin" serve

@@ -1,7 +1,7 @@
 import Foundation
 
 extension TrunkSyncClient {
-    /// Tuning of a client. The defaults fit the server's limits (README, "Limits and errors").
+    /// Tuning of a client. The defaults fit the server's limits (docs/api.md, "Limits and errors").
     public struct Configuration: Sendable {
         /// Most events per push; the server takes at most 1000.
         public var maxBatchEvents = 500

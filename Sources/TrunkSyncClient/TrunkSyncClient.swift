@@ -17,7 +17,7 @@ import Foundation
 ///
 /// One client per server URL and storage directory: a second one (in this process or
 /// another) throws `TrunkSyncError.storageInUse` until the first is closed (`close()`) or
-/// its process ends. See the README, "Client library", for the guarantees.
+/// its process ends. See docs/clients.md, "Client library", for the guarantees.
 public actor TrunkSyncClient {
     public let url: URL
     public nonisolated let configuration: Configuration

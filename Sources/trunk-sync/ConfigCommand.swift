@@ -12,16 +12,25 @@ struct ConfigCommand: AsyncParsableCommand {
 
     struct Check: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Print the effective configuration (secrets redacted); exit 1 if it is not valid for serve."
+            abstract: "Print the effective configuration (secrets redacted) and every problem migrate or serve would refuse; exit 1 if there is one."
         )
 
         @OptionGroup var options: CommonOptions
 
         func run() async throws {
             try await reportingErrors {
-                let configuration = try options.load()
+                // Every problem in one run, after the configuration as far as it could be read.
+                let configuration = Configuration.inspect(file: options.configFile, flags: options.flags)
+                TrunkLogHandler.bootstrap(level: configuration.logLevel, format: configuration.logFormat)
                 print(configuration.redactedDescription)
-                try configuration.validateForServe()
+                let problems = configuration.allProblems
+                if !problems.isEmpty {
+                    for problem in problems {
+                        FileHandle.standardError.write(Data("trunk-sync: \(problem)\n".utf8))
+                    }
+                    print("configuration refused: \(problems.count) problem\(problems.count == 1 ? "" : "s") (on stderr)")
+                    throw ExitCode(1)
+                }
                 print("configuration OK")
                 // What serve would warn about the database role (not part of the exit status).
                 await DatabaseRoles.report(

@@ -117,6 +117,10 @@ final class OpenAPITests: EndToEndTestCase {
         }
 
         // Operations.
+        let root = try exchange("the pointer to the documentation", "GET", "/")
+        XCTAssertEqual(root.status, 200)
+        XCTAssertEqual(root.jsonObject?["openapi"] as? String, "/openapi.json")
+        XCTAssertEqual(root.jsonObject?["service"] as? String, "trunk-sync")
         try exchange("health", "GET", "/healthz")
         try exchange("readiness", "GET", "/readyz")
         try exchange("this description", "GET", "/openapi.json")

@@ -175,16 +175,76 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertEqual(good.status, 0, good.stderr)
         XCTAssertTrue(good.stdout.contains("configuration OK"))
         XCTAssertFalse(good.stdout.contains(secret))
+        let base = ["TRUNK_SYNC_DATABASE_URL": "postgres://u:pw@127.0.0.1:1/d", "TRUNK_SYNC_JWT_SECRET": secret]
         let bad = try Command.run(
-            Command.trunkSyncBinary(), ["config", "check"], environment: Command.environment(["TRUNK_SYNC_PORT": "-1"]))
+            Command.trunkSyncBinary(), ["config", "check"],
+            environment: Command.environment(base.merging(["TRUNK_SYNC_PORT": "-1"]) { $1 }))
         XCTAssertEqual(bad.status, 1)
         XCTAssertEqual(bad.stderr, "trunk-sync: TRUNK_SYNC_PORT must be a port number between 0 and 65535 (0: any free port)\n")
         let proxies = try Command.run(
             Command.trunkSyncBinary(), ["config", "check"],
-            environment: Command.environment(["TRUNK_SYNC_TRUSTED_PROXIES": "10.0.0.0/8, 10.1.2.3:80"]))
+            environment: Command.environment(base.merging(["TRUNK_SYNC_TRUSTED_PROXIES": "10.0.0.0/8, 10.1.2.3:80"]) { $1 }))
         XCTAssertEqual(proxies.status, 1)
         XCTAssertEqual(proxies.stderr.filter { $0 == "\n" }.count, 1, proxies.stderr)
         XCTAssertTrue(proxies.stderr.contains("\"10.1.2.3:80\" is not one"), proxies.stderr)
+    }
+}
+
+extension ConfigurationTests {
+    /// One run of `config check` names every problem (a bad port, a placeholder JWT secret,
+    /// the example key-encryption key, a placeholder database password in either URL) and
+    /// still prints the configuration, secrets redacted.
+    func testConfigCheckReportsEveryProblemInOneRun() throws {
+        let example = try String(contentsOfFile: repositoryRoot() + "/.env.example", encoding: .utf8)
+        func exampleValue(_ name: String) throws -> String {
+            let line = try XCTUnwrap(example.split(separator: "\n").first { $0.hasPrefix(name + "=") })
+            return String(line.dropFirst(name.count + 1))
+        }
+        let ownerPassword = try exampleValue("POSTGRES_PASSWORD")
+        let kek = try exampleValue("TRUNK_SYNC_KEY_ENCRYPTION_KEY")
+        let jwt = "your-super-secret-jwt-token-with-at-least-32-characters-long"
+        let result = try Command.run(
+            Command.trunkSyncBinary(), ["config", "check"],
+            environment: Command.environment([
+                "TRUNK_SYNC_PORT": "70000", "TRUNK_SYNC_ADMIN_PORT": "x", "TRUNK_SYNC_JWT_SECRET": jwt,
+                "TRUNK_SYNC_KEY_ENCRYPTION_KEY": kek,
+                "TRUNK_SYNC_DATABASE_URL": "postgres://server:7f3a9c1d0be24e8a@127.0.0.1:1/d",
+                "TRUNK_SYNC_MIGRATION_DATABASE_URL": "postgres://trunk:\(ownerPassword)@127.0.0.1:1/d",
+            ]))
+        XCTAssertEqual(result.status, 1, result.stdout + result.stderr)
+        let lines = result.stderr.split(separator: "\n").map(String.init)
+        XCTAssertEqual(
+            lines.map { $0.split(separator: " ").prefix(2).joined(separator: " ") },
+            [
+                "trunk-sync: TRUNK_SYNC_PORT", "trunk-sync: TRUNK_SYNC_ADMIN_PORT", "trunk-sync: TRUNK_SYNC_KEY_ENCRYPTION_KEY",
+                "trunk-sync: TRUNK_SYNC_JWT_SECRET", "trunk-sync: TRUNK_SYNC_MIGRATION_DATABASE_URL",
+            ], result.stderr)
+        XCTAssertTrue(result.stderr.contains("Supabase's documentation"), result.stderr)
+        XCTAssertTrue(result.stdout.contains("TRUNK_SYNC_PORT=70000  [environment]"), result.stdout)
+        XCTAssertTrue(result.stdout.contains("TRUNK_SYNC_JWT_SECRET=***"), result.stdout)
+        XCTAssertTrue(result.stdout.contains("configuration refused: 5 problems"), result.stdout)
+        for secret in [jwt, kek, ownerPassword, "7f3a9c1d0be24e8a"] {
+            XCTAssertFalse(result.stdout.contains(secret) || result.stderr.contains(secret), secret)
+        }
+        // The server's URL with the compose example's password: refused as migrate and serve would.
+        let server = try Command.run(
+            Command.trunkSyncBinary(), ["config", "check"],
+            environment: Command.environment([
+                "TRUNK_SYNC_JWT_SECRET": TestSecrets.random(),
+                "TRUNK_SYNC_DATABASE_URL": "postgres://server:\(try exampleValue("SERVER_DB_PASSWORD"))@127.0.0.1:1/d",
+            ]))
+        XCTAssertEqual(server.status, 1)
+        XCTAssertTrue(server.stderr.hasPrefix("trunk-sync: TRUNK_SYNC_DATABASE_URL has an example password"), server.stderr)
+        XCTAssertFalse(server.stdout.contains("configuration OK"), server.stdout)
+    }
+
+    func testLoadStillStopsAtTheFirstProblem() {
+        XCTAssertThrowsError(try Configuration.load(environment: ["TRUNK_SYNC_PORT": "x", "TRUNK_SYNC_LOG_LEVEL": "loud"])) {
+            XCTAssertTrue("\($0)".hasPrefix("TRUNK_SYNC_PORT "), "\($0)")
+        }
+        let inspected = Configuration.inspect(environment: ["TRUNK_SYNC_PORT": "x", "TRUNK_SYNC_LOG_LEVEL": "loud"])
+        XCTAssertEqual(inspected.problems.count, 2, "\(inspected.problems)")
+        XCTAssertEqual(inspected.port, 8080, "a bad value leaves the default")
     }
 }
 
@@ -192,6 +252,13 @@ final class ConfigurationTests: XCTestCase {
 final class SecretRulesTests: XCTestCase {
     func testShippedExamplesAndPlaceholdersAreRefused() {
         for example in SecretRules.shippedExamples { XCTAssertNotNil(SecretRules.weakness(of: example), example) }
+        // Supabase's documented JWT secrets (self-hosting guide, docker/.env.example).
+        for example in [
+            "super-secret-jwt-token-with-at-least-32-characters-long",
+            "your-super-secret-jwt-token-with-at-least-32-characters-long",
+        ] {
+            XCTAssertEqual(SecretRules.weakness(of: example), "is an example value from Supabase's documentation")
+        }
         for password in ["password", "pass", "change-me-to-a-long-random-password", "CHANGEME"] {
             XCTAssertTrue(SecretRules.isPlaceholderPassword(password), password)
         }

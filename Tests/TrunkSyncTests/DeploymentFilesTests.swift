@@ -1,6 +1,7 @@
 import Foundation
 import Postgres
 import TestSupport
+import TrunkSync
 import XCTest
 
 /// docker-compose.yml and the Dockerfile cannot run here (no Docker engine), so the compose
@@ -132,6 +133,87 @@ final class DeploymentFilesTests: XCTestCase {
             let value = String(line.split(separator: "=", maxSplits: 1)[1])
             XCTAssertFalse(output.contains(value), "\(value) echoed: \(output)")
         }
+    }
+
+    /// The image pins each Swift package to the version this test run was built with
+    /// (recorded in scripts/package-versions; Package.resolved stays out of git), and builds
+    /// the binary as `make release` does.
+    func testImageBuildPinsTheTestedPackageVersions() throws {
+        let recorded = try String(contentsOfFile: repositoryRoot() + "/scripts/package-versions", encoding: .utf8)
+            .split(separator: "\n").filter { !$0.hasPrefix("#") && !$0.isEmpty }
+            .map { $0.split(separator: " ").map(String.init) }
+        let state = try JSONSerialization.jsonObject(
+            with: Data(contentsOf: URL(fileURLWithPath: repositoryRoot() + "/.build/workspace-state.json")))
+        let dependencies = try XCTUnwrap(((state as? [String: Any])?["object"] as? [String: Any])?["dependencies"] as? [[String: Any]])
+        let tested = dependencies.compactMap { dependency -> [String]? in
+            guard let name = (dependency["packageRef"] as? [String: Any])?["identity"] as? String,
+                let version = ((dependency["state"] as? [String: Any])?["checkoutState"] as? [String: Any])?["version"] as? String
+            else { return nil }
+            return [name, version]
+        }
+        XCTAssertEqual(recorded.sorted { $0[0] < $1[0] }, tested.sorted { $0[0] < $1[0] }, "scripts/package-versions")
+        let dockerfile = try String(contentsOfFile: repositoryRoot() + "/Dockerfile", encoding: .utf8)
+        XCTAssertTrue(dockerfile.contains("COPY scripts/package-versions ./scripts/package-versions"), dockerfile)
+        XCTAssertTrue(dockerfile.contains(#"swift package resolve "$name" --version "$version""#), dockerfile)
+        // The Dockerfile's resolve step, run here on Package.swift and the recorded versions
+        // alone (as in the image's build stage): it pins what the tests built with.
+        let step = try XCTUnwrap(
+            dockerfile.components(separatedBy: "COPY scripts/package-versions ./scripts/package-versions\nRUN ").dropFirst().first?
+                .components(separatedBy: "\nCOPY Sources").first)
+        let directory = NSTemporaryDirectory() + "image-resolve-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: directory + "/scripts", withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        for file in ["Package.swift", "scripts/package-versions"] {
+            try FileManager.default.copyItem(atPath: repositoryRoot() + "/" + file, toPath: directory + "/" + file)
+        }
+        let resolved = try Command.run("/bin/bash", ["-c", "cd \"$1\" && " + step, "resolve", directory])
+        XCTAssertEqual(resolved.status, 0, resolved.stdout + resolved.stderr)
+        let pins = try String(contentsOfFile: directory + "/Package.resolved", encoding: .utf8)
+        for entry in recorded {
+            XCTAssertTrue(
+                pins.range(of: "\"identity\" : \"\(entry[0])\"[^}]*\"version\" : \"\(entry[1])\"", options: .regularExpression) != nil,
+                "\(entry) in \(pins)")
+        }
+        let makefile = try String(contentsOfFile: repositoryRoot() + "/Makefile", encoding: .utf8)
+        let release = try XCTUnwrap(makefile.components(separatedBy: "release:\n\t").dropFirst().first?.split(separator: "\n").first)
+        XCTAssertTrue(dockerfile.contains("RUN \(release) --product trunk-sync"), "the image builds as `make release`: \(release)")
+    }
+
+    /// One trusted-proxy value for a reverse proxy on the host: the compose network's gateway,
+    /// which .env.example and the operator's guide name.
+    func testTrustedProxyIsTheComposeGateway() throws {
+        let compose = try String(contentsOfFile: repositoryRoot() + "/docker-compose.yml", encoding: .utf8)
+        XCTAssertTrue(compose.contains("gateway: ${COMPOSE_GATEWAY:-172.30.80.1}"), compose)
+        XCTAssertTrue(compose.contains("subnet: ${COMPOSE_SUBNET:-172.30.80.0/24}"), compose)
+        let example = try String(contentsOfFile: repositoryRoot() + "/.env.example", encoding: .utf8)
+        XCTAssertTrue(example.contains("# TRUNK_SYNC_TRUSTED_PROXIES=172.30.80.1\n"), example)
+        let configuration = try Configuration.load(environment: ["TRUNK_SYNC_TRUSTED_PROXIES": "172.30.80.1"])
+        XCTAssertFalse(configuration.trustedProxies.isEmpty)
+        // Published ports bind loopback unless TRUNK_SYNC_PUBLISH says otherwise; Compose 2.24+.
+        XCTAssertTrue(compose.contains(#""127.0.0.1:9090:9090""#), compose)
+        XCTAssertTrue(compose.contains("Docker Compose 2.24 or newer"), compose)
+    }
+
+    /// The compose file archives WAL and takes base backups as `make drill` rehearses: the
+    /// same archive_command (another directory) and the same backup script.
+    func testComposeBacksUpAsTheDrillRestores() throws {
+        let compose = try String(contentsOfFile: repositoryRoot() + "/docker-compose.yml", encoding: .utf8)
+        let drill = try String(contentsOfFile: repositoryRoot() + "/scripts/drill-restore.sh", encoding: .utf8)
+        XCTAssertTrue(compose.contains("- archive_command=test ! -f /backup/wal/%f && cp %p /backup/wal/%f"), compose)
+        XCTAssertTrue(drill.contains("archive_command = 'test ! -f $backup/wal/%f && cp %p $backup/wal/%f'"), drill)
+        XCTAssertTrue(compose.contains("- ./scripts/backup.sh:/usr/local/bin/trunk-sync-backup:ro"), compose)
+        XCTAssertTrue(compose.contains("BACKUP_DIR: /backup"), compose)
+        XCTAssertTrue(drill.contains("scripts/backup.sh once"), drill)
+        // pg_basebackup connects for replication from the backup container: the database's
+        // rules must allow it (the image's own match "all" databases, which excludes it).
+        XCTAssertTrue(compose.contains("- hba_file=/etc/postgresql/trunk-sync-hba.conf"), compose)
+        XCTAssertTrue(compose.contains("- ./scripts/pg_hba.conf:/etc/postgresql/trunk-sync-hba.conf:ro"), compose)
+        let hba = try String(contentsOfFile: repositoryRoot() + "/scripts/pg_hba.conf", encoding: .utf8)
+        let rules = hba.split(separator: "\n").filter { !$0.hasPrefix("#") }.map { $0.split(separator: " ").map(String.init) }
+        XCTAssertTrue(rules.contains(["host", "replication", "all", "all", "scram-sha-256"]), hba)
+        XCTAssertFalse(rules.contains { $0.first == "host" && $0.last == "trust" }, "no password-less network login")
+        let makefile = try String(contentsOfFile: repositoryRoot() + "/Makefile", encoding: .utf8)
+        XCTAssertTrue(makefile.contains("drill:\n\tscripts/drill-restore.sh"), makefile)
     }
 
     func testDockerfileShipsWhatTheBinaryLooksFor() throws {

@@ -96,6 +96,11 @@ final class DevScriptsTests: XCTestCase {
             .decode(Bool.self, column: 0)
         XCTAssertFalse(privileged)
         XCTAssertTrue(text().contains("created the server's login role trunk_sync_server"), text())
+        // Where things are, once; each migration applied is named once.
+        XCTAssertTrue(text().contains("API           http://127.0.0.1:\(httpPort)/  (described at /openapi.json"), text())
+        XCTAssertTrue(text().contains("console       http://127.0.0.1:"), text())
+        XCTAssertTrue(text().contains("enable it with TRUNK_SYNC_ADMIN_EMAILS="), text())
+        XCTAssertEqual(text().components(separatedBy: "migration=0001_initial_schema.sql").count, 2, text())
         XCTAssertFalse(text().contains("TRUNK_SYNC_DATABASE_URL logs in as"), "no warning about the server's role: \(text())")
         for file in ["jwt_secret", "key_encryption_key", "server_db_password"] {
             let mode = try XCTUnwrap(try FileManager.default.attributesOfItem(atPath: data + "/" + file)[.posixPermissions] as? Int)

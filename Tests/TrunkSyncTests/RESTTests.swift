@@ -52,7 +52,7 @@ final class RESTTests: XCTestCase {
 
     /// The audit's attack: 20 events of 60 KB and `select=payload,payload,…(×900)` built a
     /// 1 GB answer. Now refused from the query string alone, and an answer holds each column
-    /// once, so its size is bounded by its rows (README: "Limits and errors").
+    /// once, so its size is bounded by its rows (docs/api.md: "Limits and errors").
     func testRepeatedColumnsAreRefusedAndAnswersStayWithinTheRowBound() async throws {
         let big = String(repeating: "x", count: 60_000)
         let rows: [[String: Any]] = (0..<20).map { _ in

@@ -53,7 +53,7 @@ final class SecretSettingsTests: XCTestCase {
 
     /// Every `TRUNK_SYNC_JWT_SECRET=` value the repository's documentation shows.
     func documentedSecrets(_ variable: String) throws -> [String] {
-        let files = [".env.example", "README.md", "config/README.md", "docker-compose.yml"]
+        let files = [".env.example", "README.md", "docs/operations.md", "docs/api.md", "config/README.md", "docker-compose.yml"]
         var values: [String] = []
         for file in files {
             let text = try String(contentsOfFile: repositoryRoot() + "/" + file, encoding: .utf8)
@@ -72,6 +72,15 @@ final class SecretSettingsTests: XCTestCase {
             try assertRefused(
                 ["TRUNK_SYNC_DATABASE_URL": unreachableDatabase, "TRUNK_SYNC_JWT_SECRET": example],
                 variable: "TRUNK_SYNC_JWT_SECRET", saying: ["openssl rand -base64 48"], hiding: [example])
+        }
+        // Supabase's documented JWT secrets, which operators moving from Supabase paste.
+        for example in [
+            "super-secret-jwt-token-with-at-least-32-characters-long",
+            "your-super-secret-jwt-token-with-at-least-32-characters-long",
+        ] {
+            try assertRefused(
+                ["TRUNK_SYNC_DATABASE_URL": unreachableDatabase, "TRUNK_SYNC_JWT_SECRET": example],
+                variable: "TRUNK_SYNC_JWT_SECRET", saying: ["Supabase", "openssl rand -base64 48"], hiding: [example])
         }
         let keys = try documentedSecrets("TRUNK_SYNC_KEY_ENCRYPTION_KEY")
         XCTAssertFalse(keys.isEmpty, ".env.example shows a placeholder")

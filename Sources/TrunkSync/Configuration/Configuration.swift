@@ -119,17 +119,33 @@ public struct Configuration: Sendable {
     ///   - file: path of a JSON config file (`--config`), if any.
     ///   - environment: the process environment (only `TRUNK_SYNC_*` variables are read).
     ///   - flags: values given on the command line, by setting key.
-    /// - Throws: `ConfigurationError` naming the setting and why.
+    /// - Throws: the first of `problems`, a `ConfigurationError` naming the setting and why.
     public static func load(
         file: String? = nil, environment: [String: String] = ProcessInfo.processInfo.environment,
         flags: [String: String] = [:]
     ) throws -> Configuration {
+        let configuration = inspect(file: file, environment: environment, flags: flags)
+        if let first = configuration.problems.first { throw first }
+        return configuration
+    }
+
+    /// Loads the configuration as `load` does, but records every problem in `problems`
+    /// instead of stopping at the first (`config check` reports them all in one run). A bad
+    /// value leaves its setting at its default.
+    public static func inspect(
+        file: String? = nil, environment: [String: String] = ProcessInfo.processInfo.environment,
+        flags: [String: String] = [:]
+    ) -> Configuration {
         var configuration = Configuration()
         for setting in Setting.all {
             if let value = setting.defaultValue { configuration.values[setting.key] = (value, .defaultValue) }
         }
         if let file {
-            for (key, value) in try readFile(file) { configuration.values[key] = (value, .file(file)) }
+            do {
+                for (key, value) in try readFile(file) { configuration.values[key] = (value, .file(file)) }
+            } catch {
+                configuration.record(error)
+            }
         }
         for setting in Setting.all {
             if let value = environment[setting.environmentVariable] {
@@ -137,9 +153,20 @@ public struct Configuration: Sendable {
             }
         }
         for (key, value) in flags { configuration.values[key] = (value, .flag) }
-        try configuration.validate()
+        configuration.validate()
         return configuration
     }
+
+    /// What is wrong with the settings, one line each, in the order they were checked
+    /// (empty: every setting is valid; `serveProblems` adds what `serve` needs).
+    public private(set) var problems: [ConfigurationError] = []
+
+    private mutating func record(_ error: Error) {
+        problems.append(error as? ConfigurationError ?? ConfigurationError(message: "\(error)"))
+    }
+
+    /// Records that `key`'s value is refused, and why; validation goes on.
+    private mutating func refuse(_ key: String, _ reason: String) { problems.append(error(key, reason)) }
 
     private func value(_ key: String) -> String? {
         guard let value = values[key]?.value, !value.isEmpty else { return nil }
@@ -154,21 +181,23 @@ public struct Configuration: Sendable {
         return ConfigurationError(message: message)
     }
 
-    private mutating func validate() throws {
+    private mutating func validate() {
         if let text = value("port") {
-            guard let port = Int(text), (0...65535).contains(port) else {
-                throw error("port", "must be a port number between 0 and 65535 (0: any free port)")
+            if let port = Int(text), (0...65535).contains(port) {
+                self.port = port
+            } else {
+                refuse("port", "must be a port number between 0 and 65535 (0: any free port)")
             }
-            self.port = port
         }
         if let text = value("admin_port") {
-            guard let port = Int(text), (0...65535).contains(port) else {
-                throw error("admin_port", "must be a port number between 0 and 65535 (0: any free port)")
+            if let port = Int(text), (0...65535).contains(port) {
+                adminPort = port
+            } else {
+                refuse("admin_port", "must be a port number between 0 and 65535 (0: any free port)")
             }
-            adminPort = port
         }
         if adminPort != 0, adminPort == port {
-            throw error("admin_port", "must differ from TRUNK_SYNC_PORT (\(port)): the operator listener is a listener of its own")
+            refuse("admin_port", "must differ from TRUNK_SYNC_PORT (\(port)): the operator listener is a listener of its own")
         }
         if let text = value("admin_emails") {
             var emails: [Email] = []
@@ -176,8 +205,8 @@ public struct Configuration: Sendable {
                 let trimmed = entry.trimmingCharacters(in: .whitespaces)
                 if trimmed.isEmpty { continue }
                 guard let email = Email(trimmed) else {
-                    throw error(
-                        "admin_emails", "must be a comma-separated list of email addresses; \"\(trimmed)\" is not one")
+                    refuse("admin_emails", "must be a comma-separated list of email addresses; \"\(trimmed)\" is not one")
+                    break
                 }
                 if !emails.contains(email) { emails.append(email) }
             }
@@ -208,108 +237,112 @@ public struct Configuration: Sendable {
                 let trimmed = entry.trimmingCharacters(in: .whitespaces)
                 if trimmed.isEmpty { continue }
                 guard let network = IPNetwork(trimmed) else {
-                    throw error(
+                    refuse(
                         "trusted_proxies",
                         "must be a comma-separated list of addresses or CIDR blocks such as 10.0.0.0/8 or fd00::/8 (no bits set past the prefix); \"\(trimmed)\" is not one")
+                    break
                 }
                 networks.append(network)
             }
             trustedProxies = TrustedProxies(networks)
         }
         if let text = value("mailer") {
-            guard let mailer = MailerKind(rawValue: text.lowercased()) else { throw error("mailer", "must be log or smtp") }
-            self.mailer = mailer
+            if let mailer = MailerKind(rawValue: text.lowercased()) { self.mailer = mailer } else { refuse("mailer", "must be log or smtp") }
         }
         if let text = value("log_level") {
-            guard let level = Logger.Level(rawValue: text.lowercased()) else {
-                throw error("log_level", "must be one of trace, debug, info, notice, warning, error, critical")
+            if let level = Logger.Level(rawValue: text.lowercased()) {
+                logLevel = level
+            } else {
+                refuse("log_level", "must be one of trace, debug, info, notice, warning, error, critical")
             }
-            logLevel = level
         }
         if let text = value("log_format") {
-            guard let format = LogFormat(rawValue: text.lowercased()) else { throw error("log_format", "must be text or json") }
-            logFormat = format
+            if let format = LogFormat(rawValue: text.lowercased()) { logFormat = format } else { refuse("log_format", "must be text or json") }
         }
         if let text = value("db_pool_size") {
-            guard let size = Int(text), (1...500).contains(size) else {
-                throw error("db_pool_size", "must be an integer between 1 and 500")
+            if let size = Int(text), (1...500).contains(size) {
+                databasePoolSize = size
+            } else {
+                refuse("db_pool_size", "must be an integer between 1 and 500")
             }
-            databasePoolSize = size
         }
         if let text = value("db_pool_timeout") {
-            guard let seconds = Double(text), seconds > 0, seconds <= 300 else {
-                throw error("db_pool_timeout", "must be a number of seconds between 0 and 300")
+            if let seconds = Double(text), seconds > 0, seconds <= 300 {
+                databasePoolTimeout = seconds
+            } else {
+                refuse("db_pool_timeout", "must be a number of seconds between 0 and 300")
             }
-            databasePoolTimeout = seconds
         }
-        httpHeaderTimeout = try seconds("http_header_timeout") ?? httpHeaderTimeout
-        httpBodyTimeout = try seconds("http_body_timeout") ?? httpBodyTimeout
-        httpIdleTimeout = try seconds("http_idle_timeout") ?? httpIdleTimeout
-        httpWriteTimeout = try seconds("http_write_timeout") ?? httpWriteTimeout
+        httpHeaderTimeout = seconds("http_header_timeout") ?? httpHeaderTimeout
+        httpBodyTimeout = seconds("http_body_timeout") ?? httpBodyTimeout
+        httpIdleTimeout = seconds("http_idle_timeout") ?? httpIdleTimeout
+        httpWriteTimeout = seconds("http_write_timeout") ?? httpWriteTimeout
         if let text = value("http_max_connections") {
-            guard let count = Int(text), (1...1_000_000).contains(count) else {
-                throw error("http_max_connections", "must be an integer between 1 and 1000000")
+            if let count = Int(text), (1...1_000_000).contains(count) {
+                httpMaxConnections = count
+            } else {
+                refuse("http_max_connections", "must be an integer between 1 and 1000000")
             }
-            httpMaxConnections = count
         }
         if let text = value("http_max_connections_per_client") {
-            guard let count = Int(text), (0...1_000_000).contains(count) else {
-                throw error("http_max_connections_per_client", "must be an integer between 0 (no cap) and 1000000")
+            if let count = Int(text), (0...1_000_000).contains(count) {
+                httpMaxConnectionsPerClient = count
+            } else {
+                refuse("http_max_connections_per_client", "must be an integer between 0 (no cap) and 1000000")
             }
-            httpMaxConnectionsPerClient = count
         }
         if let url = value("public_url") {
-            guard let parsed = URL(string: url), ["http", "https"].contains(parsed.scheme?.lowercased() ?? ""),
-                parsed.host != nil
-            else {
-                throw error("public_url", "must be an http:// or https:// URL")
+            let parsed = URL(string: url)
+            if !["http", "https"].contains(parsed?.scheme?.lowercased() ?? "") || parsed?.host == nil {
+                refuse("public_url", "must be an http:// or https:// URL")
             }
         }
-        streams.heartbeat = try integer("stream_heartbeat", 1...3600) ?? streams.heartbeat
-        streams.maxPerUser = try integer("stream_max_per_user", 1...100_000) ?? streams.maxPerUser
-        streams.maxTotal = try integer("stream_max", 1...1_000_000) ?? streams.maxTotal
-        streams.bufferBytes = try integer("stream_buffer", 4096...64 * 1024 * 1024) ?? streams.bufferBytes
-        realtime.maxSockets = try integer("realtime_max", 1...1_000_000) ?? realtime.maxSockets
-        realtime.maxChannelsPerUser = try integer("realtime_max_channels_per_user", 1...100_000) ?? realtime.maxChannelsPerUser
-        realtime.bufferBytes = try integer("realtime_buffer", 4096...64 * 1024 * 1024) ?? realtime.bufferBytes
-        realtime.idleTimeout = try integer("realtime_idle_timeout", 30...3600) ?? realtime.idleTimeout
-        jwtExpiry = try integer("jwt_expiry", 60...86_400 * 7) ?? jwtExpiry
-        auth.otpLifetime = try integer("otp_expiry", 30...86_400) ?? auth.otpLifetime
-        auth.otpResendInterval = try integer("otp_resend_interval", 0...3600) ?? auth.otpResendInterval
-        auth.otpMaxAttempts = try integer("otp_max_attempts", 1...100) ?? auth.otpMaxAttempts
-        auth.otpFailureRule = try rule("otp_failure_limit") ?? auth.otpFailureRule
-        auth.otpLockout = try integer("otp_lockout", 1...604_800) ?? auth.otpLockout
-        auth.otpRule = try rule("rate_limit_otp") ?? auth.otpRule
-        auth.verifyRule = try rule("rate_limit_verify") ?? auth.verifyRule
-        auth.tokenRule = try rule("rate_limit_token") ?? auth.tokenRule
-        auth.mailRule = try rule("rate_limit_mail") ?? auth.mailRule
-        auth.otpEmailRule = try rule("rate_limit_otp_email") ?? auth.otpEmailRule
-        auth.verifyEmailRule = try rule("rate_limit_verify_email") ?? auth.verifyEmailRule
-        auth.refreshReuseInterval = try integer("refresh_reuse_interval", 0...300) ?? auth.refreshReuseInterval
-        auth.mailSenders = try integer("mail_senders", 1...64) ?? auth.mailSenders
-        auth.mailQueueSize = try integer("mail_queue_size", 1...100_000) ?? auth.mailQueueSize
-        try validateDatabaseURL("database_url")
-        try validateDatabaseURL("migration_database_url")
-        try loadKeyEncryptionKey()
+        streams.heartbeat = integer("stream_heartbeat", 1...3600) ?? streams.heartbeat
+        streams.maxPerUser = integer("stream_max_per_user", 1...100_000) ?? streams.maxPerUser
+        streams.maxTotal = integer("stream_max", 1...1_000_000) ?? streams.maxTotal
+        streams.bufferBytes = integer("stream_buffer", 4096...64 * 1024 * 1024) ?? streams.bufferBytes
+        realtime.maxSockets = integer("realtime_max", 1...1_000_000) ?? realtime.maxSockets
+        realtime.maxChannelsPerUser = integer("realtime_max_channels_per_user", 1...100_000) ?? realtime.maxChannelsPerUser
+        realtime.bufferBytes = integer("realtime_buffer", 4096...64 * 1024 * 1024) ?? realtime.bufferBytes
+        realtime.idleTimeout = integer("realtime_idle_timeout", 30...3600) ?? realtime.idleTimeout
+        jwtExpiry = integer("jwt_expiry", 60...86_400 * 7) ?? jwtExpiry
+        auth.otpLifetime = integer("otp_expiry", 30...86_400) ?? auth.otpLifetime
+        auth.otpResendInterval = integer("otp_resend_interval", 0...3600) ?? auth.otpResendInterval
+        auth.otpMaxAttempts = integer("otp_max_attempts", 1...100) ?? auth.otpMaxAttempts
+        auth.otpFailureRule = rule("otp_failure_limit") ?? auth.otpFailureRule
+        auth.otpLockout = integer("otp_lockout", 1...604_800) ?? auth.otpLockout
+        auth.otpRule = rule("rate_limit_otp") ?? auth.otpRule
+        auth.verifyRule = rule("rate_limit_verify") ?? auth.verifyRule
+        auth.tokenRule = rule("rate_limit_token") ?? auth.tokenRule
+        auth.mailRule = rule("rate_limit_mail") ?? auth.mailRule
+        auth.otpEmailRule = rule("rate_limit_otp_email") ?? auth.otpEmailRule
+        auth.verifyEmailRule = rule("rate_limit_verify_email") ?? auth.verifyEmailRule
+        auth.refreshReuseInterval = integer("refresh_reuse_interval", 0...300) ?? auth.refreshReuseInterval
+        auth.mailSenders = integer("mail_senders", 1...64) ?? auth.mailSenders
+        auth.mailQueueSize = integer("mail_queue_size", 1...100_000) ?? auth.mailQueueSize
+        for key in ["database_url", "migration_database_url"] {
+            do { try validateDatabaseURL(key) } catch { record(error) }
+        }
+        do { try loadKeyEncryptionKey() } catch { record(error) }
         if let key = apiKey {
             // It travels in a header: visible ASCII only. The message does not quote it.
-            guard key.utf8.count <= 1024, key.unicodeScalars.allSatisfy({ (0x21...0x7E).contains($0.value) }) else {
-                throw error("api_key", "must be at most 1024 visible ASCII characters (no spaces or control characters)")
+            if key.utf8.count > 1024 || !key.unicodeScalars.allSatisfy({ (0x21...0x7E).contains($0.value) }) {
+                refuse("api_key", "must be at most 1024 visible ASCII characters (no spaces or control characters)")
             }
         }
-        if mailer == .smtp, smtpURL == nil { throw error("smtp_url", "is required when TRUNK_SYNC_MAILER is smtp") }
+        if mailer == .smtp, smtpURL == nil { refuse("smtp_url", "is required when TRUNK_SYNC_MAILER is smtp") }
         if let url = smtpURL {
             do {
                 _ = try SMTPConfiguration(url: url)
             } catch {
                 // The mail module's message names the variable and never quotes the URL.
-                throw ConfigurationError(message: "\(error)")
+                record(error)
             }
         }
         do {
             _ = try MailAddress(mailFrom, role: "sender")
         } catch {
-            throw self.error("mail_from", "must be an address like no-reply@example.com or Name <no-reply@example.com>")
+            refuse("mail_from", "must be an address like no-reply@example.com or Name <no-reply@example.com>")
         }
     }
 
@@ -379,21 +412,23 @@ public struct Configuration: Sendable {
         return beforeQuery[beforeQuery.index(after: end)...].contains("@")
     }
 
-    private func integer(_ key: String, _ range: ClosedRange<Int>) throws -> Int? {
+    private mutating func integer(_ key: String, _ range: ClosedRange<Int>) -> Int? {
         guard let text = value(key) else { return nil }
         guard let number = Int(text), range.contains(number) else {
-            throw error(key, "must be an integer between \(range.lowerBound) and \(range.upperBound)")
+            refuse(key, "must be an integer between \(range.lowerBound) and \(range.upperBound)")
+            return nil
         }
         return number
     }
 
-    private func rule(_ key: String) throws -> RateLimiter.Rule? {
+    private mutating func rule(_ key: String) -> RateLimiter.Rule? {
         guard let text = value(key) else { return nil }
         let parts = text.split(separator: "/")
         guard parts.count == 2, let limit = Int(parts[0]), let window = Int(parts[1]), limit >= 1, window >= 1,
             window <= 86_400
         else {
-            throw error(key, "must look like REQUESTS/SECONDS, e.g. 30/300")
+            refuse(key, "must look like REQUESTS/SECONDS, e.g. 30/300")
+            return nil
         }
         return RateLimiter.Rule(limit: limit, window: window)
     }
@@ -402,37 +437,72 @@ public struct Configuration: Sendable {
     public mutating func adjustAuth(_ change: (inout AuthSettings) -> Void) { change(&auth) }
 
     /// A timeout setting in seconds (fractions allowed), or `nil` when unset.
-    private func seconds(_ key: String) throws -> Double? {
+    private mutating func seconds(_ key: String) -> Double? {
         guard let text = value(key) else { return nil }
         guard let seconds = Double(text), seconds > 0, seconds <= 3600 else {
-            throw error(key, "must be a number of seconds greater than 0 and at most 3600")
+            refuse(key, "must be a number of seconds greater than 0 and at most 3600")
+            return nil
         }
         return seconds
     }
 
     /// Checks what `serve` needs beyond the common settings: a database, and a JWT secret
     /// no one can guess (see `SecretRules`).
+    /// - Throws: the first of `serveProblems`.
     public func validateForServe() throws {
-        try requireDatabaseURL()
-        try checkDatabasePassword("database_url")
-        guard let secret = jwtSecret else { throw error("jwt_secret", "is required; \(SecretRules.howToMake)") }
-        if let weakness = SecretRules.weakness(of: secret) {
-            throw error("jwt_secret", "\(weakness); \(SecretRules.howToMake)")
+        if let first = serveProblems.first { throw first }
+    }
+
+    /// What `serve` would refuse beyond `problems`: no database URL or one with a
+    /// placeholder password, a missing or guessable JWT secret, a key-encryption key equal
+    /// to the JWT secret.
+    public var serveProblems: [ConfigurationError] {
+        var found: [ConfigurationError] = []
+        if databaseURL == nil {
+            found.append(error("database_url", "is required (postgres://user:pass@host:port/db)"))
+        } else if let problem = databasePasswordProblem("database_url") {
+            found.append(problem)
         }
-        if keyEncryptionSecret == secret {
-            throw error(
-                value("key_encryption_key") != nil ? "key_encryption_key" : "key_encryption_key_file",
-                "must differ from TRUNK_SYNC_JWT_SECRET (a leak of one must not give away the other); \(SecretRules.howToMake)")
+        if let secret = jwtSecret {
+            if let weakness = SecretRules.weakness(of: secret) {
+                found.append(error("jwt_secret", "\(weakness); \(SecretRules.howToMake)"))
+            } else if keyEncryptionSecret == secret {
+                found.append(
+                    error(
+                        value("key_encryption_key") != nil ? "key_encryption_key" : "key_encryption_key_file",
+                        "must differ from TRUNK_SYNC_JWT_SECRET (a leak of one must not give away the other); \(SecretRules.howToMake)"
+                    ))
+            }
+        } else {
+            found.append(error("jwt_secret", "is required; \(SecretRules.howToMake)"))
         }
+        return found
+    }
+
+    /// Everything `config check` reports: `problems`, `serveProblems`, and what `migrate`
+    /// would refuse in TRUNK_SYNC_MIGRATION_DATABASE_URL, each once.
+    public var allProblems: [ConfigurationError] {
+        var found = problems
+        for problem in serveProblems + [databasePasswordProblem("migration_database_url")].compactMap({ $0 })
+        where !found.contains(problem) {
+            found.append(problem)
+        }
+        return found
     }
 
     /// Refuses a database URL whose password is a documentation placeholder (the compose
     /// example's, for one): the database is the second wall only if its password is secret.
     private func checkDatabasePassword(_ key: String) throws {
-        guard let url = value(key), let password = try? PostgresConfiguration(url)["password"] else { return }
-        if SecretRules.isPlaceholderPassword(password) {
-            throw error(key, "has an example password from the trunk-sync documentation; choose a new one (e.g. openssl rand -hex 32) and set it on the database role too")
-        }
+        if let problem = databasePasswordProblem(key) { throw problem }
+    }
+
+    private func databasePasswordProblem(_ key: String) -> ConfigurationError? {
+        guard let url = value(key), let password = try? PostgresConfiguration(url)["password"] else { return nil }
+        guard SecretRules.isPlaceholderPassword(password) else { return nil }
+        return error(
+            key,
+            "has an example password from the trunk-sync documentation; choose a new one (e.g. openssl rand -hex 32) and set it on the database role too"
+        )
     }
 
     /// Checks that a database URL is set.

@@ -25,11 +25,18 @@ public enum SecretRules {
         "change-me-to-another-long-random-password",
     ]
 
+    /// The JWT secrets Supabase's self-hosting guide and `.env.example` ship: operators
+    /// moving from a self-hosted Supabase are the likeliest to paste them.
+    public static let supabaseExamples: Set<String> = [
+        "super-secret-jwt-token-with-at-least-32-characters-long",
+        "your-super-secret-jwt-token-with-at-least-32-characters-long",
+    ]
+
     /// Words no real secret contains: what placeholders are made of. Lower case; matched
     /// without regard to case.
     static let placeholderWords = [
         "change-me", "changeme", "change_me", "replace-me", "replaceme", "replace_me", "placeholder", "example",
-        "your-secret", "your_secret", "yoursecret",
+        "your-secret", "your_secret", "yoursecret", "super-secret-jwt-token", "at-least-32-characters",
     ]
 
     /// Passwords of database and mail URLs refused as placeholders (the documentation's
@@ -41,6 +48,7 @@ public enum SecretRules {
     /// name, never quoting the value), or nil when it is.
     public static func weakness(of secret: String) -> String? {
         let bytes = Array(secret.utf8)
+        if isSupabaseExample(secret) { return "is an example value from Supabase's documentation" }
         if isPlaceholder(secret) { return "is an example value from the trunk-sync documentation" }
         if bytes.count < minimumBytes { return "must be at least \(minimumBytes) bytes" }
         if Set(bytes).count < minimumDistinct(bytes) { return "is too predictable: it has too few different characters" }
@@ -52,6 +60,11 @@ public enum SecretRules {
     /// Whether a database or mail password is one of the documentation's placeholders.
     public static func isPlaceholderPassword(_ password: String) -> Bool {
         placeholderPasswords.contains(password.lowercased()) || isPlaceholder(password)
+    }
+
+    static func isSupabaseExample(_ value: String) -> Bool {
+        let lowered = value.lowercased()
+        return supabaseExamples.contains { lowered.contains($0) } || lowered.contains("super-secret-jwt-token")
     }
 
     static func isPlaceholder(_ value: String) -> Bool {

@@ -235,6 +235,12 @@ public struct Application: Sendable {
     public func routes() -> Routes {
         var routes = Routes(metrics: metrics)
         let healthy = Array(#"{"status":"ok"}"#.utf8)
+        // Whoever opens the server's address in a browser learns what it is and where its API
+        // is described (no version: nothing an attacker could use).
+        let pointer = Array(
+            #"{"service":"trunk-sync","message":"A trunk-sync sync server. Its HTTP API is described at /openapi.json (OpenAPI 3.1); the guides are in the docs/ directory of its source.","openapi":"/openapi.json"}"#
+                .utf8)
+        routes.add(.get, "/", family: .native, .inline { _ in .json(.ok, pointer) })
         routes.add(.get, "/healthz", family: .native, .inline { _ in .json(.ok, healthy) })
         routes.add(.get, "/readyz", family: .native, .open { _ in await publicReadiness() })
         let document = OpenAPIDocument.bytes
@@ -257,6 +263,12 @@ public struct Application: Sendable {
     public func adminRoutes() -> Routes {
         var routes = Routes(metrics: Metrics())
         let healthy = Array(#"{"status":"ok"}"#.utf8)
+        // Whoever opens the server's address in a browser learns what it is and where its API
+        // is described (no version: nothing an attacker could use).
+        let pointer = Array(
+            #"{"service":"trunk-sync","message":"A trunk-sync sync server. Its HTTP API is described at /openapi.json (OpenAPI 3.1); the guides are in the docs/ directory of its source.","openapi":"/openapi.json"}"#
+                .utf8)
+        routes.add(.get, "/", family: .native, .inline { _ in .json(.ok, pointer) })
         routes.add(.get, "/healthz", family: .native, .inline { _ in .json(.ok, healthy) })
         routes.add(.get, "/readyz", family: .native, .open { _ in await readiness() })
         let metrics = self.metrics

@@ -156,7 +156,7 @@ public enum DatabaseRoles {
         let name = try row.decode(String.self, column: 0)
         let advice =
             "give the server a login role of its own: set TRUNK_SYNC_MIGRATION_DATABASE_URL to the owner's URL and "
-            + "TRUNK_SYNC_DATABASE_URL to a new role, then run trunk-sync migrate (README: Database roles)"
+            + "TRUNK_SYNC_DATABASE_URL to a new role, then run trunk-sync migrate (docs/operations.md: Database roles)"
         var findings = Findings()
         if try row.decode(Bool.self, column: 1) {
             findings.warning =

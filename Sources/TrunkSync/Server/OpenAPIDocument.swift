@@ -34,6 +34,38 @@ public enum OpenAPIDocument {
     }
   ],
   "paths": {
+    "/": {
+      "get": {
+        "operationId": "root",
+        "tags": [
+          "operations"
+        ],
+        "summary": "Where the documentation is",
+        "description": "A pointer for whoever opens the server's address: what it is and where its API is described. Answers from the event loop without touching the database.",
+        "security": [],
+        "responses": {
+          "200": {
+            "description": "The pointer.",
+            "headers": {
+              "X-Request-Id": {
+                "$ref": "#/components/headers/X-Request-Id"
+              }
+            },
+            "content": {
+              "application/json": {
+                "schema": {
+                  "$ref": "#/components/schemas/Root"
+                }
+              }
+            }
+          },
+          "413": {
+            "$ref": "#/components/responses/NativeBodyTooLarge"
+          }
+        },
+        "x-body-limit": 1024
+      }
+    },
     "/healthz": {
       "get": {
         "operationId": "healthz",
@@ -3503,6 +3535,26 @@ public enum OpenAPIDocument {
             "description": "The 6-digit code mailed by `POST /auth/v1/reauthenticate`."
           }
         }
+      },
+      "Root": {
+        "type": "object",
+        "required": [
+          "service",
+          "message",
+          "openapi"
+        ],
+        "properties": {
+          "service": {
+            "const": "trunk-sync"
+          },
+          "message": {
+            "type": "string"
+          },
+          "openapi": {
+            "const": "/openapi.json"
+          }
+        },
+        "additionalProperties": false
       }
     },
     "responses": {
