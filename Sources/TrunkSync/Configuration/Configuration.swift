@@ -224,8 +224,8 @@ public struct Configuration: Sendable {
                             && label.utf8.allSatisfy { ($0 >= 97 && $0 <= 122) || ($0 >= 48 && $0 <= 57) || $0 == 45 }
                     })
                 else {
-                    throw error(
-                        "admin_hostnames", "must be a comma-separated list of host names; \"\(name)\" is not one")
+                    refuse("admin_hostnames", "must be a comma-separated list of host names; \"\(name)\" is not one")
+                    break
                 }
                 if !names.contains(name) { names.append(name) }
             }
