@@ -15,7 +15,8 @@
    was a retryable 503 with Retry-After (or no answer); retrying the unanswered ones with the
    same client_id stores each exactly once; the same server process serves again within
    10 s of the promotion, without a restart; the long-poll and the stream see events pushed
-   after the failover.
+   after the failover, and the stream (one client from before the failover to the end,
+   reconnecting with Last-Event-ID when the server ends it) every acknowledged push.
 
 Prints "failover: ok ..." per step and "failover: passed"; exits 1 with the reason otherwise.
 """
@@ -212,15 +213,24 @@ try:
             cursor[0] = page["next_after"]
 
     streamed = set()
+    # The stream follows from before the failover to the end of the drill: it has a stop of
+    # its own (`stop` pauses the pushers and the long-poll for the accounting in step 4; a
+    # stream that returned then would close its connection, which the server rightly logs
+    # as client_gone, and would see nothing pushed later). Like an EventSource, it
+    # reconnects with Last-Event-ID whenever the server ends it.
+    stream_stop = threading.Event()
+    stream_opens = []
 
     def streamer():
         last = "0"
-        while not stop.is_set():
-            req = urllib.request.Request(f"{base}/sync/v1/stream?after={last}")
+        while not stream_stop.is_set():
+            req = urllib.request.Request(f"{base}/sync/v1/stream")
             req.add_header("Authorization", f"Bearer {token}")
             req.add_header("Accept", "text/event-stream")
+            req.add_header("Last-Event-ID", last)
             try:
                 with urllib.request.urlopen(req, timeout=30) as response:
+                    stream_opens.append(last)
                     pending = b""
                     while True:
                         chunk = response.read1(65536)  # what has arrived, not a full buffer
@@ -235,7 +245,7 @@ try:
                             elif line.startswith("data: "):
                                 with lock:
                                     streamed.add(json.loads(line[6:])["client_id"])
-                        if stop.is_set():
+                        if stream_stop.is_set():
                             return
             except Exception as error:
                 if os.environ.get("DRILL_LOG_LEVEL") == "debug":
@@ -324,9 +334,12 @@ try:
         fail(f"the marker push answered {status}: {body[:200]}")
     wait_until("the long-poll sees a push made after the failover", lambda: marker in polled, 30)
     wait_until("the event stream sees a push made after the failover", lambda: marker in streamed, 30)
+    wait_until("the event stream saw every acknowledged push", lambda: set(acknowledged) <= streamed, 30)
     stop.set()
+    stream_stop.set()
     follower.join(timeout=30)
-    log("the long-poll and the event stream resumed")
+    log(f"the long-poll and the event stream resumed (the stream connected {len(stream_opens)} times, "
+        f"each after the first from its Last-Event-ID; every acknowledged push reached it)")
     server.send_signal(signal.SIGTERM)
     if server.wait(timeout=30) != 0:
         fail("serve did not stop cleanly")
