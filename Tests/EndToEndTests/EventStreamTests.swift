@@ -1,4 +1,5 @@
 import Foundation
+import Postgres
 import TestSupport
 import XCTest
 
@@ -353,6 +354,114 @@ final class EventStreamTests: EndToEndTestCase {
         for stream in streams { XCTAssertEqual(try stream.readToEnd(timeout: 3).count, 0, "a clean end") }
         XCTAssertEqual(server.waitForExit(timeout: 5), 0)
         XCTAssertLessThan(Date().timeIntervalSince(started), 2)
+    }
+
+    /// A live stream while its database is lost (the primary dead, the standby not promoted
+    /// yet; `make drill-failover` does that for real) and after it is back: the stream stays
+    /// open with its heartbeat or ends cleanly, and is never counted `client_gone` while its
+    /// client is there; once connections work again, an event pushed arrives on it, or on
+    /// the client's reconnect with `Last-Event-ID` if it ended (`database_error`). Never open
+    /// and silent.
+    func testAStreamOpenAcrossALostDatabaseGetsWhatIsPushedOnceItIsBack() throws {
+        let server = try startServer(["TRUNK_SYNC_STREAM_HEARTBEAT": "1"])
+        let (token, _) = try session(server, "lostdb@example.com")
+        try push(server, token, count: 3)
+        var current = try open(server, token, after: 0)
+        XCTAssertEqual(try current.events(3).map(\.id), [1, 2, 3])
+
+        // Every connection of the server ends and no new one is accepted (from another
+        // database: a database's own sessions cannot close it to connections).
+        let name = try XCTUnwrap(server.database["dbname"])
+        let monitor = try PostgresConnection.connect(server.database.withDatabase("postgres"))
+        try monitor.execute("alter database \"\(name)\" with allow_connections false")
+        defer { _ = try? monitor.execute("alter database \"\(name)\" with allow_connections true") }
+        let backends = try monitor.query(
+            "select pid from pg_stat_activity where datname = $1 and backend_type = 'client backend'", name
+        ).map { try $0.decode(Int32.self, column: 0) }
+        XCTAssertGreaterThanOrEqual(backends.count, 2, "the listener and at least one pool connection")
+        for pid in backends {
+            XCTAssertTrue(try monitor.query("select pg_terminate_backend($1)", pid)[0].decode(Bool.self, column: 0))
+        }
+        outage: for _ in 0..<2 {
+            switch try current.next(timeout: 5) {
+            case .comment("keep-alive")?: continue
+            case nil: break outage
+            case let other: XCTFail("during the outage: \(String(describing: other))")
+            }
+        }
+        XCTAssertEqual(metric(server, #"trunk_sync_streams_ended_total{reason="client_gone"}"#), 0)
+
+        try monitor.execute("alter database \"\(name)\" with allow_connections true")
+        // A push may still meet a lost connection (503, safe to send again: the same
+        // client_id is stored once).
+        let body =
+            #"{"events":[{"client_id":"5b0e8c1e-2f1d-4f57-9a51-3c1f0d7e6a10","type":"note","payload":{},"client_timestamp":"2026-11-26T14:00:00Z"}]}"#
+        var pushed: RawResponse? = nil
+        XCTAssertTrue(
+            try eventually(within: 10, interval: .milliseconds(100)) {
+                let (response, _) = try server.exchange(
+                    request("POST", "/sync/v1/events", headers: [("Authorization", "Bearer \(token)")], body: body))
+                XCTAssertTrue([200, 503].contains(response.status), response.bodyText)
+                pushed = response
+                return response.status == 200
+            })
+        let seq = try XCTUnwrap(
+            ((pushed?.jsonObject?["results"] as? [[String: Any]])?.first?["seq"] as? NSNumber)?.int64Value)
+
+        var received: [Int64] = []
+        var ends = 0
+        while !received.contains(seq) {
+            switch current.ended ? nil : try current.next(timeout: 10) {
+            case .event(let id, _)?: received.append(id)
+            case .comment?, .retry?: continue
+            case nil:
+                // Ended cleanly: reconnect as an EventSource does.
+                ends += 1
+                guard ends <= 3 else { return XCTFail("the stream keeps ending") }
+                let last = current.lastEventID ?? 3
+                var resumed: EventStreamClient? = nil
+                XCTAssertTrue(
+                    eventually(within: 10, interval: .milliseconds(100)) {
+                        resumed = try? open(server, token, after: 0, lastEventID: last)
+                        return resumed != nil
+                    })
+                current = try XCTUnwrap(resumed)
+            }
+        }
+        XCTAssertEqual(received, [seq], "exactly the event pushed, once")
+        XCTAssertTrue(try current.noEvent(within: 0.5))
+        XCTAssertEqual(metric(server, #"trunk_sync_streams_ended_total{reason="database_error"}"#), Double(ends))
+        XCTAssertEqual(metric(server, #"trunk_sync_streams_ended_total{reason="client_gone"}"#), 0)
+        XCTAssertEqual(metric(server, "trunk_sync_streams_open"), 1)
+    }
+
+    /// A live stream whose read fails (what a failover does to a read on the dead primary):
+    /// the stream ends cleanly, with its last chunk, counted as `database_error` (not as
+    /// `client_gone`: its client is there), so the client reconnects with `Last-Event-ID` and
+    /// misses nothing.
+    func testALiveReadThatFailsEndsTheStreamCleanlyAndTheResumeMissesNothing() throws {
+        let server = try startServer()
+        let (token, user) = try session(server, "readfails@example.com")
+        try push(server, token, count: 3)
+        let stream = try open(server, token, after: 0)
+        XCTAssertEqual(try stream.events(3).map(\.id), [1, 2, 3])
+
+        let owner = try PostgresConnection.connect(server.database)
+        try owner.execute("revoke select on events from trunk_sync_app")
+        defer { _ = try? owner.execute("grant select on events to trunk_sync_app") }
+        // What a push from another instance announces: the stream's hub reads, and fails.
+        try owner.query("select pg_notify('trunk_sync_events', $1)", user.lowercased())
+        XCTAssertEqual(try stream.readToEnd(timeout: 10).count, 0, "the stream ends with its last chunk")
+        XCTAssertTrue(
+            eventually(within: 2) { metric(server, #"trunk_sync_streams_ended_total{reason="database_error"}"#) == 1 })
+        XCTAssertEqual(metric(server, #"trunk_sync_streams_ended_total{reason="client_gone"}"#), 0)
+        XCTAssertEqual(metric(server, "trunk_sync_streams_open"), 0)
+
+        try owner.execute("grant select on events to trunk_sync_app")
+        let seqs = try push(server, token, count: 2)
+        let resumed = try open(server, token, after: 0, lastEventID: try XCTUnwrap(stream.lastEventID))
+        XCTAssertEqual(try resumed.events(2).map(\.id), seqs)
+        XCTAssertTrue(try resumed.noEvent(within: 0.5))
     }
 
     // MARK: - Limits and bad input
