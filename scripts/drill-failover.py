@@ -338,8 +338,10 @@ try:
     stop.set()
     stream_stop.set()
     follower.join(timeout=30)
-    log(f"the long-poll and the event stream resumed (the stream connected {len(stream_opens)} times, "
-        f"each after the first from its Last-Event-ID; every acknowledged push reached it)")
+    ended = len(stream_opens) - 1
+    log("the long-poll and the event stream resumed (the stream "
+        + (f"was ended by the server {ended} time(s) and resumed from its Last-Event-ID" if ended else "stayed open")
+        + "; every acknowledged push reached it)")
     server.send_signal(signal.SIGTERM)
     if server.wait(timeout=30) != 0:
         fail("serve did not stop cleanly")
