@@ -13,6 +13,9 @@ final class ImportRun {
     /// Source users not imported this run (rejected, or an email conflict): their events and
     /// sessions are rejected too, and the verification leaves them out.
     var notImported = Set<String>()
+    /// Users the last batch numbered, with the last `seq` it gave them: their next batch
+    /// continues from there unless somebody pushed meanwhile.
+    private var continuing: [String: Int64] = [:]
 
     init(options: SupabaseImport.Options, source: SupabaseSource, destination: PostgresConnection, rejects: RejectWriter) {
         self.options = options
@@ -302,42 +305,139 @@ final class ImportRun {
             report.events.rejected += 1
             reject("public.events", id, reason)
         }
-        let copy = prepared.events
-        let seenCopy = prepared.seen
-        let notify: [String] = try batch {
-            try destination.execute("truncate import_events, import_seen")
-            if !copy.isEmpty { try destination.copyIn("copy import_events from stdin", data: copy.bytes) }
-            try destination.copyIn("copy import_seen from stdin", data: seenCopy.bytes)
-            // Each user's row locked, in id order, as a push locks it: seq and created_at
-            // continue after what the user pushed, whoever commits first.
-            try destination.execute("select from users where id in (select user_id from import_events) order by id for update")
-            for row in try destination.query(Self.eventsOfMissingUsers) {
-                report.events.rejected += 1
-                reject("public.events", try row.decode(String.self, column: 0), "its user is not in trunk-sync")
-            }
-            // The events already here leave the batch first, found through the (user_id,
-            // client_id) index one by one: a hash join would read all of `events` once per
-            // batch, which grows with the import (statistics of a table being loaded lag, so
-            // the planner is told, for this statement only).
-            try destination.execute("set local enable_hashjoin = off; set local enable_mergejoin = off")
-            report.events.alreadyThere += Int(try destination.query(Self.dropEventsAlreadyHere)[0].decode(Int64.self, column: 0))
-            try destination.execute("set local enable_hashjoin = on; set local enable_mergejoin = on")
-            var users: [String] = []
-            for row in try destination.query(Self.insertEvents) {
-                let inserted = Int(try row.decode(Int64.self, column: 1))
-                report.events.imported += inserted
-                report.eventsRetimed += Int(try row.decode(Int64.self, column: 2))
-                users.append(try row.decode(String.self, column: 0))
-            }
-            try destination.execute(Self.recordProgress)
-            return users
+        let written: WrittenBatch
+        do {
+            written = try writeBatch(prepared, fresh: !options.dryRun)
+        } catch is FreshClash {
+            // An event of a user with none here clashed with one here after all (its id is
+            // another user's event's, or the source holds a key twice): the batch again, with
+            // every event looked up.
+            written = try writeBatch(prepared, fresh: false)
         }
+        report.events.imported += written.imported
+        report.eventsRetimed += written.retimed
+        report.events.alreadyThere += written.alreadyThere
+        continuing = written.continuing
         // Announced after the commit, as a push does: running servers serve them at once.
-        if !options.dryRun, !notify.isEmpty {
+        if !options.dryRun, !written.users.isEmpty {
             try destination.query(
-                "select pg_notify($1, u) from regexp_split_to_table($2, ',') u", EventStore.channel, notify.joined(separator: ","))
+                "select pg_notify($1, u) from regexp_split_to_table($2, ',') u", EventStore.channel, written.users.joined(separator: ","))
         }
     }
+
+    /// What a committed batch did.
+    private struct WrittenBatch {
+        var imported = 0
+        var retimed = 0
+        var alreadyThere = 0
+        /// Users whose events it inserted.
+        var users: [String] = []
+        /// Users it numbered in the import (`fresh`), with the last `seq` it gave them.
+        var continuing: [String: Int64] = [:]
+    }
+
+    /// A fresh user's event met a unique index: the batch is rolled back and written again
+    /// without numbering.
+    private struct FreshClash: Error {}
+
+    /// Per user of the batch (`$1`, uuid[]), each row locked in id order as a push locks it,
+    /// so `seq` and `created_at` continue after what the user pushed, whoever commits first:
+    /// id, `last_seq`, whether the user has no event here at all.
+    static let lockUsers = """
+        select u.id::text, u.last_seq, u.last_event_at is null and not exists (select from events e where e.user_id = u.id)
+        from users u where u.id = any($1::uuid[]) order by u.id for update of u
+        """
+
+    /// Writes one batch in its own transaction. With `fresh`, the events of users that have
+    /// none here yet (a first import), or whose earlier events this run numbered and nobody
+    /// pushed since, get their `seq` numbered here, in source order, and go straight into
+    /// `events`: nothing of theirs can be here already, and their `created_at` never goes
+    /// back (the source is read in time order). The other users' events are looked up and
+    /// placed by `insertEvents`.
+    private func writeBatch(_ prepared: PreparedBatch, fresh: Bool) throws -> WrittenBatch {
+        var written = WrittenBatch()
+        try batch {
+            try destination.execute("truncate import_events, import_seen")
+            try destination.copyIn("copy import_seen from stdin", data: prepared.seen.bytes)
+            var base: [String: Int64] = [:]  // users numbered here: their last seq
+            if !prepared.users.isEmpty {
+                for row in try destination.query(Self.lockUsers, "{" + prepared.users.map(\.id).joined(separator: ",") + "}") {
+                    let id = try row.decode(String.self, column: 0)
+                    let lastSeq = try row.decode(Int64.self, column: 1)
+                    let untouched = try row.decode(Bool.self, column: 2)
+                    if fresh, (untouched && lastSeq == 0) || (lastSeq > 0 && continuing[id] == lastSeq) { base[id] = lastSeq }
+                }
+            }
+            var copy = CopyText(capacity: prepared.events.bytes.count + prepared.rowEnds.count * 16)
+            var row = 0
+            var start = 0
+            var freshRows = 0
+            for (user, rows) in prepared.users {
+                let first = base[user]
+                for index in 0..<rows {
+                    let end = prepared.rowEnds[row]
+                    row += 1
+                    copy.field(Int64(row))
+                    if let first {
+                        copy.field(first + Int64(index) + 1)
+                    } else {
+                        copy.field(nil as String?)
+                    }
+                    copy.endRow(encoded: prepared.events.bytes[start..<end])
+                    start = end
+                }
+                if let first {
+                    freshRows += rows
+                    written.continuing[user] = first + Int64(rows)
+                }
+            }
+            if !copy.isEmpty { try destination.copyIn("copy import_events from stdin", data: copy.bytes) }
+            if freshRows > 0 {
+                do {
+                    try destination.execute(Self.insertFreshEvents)
+                } catch let error as PostgresError where error.isUniqueViolation {
+                    throw FreshClash()
+                }
+                for row in try destination.query(Self.moveFreshCursors) { written.users.append(try row.decode(String.self, column: 0)) }
+                written.imported += freshRows
+            }
+            if freshRows < prepared.rowEnds.count {
+                for row in try destination.query(Self.eventsOfMissingUsers) {
+                    report.events.rejected += 1
+                    reject("public.events", try row.decode(String.self, column: 0), "its user is not in trunk-sync")
+                }
+                // The events already here leave the batch first, found through the (user_id,
+                // client_id) index one by one: a hash join would read all of `events` once
+                // per batch, which grows with the import (statistics of a table being loaded
+                // lag, so the planner is told, for this statement only).
+                try destination.execute("set local enable_hashjoin = off; set local enable_mergejoin = off")
+                written.alreadyThere += Int(try destination.query(Self.dropEventsAlreadyHere)[0].decode(Int64.self, column: 0))
+                try destination.execute("set local enable_hashjoin = on; set local enable_mergejoin = on")
+                for row in try destination.query(Self.insertEvents) {
+                    written.imported += Int(try row.decode(Int64.self, column: 1))
+                    written.retimed += Int(try row.decode(Int64.self, column: 2))
+                    written.users.append(try row.decode(String.self, column: 0))
+                }
+            }
+            try destination.execute(Self.recordProgress)
+        }
+        return written
+    }
+
+    /// Inserts the events numbered by `writeBatch` (users with nothing here to look up).
+    static let insertFreshEvents = """
+        insert into events (id, user_id, seq, type, payload, client_id, client_timestamp, created_at)
+        select id, user_id, seq, type, payload, client_id, client_timestamp, created_at from import_events
+        where seq is not null order by ord
+        """
+
+    /// Moves the cursors of the users `insertFreshEvents` wrote to; returns their ids.
+    static let moveFreshCursors = """
+        update users u set last_seq = greatest(u.last_seq, f.max_seq), last_event_at = greatest(u.last_event_at, f.max_at)
+        from (select user_id, max(seq) max_seq, max(created_at) max_at from import_events where seq is not null group by user_id) f
+        where u.id = f.user_id
+        returning u.id::text
+        """
 
     static let eventsOfMissingUsers = """
         select s.id::text from import_events s where not exists (select from users u where u.id = s.user_id)
@@ -348,25 +448,25 @@ final class ImportRun {
     static let dropEventsAlreadyHere = """
         with gone as (
           delete from import_events s
-          where exists (select from events e where e.user_id = s.user_id and e.client_id = s.client_id)
+          where s.seq is null and exists (select from events e where e.user_id = s.user_id and e.client_id = s.client_id)
           returning 1
         )
         select count(*) from gone
         """
 
-    /// Inserts the batch's events of users that are here (the ones already here were
-    /// dropped before): `seq` after the user's `last_seq` in source order; `created_at`
+    /// Inserts the batch's events not numbered by `writeBatch` of users that are here (the
+    /// ones already here were dropped before): `seq` after the user's `last_seq` in source order; `created_at`
     /// kept, unless it is before the user's newest event here (a delta import after the
     /// user pushed to trunk-sync), then moved just after it, so `created_at > lastSync`
     /// finds it. Moves each user's cursor. Returns per user: events inserted, retimed.
     static let insertEvents = """
         with placed as (
-          select s.*, u.last_seq + rn seq,
+          select s.id, s.user_id, s.type, s.payload, s.client_id, s.client_timestamp, u.last_seq + rn seq,
                  case when u.last_event_at is not null and s.created_at < u.last_event_at
                       then date_trunc('milliseconds', u.last_event_at) + rn * interval '1 millisecond'
                       else s.created_at end placed_at,
                  u.last_event_at is not null and s.created_at < u.last_event_at retimed
-          from (select *, row_number() over (partition by user_id order by ord) rn from import_events) s
+          from (select *, row_number() over (partition by user_id order by ord) rn from import_events where seq is null) s
           join users u on u.id = s.user_id
         ),
         ins as (
@@ -502,8 +602,13 @@ private final class KeyCursor {
 struct PreparedBatch: Sendable {
     /// Source rows the batch holds (rejected ones included).
     var rows = 0
-    /// `import_events` rows.
+    /// The rows to import, their columns user_id … created_at encoded for COPY, each row
+    /// with its newline (`writeBatch` puts `ord` and `seq` before them).
     var events = CopyText()
+    /// Where each of those rows ends in `events.bytes`.
+    var rowEnds: [Int] = []
+    /// The users of those rows in order, with how many rows (consecutive) each has.
+    var users: [(id: String, rows: Int)] = []
     /// `import_seen` rows: source rows per user.
     var seen = CopyText(capacity: 4096)
     /// Rejected rows: source id, reason.
@@ -579,7 +684,6 @@ final class BatchReader: @unchecked Sendable {  // state guarded by `condition`
         var prepared = PreparedBatch()
         prepared.rows = rows.count
         var seen: [String: Int] = [:]
-        var ord = 0
         for row in rows {
             let user = try row.decode(String.self, column: 0)
             seen[user, default: 0] += 1
@@ -591,10 +695,14 @@ final class BatchReader: @unchecked Sendable {  // state guarded by `condition`
                 prepared.rejects.append((try row.decode(String.self, column: 1), "its user was not imported"))
                 continue
             }
-            ord += 1
-            prepared.events.field(Int64(ord))
             for column in 0...6 { prepared.events.field(row, column) }
             prepared.events.endRow()
+            prepared.rowEnds.append(prepared.events.bytes.count)
+            if prepared.users.last?.id == user {
+                prepared.users[prepared.users.count - 1].rows += 1
+            } else {
+                prepared.users.append((user, 1))
+            }
         }
         for (user, count) in seen {
             prepared.seen.field(user)

@@ -215,7 +215,7 @@ public struct SupabaseImport: Sendable {
             set work_mem = '32MB';
             create temp table import_users (id uuid, email text, created_at timestamptz, updated_at timestamptz,
               email_confirmed_at timestamptz, last_sign_in_at timestamptz, metadata jsonb, profile_name text);
-            create temp table import_events (ord int, user_id uuid, id uuid, type text, payload jsonb, client_id uuid,
+            create temp table import_events (ord int, seq bigint, user_id uuid, id uuid, type text, payload jsonb, client_id uuid,
               client_timestamp timestamptz, created_at timestamptz);
             create temp table import_seen (user_id uuid, n bigint);
             create temp table import_counts (user_id uuid primary key, n bigint);
