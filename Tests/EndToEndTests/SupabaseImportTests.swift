@@ -351,15 +351,16 @@ final class SupabaseImportTests: EndToEndTestCase {
         let ada = try addUser(source, email: "ada@example.com")
         _ = try addEvents(source, user: ada, [("a", "{}", "2026-03-01 10:00:00.000001+00"), ("b", "{}", "2026-03-01 10:00:02.000002+00")])
         let session = try addOpaqueSession(source, user: ada, tokens: ["adaLive"])
-        // Enough rows that a small batch size gives the kill many commits to land between.
+        // Enough rows that a small batch size gives the kill many commits to land between, and
+        // users over more than one page of them (1,000).
         try source.admin.execute(
             """
             insert into auth.users (id, email, created_at, updated_at, raw_user_meta_data)
             select ('00000000-0000-4000-8000-' || lpad(to_hex(g), 12, '0'))::uuid, 'bulk' || g || '@example.com',
                    '2026-01-01', '2026-01-01', '{}'
-            from generate_series(1, 200) g;
+            from generate_series(1, 1200) g;
             insert into public.events (user_id, type, payload, client_id, client_timestamp, created_at)
-            select ('00000000-0000-4000-8000-' || lpad(to_hex(1 + g % 200), 12, '0'))::uuid, 'bulk', jsonb_build_object('g', g),
+            select ('00000000-0000-4000-8000-' || lpad(to_hex(1 + g % 1200), 12, '0'))::uuid, 'bulk', jsonb_build_object('g', g),
                    gen_random_uuid(), '2026-02-01'::timestamptz + g * interval '1 second', '2026-02-01'::timestamptz + g * interval '1 second'
             from generate_series(1, 40000) g;
             """)
@@ -402,7 +403,7 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertEqual(result.status, 0, result.stderr)
         XCTAssertEqual(counts(report, "events")["imported"], 1)
         XCTAssertEqual(counts(report, "events")["already_there"], 2, "only Ada's events were read again")
-        XCTAssertEqual(counts(report, "users")["already_there"], 201)
+        XCTAssertEqual(counts(report, "users")["already_there"], 1201)
         XCTAssertEqual(counts(report, "sessions")["already_there"], 1)
         XCTAssertEqual(report?["events_retimed"] as? Int, 1)
 

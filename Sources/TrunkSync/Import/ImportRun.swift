@@ -261,26 +261,37 @@ final class ImportRun {
         options.progress?(done, total)
         var after = "00000000-0000-0000-0000-000000000000"
         var writing = Duration.zero
-        while true {
+        // The next batch is read and encoded on a thread of its own while this one is
+        // written: the source and the destination work at the same time. The reader is
+        // handed the next page of users before it needs it, so it sorts that page's events
+        // while the writer still writes the last batches of this one.
+        let reader = BatchReader(source: source, batchSize: options.batchSize, notImported: notImported)
+        defer { reader.finish() }
+        func queueNextPage() throws {
             let page = try destination.query(Self.usersToRead, after)
-            guard let last = page.last else { break }
+            guard let last = page.last else { return reader.close() }
             after = try last.decode(String.self, column: 0)
             let users = try page.map { try $0.decode(String.self, column: 0) }
             if !options.dryRun {
                 // Counted again from zero as their batches commit.
                 try destination.query("delete from supabase_import_progress where user_id = any($1::uuid[])", "{" + users.joined(separator: ",") + "}")
             }
-            // The next batch is read and encoded on a thread of its own while this one is
-            // written: the source and the destination work at the same time.
-            let reader = BatchReader(source: source, users: users, batchSize: options.batchSize, notImported: notImported)
-            defer { reader.finish() }
-            while let prepared = try reader.next() {
-                let start = ContinuousClock.now
-                try write(prepared)
-                writing += ContinuousClock.now - start
-                done += prepared.rows
-                options.progress?(done, total)
+            reader.add(users)
+        }
+        reading: while true {
+            let prepared: PreparedBatch
+            switch try reader.next() {
+            case .needsPage:
+                try queueNextPage()
+                continue
+            case .end: break reading
+            case .batch(let batch): prepared = batch
             }
+            let start = ContinuousClock.now
+            try write(prepared)
+            writing += ContinuousClock.now - start
+            done += prepared.rows
+            options.progress?(done, total)
         }
         report.events.read = done
         report.seconds["events_writing"] = ((Double(writing.components.seconds) + Double(writing.components.attoseconds) / 1e18) * 1000).rounded() / 1000
@@ -615,34 +626,39 @@ struct PreparedBatch: Sendable {
     var rejects: [(String, String)] = []
 }
 
-/// Reads the events of `users` from the source on a thread of its own and hands over
-/// encoded batches, at most two ahead of the writer (bounded memory). `finish` stops it
-/// and waits for its thread to end.
+/// Reads the events of the pages of users it is given (`add`, until `close`) from the
+/// source on a thread of its own and hands over encoded batches, at most two ahead of the
+/// writer (bounded memory), and at most one page waiting. `finish` stops it and waits for
+/// its thread to end.
 final class BatchReader: @unchecked Sendable {  // state guarded by `condition`
     private let condition = NSCondition()
     private var ready: [PreparedBatch] = []
+    private var pages: [[String]] = []
+    private var closed = false
     private var ended = false
     private var failure: Error? = nil
     private var stopping = false
     private var threadEnded = false
     private static let ahead = 2
 
-    init(source: SupabaseSource, users: [String], batchSize: Int, notImported: Set<String>) {
+    init(source: SupabaseSource, batchSize: Int, notImported: Set<String>) {
         let source = UncheckedBox(source)
         let thread = Thread { [self] in
             do {
-                try source.value.stream(
-                    SupabaseSource.eventsQuery, binds: ["{" + users.joined(separator: ",") + "}"], batch: batchSize
-                ) { rows in
-                    let prepared = try Self.prepare(rows, notImported: notImported)
-                    let bytes = prepared.events.bytes.count
-                    condition.lock()
-                    defer { condition.unlock() }
-                    while ready.count >= Self.ahead && !stopping { condition.wait() }
-                    if stopping { throw CancellationError() }
-                    ready.append(prepared)
-                    condition.broadcast()
-                    return bytes
+                while let users = nextPage() {
+                    try source.value.stream(
+                        SupabaseSource.eventsQuery, binds: ["{" + users.joined(separator: ",") + "}"], batch: batchSize
+                    ) { rows in
+                        let prepared = try Self.prepare(rows, notImported: notImported)
+                        let bytes = prepared.events.bytes.count
+                        condition.lock()
+                        defer { condition.unlock() }
+                        while ready.count >= Self.ahead && !stopping { condition.wait() }
+                        if stopping { throw CancellationError() }
+                        ready.append(prepared)
+                        condition.broadcast()
+                        return bytes
+                    }
                 }
             } catch {
                 condition.lock()
@@ -659,16 +675,54 @@ final class BatchReader: @unchecked Sendable {  // state guarded by `condition`
         thread.start()
     }
 
-    /// The next batch, nil at the end; rethrows the reader's error.
-    func next() throws -> PreparedBatch? {
+    /// The next page to read, waiting for one; nil once closed (or stopping) and none is left.
+    private func nextPage() -> [String]? {
         condition.lock()
         defer { condition.unlock() }
-        while ready.isEmpty && !ended { condition.wait() }
+        while pages.isEmpty && !closed && !stopping { condition.wait() }
+        if stopping || pages.isEmpty { return nil }
+        let page = pages.removeFirst()
+        condition.broadcast()
+        return page
+    }
+
+    /// Queues a page of users to read after the ones before.
+    func add(_ users: [String]) {
+        condition.lock()
+        pages.append(users)
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    /// No more pages: the reader ends after the queued ones.
+    func close() {
+        condition.lock()
+        closed = true
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    enum Next {
+        /// An encoded batch to write.
+        case batch(PreparedBatch)
+        /// No page is waiting: `add` one (or `close`), then ask again.
+        case needsPage
+        /// Every page was read.
+        case end
+    }
+
+    /// What the writer does next; rethrows the reader's error. It waits only while a page
+    /// is queued or the reader was closed, so the two never wait for each other.
+    func next() throws -> Next {
+        condition.lock()
+        defer { condition.unlock() }
+        while ready.isEmpty && !ended && (!pages.isEmpty || closed) { condition.wait() }
         if let failure { throw failure }
-        if ready.isEmpty { return nil }
+        if pages.isEmpty && !closed && !ended { return .needsPage }
+        if ready.isEmpty { return .end }
         let batch = ready.removeFirst()
         condition.broadcast()
-        return batch
+        return .batch(batch)
     }
 
     /// Stops the reader (if it still runs) and waits until its thread ended.
