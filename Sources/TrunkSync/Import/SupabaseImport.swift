@@ -31,7 +31,9 @@ public enum ImportError: Error, CustomStringConvertible {
 ///   re-run reads only the users whose count changed.
 /// - Events get `seq` after the user's `last_seq` (after what they pushed meanwhile), in the
 ///   source's order (time, then id), under the user's row lock as a push takes it; each
-///   committed batch is announced on `trunk_sync_events` as a push is.
+///   committed batch is announced on `trunk_sync_events` as a push is. A user with no event
+///   here yet (a first import) has nothing to look up: the import numbers their events
+///   itself and inserts them as they come; the others' are looked up and placed in SQL.
 public struct SupabaseImport: Sendable {
     /// What to do.
     public struct Options: Sendable {
