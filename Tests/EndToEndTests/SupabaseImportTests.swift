@@ -435,6 +435,40 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertNotEqual(verification?["source_digest"] as? String, verification?["destination_digest"] as? String)
     }
 
+    func testAClashOfAFirstImportedEventFallsBackToTheLookUpAndTheRestArrives() throws {
+        // Users with no event here get their events numbered by the import and inserted
+        // without a look-up. An event whose id another user's event here already has makes
+        // that insert fail: the batch is rolled back and written the careful way.
+        let source = try makeSource()
+        let ada = try addUser(source, email: "ada@example.com")
+        _ = try addEvents(
+            source, user: ada,
+            [("a", "{}", "2026-03-01 10:00:00+00"), ("b", "{}", "2026-03-01 10:00:01+00"), ("c", "{}", "2026-03-01 10:00:02+00")])
+        let bob = try addUser(source, email: "bob@example.com")
+        _ = try addEvents(source, user: bob, [("a", "{}", "2026-03-01 11:00:00+00"), ("b", "{}", "2026-03-01 11:00:01+00")])
+        let taken = try source.admin.query(
+            "select id::text from public.events where user_id = $1 order by created_at limit 1", bob)[0].decode(String.self, column: 0)
+        let server = try startServer()
+        let db = try destination(server)
+        let zed = UUID()
+        try db.query("insert into users (id, email, last_seq) values ($1, 'zed@example.com', 1)", zed)
+        try db.query(
+            """
+            insert into events (id, user_id, seq, type, payload, client_id, client_timestamp, created_at)
+            values ($1::uuid, $2, 1, 'z', '{}', gen_random_uuid(), now(), now())
+            """, taken, zed)
+
+        let (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 4, "the verification names the event that could not come: " + result.stderr + result.stdout)
+        XCTAssertEqual(counts(report, "events")["imported"], 4)
+        XCTAssertEqual(
+            (report?["verification"] as? [String: Any])?["incomplete_users"] as? [String: Int], [bob.uuidString.lowercased(): 1])
+        let seqs = try db.query("select seq from events where user_id = $1 order by seq", ada).map { try $0.decode(Int64.self, column: 0) }
+        XCTAssertEqual(seqs, [1, 2, 3])
+        XCTAssertEqual(try db.query("select count(*) from events where user_id = $1", bob)[0].decode(Int64.self, column: 0), 1)
+        XCTAssertEqual(try db.query("select user_id from events where id = $1::uuid", taken)[0].decode(UUID.self, column: 0), zed)
+    }
+
     func testDryRunWritesNothing() throws {
         let source = try makeSource()
         let ada = try addUser(source, email: "ada@example.com")
