@@ -517,7 +517,12 @@ final class ImportRun {
     private func verify() throws {
         if !options.dryRun { try destination.execute("begin isolation level repeatable read, read only") }
         defer { if !options.dryRun { _ = try? destination.execute("commit") } }
-        let theirs = try KeyCursor(destination, name: "verify_destination", sql: "select user_id::text, client_id::text from events order by user_id, client_id")
+        // The destination's keys are fetched a page ahead on a thread of their own (nothing
+        // else uses that connection meanwhile), so both servers work at the same time.
+        let theirs = try KeyCursor(
+            destination, name: "verify_destination", sql: "select user_id::text, client_id::text from events order by user_id, client_id",
+            ahead: true)
+        defer { theirs.finish() }
         let ours = try KeyCursor(source.connection, name: "verify_source", sql: SupabaseSource.eventKeysQuery)
         var verification = SupabaseImport.Verification()
         var sourceDigest = [UInt8](repeating: 0, count: 32)
@@ -579,25 +584,82 @@ final class ImportRun {
     }
 }
 
-/// Rows `(user_id, client_id)` from a cursor, fetched in pages.
-private final class KeyCursor {
+/// Rows `(user_id, client_id)` from a cursor, fetched in pages; with `ahead`, the next page
+/// is fetched on a thread of its own while this one is read (at most one page waits), and
+/// `finish` stops that thread and waits for it to end.
+private final class KeyCursor: @unchecked Sendable {  // the fetcher's state guarded by `condition`
     let connection: PostgresConnection
     let name: String
     var page: PostgresResult? = nil
     var index = 0
     var exhausted = false
+    private static let pageSize = 10_000
+    // The fetching thread's hand-over.
+    private let condition = NSCondition()
+    private var fetched: [PostgresResult] = []
+    private var fetchFailure: Error? = nil
+    private var fetchEnded = true
+    private var stopping = false
+    private let ahead: Bool
 
-    init(_ connection: PostgresConnection, name: String, sql: String) throws {
+    init(_ connection: PostgresConnection, name: String, sql: String, ahead: Bool = false) throws {
         self.connection = connection
         self.name = name
+        self.ahead = ahead
         try connection.execute("declare \(name) no scroll cursor for \(sql)")
+        guard ahead else { return }
+        fetchEnded = false
+        let thread = Thread { [self] in
+            do {
+                while true {
+                    let result = try self.connection.query("fetch forward \(Self.pageSize) from \(self.name)")
+                    condition.lock()
+                    while !fetched.isEmpty && !stopping { condition.wait() }
+                    let stop = stopping
+                    if !stop { fetched.append(result) }
+                    condition.broadcast()
+                    condition.unlock()
+                    if stop || result.count < Self.pageSize { break }
+                }
+            } catch {
+                condition.lock()
+                fetchFailure = error
+                condition.unlock()
+            }
+            condition.lock()
+            fetchEnded = true
+            condition.broadcast()
+            condition.unlock()
+        }
+        thread.stackSize = 1 << 20
+        thread.start()
+    }
+
+    /// Stops the fetching thread, if there is one, and waits until it ended.
+    func finish() {
+        condition.lock()
+        stopping = true
+        condition.broadcast()
+        while !fetchEnded { condition.wait() }
+        condition.unlock()
+    }
+
+    private func fetchPage() throws -> PostgresResult {
+        guard ahead else { return try connection.query("fetch forward \(Self.pageSize) from \(name)") }
+        condition.lock()
+        defer { condition.unlock() }
+        while fetched.isEmpty && !fetchEnded { condition.wait() }
+        if let fetchFailure { throw fetchFailure }
+        guard !fetched.isEmpty else { throw CancellationError() }  // finished: nothing more comes
+        condition.broadcast()
+        return fetched.removeFirst()
     }
 
     func next() throws -> (String, String)? {
         if page == nil || index >= page?.count ?? 0 {
             guard !exhausted else { return nil }
-            let fetched = try connection.query("fetch forward 10000 from \(name)")
-            if fetched.count < 10000 { exhausted = true }
+            let fetched = try fetchPage()
+            if fetched.count < Self.pageSize { exhausted = true }
             page = fetched
             index = 0
             if fetched.isEmpty { return nil }
