@@ -351,15 +351,16 @@ final class SupabaseImportTests: EndToEndTestCase {
         let ada = try addUser(source, email: "ada@example.com")
         _ = try addEvents(source, user: ada, [("a", "{}", "2026-03-01 10:00:00.000001+00"), ("b", "{}", "2026-03-01 10:00:02.000002+00")])
         let session = try addOpaqueSession(source, user: ada, tokens: ["adaLive"])
-        // Enough rows that a small batch size gives the kill many commits to land between.
+        // Enough rows that a small batch size gives the kill many commits to land between, and
+        // users over more than one page of them (1,000).
         try source.admin.execute(
             """
             insert into auth.users (id, email, created_at, updated_at, raw_user_meta_data)
             select ('00000000-0000-4000-8000-' || lpad(to_hex(g), 12, '0'))::uuid, 'bulk' || g || '@example.com',
                    '2026-01-01', '2026-01-01', '{}'
-            from generate_series(1, 200) g;
+            from generate_series(1, 1200) g;
             insert into public.events (user_id, type, payload, client_id, client_timestamp, created_at)
-            select ('00000000-0000-4000-8000-' || lpad(to_hex(1 + g % 200), 12, '0'))::uuid, 'bulk', jsonb_build_object('g', g),
+            select ('00000000-0000-4000-8000-' || lpad(to_hex(1 + g % 1200), 12, '0'))::uuid, 'bulk', jsonb_build_object('g', g),
                    gen_random_uuid(), '2026-02-01'::timestamptz + g * interval '1 second', '2026-02-01'::timestamptz + g * interval '1 second'
             from generate_series(1, 40000) g;
             """)
@@ -402,7 +403,7 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertEqual(result.status, 0, result.stderr)
         XCTAssertEqual(counts(report, "events")["imported"], 1)
         XCTAssertEqual(counts(report, "events")["already_there"], 2, "only Ada's events were read again")
-        XCTAssertEqual(counts(report, "users")["already_there"], 201)
+        XCTAssertEqual(counts(report, "users")["already_there"], 1201)
         XCTAssertEqual(counts(report, "sessions")["already_there"], 1)
         XCTAssertEqual(report?["events_retimed"] as? Int, 1)
 
@@ -432,6 +433,40 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertEqual((verification?["events_expected"] as? Int).map { $0 - 1 }, verification?["events_found"] as? Int)
         XCTAssertEqual(verification?["incomplete_users"] as? [String: Int], ["00000000-0000-4000-8000-000000000007": 1])
         XCTAssertNotEqual(verification?["source_digest"] as? String, verification?["destination_digest"] as? String)
+    }
+
+    func testAClashOfAFirstImportedEventFallsBackToTheLookUpAndTheRestArrives() throws {
+        // Users with no event here get their events numbered by the import and inserted
+        // without a look-up. An event whose id another user's event here already has makes
+        // that insert fail: the batch is rolled back and written the careful way.
+        let source = try makeSource()
+        let ada = try addUser(source, email: "ada@example.com")
+        _ = try addEvents(
+            source, user: ada,
+            [("a", "{}", "2026-03-01 10:00:00+00"), ("b", "{}", "2026-03-01 10:00:01+00"), ("c", "{}", "2026-03-01 10:00:02+00")])
+        let bob = try addUser(source, email: "bob@example.com")
+        _ = try addEvents(source, user: bob, [("a", "{}", "2026-03-01 11:00:00+00"), ("b", "{}", "2026-03-01 11:00:01+00")])
+        let taken = try source.admin.query(
+            "select id::text from public.events where user_id = $1 order by created_at limit 1", bob)[0].decode(String.self, column: 0)
+        let server = try startServer()
+        let db = try destination(server)
+        let zed = UUID()
+        try db.query("insert into users (id, email, last_seq) values ($1, 'zed@example.com', 1)", zed)
+        try db.query(
+            """
+            insert into events (id, user_id, seq, type, payload, client_id, client_timestamp, created_at)
+            values ($1::uuid, $2, 1, 'z', '{}', gen_random_uuid(), now(), now())
+            """, taken, zed)
+
+        let (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 4, "the verification names the event that could not come: " + result.stderr + result.stdout)
+        XCTAssertEqual(counts(report, "events")["imported"], 4)
+        XCTAssertEqual(
+            (report?["verification"] as? [String: Any])?["incomplete_users"] as? [String: Int], [bob.uuidString.lowercased(): 1])
+        let seqs = try db.query("select seq from events where user_id = $1 order by seq", ada).map { try $0.decode(Int64.self, column: 0) }
+        XCTAssertEqual(seqs, [1, 2, 3])
+        XCTAssertEqual(try db.query("select count(*) from events where user_id = $1", bob)[0].decode(Int64.self, column: 0), 1)
+        XCTAssertEqual(try db.query("select user_id from events where id = $1::uuid", taken)[0].decode(UUID.self, column: 0), zed)
     }
 
     func testDryRunWritesNothing() throws {

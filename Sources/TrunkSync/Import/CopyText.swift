@@ -59,6 +59,14 @@ struct CopyText {
         row.withRawBytes(column: column) { field($0) }
     }
 
+    /// Fields already encoded (tab-separated, the row's newline included) after the fields
+    /// so far: the rest of the row.
+    mutating func endRow(encoded: ArraySlice<UInt8>) {
+        if fieldsInRow > 0 { bytes.append(0x09) }
+        bytes.append(contentsOf: encoded)
+        fieldsInRow = 0
+    }
+
     mutating func endRow() {
         bytes.append(0x0a)
         fieldsInRow = 0

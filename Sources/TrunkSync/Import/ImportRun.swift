@@ -13,6 +13,9 @@ final class ImportRun {
     /// Source users not imported this run (rejected, or an email conflict): their events and
     /// sessions are rejected too, and the verification leaves them out.
     var notImported = Set<String>()
+    /// Users the last batch numbered, with the last `seq` it gave them: their next batch
+    /// continues from there unless somebody pushed meanwhile.
+    private var continuing: [String: Int64] = [:]
 
     init(options: SupabaseImport.Options, source: SupabaseSource, destination: PostgresConnection, rejects: RejectWriter) {
         self.options = options
@@ -258,26 +261,37 @@ final class ImportRun {
         options.progress?(done, total)
         var after = "00000000-0000-0000-0000-000000000000"
         var writing = Duration.zero
-        while true {
+        // The next batch is read and encoded on a thread of its own while this one is
+        // written: the source and the destination work at the same time. The reader is
+        // handed the next page of users before it needs it, so it sorts that page's events
+        // while the writer still writes the last batches of this one.
+        let reader = BatchReader(source: source, batchSize: options.batchSize, notImported: notImported)
+        defer { reader.finish() }
+        func queueNextPage() throws {
             let page = try destination.query(Self.usersToRead, after)
-            guard let last = page.last else { break }
+            guard let last = page.last else { return reader.close() }
             after = try last.decode(String.self, column: 0)
             let users = try page.map { try $0.decode(String.self, column: 0) }
             if !options.dryRun {
                 // Counted again from zero as their batches commit.
                 try destination.query("delete from supabase_import_progress where user_id = any($1::uuid[])", "{" + users.joined(separator: ",") + "}")
             }
-            // The next batch is read and encoded on a thread of its own while this one is
-            // written: the source and the destination work at the same time.
-            let reader = BatchReader(source: source, users: users, batchSize: options.batchSize, notImported: notImported)
-            defer { reader.finish() }
-            while let prepared = try reader.next() {
-                let start = ContinuousClock.now
-                try write(prepared)
-                writing += ContinuousClock.now - start
-                done += prepared.rows
-                options.progress?(done, total)
+            reader.add(users)
+        }
+        reading: while true {
+            let prepared: PreparedBatch
+            switch try reader.next() {
+            case .needsPage:
+                try queueNextPage()
+                continue
+            case .end: break reading
+            case .batch(let batch): prepared = batch
             }
+            let start = ContinuousClock.now
+            try write(prepared)
+            writing += ContinuousClock.now - start
+            done += prepared.rows
+            options.progress?(done, total)
         }
         report.events.read = done
         report.seconds["events_writing"] = ((Double(writing.components.seconds) + Double(writing.components.attoseconds) / 1e18) * 1000).rounded() / 1000
@@ -302,42 +316,139 @@ final class ImportRun {
             report.events.rejected += 1
             reject("public.events", id, reason)
         }
-        let copy = prepared.events
-        let seenCopy = prepared.seen
-        let notify: [String] = try batch {
-            try destination.execute("truncate import_events, import_seen")
-            if !copy.isEmpty { try destination.copyIn("copy import_events from stdin", data: copy.bytes) }
-            try destination.copyIn("copy import_seen from stdin", data: seenCopy.bytes)
-            // Each user's row locked, in id order, as a push locks it: seq and created_at
-            // continue after what the user pushed, whoever commits first.
-            try destination.execute("select from users where id in (select user_id from import_events) order by id for update")
-            for row in try destination.query(Self.eventsOfMissingUsers) {
-                report.events.rejected += 1
-                reject("public.events", try row.decode(String.self, column: 0), "its user is not in trunk-sync")
-            }
-            // The events already here leave the batch first, found through the (user_id,
-            // client_id) index one by one: a hash join would read all of `events` once per
-            // batch, which grows with the import (statistics of a table being loaded lag, so
-            // the planner is told, for this statement only).
-            try destination.execute("set local enable_hashjoin = off; set local enable_mergejoin = off")
-            report.events.alreadyThere += Int(try destination.query(Self.dropEventsAlreadyHere)[0].decode(Int64.self, column: 0))
-            try destination.execute("set local enable_hashjoin = on; set local enable_mergejoin = on")
-            var users: [String] = []
-            for row in try destination.query(Self.insertEvents) {
-                let inserted = Int(try row.decode(Int64.self, column: 1))
-                report.events.imported += inserted
-                report.eventsRetimed += Int(try row.decode(Int64.self, column: 2))
-                users.append(try row.decode(String.self, column: 0))
-            }
-            try destination.execute(Self.recordProgress)
-            return users
+        let written: WrittenBatch
+        do {
+            written = try writeBatch(prepared, fresh: !options.dryRun)
+        } catch is FreshClash {
+            // An event of a user with none here clashed with one here after all (its id is
+            // another user's event's, or the source holds a key twice): the batch again, with
+            // every event looked up.
+            written = try writeBatch(prepared, fresh: false)
         }
+        report.events.imported += written.imported
+        report.eventsRetimed += written.retimed
+        report.events.alreadyThere += written.alreadyThere
+        continuing = written.continuing
         // Announced after the commit, as a push does: running servers serve them at once.
-        if !options.dryRun, !notify.isEmpty {
+        if !options.dryRun, !written.users.isEmpty {
             try destination.query(
-                "select pg_notify($1, u) from regexp_split_to_table($2, ',') u", EventStore.channel, notify.joined(separator: ","))
+                "select pg_notify($1, u) from regexp_split_to_table($2, ',') u", EventStore.channel, written.users.joined(separator: ","))
         }
     }
+
+    /// What a committed batch did.
+    private struct WrittenBatch {
+        var imported = 0
+        var retimed = 0
+        var alreadyThere = 0
+        /// Users whose events it inserted.
+        var users: [String] = []
+        /// Users it numbered in the import (`fresh`), with the last `seq` it gave them.
+        var continuing: [String: Int64] = [:]
+    }
+
+    /// A fresh user's event met a unique index: the batch is rolled back and written again
+    /// without numbering.
+    private struct FreshClash: Error {}
+
+    /// Per user of the batch (`$1`, uuid[]), each row locked in id order as a push locks it,
+    /// so `seq` and `created_at` continue after what the user pushed, whoever commits first:
+    /// id, `last_seq`, whether the user has no event here at all.
+    static let lockUsers = """
+        select u.id::text, u.last_seq, u.last_event_at is null and not exists (select from events e where e.user_id = u.id)
+        from users u where u.id = any($1::uuid[]) order by u.id for update of u
+        """
+
+    /// Writes one batch in its own transaction. With `fresh`, the events of users that have
+    /// none here yet (a first import), or whose earlier events this run numbered and nobody
+    /// pushed since, get their `seq` numbered here, in source order, and go straight into
+    /// `events`: nothing of theirs can be here already, and their `created_at` never goes
+    /// back (the source is read in time order). The other users' events are looked up and
+    /// placed by `insertEvents`.
+    private func writeBatch(_ prepared: PreparedBatch, fresh: Bool) throws -> WrittenBatch {
+        var written = WrittenBatch()
+        try batch {
+            try destination.execute("truncate import_events, import_seen")
+            try destination.copyIn("copy import_seen from stdin", data: prepared.seen.bytes)
+            var base: [String: Int64] = [:]  // users numbered here: their last seq
+            if !prepared.users.isEmpty {
+                for row in try destination.query(Self.lockUsers, "{" + prepared.users.map(\.id).joined(separator: ",") + "}") {
+                    let id = try row.decode(String.self, column: 0)
+                    let lastSeq = try row.decode(Int64.self, column: 1)
+                    let untouched = try row.decode(Bool.self, column: 2)
+                    if fresh, (untouched && lastSeq == 0) || (lastSeq > 0 && continuing[id] == lastSeq) { base[id] = lastSeq }
+                }
+            }
+            var copy = CopyText(capacity: prepared.events.bytes.count + prepared.rowEnds.count * 16)
+            var row = 0
+            var start = 0
+            var freshRows = 0
+            for (user, rows) in prepared.users {
+                let first = base[user]
+                for index in 0..<rows {
+                    let end = prepared.rowEnds[row]
+                    row += 1
+                    copy.field(Int64(row))
+                    if let first {
+                        copy.field(first + Int64(index) + 1)
+                    } else {
+                        copy.field(nil as String?)
+                    }
+                    copy.endRow(encoded: prepared.events.bytes[start..<end])
+                    start = end
+                }
+                if let first {
+                    freshRows += rows
+                    written.continuing[user] = first + Int64(rows)
+                }
+            }
+            if !copy.isEmpty { try destination.copyIn("copy import_events from stdin", data: copy.bytes) }
+            if freshRows > 0 {
+                do {
+                    try destination.execute(Self.insertFreshEvents)
+                } catch let error as PostgresError where error.isUniqueViolation {
+                    throw FreshClash()
+                }
+                for row in try destination.query(Self.moveFreshCursors) { written.users.append(try row.decode(String.self, column: 0)) }
+                written.imported += freshRows
+            }
+            if freshRows < prepared.rowEnds.count {
+                for row in try destination.query(Self.eventsOfMissingUsers) {
+                    report.events.rejected += 1
+                    reject("public.events", try row.decode(String.self, column: 0), "its user is not in trunk-sync")
+                }
+                // The events already here leave the batch first, found through the (user_id,
+                // client_id) index one by one: a hash join would read all of `events` once
+                // per batch, which grows with the import (statistics of a table being loaded
+                // lag, so the planner is told, for this statement only).
+                try destination.execute("set local enable_hashjoin = off; set local enable_mergejoin = off")
+                written.alreadyThere += Int(try destination.query(Self.dropEventsAlreadyHere)[0].decode(Int64.self, column: 0))
+                try destination.execute("set local enable_hashjoin = on; set local enable_mergejoin = on")
+                for row in try destination.query(Self.insertEvents) {
+                    written.imported += Int(try row.decode(Int64.self, column: 1))
+                    written.retimed += Int(try row.decode(Int64.self, column: 2))
+                    written.users.append(try row.decode(String.self, column: 0))
+                }
+            }
+            try destination.execute(Self.recordProgress)
+        }
+        return written
+    }
+
+    /// Inserts the events numbered by `writeBatch` (users with nothing here to look up).
+    static let insertFreshEvents = """
+        insert into events (id, user_id, seq, type, payload, client_id, client_timestamp, created_at)
+        select id, user_id, seq, type, payload, client_id, client_timestamp, created_at from import_events
+        where seq is not null order by ord
+        """
+
+    /// Moves the cursors of the users `insertFreshEvents` wrote to; returns their ids.
+    static let moveFreshCursors = """
+        update users u set last_seq = greatest(u.last_seq, f.max_seq), last_event_at = greatest(u.last_event_at, f.max_at)
+        from (select user_id, max(seq) max_seq, max(created_at) max_at from import_events where seq is not null group by user_id) f
+        where u.id = f.user_id
+        returning u.id::text
+        """
 
     static let eventsOfMissingUsers = """
         select s.id::text from import_events s where not exists (select from users u where u.id = s.user_id)
@@ -348,25 +459,25 @@ final class ImportRun {
     static let dropEventsAlreadyHere = """
         with gone as (
           delete from import_events s
-          where exists (select from events e where e.user_id = s.user_id and e.client_id = s.client_id)
+          where s.seq is null and exists (select from events e where e.user_id = s.user_id and e.client_id = s.client_id)
           returning 1
         )
         select count(*) from gone
         """
 
-    /// Inserts the batch's events of users that are here (the ones already here were
-    /// dropped before): `seq` after the user's `last_seq` in source order; `created_at`
+    /// Inserts the batch's events not numbered by `writeBatch` of users that are here (the
+    /// ones already here were dropped before): `seq` after the user's `last_seq` in source order; `created_at`
     /// kept, unless it is before the user's newest event here (a delta import after the
     /// user pushed to trunk-sync), then moved just after it, so `created_at > lastSync`
     /// finds it. Moves each user's cursor. Returns per user: events inserted, retimed.
     static let insertEvents = """
         with placed as (
-          select s.*, u.last_seq + rn seq,
+          select s.id, s.user_id, s.type, s.payload, s.client_id, s.client_timestamp, u.last_seq + rn seq,
                  case when u.last_event_at is not null and s.created_at < u.last_event_at
                       then date_trunc('milliseconds', u.last_event_at) + rn * interval '1 millisecond'
                       else s.created_at end placed_at,
                  u.last_event_at is not null and s.created_at < u.last_event_at retimed
-          from (select *, row_number() over (partition by user_id order by ord) rn from import_events) s
+          from (select *, row_number() over (partition by user_id order by ord) rn from import_events where seq is null) s
           join users u on u.id = s.user_id
         ),
         ins as (
@@ -406,7 +517,12 @@ final class ImportRun {
     private func verify() throws {
         if !options.dryRun { try destination.execute("begin isolation level repeatable read, read only") }
         defer { if !options.dryRun { _ = try? destination.execute("commit") } }
-        let theirs = try KeyCursor(destination, name: "verify_destination", sql: "select user_id::text, client_id::text from events order by user_id, client_id")
+        // The destination's keys are fetched a page ahead on a thread of their own (nothing
+        // else uses that connection meanwhile), so both servers work at the same time.
+        let theirs = try KeyCursor(
+            destination, name: "verify_destination", sql: "select user_id::text, client_id::text from events order by user_id, client_id",
+            ahead: true)
+        defer { theirs.finish() }
         let ours = try KeyCursor(source.connection, name: "verify_source", sql: SupabaseSource.eventKeysQuery)
         var verification = SupabaseImport.Verification()
         var sourceDigest = [UInt8](repeating: 0, count: 32)
@@ -468,25 +584,82 @@ final class ImportRun {
     }
 }
 
-/// Rows `(user_id, client_id)` from a cursor, fetched in pages.
-private final class KeyCursor {
+/// Rows `(user_id, client_id)` from a cursor, fetched in pages; with `ahead`, the next page
+/// is fetched on a thread of its own while this one is read (at most one page waits), and
+/// `finish` stops that thread and waits for it to end.
+private final class KeyCursor: @unchecked Sendable {  // the fetcher's state guarded by `condition`
     let connection: PostgresConnection
     let name: String
     var page: PostgresResult? = nil
     var index = 0
     var exhausted = false
+    private static let pageSize = 10_000
+    // The fetching thread's hand-over.
+    private let condition = NSCondition()
+    private var fetched: [PostgresResult] = []
+    private var fetchFailure: Error? = nil
+    private var fetchEnded = true
+    private var stopping = false
+    private let ahead: Bool
 
-    init(_ connection: PostgresConnection, name: String, sql: String) throws {
+    init(_ connection: PostgresConnection, name: String, sql: String, ahead: Bool = false) throws {
         self.connection = connection
         self.name = name
+        self.ahead = ahead
         try connection.execute("declare \(name) no scroll cursor for \(sql)")
+        guard ahead else { return }
+        fetchEnded = false
+        let thread = Thread { [self] in
+            do {
+                while true {
+                    let result = try self.connection.query("fetch forward \(Self.pageSize) from \(self.name)")
+                    condition.lock()
+                    while !fetched.isEmpty && !stopping { condition.wait() }
+                    let stop = stopping
+                    if !stop { fetched.append(result) }
+                    condition.broadcast()
+                    condition.unlock()
+                    if stop || result.count < Self.pageSize { break }
+                }
+            } catch {
+                condition.lock()
+                fetchFailure = error
+                condition.unlock()
+            }
+            condition.lock()
+            fetchEnded = true
+            condition.broadcast()
+            condition.unlock()
+        }
+        thread.stackSize = 1 << 20
+        thread.start()
+    }
+
+    /// Stops the fetching thread, if there is one, and waits until it ended.
+    func finish() {
+        condition.lock()
+        stopping = true
+        condition.broadcast()
+        while !fetchEnded { condition.wait() }
+        condition.unlock()
+    }
+
+    private func fetchPage() throws -> PostgresResult {
+        guard ahead else { return try connection.query("fetch forward \(Self.pageSize) from \(name)") }
+        condition.lock()
+        defer { condition.unlock() }
+        while fetched.isEmpty && !fetchEnded { condition.wait() }
+        if let fetchFailure { throw fetchFailure }
+        guard !fetched.isEmpty else { throw CancellationError() }  // finished: nothing more comes
+        condition.broadcast()
+        return fetched.removeFirst()
     }
 
     func next() throws -> (String, String)? {
         if page == nil || index >= page?.count ?? 0 {
             guard !exhausted else { return nil }
-            let fetched = try connection.query("fetch forward 10000 from \(name)")
-            if fetched.count < 10000 { exhausted = true }
+            let fetched = try fetchPage()
+            if fetched.count < Self.pageSize { exhausted = true }
             page = fetched
             index = 0
             if fetched.isEmpty { return nil }
@@ -502,42 +675,52 @@ private final class KeyCursor {
 struct PreparedBatch: Sendable {
     /// Source rows the batch holds (rejected ones included).
     var rows = 0
-    /// `import_events` rows.
+    /// The rows to import, their columns user_id … created_at encoded for COPY, each row
+    /// with its newline (`writeBatch` puts `ord` and `seq` before them).
     var events = CopyText()
+    /// Where each of those rows ends in `events.bytes`.
+    var rowEnds: [Int] = []
+    /// The users of those rows in order, with how many rows (consecutive) each has.
+    var users: [(id: String, rows: Int)] = []
     /// `import_seen` rows: source rows per user.
     var seen = CopyText(capacity: 4096)
     /// Rejected rows: source id, reason.
     var rejects: [(String, String)] = []
 }
 
-/// Reads the events of `users` from the source on a thread of its own and hands over
-/// encoded batches, at most two ahead of the writer (bounded memory). `finish` stops it
-/// and waits for its thread to end.
+/// Reads the events of the pages of users it is given (`add`, until `close`) from the
+/// source on a thread of its own and hands over encoded batches, at most two ahead of the
+/// writer (bounded memory), and at most one page waiting. `finish` stops it and waits for
+/// its thread to end.
 final class BatchReader: @unchecked Sendable {  // state guarded by `condition`
     private let condition = NSCondition()
     private var ready: [PreparedBatch] = []
+    private var pages: [[String]] = []
+    private var closed = false
     private var ended = false
     private var failure: Error? = nil
     private var stopping = false
     private var threadEnded = false
     private static let ahead = 2
 
-    init(source: SupabaseSource, users: [String], batchSize: Int, notImported: Set<String>) {
+    init(source: SupabaseSource, batchSize: Int, notImported: Set<String>) {
         let source = UncheckedBox(source)
         let thread = Thread { [self] in
             do {
-                try source.value.stream(
-                    SupabaseSource.eventsQuery, binds: ["{" + users.joined(separator: ",") + "}"], batch: batchSize
-                ) { rows in
-                    let prepared = try Self.prepare(rows, notImported: notImported)
-                    let bytes = prepared.events.bytes.count
-                    condition.lock()
-                    defer { condition.unlock() }
-                    while ready.count >= Self.ahead && !stopping { condition.wait() }
-                    if stopping { throw CancellationError() }
-                    ready.append(prepared)
-                    condition.broadcast()
-                    return bytes
+                while let users = nextPage() {
+                    try source.value.stream(
+                        SupabaseSource.eventsQuery, binds: ["{" + users.joined(separator: ",") + "}"], batch: batchSize
+                    ) { rows in
+                        let prepared = try Self.prepare(rows, notImported: notImported)
+                        let bytes = prepared.events.bytes.count
+                        condition.lock()
+                        defer { condition.unlock() }
+                        while ready.count >= Self.ahead && !stopping { condition.wait() }
+                        if stopping { throw CancellationError() }
+                        ready.append(prepared)
+                        condition.broadcast()
+                        return bytes
+                    }
                 }
             } catch {
                 condition.lock()
@@ -554,16 +737,54 @@ final class BatchReader: @unchecked Sendable {  // state guarded by `condition`
         thread.start()
     }
 
-    /// The next batch, nil at the end; rethrows the reader's error.
-    func next() throws -> PreparedBatch? {
+    /// The next page to read, waiting for one; nil once closed (or stopping) and none is left.
+    private func nextPage() -> [String]? {
         condition.lock()
         defer { condition.unlock() }
-        while ready.isEmpty && !ended { condition.wait() }
+        while pages.isEmpty && !closed && !stopping { condition.wait() }
+        if stopping || pages.isEmpty { return nil }
+        let page = pages.removeFirst()
+        condition.broadcast()
+        return page
+    }
+
+    /// Queues a page of users to read after the ones before.
+    func add(_ users: [String]) {
+        condition.lock()
+        pages.append(users)
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    /// No more pages: the reader ends after the queued ones.
+    func close() {
+        condition.lock()
+        closed = true
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    enum Next {
+        /// An encoded batch to write.
+        case batch(PreparedBatch)
+        /// No page is waiting: `add` one (or `close`), then ask again.
+        case needsPage
+        /// Every page was read.
+        case end
+    }
+
+    /// What the writer does next; rethrows the reader's error. It waits only while a page
+    /// is queued or the reader was closed, so the two never wait for each other.
+    func next() throws -> Next {
+        condition.lock()
+        defer { condition.unlock() }
+        while ready.isEmpty && !ended && (!pages.isEmpty || closed) { condition.wait() }
         if let failure { throw failure }
-        if ready.isEmpty { return nil }
+        if pages.isEmpty && !closed && !ended { return .needsPage }
+        if ready.isEmpty { return .end }
         let batch = ready.removeFirst()
         condition.broadcast()
-        return batch
+        return .batch(batch)
     }
 
     /// Stops the reader (if it still runs) and waits until its thread ended.
@@ -579,7 +800,6 @@ final class BatchReader: @unchecked Sendable {  // state guarded by `condition`
         var prepared = PreparedBatch()
         prepared.rows = rows.count
         var seen: [String: Int] = [:]
-        var ord = 0
         for row in rows {
             let user = try row.decode(String.self, column: 0)
             seen[user, default: 0] += 1
@@ -591,10 +811,14 @@ final class BatchReader: @unchecked Sendable {  // state guarded by `condition`
                 prepared.rejects.append((try row.decode(String.self, column: 1), "its user was not imported"))
                 continue
             }
-            ord += 1
-            prepared.events.field(Int64(ord))
             for column in 0...6 { prepared.events.field(row, column) }
             prepared.events.endRow()
+            prepared.rowEnds.append(prepared.events.bytes.count)
+            if prepared.users.last?.id == user {
+                prepared.users[prepared.users.count - 1].rows += 1
+            } else {
+                prepared.users.append((user, 1))
+            }
         }
         for (user, count) in seen {
             prepared.seen.field(user)

@@ -31,7 +31,9 @@ public enum ImportError: Error, CustomStringConvertible {
 ///   re-run reads only the users whose count changed.
 /// - Events get `seq` after the user's `last_seq` (after what they pushed meanwhile), in the
 ///   source's order (time, then id), under the user's row lock as a push takes it; each
-///   committed batch is announced on `trunk_sync_events` as a push is.
+///   committed batch is announced on `trunk_sync_events` as a push is. A user with no event
+///   here yet (a first import) has nothing to look up: the import numbers their events
+///   itself and inserts them as they come; the others' are looked up and placed in SQL.
 public struct SupabaseImport: Sendable {
     /// What to do.
     public struct Options: Sendable {
@@ -215,7 +217,7 @@ public struct SupabaseImport: Sendable {
             set work_mem = '32MB';
             create temp table import_users (id uuid, email text, created_at timestamptz, updated_at timestamptz,
               email_confirmed_at timestamptz, last_sign_in_at timestamptz, metadata jsonb, profile_name text);
-            create temp table import_events (ord int, user_id uuid, id uuid, type text, payload jsonb, client_id uuid,
+            create temp table import_events (ord int, seq bigint, user_id uuid, id uuid, type text, payload jsonb, client_id uuid,
               client_timestamp timestamptz, created_at timestamptz);
             create temp table import_seen (user_id uuid, n bigint);
             create temp table import_counts (user_id uuid primary key, n bigint);
