@@ -69,14 +69,15 @@ func monotonicNanoseconds() -> UInt64 {
 /// Starts a named thread (visible in gdb, top and crash reports) that runs `body` once. It
 /// is joinable and registered: the command line joins every such thread before the process
 /// exits (`csystem_threads_join_all`), so none is inside libpq or OpenSSL while their
-/// clean-up runs.
-func startThread(name: String, _ body: @escaping @Sendable () -> Void) {
+/// clean-up runs. Code outside the module that runs libpq on a thread of its own (the
+/// import's readers) starts it here for the same reason.
+public func startThread(name: String, stackSize: Int = 1 << 20, _ body: @escaping @Sendable () -> Void) {
     let context = Unmanaged.passRetained(ThreadBody(body)).toOpaque()
     let entry: @convention(c) (UnsafeMutableRawPointer?) -> Void = { context in
         guard let context else { return }
         Unmanaged<ThreadBody>.fromOpaque(context).takeRetainedValue().body()
     }
-    let result = csystem_thread_start(name, 1 << 20, entry, context)
+    let result = csystem_thread_start(name, stackSize, entry, context)
     if result != 0 {
         Unmanaged<ThreadBody>.fromOpaque(context).release()
         preconditionFailure("cannot start thread \(name): errno \(result)")  // out of threads or memory

@@ -110,9 +110,8 @@ struct ImportCommand: AsyncParsableCommand {
 /// Runs blocking work on a thread of its own (libpq blocks; the cooperative pool must not).
 func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
     try await withCheckedThrowingContinuation { continuation in
-        let thread = Thread { continuation.resume(with: Result { try body() }) }
-        thread.stackSize = 1 << 22
-        thread.start()
+        // Registered, so the command joins it before the process exits.
+        startThread(name: "import", stackSize: 1 << 22) { continuation.resume(with: Result { try body() }) }
     }
 }
 

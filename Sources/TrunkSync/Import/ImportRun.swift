@@ -609,7 +609,7 @@ private final class KeyCursor: @unchecked Sendable {  // the fetcher's state gua
         try connection.execute("declare \(name) no scroll cursor for \(sql)")
         guard ahead else { return }
         fetchEnded = false
-        let thread = Thread { [self] in
+        startThread(name: "import-fetch", stackSize: 1 << 20) { [self] in
             do {
                 while true {
                     let result = try self.connection.query("fetch forward \(Self.pageSize) from \(self.name)")
@@ -631,8 +631,6 @@ private final class KeyCursor: @unchecked Sendable {  // the fetcher's state gua
             condition.broadcast()
             condition.unlock()
         }
-        thread.stackSize = 1 << 20
-        thread.start()
     }
 
     /// Stops the fetching thread, if there is one, and waits until it ended.
@@ -705,7 +703,7 @@ final class BatchReader: @unchecked Sendable {  // state guarded by `condition`
 
     init(source: SupabaseSource, batchSize: Int, notImported: Set<String>) {
         let source = UncheckedBox(source)
-        let thread = Thread { [self] in
+        startThread(name: "import-read", stackSize: 1 << 22) { [self] in
             do {
                 while let users = nextPage() {
                     try source.value.stream(
@@ -733,8 +731,6 @@ final class BatchReader: @unchecked Sendable {  // state guarded by `condition`
             condition.broadcast()
             condition.unlock()
         }
-        thread.stackSize = 1 << 22
-        thread.start()
     }
 
     /// The next page to read, waiting for one; nil once closed (or stopping) and none is left.
