@@ -118,7 +118,7 @@ final class CuttingProxy: @unchecked Sendable {  // mutable state behind `state`
                 continue
             }
             spawn { [self] in frontend(from: client, to: server) }
-            spawn { [self] in Self.pump(from: server, to: client) }
+            spawn { Self.pump(from: server, to: client) }
         }
     }
 
