@@ -36,13 +36,13 @@ public struct Configuration: Sendable {
     /// `migrate`, `keys` and `users` log in with (the tables' owner).
     public var migrationDatabaseURL: String? { value("migration_database_url") ?? databaseURL }
     /// `TRUNK_SYNC_HOST`.
-    public var host: String { value("host") ?? "127.0.0.1" }
+    public var host: String { value("host") ?? Setting.host.textDefault }
     /// `TRUNK_SYNC_PORT`.
-    public private(set) var port: Int = 8080
+    public private(set) var port = Setting.port.integerDefault
     /// `TRUNK_SYNC_ADMIN_HOST`: where the operator listener (`/metrics`) binds.
-    public var adminHost: String { value("admin_host") ?? "127.0.0.1" }
+    public var adminHost: String { value("admin_host") ?? Setting.adminHost.textDefault }
     /// `TRUNK_SYNC_ADMIN_PORT`.
-    public private(set) var adminPort: Int = 9090
+    public private(set) var adminPort = Setting.adminPort.integerDefault
     /// `TRUNK_SYNC_ADMIN_EMAILS`: who may sign in to the operator console (normalised,
     /// without repeats). Empty: console sign-in is disabled.
     public private(set) var adminEmails: [Email] = []
@@ -68,40 +68,40 @@ public struct Configuration: Sendable {
             .filter { !$0.isEmpty }
     }
     /// `TRUNK_SYNC_MAILER`.
-    public private(set) var mailer: MailerKind = .log
+    public private(set) var mailer = MailerKind(rawValue: Setting.mailer.textDefault) ?? .log
     /// `TRUNK_SYNC_SMTP_URL`.
     public var smtpURL: String? { value("smtp_url") }
     /// `TRUNK_SYNC_API_KEY`: the `apikey` the REST routes require, if any.
     public var apiKey: String? { value("api_key") }
     /// `TRUNK_SYNC_MAIL_FROM`.
-    public var mailFrom: String { value("mail_from") ?? "no-reply@localhost" }
+    public var mailFrom: String { value("mail_from") ?? Setting.mailFrom.textDefault }
     /// `TRUNK_SYNC_CORS_ORIGINS`, split on commas.
     public var corsOrigins: [String] {
         (value("cors_origins") ?? "").split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
             .filter { !$0.isEmpty }
     }
     /// `TRUNK_SYNC_LOG_LEVEL`.
-    public private(set) var logLevel: Logger.Level = .info
+    public private(set) var logLevel = Logger.Level(rawValue: Setting.logLevel.textDefault) ?? .info
     /// `TRUNK_SYNC_LOG_FORMAT`.
-    public private(set) var logFormat: LogFormat = .text
+    public private(set) var logFormat = LogFormat(rawValue: Setting.logFormat.textDefault) ?? .text
     /// `TRUNK_SYNC_MIGRATIONS_DIR`, resolved to a directory.
     public var migrationsDirectory: String { Migration.defaultDirectory(explicit: value("migrations_dir")) }
     /// `TRUNK_SYNC_DB_POOL_SIZE`.
-    public private(set) var databasePoolSize: Int = 10
+    public private(set) var databasePoolSize = Setting.databasePoolSize.integerDefault
     /// `TRUNK_SYNC_DB_POOL_TIMEOUT`, in seconds.
-    public private(set) var databasePoolTimeout: Double = 5
+    public private(set) var databasePoolTimeout = Setting.databasePoolTimeout.secondsDefault
     /// `TRUNK_SYNC_HTTP_HEADER_TIMEOUT`, in seconds.
-    public private(set) var httpHeaderTimeout: Double = 10
+    public private(set) var httpHeaderTimeout = Setting.httpHeaderTimeout.secondsDefault
     /// `TRUNK_SYNC_HTTP_BODY_TIMEOUT`, in seconds.
-    public private(set) var httpBodyTimeout: Double = 30
+    public private(set) var httpBodyTimeout = Setting.httpBodyTimeout.secondsDefault
     /// `TRUNK_SYNC_HTTP_IDLE_TIMEOUT`, in seconds.
-    public private(set) var httpIdleTimeout: Double = 60
+    public private(set) var httpIdleTimeout = Setting.httpIdleTimeout.secondsDefault
     /// `TRUNK_SYNC_HTTP_WRITE_TIMEOUT`, in seconds.
-    public private(set) var httpWriteTimeout: Double = 30
+    public private(set) var httpWriteTimeout = Setting.httpWriteTimeout.secondsDefault
     /// `TRUNK_SYNC_HTTP_MAX_CONNECTIONS`.
-    public private(set) var httpMaxConnections: Int = 10_000
+    public private(set) var httpMaxConnections = Setting.httpMaxConnections.integerDefault
     /// `TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT` (0: no cap).
-    public private(set) var httpMaxConnectionsPerClient: Int = 256
+    public private(set) var httpMaxConnectionsPerClient = Setting.httpMaxConnectionsPerClient.integerDefault
 
     /// The event streams' limits and heartbeat (`stream_*`).
     public private(set) var streams = EventStreams.Settings()
@@ -112,7 +112,7 @@ public struct Configuration: Sendable {
     /// `mail_senders`, `mail_queue_size`.
     public private(set) var auth = AuthSettings()
     /// `TRUNK_SYNC_JWT_EXPIRY`, seconds.
-    public private(set) var jwtExpiry = 3600
+    public private(set) var jwtExpiry = Setting.jwtExpiry.integerDefault
 
     /// Loads and validates the configuration.
     /// - Parameters:
