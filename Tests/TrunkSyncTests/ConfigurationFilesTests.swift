@@ -73,8 +73,9 @@ final class ConfigurationFilesTests: XCTestCase {
         for setting in Setting.all {
             guard let value = setting.defaultValue else { continue }
             switch setting.kind {
-            case .integer: XCTAssertNotNil(Int(value), setting.key)
-            case .seconds: XCTAssertNotNil(Double(value), setting.key)
+            case .integer(let range): XCTAssertTrue(Int(value).map(range.contains) ?? false, setting.key)
+            case .seconds(let maximum):
+                XCTAssertTrue(Double(value).map { $0 > 0 && $0 <= maximum } ?? false, setting.key)
             case .rule: XCTAssertEqual(value.split(separator: "/").compactMap { Int($0) }.count, 2, setting.key)
             case .text, .list: break
             }

@@ -8,15 +8,19 @@ public struct Setting: Sendable {
     public enum Kind: Sendable {
         /// Free text (a URL, an address, a name from a fixed list).
         case text
-        /// A whole number.
-        case integer
-        /// A number of seconds (fractions allowed).
-        case seconds
+        /// A whole number in a range.
+        case integer(ClosedRange<Int>)
+        /// A number of seconds (fractions allowed), more than 0 and at most `maximum`.
+        case seconds(maximum: Double)
         /// A comma-separated list (a JSON list in a config file).
         case list
-        /// A rate limit written `COUNT/SECONDS`.
+        /// A rate limit written `COUNT/SECONDS` (both at least 1, `SECONDS` at most
+        /// `Setting.longestRuleWindow`).
         case rule
     }
+
+    /// The longest window a `.rule` setting may have, in seconds (a day).
+    public static let longestRuleWindow = 86_400
 
     /// Key in a JSON config file, e.g. `database_url`.
     public let key: String
@@ -46,7 +50,7 @@ public struct Setting: Sendable {
         summary: "Address to listen on (IPv4 or IPv6).")
     /// `port`.
     public static let port = Setting(
-        key: "port", kind: .integer, defaultValue: "8080", isSecret: false,
+        key: "port", kind: .integer(0...65535), defaultValue: "8080", isSecret: false,
         summary: "TCP port to listen on (0: any free port, logged at start).")
     /// `admin_host`.
     public static let adminHost = Setting(
@@ -54,7 +58,7 @@ public struct Setting: Sendable {
         summary: "Address of the operator listener (`GET /metrics`, detailed `/readyz`). Keep it private: loopback, or a network only your monitoring reaches.")
     /// `admin_port`.
     public static let adminPort = Setting(
-        key: "admin_port", kind: .integer, defaultValue: "9090", isSecret: false,
+        key: "admin_port", kind: .integer(0...65535), defaultValue: "9090", isSecret: false,
         summary: "TCP port of the operator listener (0: any free port, logged at start as `admin listening`). Must differ from `TRUNK_SYNC_PORT`.")
     /// `admin_emails`.
     public static let adminEmails = Setting(
@@ -102,11 +106,11 @@ public struct Setting: Sendable {
         summary: "Sender address of sign-in mails.")
     /// `mail_senders`.
     public static let mailSenders = Setting(
-        key: "mail_senders", kind: .integer, defaultValue: "2", isSecret: false,
+        key: "mail_senders", kind: .integer(1...64), defaultValue: "2", isSecret: false,
         summary: "Sign-in mails sent at once (sender tasks, and SMTP sessions). Mails go out after /otp has answered.")
     /// `mail_queue_size`.
     public static let mailQueueSize = Setting(
-        key: "mail_queue_size", kind: .integer, defaultValue: "1000", isSecret: false,
+        key: "mail_queue_size", kind: .integer(1...100_000), defaultValue: "1000", isSecret: false,
         summary: "Sign-in mails waiting for a sender; when full, a new one is dropped (counted in `trunk_sync_mail_dropped_total`, logged) and /otp still answers 200.")
     /// `cors_origins`.
     public static let corsOrigins = Setting(
@@ -126,11 +130,11 @@ public struct Setting: Sendable {
         summary: "Directory of migration files. Default ./migrations, else share/trunk-sync/migrations beside the binary.")
     /// `db_pool_size`.
     public static let databasePoolSize = Setting(
-        key: "db_pool_size", kind: .integer, defaultValue: "10", isSecret: false,
+        key: "db_pool_size", kind: .integer(1...500), defaultValue: "10", isSecret: false,
         summary: "Size of each of the server's two database pools: the event loop's non-blocking connections for push and pull, and the connections (each with a thread of its own) for every other route. At most 2 × this many connections, plus one for `LISTEN`.")
     /// `db_pool_timeout`.
     public static let databasePoolTimeout = Setting(
-        key: "db_pool_timeout", kind: .seconds, defaultValue: "5", isSecret: false,
+        key: "db_pool_timeout", kind: .seconds(maximum: 300), defaultValue: "5", isSecret: false,
         summary: "Seconds a request waits for a free database connection before 503.")
     /// `api_key`.
     public static let apiKey = Setting(
@@ -138,19 +142,19 @@ public struct Setting: Sendable {
         summary: "When set, /rest/v1 requests must send it in the apikey header (the apps' anon key; visible ASCII, at most 1024 characters). Default: any value.")
     /// `jwt_expiry`.
     public static let jwtExpiry = Setting(
-        key: "jwt_expiry", kind: .integer, defaultValue: "3600", isSecret: false,
+        key: "jwt_expiry", kind: .integer(60...604_800), defaultValue: "3600", isSecret: false,
         summary: "Access token lifetime in seconds.")
     /// `otp_expiry`.
     public static let otpExpiry = Setting(
-        key: "otp_expiry", kind: .integer, defaultValue: "600", isSecret: false,
+        key: "otp_expiry", kind: .integer(30...86_400), defaultValue: "600", isSecret: false,
         summary: "Seconds a sign-in or confirmation code stays valid.")
     /// `otp_resend_interval`.
     public static let otpResendInterval = Setting(
-        key: "otp_resend_interval", kind: .integer, defaultValue: "60", isSecret: false,
+        key: "otp_resend_interval", kind: .integer(0...3600), defaultValue: "60", isSecret: false,
         summary: "Seconds before another code may be sent to the same address (or, for confirmation codes, the same user).")
     /// `otp_max_attempts`.
     public static let otpMaxAttempts = Setting(
-        key: "otp_max_attempts", kind: .integer, defaultValue: "5", isSecret: false,
+        key: "otp_max_attempts", kind: .integer(1...100), defaultValue: "5", isSecret: false,
         summary: "Wrong guesses after which a code (sign-in or confirmation) is dead.")
     /// `otp_failure_limit`.
     public static let otpFailureLimit = Setting(
@@ -158,7 +162,7 @@ public struct Setting: Sendable {
         summary: "Refused /auth/v1/verify requests per address, across codes and client addresses, that lock verification for the address, as failures/seconds; likewise refused confirmation codes per user for DELETE /sync/v1/account.")
     /// `otp_lockout`.
     public static let otpLockout = Setting(
-        key: "otp_lockout", kind: .integer, defaultValue: "3600", isSecret: false,
+        key: "otp_lockout", kind: .integer(1...604_800), defaultValue: "3600", isSecret: false,
         summary: "Seconds verification stays locked; meanwhile every code, the right one too, gets `otp_expired`.")
     /// `rate_limit_otp`.
     public static let rateLimitOTP = Setting(
@@ -186,63 +190,63 @@ public struct Setting: Sendable {
         summary: "Sign-in and confirmation codes the whole deployment may issue (mailed or not), as codes/seconds.")
     /// `refresh_reuse_interval`.
     public static let refreshReuseInterval = Setting(
-        key: "refresh_reuse_interval", kind: .integer, defaultValue: "10", isSecret: false,
+        key: "refresh_reuse_interval", kind: .integer(0...300), defaultValue: "10", isSecret: false,
         summary: "Seconds a just-rotated refresh token still yields a session (tabs refreshing together).")
     /// `http_header_timeout`.
     public static let httpHeaderTimeout = Setting(
-        key: "http_header_timeout", kind: .seconds, defaultValue: "10", isSecret: false,
+        key: "http_header_timeout", kind: .seconds(maximum: 3600), defaultValue: "10", isSecret: false,
         summary: "Seconds a client has to send a whole request head from its first byte (then 408); also how long a new connection may stay silent.")
     /// `http_body_timeout`.
     public static let httpBodyTimeout = Setting(
-        key: "http_body_timeout", kind: .seconds, defaultValue: "30", isSecret: false,
+        key: "http_body_timeout", kind: .seconds(maximum: 3600), defaultValue: "30", isSecret: false,
         summary: "Seconds a client has to send a whole request body once its head was accepted (then 408).")
     /// `http_idle_timeout`.
     public static let httpIdleTimeout = Setting(
-        key: "http_idle_timeout", kind: .seconds, defaultValue: "60", isSecret: false,
+        key: "http_idle_timeout", kind: .seconds(maximum: 3600), defaultValue: "60", isSecret: false,
         summary: "Seconds an idle keep-alive connection stays open between requests.")
     /// `http_write_timeout`.
     public static let httpWriteTimeout = Setting(
-        key: "http_write_timeout", kind: .seconds, defaultValue: "30", isSecret: false,
+        key: "http_write_timeout", kind: .seconds(maximum: 3600), defaultValue: "30", isSecret: false,
         summary: "Seconds a response may wait for the client to read it before the connection is closed.")
     /// `http_max_connections`.
     public static let httpMaxConnections = Setting(
-        key: "http_max_connections", kind: .integer, defaultValue: "10000", isSecret: false,
+        key: "http_max_connections", kind: .integer(1...1_000_000), defaultValue: "10000", isSecret: false,
         summary: "Most open client connections; more are answered 503 and closed.")
     /// `http_max_connections_per_client`.
     public static let httpMaxConnectionsPerClient = Setting(
-        key: "http_max_connections_per_client", kind: .integer, defaultValue: "256", isSecret: false,
+        key: "http_max_connections_per_client", kind: .integer(0...1_000_000), defaultValue: "256", isSecret: false,
         summary: "Most open connections from one client address (an IPv6 client counts per /64); more are answered 503 and closed. Decided at accept from the peer address (`X-Forwarded-For` is not read yet): trusted proxies are exempt. 0: no cap.")
     /// `stream_heartbeat`.
     public static let streamHeartbeat = Setting(
-        key: "stream_heartbeat", kind: .integer, defaultValue: "15", isSecret: false,
+        key: "stream_heartbeat", kind: .integer(1...3600), defaultValue: "15", isSecret: false,
         summary: "Seconds between the `: keep-alive` comments of every event stream (GET /sync/v1/stream), so proxies keep idle streams open.")
     /// `stream_max_per_user`.
     public static let streamMaxPerUser = Setting(
-        key: "stream_max_per_user", kind: .integer, defaultValue: "10", isSecret: false,
+        key: "stream_max_per_user", kind: .integer(1...100_000), defaultValue: "10", isSecret: false,
         summary: "Most event streams one user may have open on this instance; more are answered 429 with Retry-After.")
     /// `stream_max`.
     public static let streamMax = Setting(
-        key: "stream_max", kind: .integer, defaultValue: "5000", isSecret: false,
+        key: "stream_max", kind: .integer(1...1_000_000), defaultValue: "5000", isSecret: false,
         summary: "Most event streams open on this instance; more are answered 429 with Retry-After. Each is an open connection: keep it below TRUNK_SYNC_HTTP_MAX_CONNECTIONS.")
     /// `stream_buffer`.
     public static let streamBuffer = Setting(
-        key: "stream_buffer", kind: .integer, defaultValue: "262144", isSecret: false,
+        key: "stream_buffer", kind: .integer(4096...67_108_864), defaultValue: "262144", isSecret: false,
         summary: "Bytes an event stream may have waiting for a slow client; a live event that finds it full ends the stream (the client resumes with Last-Event-ID, losing nothing).")
     /// `realtime_max`.
     public static let realtimeMax = Setting(
-        key: "realtime_max", kind: .integer, defaultValue: "5000", isSecret: false,
+        key: "realtime_max", kind: .integer(1...1_000_000), defaultValue: "5000", isSecret: false,
         summary: "Most Supabase Realtime sockets (`GET /realtime/v1/websocket`) open on this instance; more are answered 429 with Retry-After. Each is an open connection: keep it below TRUNK_SYNC_HTTP_MAX_CONNECTIONS.")
     /// `realtime_max_channels_per_user`.
     public static let realtimeMaxChannelsPerUser = Setting(
-        key: "realtime_max_channels_per_user", kind: .integer, defaultValue: "100", isSecret: false,
+        key: "realtime_max_channels_per_user", kind: .integer(1...100_000), defaultValue: "100", isSecret: false,
         summary: "Most Realtime channels one user may have joined on this instance; a join over it is refused in its reply.")
     /// `realtime_buffer`.
     public static let realtimeBuffer = Setting(
-        key: "realtime_buffer", kind: .integer, defaultValue: "262144", isSecret: false,
+        key: "realtime_buffer", kind: .integer(4096...67_108_864), defaultValue: "262144", isSecret: false,
         summary: "Bytes a Realtime socket may have waiting for a slow client; a message that finds it full closes the socket with 1013 (Realtime does not replay: the client rejoins and should pull).")
     /// `realtime_idle_timeout`.
     public static let realtimeIdleTimeout = Setting(
-        key: "realtime_idle_timeout", kind: .integer, defaultValue: "90", isSecret: false,
+        key: "realtime_idle_timeout", kind: .integer(30...3600), defaultValue: "90", isSecret: false,
         summary: "Seconds a Realtime socket may send nothing (not even its 25 s heartbeat) before it is closed.")
 
     /// Every setting trunk-sync reads, in the order `config check` prints them and the
@@ -317,6 +321,16 @@ extension Setting {
     var integerDefault: Int { defaultValue.flatMap { Int($0) } ?? 0 }
     /// The default of a `.seconds` setting.
     var secondsDefault: Double { defaultValue.flatMap { Double($0) } ?? 0 }
+    /// The values an `.integer` setting accepts.
+    var integerRange: ClosedRange<Int> {
+        if case .integer(let range) = kind { return range }
+        return Int.min...Int.max
+    }
+    /// The most seconds a `.seconds` setting accepts.
+    var secondsMaximum: Double {
+        if case .seconds(let maximum) = kind { return maximum }
+        return .infinity
+    }
     /// The default of a `.rule` setting.
     var ruleDefault: RateLimiter.Rule {
         let parts = textDefault.split(separator: "/").compactMap { Int($0) }

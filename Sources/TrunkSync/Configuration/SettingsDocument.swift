@@ -27,7 +27,7 @@ public enum SettingsDocument {
 
     /// The settings table of `config/README.md` (without the marker lines).
     public static var markdownTable: String {
-        var lines = ["| variable | file key | default | secret | meaning |", "|---|---|---|---|---|"]
+        var lines = ["| variable | file key | default | values | secret | meaning |", "|---|---|---|---|---|---|"]
         for setting in Setting.all {
             let shown: String
             switch setting.defaultValue {
@@ -37,7 +37,10 @@ public enum SettingsDocument {
             }
             let meaning = setting.summary.replacingOccurrences(of: "|", with: "\\|")
             let secret = setting.isSecret ? "yes" : ""
-            lines.append("| `\(setting.environmentVariable)` | `\(setting.key)` | \(shown) | \(secret) | \(meaning) |")
+            let columns = [
+                "`\(setting.environmentVariable)`", "`\(setting.key)`", shown, values(setting), secret, meaning,
+            ]
+            lines.append("| " + columns.joined(separator: " | ") + " |")
         }
         return lines.joined(separator: "\n") + "\n"
     }
@@ -49,6 +52,17 @@ public enum SettingsDocument {
             let end = readme.range(of: tableEnd, range: start.upperBound..<readme.endIndex)
         else { return nil }
         return String(readme[..<start.upperBound]) + "\n" + markdownTable + "\n" + String(readme[end.lowerBound...])
+    }
+
+    /// What a setting accepts, for the table's values column (empty for free text).
+    private static func values(_ setting: Setting) -> String {
+        switch setting.kind {
+        case .integer(let range): return "\(range.lowerBound) to \(range.upperBound)"
+        case .seconds(let maximum): return "seconds, over 0 to \(Int(maximum))"
+        case .rule: return "COUNT/SECONDS, SECONDS ≤ \(Setting.longestRuleWindow)"
+        case .list: return "list"
+        case .text: return ""
+        }
     }
 
     private static func jsonDefault(_ setting: Setting) -> String {
