@@ -1,5 +1,5 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test build release format lint clean fuzz fuzz-ws fuzz-json fuzz-api bench drill drill-failover
+.PHONY: run test config-generate build release format lint clean fuzz fuzz-ws fuzz-json fuzz-api bench drill drill-failover
 
 run:
 	scripts/run.sh
@@ -9,6 +9,10 @@ test:
 
 build:
 	swift build
+
+# Regenerates config/defaults.json and the settings table of config/README.md from Setting.swift.
+config-generate:
+	scripts/config-generate.sh
 
 release:
 	swift build -c release

@@ -7,7 +7,7 @@ struct ConfigCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "config",
         abstract: "Inspect the configuration.",
-        subcommands: [Check.self]
+        subcommands: [Check.self, Defaults.self]
     )
 
     struct Check: AsyncParsableCommand {
@@ -36,6 +36,24 @@ struct ConfigCommand: AsyncParsableCommand {
                 await DatabaseRoles.report(
                     url: try configuration.requireDatabaseURL(), logger: Logger(label: "trunk-sync.config"))
             }
+        }
+    }
+
+    struct Defaults: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract:
+                "Print every setting's default as config/defaults.json (--json) or as the settings table of config/README.md (--markdown)."
+        )
+
+        @Flag(help: "Print config/defaults.json.") var json = false
+        @Flag(help: "Print the settings table of config/README.md.") var markdown = false
+
+        func validate() throws {
+            guard json != markdown else { throw ValidationError("give one of --json or --markdown") }
+        }
+
+        func run() throws {
+            print(json ? SettingsDocument.defaultsJSON : SettingsDocument.markdownTable, terminator: "")
         }
     }
 }

@@ -28,36 +28,36 @@ extension SignInCodeSender {
 
 /// The rules of sign-in (every one configurable; the defaults are the documented ones).
 public struct AuthSettings: Sendable {
-    /// Seconds a code stays valid. Default 600.
-    public var otpLifetime = 600
-    /// Seconds before a new code may be sent to the same address. Default 60.
-    public var otpResendInterval = 60
-    /// Wrong guesses that kill a code. Default 5.
-    public var otpMaxAttempts = 5
+    /// Seconds a code stays valid. Default: setting `otp_expiry`.
+    public var otpLifetime = Setting.otpExpiry.integerDefault
+    /// Seconds before a new code may be sent to the same address. Default: setting `otp_resend_interval`.
+    public var otpResendInterval = Setting.otpResendInterval.integerDefault
+    /// Wrong guesses that kill a code. Default: setting `otp_max_attempts`.
+    public var otpMaxAttempts = Setting.otpMaxAttempts.integerDefault
     /// Refused `/verify` requests per address, across codes, that lock verification for the
-    /// address. Default 10 per 3600 s.
-    public var otpFailureRule = RateLimiter.Rule(limit: 10, window: 3600)
-    /// Seconds verification stays locked. Default 3600.
-    public var otpLockout = 3600
-    /// Per client (an IPv4 address or an IPv6 /64): `/otp`. Default 30 per 300 s.
-    public var otpRule = RateLimiter.Rule(limit: 30, window: 300)
-    /// Per client: `/verify`. Default 30 per 300 s.
-    public var verifyRule = RateLimiter.Rule(limit: 30, window: 300)
-    /// Per client: `/token`. Default 150 per 300 s.
-    public var tokenRule = RateLimiter.Rule(limit: 150, window: 300)
-    /// Per email address, whichever client asks: `/otp`. Default 10 per hour.
-    public var otpEmailRule = RateLimiter.Rule(limit: 10, window: 3600)
-    /// Per email address, whichever client asks: `/verify`. Default 30 per hour.
-    public var verifyEmailRule = RateLimiter.Rule(limit: 30, window: 3600)
-    /// All sign-in mails of the deployment. Default 1000 per hour.
-    public var mailRule = RateLimiter.Rule(limit: 1000, window: 3600)
+    /// address. Default: setting `otp_failure_limit`.
+    public var otpFailureRule = Setting.otpFailureLimit.ruleDefault
+    /// Seconds verification stays locked. Default: setting `otp_lockout`.
+    public var otpLockout = Setting.otpLockout.integerDefault
+    /// Per client (an IPv4 address or an IPv6 /64): `/otp`. Default: setting `rate_limit_otp`.
+    public var otpRule = Setting.rateLimitOTP.ruleDefault
+    /// Per client: `/verify`. Default: setting `rate_limit_verify`.
+    public var verifyRule = Setting.rateLimitVerify.ruleDefault
+    /// Per client: `/token`. Default: setting `rate_limit_token`.
+    public var tokenRule = Setting.rateLimitToken.ruleDefault
+    /// Per email address, whichever client asks: `/otp`. Default: setting `rate_limit_otp_email`.
+    public var otpEmailRule = Setting.rateLimitOTPEmail.ruleDefault
+    /// Per email address, whichever client asks: `/verify`. Default: setting `rate_limit_verify_email`.
+    public var verifyEmailRule = Setting.rateLimitVerifyEmail.ruleDefault
+    /// All sign-in mails of the deployment. Default: setting `rate_limit_mail`.
+    public var mailRule = Setting.rateLimitMail.ruleDefault
     /// Seconds after rotation during which an old refresh token still yields a session (two
-    /// tabs refreshing at once). Default 10.
-    public var refreshReuseInterval = 10
-    /// Sign-in mails sent at once (sender tasks, and SMTP sessions). Default 2.
-    public var mailSenders = 2
-    /// Sign-in mails waiting for a sender; more are dropped (counted, logged). Default 1000.
-    public var mailQueueSize = 1000
+    /// tabs refreshing at once). Default: setting `refresh_reuse_interval`.
+    public var refreshReuseInterval = Setting.refreshReuseInterval.integerDefault
+    /// Sign-in mails sent at once (sender tasks, and SMTP sessions). Default: setting `mail_senders`.
+    public var mailSenders = Setting.mailSenders.integerDefault
+    /// Sign-in mails waiting for a sender; more are dropped (counted, logged). Default: setting `mail_queue_size`.
+    public var mailQueueSize = Setting.mailQueueSize.integerDefault
 
     public init() {}
 }

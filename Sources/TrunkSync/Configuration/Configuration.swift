@@ -36,13 +36,13 @@ public struct Configuration: Sendable {
     /// `migrate`, `keys` and `users` log in with (the tables' owner).
     public var migrationDatabaseURL: String? { value("migration_database_url") ?? databaseURL }
     /// `TRUNK_SYNC_HOST`.
-    public var host: String { value("host") ?? "127.0.0.1" }
+    public var host: String { value("host") ?? Setting.host.textDefault }
     /// `TRUNK_SYNC_PORT`.
-    public private(set) var port: Int = 8080
+    public private(set) var port = Setting.port.integerDefault
     /// `TRUNK_SYNC_ADMIN_HOST`: where the operator listener (`/metrics`) binds.
-    public var adminHost: String { value("admin_host") ?? "127.0.0.1" }
+    public var adminHost: String { value("admin_host") ?? Setting.adminHost.textDefault }
     /// `TRUNK_SYNC_ADMIN_PORT`.
-    public private(set) var adminPort: Int = 9090
+    public private(set) var adminPort = Setting.adminPort.integerDefault
     /// `TRUNK_SYNC_ADMIN_EMAILS`: who may sign in to the operator console (normalised,
     /// without repeats). Empty: console sign-in is disabled.
     public private(set) var adminEmails: [Email] = []
@@ -68,40 +68,40 @@ public struct Configuration: Sendable {
             .filter { !$0.isEmpty }
     }
     /// `TRUNK_SYNC_MAILER`.
-    public private(set) var mailer: MailerKind = .log
+    public private(set) var mailer = MailerKind(rawValue: Setting.mailer.textDefault) ?? .log
     /// `TRUNK_SYNC_SMTP_URL`.
     public var smtpURL: String? { value("smtp_url") }
     /// `TRUNK_SYNC_API_KEY`: the `apikey` the REST routes require, if any.
     public var apiKey: String? { value("api_key") }
     /// `TRUNK_SYNC_MAIL_FROM`.
-    public var mailFrom: String { value("mail_from") ?? "no-reply@localhost" }
+    public var mailFrom: String { value("mail_from") ?? Setting.mailFrom.textDefault }
     /// `TRUNK_SYNC_CORS_ORIGINS`, split on commas.
     public var corsOrigins: [String] {
         (value("cors_origins") ?? "").split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
             .filter { !$0.isEmpty }
     }
     /// `TRUNK_SYNC_LOG_LEVEL`.
-    public private(set) var logLevel: Logger.Level = .info
+    public private(set) var logLevel = Logger.Level(rawValue: Setting.logLevel.textDefault) ?? .info
     /// `TRUNK_SYNC_LOG_FORMAT`.
-    public private(set) var logFormat: LogFormat = .text
+    public private(set) var logFormat = LogFormat(rawValue: Setting.logFormat.textDefault) ?? .text
     /// `TRUNK_SYNC_MIGRATIONS_DIR`, resolved to a directory.
     public var migrationsDirectory: String { Migration.defaultDirectory(explicit: value("migrations_dir")) }
     /// `TRUNK_SYNC_DB_POOL_SIZE`.
-    public private(set) var databasePoolSize: Int = 10
+    public private(set) var databasePoolSize = Setting.databasePoolSize.integerDefault
     /// `TRUNK_SYNC_DB_POOL_TIMEOUT`, in seconds.
-    public private(set) var databasePoolTimeout: Double = 5
+    public private(set) var databasePoolTimeout = Setting.databasePoolTimeout.secondsDefault
     /// `TRUNK_SYNC_HTTP_HEADER_TIMEOUT`, in seconds.
-    public private(set) var httpHeaderTimeout: Double = 10
+    public private(set) var httpHeaderTimeout = Setting.httpHeaderTimeout.secondsDefault
     /// `TRUNK_SYNC_HTTP_BODY_TIMEOUT`, in seconds.
-    public private(set) var httpBodyTimeout: Double = 30
+    public private(set) var httpBodyTimeout = Setting.httpBodyTimeout.secondsDefault
     /// `TRUNK_SYNC_HTTP_IDLE_TIMEOUT`, in seconds.
-    public private(set) var httpIdleTimeout: Double = 60
+    public private(set) var httpIdleTimeout = Setting.httpIdleTimeout.secondsDefault
     /// `TRUNK_SYNC_HTTP_WRITE_TIMEOUT`, in seconds.
-    public private(set) var httpWriteTimeout: Double = 30
+    public private(set) var httpWriteTimeout = Setting.httpWriteTimeout.secondsDefault
     /// `TRUNK_SYNC_HTTP_MAX_CONNECTIONS`.
-    public private(set) var httpMaxConnections: Int = 10_000
+    public private(set) var httpMaxConnections = Setting.httpMaxConnections.integerDefault
     /// `TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT` (0: no cap).
-    public private(set) var httpMaxConnectionsPerClient: Int = 256
+    public private(set) var httpMaxConnectionsPerClient = Setting.httpMaxConnectionsPerClient.integerDefault
 
     /// The event streams' limits and heartbeat (`stream_*`).
     public private(set) var streams = EventStreams.Settings()
@@ -112,7 +112,7 @@ public struct Configuration: Sendable {
     /// `mail_senders`, `mail_queue_size`.
     public private(set) var auth = AuthSettings()
     /// `TRUNK_SYNC_JWT_EXPIRY`, seconds.
-    public private(set) var jwtExpiry = 3600
+    public private(set) var jwtExpiry = Setting.jwtExpiry.integerDefault
 
     /// Loads and validates the configuration.
     /// - Parameters:
@@ -183,14 +183,14 @@ public struct Configuration: Sendable {
 
     private mutating func validate() {
         if let text = value("port") {
-            if let port = Int(text), (0...65535).contains(port) {
+            if let port = Int(text), Setting.port.integerRange.contains(port) {
                 self.port = port
             } else {
                 refuse("port", "must be a port number between 0 and 65535 (0: any free port)")
             }
         }
         if let text = value("admin_port") {
-            if let port = Int(text), (0...65535).contains(port) {
+            if let port = Int(text), Setting.adminPort.integerRange.contains(port) {
                 adminPort = port
             } else {
                 refuse("admin_port", "must be a port number between 0 and 65535 (0: any free port)")
@@ -259,36 +259,28 @@ public struct Configuration: Sendable {
         if let text = value("log_format") {
             if let format = LogFormat(rawValue: text.lowercased()) { logFormat = format } else { refuse("log_format", "must be text or json") }
         }
-        if let text = value("db_pool_size") {
-            if let size = Int(text), (1...500).contains(size) {
-                databasePoolSize = size
-            } else {
-                refuse("db_pool_size", "must be an integer between 1 and 500")
-            }
-        }
+        databasePoolSize = integer(Setting.databasePoolSize) ?? databasePoolSize
         if let text = value("db_pool_timeout") {
-            if let seconds = Double(text), seconds > 0, seconds <= 300 {
+            let maximum = Setting.databasePoolTimeout.secondsMaximum
+            if let seconds = Double(text), seconds > 0, seconds <= maximum {
                 databasePoolTimeout = seconds
             } else {
-                refuse("db_pool_timeout", "must be a number of seconds between 0 and 300")
+                refuse("db_pool_timeout", "must be a number of seconds between 0 and \(Int(maximum))")
             }
         }
-        httpHeaderTimeout = seconds("http_header_timeout") ?? httpHeaderTimeout
-        httpBodyTimeout = seconds("http_body_timeout") ?? httpBodyTimeout
-        httpIdleTimeout = seconds("http_idle_timeout") ?? httpIdleTimeout
-        httpWriteTimeout = seconds("http_write_timeout") ?? httpWriteTimeout
-        if let text = value("http_max_connections") {
-            if let count = Int(text), (1...1_000_000).contains(count) {
-                httpMaxConnections = count
-            } else {
-                refuse("http_max_connections", "must be an integer between 1 and 1000000")
-            }
-        }
+        httpHeaderTimeout = seconds(Setting.httpHeaderTimeout) ?? httpHeaderTimeout
+        httpBodyTimeout = seconds(Setting.httpBodyTimeout) ?? httpBodyTimeout
+        httpIdleTimeout = seconds(Setting.httpIdleTimeout) ?? httpIdleTimeout
+        httpWriteTimeout = seconds(Setting.httpWriteTimeout) ?? httpWriteTimeout
+        httpMaxConnections = integer(Setting.httpMaxConnections) ?? httpMaxConnections
         if let text = value("http_max_connections_per_client") {
-            if let count = Int(text), (0...1_000_000).contains(count) {
+            let range = Setting.httpMaxConnectionsPerClient.integerRange
+            if let count = Int(text), range.contains(count) {
                 httpMaxConnectionsPerClient = count
             } else {
-                refuse("http_max_connections_per_client", "must be an integer between 0 (no cap) and 1000000")
+                refuse(
+                    "http_max_connections_per_client",
+                    "must be an integer between \(range.lowerBound) (no cap) and \(range.upperBound)")
             }
         }
         if let url = value("public_url") {
@@ -297,29 +289,29 @@ public struct Configuration: Sendable {
                 refuse("public_url", "must be an http:// or https:// URL")
             }
         }
-        streams.heartbeat = integer("stream_heartbeat", 1...3600) ?? streams.heartbeat
-        streams.maxPerUser = integer("stream_max_per_user", 1...100_000) ?? streams.maxPerUser
-        streams.maxTotal = integer("stream_max", 1...1_000_000) ?? streams.maxTotal
-        streams.bufferBytes = integer("stream_buffer", 4096...64 * 1024 * 1024) ?? streams.bufferBytes
-        realtime.maxSockets = integer("realtime_max", 1...1_000_000) ?? realtime.maxSockets
-        realtime.maxChannelsPerUser = integer("realtime_max_channels_per_user", 1...100_000) ?? realtime.maxChannelsPerUser
-        realtime.bufferBytes = integer("realtime_buffer", 4096...64 * 1024 * 1024) ?? realtime.bufferBytes
-        realtime.idleTimeout = integer("realtime_idle_timeout", 30...3600) ?? realtime.idleTimeout
-        jwtExpiry = integer("jwt_expiry", 60...86_400 * 7) ?? jwtExpiry
-        auth.otpLifetime = integer("otp_expiry", 30...86_400) ?? auth.otpLifetime
-        auth.otpResendInterval = integer("otp_resend_interval", 0...3600) ?? auth.otpResendInterval
-        auth.otpMaxAttempts = integer("otp_max_attempts", 1...100) ?? auth.otpMaxAttempts
-        auth.otpFailureRule = rule("otp_failure_limit") ?? auth.otpFailureRule
-        auth.otpLockout = integer("otp_lockout", 1...604_800) ?? auth.otpLockout
-        auth.otpRule = rule("rate_limit_otp") ?? auth.otpRule
-        auth.verifyRule = rule("rate_limit_verify") ?? auth.verifyRule
-        auth.tokenRule = rule("rate_limit_token") ?? auth.tokenRule
-        auth.mailRule = rule("rate_limit_mail") ?? auth.mailRule
-        auth.otpEmailRule = rule("rate_limit_otp_email") ?? auth.otpEmailRule
-        auth.verifyEmailRule = rule("rate_limit_verify_email") ?? auth.verifyEmailRule
-        auth.refreshReuseInterval = integer("refresh_reuse_interval", 0...300) ?? auth.refreshReuseInterval
-        auth.mailSenders = integer("mail_senders", 1...64) ?? auth.mailSenders
-        auth.mailQueueSize = integer("mail_queue_size", 1...100_000) ?? auth.mailQueueSize
+        streams.heartbeat = integer(Setting.streamHeartbeat) ?? streams.heartbeat
+        streams.maxPerUser = integer(Setting.streamMaxPerUser) ?? streams.maxPerUser
+        streams.maxTotal = integer(Setting.streamMax) ?? streams.maxTotal
+        streams.bufferBytes = integer(Setting.streamBuffer) ?? streams.bufferBytes
+        realtime.maxSockets = integer(Setting.realtimeMax) ?? realtime.maxSockets
+        realtime.maxChannelsPerUser = integer(Setting.realtimeMaxChannelsPerUser) ?? realtime.maxChannelsPerUser
+        realtime.bufferBytes = integer(Setting.realtimeBuffer) ?? realtime.bufferBytes
+        realtime.idleTimeout = integer(Setting.realtimeIdleTimeout) ?? realtime.idleTimeout
+        jwtExpiry = integer(Setting.jwtExpiry) ?? jwtExpiry
+        auth.otpLifetime = integer(Setting.otpExpiry) ?? auth.otpLifetime
+        auth.otpResendInterval = integer(Setting.otpResendInterval) ?? auth.otpResendInterval
+        auth.otpMaxAttempts = integer(Setting.otpMaxAttempts) ?? auth.otpMaxAttempts
+        auth.otpFailureRule = rule(Setting.otpFailureLimit) ?? auth.otpFailureRule
+        auth.otpLockout = integer(Setting.otpLockout) ?? auth.otpLockout
+        auth.otpRule = rule(Setting.rateLimitOTP) ?? auth.otpRule
+        auth.verifyRule = rule(Setting.rateLimitVerify) ?? auth.verifyRule
+        auth.tokenRule = rule(Setting.rateLimitToken) ?? auth.tokenRule
+        auth.mailRule = rule(Setting.rateLimitMail) ?? auth.mailRule
+        auth.otpEmailRule = rule(Setting.rateLimitOTPEmail) ?? auth.otpEmailRule
+        auth.verifyEmailRule = rule(Setting.rateLimitVerifyEmail) ?? auth.verifyEmailRule
+        auth.refreshReuseInterval = integer(Setting.refreshReuseInterval) ?? auth.refreshReuseInterval
+        auth.mailSenders = integer(Setting.mailSenders) ?? auth.mailSenders
+        auth.mailQueueSize = integer(Setting.mailQueueSize) ?? auth.mailQueueSize
         for key in ["database_url", "migration_database_url"] {
             do { try validateDatabaseURL(key) } catch { record(error) }
         }
@@ -412,7 +404,9 @@ public struct Configuration: Sendable {
         return beforeQuery[beforeQuery.index(after: end)...].contains("@")
     }
 
-    private mutating func integer(_ key: String, _ range: ClosedRange<Int>) -> Int? {
+    private mutating func integer(_ setting: Setting) -> Int? {
+        let key = setting.key
+        let range = setting.integerRange
         guard let text = value(key) else { return nil }
         guard let number = Int(text), range.contains(number) else {
             refuse(key, "must be an integer between \(range.lowerBound) and \(range.upperBound)")
@@ -421,11 +415,12 @@ public struct Configuration: Sendable {
         return number
     }
 
-    private mutating func rule(_ key: String) -> RateLimiter.Rule? {
+    private mutating func rule(_ setting: Setting) -> RateLimiter.Rule? {
+        let key = setting.key
         guard let text = value(key) else { return nil }
         let parts = text.split(separator: "/")
         guard parts.count == 2, let limit = Int(parts[0]), let window = Int(parts[1]), limit >= 1, window >= 1,
-            window <= 86_400
+            window <= Setting.longestRuleWindow
         else {
             refuse(key, "must look like REQUESTS/SECONDS, e.g. 30/300")
             return nil
@@ -437,10 +432,12 @@ public struct Configuration: Sendable {
     public mutating func adjustAuth(_ change: (inout AuthSettings) -> Void) { change(&auth) }
 
     /// A timeout setting in seconds (fractions allowed), or `nil` when unset.
-    private mutating func seconds(_ key: String) -> Double? {
+    private mutating func seconds(_ setting: Setting) -> Double? {
+        let key = setting.key
+        let maximum = setting.secondsMaximum
         guard let text = value(key) else { return nil }
-        guard let seconds = Double(text), seconds > 0, seconds <= 3600 else {
-            refuse(key, "must be a number of seconds greater than 0 and at most 3600")
+        guard let seconds = Double(text), seconds > 0, seconds <= maximum else {
+            refuse(key, "must be a number of seconds greater than 0 and at most \(Int(maximum))")
             return nil
         }
         return seconds

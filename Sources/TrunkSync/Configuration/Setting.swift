@@ -1,166 +1,339 @@
 /// One configuration setting: its key in a config file, its environment variable, its
-/// default and what it does. `Setting.all` is the single list that loading, `config check`
-/// and the documentation in `config/` follow.
+/// default and what it does. This file is the only place a setting or its default is written:
+/// loading, `config check`, the typed defaults of `Configuration` (and of the settings structs
+/// it fills) and the generated `config/defaults.json` and settings table of
+/// `config/README.md` (`scripts/config-generate.sh`, see `SettingsDocument`) all follow it.
 public struct Setting: Sendable {
+    /// What a setting's value is: how its default is written in `config/defaults.json`.
+    public enum Kind: Sendable {
+        /// Free text (a URL, an address, a name from a fixed list).
+        case text
+        /// A whole number in a range.
+        case integer(ClosedRange<Int>)
+        /// A number of seconds (fractions allowed), more than 0 and at most `maximum`.
+        case seconds(maximum: Double)
+        /// A comma-separated list (a JSON list in a config file).
+        case list
+        /// A rate limit written `COUNT/SECONDS` (both at least 1, `SECONDS` at most
+        /// `Setting.longestRuleWindow`).
+        case rule
+    }
+
+    /// The longest window a `.rule` setting may have, in seconds (a day).
+    public static let longestRuleWindow = 86_400
+
     /// Key in a JSON config file, e.g. `database_url`.
     public let key: String
+    /// What the value is.
+    public let kind: Kind
     /// Default value as text, or `nil` when there is none.
     public let defaultValue: String?
     /// Whether the value is a secret (redacted in `config check` and logs).
     public let isSecret: Bool
-    /// What the setting does.
+    /// What the setting does, in Markdown (one line: the meaning column of config/README.md).
     public let summary: String
 
     /// The environment variable, e.g. `TRUNK_SYNC_DATABASE_URL`.
     public var environmentVariable: String { "TRUNK_SYNC_" + key.uppercased() }
 
-    /// Every setting trunk-sync reads.
+    /// `database_url`.
+    public static let databaseURL = Setting(
+        key: "database_url", kind: .text, defaultValue: nil, isSecret: true,
+        summary: "PostgreSQL to use: postgres://user:pass@host:port/db or a libpq conninfo string. Required. `serve` and `token` log in with it: best a role of the server's own (see `TRUNK_SYNC_MIGRATION_DATABASE_URL`); `serve` and `config check` warn when it is a superuser or owns the tables.")
+    /// `migration_database_url`.
+    public static let migrationDatabaseURL = Setting(
+        key: "migration_database_url", kind: .text, defaultValue: nil, isSecret: true,
+        summary: "PostgreSQL URL of the tables' owner, for `migrate`, `keys` and `users`. Default: `TRUNK_SYNC_DATABASE_URL`. When it logs in as another role than `TRUNK_SYNC_DATABASE_URL`, `migrate` creates or updates that role as the server's login (LOGIN, member of `trunk_sync_app` and nothing else, the password given there).")
+    /// `host`.
+    public static let host = Setting(
+        key: "host", kind: .text, defaultValue: "127.0.0.1", isSecret: false,
+        summary: "Address to listen on (IPv4 or IPv6).")
+    /// `port`.
+    public static let port = Setting(
+        key: "port", kind: .integer(0...65535), defaultValue: "8080", isSecret: false,
+        summary: "TCP port to listen on (0: any free port, logged at start).")
+    /// `admin_host`.
+    public static let adminHost = Setting(
+        key: "admin_host", kind: .text, defaultValue: "127.0.0.1", isSecret: false,
+        summary: "Address of the operator listener (`GET /metrics`, detailed `/readyz`). Keep it private: loopback, or a network only your monitoring reaches.")
+    /// `admin_port`.
+    public static let adminPort = Setting(
+        key: "admin_port", kind: .integer(0...65535), defaultValue: "9090", isSecret: false,
+        summary: "TCP port of the operator listener (0: any free port, logged at start as `admin listening`). Must differ from `TRUNK_SYNC_PORT`.")
+    /// `admin_emails`.
+    public static let adminEmails = Setting(
+        key: "admin_emails", kind: .list, defaultValue: "", isSecret: false,
+        summary: "Comma-separated email addresses that may sign in to the operator console (`/console/` on the admin listener) with a mailed code. Default none: console sign-in is disabled (the console says so).")
+    /// `admin_hostnames`.
+    public static let adminHostnames = Setting(
+        key: "admin_hostnames", kind: .list, defaultValue: "", isSecret: false,
+        summary: "Comma-separated host names the operator listener answers to besides its addresses (e.g. `trunk-sync` for a scraper on a compose network, or the name a TLS proxy serves the console under). A request whose `Host` is another name is refused (`421`): DNS rebinding cannot reach the listener. Default none: addresses only, and `localhost` when bound to loopback or a wildcard address.")
+    /// `trusted_proxies`.
+    public static let trustedProxies = Setting(
+        key: "trusted_proxies", kind: .list, defaultValue: "", isSecret: false,
+        summary: "Comma-separated addresses or CIDR blocks (IPv4 and IPv6) of your reverse proxies. Only for a peer in this list is the client taken from `X-Forwarded-For` (the rightmost address that is not a trusted proxy). Default none: the peer is the client.")
+    /// `jwt_secret`.
+    public static let jwtSecret = Setting(
+        key: "jwt_secret", kind: .text, defaultValue: nil, isSecret: true,
+        summary: "HS256 signing secret for access tokens: `openssl rand -base64 48` (at least 32 bytes; example and guessable values are refused). Required by serve.")
+    /// `key_encryption_key`.
+    public static let keyEncryptionKey = Setting(
+        key: "key_encryption_key", kind: .text, defaultValue: nil, isSecret: true,
+        summary: "Encrypts the ES256 private keys stored in the database (AES-256-GCM): `openssl rand -base64 48`, the same for `migrate`, `keys add` and every server, kept out of the database and its backups. Required by `keys add`, and by `migrate` and `serve` once signing keys exist.")
+    /// `key_encryption_key_file`.
+    public static let keyEncryptionKeyFile = Setting(
+        key: "key_encryption_key_file", kind: .text, defaultValue: nil, isSecret: false,
+        summary: "A file holding `TRUNK_SYNC_KEY_ENCRYPTION_KEY` instead (a Docker or Kubernetes secret); surrounding whitespace is ignored. Set one of the two.")
+    /// `public_url`.
+    public static let publicURL = Setting(
+        key: "public_url", kind: .text, defaultValue: nil, isSecret: false,
+        summary: "External base URL. URL/auth/v1 is the token issuer (`iss`), checked on every request: every instance of a deployment, and `trunk-sync token`, must share it. Default http://HOST:PORT.")
+    /// `accepted_issuers`.
+    public static let acceptedIssuers = Setting(
+        key: "accepted_issuers", kind: .list, defaultValue: "", isSecret: false,
+        summary: "Comma-separated further token issuers (`iss`) accepted beside URL/auth/v1, full URLs such as `https://<ref>.supabase.co/auth/v1`: after moving from a hosted Supabase project, its access tokens (signed with `TRUNK_SYNC_JWT_SECRET` set to the project's JWT secret, or with keys from `keys import-jwks`) keep working until they expire. Default none.")
+    /// `mailer`.
+    public static let mailer = Setting(
+        key: "mailer", kind: .text, defaultValue: "log", isSecret: false,
+        summary: "log (codes printed to the log) or smtp.")
+    /// `smtp_url`.
+    public static let smtpURL = Setting(
+        key: "smtp_url", kind: .text, defaultValue: nil, isSecret: true,
+        summary: "smtp://[user:pass@]host:port[?tls=none|starttls|tls][&verify=false][&ca_file=PATH] or smtps://…; smtp:// requires STARTTLS unless tls=none; required when mailer is smtp.")
+    /// `mail_from`.
+    public static let mailFrom = Setting(
+        key: "mail_from", kind: .text, defaultValue: "no-reply@localhost", isSecret: false,
+        summary: "Sender address of sign-in mails.")
+    /// `mail_senders`.
+    public static let mailSenders = Setting(
+        key: "mail_senders", kind: .integer(1...64), defaultValue: "2", isSecret: false,
+        summary: "Sign-in mails sent at once (sender tasks, and SMTP sessions). Mails go out after /otp has answered.")
+    /// `mail_queue_size`.
+    public static let mailQueueSize = Setting(
+        key: "mail_queue_size", kind: .integer(1...100_000), defaultValue: "1000", isSecret: false,
+        summary: "Sign-in mails waiting for a sender; when full, a new one is dropped (counted in `trunk_sync_mail_dropped_total`, logged) and /otp still answers 200.")
+    /// `cors_origins`.
+    public static let corsOrigins = Setting(
+        key: "cors_origins", kind: .list, defaultValue: "", isSecret: false,
+        summary: "Comma-separated origins allowed by CORS; * allows any. Default none.")
+    /// `log_level`.
+    public static let logLevel = Setting(
+        key: "log_level", kind: .text, defaultValue: "info", isSecret: false,
+        summary: "trace, debug, info, notice, warning, error or critical. At `info` and below, one access-log line per request (method, path without query, status, duration, request id, user id).")
+    /// `log_format`.
+    public static let logFormat = Setting(
+        key: "log_format", kind: .text, defaultValue: "text", isSecret: false,
+        summary: "text or json (one object per line).")
+    /// `migrations_dir`.
+    public static let migrationsDir = Setting(
+        key: "migrations_dir", kind: .text, defaultValue: nil, isSecret: false,
+        summary: "Directory of migration files. Default ./migrations, else share/trunk-sync/migrations beside the binary.")
+    /// `db_pool_size`.
+    public static let databasePoolSize = Setting(
+        key: "db_pool_size", kind: .integer(1...500), defaultValue: "10", isSecret: false,
+        summary: "Size of each of the server's two database pools: the event loop's non-blocking connections for push and pull, and the connections (each with a thread of its own) for every other route. At most 2 × this many connections, plus one for `LISTEN`.")
+    /// `db_pool_timeout`.
+    public static let databasePoolTimeout = Setting(
+        key: "db_pool_timeout", kind: .seconds(maximum: 300), defaultValue: "5", isSecret: false,
+        summary: "Seconds a request waits for a free database connection before 503.")
+    /// `api_key`.
+    public static let apiKey = Setting(
+        key: "api_key", kind: .text, defaultValue: nil, isSecret: true,
+        summary: "When set, /rest/v1 requests must send it in the apikey header (the apps' anon key; visible ASCII, at most 1024 characters). Default: any value.")
+    /// `jwt_expiry`.
+    public static let jwtExpiry = Setting(
+        key: "jwt_expiry", kind: .integer(60...604_800), defaultValue: "3600", isSecret: false,
+        summary: "Access token lifetime in seconds.")
+    /// `otp_expiry`.
+    public static let otpExpiry = Setting(
+        key: "otp_expiry", kind: .integer(30...86_400), defaultValue: "600", isSecret: false,
+        summary: "Seconds a sign-in or confirmation code stays valid.")
+    /// `otp_resend_interval`.
+    public static let otpResendInterval = Setting(
+        key: "otp_resend_interval", kind: .integer(0...3600), defaultValue: "60", isSecret: false,
+        summary: "Seconds before another code may be sent to the same address (or, for confirmation codes, the same user).")
+    /// `otp_max_attempts`.
+    public static let otpMaxAttempts = Setting(
+        key: "otp_max_attempts", kind: .integer(1...100), defaultValue: "5", isSecret: false,
+        summary: "Wrong guesses after which a code (sign-in or confirmation) is dead.")
+    /// `otp_failure_limit`.
+    public static let otpFailureLimit = Setting(
+        key: "otp_failure_limit", kind: .rule, defaultValue: "10/3600", isSecret: false,
+        summary: "Refused /auth/v1/verify requests per address, across codes and client addresses, that lock verification for the address, as failures/seconds; likewise refused confirmation codes per user for DELETE /sync/v1/account.")
+    /// `otp_lockout`.
+    public static let otpLockout = Setting(
+        key: "otp_lockout", kind: .integer(1...604_800), defaultValue: "3600", isSecret: false,
+        summary: "Seconds verification stays locked; meanwhile every code, the right one too, gets `otp_expired`.")
+    /// `rate_limit_otp`.
+    public static let rateLimitOTP = Setting(
+        key: "rate_limit_otp", kind: .rule, defaultValue: "30/300", isSecret: false,
+        summary: "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/otp, and apart on /auth/v1/reauthenticate, as requests/seconds.")
+    /// `rate_limit_verify`.
+    public static let rateLimitVerify = Setting(
+        key: "rate_limit_verify", kind: .rule, defaultValue: "30/300", isSecret: false,
+        summary: "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/verify, and apart on DELETE /sync/v1/account, as requests/seconds.")
+    /// `rate_limit_token`.
+    public static let rateLimitToken = Setting(
+        key: "rate_limit_token", kind: .rule, defaultValue: "150/300", isSecret: false,
+        summary: "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/token, as requests/seconds.")
+    /// `rate_limit_otp_email`.
+    public static let rateLimitOTPEmail = Setting(
+        key: "rate_limit_otp_email", kind: .rule, defaultValue: "10/3600", isSecret: false,
+        summary: "Per email address limit on POST /auth/v1/otp, and apart on /auth/v1/reauthenticate, whatever client asks, as requests/seconds.")
+    /// `rate_limit_verify_email`.
+    public static let rateLimitVerifyEmail = Setting(
+        key: "rate_limit_verify_email", kind: .rule, defaultValue: "30/3600", isSecret: false,
+        summary: "Per email address limit on POST /auth/v1/verify, whatever client asks, as requests/seconds.")
+    /// `rate_limit_mail`.
+    public static let rateLimitMail = Setting(
+        key: "rate_limit_mail", kind: .rule, defaultValue: "1000/3600", isSecret: false,
+        summary: "Sign-in and confirmation codes the whole deployment may issue (mailed or not), as codes/seconds.")
+    /// `refresh_reuse_interval`.
+    public static let refreshReuseInterval = Setting(
+        key: "refresh_reuse_interval", kind: .integer(0...300), defaultValue: "10", isSecret: false,
+        summary: "Seconds a just-rotated refresh token still yields a session (tabs refreshing together).")
+    /// `http_header_timeout`.
+    public static let httpHeaderTimeout = Setting(
+        key: "http_header_timeout", kind: .seconds(maximum: 3600), defaultValue: "10", isSecret: false,
+        summary: "Seconds a client has to send a whole request head from its first byte (then 408); also how long a new connection may stay silent.")
+    /// `http_body_timeout`.
+    public static let httpBodyTimeout = Setting(
+        key: "http_body_timeout", kind: .seconds(maximum: 3600), defaultValue: "30", isSecret: false,
+        summary: "Seconds a client has to send a whole request body once its head was accepted (then 408).")
+    /// `http_idle_timeout`.
+    public static let httpIdleTimeout = Setting(
+        key: "http_idle_timeout", kind: .seconds(maximum: 3600), defaultValue: "60", isSecret: false,
+        summary: "Seconds an idle keep-alive connection stays open between requests.")
+    /// `http_write_timeout`.
+    public static let httpWriteTimeout = Setting(
+        key: "http_write_timeout", kind: .seconds(maximum: 3600), defaultValue: "30", isSecret: false,
+        summary: "Seconds a response may wait for the client to read it before the connection is closed.")
+    /// `http_max_connections`.
+    public static let httpMaxConnections = Setting(
+        key: "http_max_connections", kind: .integer(1...1_000_000), defaultValue: "10000", isSecret: false,
+        summary: "Most open client connections; more are answered 503 and closed.")
+    /// `http_max_connections_per_client`.
+    public static let httpMaxConnectionsPerClient = Setting(
+        key: "http_max_connections_per_client", kind: .integer(0...1_000_000), defaultValue: "256", isSecret: false,
+        summary: "Most open connections from one client address (an IPv6 client counts per /64); more are answered 503 and closed. Decided at accept from the peer address (`X-Forwarded-For` is not read yet): trusted proxies are exempt. 0: no cap.")
+    /// `stream_heartbeat`.
+    public static let streamHeartbeat = Setting(
+        key: "stream_heartbeat", kind: .integer(1...3600), defaultValue: "15", isSecret: false,
+        summary: "Seconds between the `: keep-alive` comments of every event stream (GET /sync/v1/stream), so proxies keep idle streams open.")
+    /// `stream_max_per_user`.
+    public static let streamMaxPerUser = Setting(
+        key: "stream_max_per_user", kind: .integer(1...100_000), defaultValue: "10", isSecret: false,
+        summary: "Most event streams one user may have open on this instance; more are answered 429 with Retry-After.")
+    /// `stream_max`.
+    public static let streamMax = Setting(
+        key: "stream_max", kind: .integer(1...1_000_000), defaultValue: "5000", isSecret: false,
+        summary: "Most event streams open on this instance; more are answered 429 with Retry-After. Each is an open connection: keep it below TRUNK_SYNC_HTTP_MAX_CONNECTIONS.")
+    /// `stream_buffer`.
+    public static let streamBuffer = Setting(
+        key: "stream_buffer", kind: .integer(4096...67_108_864), defaultValue: "262144", isSecret: false,
+        summary: "Bytes an event stream may have waiting for a slow client; a live event that finds it full ends the stream (the client resumes with Last-Event-ID, losing nothing).")
+    /// `realtime_max`.
+    public static let realtimeMax = Setting(
+        key: "realtime_max", kind: .integer(1...1_000_000), defaultValue: "5000", isSecret: false,
+        summary: "Most Supabase Realtime sockets (`GET /realtime/v1/websocket`) open on this instance; more are answered 429 with Retry-After. Each is an open connection: keep it below TRUNK_SYNC_HTTP_MAX_CONNECTIONS.")
+    /// `realtime_max_channels_per_user`.
+    public static let realtimeMaxChannelsPerUser = Setting(
+        key: "realtime_max_channels_per_user", kind: .integer(1...100_000), defaultValue: "100", isSecret: false,
+        summary: "Most Realtime channels one user may have joined on this instance; a join over it is refused in its reply.")
+    /// `realtime_buffer`.
+    public static let realtimeBuffer = Setting(
+        key: "realtime_buffer", kind: .integer(4096...67_108_864), defaultValue: "262144", isSecret: false,
+        summary: "Bytes a Realtime socket may have waiting for a slow client; a message that finds it full closes the socket with 1013 (Realtime does not replay: the client rejoins and should pull).")
+    /// `realtime_idle_timeout`.
+    public static let realtimeIdleTimeout = Setting(
+        key: "realtime_idle_timeout", kind: .integer(30...3600), defaultValue: "90", isSecret: false,
+        summary: "Seconds a Realtime socket may send nothing (not even its 25 s heartbeat) before it is closed.")
+
+    /// Every setting trunk-sync reads, in the order `config check` prints them and the
+    /// generated files list them.
     public static let all: [Setting] = [
-        Setting(
-            key: "database_url", defaultValue: nil, isSecret: true,
-            summary: "PostgreSQL to use: postgres://user:pass@host:port/db or a libpq conninfo string. Required. serve and token log in with it: best a role of the server's own (see TRUNK_SYNC_MIGRATION_DATABASE_URL); serve and config check warn when it is a superuser or owns the tables."),
-        Setting(
-            key: "migration_database_url", defaultValue: nil, isSecret: true,
-            summary: "PostgreSQL URL of the tables' owner, for migrate, keys and users. Default: TRUNK_SYNC_DATABASE_URL. When it logs in as another role than TRUNK_SYNC_DATABASE_URL, migrate creates or updates that role as the server's login (LOGIN, member of trunk_sync_app and nothing else, the password given there)."),
-        Setting(key: "host", defaultValue: "127.0.0.1", isSecret: false, summary: "Address to listen on (IPv4 or IPv6)."),
-        Setting(key: "port", defaultValue: "8080", isSecret: false, summary: "TCP port to listen on (0: any free port, logged at start)."),
-        Setting(
-            key: "admin_host", defaultValue: "127.0.0.1", isSecret: false,
-            summary: "Address of the operator listener (GET /metrics, detailed /readyz). Keep it private: loopback, or a network only your monitoring reaches."),
-        Setting(
-            key: "admin_port", defaultValue: "9090", isSecret: false,
-            summary: "TCP port of the operator listener (0: any free port, logged at start as `admin listening`). Must differ from TRUNK_SYNC_PORT."),
-        Setting(
-            key: "admin_emails", defaultValue: "", isSecret: false,
-            summary: "Comma-separated email addresses that may sign in to the operator console (/console/ on the admin listener) with a mailed code. Default none: console sign-in is disabled."),
-        Setting(
-            key: "admin_hostnames", defaultValue: "", isSecret: false,
-            summary: "Comma-separated host names the operator listener answers to besides its addresses (e.g. trunk-sync for a scraper on a compose network, or the name a TLS proxy serves the console under). A request whose Host is another name is refused (421): DNS rebinding cannot reach the listener. Default none: addresses only, and localhost when bound to loopback or a wildcard address."),
-        Setting(
-            key: "trusted_proxies", defaultValue: "", isSecret: false,
-            summary: "Comma-separated addresses or CIDR blocks (IPv4 and IPv6) of your reverse proxies. Only for a peer in this list is the client taken from X-Forwarded-For (the rightmost address that is not a trusted proxy). Default none: the peer is the client."),
-        Setting(
-            key: "jwt_secret", defaultValue: nil, isSecret: true,
-            summary: "HS256 signing secret for access tokens: openssl rand -base64 48 (at least 32 bytes; example and guessable values are refused). Required by serve."),
-        Setting(
-            key: "key_encryption_key", defaultValue: nil, isSecret: true,
-            summary: "Encrypts the ES256 private keys stored in the database (AES-256-GCM): openssl rand -base64 48, the same for migrate, keys add and every server, kept out of the database and its backups. Required by keys add, and by migrate and serve once signing keys exist."),
-        Setting(
-            key: "key_encryption_key_file", defaultValue: nil, isSecret: false,
-            summary: "A file holding TRUNK_SYNC_KEY_ENCRYPTION_KEY instead (a Docker or Kubernetes secret); surrounding whitespace is ignored. Set one of the two."),
-        Setting(
-            key: "public_url", defaultValue: nil, isSecret: false,
-            summary: "External base URL. URL/auth/v1 is the token issuer (iss), checked on every request: every instance of a deployment, and trunk-sync token, must share it. Default http://HOST:PORT."),
-        Setting(
-            key: "accepted_issuers", defaultValue: "", isSecret: false,
-            summary: "Comma-separated further token issuers (iss) accepted beside URL/auth/v1, full URLs such as https://<ref>.supabase.co/auth/v1: after moving from a hosted Supabase project, its access tokens (signed with TRUNK_SYNC_JWT_SECRET set to the project's JWT secret, or with keys from keys import-jwks) keep working until they expire. Default none."),
-        Setting(key: "mailer", defaultValue: "log", isSecret: false, summary: "log (codes printed to the log) or smtp."),
-        Setting(
-            key: "smtp_url", defaultValue: nil, isSecret: true,
-            summary: "smtp://[user:pass@]host:port[?tls=none|starttls|tls][&verify=false][&ca_file=PATH] or smtps://…; smtp:// requires STARTTLS unless tls=none; required when mailer is smtp."),
-        Setting(key: "mail_from", defaultValue: "no-reply@localhost", isSecret: false, summary: "Sender address of sign-in mails."),
-        Setting(
-            key: "mail_senders", defaultValue: "2", isSecret: false,
-            summary: "Sign-in mails sent at once (sender tasks, and SMTP sessions). Mails go out after /otp has answered."),
-        Setting(
-            key: "mail_queue_size", defaultValue: "1000", isSecret: false,
-            summary: "Sign-in mails waiting for a sender; when full, a new one is dropped (counted in trunk_sync_mail_dropped_total, logged) and /otp still answers 200."),
-        Setting(
-            key: "cors_origins", defaultValue: "", isSecret: false,
-            summary: "Comma-separated origins allowed by CORS; * allows any. Default none."),
-        Setting(key: "log_level", defaultValue: "info", isSecret: false, summary: "trace, debug, info, notice, warning, error or critical; info and below write the access log."),
-        Setting(key: "log_format", defaultValue: "text", isSecret: false, summary: "text or json (one object per line)."),
-        Setting(
-            key: "migrations_dir", defaultValue: nil, isSecret: false,
-            summary: "Directory of migration files. Default ./migrations, else share/trunk-sync/migrations beside the binary."),
-        Setting(
-            key: "db_pool_size", defaultValue: "10", isSecret: false,
-            summary: "Most database connections the server opens (each with a thread of its own)."),
-        Setting(
-            key: "db_pool_timeout", defaultValue: "5", isSecret: false,
-            summary: "Seconds a request waits for a free database connection before 503."),
-        Setting(
-            key: "api_key", defaultValue: nil, isSecret: true,
-            summary: "When set, /rest/v1 requests must send it in the apikey header (the apps' anon key; visible ASCII, at most 1024 characters). Default: any value."),
-        Setting(key: "jwt_expiry", defaultValue: "3600", isSecret: false, summary: "Access token lifetime in seconds."),
-        Setting(key: "otp_expiry", defaultValue: "600", isSecret: false, summary: "Seconds a sign-in or confirmation code stays valid."),
-        Setting(
-            key: "otp_resend_interval", defaultValue: "60", isSecret: false,
-            summary: "Seconds before another code may be sent to the same address (or, for confirmation codes, the same user)."),
-        Setting(
-            key: "otp_max_attempts", defaultValue: "5", isSecret: false,
-            summary: "Wrong guesses after which a code (sign-in or confirmation) is dead."),
-        Setting(
-            key: "otp_failure_limit", defaultValue: "10/3600", isSecret: false,
-            summary: "Refused /auth/v1/verify requests per address, across codes and client addresses, that lock verification for the address, as failures/seconds; likewise refused confirmation codes per user for DELETE /sync/v1/account."),
-        Setting(
-            key: "otp_lockout", defaultValue: "3600", isSecret: false,
-            summary: "Seconds verification stays locked; meanwhile every code, the right one too, gets otp_expired."),
-        Setting(
-            key: "rate_limit_otp", defaultValue: "30/300", isSecret: false,
-            summary: "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/otp, and apart on /auth/v1/reauthenticate, as requests/seconds."),
-        Setting(
-            key: "rate_limit_verify", defaultValue: "30/300", isSecret: false,
-            summary: "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/verify, and apart on DELETE /sync/v1/account, as requests/seconds."),
-        Setting(
-            key: "rate_limit_token", defaultValue: "150/300", isSecret: false,
-            summary: "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/token, as requests/seconds."),
-        Setting(
-            key: "rate_limit_otp_email", defaultValue: "10/3600", isSecret: false,
-            summary: "Per email address limit on POST /auth/v1/otp, and apart on /auth/v1/reauthenticate, whatever client asks, as requests/seconds."),
-        Setting(
-            key: "rate_limit_verify_email", defaultValue: "30/3600", isSecret: false,
-            summary: "Per email address limit on POST /auth/v1/verify, whatever client asks, as requests/seconds."),
-        Setting(
-            key: "rate_limit_mail", defaultValue: "1000/3600", isSecret: false,
-            summary: "Sign-in and confirmation codes the whole deployment may issue (mailed or not), as codes/seconds."),
-        Setting(
-            key: "refresh_reuse_interval", defaultValue: "10", isSecret: false,
-            summary: "Seconds a just-rotated refresh token still yields a session (tabs refreshing together)."),
-        Setting(
-            key: "http_header_timeout", defaultValue: "10", isSecret: false,
-            summary: "Seconds a client has to send a whole request head from its first byte (then 408); also how long a new connection may stay silent."),
-        Setting(
-            key: "http_body_timeout", defaultValue: "30", isSecret: false,
-            summary: "Seconds a client has to send a whole request body once its head was accepted (then 408)."),
-        Setting(
-            key: "http_idle_timeout", defaultValue: "60", isSecret: false,
-            summary: "Seconds an idle keep-alive connection stays open between requests."),
-        Setting(
-            key: "http_write_timeout", defaultValue: "30", isSecret: false,
-            summary: "Seconds a response may wait for the client to read it before the connection is closed."),
-        Setting(
-            key: "http_max_connections", defaultValue: "10000", isSecret: false,
-            summary: "Most open client connections; more are answered 503 and closed."),
-        Setting(
-            key: "http_max_connections_per_client", defaultValue: "256", isSecret: false,
-            summary: "Most open connections from one client address (an IPv6 client counts per /64); more are answered 503 and closed. Decided at accept from the peer address (X-Forwarded-For is not read yet): trusted proxies are exempt. 0: no cap."),
-        Setting(
-            key: "stream_heartbeat", defaultValue: "15", isSecret: false,
-            summary: "Seconds between the `: keep-alive` comments of every event stream (GET /sync/v1/stream), so proxies keep idle streams open."),
-        Setting(
-            key: "stream_max_per_user", defaultValue: "10", isSecret: false,
-            summary: "Most event streams one user may have open on this instance; more are answered 429 with Retry-After."),
-        Setting(
-            key: "stream_max", defaultValue: "5000", isSecret: false,
-            summary: "Most event streams open on this instance; more are answered 429 with Retry-After. Each is an open connection: keep it below TRUNK_SYNC_HTTP_MAX_CONNECTIONS."),
-        Setting(
-            key: "stream_buffer", defaultValue: "262144", isSecret: false,
-            summary: "Bytes an event stream may have waiting for a slow client; a live event that finds it full ends the stream (the client resumes with Last-Event-ID, losing nothing)."),
-        Setting(
-            key: "realtime_max", defaultValue: "5000", isSecret: false,
-            summary: "Most Supabase Realtime sockets (GET /realtime/v1/websocket) open on this instance; more are answered 429 with Retry-After. Each is an open connection: keep it below TRUNK_SYNC_HTTP_MAX_CONNECTIONS."),
-        Setting(
-            key: "realtime_max_channels_per_user", defaultValue: "100", isSecret: false,
-            summary: "Most Realtime channels one user may have joined on this instance; a join over it is refused in its reply."),
-        Setting(
-            key: "realtime_buffer", defaultValue: "262144", isSecret: false,
-            summary: "Bytes a Realtime socket may have waiting for a slow client; a message that finds it full closes the socket with 1013 (Realtime does not replay: the client rejoins and should pull)."),
-        Setting(
-            key: "realtime_idle_timeout", defaultValue: "90", isSecret: false,
-            summary: "Seconds a Realtime socket may send nothing (not even its 25 s heartbeat) before it is closed."),
+        databaseURL,
+        migrationDatabaseURL,
+        host,
+        port,
+        adminHost,
+        adminPort,
+        adminEmails,
+        adminHostnames,
+        trustedProxies,
+        jwtSecret,
+        keyEncryptionKey,
+        keyEncryptionKeyFile,
+        publicURL,
+        acceptedIssuers,
+        mailer,
+        smtpURL,
+        mailFrom,
+        mailSenders,
+        mailQueueSize,
+        corsOrigins,
+        logLevel,
+        logFormat,
+        migrationsDir,
+        databasePoolSize,
+        databasePoolTimeout,
+        apiKey,
+        jwtExpiry,
+        otpExpiry,
+        otpResendInterval,
+        otpMaxAttempts,
+        otpFailureLimit,
+        otpLockout,
+        rateLimitOTP,
+        rateLimitVerify,
+        rateLimitToken,
+        rateLimitOTPEmail,
+        rateLimitVerifyEmail,
+        rateLimitMail,
+        refreshReuseInterval,
+        httpHeaderTimeout,
+        httpBodyTimeout,
+        httpIdleTimeout,
+        httpWriteTimeout,
+        httpMaxConnections,
+        httpMaxConnectionsPerClient,
+        streamHeartbeat,
+        streamMaxPerUser,
+        streamMax,
+        streamBuffer,
+        realtimeMax,
+        realtimeMaxChannelsPerUser,
+        realtimeBuffer,
+        realtimeIdleTimeout,
     ]
 
     /// The setting with a config-file key, if any.
     public static func named(_ key: String) -> Setting? { all.first { $0.key == key } }
+}
+
+/// The defaults as typed values, for the properties that hold a setting before (or instead
+/// of) its value is read. Every default is valid (`Configuration.load(environment: [:])`
+/// succeeds, and ConfigurationFilesTests checks it), so the fallbacks are never taken.
+extension Setting {
+    /// The default as text (empty when there is none).
+    var textDefault: String { defaultValue ?? "" }
+    /// The default of an `.integer` setting.
+    var integerDefault: Int { defaultValue.flatMap { Int($0) } ?? 0 }
+    /// The default of a `.seconds` setting.
+    var secondsDefault: Double { defaultValue.flatMap { Double($0) } ?? 0 }
+    /// The values an `.integer` setting accepts.
+    var integerRange: ClosedRange<Int> {
+        if case .integer(let range) = kind { return range }
+        return Int.min...Int.max
+    }
+    /// The most seconds a `.seconds` setting accepts.
+    var secondsMaximum: Double {
+        if case .seconds(let maximum) = kind { return maximum }
+        return .infinity
+    }
+    /// The default of a `.rule` setting.
+    var ruleDefault: RateLimiter.Rule {
+        let parts = textDefault.split(separator: "/").compactMap { Int($0) }
+        return RateLimiter.Rule(limit: parts.first ?? 0, window: parts.count == 2 ? parts[1] : 0)
+    }
 }

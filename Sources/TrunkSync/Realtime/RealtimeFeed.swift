@@ -15,19 +15,19 @@ import Synchronization
 public final class RealtimeFeed: Sendable {
     /// Limits (`TRUNK_SYNC_REALTIME_*`).
     public struct Settings: Sendable {
-        /// Most open Realtime sockets on this instance; more are answered `429`. Default 5,000.
-        public var maxSockets = 5_000
+        /// Most open Realtime sockets on this instance; more are answered `429`. Default: setting `realtime_max`.
+        public var maxSockets = Setting.realtimeMax.integerDefault
         /// Most joined channels per user on this instance; more are refused in the join's
-        /// reply. Default 100.
-        public var maxChannelsPerUser = 100
+        /// reply. Default: setting `realtime_max_channels_per_user`.
+        public var maxChannelsPerUser = Setting.realtimeMaxChannelsPerUser.integerDefault
         /// Most joined channels per socket. Default 100.
         public var maxChannelsPerSocket = 100
         /// Bytes a socket may have queued and not yet sent before it is closed (`1013`: the
-        /// client reads too slowly). Default 256 KiB.
-        public var bufferBytes = 256 * 1024
+        /// client reads too slowly). Default: setting `realtime_buffer`.
+        public var bufferBytes = Setting.realtimeBuffer.integerDefault
         /// Seconds without any frame from the client before its socket is closed (the
-        /// clients send a heartbeat every 25 s). Default 90.
-        public var idleTimeout = 90
+        /// clients send a heartbeat every 25 s). Default: setting `realtime_idle_timeout`.
+        public var idleTimeout = Setting.realtimeIdleTimeout.integerDefault
         /// Rows per read. Default 100.
         public var pageSize = 100
 

@@ -19,15 +19,15 @@ import Synchronization
 public final class EventStreams: Sendable {
     /// Limits and timing (`TRUNK_SYNC_STREAM_*`).
     public struct Settings: Sendable {
-        /// Seconds between `: keep-alive` comments. Default 15.
-        public var heartbeat = 15
-        /// Most open streams per user; more are answered `429`. Default 10.
-        public var maxPerUser = 10
-        /// Most open streams on this instance; more are answered `429`. Default 5,000.
-        public var maxTotal = 5_000
+        /// Seconds between `: keep-alive` comments. Default: setting `stream_heartbeat`.
+        public var heartbeat = Setting.streamHeartbeat.integerDefault
+        /// Most open streams per user; more are answered `429`. Default: setting `stream_max_per_user`.
+        public var maxPerUser = Setting.streamMaxPerUser.integerDefault
+        /// Most open streams on this instance; more are answered `429`. Default: setting `stream_max`.
+        public var maxTotal = Setting.streamMax.integerDefault
         /// Bytes a stream may have written and not yet sent before a live event ends it
-        /// (its client reads too slowly). Default 256 KiB.
-        public var bufferBytes = 256 * 1024
+        /// (its client reads too slowly). Default: setting `stream_buffer`.
+        public var bufferBytes = Setting.streamBuffer.integerDefault
         /// Events per page read from the database. Default 100.
         public var pageSize = 100
         /// The `retry:` sent at the start: milliseconds a browser waits before reconnecting.
