@@ -47,10 +47,12 @@ final class RequestHistoryTests: XCTestCase {
         XCTAssertEqual(minutes[0].requestsPerSecond, 2)  // 20 in the 10 s since the start
     }
 
-    func testACounterThatWentBackwardsAddsNothing() {
+    func testTotalsReadBeforeTheLastSampleAddNothingAndCountNothingTwice() {
         let history = RequestHistory(startedAt: t0)
         history.record(now: t0 + 1, requests: 118, errors: 0)
-        history.record(now: t0 + 2, requests: 60, errors: 0)
+        history.record(now: t0 + 2, requests: 60, errors: 0)  // read earlier, recorded later
         XCTAssertEqual(history.minutes(now: t0 + 59).first?.requestsPerSecond, 2)
+        history.record(now: t0 + 3, requests: 177, errors: 0)
+        XCTAssertEqual(history.minutes(now: t0 + 59).first?.requestsPerSecond, 3)  // 177 in 59 s
     }
 }

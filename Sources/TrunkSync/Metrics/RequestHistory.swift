@@ -35,10 +35,12 @@ final class RequestHistory: Sendable {
                 state.errors[slot] = 0
             }
             // The first sample counts from zero: requests answered before the sampler started.
+            // Totals read before an earlier-recorded sample (the overview and the sampler race)
+            // are behind it: they add nothing and are not kept, so nothing counts twice.
             let last = state.last ?? (0, 0)
-            state.requests[slot] &+= requests >= last.requests ? requests - last.requests : 0
-            state.errors[slot] &+= errors >= last.errors ? errors - last.errors : 0
-            state.last = (requests, errors)
+            state.requests[slot] &+= requests > last.requests ? requests - last.requests : 0
+            state.errors[slot] &+= errors > last.errors ? errors - last.errors : 0
+            state.last = (max(requests, last.requests), max(errors, last.errors))
         }
     }
 
