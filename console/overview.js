@@ -51,7 +51,8 @@ function charts(now) {
         id: 'requests-chart', title: 'Requests and 5xx answers per second, per minute, last hour',
         points: minutes.map((minute) => ({ label: clock(minute.start),
           values: [minute.requests_per_second, minute.errors_per_second] })),
-        series: ['requests', 'errors'], ticks: everyQuarterHour, slots: 60, empty: 'No minute counted yet' })),
+        series: ['requests', 'errors'], ticks: everyQuarterHour, slots: 60,
+        firstSlotLabel: minutes.length ? clock(minutes[minutes.length - 1].start - 59 * 60) : undefined, empty: 'No minute counted yet' })),
     h('figure', { class: 'chart-panel', id: 'chart-events' },
       h('figcaption', {}, h('span', {}, 'Events stored per day, last 30 days (UTC)')),
       barChart({

@@ -208,9 +208,10 @@ function label(value) {
  * point drawn over each other (the first behind, e.g. requests, then errors) with the
  * classes `series` names. `ticks` picks the points whose label the x axis shows. Returns an
  * `<svg>` with `aria-label` `title`; with no point, an empty-state text instead of bars.
- * `slots`: the width of the x axis in bars (a history shorter than it is drawn at the right).
+ * `slots`: the width of the x axis in bars (a history shorter than it is drawn at the right,
+ * `firstSlotLabel` under the axis's left end).
  */
-export function barChart({ id, title, points, series, ticks, empty, slots = points.length }) {
+export function barChart({ id, title, points, series, ticks, empty, slots = points.length, firstSlotLabel }) {
   const chart = svg('svg', {
     id, class: 'chart', viewBox: `0 0 ${width} ${height}`, role: 'img', 'aria-label': title,
   });
@@ -232,6 +233,10 @@ export function barChart({ id, title, points, series, ticks, empty, slots = poin
   const slot = plotWidth / Math.max(slots, points.length);
   const first = Math.max(slots, points.length) - points.length;
   const barWidth = Math.max(1, slot * 0.75);
+  if (first >= 6 && firstSlotLabel) {
+    chart.append(svg('text', { class: 'axis', x: (margin.left + slot / 2).toFixed(2), y: bottom + 20,
+      'text-anchor': 'middle' }, firstSlotLabel));
+  }
   const bars = svg('g', { class: 'bars' });
   points.forEach((point, index) => {
     const x = margin.left + (first + index) * slot + (slot - barWidth) / 2;
@@ -534,7 +539,8 @@ function charts(now) {
         id: 'requests-chart', title: 'Requests and 5xx answers per second, per minute, last hour',
         points: minutes.map((minute) => ({ label: clock(minute.start),
           values: [minute.requests_per_second, minute.errors_per_second] })),
-        series: ['requests', 'errors'], ticks: everyQuarterHour, slots: 60, empty: 'No minute counted yet' })),
+        series: ['requests', 'errors'], ticks: everyQuarterHour, slots: 60,
+        firstSlotLabel: minutes.length ? clock(minutes[minutes.length - 1].start - 59 * 60) : undefined, empty: 'No minute counted yet' })),
     h('figure', { class: 'chart-panel', id: 'chart-events' },
       h('figcaption', {}, h('span', {}, 'Events stored per day, last 30 days (UTC)')),
       barChart({
