@@ -24,7 +24,7 @@ function niceCeiling(max) {
 function label(value) {
   if (value >= 1000) return value.toLocaleString('en-US', { maximumFractionDigits: 0 });
   if (Number.isInteger(value)) return String(value);
-  return value.toFixed(value < 1 ? 2 : 1);
+  return String(Number(value.toFixed(value < 1 ? 2 : 1)));
 }
 
 /**
@@ -44,15 +44,16 @@ export function barChart({ id, title, points, series, ticks, empty, slots = poin
   const plotHeight = height - margin.top - margin.bottom;
   const bottom = margin.top + plotHeight;
   const top = niceCeiling(Math.max(0, ...points.flatMap((point) => point.values)));
+  if (points.length === 0) {
+    chart.append(svg('line', { class: 'baseline', x1: margin.left, x2: width - margin.right, y1: bottom, y2: bottom }));
+    chart.append(svg('text', { class: 'empty', x: margin.left + plotWidth / 2, y: margin.top + plotHeight / 2,
+      'text-anchor': 'middle' }, empty));
+    return chart;
+  }
   for (const fraction of [0, 0.5, 1]) {
     const y = bottom - fraction * plotHeight;
     chart.append(svg('line', { class: 'grid', x1: margin.left, x2: width - margin.right, y1: y, y2: y }));
     chart.append(svg('text', { class: 'axis', x: margin.left - 6, y: y + 4, 'text-anchor': 'end' }, label(top * fraction)));
-  }
-  if (points.length === 0) {
-    chart.append(svg('text', { class: 'empty', x: margin.left + plotWidth / 2, y: margin.top + plotHeight / 2,
-      'text-anchor': 'middle' }, empty));
-    return chart;
   }
   const slot = plotWidth / Math.max(slots, points.length);
   const first = Math.max(slots, points.length) - points.length;

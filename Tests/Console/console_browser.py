@@ -328,6 +328,15 @@ try:
     console_errors()
     step("deleted the user")
 
+    # With the only user's events gone, the events chart says so instead of drawing bars.
+    clickable("#nav a[data-view=overview]").click()
+    text_in("#events-chart text.empty", "No events in the last 30 days")
+    assert not driver.find_elements(By.CSS_SELECTOR, "#events-chart rect.bar"), "no bars"
+    assert driver.find_elements(By.CSS_SELECTOR, "#requests-chart rect.bar.requests"), "requests still drawn"
+    shot("06-overview-empty")
+    console_errors()
+    step("overview charts: empty state")
+
     clickable("#sign-out").click()
     visible("#email-form")
     assert not console_cookie()
