@@ -217,9 +217,35 @@ try:
     WebDriverWait(driver, 20).until(lambda d: re.fullmatch(r"\d+\.\d\d", d.find_element(
         By.CSS_SELECTOR, "#card-rps .value").text) is not None)
     text_in("#card-schema .detail", "no migration pending")
+    step("overview with live figures")
+
+    # Charts: one bar pair (requests, 5xx) per minute the API reports, one bar per day of 30,
+    # today's carrying the 12 events pushed; axes labelled.
+    token = cookie[0]["value"]
+    status, overview = http("GET", f"{ADMIN}/admin/v1/overview", token=token)
+    assert status == 200, (status, overview)
+    def chart_bars(d):
+        return (len(d.find_elements(By.CSS_SELECTOR, "#requests-chart rect.bar.requests")),
+                len(d.find_elements(By.CSS_SELECTOR, "#requests-chart rect.bar.errors")),
+                len(d.find_elements(By.CSS_SELECTOR, "#events-chart rect.bar.events")))
+    minutes = len(overview["requests_per_minute"])
+    # The page refreshes every 5 s: a minute may have begun since the API answered.
+    WebDriverWait(driver, 20).until(lambda d: chart_bars(d)[0] in (minutes, minutes + 1) and chart_bars(d)[2] == 30)
+    requests_bars, error_bars, day_bars = chart_bars(driver)
+    assert requests_bars == error_bars, (requests_bars, error_bars)
+    heights = driver.execute_script(
+        "return [...document.querySelectorAll('#events-chart rect.bar')].map((r) => r.getBBox().height)")
+    assert heights[-1] > 0 and all(h == 0 for h in heights[:-1]), heights
+    assert any(driver.execute_script(
+        "return [...document.querySelectorAll('#requests-chart rect.bar.requests')].map((r) => r.getBBox().height)")), \
+        "some request counted"
+    axis = [t.text for t in driver.find_elements(By.CSS_SELECTOR, "#events-chart text.axis")]
+    assert "0" in axis and overview["events_per_day"][-1]["day"][5:] in axis, axis
+    assert driver.find_element(By.CSS_SELECTOR, "#requests-chart").get_attribute("role") == "img"
+    text_in("#card-schema .value", overview["schema_version"].split("_")[0])
     shot("02-overview")
     console_errors()
-    step("overview with live figures")
+    step("overview charts: requests per minute, events per day")
 
     # Users: search, then the user's page.
     clickable("#nav a[data-view=users]").click()
@@ -301,6 +327,15 @@ try:
     shot("05-deleted")
     console_errors()
     step("deleted the user")
+
+    # With the only user's events gone, the events chart says so instead of drawing bars.
+    clickable("#nav a[data-view=overview]").click()
+    text_in("#events-chart text.empty", "No events in the last 30 days")
+    assert not driver.find_elements(By.CSS_SELECTOR, "#events-chart rect.bar"), "no bars"
+    assert driver.find_elements(By.CSS_SELECTOR, "#requests-chart rect.bar.requests"), "requests still drawn"
+    shot("06-overview-empty")
+    console_errors()
+    step("overview charts: empty state")
 
     clickable("#sign-out").click()
     visible("#email-form")

@@ -300,7 +300,9 @@ final class ConsoleAPITests: EndToEndTestCase {
         let (appToken, _) = try appSession(server, "member@example.com")
         try push(server, appToken, [("note", #"{"n":1}"#), ("note", #"{"n":2}"#), ("task", #"{"n":3}"#)])
         let token = try signIn(server, sink)
+        let before = Date().timeIntervalSince1970
         let overview = try json(try admin(server, "GET", "/admin/v1/overview", cookie: token))
+        let after = Date().timeIntervalSince1970
         XCTAssertEqual(overview["users"] as? Int, 1)
         XCTAssertEqual(overview["events_last_24h"] as? Int, 3)
         XCTAssertGreaterThanOrEqual(overview["requests_total"] as? Int ?? 0, 1, "the push, at least")
@@ -316,6 +318,38 @@ final class ConsoleAPITests: EndToEndTestCase {
         let pool = try XCTUnwrap(overview["database_pool"] as? [String: Any])
         XCTAssertEqual(pool["max"] as? Int, 10)
         XCTAssertNotNil(pool["in_use"] as? Int)
+
+        // Requests: one entry per minute since the server started (at most 60), oldest first,
+        // the last the current minute; the push and the sign-in were counted, no 5xx.
+        let minutes = try XCTUnwrap(overview["requests_per_minute"] as? [[String: Any]])
+        XCTAssertTrue((1...60).contains(minutes.count), "\(minutes.count) minutes")
+        let starts = minutes.compactMap { $0["start"] as? Int }
+        XCTAssertEqual(starts.count, minutes.count)
+        XCTAssertEqual(starts, starts.sorted())
+        XCTAssertTrue(zip(starts, starts.dropFirst()).allSatisfy { $1 - $0 == 60 }, "consecutive minutes: \(starts)")
+        let last = try XCTUnwrap(starts.last)
+        XCTAssertTrue(
+            (Int(before / 60) * 60...Int(after / 60) * 60).contains(last), "the current minute: \(last), \(before)")
+        let requests = minutes.compactMap { ($0["requests_per_second"] as? NSNumber)?.doubleValue }
+        XCTAssertEqual(requests.count, minutes.count)
+        XCTAssertGreaterThan(requests.reduce(0, +), 0, "the push and the sign-in were counted")
+        XCTAssertEqual(minutes.compactMap { ($0["errors_per_second"] as? NSNumber)?.doubleValue }.reduce(0, +), 0)
+
+        // Events: the last 30 days (UTC), today last with the three pushed, zeros before.
+        let days = try XCTUnwrap(overview["events_per_day"] as? [[String: Any]])
+        XCTAssertEqual(days.count, 30)
+        let formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.timeZone = TimeZone(identifier: "UTC")
+        formatter.dateFormat = "yyyy-MM-dd"
+        let today = formatter.string(from: Date(timeIntervalSince1970: after))
+        let dayOfRequest = formatter.string(from: Date(timeIntervalSince1970: before))
+        XCTAssertTrue([today, dayOfRequest].contains(days.last?["day"] as? String ?? ""), "\(String(describing: days.last))")
+        XCTAssertEqual(days.first?["day"] as? String, formatter.string(
+            from: Date(timeIntervalSince1970: (formatter.date(from: days.last?["day"] as? String ?? "")?
+                .timeIntervalSince1970 ?? 0) - 29 * 86_400)))
+        XCTAssertEqual(days.last?["events"] as? Int, 3)
+        XCTAssertEqual(days.compactMap { $0["events"] as? Int }, Array(repeating: 0, count: 29) + [3])
     }
 
     func testUsersAreListedSearchedAndPaged() throws {

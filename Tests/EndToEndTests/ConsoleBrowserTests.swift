@@ -29,15 +29,16 @@ final class ConsoleBrowserTests: EndToEndTestCase {
             "app user created through the API with two sessions and 12 events",
             "sign-in page: email and one-time-code forms", "a non-operator cannot sign in",
             "operator signed in with the mailed code", "overview with live figures",
+            "overview charts: requests per minute, events per day",
             "found the user and opened their events", "events filtered by type",
             "revoked a session and its token is refused", "exported the user's events", "deleted the user",
-            "signed out",
+            "overview charts: empty state", "signed out",
             "no console errors",
         ] {
             XCTAssertTrue(
                 result.stdout.contains("ok \(step)\n"), "missing step \(step): \(result.stdout)\(result.stderr)")
         }
-        for page in ["01-sign-in", "02-overview", "03-users", "04-user", "05-deleted"] {
+        for page in ["01-sign-in", "02-overview", "03-users", "04-user", "05-deleted", "06-overview-empty"] {
             XCTAssertTrue(FileManager.default.fileExists(atPath: "\(screenshots)/\(page).png"), page)
         }
         // Every action on the user is in the log with the operator's address and the user's id.

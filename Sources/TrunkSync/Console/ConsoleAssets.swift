@@ -172,6 +172,93 @@ async function start() {
 start();
 
 """#.utf8)),
+        "chart.js": File(contentType: "text/javascript; charset=utf-8", bytes: Array(
+            #"""
+// Bar charts drawn as inline SVG with DOM calls (the page's CSP allows no inline style or
+// script, and the console loads no library): styled by classes in console.css.
+
+const svgNS = 'http://www.w3.org/2000/svg';
+const width = 560;
+const height = 210;
+const margin = { top: 12, right: 24, bottom: 30, left: 52 };
+
+function svg(tag, attributes = {}, text) {
+  const element = document.createElementNS(svgNS, tag);
+  for (const [name, value] of Object.entries(attributes)) element.setAttribute(name, String(value));
+  if (text !== undefined) element.textContent = text;
+  return element;
+}
+
+/** A round top for the y axis: 1, 2, 5 × a power of ten, at least `max`. */
+function niceCeiling(max) {
+  if (!(max > 0)) return 1;
+  const power = 10 ** Math.floor(Math.log10(max));
+  for (const step of [1, 2, 5, 10]) if (step * power >= max) return step * power;
+  return 10 * power;
+}
+
+function label(value) {
+  if (value >= 1000) return value.toLocaleString('en-US', { maximumFractionDigits: 0 });
+  if (Number.isInteger(value)) return String(value);
+  return String(Number(value.toFixed(value < 1 ? 2 : 1)));
+}
+
+/**
+ * A bar chart: `points` are `{ label, values: [v, …] }`, one bar per point, the values of a
+ * point drawn over each other (the first behind, e.g. requests, then errors) with the
+ * classes `series` names. `ticks` picks the points whose label the x axis shows. Returns an
+ * `<svg>` with `aria-label` `title`; with no point, an empty-state text instead of bars.
+ * `slots`: the width of the x axis in bars (a history shorter than it is drawn at the right,
+ * `firstSlotLabel` under the axis's left end).
+ */
+export function barChart({ id, title, points, series, ticks, empty, slots = points.length, firstSlotLabel }) {
+  const chart = svg('svg', {
+    id, class: 'chart', viewBox: `0 0 ${width} ${height}`, role: 'img', 'aria-label': title,
+  });
+  chart.append(svg('title', {}, title));
+  const plotWidth = width - margin.left - margin.right;
+  const plotHeight = height - margin.top - margin.bottom;
+  const bottom = margin.top + plotHeight;
+  const top = niceCeiling(Math.max(0, ...points.flatMap((point) => point.values)));
+  if (points.length === 0) {
+    chart.append(svg('line', { class: 'baseline', x1: margin.left, x2: width - margin.right, y1: bottom, y2: bottom }));
+    chart.append(svg('text', { class: 'empty', x: margin.left + plotWidth / 2, y: margin.top + plotHeight / 2,
+      'text-anchor': 'middle' }, empty));
+    return chart;
+  }
+  for (const fraction of [0, 0.5, 1]) {
+    const y = bottom - fraction * plotHeight;
+    chart.append(svg('line', { class: 'grid', x1: margin.left, x2: width - margin.right, y1: y, y2: y }));
+    chart.append(svg('text', { class: 'axis', x: margin.left - 6, y: y + 4, 'text-anchor': 'end' }, label(top * fraction)));
+  }
+  const slot = plotWidth / Math.max(slots, points.length);
+  const first = Math.max(slots, points.length) - points.length;
+  const barWidth = Math.max(1, slot * 0.75);
+  if (first >= 6 && firstSlotLabel) {
+    chart.append(svg('text', { class: 'axis', x: (margin.left + slot / 2).toFixed(2), y: bottom + 20,
+      'text-anchor': 'middle' }, firstSlotLabel));
+  }
+  const bars = svg('g', { class: 'bars' });
+  points.forEach((point, index) => {
+    const x = margin.left + (first + index) * slot + (slot - barWidth) / 2;
+    point.values.forEach((value, which) => {
+      const barHeight = top > 0 ? (value / top) * plotHeight : 0;
+      const bar = svg('rect', { class: `bar ${series[which]}`, x: x.toFixed(2), y: (bottom - barHeight).toFixed(2),
+        width: barWidth.toFixed(2), height: barHeight.toFixed(2) });
+      bar.append(svg('title', {}, `${point.label}: ${label(value)}`));
+      bars.append(bar);
+    });
+    if (ticks(index, points.length)) {
+      chart.append(svg('text', { class: 'axis', x: (x + barWidth / 2).toFixed(2), y: bottom + 20, 'text-anchor': 'middle' },
+        point.label));
+    }
+  });
+  chart.append(bars);
+  chart.append(svg('line', { class: 'baseline', x1: margin.left, x2: width - margin.right, y1: bottom, y2: bottom }));
+  return chart;
+}
+
+"""#.utf8)),
         "console.css": File(contentType: "text/css; charset=utf-8", bytes: Array(
             #"""
 /* The operator console: one stylesheet, no inline styles (the page's CSP allows none). */
@@ -268,6 +355,26 @@ td.agent { max-width: 260px; overflow-wrap: anywhere; font-size: 13px; }
 .event .seq { font-weight: 600; }
 pre.json { margin: 0; padding: 10px 12px; background: #f7f9f8; overflow-x: auto; white-space: pre-wrap; overflow-wrap: anywhere; }
 .profile pre.json { padding: 6px 8px; }
+
+.card .value .schema { display: flex; flex-direction: column; }
+.card .value .schema-name { font-size: 14px; font-weight: 500; color: var(--muted); overflow-wrap: break-word; }
+
+.charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(420px, 1fr)); gap: 14px; margin-top: 14px; }
+.chart-panel { margin: 0; border: 1px solid var(--line); border-radius: 8px; padding: 12px 14px 6px; background: #fbfcfb; }
+.chart-panel figcaption { display: flex; justify-content: space-between; gap: 10px; flex-wrap: wrap; color: var(--muted); font-size: 13px; margin-bottom: 6px; }
+.legend { display: inline-flex; align-items: center; gap: 6px; }
+.swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px; }
+.swatch.requests { background: #6fa88c; }
+.swatch.errors { background: var(--danger); margin-left: 6px; }
+svg.chart { display: block; width: 100%; height: auto; }
+svg.chart .grid { stroke: var(--line); stroke-width: 1; }
+svg.chart .baseline { stroke: #9aa7a0; stroke-width: 1; }
+svg.chart .axis { fill: var(--muted); font-size: 13px; }
+svg.chart .empty { fill: var(--muted); font-size: 15px; }
+svg.chart .bar.requests { fill: #6fa88c; }
+svg.chart .bar.errors { fill: var(--danger); }
+svg.chart .bar.events { fill: var(--accent); }
+svg.chart .bar:hover { opacity: 0.8; }
 
 """#.utf8)),
         "dom.js": File(contentType: "text/javascript; charset=utf-8", bytes: Array(
@@ -382,6 +489,7 @@ export function notice(kind, text) {
             #"""
 // Overview: the server's figures, refreshed every few seconds while shown.
 import { api } from './api.js';
+import { barChart } from './chart.js';
 import { count, duration, h, notice, replace } from './dom.js';
 
 const refreshMilliseconds = 5000;
@@ -393,6 +501,15 @@ function card(label, value, detail, id) {
     detail ? h('div', { class: 'detail' }, detail) : null);
 }
 
+/** `0012_supabase_import` as its number over its name, which may wrap (the card is narrow). */
+function schema(version) {
+  if (!version) return 'none';
+  const match = /^(\d+)_(.*)$/.exec(version);
+  if (!match) return version;
+  return h('span', { class: 'schema', title: version },
+    h('span', {}, match[1]), h('span', { class: 'schema-name' }, match[2].replaceAll('_', ' ')));
+}
+
 function rate(now, before, field) {
   if (!before) return '—';
   const seconds = now.sampled_at - before.sampled_at;
@@ -400,14 +517,50 @@ function rate(now, before, field) {
   return ((now[field] - before[field]) / seconds).toFixed(2);
 }
 
+/** `14:05` (UTC) of a Unix time in seconds. */
+function clock(seconds) {
+  return new Date(seconds * 1000).toISOString().slice(11, 16);
+}
+
+/** The two charts: requests and 5xx per second by minute (last hour), events per day (30 days). */
+function charts(now) {
+  const minutes = now.requests_per_minute || [];
+  const days = now.events_per_day || [];
+  // The current minute, and quarter hours far enough from it for their labels not to overlap.
+  const everyQuarterHour = (index, length) =>
+    index === length - 1 || ((minutes[index].start / 60) % 15 === 0 && length - 1 - index >= 6);
+  const weekly = (index, length) => (length - 1 - index) % 7 === 0;
+  return [
+    h('figure', { class: 'chart-panel', id: 'chart-requests' },
+      h('figcaption', {},
+        h('span', {}, 'Requests / s, last hour (UTC, per minute)'),
+        h('span', { class: 'legend' }, h('span', { class: 'swatch requests' }), 'all',
+          h('span', { class: 'swatch errors' }, ''), '5xx')),
+      barChart({
+        id: 'requests-chart', title: 'Requests and 5xx answers per second, per minute, last hour',
+        points: minutes.map((minute) => ({ label: clock(minute.start),
+          values: [minute.requests_per_second, minute.errors_per_second] })),
+        series: ['requests', 'errors'], ticks: everyQuarterHour, slots: 60,
+        firstSlotLabel: minutes.length ? clock(minutes[minutes.length - 1].start - 59 * 60) : undefined, empty: 'No minute counted yet' })),
+    h('figure', { class: 'chart-panel', id: 'chart-events' },
+      h('figcaption', {}, h('span', {}, 'Events stored per day, last 30 days (UTC)')),
+      barChart({
+        id: 'events-chart', title: 'Events stored per day, last 30 days',
+        points: days.every((day) => day.events === 0) ? [] :
+          days.map((day) => ({ label: day.day.slice(5), values: [day.events] })),
+        series: ['events'], ticks: weekly, slots: 30, empty: 'No events in the last 30 days' })),
+  ];
+}
+
 /** Renders the overview into `main` until `isCurrent()` turns false. */
 export async function renderOverview(main, isCurrent) {
   const cards = h('div', { class: 'cards', id: 'overview-cards' });
+  const chartArea = h('div', { class: 'charts', id: 'overview-charts' });
   const status = h('div', { class: 'status' });
   replace(main,
     h('section', { class: 'panel', id: 'overview' },
       h('div', { class: 'heading' }, h('h1', {}, 'Overview'), h('span', { class: 'muted', id: 'refreshed' }, '')),
-      cards, status));
+      cards, chartArea, status));
   let previous = null;
   while (isCurrent()) {
     try {
@@ -423,10 +576,11 @@ export async function renderOverview(main, isCurrent) {
         card('Database pool', `${pool.in_use} / ${pool.open}`, `in use / open, max ${pool.max}, ${pool.waiting} waiting`,
           'card-pool'),
         card('Waiting long-polls', count(now.long_polls_waiting), null, 'card-longpolls'),
-        card('Schema', now.schema_version || 'none',
+        card('Schema', schema(now.schema_version),
           now.pending_migrations === 0 ? 'no migration pending' : `${now.pending_migrations} migration(s) pending`,
           'card-schema'),
         card('Server', now.version, `up ${duration(now.uptime_seconds)}`, 'card-version'));
+      replace(chartArea, charts(now));
       replace(status);
       document.getElementById('refreshed').textContent =
         'refreshed ' + new Date(now.sampled_at * 1000).toISOString().slice(11, 19) + ' UTC';

@@ -25,6 +25,8 @@ struct ConsoleRoutes: Sendable {
         var schemaVersion: String?
         var pendingMigrations: Int
         var startedAt: Double
+        /// Requests and errors per second, minute by minute, over the last hour.
+        var history: [RequestHistory.Minute] = []
     }
 
     func register(in routes: inout Routes) {
@@ -168,8 +170,9 @@ struct ConsoleRoutes: Sendable {
 
     private func overview(_ signedIn: ConsoleAuth.Operator) async throws -> HTTPResponse {
         let counts = try await store.counts(signedIn)
+        let days = try await store.eventsPerDay(signedIn)
         let figures = try await overview()
-        var writer = JSONWriter(capacity: 512)
+        var writer = JSONWriter(capacity: 6144)
         writer.beginObject()
         writer.int("users", counts.users)
         writer.int("events_last_24h", counts.eventsLastDay)
@@ -187,6 +190,23 @@ struct ConsoleRoutes: Sendable {
         writer.string("schema_version", figures.schemaVersion)
         writer.int("pending_migrations", Int64(figures.pendingMigrations))
         writer.string("version", TrunkSyncVersion.current)
+        writer.beginArray("requests_per_minute")
+        for minute in figures.history {
+            writer.beginObject()
+            writer.int("start", minute.start)
+            writer.number("requests_per_second", minute.requestsPerSecond)
+            writer.number("errors_per_second", minute.errorsPerSecond)
+            writer.endObject()
+        }
+        writer.endArray()
+        writer.beginArray("events_per_day")
+        for day in days {
+            writer.beginObject()
+            writer.string("day", day.day)
+            writer.int("events", day.events)
+            writer.endObject()
+        }
+        writer.endArray()
         writer.endObject()
         return Self.json(writer.bytes)
     }

@@ -32,8 +32,11 @@ public struct Application: Sendable {
     /// may operator tools running in the server).
     public let accounts: Accounts
     /// When the application started, Unix seconds (the console's uptime).
-    let startedAt = Date().timeIntervalSince1970
+    let startedAt: Double
+    /// Requests and `5xx` answers per minute over the last hour (the console's chart).
+    let requestHistory: RequestHistory
     private let keyRefresh = BackgroundTask()
+    private let historySampler = BackgroundTask()
     private let logger: Logger
     /// The last reason `/readyz` was not ready (logged once per change, not per probe).
     private let notReadyReason = LastValue()
@@ -51,6 +54,8 @@ public struct Application: Sendable {
     ) throws {
         self.configuration = configuration
         self.logger = logger
+        startedAt = Date().timeIntervalSince1970
+        requestHistory = RequestHistory(startedAt: startedAt)
         var settings = PostgresPool.Configuration()
         settings.maxConnections = configuration.databasePoolSize
         settings.acquireTimeout = .milliseconds(Int64(configuration.databasePoolTimeout * 1000))
@@ -292,14 +297,16 @@ public struct Application: Sendable {
                 logger: Logger(label: "trunk-sync.console")),
             store: ConsoleStore(pool: pool), accounts: ConsoleAccounts(accounts: accounts),
             sessions: auth,
-            overview: {
+            overview: { [requestHistory] in
                 let totals = metrics.requestTotals()
+                let now = Date().timeIntervalSince1970
+                requestHistory.record(now: now, requests: totals.requests, errors: totals.serverErrors)
                 let status = try await pool.withConnection { try migrator.status(on: $0, allowNewer: true) }
                 return ConsoleRoutes.OverviewFigures(
                     requests: totals.requests, serverErrors: totals.serverErrors, pool: pool.statistics,
                     longPollsWaiting: notifier.waiting,
                     schemaVersion: status.applied.map(\.name).max().map { $0.replacingOccurrences(of: ".sql", with: "") }, pendingMigrations: status.pending.count,
-                    startedAt: startedAt)
+                    startedAt: startedAt, history: requestHistory.minutes(now: now))
             }, logger: Logger(label: "trunk-sync.console"))
     }
 
@@ -317,6 +324,21 @@ public struct Application: Sendable {
         metrics.gauge("trunk_sync_http_requests_in_flight", help: "Requests whose handler is running (public listener).") {
             Double(server.statistics.inFlight)
         }
+        startRequestHistory()
+    }
+
+    /// Samples the request totals every 5 seconds into `requestHistory` until `close()`: a
+    /// task that sleeps between samples (no thread, no connection held).
+    func startRequestHistory(every interval: Duration = .seconds(5)) {
+        let (metrics, history) = (self.metrics, requestHistory)
+        historySampler.replace(
+            with: Task {
+                while true {
+                    let totals = metrics.requestTotals()
+                    history.record(now: Date().timeIntervalSince1970, requests: totals.requests, errors: totals.serverErrors)
+                    do { try await Task.sleep(for: interval) } catch { return }  // cancelled by close()
+                }
+            })
     }
 
     /// The request pipeline over every public route: what the HTTP server answers with. The
@@ -358,6 +380,7 @@ public struct Application: Sendable {
         realtime.close()
         await notifier.close()
         await keyRefresh.stop()
+        await historySampler.stop()
         await auth.revocations.stop()
         await auth.mail.close(within: .seconds(5))
         await events.loopDriven?.close()
