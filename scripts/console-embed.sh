@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Embeds the operator console's files (console/: HTML, CSS, JavaScript modules, an icon) in
-# the binary as Sources/TrunkSync/Console/ConsoleAssets.swift, so the admin listener serves
+# the binary as Sources/TrunkSync/Generated/ConsoleAssets.swift, so the admin listener serves
 # /console/ wherever the binary is installed (the Docker image carries the binary alone).
 # console/ is the one source: edit it, then run this script; ConsoleAssetsTests fails while
 # the two differ. No build step: the files are served exactly as written.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=Sources/TrunkSync/Console/ConsoleAssets.swift
+out=Sources/TrunkSync/Generated/ConsoleAssets.swift
 
 content_type() {
   case "$1" in

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Embeds docs/openapi.json in the binary as Sources/TrunkSync/Server/OpenAPIDocument.swift, so
+# Embeds docs/openapi.json in the binary as Sources/TrunkSync/Generated/OpenAPIDocument.swift, so
 # that `GET /openapi.json` serves exactly the checked-in description wherever the binary is
 # installed (the Docker image carries the binary alone). Run it after editing
 # docs/openapi.json; OpenAPIDocumentTests fails while the two differ.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source=docs/openapi.json
-out=Sources/TrunkSync/Server/OpenAPIDocument.swift
+out=Sources/TrunkSync/Generated/OpenAPIDocument.swift
 
 python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$source"
 # The document goes into a raw string literal #"""…"""#: it must not contain its delimiters.

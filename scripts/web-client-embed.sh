@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Embeds the browser client (clients/web/trunk-sync.js) in the binary as
-# Sources/TrunkSync/Server/WebClientScript.swift, so the server serves it at
+# Sources/TrunkSync/Generated/WebClientScript.swift, so the server serves it at
 # GET /client/v1/trunk-sync.js wherever the binary is installed (the Docker image carries the
 # binary alone). clients/web/trunk-sync.js is the one source: edit it, then run this script;
 # WebClientScriptTests fails while the two differ.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source=clients/web/trunk-sync.js
-out=Sources/TrunkSync/Server/WebClientScript.swift
+out=Sources/TrunkSync/Generated/WebClientScript.swift
 
 # The file goes into a raw string literal #"""…"""#: it must not contain its delimiters.
 if grep -qF '"""#' "$source" || grep -qF '\#' "$source"; then
