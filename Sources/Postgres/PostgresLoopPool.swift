@@ -17,6 +17,11 @@ public final class PostgresLoopPool: @unchecked Sendable {
     /// The loop that drives every connection of this pool.
     public let loop: any PostgresEventLoop
     private let logger: Logger
+    /// Monotonic time in nanoseconds, for the acquire deadlines.
+    private let clock: @Sendable () -> UInt64
+
+    /// The clock a pool reads unless given another: `CLOCK_MONOTONIC`, in nanoseconds.
+    public static let monotonicClock: @Sendable () -> UInt64 = { monotonicNanoseconds() }
 
     // Loop-confined state.
     private var machine: PoolStateMachine
@@ -29,15 +34,17 @@ public final class PostgresLoopPool: @unchecked Sendable {
     /// Open and leased connections and waiting requests, for metrics from any thread.
     private let counts = Atomic<Int>(0)
 
-    /// A pool on `loop`; nothing is opened until the first request.
+    /// A pool on `loop`; nothing is opened until the first request. `clock` (monotonic
+    /// nanoseconds) times the acquire deadlines; tests pass one they advance by hand.
     public init(
         _ connection: PostgresConfiguration, configuration: PostgresPool.Configuration, loop: any PostgresEventLoop,
-        logger: Logger
+        logger: Logger, clock: @escaping @Sendable () -> UInt64 = PostgresLoopPool.monotonicClock
     ) {
         self.connectionConfiguration = connection
         self.configuration = configuration
         self.loop = loop
         self.logger = logger
+        self.clock = clock
         machine = PoolStateMachine(
             configuration: .init(maxConnections: configuration.maxConnections, maxWaiting: configuration.maxWaiting))
     }
@@ -96,7 +103,7 @@ public final class PostgresLoopPool: @unchecked Sendable {
         for _ in 0...configuration.maxConnections {
             nextRequestID &+= 1
             let request = nextRequestID
-            let deadline = monotonicNanoseconds() + UInt64(max(0, configuration.acquireTimeout.nanoseconds))
+            let deadline = clock() + UInt64(max(0, configuration.acquireTimeout.nanoseconds))
             let id = try await withTaskCancellationHandler {
                 try await withCheckedThrowingContinuation { continuation in
                     waiters[request] = continuation
@@ -121,13 +128,14 @@ public final class PostgresLoopPool: @unchecked Sendable {
         perform(machine.connectionReleased(id, reusable: connection.isUsable && !connection.isInTransaction))
     }
 
-    /// Reports the time to the state machine while requests wait (their deadlines).
+    /// Reports the time to the state machine while requests wait (their deadlines), reading
+    /// `clock` at least every 100 ms.
     private func startTicking() {
         guard !ticking, machine.nextDeadline != nil else { return }
         ticking = true
         Task(executorPreference: loop) {
             while let deadline = self.machine.nextDeadline {
-                let now = monotonicNanoseconds()
+                let now = self.clock()
                 if deadline > now {
                     try? await Task.sleep(nanoseconds: min(deadline - now, 100_000_000))
                     continue

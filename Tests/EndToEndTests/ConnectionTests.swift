@@ -146,7 +146,12 @@ final class ConnectionTests: EndToEndTestCase {
         }
         let rounds = trickle.stop()
         print("slowest of 50 /healthz beside 300 slowloris connections: \(worst) (\(rounds) trickle rounds)")
-        XCTAssertLessThan(worst, .milliseconds(50), "slowest /healthz took \(worst)")
+        // A server the slow clients could hold up would answer only when they time out (the
+        // 10 s header timeout). The bound is a tenth of that, not a latency figure (those are
+        // bench/'s job), so that a loaded 2-core machine cannot break it; the ordering below
+        // (every /healthz answered while the slow clients still hold their connections) is
+        // the property itself.
+        XCTAssertLessThan(worst, .seconds(1), "slowest /healthz took \(worst)")
         XCTAssertTrue(slow.allSatisfy(\.looksOpen), "slow clients are cut off only by the header timeout")
     }
 
@@ -181,7 +186,12 @@ final class ConnectionTests: EndToEndTestCase {
             client.close()
         }
         print("slowest of 20 /healthz beside 300 slow bodies: \(worst)")
-        XCTAssertLessThan(worst, .milliseconds(50), "slowest /healthz took \(worst)")
+        // Answered while the slow bodies still held their slots (an ordering load cannot
+        // upset), and within a quarter of the body timeout a blocked server would wait out:
+        // a bound, not a latency figure (those are bench/'s job).
+        XCTAssertGreaterThanOrEqual(
+            try server.metrics()["trunk_sync_http_connections"] ?? 0, 300, "the slow bodies were cut off first")
+        XCTAssertLessThan(worst, .seconds(bodyTimeout / 4), "slowest /healthz took \(worst)")
 
         // At the deadline for the whole body (plus the 250 ms sweep), every slot is free
         // again, although each client kept sending.

@@ -353,7 +353,9 @@ final class EventStreamTests: EndToEndTestCase {
         server.signal(SIGTERM)
         for stream in streams { XCTAssertEqual(try stream.readToEnd(timeout: 3).count, 0, "a clean end") }
         XCTAssertEqual(server.waitForExit(timeout: 5), 0)
-        XCTAssertLessThan(Date().timeIntervalSince(started), 2)
+        // Streams that held on would keep the server to its 10 s shutdown timeout; 5 s
+        // separates the two and holds on a loaded machine.
+        XCTAssertLessThan(Date().timeIntervalSince(started), 5)
     }
 
     /// A live stream while its database is lost (the primary dead, the standby not promoted

@@ -88,8 +88,9 @@ final class RequestPipelineTests: EndToEndTestCase {
             let (response, _) = try server.exchange(request("GET", "/readyz"), timeout: 5)
             XCTAssertEqual(response.status, 200, response.bodyText)
             // A functional bound, not a benchmark: before route limits a few such bodies kept
-            // the server busy for tens of seconds.
-            XCTAssertLessThan(Date().timeIntervalSince(started), 2, "/readyz took too long under the flood")
+            // the server busy for tens of seconds. 4 s (under the exchange's 5 s) holds on a
+            // loaded 2-core machine, where the flood competes with the server for the cores.
+            XCTAssertLessThan(Date().timeIntervalSince(started), 4, "/readyz took too long under the flood")
         }
     }
 

@@ -54,7 +54,9 @@ final class ShutdownTests: EndToEndTestCase {
         }
         let started = ContinuousClock.now
         XCTAssertEqual(server.stop(timeout: 5), 0)
-        XCTAssertLessThan(ContinuousClock.now - started, .seconds(2), "shutdown waited for idle connections")
+        // Idle connections would hold shutdown to its 10 s timeout; 4 s separates the two and
+        // holds on a loaded machine.
+        XCTAssertLessThan(ContinuousClock.now - started, .seconds(4), "shutdown waited for idle connections")
         XCTAssertTrue(try clients.allSatisfy { try $0.waitForClose(timeout: 1) })
     }
 

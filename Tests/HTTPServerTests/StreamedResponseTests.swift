@@ -199,7 +199,9 @@ final class StreamedResponseTests: XCTestCase {
         server.shutdown()
         XCTAssertEqual(try client.readChunkedBody(), "bye\n")
         XCTAssertTrue(try client.waitForClose())
-        XCTAssertLessThan(Date().timeIntervalSince(started), 2, "promptly, not after the shutdown timeout")
+        // Below the 5 s shutdown timeout, which is what a producer that ignored cancellation
+        // would take; not a tighter figure, which a loaded machine could miss.
+        XCTAssertLessThan(Date().timeIntervalSince(started), 4, "promptly, not after the shutdown timeout")
         XCTAssertEqual(probe.sawCancelled.load(ordering: .relaxed), 1)
     }
 }

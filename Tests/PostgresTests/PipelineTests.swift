@@ -109,14 +109,23 @@ final class PipelineTests: XCTestCase {
     func testATerminatedBackendIsReportedAndTheConnectionCountsAsClosed() throws {
         let pid = connection.backendPID
         let configuration = try TestDatabase.adminConfiguration()
+        // Terminated once pg_stat_activity shows it running the sleep (not after a guessed
+        // pause, which a loaded machine can outlast).
         let terminator = Thread {
-            Thread.sleep(forTimeInterval: 0.2)
-            _ = try? PostgresConnection.connect(configuration).query("select pg_terminate_backend(\(pid))")
+            guard let admin = try? PostgresConnection.connect(configuration) else { return }
+            let deadline = Date(timeIntervalSinceNow: 10)
+            while Date() < deadline {
+                let sleeping = try? admin.query(
+                    "select 1 from pg_stat_activity where pid = \(pid) and query like '%pg_sleep(10)%'")
+                if sleeping?.isEmpty == false { break }
+                Thread.sleep(forTimeInterval: 0.01)
+            }
+            _ = try? admin.query("select pg_terminate_backend(\(pid))")
         }
         terminator.start()
         XCTAssertThrowsError(
             try connection.pipeline([
-                PostgresStatement("select pg_sleep(2)"),
+                PostgresStatement("select pg_sleep(10)"),
                 PostgresStatement("select 1"),
             ])
         ) { error in

@@ -29,11 +29,15 @@ final class LoopPoolTests: XCTestCase {
         try TestDatabase.drop(database)
     }
 
-    func pool(size: Int = 4, timeout: Duration = .seconds(5)) -> PostgresLoopPool {
+    func pool(
+        size: Int = 4, timeout: Duration = .seconds(5),
+        clock: @escaping @Sendable () -> UInt64 = PostgresLoopPool.monotonicClock
+    ) -> PostgresLoopPool {
         var settings = PostgresPool.Configuration()
         settings.maxConnections = size
         settings.acquireTimeout = timeout
-        return PostgresLoopPool(database, configuration: settings, loop: server.executor, logger: TestDatabase.quietLogger)
+        return PostgresLoopPool(
+            database, configuration: settings, loop: server.executor, logger: TestDatabase.quietLogger, clock: clock)
     }
 
     func testQueriesRunOnTheLoopsThreadAndConnectionsAreReused() async throws {
@@ -79,10 +83,18 @@ final class LoopPoolTests: XCTestCase {
             _ = try await pool.withConnection { connection in
                 let pid = try await connection.pipeline([PostgresStatement("select pg_backend_pid()")])[0][0]
                     .decode(Int32.self, column: 0)
-                // Terminated while it sleeps: the server restarting under a running pipeline.
+                // Terminated while it sleeps (seen running in pg_stat_activity, not guessed by
+                // a pause): the server restarting under a running pipeline.
                 Thread.detachNewThread {
-                    Thread.sleep(forTimeInterval: 0.2)
-                    _ = try? PostgresConnection.connect(database).query("select pg_terminate_backend($1)", pid)
+                    guard let admin = try? PostgresConnection.connect(database) else { return }
+                    let deadline = Date(timeIntervalSinceNow: 10)
+                    while Date() < deadline {
+                        let sleeping = try? admin.query(
+                            "select 1 from pg_stat_activity where pid = $1 and query like '%pg_sleep(10)%'", pid)
+                        if sleeping?.isEmpty == false { break }
+                        Thread.sleep(forTimeInterval: 0.01)
+                    }
+                    _ = try? admin.query("select pg_terminate_backend($1)", pid)
                 }
                 return try await connection.pipeline([PostgresStatement("select pg_sleep(10)")]).count
             }
@@ -100,14 +112,19 @@ final class LoopPoolTests: XCTestCase {
     func testALargeResultDoesNotHoldUpOtherQueriesOnTheLoop() async throws {
         let pool = pool(size: 2)
         let order = Mutex<[String]>([])
+        let sent = Mutex(false)
         async let large: Int = pool.withConnection { connection in
-            let rows = try await connection.pipeline([
+            async let rows = connection.pipeline([
                 PostgresStatement("select repeat('x', 200) from pg_sleep(0.3), generate_series(1, 100000)")
-            ])[0]
+            ])
+            sent.withLock { $0 = true }
+            let count = try await rows[0].count
             order.withLock { $0.append("large") }
-            return rows.count
+            return count
         }
-        try await Task.sleep(for: .milliseconds(50))
+        // The small query starts once the large one is under way (a readiness check, not a pause).
+        let started = await waitUntil(10) { sent.withLock { $0 } }
+        XCTAssertTrue(started, "the large query never started")
         let small = try await pool.withConnection { connection in
             try await connection.pipeline([PostgresStatement("select 1")])[0].count
         }
@@ -124,21 +141,24 @@ final class LoopPoolTests: XCTestCase {
         let holding = Mutex(false)
         async let holder: Void = pool.withConnection { connection in
             holding.withLock { $0 = true }
-            try await connection.pipeline([PostgresStatement("select pg_sleep(1.5)")])
+            try await connection.pipeline([PostgresStatement("select pg_sleep(3)")])
+            holding.withLock { $0 = false }
         }
         while !holding.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(5)) }
-        // Exhausted: the waiter fails after the acquire timeout with poolExhausted.
-        let started = ContinuousClock.now
+        // Exhausted: the waiter fails at the acquire timeout with poolExhausted, while the
+        // holder still holds the connection (an ordering, which a loaded machine cannot upset
+        // as it could a figure in milliseconds: 0.3 s timeout against a 3 s hold).
         do {
             _ = try await pool.withConnection { _ in 1 }
             XCTFail("must time out")
         } catch let error as PostgresError {
             XCTAssertEqual(error.kind, .poolExhausted)
-            XCTAssertLessThan(ContinuousClock.now - started, .seconds(1.4))
+            XCTAssertTrue(holding.withLock { $0 }, "failed only after the holder let go, not at the timeout")
         }
         // Cancelled while waiting: CancellationError, and the queue is empty again.
         let waiter = Task { try await pool.withConnection { _ in 1 } }
-        try await Task.sleep(for: .milliseconds(50))
+        let queued = await waitUntil(10) { pool.statistics.waiting == 1 }
+        XCTAssertTrue(queued, "the waiter never queued")
         waiter.cancel()
         do {
             _ = try await waiter.value
@@ -148,6 +168,44 @@ final class LoopPoolTests: XCTestCase {
         }
         XCTAssertEqual(pool.statistics.waiting, 0)
         try await holder
+        await pool.close()
+    }
+
+    func testTheAcquireDeadlineFollowsTheInjectedClock() async throws {
+        // An hour's acquire timeout on a clock the test moves: the waiter fails as soon as
+        // the clock passes its deadline, not when an hour of real time has gone by.
+        let now = Atomic<UInt64>(1_000_000_000)
+        let pool = pool(size: 1, timeout: .seconds(3600), clock: { now.load(ordering: .relaxed) })
+        let holding = Mutex(false)
+        let letGo = Mutex(false)
+        let holder = Task {
+            try await pool.withConnection { _ in
+                holding.withLock { $0 = true }
+                _ = await waitUntil(60) { letGo.withLock { $0 } }
+            }
+        }
+        let held = await waitUntil(10) { holding.withLock { $0 } }
+        XCTAssertTrue(held, "the holder never got the connection")
+        let waiter = Task { try await pool.withConnection { _ in 1 } }
+        let queued = await waitUntil(10) { pool.statistics.waiting == 1 }
+        XCTAssertTrue(queued, "the waiter never queued")
+
+        now.add(3600 * 1_000_000_000 + 1, ordering: .relaxed)
+        let gone = await waitUntil(10) { pool.statistics.waiting == 0 }
+        XCTAssertTrue(gone, "the waiter outlived its deadline on the pool's clock")
+        if !gone { waiter.cancel() }
+        do {
+            _ = try await waiter.value
+            XCTFail("must time out")
+        } catch let error as PostgresError {
+            XCTAssertEqual(error.kind, .poolExhausted)
+        }
+        letGo.withLock { $0 = true }
+        try await holder.value
+        let answer = try await pool.withConnection { connection in
+            try await connection.pipeline([PostgresStatement("select 42")])[0][0].decode(Int.self, column: 0)
+        }
+        XCTAssertEqual(answer, 42)
         await pool.close()
     }
 
@@ -161,7 +219,8 @@ final class LoopPoolTests: XCTestCase {
         }
         while !holding.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(5)) }
         let waiter = Task { try await pool.withConnection { _ in 1 } }
-        try await Task.sleep(for: .milliseconds(50))
+        let queued = await waitUntil(10) { pool.statistics.waiting == 1 }
+        XCTAssertTrue(queued, "the waiter never queued")
         await pool.close()
         do {
             _ = try await waiter.value
@@ -178,7 +237,7 @@ final class LoopPoolTests: XCTestCase {
         let sent = Mutex(false)
         let query = Task {
             try await pool.withConnection { connection in
-                async let result = connection.pipeline([PostgresStatement("select pg_sleep(3)")])
+                async let result = connection.pipeline([PostgresStatement("select pg_sleep(10)")])
                 sent.withLock { $0 = true }
                 return try await result.count
             }
@@ -189,7 +248,8 @@ final class LoopPoolTests: XCTestCase {
         await server.waitUntilStopped()
         let began = ContinuousClock.now
         await pool.close()
-        XCTAssertLessThan(ContinuousClock.now - began, .seconds(2), "close must not wait for the orphaned query")
+        // Half the 10 s query: a bound a loaded machine keeps, which waiting for the query breaks.
+        XCTAssertLessThan(ContinuousClock.now - began, .seconds(5), "close must not wait for the orphaned query")
         do {
             _ = try await query.value
             XCTFail("the orphaned query must fail")

@@ -274,7 +274,9 @@ final class SyncTests: XCTestCase {
         let pushed = try await second.request("POST", "/sync/v1/events", json: ["events": [Self.event()]], bearer: token)
         XCTAssertEqual(pushed.status, 200)
         let response = try await waiting.value
-        XCTAssertLessThan(Date().timeIntervalSince(pushedAt), 1.0)
+        // Woken by the push, not by the poll's 30 s running out: a bound far from both, which
+        // a loaded machine keeps (the wake-up latency itself is a figure for bench/).
+        XCTAssertLessThan(Date().timeIntervalSince(pushedAt), 10)
         XCTAssertEqual((response.json["events"] as? [Any])?.count, 1)
         await second.stop()
     }
@@ -293,7 +295,8 @@ final class SyncTests: XCTestCase {
         let shutdownAt = Date()
         app.application.beginShutdown()
         let answered = try await waiting.value
-        XCTAssertLessThan(Date().timeIntervalSince(shutdownAt), 2)
+        // Answered by the shutdown, not by the poll's 60 s (a bound a loaded machine keeps).
+        XCTAssertLessThan(Date().timeIntervalSince(shutdownAt), 10)
         XCTAssertEqual(answered.status, 200)
         XCTAssertEqual((answered.json["events"] as? [Any])?.count, 0)
     }

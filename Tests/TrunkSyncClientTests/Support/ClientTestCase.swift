@@ -143,16 +143,6 @@ actor Collected {
     func add(_ more: [SyncEvent]) { events += more }
 }
 
-/// Waits (polling every 10 ms, at most `seconds`) until `condition` holds.
-func waitUntil(_ seconds: Double, _ condition: @Sendable () async throws -> Bool) async rethrows -> Bool {
-    let deadline = Date(timeIntervalSinceNow: seconds)
-    while true {
-        if try await condition() { return true }
-        if Date() > deadline { return false }
-        try? await Task.sleep(nanoseconds: 10_000_000)
-    }
-}
-
 /// `XCTAssertEqual` for expressions that await (XCTest's autoclosures cannot).
 func assertEqual<T: Equatable>(
     _ expression: @autoclosure () async throws -> T, _ expected: @autoclosure () async throws -> T,
