@@ -72,16 +72,23 @@ func monotonicNanoseconds() -> UInt64 {
 /// clean-up runs. Code outside the module that runs libpq on a thread of its own (the
 /// import's readers) starts it here for the same reason.
 public func startThread(name: String, stackSize: Int = 1 << 20, _ body: @escaping @Sendable () -> Void) {
+    guard startThreadIfPossible(name: name, stackSize: stackSize, body) else {
+        preconditionFailure("cannot start thread \(name)")  // out of threads or memory
+    }
+}
+
+/// `startThread`, reporting failure (out of threads or memory) instead of stopping the process.
+public func startThreadIfPossible(name: String, stackSize: Int = 1 << 20, _ body: @escaping @Sendable () -> Void) -> Bool {
     let context = Unmanaged.passRetained(ThreadBody(body)).toOpaque()
     let entry: @convention(c) (UnsafeMutableRawPointer?) -> Void = { context in
         guard let context else { return }
         Unmanaged<ThreadBody>.fromOpaque(context).takeRetainedValue().body()
     }
-    let result = csystem_thread_start(name, stackSize, entry, context)
-    if result != 0 {
+    guard csystem_thread_start(name, stackSize, entry, context) == 0 else {
         Unmanaged<ThreadBody>.fromOpaque(context).release()
-        preconditionFailure("cannot start thread \(name): errno \(result)")  // out of threads or memory
+        return false
     }
+    return true
 }
 
 /// A thread's work, carried through C.

@@ -58,6 +58,25 @@ public final class PostgresLoopConnection: @unchecked Sendable {
         }
     }
 
+    /// Runs `prefix` then `statements` in one round trip and returns the results of
+    /// `statements` only: the row scope a transaction starts with travels with its first
+    /// statements. A failure's `pipelineIndex` counts among `statements` (nil when a
+    /// statement of `prefix` failed: nothing of `statements` ran, as when the connection
+    /// is lost).
+    @discardableResult
+    public func pipeline(_ statements: [PostgresStatement], prefix: [PostgresStatement]) async throws -> [PostgresResult] {
+        guard !prefix.isEmpty else { return try await pipeline(statements) }
+        do {
+            return Array(try await pipeline(prefix + statements).dropFirst(prefix.count))
+        } catch var error as PostgresError {
+            if let index = error.pipelineIndex { error.pipelineIndex = index >= prefix.count ? index - prefix.count : nil }
+            throw error
+        }
+    }
+
+    /// The process id of the server's backend for this connection.
+    public var backendPID: Int32 { connection.backendPID }
+
     /// As `PostgresConnection.pipelinedTransaction`: whatever transaction `body` leaves open,
     /// by throwing or by returning early, is rolled back.
     public func pipelinedTransaction<T>(_ body: (PostgresLoopConnection) async throws -> T) async throws -> T {

@@ -41,6 +41,11 @@ public final class PostgresPool: Sendable {
         public var waiting: Int
         /// The configured maximum.
         public var maxConnections: Int
+
+        /// A snapshot (or a sum of several pools').
+        public init(open: Int, inUse: Int, waiting: Int, maxConnections: Int) {
+            (self.open, self.inUse, self.waiting, self.maxConnections) = (open, inUse, waiting, maxConnections)
+        }
     }
 
     /// Where connections go.

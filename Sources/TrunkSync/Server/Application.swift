@@ -12,6 +12,8 @@ public struct Application: Sendable {
     public let configuration: Configuration
     /// The database pool every request uses (as the restricted role `trunk_sync_app`).
     public let pool: PostgresPool
+    /// The one door to the database (issue 25: every caller moves here from `pool`).
+    public let database: Database
     /// The migrations this binary ships with, for `/readyz`.
     public let migrator: Migrator
     /// Sign-in, sessions and tokens.
@@ -66,6 +68,7 @@ public struct Application: Sendable {
         // refusal here leaves nothing running.
         let migrations = try Migration.load(from: configuration.migrationsDirectory)
         let codeSender = try sender ?? Self.defaultSender(configuration, logger: logger)
+        self.database = try Database(database, settings: settings, logger: logger)
         pool = PostgresPool(database, configuration: settings, logger: logger)
         let listener =
             listen
@@ -103,8 +106,10 @@ public struct Application: Sendable {
         }
         // Both pools: the blocking one (sign-in, REST, admin) and the loop's (push, pull).
         let events = self.events
+        let door = self.database
         @Sendable func both(_ figure: (PostgresPool.Statistics) -> Int) -> Double {
-            Double(figure(pool.statistics) + (events.loopDriven.map { figure($0.statistics) } ?? 0))
+            Double(
+                figure(pool.statistics) + figure(door.statistics) + (events.loopDriven.map { figure($0.statistics) } ?? 0))
         }
         metrics.gauge("trunk_sync_db_pool_connections_open", help: "Database connections open.") { both(\.open) }
         metrics.gauge("trunk_sync_db_pool_connections_in_use", help: "Database connections running a query.") {
@@ -318,6 +323,7 @@ public struct Application: Sendable {
         let loopPool = PostgresLoopPool(
             pool.connectionConfiguration, configuration: pool.configuration, loop: server.executor, logger: logger)
         events.drive(on: loopPool)
+        database.drive(on: [server.executor], connections: configuration.databasePoolSize)
         metrics.gauge("trunk_sync_http_connections", help: "Open client connections on the public listener.") {
             Double(server.statistics.connections)
         }
@@ -385,6 +391,7 @@ public struct Application: Sendable {
         await auth.mail.close(within: .seconds(5))
         await events.loopDriven?.close()
         await pool.close()
+        await database.close()
     }
 
     /// The public `/readyz`: `200 {"status":"ready"}` or `503 not_ready`, nothing more.

@@ -1,0 +1,197 @@
+import Foundation
+import Logging
+import Postgres
+import Synchronization
+import TrunkCrypto
+
+/// Whose rows a transaction may see: the transaction settings row-level security reads
+/// (migrations 0001, 0003, 0008). The door (`Database.transaction(as:)`) sends them at the
+/// head of the transaction, with its first statements; nothing else sets them, so no call
+/// site can forget the scope or set it twice. Each is set with `set_config(…, true)`: it
+/// ends with the transaction, and a statement that runs without one sees nobody's rows.
+public enum Scope: Sendable {
+    /// `app.user_id`: the user's users row, sessions, refresh tokens and events.
+    case user(UUID)
+    /// `app.email`: the address's users row and sign-in code (sign-in looks a user up by
+    /// address before it knows the id).
+    case email(Email)
+    /// `app.email` set to a code's key (`AuthService.CodeKey`): an address, or a console
+    /// sign-in's `console:` key, which matches no users row.
+    case codeKey(String)
+    /// `app.refresh_token_hash`, then `app.user_id` of that token's owner (empty when no
+    /// token has that hash): the token refresh knows nothing else.
+    case refreshToken(hash: PostgresBytes)
+    /// `app.console_token_hash`: while it names a live console session (migration 0008), the
+    /// server's role may read every user's users, sessions and events rows.
+    case console(tokenHash: PostgresBytes)
+    /// No user's rows: tables without them (signing keys, revocations, rate limits,
+    /// migrations), or the owner's login of the command line, which row-level security
+    /// does not restrict.
+    case server
+
+    /// The statements that set the scope.
+    var statements: [PostgresStatement] {
+        switch self {
+        case .user(let id):
+            return [.prepared("select set_config('app.user_id', $1, true)", UUIDText.lowercase(id))]
+        case .email(let email):
+            return Self.codeKey(email.value).statements
+        case .codeKey(let key):
+            return [.prepared("select set_config('app.email', $1, true)", key)]
+        case .refreshToken(let hash):
+            return [
+                .prepared("select set_config('app.refresh_token_hash', $1, true)", Hex.encode(hash.bytes)),
+                .prepared(
+                    """
+                    select set_config('app.user_id',
+                      coalesce((select user_id::text from refresh_tokens where token_hash = $1), ''), true)
+                    """, hash),
+            ]
+        case .console(let hash):
+            return [.prepared("select set_config('app.console_token_hash', $1, true)", Hex.encode(hash.bytes))]
+        case .server:
+            return []
+        }
+    }
+}
+
+/// The one door to the database: every query of the server and of the command line runs in
+/// a `transaction(as:)` or a `read(as:)`, on a connection of a loop-driven pool
+/// (`PostgresLoopPool`) — the pool of the event loop the task runs on (an HTTP loop, once
+/// `drive(on:)` gave each its share), or else the database's own loop (`PostgresLoopThread`:
+/// start-up, background jobs, the command line, tests). Nothing waits on a thread: a query
+/// suspends its task until the loop reads the answer.
+public final class Database: Sendable {
+    /// Pool settings (each share and the own loop's pool).
+    public typealias Settings = PostgresPool.Configuration
+
+    /// Where connections go.
+    public let connection: PostgresConfiguration
+    /// The settings every pool of this database uses.
+    public let settings: Settings
+    private let logger: Logger
+    /// The database's own loop and its pool.
+    private let loop: PostgresLoopThread
+    private let own: PostgresLoopPool
+    /// The HTTP loops' pools, once `drive(on:)` was called.
+    private let shares = Mutex<[PostgresLoopPool]>([])
+
+    /// A database on its own loop; nothing is opened until the first transaction.
+    public init(_ connection: PostgresConfiguration, settings: Settings, logger: Logger) throws {
+        self.connection = connection
+        self.settings = settings
+        self.logger = logger
+        loop = try PostgresLoopThread(name: "pg-loop")
+        own = PostgresLoopPool(connection, configuration: settings, loop: loop, logger: logger)
+    }
+
+    /// From now on, a task on one of `loops` uses that loop's own pool: `connections`
+    /// split between them (at least one each). Called once, before requests arrive.
+    public func drive(on loops: [any PostgresEventLoop], connections: Int) {
+        var share = settings
+        share.maxConnections = max(1, connections / max(1, loops.count))
+        let pools = loops.map { PostgresLoopPool(connection, configuration: share, loop: $0, logger: logger) }
+        shares.withLock { $0 = pools }
+    }
+
+    /// The pool of the loop the caller runs on, else the own loop's.
+    var pool: PostgresLoopPool {
+        shares.withLock { pools in pools.first { $0.loop.isOnLoopThread } } ?? own
+    }
+
+    /// Connections open, leased and waiting, over every pool.
+    public var statistics: PostgresPool.Statistics {
+        let pools = [own] + shares.withLock { $0 }
+        var total = PostgresPool.Statistics(open: 0, inUse: 0, waiting: 0, maxConnections: 0)
+        for figures in pools.map(\.statistics) {
+            total.open += figures.open
+            total.inUse += figures.inUse
+            total.waiting += figures.waiting
+            total.maxConnections += figures.maxConnections
+        }
+        return total
+    }
+
+    /// Runs `body` in one transaction scoped to `scope`: `begin` and the scope go with the
+    /// body's first statements (no round trip of their own), `commit` after it returns
+    /// (unless the body committed with its last statements). A throw, or a transaction the
+    /// body ended otherwise, rolls back what is open.
+    public func transaction<T: Sendable>(as scope: Scope, _ body: (Transaction) async throws -> T) async throws -> T {
+        try await pool.withConnection { connection in
+            let transaction = Transaction(connection, prefix: [.begin] + scope.statements)
+            let value = try await body(transaction)
+            if connection.isInTransaction { try await connection.pipeline([.commit]) }
+            return value
+        }
+    }
+
+    /// Runs `body` with each of its pipelines one implicit transaction scoped to `scope`
+    /// (the scope travels with the pipeline's statements): a read that needs no `begin`.
+    public func read<T: Sendable>(as scope: Scope, _ body: (Transaction) async throws -> T) async throws -> T {
+        try await pool.withConnection { connection in
+            try await body(Transaction(connection, prefix: scope.statements))
+        }
+    }
+
+    /// Closes every pool (waiting requests fail, running ones finish), then the own loop,
+    /// whose thread has ended when this returns.
+    public func close() async {
+        for pool in shares.withLock({ $0 }) { await pool.close() }
+        await own.close()
+        await loop.close()
+    }
+}
+
+/// A leased connection inside `Database.transaction(as:)` or `read(as:)`: confined to the
+/// task that runs the body, and only valid inside it. Every pipeline sent while no
+/// transaction is open starts with the scope (and `begin`, in a transaction).
+public struct Transaction {
+    let connection: PostgresLoopConnection
+    private let prefix: [PostgresStatement]
+
+    init(_ connection: PostgresLoopConnection, prefix: [PostgresStatement]) {
+        self.connection = connection
+        self.prefix = prefix
+    }
+
+    /// Runs `statements` in one round trip and returns their results in order; the first
+    /// that fails is thrown (its `pipelineIndex` counts among `statements`) and the server
+    /// skips the rest. `.commit` among them ends the transaction there.
+    @discardableResult
+    public func pipeline(_ statements: [PostgresStatement]) async throws -> [PostgresResult] {
+        try await connection.pipeline(statements, prefix: connection.isInTransaction ? [] : prefix)
+    }
+
+    /// Runs one statement with parameters and returns its rows.
+    @discardableResult
+    public func query(_ sql: String, _ binds: any PostgresEncodable...) async throws -> PostgresResult {
+        try await query(PostgresStatement(sql, binds: binds.map { $0.postgresBind }))
+    }
+
+    /// Runs one statement with already encoded parameters.
+    @discardableResult
+    public func query(_ sql: String, binds: [PostgresBind]) async throws -> PostgresResult {
+        try await query(PostgresStatement(sql, binds: binds))
+    }
+
+    /// Runs one statement.
+    @discardableResult
+    public func query(_ statement: PostgresStatement) async throws -> PostgresResult {
+        guard let result = try await pipeline([statement]).first else {
+            throw PostgresError.unexpected("a statement returned no result")
+        }
+        return result
+    }
+
+    /// Rolls back the open transaction (if any): the next pipeline starts a new one, with
+    /// the scope.
+    public func rollback() async throws {
+        if connection.isInTransaction { try await connection.pipeline([.rollback]) }
+    }
+
+    /// Whether a transaction is open (or failed) on the connection.
+    public var isInTransaction: Bool { connection.isInTransaction }
+
+    /// The server process serving this transaction (tests).
+    public var backendPID: Int32 { connection.backendPID }
+}
