@@ -90,17 +90,17 @@ final class DatabaseTests: XCTestCase {
     }
 
     func testCloseEndsTheOwnLoopsThread() async throws {
-        let before = loopThreads()
+        let before = Self.loopThreads()
         let database = try open()
         _ = try await database.read(as: .server) { try await $0.query("select 1").count }
-        XCTAssertEqual(loopThreads(), before + 1)
+        XCTAssertEqual(Self.loopThreads(), before + 1)
         await database.close()
-        let ended = await waitUntil(10) { loopThreads() == before }
+        let ended = await waitUntil(10) { Self.loopThreads() == before }
         XCTAssertTrue(ended, "the own loop's thread is gone after close()")
     }
 
     /// Threads of this process named `pg-loop`.
-    private func loopThreads() -> Int {
+    private static func loopThreads() -> Int {
         let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
         return tasks.filter {
             (try? String(contentsOfFile: "/proc/self/task/\($0)/comm", encoding: .utf8))?.hasPrefix("pg-loop") == true

@@ -94,6 +94,9 @@ public final class Database: Sendable {
         shares.withLock { $0 = pools }
     }
 
+    /// The database's own loop: for connections that belong to no HTTP loop (`LISTEN`).
+    public var eventLoop: any PostgresEventLoop { loop }
+
     /// The pool of the loop the caller runs on, else the own loop's.
     var pool: PostgresLoopPool {
         shares.withLock { pools in pools.first { $0.loop.isOnLoopThread } } ?? own
