@@ -52,7 +52,7 @@ struct ImportCommand: AsyncParsableCommand {
                 settings.batchSize = batchSize
                 if isatty(STDERR_FILENO) == 1 { settings.progress = ProgressLine().update }
                 let work = SupabaseImport(settings)
-                let report = try await onOwnThread { try work.run() }
+                let report = try await onOwnThread(name: "import") { try work.run() }
                 if isatty(STDERR_FILENO) == 1 { FileHandle.standardError.write(Data("\n".utf8)) }
                 if json {
                     let encoder = JSONEncoder()
@@ -104,14 +104,6 @@ struct ImportCommand: AsyncParsableCommand {
             if let file = report.rejectFile, report.hasRejects { lines.append("rejected rows: \(file)") }
             return lines.joined(separator: "\n")
         }
-    }
-}
-
-/// Runs blocking work on a thread of its own (libpq blocks; the cooperative pool must not).
-func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-    try await withCheckedThrowingContinuation { continuation in
-        // Registered, so the command joins it before the process exits.
-        startThread(name: "import", stackSize: 1 << 22) { continuation.resume(with: Result { try body() }) }
     }
 }
 

@@ -25,12 +25,10 @@ struct Migrate: AsyncParsableCommand {
                 let logger = Logger(label: "trunk-sync.migrate")
                 let migrator = Migrator(
                     migrations: try Migration.load(from: configuration.migrationsDirectory), logger: logger)
-                let pool = try commandPool(configuration, logger: logger)
-                onExit { await pool.close() }
                 let encryption = configuration.keyEncryptionKey
                 // The server's login, when TRUNK_SYNC_DATABASE_URL is set (it may name the owner).
                 let server = try configuration.databaseURL.flatMap { try DatabaseRoles.ServerLogin(url: $0) }
-                let (applied, encrypted, role) = try await pool.withConnection { connection in
+                let (applied, encrypted, role) = try await withOwnerConnection(configuration) { connection in
                     var encrypted = 0
                     var role = DatabaseRoles.Outcome.sameAsOwner
                     let applied = try migrator.migrate(
@@ -74,9 +72,8 @@ struct Migrate: AsyncParsableCommand {
                 let logger = Logger(label: "trunk-sync.migrate")
                 let migrator = Migrator(
                     migrations: try Migration.load(from: configuration.migrationsDirectory), logger: logger)
-                let pool = try commandPool(configuration, logger: logger)
-                onExit { await pool.close() }
-                let status = try await pool.withConnection { try migrator.status(on: $0) }
+                let database = try commandDatabase(configuration, logger: logger)
+                let status = try await database.read(as: .server) { try await migrator.status(on: $0) }
                 for applied in status.applied {
                     print("applied  \(applied.name)  \(formatTimestamp(applied.appliedAt))")
                 }

@@ -72,9 +72,11 @@ struct Serve: AsyncParsableCommand {
                     throw StartupError(description: "listener (TRUNK_SYNC_HOST, TRUNK_SYNC_PORT): \(error)")
                 }
             } catch {
-                // Close everything opened so far, threads ended, before the one line: a
-                // process that exits with a pool thread still connecting crashes in OpenSSL's
-                // clean-up. A server that never ran stops at once (its pool closes off the loop).
+                // Close everything opened so far before the one line (the application closes
+                // its pools and its database, whose own loop's thread ends; `reportingErrors`
+                // then joins every thread): a process that exits with a thread still connecting
+                // crashes in OpenSSL's clean-up. A server that never ran stops at once (the
+                // pools of its loop close off that loop).
                 application.beginShutdown()
                 server.shutdown()
                 admin.shutdown()

@@ -53,8 +53,9 @@ struct CommonOptions: ParsableArguments {
     }
 }
 
-/// Work to finish before the process exits (closing pools: their threads must not be cut off
-/// mid-query by `exit`).
+/// Work to finish before the process exits (closing databases and the application: their
+/// loops' threads must not be cut off mid-query by `exit`; each `Database.close()` ends its
+/// loop's thread).
 private let exitWork = ExitWork()
 
 private final class ExitWork: @unchecked Sendable {
@@ -74,8 +75,8 @@ private final class ExitWork: @unchecked Sendable {
 func onExit(_ work: @escaping @Sendable () async -> Void) { exitWork.add(work) }
 
 /// Runs `body`, turning the errors an operator can act on into one line on stderr and exit 1.
-/// Either way, what `onExit` registered runs, and then every thread the process started is
-/// joined before it exits.
+/// Either way, what `onExit` registered runs (in reverse order: the databases close), and
+/// then, last, every thread the process started is joined before it exits.
 func reportingErrors(_ body: () async throws -> Void) async throws {
     do {
         try await body()
@@ -88,9 +89,9 @@ func reportingErrors(_ body: () async throws -> Void) async throws {
     }
 }
 
-/// Joins every thread the process started (the pools', the listener's, the event loops',
-/// the mailer's: all go through `csystem_thread_start`), once everything owning one has been
-/// closed: a thread still inside libpq or OpenSSL while `exit` runs their clean-up corrupts
+/// Joins every thread the process started (the databases' loops and the connections they
+/// open, the pools', the listener's, the event loops', the mailer's, `onOwnThread`'s: all go
+/// through `csystem_thread_start`), once everything owning one has been closed: a thread still inside libpq or OpenSSL while `exit` runs their clean-up corrupts
 /// the heap. Waits at most 10 seconds (a connection attempt under way), then says how many
 /// are left. The wait runs on a Dispatch thread, not on Swift's cooperative pool.
 func joinThreads() async {
@@ -117,7 +118,40 @@ private func report(_ error: Error) throws {
     }
 }
 
-/// A pool of one connection for the owner's command-line tools (`migrate`, `keys`, `users`),
+/// The owner's login for the command-line tools (`keys`, `users`, `migrate status`):
+/// `TRUNK_SYNC_MIGRATION_DATABASE_URL` (default `TRUNK_SYNC_DATABASE_URL`), one connection
+/// on the database's own loop, closed when the command ends (`onExit`: its loop's thread
+/// ends there). Queries go through the door with `.server` (the owner sees every row).
+func commandDatabase(_ configuration: Configuration, logger: Logger) throws -> Database {
+    var settings = Database.Settings()
+    settings.maxConnections = 1
+    settings.acquireTimeout = .seconds(3600)
+    let database = try Database(
+        try PostgresConfiguration(try configuration.requireMigrationDatabaseURL()), settings: settings, logger: logger)
+    onExit { await database.close() }
+    return database
+}
+
+/// `commandDatabase`, after checking that it logs in as a role that sees every row (the
+/// owner), not as the server's login.
+func ownerDatabase(_ configuration: Configuration, logger: Logger) async throws -> Database {
+    let database = try commandDatabase(configuration, logger: logger)
+    try await database.read(as: .server) { try await DatabaseRoles.requireOwner(on: $0) }
+    return database
+}
+
+/// The owner's login as a blocking connection on a thread of its own, for `body`: `migrate`
+/// (multi-statement files need the simple-query protocol; libpq's password encryption
+/// blocks). Closed when `body` returns, on that thread, which the command joins at exit.
+func withOwnerConnection<T: Sendable>(
+    _ configuration: Configuration, _ body: @escaping @Sendable (PostgresConnection) throws -> T
+) async throws -> T {
+    try await withBlockingConnection(
+        try PostgresConfiguration(try configuration.requireMigrationDatabaseURL()), thread: "migrate", body)
+}
+
+/// Until KeysCommand and UsersCommand move to `commandDatabase`/`ownerDatabase` (issue 25;
+/// then this and `ownerPool` go with `PostgresPool`): a pool of one connection for the owner's command-line tools (`migrate`, `keys`, `users`),
 /// logged in with `TRUNK_SYNC_MIGRATION_DATABASE_URL` (default `TRUNK_SYNC_DATABASE_URL`).
 func commandPool(_ configuration: Configuration, logger: Logger) throws -> PostgresPool {
     var settings = PostgresPool.Configuration()

@@ -201,6 +201,25 @@ final class ServerLoginRoleTests: XCTestCase {
         }
     }
 
+    /// The owner check through the door (what `ownerDatabase` runs before the owner's
+    /// tools): the owner passes, the server's login is refused with its name.
+    func testTheOwnerCheckThroughTheDoorRefusesTheServersLogin() async throws {
+        XCTAssertEqual(try run(["migrate"]).status, 0)
+        var settings = Database.Settings()
+        settings.maxConnections = 1
+        let owner = try Database(database, settings: settings, logger: TestDatabase.quietLogger)
+        let server = try Database(
+            try PostgresConfiguration(try TestDatabase.url(of: database, user: role, password: password)), settings: settings,
+            logger: TestDatabase.quietLogger)
+        var outcome: (owner: Error?, server: Error?) = (nil, nil)
+        do { try await owner.read(as: .server) { try await DatabaseRoles.requireOwner(on: $0) } } catch { outcome.owner = error }
+        do { try await server.read(as: .server) { try await DatabaseRoles.requireOwner(on: $0) } } catch { outcome.server = error }
+        await owner.close()
+        await server.close()
+        XCTAssertNil(outcome.owner)
+        XCTAssertEqual((outcome.server as? DatabaseRoles.OwnerRequired)?.role, role, "\(String(describing: outcome.server))")
+    }
+
     /// The owner's tools logged in as the server's login see nothing through row-level
     /// security: they say so instead of printing an empty list.
     func testOwnerToolsRefuseTheServersLogin() throws {

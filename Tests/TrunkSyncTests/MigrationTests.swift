@@ -88,6 +88,51 @@ final class MigrationTests: XCTestCase {
         XCTAssertThrowsError(try migrator().pendingCount(on: connection))
     }
 
+    /// The door's forms (the server's readiness and console, `migrate status`) answer as
+    /// the blocking connection's do: no table yet, applied, a newer schema, an edited file.
+    func testStatusThroughTheDoorMatchesTheBlockingConnections() async throws {
+        var settings = Database.Settings()
+        settings.maxConnections = 1
+        let door = try Database(database, settings: settings, logger: TestDatabase.quietLogger)
+        do {
+            let migrator = try self.migrator()
+            let fresh = try await door.read(as: .server) { try await migrator.status(on: $0) }
+            XCTAssertEqual(fresh.applied, [])
+            XCTAssertEqual(fresh.pending.map(\.name), ["0001_first.sql", "0002_second.sql"])
+            let pending = try await door.read(as: .server) { try await migrator.pendingCount(on: $0) }
+            XCTAssertEqual(pending, 2)
+
+            let connection = try PostgresConnection.connect(database)
+            try write("0003_third.sql", "create table three (id int);")
+            _ = try self.migrator().migrate(on: connection)
+            // 0003 was applied by a newer binary: ready, but not a status `migrate` accepts.
+            let applied = try await door.read(as: .server) { try await migrator.status(on: $0, allowNewer: true) }
+            XCTAssertEqual(applied.applied, try migrator.status(on: connection, allowNewer: true).applied)
+            XCTAssertEqual(applied.applied.map(\.version), [1, 2, 3])
+            XCTAssertTrue(applied.pending.isEmpty)
+            let ready = try await door.read(as: .server) { try await migrator.pendingCount(on: $0) }
+            XCTAssertEqual(ready, 0)
+            do {
+                _ = try await door.read(as: .server) { try await migrator.status(on: $0) }
+                XCTFail("an applied file this binary lacks is refused")
+            } catch let error as MigrationError {
+                XCTAssertEqual(error, .appliedFileMissing("0003_third.sql"))
+            }
+            try write("0002_second.sql", "create table two (id bigint);")
+            let edited = try self.migrator()
+            do {
+                _ = try await door.read(as: .server) { try await edited.pendingCount(on: $0) }
+                XCTFail("an edited applied file is refused")
+            } catch let error as MigrationError {
+                XCTAssertEqual(error, .appliedFileChanged("0002_second.sql"))
+            }
+        } catch {
+            await door.close()
+            throw error
+        }
+        await door.close()
+    }
+
     func testFailingMigrationRollsBackAndStopsTheRun() throws {
         try write("0003_broken.sql", "create table three (id int); select * from nowhere;")
         try write("0004_after.sql", "create table four (id int);")

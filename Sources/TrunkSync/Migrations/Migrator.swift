@@ -47,8 +47,22 @@ public struct Migrator: Sendable {
     }
 
     /// What is applied and what is pending; fails if an applied file was edited or removed.
+    /// On a blocking connection: `migrate` and the import, under their own thread.
     public func status(on connection: PostgresConnection, allowNewer: Bool = false) throws -> Status {
-        let applied = try appliedMigrations(on: connection)
+        let exists = try connection.query(Self.tableExists)[0].decode(Bool.self, column: 0)
+        let applied = exists ? try connection.query(Self.selectApplied).map(Self.appliedMigration) : []
+        return try status(applied: applied, allowNewer: allowNewer)
+    }
+
+    /// `status(on:)` through the door (`Database.read(as: .server)`): the server's readiness
+    /// and console, `migrate status`. The same statements, each its own round trip.
+    public func status(on tx: Transaction, allowNewer: Bool = false) async throws -> Status {
+        let exists = try await tx.query(Self.tableExists)[0].decode(Bool.self, column: 0)
+        let applied = exists ? try await tx.query(Self.selectApplied).map(Self.appliedMigration) : []
+        return try status(applied: applied, allowNewer: allowNewer)
+    }
+
+    private func status(applied: [AppliedMigration], allowNewer: Bool) throws -> Status {
         try verify(applied, allowNewer: allowNewer)
         let appliedVersions = Set(applied.map(\.version))
         return Status(applied: applied, pending: migrations.filter { !appliedVersions.contains($0.version) })
@@ -109,17 +123,18 @@ public struct Migrator: Sendable {
         try status(on: connection, allowNewer: true).pending.count
     }
 
-    private func appliedMigrations(on connection: PostgresConnection) throws -> [AppliedMigration] {
-        let exists = try connection.query("select to_regclass('schema_migrations') is not null")[0]
-            .decode(Bool.self, column: 0)
-        guard exists else { return [] }
-        return try connection.query("select version, name, checksum, applied_at from schema_migrations order by version")
-            .map { row in
-                AppliedMigration(
-                    version: try row.decode(Int64.self, column: 0), name: try row.decode(String.self, column: 1),
-                    checksum: try row.decode(String.self, column: 2),
-                    appliedAt: try row.decode(PostgresTimestamp.self, column: 3))
-            }
+    /// `pendingCount(on:)` through the door (the server's readiness).
+    public func pendingCount(on tx: Transaction) async throws -> Int {
+        try await status(on: tx, allowNewer: true).pending.count
+    }
+
+    static let tableExists = "select to_regclass('schema_migrations') is not null"
+    static let selectApplied = "select version, name, checksum, applied_at from schema_migrations order by version"
+
+    private static func appliedMigration(_ row: PostgresRow) throws -> AppliedMigration {
+        AppliedMigration(
+            version: try row.decode(Int64.self, column: 0), name: try row.decode(String.self, column: 1),
+            checksum: try row.decode(String.self, column: 2), appliedAt: try row.decode(PostgresTimestamp.self, column: 3))
     }
 
     private func verify(_ applied: [AppliedMigration], allowNewer: Bool) throws {

@@ -302,11 +302,11 @@ public struct Application: Sendable {
                 logger: Logger(label: "trunk-sync.console")),
             store: ConsoleStore(pool: pool), accounts: ConsoleAccounts(accounts: accounts),
             sessions: auth,
-            overview: { [requestHistory] in
+            overview: { [requestHistory, database] in
                 let totals = metrics.requestTotals()
                 let now = Date().timeIntervalSince1970
                 requestHistory.record(now: now, requests: totals.requests, errors: totals.serverErrors)
-                let status = try await pool.withConnection { try migrator.status(on: $0, allowNewer: true) }
+                let status = try await database.read(as: .server) { try await migrator.status(on: $0, allowNewer: true) }
                 return ConsoleRoutes.OverviewFigures(
                     requests: totals.requests, serverErrors: totals.serverErrors, pool: pool.statistics,
                     longPollsWaiting: notifier.waiting,
@@ -437,7 +437,7 @@ public struct Application: Sendable {
 
     private func readinessState() async -> Readiness {
         do {
-            let pending = try await pool.withConnection { [migrator] in try migrator.pendingCount(on: $0) }
+            let pending = try await database.read(as: .server) { [migrator] in try await migrator.pendingCount(on: $0) }
             if pending > 0 {
                 return .notReady(
                     code: "migrations_pending", message: "\(pending) migration(s) pending: run trunk-sync migrate.",

@@ -195,21 +195,34 @@ public enum DatabaseRoles {
 
     /// Refuses, before the owner's tools run, a login that row-level security would show
     /// nothing (so `users list` would print an empty table instead of an error).
+    /// On a blocking connection (the import).
     public static func requireOwner(on connection: PostgresConnection) throws {
-        let row = try connection.query(
-            """
-            select current_user::text, r.rolsuper or r.rolbypassrls
-                   or (to_regrole($1) is not null and pg_has_role(current_user, $1, 'USAGE'))
-            from pg_roles r where r.rolname = current_user
-            """, admin)[0]
+        try requireOwner(try connection.query(ownerCheck, admin)[0])
+    }
+
+    /// `requireOwner(on:)` through the door: the owner's command-line tools
+    /// (`ownerDatabase`).
+    public static func requireOwner(on tx: Transaction) async throws {
+        try requireOwner(try await tx.query(ownerCheck, admin)[0])
+    }
+
+    /// The login's name, and whether it sees every row.
+    private static let ownerCheck = """
+        select current_user::text, r.rolsuper or r.rolbypassrls
+               or (to_regrole($1) is not null and pg_has_role(current_user, $1, 'USAGE'))
+        from pg_roles r where r.rolname = current_user
+        """
+
+    private static func requireOwner(_ row: PostgresRow) throws {
         if try !row.decode(Bool.self, column: 1) { throw OwnerRequired(role: try row.decode(String.self, column: 0)) }
     }
 }
 
 extension DatabaseRoles {
-    /// Logs in once with `url` (the server's `TRUNK_SYNC_DATABASE_URL`) on a thread of the
-    /// Postgres module and logs what `check` finds: a warning line for rights that make
-    /// row-level security moot, an error line when the role cannot switch to
+    /// Logs in once with `url` (the server's `TRUNK_SYNC_DATABASE_URL`) on a blocking
+    /// connection on a thread of its own (one login, one query: no pool, no loop; the thread
+    /// ends once it answered, and the command joins it at exit) and logs what `check` finds: a warning line for rights
+    /// that make row-level security moot, an error line when the role cannot switch to
     /// `trunk_sync_app`, a warning when the database cannot be reached to tell. Never fails:
     /// `serve` and `config check` go on either way.
     @discardableResult
@@ -217,17 +230,7 @@ extension DatabaseRoles {
         do {
             var database = try PostgresConfiguration(url)
             database.setParameter("connect_timeout", "5")
-            var settings = PostgresPool.Configuration()
-            settings.maxConnections = 1
-            let pool = PostgresPool(database, configuration: settings, logger: logger)
-            let result: Result<Findings, any Error>
-            do {
-                result = .success(try await pool.withConnection { try check(on: $0) })
-            } catch {
-                result = .failure(error)
-            }
-            await pool.close()
-            let findings = try result.get()
+            let findings = try await withBlockingConnection(database, thread: "pg-role-check") { try check(on: $0) }
             if let warning = findings.warning { logger.warning("\(warning)") }
             if let error = findings.error { logger.error("\(error)") }
             return findings
