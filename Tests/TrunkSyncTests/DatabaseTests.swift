@@ -92,7 +92,8 @@ final class DatabaseTests: XCTestCase {
     func testCloseEndsTheOwnLoopsThread() async throws {
         let before = Self.loopThreads()
         let database = try open()
-        _ = try await database.read(as: .server) { try await $0.query("select 1").count }
+        let one = try await database.read(as: .server) { try await $0.query("select 1").count }
+        XCTAssertEqual(one, 1)
         XCTAssertEqual(Self.loopThreads(), before + 1)
         await database.close()
         let ended = await waitUntil(10) { Self.loopThreads() == before }

@@ -75,6 +75,8 @@ public final class Database: Sendable {
     private let own: PostgresLoopPool
     /// The HTTP loops' pools, once `drive(on:)` was called.
     private let shares = Mutex<[PostgresLoopPool]>([])
+    /// Set by the first `close()`; later calls return at once.
+    private let closed = Atomic<Bool>(false)
 
     /// A database on its own loop; nothing is opened until the first transaction.
     public init(_ connection: PostgresConfiguration, settings: Settings, logger: Logger) throws {
@@ -137,8 +139,10 @@ public final class Database: Sendable {
     }
 
     /// Closes every pool (waiting requests fail, running ones finish), then the own loop,
-    /// whose thread has ended when this returns.
+    /// whose thread has ended when this returns. Only the first call does anything (a
+    /// command may register the close twice).
     public func close() async {
+        guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
         for pool in shares.withLock({ $0 }) { await pool.close() }
         await own.close()
         await loop.close()
