@@ -131,7 +131,9 @@ public final class PostgresLoopConnection: @unchecked Sendable {
                 return lose(error)
             }
         }
-        if PQstatus(connection.handle) != CONNECTION_OK { lose() }
+        // A backend that is ending the session sends FATAL before its end of file: an idle
+        // connection counts as broken from then on, so the next lease takes another.
+        if PQstatus(connection.handle) != CONNECTION_OK || (pending == nil && connection.announcedTermination) { lose() }
     }
 
     private func complete() {
