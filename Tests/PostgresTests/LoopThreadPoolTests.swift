@@ -245,18 +245,41 @@ final class LoopThreadPoolTests: XCTestCase {
 
     // MARK: - Threads
 
-    func testThePoolStartsNoThreadButTheLoop() async throws {
+    func testThePoolAndTheListenerStartNoThreadButTheLoop() async throws {
         let before = PostgresThreads.current()
         XCTAssertEqual(before.filter { $0.name == "pg-loop-test" }.count, 1, "the loop's thread: \(before)")
         let pool = try makePool(size: 2)
+        let listener = PostgresListener(
+            try TestDatabase.adminConfiguration(), channels: ["threads"], logger: TestDatabase.quietLogger, loop: loop)
+        var events = listener.events().makeAsyncIterator()
+        listener.start()
+        let listening = await events.next()
+        XCTAssertEqual(listening, .listening)
         async let one = LoopThreadPoolTests.backendPID(pool)
         async let two = LoopThreadPoolTests.backendPID(pool)
         _ = try await (one, two)
+        _ = try await pool.withConnection { connection in
+            try await connection.pipeline([PostgresStatement("select pg_notify('threads', 'x')")]).count
+        }
+        let notified = await events.next()
+        XCTAssertEqual(notified, .notification(PostgresNotification(channel: "threads", payload: "x")))
         XCTAssertEqual(PostgresThreads.current().subtracting(before), [], "no thread but the loop's")
+        await listener.close()
         await pool.close()
         await loop.close()
         let gone = await waitUntil(10) { !PostgresThreads.current().contains { $0.name == "pg-loop-test" } }
         XCTAssertTrue(gone, "the loop's thread ended: \(PostgresThreads.current())")
+
+        // A listener made without a loop runs on one of its own, and ends it when closed.
+        let own = PostgresListener(try TestDatabase.adminConfiguration(), channels: ["threads"], logger: TestDatabase.quietLogger)
+        var ownEvents = own.events().makeAsyncIterator()
+        own.start()
+        let ownListening = await ownEvents.next()
+        XCTAssertEqual(ownListening, .listening)
+        XCTAssertEqual(PostgresThreads.current().subtracting(before).map(\.name), ["pg-listener"])
+        await own.close()
+        let ownGone = await waitUntil(10) { PostgresThreads.current().subtracting(before).isEmpty }
+        XCTAssertTrue(ownGone, "the listener's own loop ended: \(PostgresThreads.current().subtracting(before))")
     }
 
     static func connectError(_ configuration: PostgresConfiguration) -> PostgresError? {
