@@ -135,7 +135,7 @@ public final class PostgresLoopConnection: @unchecked Sendable {
                 return lose(error)
             }
         }
-        drainNotifications()  // those that came after a pipeline's results
+        if notificationHandler != nil { drainNotifications() }  // those parsed with a pipeline's results
         // A backend that is ending the session sends FATAL before its end of file: an idle
         // connection counts as broken from then on, so the next lease takes another.
         if PQstatus(connection.handle) != CONNECTION_OK || (pending == nil && connection.announcedTermination) { lose() }
