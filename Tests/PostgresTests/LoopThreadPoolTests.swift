@@ -129,6 +129,19 @@ final class LoopThreadPoolTests: XCTestCase {
         XCTAssertFalse(denial.map { "\($0.description) \($0.debugDescription)" }?.contains(password) ?? true)
     }
 
+    func testAnAttemptMovesOnToTheNextHostOnAnotherSocket() async throws {
+        // Two hosts, the first refusing: libpq closes that socket and opens another, which
+        // the loop must watch instead.
+        var target = try TestDatabase.adminConfiguration()
+        let port = try XCTUnwrap(target["port"])
+        target.setParameter("host", "127.0.0.1,127.0.0.1")
+        target.setParameter("port", "\(try unusedPort()),\(port)")
+        let pool = try makePool(target, size: 1)
+        let pid = try await LoopThreadPoolTests.backendPID(pool)
+        XCTAssertNotEqual(pid, 0)
+        await pool.close()
+    }
+
     func testSslmodeRequireOpensATLSConnection() async throws {
         let tls = try TestCluster.enableTLS()
         defer { tls.disable() }
