@@ -3,8 +3,9 @@ import CLibPQ
 /// Where and how to connect to PostgreSQL: a `postgres://` URL or a libpq conninfo string,
 /// parsed by libpq itself (`PQconninfoParse`) into keyword/value pairs.
 ///
-/// The pairs are handed to `PQconnectdbParams` as they are, so no connection string is ever
-/// built by interpolating values. `description` never shows the password.
+/// The pairs are handed to `PQconnectdbParams` (or `PQconnectStartParams`) as they are, so
+/// no connection string is ever built by interpolating values. `description` never shows
+/// the password.
 public struct PostgresConfiguration: Sendable, CustomStringConvertible {
     /// The connection parameters in libpq's keywords (`host`, `port`, `dbname`, `user`, …).
     public private(set) var parameters: [(keyword: String, value: String)]

@@ -6,8 +6,9 @@ private final class NoticeState {
     var terminated = false
 }
 
-/// One libpq connection. Its calls block, so it is used from the threads the `Postgres`
-/// module owns (a `PostgresPool` worker or a `PostgresListener`), one thread at a time.
+/// One libpq connection. Its own calls block, so they are for threads that may wait (a
+/// `PostgresPool` worker, the command line, tests), one thread at a time; the loop-driven
+/// pool and the listener drive it without blocking (`PostgresLoopConnection`).
 public final class PostgresConnection {
     let handle: OpaquePointer
     /// What this connection was opened with.
@@ -36,10 +37,41 @@ public final class PostgresConnection {
 
     deinit { PQfinish(handle) }
 
-    /// Opens a connection (blocking, bounded by `connect_timeout`).
+    /// Opens a connection (blocking, bounded by `connect_timeout`), for the command line's
+    /// and the tests' own use; the pools open theirs without blocking (`start`).
     /// - Throws: `.connectionFailed` naming `host:port/database` and the server's reason,
     ///   never the password.
     public static func connect(_ configuration: PostgresConfiguration) throws -> PostgresConnection {
+        let handle = try withParameters(of: configuration) { keywords, values in PQconnectdbParams(keywords, values, 0) }
+        guard PQstatus(handle) == CONNECTION_OK else {
+            let error = openingError(handle, configuration)
+            PQfinish(handle)
+            throw error
+        }
+        return PostgresConnection(handle: handle, configuration: configuration)
+    }
+
+    /// Starts opening a connection without blocking (`PQconnectStartParams`): the result is
+    /// still connecting; `PostgresConnecting` drives it to the end on an event loop. (A host
+    /// name, not an address, is resolved by libpq with `getaddrinfo`, which may block.)
+    /// - Throws: `.connectionFailed` as `connect` when libpq refuses at once (out of memory,
+    ///   an invalid parameter).
+    static func start(_ configuration: PostgresConfiguration) throws -> PostgresConnection {
+        let handle = try withParameters(of: configuration) { keywords, values in PQconnectStartParams(keywords, values, 0) }
+        guard PQstatus(handle) != CONNECTION_BAD else {
+            let error = openingError(handle, configuration)
+            PQfinish(handle)
+            throw error
+        }
+        return PostgresConnection(handle: handle, configuration: configuration)
+    }
+
+    /// Calls `open` with the configuration's keywords and values as libpq's NULL-terminated
+    /// arrays.
+    private static func withParameters(
+        of configuration: PostgresConfiguration,
+        _ open: ([UnsafePointer<CChar>?], [UnsafePointer<CChar>?]) -> OpaquePointer?
+    ) throws -> OpaquePointer {
         let keywords = configuration.parameters.map { strdup($0.keyword) }
         let values = configuration.parameters.map { strdup($0.value) }
         defer {
@@ -50,19 +82,23 @@ public final class PostgresConnection {
         var valuePointers: [UnsafePointer<CChar>?] = values.map { UnsafePointer($0) }
         keywordPointers.append(nil)
         valuePointers.append(nil)
-        guard let handle = PQconnectdbParams(keywordPointers, valuePointers, 0) else {
+        guard let handle = open(keywordPointers, valuePointers) else {
             throw PostgresError(kind: .connectionFailed, message: "could not connect to PostgreSQL at \(configuration.endpoint): out of memory")
         }
-        guard PQstatus(handle) == CONNECTION_OK else {
-            let reason = configuration.withoutPassword(
-                Self.connectionFailureReason(String(cString: PQerrorMessage(handle))))
-            PQfinish(handle)
-            throw PostgresError(
-                kind: .connectionFailed,
-                message: "could not connect to PostgreSQL at \(configuration.endpoint): \(reason)"
-            )
-        }
-        return PostgresConnection(handle: handle, configuration: configuration)
+        return handle
+    }
+
+    /// The error of a connection that could not be opened: `.connectionFailed` naming
+    /// `host:port/database` and libpq's reason, the password masked.
+    static func openingError(_ handle: OpaquePointer, _ configuration: PostgresConfiguration) -> PostgresError {
+        openingError(reason: String(cString: PQerrorMessage(handle)), configuration)
+    }
+
+    /// The same, for a reason of the module's own (`timeout expired`).
+    static func openingError(reason raw: String, _ configuration: PostgresConfiguration) -> PostgresError {
+        let reason = configuration.withoutPassword(connectionFailureReason(raw))
+        return PostgresError(
+            kind: .connectionFailed, message: "could not connect to PostgreSQL at \(configuration.endpoint): \(reason)")
     }
 
     /// Turns libpq's multi-line connection error into one line without the repeated
@@ -75,6 +111,10 @@ public final class PostgresConnection {
         for label in ["FATAL:  ", "ERROR:  "] { line = line.replacingOccurrences(of: label, with: "") }
         return line.isEmpty ? "unknown error" : line
     }
+
+    /// Whether the server announced it is ending this session (a FATAL notice read while
+    /// idle, e.g. `pg_terminate_backend`), which libpq reports before the end of file.
+    var announcedTermination: Bool { notices.terminated }
 
     /// Whether the connection is still open and not in a failed state.
     public var isOpen: Bool { PQstatus(handle) == CONNECTION_OK && !lostTrack }

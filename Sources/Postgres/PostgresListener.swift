@@ -1,4 +1,3 @@
-import CLibPQ
 import Foundation
 import Logging
 
@@ -29,18 +28,47 @@ public enum PostgresListenerEvent: Sendable, Equatable {
 /// Holds one dedicated connection that `LISTEN`s on a set of channels and delivers what
 /// arrives to any number of subscribers as an `AsyncSequence`.
 ///
-/// It runs on a thread of its own, sleeping in `poll(2)` while nothing arrives. When the
-/// connection breaks it reconnects (with backoff, up to 5 s between attempts), listens
-/// again and tells subscribers with `.listening`.
-public final class PostgresListener: Sendable {
+/// It runs on an event loop (`PostgresEventLoop`: the database's own loop, or one it makes
+/// for itself) and holds no thread of its own: the connection is opened without blocking
+/// (`PostgresConnecting`), `LISTEN` sent as one pipeline, and notifications read
+/// (`PQconsumeInput`, `PQnotifies`) when the socket is readable. When the connection breaks
+/// it reconnects (with backoff, up to 5 s between attempts, waited for by a timer task on the
+/// loop), listens again and tells subscribers with `.listening`.
+public final class PostgresListener: @unchecked Sendable {
     private let configuration: PostgresConfiguration
     private let channels: [String]
     private let logger: Logger
+    private let loop: any PostgresEventLoop
+    /// The loop made by the convenience initializer: ended once the listener has stopped.
+    private let ownLoop: PostgresLoopThread?
     private let state = ListenerState()
-    private let wakePipe: (read: Int32, write: Int32)
 
-    /// Creates a listener; call `start()` to connect.
-    public init(_ configuration: PostgresConfiguration, channels: [String], logger: Logger) {
+    // Loop-confined.
+    /// The connection being set up or listened on.
+    private var current: PostgresLoopConnection?
+    /// The paused task: reconnecting after a backoff, or listening until the connection breaks.
+    private var wakeup: CheckedContinuation<Void, Never>?
+    private var backoffTimer: Task<Void, Never>?
+
+    /// Creates a listener that will run on `loop`; call `start()` to connect. Stop it
+    /// (`close()`) before the loop ends.
+    public convenience init(_ configuration: PostgresConfiguration, channels: [String], logger: Logger, loop: any PostgresEventLoop) {
+        self.init(configuration, channels: channels, logger: logger, loop: loop, ownLoop: nil)
+    }
+
+    /// Creates a listener on an event loop of its own (a `PostgresLoopThread` named
+    /// `pg-listener`, ended when the listener stops); call `start()` to connect.
+    public convenience init(_ configuration: PostgresConfiguration, channels: [String], logger: Logger) {
+        guard let loop = try? PostgresLoopThread(name: "pg-listener") else {
+            preconditionFailure("cannot start the notification listener's event loop")  // out of threads or descriptors
+        }
+        self.init(configuration, channels: channels, logger: logger, loop: loop, ownLoop: loop)
+    }
+
+    private init(
+        _ configuration: PostgresConfiguration, channels: [String], logger: Logger, loop: any PostgresEventLoop,
+        ownLoop: PostgresLoopThread?
+    ) {
         var config = configuration
         // Notice a dead peer within about a minute even when nothing is sent.
         if config["keepalives_idle"] == nil { config.setParameter("keepalives_idle", "30") }
@@ -49,22 +77,24 @@ public final class PostgresListener: Sendable {
         self.configuration = config
         self.channels = channels
         self.logger = logger
-        var fds: [Int32] = [-1, -1]
-        if pipe(&fds) == 0 {
-            _ = fcntl(fds[0], F_SETFL, O_NONBLOCK)
-            _ = fcntl(fds[1], F_SETFL, O_NONBLOCK)
-        }
-        wakePipe = (fds[0], fds[1])
+        self.loop = loop
+        self.ownLoop = ownLoop
     }
 
-    /// Starts the listening thread (once).
+    /// Starts listening (once): a task on the loop connects, listens and reconnects.
     public func start() {
         let first = state.withLock { state -> Bool in
             defer { state.started = true }
             return !state.started
         }
         guard first else { return }
-        startThread(name: "pg-listener") { [self] in run() }
+        let runner = Task(executorPreference: loop) { await self.run() }
+        if state.withLock({ state -> Bool in
+            state.runner = runner
+            return state.stopped
+        }) {
+            runner.cancel()
+        }
     }
 
     /// Whether the listener is connected and listening right now.
@@ -92,43 +122,41 @@ public final class PostgresListener: Sendable {
     }
 
     /// Stops listening, closes the connection and finishes every subscriber's stream, without
-    /// waiting for the thread (`close()` waits).
+    /// waiting for the loop to have done so (`close()` waits).
     public func stop() {
-        state.withLock { $0.stopped = true }
-        var byte: UInt8 = 1
-        _ = write(wakePipe.write, &byte, 1)
+        let runner = state.withLock { state in
+            state.stopped = true
+            return state.runner
+        }
+        runner?.cancel()
     }
 
-    /// Stops listening and returns once the listening thread has closed its connection and
-    /// ended (at once when it never started; a connection attempt under way is waited for).
+    /// Stops listening and returns once the connection is closed on the loop (a connection
+    /// attempt under way is abandoned) and every subscriber's stream finished; at once when
+    /// it never started. A loop of its own has ended too.
     public func close() async {
-        let neverStarted = state.withLock { state -> Bool in
+        let (neverStarted, runner) = state.withLock { state -> (Bool, Task<Void, Never>?) in
             state.stopped = true
             defer { state.started = true }  // a later `start()` does nothing
-            return !state.started
+            return (!state.started, state.runner)
         }
         if neverStarted {
-            let subscribers = state.withLock { state in
-                defer { state.subscribers.removeAll() }
-                return Array(state.subscribers.values)
-            }
-            for subscriber in subscribers { subscriber.finish() }
-            Glibc.close(wakePipe.read)
-            Glibc.close(wakePipe.write)
-            return
+            finishSubscribers()
+        } else {
+            runner?.cancel()
+            await runner?.value
         }
-        var byte: UInt8 = 1
-        _ = write(wakePipe.write, &byte, 1)
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let ended = state.withLock { state -> Bool in
-                if !state.ended { state.endWaiters.append(continuation) }
-                return state.ended
-            }
-            if ended { continuation.resume() }
-        }
+        await ownLoop?.close()
     }
 
-    private var isStopped: Bool { state.withLock { $0.stopped } }
+    private func finishSubscribers() {
+        let subscribers = state.withLock { state -> [AsyncStream<PostgresListenerEvent>.Continuation] in
+            state.listening = false
+            defer { state.subscribers.removeAll() }
+            return Array(state.subscribers.values)
+        }
+        for subscriber in subscribers { subscriber.finish() }
+    }
 
     private func deliver(_ event: PostgresListenerEvent) {
         let subscribers = state.withLock { Array($0.subscribers.values) }
@@ -139,87 +167,89 @@ public final class PostgresListener: Sendable {
         }
     }
 
-    private func run() {
-        var backoffMilliseconds: Int32 = 100
-        var connection: PostgresConnection? = nil
-        while !isStopped {
-            if connection == nil {
-                do {
-                    let opened = try PostgresConnection.connect(configuration)
-                    for channel in channels {
-                        try opened.execute("LISTEN \(try opened.quoteIdentifier(channel))")
-                    }
-                    connection = opened
-                    backoffMilliseconds = 100
-                    state.withLock {
-                        $0.listening = true
-                        $0.sessions += 1
-                    }
-                    logger.debug("listening for notifications", metadata: ["channels": "\(channels)"])
-                    deliver(.listening)
-                } catch {
-                    logger.warning(
-                        "notification listener cannot connect, retrying",
-                        metadata: ["error": "\(error)", "retry_ms": "\(backoffMilliseconds)"])
-                    waitForWake(timeoutMilliseconds: backoffMilliseconds)
-                    backoffMilliseconds = min(backoffMilliseconds * 2, 5000)
-                    continue
+    // MARK: - On the loop
+
+    /// Connects, listens until the connection breaks, and again, until cancelled (`stop`).
+    private func run() async {
+        await withTaskCancellationHandler {
+            await listenWhileRunning()
+        } onCancel: {
+            Task(executorPreference: loop) { self.interrupt() }
+        }
+        current?.close()
+        current = nil
+        finishSubscribers()
+        if let ownLoop { Task.detached { await ownLoop.close() } }
+    }
+
+    private func listenWhileRunning() async {
+        var backoffMilliseconds: UInt64 = 100
+        while !Task.isCancelled {
+            let connection: PostgresLoopConnection
+            do {
+                connection = try await PostgresConnecting.open(configuration, on: loop, clock: PostgresLoopPool.monotonicClock)
+                current = connection
+                // Set before `LISTEN`: what arrives with its answer is delivered, not dropped.
+                connection.notificationHandler = { [weak self] in self?.deliver(.notification($0)) }
+                let statements = try channels.map {
+                    PostgresStatement("LISTEN \(try connection.connection.quoteIdentifier($0))")
                 }
-            }
-            guard let current = connection else { continue }
-            var descriptors = [
-                pollfd(fd: current.socket, events: Int16(POLLIN), revents: 0),
-                pollfd(fd: wakePipe.read, events: Int16(POLLIN), revents: 0),
-            ]
-            let ready = poll(&descriptors, 2, -1)
-            if ready < 0 {
-                if errno == EINTR { continue }
-                logger.error("notification listener poll failed", metadata: ["errno": "\(errno)"])
-                waitForWake(timeoutMilliseconds: 1000)
+                try await connection.pipeline(statements)
+            } catch {
+                current?.close()
+                current = nil
+                if Task.isCancelled { break }
+                logger.warning(
+                    "notification listener cannot connect, retrying",
+                    metadata: ["error": "\(error)", "retry_ms": "\(backoffMilliseconds)"])
+                await pause(nanoseconds: backoffMilliseconds * 1_000_000)
+                backoffMilliseconds = min(backoffMilliseconds * 2, 5000)
                 continue
             }
-            if descriptors[1].revents != 0 { drainWakePipe() }
-            if descriptors[0].revents != 0 {
-                let consumed = PQconsumeInput(current.handle)
-                while let notify = PQnotifies(current.handle) {
-                    let notification = PostgresNotification(
-                        channel: String(cString: notify.pointee.relname),
-                        payload: String(cString: notify.pointee.extra))
-                    PQfreemem(notify)
-                    deliver(.notification(notification))
-                }
-                if consumed == 0 || !current.isOpen {
-                    logger.warning("notification listener lost its connection, reconnecting")
-                    state.withLock { $0.listening = false }
-                    connection = nil
+            backoffMilliseconds = 100
+            connection.lossHandler = { [weak self] in self?.wake() }
+            state.withLock {
+                $0.listening = true
+                $0.sessions += 1
+            }
+            logger.debug("listening for notifications", metadata: ["channels": "\(channels)"])
+            deliver(.listening)
+            await pause(nanoseconds: nil)  // until the connection breaks or the listener stops
+            state.withLock { $0.listening = false }
+            connection.close()
+            current = nil
+            if !Task.isCancelled { logger.warning("notification listener lost its connection, reconnecting") }
+        }
+    }
+
+    /// Suspends the listening task until `wake()`, the listener stops, or `nanoseconds` (if
+    /// given) have passed.
+    private func pause(nanoseconds: UInt64?) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            if Task.isCancelled || current?.isBroken == true { return continuation.resume() }
+            wakeup = continuation
+            if let nanoseconds {
+                backoffTimer = Task(executorPreference: loop) { [weak self] in
+                    try? await Task.sleep(nanoseconds: nanoseconds)
+                    guard !Task.isCancelled else { return }
+                    self?.wake()
                 }
             }
         }
-        connection = nil
-        let subscribers = state.withLock { state -> [AsyncStream<PostgresListenerEvent>.Continuation] in
-            state.listening = false
-            defer { state.subscribers.removeAll() }
-            return Array(state.subscribers.values)
-        }
-        for subscriber in subscribers { subscriber.finish() }
-        Glibc.close(wakePipe.read)
-        Glibc.close(wakePipe.write)
-        let waiters = state.withLock { state in
-            state.ended = true
-            defer { state.endWaiters.removeAll() }
-            return state.endWaiters
-        }
-        for waiter in waiters { waiter.resume() }
+        backoffTimer?.cancel()
+        backoffTimer = nil
     }
 
-    private func waitForWake(timeoutMilliseconds: Int32) {
-        var descriptor = pollfd(fd: wakePipe.read, events: Int16(POLLIN), revents: 0)
-        if poll(&descriptor, 1, timeoutMilliseconds) > 0 { drainWakePipe() }
+    private func wake() {
+        let paused = wakeup
+        wakeup = nil
+        paused?.resume()
     }
 
-    private func drainWakePipe() {
-        var buffer = [UInt8](repeating: 0, count: 64)
-        while read(wakePipe.read, &buffer, buffer.count) > 0 {}
+    /// The listener stops: a `LISTEN` under way fails, a pause ends.
+    private func interrupt() {
+        current?.close()
+        wake()
     }
 }
 
@@ -227,9 +257,8 @@ final class ListenerState: @unchecked Sendable {
     struct Fields {
         var started = false
         var stopped = false
-        /// The thread has closed its connection and is about to end.
-        var ended = false
-        var endWaiters: [CheckedContinuation<Void, Never>] = []
+        /// The task on the loop that connects and listens.
+        var runner: Task<Void, Never>?
         var listening = false
         /// Connections that reached `LISTEN`.
         var sessions: UInt64 = 0

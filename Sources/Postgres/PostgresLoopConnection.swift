@@ -19,6 +19,10 @@ public final class PostgresLoopConnection: @unchecked Sendable {
     private var watchingWritable = false
     /// No further use: I/O failed or the connection was closed.
     private(set) var isBroken = false
+    /// Told each notification that arrives (the listener's); nil: they are dropped.
+    var notificationHandler: ((PostgresNotification) -> Void)?
+    /// Told once when I/O fails (not when `close()` is called): the listener reconnects.
+    var lossHandler: (() -> Void)?
 
     /// Takes over an open connection, on the loop's thread.
     init(_ connection: PostgresConnection, loop: any PostgresEventLoop) throws {
@@ -109,8 +113,8 @@ public final class PostgresLoopConnection: @unchecked Sendable {
         if readiness.writable { flush() }
         guard readiness.readable, !isBroken else { return }
         guard PQconsumeInput(connection.handle) == 1 else { return lose() }
-        // What an idle session may receive: notifications (nobody listens here) and notices.
-        while let notification = PQnotifies(connection.handle) { PQfreemem(notification) }
+        // What an idle session may receive: notifications (for the listener) and notices.
+        drainNotifications()
         var separators = 0
         while pending != nil, PQisBusy(connection.handle) == 0 {
             guard let result = PQgetResult(connection.handle) else {
@@ -131,7 +135,19 @@ public final class PostgresLoopConnection: @unchecked Sendable {
                 return lose(error)
             }
         }
-        if PQstatus(connection.handle) != CONNECTION_OK { lose() }
+        if notificationHandler != nil { drainNotifications() }  // those parsed with a pipeline's results
+        // A backend that is ending the session sends FATAL before its end of file: an idle
+        // connection counts as broken from then on, so the next lease takes another.
+        if PQstatus(connection.handle) != CONNECTION_OK || (pending == nil && connection.announcedTermination) { lose() }
+    }
+
+    private func drainNotifications() {
+        while let notify = PQnotifies(connection.handle) {
+            let notification = PostgresNotification(
+                channel: String(cString: notify.pointee.relname), payload: String(cString: notify.pointee.extra))
+            PQfreemem(notify)
+            notificationHandler?(notification)
+        }
     }
 
     private func complete() {
@@ -150,6 +166,7 @@ public final class PostgresLoopConnection: @unchecked Sendable {
             pending = nil
             continuation.resume(throwing: error ?? connection.connectionError())
         }
+        lossHandler?()
     }
 
     /// Stops watching the socket (before the connection is closed). On the loop's thread.

@@ -7,8 +7,9 @@ import Synchronization
 /// connections), driven from the loop's thread, so a request's queries are sent, awaited
 /// and read on the thread that handles the request, and a waiting request holds no thread.
 ///
-/// Opening a connection is the one blocking step (`PQconnectdbParams`, rare): it runs on a
-/// short-lived thread of its own, which hands the open connection to the loop.
+/// Connections are opened on the loop too, without blocking (`PQconnectStartParams` and
+/// `PQconnectPoll`, `connect_timeout` enforced on the pool's clock): the pool starts no
+/// thread.
 public final class PostgresLoopPool: @unchecked Sendable {
     /// Where connections go.
     public let connectionConfiguration: PostgresConfiguration
@@ -173,40 +174,21 @@ public final class PostgresLoopPool: @unchecked Sendable {
             machine.openCount | (machine.leasedCount << 16) | (waiting << 32), ordering: .relaxed)
     }
 
+    /// Opens a connection on the loop without blocking (`PostgresConnecting`): the session
+    /// settings are its first pipeline; the machine learns of it once they are applied.
     private func open(_ id: PoolStateMachine.ConnectionID) {
-        let configuration = self.configuration
-        let target = connectionConfiguration
-        let loop = self.loop
-        startThread(name: "pg-open-\(id % 1000)") {
-            let opened = Result { () throws -> PostgresConnection in
-                let connection = try PostgresConnection.connect(target)
-                for setting in configuration.sessionSettings {
-                    try connection.query("select set_config($1, $2, false)", setting.name, setting.value)
-                }
-                connection.statementObserver = configuration.statementObserver
-                return connection
+        Task(executorPreference: loop) {
+            do {
+                let connection = try await PostgresConnecting.open(
+                    self.connectionConfiguration, settings: self.configuration.sessionSettings, on: self.loop,
+                    clock: self.clock)
+                connection.connection.statementObserver = self.configuration.statementObserver
+                self.connections[id] = connection
+                self.perform(self.machine.connectionOpened(id))
+            } catch {
+                self.lastOpenError = error
+                self.perform(self.machine.connectionFailed(id))
             }
-            let handOver = UncheckedBox(opened)
-            Task(executorPreference: loop) { self.opened(id, handOver.value) }
         }
     }
-
-    private func opened(_ id: PoolStateMachine.ConnectionID, _ result: Result<PostgresConnection, any Error>) {
-        do {
-            let connection = try PostgresLoopConnection(try result.get(), loop: loop)
-            connections[id] = connection
-            perform(machine.connectionOpened(id))
-        } catch {
-            lastOpenError = error
-            perform(machine.connectionFailed(id))
-        }
-    }
-
-}
-
-/// Carries a value that is not `Sendable` from the thread that made it to the loop, which
-/// is its only user from then on.
-private struct UncheckedBox<Value>: @unchecked Sendable {
-    let value: Value
-    init(_ value: Value) { self.value = value }
 }

@@ -490,41 +490,11 @@ final class SupabaseImportTests: EndToEndTestCase {
     }
 
     /// Supabase shows a connection string with `sslmode=require`: the import reads a source
-    /// over TLS. The test cluster takes TLS (a self-signed certificate, as `require` does not
-    /// verify it) for the length of the test.
+    /// over TLS. The test cluster takes TLS (`TestCluster.enableTLS`) for the length of the
+    /// test.
     func testASourceReachedWithSslmodeRequireIsReadOverTLS() throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tls-\(UUID().uuidString)").path
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        files.append(directory)
-        let certificate = directory + "/server.crt"
-        let key = directory + "/server.key"
-        let made = try Command.run(
-            "/usr/bin/openssl",
-            ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1", "-keyout", key, "-out", certificate])
-        XCTAssertEqual(made.status, 0, made.stderr)
-        // PostgreSQL reads the key as its own OS user and refuses one others may read.
-        for file in [directory, certificate, key] {
-            try FileManager.default.setAttributes([.ownerAccountName: "postgres"], ofItemAtPath: file)
-        }
-        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: key)
-        let admin = try PostgresConnection.connect(try TestDatabase.adminConfiguration())
-        // One statement each: ALTER SYSTEM runs outside a transaction block.
-        try admin.execute("alter system set ssl_cert_file = '\(certificate)'")
-        try admin.execute("alter system set ssl_key_file = '\(key)'")
-        try admin.execute("alter system set ssl = on")
-        try admin.execute("select pg_reload_conf()")
-        defer {
-            for setting in ["ssl", "ssl_cert_file", "ssl_key_file"] { try? admin.execute("alter system reset \(setting)") }
-            try? admin.execute("select pg_reload_conf()")
-        }
-        // The reload reaches new sessions once the postmaster has read it.
-        let deadline = Date().addingTimeInterval(30)
-        while try PostgresConnection.connect(try TestDatabase.adminConfiguration()).query("show ssl")[0]
-            .decode(String.self, column: 0) != "on"
-        {
-            guard Date() < deadline else { return XCTFail("the test cluster did not take TLS") }
-            usleep(50_000)
-        }
+        let tls = try TestCluster.enableTLS()
+        defer { tls.disable() }
 
         let source = try makeSource()
         let ada = try addUser(source, email: "ada@example.com")

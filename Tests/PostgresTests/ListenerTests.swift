@@ -30,6 +30,7 @@ final class ListenerTests: XCTestCase {
         let again = await nextEvent(&events)
         XCTAssertEqual(again, .listening)
         XCTAssertTrue(listener.isListening)
+        XCTAssertEqual(listener.session, 2, "the second connection it listens on")
         try sender.query("select pg_notify($1, $2)", "trunk test", "after reconnect")
         let afterReconnect = await nextEvent(&events)
         XCTAssertEqual(afterReconnect, .notification(PostgresNotification(channel: "trunk test", payload: "after reconnect")))
@@ -53,10 +54,14 @@ final class ListenerTests: XCTestCase {
         // More than the 10,000 a subscriber's buffer holds, while `slow` reads nothing.
         try sender.query("select count(pg_notify('burst', n::text)) from generate_series(1, 10100) n")
         try sender.query("select pg_notify('burst', 'last')")
-        // Every subscriber is handed each event in turn: once `marker` has the last one,
-        // so has `slow`.
+        try sender.query("select pg_notify('burst', 'fence')")
+        // The listener hands each event to every subscriber before the next event: once
+        // `marker` has the fence, `slow` has had the last one. (`marker` having the last one
+        // said nothing: `slow` may come after it in that turn, and the test then read `slow`
+        // while it was being filled: it was no longer full when the last one came, nothing
+        // was dropped, no `.listening` followed, and the test waited for the watchdog.)
         while let event = await nextEvent(&marker),
-            event != .notification(PostgresNotification(channel: "burst", payload: "last"))
+            event != .notification(PostgresNotification(channel: "burst", payload: "fence"))
         {}
         var received: [PostgresListenerEvent] = []
         while received.last != .notification(PostgresNotification(channel: "burst", payload: "last")) {
@@ -68,6 +73,37 @@ final class ListenerTests: XCTestCase {
         XCTAssertLessThan(received.count, 10_102, "the oldest were dropped")
         XCTAssertEqual(listener.session, 1, "no reconnect")
         listener.stop()
+    }
+
+    func testCloseReturnsOnceTheConnectionIsClosedAndTheStreamsFinished() async throws {
+        let listener = PostgresListener(try listenerConfiguration(), channels: ["closing"], logger: TestDatabase.quietLogger)
+        var events = listener.events().makeAsyncIterator()
+        listener.start()
+        let listening = await nextEvent(&events)
+        XCTAssertEqual(listening, .listening)
+        try await withTimeout(30, "close()") { await listener.close() }
+        XCTAssertNil(listener.session)
+        let end = await nextEvent(&events)
+        XCTAssertNil(end, "the stream finished")
+        // Closed, not abandoned: the server sees the session end (libpq says goodbye).
+        let gone = try await waitUntil(10) {
+            try PostgresConnection.connect(try TestDatabase.adminConfiguration()).query("select count(*) from pg_stat_activity where application_name = 'listener-under-test'")[0]
+                .decode(Int.self, column: 0) == 0
+        }
+        XCTAssertTrue(gone, "the listening session ended")
+    }
+
+    func testCloseEndsAListenerThatCannotConnect() async throws {
+        var unreachable = try listenerConfiguration()
+        unreachable.setParameter("port", String(try unusedPort()))
+        let listener = PostgresListener(unreachable, channels: ["never"], logger: TestDatabase.quietLogger)
+        var events = listener.events().makeAsyncIterator()
+        listener.start()
+        XCTAssertFalse(listener.isListening)
+        // Connecting or waiting out its backoff on the loop: close() ends either at once.
+        try await withTimeout(30, "close()") { await listener.close() }
+        let end = await nextEvent(&events)
+        XCTAssertNil(end, "the stream finished without a .listening")
     }
 
     func testNotificationsOnOtherChannelsAreNotDelivered() async throws {

@@ -176,16 +176,7 @@ final class LoopPoolTests: XCTestCase {
         // the clock passes its deadline, not when an hour of real time has gone by.
         let now = Atomic<UInt64>(1_000_000_000)
         let pool = pool(size: 1, timeout: .seconds(3600), clock: { now.load(ordering: .relaxed) })
-        let holding = Mutex(false)
-        let letGo = Mutex(false)
-        let holder = Task {
-            try await pool.withConnection { _ in
-                holding.withLock { $0 = true }
-                _ = await waitUntil(60) { letGo.withLock { $0 } }
-            }
-        }
-        let held = await waitUntil(10) { holding.withLock { $0 } }
-        XCTAssertTrue(held, "the holder never got the connection")
+        let holder = try await HeldConnection.hold(pool)
         let waiter = Task { try await pool.withConnection { _ in 1 } }
         let queued = await waitUntil(10) { pool.statistics.waiting == 1 }
         XCTAssertTrue(queued, "the waiter never queued")
@@ -200,8 +191,7 @@ final class LoopPoolTests: XCTestCase {
         } catch let error as PostgresError {
             XCTAssertEqual(error.kind, .poolExhausted)
         }
-        letGo.withLock { $0 = true }
-        try await holder.value
+        try await holder.release()
         let answer = try await pool.withConnection { connection in
             try await connection.pipeline([PostgresStatement("select 42")])[0][0].decode(Int.self, column: 0)
         }
