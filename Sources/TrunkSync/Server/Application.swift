@@ -72,7 +72,9 @@ public struct Application: Sendable {
         pool = PostgresPool(database, configuration: settings, logger: logger)
         let listener =
             listen
-            ? PostgresListener(database, channels: [EventStore.channel, SessionRevocations.channel], logger: logger) : nil
+            ? PostgresListener(
+                database, channels: [EventStore.channel, SessionRevocations.channel], logger: logger,
+                loop: self.database.eventLoop) : nil
         events = EventStore(pool: pool, listener: listener)
         signingKeys = SigningKeyStore(pool: pool, encryption: configuration.keyEncryptionKey)
         notifier = EventNotifier(listener: listener, store: events)
@@ -377,9 +379,10 @@ public struct Application: Sendable {
         notifier.shutdown()
     }
 
-    /// Stops everything the application started: the key refresh, the listener (its thread
-    /// ended), the mail queue (mails already queued get up to 5 seconds) and the pools (every
-    /// connection closed, every thread ended). Also after a start-up that failed half-way:
+    /// Stops everything the application started: the key refresh, the listener (its
+    /// connection closed on the database's loop, before that loop ends), the mail queue (mails
+    /// already queued get up to 5 seconds) and the database (every connection closed, its
+    /// loop's thread ended). Also after a start-up that failed half-way:
     /// the loop-driven pool of a server that never ran closes off the loop.
     public func close() async {
         streams.close()

@@ -90,7 +90,7 @@ public final class EventNotifier: Sendable {
         listener?.stop()
     }
 
-    /// `shutdown()`, then waits until the listener's thread has closed its connection.
+    /// `shutdown()`, then waits until the listener has closed its connection (on its loop).
     public func close() async {
         shutdown()
         await listener?.close()
