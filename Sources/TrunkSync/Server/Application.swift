@@ -74,7 +74,7 @@ public struct Application: Sendable {
             listen
             ? PostgresListener(database, channels: [EventStore.channel, SessionRevocations.channel], logger: logger) : nil
         events = EventStore(pool: pool, listener: listener)
-        signingKeys = SigningKeyStore(pool: pool, encryption: configuration.keyEncryptionKey)
+        signingKeys = SigningKeyStore(database: self.database, encryption: configuration.keyEncryptionKey)
         notifier = EventNotifier(listener: listener, store: events)
         migrator = Migrator(migrations: migrations, logger: logger)
         let secret = configuration.jwtSecret ?? ""
