@@ -41,14 +41,16 @@ struct KeysCommand: AsyncParsableCommand {
     static func store(_ options: CommonOptions, writing: Bool) async throws -> (SigningKeyStore, Configuration) {
         let configuration = try options.load()
         let logger = Logger(label: "trunk-sync.keys")
-        let pool: PostgresPool
-        if writing {
-            pool = try await ownerPool(configuration, logger: logger)
-        } else {
-            pool = try commandPool(configuration, logger: logger)
-            onExit { await pool.close() }
-        }
-        return (SigningKeyStore(pool: pool, encryption: configuration.keyEncryptionKey), configuration)
+        // The owner check (its connection closes on exit).
+        if writing { _ = try await ownerPool(configuration, logger: logger) }
+        var settings = Database.Settings()
+        settings.maxConnections = 1
+        settings.acquireTimeout = .seconds(3600)
+        let database = try Database(
+            try PostgresConfiguration(try configuration.requireMigrationDatabaseURL()), settings: settings,
+            logger: logger)
+        onExit { await database.close() }
+        return (SigningKeyStore(database: database, encryption: configuration.keyEncryptionKey), configuration)
     }
 
     static func time(_ timestamp: PostgresTimestamp) -> String { RFC3339.format(timestamp, fractionDigits: 0) }
@@ -78,7 +80,7 @@ struct KeysCommand: AsyncParsableCommand {
                     }
                     return [key.keyID, key.algorithm, KeysCommand.time(key.createdAt), status]
                 }
-                let imported = try await ImportedKeys.list(pool: store.pool).map { key -> [String] in
+                let imported = try await ImportedKeys.list(database: store.database).map { key -> [String] in
                     [
                         key.keyID, key.algorithm, KeysCommand.time(key.createdAt),
                         key.retiredAt.map { "retired " + KeysCommand.time($0) } ?? "imported (verifies only)",
@@ -131,7 +133,7 @@ struct KeysCommand: AsyncParsableCommand {
             try await reportingErrors {
                 let (store, configuration) = try await KeysCommand.store(options, writing: true)
                 // An imported key signs nothing here: retiring it only ends its tokens.
-                if try await ImportedKeys.retire(kid, pool: store.pool) {
+                if try await ImportedKeys.retire(kid, database: store.database) {
                     print("retired imported key \(kid): servers stop verifying its tokens within 60 s")
                     return
                 }
@@ -167,7 +169,7 @@ struct KeysCommand: AsyncParsableCommand {
                 }
                 let entries = try ImportedKeys.parse(data)
                 let (store, _) = try await KeysCommand.store(options, writing: true)
-                _ = try await ImportedKeys.store(entries, pool: store.pool)
+                _ = try await ImportedKeys.store(entries, database: store.database)
                 for entry in entries { print("imported \(entry.algorithm) key \(entry.keyID) (verifies only)") }
             }
         }

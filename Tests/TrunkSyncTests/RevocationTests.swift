@@ -64,6 +64,7 @@ final class RevocationTests: XCTestCase {
     func testLogoutEndsTheAccessTokenOnEveryRouteOfEveryInstanceWithinASecond() async throws {
         let session = try await app.signIn("leaving@example.com")
         let token = try XCTUnwrap(session["access_token"] as? String)
+        // On both: each route's pool then holds an open connection (the sign-out below needs one).
         try await assertAccepted(token, on: [app, second])
         let logout = try await app.request("POST", "/auth/v1/logout?scope=local", bearer: token)
         XCTAssertEqual(logout.status, 204)
@@ -100,6 +101,7 @@ final class RevocationTests: XCTestCase {
 
     func testUsersDeleteEndsTheUsersTokensEverywhere() async throws {
         let token = try await app.token("deleted@example.com")
+        // On both: each route's pool then holds an open connection (the sign-out below needs one).
         try await assertAccepted(token, on: [app, second])
         let result = try Command.run(
             Command.trunkSyncBinary(), ["users", "delete", "--yes", "deleted@example.com"],
@@ -156,7 +158,8 @@ final class RevocationTests: XCTestCase {
 
     func testAnInstanceThatLostItsListenerReloadsTheRevocationsItMissed() async throws {
         let token = try await app.token("missed@example.com")
-        try await assertAccepted(token, on: [second])
+        // On both: each route's pool then holds an open connection (the sign-out below needs one).
+        try await assertAccepted(token, on: [app, second])
         // No new connection to the database for a moment, and both listeners cut: the
         // notification of the sign-out below reaches no one.
         let outage = try app.cutListeners()
@@ -186,7 +189,7 @@ final class RevocationTests: XCTestCase {
 /// The in-memory set on its own: bounded by the tokens' lifetime.
 final class SessionRevocationsTests: XCTestCase {
     func testEntriesLastAsLongAsTheSessionsTokensThenGo() {
-        let revocations = SessionRevocations(pool: nil, logger: TestDatabase.quietLogger)
+        let revocations = SessionRevocations(database: nil, logger: TestDatabase.quietLogger)
         let now: Int64 = 1_800_000_000
         let (fresh, stale, user) = (UUID(), UUID(), UUID())
         XCTAssertFalse(revocations.isRevoked(fresh))

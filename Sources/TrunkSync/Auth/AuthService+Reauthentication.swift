@@ -18,10 +18,9 @@ extension AuthService {
     /// counts the per-client limit first (`limit(.reauthenticate, ip:)`).
     public func requestReauthentication(_ claims: AccessClaims) async throws {
         let user = claims.userID
-        let address: String = try await database { connection in
-            try RowScope.apply(RowScope.user(user), on: connection)
-            try Self.checkSession(claims, on: connection)
-            guard let row = try connection.query("select email from users where id = $1", user).first else {
+        let address: String = try await transaction(as: .user(user)) { tx in
+            try await Self.checkSession(claims, on: tx)
+            guard let row = try await tx.query("select email from users where id = $1", user).first else {
                 throw AuthError.sessionNotFound
             }
             return try row.decode(String.self, column: 0)
@@ -32,16 +31,15 @@ extension AuthService {
         let hash = reauthenticationHash(user, code)
         let settings = self.settings
         enum Outcome: Sendable { case stored, wait(Int), mailCap(Int) }
-        let outcome: Outcome = try await database { connection in
-            try RowScope.apply(RowScope.user(user), on: connection)
+        let outcome: Outcome = try await transaction(as: .user(user)) { tx in
             let codes = OneTimeCodes.reauthentication
-            if let wait = try codes.resendWait(user, interval: settings.otpResendInterval, on: connection) {
+            if let wait = try await codes.resendWait(user, interval: settings.otpResendInterval, on: tx) {
                 return .wait(wait)
             }
-            if let retry = try RateLimiter.hit("mail:global", rule: settings.mailRule, on: connection) {
+            if let retry = try await RateLimiter.hit("mail:global", rule: settings.mailRule, on: tx) {
                 return .mailCap(retry)
             }
-            try codes.store(user, hash: hash, lifetime: settings.otpLifetime, on: connection)
+            try await codes.store(user, hash: hash, lifetime: settings.otpLifetime, on: tx)
             return .stored
         }
         switch outcome {
@@ -63,26 +61,51 @@ extension AuthService {
     /// the code was right (it is then used up), false when it was wrong, expired, used,
     /// exhausted, never asked for, or the user is locked out. A refusal is counted, so the
     /// transaction must commit after a `false` too — and change nothing else.
-    func reauthenticationCheck(user: UUID, code: String) -> @Sendable (PostgresConnection) throws -> Bool {
-        let wellFormed = OneTimeCodes.isWellFormed(code)
-        let hash = reauthenticationHash(user, wellFormed ? code : "")
+    func reauthenticationCheck(user: UUID, code: String) -> @Sendable (Transaction) async throws -> Bool {
+        let (wellFormed, hash, report) = reauthenticationRule(user: user, code: code)
         let settings = self.settings
-        let logger = self.logger
+        return { tx in
+            guard wellFormed else { return false }
+            return report(try await OneTimeCodes.reauthentication.check(user, hash: hash, settings: settings, on: tx))
+        }
+    }
+
+    /// `reauthenticationCheck` on a blocking connection, for the account deletion while it is
+    /// still on `PostgresPool` (`Accounts.delete(_:confirmedBy:)`); goes once it is on `Database`.
+    func blockingReauthenticationCheck(user: UUID, code: String) -> @Sendable (PostgresConnection) throws -> Bool {
+        let (wellFormed, hash, report) = reauthenticationRule(user: user, code: code)
+        let settings = self.settings
         return { connection in
             guard wellFormed else { return false }
-            switch try OneTimeCodes.reauthentication.check(user, hash: hash, settings: settings, on: connection) {
-            case .accepted: return true
-            case .refused(let event):
-                if case .locked(let until, let failures) = event {
-                    logger.warning(
-                        "reauthentication locked: too many wrong codes",
-                        metadata: [
-                            "user_id": "\(user.uuidString.lowercased())", "failures": "\(failures)",
-                            "until": "\(RFC3339.format(until))",
-                        ])
-                }
-                return false
-            }
+            return report(try OneTimeCodes.reauthentication.check(user, hash: hash, settings: settings, on: connection))
         }
+    }
+
+    /// Whether `code` has a code's shape, the hash to check, and what an outcome means (and
+    /// logs: a lock).
+    private func reauthenticationRule(user: UUID, code: String)
+        -> (wellFormed: Bool, hash: PostgresBytes, report: @Sendable (OneTimeCodes.Check) -> Bool)
+    {
+        let wellFormed = OneTimeCodes.isWellFormed(code)
+        let hash = reauthenticationHash(user, wellFormed ? code : "")
+        let logger = self.logger
+        return (
+            wellFormed, hash,
+            { check in
+                switch check {
+                case .accepted: return true
+                case .refused(let event):
+                    if case .locked(let until, let failures) = event {
+                        logger.warning(
+                            "reauthentication locked: too many wrong codes",
+                            metadata: [
+                                "user_id": "\(user.uuidString.lowercased())", "failures": "\(failures)",
+                                "until": "\(RFC3339.format(until))",
+                            ])
+                    }
+                    return false
+                }
+            }
+        )
     }
 }

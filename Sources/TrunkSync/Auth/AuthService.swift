@@ -1,5 +1,5 @@
-import JSON
 import Foundation
+import JSON
 import Logging
 import Postgres
 import TrunkCrypto
@@ -64,7 +64,7 @@ public struct AuthSettings: Sendable {
 
 /// Email one-time-code sign-in, sessions and rotating refresh tokens, all in Postgres.
 public struct AuthService: Sendable {
-    let pool: PostgresPool
+    let database: Database
     let tokens: TokenIssuer
     /// Delivers codes off the request path (see `SignInMailQueue`).
     let mail: SignInMailQueue
@@ -78,15 +78,15 @@ public struct AuthService: Sendable {
     let codeKey: [UInt8]
 
     public init(
-        pool: PostgresPool, tokens: TokenIssuer, secret: String, sender: any SignInCodeSender, settings: AuthSettings,
+        database: Database, tokens: TokenIssuer, secret: String, sender: any SignInCodeSender, settings: AuthSettings,
         logger: Logger, metrics: Metrics = Metrics()
     ) {
         self.metrics = metrics
-        self.pool = pool
+        self.database = database
         self.tokens = tokens
         self.settings = settings
         self.logger = logger
-        revocations = SessionRevocations(pool: pool, logger: logger)
+        revocations = SessionRevocations(database: database, logger: logger)
         mail = SignInMailQueue(
             sender: sender, senders: settings.mailSenders, capacity: settings.mailQueueSize, logger: logger,
             metrics: metrics)
@@ -110,10 +110,11 @@ public struct AuthService: Sendable {
 
     static func now() -> Int64 { Int64(Date().timeIntervalSince1970) }
 
-    /// Runs database work in one transaction. Failures a client may retry (pool exhausted,
-    /// connection lost) become `503` in the pipeline's error stage, as on every route.
-    func database<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) throws -> T) async throws -> T {
-        try await pool.transaction(body)
+    /// Runs database work in one transaction scoped to `scope` (`Database.transaction(as:)`).
+    /// Failures a client may retry (pool exhausted, connection lost) become `503` in the
+    /// pipeline's error stage, as on every route.
+    func transaction<T: Sendable>(as scope: Scope, _ body: (Transaction) async throws -> T) async throws -> T {
+        try await database.transaction(as: scope, body)
     }
 
     /// The routes with a per-client limit. `reauthenticate` (mails a code, as `/otp`) and
@@ -156,7 +157,7 @@ public struct AuthService: Sendable {
         default: rule = settings.tokenRule
         }
         let bucket = "ip:\(route.rawValue):\(RateLimiter.clientBucket(ip))"
-        let retryAfter = try await database { try RateLimiter.hit(bucket, rule: rule, on: $0) }
+        let retryAfter = try await transaction(as: .server) { try await RateLimiter.hit(bucket, rule: rule, on: $0) }
         if let retryAfter {
             metrics.rateLimited(route.metricName).increment()
             throw AuthError.overRequestRateLimit(retryAfter: retryAfter)
@@ -176,7 +177,7 @@ public struct AuthService: Sendable {
         default: return  // refresh tokens name no address
         }
         let bucket = "email:\(route.rawValue):\(RateLimiter.emailBucket(email.value))"
-        let retryAfter = try await database { try RateLimiter.hit(bucket, rule: rule, on: $0) }
+        let retryAfter = try await transaction(as: .server) { try await RateLimiter.hit(bucket, rule: rule, on: $0) }
         if let retryAfter {
             metrics.rateLimited(name).increment()
             // GoTrue's codes: too many codes asked for one address, or too many attempts.
@@ -218,25 +219,24 @@ public struct AuthService: Sendable {
     /// `requestCode` for the code stored under `key`: `deliverable` says, given whether an
     /// app account has the key's address (always false for a console key, whose scope shows
     /// no users row), whether a mail goes out. The statements are the same either way.
-    func requestCode(for key: CodeKey, email: Email, deliverable: @escaping @Sendable (Bool) -> Bool) async throws {
+    func requestCode(for key: CodeKey, email: Email, deliverable: (Bool) -> Bool) async throws {
         let code = SecureRandom.digits(6)
         let settings = self.settings
         let hash = codeHash(key, code)
         let unknowable = PostgresBytes(SecureRandom.bytes(count: 32))
         enum Outcome: Sendable { case accepted(deliverable: Bool), wait(Int), mailCap(Int) }
-        let outcome: Outcome = try await database { connection in
-            try RowScope.apply(RowScope.address(key.value), on: connection)
+        let outcome: Outcome = try await transaction(as: .codeKey(key.value)) { tx in
             let codes = OneTimeCodes.signIn
-            if let wait = try codes.resendWait(key.value, interval: settings.otpResendInterval, on: connection) {
+            if let wait = try await codes.resendWait(key.value, interval: settings.otpResendInterval, on: tx) {
                 return .wait(wait)
             }
-            let exists = try connection.query("select 1 from users where lower(email) = $1", key.value).count > 0
-            if let retry = try RateLimiter.hit("mail:global", rule: settings.mailRule, on: connection) {
+            let exists = try await tx.query("select 1 from users where lower(email) = $1", key.value).count > 0
+            if let retry = try await RateLimiter.hit("mail:global", rule: settings.mailRule, on: tx) {
                 return .mailCap(retry)
             }
             let deliverable = deliverable(exists)
-            try codes.store(
-                key.value, hash: deliverable ? hash : unknowable, lifetime: settings.otpLifetime, on: connection)
+            try await codes.store(
+                key.value, hash: deliverable ? hash : unknowable, lifetime: settings.otpLifetime, on: tx)
             return .accepted(deliverable: deliverable)
         }
         switch outcome {
@@ -273,8 +273,8 @@ public struct AuthService: Sendable {
         let refreshToken = Self.newRefreshToken()
         let now = Self.now()
         let accessExpiresAt = now + Int64(tokens.lifetime)
-        let (signedIn, sessionID) = try await consumeCode(.app(email), email: email, code: code) { connection in
-            let signedInRow = try connection.query(
+        let (signedIn, sessionID) = try await consumeCode(.app(email), email: email, code: code) { tx in
+            let signedInRow = try await tx.query(
                 """
                 insert into users (email, email_confirmed_at, last_sign_in_at) values ($1, now(), now())
                 on conflict ((lower(email))) do update set last_sign_in_at = now(), updated_at = now(),
@@ -282,11 +282,12 @@ public struct AuthService: Sendable {
                 returning \(UserRecord.columns)
                 """, email.value)[0]
             let signedIn = try UserRecord(row: signedInRow)
-            // The session and its token are rows of the user, now that the id is known.
-            try RowScope.apply(RowScope.user(signedIn.id), on: connection)
-            let sessionID = try Self.insertSession(
+            // The session and its token are rows of the user, now that the id is known: the
+            // transaction's scope grows by the user's.
+            try await tx.pipeline(Scope.user(signedIn.id).statements)
+            let sessionID = try await Self.insertSession(
                 userID: signedIn.id, refreshToken: refreshToken, ip: ip, userAgent: userAgent,
-                accessExpiresAt: accessExpiresAt, on: connection)
+                accessExpiresAt: accessExpiresAt, on: tx)
             return ((signedIn, sessionID), signedIn.id)
         }
         return issue(user: signedIn, sessionID: sessionID, refreshToken: refreshToken, now: now)
@@ -299,26 +300,25 @@ public struct AuthService: Sendable {
     /// every key alike.
     func consumeCode<T: Sendable>(
         _ key: CodeKey, email: Email, code: String,
-        signIn: @escaping @Sendable (PostgresConnection) throws -> (T, user: UUID?)
+        signIn: (Transaction) async throws -> (T, user: UUID?)
     ) async throws -> T {
         guard OneTimeCodes.isWellFormed(code) else { throw AuthError.otpExpired }
         let hash = codeHash(key, code)
         let settings = self.settings
         typealias LockEvent = OneTimeCodes.LockEvent
-        let outcome: CodeOutcome<T> = try await database { connection in
-            try RowScope.apply(RowScope.address(key.value), on: connection)
+        let outcome: CodeOutcome<T> = try await transaction(as: .codeKey(key.value)) { tx in
             let lockEnded: Bool
-            switch try OneTimeCodes.signIn.check(key.value, hash: hash, settings: settings, on: connection) {
+            switch try await OneTimeCodes.signIn.check(key.value, hash: hash, settings: settings, on: tx) {
             case .refused(.none):
                 return .rejected(.none, user: nil)
             case .refused(let event):
                 // Only the log lines of a lock name the user.
-                let user = try connection.query("select id from users where lower(email) = $1", key.value).first
+                let user = try await tx.query("select id from users where lower(email) = $1", key.value).first
                 return .rejected(event, user: try user?.decode(UUID.self, column: 0))
             case .accepted(let event):
                 if case .ended = event { lockEnded = true } else { lockEnded = false }
             }
-            let (result, signedInUser) = try signIn(connection)
+            let (result, signedInUser) = try await signIn(tx)
             return .signedIn(result, user: signedInUser, lockEnded ? .ended : .none)
         }
         let event: LockEvent
@@ -356,29 +356,27 @@ public struct AuthService: Sendable {
         let refreshToken = Self.newRefreshToken()
         let now = Self.now()
         let accessExpiresAt = now + Int64(tokens.lifetime)
-        let sessionID = try await database { connection in
-            try RowScope.apply(RowScope.user(user.id), on: connection)
-            return try Self.insertSession(
+        let sessionID = try await transaction(as: .user(user.id)) { tx in
+            try await Self.insertSession(
                 userID: user.id, refreshToken: refreshToken, ip: ip, userAgent: userAgent,
-                accessExpiresAt: accessExpiresAt, on: connection)
+                accessExpiresAt: accessExpiresAt, on: tx)
         }
         return issue(user: user, sessionID: sessionID, refreshToken: refreshToken, now: now)
     }
 
-    /// Stores a session and its first refresh token on `connection`, inside the caller's
-    /// transaction, and returns the session's id. `accessExpiresAt` is the expiry of the
+    /// Stores a session and its first refresh token inside the caller's transaction, and returns the session's id. `accessExpiresAt` is the expiry of the
     /// access token about to be issued for it: a revocation of the session matters until
     /// the newest such expiry (`SessionRevocations`).
     static func insertSession(
         userID: UUID, refreshToken: String, ip: String, userAgent: String?, accessExpiresAt: Int64,
-        on connection: PostgresConnection
-    ) throws -> UUID {
-        let session = try connection.query(
+        on tx: Transaction
+    ) async throws -> UUID {
+        let session = try await tx.query(
             """
             insert into sessions (user_id, ip, user_agent, access_expires_at) values ($1, $2, $3, to_timestamp($4))
             returning id
             """, userID, ip, userAgent.map { String($0.prefix(512)) }, accessExpiresAt)[0].decode(UUID.self, column: 0)
-        try connection.query(
+        try await tx.query(
             "insert into refresh_tokens (session_id, user_id, token_hash) values ($1, $2, $3)", session, userID,
             hashToken(refreshToken))
         return session
@@ -388,7 +386,8 @@ public struct AuthService: Sendable {
     private func issue(user: UserRecord, sessionID: UUID, refreshToken: String, now: Int64) -> IssuedSession {
         let access = tokens.accessToken(for: user, sessionID: sessionID, now: now)
         return IssuedSession(
-            accessToken: access.token, expiresIn: tokens.lifetime, expiresAt: access.expiresAt, refreshToken: refreshToken,
+            accessToken: access.token, expiresIn: tokens.lifetime, expiresAt: access.expiresAt,
+            refreshToken: refreshToken,
             user: user)
     }
 
@@ -407,10 +406,9 @@ public struct AuthService: Sendable {
         let accessExpiresAt = now + Int64(tokens.lifetime)
         typealias Revoked = [(session: UUID, user: UUID, tokensExpireAt: Int64)]
         enum Outcome: Sendable { case notFound, reused(Revoked), issued(UserRecord, UUID) }
-        let outcome: Outcome = try await database { connection in
-            // Only the token is known: it names its user, whose rows the rest reads.
-            try RowScope.apply(RowScope.refreshToken(hash: Self.hashToken(token)), on: connection)
-            let rows = try connection.query(
+        // Only the token is known: it names its user, whose rows the rest reads.
+        let outcome: Outcome = try await transaction(as: .refreshToken(hash: Self.hashToken(token))) { tx in
+            let rows = try await tx.query(
                 """
                 select t.id, t.session_id, t.user_id, t.revoked_at is not null or s.revoked_at is not null,
                        t.rotated_at is not null, coalesce(extract(epoch from now() - t.rotated_at), 0)::float8
@@ -425,24 +423,25 @@ public struct AuthService: Sendable {
             if try row.decode(Bool.self, column: 4) {
                 let age = try row.decode(Double.self, column: 5)
                 if age > Double(reuseInterval) {
-                    try connection.query("update sessions set revoked_at = now() where id = $1", sessionID)
-                    try connection.query(
-                        "update refresh_tokens set revoked_at = now() where session_id = $1 and revoked_at is null", sessionID)
-                    return .reused(try Self.revocations(of: [sessionID], on: connection))
+                    try await tx.query("update sessions set revoked_at = now() where id = $1", sessionID)
+                    try await tx.query(
+                        "update refresh_tokens set revoked_at = now() where session_id = $1 and revoked_at is null",
+                        sessionID)
+                    return .reused(try await Self.revocations(of: [sessionID], on: tx))
                 }
             } else {
-                try connection.query("update refresh_tokens set rotated_at = now() where id = $1", tokenID)
+                try await tx.query("update refresh_tokens set rotated_at = now() where id = $1", tokenID)
             }
-            try connection.query(
+            try await tx.query(
                 "insert into refresh_tokens (session_id, user_id, token_hash, parent_id) values ($1, $2, $3, $4)",
                 sessionID, userID, Self.hashToken(newToken), tokenID)
-            try connection.query(
+            try await tx.query(
                 """
                 update sessions set refreshed_at = now(), updated_at = now(),
                   access_expires_at = greatest(access_expires_at, to_timestamp($2))
                 where id = $1
                 """, sessionID, accessExpiresAt)
-            let user = try connection.query("select \(UserRecord.columns) from users where id = $1", userID)[0]
+            let user = try await tx.query("select \(UserRecord.columns) from users where id = $1", userID)[0]
             return .issued(try UserRecord(row: user), sessionID)
         }
         switch outcome {
@@ -467,46 +466,50 @@ public struct AuthService: Sendable {
     /// instance as soon as the trigger's notification arrives (milliseconds).
     public func logout(_ claims: AccessClaims, scope: LogoutScope) async throws {
         let current = claims.sessionID
-        let revoked = try await database { connection in
-            try RowScope.apply(RowScope.user(claims.userID), on: connection)
+        let revoked = try await transaction(as: .user(claims.userID)) { tx in
             let sessionFilter: String
             switch scope {
             case .local: sessionFilter = "id = $2"
             case .global: sessionFilter = "$2::uuid is not null"
             case .others: sessionFilter = "id is distinct from $2"
             }
-            let revoked = try connection.query(
+            let revoked = try await tx.query(
                 "update sessions set revoked_at = now() where user_id = $1 and revoked_at is null and (\(sessionFilter)) returning id",
                 claims.userID, current
             ).map { try $0.decode(UUID.self, column: 0) }
-            try connection.query(
-                "update refresh_tokens set revoked_at = now() where session_id = any($1) and revoked_at is null", revoked)
-            return try Self.revocations(of: revoked, on: connection)
+            try await tx.query(
+                "update refresh_tokens set revoked_at = now() where session_id = any($1) and revoked_at is null",
+                revoked)
+            return try await Self.revocations(of: revoked, on: tx)
         }
         revocations.record(revoked)
     }
 
     /// What the revocation trigger recorded for `sessions` in this transaction.
-    static func revocations(of sessions: [UUID], on connection: PostgresConnection) throws
+    static func revocations(of sessions: [UUID], on tx: Transaction) async throws
         -> [(session: UUID, user: UUID, tokensExpireAt: Int64)]
     {
         guard !sessions.isEmpty else { return [] }
-        return try connection.query(
+        return try await tx.query(
             """
             select session_id, user_id, floor(extract(epoch from expires_at))::int8 from session_revocations
             where session_id = any($1)
             """, sessions
         ).map { row in
-            (try row.decode(UUID.self, column: 0), try row.decode(UUID.self, column: 1), try row.decode(Int64.self, column: 2))
+            (
+                try row.decode(UUID.self, column: 0), try row.decode(UUID.self, column: 1),
+                try row.decode(Int64.self, column: 2)
+            )
         }
     }
 
     /// The caller's user, if the session behind the token is still live.
     public func user(_ claims: AccessClaims) async throws -> UserRecord {
-        try await database { connection in
-            try RowScope.apply(RowScope.user(claims.userID), on: connection)
-            try Self.checkSession(claims, on: connection)
-            guard let row = try connection.query("select \(UserRecord.columns) from users where id = $1", claims.userID).first
+        try await transaction(as: .user(claims.userID)) { tx in
+            try await Self.checkSession(claims, on: tx)
+            guard
+                let row = try await tx.query("select \(UserRecord.columns) from users where id = $1", claims.userID)
+                    .first
             else { throw AuthError.userNotFound }
             return try UserRecord(row: row)
         }
@@ -518,11 +521,10 @@ public struct AuthService: Sendable {
         let fullName = data["full_name"]
         let setsName = fullName != nil
         let name: String? = fullName?.stringValue
-        return try await database { connection in
-            try RowScope.apply(RowScope.user(claims.userID), on: connection)
-            try Self.checkSession(claims, on: connection)
+        return try await transaction(as: .user(claims.userID)) { tx in
+            try await Self.checkSession(claims, on: tx)
             guard
-                let row = try connection.query(
+                let row = try await tx.query(
                     """
                     update users set user_metadata = user_metadata || $2, updated_at = now(),
                       full_name = case when $3 then $4 else full_name end
@@ -534,17 +536,17 @@ public struct AuthService: Sendable {
         }
     }
 
-    static func checkSession(_ claims: AccessClaims, on connection: PostgresConnection) throws {
-        let live = try connection.query(
-            "select 1 from sessions where id = $1 and user_id = $2 and revoked_at is null", claims.sessionID, claims.userID)
+    static func checkSession(_ claims: AccessClaims, on tx: Transaction) async throws {
+        let live = try await tx.query(
+            "select 1 from sessions where id = $1 and user_id = $2 and revoked_at is null", claims.sessionID,
+            claims.userID)
         if live.isEmpty { throw AuthError.sessionNotFound }
     }
 
     /// Creates the user if needed and a session for it, without a code (`trunk-sync token`).
     public func issueSession(email: Email) async throws -> IssuedSession {
-        let user = try await database { connection in
-            try RowScope.apply(RowScope.email(email), on: connection)
-            let row = try connection.query(
+        let user = try await transaction(as: .email(email)) { tx in
+            let row = try await tx.query(
                 """
                 insert into users (email, email_confirmed_at, last_sign_in_at) values ($1, now(), now())
                 on conflict ((lower(email))) do update set last_sign_in_at = now(), updated_at = now()

@@ -75,43 +75,44 @@ public enum ImportedKeys {
     }
 
     /// Stores `entries` (a kid already imported is replaced and un-retired); returns how many.
-    public static func store(_ entries: [Entry], pool: PostgresPool) async throws -> Int {
-        let rows = entries.map { ($0.keyID, $0.algorithm, PostgresJSON(bytes: Array($0.json))) }
-        return try await pool.transaction { connection in
-            for (kid, algorithm, jwk) in rows {
-                try connection.query(
-                    """
-                    insert into imported_keys (kid, algorithm, public_jwk) values ($1, $2, $3)
-                    on conflict (kid) do update set algorithm = excluded.algorithm, public_jwk = excluded.public_jwk,
-                      retired_at = null
-                    """, kid, algorithm, jwk)
-            }
-            return rows.count
+    public static func store(_ entries: [Entry], database: Database) async throws -> Int {
+        let inserts = entries.map { entry in
+            PostgresStatement(
+                """
+                insert into imported_keys (kid, algorithm, public_jwk) values ($1, $2, $3)
+                on conflict (kid) do update set algorithm = excluded.algorithm, public_jwk = excluded.public_jwk,
+                  retired_at = null
+                """, entry.keyID, entry.algorithm, PostgresJSON(bytes: Array(entry.json)))
         }
+        // One round trip: every key and the commit.
+        _ = try await database.transaction(as: .server) { tx in try await tx.pipeline(inserts + [.commit]) }
+        return inserts.count
     }
 
     /// Retires an imported key; false when no such key is imported.
-    public static func retire(_ kid: String, pool: PostgresPool) async throws -> Bool {
-        try await pool.withConnection { connection in
-            try connection.query(
-                "update imported_keys set retired_at = coalesce(retired_at, now()) where kid = $1 returning kid", kid
-            ).count == 1
+    public static func retire(_ kid: String, database: Database) async throws -> Bool {
+        try await database.transaction(as: .server) { tx in
+            let retire = PostgresStatement(
+                "update imported_keys set retired_at = coalesce(retired_at, now()) where kid = $1 returning kid", kid)
+            return try await tx.pipeline([retire, .commit])[0].count == 1
         }
     }
 
     /// The imported keys, for `keys list`: kid, algorithm, created, retired.
-    public static func list(pool: PostgresPool) async throws
+    public static func list(database: Database) async throws
         -> [(keyID: String, algorithm: String, createdAt: PostgresTimestamp, retiredAt: PostgresTimestamp?)]
     {
-        try await pool.withConnection { connection in
-            try connection.query("select kid, algorithm, created_at, retired_at from imported_keys order by created_at, kid")
-                .map { row in
-                    (
-                        try row.decode(String.self, column: 0), try row.decode(String.self, column: 1),
-                        try row.decode(PostgresTimestamp.self, column: 2),
-                        try row.decode(PostgresTimestamp?.self, column: 3)
-                    )
-                }
+        try await database.read(as: .server) { tx in
+            try await tx.query(
+                "select kid, algorithm, created_at, retired_at from imported_keys order by created_at, kid"
+            )
+            .map { row in
+                (
+                    try row.decode(String.self, column: 0), try row.decode(String.self, column: 1),
+                    try row.decode(PostgresTimestamp.self, column: 2),
+                    try row.decode(PostgresTimestamp?.self, column: 3)
+                )
+            }
         }
     }
 }
@@ -119,8 +120,8 @@ public enum ImportedKeys {
 extension SigningKeyStore {
     /// The non-retired imported keys as verification keys, and those that no longer parse.
     func importedKeys() async throws -> (keys: [JWT.Key], unreadable: [(keyID: String, reason: String)]) {
-        let rows = try await pool.withConnection { connection in
-            try connection.query("select kid, public_jwk from imported_keys where retired_at is null order by kid").map {
+        let rows = try await database.read(as: .server) { tx in
+            try await tx.query("select kid, public_jwk from imported_keys where retired_at is null order by kid").map {
                 (try $0.decode(String.self, column: 0), try $0.decode(PostgresJSON.self, column: 1).bytes)
             }
         }

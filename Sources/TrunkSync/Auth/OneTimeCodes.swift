@@ -20,8 +20,8 @@ struct OneTimeCodes: Sendable {
     static let reauthentication = OneTimeCodes(table: "reauthentication_codes", owner: "user_id")
 
     /// Seconds until another code may be sent to `owner`, or nil when one may be sent now.
-    func resendWait(_ owner: any PostgresEncodable, interval: Int, on connection: PostgresConnection) throws -> Int? {
-        let recent = try connection.query(
+    func resendWait(_ owner: any PostgresEncodable, interval: Int, on tx: Transaction) async throws -> Int? {
+        let recent = try await tx.query(
             """
             select ceil(extract(epoch from created_at + make_interval(secs => $2) - now()))::int8 from \(table)
             where \(self.owner) = $1 and created_at > now() - make_interval(secs => $2)
@@ -31,10 +31,8 @@ struct OneTimeCodes: Sendable {
 
     /// Makes `hash` the owner's one live code for `lifetime` seconds, replacing any other.
     /// The counted failures and a lock survive it: a new code buys no more guesses.
-    func store(_ owner: any PostgresEncodable, hash: PostgresBytes, lifetime: Int, on connection: PostgresConnection)
-        throws
-    {
-        try connection.query(
+    func store(_ owner: any PostgresEncodable, hash: PostgresBytes, lifetime: Int, on tx: Transaction) async throws {
+        try await tx.query(
             """
             insert into \(table) (\(self.owner), code_hash, created_at, expires_at, attempts, consumed_at)
             values ($1, $2, now(), now() + make_interval(secs => $3), 0, null)
@@ -64,20 +62,54 @@ struct OneTimeCodes: Sendable {
     /// Checks `hash` against the owner's live code and consumes it when it matches, under
     /// the row's lock. While the owner is locked out every code — the right one too — is
     /// refused and nothing is counted (the lock does not grow).
+    func check(_ owner: any PostgresEncodable, hash: PostgresBytes, settings: AuthSettings, on tx: Transaction)
+        async throws -> Check
+    {
+        let rows = try await tx.query(lockedCode(owner, settings: settings))
+        switch try decide(rows.first, owner: owner, hash: hash, settings: settings) {
+        case .done(let outcome): return outcome
+        case .update(let statement, let outcome): return try outcome(try await tx.query(statement))
+        }
+    }
+
+    /// `check` on a blocking connection, for a caller still on `PostgresPool` (the account
+    /// deletion, `Accounts.delete(_:confirmedBy:)`); goes once that caller is on `Database`.
     func check(
         _ owner: any PostgresEncodable, hash: PostgresBytes, settings: AuthSettings, on connection: PostgresConnection
-    )
-        throws -> Check
-    {
-        let rows = try connection.query(
+    ) throws -> Check {
+        let locked = lockedCode(owner, settings: settings)
+        let rows = try connection.query(locked.sql, binds: locked.binds)
+        switch try decide(rows.first, owner: owner, hash: hash, settings: settings) {
+        case .done(let outcome): return outcome
+        case .update(let statement, let outcome):
+            return try outcome(try connection.query(statement.sql, binds: statement.binds))
+        }
+    }
+
+    /// The owner's code row, locked, as `decide` reads it.
+    private func lockedCode(_ owner: any PostgresEncodable, settings: AuthSettings) -> PostgresStatement {
+        PostgresStatement(
             """
             select code_hash, expires_at > now(), attempts, consumed_at is null,
                    coalesce(locked_until > now(), false), locked_until is not null,
                    failures, failures_since is null or failures_since <= now() - make_interval(secs => $2)
             from \(table) where \(self.owner) = $1 for update
             """, owner, Int64(settings.otpFailureRule.window))
-        guard let row = rows.first else { return .refused(.none) }
-        if try row.decode(Bool.self, column: 4) { return .refused(.none) }
+    }
+
+    /// What `check` does after reading the code row: nothing more, or one update whose
+    /// answer gives the outcome.
+    private enum Step {
+        case done(Check)
+        case update(PostgresStatement, outcome: (PostgresResult) throws -> Check)
+    }
+
+    /// The rules of `check`, given the owner's code row (nil: no code).
+    private func decide(_ row: PostgresRow?, owner: any PostgresEncodable, hash: PostgresBytes, settings: AuthSettings)
+        throws -> Step
+    {
+        guard let row else { return .done(.refused(.none)) }
+        if try row.decode(Bool.self, column: 4) { return .done(.refused(.none)) }
         let lockEnded = try row.decode(Bool.self, column: 5)
         let stored = try row.decode(PostgresBytes.self, column: 0)
         let live =
@@ -88,23 +120,25 @@ struct OneTimeCodes: Sendable {
             let windowOver = try lockEnded || row.decode(Bool.self, column: 7)
             let failures = windowOver ? 1 : try row.decode(Int.self, column: 6) + 1
             let lock = failures >= settings.otpFailureRule.limit
-            let until = try connection.query(
+            let count = PostgresStatement(
                 """
                 update \(table) set attempts = attempts + $2, failures = $3,
                   failures_since = case when $4 then now() else failures_since end,
                   locked_until = case when $5 then now() + make_interval(secs => $6) end
                 where \(self.owner) = $1 returning locked_until
-                """, owner, Int64(live ? 1 : 0), Int64(failures), windowOver, lock, Int64(settings.otpLockout)
-            )[0].decode(PostgresTimestamp?.self, column: 0)
-            if lock, let until { return .refused(.locked(until: until, failures: failures)) }
-            return .refused(lockEnded ? .ended : .none)
+                """, owner, Int64(live ? 1 : 0), Int64(failures), windowOver, lock, Int64(settings.otpLockout))
+            return .update(count) { result in
+                let until = try result[0].decode(PostgresTimestamp?.self, column: 0)
+                if lock, let until { return .refused(.locked(until: until, failures: failures)) }
+                return .refused(lockEnded ? .ended : .none)
+            }
         }
-        try connection.query(
+        let consume = PostgresStatement(
             """
             update \(table) set consumed_at = now(), failures = 0, failures_since = null, locked_until = null
             where \(self.owner) = $1
             """, owner)
-        return .accepted(lockEnded ? .ended : .none)
+        return .update(consume) { _ in .accepted(lockEnded ? .ended : .none) }
     }
 
     /// Whether `code` has the shape of a code (6 ASCII digits); anything else is refused

@@ -29,10 +29,9 @@ public struct RateLimiter: Sendable {
     }
 
     /// Counts one hit in `bucket` and returns nil when allowed, or the seconds until the
-    /// window ends when the limit is exceeded. Runs on `connection`, inside the caller's
-    /// transaction if there is one.
-    public static func hit(_ bucket: String, rule: Rule, on connection: PostgresConnection) throws -> Int? {
-        let row = try connection.query(
+    /// window ends when the limit is exceeded. Runs inside the caller's transaction.
+    public static func hit(_ bucket: String, rule: Rule, on tx: Transaction) async throws -> Int? {
+        let row = try await tx.query(
             """
             with window_start as (
               select to_timestamp(floor(extract(epoch from now()) / $2) * $2) as at
@@ -46,7 +45,7 @@ public struct RateLimiter: Sendable {
         let remaining = try row.decode(Int.self, column: 1)
         if hits % 100 == 0 {
             // Old windows are useless; trim them now and then.
-            try connection.query("delete from rate_limits where window_start < now() - interval '1 day'")
+            try await tx.query("delete from rate_limits where window_start < now() - interval '1 day'")
         }
         return hits > rule.limit ? max(1, remaining) : nil
     }

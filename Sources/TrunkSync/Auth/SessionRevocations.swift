@@ -44,7 +44,7 @@ public final class SessionRevocations: Sendable {
         var loaded = false
     }
 
-    private let pool: PostgresPool?
+    private let database: Database?
     private let logger: Logger
     private let state = Mutex(State())
     /// `entries.count`, read without the lock: nothing revoked, nothing to look up.
@@ -54,9 +54,9 @@ public final class SessionRevocations: Sendable {
     private let following = BackgroundTask()
     private let reloading = BackgroundTask()
 
-    /// Revocations read from `pool` (nil: only what is recorded here; for tests of parts).
-    init(pool: PostgresPool?, logger: Logger) {
-        self.pool = pool
+    /// Revocations read from `database` (nil: only what is recorded here; for tests of parts).
+    init(database: Database?, logger: Logger) {
+        self.database = database
         self.logger = logger
     }
 
@@ -99,10 +99,10 @@ public final class SessionRevocations: Sendable {
     /// Reads every revocation whose tokens may still be valid and adds them to the set
     /// (added, not replaced: what notifications brought meanwhile stays).
     public func load() async throws {
-        guard let pool else { return }
+        guard let database else { return }
         let margin = Self.margin
-        let rows = try await pool.withConnection { connection in
-            try connection.query(
+        let rows = try await database.read(as: .server) { tx in
+            try await tx.query(
                 """
                 select session_id, floor(extract(epoch from expires_at))::int8 from session_revocations
                 where expires_at > now() - make_interval(secs => $1)

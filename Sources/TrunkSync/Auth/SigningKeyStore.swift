@@ -16,7 +16,7 @@ import TrunkCrypto
 /// server's role may read only that column, and only a server given
 /// `TRUNK_SYNC_KEY_ENCRYPTION_KEY` can use them.
 public struct SigningKeyStore: Sendable {
-    public let pool: PostgresPool
+    public let database: Database
     /// What seals and opens the private keys; nil when `TRUNK_SYNC_KEY_ENCRYPTION_KEY` is not
     /// set (then no key can be added, and stored keys cannot be loaded).
     let encryption: KeyEncryptionKey?
@@ -30,10 +30,10 @@ public struct SigningKeyStore: Sendable {
     /// know yet.
     public static let activationDelay: Double = 660
 
-    /// A store on `pool`: the server's pool (role `trunk_sync_app`, which may only read, and
-    /// not the plaintext column) or the command-line pool (the owner, which may also write).
-    public init(pool: PostgresPool, encryption: KeyEncryptionKey? = nil) {
-        self.pool = pool
+    /// A store on `database`: the server's (role `trunk_sync_app`, which may only read, and
+    /// not the plaintext column) or the command line's (the owner, which may also write).
+    public init(database: Database, encryption: KeyEncryptionKey? = nil) {
+        self.database = database
         self.encryption = encryption
     }
 
@@ -54,7 +54,8 @@ public struct SigningKeyStore: Sendable {
             case .wrongKeyEncryptionKey:
                 return "TRUNK_SYNC_KEY_ENCRYPTION_KEY does not decrypt it: it was encrypted with another key"
             case .storedUnencrypted:
-                return "it is stored unencrypted: run trunk-sync migrate with TRUNK_SYNC_KEY_ENCRYPTION_KEY set to encrypt it"
+                return
+                    "it is stored unencrypted: run trunk-sync migrate with TRUNK_SYNC_KEY_ENCRYPTION_KEY set to encrypt it"
             }
         }
     }
@@ -95,8 +96,8 @@ public struct SigningKeyStore: Sendable {
 
     /// Every key, newest first, with its status.
     public func list() async throws -> [Summary] {
-        try await pool.withConnection { connection in
-            Self.classify(try connection.query(Self.summaryQuery).map(Self.summary))
+        try await database.read(as: .server) { tx in
+            Self.classify(try await tx.query(Self.summaryQuery).map(Self.summary))
         }
     }
 
@@ -139,8 +140,8 @@ public struct SigningKeyStore: Sendable {
     /// The non-retired keys, newest first, for the server.
     func activeKeys() async throws -> [ActiveRow] {
         let encryption = self.encryption
-        return try await pool.withConnection { connection in
-            try connection.query(
+        return try await database.read(as: .server) { tx in
+            try await tx.query(
                 """
                 select kid, private_key_sealed, extract(epoch from now() - created_at)::float8
                 from signing_keys where retired_at is null order by created_at desc, kid desc
@@ -182,10 +183,11 @@ public struct SigningKeyStore: Sendable {
         let key = generated.withKeyID(generated.thumbprint)
         let keyID = generated.thumbprint
         let sealed = PostgresBytes(try encryption.seal(privateKeyPEM: try key.privateKeyPEM(), keyID: keyID))
-        _ = try await pool.withConnection { connection in
-            try connection.query(
+        try await database.transaction(as: .server) { tx in
+            let insert = PostgresStatement(
                 "insert into signing_keys (kid, algorithm, private_key_sealed, public_jwk) values ($1, 'ES256', $2, $3)",
                 keyID, sealed, PostgresJSON(key.publicJWK))
+            try await tx.pipeline([insert, .commit])
         }
         return key
     }
@@ -203,11 +205,13 @@ public struct SigningKeyStore: Sendable {
         public var description: String {
             switch self {
             case .plaintextKeysNeedAKey(let count):
-                return "signing_keys holds \(count) private key(s) stored unencrypted: set TRUNK_SYNC_KEY_ENCRYPTION_KEY "
+                return
+                    "signing_keys holds \(count) private key(s) stored unencrypted: set TRUNK_SYNC_KEY_ENCRYPTION_KEY "
                     + "(\(SecretRules.howToMake); servers need the same one) and run trunk-sync migrate again, "
                     + "which encrypts them; nothing was changed"
             case .wrongKeyEncryptionKey(let keyID):
-                return "TRUNK_SYNC_KEY_ENCRYPTION_KEY does not decrypt signing key \(keyID): it is not the key the stored "
+                return
+                    "TRUNK_SYNC_KEY_ENCRYPTION_KEY does not decrypt signing key \(keyID): it is not the key the stored "
                     + "keys were encrypted with; nothing was changed"
             }
         }
@@ -297,8 +301,8 @@ public struct SigningKeyStore: Sendable {
     /// a newer key took over signing.
     public func retire(_ kid: String, tokenLifetime: Int, force: Bool) async throws -> RetireOutcome {
         enum Step: Sendable { case done(RetireOutcome), refused(RetireError) }
-        let step: Step = try await pool.transaction { connection in
-            let keys = Self.classify(try connection.query(Self.summaryQuery + " for update").map(Self.summary))
+        let step: Step = try await database.transaction(as: .server) { tx in
+            let keys = Self.classify(try await tx.query(Self.summaryQuery + " for update").map(Self.summary))
             guard let index = keys.firstIndex(where: { $0.keyID == kid }) else { return .refused(.unknownKey(kid)) }
             let key = keys[index]
             if let retiredAt = key.retiredAt { return .done(.alreadyRetired(retiredAt)) }
@@ -314,7 +318,9 @@ public struct SigningKeyStore: Sendable {
                     if remaining > 0 { return .refused(.tokensStillValid(kid, seconds: Int(remaining.rounded(.up)))) }
                 }
             }
-            try connection.query("update signing_keys set retired_at = now() where kid = $1", kid)
+            try await tx.pipeline([
+                PostgresStatement("update signing_keys set retired_at = now() where kid = $1", kid), .commit,
+            ])
             return .done(.retired)
         }
         switch step {

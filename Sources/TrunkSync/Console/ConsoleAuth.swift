@@ -26,7 +26,7 @@ import TrunkCrypto
 /// as `Authorization: Bearer` instead, which browsers never attach by themselves.
 public struct ConsoleAuth: Sendable {
     let auth: AuthService
-    let pool: PostgresPool
+    let database: Database
     /// `TRUNK_SYNC_ADMIN_EMAILS`, normalised.
     let operators: Set<String>
     let logger: Logger
@@ -45,9 +45,9 @@ public struct ConsoleAuth: Sendable {
     /// Tokens are `tsc_` and 43 base64url characters; anything much longer is not one.
     static let maxTokenLength = 128
 
-    init(auth: AuthService, pool: PostgresPool, operators: [Email], logger: Logger) {
+    init(auth: AuthService, database: Database, operators: [Email], logger: Logger) {
         self.auth = auth
-        self.pool = pool
+        self.database = database
         self.operators = Set(operators.map(\.value))
         self.logger = logger
     }
@@ -63,7 +63,7 @@ public struct ConsoleAuth: Sendable {
         public var email: String
         /// When the session ends, Unix seconds.
         public var expiresAt: Int64
-        /// SHA-256 of the token: scopes the console's cross-user reads (`RowScope.console`).
+        /// SHA-256 of the token: scopes the console's cross-user reads (`Scope.console`).
         var tokenHash: PostgresBytes
     }
 
@@ -80,11 +80,11 @@ public struct ConsoleAuth: Sendable {
         let hash = PostgresBytes(SHA256.hash(token))
         let isOperator = operators.contains(email.value)
         let lifetime = Int64(Self.sessionLifetime)
-        let signedIn: Operator = try await auth.consumeCode(.console(email), email: email, code: code) { connection in
+        let signedIn: Operator = try await auth.consumeCode(.console(email), email: email, code: code) { tx in
             // Unreachable for other addresses (their stored code matches nothing): a second wall.
             guard isOperator else { throw AuthError.otpExpired }
-            try connection.query("delete from console_sessions where expires_at < now()")
-            let row = try connection.query(
+            try await tx.query("delete from console_sessions where expires_at < now()")
+            let row = try await tx.query(
                 """
                 insert into console_sessions (email, token_hash, expires_at, ip, user_agent)
                 values ($1, $2, now() + make_interval(secs => $3), $4, $5)
@@ -131,8 +131,8 @@ public struct ConsoleAuth: Sendable {
         }
         guard token.hasPrefix("tsc_"), token.utf8.count <= Self.maxTokenLength else { throw ConsoleError.unauthorized }
         let hash = PostgresBytes(SHA256.hash(token))
-        let found = try await pool.withConnection { connection in
-            try connection.query(
+        let found = try await database.read(as: .server) { tx in
+            try await tx.query(
                 """
                 select id, email, floor(extract(epoch from expires_at))::int8 from console_sessions
                 where token_hash = $1 and revoked_at is null and expires_at > now()
@@ -149,8 +149,10 @@ public struct ConsoleAuth: Sendable {
 
     /// Ends the operator's console session.
     func signOut(_ signedIn: Operator) async throws {
-        _ = try await pool.withConnection { connection in
-            try connection.query("update console_sessions set revoked_at = now() where id = $1", signedIn.sessionID)
+        try await database.transaction(as: .server) { tx in
+            let revoke = PostgresStatement(
+                "update console_sessions set revoked_at = now() where id = $1", signedIn.sessionID)
+            try await tx.pipeline([revoke, .commit])
         }
         logger.notice(
             "console sign-out", metadata: ["admin": "\(signedIn.email)", "console_session": "\(signedIn.sessionID)"])

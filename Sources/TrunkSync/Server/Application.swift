@@ -76,12 +76,12 @@ public struct Application: Sendable {
                 database, channels: [EventStore.channel, SessionRevocations.channel], logger: logger,
                 loop: self.database.eventLoop) : nil
         events = EventStore(pool: pool, listener: listener)
-        signingKeys = SigningKeyStore(pool: pool, encryption: configuration.keyEncryptionKey)
+        signingKeys = SigningKeyStore(database: self.database, encryption: configuration.keyEncryptionKey)
         notifier = EventNotifier(listener: listener, store: events)
         migrator = Migrator(migrations: migrations, logger: logger)
         let secret = configuration.jwtSecret ?? ""
         auth = AuthService(
-            pool: pool,
+            database: self.database,
             tokens: TokenIssuer(secret: secret, issuer: configuration.publicURL + "/auth/v1", lifetime: configuration.jwtExpiry,
                 acceptedIssuers: configuration.acceptedIssuers),
             secret: secret, sender: codeSender,
@@ -300,7 +300,7 @@ public struct Application: Sendable {
         let (metrics, pool, notifier, migrator, startedAt) = (self.metrics, self.pool, self.notifier, migrator, startedAt)
         return ConsoleRoutes(
             auth: ConsoleAuth(
-                auth: auth, pool: pool, operators: configuration.adminEmails,
+                auth: auth, database: database, operators: configuration.adminEmails,
                 logger: Logger(label: "trunk-sync.console")),
             store: ConsoleStore(pool: pool), accounts: ConsoleAccounts(accounts: accounts),
             sessions: auth,

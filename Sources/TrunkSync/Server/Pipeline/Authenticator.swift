@@ -13,7 +13,7 @@ struct Authenticator: Sendable {
 
     init(
         tokens: TokenIssuer, apiKey: String?,
-        revocations: SessionRevocations = SessionRevocations(pool: nil, logger: Logger(label: "trunk-sync"))
+        revocations: SessionRevocations = SessionRevocations(database: nil, logger: Logger(label: "trunk-sync"))
     ) {
         self.tokens = tokens
         self.apiKey = apiKey
