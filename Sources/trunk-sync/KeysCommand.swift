@@ -41,15 +41,9 @@ struct KeysCommand: AsyncParsableCommand {
     static func store(_ options: CommonOptions, writing: Bool) async throws -> (SigningKeyStore, Configuration) {
         let configuration = try options.load()
         let logger = Logger(label: "trunk-sync.keys")
-        // The owner check (its connection closes on exit).
-        if writing { _ = try await ownerPool(configuration, logger: logger) }
-        var settings = Database.Settings()
-        settings.maxConnections = 1
-        settings.acquireTimeout = .seconds(3600)
-        let database = try Database(
-            try PostgresConfiguration(try configuration.requireMigrationDatabaseURL()), settings: settings,
-            logger: logger)
-        onExit { await database.close() }
+        let database =
+            writing
+            ? try await ownerDatabase(configuration, logger: logger) : try commandDatabase(configuration, logger: logger)
         return (SigningKeyStore(database: database, encryption: configuration.keyEncryptionKey), configuration)
     }
 
