@@ -11,10 +11,47 @@ import Synchronization
 /// `PQconnectPoll`, `connect_timeout` enforced on the pool's clock): the pool starts no
 /// thread.
 public final class PostgresLoopPool: @unchecked Sendable {
+    /// Pool settings.
+    public struct Configuration: Sendable {
+        /// Most connections the pool opens. Default 10.
+        public var maxConnections: Int = 10
+        /// How long a request may wait for a free connection. Default 5 s.
+        public var acquireTimeout: Duration = .seconds(5)
+        /// Most requests waiting at once; more fail at once with `.poolExhausted`. Default 1000.
+        public var maxWaiting: Int = 1000
+        /// Settings applied to each new connection with `set_config` (e.g. `role`,
+        /// `statement_timeout`). Default none.
+        public var sessionSettings: [(name: String, value: String)] = []
+        /// Told the SQL text of every statement a pooled connection runs, on the pool's
+        /// loop: lets tests see what work a request does (e.g. that two answers that must
+        /// not be told apart ran the same statements). Default nil, which costs nothing.
+        public var statementObserver: (@Sendable (String) -> Void)? = nil
+
+        /// The defaults.
+        public init() {}
+    }
+
+    /// A snapshot of the pool's state, for metrics.
+    public struct Statistics: Sendable, Equatable {
+        /// Connections currently open.
+        public var open: Int
+        /// Connections running a job.
+        public var inUse: Int
+        /// Requests waiting for a connection.
+        public var waiting: Int
+        /// The configured maximum.
+        public var maxConnections: Int
+
+        /// A snapshot (or a sum of several pools').
+        public init(open: Int, inUse: Int, waiting: Int, maxConnections: Int) {
+            (self.open, self.inUse, self.waiting, self.maxConnections) = (open, inUse, waiting, maxConnections)
+        }
+    }
+
     /// Where connections go.
     public let connectionConfiguration: PostgresConfiguration
     /// The pool's settings (`maxWaiting`, `acquireTimeout`, session settings, observer).
-    public let configuration: PostgresPool.Configuration
+    public let configuration: Configuration
     /// The loop that drives every connection of this pool.
     public let loop: any PostgresEventLoop
     private let logger: Logger
@@ -38,7 +75,7 @@ public final class PostgresLoopPool: @unchecked Sendable {
     /// A pool on `loop`; nothing is opened until the first request. `clock` (monotonic
     /// nanoseconds) times the acquire deadlines; tests pass one they advance by hand.
     public init(
-        _ connection: PostgresConfiguration, configuration: PostgresPool.Configuration, loop: any PostgresEventLoop,
+        _ connection: PostgresConfiguration, configuration: Configuration, loop: any PostgresEventLoop,
         logger: Logger, clock: @escaping @Sendable () -> UInt64 = PostgresLoopPool.monotonicClock
     ) {
         self.connectionConfiguration = connection
@@ -51,9 +88,9 @@ public final class PostgresLoopPool: @unchecked Sendable {
     }
 
     /// The pool's current state (read from any thread; approximate while it changes).
-    public var statistics: PostgresPool.Statistics {
+    public var statistics: Statistics {
         let packed = counts.load(ordering: .relaxed)
-        return PostgresPool.Statistics(
+        return Statistics(
             open: packed & 0xFFFF, inUse: (packed >> 16) & 0xFFFF, waiting: packed >> 32,
             maxConnections: configuration.maxConnections)
     }

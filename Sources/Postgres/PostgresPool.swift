@@ -11,42 +11,10 @@ import Logging
 /// opened on first need; a connection found broken (server restart) is replaced before
 /// the next job runs on it, so the process never needs a restart.
 public final class PostgresPool: Sendable {
-    /// Pool settings.
-    public struct Configuration: Sendable {
-        /// Most connections (and threads) the pool opens. Default 10.
-        public var maxConnections: Int = 10
-        /// How long a request may wait for a free connection. Default 5 s.
-        public var acquireTimeout: Duration = .seconds(5)
-        /// Most requests waiting at once; more fail at once with `.poolExhausted`. Default 1000.
-        public var maxWaiting: Int = 1000
-        /// Settings applied to each new connection with `set_config` (e.g. `role`,
-        /// `statement_timeout`). Default none.
-        public var sessionSettings: [(name: String, value: String)] = []
-        /// Told the SQL text of every statement a pooled connection runs, on the pool's
-        /// thread: lets tests see what work a request does (e.g. that two answers that must
-        /// not be told apart ran the same statements). Default nil, which costs nothing.
-        public var statementObserver: (@Sendable (String) -> Void)? = nil
-
-        /// The defaults.
-        public init() {}
-    }
-
-    /// A snapshot of the pool's state, for metrics.
-    public struct Statistics: Sendable, Equatable {
-        /// Connections currently open.
-        public var open: Int
-        /// Connections running a job.
-        public var inUse: Int
-        /// Requests waiting for a connection.
-        public var waiting: Int
-        /// The configured maximum.
-        public var maxConnections: Int
-
-        /// A snapshot (or a sum of several pools').
-        public init(open: Int, inUse: Int, waiting: Int, maxConnections: Int) {
-            (self.open, self.inUse, self.waiting, self.maxConnections) = (open, inUse, waiting, maxConnections)
-        }
-    }
+    /// Pool settings (the loop pool's).
+    public typealias Configuration = PostgresLoopPool.Configuration
+    /// A snapshot of the pool's state (the loop pool's).
+    public typealias Statistics = PostgresLoopPool.Statistics
 
     /// Where connections go.
     public let connectionConfiguration: PostgresConfiguration

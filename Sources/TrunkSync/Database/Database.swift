@@ -63,7 +63,7 @@ public enum Scope: Sendable {
 /// suspends its task until the loop reads the answer.
 public final class Database: Sendable {
     /// Pool settings (each share and the own loop's pool).
-    public typealias Settings = PostgresPool.Configuration
+    public typealias Settings = PostgresLoopPool.Configuration
 
     /// Where connections go.
     public let connection: PostgresConfiguration
@@ -105,9 +105,9 @@ public final class Database: Sendable {
     }
 
     /// Connections open, leased and waiting, over every pool.
-    public var statistics: PostgresPool.Statistics {
+    public var statistics: PostgresLoopPool.Statistics {
         let pools = [own] + shares.withLock { $0 }
-        var total = PostgresPool.Statistics(open: 0, inUse: 0, waiting: 0, maxConnections: 0)
+        var total = PostgresLoopPool.Statistics(open: 0, inUse: 0, waiting: 0, maxConnections: 0)
         for figures in pools.map(\.statistics) {
             total.open += figures.open
             total.inUse += figures.inUse
