@@ -79,7 +79,7 @@ final class DatabaseTests: XCTestCase {
         // A read's scope travels with every pipeline; a failure in the body's second
         // statement is reported at index 1 among the body's statements.
         do {
-            try await database.read(as: .user(UUID())) { transaction in
+            _ = try await database.read(as: .user(UUID())) { transaction in
                 try await transaction.pipeline([PostgresStatement("select 1"), PostgresStatement("select 1/0")])
             }
             XCTFail("division by zero")
