@@ -63,14 +63,14 @@ extension AuthService {
     /// the code was right (it is then used up), false when it was wrong, expired, used,
     /// exhausted, never asked for, or the user is locked out. A refusal is counted, so the
     /// transaction must commit after a `false` too — and change nothing else.
-    func reauthenticationCheck(user: UUID, code: String) -> @Sendable (PostgresConnection) throws -> Bool {
+    func reauthenticationCheck(user: UUID, code: String) -> @Sendable (Transaction) async throws -> Bool {
         let wellFormed = OneTimeCodes.isWellFormed(code)
         let hash = reauthenticationHash(user, wellFormed ? code : "")
         let settings = self.settings
         let logger = self.logger
-        return { connection in
+        return { tx in
             guard wellFormed else { return false }
-            switch try OneTimeCodes.reauthentication.check(user, hash: hash, settings: settings, on: connection) {
+            switch try await OneTimeCodes.reauthentication.check(user, hash: hash, settings: settings, on: tx) {
             case .accepted: return true
             case .refused(let event):
                 if case .locked(let until, let failures) = event {

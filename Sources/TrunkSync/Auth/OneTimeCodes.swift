@@ -107,6 +107,53 @@ struct OneTimeCodes: Sendable {
         return .accepted(lockEnded ? .ended : .none)
     }
 
+    /// Checks `hash` against the owner's live code and consumes it when it matches, under
+    /// the row's lock. While the owner is locked out every code — the right one too — is
+    /// refused and nothing is counted (the lock does not grow). In a `Database` transaction
+    /// (the account deletion); the blocking twin above serves sign-in until it moves too.
+    func check(
+        _ owner: any PostgresEncodable, hash: PostgresBytes, settings: AuthSettings, on tx: Transaction
+    )
+        async throws -> Check
+    {
+        let rows = try await tx.query(
+            """
+            select code_hash, expires_at > now(), attempts, consumed_at is null,
+                   coalesce(locked_until > now(), false), locked_until is not null,
+                   failures, failures_since is null or failures_since <= now() - make_interval(secs => $2)
+            from \(table) where \(self.owner) = $1 for update
+            """, owner, Int64(settings.otpFailureRule.window))
+        guard let row = rows.first else { return .refused(.none) }
+        if try row.decode(Bool.self, column: 4) { return .refused(.none) }
+        let lockEnded = try row.decode(Bool.self, column: 5)
+        let stored = try row.decode(PostgresBytes.self, column: 0)
+        let live =
+            try row.decode(Bool.self, column: 1) && row.decode(Bool.self, column: 3)
+            && row.decode(Int.self, column: 2) < settings.otpMaxAttempts
+        guard live, constantTimeEquals(stored.bytes, hash.bytes) else {
+            // After a lock, or once the window has passed, counting starts over.
+            let windowOver = try lockEnded || row.decode(Bool.self, column: 7)
+            let failures = windowOver ? 1 : try row.decode(Int.self, column: 6) + 1
+            let lock = failures >= settings.otpFailureRule.limit
+            let until = try await tx.query(
+                """
+                update \(table) set attempts = attempts + $2, failures = $3,
+                  failures_since = case when $4 then now() else failures_since end,
+                  locked_until = case when $5 then now() + make_interval(secs => $6) end
+                where \(self.owner) = $1 returning locked_until
+                """, owner, Int64(live ? 1 : 0), Int64(failures), windowOver, lock, Int64(settings.otpLockout)
+            )[0].decode(PostgresTimestamp?.self, column: 0)
+            if lock, let until { return .refused(.locked(until: until, failures: failures)) }
+            return .refused(lockEnded ? .ended : .none)
+        }
+        try await tx.query(
+            """
+            update \(table) set consumed_at = now(), failures = 0, failures_since = null, locked_until = null
+            where \(self.owner) = $1
+            """, owner)
+        return .accepted(lockEnded ? .ended : .none)
+    }
+
     /// Whether `code` has the shape of a code (6 ASCII digits); anything else is refused
     /// before the database is asked.
     static func isWellFormed(_ code: String) -> Bool {
