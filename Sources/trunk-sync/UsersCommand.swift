@@ -15,7 +15,9 @@ struct UsersCommand: AsyncParsableCommand {
         let configuration = try options.load()
         let logger = Logger(label: "trunk-sync.users")
         let pool = try await ownerPool(configuration, logger: logger)
-        return (UserAdmin(pool: pool), Accounts(pool: pool, logger: logger))
+        let database = try Database(pool.connectionConfiguration, settings: pool.configuration, logger: logger)
+        onExit { await database.close() }
+        return (UserAdmin(database: database), Accounts(database: database, logger: logger))
     }
 
     static func user(_ admin: UserAdmin, _ email: String) async throws -> UserAdmin.Summary {

@@ -47,19 +47,22 @@ final class EventStreamPartsTests: XCTestCase {
         XCTAssertFalse(StreamRoutes.acceptsEventStream(["Accept": "text/event-streams"]))
     }
 
-    func streams(perUser: Int, total: Int) throws -> EventStreams {
+    /// Streams over a database that is never asked (close it after).
+    func streams(perUser: Int, total: Int) throws -> (EventStreams, Database) {
         var settings = EventStreams.Settings()
         settings.maxPerUser = perUser
         settings.maxTotal = total
-        let pool = PostgresPool(
-            try PostgresConfiguration("postgres://nobody@127.0.0.1:1/none"), logger: Logger(label: "test"))
-        return EventStreams(
-            settings: settings, store: EventStore(pool: pool), notifier: EventNotifier(listener: nil), revocations: nil,
-            metrics: Metrics(), logger: Logger(label: "test"))
+        let database = try Database(
+            try PostgresConfiguration("postgres://nobody@127.0.0.1:1/none"), settings: Database.Settings(),
+            logger: Logger(label: "test"))
+        let streams = EventStreams(
+            settings: settings, store: EventStore(database: database), notifier: EventNotifier(listener: nil),
+            revocations: nil, metrics: Metrics(), logger: Logger(label: "test"))
+        return (streams, database)
     }
 
-    func testSlotsPerUserAndPerServerAreGivenBack() throws {
-        let streams = try streams(perUser: 2, total: 3)
+    func testSlotsPerUserAndPerServerAreGivenBack() async throws {
+        let (streams, database) = try streams(perUser: 2, total: 3)
         let (alice, bob) = (UUID(), UUID())
         try streams.reserve(for: alice)
         try streams.reserve(for: alice)
@@ -72,6 +75,7 @@ final class EventStreamPartsTests: XCTestCase {
         streams.close()
         streams.release(for: bob, entry: nil)
         XCTAssertThrowsError(try streams.reserve(for: UUID())) { XCTAssertEqual(($0 as? APIError)?.status, 503) }
+        await database.close()
     }
 
     func testSubscriptionRemembersAWakeUpThatCameWhileItWasBusy() async throws {

@@ -58,7 +58,7 @@ public struct AccountRoutes: Sendable {
         guard let code = body.code?.trimmingCharactersInWhitespace(), !code.isEmpty else {
             throw AuthError.validation("code is required: the confirmation code from POST /auth/v1/reauthenticate")
         }
-        let check = auth.blockingReauthenticationCheck(user: claims.userID, code: code)
+        let check = auth.reauthenticationCheck(user: claims.userID, code: code)
         switch try await accounts.delete(claims.userID, confirmedBy: check) {
         case .deleted:
             return HTTPResponse(status: .noContent, headers: ["X-Supabase-Api-Version": AuthRoutes.apiVersion])

@@ -11,19 +11,19 @@ import Postgres
 /// so it works for the server's restricted role under row-level security and for the
 /// tables' owner alike. All SQL of the feature is in this file.
 ///
-///     let accounts = Accounts(pool: pool, logger: logger)
+///     let accounts = Accounts(database: database, logger: logger)
 ///     try await accounts.export(userID) { bytes in try await output.write(bytes) }
 ///     if let deleted = try await accounts.delete(userID) { print(deleted.events) }
 public struct Accounts: Sendable {
-    let pool: PostgresPool
+    let database: Database
     let logger: Logger
     /// Told of the sessions a deletion ends before `delete` returns (this instance refuses
     /// their tokens at once; the others hear of it from the database within milliseconds).
     let revocations: SessionRevocations?
 
-    /// Accounts in `pool`'s database. `revocations`: the running server's set, if any.
-    public init(pool: PostgresPool, logger: Logger, revocations: SessionRevocations? = nil) {
-        self.pool = pool
+    /// Accounts in `database`. `revocations`: the running server's set, if any.
+    public init(database: Database, logger: Logger, revocations: SessionRevocations? = nil) {
+        self.database = database
         self.logger = logger
         self.revocations = revocations
     }
@@ -62,31 +62,30 @@ public struct Accounts: Sendable {
 
     /// `delete`, run only if `confirm` — called inside the same transaction, after the
     /// user's row is locked — returns true.
-    func delete(_ user: UUID, confirmedBy confirm: (@Sendable (PostgresConnection) throws -> Bool)?) async throws
+    func delete(_ user: UUID, confirmedBy confirm: (@Sendable (Transaction) async throws -> Bool)?) async throws
         -> DeletionOutcome
     {
         typealias Revoked = [(session: UUID, user: UUID, tokensExpireAt: Int64)]
         enum Result: Sendable { case deleted(Deletion, Revoked), notFound, notConfirmed }
-        let result: Result = try await pool.transaction { connection in
-            try RowScope.apply(RowScope.user(user), on: connection)
+        let result: Result = try await database.transaction(as: .user(user)) { tx in
             // The lock makes a push wait for the deletion (then find no user) instead of
             // adding events beside it.
             guard
-                let row = try connection.query("select email, last_seq from users where id = $1 for update", user).first
+                let row = try await tx.query("select email, last_seq from users where id = $1 for update", user).first
             else { return .notFound }
             let email = try row.decode(String.self, column: 0)
             let events = try row.decode(Int64.self, column: 1)
-            if let confirm, try !confirm(connection) { return .notConfirmed }
-            try connection.query("select set_config('app.email', $1, true)", email)
-            try connection.query("delete from otp_codes where email = $1", email)
-            let sessions = try connection.query(
+            if let confirm, try await !confirm(tx) { return .notConfirmed }
+            try await tx.query("select set_config('app.email', $1, true)", email)
+            try await tx.query("delete from otp_codes where email = $1", email)
+            let sessions = try await tx.query(
                 "select count(*) from sessions where user_id = $1 and revoked_at is null", user
             )[0].decode(Int.self, column: 0)
             // Events, sessions, refresh tokens, the confirmation code and an export's lease go
             // by cascade; the sessions' trigger records each ended session as revoked and
             // notifies every instance.
-            try connection.query("delete from users where id = $1", user)
-            let revoked = try connection.query(
+            try await tx.query("delete from users where id = $1", user)
+            let revoked = try await tx.query(
                 """
                 select session_id, user_id, floor(extract(epoch from expires_at))::int8 from session_revocations
                 where user_id = $1 and expires_at > now() - interval '1 minute'
@@ -216,14 +215,13 @@ public struct Accounts: Sendable {
     /// or `.inProgress`. Hand the result to `run`, which releases the lease.
     public func beginExport(_ user: UUID) async throws -> Export {
         let lease = UUID()
-        let start: Export? = try await pool.transaction { connection in
-            try RowScope.apply(RowScope.user(user), on: connection)
+        let start: Export? = try await database.transaction(as: .user(user)) { tx in
             guard
-                let row = try connection.query(
+                let row = try await tx.query(
                     "select id, email, created_at, full_name, user_metadata, last_seq from users where id = $1", user
                 ).first
             else { return nil }
-            let taken = try connection.query(
+            let taken = try await tx.query(
                 """
                 insert into account_exports (user_id, lease) values ($1, $2)
                 on conflict (user_id) do update set lease = excluded.lease, renewed_at = now()
@@ -248,16 +246,16 @@ public struct Accounts: Sendable {
         return start
     }
 
-    /// One page of the export, renewing its lease in the same transaction; nil when the
-    /// lease is gone (the user deleted, or the export taken over after a stall).
+    /// One page of the export, renewing its lease in the same transaction (one round trip);
+    /// nil when the lease is gone (the user deleted, or the export taken over after a
+    /// stall). On the database's own loop, as `endExport`: the producer of a streamed body
+    /// is not a request the HTTP server drains before its loops stop.
     func exportPage(_ user: UUID, lease: UUID, after: Int64, through: Int64, limit: Int) async throws -> EventStore
         .Page?
     {
-        try await pool.withConnection { connection in
-            try connection.pipelinedTransaction { connection in
-                let replies = try connection.pipeline([
-                    .begin,
-                    RowScope.user(user),
+        try await database.offHTTPLoops {
+            try await database.transaction(as: .user(user)) { tx in
+                let replies = try await tx.pipeline([
                     .prepared(
                         "update account_exports set renewed_at = now() where user_id = $1 and lease = $2 returning 1",
                         user,
@@ -270,8 +268,8 @@ public struct Accounts: Sendable {
                             """, bytesParameter: 5), user, after, through, Int64(limit), Int64(EventStore.streamedPageBytes)),
                     .commit,
                 ])
-                guard !replies[2].isEmpty else { return nil }
-                let rows = replies[3]
+                guard !replies[0].isEmpty else { return nil }
+                let rows = replies[1]
                 let (json, lastSeq) = try EventPageEncoder.encode(rows, count: rows.count)
                 return EventStore.Page(eventsJSON: json, count: rows.count, lastSeq: lastSeq, hasMore: false)
             }
@@ -280,9 +278,10 @@ public struct Accounts: Sendable {
 
     /// Releases the export's lease.
     func endExport(_ user: UUID, lease: UUID) async throws {
-        try await pool.transaction { connection in
-            try RowScope.apply(RowScope.user(user), on: connection)
-            try connection.query("delete from account_exports where user_id = $1 and lease = $2", user, lease)
+        try await database.offHTTPLoops {
+            try await database.transaction(as: .user(user)) { tx in
+                _ = try await tx.query("delete from account_exports where user_id = $1 and lease = $2", user, lease)
+            }
         }
     }
 

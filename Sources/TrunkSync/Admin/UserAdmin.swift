@@ -5,9 +5,9 @@ import Postgres
 /// whose `trunk_sync_admin` role row-level security lets see every row. Exporting and
 /// deleting a user is `Accounts`' job, shared with the self-service routes.
 public struct UserAdmin: Sendable {
-    let pool: PostgresPool
+    let database: Database
 
-    public init(pool: PostgresPool) { self.pool = pool }
+    public init(database: Database) { self.database = database }
 
     /// One user as operators see it.
     public struct Summary: Sendable {
@@ -36,15 +36,15 @@ public struct UserAdmin: Sendable {
 
     /// Every user, oldest first.
     public func list() async throws -> [Summary] {
-        try await pool.withConnection { connection in
-            try connection.query("select \(Self.summaryColumns) from users u order by u.created_at, u.email").map(Self.summary)
+        try await database.read(as: .server) { tx in
+            try await tx.query("select \(Self.summaryColumns) from users u order by u.created_at, u.email").map(Self.summary)
         }
     }
 
     /// One user by email, or nil.
     public func find(_ email: Email) async throws -> Summary? {
-        try await pool.withConnection { connection in
-            try connection.query("select \(Self.summaryColumns) from users u where lower(u.email) = $1", email.value)
+        try await database.read(as: .server) { tx in
+            try await tx.query("select \(Self.summaryColumns) from users u where lower(u.email) = $1", email.value)
                 .first.map(Self.summary)
         }
     }

@@ -70,17 +70,6 @@ extension AuthService {
         }
     }
 
-    /// `reauthenticationCheck` on a blocking connection, for the account deletion while it is
-    /// still on `PostgresPool` (`Accounts.delete(_:confirmedBy:)`); goes once it is on `Database`.
-    func blockingReauthenticationCheck(user: UUID, code: String) -> @Sendable (PostgresConnection) throws -> Bool {
-        let (wellFormed, hash, report) = reauthenticationRule(user: user, code: code)
-        let settings = self.settings
-        return { connection in
-            guard wellFormed else { return false }
-            return report(try OneTimeCodes.reauthentication.check(user, hash: hash, settings: settings, on: connection))
-        }
-    }
-
     /// Whether `code` has a code's shape, the hash to check, and what an outcome means (and
     /// logs: a lock).
     private func reauthenticationRule(user: UUID, code: String)

@@ -72,20 +72,6 @@ struct OneTimeCodes: Sendable {
         }
     }
 
-    /// `check` on a blocking connection, for a caller still on `PostgresPool` (the account
-    /// deletion, `Accounts.delete(_:confirmedBy:)`); goes once that caller is on `Database`.
-    func check(
-        _ owner: any PostgresEncodable, hash: PostgresBytes, settings: AuthSettings, on connection: PostgresConnection
-    ) throws -> Check {
-        let locked = lockedCode(owner, settings: settings)
-        let rows = try connection.query(locked.sql, binds: locked.binds)
-        switch try decide(rows.first, owner: owner, hash: hash, settings: settings) {
-        case .done(let outcome): return outcome
-        case .update(let statement, let outcome):
-            return try outcome(try connection.query(statement.sql, binds: statement.binds))
-        }
-    }
-
     /// The owner's code row, locked, as `decide` reads it.
     private func lockedCode(_ owner: any PostgresEncodable, settings: AuthSettings) -> PostgresStatement {
         PostgresStatement(

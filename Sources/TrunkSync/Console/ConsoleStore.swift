@@ -5,28 +5,24 @@ import Postgres
 /// The console's SQL, all of it: the overview's counts, the user list, one user, their
 /// sessions and their events.
 ///
-/// Reads across users run with `RowScope.console` (the operator's token hash), which
+/// Reads across users run with `Scope.console` (the operator's token hash), which
 /// migration 0008's policies honour only while that console session is live; reads and
-/// changes of one user run scoped to that user (`RowScope.user`), as the app's own do.
+/// changes of one user run scoped to that user (`Scope.user`), as the app's own do.
 struct ConsoleStore: Sendable {
-    let pool: PostgresPool
+    let database: Database
 
     /// A transaction that may read every user's rows while `signedIn`'s session is live.
     private func acrossUsers<T: Sendable>(
-        _ signedIn: ConsoleAuth.Operator, _ body: @escaping @Sendable (PostgresConnection) throws -> T
+        _ signedIn: ConsoleAuth.Operator, _ body: (Transaction) async throws -> T
     ) async throws -> T {
-        let scope = RowScope.console(tokenHash: signedIn.tokenHash)
-        return try await pool.transaction { connection in
-            try RowScope.apply(scope, on: connection)
-            return try body(connection)
-        }
+        try await database.transaction(as: .console(tokenHash: signedIn.tokenHash), body)
     }
 
     /// Users, and events stored in the last 24 hours (counted per user who pushed in that
     /// time, through the `(user_id, created_at)` index: no scan of the whole log).
     func counts(_ signedIn: ConsoleAuth.Operator) async throws -> (users: Int64, eventsLastDay: Int64) {
-        try await acrossUsers(signedIn) { connection in
-            let row = try connection.query(
+        try await acrossUsers(signedIn) { tx in
+            let row = try await tx.query(
                 """
                 select (select count(*) from users),
                        coalesce((select sum((select count(*) from events e
@@ -44,8 +40,8 @@ struct ConsoleStore: Sendable {
     /// planner from flattening it into a hash join over a sequential scan of `events` (which it
     /// chose, measured on 356k events, when the subquery was a plain select).
     func eventsPerDay(_ signedIn: ConsoleAuth.Operator) async throws -> [(day: String, events: Int64)] {
-        try await acrossUsers(signedIn) { connection in
-            let rows = try connection.query(
+        try await acrossUsers(signedIn) { tx in
+            let rows = try await tx.query(
                 """
                 with since as (select (date_trunc('day', now() at time zone 'UTC') - interval '29 days') at time zone 'UTC' as t)
                 select d.day::date::text, coalesce(n.events, 0)::int8
@@ -104,12 +100,12 @@ struct ConsoleStore: Sendable {
     func users(_ signedIn: ConsoleAuth.Operator, search: String?, limit: Int, offset: Int) async throws
         -> (total: Int64, users: [UserRow])
     {
-        try await acrossUsers(signedIn) { connection in
+        try await acrossUsers(signedIn) { tx in
             // strpos, not like: the search is text, never a pattern.
             let filter = "($1::text is null or strpos(u.email, lower($1)) > 0)"
-            let total = try connection.query("select count(*) from users u where \(filter)", search)[0]
+            let total = try await tx.query("select count(*) from users u where \(filter)", search)[0]
                 .decode(Int64.self, column: 0)
-            let rows = try connection.query(
+            let rows = try await tx.query(
                 """
                 select \(UserRow.columns) from users u where \(filter)
                 order by u.created_at desc, u.id desc limit $2 offset $3
@@ -121,14 +117,13 @@ struct ConsoleStore: Sendable {
 
     /// One user, with their user metadata and the event types they used (at most 100).
     func user(_ id: UUID) async throws -> (UserRow, metadata: [UInt8], types: [String])? {
-        try await pool.transaction { connection in
-            try RowScope.apply(RowScope.user(id), on: connection)
+        try await database.transaction(as: .user(id)) { tx in
             guard
-                let row = try connection.query(
+                let row = try await tx.query(
                     "select \(UserRow.columns), u.user_metadata from users u where u.id = $1", id
                 ).first
             else { return nil }
-            let types = try connection.query(
+            let types = try await tx.query(
                 "select distinct type from events where user_id = $1 order by type limit 100", id
             ).map { try $0.decode(String.self, column: 0) }
             return (try UserRow(row), try row.decode(PostgresJSON.self, column: 8).bytes, types)
@@ -149,9 +144,8 @@ struct ConsoleStore: Sendable {
     /// The user's sessions, newest first: the live ones, and those ended in the last 7 days
     /// (at most 200 in all).
     func sessions(of user: UUID) async throws -> [SessionRow] {
-        try await pool.transaction { connection in
-            try RowScope.apply(RowScope.user(user), on: connection)
-            return try connection.query(
+        try await database.transaction(as: .user(user)) { tx in
+            return try await tx.query(
                 """
                 select id, created_at, refreshed_at, revoked_at, access_expires_at, ip, user_agent from sessions
                 where user_id = $1 and (revoked_at is null or revoked_at > now() - interval '7 days')
@@ -171,9 +165,8 @@ struct ConsoleStore: Sendable {
 
     /// The ids of the user's live sessions.
     func liveSessions(of user: UUID) async throws -> [UUID] {
-        try await pool.transaction { connection in
-            try RowScope.apply(RowScope.user(user), on: connection)
-            return try connection.query("select id from sessions where user_id = $1 and revoked_at is null", user)
+        try await database.transaction(as: .user(user)) { tx in
+            return try await tx.query("select id from sessions where user_id = $1 and revoked_at is null", user)
                 .map { try $0.decode(UUID.self, column: 0) }
         }
     }
@@ -193,9 +186,8 @@ struct ConsoleStore: Sendable {
     /// `limit`: the page as the pull API writes events, how many, the `seq` of its last
     /// event and whether more follow.
     func events(of user: UUID, _ filter: EventFilter, limit: Int) async throws -> EventStore.Page {
-        try await pool.transaction { connection in
-            try RowScope.apply(RowScope.user(user), on: connection)
-            let rows = try connection.query(
+        try await database.transaction(as: .user(user)) { tx in
+            let rows = try await tx.query(
                 """
                 select seq, id, type, payload, client_id, client_timestamp, created_at from events
                 where user_id = $1 and ($2::int8 is null or seq < $2) and ($3::text is null or type = $3)

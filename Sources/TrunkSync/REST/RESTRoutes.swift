@@ -8,7 +8,7 @@ import Postgres
 /// `/rest/v1/profiles`. A strict parser in front of fixed, parametrised SQL — not a general
 /// SQL gateway.
 public struct RESTRoutes: Sendable {
-    let pool: PostgresPool
+    let database: Database
     let store: EventStore
     let metrics: Metrics
 
@@ -43,9 +43,9 @@ public struct RESTRoutes: Sendable {
         RESTColumn(name: "updated_at", kind: .timestamp, sql: "updated_at"),
     ]
 
-    public init(pool: PostgresPool, store: EventStore, metrics: Metrics = Metrics()) {
+    public init(database: Database, store: EventStore, metrics: Metrics = Metrics()) {
         self.metrics = metrics
-        self.pool = pool
+        self.database = database
         self.store = store
     }
 
@@ -153,18 +153,17 @@ public struct RESTRoutes: Sendable {
         let query = try RESTQuery.parse(request, table: "events", columns: Self.eventColumns)
         let limit = min(query.limit ?? Self.maxRows, Self.maxRows)
         let countExact = Self.preferences(request).countExact
-        let (rows, total) = try await pool.transaction { connection -> (PostgresResult, Int?) in
-            try EventStore.scope(connection, to: user)
+        let (rows, total) = try await database.transaction(as: .user(user)) { tx -> (PostgresResult, Int?) in
             let filters = query.whereClause(startingAt: 4)
             let sql =
                 "select \(query.columns.map(\.sql).joined(separator: ", ")) from events where user_id = $1"
                 + filters.sql + query.orderClause(default: "seq") + " limit $2 offset $3"
-            let rows = try connection.query(
+            let rows = try await tx.query(
                 sql, binds: [user.postgresBind, Int64(limit).postgresBind, Int64(query.offset).postgresBind] + filters.binds)
             var total: Int? = nil
             if countExact {
                 let counted = query.whereClause(startingAt: 2)
-                total = try connection.query(
+                total = try await tx.query(
                     "select count(*) from events where user_id = $1" + counted.sql, binds: [user.postgresBind] + counted.binds
                 )[0].decode(Int.self, column: 0)
             }
@@ -188,9 +187,8 @@ public struct RESTRoutes: Sendable {
         guard preferences.representation else { return HTTPResponse(status: .created) }
         let created = results.filter(\.created).map(\.seq)
         let columns = query.columns
-        let rows = try await pool.transaction { connection in
-            try EventStore.scope(connection, to: user)
-            return try connection.query(
+        let rows = try await database.transaction(as: .user(user)) { tx in
+            try await tx.query(
                 "select \(columns.map(\.sql).joined(separator: ", ")) from events where user_id = $1 and seq = any($2) order by seq",
                 user, created)
         }
@@ -202,10 +200,9 @@ public struct RESTRoutes: Sendable {
     func selectProfiles(_ request: HTTPRequest, user: UUID) async throws -> HTTPResponse {
         let query = try RESTQuery.parse(request, table: "profiles", columns: Self.profileColumns)
         let limit = min(query.limit ?? Self.maxRows, Self.maxRows)
-        let rows = try await pool.transaction { connection in
-            try EventStore.scope(connection, to: user)
+        let rows = try await database.transaction(as: .user(user)) { tx in
             let filters = query.whereClause(startingAt: 4)
-            return try connection.query(
+            return try await tx.query(
                 "select \(query.columns.map(\.sql).joined(separator: ", ")) from users where id = $1" + filters.sql
                     + query.orderClause(default: "id") + " limit $2 offset $3",
                 binds: [user.postgresBind, Int64(limit).postgresBind, Int64(query.offset).postgresBind] + filters.binds)
@@ -217,10 +214,9 @@ public struct RESTRoutes: Sendable {
         let query = try RESTQuery.parse(request, table: "profiles", columns: Self.profileColumns)
         let preferences = Self.preferences(request)
         let change = try RESTInsert.parseProfile(request.body, caller: user, allowArray: upsert)
-        let rows = try await pool.transaction { connection in
-            try EventStore.scope(connection, to: user)
+        let rows = try await database.transaction(as: .user(user)) { tx in
             let filters = query.whereClause(startingAt: 3)
-            return try connection.query(
+            return try await tx.query(
                 """
                 update users set full_name = $2, updated_at = now(),
                   user_metadata = case when $2::text is null then user_metadata - 'full_name'
@@ -230,7 +226,7 @@ public struct RESTRoutes: Sendable {
                 """, binds: [user.postgresBind, (change.fullName ?? nil).postgresBind] + filters.binds)
         }
         // Realtime's `profiles` subscribers (on any instance) hear of it as of an event.
-        if rows.count > 0 { try? await pool.withConnection { try EventStore.announce(user, on: $0) } }
+        if rows.count > 0 { await store.announce(user) }
         let status: HTTPStatus = upsert ? .created : .ok
         guard preferences.representation else { return HTTPResponse(status: upsert ? .created : .noContent) }
         return try Self.rowsResponse(rows, columns: query.columns, request: request, offset: 0, total: nil, status: status)

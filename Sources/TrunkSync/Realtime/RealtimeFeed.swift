@@ -45,7 +45,7 @@ public final class RealtimeFeed: Sendable {
     }
 
     let settings: Settings
-    let pool: PostgresPool
+    let database: Database
     let notifier: EventNotifier
     let revocations: SessionRevocations?
     let tokens: TokenIssuer
@@ -54,11 +54,11 @@ public final class RealtimeFeed: Sendable {
     private let sent: Counter
 
     public init(
-        settings: Settings, pool: PostgresPool, notifier: EventNotifier, revocations: SessionRevocations?,
+        settings: Settings, database: Database, notifier: EventNotifier, revocations: SessionRevocations?,
         tokens: TokenIssuer, metrics: Metrics, logger: Logger
     ) {
         self.settings = settings
-        self.pool = pool
+        self.database = database
         self.notifier = notifier
         self.revocations = revocations
         self.tokens = tokens
@@ -188,17 +188,25 @@ public final class RealtimeFeed: Sendable {
 
     // MARK: - SQL
 
+    /// Each a single select with the user's scope in one round trip (`Database.read`), on
+    /// the database's own loop: a socket is not a request the HTTP server drains before its
+    /// loops stop (`Database.offHTTPLoops`).
+    private func read<T: Sendable>(_ user: UUID, _ select: PostgresStatement, _ rows: (PostgresResult) throws -> T)
+        async throws -> T
+    {
+        try await database.offHTTPLoops {
+            try await database.read(as: .user(user)) { tx in try rows(try await tx.query(select)) }
+        }
+    }
+
     /// Where the user's log stands now (`users.last_seq`) and when the profile last changed;
     /// nil when the user is gone.
     func start(of user: UUID) async throws -> (lastSeq: Int64, profileUpdatedAt: Int64)? {
-        try await pool.withConnection { connection in
-            let results = try connection.pipeline([
-                RowScope.user(user), .prepared("select last_seq, updated_at from users where id = $1", user),
-            ])
-            guard results[1].count == 1 else { return nil }
+        try await read(user, .prepared("select last_seq, updated_at from users where id = $1", user)) { rows in
+            guard rows.count == 1 else { return nil }
             return (
-                try results[1][0].decode(Int64.self, column: 0),
-                try results[1][0].decode(PostgresTimestamp.self, column: 1).microsecondsSinceEpoch
+                try rows[0].decode(Int64.self, column: 0),
+                try rows[0].decode(PostgresTimestamp.self, column: 1).microsecondsSinceEpoch
             )
         }
     }
@@ -206,25 +214,19 @@ public final class RealtimeFeed: Sendable {
     /// The user's profile with the columns `/rest/v1/profiles` returns, in its order.
     func profile(of user: UUID) async throws -> PostgresResult {
         let columns = RealtimeTable.profiles.columns.map(\.sql).joined(separator: ", ")
-        return try await pool.withConnection { connection in
-            try connection.pipeline([
-                RowScope.user(user), .prepared("select \(columns) from users where id = $1", user),
-            ])[1]
-        }
+        return try await read(user, .prepared("select \(columns) from users where id = $1", user)) { $0 }
     }
 
     /// The user's events after `after`, at most `limit` (+1 to know there is more), with the
     /// columns `/rest/v1/events` returns, in its order.
     func events(of user: UUID, after: Int64, limit: Int) async throws -> PostgresResult {
         let columns = RealtimeTable.events.columns.map(\.sql).joined(separator: ", ")
-        return try await pool.withConnection { connection in
-            try connection.pipeline([
-                RowScope.user(user),
-                .prepared(
-                    "select \(columns) from events where user_id = $1 and seq > $2 order by seq limit $3", user, after,
-                    Int64(limit + 1)),
-            ])[1]
-        }
+        return try await read(
+            user,
+            .prepared(
+                "select \(columns) from events where user_id = $1 and seq > $2 order by seq limit $3", user, after,
+                Int64(limit + 1))
+        ) { $0 }
     }
 }
 

@@ -75,7 +75,7 @@ public struct Application: Sendable {
             ? PostgresListener(
                 database, channels: [EventStore.channel, SessionRevocations.channel], logger: logger,
                 loop: self.database.eventLoop) : nil
-        events = EventStore(pool: pool, listener: listener)
+        events = EventStore(database: self.database, listener: listener)
         signingKeys = SigningKeyStore(database: self.database, encryption: configuration.keyEncryptionKey)
         notifier = EventNotifier(listener: listener, store: events)
         migrator = Migrator(migrations: migrations, logger: logger)
@@ -86,12 +86,12 @@ public struct Application: Sendable {
                 acceptedIssuers: configuration.acceptedIssuers),
             secret: secret, sender: codeSender,
             settings: configuration.auth, logger: logger, metrics: metrics)
-        accounts = Accounts(pool: pool, logger: logger, revocations: auth.revocations)
+        accounts = Accounts(database: self.database, logger: logger, revocations: auth.revocations)
         streams = EventStreams(
             settings: configuration.streams, store: events, notifier: notifier, revocations: auth.revocations,
             metrics: metrics, logger: logger)
         realtime = RealtimeFeed(
-            settings: configuration.realtime, pool: pool, notifier: notifier, revocations: auth.revocations,
+            settings: configuration.realtime, database: self.database, notifier: notifier, revocations: auth.revocations,
             tokens: auth.tokens, metrics: metrics, logger: logger)
         if let listener {
             // Both subscribe before the listener starts, so neither misses its first
@@ -106,12 +106,10 @@ public struct Application: Sendable {
         metrics.gauge("trunk_sync_revoked_sessions", help: "Revoked sessions whose access tokens may still be valid.") {
             Double(revocations.count)
         }
-        // Both pools: the blocking one (sign-in, REST, admin) and the loop's (push, pull).
-        let events = self.events
+        // Both: the blocking pool and the door's loop pools.
         let door = self.database
         @Sendable func both(_ figure: (PostgresPool.Statistics) -> Int) -> Double {
-            Double(
-                figure(pool.statistics) + figure(door.statistics) + (events.loopDriven.map { figure($0.statistics) } ?? 0))
+            Double(figure(pool.statistics) + figure(door.statistics))
         }
         metrics.gauge("trunk_sync_db_pool_connections_open", help: "Database connections open.") { both(\.open) }
         metrics.gauge("trunk_sync_db_pool_connections_in_use", help: "Database connections running a query.") {
@@ -263,7 +261,7 @@ public struct Application: Sendable {
             .register(in: &routes)
         StreamRoutes(streams: streams).register(in: &routes)
         RealtimeRoutes(feed: realtime, apiKey: configuration.apiKey).register(in: &routes)
-        RESTRoutes(pool: pool, store: events, metrics: metrics).register(in: &routes)
+        RESTRoutes(database: database, store: events, metrics: metrics).register(in: &routes)
         AccountRoutes(accounts: accounts, auth: auth, notifier: notifier).register(in: &routes)
         return routes
     }
@@ -302,7 +300,7 @@ public struct Application: Sendable {
             auth: ConsoleAuth(
                 auth: auth, database: database, operators: configuration.adminEmails,
                 logger: Logger(label: "trunk-sync.console")),
-            store: ConsoleStore(pool: pool), accounts: ConsoleAccounts(accounts: accounts),
+            store: ConsoleStore(database: database), accounts: ConsoleAccounts(accounts: accounts),
             sessions: auth,
             overview: { [requestHistory, database] in
                 let totals = metrics.requestTotals()
@@ -322,9 +320,6 @@ public struct Application: Sendable {
     /// `TRUNK_SYNC_DB_POOL_SIZE`), and the metrics the server's gauges (open connections,
     /// requests in flight).
     public func observe(_ server: HTTPServer<RequestPipeline>) {
-        let loopPool = PostgresLoopPool(
-            pool.connectionConfiguration, configuration: pool.configuration, loop: server.executor, logger: logger)
-        events.drive(on: loopPool)
         database.drive(on: [server.executor], connections: configuration.databasePoolSize)
         metrics.gauge("trunk_sync_http_connections", help: "Open client connections on the public listener.") {
             Double(server.statistics.connections)
@@ -392,7 +387,6 @@ public struct Application: Sendable {
         await historySampler.stop()
         await auth.revocations.stop()
         await auth.mail.close(within: .seconds(5))
-        await events.loopDriven?.close()
         await pool.close()
         await database.close()
     }

@@ -1,35 +1,26 @@
 import Foundation
 import Postgres
-import Synchronization
 
-/// All SQL of the event log, one place. Every query runs in a transaction that first sets
-/// `app.user_id`, as the restricted role, and also filters by user itself: row-level
+/// All SQL of the event log, one place. Every query runs scoped to the user (`Scope.user`:
+/// `app.user_id`), as the restricted role, and also filters by user itself: row-level
 /// security is the second wall.
 public struct EventStore: Sendable {
     /// The notification channel pushes announce themselves on (payload: the user id).
     public static let channel = "trunk_sync_events"
 
-    let pool: PostgresPool
-    /// The HTTP loop's own connections, once the server exists (`drive(on:)`): pushes and
-    /// pulls then run on the loop that read the request, without a thread hop. Until then,
-    /// and for the CLI and in-process tests, the blocking `pool`.
-    private let loopPool = LoopPoolSlot()
+    /// Pushes and pulls run on the pool of the loop that read the request (no thread hop);
+    /// the stream's reads on the database's own loop (`Database.offHTTPLoops`).
+    let database: Database
     /// Users' newest events as far as the notifications tell: empty pulls answered from
     /// memory. Trusted only while `listener` (the `EventNotifier`'s, which feeds it) listens.
     let lastSeqs: LastSeqCache
 
-    /// A store on `pool`; with `listener` (the one its `EventNotifier` follows), pulls known
-    /// to be empty are answered without a query.
-    public init(pool: PostgresPool, listener: PostgresListener? = nil) {
-        self.pool = pool
+    /// A store in `database`; with `listener` (the one its `EventNotifier` follows), pulls
+    /// known to be empty are answered without a query.
+    public init(database: Database, listener: PostgresListener? = nil) {
+        self.database = database
         lastSeqs = LastSeqCache(session: { listener?.session })
     }
-
-    /// From now on, pushes and pulls use `loopPool` (set once, before requests arrive).
-    public func drive(on loopPool: PostgresLoopPool) { self.loopPool.pool.withLock { $0 = loopPool } }
-
-    /// The loop pool in use, if any.
-    public var loopDriven: PostgresLoopPool? { loopPool.pool.withLock { $0 } }
 
     /// What happened to one pushed event.
     public struct PushResult: Sendable, Equatable {
@@ -42,12 +33,6 @@ public struct EventStore: Sendable {
     static func scope(_ connection: PostgresConnection, to user: UUID) throws {
         let statement = scope(to: user)
         try connection.query(statement.sql, binds: statement.binds)
-    }
-
-    /// Tells every instance that `user`'s rows changed (outside a transaction), as a push
-    /// does after its commit: for a profile update, which Realtime subscribers follow.
-    static func announce(_ user: UUID, on connection: PostgresConnection) throws {
-        try connection.query("select pg_notify($1, $2)", binds: [channel.postgresBind, UUIDText.lowercase(user).postgresBind])
     }
 
     /// The statement that scopes the transaction to `user`, for pipelines.
@@ -73,16 +58,16 @@ public struct EventStore: Sendable {
     /// - the commit is known and only the notification failed: the notification is sent
     ///   again on another connection, and the push answers its results;
     /// - the connection was lost after `commit` was sent, outcome unknown: the push runs
-    ///   again on another connection (pushes are idempotent; its look-up waits on the
-    ///   user's row lock for the lost transaction to end), which stores or finds the events
-    ///   and announces them; if that fails too, `503 database_unavailable`, which the client
-    ///   retries;
+    ///   again in a transaction of its own on another connection (pushes are idempotent; its
+    ///   look-up waits on the user's row lock for the lost transaction to end), which stores
+    ///   or finds the events and announces them; if that fails too, `503
+    ///   database_unavailable`, which the client retries;
     /// - a push whose events were all stored before (such a retry) still commits and
     ///   announces them, and clears this instance's empty-pull cache.
     public func push(_ events: [IncomingEvent], for user: UUID) async throws -> [PushResult]? {
         var outcome: PushOutcome?
         do {
-            outcome = try await store(events, for: user)
+            outcome = try await store(events, for: user, lookingUpRepeats: [false, true])
         } catch is CommitOutcomeUnknown {
             // Pushes are idempotent: the same push again, on another connection, settles it.
             // Its look-up waits for the user's row lock, so for the lost transaction to end;
@@ -90,7 +75,7 @@ public struct EventStore: Sendable {
             // the database is unreachable or loses this connection too.
             lastSeqs.invalidate(user)
             do {
-                outcome = try await storeBlocking(events, for: user, lookingUpRepeats: [true])
+                outcome = try await store(events, for: user, lookingUpRepeats: [true])
             } catch is CommitOutcomeUnknown {
                 throw APIError.databaseUnavailable
             }
@@ -103,11 +88,13 @@ public struct EventStore: Sendable {
         return outcome.results
     }
 
-    /// Sends the user's notification on a connection of its own (after the push's own was
-    /// lost); a failure is left to the listeners' reconnect, which wakes everything.
+    /// Tells every instance that `user`'s rows changed, outside any transaction (the
+    /// statement's own, implicit: one round trip): after a push whose own notification was
+    /// lost, or a profile update (which Realtime subscribers follow). A failure is left to
+    /// the listeners' reconnect, which wakes everything.
     func announce(_ user: UUID) async {
-        _ = try? await pool.withConnection { connection in
-            try connection.query("select pg_notify($1, $2)", Self.channel, UUIDText.lowercase(user))
+        _ = try? await database.read(as: .server) { tx in
+            try await tx.query("select pg_notify($1, $2)", Self.channel, UUIDText.lowercase(user))
         }
     }
 
@@ -117,36 +104,19 @@ public struct EventStore: Sendable {
         var announced = true
     }
 
-    private func store(_ events: [IncomingEvent], for user: UUID) async throws -> PushOutcome? {
-        // A return without `commit` (unknown user, nothing new, a repeat found) rolls back:
-        // nothing was written.
-        if let loopPool = loopDriven {
-            return try await loopPool.withConnection { connection in
-                for lookingUpRepeats in [false, true] {
-                    let attempt = try await connection.pipelinedTransaction { connection in
-                        try await PushSteps(events: events, user: user, lookingUpRepeats: lookingUpRepeats).run { statements in
-                            try await connection.pipeline(statements)
-                        }
-                    }
-                    if let outcome = attempt.outcome { return outcome }
-                }
-                throw UnexpectedRepeat()
-            }
-        }
-        return try await storeBlocking(events, for: user, lookingUpRepeats: [false, true])
-    }
-
-    /// `store` on the blocking pool, with the attempts `lookingUpRepeats` lists.
-    private func storeBlocking(_ events: [IncomingEvent], for user: UUID, lookingUpRepeats attempts: [Bool]) async throws
+    /// Stores the push in one transaction scoped to the user, with the attempts
+    /// `lookingUpRepeats` lists (each rolled back unless it committed).
+    private func store(_ events: [IncomingEvent], for user: UUID, lookingUpRepeats attempts: [Bool]) async throws
         -> PushOutcome?
     {
-        try await pool.withConnection { connection in
+        try await database.transaction(as: .user(user)) { tx in
             for lookingUpRepeats in attempts {
-                let attempt = try connection.pipelinedTransaction { connection in
-                    try PushSteps(events: events, user: user, lookingUpRepeats: lookingUpRepeats).run { statements in
-                        try connection.pipeline(statements)
-                    }
+                let attempt = try await PushSteps(events: events, user: user, lookingUpRepeats: lookingUpRepeats).run {
+                    statements in try await tx.pipeline(statements)
                 }
+                // An attempt that returns without `commit` (unknown user, nothing new, a
+                // repeat found) wrote nothing: rolled back, and the next one starts afresh.
+                try await tx.rollback()
                 if let outcome = attempt.outcome { return outcome }
             }
             // With the look-up under the lock, every repeat is known before the insert.
@@ -178,10 +148,10 @@ public struct EventStore: Sendable {
     /// came: the events may or may not be stored.
     struct CommitOutcomeUnknown: Error {}
 
-    /// One attempt at a push, the same statements whichever driver carries them (blocking or
-    /// loop-driven). Without the look-up: one round trip (`begin`, scope, cursor and insert
-    /// in one statement, `commit`, notification). With it: `begin`, scope, lock and look-up;
-    /// insert and cursor update; `commit` and notification.
+    /// One attempt at a push, inside `Database.transaction(as: .user(…))`, whose `begin` and
+    /// scope travel with the attempt's first pipeline. Without the look-up: one round trip
+    /// (cursor and insert in one statement, `commit`, notification). With it: lock and
+    /// look-up; insert and cursor update; `commit` and notification.
     struct PushSteps {
         let events: [IncomingEvent]
         let user: UUID
@@ -191,41 +161,6 @@ public struct EventStore: Sendable {
             self.events = events
             self.user = user
             self.lookingUpRepeats = lookingUpRepeats
-        }
-
-        func run(_ pipeline: ([PostgresStatement]) throws -> [PostgresResult]) throws -> PushAttempt {
-            if !lookingUpRepeats {
-                let batch = Batch(events, existing: [:])
-                let replies: [PostgresResult]
-                do {
-                    replies = try pipeline(batch.oneRoundTrip(for: user))
-                } catch let error as PostgresError where Self.repeatsEarlierPush(error) {
-                    return .repeatsEarlierPush
-                } catch {
-                    // Committed, only the notification failed: the attempt with the look-up
-                    // finds the events stored and announces them.
-                    guard try Self.committed(despite: error, commitAt: Batch.commitIndex) else { throw error }
-                    return .repeatsEarlierPush
-                }
-                return try batch.stored(afterCursor: replies)
-            }
-            guard let head = try Self.lockedState(try pipeline(lockAndLookUp())) else { return .unknownUser }
-            let batch = Batch(events, existing: head.existing)
-            let results = batch.results(base: head.lastSeq)
-            if !batch.fresh.isEmpty {
-                guard try pipeline(batch.write(for: user, after: head)).first?.count == batch.fresh.count else {
-                    return .repeatsEarlierPush
-                }
-            }
-            // Also when every event was stored before: announced again, for the case that
-            // the earlier push's notification was lost.
-            do {
-                _ = try pipeline(commitAndNotify)
-            } catch {
-                guard try Self.committed(despite: error, commitAt: 0) else { throw error }
-                return .storedUnannounced(results)
-            }
-            return .stored(results)
         }
 
         func run(_ pipeline: ([PostgresStatement]) async throws -> [PostgresResult]) async throws -> PushAttempt {
@@ -343,8 +278,6 @@ public struct EventStore: Sendable {
             /// fails the insert on the unique index, and everything after it is skipped.
             func oneRoundTrip(for user: UUID) -> [PostgresStatement] {
                 [
-                    .begin,
-                    scope(to: user),
                     .prepared(
                         """
                         with cursor as (
@@ -368,12 +301,12 @@ public struct EventStore: Sendable {
                 ] + PushSteps(events: [], user: user, lookingUpRepeats: false).commitAndNotify
             }
 
-            /// Where `oneRoundTrip` has its `commit`.
-            static let commitIndex = 3
+            /// Where `oneRoundTrip` has its `commit` (the door's `begin` and scope not counted).
+            static let commitIndex = 1
 
             /// The outcome of `oneRoundTrip`.
             func stored(afterCursor replies: [PostgresResult]) throws -> PushAttempt {
-                guard replies.count > 2, let row = replies[2].first else { return .unknownUser }
+                guard replies.count > 0, let row = replies[0].first else { return .unknownUser }
                 let base = try row.decode(Int64.self, column: 0)
                 guard try row.decode(Int64.self, column: 1) == Int64(fresh.count) else { throw UnexpectedRepeat() }
                 return .stored(results(base: base))
@@ -411,11 +344,9 @@ public struct EventStore: Sendable {
             var existing: [UUID: Int64]
         }
 
-        /// `begin`, scope, the user's row lock and the look-up of the batch's `client_id`s.
+        /// The user's row lock and the look-up of the batch's `client_id`s.
         func lockAndLookUp() -> [PostgresStatement] {
             [
-                .begin,
-                scope(to: user),
                 .prepared(
                     """
                     select last_seq,
@@ -433,9 +364,9 @@ public struct EventStore: Sendable {
 
         /// The state under the lock; nil when the user does not exist.
         static func lockedState(_ replies: [PostgresResult]) throws -> LockedState? {
-            guard replies.count > 3, let state = replies[2].first else { return nil }
+            guard replies.count > 1, let state = replies[0].first else { return nil }
             var existing: [UUID: Int64] = [:]
-            for row in replies[3] {
+            for row in replies[1] {
                 existing[try row.decode(UUID.self, column: 0)] = try row.decode(Int64.self, column: 1)
             }
             return LockedState(
@@ -478,23 +409,25 @@ public struct EventStore: Sendable {
     }
 
     /// A pull whose events are written with `framing` (the stream's Server-Sent Events).
-    /// The stream's reads (`framing: .serverSentEvents`) use the blocking pool: they are not
-    /// requests the HTTP server drains before it stops, and a query left waiting on a loop
-    /// that has stopped would never finish (nor would closing the loop's pool).
+    /// The stream's reads (`framing: .serverSentEvents`) run on the database's own loop
+    /// (`Database.offHTTPLoops`): they are not requests the HTTP server drains before it
+    /// stops, and a query left waiting on an HTTP loop that has stopped would never finish;
+    /// the own loop runs until `Database.close()`, the last step of `Application.close()`.
     ///
     /// The stream's pages are also bounded in bytes (`streamedPageBytes`): a stream holds
     /// its page while a slow client reads it.
     func pull(for user: UUID, after: Int64, limit: Int, framing: EventPageEncoder.Framing) async throws -> Page {
-        if framing == .jsonArray, let loopPool = loopDriven {
-            let statements = Self.pullStatements(for: user, after: after, limit: limit)
-            return try await loopPool.withConnection { connection in
-                try Self.page(try await connection.pipeline(statements)[1], limit: limit, framing: framing)
+        guard framing == .serverSentEvents else {
+            let select = Self.pullStatement(for: user, after: after, limit: limit)
+            return try await database.read(as: .user(user)) { tx in
+                try Self.page(try await tx.query(select), limit: limit, framing: framing)
             }
         }
-        let maxBytes = framing == .serverSentEvents ? Self.streamedPageBytes : nil
-        let statements = Self.pullStatements(for: user, after: after, limit: limit, maxBytes: maxBytes)
-        return try await pool.withConnection { connection in
-            try Self.page(try connection.pipeline(statements)[1], limit: limit, framing: framing, maxBytes: maxBytes)
+        let select = Self.pullStatement(for: user, after: after, limit: limit, maxBytes: Self.streamedPageBytes)
+        return try await database.offHTTPLoops {
+            try await database.read(as: .user(user)) { tx in
+                try Self.page(try await tx.query(select), limit: limit, framing: framing, maxBytes: Self.streamedPageBytes)
+            }
         }
     }
 
@@ -517,20 +450,16 @@ public struct EventStore: Sendable {
         """
     }
 
-    /// The pull's scope and select (prepared once per connection: whatever the values, the
-    /// `(user_id, seq)` index is the plan), bounded in bytes when `maxBytes` is given.
-    static func pullStatements(for user: UUID, after: Int64, limit: Int, maxBytes: Int? = nil) -> [PostgresStatement] {
+    /// The pull's select (prepared once per connection: whatever the values, the
+    /// `(user_id, seq)` index is the plan), bounded in bytes when `maxBytes` is given. The
+    /// door sends the scope with it, in one round trip.
+    static func pullStatement(for user: UUID, after: Int64, limit: Int, maxBytes: Int? = nil) -> PostgresStatement {
         let select = """
             select seq, id, type, payload, client_id, client_timestamp, created_at
             from events where user_id = $1 and seq > $2 order by seq limit $3
             """
-        guard let maxBytes else {
-            return [scope(to: user), .prepared(select, user, after, Int64(limit + 1))]
-        }
-        return [
-            scope(to: user),
-            .prepared(boundedInBytes(select, bytesParameter: 4), user, after, Int64(limit + 1), Int64(maxBytes)),
-        ]
+        guard let maxBytes else { return .prepared(select, user, after, Int64(limit + 1)) }
+        return .prepared(boundedInBytes(select, bytesParameter: 4), user, after, Int64(limit + 1), Int64(maxBytes))
     }
 
     /// The page from the statement's `limit + 1` rows, encoded. A page cut at `maxBytes` (its
@@ -545,10 +474,13 @@ public struct EventStore: Sendable {
     }
 }
 
-/// Where `EventStore` keeps its loop pool: set once when the server starts, shared by every
-/// copy of the store.
-final class LoopPoolSlot: Sendable {
-    let pool = Mutex<PostgresLoopPool?>(nil)
+extension Database {
+    /// Runs `body` on the database's own loop, whose pool its queries then use, not an HTTP
+    /// loop's: for work the HTTP server does not drain before its loops stop (a stream's
+    /// reads, an export's pages). The own loop runs until `close()`.
+    func offHTTPLoops<T: Sendable>(_ body: () async throws -> T) async throws -> T {
+        try await withTaskExecutorPreference(eventLoop, operation: body)
+    }
 }
 
 /// An insert skipped an event the look-up under the user's lock did not find (never expected:
