@@ -229,3 +229,27 @@ public final class PostgresLoopPool: @unchecked Sendable {
         }
     }
 }
+extension Duration {
+    var nanoseconds: Int64 {
+        let (seconds, attoseconds) = components
+        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
+    }
+}
+
+extension PoolStateMachine.FailureReason {
+    /// What a request that failed for this reason throws.
+    func error(acquireTimeout: Duration, openError: (any Error)?) -> any Error {
+        switch self {
+        case .exhausted:
+            return PostgresError(
+                kind: .poolExhausted, message: "database pool exhausted: no connection free within \(acquireTimeout)")
+        case .closed:
+            return PostgresError(kind: .poolClosed, message: "the database pool is closed")
+        case .cancelled:
+            return CancellationError()
+        case .connectionFailed:
+            return openError ?? PostgresError(kind: .connectionFailed, message: "cannot connect to the database")
+        }
+    }
+}
+

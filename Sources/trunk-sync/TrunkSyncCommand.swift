@@ -150,22 +150,3 @@ func withOwnerConnection<T: Sendable>(
         try PostgresConfiguration(try configuration.requireMigrationDatabaseURL()), thread: "migrate", body)
 }
 
-/// Until KeysCommand and UsersCommand move to `commandDatabase`/`ownerDatabase` (issue 25;
-/// then this and `ownerPool` go with `PostgresPool`): a pool of one connection for the owner's command-line tools (`migrate`, `keys`, `users`),
-/// logged in with `TRUNK_SYNC_MIGRATION_DATABASE_URL` (default `TRUNK_SYNC_DATABASE_URL`).
-func commandPool(_ configuration: Configuration, logger: Logger) throws -> PostgresPool {
-    var settings = PostgresPool.Configuration()
-    settings.maxConnections = 1
-    settings.acquireTimeout = .seconds(3600)
-    return PostgresPool(
-        try PostgresConfiguration(try configuration.requireMigrationDatabaseURL()), configuration: settings, logger: logger)
-}
-
-/// `commandPool`, closed when the command ends, after checking that it logs in as a role
-/// that sees every row (the owner), not as the server's login.
-func ownerPool(_ configuration: Configuration, logger: Logger) async throws -> PostgresPool {
-    let pool = try commandPool(configuration, logger: logger)
-    onExit { await pool.close() }
-    try await pool.withConnection { try DatabaseRoles.requireOwner(on: $0) }
-    return pool
-}

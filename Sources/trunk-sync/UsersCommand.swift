@@ -14,9 +14,7 @@ struct UsersCommand: AsyncParsableCommand {
     static func admin(_ options: CommonOptions) async throws -> (UserAdmin, Accounts) {
         let configuration = try options.load()
         let logger = Logger(label: "trunk-sync.users")
-        let pool = try await ownerPool(configuration, logger: logger)
-        let database = try Database(pool.connectionConfiguration, settings: pool.configuration, logger: logger)
-        onExit { await database.close() }
+        let database = try await ownerDatabase(configuration, logger: logger)
         return (UserAdmin(database: database), Accounts(database: database, logger: logger))
     }
 

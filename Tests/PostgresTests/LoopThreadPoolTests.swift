@@ -25,7 +25,7 @@ final class LoopThreadPoolTests: XCTestCase {
         sessionSettings: [(name: String, value: String)] = [],
         clock: @escaping @Sendable () -> UInt64 = PostgresLoopPool.monotonicClock
     ) throws -> PostgresLoopPool {
-        var settings = PostgresPool.Configuration()
+        var settings = PostgresLoopPool.Configuration()
         settings.maxConnections = size
         settings.acquireTimeout = timeout
         settings.maxWaiting = maxWaiting

@@ -211,3 +211,15 @@ public enum TestSecrets {
         return (0..<32).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &generator)) }.joined()
     }
 }
+
+/// Waits (a readiness check, at most ~5 s) until the server process `pid` has left
+/// `pg_stat_activity`: after `pg_terminate_backend`, before a test relies on it being gone.
+public func waitUntilGone(pid: Int32, admin: PostgresConnection) async throws {
+    for _ in 0..<500 {
+        let alive = try admin.query("select count(*) from pg_stat_activity where pid = $1", Int32(pid))[0]
+            .decode(Int.self, column: 0)
+        if alive == 0 { return }
+        try await Task.sleep(for: .milliseconds(10))
+    }
+    throw TestEnvironmentError("backend \(pid) did not exit")
+}

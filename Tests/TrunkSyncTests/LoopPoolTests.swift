@@ -33,7 +33,7 @@ final class LoopPoolTests: XCTestCase {
         size: Int = 4, timeout: Duration = .seconds(5),
         clock: @escaping @Sendable () -> UInt64 = PostgresLoopPool.monotonicClock
     ) -> PostgresLoopPool {
-        var settings = PostgresPool.Configuration()
+        var settings = PostgresLoopPool.Configuration()
         settings.maxConnections = size
         settings.acquireTimeout = timeout
         return PostgresLoopPool(

@@ -20,7 +20,7 @@ struct ConsoleRoutes: Sendable {
     struct OverviewFigures: Sendable {
         var requests: UInt64
         var serverErrors: UInt64
-        var pool: PostgresPool.Statistics
+        var pool: PostgresLoopPool.Statistics
         var longPollsWaiting: Int
         var schemaVersion: String?
         var pendingMigrations: Int

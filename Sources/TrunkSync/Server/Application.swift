@@ -5,14 +5,13 @@ import Mail
 import Postgres
 import Synchronization
 
-/// The trunk-sync application: its routes over the database pool. Owns nothing that must
+/// The trunk-sync application: its routes over the database. Owns nothing that must
 /// outlive a request; `serve` builds one and hands its router to the HTTP server.
 public struct Application: Sendable {
     /// The effective configuration.
     public let configuration: Configuration
-    /// The database pool every request uses (as the restricted role `trunk_sync_app`).
-    public let pool: PostgresPool
-    /// The one door to the database (issue 25: every caller moves here from `pool`).
+    /// The one door to the database every query goes through (as the restricted role
+    /// `trunk_sync_app`): the HTTP loops' pools and the database's own loop.
     public let database: Database
     /// The migrations this binary ships with, for `/readyz`.
     public let migrator: Migrator
@@ -46,10 +45,10 @@ public struct Application: Sendable {
     /// The role the server's queries run as (created by the first migration).
     public static let databaseRole = "trunk_sync_app"
 
-    /// Builds the application: a pool from the configuration, migrations from its directory,
+    /// Builds the application: the database from the configuration, migrations from its directory,
     /// and `sender` for sign-in codes (by default the one `TRUNK_SYNC_MAILER` names).
-    /// `statementObserver` is told every statement the pool runs (tests; see
-    /// `PostgresPool.Configuration.statementObserver`).
+    /// `statementObserver` is told every statement the database runs (tests; see
+    /// `PostgresLoopPool.Configuration.statementObserver`).
     public init(
         configuration: Configuration, logger: Logger, sender: (any SignInCodeSender)? = nil, listen: Bool = true,
         statementObserver: (@Sendable (String) -> Void)? = nil
@@ -58,18 +57,17 @@ public struct Application: Sendable {
         self.logger = logger
         startedAt = Date().timeIntervalSince1970
         requestHistory = RequestHistory(startedAt: startedAt)
-        var settings = PostgresPool.Configuration()
+        var settings = Database.Settings()
         settings.maxConnections = configuration.databasePoolSize
         settings.acquireTimeout = .milliseconds(Int64(configuration.databasePoolTimeout * 1000))
         settings.sessionSettings = [("role", Self.databaseRole)]
         settings.statementObserver = statementObserver
         let database = try PostgresConfiguration(try configuration.requireDatabaseURL())
-        // Whatever can fail comes before the pool, whose timer thread starts with it: a
+        // Whatever can fail comes before the database, whose loop thread starts with it: a
         // refusal here leaves nothing running.
         let migrations = try Migration.load(from: configuration.migrationsDirectory)
         let codeSender = try sender ?? Self.defaultSender(configuration, logger: logger)
         self.database = try Database(database, settings: settings, logger: logger)
-        pool = PostgresPool(database, configuration: settings, logger: logger)
         let listener =
             listen
             ? PostgresListener(
@@ -100,17 +98,14 @@ public struct Application: Sendable {
             auth.revocations.follow(listener.events(), wake: { notifier.wake($0) })
             listener.start()
         }
-        let pool = self.pool
         let notifier = self.notifier
         let revocations = auth.revocations
         metrics.gauge("trunk_sync_revoked_sessions", help: "Revoked sessions whose access tokens may still be valid.") {
             Double(revocations.count)
         }
-        // Both: the blocking pool and the door's loop pools.
+        // Every pool of the door: the HTTP loops' shares and the own loop's.
         let door = self.database
-        @Sendable func both(_ figure: (PostgresPool.Statistics) -> Int) -> Double {
-            Double(figure(pool.statistics) + figure(door.statistics))
-        }
+        @Sendable func both(_ figure: (PostgresLoopPool.Statistics) -> Int) -> Double { Double(figure(door.statistics)) }
         metrics.gauge("trunk_sync_db_pool_connections_open", help: "Database connections open.") { both(\.open) }
         metrics.gauge("trunk_sync_db_pool_connections_in_use", help: "Database connections running a query.") {
             both(\.inUse)
@@ -293,9 +288,9 @@ public struct Application: Sendable {
         return routes
     }
 
-    /// The console's routes over this application's pool, sessions and figures.
+    /// The console's routes over this application's database, sessions and figures.
     func console() -> ConsoleRoutes {
-        let (metrics, pool, notifier, migrator, startedAt) = (self.metrics, self.pool, self.notifier, migrator, startedAt)
+        let (metrics, notifier, migrator, startedAt) = (self.metrics, self.notifier, migrator, startedAt)
         return ConsoleRoutes(
             auth: ConsoleAuth(
                 auth: auth, database: database, operators: configuration.adminEmails,
@@ -308,7 +303,7 @@ public struct Application: Sendable {
                 requestHistory.record(now: now, requests: totals.requests, errors: totals.serverErrors)
                 let status = try await database.read(as: .server) { try await migrator.status(on: $0, allowNewer: true) }
                 return ConsoleRoutes.OverviewFigures(
-                    requests: totals.requests, serverErrors: totals.serverErrors, pool: pool.statistics,
+                    requests: totals.requests, serverErrors: totals.serverErrors, pool: database.statistics,
                     longPollsWaiting: notifier.waiting,
                     schemaVersion: status.applied.map(\.name).max().map { $0.replacingOccurrences(of: ".sql", with: "") }, pendingMigrations: status.pending.count,
                     startedAt: startedAt, history: requestHistory.minutes(now: now))
@@ -387,7 +382,6 @@ public struct Application: Sendable {
         await historySampler.stop()
         await auth.revocations.stop()
         await auth.mail.close(within: .seconds(5))
-        await pool.close()
         await database.close()
     }
 

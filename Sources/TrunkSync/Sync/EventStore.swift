@@ -29,15 +29,6 @@ public struct EventStore: Sendable {
         public var seq: Int64
     }
 
-    /// Scopes the transaction to `user` (row-level security reads `app.user_id`).
-    static func scope(_ connection: PostgresConnection, to user: UUID) throws {
-        let statement = scope(to: user)
-        try connection.query(statement.sql, binds: statement.binds)
-    }
-
-    /// The statement that scopes the transaction to `user`, for pipelines.
-    static func scope(to user: UUID) -> PostgresStatement { RowScope.user(user) }
-
     /// Stores the events `user` has not pushed before, in one transaction under the user's row
     /// lock, numbering them after the user's last event; repeats (earlier pushes or earlier in
     /// this batch) are reported as duplicates with their existing `seq`. Returns nil when the
