@@ -56,7 +56,7 @@ struct PoolStateMachine {
         var deadline: UInt64
     }
 
-    let configuration: Configuration
+    private(set) var configuration: Configuration
     private(set) var connections: [ConnectionID: ConnectionState] = [:]
     private var nextConnectionID: ConnectionID = 0
     /// Idle connections, most recently used last (reused first: warm caches, and the
@@ -115,11 +115,24 @@ struct PoolStateMachine {
     /// in a state the next request must not inherit.
     mutating func connectionReleased(_ id: ConnectionID, reusable: Bool) -> [Action] {
         guard case .leased = connections[id] else { return [] }
-        if isShutDown || !reusable {
+        if isShutDown || !reusable || connections.count > configuration.maxConnections {
             connections[id] = nil
             return [.close(id)] + (isShutDown ? completeShutdownIfDone() : openIfNeeded())
         }
         return use(id)
+    }
+
+    /// From now on at most `maxConnections` connections: idle ones above it close at once
+    /// (least recently used first), leased ones when given back.
+    mutating func limit(to maxConnections: Int) -> [Action] {
+        configuration.maxConnections = max(1, maxConnections)
+        var actions: [Action] = []
+        while connections.count > configuration.maxConnections, !idle.isEmpty {
+            let id = idle.removeFirst()
+            connections[id] = nil
+            actions.append(.close(id))
+        }
+        return actions
     }
 
     /// The time is now `now`: waiting requests past their deadline fail.

@@ -71,6 +71,8 @@ public final class PostgresLoopPool: @unchecked Sendable {
     private var ticking = false
     /// Open and leased connections and waiting requests, for metrics from any thread.
     private let counts = Atomic<Int>(0)
+    /// The current maximum, for metrics from any thread.
+    private let limitCount: Atomic<Int>
 
     /// A pool on `loop`; nothing is opened until the first request. `clock` (monotonic
     /// nanoseconds) times the acquire deadlines; tests pass one they advance by hand.
@@ -83,6 +85,7 @@ public final class PostgresLoopPool: @unchecked Sendable {
         self.loop = loop
         self.logger = logger
         self.clock = clock
+        limitCount = Atomic(configuration.maxConnections)
         machine = PoolStateMachine(
             configuration: .init(maxConnections: configuration.maxConnections, maxWaiting: configuration.maxWaiting))
     }
@@ -92,7 +95,7 @@ public final class PostgresLoopPool: @unchecked Sendable {
         let packed = counts.load(ordering: .relaxed)
         return Statistics(
             open: packed & 0xFFFF, inUse: (packed >> 16) & 0xFFFF, waiting: packed >> 32,
-            maxConnections: configuration.maxConnections)
+            maxConnections: limitCount.load(ordering: .relaxed))
     }
 
     /// Runs `body` with a leased connection on the loop's thread and returns its result.
@@ -114,6 +117,13 @@ public final class PostgresLoopPool: @unchecked Sendable {
                 throw error
             }
         }
+    }
+
+    /// From now on at most `maxConnections` connections (at least one): idle ones above it
+    /// close (on the loop, soon after this returns), leased ones when given back.
+    public func limit(to maxConnections: Int) {
+        limitCount.store(max(1, maxConnections), ordering: .relaxed)
+        Task(executorPreference: loop) { self.perform(self.machine.limit(to: maxConnections)) }
     }
 
     /// Stops the pool: waiting requests fail with `.poolClosed`, leased connections close

@@ -42,6 +42,18 @@ final class PoolStateMachineTests: XCTestCase {
         XCTAssertEqual(pool.leasedCount, 0)
     }
 
+    func testALowerLimitClosesIdleConnectionsAtOnceAndLeasedOnesWhenGivenBack() {
+        var pool = machine(max: 3, waiting: 10)
+        for request in 1...3 { _ = pool.request(UInt64(request), deadline: 100) }
+        for id in 0..<3 { _ = pool.connectionOpened(id) }
+        XCTAssertEqual(pool.connectionReleased(0, reusable: true), [])
+        XCTAssertEqual(pool.limit(to: 1), [.close(0)], "the idle one goes at once")
+        XCTAssertEqual(pool.connectionReleased(1, reusable: true), [.close(1)], "above the limit: closed, not kept")
+        XCTAssertEqual(pool.connectionReleased(2, reusable: true), [], "within it: kept")
+        XCTAssertEqual(pool.request(4, deadline: 100), [.lease(2, to: 4)])
+        XCTAssertEqual(pool.request(5, deadline: 100), [], "no new connection above the limit")
+    }
+
     func testExhaustionFailsAtOnceWhenTheQueueIsFull() {
         var pool = machine(max: 1, waiting: 2)
         _ = pool.request(1, deadline: 100)

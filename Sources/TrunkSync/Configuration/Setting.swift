@@ -131,7 +131,7 @@ public struct Setting: Sendable {
     /// `db_pool_size`.
     public static let databasePoolSize = Setting(
         key: "db_pool_size", kind: .integer(1...500), defaultValue: "10", isSecret: false,
-        summary: "Size of each of the server's two database pools: the event loop's non-blocking connections for push and pull, and the connections (each with a thread of its own) for every other route. At most 2 × this many connections, plus one for `LISTEN`.")
+        summary: "Database connections of the HTTP event loops, split evenly between them (at least one each). Work off the loops (background jobs, the live streams' and exports' reads) has a quarter of this again (at least 2), and `LISTEN` one: at most 1.25 × this + 1 connections (+ 2 at small sizes).")
     /// `db_pool_timeout`.
     public static let databasePoolTimeout = Setting(
         key: "db_pool_timeout", kind: .seconds(maximum: 300), defaultValue: "5", isSecret: false,

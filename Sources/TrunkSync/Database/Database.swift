@@ -88,13 +88,20 @@ public final class Database: Sendable {
     }
 
     /// From now on, a task on one of `loops` uses that loop's own pool: `connections`
-    /// split between them (at least one each). Called once, before requests arrive.
+    /// split between them (at least one each). The own loop's pool, which then serves only
+    /// what runs off the HTTP loops (background jobs, streams' and exports' reads), keeps
+    /// `backgroundConnections(for:)` of its own. Called once, before requests arrive.
     public func drive(on loops: [any PostgresEventLoop], connections: Int) {
         var share = settings
         share.maxConnections = max(1, connections / max(1, loops.count))
         let pools = loops.map { PostgresLoopPool(connection, configuration: share, loop: $0, logger: logger) }
         shares.withLock { $0 = pools }
+        own.limit(to: Self.backgroundConnections(for: connections))
     }
+
+    /// The own loop's connections while the HTTP loops have theirs: a quarter of the
+    /// loops' total, at least 2.
+    public static func backgroundConnections(for connections: Int) -> Int { max(2, connections / 4) }
 
     /// The database's own loop: for connections that belong to no HTTP loop (`LISTEN`).
     public var eventLoop: any PostgresEventLoop { loop }

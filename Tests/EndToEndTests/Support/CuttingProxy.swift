@@ -134,10 +134,14 @@ final class CuttingProxy: @unchecked Sendable {  // mutable state behind `state`
         shutdown(source, Int32(SHUT_RDWR))
     }
 
+    /// Writes `count` bytes; false once the peer is gone (`MSG_NOSIGNAL`: a closed peer is
+    /// `EPIPE`, not a `SIGPIPE` that ends the test process).
     private static func send(_ fd: Int32, _ bytes: [UInt8], _ count: Int) -> Bool {
         var offset = 0
         while offset < count {
-            let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + offset, count - offset) }
+            let written = bytes.withUnsafeBytes {
+                Glibc.send(fd, $0.baseAddress! + offset, count - offset, Int32(MSG_NOSIGNAL))
+            }
             if written < 0, errno == EINTR { continue }
             guard written > 0 else { return false }
             offset += written
