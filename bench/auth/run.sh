@@ -53,6 +53,7 @@ done
 bench_build
 work=$(mktemp -d "${TMPDIR:-/tmp}/trunk-sync-bench-auth.XXXXXX")
 cc -O2 -Wall -o "$work/driver" "$here/driver.c" -lm
+cc -O2 -Wall -o "$work/sink" "$here/sink.c"
 declare -A server_pid server_port database
 sink_pid=
 cleanup() {
@@ -70,9 +71,9 @@ env -u PG_FAST scripts/pg.sh start "$work/pg" "$(free_port)"
 admin_url=$(scripts/pg.sh url "$work/pg" postgres)
 psql() { command "$pgbin/psql" -X -q -v ON_ERROR_STOP=1 "$@"; }
 
-# The mail sink (bench/auth/sink.py): every code it receives goes to $work/codes.
+# The mail sink (bench/auth/sink.c): every code it receives goes to $work/codes.
 : >"$work/codes"
-python3 "$here/sink.py" "$work/codes" >"$work/sink.out" 2>&1 &
+"$work/sink" "$work/codes" >"$work/sink.out" 2>&1 &
 sink_pid=$!
 for _ in $(seq 1 100); do
   grep -q '^ready ' "$work/sink.out" 2>/dev/null && break
@@ -199,12 +200,13 @@ server_round() {  # SIDE ROUND
 # pgbench_stage ROUND STAGE SCRIPT BASE [RATE]: at the maximum rate, or at RATE/s (p50/p99
 # from its per-transaction log, which counts the lag behind its schedule too).
 pgbench_stage() {
-  local round=$1 stage=$2 script=$3 base=$4 rate=${5:-} before after out count tps line
+  local round=$1 stage=$2 script=$3 base=$4 rate=${5:-} before after out count tps line started
   local options=(-n -M "$pgbench_mode" -c "$connections" -j 2 -T "$duration" -f "$here/$script"
     -D clients="$connections" -D base="$base" -D i=0 -D expires=$(($(date +%s) + 3600)))
   [ -n "$rate" ] && options+=(-R "$rate" -l --log-prefix="$work/pgbench-log/log")
   rm -rf "$work/pgbench-log"; mkdir -p "$work/pgbench-log"
   out=$work/pgbench-$stage.txt
+  started=$(psql "${database[pgbench]}" -At -c "select now()")
   before=$(bench_cpu "$work/pg/pgdata" "$$")
   PGOPTIONS="-c role=trunk_sync_app" "$pgbin/pgbench" "${options[@]}" "${database[pgbench]}" >"$out" 2>&1 \
     || { cat "$out" >&2; exit 1; }
@@ -214,6 +216,13 @@ pgbench_stage() {
   if grep -qE '^number of failed transactions: [1-9]' "$out"; then
     cat "$out" >&2; echo "bench: pgbench $stage had failed transactions" >&2; exit 1
   fi
+  # Each transaction did what the route does: a code consumed, a token rotated.
+  local done=$count
+  case "$stage" in
+    verify*) done=$(psql "${database[pgbench]}" -At -c "select count(*) from otp_codes where consumed_at >= '$started'") ;;
+    refresh*) done=$(psql "${database[pgbench]}" -At -c "select count(*) from refresh_tokens where rotated_at >= '$started'") ;;
+  esac
+  [ "$done" = "$count" ] || { echo "bench: pgbench $stage: $count transactions but $done codes or tokens used" >&2; exit 1; }
   line="requests $count errors 0 seconds $duration rate $tps"
   if [ -n "$rate" ]; then
     line+=" $(cat "$work/pgbench-log"/log.* | awk '{ print $3 / 1000 }' | sort -n |
