@@ -177,7 +177,7 @@ pause_for() {  # MAX_RATE → the mean pause (ms) per connection for $fraction o
 server_round() {  # SIDE ROUND
   local side=$1 round=$2 prefix="$1-r$2"
   local max_otp max_verify max_refresh
-  echo "== round $round, $side" >&2
+  echo "== round $round, $side (load $(cut -d" " -f1-3 /proc/loadavg))" >&2
   addresses "$prefix-max-" >"$work/otp-max.req"
   drive "$side" "$round" otp "$work/otp-max.req" -d "$duration"
   codes_for "$prefix-max-" "$(field requests "${result[$side,$round,otp]}")" "$work/verify-max.req" "$side" "$round" otp
@@ -253,30 +253,31 @@ pgbench_sessions() {  # BASE
     from s join u on u.id = s.user_id"
 }
 
-# The rate the latest server round of this round (or the one before) reached on STAGE.
+# The rate the tree's latency stage STAGE reached in this round (or the one before, when
+# pgbench goes first): the reference's latency stage runs at that rate.
 server_rate() {  # ROUND STAGE
   local r
   for r in "$1" $(($1 - 1)); do
-    [ -n "${result[tree,$r,$2]:-}" ] && { field rate "${result[tree,$r,$2]}"; return; }
+    [ -n "${result[tree,$r,$2]:-}" ] && { printf '%.0f\n' "$(field rate "${result[tree,$r,$2]}")"; return; }
   done
   echo 100
 }
 
 pgbench_round() {  # ROUND
   local round=$1 base=$(($1 * 100000000)) rate
-  echo "== round $round, pgbench" >&2
+  echo "== round $round, pgbench (load $(cut -d" " -f1-3 /proc/loadavg))" >&2
   pgbench_stage "$round" otp otp_transaction.sql "$base"
-  rate=$(python3 -c "print(max(1, round($(server_rate "$round" otp) * $fraction)))")
+  rate=$(server_rate "$round" otp-low)
   pgbench_stage "$round" otp-low otp_transaction.sql $((base + 10000000)) "$rate"
   pgbench_codes $((base + 20000000)) "$prepared"
   pgbench_stage "$round" verify verify_transaction.sql $((base + 20000000))
   pgbench_codes $((base + 30000000)) "$prepared"
-  rate=$(python3 -c "print(max(1, round($(server_rate "$round" verify) * $fraction)))")
+  rate=$(server_rate "$round" verify-low)
   pgbench_stage "$round" verify-low verify_transaction.sql $((base + 30000000)) "$rate"
   pgbench_sessions $((base + 40000000))
   pgbench_stage "$round" refresh refresh_transaction.sql $((base + 40000000))
   pgbench_sessions $((base + 50000000))
-  rate=$(python3 -c "print(max(1, round($(server_rate "$round" refresh) * $fraction)))")
+  rate=$(server_rate "$round" refresh-low)
   pgbench_stage "$round" refresh-low refresh_transaction.sql $((base + 50000000)) "$rate"
 }
 
