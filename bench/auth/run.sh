@@ -8,7 +8,9 @@
 #                                            own statements, rounds alternated (~6 minutes)
 #   bench/auth/run.sh --baseline OTHER_BIN   this tree against another trunk-sync binary
 #                                            (A/B), rounds alternated; BENCH_PGBENCH=1 adds
-#                                            the pgbench rounds too
+#                                            the pgbench rounds too; the baseline migrates
+#                                            its database with its checkout's migrations/
+#                                            (or BENCH_BASELINE_MIGRATIONS)
 #   BENCH_ROUNDS=3 BENCH_DURATION=5 ...      rounds per side (2), seconds per stage (10)
 #   BENCH_CONNECTIONS (16), BENCH_POOL_SIZE (TRUNK_SYNC_DB_POOL_SIZE, 16),
 #   BENCH_FRACTION (0.5: the latency stages' share of the maximum rate)
@@ -29,9 +31,20 @@ while [ $# -gt 0 ]; do
     *) echo "usage: bench/auth/run.sh [--baseline PATH_TO_OTHER_TRUNK_SYNC]" >&2; exit 2 ;;
   esac
 done
+declare -A migrations=([tree]=$PWD/migrations)
 if [ -n "$baseline" ]; then
   [ -x "$baseline" ] || { echo "bench: $baseline is not an executable" >&2; exit 2; }
   baseline=$(cd "$(dirname "$baseline")" && pwd)/$(basename "$baseline")
+  # The baseline's own migrations: BENCH_BASELINE_MIGRATIONS, else those of the checkout it
+  # was built in (the nearest directory above it with migrations/ and Package.swift).
+  migrations[baseline]=${BENCH_BASELINE_MIGRATIONS:-}
+  if [ -z "${migrations[baseline]}" ]; then
+    dir=$(dirname "$baseline")
+    while [ "$dir" != / ] && ! { [ -d "$dir/migrations" ] && [ -f "$dir/Package.swift" ]; }; do dir=$(dirname "$dir"); done
+    [ "$dir" != / ] || { echo "bench: no migrations/ above $baseline; set BENCH_BASELINE_MIGRATIONS" >&2; exit 2; }
+    migrations[baseline]=$dir/migrations
+  fi
+  echo "== baseline migrations: ${migrations[baseline]}" >&2
 fi
 
 duration=${BENCH_DURATION:-10}
@@ -105,9 +118,10 @@ settings=(
 start_server() {  # NAME BINARY
   psql "$admin_url" -c "create database $1"
   database[$1]=$(scripts/pg.sh url "$work/pg" "$1")
-  TRUNK_SYNC_DATABASE_URL=${database[$1]} "$2" migrate >"$work/migrate-$1.log" 2>&1 \
-    || { cat "$work/migrate-$1.log" >&2; exit 1; }
-  bench_serve "$work/serve-$1.log" "$2" TRUNK_SYNC_DATABASE_URL="${database[$1]}" "${settings[@]}"
+  TRUNK_SYNC_DATABASE_URL=${database[$1]} TRUNK_SYNC_MIGRATIONS_DIR=${migrations[$1]} "$2" migrate \
+    >"$work/migrate-$1.log" 2>&1 || { cat "$work/migrate-$1.log" >&2; exit 1; }
+  bench_serve "$work/serve-$1.log" "$2" TRUNK_SYNC_DATABASE_URL="${database[$1]}" \
+    TRUNK_SYNC_MIGRATIONS_DIR="${migrations[$1]}" "${settings[@]}"
   server_pid[$1]=$served_pid
   server_port[$1]=$served_port
   echo "== $1: $2 on port $served_port" >&2
