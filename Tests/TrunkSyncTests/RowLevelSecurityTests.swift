@@ -2,8 +2,9 @@ import Foundation
 import Postgres
 import TestSupport
 import TrunkCrypto
-import TrunkSync
 import XCTest
+
+@testable import TrunkSync
 
 /// The second wall: with no `user_id` filter in the query at all, the server's role sees and
 /// writes only the rows the transaction's settings name (`app.user_id`, `app.email`,
@@ -165,6 +166,31 @@ class RowLevelSecurityTests: XCTestCase {
         try assertRefused(
             "insert into otp_codes (email, code_hash, expires_at) values ('bob@example.com', '\\x00', now())",
             settings: ["app.email": "alice@example.com"])
+    }
+
+    /// Sign-in's look-up of an address (every `/otp`) finds the row through an index, the
+    /// policies filtering only that row, instead of reading every user: `lower(email) = $1`
+    /// cannot use one under row-level security (`lower()` is not leakproof).
+    func testSignInLooksAnAddressUpThroughAnIndex() throws {
+        try owner.query(
+            "insert into users (email) select 'user' || n || '@example.com' from generate_series(1, 5000) n")
+        try owner.query("analyze users")
+        let (found, plan) = try asServer(["app.email": "user42@example.com"]) { connection in
+            (
+                try connection.query(AuthService.userByAddress, "user42@example.com").count,
+                try connection.query("explain (analyze, costs off) " + AuthService.userByAddress, "user42@example.com")
+                    .map { try $0.decode(String.self, column: 0) }.joined(separator: "\n")
+            )
+        }
+        XCTAssertEqual(found, 1)
+        XCTAssertTrue(plan.contains("Index Cond: (email = "), plan)
+        XCTAssertFalse(plan.contains("Seq Scan"), plan)
+        XCTAssertFalse(plan.contains("Rows Removed by Filter"), plan)
+        // Another address's scope finds nothing, though the index has the row.
+        let other = try asServer(["app.email": "user43@example.com"]) { connection in
+            try connection.query(AuthService.userByAddress, "user42@example.com").count
+        }
+        XCTAssertEqual(other, 0)
     }
 
     /// A token refresh knows only the token: that one token row, not its session.

@@ -60,7 +60,7 @@ static int send_all(int fd, const char *data, size_t length) {
 }
 
 // The `"seq":N` of the push's answer (its one result), or -1.
-static long answered_seq(int fd) {
+static inline long answered_seq(int fd) {
     char answer[4096];
     size_t total = 0;
     for (;;) {

@@ -8,6 +8,7 @@
 #   apt-get install wrk nginx-light postgresql python3
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. bench/common/lib.sh
 
 duration=${BENCH_DURATION:-10}
 rounds=${BENCH_ROUNDS:-2}
@@ -27,9 +28,7 @@ if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -le $((idle + 100)) ]; th
   exit 1
 fi
 
-echo "== building trunk-sync (release)" >&2
-swift build -c release --scratch-path .build-release --product trunk-sync >&2
-bin="$(swift build -c release --scratch-path .build-release --show-bin-path)/trunk-sync"
+bench_build
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/trunk-sync-bench.XXXXXX")
 server_pid=""
@@ -47,10 +46,6 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
 
 wait_for_http() {  # URL: up to 20 s
   for _ in $(seq 1 200); do
@@ -83,18 +78,8 @@ TRUNK_SYNC_JWT_SECRET=$(head -c 48 /dev/urandom | base64 | tr -d '\n')
 # The shipped defaults: metrics on and the access log at its default level (`info`), written
 # to a file as an operator's log would be. BENCH_LOG_LEVEL=notice turns the access log off
 # for comparison (nginx runs with `access_log off`).
-TRUNK_SYNC_HOST=127.0.0.1 TRUNK_SYNC_PORT=0 TRUNK_SYNC_ADMIN_PORT=0 TRUNK_SYNC_LOG_LEVEL=${BENCH_LOG_LEVEL:-info} \
-  "$bin" serve 2>>"$work/server.log" &
-server_pid=$!
-ts_port=""
-for _ in $(seq 1 200); do
-  # The public line, not the admin listener's (no grep: it fails on an empty log under pipefail).
-  ts_port=$(sed -n '/ admin listening /d; s/.* listening .*port=\([0-9][0-9]*\).*/\1/p' "$work/server.log" | head -n 1)
-  [ -n "$ts_port" ] && break
-  kill -0 "$server_pid" 2>/dev/null || { cat "$work/server.log" >&2; exit 1; }
-  sleep 0.1
-done
-[ -n "$ts_port" ] || { echo "bench: trunk-sync did not report its port" >&2; cat "$work/server.log" >&2; exit 1; }
+bench_serve "$work/server.log" "$bin" TRUNK_SYNC_LOG_LEVEL="${BENCH_LOG_LEVEL:-info}"
+server_pid=$served_pid ts_port=$served_port
 
 # --- nginx: one worker, the same JSON from memory -----------------------------------------
 nginx_port=$(free_port)

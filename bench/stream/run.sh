@@ -13,6 +13,7 @@
 # (GET /realtime/v1/websocket, one postgres_changes channel each) instead of event streams.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. bench/common/lib.sh
 
 count=${BENCH_STREAMS:-10000}
 users=${BENCH_USERS:-$(( count / 10 > 0 ? count / 10 : 1 ))}
@@ -38,9 +39,7 @@ if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -le $((count + 100)) ]; t
   exit 1
 fi
 
-echo "== building trunk-sync (release) and the $target client" >&2
-swift build -c release --scratch-path .build-release --product trunk-sync >&2
-bin="$(swift build -c release --scratch-path .build-release --show-bin-path)/trunk-sync"
+bench_build
 work=$(mktemp -d "${TMPDIR:-/tmp}/trunk-sync-bench-$target.XXXXXX")
 cc -O2 -Wall -o "$work/client" "bench/$target/$client.c"
 
@@ -55,9 +54,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 mib() { awk -v kib="$1" 'BEGIN { printf "%.1f", kib / 1024 }'; }
 threads() { ls "/proc/$1/task" | wc -l; }
@@ -105,17 +101,8 @@ else
 fi
 [ $((count + 100)) -gt 10000 ] && limits+=("TRUNK_SYNC_HTTP_MAX_CONNECTIONS=$((count + 100))")
 echo "== raised limits: ${limits[*]:-none}" >&2
-env TRUNK_SYNC_HOST=127.0.0.1 TRUNK_SYNC_PORT=0 TRUNK_SYNC_ADMIN_PORT=0 "${limits[@]}" \
-  "$bin" serve 2>>"$work/server.log" &
-server_pid=$!
-port=""
-for _ in $(seq 1 200); do
-  port=$(sed -n '/ admin listening /d; s/.* listening .*port=\([0-9][0-9]*\).*/\1/p' "$work/server.log" | head -n 1)
-  [ -n "$port" ] && break
-  kill -0 "$server_pid" 2>/dev/null || { cat "$work/server.log" >&2; exit 1; }
-  sleep 0.1
-done
-[ -n "$port" ] || { echo "bench: trunk-sync did not report its port" >&2; exit 1; }
+bench_serve "$work/server.log" "$bin" "${limits[@]}"
+server_pid=$served_pid port=$served_port
 curl -fsS -o /dev/null "http://127.0.0.1:$port/healthz"
 rss_start=$(rss_kib "$server_pid")
 threads_start=$(threads "$server_pid")

@@ -19,13 +19,11 @@ users=${BENCH_USERS:-20}
 pool=${BENCH_POOL_SIZE:-16}
 log_events=${BENCH_LOG_EVENTS:-100000}
 page=1000
-pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+. bench/common/lib.sh
 command -v wrk >/dev/null || { echo "wrk not found (apt-get install wrk)" >&2; exit 1; }
 [ -x "$pgbin/pgbench" ] || { echo "pgbench not found in $pgbin" >&2; exit 1; }
 
-echo "== building release"
-swift build -c release --scratch-path .build-release --product trunk-sync 2>&1 | tail -n 1
-bin=$(swift build -c release --scratch-path .build-release --show-bin-path)/trunk-sync
+bench_build
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/trunk-sync-bench-sync.XXXXXX")
 server_pid=
@@ -41,7 +39,7 @@ cleanup() {
 trap cleanup EXIT
 
 # Real durability: PG_FAST unset, so fsync=on, synchronous_commit=on, full_page_writes=on.
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(free_port)
 env -u PG_FAST scripts/pg.sh start "$work/pg" "$port"
 admin_url=$(scripts/pg.sh url "$work/pg" postgres)
 psql() { command "$pgbin/psql" -X -q -v ON_ERROR_STOP=1 "$@"; }
@@ -60,16 +58,8 @@ export TRUNK_SYNC_LOG_LEVEL=notice  # the "listening" line is a notice; access l
 export TRUNK_SYNC_DB_POOL_SIZE=$pool
 "$bin" migrate >/dev/null 2>&1 || { "$bin" migrate; exit 1; }
 
-TRUNK_SYNC_PORT=0 TRUNK_SYNC_ADMIN_PORT=0 "$bin" serve >"$work/serve.log" 2>&1 &
-server_pid=$!
-server_port=
-for _ in $(seq 1 100); do
-  server_port=$(sed -nE '/ admin listening /d; s/.* listening .*port=([0-9]+).*/\1/p' "$work/serve.log" | head -n 1)
-  [ -n "$server_port" ] && break
-  kill -0 "$server_pid" 2>/dev/null || { cat "$work/serve.log" >&2; exit 1; }
-  sleep 0.1
-done
-[ -n "$server_port" ] || { echo "server did not start" >&2; cat "$work/serve.log" >&2; exit 1; }
+bench_serve "$work/serve.log" "$bin"
+server_pid=$served_pid server_port=$served_port
 base=http://127.0.0.1:$server_port
 echo "== trunk-sync serve on $base (pool $pool, $(nproc) cores)"
 
@@ -83,7 +73,7 @@ printf 'url=%s\nbase=%s\npull_token=%s\npull_user=%s\nserver_pid=%s\n' \
   "$url" "$base" "$pull_token" "$pull_user" "$server_pid" >"$work/env"
 
 # CPU seconds so far: "<postgres cluster> <trunk-sync serve>".
-cpu() { "$here/cpu.py" "$work/pg/pgdata" "$server_pid"; }
+cpu() { bench_cpu "$work/pg/pgdata" "$server_pid"; }
 # Per-request CPU between two cpu() readings, for N requests: where the time goes.
 cpu_per_request() {
   python3 -c "b, a, n = '$1'.split(), '$2'.split(), $3

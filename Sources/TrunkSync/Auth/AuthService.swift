@@ -110,6 +110,12 @@ public struct AuthService: Sendable {
 
     static func now() -> Int64 { Int64(Date().timeIntervalSince1970) }
 
+    /// The id of the account with a normalised address (`$1`), as sign-in looks it up under
+    /// the address's row scope. `email = $1` (addresses are stored lower-cased; index of
+    /// migration 0013), not `lower(email) = $1`: under row-level security only a leakproof
+    /// condition can use an index, and `lower()` is not one, so that read every users row.
+    static let userByAddress = "select id from users where email = $1"
+
     /// Runs database work in one transaction scoped to `scope` (`Database.transaction(as:)`).
     /// Failures a client may retry (pool exhausted, connection lost) become `503` in the
     /// pipeline's error stage, as on every route.
@@ -230,7 +236,7 @@ public struct AuthService: Sendable {
             if let wait = try await codes.resendWait(key.value, interval: settings.otpResendInterval, on: tx) {
                 return .wait(wait)
             }
-            let exists = try await tx.query("select 1 from users where lower(email) = $1", key.value).count > 0
+            let exists = try await tx.query(Self.userByAddress, key.value).count > 0
             if let retry = try await RateLimiter.hit("mail:global", rule: settings.mailRule, on: tx) {
                 return .mailCap(retry)
             }
@@ -313,7 +319,7 @@ public struct AuthService: Sendable {
                 return .rejected(.none, user: nil)
             case .refused(let event):
                 // Only the log lines of a lock name the user.
-                let user = try await tx.query("select id from users where lower(email) = $1", key.value).first
+                let user = try await tx.query(Self.userByAddress, key.value).first
                 return .rejected(event, user: try user?.decode(UUID.self, column: 0))
             case .accepted(let event):
                 if case .ended = event { lockEnded = true } else { lockEnded = false }

@@ -1,0 +1,44 @@
+# The start-up pieces the bench/*/run.sh scripts share; sourced from the repository's root.
+# Nothing here starts anything on its own.
+
+pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+
+# Builds trunk-sync in release (`.build-release`, apart from the debug build); sets $bin.
+bench_build() {
+  echo "== building trunk-sync (release)" >&2
+  swift build -c release --scratch-path .build-release --product trunk-sync 2>&1 | tail -n 1 >&2
+  bin=$(swift build -c release --scratch-path .build-release --show-bin-path)/trunk-sync
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# bench_serve LOG BINARY [NAME=VALUE…]: starts `BINARY serve` with these settings on free
+# ports (TRUNK_SYNC_PORT=0 and TRUNK_SYNC_ADMIN_PORT=0 on 127.0.0.1) and waits for its
+# `listening … port=N` line (the public listener's, not the admin's); sets served_pid and
+# served_port. Exits showing the log when the server dies or does not say within 20 s (and
+# then stops it).
+bench_serve() {
+  local log=$1 binary=$2
+  shift 2
+  env TRUNK_SYNC_HOST=127.0.0.1 TRUNK_SYNC_PORT=0 TRUNK_SYNC_ADMIN_PORT=0 "$@" "$binary" serve >>"$log" 2>&1 &
+  served_pid=$!
+  served_port=
+  for _ in $(seq 1 200); do
+    # No grep: it fails on an empty log under pipefail.
+    served_port=$(sed -n '/ admin listening /d; s/.* listening .*port=\([0-9][0-9]*\).*/\1/p' "$log" | head -n 1)
+    [ -n "$served_port" ] && return 0
+    kill -0 "$served_pid" 2>/dev/null || { cat "$log" >&2; exit 1; }
+    sleep 0.1
+  done
+  kill "$served_pid" 2>/dev/null || true
+  echo "bench: trunk-sync did not report its port" >&2
+  cat "$log" >&2
+  exit 1
+}
+
+# CPU seconds so far: "<postgres cluster> <process PID>" (bench/common/cpu.py).
+bench_cpu() {  # PGDATA PID
+  python3 bench/common/cpu.py "$1" "$2"
+}
