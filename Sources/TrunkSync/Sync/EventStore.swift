@@ -10,9 +10,9 @@ public struct EventStore: Sendable {
     public static let channel = "trunk_sync_events"
 
     let pool: PostgresPool
-    /// The HTTP loop's own connections, once the server exists (`drive(on:)`): pushes and
-    /// pulls then run on the loop that read the request, without a thread hop. Until then,
-    /// and for the CLI and in-process tests, the blocking `pool`.
+    /// The HTTP loops' own connections, once the server exists (`drive(on:)`): pushes and
+    /// pulls then run on the loop that read the request (its share), without a thread hop.
+    /// Until then, and for the CLI and in-process tests, the blocking `pool`.
     private let loopPool = LoopPoolSlot()
     /// Users' newest events as far as the notifications tell: empty pulls answered from
     /// memory. Trusted only while `listener` (the `EventNotifier`'s, which feeds it) listens.
@@ -25,11 +25,11 @@ public struct EventStore: Sendable {
         lastSeqs = LastSeqCache(session: { listener?.session })
     }
 
-    /// From now on, pushes and pulls use `loopPool` (set once, before requests arrive).
-    public func drive(on loopPool: PostgresLoopPool) { self.loopPool.pool.withLock { $0 = loopPool } }
+    /// From now on, pushes and pulls use `shares` (set once, before requests arrive).
+    public func drive(on shares: PoolShares) { self.loopPool.pool.withLock { $0 = shares } }
 
-    /// The loop pool in use, if any.
-    public var loopDriven: PostgresLoopPool? { loopPool.pool.withLock { $0 } }
+    /// The loop pools in use, if any.
+    public var loopDriven: PoolShares? { loopPool.pool.withLock { $0 } }
 
     /// What happened to one pushed event.
     public struct PushResult: Sendable, Equatable {
@@ -120,7 +120,7 @@ public struct EventStore: Sendable {
     private func store(_ events: [IncomingEvent], for user: UUID) async throws -> PushOutcome? {
         // A return without `commit` (unknown user, nothing new, a repeat found) rolls back:
         // nothing was written.
-        if let loopPool = loopDriven {
+        if let loopPool = loopDriven?.current {
             return try await loopPool.withConnection { connection in
                 for lookingUpRepeats in [false, true] {
                     let attempt = try await connection.pipelinedTransaction { connection in
@@ -485,7 +485,7 @@ public struct EventStore: Sendable {
     /// The stream's pages are also bounded in bytes (`streamedPageBytes`): a stream holds
     /// its page while a slow client reads it.
     func pull(for user: UUID, after: Int64, limit: Int, framing: EventPageEncoder.Framing) async throws -> Page {
-        if framing == .jsonArray, let loopPool = loopDriven {
+        if framing == .jsonArray, let loopPool = loopDriven?.current {
             let statements = Self.pullStatements(for: user, after: after, limit: limit)
             return try await loopPool.withConnection { connection in
                 try Self.page(try await connection.pipeline(statements)[1], limit: limit, framing: framing)
@@ -545,10 +545,10 @@ public struct EventStore: Sendable {
     }
 }
 
-/// Where `EventStore` keeps its loop pool: set once when the server starts, shared by every
+/// Where `EventStore` keeps its loop pools: set once when the server starts, shared by every
 /// copy of the store.
 final class LoopPoolSlot: Sendable {
-    let pool = Mutex<PostgresLoopPool?>(nil)
+    let pool = Mutex<PoolShares?>(nil)
 }
 
 /// An insert skipped an event the look-up under the user's lock did not find (never expected:
