@@ -792,7 +792,7 @@ public struct HTTPRequestParser: Sendable {
                 memmove(base, base + from, pending)
             }
         } else {
-            let newCount = max(needed, buffer.count * 2, 4096)
+            let newCount = max(needed, buffer.count * 2, 512)
             let old = buffer
             buffer = [UInt8](unsafeUninitializedCapacity: newCount) { storage, initializedCount in
                 guard let target = storage.baseAddress else { return }
