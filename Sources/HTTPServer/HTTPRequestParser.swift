@@ -300,6 +300,15 @@ public struct HTTPRequestParser: Sendable {
     /// requests that `next()` has not reached yet. Use it to stop reading when it grows.
     public var bufferedByteCount: Int { writeIndex - readIndex }
 
+    /// Frees the buffer while nothing is buffered between two requests: an idle keep-alive
+    /// connection then holds no buffer (the next request's bytes allocate one).
+    public mutating func releaseBufferBetweenRequests() {
+        guard readIndex == writeIndex, scanned == 0, !buffer.isEmpty, case .requestLine = state else { return }
+        buffer = []
+        readIndex = 0
+        writeIndex = 0
+    }
+
     /// Whether the parser is between requests with nothing buffered: a connection closed
     /// now loses no request.
     public var isIdle: Bool {

@@ -390,7 +390,15 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                     connection.lifecycle.writeBlocked(now: now)
                     return
                 }
-                if connection.output.capacity > 256 * 1024 { connection.output = [] } else { connection.output.removeAll(keepingCapacity: true) }
+                // A stream or a WebSocket writes now and then and waits long in between: it
+                // keeps no output buffer; a connection answering requests keeps a small one.
+                if connection.output.capacity > 256 * 1024 || connection.lifecycle.isStreaming
+                    || connection.lifecycle.isWebSocket
+                {
+                    connection.output = []
+                } else {
+                    connection.output.removeAll(keepingCapacity: true)
+                }
                 connection.outputOffset = 0
                 switch connection.lifecycle.outputDrained(hasBufferedInput: connection.parser.bufferedByteCount > 0, now: now) {
                 case .close:
@@ -464,6 +472,13 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 // Everything the peer sent was read and it will send nothing more.
                 if connection.peerClosedInput, connection.lifecycle.peerClosedInput() == .close {
                     closeConnection(connection)
+                    return
+                }
+                if connection.lifecycle.state == .idle, !connection.hasPendingOutput {
+                    // Waiting for the next request, maybe for long: keep no buffer (two small
+                    // allocations per request, against ~1 KiB held by every idle connection).
+                    connection.parser.releaseBufferBetweenRequests()
+                    if connection.output.capacity > 0 { connection.output = [] }
                 }
                 return
             }
@@ -601,6 +616,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             finish(response, context: context, on: connection)
         case .later(let operation):
             inFlightCount.wrappingAdd(1, ordering: .relaxed)
+            // Nothing more is parsed while the handler runs, which may take long (a long-poll,
+            // then a stream): the parser keeps no buffer meanwhile unless bytes wait in it.
+            connection.parser.releaseBufferBetweenRequests()
             let mailbox = self.mailbox
             let executor = self.executor
             let fd = connection.fd
