@@ -201,7 +201,8 @@ public struct HTTPRequestParser: Sendable {
     private var scanned = 0
     private var state = State.requestLine
     private var builder = HeadBuilder()
-    private var current = HTTPRequestHead(
+    private var current = HTTPRequestParser.noHead
+    private static let noHead = HTTPRequestHead(
         method: .get, target: "/", path: "/", query: nil, version: .http11, headers: HTTPHeaders(),
         keepAlive: true, expectsContinue: false, bodyFraming: .empty)
     private var body: [UInt8] = []
@@ -303,10 +304,13 @@ public struct HTTPRequestParser: Sendable {
     /// Frees the buffer while nothing is buffered between two requests: an idle keep-alive
     /// connection then holds no buffer (the next request's bytes allocate one).
     public mutating func releaseBufferBetweenRequests() {
-        guard readIndex == writeIndex, scanned == 0, !buffer.isEmpty, case .requestLine = state else { return }
+        guard readIndex == writeIndex, scanned == 0, case .requestLine = state else { return }
         buffer = []
         readIndex = 0
         writeIndex = 0
+        // The last head's fields (an array of 16 reserved) are the caller's now.
+        builder = HeadBuilder()
+        current = Self.noHead
     }
 
     /// Whether the parser is between requests with nothing buffered: a connection closed
