@@ -512,15 +512,26 @@ final class LiveHub: Sendable {
     /// returns how many took it.
     private func write(_ page: EventStore.Page, to entries: [EventStreams.Entry]) -> Int {
         var moved: [UInt64] = []
+        let revocations = streams.revocations
+        // This loop's own copy of the bytes: every writer of the loop shares it, and no
+        // reference count is bumped by two threads at once (one copy per loop, not per stream).
+        let bytes = page.eventsJSON.withUnsafeBufferPointer { Array($0) }
+        // A user's streams share few sessions: each is looked up once per pass, not once per
+        // stream (the revocation table's lock is shared by every loop).
+        var revoked: [UUID: Bool] = [:]
         for entry in entries {
-            if let revocations = streams.revocations, revocations.isRevoked(entry.session) {
-                unpark(entry.id, .revoked)
-                continue
+            if let revocations {
+                let isRevoked = revoked[entry.session] ?? revocations.isRevoked(entry.session)
+                revoked[entry.session] = isRevoked
+                if isRevoked {
+                    unpark(entry.id, .revoked)
+                    continue
+                }
             }
             guard page.count > 0 else { continue }
             // Live events go to every stream at once: one that has no room for them is
             // too far behind to buffer for; it ends and resumes from its last id.
-            switch entry.writer.writeIfRoom(page.eventsJSON) {
+            switch entry.writer.writeIfRoom(bytes) {
             case .written: moved.append(entry.id)
             case .full: unpark(entry.id, .slowReader)
             case .closed: unpark(entry.id, entry.writer.isClosed ? .clientGone : .shutdown)
