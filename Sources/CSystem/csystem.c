@@ -72,7 +72,18 @@ int csystem_set_nodelay(int fd) {
     return setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-int csystem_listen(const char *host, int port, int backlog, int *bound_port, char *error, size_t error_size) {
+int csystem_listen(const char *host, int port, int backlog, int reuse_port, int *bound_port, char *error, size_t error_size) {
+    if (reuse_port == 2) {
+        // First of a group: the port must be free of every other socket, shared or not. A
+        // bind without SO_REUSEPORT fails on any socket holding it (another trunk-sync's
+        // loops included, which would otherwise let this one join them), then the group's
+        // first socket binds the port the probe got.
+        int probe_port = 0;
+        int probe = csystem_listen(host, port, 1, 0, &probe_port, error, error_size);
+        if (probe < 0) return -1;
+        close(probe);
+        return csystem_listen(host, probe_port, backlog, 1, bound_port, error, error_size);
+    }
     struct addrinfo hints, *results = NULL;
     memset(&hints, 0, sizeof(hints));
     hints.ai_family = AF_UNSPEC;
@@ -93,6 +104,12 @@ int csystem_listen(const char *host, int port, int backlog, int *bound_port, cha
         if (fd < 0) { saved = errno; continue; }
         int one = 1, zero = 0;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (reuse_port && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0) {
+            saved = errno;
+            close(fd);
+            fd = -1;
+            continue;
+        }
         if (entry->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
         if (bind(fd, entry->ai_addr, entry->ai_addrlen) == 0 && listen(fd, backlog) == 0) {
             struct sockaddr_storage bound;

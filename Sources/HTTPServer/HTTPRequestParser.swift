@@ -201,7 +201,8 @@ public struct HTTPRequestParser: Sendable {
     private var scanned = 0
     private var state = State.requestLine
     private var builder = HeadBuilder()
-    private var current = HTTPRequestHead(
+    private var current = HTTPRequestParser.noHead
+    private static let noHead = HTTPRequestHead(
         method: .get, target: "/", path: "/", query: nil, version: .http11, headers: HTTPHeaders(),
         keepAlive: true, expectsContinue: false, bodyFraming: .empty)
     private var body: [UInt8] = []
@@ -299,6 +300,18 @@ public struct HTTPRequestParser: Sendable {
     /// Bytes received and not yet parsed: an unfinished line, or body bytes and pipelined
     /// requests that `next()` has not reached yet. Use it to stop reading when it grows.
     public var bufferedByteCount: Int { writeIndex - readIndex }
+
+    /// Frees the buffer while nothing is buffered between two requests: an idle keep-alive
+    /// connection then holds no buffer (the next request's bytes allocate one).
+    public mutating func releaseBufferBetweenRequests() {
+        guard readIndex == writeIndex, scanned == 0, case .requestLine = state else { return }
+        buffer = []
+        readIndex = 0
+        writeIndex = 0
+        // The last head's fields (an array of 16 reserved) are the caller's now.
+        builder = HeadBuilder()
+        current = Self.noHead
+    }
 
     /// Whether the parser is between requests with nothing buffered: a connection closed
     /// now loses no request.
@@ -792,7 +805,7 @@ public struct HTTPRequestParser: Sendable {
                 memmove(base, base + from, pending)
             }
         } else {
-            let newCount = max(needed, buffer.count * 2, 4096)
+            let newCount = max(needed, buffer.count * 2, 512)
             let old = buffer
             buffer = [UInt8](unsafeUninitializedCapacity: newCount) { storage, initializedCount in
                 guard let target = storage.baseAddress else { return }

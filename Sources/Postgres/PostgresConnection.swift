@@ -6,8 +6,8 @@ private final class NoticeState {
     var terminated = false
 }
 
-/// One libpq connection. Its own calls block, so they are for threads that may wait (a
-/// `PostgresPool` worker, the command line, tests), one thread at a time; the loop-driven
+/// One libpq connection. Its own calls block, so they are for threads that may wait (the
+/// command line's own threads, tests), one thread at a time; the loop-driven
 /// pool and the listener drive it without blocking (`PostgresLoopConnection`).
 public final class PostgresConnection {
     let handle: OpaquePointer
@@ -15,7 +15,7 @@ public final class PostgresConnection {
     public let configuration: PostgresConfiguration
     private let notices = NoticeState()
     /// Told the SQL text of every statement this connection runs, before it runs (set by
-    /// the pool from `PostgresPool.Configuration.statementObserver`; nil: nothing is done).
+    /// the pool from `PostgresLoopPool.Configuration.statementObserver`; nil: nothing is done).
     public var statementObserver: (@Sendable (String) -> Void)? = nil
 
     private init(handle: OpaquePointer, configuration: PostgresConfiguration) {

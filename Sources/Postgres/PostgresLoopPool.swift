@@ -2,8 +2,8 @@ import Foundation
 import Logging
 import Synchronization
 
-/// A pool of non-blocking connections owned by one event loop: the same `PoolStateMachine`
-/// as `PostgresPool` (bounded, FIFO waiting, acquire timeout, replacement of broken
+/// The pool: non-blocking connections owned by one event loop, every decision made by
+/// `PoolStateMachine` (bounded, FIFO waiting, acquire timeout, replacement of broken
 /// connections), driven from the loop's thread, so a request's queries are sent, awaited
 /// and read on the thread that handles the request, and a waiting request holds no thread.
 ///

@@ -595,6 +595,30 @@ final class HTTPRequestParserTests: XCTestCase {
         }
     }
 
+    /// An idle keep-alive connection gives its buffer back between requests; bytes of a
+    /// pipelined request or a partial head are kept.
+    func testBufferIsReleasedOnlyBetweenRequests() {
+        var parser = HTTPRequestParser()
+        /// The next complete request's path (heads skipped).
+        func nextPath() -> String? {
+            while let event = parser.next() {
+                if case .request(let head, _) = event { return head.path }
+            }
+            return nil
+        }
+        parser.feed(bytes("GET /a HTTP/1.1\r\nHost: h\r\n\r\nGET /b HT"))
+        XCTAssertEqual(nextPath(), "/a")
+        XCTAssertNil(nextPath())
+        parser.releaseBufferBetweenRequests()  // a partial head is buffered: kept
+        parser.feed(bytes("TP/1.1\r\nHost: h\r\n\r\n"))
+        XCTAssertEqual(nextPath(), "/b")
+        XCTAssertEqual(parser.bufferedByteCount, 0)
+        parser.releaseBufferBetweenRequests()
+        parser.releaseBufferBetweenRequests()
+        parser.feed(bytes("GET /c HTTP/1.1\r\nHost: h\r\n\r\n"))
+        XCTAssertEqual(nextPath(), "/c")
+    }
+
     // MARK: Default limits, at and one past each boundary
 
     func testRequestLineLimit() {

@@ -304,7 +304,10 @@ final class SyncTests: XCTestCase {
 
 final class SyncPoolTests: XCTestCase {
     func testPoolExhaustionAnswers503WithRetryAfterAndRecovers() async throws {
-        let app = try await AppHarness(environment: ["TRUNK_SYNC_DB_POOL_SIZE": "1", "TRUNK_SYNC_DB_POOL_TIMEOUT": "0.3"])
+        // One loop: its pool share is the one connection (with N loops each loop has one).
+        let app = try await AppHarness(environment: [
+            "TRUNK_SYNC_DB_POOL_SIZE": "1", "TRUNK_SYNC_DB_POOL_TIMEOUT": "0.3", "TRUNK_SYNC_EVENT_LOOPS": "1",
+        ])
         let token = try await app.token("busy@example.com")
         // A reader with one event: its pull from the start always reads the database (an
         // empty pull may be answered from memory).

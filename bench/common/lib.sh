@@ -3,8 +3,14 @@
 
 pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
 
-# Builds trunk-sync in release (`.build-release`, apart from the debug build); sets $bin.
+# Builds trunk-sync in release (`.build-release`, apart from the debug build), or takes
+# BENCH_BIN (another tree's binary, for an A/B); sets $bin.
 bench_build() {
+  if [ -n "${BENCH_BIN:-}" ]; then  # a binary of another tree, for an A/B
+    bin=$BENCH_BIN
+    echo "== trunk-sync: $bin (BENCH_BIN)" >&2
+    return
+  fi
   echo "== building trunk-sync (release)" >&2
   swift build -c release --scratch-path .build-release --product trunk-sync 2>&1 | tail -n 1 >&2
   bin=$(swift build -c release --scratch-path .build-release --show-bin-path)/trunk-sync

@@ -4,7 +4,9 @@
 #
 # Environment: BENCH_DURATION (wrk seconds per round, default 10), BENCH_ROUNDS (rounds of
 # nginx + trunk-sync, default 2), BENCH_CONNECTIONS (wrk -c, default 64), BENCH_IDLE
-# (idle connections, default 5000). Needs wrk, nginx, PostgreSQL and python3:
+# (idle connections, default 5000), BENCH_WRK_THREADS (wrk -t, default 1), BENCH_BIN (a
+# trunk-sync binary to measure instead of building this tree's, for an A/B against another
+# tree). Needs wrk, nginx, PostgreSQL and python3:
 #   apt-get install wrk nginx-light postgresql python3
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,6 +16,7 @@ duration=${BENCH_DURATION:-10}
 rounds=${BENCH_ROUNDS:-2}
 wrk_connections=${BENCH_CONNECTIONS:-64}
 idle=${BENCH_IDLE:-5000}
+wrk_threads=${BENCH_WRK_THREADS:-1}
 
 for tool in wrk nginx python3 psql curl; do
   command -v "$tool" >/dev/null || PATH="$PATH:/usr/sbin" command -v "$tool" >/dev/null \
@@ -81,11 +84,11 @@ TRUNK_SYNC_JWT_SECRET=$(head -c 48 /dev/urandom | base64 | tr -d '\n')
 bench_serve "$work/server.log" "$bin" TRUNK_SYNC_LOG_LEVEL="${BENCH_LOG_LEVEL:-info}"
 server_pid=$served_pid ts_port=$served_port
 
-# --- nginx: one worker, the same JSON from memory -----------------------------------------
+# --- nginx: one worker per core, the same JSON from memory --------------------------------
 nginx_port=$(free_port)
 mkdir -p "$work/nginx/logs"
 cat >"$work/nginx/nginx.conf" <<EOF
-worker_processes 1;
+worker_processes auto;
 pid $work/nginx/nginx.pid;
 error_log $work/nginx/logs/error.log warn;
 events { worker_connections 4096; }
@@ -123,7 +126,7 @@ rss_start=$(rss_kib "$server_pid")
 # --- Throughput -----------------------------------------------------------------------------
 run_wrk() {  # NAME URL SECONDS → prints requests/s
   local output
-  output=$(wrk -t1 -c"$wrk_connections" -d"$3"s "$2")
+  output=$(wrk -t"$wrk_threads" -c"$wrk_connections" -d"$3"s "$2")
   echo "$output" >>"$work/wrk-$1.log"
   if echo "$output" | grep -qE "Non-2xx|Socket errors"; then
     echo "bench: $1: $(echo "$output" | grep -E 'Non-2xx|Socket errors' | tr -s ' ')" >&2
@@ -135,7 +138,7 @@ echo "== warm-up (2 s each)" >&2
 run_wrk warmup "$nginx_url" 2 >/dev/null
 run_wrk warmup "$ts_url" 2 >/dev/null
 
-echo "== wrk -t1 -c$wrk_connections -d${duration}s GET /healthz, $rounds rounds (load before: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+echo "== wrk -t$wrk_threads -c$wrk_connections -d${duration}s GET /healthz, $rounds rounds (load before: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
 nginx_results=()
 ts_results=()
 for round in $(seq 1 "$rounds"); do
@@ -176,10 +179,10 @@ kill -0 "$server_pid" 2>/dev/null || { echo "bench: trunk-sync died" >&2; cat "$
 cat <<EOF
 
 date                    $(date -u +%FT%TZ)  ($(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg))
-nginx (1 worker)        $nginx_mean req/s  (rounds: ${nginx_results[*]})
-trunk-sync              $ts_mean req/s  (rounds: ${ts_results[*]})
-ratio trunk-sync/nginx  $ratio  (goal >= 0.8)
+nginx (workers: auto)   $nginx_mean req/s  (rounds: ${nginx_results[*]})
+trunk-sync              $ts_mean req/s  (rounds: ${ts_results[*]}; event loops: ${TRUNK_SYNC_EVENT_LOOPS:-one per core})
+ratio trunk-sync/nginx  $ratio  (goal >= 1.0)
 RSS at start            $(mib "$rss_start") MiB
 RSS after wrk (idle)    $(mib "$rss_baseline") MiB
-RSS with $idle idle     $(mib "$rss_idle") MiB  (goal <= 100 MiB; $per_connection KiB per connection)
+RSS with $idle idle     $(mib "$rss_idle") MiB  ($per_connection KiB per connection; goal <= 2 KiB)
 EOF

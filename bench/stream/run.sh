@@ -6,7 +6,8 @@
 #
 # Environment: BENCH_STREAMS (default 10000), BENCH_USERS (default BENCH_STREAMS / 10: ten
 # streams per user, the shipped per-user limit; 1 = every stream of one user, the worst
-# case), BENCH_COMMITS (pushes measured, each by one user, default 50).
+# case), BENCH_COMMITS (pushes measured, each by one user, default 50), BENCH_BIN (a
+# trunk-sync binary to measure instead of building this tree's).
 # Needs cc, PostgreSQL, curl and python3.
 #
 # bench/realtime/run.sh runs the same with BENCH_TARGET=realtime: Realtime sockets
@@ -143,9 +144,9 @@ cat <<EOF
 date                     $(date -u +%FT%TZ)  ($(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg))
 $kind                  $count of $users users (at most $per_user each; raised: ${limits[*]:-none})
 RSS at start             $(mib "$rss_start") MiB, $threads_start threads
-RSS, $kind open, idle  $(mib "$rss_idle") MiB, $threads_idle threads  (goal <= 200 MiB; $per_stream KiB each)
+RSS, $kind open, idle  $(mib "$rss_idle") MiB, $threads_idle threads  ($per_stream KiB each; goal <= 4 KiB)
 RSS after the commits    $(mib "$rss_after") MiB
-commit -> event          $(sed -n 1p "$work/client.out")  (goal p99 <= $goal ms; from sending the push, each of the pushing user's $kind)
+commit -> event          $(sed -n 1p "$work/client.out")  (goal p99 <= $goal ms, one user's 10,000: 50 ms; from sending the push, each of the pushing user's $kind)
 other users' $kind     $(sed -n 2p "$work/client.out")  (must be 0, 0, 0)
 server CPU per commit    $cpu_ms ms  (user + system, all threads)
 EOF

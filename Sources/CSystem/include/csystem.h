@@ -42,9 +42,13 @@ ssize_t csystem_send(int fd, const void *buffer, size_t length);
 int csystem_set_nodelay(int fd);
 
 /// A listening socket bound to host:port (numeric or resolvable host; "::" accepts IPv4 too),
-/// non-blocking, close-on-exec, with SO_REUSEADDR. Returns the fd, or -1 with errno set and
-/// a reason in `error` (at least 256 bytes). `bound_port` receives the actual port.
-int csystem_listen(const char *host, int port, int backlog, int *bound_port, char *error, size_t error_size);
+/// non-blocking, close-on-exec, with SO_REUSEADDR. With `reuse_port` 1, also SO_REUSEPORT:
+/// the sockets of one server's event loops bind the same port and the kernel spreads incoming
+/// connections over them. With 2 (the group's first socket), the port is first bound without
+/// the flag, so a port any other socket holds — shared or not, another trunk-sync's included —
+/// is refused as in use, then bound with it (0 picks a free port). Returns the fd, or -1 with
+/// errno set and a reason in `error` (at least 256 bytes). `bound_port` receives the actual port.
+int csystem_listen(const char *host, int port, int backlog, int reuse_port, int *bound_port, char *error, size_t error_size);
 
 /// epoll wrappers (the event constants are macros or packed structs in <sys/epoll.h>).
 int csystem_epoll_create(void);

@@ -30,10 +30,11 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private var reserveFD: Int32 = -1
     private(set) var boundPort = 0
     private var connections: [Int32: Connection<Context>] = [:]
-    /// Open connections per client (`IPAddress.client`), for the per-client cap: one hash
-    /// look-up per accept and per close. A client's entry goes when its last connection
-    /// does, so the table never holds more entries than there are connections.
-    private var connectionsPerClient: [IPAddress: Int] = [:]
+    /// The server's caps, shared by all its loops: connections in all, and per client
+    /// (`IPAddress.client`).
+    private let caps: ConnectionCaps
+    /// This loop's place among the server's loops (0 for the first), for its thread's name.
+    let index: Int
     /// Connections refused by the per-client cap since it was last logged, the last client
     /// refused, and when the line was written: one line per 10 s at most, however hard
     /// someone pushes (the sweep writes what is left after a burst).
@@ -68,13 +69,15 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private let epollErr = csystem_epollerr()
     private let epollET = csystem_epollet()
 
-    init(configuration: HTTPServerConfiguration, responder: Responder, logger: Logger) {
+    init(configuration: HTTPServerConfiguration, responder: Responder, logger: Logger, index: Int = 0, caps: ConnectionCaps) {
         self.configuration = configuration
+        self.index = index
+        self.caps = caps
         self.responder = responder
         self.logger = logger
         self.serverLine = Array("Server: \(configuration.serverName)\r\n".utf8)
         let mailbox = self.mailbox
-        self.executor = LoopExecutor(wake: { mailbox.wake() })
+        self.executor = LoopExecutor(index: index, wake: { mailbox.wake() })
         timeouts = ConnectionStateMachine.Timeouts(
             header: configuration.headerTimeout.nanosecondsClamped, body: configuration.bodyTimeout.nanosecondsClamped,
             keepAlive: configuration.keepAliveTimeout.nanosecondsClamped,
@@ -87,12 +90,26 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
 
     // MARK: - Start and stop
 
-    func start() throws -> Int {
+    /// How a loop's listening socket binds its port.
+    enum PortSharing: Int32 {
+        /// The port is this socket's alone (a server with one loop).
+        case exclusive = 0
+        /// Joins the port the server's first loop bound (`SO_REUSEPORT`).
+        case join = 1
+        /// The first of several loops: the port must be free of every other socket, then it
+        /// is bound with `SO_REUSEPORT` for the others to join.
+        case first = 2
+    }
+
+    /// Binds this loop's listening socket to `port` (0: a free one) and starts its thread.
+    /// Returns the port bound.
+    func start(port requested: Int, sharing: PortSharing) throws -> Int {
         guard lifecycle.withLock({ $0 == .new }) else { throw HTTPServerError.shutDownBeforeStart }
         let limit = csystem_raise_fd_limit()
         var port: Int32 = 0
         var reason = [CChar](repeating: 0, count: 256)
-        let fd = csystem_listen(configuration.host, Int32(configuration.port), 4096, &port, &reason, reason.count)
+        let fd = csystem_listen(
+            configuration.host, Int32(requested), 4096, sharing.rawValue, &port, &reason, reason.count)
         guard fd >= 0 else {
             throw HTTPServerError(description: String(decoding: reason.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
         }
@@ -124,7 +141,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             guard let context else { return }
             Unmanaged<LoopThreadBody>.fromOpaque(context).takeRetainedValue().body()
         }
-        let result = csystem_thread_start("http-loop", 1 << 20, entry, context)
+        let result = csystem_thread_start("http-loop-\(index)", 1 << 20, entry, context)
         guard result == 0 else {
             Unmanaged<LoopThreadBody>.fromOpaque(context).release()
             closeDescriptors()
@@ -203,9 +220,10 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         close(mailbox.eventFD)
         if reserveFD >= 0 { close(reserveFD) }
         responder.loopWillWait()
+        executor.detachFromCurrentThread()
         // Last: from here on, jobs run one at a time off this thread.
         executor.stop()
-        logger.info("HTTP server stopped")
+        logger.info("HTTP server stopped", metadata: ["loop": "\(index)"])
         stopped.signal()
     }
 
@@ -290,7 +308,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                     return
                 }
             }
-            if connections.count >= configuration.maxConnections || shuttingDown {
+            if shuttingDown || !caps.takeConnection() {
                 refuseConnection(fd)
                 continue
             }
@@ -304,21 +322,21 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             var clientKey: IPAddress? = nil
             if configuration.maxConnectionsPerClient > 0, !trusted, let peer {
                 let key = peer.client
-                let open = connectionsPerClient[key, default: 0]
-                if open >= configuration.maxConnectionsPerClient {
+                if !caps.takeClientSlot(key) {
+                    caps.releaseConnection()
                     refuseConnection(fd)
                     refusedPerClient += 1
                     lastRefusedClient = key
                     logRefusedPerClient()
                     continue
                 }
-                connectionsPerClient[key] = open + 1
                 clientKey = key
             }
             _ = csystem_set_nodelay(fd)
             guard csystem_epoll_add(epoll, fd, epollIn | epollOut | epollRDHUP | epollET, UInt64(fd)) == 0 else {
                 close(fd)
-                if let clientKey { releaseClientSlot(clientKey) }
+                caps.releaseConnection()
+                if let clientKey { caps.releaseClientSlot(clientKey) }
                 continue
             }
             nextConnectionID &+= 1
@@ -329,11 +347,6 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             connections[fd] = connection
             connectionCount.store(connections.count, ordering: .relaxed)
         }
-    }
-
-    private func releaseClientSlot(_ key: IPAddress) {
-        guard let open = connectionsPerClient[key] else { return }
-        if open <= 1 { connectionsPerClient.removeValue(forKey: key) } else { connectionsPerClient[key] = open - 1 }
     }
 
     /// Logs the refusals by the per-client cap since the last line, if any and if that line is
@@ -377,7 +390,15 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                     connection.lifecycle.writeBlocked(now: now)
                     return
                 }
-                if connection.output.capacity > 256 * 1024 { connection.output = [] } else { connection.output.removeAll(keepingCapacity: true) }
+                // A stream or a WebSocket writes now and then and waits long in between: it
+                // keeps no output buffer; a connection answering requests keeps a small one.
+                if connection.output.capacity > 256 * 1024 || connection.lifecycle.isStreaming
+                    || connection.lifecycle.isWebSocket
+                {
+                    connection.output = []
+                } else {
+                    connection.output.removeAll(keepingCapacity: true)
+                }
                 connection.outputOffset = 0
                 switch connection.lifecycle.outputDrained(hasBufferedInput: connection.parser.bufferedByteCount > 0, now: now) {
                 case .close:
@@ -451,6 +472,13 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 // Everything the peer sent was read and it will send nothing more.
                 if connection.peerClosedInput, connection.lifecycle.peerClosedInput() == .close {
                     closeConnection(connection)
+                    return
+                }
+                if connection.lifecycle.state == .idle, !connection.hasPendingOutput {
+                    // Waiting for the next request, maybe for long: keep no buffer (two small
+                    // allocations per request, against ~1 KiB held by every idle connection).
+                    connection.parser.releaseBufferBetweenRequests()
+                    if connection.output.capacity > 0 { connection.output = [] }
                 }
                 return
             }
@@ -588,6 +616,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             finish(response, context: context, on: connection)
         case .later(let operation):
             inFlightCount.wrappingAdd(1, ordering: .relaxed)
+            // Nothing more is parsed while the handler runs, which may take long (a long-poll,
+            // then a stream): the parser keeps no buffer meanwhile unless bytes wait in it.
+            connection.parser.releaseBufferBetweenRequests()
             let mailbox = self.mailbox
             let executor = self.executor
             let fd = connection.fd
@@ -654,7 +685,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         let mailbox = self.mailbox
         let fd = connection.fd
         let id = connection.id
-        let writer = HTTPBodyWriter(bufferLimit: body.bufferLimit) { mailbox.postStreamReady(fd: fd, connectionID: id) }
+        let writer = HTTPBodyWriter(bufferLimit: body.bufferLimit, loop: executor) {
+            mailbox.postStreamReady(fd: fd, connectionID: id)
+        }
         let producer = Task {
             await body.produce(writer)
             writer.producerReturned()
@@ -929,7 +962,11 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             listener = -1
         }
         logger.info(
-            "shutting down", metadata: ["connections": "\(connections.count)", "in_flight": "\(inFlightCount.load(ordering: .relaxed))"])
+            "shutting down",
+            metadata: [
+                "loop": "\(index)", "connections": "\(connections.count)",
+                "in_flight": "\(inFlightCount.load(ordering: .relaxed))",
+            ])
         for connection in Array(connections.values) {
             let action = connection.lifecycle.shutdownBegan()
             if action == .close || (connection.lifecycle.state == .readingHead && connection.parser.bufferedByteCount == 0) {
@@ -947,7 +984,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         guard connections[connection.fd] === connection else { return }
         connections.removeValue(forKey: connection.fd)
         connectionCount.store(connections.count, ordering: .relaxed)
-        if let key = connection.clientKey { releaseClientSlot(key) }
+        caps.releaseConnection()
+        if let key = connection.clientKey { caps.releaseClientSlot(key) }
         if connection.lifecycle.isHandling {
             connection.handlerTask?.cancel()
         }

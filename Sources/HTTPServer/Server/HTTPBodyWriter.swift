@@ -103,9 +103,14 @@ public final class HTTPBodyWriter: Sendable {
     private let state = Mutex(State())
     /// Tells the loop there is something to take (posts to its mailbox).
     private let wake: @Sendable () -> Void
+    /// The loop of the writer's connection (nil for a writer never connected): who writes
+    /// to many bodies at once (one commit to many streams) can do each loop's share on that
+    /// loop, so N loops' threads copy and send in parallel.
+    public let loop: LoopExecutor?
 
-    init(bufferLimit: Int, wake: @escaping @Sendable () -> Void) {
+    init(bufferLimit: Int, loop: LoopExecutor? = nil, wake: @escaping @Sendable () -> Void) {
         self.bufferLimit = bufferLimit
+        self.loop = loop
         self.wake = wake
     }
 

@@ -2,54 +2,88 @@ import CSystem
 import Foundation
 import Logging
 
-/// An HTTP/1.1 server on plain POSIX sockets with one epoll event loop on a thread of its
-/// own.
+/// An HTTP/1.1 server on plain POSIX sockets with `configuration.loops` epoll event loops,
+/// each on a thread of its own.
 ///
-/// The loop accepts, reads, parses and writes; it never waits on anything but epoll. What
-/// each request means is decided by the `HTTPResponder`: from the head (route, body limit,
-/// early answers), then from the whole request, answering inline or from a task that hands
-/// its response back through a mailbox, so a handler may wait (a long-poll) without holding
-/// any thread.
+/// Each loop has its own listening socket (all bound to one port with `SO_REUSEPORT`, so the
+/// kernel spreads new connections over the loops), its own connections, mailbox and
+/// `LoopExecutor`; a connection stays on the loop that accepted it. The connection caps
+/// hold across loops. A loop accepts, reads, parses and writes; it never waits on anything
+/// but epoll. What each request means is decided by the `HTTPResponder`: from the head
+/// (route, body limit, early answers), then from the whole request, answering inline or
+/// from a task that hands its response back through a mailbox, so a handler may wait (a
+/// long-poll) without holding any thread.
 public final class HTTPServer<Responder: HTTPResponder>: Sendable {
     /// The server's settings.
     public let configuration: HTTPServerConfiguration
-    private let loop: EventLoop<Responder>
+    private let loops: [EventLoop<Responder>]
 
     /// A server answering with `responder`; call `start()` to listen.
     public init(configuration: HTTPServerConfiguration, responder: Responder, logger: Logger) {
         self.configuration = configuration
-        self.loop = EventLoop(configuration: configuration, responder: responder, logger: logger)
+        let caps = ConnectionCaps(
+            maxConnections: configuration.maxConnections, maxPerClient: configuration.maxConnectionsPerClient)
+        loops = (0..<max(1, configuration.loops)).map { index in
+            EventLoop(configuration: configuration, responder: responder, logger: logger, index: index, caps: caps)
+        }
     }
 
-    /// Binds the socket and starts the event loop thread. Raises `RLIMIT_NOFILE` to its hard
-    /// limit first.
+    /// Binds the sockets and starts the event loops' threads: the first loop's socket on
+    /// the configured port (0: a free one), which must be free of every other socket (a
+    /// second server on the same port fails with "in use" rather than sharing it), the
+    /// others on the port it got (`SO_REUSEPORT`). Raises
+    /// `RLIMIT_NOFILE` to its hard limit first. A loop that fails to start stops the ones
+    /// started before it (as `shutdown()` would).
     /// - Returns: the port listened on (useful with port 0).
     /// - Throws: `HTTPServerError` when the address cannot be bound.
     @discardableResult
     public func start() throws -> Int {
-        try loop.start()
+        var port = configuration.port
+        for (index, loop) in loops.enumerated() {
+            do {
+                port = try loop.start(port: port, sharing: loops.count == 1 ? .exclusive : index == 0 ? .first : .join)
+            } catch {
+                for started in loops[..<index] { started.requestShutdown() }
+                throw error
+            }
+        }
+        return port
     }
 
     /// The port listened on (after `start`).
-    public var port: Int { loop.boundPort }
+    public var port: Int { loops[0].boundPort }
 
-    /// Begins graceful shutdown: stop accepting, close idle connections, let in-flight
-    /// requests finish (at most `shutdownTimeout`), then stop the loop. Safe from any thread.
-    /// Before `start()` (or after it failed): the server is stopped at once and will not
-    /// start; its executor runs what it is given off the loop.
-    public func shutdown() { loop.requestShutdown() }
-
-    /// Suspends until the loop has stopped and every connection is closed.
-    public func waitUntilStopped() async {
-        await loop.waitUntilStopped()
+    /// Begins graceful shutdown on every loop: stop accepting, close idle connections, let
+    /// in-flight requests finish (at most `shutdownTimeout`), then stop the loop. Safe from
+    /// any thread. Before `start()` (or after it failed): the server is stopped at once and
+    /// will not start; its executors run what they are given off the loops.
+    public func shutdown() {
+        for loop in loops { loop.requestShutdown() }
     }
 
-    /// The loop's thread as a task executor, and the watcher of other descriptors (database
-    /// connections driven by the same loop).
-    public var executor: LoopExecutor { loop.executor }
+    /// Suspends until every loop has stopped and every connection is closed.
+    public func waitUntilStopped() async {
+        for loop in loops { await loop.waitUntilStopped() }
+    }
 
-    /// Open connections and requests in flight, for metrics.
-    public var statistics: (connections: Int, inFlight: Int) { loop.statistics }
+    /// The first loop's thread as a task executor, and the watcher of other descriptors
+    /// (database connections driven by the same loop). See `executors` for all of them.
+    public var executor: LoopExecutor { loops[0].executor }
+
+    /// Every loop's executor, in order (`LoopExecutor.index`).
+    public var executors: [LoopExecutor] { loops.map(\.executor) }
+
+    /// Open connections and requests in flight over all loops, for metrics.
+    public var statistics: (connections: Int, inFlight: Int) {
+        loops.reduce(into: (connections: 0, inFlight: 0)) { sum, loop in
+            let figures = loop.statistics
+            sum.connections += figures.connections
+            sum.inFlight += figures.inFlight
+        }
+    }
+
+    /// Open connections and requests in flight of each loop, in order.
+    public var loopStatistics: [(connections: Int, inFlight: Int)] { loops.map(\.statistics) }
 }
 
 /// The server could not start.

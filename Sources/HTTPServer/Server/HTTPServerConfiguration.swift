@@ -30,6 +30,11 @@ public struct HTTPServerConfiguration: Sendable {
     /// `X-Forwarded-For` is not known yet, so connections from `trustedProxies` are exempt
     /// (the proxy carries many clients; cap per client there). Default 256.
     public var maxConnectionsPerClient = 256
+    /// Event loops: each has its own thread, epoll instance, listening socket (all bound to
+    /// the same port with `SO_REUSEPORT`: the kernel spreads new connections over them),
+    /// connections and `LoopExecutor`. `maxConnections` and `maxConnectionsPerClient` hold
+    /// across all of them. Values below 1 count as 1. Default 1.
+    public var loops = 1
     /// Reverse proxies whose `X-Forwarded-For` names the client (see `TrustedProxies`).
     /// Default none: the peer is the client.
     public var trustedProxies = TrustedProxies()

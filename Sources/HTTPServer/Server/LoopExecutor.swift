@@ -45,7 +45,11 @@ public final class LoopExecutor: TaskExecutor, @unchecked Sendable {
     /// Most jobs run per loop iteration before the loop looks at its sockets again.
     static let jobsPerIteration = 512
 
-    init(wake: @escaping @Sendable () -> Void) {
+    /// This loop's place among its server's loops (0 for the first).
+    public let index: Int
+
+    init(index: Int = 0, wake: @escaping @Sendable () -> Void) {
+        self.index = index
         self.wake = wake
         afterStop.setSpecific(key: Self.afterStopKey, value: true)
     }
@@ -53,7 +57,28 @@ public final class LoopExecutor: TaskExecutor, @unchecked Sendable {
     /// Called on the loop's thread when it starts.
     func attachToCurrentThread() {
         loopThread = pthread_self()
+        pthread_setspecific(Self.currentKey, Unmanaged.passUnretained(self).toOpaque())
     }
+
+    /// Called on the loop's thread when it ends (before `stop()`).
+    func detachFromCurrentThread() {
+        pthread_setspecific(Self.currentKey, nil)
+    }
+
+    /// The executor of the loop whose thread this is (nil on any other thread, and once that
+    /// loop has ended): where a task that wants to stay on its loop — a database pool share
+    /// of that loop, a fan-out's share of streams — finds it.
+    public static var current: LoopExecutor? {
+        guard let pointer = pthread_getspecific(currentKey) else { return nil }
+        // Set only by the loop's own thread while the loop runs, which keeps it alive.
+        return Unmanaged<LoopExecutor>.fromOpaque(pointer).takeUnretainedValue()
+    }
+
+    private static let currentKey: pthread_key_t = {
+        var key = pthread_key_t()
+        pthread_key_create(&key, nil)
+        return key
+    }()
 
     /// False once the loop has ended (its sockets are no longer watched).
     public var isRunning: Bool { !queue.withLock { $0.stopped } }

@@ -102,6 +102,13 @@ public struct Configuration: Sendable {
     public private(set) var httpMaxConnections = Setting.httpMaxConnections.integerDefault
     /// `TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT` (0: no cap).
     public private(set) var httpMaxConnectionsPerClient = Setting.httpMaxConnectionsPerClient.integerDefault
+    /// `TRUNK_SYNC_EVENT_LOOPS` (0: one per online core; see `eventLoopCount`).
+    public private(set) var eventLoops = Setting.eventLoops.integerDefault
+
+    /// The public listener's event loops: `eventLoops`, or one per online core when 0.
+    public var eventLoopCount: Int {
+        eventLoops > 0 ? eventLoops : max(1, sysconf(Int32(_SC_NPROCESSORS_ONLN)))
+    }
 
     /// The event streams' limits and heartbeat (`stream_*`).
     public private(set) var streams = EventStreams.Settings()
@@ -273,6 +280,7 @@ public struct Configuration: Sendable {
         httpIdleTimeout = seconds(Setting.httpIdleTimeout) ?? httpIdleTimeout
         httpWriteTimeout = seconds(Setting.httpWriteTimeout) ?? httpWriteTimeout
         httpMaxConnections = integer(Setting.httpMaxConnections) ?? httpMaxConnections
+        eventLoops = integer(Setting.eventLoops) ?? eventLoops
         if let text = value("http_max_connections_per_client") {
             let range = Setting.httpMaxConnectionsPerClient.integerRange
             if let count = Int(text), range.contains(count) {

@@ -216,6 +216,10 @@ public struct Setting: Sendable {
     public static let httpMaxConnectionsPerClient = Setting(
         key: "http_max_connections_per_client", kind: .integer(0...1_000_000), defaultValue: "256", isSecret: false,
         summary: "Most open connections from one client address (an IPv6 client counts per /64); more are answered 503 and closed. Decided at accept from the peer address (`X-Forwarded-For` is not read yet): trusted proxies are exempt. 0: no cap.")
+    /// `event_loops`.
+    public static let eventLoops = Setting(
+        key: "event_loops", kind: .integer(0...1024), defaultValue: "0", isSecret: false,
+        summary: "Event loops of the public listener, each a thread with its own share of the connections and of the database pool (db_pool_size split across them, at least 1 each). 0: one per online core.")
     /// `stream_heartbeat`.
     public static let streamHeartbeat = Setting(
         key: "stream_heartbeat", kind: .integer(1...3600), defaultValue: "15", isSecret: false,
@@ -297,6 +301,7 @@ public struct Setting: Sendable {
         httpWriteTimeout,
         httpMaxConnections,
         httpMaxConnectionsPerClient,
+        eventLoops,
         streamHeartbeat,
         streamMaxPerUser,
         streamMax,

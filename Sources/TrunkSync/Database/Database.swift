@@ -1,4 +1,5 @@
 import Foundation
+import HTTPServer
 import Logging
 import Postgres
 import Synchronization
@@ -74,7 +75,7 @@ public final class Database: Sendable {
     private let loop: PostgresLoopThread
     private let own: PostgresLoopPool
     /// The HTTP loops' pools, once `drive(on:)` was called.
-    private let shares = Mutex<[PostgresLoopPool]>([])
+    private let shares = Mutex<PoolShares?>(nil)
     /// Set by the first `close()`; later calls return at once.
     private let closed = Atomic<Bool>(false)
 
@@ -88,13 +89,20 @@ public final class Database: Sendable {
     }
 
     /// From now on, a task on one of `loops` uses that loop's own pool: `connections`
-    /// split between them (at least one each). The own loop's pool, which then serves only
-    /// what runs off the HTTP loops (background jobs, streams' and exports' reads), keeps
-    /// `backgroundConnections(for:)` of its own. Called once, before requests arrive.
-    public func drive(on loops: [any PostgresEventLoop], connections: Int) {
-        var share = settings
-        share.maxConnections = max(1, connections / max(1, loops.count))
-        let pools = loops.map { PostgresLoopPool(connection, configuration: share, loop: $0, logger: logger) }
+    /// split between them (at least one each; the waiting requests' bound too). The own
+    /// loop's pool, which then serves only what runs off the HTTP loops (background jobs,
+    /// streams' and exports' reads), keeps `backgroundConnections(for:)` of its own. Called
+    /// once, before requests arrive.
+    public func drive(on loops: [LoopExecutor], connections: Int) {
+        let sizes = PoolShares.split(connections, over: loops.count)
+        let waiting = PoolShares.split(settings.maxWaiting, over: loops.count)
+        let pools = PoolShares(
+            loops.indices.map { index in
+                var share = settings
+                share.maxConnections = sizes[index]
+                share.maxWaiting = waiting[index]
+                return (loops[index], PostgresLoopPool(connection, configuration: share, loop: loops[index], logger: logger))
+            })
         shares.withLock { $0 = pools }
         own.limit(to: Self.backgroundConnections(for: connections))
     }
@@ -106,14 +114,15 @@ public final class Database: Sendable {
     /// The database's own loop: for connections that belong to no HTTP loop (`LISTEN`).
     public var eventLoop: any PostgresEventLoop { loop }
 
-    /// The pool of the loop the caller runs on, else the own loop's.
+    /// The pool of the HTTP loop the caller runs on, else the own loop's.
     var pool: PostgresLoopPool {
-        shares.withLock { pools in pools.first { $0.loop.isOnLoopThread } } ?? own
+        guard LoopExecutor.current != nil, let shares = shares.withLock({ $0 }) else { return own }
+        return shares.current
     }
 
     /// Connections open, leased and waiting, over every pool.
     public var statistics: PostgresLoopPool.Statistics {
-        let pools = [own] + shares.withLock { $0 }
+        let pools = [own] + (shares.withLock { $0 }?.all ?? [])
         var total = PostgresLoopPool.Statistics(open: 0, inUse: 0, waiting: 0, maxConnections: 0)
         for figures in pools.map(\.statistics) {
             total.open += figures.open
@@ -150,7 +159,7 @@ public final class Database: Sendable {
     /// command may register the close twice).
     public func close() async {
         guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        for pool in shares.withLock({ $0 }) { await pool.close() }
+        await shares.withLock({ $0 })?.close()
         await own.close()
         await loop.close()
     }

@@ -13,7 +13,7 @@ public final class Metrics: @unchecked Sendable {
     private let lock = NSLock()
     private var counters: [(name: String, help: String, labels: String, counter: Counter)] = []
     private var routes: [String: HTTPRouteMetrics] = [:]
-    private var gauges: [(name: String, help: String, read: @Sendable () -> Double)] = []
+    private var gauges: [(name: String, help: String, labels: String, read: @Sendable () -> Double)] = []
 
     /// Events stored by pushes (native and REST).
     public let eventsPushed: Counter
@@ -95,9 +95,9 @@ public final class Metrics: @unchecked Sendable {
         return counter
     }
 
-    /// Registers a gauge read at render time.
-    public func gauge(_ name: String, help: String, _ read: @escaping @Sendable () -> Double) {
-        lock.withLock { gauges.append((name, help, read)) }
+    /// Registers a gauge read at render time (`labels`: e.g. `loop="0"`, one series each).
+    public func gauge(_ name: String, help: String, labels: String = "", _ read: @escaping @Sendable () -> Double) {
+        lock.withLock { gauges.append((name, help, labels, read)) }
     }
 
     /// Everything in the Prometheus text exposition format (version 0.0.4).
@@ -119,8 +119,13 @@ public final class Metrics: @unchecked Sendable {
         out += "# HELP trunk_sync_http_request_duration_seconds Time from a complete request head to its response, by route.\n"
         out += "# TYPE trunk_sync_http_request_duration_seconds histogram\n"
         for route in sortedRoutes { route.renderHistogram(into: &out) }
-        for gauge in gauges.sorted(by: { $0.name < $1.name }) {
-            out += "# HELP \(gauge.name) \(gauge.help)\n# TYPE \(gauge.name) gauge\n\(gauge.name) \(Self.number(gauge.read()))\n"
+        lastName = ""
+        for gauge in gauges.sorted(by: { ($0.name, $0.labels) < ($1.name, $1.labels) }) {
+            if gauge.name != lastName {
+                out += "# HELP \(gauge.name) \(gauge.help)\n# TYPE \(gauge.name) gauge\n"
+                lastName = gauge.name
+            }
+            out += "\(gauge.name)\(gauge.labels.isEmpty ? "" : "{\(gauge.labels)}") \(Self.number(gauge.read()))\n"
         }
         return out
     }

@@ -215,6 +215,7 @@ public struct Application: Sendable {
         server.writeTimeout = .seconds(configuration.httpWriteTimeout)
         server.maxConnections = configuration.httpMaxConnections
         server.maxConnectionsPerClient = configuration.httpMaxConnectionsPerClient
+        server.loops = configuration.eventLoopCount
         server.trustedProxies = configuration.trustedProxies
         return server
     }
@@ -232,6 +233,7 @@ public struct Application: Sendable {
         server.port = configuration.adminPort
         server.maxConnections = 64
         server.maxConnectionsPerClient = 0
+        server.loops = 1  // a scraper or an operator: one loop is plenty
         return server
     }
 
@@ -310,17 +312,23 @@ public struct Application: Sendable {
             }, logger: Logger(label: "trunk-sync.console"))
     }
 
-    /// Connects the application to the public HTTP server: pushes and pulls get database
-    /// connections driven by the server's event loop (`PostgresLoopPool`, as many as
-    /// `TRUNK_SYNC_DB_POOL_SIZE`), and the metrics the server's gauges (open connections,
-    /// requests in flight).
+    /// Connects the application to the public HTTP server: requests get database
+    /// connections driven by the server's event loops (one `PostgresLoopPool` per loop,
+    /// `TRUNK_SYNC_DB_POOL_SIZE` split across them, at least 1 each: `Database.drive`), and the
+    /// metrics the server's gauges (open connections, requests in flight, over all loops).
     public func observe(_ server: HTTPServer<RequestPipeline>) {
-        database.drive(on: [server.executor], connections: configuration.databasePoolSize)
+        database.drive(on: server.executors, connections: configuration.databasePoolSize)
         metrics.gauge("trunk_sync_http_connections", help: "Open client connections on the public listener.") {
             Double(server.statistics.connections)
         }
         metrics.gauge("trunk_sync_http_requests_in_flight", help: "Requests whose handler is running (public listener).") {
             Double(server.statistics.inFlight)
+        }
+        for index in server.executors.indices {
+            metrics.gauge(
+                "trunk_sync_http_loop_connections", help: "Open client connections of each event loop (public listener).",
+                labels: "loop=\"\(index)\""
+            ) { Double(server.loopStatistics[index].connections) }
         }
         startRequestHistory()
     }

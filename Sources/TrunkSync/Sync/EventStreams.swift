@@ -508,6 +508,43 @@ final class LiveHub: Sendable {
         state.withLock { $0.parked.removeValue(forKey: id) }?.continuation.resume(returning: reason)
     }
 
+    /// Writes `page` to `entries` (parked streams of one loop, on that loop's thread);
+    /// returns how many took it.
+    private func write(_ page: EventStore.Page, to entries: [EventStreams.Entry]) -> Int {
+        var moved: [UInt64] = []
+        let revocations = streams.revocations
+        // This loop's own copy of the bytes: every writer of the loop shares it, and no
+        // reference count is bumped by two threads at once (one copy per loop, not per stream).
+        let bytes = page.eventsJSON.withUnsafeBufferPointer { Array($0) }
+        // A user's streams share few sessions: each is looked up once per pass, not once per
+        // stream (the revocation table's lock is shared by every loop).
+        var revoked: [UUID: Bool] = [:]
+        for entry in entries {
+            if let revocations {
+                let isRevoked = revoked[entry.session] ?? revocations.isRevoked(entry.session)
+                revoked[entry.session] = isRevoked
+                if isRevoked {
+                    unpark(entry.id, .revoked)
+                    continue
+                }
+            }
+            guard page.count > 0 else { continue }
+            // Live events go to every stream at once: one that has no room for them is
+            // too far behind to buffer for; it ends and resumes from its last id.
+            switch entry.writer.writeIfRoom(bytes) {
+            case .written: moved.append(entry.id)
+            case .full: unpark(entry.id, .slowReader)
+            case .closed: unpark(entry.id, entry.writer.isClosed ? .clientGone : .shutdown)
+            }
+        }
+        if let lastSeq = page.lastSeq, !moved.isEmpty {
+            state.withLock { state in
+                for id in moved where state.parked[id] != nil { state.parked[id]?.cursor = lastSeq }
+            }
+        }
+        return moved.count
+    }
+
     /// Writes what is new to every parked stream: one read per cursor they wait at (all at
     /// the same one, usually), the page's bytes shared by every writer.
     private func fanOut() async {
@@ -533,25 +570,19 @@ final class LiveHub: Sendable {
                 continue
             }
             let page = result.page
-            var written = 0
-            for id in ids {
-                guard let entry = state.withLock({ $0.parked[id]?.entry }) else { continue }
-                if let revocations = streams.revocations, revocations.isRevoked(entry.session) {
-                    unpark(id, .revoked)
-                    continue
+            let entries = state.withLock { state in ids.compactMap { state.parked[$0]?.entry } }
+            // Each loop writes its own connections' streams (and then sends them): a commit
+            // to many streams on N loops is copied and sent by N threads in parallel.
+            var byLoop: [ObjectIdentifier?: (loop: LoopExecutor?, entries: [EventStreams.Entry])] = [:]
+            for entry in entries {
+                let loop = entry.writer.loop
+                byLoop[loop.map(ObjectIdentifier.init), default: (loop, [])].entries.append(entry)
+            }
+            let written = await withTaskGroup(of: Int.self) { group in
+                for (loop, members) in byLoop.values {
+                    group.addTask(executorPreference: loop) { self.write(page, to: members) }
                 }
-                guard page.count > 0, let lastSeq = page.lastSeq else { continue }
-                // Live events go to every stream at once: one that has no room for them is
-                // too far behind to buffer for; it ends and resumes from its last id.
-                switch entry.writer.writeIfRoom(page.eventsJSON) {
-                case .written:
-                    written += 1
-                    state.withLock { state in
-                        if state.parked[id] != nil { state.parked[id]?.cursor = lastSeq }
-                    }
-                case .full: unpark(id, .slowReader)
-                case .closed: unpark(id, entry.writer.isClosed ? .clientGone : .shutdown)
-                }
+                return await group.reduce(0, +)
             }
             streams.recordStreamed(written * page.count)
             // Read after the wake-up and complete: streams now at its end are up to date.

@@ -1,0 +1,195 @@
+import Foundation
+import Logging
+import Synchronization
+import XCTest
+
+@testable import HTTPServer
+
+/// A server with several event loops (`HTTPServerConfiguration.loops`): connections spread
+/// over the loops, requests handled on the thread of the loop that accepted them, the caps
+/// holding over all loops, and shutdown draining every loop.
+final class MultiLoopTests: XCTestCase {
+    /// Opens when the test says so; handlers of `/hold` wait for it.
+    final class Gate: Sendable {
+        private let state = Mutex<(open: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
+
+        func wait() async {
+            await withCheckedContinuation { continuation in
+                let open = state.withLock { state -> Bool in
+                    if !state.open { state.waiters.append(continuation) }
+                    return state.open
+                }
+                if open { continuation.resume() }
+            }
+        }
+
+        func open() {
+            let waiters = state.withLock { state in
+                state.open = true
+                defer { state.waiters = [] }
+                return state.waiters
+            }
+            for waiter in waiters { waiter.resume() }
+        }
+    }
+
+    /// Answers with the index of the loop whose thread runs the handler (-1: none).
+    struct Responder: HTTPResponder {
+        let gate: Gate
+
+        func admit(_ head: HTTPRequestHead, client: String) -> Admission<Int> { .readBody(bodyLimit: 1024, 0) }
+
+        func respond(to request: HTTPRequest, context: Int) -> Reply<Int> {
+            let gate = self.gate
+            return .later {
+                if request.path == "/hold" { await gate.wait() }
+                let index = LoopExecutor.current?.index ?? -1
+                return (HTTPResponse(status: .ok, body: Array("\(index)".utf8)), 0)
+            }
+        }
+
+        func complete(_ response: inout HTTPResponse, context: Int) {}
+        func reject(_ error: HTTPParserError, peer: String) -> HTTPResponse { HTTPResponse(status: HTTPStatus(error.status)) }
+        func refuseConnection() -> HTTPResponse { HTTPResponse(status: .serviceUnavailable) }
+    }
+
+    private var server: HTTPServer<Responder>?
+    private let gate = Gate()
+
+    private func start(loops: Int, maxConnections: Int = 10_000, perClient: Int = 0) throws -> HTTPServer<Responder> {
+        var configuration = HTTPServerConfiguration()
+        configuration.port = 0
+        configuration.loops = loops
+        configuration.maxConnections = maxConnections
+        configuration.maxConnectionsPerClient = perClient
+        configuration.shutdownTimeout = .seconds(10)
+        let server = HTTPServer(configuration: configuration, responder: Responder(gate: gate), logger: Logger(label: "test"))
+        self.server = server
+        try server.start()
+        return server
+    }
+
+    /// Opens `count` connections, one `GET /where` on each, kept open; their statuses.
+    private func connect(_ count: Int, to server: HTTPServer<Responder>) throws -> (statuses: [Int], clients: [TestClient]) {
+        var statuses: [Int] = []
+        var clients: [TestClient] = []
+        for _ in 0..<count {
+            let client = try TestClient(port: server.port)
+            try client.send("GET /where HTTP/1.1\r\nHost: x\r\n\r\n")
+            statuses.append(try client.readResponse().status)
+            clients.append(client)
+        }
+        return (statuses, clients)
+    }
+
+    override func tearDown() async throws {
+        gate.open()
+        server?.shutdown()
+        await server?.waitUntilStopped()
+    }
+
+    func testConnectionsSpreadOverTheLoopsAndEachIsServedOnItsLoopsThread() throws {
+        let server = try start(loops: 4)
+        XCTAssertEqual(server.executors.map(\.index), [0, 1, 2, 3])
+        XCTAssertTrue(server.executor === server.executors[0])
+        var clients: [TestClient] = []
+        var served = Set<Int>()
+        for _ in 0..<40 {
+            let client = try TestClient(port: server.port)
+            try client.send("GET /where HTTP/1.1\r\nHost: x\r\n\r\n")
+            let (status, body) = try client.readResponse()
+            XCTAssertEqual(status, 200)
+            served.insert(Int(body) ?? -2)
+            clients.append(client)
+        }
+        // SO_REUSEPORT hashes each connection to a loop: 40 connections on one of 4 loops
+        // would be a 4^-39 chance.
+        XCTAssertGreaterThan(served.count, 1, "every request was served on loop \(served)")
+        XCTAssertFalse(served.contains(-1), "a handler ran off its loop's thread")
+        let perLoop = server.loopStatistics.map(\.connections)
+        XCTAssertEqual(perLoop.reduce(0, +), 40, "\(perLoop)")
+        XCTAssertEqual(server.statistics.connections, 40)
+        XCTAssertGreaterThan(perLoop.filter { $0 > 0 }.count, 1, "\(perLoop)")
+        // The same connection stays on its loop.
+        for client in clients.prefix(8) {
+            try client.send("GET /where HTTP/1.1\r\nHost: x\r\n\r\n")
+            let first = try client.readResponse().body
+            try client.send("GET /where HTTP/1.1\r\nHost: x\r\n\r\n")
+            XCTAssertEqual(try client.readResponse().body, first)
+        }
+        XCTAssertNil(LoopExecutor.current, "the test's thread is no loop's")
+    }
+
+    func testTheConnectionCapHoldsOverAllLoops() throws {
+        let server = try start(loops: 4, maxConnections: 6)
+        let (statuses, clients) = try connect(30, to: server)
+        defer { clients.forEach { $0.close() } }
+        XCTAssertEqual(statuses.filter { $0 == 200 }.count, 6, "\(statuses)")
+        XCTAssertEqual(statuses.filter { $0 == 503 }.count, 24, "\(statuses)")
+        XCTAssertGreaterThan(server.loopStatistics.filter { $0.connections > 0 }.count, 1, "\(server.loopStatistics)")
+    }
+
+    func testThePerClientCapHoldsOverAllLoops() throws {
+        let server = try start(loops: 4, perClient: 5)
+        let (statuses, clients) = try connect(30, to: server)
+        XCTAssertEqual(statuses.filter { $0 == 200 }.count, 5, "\(statuses)")
+        // A connection closed gives its slot back, whichever loop held it.
+        for client in clients where !client.isClosedByPeer { client.close() }
+        try eventually { server.statistics.connections == 0 }
+        let again = try TestClient(port: server.port)
+        try again.send("GET /where HTTP/1.1\r\nHost: x\r\n\r\n")
+        XCTAssertEqual(try again.readResponse().status, 200)
+    }
+
+    func testShutdownDrainsTheRequestsInFlightOnEveryLoopAndEndsEveryLoopThread() async throws {
+        let before = Self.loopThreads().count  // loops of servers other tests left running, if any
+        let server = try start(loops: 4)
+        var clients: [TestClient] = []
+        for _ in 0..<24 {
+            let client = try TestClient(port: server.port)
+            try client.send("GET /hold HTTP/1.1\r\nHost: x\r\n\r\n")
+            clients.append(client)
+        }
+        try eventually { server.statistics.inFlight == 24 }
+        XCTAssertGreaterThan(server.loopStatistics.filter { $0.inFlight > 0 }.count, 1, "\(server.loopStatistics)")
+        XCTAssertEqual(Self.loopThreads().count - before, 4, Self.loopThreads().description)
+        server.shutdown()
+        gate.open()
+        var loops = Set<Int>()
+        for client in clients {
+            let (status, body) = try client.readResponse()
+            XCTAssertEqual(status, 200)
+            loops.insert(Int(body) ?? -1)
+        }
+        XCTAssertGreaterThan(loops.count, 1)
+        await server.waitUntilStopped()
+        XCTAssertEqual(server.statistics.connections, 0)
+        try eventually { Self.loopThreads().count == before }
+    }
+
+    func testOneLoopStillServes() throws {
+        let server = try start(loops: 1, maxConnections: 3)
+        var statuses: [Int] = []
+        var clients: [TestClient] = []
+        for _ in 0..<5 {
+            let client = try TestClient(port: server.port)
+            try client.send("GET /where HTTP/1.1\r\nHost: x\r\n\r\n")
+            let (status, body) = try client.readResponse()
+            statuses.append(status)
+            if status == 200 { XCTAssertEqual(body, "0") }
+            clients.append(client)
+        }
+        XCTAssertEqual(statuses, [200, 200, 200, 503, 503])
+        XCTAssertEqual(server.loopStatistics.map(\.connections), [3])
+    }
+
+    /// Names of this process's threads that are HTTP loops.
+    private static func loopThreads() -> [String] {
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
+        return tasks.compactMap { task in
+            let name = (try? String(contentsOfFile: "/proc/self/task/\(task)/comm", encoding: .utf8))?
+                .trimmingCharacters(in: .whitespacesAndNewlines)
+            return name.flatMap { $0.hasPrefix("http-loop-") ? $0 : nil }
+        }
+    }
+}
