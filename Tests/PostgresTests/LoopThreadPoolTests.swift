@@ -259,8 +259,11 @@ final class LoopThreadPoolTests: XCTestCase {
     // MARK: - Threads
 
     func testThePoolAndTheListenerStartNoThreadButTheLoop() async throws {
+        // The previous test's loop ends its thread right after its close() returned: wait
+        // until only this test's loop is left (a readiness check, not a sleep).
+        let alone = await waitUntil(10) { PostgresThreads.current().filter { $0.name == "pg-loop-test" }.count == 1 }
         let before = PostgresThreads.current()
-        XCTAssertEqual(before.filter { $0.name == "pg-loop-test" }.count, 1, "the loop's thread: \(before)")
+        XCTAssertTrue(alone, "the loop's thread: \(before)")
         let pool = try makePool(size: 2)
         let listener = PostgresListener(
             try TestDatabase.adminConfiguration(), channels: ["threads"], logger: TestDatabase.quietLogger, loop: loop)

@@ -33,7 +33,11 @@ final class RetryTests: ClientTestCase {
     /// With one pool connection held by a request stuck on a lock, a push gets `503
     /// database_busy` with `Retry-After: 1`; the client waits a second and succeeds.
     func testA503IsRetriedAfterItsRetryAfter() async throws {
-        let server = try startServer(["TRUNK_SYNC_DB_POOL_SIZE": "1", "TRUNK_SYNC_DB_POOL_TIMEOUT": "1"])
+        // One loop, so one pool of one connection: the pull below holds it (with N loops, each
+        // has its own share, and the push would find a free one and wait on the lock).
+        let server = try startServer([
+            "TRUNK_SYNC_DB_POOL_SIZE": "1", "TRUNK_SYNC_DB_POOL_TIMEOUT": "1", "TRUNK_SYNC_EVENT_LOOPS": "1",
+        ])
         let events = EventLogBox()
         let client = try makeClient(server, storage: try makeStorage(), events: events)
         try await signIn(client, server, as: "busy@example.com")
