@@ -32,15 +32,17 @@ final class EventRecordTests: XCTestCase {
         XCTAssertEqual(EventRecord.fields.map(\.name), all.filter { $0 != "user_id" })
         // The push writes every column but the table's default, in the table's order.
         XCTAssertEqual(Self.names(EventRecord.insertList), all.filter { $0 != "id" })
-        XCTAssertTrue(EventStore.PushSteps.Batch.oneRoundTripSQL.contains("insert into events (\(EventRecord.insertList))"))
-        XCTAssertTrue(EventStore.PushSteps.Batch.writeSQL.contains("insert into events (\(EventRecord.insertList))"))
+        let insert = "insert into events (\(EventRecord.insertList))"
+        XCTAssertTrue(EventStore.PushSteps.Batch.oneRoundTripSQL.contains(insert))
+        XCTAssertTrue(EventStore.PushSteps.Batch.writeSQL.contains(insert))
         XCTAssertTrue(EventStore.pullSQL.hasPrefix("select \(EventRecord.selectList)\n"))
         // REST and Realtime serve every column, in the table's order, typed as it is.
         XCTAssertEqual(RESTRoutes.eventColumns.map(\.name), all)
         XCTAssertEqual(RESTRoutes.eventColumns.map(\.sql), all)
         XCTAssertEqual(RealtimeTable.events.columns.map(\.name), all)
         XCTAssertEqual(
-            RealtimeTable.events.columnTypes, ["uuid", "uuid", "int8", "text", "jsonb", "uuid", "timestamptz", "timestamptz"])
+            RealtimeTable.events.columnTypes,
+            ["uuid", "uuid", "int8", "text", "jsonb", "uuid", "timestamptz", "timestamptz"])
         XCTAssertEqual(EventRecord.assignedByServer, ["id", "user_id", "seq", "created_at"])
 
         // The encoder writes the fields, in order, whatever order the select has them in.

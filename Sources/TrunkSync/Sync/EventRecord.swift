@@ -55,7 +55,9 @@ enum EventRecord {
         Column(
             name: "client_timestamp", sqlType: "timestamptz", oid: PostgresType.timestamptz, kind: .timestamp,
             origin: .client),
-        Column(name: "created_at", sqlType: "timestamptz", oid: PostgresType.timestamptz, kind: .timestamp, origin: .server),
+        Column(
+            name: "created_at", sqlType: "timestamptz", oid: PostgresType.timestamptz, kind: .timestamp,
+            origin: .server),
     ]
 
     /// The fields of an event object in a page (pull, stream, export, console), in the order
@@ -187,9 +189,9 @@ enum EventRecord {
     }
 
     @inline(__always)
-    private static func uuid(_ bytes: UnsafeRawBufferPointer?, _ field: String, _ out: inout UnsafeMutablePointer<UInt8>)
-        throws
-    {
+    private static func uuid(
+        _ bytes: UnsafeRawBufferPointer?, _ field: String, _ out: inout UnsafeMutablePointer<UInt8>
+    ) throws {
         guard let bytes, bytes.count == 16 else { throw null(field) }
         UUIDText.write(bytes, to: &out)
     }
