@@ -95,15 +95,17 @@ final class EventPageEncoderTests: XCTestCase {
 
     func testRejectsAnotherShapeAndNulls() throws {
         let connection = try PostgresConnection.connect(try TestDatabase.adminConfiguration())
-        let wrongType = try connection.query(
-            "select 1::int4, gen_random_uuid(), 't', '{}'::jsonb, gen_random_uuid(), now(), now()")
-        XCTAssertThrowsError(try EventPageEncoder.encode(wrongType, count: 1))
-        let null = try connection.query(
-            "select 1::int8, gen_random_uuid(), null::text, '{}'::jsonb, gen_random_uuid(), now(), now()")
-        XCTAssertThrowsError(try EventPageEncoder.encode(null, count: 1))
-        let infinite = try connection.query(
-            "select 1::int8, gen_random_uuid(), 't'::text, '{}'::jsonb, gen_random_uuid(), 'infinity'::timestamptz, now()"
-        )
-        XCTAssertThrowsError(try EventPageEncoder.encode(infinite, count: 1))
+        func page(_ seq: String, _ type: String, _ clientTimestamp: String) throws -> PostgresResult {
+            try connection.query(
+                """
+                select \(seq) as seq, gen_random_uuid() as id, \(type) as type, '{}'::jsonb as payload,
+                       gen_random_uuid() as client_id, \(clientTimestamp) as client_timestamp, now() as created_at
+                """)
+        }
+        XCTAssertNoThrow(try EventPageEncoder.encode(try page("1::int8", "'t'::text", "now()"), count: 1))
+        XCTAssertThrowsError(try EventPageEncoder.encode(try page("1::int4", "'t'::text", "now()"), count: 1))
+        XCTAssertThrowsError(try EventPageEncoder.encode(try page("1::int8", "null::text", "now()"), count: 1))
+        XCTAssertThrowsError(
+            try EventPageEncoder.encode(try page("1::int8", "'t'::text", "'infinity'::timestamptz"), count: 1))
     }
 }

@@ -3,6 +3,6 @@
 -- transaction), as trunk_sync_app.
 \startpipeline
 select set_config('app.user_id', :uidtext, true);
-select seq, id, type, payload, client_id, client_timestamp, created_at
+select id, seq, type, payload, client_id, client_timestamp, created_at
 from events where user_id = :uid and seq > :last order by seq limit 1001;
 \endpipeline

@@ -4,6 +4,6 @@
 \set after random(0, :max_after)
 \startpipeline
 select set_config('app.user_id', :uidtext, true);
-select seq, id, type, payload, client_id, client_timestamp, created_at
+select id, seq, type, payload, client_id, client_timestamp, created_at
 from events where user_id = :uid and seq > :after order by seq limit 1001;
 \endpipeline

@@ -263,7 +263,7 @@ public struct Accounts: Sendable {
                     .prepared(
                         EventStore.boundedInBytes(
                             """
-                            select seq, id, type, payload, client_id, client_timestamp, created_at
+                            select \(EventRecord.selectList)
                             from events where user_id = $1 and seq > $2 and seq <= $3 order by seq limit $4
                             """, bytesParameter: 5), user, after, through, Int64(limit), Int64(EventStore.streamedPageBytes)),
                     .commit,

@@ -189,7 +189,7 @@ struct ConsoleStore: Sendable {
         try await database.transaction(as: .user(user)) { tx in
             let rows = try await tx.query(
                 """
-                select seq, id, type, payload, client_id, client_timestamp, created_at from events
+                select \(EventRecord.selectList) from events
                 where user_id = $1 and ($2::int8 is null or seq < $2) and ($3::text is null or type = $3)
                   and ($4::timestamptz is null or created_at >= $4) and ($5::timestamptz is null or created_at < $5)
                 order by seq desc limit $6

@@ -26,16 +26,8 @@ public struct RESTRoutes: Sendable {
     /// is larger than `maxRows` of these (~66 MB), whatever the query; README "Limits and errors".
     public static let maxEventRowBytes = EventInput.maxPayloadBytes + 6 * EventInput.maxTypeLength + 512
 
-    static let eventColumns: [RESTColumn] = [
-        RESTColumn(name: "id", kind: .uuid, sql: "id"),
-        RESTColumn(name: "user_id", kind: .uuid, sql: "user_id"),
-        RESTColumn(name: "seq", kind: .int, sql: "seq"),
-        RESTColumn(name: "type", kind: .text, sql: "type"),
-        RESTColumn(name: "payload", kind: .json, sql: "payload"),
-        RESTColumn(name: "client_id", kind: .uuid, sql: "client_id"),
-        RESTColumn(name: "client_timestamp", kind: .timestamp, sql: "client_timestamp"),
-        RESTColumn(name: "created_at", kind: .timestamp, sql: "created_at"),
-    ]
+    /// The columns of `events`, in the table's order (`EventRecord.columns`).
+    static let eventColumns: [RESTColumn] = EventRecord.restColumns
 
     static let profileColumns: [RESTColumn] = [
         RESTColumn(name: "id", kind: .uuid, sql: "id"),

@@ -32,7 +32,7 @@ struct RealtimeTable: Sendable {
 
     static let events = RealtimeTable(
         name: "events", columns: RESTRoutes.eventColumns,
-        columnTypes: ["uuid", "uuid", "int8", "text", "jsonb", "uuid", "timestamptz", "timestamptz"], change: "INSERT",
+        columnTypes: EventRecord.columns.map(\.sqlType), change: "INSERT",
         timeColumn: "created_at")
     static let profiles = RealtimeTable(
         name: "profiles", columns: RESTRoutes.profileColumns, columnTypes: ["uuid", "text", "timestamptz"],

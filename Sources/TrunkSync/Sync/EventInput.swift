@@ -136,7 +136,7 @@ struct EventInput {
                 guard case .rest(let caller, _, _) = dialect, key == "user_id", !isNull else {
                     try scanner.skipValue()
                     _ = scanner.takeViolation()
-                    if case .rest = dialect, !["user_id", "id", "seq", "created_at"].contains(key), refusal == nil {
+                    if case .rest = dialect, !EventRecord.assignedByServer.contains(key), refusal == nil {
                         // PostgREST refuses columns the table does not have; `id`, `seq` and
                         // `created_at` are the server's to assign and are ignored.
                         refusal = APIError(

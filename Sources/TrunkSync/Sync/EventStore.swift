@@ -270,27 +270,30 @@ public struct EventStore: Sendable {
             func oneRoundTrip(for user: UUID) -> [PostgresStatement] {
                 [
                     .prepared(
-                        """
-                        with cursor as (
-                          update users
-                             set last_seq = last_seq + $2,
-                                 last_event_at = greatest(date_trunc('milliseconds', clock_timestamp()),
-                                                          coalesce(last_event_at + interval '1 millisecond', '-infinity'::timestamptz))
-                                                 + ($2 - 1) * interval '1 millisecond'
-                           where id = $1
-                          returning last_seq - $2 as base_seq
-                                  , last_event_at - ($2 - 1) * interval '1 millisecond' as base_at
-                        ), stored as (
-                          insert into events (user_id, seq, type, payload, client_id, client_timestamp, created_at)
-                          select $1, cursor.base_seq + x.n, x.t, x.p, x.c, x.ts, cursor.base_at + (x.n - 1) * interval '1 millisecond'
-                          from cursor, unnest($3::uuid[], $4::text[], $5::jsonb[], $6::timestamptz[]) with ordinality as x(c, t, p, ts, n)
-                          returning 1
-                        )
-                        select base_seq, (select count(*) from stored) from cursor
-                        """, user, Int64(fresh.count), fresh.map(\.clientID), fresh.map(\.type), fresh.map(\.payload),
-                        fresh.map(\.clientTimestamp)),
+                        Self.oneRoundTripSQL, user, Int64(fresh.count), fresh.map(\.clientID), fresh.map(\.type),
+                        fresh.map(\.payload), fresh.map(\.clientTimestamp)),
                 ] + PushSteps(events: [], user: user, lookingUpRepeats: false).commitAndNotify
             }
+
+            /// `oneRoundTrip`'s statement, built once.
+            static let oneRoundTripSQL = """
+                with cursor as (
+                  update users
+                     set last_seq = last_seq + $2,
+                         last_event_at = greatest(date_trunc('milliseconds', clock_timestamp()),
+                                                  coalesce(last_event_at + interval '1 millisecond', '-infinity'::timestamptz))
+                                         + ($2 - 1) * interval '1 millisecond'
+                   where id = $1
+                  returning last_seq - $2 as base_seq
+                          , last_event_at - ($2 - 1) * interval '1 millisecond' as base_at
+                ), stored as (
+                  insert into events (\(EventRecord.insertList))
+                  select $1, cursor.base_seq + x.n, x.t, x.p, x.c, x.ts, cursor.base_at + (x.n - 1) * interval '1 millisecond'
+                  from cursor, unnest($3::uuid[], $4::text[], $5::jsonb[], $6::timestamptz[]) with ordinality as x(c, t, p, ts, n)
+                  returning 1
+                )
+                select base_seq, (select count(*) from stored) from cursor
+                """
 
             /// Where `oneRoundTrip` has its `commit` (the door's `begin` and scope not counted).
             static let commitIndex = 1
@@ -311,19 +314,22 @@ public struct EventStore: Sendable {
                     // `on conflict do nothing` leaves out an event stored meanwhile (never
                     // expected under the lock); `returning` tells, and the caller then rolls back.
                     .prepared(
-                        """
-                        insert into events (user_id, seq, type, payload, client_id, client_timestamp, created_at)
-                        select $1, $2 + n, t, p, c, ts, $3 + (n - 1) * interval '1 millisecond'
-                        from unnest($4::uuid[], $5::text[], $6::jsonb[], $7::timestamptz[]) with ordinality as x(c, t, p, ts, n)
-                        on conflict (user_id, client_id) do nothing
-                        returning 1
-                        """, user, head.lastSeq, head.base, fresh.map(\.clientID), fresh.map(\.type), fresh.map(\.payload),
-                        fresh.map(\.clientTimestamp)),
+                        Self.writeSQL, user, head.lastSeq, head.base, fresh.map(\.clientID), fresh.map(\.type),
+                        fresh.map(\.payload), fresh.map(\.clientTimestamp)),
                     .prepared(
                         "update users set last_seq = $2, last_event_at = $3 where id = $1", user,
                         head.lastSeq + Int64(fresh.count), lastCreated),
                 ]
             }
+
+            /// `write`'s insert, built once.
+            static let writeSQL = """
+                insert into events (\(EventRecord.insertList))
+                select $1, $2 + n, t, p, c, ts, $3 + (n - 1) * interval '1 millisecond'
+                from unnest($4::uuid[], $5::text[], $6::jsonb[], $7::timestamptz[]) with ordinality as x(c, t, p, ts, n)
+                on conflict (user_id, client_id) do nothing
+                returning 1
+                """
         }
 
         /// What the look-up path learns under the lock.
@@ -428,12 +434,12 @@ public struct EventStore: Sendable {
     /// writer's buffer.
     public static let streamedPageBytes = 1024 * 1024
 
-    /// `select` (the seven columns of a page, in `seq` order) cut after the first event at
-    /// which its payloads as printed reach parameter `$bytesParameter` bytes (the first
-    /// event is always kept).
+    /// `select` (the columns of a page, `EventRecord.selectList`, in `seq` order) cut after
+    /// the first event at which its payloads as printed reach parameter `$bytesParameter`
+    /// bytes (the first event is always kept).
     static func boundedInBytes(_ select: String, bytesParameter: Int) -> String {
         """
-        select seq, id, type, payload, client_id, client_timestamp, created_at from (
+        select \(EventRecord.selectList) from (
           select page.*, sum(octet_length(page.payload::text)) over (order by page.seq)
                          - octet_length(page.payload::text) as bytes_before
           from (\(select)) page
@@ -445,13 +451,17 @@ public struct EventStore: Sendable {
     /// `(user_id, seq)` index is the plan), bounded in bytes when `maxBytes` is given. The
     /// door sends the scope with it, in one round trip.
     static func pullStatement(for user: UUID, after: Int64, limit: Int, maxBytes: Int? = nil) -> PostgresStatement {
-        let select = """
-            select seq, id, type, payload, client_id, client_timestamp, created_at
-            from events where user_id = $1 and seq > $2 order by seq limit $3
-            """
-        guard let maxBytes else { return .prepared(select, user, after, Int64(limit + 1)) }
-        return .prepared(boundedInBytes(select, bytesParameter: 4), user, after, Int64(limit + 1), Int64(maxBytes))
+        guard let maxBytes else { return .prepared(pullSQL, user, after, Int64(limit + 1)) }
+        return .prepared(boundedPullSQL, user, after, Int64(limit + 1), Int64(maxBytes))
     }
+
+    /// The pull's select, built once.
+    static let pullSQL = """
+        select \(EventRecord.selectList)
+        from events where user_id = $1 and seq > $2 order by seq limit $3
+        """
+    /// The stream's: the pull's, bounded in bytes by `$4`.
+    static let boundedPullSQL = boundedInBytes(pullSQL, bytesParameter: 4)
 
     /// The page from the statement's `limit + 1` rows, encoded. A page cut at `maxBytes` (its
     /// encoding is at least that long) may have more after it.
