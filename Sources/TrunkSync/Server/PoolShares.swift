@@ -16,11 +16,27 @@ public final class PoolShares: Sendable {
         self.shares = shares.map { (executor: $0.0, pool: $0.1) }
     }
 
-    /// The pool of the loop this task runs on, else the first.
+    /// The pool of the loop this task runs on (else the first) — unless every connection of
+    /// it is busy while another loop's share has one idle: then that one (the task's queries
+    /// run on that loop), rather than wait while connections idle elsewhere. The kernel
+    /// spreads clients over the loops unevenly, so one loop may have more clients than
+    /// connections while another's sit idle.
     public var current: PostgresLoopPool {
+        let own = home
+        guard shares.count > 1, Self.isBusy(own.statistics) else { return own }
+        return shares.lazy.map(\.pool).first { $0 !== own && !Self.isBusy($0.statistics) } ?? own
+    }
+
+    /// The pool of the loop this task runs on, else the first.
+    private var home: PostgresLoopPool {
         guard let loop = LoopExecutor.current else { return shares[0].pool }
         if loop.index < shares.count, shares[loop.index].executor === loop { return shares[loop.index].pool }
         return shares.first { $0.executor === loop }?.pool ?? shares[0].pool
+    }
+
+    /// Every connection the pool may open is leased (or requests already wait).
+    private static func isBusy(_ figures: PostgresLoopPool.Statistics) -> Bool {
+        figures.waiting > 0 || figures.inUse >= figures.maxConnections
     }
 
     /// Every share, in the loops' order.
