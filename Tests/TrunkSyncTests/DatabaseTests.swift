@@ -48,6 +48,34 @@ final class DatabaseTests: XCTestCase {
         await database.close()
     }
 
+    func testGenericPlansAreAskedForOnlyWhereTheCallerSaysSoAndOnlyForThatTransaction() async throws {
+        let statements = StatementLog()
+        let database = try open(observer: { statements.append($0) })
+        let mode = "select current_setting('plan_cache_mode'), coalesce(current_setting('app.user_id', true), '')"
+        func read(_ tx: Transaction) async throws -> [String] {
+            let row = try await tx.query(mode)[0]
+            return [try row.decode(String.self, column: 0), try row.decode(String.self, column: 1)]
+        }
+        let user = UUID()
+        let id = user.uuidString.lowercased()
+        let generic = try await database.read(as: .user(user), plans: .generic) { try await read($0) }
+        XCTAssertEqual(generic, ["force_generic_plan", id])
+        XCTAssertEqual(
+            statements.count { $0.contains("set_config(") }, 1, "the user's scope and the mode in one statement")
+        let chosen = try await database.read(as: .user(user)) { try await read($0) }
+        XCTAssertEqual(chosen, ["auto", id])
+        let inTransaction = try await database.transaction(as: .server, plans: .generic) { tx in
+            [try await read(tx), try await read(tx)]
+        }
+        XCTAssertEqual(inTransaction, [["force_generic_plan", ""], ["force_generic_plan", ""]])
+        // Gone with the transaction, on every connection of the pool.
+        for _ in 0..<3 {
+            let after = try await database.transaction(as: .server) { try await read($0) }
+            XCTAssertEqual(after, ["auto", ""])
+        }
+        await database.close()
+    }
+
     func testAThrowRollsBackAndABodyMayCommitWithItsLastStatements() async throws {
         let database = try open()
         struct Refused: Error {}

@@ -64,12 +64,8 @@ final class EventRecordTests: XCTestCase {
 
     /// The migrations and `EventRecord.columns` describe the same table.
     func testColumnsAreTheMigratedTables() throws {
-        let database = try TestDatabase.create(prefix: "record")
+        let (database, owner) = try migratedDatabase(prefix: "record")
         defer { try? TestDatabase.drop(database) }
-        let owner = try PostgresConnection.connect(database)
-        _ = try Migrator(
-            migrations: try Migration.load(from: repositoryRoot() + "/migrations"), logger: TestDatabase.quietLogger
-        ).migrate(on: owner)
         let rows = try owner.query(
             """
             select column_name::text, udt_name::text from information_schema.columns

@@ -14,11 +14,7 @@ final class EventsUserCheckTests: XCTestCase {
     let bob = UUID()
 
     override func setUp() async throws {
-        database = try TestDatabase.create(prefix: "fk")
-        owner = try PostgresConnection.connect(database)
-        _ = try Migrator(
-            migrations: try Migration.load(from: repositoryRoot() + "/migrations"), logger: TestDatabase.quietLogger
-        ).migrate(on: owner)
+        (database, owner) = try migratedDatabase(prefix: "fk")
         for (id, name) in [(alice, "alice"), (bob, "bob")] {
             try owner.query("insert into users (id, email) values ($1, $2)", id, "\(name)@example.com")
         }

@@ -30,6 +30,20 @@ public enum Scope: Sendable {
     /// does not restrict.
     case server
 
+    /// The statements that set the scope, and the planning mode when `plans` is not
+    /// PostgreSQL's default (with `.user`'s scope in the same statement: no statement more).
+    func statements(plans: Plans) -> [PostgresStatement] {
+        guard plans == .generic else { return statements }
+        if case .user(let id) = self {
+            return [
+                .prepared(
+                    "select set_config('app.user_id', $1, true), set_config('plan_cache_mode', 'force_generic_plan', true)",
+                    UUIDText.lowercase(id))
+            ]
+        }
+        return statements + [.prepared("select set_config('plan_cache_mode', 'force_generic_plan', true)")]
+    }
+
     /// The statements that set the scope.
     var statements: [PostgresStatement] {
         switch self {
@@ -54,6 +68,22 @@ public enum Scope: Sendable {
             return []
         }
     }
+}
+
+/// How PostgreSQL plans a transaction's prepared statements (`PostgresStatement.prepared`,
+/// parsed once per connection).
+public enum Plans: Sendable, Equatable {
+    /// PostgreSQL's choice (`plan_cache_mode = auto`): a plan for each execution's values
+    /// until a generic one looks as cheap. For a statement whose generic estimate stays high
+    /// — a `limit $n`, which the planner cannot estimate without its value — that means
+    /// planning it on every execution, which costs more than running a key lookup.
+    case chosenByPostgres
+    /// One generic plan per prepared statement and connection, built once and reused
+    /// (`plan_cache_mode = force_generic_plan`, for this transaction only). Only for
+    /// statements whose best plan is the same whatever their values: a lookup by key or an
+    /// index range (the pull), never one planned for its values (the push's look-up of
+    /// repeats, a REST query's filters).
+    case generic
 }
 
 /// The one door to the database: every query of the server and of the command line runs in
@@ -137,9 +167,13 @@ public final class Database: Sendable {
     /// body's first statements (no round trip of their own), `commit` after it returns
     /// (unless the body committed with its last statements). A throw, or a transaction the
     /// body ended otherwise, rolls back what is open.
-    public func transaction<T: Sendable>(as scope: Scope, _ body: (Transaction) async throws -> T) async throws -> T {
+    ///
+    /// `plans`: how PostgreSQL plans the body's prepared statements (`Plans`).
+    public func transaction<T: Sendable>(
+        as scope: Scope, plans: Plans = .chosenByPostgres, _ body: (Transaction) async throws -> T
+    ) async throws -> T {
         try await pool.withConnection { connection in
-            let transaction = Transaction(connection, prefix: [.begin] + scope.statements)
+            let transaction = Transaction(connection, prefix: [.begin] + scope.statements(plans: plans))
             let value = try await body(transaction)
             if connection.isInTransaction { try await connection.pipeline([.commit]) }
             return value
@@ -148,9 +182,11 @@ public final class Database: Sendable {
 
     /// Runs `body` with each of its pipelines one implicit transaction scoped to `scope`
     /// (the scope travels with the pipeline's statements): a read that needs no `begin`.
-    public func read<T: Sendable>(as scope: Scope, _ body: (Transaction) async throws -> T) async throws -> T {
+    public func read<T: Sendable>(
+        as scope: Scope, plans: Plans = .chosenByPostgres, _ body: (Transaction) async throws -> T
+    ) async throws -> T {
         try await pool.withConnection { connection in
-            try await body(Transaction(connection, prefix: scope.statements))
+            try await body(Transaction(connection, prefix: scope.statements(plans: plans)))
         }
     }
 

@@ -190,12 +190,13 @@ public final class RealtimeFeed: Sendable {
 
     /// Each a single select with the user's scope in one round trip (`Database.read`), on
     /// the database's own loop: a socket is not a request the HTTP server drains before its
-    /// loops stop (`Database.offHTTPLoops`).
+    /// loops stop (`Database.offHTTPLoops`). Each reads by key or by `(user_id, seq)` range,
+    /// one plan whatever the values: planned once (`Plans.generic`).
     private func read<T: Sendable>(_ user: UUID, _ select: PostgresStatement, _ rows: (PostgresResult) throws -> T)
         async throws -> T
     {
         try await database.offHTTPLoops {
-            try await database.read(as: .user(user)) { tx in try rows(try await tx.query(select)) }
+            try await database.read(as: .user(user), plans: .generic) { tx in try rows(try await tx.query(select)) }
         }
     }
 

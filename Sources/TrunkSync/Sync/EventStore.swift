@@ -96,7 +96,10 @@ public struct EventStore: Sendable {
     }
 
     /// Stores the push in one transaction scoped to the user, with the attempts
-    /// `lookingUpRepeats` lists (each rolled back unless it committed).
+    /// `lookingUpRepeats` lists (each rolled back unless it committed). PostgreSQL's plan
+    /// choice stands (`Plans.chosenByPostgres`): the look-up must be planned for its values,
+    /// and a generic plan for the first attempt's statement saved nothing measurable (its
+    /// `Bind` is the 100 `jsonb` parameters' parsing, not planning; bench/README.md).
     private func store(_ events: [IncomingEvent], for user: UUID, lookingUpRepeats attempts: [Bool]) async throws
         -> PushOutcome?
     {
@@ -416,13 +419,13 @@ public struct EventStore: Sendable {
     func pull(for user: UUID, after: Int64, limit: Int, framing: EventPageEncoder.Framing) async throws -> Page {
         guard framing == .serverSentEvents else {
             let select = Self.pullStatement(for: user, after: after, limit: limit)
-            return try await database.read(as: .user(user)) { tx in
+            return try await database.read(as: .user(user), plans: .generic) { tx in
                 try Self.page(try await tx.query(select), limit: limit, framing: framing)
             }
         }
         let select = Self.pullStatement(for: user, after: after, limit: limit, maxBytes: Self.streamedPageBytes)
         return try await database.offHTTPLoops {
-            try await database.read(as: .user(user)) { tx in
+            try await database.read(as: .user(user), plans: .generic) { tx in
                 try Self.page(try await tx.query(select), limit: limit, framing: framing, maxBytes: Self.streamedPageBytes)
             }
         }
@@ -447,8 +450,10 @@ public struct EventStore: Sendable {
         """
     }
 
-    /// The pull's select (prepared once per connection: whatever the values, the
-    /// `(user_id, seq)` index is the plan), bounded in bytes when `maxBytes` is given. The
+    /// The pull's select (prepared once per connection, and planned once: whatever the
+    /// values, the `(user_id, seq)` index is the plan, so the read asks for `Plans.generic`;
+    /// planned for each execution's values, as PostgreSQL otherwise does with a `limit $3`,
+    /// it cost three times the read itself), bounded in bytes when `maxBytes` is given. The
     /// door sends the scope with it, in one round trip.
     static func pullStatement(for user: UUID, after: Int64, limit: Int, maxBytes: Int? = nil) -> PostgresStatement {
         guard let maxBytes else { return .prepared(pullSQL, user, after, Int64(limit + 1)) }
