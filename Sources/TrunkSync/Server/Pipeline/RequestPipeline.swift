@@ -214,7 +214,7 @@ public struct RequestPipeline: HTTPResponder {
     }
 
     public func loopWillWait() {
-        accessLog?.flush()
+        accessLog?.loopWillWait()
     }
 
     /// The family of a path, for answers given before a route is known.
