@@ -302,15 +302,32 @@ public struct HTTPRequestParser: Sendable {
     public var bufferedByteCount: Int { writeIndex - readIndex }
 
     /// Frees the buffer while nothing is buffered between two requests: an idle keep-alive
-    /// connection then holds no buffer (the next request's bytes allocate one).
-    public mutating func releaseBufferBetweenRequests() {
-        guard readIndex == writeIndex, scanned == 0, case .requestLine = state else { return }
-        buffer = []
+    /// connection then holds no buffer (the next request's bytes allocate one, or `adopt`
+    /// gives it one). Returns the buffer given up (empty when none was), for `adopt` on
+    /// another connection.
+    @discardableResult
+    public mutating func releaseBufferBetweenRequests() -> [UInt8] {
+        guard readIndex == writeIndex, scanned == 0, case .requestLine = state else { return [] }
+        var released: [UInt8] = []
+        swap(&released, &buffer)
         readIndex = 0
         writeIndex = 0
         // The last head's fields (an array of 16 reserved) are the caller's now.
         builder = HeadBuilder()
         current = Self.noHead
+        return released
+    }
+
+    /// Whether the parser holds no buffer (it released it, or never needed one).
+    public var hasNoBuffer: Bool { buffer.isEmpty }
+
+    /// Takes `spare` as its buffer if it holds none (a buffer another parser released: what
+    /// it contains is never read). Saves allocating one for the next bytes.
+    public mutating func adopt(_ spare: inout [UInt8]) {
+        guard buffer.isEmpty, readIndex == writeIndex else { return }
+        swap(&buffer, &spare)
+        readIndex = 0
+        writeIndex = 0
     }
 
     /// Whether the parser is between requests with nothing buffered: a connection closed

@@ -619,6 +619,45 @@ final class HTTPRequestParserTests: XCTestCase {
         XCTAssertEqual(nextPath(), "/c")
     }
 
+    /// A released buffer is handed back (empty when nothing was released) and another parser
+    /// adopts it: what it still contains is never parsed.
+    func testAReleasedBufferServesAnotherParser() {
+        var first = HTTPRequestParser()
+        var second = HTTPRequestParser()
+        XCTAssertTrue(first.hasNoBuffer)
+        XCTAssertEqual(first.releaseBufferBetweenRequests(), [], "nothing to release yet")
+        first.feed(bytes("GET /secret HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer t\r\n\r\nGET /b HT"))
+        guard case .head = first.next(), case .request = first.next() else { return XCTFail("first request") }
+        XCTAssertEqual(first.releaseBufferBetweenRequests(), [], "a partial head is kept")
+        XCTAssertFalse(first.hasNoBuffer)
+        first.feed(bytes("TP/1.1\r\nHost: h\r\n\r\n"))
+        guard case .head = first.next(), case .request = first.next() else { return XCTFail("second request") }
+        var spare = first.releaseBufferBetweenRequests()
+        XCTAssertFalse(spare.isEmpty)
+        XCTAssertTrue(first.hasNoBuffer)
+
+        second.adopt(&spare)
+        XCTAssertTrue(spare.isEmpty, "taken, not copied")
+        XCTAssertFalse(second.hasNoBuffer)
+        XCTAssertEqual(second.bufferedByteCount, 0)
+        XCTAssertNil(second.next(), "the old bytes are not input")
+        second.feed(bytes("GET /c HTTP/1.1\r\nHost: h\r\n\r\n"))
+        guard case .head(let head) = second.next() else { return XCTFail("head") }
+        XCTAssertEqual(head.path, "/c")
+        XCTAssertEqual(head.headers.count, 1)
+        guard case .request = second.next() else { return XCTFail("request") }
+        XCTAssertNil(second.next())
+
+        // A parser that has a buffer keeps it.
+        var other = [UInt8](repeating: 0, count: 512)
+        second.feed(bytes("GET /d HT"))
+        second.adopt(&other)
+        XCTAssertEqual(other.count, 512, "not taken")
+        second.feed(bytes("TP/1.1\r\nHost: h\r\n\r\n"))
+        guard case .head(let last) = second.next() else { return XCTFail("head") }
+        XCTAssertEqual(last.path, "/d")
+    }
+
     // MARK: Default limits, at and one past each boundary
 
     func testRequestLineLimit() {

@@ -1,4 +1,5 @@
 import Foundation
+import HTTPServer
 import Logging
 import TestSupport
 import XCTest
@@ -141,6 +142,132 @@ final class AccessLogTests: XCTestCase {
         XCTAssertTrue(text.contains(#""path":"/a\"b\\c\u0001d\#u{E9}""#), text)
     }
 
+    // MARK: - Batches
+
+    /// A temporary file's descriptor, closed and removed at the end of the test.
+    func temporaryFile() throws -> (fd: Int32, path: String) {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("access-\(UUID().uuidString).log").path
+        let fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
+        XCTAssertGreaterThanOrEqual(fd, 0)
+        addTeardownBlock {
+            close(fd)
+            unlink(path)
+        }
+        return (fd, path)
+    }
+
+    func lines(in path: String) -> [String] {
+        let text = (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
+        return text.split(separator: "\n", omittingEmptySubsequences: false).dropLast().map(String.init)
+    }
+
+    func testBatchesStayUnderPipeBufToAPipeAndGrowToAFile() throws {
+        var fds: [Int32] = [0, 0]
+        XCTAssertEqual(pipe(&fds), 0)
+        defer { close(fds[0]); close(fds[1]) }
+        XCTAssertEqual(AccessLog(format: .text, output: fds[1]).batchLimit, 3 * 1024)
+        XCTAssertLessThanOrEqual(AccessLog(format: .text, output: fds[1]).batchLimit, Int(PIPE_BUF))
+        XCTAssertEqual(AccessLog(format: .text, output: try temporaryFile().fd).batchLimit, 32 * 1024)
+    }
+
+    func testLinesWaitForAFlushUntilABatchIsFullThenGoOutInWholeLines() throws {
+        var fds: [Int32] = [0, 0]
+        XCTAssertEqual(pipe(&fds), 0)
+        defer { close(fds[0]); close(fds[1]) }
+        XCTAssertEqual(fcntl(fds[0], F_SETFL, O_NONBLOCK), 0)
+        func drain() -> String {
+            var out: [UInt8] = []
+            var chunk = [UInt8](repeating: 0, count: 65536)
+            while true {
+                let count = read(fds[0], &chunk, chunk.count)
+                guard count > 0 else { return String(decoding: out, as: UTF8.self) }
+                out.append(contentsOf: chunk[..<count])
+            }
+        }
+        let log = AccessLog(format: .text, output: fds[1])
+        log.record(entry(requestID: "r-0"))
+        XCTAssertEqual(drain(), "", "one line waits for the loop (or a flush)")
+        var written = ""
+        var recorded = 1
+        while written.isEmpty {
+            log.record(entry(requestID: "r-\(recorded)"))
+            recorded += 1
+            written = drain()
+            XCTAssertLessThan(recorded, 100, "a batch of 3 KiB holds about 25 lines")
+        }
+        XCTAssertLessThanOrEqual(written.utf8.count, log.batchLimit)
+        XCTAssertTrue(written.hasSuffix("\n"), "only whole lines")
+        log.flush()
+        let all = (written + drain()).split(separator: "\n")
+        XCTAssertEqual(all.map { $0.split(separator: " ").first { $0.hasPrefix("request_id=") } }, (0..<recorded).map { "request_id=r-\($0)" })
+        log.flush()
+        XCTAssertEqual(drain(), "", "nothing is written twice")
+    }
+
+    /// A responder whose loops record lines when told and write them when they wait.
+    struct LoggingResponder: HTTPResponder {
+        let log: AccessLog
+        func admit(_ head: HTTPRequestHead, client: String) -> Admission<Int> { .answer(HTTPResponse(status: .notFound), 0) }
+        func respond(to request: HTTPRequest, context: Int) -> Reply<Int> { .now(HTTPResponse(status: .notFound), 0) }
+        func complete(_ response: inout HTTPResponse, context: Int) {}
+        func reject(_ error: HTTPParserError, peer: String) -> HTTPResponse { HTTPResponse(status: .badRequest) }
+        func refuseConnection() -> HTTPResponse { HTTPResponse(status: .serviceUnavailable) }
+        func loopWillWait() { log.loopWillWait() }
+    }
+
+    func testEachLoopWritesItsLinesWhenItWaitsAndWhatIsLeftWhenItStops() async throws {
+        let file = try temporaryFile()
+        let log = AccessLog(format: .text, output: file.fd)
+        var configuration = HTTPServerConfiguration()
+        configuration.port = 0
+        configuration.loops = 2
+        let server = HTTPServer(configuration: configuration, responder: LoggingResponder(log: log), logger: Logger(label: "test"))
+        try server.start()
+        // A line recorded on each loop's thread (into that loop's own buffer) is written
+        // when that loop next waits: nothing else flushes it.
+        for executor in server.executors {
+            let line = entry(requestID: "loop-\(executor.index)")
+            await Task(executorPreference: executor) {
+                XCTAssertEqual(LoopExecutor.current?.index, executor.index)
+                log.record(line)
+            }.value
+        }
+        let deadline = Date().addingTimeInterval(30)
+        while lines(in: file.path).count < 2, Date() < deadline { try await Task.sleep(for: .milliseconds(10)) }
+        XCTAssertEqual(Set(lines(in: file.path).compactMap { $0.split(separator: " ").first { $0.hasPrefix("request_id=") } }),
+            ["request_id=loop-0", "request_id=loop-1"])
+        // Lines recorded right before the loops stop are written before they have stopped.
+        for executor in server.executors {
+            let line = entry(requestID: "last-\(executor.index)")
+            let last = executor === server.executors.last
+            await Task(executorPreference: executor) {
+                log.record(line)
+                if last { server.shutdown() }
+            }.value
+        }
+        await server.waitUntilStopped()
+        XCTAssertEqual(lines(in: file.path).count, 4)
+        XCTAssertEqual(lines(in: file.path).filter { $0.contains("request_id=last-") }.count, 2)
+    }
+
+    func testLinesFromOtherThreadsAreWrittenByTheNextLoopThatWaits() async throws {
+        let file = try temporaryFile()
+        let log = AccessLog(format: .text, output: file.fd)
+        log.record(entry(requestID: "elsewhere"))  // the test's thread: no loop
+        XCTAssertEqual(lines(in: file.path), [])
+        var configuration = HTTPServerConfiguration()
+        configuration.port = 0
+        configuration.loops = 1
+        let server = HTTPServer(configuration: configuration, responder: LoggingResponder(log: log), logger: Logger(label: "test"))
+        try server.start()
+        let deadline = Date().addingTimeInterval(30)
+        while lines(in: file.path).isEmpty, Date() < deadline { try await Task.sleep(for: .milliseconds(10)) }
+        XCTAssertEqual(lines(in: file.path).count, 1)
+        XCTAssertTrue(lines(in: file.path)[0].contains("request_id=elsewhere"))
+        server.shutdown()
+        await server.waitUntilStopped()
+    }
+
     // MARK: - Numbers and time
 
     func testDurationInHundredthsOfAMillisecond() {
@@ -210,7 +337,9 @@ final class AccessLogTests: XCTestCase {
 
     // MARK: - Batching (standard error redirected to a file)
 
-    func testRecordBatchesWholeLinesUnder4KiBUntilFlushed() throws {
+    /// Standard error by default; to a regular file in batches of up to 32 KiB (to a pipe,
+    /// under `PIPE_BUF`: `testLinesWaitForAFlushUntilABatchIsFullThenGoOutInWholeLines`).
+    func testRecordBatchesWholeLinesToStandardErrorUntilFlushed() throws {
         let file = NSTemporaryDirectory() + "access-log-\(UUID().uuidString).txt"
         defer { try? FileManager.default.removeItem(atPath: file) }
         let fd = open(file, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
@@ -248,9 +377,10 @@ final class AccessLogTests: XCTestCase {
         restore()
 
         XCTAssertFalse(sizes.isEmpty, "batches are written before the flush once they near the limit")
+        XCTAssertEqual(log.batchLimit, 32 * 1024, "standard error is a regular file here")
         for size in sizes {
-            XCTAssertLessThan(size, 4096, "a batch stays under PIPE_BUF")
-            XCTAssertGreaterThan(size, 2048, "lines are batched, not written one by one")
+            XCTAssertLessThanOrEqual(size, log.batchLimit, "a batch stays under the limit")
+            XCTAssertGreaterThan(size, log.batchLimit - 1024, "lines are batched, not written one by one")
         }
         XCTAssertLessThan(beforeFlush.count, all.count, "the rest waits for the flush")
         let lines = all.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false).dropLast()

@@ -89,5 +89,9 @@ static inline void csystem_atomic_add(uint64_t *cell, uint64_t value) {
 static inline uint64_t csystem_atomic_load(const uint64_t *cell) {
     return __atomic_load_n(cell, __ATOMIC_RELAXED);
 }
+/// Relaxed atomic add returning the value before it.
+static inline uint64_t csystem_atomic_fetch_add(uint64_t *cell, uint64_t value) {
+    return __atomic_fetch_add(cell, value, __ATOMIC_RELAXED);
+}
 
 #endif

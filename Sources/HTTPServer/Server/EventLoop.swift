@@ -60,6 +60,14 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     /// each parser's buffer made every connection hold a zero-filled 64 KiB buffer for its
     /// whole life; copying the few bytes a read returns keeps idle connections small.
     private var readBuffer = [UInt8](repeating: 0, count: 64 * 1024)
+    /// Parser and output buffers that connections gave up when they went idle, for the next
+    /// connection that reads a request (loop thread only): an idle connection holds no
+    /// buffer, and a loop answering requests on many keep-alive connections does not
+    /// allocate (and zero) two per request. At most `spareLimit` of each, small ones only.
+    private var spareInputs: [[UInt8]] = []
+    private var spareOutputs: [[UInt8]] = []
+    private static var spareLimit: Int { 64 }
+    private static var spareMaxBytes: Int { 4096 }
     private let serverLine: [UInt8]
 
     private let epollIn = csystem_epollin()
@@ -475,10 +483,10 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                     return
                 }
                 if connection.lifecycle.state == .idle, !connection.hasPendingOutput {
-                    // Waiting for the next request, maybe for long: keep no buffer (two small
-                    // allocations per request, against ~1 KiB held by every idle connection).
-                    connection.parser.releaseBufferBetweenRequests()
-                    if connection.output.capacity > 0 { connection.output = [] }
+                    // Waiting for the next request, maybe for long: keep no buffer (they go
+                    // to the loop's spares for the next connection that reads a request).
+                    keepSpare(input: connection.parser.releaseBufferBetweenRequests())
+                    keepSpareOutput(of: connection)
                 }
                 return
             }
@@ -486,11 +494,33 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         }
     }
 
+    /// Keeps a buffer a connection gave up, if small and the spares are not full.
+    private func keepSpare(input: [UInt8]) {
+        guard !input.isEmpty, input.count <= Self.spareMaxBytes, spareInputs.count < Self.spareLimit else { return }
+        spareInputs.append(input)
+    }
+
+    /// Takes the (sent) output buffer of a connection going idle, keeping it if it is small
+    /// and the spares are not full.
+    private func keepSpareOutput(of connection: Connection<Context>) {
+        guard connection.output.capacity > 0 else { return }
+        if connection.output.capacity <= Self.spareMaxBytes, spareOutputs.count < Self.spareLimit {
+            connection.output.removeAll(keepingCapacity: true)
+            spareOutputs.append(connection.output)
+        }
+        connection.output = []
+    }
+
     /// Reads once into the connection's parser (its WebSocket's, once upgraded). False when
     /// the read found the connection reset (it is closed: nobody is left to answer).
     private func readInput(_ connection: Connection<Context>) -> Bool {
         let fd = connection.fd
         let webSocket = connection.webSocket
+        if webSocket == nil {
+            // A request is coming: give an idle connection spare buffers back.
+            if connection.parser.hasNoBuffer, var spare = spareInputs.popLast() { connection.parser.adopt(&spare) }
+            if connection.output.capacity == 0, let spare = spareOutputs.popLast() { connection.output = spare }
+        }
         let received = readBuffer.withUnsafeMutableBytes { buffer -> Int in
             while true {
                 let count = read(fd, buffer.baseAddress, buffer.count)
@@ -618,7 +648,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             inFlightCount.wrappingAdd(1, ordering: .relaxed)
             // Nothing more is parsed while the handler runs, which may take long (a long-poll,
             // then a stream): the parser keeps no buffer meanwhile unless bytes wait in it.
-            connection.parser.releaseBufferBetweenRequests()
+            keepSpare(input: connection.parser.releaseBufferBetweenRequests())
             let mailbox = self.mailbox
             let executor = self.executor
             let fd = connection.fd
@@ -844,7 +874,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     }
 
     /// Queues the final response to the current request (or the head of a streamed one).
-    private func finish(_ response: HTTPResponse, context: Context, on connection: Connection<Context>) {
+    private func finish(_ response: consuming HTTPResponse, context: Context, on connection: Connection<Context>) {
+        // Consumed, not copied: the pipeline appends to the handler's headers in place.
         var response = response
         if let upgrade = response.webSocket {
             if response.status.code == 101, !connection.requestIsHTTP10, !connection.requestIsHead {
@@ -901,9 +932,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         output.reserveCapacity(output.count + 256 + response.body.count)
         HTTPStatus.appendStatusLine(code, to: &output)
         for field in response.headers {
-            output.append(contentsOf: field.name.utf8)
+            output.append(utf8: field.name)
             output.append(contentsOf: Self.colonSpace)
-            output.append(contentsOf: field.value.utf8)
+            output.append(utf8: field.value)
             output.append(contentsOf: Self.crlf)
         }
         if bodyAllowed {
@@ -1038,6 +1069,14 @@ extension Array where Element == UInt8 {
     @inline(__always)
     mutating func append(contentsOf text: StaticString) {
         append(contentsOf: UnsafeBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
+    }
+
+    /// Appends the UTF-8 of `text` with one copy (a native or small string's bytes are
+    /// contiguous), not byte by byte through its `utf8` view.
+    @inlinable @inline(__always)
+    public mutating func append(utf8 text: String) {
+        let done: Void? = text.utf8.withContiguousStorageIfAvailable { append(contentsOf: $0) }
+        if done == nil { append(contentsOf: text.utf8) }
     }
 }
 

@@ -165,8 +165,25 @@ public final class Counter: Sendable {
     public var value: UInt64 { cell.load(ordering: .relaxed) }
 }
 
+/// The slot of the calling thread among per-loop copies of something (metric cells, request
+/// id counters): each event loop of a server writes its own, so two loops never contend for
+/// a cache line on a request's path; readers sum them. Loops beyond `count - 1` and every
+/// other thread share the last slot (which is why its updates stay atomic).
+enum LoopSlot {
+    /// Slots: one per online core (the default number of loops, at most 32), and the shared one.
+    static let count = min(max(1, sysconf(Int32(_SC_NPROCESSORS_ONLN))), 32) + 1
+
+    /// The calling thread's slot.
+    @inline(__always)
+    static var current: Int {
+        guard let loop = LoopExecutor.current else { return count - 1 }
+        return min(loop.index, count - 1)
+    }
+}
+
 /// The request count by method and status, and the latency histogram, of one route pattern.
-/// All cells live in one flat table updated with relaxed atomic adds.
+/// All cells live in one flat table updated with relaxed atomic adds, one table per
+/// `LoopSlot` (each on cache lines of its own), summed when read.
 public final class HTTPRouteMetrics: @unchecked Sendable {  // cells are only touched atomically
     /// The route pattern (`/sync/v1/events`), `OPTIONS` or `unmatched`: never a raw path.
     public let pattern: String
@@ -193,17 +210,21 @@ public final class HTTPRouteMetrics: @unchecked Sendable {  // cells are only to
     /// After the counts: one cell per bucket (not cumulative) and +Inf, the count, the sum in nanoseconds.
     private static let histogramStart = countCells
     private static let cellCount = countCells + bounds.count + 1 + 2
+    /// One slot's table, rounded up to whole 64-byte cache lines.
+    private static let stride = (cellCount + 7) / 8 * 8
 
     init(pattern: String) {
         self.pattern = pattern
-        cells = .allocate(capacity: Self.cellCount)
-        cells.initialize(repeating: 0, count: Self.cellCount)
+        cells = UnsafeMutableRawPointer.allocate(byteCount: Self.stride * 8 * LoopSlot.count, alignment: 64)
+            .bindMemory(to: UInt64.self, capacity: Self.stride * LoopSlot.count)
+        cells.initialize(repeating: 0, count: Self.stride * LoopSlot.count)
     }
 
-    deinit { cells.deallocate() }
+    deinit { UnsafeMutableRawPointer(cells).deallocate() }
 
     /// Counts one answered request.
     public func record(method: HTTPMethod, status: Int, nanoseconds: UInt64) {
+        let cells = self.cells + LoopSlot.current * Self.stride
         let row = Self.methodRow(method)
         let slot = status >= 0 && status < 600 ? Int(Self.statusSlot[status]) : Self.statusSlots - 1
         csystem_atomic_add(cells + row * Self.statusSlots + slot, 1)
@@ -227,7 +248,12 @@ public final class HTTPRouteMetrics: @unchecked Sendable {  // cells are only to
         }
     }
 
-    private func load(_ index: Int) -> UInt64 { csystem_atomic_load(cells + index) }
+    /// A cell's value summed over the slots.
+    private func load(_ index: Int) -> UInt64 {
+        var sum: UInt64 = 0
+        for slot in 0..<LoopSlot.count { sum &+= csystem_atomic_load(cells + slot * Self.stride + index) }
+        return sum
+    }
 
     /// Requests counted, and those answered with a `5xx` status.
     func totals() -> (requests: UInt64, serverErrors: UInt64) {

@@ -5,10 +5,15 @@ import Synchronization
 /// The access log: one line per answered request, in the log's format (text or JSON) and
 /// with the same fields a `Logger` line would have, written to standard error.
 ///
-/// Lines are formatted straight into bytes and written in batches (when the event loop is
-/// about to wait, or when a batch nears 4 KiB), not one `write(2)` per request: the log
-/// stays on at the default level without costing throughput. A batch stays under
-/// `PIPE_BUF`, so lines from other threads never land inside one.
+/// Lines are formatted straight into bytes and written in batches, not one `write(2)` per
+/// request: the log stays on at the default level without costing throughput. Each event
+/// loop has a buffer of its own (no lock or cache line shared between loops on a request's
+/// path); it is written when that loop is about to wait (and when it stops), or when it
+/// nears its limit. The limit is 3 KiB when standard error is a pipe or anything but a
+/// regular file, so a batch stays under `PIPE_BUF` and lines from other threads never land
+/// inside one; 32 KiB when it is a regular file (an append is not interleaved there). Lines
+/// recorded on any other thread share one more buffer, written by the next loop that waits
+/// (or `flush()`).
 final class AccessLog: Sendable {
     struct Entry {
         var method: String
@@ -25,7 +30,23 @@ final class AccessLog: Sendable {
 
     private let format: Configuration.LogFormat
     private let label: String
-    private let state = Mutex(State())
+    /// What follows the milliseconds up to the first field, the same on every line:
+    /// `Z info <label>: request` (text), `Z","level":"info","logger":"<label>","msg":"request",` (JSON).
+    private let lineHead: [UInt8]
+    private let output: Int32
+    /// Bytes a buffer holds before it is written.
+    let batchLimit: Int
+    /// One buffer per event loop (by `LoopExecutor.index`), then one for every other thread.
+    private let shards: [Shard]
+    /// Lines wait in the last (shared) buffer: the next loop to wait writes them.
+    private let othersPending = Atomic<Bool>(false)
+
+    private final class Shard: Sendable {
+        // Locked by its own loop only, except `flush()`: the lock is never contended on a
+        // request's path. The padding keeps two loops' shards off one cache line.
+        let state = Mutex(State())
+        let padding: (UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0, 0, 0, 0, 0)
+    }
 
     private struct State {
         var buffer: [UInt8] = []
@@ -33,40 +54,67 @@ final class AccessLog: Sendable {
         var secondPrefix: [UInt8] = []
     }
 
-    private static let batchLimit = 3 * 1024
+    /// Loops with a buffer of their own; a server with more (or another thread) shares the last one.
+    static let loopBuffers = 64
 
-    init(format: Configuration.LogFormat, label: String = "trunk-sync.http") {
+    /// `output`: where lines go (standard error; a test's file).
+    init(format: Configuration.LogFormat, label: String = "trunk-sync.http", output: Int32 = STDERR_FILENO) {
         self.format = format
         self.label = label
+        lineHead = Array(
+            (format == .text
+                ? "Z info \(label): request" : "Z\",\"level\":\"info\",\"logger\":\(JSONText.quote(label)),\"msg\":\"request\",").utf8)
+        self.output = output
+        var status = stat()
+        let regularFile = fstat(output, &status) == 0 && (status.st_mode & S_IFMT) == S_IFREG
+        batchLimit = regularFile ? 32 * 1024 : 3 * 1024
+        shards = (0...Self.loopBuffers).map { _ in Shard() }
     }
 
     func record(_ entry: Entry) {
         var time = timespec()
         clock_gettime(CLOCK_REALTIME, &time)
-        state.withLock { state in
-            if state.buffer.capacity == 0 { state.buffer.reserveCapacity(4096) }
+        let index = LoopExecutor.current.map { min($0.index, Self.loopBuffers) } ?? Self.loopBuffers
+        shards[index].state.withLock { state in
+            if state.buffer.capacity == 0 { state.buffer.reserveCapacity(batchLimit + 1024) }
             if time.tv_sec != state.second {
                 state.second = time.tv_sec
                 state.secondPrefix = Self.secondPrefix(time.tv_sec)
             }
             let before = state.buffer.count
             append(entry, milliseconds: Int(time.tv_nsec / 1_000_000), prefix: state.secondPrefix, to: &state.buffer)
-            if state.buffer.count > Self.batchLimit {
+            if state.buffer.count > batchLimit {
                 // Write what came before this line, keep this line for the next batch.
-                let line = Array(state.buffer[before...])
-                state.buffer.removeLast(state.buffer.count - before)
-                Self.write(state.buffer)
-                state.buffer.removeAll(keepingCapacity: true)
-                state.buffer.append(contentsOf: line)
+                state.buffer.withUnsafeBytes { write(UnsafeRawBufferPointer(rebasing: $0[..<before])) }
+                state.buffer.removeSubrange(..<before)
             }
         }
+        if index == Self.loopBuffers { othersPending.store(true, ordering: .releasing) }
     }
 
-    /// Writes what is buffered.
+    /// Writes what the calling loop buffered (and what other threads did): the loop is about
+    /// to wait, or stopping. On any other thread, the same as `flush()`.
+    func loopWillWait() {
+        guard let loop = LoopExecutor.current, loop.index < Self.loopBuffers else { return flush() }
+        write(shards[loop.index])
+        if othersPending.load(ordering: .relaxed) { writeOthers() }
+    }
+
+    /// Writes everything buffered.
     func flush() {
-        state.withLock { state in
+        for shard in shards.dropLast() { write(shard) }
+        writeOthers()
+    }
+
+    private func writeOthers() {
+        othersPending.store(false, ordering: .relaxed)
+        write(shards[Self.loopBuffers])
+    }
+
+    private func write(_ shard: Shard) {
+        shard.state.withLock { state in
             guard !state.buffer.isEmpty else { return }
-            Self.write(state.buffer)
+            state.buffer.withUnsafeBytes { write($0) }
             state.buffer.removeAll(keepingCapacity: true)
         }
     }
@@ -79,53 +127,49 @@ final class AccessLog: Sendable {
         case .text:
             out.append(contentsOf: prefix)
             Self.appendPadded(milliseconds, width: 3, to: &out)
-            out.append(contentsOf: "Z info ".utf8)
-            out.append(contentsOf: label.utf8)
-            out.append(contentsOf: ": request".utf8)
+            out.append(contentsOf: lineHead)
             if !entry.client.isEmpty {
-                out.append(contentsOf: " client=".utf8)
-                out.append(contentsOf: entry.client.utf8)
+                out.append(utf8: " client=")
+                out.append(utf8: entry.client)
             }
-            out.append(contentsOf: " duration_ms=".utf8)
+            out.append(utf8: " duration_ms=")
             Self.appendHundredths(duration, to: &out)
-            out.append(contentsOf: " method=".utf8)
-            out.append(contentsOf: entry.method.utf8)
-            out.append(contentsOf: " path=".utf8)
-            out.append(contentsOf: entry.path.utf8)
-            out.append(contentsOf: " request_id=".utf8)
-            out.append(contentsOf: entry.requestID.utf8)
-            out.append(contentsOf: " status=".utf8)
+            out.append(utf8: " method=")
+            out.append(utf8: entry.method)
+            out.append(utf8: " path=")
+            out.append(utf8: entry.path)
+            out.append(utf8: " request_id=")
+            out.append(utf8: entry.requestID)
+            out.append(utf8: " status=")
             Self.appendPadded(entry.status, width: 1, to: &out)
             if let user = entry.userID {
-                out.append(contentsOf: " user_id=".utf8)
-                out.append(contentsOf: UUIDText.lowercase(user).utf8)
+                out.append(utf8: " user_id=")
+                out.append(utf8: UUIDText.lowercase(user))
             }
         case .json:
-            out.append(contentsOf: "{\"ts\":\"".utf8)
+            out.append(utf8: "{\"ts\":\"")
             out.append(contentsOf: prefix)
             Self.appendPadded(milliseconds, width: 3, to: &out)
-            out.append(contentsOf: "Z\",\"level\":\"info\",\"logger\":".utf8)
-            out.append(contentsOf: JSONText.quote(label).utf8)
-            out.append(contentsOf: ",\"msg\":\"request\",".utf8)
+            out.append(contentsOf: lineHead)
             if !entry.client.isEmpty {
-                out.append(contentsOf: "\"client\":\"".utf8)
-                out.append(contentsOf: entry.client.utf8)
-                out.append(contentsOf: "\",".utf8)
+                out.append(utf8: "\"client\":\"")
+                out.append(utf8: entry.client)
+                out.append(utf8: "\",")
             }
-            out.append(contentsOf: "\"duration_ms\":\"".utf8)
+            out.append(utf8: "\"duration_ms\":\"")
             Self.appendHundredths(duration, to: &out)
-            out.append(contentsOf: "\",\"method\":".utf8)
-            out.append(contentsOf: JSONText.quote(entry.method).utf8)
-            out.append(contentsOf: ",\"path\":".utf8)
-            out.append(contentsOf: JSONText.quote(entry.path).utf8)
-            out.append(contentsOf: ",\"request_id\":\"".utf8)
-            out.append(contentsOf: entry.requestID.utf8)  // [A-Za-z0-9._:-] only
-            out.append(contentsOf: "\",\"status\":\"".utf8)
+            out.append(utf8: "\",\"method\":")
+            out.append(utf8: JSONText.quote(entry.method))
+            out.append(utf8: ",\"path\":")
+            out.append(utf8: JSONText.quote(entry.path))
+            out.append(utf8: ",\"request_id\":\"")
+            out.append(utf8: entry.requestID)  // [A-Za-z0-9._:-] only
+            out.append(utf8: "\",\"status\":\"")
             Self.appendPadded(entry.status, width: 1, to: &out)
             out.append(UInt8(ascii: "\""))
             if let user = entry.userID {
-                out.append(contentsOf: ",\"user_id\":\"".utf8)
-                out.append(contentsOf: UUIDText.lowercase(user).utf8)
+                out.append(utf8: ",\"user_id\":\"")
+                out.append(utf8: UUIDText.lowercase(user))
                 out.append(UInt8(ascii: "\""))
             }
             out.append(UInt8(ascii: "}"))
@@ -181,18 +225,16 @@ final class AccessLog: Sendable {
         appendPadded(Int(hundredths % 100), width: 2, to: &out)
     }
 
-    private static func write(_ bytes: [UInt8]) {
-        bytes.withUnsafeBytes { buffer in
-            guard let base = buffer.baseAddress else { return }
-            var offset = 0
-            while offset < buffer.count {
-                let written = Foundation.write(STDERR_FILENO, base + offset, buffer.count - offset)
-                if written < 0 {
-                    if errno == EINTR { continue }
-                    return
-                }
-                offset += written
+    private func write(_ bytes: UnsafeRawBufferPointer) {
+        guard let base = bytes.baseAddress else { return }
+        var offset = 0
+        while offset < bytes.count {
+            let written = Foundation.write(output, base + offset, bytes.count - offset)
+            if written < 0 {
+                if errno == EINTR { continue }
+                return
             }
+            offset += written
         }
     }
 }
