@@ -692,7 +692,10 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             await body.produce(writer)
             writer.producerReturned()
         }
-        connection.stream = ActiveStream(writer: writer, producer: producer, chunked: chunked, shutdown: body.shutdown)
+        writer.started(producer)
+        connection.stream = ActiveStream(writer: writer, chunked: chunked, shutdown: body.shutdown)
+        // Answered after shutdown began: the producer is told at once, as the others were.
+        if shuttingDown, body.shutdown == .cancel { writer.shutdownBegan() }
     }
 
     /// Runs a streamed body's producer that has nobody to send to: its writer is closed and
@@ -972,7 +975,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             if action == .close || (connection.lifecycle.state == .readingHead && connection.parser.bufferedByteCount == 0) {
                 closeConnection(connection)
             } else if action == .endStream, let stream = connection.stream, stream.shutdown == .cancel {
-                stream.producer.cancel()
+                stream.writer.shutdownBegan()
             } else if action == .endWebSocket, let webSocket = connection.webSocket {
                 endWebSocket(connection, webSocket, .goingAway, "server shutting down")
                 drive(connection)
@@ -991,8 +994,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         }
         if let stream = connection.stream {
             connection.stream = nil
-            stream.writer.close()
-            stream.producer.cancel()
+            stream.writer.close()  // cancels the producer, tells a detached body's holder
         }
         if let webSocket = connection.webSocket {
             connection.webSocket = nil
