@@ -46,6 +46,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     /// The accept queue may hold connections no new edge will report (accept failed for want
     /// of descriptors or memory): retry from the periodic sweep.
     private var acceptRetryPending = false
+    /// Gives freed memory back after a burst of connections or requests.
+    private var memoryRelease = MemoryRelease()
     private var shutdownDeadline: UInt64 = 0
     private var now: UInt64 = 0
     private let dates = DateHeaderCache()
@@ -210,6 +212,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 sweepDeadlines()
                 logRefusedPerClient()
                 if acceptRetryPending, listener >= 0 { acceptConnections() }
+                if memoryRelease.shouldRelease(now: now) { memoryRelease.release(now: now) }
                 nextSweep = now + 250_000_000
             }
             if shuttingDown, connections.isEmpty || now >= shutdownDeadline { break }
@@ -346,6 +349,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 limits: configuration.limits, lifecycle: ConnectionStateMachine(timeouts: timeouts, now: now))
             connections[fd] = connection
             connectionCount.store(connections.count, ordering: .relaxed)
+            memoryRelease.worked(now: now)
         }
     }
 
@@ -652,6 +656,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     /// A handler's answer, on the loop's thread.
     private func complete(_ completion: Mailbox<Context>.Completion) {
         inFlightCount.wrappingAdd(-1, ordering: .relaxed)
+        memoryRelease.worked(now: now)
         guard let connection = connections[completion.fd], connection.id == completion.connectionID,
             connection.lifecycle.isHandling
         else {
