@@ -90,7 +90,8 @@ public final class EventStreams: Sendable {
     private struct State {
         var perUser: [UUID: Int] = [:]
         var total = 0
-        /// Each user's hub (which holds the user's open streams), while the user has streams (counted by `perUser`).
+        /// Each user's hub, which holds the user's open streams, while the user has streams
+        /// (counted by `perUser`).
         var hubs: [UUID: LiveHub] = [:]
         var nextID: UInt64 = 0
         var ticker: Task<Void, Never>? = nil
