@@ -189,3 +189,15 @@ long csystem_raise_fd_limit(void) {
     }
     return (long)limit.rlim_cur;
 }
+
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
+int csystem_release_free_memory(void) {
+#ifdef __GLIBC__
+    return malloc_trim(0);
+#else
+    return 0;
+#endif
+}

@@ -131,4 +131,31 @@ final class HTTPBodyWriterTests: XCTestCase {
         abandoned.producerReturned()
         XCTAssertEqual(abandoned.take().end, .abandoned)
     }
+
+    func testFinishingFromElsewhereFailsAWaitingWrite() async throws {
+        let (writer, waiting) = try await fullWriterWithAWaitingWrite()
+        writer.finish()  // the body's holder ended it while its producer waited for room
+        let threw = await waiting.value
+        XCTAssertTrue(threw)
+        XCTAssertEqual(writer.take().end, .finished)
+    }
+
+    func testADetachedProducerReturningLeavesTheBodyOpenAndTheHandlerRunsOnce() {
+        let writer = HTTPBodyWriter(bufferLimit: 10) {}
+        let reasons = Mutex<[HTTPBodyWriter.CloseReason]>([])
+        writer.detach { reason in reasons.withLock { $0.append(reason) } }
+        writer.producerReturned()
+        XCTAssertEqual(writer.take().end, .open, "not abandoned")
+        XCTAssertEqual(writer.writeIfRoom([1]), .written)
+        writer.shutdownBegan()
+        writer.close()
+        writer.shutdownBegan()
+        XCTAssertEqual(reasons.withLock { $0 }, [.shutdown], "once")
+
+        let finished = HTTPBodyWriter(bufferLimit: 10) {}
+        finished.detach { reason in reasons.withLock { $0.append(reason) } }
+        finished.finish()
+        finished.close()
+        XCTAssertEqual(reasons.withLock { $0 }, [.shutdown], "not after finish()")
+    }
 }

@@ -16,6 +16,9 @@ final class StreamedResponseTests: XCTestCase {
         let sawCancelled = Atomic<Int>(0)
         let written = Atomic<Int>(0)
         let mostBuffered = Atomic<Int>(0)
+        /// A detached body's writer, once its producer returned, and what its `onClose` got.
+        let detached = Mutex<HTTPBodyWriter?>(nil)
+        let closeReasons = Mutex<[HTTPBodyWriter.CloseReason]>([])
     }
 
     struct Responder: HTTPResponder {
@@ -76,6 +79,20 @@ final class StreamedResponseTests: XCTestCase {
                         probe.sawCancelled.add(1, ordering: .relaxed)
                         _ = writer.writeIfRoom(Array("bye\n".utf8))
                         writer.finish()
+                    }, 0)
+            case "/detached":
+                // Hands the body over and returns: the test writes and ends it; when the
+                // connection goes or shutdown begins, the close handler ends it (once).
+                return .now(
+                    .streamed(.ok, shutdown: .cancel) { writer in
+                        writer.detach { reason in
+                            probe.closeReasons.withLock { $0.append(reason) }
+                            _ = writer.writeIfRoom(Array("bye\n".utf8))
+                            writer.finish()
+                        }
+                        try? await writer.write(Array("open\n".utf8))
+                        probe.detached.withLock { $0 = writer }
+                        probe.producerEnded.add(1, ordering: .relaxed)
                     }, 0)
             case "/head-only":
                 return .now(
@@ -203,5 +220,63 @@ final class StreamedResponseTests: XCTestCase {
         // would take; not a tighter figure, which a loaded machine could miss.
         XCTAssertLessThan(Date().timeIntervalSince(started), 4, "promptly, not after the shutdown timeout")
         XCTAssertEqual(probe.sawCancelled.load(ordering: .relaxed), 1)
+    }
+
+    // MARK: - Detached bodies
+
+    /// Opens `/detached` and waits until its producer has returned.
+    func openDetached() throws -> (TestClient, HTTPBodyWriter) {
+        let client = try TestClient(port: server.port)
+        try client.send("GET /detached HTTP/1.1\r\nHost: x\r\n\r\n")
+        _ = try client.readHead()
+        XCTAssertEqual(try client.readChunk(), "open\n")
+        try eventually { probe.producerEnded.load(ordering: .relaxed) == 1 }
+        let writer = try XCTUnwrap(probe.detached.withLock { $0 })
+        return (client, writer)
+    }
+
+    func testDetachedBodyStaysOpenAndWritableAfterItsProducerReturned() async throws {
+        let (client, writer) = try openDetached()
+        XCTAssertFalse(writer.isClosed, "the producer returning did not end the body")
+        XCTAssertEqual(writer.writeIfRoom(Array("later\n".utf8)), .written)
+        XCTAssertEqual(try client.readChunk(), "later\n")
+        writer.finish()
+        XCTAssertEqual(try client.readChunkedBody(), "", "ended with the last chunk")
+        // The connection takes the next request; the close handler was not called (the
+        // body's holder ended it), not even when the connection closes later.
+        try client.send("GET /count?n=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        _ = try client.readHead()
+        XCTAssertEqual(try client.readChunkedBody(), "line 0\n")
+        client.close()
+        server.shutdown()
+        await server.waitUntilStopped()
+        XCTAssertEqual(probe.closeReasons.withLock { $0 }, [])
+    }
+
+    func testDetachedBodysCloseHandlerRunsOnceWhenTheClientGoesAway() async throws {
+        let (client, writer) = try openDetached()
+        client.close()
+        try eventually { !probe.closeReasons.withLock { $0 }.isEmpty }
+        XCTAssertEqual(writer.writeIfRoom(Array("x".utf8)), .closed)
+        server.shutdown()
+        await server.waitUntilStopped()
+        XCTAssertEqual(probe.closeReasons.withLock { $0 }, [.connectionClosed], "once, though shutdown followed")
+    }
+
+    func testDetachedBodysCloseHandlerRunsOnceAtShutdownAndEndsTheBodyCleanly() async throws {
+        let (client, _) = try openDetached()
+        server.shutdown()
+        XCTAssertEqual(try client.readChunkedBody(), "bye\n", "the handler's last words and the last chunk")
+        XCTAssertTrue(try client.waitForClose())
+        await server.waitUntilStopped()
+        XCTAssertEqual(probe.closeReasons.withLock { $0 }, [.shutdown], "once, though the connection closed after")
+    }
+
+    func testDetachingAClosedWriterCallsTheHandlerAtOnce() {
+        let writer = HTTPBodyWriter.closed()
+        let reasons = Mutex<[HTTPBodyWriter.CloseReason]>([])
+        writer.detach { reason in reasons.withLock { $0.append(reason) } }
+        writer.detach { _ in reasons.withLock { $0.append(.shutdown) } }  // ignored
+        XCTAssertEqual(reasons.withLock { $0 }, [.connectionClosed])
     }
 }

@@ -56,6 +56,10 @@ int csystem_epoll_add(int epoll, int fd, uint32_t events, uint64_t data);
 int csystem_epoll_delete(int epoll, int fd);
 int csystem_epoll_modify(int epoll, int fd, uint32_t events, uint64_t data);
 
+/// Gives the allocator's free memory back to the system (glibc's malloc_trim(0), which also
+/// releases free pages between used ones); returns 1 if some was released.
+int csystem_release_free_memory(void);
+
 /// One ready descriptor from `csystem_epoll_wait`.
 typedef struct {
     uint32_t events;

@@ -58,8 +58,8 @@ final class Connection<Context: Sendable> {
 
 /// A streamed response body in progress on a connection.
 struct ActiveStream {
+    /// Also holds the producer's task while it runs (a detached body outlives it).
     let writer: HTTPBodyWriter
-    let producer: Task<Void, Never>
     /// Chunked (HTTP/1.1) or delimited by closing the connection (HTTP/1.0).
     let chunked: Bool
     let shutdown: HTTPBodyStream.Shutdown

@@ -46,6 +46,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     /// The accept queue may hold connections no new edge will report (accept failed for want
     /// of descriptors or memory): retry from the periodic sweep.
     private var acceptRetryPending = false
+    /// Gives freed memory back after a burst of connections or requests.
+    private var memoryRelease = MemoryRelease()
     private var shutdownDeadline: UInt64 = 0
     private var now: UInt64 = 0
     private let dates = DateHeaderCache()
@@ -218,6 +220,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 sweepDeadlines()
                 logRefusedPerClient()
                 if acceptRetryPending, listener >= 0 { acceptConnections() }
+                if memoryRelease.shouldRelease(now: now) { memoryRelease.release(now: now) }
                 nextSweep = now + 250_000_000
             }
             if shuttingDown, connections.isEmpty || now >= shutdownDeadline { break }
@@ -354,6 +357,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 limits: configuration.limits, lifecycle: ConnectionStateMachine(timeouts: timeouts, now: now))
             connections[fd] = connection
             connectionCount.store(connections.count, ordering: .relaxed)
+            memoryRelease.worked(now: now)
         }
     }
 
@@ -682,6 +686,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     /// A handler's answer, on the loop's thread.
     private func complete(_ completion: Mailbox<Context>.Completion) {
         inFlightCount.wrappingAdd(-1, ordering: .relaxed)
+        memoryRelease.worked(now: now)
         guard let connection = connections[completion.fd], connection.id == completion.connectionID,
             connection.lifecycle.isHandling
         else {
@@ -722,7 +727,10 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             await body.produce(writer)
             writer.producerReturned()
         }
-        connection.stream = ActiveStream(writer: writer, producer: producer, chunked: chunked, shutdown: body.shutdown)
+        writer.started(producer)
+        connection.stream = ActiveStream(writer: writer, chunked: chunked, shutdown: body.shutdown)
+        // Answered after shutdown began: the producer is told at once, as the others were.
+        if shuttingDown, body.shutdown == .cancel { writer.shutdownBegan() }
     }
 
     /// Runs a streamed body's producer that has nobody to send to: its writer is closed and
@@ -1003,7 +1011,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             if action == .close || (connection.lifecycle.state == .readingHead && connection.parser.bufferedByteCount == 0) {
                 closeConnection(connection)
             } else if action == .endStream, let stream = connection.stream, stream.shutdown == .cancel {
-                stream.producer.cancel()
+                stream.writer.shutdownBegan()
             } else if action == .endWebSocket, let webSocket = connection.webSocket {
                 endWebSocket(connection, webSocket, .goingAway, "server shutting down")
                 drive(connection)
@@ -1022,8 +1030,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         }
         if let stream = connection.stream {
             connection.stream = nil
-            stream.writer.close()
-            stream.producer.cancel()
+            stream.writer.close()  // cancels the producer, tells a detached body's holder
         }
         if let webSocket = connection.webSocket {
             connection.webSocket = nil

@@ -9,15 +9,21 @@ import Synchronization
 /// sent, a `HEAD` request, a status without a body), its writer is already closed and its
 /// task cancelled, so it learns that at its first write and returns; whatever it holds is
 /// released then.
+///
+/// A body that lives long and writes rarely (a stream of events) need not keep its task:
+/// the producer calls `HTTPBodyWriter.detach(onClose:)` and may then return with the body
+/// still open; whoever holds the writer writes to it and calls `finish()`, and is told
+/// through `onClose` when the connection goes away or graceful shutdown begins.
 public struct HTTPBodyStream: Sendable {
     /// What a producer does when graceful shutdown begins.
     public enum Shutdown: Sendable {
         /// Keep producing: the body is part of a request in flight and gets the shutdown
         /// drain (`HTTPServerConfiguration.shutdownTimeout`) to finish (an export).
         case finish
-        /// The producer's task is cancelled at once: it writes nothing more and calls
-        /// `finish()`, so its client reads a complete body and may come back to another
-        /// instance (an endless stream of events).
+        /// The producer's task is cancelled at once (and a detached body's `onClose` is
+        /// called with `.shutdown`): it writes nothing more and calls `finish()`, so its
+        /// client reads a complete body and may come back to another instance (an endless
+        /// stream of events).
         case cancel
     }
 
@@ -71,6 +77,19 @@ public final class HTTPBodyWriter: Sendable {
     /// The connection is gone, the body was finished, or the producer's task was cancelled.
     public struct Closed: Error, Sendable {}
 
+    /// Why a detached body's `onClose` is called.
+    public enum CloseReason: Sendable, Equatable {
+        /// The connection is gone: the client closed it, did not read within the write
+        /// timeout, or the server stopped. Nothing more will be sent.
+        case connectionClosed
+        /// Graceful shutdown began (a body whose `shutdown` is `.cancel`): end the body with
+        /// `finish()`, and its client reads it complete.
+        case shutdown
+    }
+
+    /// A detached body's close handler.
+    public typealias CloseHandler = @Sendable (CloseReason) -> Void
+
     /// How the producer's part ended, as the loop sees it.
     enum End: Equatable {
         /// Still producing.
@@ -96,6 +115,16 @@ public final class HTTPBodyWriter: Sendable {
         var waiter: CheckedContinuation<Void, Never>? = nil
         /// The size of the write it waits to fit.
         var waiting = 0
+        /// The producer's task, until it returns: cancelled when the connection closes or
+        /// (a `.cancel` body) when shutdown begins.
+        var producer: Task<Void, Never>? = nil
+        var producerReturned = false
+        /// `detach(onClose:)` was called: the producer returning does not end the body.
+        var detached = false
+        /// Graceful shutdown began (a `.cancel` body).
+        var stopping = false
+        /// Called once when the connection closes or shutdown begins; dropped by `finish()`.
+        var onClose: CloseHandler? = nil
     }
 
     /// The most bytes buffered before writers wait.
@@ -173,15 +202,44 @@ public final class HTTPBodyWriter: Sendable {
         return result
     }
 
-    /// Ends the body: what was written is sent, then the end of the body. Later writes fail.
+    /// Ends the body: what was written is sent, then the end of the body. Later writes fail
+    /// (a waiting one at once), and a detached body's `onClose` is not called any more.
     public func finish() {
-        let notify = state.withLock { state -> Bool in
-            guard !state.closed, state.end == .open else { return false }
+        let (notify, waiter, handler) = state.withLock {
+            state -> (Bool, CheckedContinuation<Void, Never>?, CloseHandler?) in
+            // Whoever ends the body needs no word of its end: the handler, and what it holds
+            // (often this writer), is released here, outside the lock.
+            defer { state.onClose = nil }
+            guard !state.closed, state.end == .open else { return (false, nil, state.onClose) }
             state.end = .finished
-            defer { state.notified = true }
-            return !state.notified
+            defer {
+                state.notified = true
+                state.waiter = nil
+            }
+            return (!state.notified, state.waiter, state.onClose)
         }
+        withExtendedLifetime(handler) {}
+        waiter?.resume()
         if notify { wake() }
+    }
+
+    /// Hands the body over from the producer's task to whoever holds this writer: the
+    /// producer may then return with the body open (it is not abandoned), and the holder
+    /// writes and calls `finish()`. `onClose` is called once, on the loop's thread, when the
+    /// connection closes or (a `.cancel` body) graceful shutdown begins — at once, on the
+    /// caller's thread, if either happened already — unless `finish()` came first. Call it
+    /// once; later calls are ignored.
+    public func detach(onClose: @escaping CloseHandler) {
+        let now = state.withLock { state -> CloseReason? in
+            guard !state.detached else { return nil }
+            state.detached = true
+            guard state.end == .open else { return nil }
+            if state.closed { return .connectionClosed }
+            if state.stopping { return .shutdown }
+            state.onClose = onClose
+            return nil
+        }
+        if let now { onClose(now) }
     }
 
     /// Whether the connection is gone (or the body ended): nothing more will be sent.
@@ -194,7 +252,7 @@ public final class HTTPBodyWriter: Sendable {
         await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
                 let resumeNow = state.withLock { state -> Bool in
-                    if state.closed || fits(count, state) || Task.isCancelled { return true }
+                    if state.closed || state.end != .open || fits(count, state) || Task.isCancelled { return true }
                     state.waiter = continuation
                     state.waiting = count
                     return false
@@ -211,10 +269,19 @@ public final class HTTPBodyWriter: Sendable {
 
     // MARK: - For the loop
 
-    /// The producer returned: without `finish()` the body is incomplete.
+    /// The producer's task (kept for cancelling it until it returns).
+    func started(_ producer: Task<Void, Never>) {
+        state.withLock { state in
+            if !state.producerReturned { state.producer = producer }
+        }
+    }
+
+    /// The producer returned: without `finish()` (or `detach`) the body is incomplete.
     func producerReturned() {
         let notify = state.withLock { state -> Bool in
-            guard state.end == .open else { return false }
+            state.producerReturned = true
+            state.producer = nil
+            guard state.end == .open, !state.detached else { return false }
             state.end = .abandoned
             defer { state.notified = true }
             return !state.closed && !state.notified
@@ -243,14 +310,35 @@ public final class HTTPBodyWriter: Sendable {
         return (bytes, end)
     }
 
-    /// The connection is gone: writes fail from now on, a waiting one at once.
+    /// The connection is gone: writes fail from now on, a waiting one at once; the
+    /// producer's task is cancelled and a detached body's holder told.
     func close() {
-        let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in
+        let (waiter, producer, handler) = state.withLock {
+            state -> (CheckedContinuation<Void, Never>?, Task<Void, Never>?, CloseHandler?) in
             state.closed = true
             state.chunks = []
-            defer { state.waiter = nil }
-            return state.waiter
+            defer {
+                state.waiter = nil
+                state.producer = nil
+                state.onClose = nil
+            }
+            return (state.waiter, state.producer, state.end == .open ? state.onClose : nil)
         }
+        // The holder first, so that a producer woken by the rest finds the stream ended.
+        handler?(.connectionClosed)
         waiter?.resume()
+        producer?.cancel()
+    }
+
+    /// Graceful shutdown began (a `.cancel` body): the producer's task is cancelled and a
+    /// detached body's holder told, which then ends the body.
+    func shutdownBegan() {
+        let (producer, handler) = state.withLock { state -> (Task<Void, Never>?, CloseHandler?) in
+            state.stopping = true
+            defer { state.onClose = nil }
+            return (state.producer, state.closed || state.end != .open ? nil : state.onClose)
+        }
+        handler?(.shutdown)
+        producer?.cancel()
     }
 }

@@ -8,14 +8,16 @@ import Synchronization
 /// one ticker that sends every stream's heartbeat and ends streams whose access token
 /// expired.
 ///
-/// A stream's producer writes its backlog itself, then parks in its user's `LiveHub`: an
-/// open, idle stream is a suspended continuation (no thread, no database connection), its
-/// connection's `HTTPBodyWriter`, and an entry here. When the user's events change (a
-/// `NOTIFY` from any instance) the hub — one task per user with streams — reads what is new
-/// once per cursor its streams wait at, and writes the page into each of their writers: ten
-/// thousand tabs of one account cost one select and no task wake-up each, and the page's
-/// bytes are shared by every writer until the loop copies them into its sockets. A parked
-/// stream is handed back to its producer only to end.
+/// A stream's producer writes its backlog itself, then parks the stream in its user's
+/// `LiveHub` and returns: an open, idle stream has no task, no thread and no database
+/// connection — it is its connection's `HTTPBodyWriter` (detached from the producer), its
+/// `Entry` and the hub's note of its cursor. When the user's events change (a `NOTIFY` from
+/// any instance) the hub — one task per user with streams — reads what is new once per
+/// cursor its streams wait at, and writes the page into each of their writers: ten thousand
+/// tabs of one account cost one select and no task wake-up each, and the page's bytes are
+/// shared by every writer until the loop copies them into its sockets. Whoever ends a stream
+/// (the ticker, the hub, the connection's close handler, its producer) does so through
+/// `Entry.finish(_:)`, once.
 public final class EventStreams: Sendable {
     /// Limits and timing (`TRUNK_SYNC_STREAM_*`).
     public struct Settings: Sendable {
@@ -47,18 +49,16 @@ public final class EventStreams: Sendable {
         case databaseError = "database_error"
     }
 
-    /// An open stream as the ticker and its hub see it.
+    /// An open stream: held by its hub (and, while it writes its backlog, its producer),
+    /// and by its connection's close handler.
     final class Entry: Sendable {
         let id: UInt64
         let session: UUID
         let expiresAt: Int64
         let writer: HTTPBodyWriter
         let hub: LiveHub
-        /// Set by the ticker (expiry) or a revocation; the producer ends on it.
-        let ended = Mutex<End?>(nil)
-        /// The task writing the backlog, while it runs: ending the stream cancels it, so a
-        /// backlog waiting for a slow reader (or for the database) ends at once too.
-        private let backlog = Mutex<Task<EventStreams.Backlog, Never>?>(nil)
+        /// Why it ended, once it has.
+        private let ended = Mutex<End?>(nil)
 
         init(id: UInt64, session: UUID, expiresAt: Int64, writer: HTTPBodyWriter, hub: LiveHub) {
             self.id = id
@@ -68,20 +68,19 @@ public final class EventStreams: Sendable {
             self.hub = hub
         }
 
-        /// Ends the stream: at once, whether it is parked or still writing its backlog.
-        func end(_ reason: End) {
-            ended.withLock { if $0 == nil { $0 = reason } }
-            backlog.withLock { $0 }?.cancel()
-            hub.unpark(id, reason)
-        }
+        /// Why the stream ended; nil while it is open.
+        var endReason: End? { ended.withLock { $0 } }
 
-        /// Follows `task`, the stream's backlog, until it returns (cancelled at once if the
-        /// stream has ended already).
-        func follow(_ task: Task<EventStreams.Backlog, Never>) async -> EventStreams.Backlog {
-            backlog.withLock { $0 = task }
-            if ended.withLock({ $0 }) != nil { task.cancel() }
-            defer { backlog.withLock { $0 = nil } }
-            return await withTaskCancellationHandler { await task.value } onCancel: { task.cancel() }
+        /// Ends the stream, whether it is parked or still writing its backlog: gives its
+        /// slot back, counts and logs `reason`, and ends the body cleanly (the client resumes
+        /// with `Last-Event-ID`). Only the first call does anything.
+        func finish(_ reason: End) {
+            let first = ended.withLock { ended -> Bool in
+                guard ended == nil else { return false }
+                ended = reason
+                return true
+            }
+            if first { hub.streams.finished(self, reason) }
         }
 
         /// Whether the stream's session was signed out (or its account deleted).
@@ -91,8 +90,8 @@ public final class EventStreams: Sendable {
     private struct State {
         var perUser: [UUID: Int] = [:]
         var total = 0
-        var open: [UInt64: Entry] = [:]
-        /// Each user's hub, while the user has streams (counted by `perUser`).
+        /// Each user's hub, which holds the user's open streams, while the user has streams
+        /// (counted by `perUser`).
         var hubs: [UUID: LiveHub] = [:]
         var nextID: UInt64 = 0
         var ticker: Task<Void, Never>? = nil
@@ -141,6 +140,9 @@ public final class EventStreams: Sendable {
     /// Streams open now.
     public var openCount: Int { state.withLock { $0.total } }
 
+    /// Users with streams open now (each has a hub running; for tests).
+    var userCount: Int { state.withLock { $0.hubs.count } }
+
     // MARK: - Slots
 
     /// Takes a slot for a stream of `user`, or throws `429` (per user, then per server).
@@ -165,12 +167,11 @@ public final class EventStreams: Sendable {
         return hub
     }
 
-    /// Gives back a slot taken by `reserve` (and forgets the stream's entry, if any); the
-    /// user's last stream stops the hub.
+    /// Gives back a slot taken by `reserve` (and takes the stream's entry, if any, from its
+    /// hub); the user's last stream stops the hub.
     func release(for user: UUID, entry: Entry?) {
         if let entry { entry.hub.leave(entry) }
         let idle = state.withLock { state -> LiveHub? in
-            if let entry { state.open.removeValue(forKey: entry.id) }
             state.total -= 1
             let mine = state.perUser[user, default: 1] - 1
             if mine > 0 {
@@ -199,14 +200,13 @@ public final class EventStreams: Sendable {
 
     // MARK: - Registry and ticker
 
-    /// Registers an open stream for the ticker (heartbeats, token expiry, revocation) and
-    /// its hub (revocation).
+    /// Registers an open stream with its hub, where the ticker (heartbeats, token expiry,
+    /// revocation) and the hub's wake-ups (events, revocation) find it.
     func register(session: UUID, expiresAt: Int64, writer: HTTPBodyWriter, hub: LiveHub) -> Entry {
         opened.increment()
         let entry = state.withLock { state in
             state.nextID += 1
             let entry = Entry(id: state.nextID, session: session, expiresAt: expiresAt, writer: writer, hub: hub)
-            state.open[entry.id] = entry
             if state.ticker == nil, !state.closed {
                 state.ticker = Task { [weak self] in await self?.tick() }
             }
@@ -216,7 +216,13 @@ public final class EventStreams: Sendable {
         return entry
     }
 
-    func recordEnd(_ reason: End) { endedCounts[reason]?.increment() }
+    /// What ending `entry` does (`Entry.finish`, once per stream).
+    fileprivate func finished(_ entry: Entry, _ reason: End) {
+        release(for: entry.hub.user, entry: entry)
+        endedCounts[reason]?.increment()
+        entry.writer.finish()
+        logger.debug("event stream ended", metadata: ["reason": "\(reason.rawValue)", "user_id": "\(entry.hub.user)"])
+    }
 
     func recordStreamed(_ count: Int) { streamed.increment(by: count) }
 
@@ -229,18 +235,20 @@ public final class EventStreams: Sendable {
         let heartbeat = Array(": keep-alive\n\n".utf8)
         while !Task.isCancelled {
             try? await Task.sleep(for: .milliseconds(min(1000, settings.heartbeat * 1000)))
-            let entries = state.withLock { Array($0.open.values) }
+            let hubs = state.withLock { Array($0.hubs.values) }
             let now = AuthService.now()
             let beat = monotonicNanoseconds() &- lastHeartbeat >= period
             if beat { lastHeartbeat = monotonicNanoseconds() }
-            for entry in entries {
-                if now >= entry.expiresAt {
-                    entry.end(.expired)
-                } else if entry.isRevoked(revocations) {
-                    // Usually ended by the revocation's wake-up already (`LiveHub`).
-                    entry.end(.revoked)
-                } else if beat {
-                    _ = entry.writer.writeIfRoom(heartbeat)
+            for hub in hubs {
+                for entry in hub.entries {
+                    if now >= entry.expiresAt {
+                        entry.finish(.expired)
+                    } else if entry.isRevoked(revocations) {
+                        // Usually ended by the revocation's wake-up already (`LiveHub`).
+                        entry.finish(.revoked)
+                    } else if beat {
+                        _ = entry.writer.writeIfRoom(heartbeat)
+                    }
                 }
             }
         }
@@ -259,28 +267,23 @@ public final class EventStreams: Sendable {
         var cursor: Int64
     }
 
-    /// The producer of one stream: `retry:`, the backlog at the client's pace, then parked in
-    /// its hub, which writes each commit's events, until the token expires, the session is
-    /// revoked, the client falls behind or goes away, or the server shuts down — in the
-    /// backlog as when live: the backlog is a task of its own that ending the stream cancels.
-    /// Always ends the body cleanly (the client resumes with `Last-Event-ID`) and gives its
-    /// slot back.
+    /// The producer of one stream: `retry:`, the backlog at the client's pace, then it parks
+    /// the stream in its hub and returns; the hub writes each commit's events until the token
+    /// expires, the session is revoked, the client falls behind or goes away, or the server
+    /// shuts down. The stream ends (in the backlog as when parked) through `Entry.finish`,
+    /// whoever ends it: the body ends cleanly and the slot is given back.
     func run(_ start: Start, writer: HTTPBodyWriter) async {
         let entry = register(session: start.session, expiresAt: start.expiresAt, writer: writer, hub: start.hub)
-        var end = End.clientGone
-        defer {
-            release(for: start.user, entry: entry)
-            recordEnd(end)
-            writer.finish()
-            logger.debug("event stream ended", metadata: ["reason": "\(end.rawValue)", "user_id": "\(start.user)"])
-        }
+        // The connection's end reaches the stream through its writer, not by cancelling this
+        // task (which is gone once the stream is parked); the body ends only by `finish`.
+        writer.detach { reason in entry.finish(reason == .shutdown ? .shutdown : .clientGone) }
         _ = writer.writeIfRoom(Array("retry: \(settings.retryMilliseconds)\n\n".utf8))
-        switch await entry.follow(Task { await backlog(start, entry: entry, writer: writer) }) {
+        switch await backlog(start, entry: entry, writer: writer) {
         case .ended(let reason):
-            end = reason
+            entry.finish(reason)
         case .caughtUp(let cursor, let generation):
-            // Live: the hub writes from now on; the stream is handed back only to end.
-            end = await start.hub.park(entry, at: cursor, readAt: generation)
+            // Live: the hub writes from now on (and ends the stream, or whoever does).
+            start.hub.park(entry, at: cursor, readAt: generation)
         }
     }
 
@@ -291,8 +294,8 @@ public final class EventStreams: Sendable {
         case ended(End)
     }
 
-    /// Writes the backlog at the client's pace, a page at a time. Cancelled: the stream ended
-    /// (`entry.ended` says why) or the server is shutting down.
+    /// Writes the backlog at the client's pace, a page at a time, until it is written or the
+    /// stream ends (a write fails at once when it does: `finish` ends the body).
     private func backlog(_ start: Start, entry: Entry, writer: HTTPBodyWriter) async -> Backlog {
         var result = start.firstPage
         var cursor = start.cursor
@@ -301,17 +304,17 @@ public final class EventStreams: Sendable {
                 do {
                     try await writer.write(result.page.eventsJSON, inPiecesOf: settings.bufferBytes)
                 } catch {
-                    return .ended(entry.ended.withLock({ $0 }) ?? (Task.isCancelled && !writer.isClosed ? .shutdown : .clientGone))
+                    return .ended(entry.endReason ?? (Task.isCancelled && !writer.isClosed ? .shutdown : .clientGone))
                 }
                 cursor = result.page.lastSeq ?? cursor
                 recordStreamed(result.page.count)
             }
-            if let reason = entry.ended.withLock({ $0 }) { return .ended(reason) }
+            if let reason = entry.endReason { return .ended(reason) }
             if !result.page.hasMore { break }
             do {
                 result = try await pulls.page(for: start.user, after: cursor, limit: settings.pageSize, notBefore: 0)
             } catch {
-                return .ended(entry.ended.withLock({ $0 }) ?? endAfterFailure(error))
+                return .ended(entry.endReason ?? endAfterFailure(error))
             }
         }
         return .caughtUp(cursor: cursor, generation: result.generation)
@@ -325,7 +328,7 @@ public final class EventStreams: Sendable {
     }
 
     /// No new streams from now on; stops the ticker and the hubs (open streams end with the
-    /// HTTP server's shutdown, which cancels them).
+    /// HTTP server's shutdown, which tells their writers' close handlers).
     func close() {
         let (ticker, hubs) = state.withLock { state in
             state.closed = true
@@ -397,26 +400,27 @@ final class SharedPulls: Sendable {
     var inFlightCount: Int { inFlight.withLock { $0.count } }
 }
 
-/// One user's live streams on this instance: parked at their cursors, written to by one
-/// task when the user's events change (a commit on any instance, a revoked session, the
-/// listener reconnecting), and handed back to their producers only to end.
+/// One user's live streams on this instance, parked at their cursors (or still writing their
+/// backlog), written to by one task when the user's events change (a commit on any instance,
+/// a revoked session, the listener reconnecting). A parked stream has no task: the hub holds
+/// it, and ends it (`Entry.finish`) when it falls behind, its session is revoked, or its
+/// read fails.
 final class LiveHub: Sendable {
-    private struct Parked {
-        var entry: EventStreams.Entry
-        var cursor: Int64
-        var continuation: CheckedContinuation<EventStreams.End, Never>
+    private struct Member {
+        let entry: EventStreams.Entry
+        /// Where it is parked; nil while its producer writes its backlog.
+        var cursor: Int64?
     }
 
     private struct State {
-        var parked: [UInt64: Parked] = [:]
-        /// Every open stream of the user here, parked or still writing its backlog.
-        var members: [UInt64: EventStreams.Entry] = [:]
+        /// Every open stream of the user here.
+        var members: [UInt64: Member] = [:]
         var task: Task<Void, Never>? = nil
         var stopped = false
     }
 
     let user: UUID
-    private let streams: EventStreams
+    let streams: EventStreams
     private let subscription: EventSubscription
     private let state = Mutex(State())
 
@@ -443,69 +447,50 @@ final class LiveHub: Sendable {
     }
 
     /// A stream of the user opened here.
-    func join(_ entry: EventStreams.Entry) { state.withLock { $0.members[entry.id] = entry } }
+    func join(_ entry: EventStreams.Entry) { state.withLock { $0.members[entry.id] = Member(entry: entry) } }
 
     /// The stream ended.
     func leave(_ entry: EventStreams.Entry) { state.withLock { _ = $0.members.removeValue(forKey: entry.id) } }
+
+    /// The user's open streams here.
+    var entries: [EventStreams.Entry] { state.withLock { $0.members.values.map(\.entry) } }
 
     /// Ends the user's streams whose session was revoked (a revocation wakes the hub),
     /// parked or still writing their backlog.
     private func endRevoked() {
         guard let revocations = streams.revocations else { return }
-        for entry in state.withLock({ Array($0.members.values) }) where entry.isRevoked(revocations) {
-            entry.end(.revoked)
+        for entry in entries where entry.isRevoked(revocations) {
+            entry.finish(.revoked)
         }
     }
 
-    /// Stops reading for the parked streams (shutdown: they end when the HTTP server
-    /// cancels them).
+    /// Stops reading for the parked streams (shutdown: they end when the HTTP server tells
+    /// their writers).
     func stopFollowing() {
         state.withLock { $0.task }?.cancel()
     }
 
-    /// The user's last stream ended: stops following (streams parked meanwhile end).
+    /// The user's last stream ended: stops following.
     func stop() {
-        let (task, parked) = state.withLock { state in
+        let task = state.withLock { state in
             state.stopped = true
-            defer {
-                state.task = nil
-                state.parked = [:]
-            }
-            return (state.task, Array(state.parked.values))
+            defer { state.task = nil }
+            return state.task
         }
         task?.cancel()
         subscription.cancel()
-        for stream in parked { stream.continuation.resume(returning: .shutdown) }
     }
 
     /// Parks a stream whose backlog up to `cursor` is written, read at the notifier's
-    /// `generation`; returns why it ends. A wake-up counted after that read may have been
-    /// missed by it: then the hub looks at once.
-    func park(_ entry: EventStreams.Entry, at cursor: Int64, readAt generation: UInt64) async -> EventStreams.End {
-        await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<EventStreams.End, Never>) in
-                let ended: EventStreams.End? = state.withLock { state in
-                    if state.stopped { return .shutdown }
-                    if Task.isCancelled { return entry.writer.isClosed ? .clientGone : .shutdown }
-                    if let reason = entry.ended.withLock({ $0 }) { return reason }
-                    state.parked[entry.id] = Parked(entry: entry, cursor: cursor, continuation: continuation)
-                    return nil
-                }
-                if let ended {
-                    continuation.resume(returning: ended)
-                } else if streams.notifier.generation > generation {
-                    subscription.wake()
-                }
-            }
-        } onCancel: {
-            // The connection closed (the writer says so) or the server is shutting down.
-            unpark(entry.id, entry.writer.isClosed ? .clientGone : .shutdown)
+    /// `generation` (nothing, if it ended meanwhile). A wake-up counted after that read may
+    /// have been missed by it: then the hub looks at once.
+    func park(_ entry: EventStreams.Entry, at cursor: Int64, readAt generation: UInt64) {
+        let parked = state.withLock { state -> Bool in
+            guard state.members[entry.id] != nil else { return false }
+            state.members[entry.id]?.cursor = cursor
+            return true
         }
-    }
-
-    /// Hands a parked stream back to its producer to end (no effect if it is not parked).
-    func unpark(_ id: UInt64, _ reason: EventStreams.End) {
-        state.withLock { $0.parked.removeValue(forKey: id) }?.continuation.resume(returning: reason)
+        if parked, streams.notifier.generation > generation { subscription.wake() }
     }
 
     /// Writes `page` to `entries` (parked streams of one loop, on that loop's thread);
@@ -524,7 +509,7 @@ final class LiveHub: Sendable {
                 let isRevoked = revoked[entry.session] ?? revocations.isRevoked(entry.session)
                 revoked[entry.session] = isRevoked
                 if isRevoked {
-                    unpark(entry.id, .revoked)
+                    entry.finish(.revoked)
                     continue
                 }
             }
@@ -533,13 +518,15 @@ final class LiveHub: Sendable {
             // too far behind to buffer for; it ends and resumes from its last id.
             switch entry.writer.writeIfRoom(bytes) {
             case .written: moved.append(entry.id)
-            case .full: unpark(entry.id, .slowReader)
-            case .closed: unpark(entry.id, entry.writer.isClosed ? .clientGone : .shutdown)
+            case .full: entry.finish(.slowReader)
+            // The connection is gone (its close handler ends the stream too) or the stream
+            // ended meanwhile (then this does nothing).
+            case .closed: entry.finish(.clientGone)
             }
         }
         if let lastSeq = page.lastSeq, !moved.isEmpty {
             state.withLock { state in
-                for id in moved where state.parked[id] != nil { state.parked[id]?.cursor = lastSeq }
+                for id in moved where state.members[id]?.cursor != nil { state.members[id]?.cursor = lastSeq }
             }
         }
         return moved.count
@@ -551,14 +538,15 @@ final class LiveHub: Sendable {
         let generation = streams.notifier.generation
         var seen = Set<Int64>()
         while true {
-            let groups = state.withLock { state -> [Int64: [UInt64]] in
-                var groups: [Int64: [UInt64]] = [:]
-                for (id, parked) in state.parked where !seen.contains(parked.cursor) {
-                    groups[parked.cursor, default: []].append(id)
+            let groups = state.withLock { state -> [Int64: [EventStreams.Entry]] in
+                var groups: [Int64: [EventStreams.Entry]] = [:]
+                for member in state.members.values {
+                    guard let cursor = member.cursor, !seen.contains(cursor) else { continue }
+                    groups[cursor, default: []].append(member.entry)
                 }
                 return groups
             }
-            guard let (cursor, ids) = groups.first else { return }
+            guard let (cursor, entries) = groups.first else { return }
             seen.insert(cursor)
             let result: SharedPulls.Result
             do {
@@ -566,13 +554,13 @@ final class LiveHub: Sendable {
                     for: user, after: cursor, limit: streams.settings.pageSize, notBefore: generation)
             } catch {
                 let reason = streams.endAfterFailure(error)
-                for id in ids { unpark(id, reason) }
+                for entry in entries { entry.finish(reason) }
                 continue
             }
             let page = result.page
-            let entries = state.withLock { state in ids.compactMap { state.parked[$0]?.entry } }
             // Each loop writes its own connections' streams (and then sends them): a commit
-            // to many streams on N loops is copied and sent by N threads in parallel.
+            // to many streams on N loops is copied and sent by N threads in parallel. A
+            // stream that ended meanwhile refuses the write (`.closed`) and is skipped.
             var byLoop: [ObjectIdentifier?: (loop: LoopExecutor?, entries: [EventStreams.Entry])] = [:]
             for entry in entries {
                 let loop = entry.writer.loop
