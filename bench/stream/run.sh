@@ -12,7 +12,8 @@
 # one epoll thread per core and no database — in the same run; default 1 with
 # BENCH_USERS=1, else 0; streams only), BENCH_ROUNDS (rounds, each a pass of trunk-sync and,
 # with the reference, one of the reference; default 3 with the reference, else 1; each
-# round's streams are new users'), BENCH_PERF (a perf profile of trunk-sync's commits).
+# round's streams are new users'), BENCH_PERF (1: a perf profile of trunk-sync's commits,
+# reference: of the reference's; BENCH_PERF_KEEP=PATH keeps each as PATH.<name>.<round>).
 # Needs cc, PostgreSQL, curl and python3.
 #
 # bench/realtime/run.sh runs the same with BENCH_TARGET=realtime: Realtime sockets
@@ -175,7 +176,8 @@ measure() {
   local rss_open threads_open perf_pid="" cpu_before cpu_ms client_ms
   rss_open=$(rss_kib "$pid")
   threads_open=$(threads "$pid")
-  if [ -n "${BENCH_PERF:-}" ] && [ "$name" = trunk-sync ]; then  # where the server's time goes during the commits
+  # Where the server's time goes during the commits: trunk-sync's (BENCH_PERF=1), the reference's (=reference).
+  if [ -n "${BENCH_PERF:-}" ] && [ "$name" = "$([ "$BENCH_PERF" = reference ] && echo reference || echo trunk-sync)" ]; then
     perf record -q -g -p "$pid" -o "$work/perf.data" 2>/dev/null &
     perf_pid=$!
     sleep 1
@@ -194,7 +196,8 @@ measure() {
     'BEGIN { printf "%.1f", (b - a - open) * 1000 / n }')
   if [ -n "$perf_pid" ]; then
     kill -INT "$perf_pid"; wait "$perf_pid" || true
-    perf report -i "$work/perf.data" --no-children --sort ${BENCH_PERF_SORT:-dso,symbol} -g none --stdio 2>/dev/null | grep -v '^#' | grep '%' | head -40 >&2
+    perf report -i "$work/perf.data" --no-children --sort ${BENCH_PERF_SORT:-dso,symbol} -g none --stdio 2>/dev/null | grep -v '^#' | grep '%' | head -40 >&2 || true
+    if [ -n "${BENCH_PERF_KEEP:-}" ]; then cp "$work/perf.data" "$BENCH_PERF_KEEP.$name.$round"; fi
   fi
   sed -n 1,2p "$work/client.out" >&2
   # "latency_ms p50=… p90=… p99=… max=… samples=… slowest_round_ms=…" → one line of figures
