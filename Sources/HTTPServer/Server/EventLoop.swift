@@ -206,6 +206,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 }
             }
             jobsLeft = executor.runQueuedJobs()
+            // Streams the jobs just wrote on this thread (a fan-out's share): sent now. Sending
+            // may resume a producer waiting for room, whose job then runs without sleeping.
+            if driveLocalStreamsReady() { jobsLeft = true }
             if now >= nextSweep {
                 sweepDeadlines()
                 logRefusedPerClient()
@@ -640,13 +643,23 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private func handleMailbox() {
         let (completions, streamsReady, shutdown) = mailbox.drain()
         for completion in completions { complete(completion) }
-        for ready in streamsReady {
-            guard let connection = connections[ready.fd], connection.id == ready.connectionID,
-                connection.lifecycle.isStreaming || connection.lifecycle.isWebSocket
-            else { continue }
-            drive(connection)
-        }
+        for ready in streamsReady { driveReady(ready.fd, ready.connectionID) }
         if shutdown, !shuttingDown { beginShutdown() }
+    }
+
+    /// Drives the streams written on this thread since the last call; false when there were none.
+    private func driveLocalStreamsReady() -> Bool {
+        let ready = mailbox.takeLocalStreamsReady()
+        for stream in ready { driveReady(stream.fd, stream.connectionID) }
+        return !ready.isEmpty
+    }
+
+    /// A streamed body or WebSocket has something to send: unless its connection is gone.
+    private func driveReady(_ fd: Int32, _ connectionID: UInt64) {
+        guard let connection = connections[fd], connection.id == connectionID,
+            connection.lifecycle.isStreaming || connection.lifecycle.isWebSocket
+        else { return }
+        drive(connection)
     }
 
     /// A handler's answer, on the loop's thread.
@@ -683,10 +696,17 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             into: &connection.output)
         connection.context = nil
         let mailbox = self.mailbox
+        let executor = self.executor
         let fd = connection.fd
         let id = connection.id
         let writer = HTTPBodyWriter(bufferLimit: body.bufferLimit, loop: executor) {
-            mailbox.postStreamReady(fd: fd, connectionID: id)
+            // Written on this loop's thread (its share of a fan-out): the loop sends it after
+            // the job, with no lock or wake-up; from anywhere else, through the mailbox.
+            if LoopExecutor.current === executor {
+                mailbox.postStreamReadyOnLoop(fd: fd, connectionID: id)
+            } else {
+                mailbox.postStreamReady(fd: fd, connectionID: id)
+            }
         }
         let producer = Task {
             await body.produce(writer)

@@ -451,8 +451,10 @@ final class LiveHub: Sendable {
     /// Ends the user's streams whose session was revoked (a revocation wakes the hub),
     /// parked or still writing their backlog.
     private func endRevoked() {
-        guard let revocations = streams.revocations else { return }
-        for entry in state.withLock({ Array($0.members.values) }) where entry.isRevoked(revocations) {
+        // Nothing revoked on this instance (the usual case): no stream to look at.
+        guard let revocations = streams.revocations, revocations.count > 0 else { return }
+        var revoked = RevokedSessions(revocations)
+        for entry in state.withLock({ Array($0.members.values) }) where revoked.contains(entry.session) {
             entry.end(.revoked)
         }
     }
@@ -512,21 +514,15 @@ final class LiveHub: Sendable {
     /// returns how many took it.
     private func write(_ page: EventStore.Page, to entries: [EventStreams.Entry]) -> Int {
         var moved: [UInt64] = []
-        let revocations = streams.revocations
+        moved.reserveCapacity(entries.count)
         // This loop's own copy of the bytes: every writer of the loop shares it, and no
         // reference count is bumped by two threads at once (one copy per loop, not per stream).
         let bytes = page.eventsJSON.withUnsafeBufferPointer { Array($0) }
-        // A user's streams share few sessions: each is looked up once per pass, not once per
-        // stream (the revocation table's lock is shared by every loop).
-        var revoked: [UUID: Bool] = [:]
+        var revoked = streams.revocations.map(RevokedSessions.init)
         for entry in entries {
-            if let revocations {
-                let isRevoked = revoked[entry.session] ?? revocations.isRevoked(entry.session)
-                revoked[entry.session] = isRevoked
-                if isRevoked {
-                    unpark(entry.id, .revoked)
-                    continue
-                }
+            if revoked?.contains(entry.session) == true {
+                unpark(entry.id, .revoked)
+                continue
             }
             guard page.count > 0 else { continue }
             // Live events go to every stream at once: one that has no room for them is
@@ -539,7 +535,10 @@ final class LiveHub: Sendable {
         }
         if let lastSeq = page.lastSeq, !moved.isEmpty {
             state.withLock { state in
-                for id in moved where state.parked[id] != nil { state.parked[id]?.cursor = lastSeq }
+                // In place: a `Parked` copied would retain its entry and continuation.
+                for id in moved {
+                    if let index = state.parked.index(forKey: id) { state.parked.values[index].cursor = lastSeq }
+                }
             }
         }
         return moved.count
@@ -551,14 +550,23 @@ final class LiveHub: Sendable {
         let generation = streams.notifier.generation
         var seen = Set<Int64>()
         while true {
-            let groups = state.withLock { state -> [Int64: [UInt64]] in
-                var groups: [Int64: [UInt64]] = [:]
-                for (id, parked) in state.parked where !seen.contains(parked.cursor) {
-                    groups[parked.cursor, default: []].append(id)
+            // The streams at one cursor not read for yet (all of them, usually): by index, so
+            // that no `Parked` is copied (each copy retains its entry and its continuation).
+            let group = state.withLock { state -> (cursor: Int64, ids: [UInt64])? in
+                var cursor: Int64? = nil
+                var ids: [UInt64] = []
+                for index in state.parked.indices {
+                    let at = state.parked.values[index].cursor
+                    if cursor == nil {
+                        if seen.contains(at) { continue }
+                        cursor = at
+                        ids.reserveCapacity(state.parked.count)
+                    }
+                    if at == cursor { ids.append(state.parked.keys[index]) }
                 }
-                return groups
+                return cursor.map { ($0, ids) }
             }
-            guard let (cursor, ids) = groups.first else { return }
+            guard let (cursor, ids) = group else { return }
             seen.insert(cursor)
             let result: SharedPulls.Result
             do {
@@ -570,16 +578,25 @@ final class LiveHub: Sendable {
                 continue
             }
             let page = result.page
-            let entries = state.withLock { state in ids.compactMap { state.parked[$0]?.entry } }
             // Each loop writes its own connections' streams (and then sends them): a commit
-            // to many streams on N loops is copied and sent by N threads in parallel.
-            var byLoop: [ObjectIdentifier?: (loop: LoopExecutor?, entries: [EventStreams.Entry])] = [:]
-            for entry in entries {
-                let loop = entry.writer.loop
-                byLoop[loop.map(ObjectIdentifier.init), default: (loop, [])].entries.append(entry)
+            // to many streams on N loops is copied and sent by N threads in parallel. A
+            // handful of loops: found by a look along them, not by hashing per stream.
+            let byLoop = state.withLock { state in
+                var byLoop: [(loop: LoopExecutor?, entries: [EventStreams.Entry])] = []
+                for id in ids {
+                    guard let index = state.parked.index(forKey: id) else { continue }
+                    let entry = state.parked.values[index].entry
+                    let loop = entry.writer.loop
+                    if let at = byLoop.firstIndex(where: { $0.loop === loop }) {
+                        byLoop[at].entries.append(entry)
+                    } else {
+                        byLoop.append((loop, [entry]))
+                    }
+                }
+                return byLoop
             }
             let written = await withTaskGroup(of: Int.self) { group in
-                for (loop, members) in byLoop.values {
+                for (loop, members) in byLoop {
                     group.addTask(executorPreference: loop) { self.write(page, to: members) }
                 }
                 return await group.reduce(0, +)
@@ -588,5 +605,24 @@ final class LiveHub: Sendable {
             // Read after the wake-up and complete: streams now at its end are up to date.
             if !page.hasMore, let lastSeq = page.lastSeq { seen.insert(lastSeq) }
         }
+    }
+}
+
+/// Whether sessions are revoked, for one pass over a user's streams: each distinct session is
+/// looked up once (the revocation table's lock is shared by every loop), and the streams of
+/// one session — most of a user's, in a row — cost a comparison.
+struct RevokedSessions {
+    private let revocations: SessionRevocations
+    private var known: [UUID: Bool] = [:]
+    private var last: (session: UUID, revoked: Bool)? = nil
+
+    init(_ revocations: SessionRevocations) { self.revocations = revocations }
+
+    mutating func contains(_ session: UUID) -> Bool {
+        if let last, last.session == session { return last.revoked }
+        let revoked = known[session] ?? revocations.isRevoked(session)
+        known[session] = revoked
+        last = (session, revoked)
+        return revoked
     }
 }
