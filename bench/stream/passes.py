@@ -18,9 +18,11 @@ starts = {"trunk-sync": int(sys.argv[3]), "reference": int(sys.argv[4])}
 print(f"{'pass':<11} {'round':>5} {'p50':>9} {'p90':>9} {'p99':>9} {'max':>9} {'CPU/commit':>11} "
       f"{'RSS open':>10} {'per stream':>10} {'threads':>7} {'load':>5} {'client CPU/commit':>17}")
 for name, round_, p50, p90, p99, high, cpu, rss, threads, load, client in passes:
-    each = (int(rss) - starts[name]) / count
+    # Per stream from the RSS at start: in the first round only (memory freed by a round's
+    # streams is kept by the allocator and reused by the next round's).
+    each = f"{(int(rss) - starts[name]) / count:>6.1f} KiB" if round_ == "1" else f"{'-':>10}"
     print(f"{name:<11} {round_:>5} {p50:>6} ms {p90:>6} ms {p99:>6} ms {high:>6} ms {cpu:>8} ms "
-          f"{int(rss) / 1024:>6.1f} MiB {each:>6.1f} KiB {threads:>7} {load:>5} {client:>14} ms")
+          f"{int(rss) / 1024:>6.1f} MiB {each} {threads:>7} {load:>5} {client:>14} ms")
 
 
 def column(name, index):

@@ -725,18 +725,21 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     /// Moves what the producer wrote into the connection's output, framed, once what was
     /// taken before has been sent. Returns whether output was queued (the caller flushes it).
     private func pumpStream(_ connection: Connection<Context>) -> Bool {
-        guard let stream = connection.stream, !connection.hasPendingOutput else { return false }
-        let (chunks, end) = stream.writer.take()
+        // The writer alone, not a copy of the whole `ActiveStream` (a retain and a release of
+        // its producer's task too, per stream and commit of a fan-out).
+        guard let writer = connection.stream?.writer, !connection.hasPendingOutput else { return false }
+        let chunked = connection.stream?.chunked ?? true
+        let (chunks, end) = writer.take()
         var size = 0
         for chunk in chunks { size += chunk.count }
         if size > 0 {
             connection.output.reserveCapacity(size + 16)
-            if stream.chunked {
+            if chunked {
                 appendHex(size, to: &connection.output)
                 connection.output.append(contentsOf: Self.crlf)
             }
             for chunk in chunks { connection.output.append(contentsOf: chunk) }
-            if stream.chunked { connection.output.append(contentsOf: Self.crlf) }
+            if chunked { connection.output.append(contentsOf: Self.crlf) }
         }
         switch end {
         case .open:
@@ -744,7 +747,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         case .finished:
             connection.stream = nil
             connection.lifecycle.streamEnded()
-            if stream.chunked { connection.output.append(contentsOf: Self.lastChunk) }
+            if chunked { connection.output.append(contentsOf: Self.lastChunk) }
         case .abandoned:
             connection.stream = nil
             connection.lifecycle.streamAbandoned()

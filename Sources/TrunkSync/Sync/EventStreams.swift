@@ -535,7 +535,7 @@ final class LiveHub: Sendable {
         }
         if let lastSeq = page.lastSeq, !moved.isEmpty {
             state.withLock { state in
-                // In place: a `Parked` copied would retain its entry and continuation.
+                // In place (see `cursor(of:)`).
                 for id in moved {
                     if let index = state.parked.index(forKey: id) { state.parked.values[index].cursor = lastSeq }
                 }
@@ -544,19 +544,28 @@ final class LiveHub: Sendable {
         return moved.count
     }
 
+    /// A parked stream's cursor, read in place. `Parked` holds a `CheckedContinuation`, whose
+    /// layout this module does not know: reading a `Parked` out of the table copies it whole
+    /// through its value witnesses (its entry and continuation retained and released), once
+    /// per stream per commit. Through the table's modify access (unique under the hub's lock)
+    /// nothing is copied.
+    private static func cursor(of parked: inout Parked) -> Int64 { parked.cursor }
+
+    /// A parked stream's entry, read in place (see `cursor(of:)`).
+    private static func entry(of parked: inout Parked) -> EventStreams.Entry { parked.entry }
+
     /// Writes what is new to every parked stream: one read per cursor they wait at (all at
     /// the same one, usually), the page's bytes shared by every writer.
     private func fanOut() async {
         let generation = streams.notifier.generation
         var seen = Set<Int64>()
         while true {
-            // The streams at one cursor not read for yet (all of them, usually): by index, so
-            // that no `Parked` is copied (each copy retains its entry and its continuation).
+            // The streams at one cursor not read for yet (all of them, usually), read in place.
             let group = state.withLock { state -> (cursor: Int64, ids: [UInt64])? in
                 var cursor: Int64? = nil
                 var ids: [UInt64] = []
                 for index in state.parked.indices {
-                    let at = state.parked.values[index].cursor
+                    let at = Self.cursor(of: &state.parked.values[index])
                     if cursor == nil {
                         if seen.contains(at) { continue }
                         cursor = at
@@ -585,7 +594,7 @@ final class LiveHub: Sendable {
                 var byLoop: [(loop: LoopExecutor?, entries: [EventStreams.Entry])] = []
                 for id in ids {
                     guard let index = state.parked.index(forKey: id) else { continue }
-                    let entry = state.parked.values[index].entry
+                    let entry = Self.entry(of: &state.parked.values[index])
                     let loop = entry.writer.loop
                     if let at = byLoop.firstIndex(where: { $0.loop === loop }) {
                         byLoop[at].entries.append(entry)
