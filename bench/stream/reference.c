@@ -252,11 +252,6 @@ static int answer(struct thread *t, struct conn *c, const char *head, const char
             "X-Accel-Buffering: no\r\nX-Request-Id: reference-%d\r\nTransfer-Encoding: chunked\r\nDate: %s\r\n"
             "Server: trunk-sync\r\nConnection: keep-alive\r\n\r\nd\r\nretry: 1000\n\n\r\n",
             c->fd, date);
-        free(c->in);
-        c->in = NULL;
-        c->in_length = 0;
-        c->kind = STREAM;
-        c->user = user;
         if (t->stream_count == t->stream_capacity) {
             size_t capacity = t->stream_capacity ? t->stream_capacity * 2 : 1024;
             struct conn **grown = realloc(t->streams, capacity * sizeof *grown);
@@ -264,6 +259,11 @@ static int answer(struct thread *t, struct conn *c, const char *head, const char
             t->streams = grown;
             t->stream_capacity = capacity;
         }
+        free(c->in);
+        c->in = NULL;
+        c->in_length = 0;
+        c->kind = STREAM;
+        c->user = user;
         c->index = t->stream_count;
         t->streams[t->stream_count++] = c;
         return send_or_keep(t, c, out, (size_t)length);
