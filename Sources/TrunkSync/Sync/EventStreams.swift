@@ -564,7 +564,11 @@ final class LiveHub: Sendable {
             let group = state.withLock { state -> (cursor: Int64, ids: [UInt64])? in
                 var cursor: Int64? = nil
                 var ids: [UInt64] = []
-                for index in state.parked.indices {
+                // Index by index (not `indices`, which would hold the table and make the
+                // in-place read copy it).
+                var index = state.parked.startIndex
+                while index != state.parked.endIndex {
+                    defer { state.parked.formIndex(after: &index) }
                     let at = Self.cursor(of: &state.parked.values[index])
                     if cursor == nil {
                         if seen.contains(at) { continue }
