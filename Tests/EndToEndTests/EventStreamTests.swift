@@ -100,6 +100,22 @@ final class EventStreamTests: EndToEndTestCase {
         XCTAssertEqual(try stream.events(1).map(\.id), [254])
     }
 
+    func testOneCommitOfMoreThanAPageReachesEveryLiveStreamOfTheUserWholeAndOnce() throws {
+        let server = try startServer()
+        let (token, _) = try session(server, "pages@example.com")
+        try push(server, token, count: 2)
+        // Two streams live at seq 2, read by the hub a page (100) at a time: its second read
+        // starts where the first left both streams.
+        let streams = try [open(server, token, after: 0), open(server, token, after: 1)]
+        XCTAssertEqual(try streams[0].events(2).map(\.id), [1, 2])
+        XCTAssertEqual(try streams[1].events(1).map(\.id), [2])
+        try push(server, token, count: 150)
+        for stream in streams {
+            XCTAssertEqual(try stream.events(150).map(\.id), Array(3...152))
+            XCTAssertTrue(try stream.noEvent(within: 0.3), "nothing twice")
+        }
+    }
+
     func testStartsAfterTheGivenSeqAndLastEventIDWinsOverAfter() throws {
         let server = try startServer()
         let (token, _) = try session(server, "start@example.com")

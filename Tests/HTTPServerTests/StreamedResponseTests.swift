@@ -19,6 +19,8 @@ final class StreamedResponseTests: XCTestCase {
         /// A detached body's writer, once its producer returned, and what its `onClose` got.
         let detached = Mutex<HTTPBodyWriter?>(nil)
         let closeReasons = Mutex<[HTTPBodyWriter.CloseReason]>([])
+        /// Writes made on the writer's own loop thread.
+        let writesOnLoop = Atomic<Int>(0)
     }
 
     struct Responder: HTTPResponder {
@@ -64,6 +66,21 @@ final class StreamedResponseTests: XCTestCase {
                             probe.sawClosed.add(1, ordering: .relaxed)
                         }
                         probe.producerEnded.add(1, ordering: .relaxed)
+                    }, 0)
+            case "/on-loop":
+                // Writes on its connection's loop thread, as a fan-out's share does (the loop
+                // takes them without its mailbox), each waiting for the room the loop's sends
+                // free: n blocks of 16 KiB through a buffer of one.
+                return .now(
+                    .streamed(.ok, bufferLimit: 16 * 1024) { writer in
+                        await Task(executorPreference: writer.loop) {
+                            let block = [UInt8](repeating: UInt8(ascii: "x"), count: 16 * 1024)
+                            for _ in 0..<n {
+                                guard (try? await writer.write(block)) != nil else { break }
+                                if let loop = writer.loop, LoopExecutor.current === loop { probe.writesOnLoop.add(1, ordering: .relaxed) }
+                            }
+                            writer.finish()
+                        }.value
                     }, 0)
             case "/abandon":
                 return .now(
@@ -147,6 +164,19 @@ final class StreamedResponseTests: XCTestCase {
         try client.send("GET /later HTTP/1.1\r\nHost: x\r\n\r\n")
         _ = try client.readHead()
         XCTAssertEqual(try client.readChunkedBody(), "from a task")
+    }
+
+    func testBodyWrittenOnItsLoopsThreadIsSentWholeAndTheConnectionGoesOn() throws {
+        let client = try TestClient(port: server.port)
+        try client.send("GET /on-loop?n=40 HTTP/1.1\r\nHost: x\r\n\r\n")
+        XCTAssertTrue(try client.readHead().contains("Transfer-Encoding: chunked\r\n"))
+        let body = try client.readChunkedBody()
+        XCTAssertEqual(body.utf8.count, 40 * 16 * 1024)
+        XCTAssertTrue(body.utf8.allSatisfy { $0 == UInt8(ascii: "x") })
+        XCTAssertEqual(probe.writesOnLoop.load(ordering: .relaxed), 40, "every write was made on the loop's thread")
+        try client.send("GET /count?n=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        _ = try client.readHead()
+        XCTAssertEqual(try client.readChunkedBody(), "line 0\n")
     }
 
     func testHTTP10ClientGetsABodyDelimitedByClose() throws {

@@ -205,6 +205,24 @@ final class SessionRevocationsTests: XCTestCase {
         XCTAssertEqual(revocations.count, 2)
     }
 
+    /// A pass over a user's streams (the hub's fan-out) asks per stream, mostly of one session.
+    func testRevokedSessionsAnswersPerSessionAsTheSetDoes() {
+        let revocations = SessionRevocations(database: nil, logger: TestDatabase.quietLogger)
+        let now: Int64 = 1_800_000_000
+        let (signedOut, active, other, user) = (UUID(), UUID(), UUID(), UUID())
+        revocations.record([(signedOut, user, now + 3600)], now: now)
+        var pass = RevokedSessions(revocations)
+        // In runs and interleaved: the last one remembered, the others looked up once.
+        for session in [active, active, signedOut, signedOut, active, other, signedOut, other, other] {
+            XCTAssertEqual(pass.contains(session), session == signedOut, "\(session)")
+        }
+        // Revoked after the pass began: the next pass sees it.
+        revocations.record([(active, user, now + 3600)], now: now)
+        var next = RevokedSessions(revocations)
+        XCTAssertTrue(next.contains(active))
+        XCTAssertFalse(next.contains(other))
+    }
+
     func testNotificationPayloads() {
         let (session, user) = (UUID(), UUID())
         let parsed = SessionRevocations.parse(

@@ -216,6 +216,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 }
             }
             jobsLeft = executor.runQueuedJobs()
+            // Streams the jobs just wrote on this thread (a fan-out's share): sent now. Sending
+            // may resume a producer waiting for room, whose job then runs without sleeping.
+            if driveLocalStreamsReady() { jobsLeft = true }
             if now >= nextSweep {
                 sweepDeadlines()
                 logRefusedPerClient()
@@ -674,13 +677,23 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private func handleMailbox() {
         let (completions, streamsReady, shutdown) = mailbox.drain()
         for completion in completions { complete(completion) }
-        for ready in streamsReady {
-            guard let connection = connections[ready.fd], connection.id == ready.connectionID,
-                connection.lifecycle.isStreaming || connection.lifecycle.isWebSocket
-            else { continue }
-            drive(connection)
-        }
+        for ready in streamsReady { driveReady(ready.fd, ready.connectionID) }
         if shutdown, !shuttingDown { beginShutdown() }
+    }
+
+    /// Drives the streams written on this thread since the last call; false when there were none.
+    private func driveLocalStreamsReady() -> Bool {
+        let ready = mailbox.takeLocalStreamsReady()
+        for stream in ready { driveReady(stream.fd, stream.connectionID) }
+        return !ready.isEmpty
+    }
+
+    /// A streamed body or WebSocket has something to send: unless its connection is gone.
+    private func driveReady(_ fd: Int32, _ connectionID: UInt64) {
+        guard let connection = connections[fd], connection.id == connectionID,
+            connection.lifecycle.isStreaming || connection.lifecycle.isWebSocket
+        else { return }
+        drive(connection)
     }
 
     /// A handler's answer, on the loop's thread.
@@ -718,10 +731,17 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             into: &connection.output)
         connection.context = nil
         let mailbox = self.mailbox
+        let executor = self.executor
         let fd = connection.fd
         let id = connection.id
         let writer = HTTPBodyWriter(bufferLimit: body.bufferLimit, loop: executor) {
-            mailbox.postStreamReady(fd: fd, connectionID: id)
+            // Written on this loop's thread (its share of a fan-out): the loop sends it after
+            // the job, with no lock or wake-up; from anywhere else, through the mailbox.
+            if LoopExecutor.current === executor {
+                mailbox.postStreamReadyOnLoop(fd: fd, connectionID: id)
+            } else {
+                mailbox.postStreamReady(fd: fd, connectionID: id)
+            }
         }
         let producer = Task {
             await body.produce(writer)
@@ -743,18 +763,21 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     /// Moves what the producer wrote into the connection's output, framed, once what was
     /// taken before has been sent. Returns whether output was queued (the caller flushes it).
     private func pumpStream(_ connection: Connection<Context>) -> Bool {
-        guard let stream = connection.stream, !connection.hasPendingOutput else { return false }
-        let (chunks, end) = stream.writer.take()
+        // The writer alone, not a copy of the whole `ActiveStream` (a retain and a release of
+        // its producer's task too, per stream and commit of a fan-out).
+        guard let writer = connection.stream?.writer, !connection.hasPendingOutput else { return false }
+        let chunked = connection.stream?.chunked ?? true
+        let (chunks, end) = writer.take()
         var size = 0
         for chunk in chunks { size += chunk.count }
         if size > 0 {
             connection.output.reserveCapacity(size + 16)
-            if stream.chunked {
+            if chunked {
                 appendHex(size, to: &connection.output)
                 connection.output.append(contentsOf: Self.crlf)
             }
             for chunk in chunks { connection.output.append(contentsOf: chunk) }
-            if stream.chunked { connection.output.append(contentsOf: Self.crlf) }
+            if chunked { connection.output.append(contentsOf: Self.crlf) }
         }
         switch end {
         case .open:
@@ -762,7 +785,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         case .finished:
             connection.stream = nil
             connection.lifecycle.streamEnded()
-            if stream.chunked { connection.output.append(contentsOf: Self.lastChunk) }
+            if chunked { connection.output.append(contentsOf: Self.lastChunk) }
         case .abandoned:
             connection.stream = nil
             connection.lifecycle.streamAbandoned()

@@ -3,6 +3,8 @@ import Foundation
 
 /// Hands work back to the event loop from other threads: finished responses, streamed
 /// bodies with something to send, and the shutdown request. Writing to an eventfd wakes the loop from `epoll_wait`.
+/// A streamed body written on the loop's own thread (one commit fanned out to that loop's
+/// streams) takes a loop-local list instead: no lock, no eventfd.
 final class Mailbox<Context: Sendable>: @unchecked Sendable {
     struct Completion {
         let fd: Int32
@@ -18,6 +20,9 @@ final class Mailbox<Context: Sendable>: @unchecked Sendable {
     private var streamsReady: [(fd: Int32, connectionID: UInt64)] = []
     private var shutdownRequested = false
     private var signalled = false
+    /// Connections whose streamed body was written on the loop's own thread. Loop-confined:
+    /// the loop takes them after the jobs it runs (`takeLocalStreamsReady`).
+    private var localStreamsReady: [(fd: Int32, connectionID: UInt64)] = []
 
     init() {
         eventFD = csystem_eventfd()
@@ -40,6 +45,19 @@ final class Mailbox<Context: Sendable>: @unchecked Sendable {
         signalled = true
         lock.unlock()
         if wake { wakeLoop() }
+    }
+
+    /// A streamed body of connection `fd` / `connectionID` has something to take, posted on
+    /// the loop's own thread (only there: the list has no lock).
+    func postStreamReadyOnLoop(fd: Int32, connectionID: UInt64) {
+        localStreamsReady.append((fd, connectionID))
+    }
+
+    /// Takes what `postStreamReadyOnLoop` posted (on the loop's thread); keeps the list's room.
+    func takeLocalStreamsReady() -> [(fd: Int32, connectionID: UInt64)] {
+        guard !localStreamsReady.isEmpty else { return [] }
+        defer { localStreamsReady.removeAll(keepingCapacity: true) }
+        return localStreamsReady
     }
 
     func requestShutdown() {

@@ -458,8 +458,10 @@ final class LiveHub: Sendable {
     /// Ends the user's streams whose session was revoked (a revocation wakes the hub),
     /// parked or still writing their backlog.
     private func endRevoked() {
-        guard let revocations = streams.revocations else { return }
-        for entry in entries where entry.isRevoked(revocations) {
+        // Nothing revoked on this instance (the usual case): no stream to look at.
+        guard let revocations = streams.revocations, revocations.count > 0 else { return }
+        var revoked = RevokedSessions(revocations)
+        for entry in entries where revoked.contains(entry.session) {
             entry.finish(.revoked)
         }
     }
@@ -497,21 +499,15 @@ final class LiveHub: Sendable {
     /// returns how many took it.
     private func write(_ page: EventStore.Page, to entries: [EventStreams.Entry]) -> Int {
         var moved: [UInt64] = []
-        let revocations = streams.revocations
+        moved.reserveCapacity(entries.count)
         // This loop's own copy of the bytes: every writer of the loop shares it, and no
         // reference count is bumped by two threads at once (one copy per loop, not per stream).
         let bytes = page.eventsJSON.withUnsafeBufferPointer { Array($0) }
-        // A user's streams share few sessions: each is looked up once per pass, not once per
-        // stream (the revocation table's lock is shared by every loop).
-        var revoked: [UUID: Bool] = [:]
+        var revoked = streams.revocations.map(RevokedSessions.init)
         for entry in entries {
-            if let revocations {
-                let isRevoked = revoked[entry.session] ?? revocations.isRevoked(entry.session)
-                revoked[entry.session] = isRevoked
-                if isRevoked {
-                    entry.finish(.revoked)
-                    continue
-                }
+            if revoked?.contains(entry.session) == true {
+                entry.finish(.revoked)
+                continue
             }
             guard page.count > 0 else { continue }
             // Live events go to every stream at once: one that has no room for them is
@@ -538,15 +534,22 @@ final class LiveHub: Sendable {
         let generation = streams.notifier.generation
         var seen = Set<Int64>()
         while true {
-            let groups = state.withLock { state -> [Int64: [EventStreams.Entry]] in
-                var groups: [Int64: [EventStreams.Entry]] = [:]
+            // The streams parked at one cursor not read for yet (all of them, usually).
+            let group = state.withLock { state -> (cursor: Int64, entries: [EventStreams.Entry])? in
+                var cursor: Int64? = nil
+                var entries: [EventStreams.Entry] = []
                 for member in state.members.values {
-                    guard let cursor = member.cursor, !seen.contains(cursor) else { continue }
-                    groups[cursor, default: []].append(member.entry)
+                    guard let at = member.cursor else { continue }
+                    if cursor == nil {
+                        if seen.contains(at) { continue }
+                        cursor = at
+                        entries.reserveCapacity(state.members.count)
+                    }
+                    if at == cursor { entries.append(member.entry) }
                 }
-                return groups
+                return cursor.map { ($0, entries) }
             }
-            guard let (cursor, entries) = groups.first else { return }
+            guard let (cursor, entries) = group else { return }
             seen.insert(cursor)
             let result: SharedPulls.Result
             do {
@@ -560,14 +563,19 @@ final class LiveHub: Sendable {
             let page = result.page
             // Each loop writes its own connections' streams (and then sends them): a commit
             // to many streams on N loops is copied and sent by N threads in parallel. A
-            // stream that ended meanwhile refuses the write (`.closed`) and is skipped.
-            var byLoop: [ObjectIdentifier?: (loop: LoopExecutor?, entries: [EventStreams.Entry])] = [:]
+            // stream that ended meanwhile refuses the write (`.closed`) and is skipped. A
+            // handful of loops: found by a look along them, not by hashing per stream.
+            var byLoop: [(loop: LoopExecutor?, entries: [EventStreams.Entry])] = []
             for entry in entries {
                 let loop = entry.writer.loop
-                byLoop[loop.map(ObjectIdentifier.init), default: (loop, [])].entries.append(entry)
+                if let at = byLoop.firstIndex(where: { $0.loop === loop }) {
+                    byLoop[at].entries.append(entry)
+                } else {
+                    byLoop.append((loop, [entry]))
+                }
             }
             let written = await withTaskGroup(of: Int.self) { group in
-                for (loop, members) in byLoop.values {
+                for (loop, members) in byLoop {
                     group.addTask(executorPreference: loop) { self.write(page, to: members) }
                 }
                 return await group.reduce(0, +)
@@ -576,5 +584,24 @@ final class LiveHub: Sendable {
             // Read after the wake-up and complete: streams now at its end are up to date.
             if !page.hasMore, let lastSeq = page.lastSeq { seen.insert(lastSeq) }
         }
+    }
+}
+
+/// Whether sessions are revoked, for one pass over a user's streams: each distinct session is
+/// looked up once (the revocation table's lock is shared by every loop), and the streams of
+/// one session — most of a user's, in a row — cost a comparison.
+struct RevokedSessions {
+    private let revocations: SessionRevocations
+    private var known: [UUID: Bool] = [:]
+    private var last: (session: UUID, revoked: Bool)? = nil
+
+    init(_ revocations: SessionRevocations) { self.revocations = revocations }
+
+    mutating func contains(_ session: UUID) -> Bool {
+        if let last, last.session == session { return last.revoked }
+        let revoked = known[session] ?? revocations.isRevoked(session)
+        known[session] = revoked
+        last = (session, revoked)
+        return revoked
     }
 }
