@@ -48,3 +48,16 @@ bench_serve() {
 bench_cpu() {  # PGDATA PID
   python3 bench/common/cpu.py "$1" "$2"
 }
+
+# bench_wait_ready FILE PID SECONDS WHAT: waits until the client PID has written FILE
+# (non-empty); exits naming WHAT when the client dies or SECONDS pass first.
+bench_wait_ready() {
+  local file=$1 pid=$2 seconds=$3 what=$4
+  for _ in $(seq 1 $((seconds * 10))); do
+    [ -s "$file" ] && return 0
+    kill -0 "$pid" 2>/dev/null || { echo "bench: the $what client failed" >&2; exit 1; }
+    sleep 0.1
+  done
+  echo "bench: the $what client was not ready within ${seconds}s" >&2
+  exit 1
+}

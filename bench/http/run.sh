@@ -185,12 +185,7 @@ rss_baseline=$(rss_kib "$server_pid")
 echo "== opening $idle idle keep-alive connections to trunk-sync" >&2
 python3 bench/http/idle_clients.py 127.0.0.1 "$ts_port" "$idle" "$work/idle.ready" &
 client_pid=$!
-for _ in $(seq 1 1200); do
-  [ -s "$work/idle.ready" ] && break
-  kill -0 "$client_pid" 2>/dev/null || { echo "bench: the idle client failed" >&2; exit 1; }
-  sleep 0.1
-done
-[ -s "$work/idle.ready" ] || { echo "bench: the idle client did not finish connecting" >&2; exit 1; }
+bench_wait_ready "$work/idle.ready" "$client_pid" 120 idle
 sleep 1
 rss_idle=$(rss_kib "$server_pid")
 kill "$client_pid" 2>/dev/null || true

@@ -166,12 +166,7 @@ measure() {
   children_before=$(cat "$work/children")
   "$work/client" 127.0.0.1 "$server_port" "$count" "$users" "$work/tokens.$round" "$commits" "$work/ready" "$work/go" >"$work/client.out" &
   client_pid=$!
-  for _ in $(seq 1 3000); do
-    [ -s "$work/ready" ] && break
-    kill -0 "$client_pid" 2>/dev/null || { echo "bench: the $target client failed ($name)" >&2; exit 1; }
-    sleep 0.1
-  done
-  [ -s "$work/ready" ] || { echo "bench: the $kind did not open ($name)" >&2; exit 1; }
+  bench_wait_ready "$work/ready" "$client_pid" 300 "$target ($name)"
   sleep 2
   local rss_open threads_open perf_pid="" cpu_before cpu_ms client_ms
   rss_open=$(rss_kib "$pid")
