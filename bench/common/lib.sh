@@ -12,8 +12,23 @@ bench_build() {
     return
   fi
   echo "== building trunk-sync (release)" >&2
+  # An incremental release build can keep code of a module whose sources did not change but
+  # whose dependency did: HTTPServer is built with cross-module optimisation, so TrunkSync
+  # compiles specialisations of its event loop, and the compiler rebuilds a dependent only
+  # when the dependency's interface changed — not when only a body did. A benchmark would
+  # then measure old code. So when any source changed since the last benchmark build, this
+  # tree's modules are built afresh (the fetched packages stay). BENCH_INCREMENTAL=1 skips it.
+  local stamp=.build-release/bench-sources.sha
+  local sources
+  sources=$({ git ls-files -s -- Sources Package.swift; git diff HEAD -- Sources Package.swift
+    git ls-files --others --exclude-standard -- Sources | xargs -r sha256sum; } | sha256sum | cut -d' ' -f1)
+  if [ "${BENCH_INCREMENTAL:-}" != 1 ] && [ "$(cat "$stamp" 2>/dev/null)" != "$sources" ]; then
+    rm -f "$stamp"
+    rm -rf .build-release/x86_64-unknown-linux-gnu/release .build-release/release
+  fi
   swift build -c release --scratch-path .build-release --product trunk-sync 2>&1 | tail -n 1 >&2
   bin=$(swift build -c release --scratch-path .build-release --show-bin-path)/trunk-sync
+  echo "$sources" >"$stamp"
 }
 
 free_port() {
