@@ -190,6 +190,36 @@ long csystem_raise_fd_limit(void) {
     return (long)limit.rlim_cur;
 }
 
+int csystem_resolve(const char *host, char *addresses, size_t size, char *error, size_t error_size) {
+    struct addrinfo hints, *results = NULL;
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    if (size == 0) return -1;
+    addresses[0] = 0;
+    int status = getaddrinfo(host, NULL, &hints, &results);
+    if (status != 0) {
+        snprintf(error, error_size, "%s", status == EAI_SYSTEM ? strerror(errno) : gai_strerror(status));
+        return -1;
+    }
+    size_t used = 0;
+    int count = 0;
+    for (struct addrinfo *entry = results; entry != NULL; entry = entry->ai_next) {
+        char text[NI_MAXHOST];
+        if (getnameinfo(entry->ai_addr, entry->ai_addrlen, text, sizeof(text), NULL, 0, NI_NUMERICHOST) != 0) continue;
+        size_t length = strlen(text);
+        if (used + length + 2 > size) break;
+        if (used > 0) addresses[used++] = ',';
+        memcpy(addresses + used, text, length);
+        used += length;
+        addresses[used] = 0;
+        count++;
+    }
+    freeaddrinfo(results);
+    if (count == 0) snprintf(error, error_size, "no address");
+    return count > 0 ? count : -1;
+}
+
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif

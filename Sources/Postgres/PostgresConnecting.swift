@@ -26,14 +26,16 @@ final class PostgresConnecting: @unchecked Sendable {
 
     /// Opens a connection to `configuration` and returns it in non-blocking pipeline mode,
     /// watched by `loop`, with `settings` applied (`set_config`, in the connection's first
-    /// pipeline). From a task that prefers `loop` as its executor.
+    /// pipeline). From a task that prefers `loop` as its executor. A host name is looked up
+    /// by `lookup` first, off the loop.
     /// - Throws: `.connectionFailed` as `PostgresConnection.connect` (never the password),
     ///   the error of a setting the server refused, or `CancellationError`.
     static func open(
         _ configuration: PostgresConfiguration, settings: [(name: String, value: String)] = [],
-        on loop: any PostgresEventLoop, clock: @escaping @Sendable () -> UInt64
+        on loop: any PostgresEventLoop, clock: @escaping @Sendable () -> UInt64, lookup: HostLookup = .system
     ) async throws -> PostgresLoopConnection {
-        let connection = try PostgresConnection.start(configuration)
+        let resolved = try await lookup.resolving(configuration)
+        let connection = try PostgresConnection.start(configuration, resolved: resolved)
         try await PostgresConnecting(connection, loop: loop, clock: clock).run()
         let opened = try PostgresLoopConnection(connection, loop: loop)
         guard !settings.isEmpty else { return opened }

@@ -52,12 +52,13 @@ public final class PostgresConnection {
     }
 
     /// Starts opening a connection without blocking (`PQconnectStartParams`): the result is
-    /// still connecting; `PostgresConnecting` drives it to the end on an event loop. (A host
-    /// name, not an address, is resolved by libpq with `getaddrinfo`, which may block.)
+    /// still connecting; `PostgresConnecting` drives it to the end on an event loop.
+    /// `resolved` is `configuration` with its host names' addresses (`HostLookup`): libpq
+    /// would look a name up with `getaddrinfo`, which blocks. Messages name `configuration`.
     /// - Throws: `.connectionFailed` as `connect` when libpq refuses at once (out of memory,
     ///   an invalid parameter).
-    static func start(_ configuration: PostgresConfiguration) throws -> PostgresConnection {
-        let handle = try withParameters(of: configuration) { keywords, values in PQconnectStartParams(keywords, values, 0) }
+    static func start(_ configuration: PostgresConfiguration, resolved: PostgresConfiguration) throws -> PostgresConnection {
+        let handle = try withParameters(of: resolved) { keywords, values in PQconnectStartParams(keywords, values, 0) }
         guard PQstatus(handle) != CONNECTION_BAD else {
             let error = openingError(handle, configuration)
             PQfinish(handle)

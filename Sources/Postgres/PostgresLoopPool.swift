@@ -26,6 +26,9 @@ public final class PostgresLoopPool: @unchecked Sendable {
         /// loop: lets tests see what work a request does (e.g. that two answers that must
         /// not be told apart ran the same statements). Default nil, which costs nothing.
         public var statementObserver: (@Sendable (String) -> Void)? = nil
+        /// Looks up the host name of the database before each opening, off the loop.
+        /// Default: the system's resolver (tests give one they control).
+        public var hostLookup: HostLookup = .system
 
         /// The defaults.
         public init() {}
@@ -228,7 +231,7 @@ public final class PostgresLoopPool: @unchecked Sendable {
             do {
                 let connection = try await PostgresConnecting.open(
                     self.connectionConfiguration, settings: self.configuration.sessionSettings, on: self.loop,
-                    clock: self.clock)
+                    clock: self.clock, lookup: self.configuration.hostLookup)
                 connection.connection.statementObserver = self.configuration.statementObserver
                 self.connections[id] = connection
                 self.perform(self.machine.connectionOpened(id))

@@ -50,6 +50,11 @@ int csystem_set_nodelay(int fd);
 /// errno set and a reason in `error` (at least 256 bytes). `bound_port` receives the actual port.
 int csystem_listen(const char *host, int port, int backlog, int reuse_port, int *bound_port, char *error, size_t error_size);
 
+/// Looks `host` up (`getaddrinfo`, blocking: call it on a thread that may wait) and writes
+/// its addresses as numeric text, comma-separated, into `addresses` (as many as fit).
+/// Returns how many were written, or -1 with the resolver's reason in `error`.
+int csystem_resolve(const char *host, char *addresses, size_t size, char *error, size_t error_size);
+
 /// epoll wrappers (the event constants are macros or packed structs in <sys/epoll.h>).
 int csystem_epoll_create(void);
 int csystem_epoll_add(int epoll, int fd, uint32_t events, uint64_t data);
