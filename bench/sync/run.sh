@@ -110,6 +110,25 @@ run_pgbench() {
   done
   echo "$best"
 }
+# Runs pgbench at a fixed rate (--rate: Poisson arrivals, as the wrk scripts' pauses) with
+# $connections clients; prints the p99 of the transactions' own time in ms. pgbench counts a
+# transaction from its scheduled start, so when pgbench itself falls behind, the wait is in
+# its time too (the log's "schedule lag"); wrk counts from the request's sending: the lag is
+# taken off to compare the same thing. Both p99s go to stderr.
+pgbench_latency() {
+  local name=$1 script=$2 rate=$3; shift 3
+  rm -rf "$work/$name-log" && mkdir -p "$work/$name-log"
+  (cd "$work/$name-log" && "$pgbin/pgbench" -n -M prepared -c "$connections" -j 2 -T "$duration" -R "$rate" -l \
+    -f "$script" "$@" "$url" >../"$name-rate.txt" 2>&1) || { cat "$work/$name-rate.txt" >&2; return 1; }
+  cat "$work/$name-log"/pgbench_log.* | awk '{ print $3, $3 - $7 }' | python3 -c '
+import sys
+rows = [line.split() for line in sys.stdin]
+def pct(values, p): values = sorted(values); return values[min(len(values) - 1, int(len(values) * p))] / 1000
+with_lag, own = [float(r[0]) for r in rows], [float(r[1]) for r in rows]
+print(f"   {len(rows)} transactions: p50 {pct(own, .5):.2f}ms, p99 {pct(own, .99):.2f}ms"
+      f" (from the scheduled start: p99 {pct(with_lag, .99):.2f}ms)", file=sys.stderr)
+print(f"{pct(own, .99):.2f}ms")'
+}
 wanted() { [[ ",${BENCH_ONLY:-push,pull,empty,latency}," == *",$1,"* ]]; }
 ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
 checkpoint() { psql "$url" -c checkpoint; }
@@ -216,16 +235,11 @@ if wanted latency && [ -n "${figure[push]:-}" ] && [ -n "${figure[empty]:-}" ]; 
     run_wrk "$work/push-half.txt" -t"$connections" -c"$connections" -d"${duration}s" -s "$here/push.lua" "$base" >/dev/null
   p99[push]=$(awk '$1 == "99%" { print $2 }' "$work/push-half.txt")
   # The reference: the ceiling's bare insert at the same rate (pgbench --rate, Poisson
-  # arrivals like the scripts' pauses), its p99 from pgbench's per-transaction log.
+  # arrivals like the scripts' pauses).
   rate=$(python3 -c "print(max(1, round(${figure[push]} / 100 / 2)))")
   echo "== push ceiling at the same rate: pgbench --rate $rate -c $connections"
-  mkdir -p "$work/ceiling-log"
   checkpoint
-  (cd "$work/ceiling-log" && "$pgbin/pgbench" -n -M prepared -c "$connections" -j 2 -T "$duration" -R "$rate" -l \
-    -f "$here/push_ceiling.sql" -D users="$users" "$url" >/dev/null 2>&1)
-  p99[push-ceiling]=$(cat "$work/ceiling-log"/pgbench_log.* | awk '{ print $3 }' | sort -n |
-    awk '{ v[NR] = $1 } END { printf "%.2fms", v[int(NR * 0.99)] / 1000 }')
-  echo "   ceiling p99 ${p99[push-ceiling]}" >&2
+  p99[push-ceiling]=$(pgbench_latency push-ceiling "$here/push_ceiling.sql" "$rate" -D users="$users")
   delay=$(half_delay "${figure[empty]}")
   echo "== empty pull at half its rate: $connections connections, one request each per $delay ms"
   BENCH_TOKEN=$pull_token BENCH_LIMIT=$page BENCH_AFTER=$log_events BENCH_DELAY_MS=$delay \
@@ -237,6 +251,10 @@ if wanted latency && [ -n "${figure[push]:-}" ] && [ -n "${figure[empty]:-}" ]; 
     BENCH_TOKEN=$pull_token BENCH_LIMIT=$page BENCH_AFTER_MAX=$max_after BENCH_DELAY_MS=$delay \
       run_wrk "$work/pull-half.txt" -t2 -c"$connections" -d"${duration}s" -s "$here/pull.lua" "$base" >/dev/null
     p99[pull]=$(awk '$1 == "99%" { print $2 }' "$work/pull-half.txt")
+    rate=$(python3 -c "print(max(1, round(${figure[pull]} / $page / 2)))")
+    echo "== pull ceiling at the same rate: pgbench --rate $rate -c $connections"
+    p99[pull-ceiling]=$(PGOPTIONS="-c plan_cache_mode=force_generic_plan" pgbench_latency pull-ceiling \
+      "$here/pull_ceiling.sql" "$rate" -D uid="$pull_user" -D max_after="$max_after")
   fi
 fi
 
@@ -256,6 +274,6 @@ wanted pull && row pull ev/s rows/s 0.80 pull
 wanted empty && row empty req/s q/s 0.70 empty-pull
 wanted empty && row one req/s q/s 0.50 "  one new"
 if [ -n "${p99[push]:-}" ]; then
-  echo "p99 at half the maximum rate (goal 10ms): push ${p99[push]} (the ceiling's bare insert at that rate: ${p99[push-ceiling]}), pull ${p99[pull]:-not measured}, empty pull ${p99[empty]} (pool $pool)"
+  echo "p99 at half the maximum rate (goal 10ms): push ${p99[push]} (the ceiling's insert at that rate: ${p99[push-ceiling]}), pull ${p99[pull]:-not measured} (the ceiling's select: ${p99[pull-ceiling]:-not measured}), empty pull ${p99[empty]} (pool $pool)"
 fi
 echo "latencies and raw outputs: rerun with BENCH_KEEP=1 and see $work"
