@@ -4,6 +4,8 @@
 #
 #   bench/sync/run.sh            full run (about 4 minutes)
 #   BENCH_DURATION=5 bench/sync/run.sh    shorter measurements
+#   BENCH_ROUNDS=5 ...           rounds of ceiling + trunk-sync per measurement (default 3; the
+#                                ratio is the median of the rounds' ratios, the spread shown)
 #   BENCH_ONLY=pull,empty ...    only these measurements (push, pull, empty, latency)
 #   BENCH_KEEP=1 ...             leave the cluster and server running afterwards (prints how to stop)
 #
@@ -14,6 +16,7 @@ root=$PWD
 here=$root/bench/sync
 
 duration=${BENCH_DURATION:-15}
+rounds=${BENCH_ROUNDS:-3}
 connections=${BENCH_CONNECTIONS:-16}
 users=${BENCH_USERS:-20}
 pool=${BENCH_POOL_SIZE:-16}
@@ -132,28 +135,48 @@ print(f"{pct(own, .99):.2f}ms")'
 wanted() { [[ ",${BENCH_ONLY:-push,pull,empty,latency}," == *",$1,"* ]]; }
 ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
 checkpoint() { psql "$url" -c checkpoint; }
-declare -A figure reference same
+declare -A figure reference same rounds_of
+# add_round NAME FIGURE CEILING: one round's pair; figure/reference become the medians.
+add_round() {
+  rounds_of[$1]="${rounds_of[$1]:-} $2/$3"
+  figure[$1]=$(median_of "$1" 0)
+  reference[$1]=$(median_of "$1" 1)
+}
+# median_of NAME FIELD: the median of the rounds' figures (0), ceilings (1) or ratios (2).
+median_of() {
+  python3 -c "import statistics, sys
+pairs = [tuple(map(float, p.split('/'))) for p in sys.argv[2:]]
+values = [(f, c, f / c)[$2] for f, c in pairs]
+print(f'{statistics.median(values):.2f}' if $2 == 2 else round(statistics.median(values)))" "$1" ${rounds_of[$1]}
+}
+# spread NAME: "min–max" of the rounds' ratios.
+spread() {
+  python3 -c "import sys
+ratios = [f / c for f, c in (tuple(map(float, p.split('/'))) for p in sys.argv[1:])]
+print(f'{min(ratios):.2f}–{max(ratios):.2f}')" ${rounds_of[$1]}
+}
 
 # 1. Push: 100 events per request, $connections connections, $users users.
 if wanted push; then
-  echo "== push ceiling: pgbench 100-row insert ... select generate_series into a copy of events"
   psql "$url" -c "create table bench_events (like events including all); create sequence bench_seq cache 1000"
-  checkpoint
-  tps=$(run_pgbench push-ceiling "$here/push_ceiling.sql" -D users="$users")
-  reference[push]=$(python3 -c "print(round($tps * 100))")
-
-  echo "== push: wrk -t$connections -c$connections, 100 events per request, $users users"
-  checkpoint
-  before=$(psql "$url" -At -c "select count(*) from events")
-  rps=$(BENCH_TOKENS=$work/tokens BENCH_CONNECTIONS=$connections BENCH_EVENTS=100 \
-    run_wrk "$work/push.txt" -t"$connections" -c"$connections" -d"${duration}s" -s "$here/push.lua" "$base")
-  after=$(psql "$url" -At -c "select count(*) from events")
-  figure[push]=$(python3 -c "print(round($rps * 100))")
-  stored=$((after - before))
-  echo "   $rps requests/s; $stored events stored"
-  errors=$(psql "$url" -At -c "select count(*) from (select user_id from events group by user_id
-    having count(*) <> max(seq) or max(seq) <> (select last_seq from users u where u.id = user_id)) bad")
-  [ "$errors" = 0 ] || { echo "seq gaps after the push run" >&2; exit 1; }
+  for round in $(seq 1 "$rounds"); do
+    echo "== push ceiling ($round/$rounds): pgbench 100-row insert ... select generate_series into a copy of events"
+    checkpoint
+    tps=$(run_pgbench push-ceiling "$here/push_ceiling.sql" -D users="$users")
+    ceiling=$(python3 -c "print(round($tps * 100))")
+    echo "== push ($round/$rounds): wrk -t$connections -c$connections, 100 events per request, $users users"
+    checkpoint
+    before=$(psql "$url" -At -c "select count(*) from events")
+    rps=$(BENCH_TOKENS=$work/tokens BENCH_CONNECTIONS=$connections BENCH_EVENTS=100 \
+      run_wrk "$work/push-$round.txt" -t"$connections" -c"$connections" -d"${duration}s" -s "$here/push.lua" "$base")
+    after=$(psql "$url" -At -c "select count(*) from events")
+    stored=$((after - before))
+    echo "   $rps requests/s; $stored events stored"
+    errors=$(psql "$url" -At -c "select count(*) from (select user_id from events group by user_id
+      having count(*) <> max(seq) or max(seq) <> (select last_seq from users u where u.id = user_id)) bad")
+    [ "$errors" = 0 ] || { echo "seq gaps after the push run" >&2; exit 1; }
+    add_round push "$(python3 -c "print(round($rps * 100))")" "$ceiling"
+  done
 
   echo "== push transaction without the server (informational): pgbench push_transaction.sql"
   psql "$url" -c "insert into users (id, email) select ('00000000-0000-4000-8000-' || lpad(n::text, 12, '0'))::uuid,
@@ -185,36 +208,42 @@ curl -fsS -H "Authorization: Bearer $pull_token" "$base/sync/v1/events?after=$ma
   | python3 -c "import json, sys; r = json.load(sys.stdin); assert len(r['events']) == $page and r['next_after'] == $log_events, r['next_after']"
 
 if wanted pull; then
-  echo "== pull ceiling: pgbench select ... order by seq limit $page, random cursor"
-  # Planned once (generic), like the server's pull: with PostgreSQL's default the select is
-  # re-planned on every execution (its generic estimate for `seq > $2` stays high), which
-  # is no ceiling.
-  tps=$(PGOPTIONS="-c plan_cache_mode=force_generic_plan" run_pgbench pull-ceiling "$here/pull_ceiling.sql" \
-    -D uid="$pull_user" -D max_after="$max_after")
-  reference[pull]=$(python3 -c "print(round($tps * $page))")
-  echo "== pull: wrk -t2 -c$connections, limit=$page, random after in 0..$max_after"
-  rps=$(BENCH_TOKEN=$pull_token BENCH_LIMIT=$page BENCH_AFTER_MAX=$max_after \
-    run_wrk "$work/pull.txt" -t2 -c"$connections" -d"${duration}s" -s "$here/pull.lua" "$base")
-  figure[pull]=$(python3 -c "print(round($rps * $page))")
+  for round in $(seq 1 "$rounds"); do
+    echo "== pull ceiling ($round/$rounds): pgbench select ... order by seq limit $page, random cursor"
+    # Planned once (generic), like the server's pull: with PostgreSQL's default the select
+    # is re-planned on every execution (its generic estimate for `seq > $2` stays high),
+    # which is no ceiling.
+    tps=$(PGOPTIONS="-c plan_cache_mode=force_generic_plan" run_pgbench pull-ceiling "$here/pull_ceiling.sql" \
+      -D uid="$pull_user" -D max_after="$max_after")
+    ceiling=$(python3 -c "print(round($tps * $page))")
+    echo "== pull ($round/$rounds): wrk -t2 -c$connections, limit=$page, random after in 0..$max_after"
+    rps=$(BENCH_TOKEN=$pull_token BENCH_LIMIT=$page BENCH_AFTER_MAX=$max_after \
+      run_wrk "$work/pull-$round.txt" -t2 -c"$connections" -d"${duration}s" -s "$here/pull.lua" "$base")
+    add_round pull "$(python3 -c "print(round($rps * $page))")" "$ceiling"
+  done
   echo "== pull transaction without the server (informational): pgbench pull_transaction.sql"
   tps=$(PGOPTIONS="-c role=trunk_sync_app" run_pgbench pull-transaction "$here/pull_transaction.sql" \
     -D uid="$pull_user" -D uidtext="$pull_user" -D max_after="$max_after")
   same[pull]=$(python3 -c "print(round($tps * $page))")
 fi
 if wanted empty; then
-  echo "== empty pull ceiling: pgbench the same select after the last seq"
-  tps=$(PGOPTIONS="-c plan_cache_mode=force_generic_plan" run_pgbench empty-ceiling "$here/empty_ceiling.sql" \
-    -D uid="$pull_user" -D last="$log_events")
-  reference[empty]=$(python3 -c "print(round($tps))")
-  echo "== empty pull: wrk -t2 -c$connections, after=$log_events"
-  figure[empty]=$(BENCH_TOKEN=$pull_token BENCH_LIMIT=$page BENCH_AFTER=$log_events \
-    run_wrk "$work/empty.txt" -t2 -c"$connections" -d"${duration}s" -s "$here/pull.lua" "$base")
-  # Known empty from the notifications, the empty pull is answered from memory; a pull of
-  # the newest event alone always reads the database: that path's figure, for comparison.
-  echo "== pull of one new event (informational): wrk -t2 -c$connections, after=$((log_events - 1))"
-  figure[one]=$(BENCH_TOKEN=$pull_token BENCH_LIMIT=$page BENCH_AFTER=$((log_events - 1)) \
-    run_wrk "$work/one.txt" -t2 -c"$connections" -d"${duration}s" -s "$here/pull.lua" "$base")
-  reference[one]=${reference[empty]}
+  for round in $(seq 1 "$rounds"); do
+    echo "== empty pull ceiling ($round/$rounds): pgbench the same select after the last seq"
+    tps=$(PGOPTIONS="-c plan_cache_mode=force_generic_plan" run_pgbench empty-ceiling "$here/empty_ceiling.sql" \
+      -D uid="$pull_user" -D last="$log_events")
+    ceiling=$(python3 -c "print(round($tps))")
+    echo "== empty pull ($round/$rounds): wrk -t2 -c$connections, after=$log_events"
+    rps=$(BENCH_TOKEN=$pull_token BENCH_LIMIT=$page BENCH_AFTER=$log_events \
+      run_wrk "$work/empty-$round.txt" -t2 -c"$connections" -d"${duration}s" -s "$here/pull.lua" "$base")
+    add_round empty "$rps" "$ceiling"
+    # Known empty from the notifications, the empty pull is answered from memory; a pull
+    # of the newest event alone always reads the database: that path against the same
+    # ceiling.
+    echo "== pull of one new event ($round/$rounds): wrk -t2 -c$connections, after=$((log_events - 1))"
+    rps=$(BENCH_TOKEN=$pull_token BENCH_LIMIT=$page BENCH_AFTER=$((log_events - 1)) \
+      run_wrk "$work/one-$round.txt" -t2 -c"$connections" -d"${duration}s" -s "$here/pull.lua" "$base")
+    add_round one "$rps" "$ceiling"
+  done
   echo "== empty pull transaction without the server (informational): pgbench empty_transaction.sql"
   tps=$(PGOPTIONS="-c role=trunk_sync_app" run_pgbench empty-transaction "$here/empty_transaction.sql" \
     -D uid="$pull_user" -D uidtext="$pull_user" -D last="$log_events")
@@ -259,15 +288,17 @@ if wanted latency && [ -n "${figure[push]:-}" ] && [ -n "${figure[empty]:-}" ]; 
 fi
 
 echo
-echo "bench/sync $(date -u +%Y-%m-%d) — ${duration}s per measurement, $(nproc) cores, commit $(git rev-parse --short HEAD)"
+echo "bench/sync $(date -u +%Y-%m-%d) — ${duration}s per measurement, $rounds rounds, $(nproc) cores, commit $(git rev-parse --short HEAD)"
 # The ratio and goal compare with the ceiling; "same tx" is pgbench running the server's own
 # transaction (scope, lock, RLS, ...), to tell Postgres's share of the gap from the server's.
-printf '%-11s %14s %16s %6s %5s %18s\n' measure trunk-sync ceiling ratio goal "same tx (ratio)"
+# trunk-sync and ceiling: the medians of the rounds; ratio: the median of the rounds' ratios
+# and their spread.
+printf '%-11s %14s %16s %6s %11s %5s %18s\n' measure trunk-sync ceiling ratio spread goal "same tx (ratio)"
 row() {
   local name=$1 unit=$2 refunit=$3 goal=$4 value ref tx
   value=$(printf '%.0f' "${figure[$name]}"); ref=${reference[$name]}; tx=${same[$name]}
-  printf '%-11s %14s %16s %6s %5s %18s\n' "$5" "$value $unit" "$ref $refunit" "$(ratio "$value" "$ref")" "$goal" \
-    "$tx ($(ratio "$value" "$tx"))"
+  printf '%-11s %14s %16s %6s %11s %5s %18s\n' "$5" "$value $unit" "$ref $refunit" "$(median_of "$name" 2)" \
+    "$(spread "$name")" "$goal" "$tx ($(ratio "$value" "$tx"))"
 }
 wanted push && row push ev/s rows/s 0.80 push
 wanted pull && row pull ev/s rows/s 0.80 pull
