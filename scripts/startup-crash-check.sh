@@ -8,6 +8,8 @@
 #
 #   scripts/startup-crash-check.sh [N] [M]     # default 200 starts, 1000 token runs
 #   TRUNK_SYNC_BIN=path/to/trunk-sync scripts/startup-crash-check.sh   # another build (e.g. an older one)
+#   CRASH_CHECK_DB_HOST=localhost scripts/startup-crash-check.sh       # the database by host name: each
+#                                   opening looks it up on a thread of its own (pg-resolve), joined at exit
 set -euo pipefail
 cd "$(dirname "$0")/.."
 starts=${1:-200}
@@ -32,6 +34,7 @@ pg_port=$(free_port)
 PG_FAST=1 scripts/pg.sh start "$work/pg" "$pg_port" >/dev/null
 export TRUNK_SYNC_DATABASE_URL
 TRUNK_SYNC_DATABASE_URL=$(scripts/pg.sh url "$work/pg" postgres)
+TRUNK_SYNC_DATABASE_URL=${TRUNK_SYNC_DATABASE_URL/@127.0.0.1:/@${CRASH_CHECK_DB_HOST:-127.0.0.1}:}
 export TRUNK_SYNC_JWT_SECRET
 TRUNK_SYNC_JWT_SECRET=$(openssl rand -base64 48)
 export TRUNK_SYNC_MIGRATIONS_DIR="$PWD/migrations" TRUNK_SYNC_PORT=0 TRUNK_SYNC_LOG_LEVEL=warning
