@@ -87,7 +87,9 @@ public final class HostLookup: Sendable {
     static func expanded(
         _ configuration: PostgresConfiguration, hosts: [String], addresses: [String: [String]]
     ) -> PostgresConfiguration {
-        let ports = configuration["port"].map { $0.split(separator: ",", omittingEmptySubsequences: false).map(String.init) }
+        let ports = configuration["port"].map {
+            $0.split(separator: ",", omittingEmptySubsequences: false).map(String.init)
+        }
         var hostList: [String] = []
         var addressList: [String] = []
         var portList: [String] = []

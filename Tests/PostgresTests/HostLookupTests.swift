@@ -1,9 +1,10 @@
 import CSystem
 import Foundation
-@testable import Postgres
 import Synchronization
 import TestSupport
 import XCTest
+
+@testable import Postgres
 
 /// Host names are looked up before an opening, on a thread of their own: the loop that
 /// drives the pool keeps serving while a resolver is slow, openings at the same time share
@@ -19,7 +20,9 @@ final class HostLookupTests: XCTestCase {
         await loop?.close()
     }
 
-    private func makePool(_ connection: PostgresConfiguration, size: Int = 1, lookup: HostLookup = .system) -> PostgresLoopPool {
+    private func makePool(_ connection: PostgresConfiguration, size: Int = 1, lookup: HostLookup = .system)
+        -> PostgresLoopPool
+    {
         var settings = PostgresLoopPool.Configuration()
         settings.maxConnections = size
         settings.hostLookup = lookup
@@ -124,7 +127,8 @@ final class HostLookupTests: XCTestCase {
         }
         XCTAssertNil(HostLookup.hostsToLookUp(try Self.configuration([])), "no host: libpq's Unix socket")
         XCTAssertNil(
-            HostLookup.hostsToLookUp(try Self.configuration([("host", "db"), ("hostaddr", "10.0.0.9")])), "hostaddr given")
+            HostLookup.hostsToLookUp(try Self.configuration([("host", "db"), ("hostaddr", "10.0.0.9")])),
+            "hostaddr given")
     }
 
     func testEachAddressBecomesAnEntryOfTheHostList() throws {
@@ -136,7 +140,8 @@ final class HostLookupTests: XCTestCase {
         XCTAssertEqual(single["port"], "5433", "one port serves every entry")
 
         let list = HostLookup.expanded(
-            try Self.configuration([("host", "primary,10.0.0.7"), ("port", "5432,5433")]), hosts: ["primary", "10.0.0.7"],
+            try Self.configuration([("host", "primary,10.0.0.7"), ("port", "5432,5433")]),
+            hosts: ["primary", "10.0.0.7"],
             addresses: ["primary": ["10.0.0.1", "10.0.0.2"]])
         XCTAssertEqual(list["host"], "primary,primary,10.0.0.7")
         XCTAssertEqual(list["hostaddr"], "10.0.0.1,10.0.0.2,10.0.0.7")
