@@ -632,20 +632,18 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         }
     }
 
-    private func requestComplete(_ head: HTTPRequestHead, body: [UInt8], on connection: Connection<Context>) {
+    private func requestComplete(_ head: consuming HTTPRequestHead, body: consuming [UInt8], on connection: Connection<Context>) {
         guard connection.lifecycle.requestComplete() == .dispatch, let context = connection.context else { return }
         if let prepared = connection.prepared {
             connection.prepared = nil
             finish(prepared, context: context, on: connection)
             return
         }
-        var request = HTTPRequest(
-            method: head.method, path: head.path, query: head.query, headers: head.headers, body: body,
-            remoteAddress: connection.clientAddress)
+        var request = HTTPRequest(head: head, body: body, remoteAddress: connection.clientAddress)
         if connection.peerIsTrustedProxy {
             // The leftmost entry is the scheme the client used (proxies in a chain append theirs).
             request.forwardedHTTPS =
-                head.headers["x-forwarded-proto"]?.split(separator: ",").first?.trimmingCharacters(in: .whitespaces)
+                request.headers["x-forwarded-proto"]?.split(separator: ",").first?.trimmingCharacters(in: .whitespaces)
                 .lowercased() == "https"
         }
         switch responder.respond(to: request, context: context) {
@@ -980,7 +978,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 break
             }
         }
-        dates.appendHeaderLine(to: &output)
+        dates.appendHeaderLine(now: now, to: &output)
         output.append(contentsOf: serverLine)
         output.append(contentsOf: upgrade ? Self.upgradeLine : keepAlive ? Self.keepAliveLine : Self.closeLine)
         output.append(contentsOf: Self.crlf)
@@ -1155,32 +1153,50 @@ final class StopSignal: @unchecked Sendable {
     }
 }
 
-/// The `Date` header line, formatted once per second.
+/// The `Date` header line, formatted once per second of the wall clock. Between two
+/// seconds it is reused without reading the clock: the loop's monotonic `now` (read once per
+/// wake-up) tells when the next second begins.
 final class DateHeaderCache {
-    private var second: Int = -1
-    private var line: [UInt8] = []
+    /// The wall clock: seconds and nanoseconds since 1970 (`CLOCK_REALTIME`; a test's own).
+    typealias WallClock = () -> (seconds: Int, nanoseconds: Int)
 
-    func appendHeaderLine(to output: inout [UInt8]) {
-        output.append(contentsOf: headerLine())
+    private let wallClock: WallClock
+    /// The monotonic time at which `line` becomes stale (the next wall-clock second).
+    private var validUntil: UInt64 = 0
+    private(set) var line: [UInt8] = []
+
+    init(wallClock: @escaping WallClock = DateHeaderCache.realtime) {
+        self.wallClock = wallClock
     }
 
-    func headerLine() -> [UInt8] {
+    /// Appends `Date: …\r\n` for the wall-clock second of `now` (monotonic nanoseconds).
+    func appendHeaderLine(now: UInt64, to output: inout [UInt8]) {
+        if now >= validUntil || line.isEmpty {
+            let (seconds, nanoseconds) = wallClock()
+            line = Self.headerLine(seconds: seconds)
+            validUntil = now &+ UInt64(1_000_000_000 - min(max(nanoseconds, 0), 999_999_999))
+        }
+        output.append(contentsOf: line)
+    }
+
+    /// `Date: Sun, 06 Nov 1994 08:49:37 GMT\r\n` (RFC 9110 IMF-fixdate).
+    static func headerLine(seconds: Int) -> [UInt8] {
+        var time = time_t(seconds)
+        var parts = tm()
+        gmtime_r(&time, &parts)
+        let days = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
+        let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+        let text = String(
+            format: "Date: %@, %02d %@ %04d %02d:%02d:%02d GMT\r\n", days[Int(parts.tm_wday)], Int(parts.tm_mday),
+            months[Int(parts.tm_mon)], Int(parts.tm_year) + 1900, Int(parts.tm_hour), Int(parts.tm_min),
+            Int(parts.tm_sec))
+        return Array(text.utf8)
+    }
+
+    static func realtime() -> (seconds: Int, nanoseconds: Int) {
         var time = timespec()
         clock_gettime(CLOCK_REALTIME, &time)
-        if time.tv_sec != second {
-            second = time.tv_sec
-            var seconds = time_t(time.tv_sec)
-            var parts = tm()
-            gmtime_r(&seconds, &parts)
-            let days = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
-            let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
-            let text = String(
-                format: "Date: %@, %02d %@ %04d %02d:%02d:%02d GMT\r\n", days[Int(parts.tm_wday)], Int(parts.tm_mday),
-                months[Int(parts.tm_mon)], Int(parts.tm_year) + 1900, Int(parts.tm_hour), Int(parts.tm_min),
-                Int(parts.tm_sec))
-            line = Array(text.utf8)
-        }
-        return line
+        return (Int(time.tv_sec), Int(time.tv_nsec))
     }
 }
 

@@ -198,24 +198,23 @@ final class AccessLog: Sendable {
         return out
     }
 
-    /// `value` in decimal, left-padded with zeros to `width` digits (no allocation).
+    /// `value` in decimal, left-padded with zeros to `width` digits (at most 20): written
+    /// backwards on the stack, appended with one copy (no allocation).
     static func appendPadded(_ value: Int, width: Int, to out: inout [UInt8]) {
-        var rest = max(value, 0)
-        var count = 1
-        var power = 10
-        while rest >= power, count < 19 {
-            count += 1
-            power &*= 10
+        var rest = UInt64(max(value, 0))
+        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 20) { buffer in
+            var start = buffer.count
+            repeat {
+                start -= 1
+                buffer[start] = UInt8(ascii: "0") + UInt8(truncatingIfNeeded: rest % 10)
+                rest /= 10
+            } while rest > 0
+            while buffer.count - start < min(width, buffer.count) {
+                start -= 1
+                buffer[start] = UInt8(ascii: "0")
+            }
+            out.append(contentsOf: UnsafeBufferPointer(rebasing: buffer[start...]))
         }
-        if count < width { out.append(contentsOf: repeatElement(UInt8(ascii: "0"), count: width - count)) }
-        let start = out.count
-        out.append(contentsOf: repeatElement(UInt8(ascii: "0"), count: count))
-        var index = start + count - 1
-        repeat {
-            out[index] = UInt8(ascii: "0") + UInt8(rest % 10)
-            rest /= 10
-            index -= 1
-        } while rest > 0
     }
 
     /// Hundredths as `12.34`.
