@@ -201,7 +201,8 @@ public struct HTTPRequestParser: Sendable {
     private var scanned = 0
     private var state = State.requestLine
     private var builder = HeadBuilder()
-    private var current = HTTPRequestParser.noHead
+    /// The head of the request being read, from `.head` to its end.
+    private var current: HTTPRequestHead? = nil
     private static let noHead = HTTPRequestHead(
         method: .get, target: "/", path: "/", query: nil, version: .http11, headers: HTTPHeaders(),
         keepAlive: true, expectsContinue: false, bodyFraming: .empty)
@@ -312,8 +313,6 @@ public struct HTTPRequestParser: Sendable {
         swap(&released, &buffer)
         readIndex = 0
         writeIndex = 0
-        // The last head (in `.stream` mode) is the caller's now; the builder is empty here.
-        current = Self.noHead
         return released
     }
 
@@ -765,14 +764,14 @@ public struct HTTPRequestParser: Sendable {
     }
 
     private mutating func finishMessage() -> HTTPParserEvent {
-        let keepAlive = current.keepAlive
+        // Moved out, not copied: the parser needs nothing of this head any more.
+        var head: HTTPRequestHead? = nil
+        swap(&head, &current)
+        let keepAlive = head?.keepAlive ?? true
         let event: HTTPParserEvent
         switch bodyMode {
         case .collect:
-            // Moved out, not copied: the parser needs nothing of this head any more.
-            var head = Self.noHead
-            swap(&head, &current)
-            event = .request(head, body: body)
+            event = .request(head ?? Self.noHead, body: body)
             body = []
         case .stream:
             event = .end

@@ -125,27 +125,41 @@ final class AccessLog: Sendable {
         let duration = entry.nanoseconds / 10_000  // hundredths of a millisecond
         switch format {
         case .text:
-            out.append(contentsOf: prefix)
-            Self.appendPadded(milliseconds, width: 3, to: &out)
-            out.append(contentsOf: lineHead)
-            if !entry.client.isEmpty {
-                out.append(utf8: " client=")
-                out.append(utf8: entry.client)
+            // Written on the stack and appended with one copy: a line is a dozen pieces, and
+            // appending each to the array cost more than formatting it.
+            let variable =
+                entry.client.utf8.count + entry.method.utf8.count + entry.path.utf8.count + entry.requestID.utf8.count
+            withUnsafeTemporaryAllocation(
+                of: UInt8.self, capacity: Self.textLineFixedBytes + prefix.count + lineHead.count + variable
+            ) { buffer in
+                var line = LineWriter(buffer)
+                line.write(prefix)
+                line.writePadded(milliseconds, width: 3)
+                line.write(lineHead)
+                if !entry.client.isEmpty {
+                    line.write(" client=")
+                    line.write(entry.client)
+                }
+                line.write(" duration_ms=")
+                line.writePadded(Int(duration / 100), width: 1)
+                line.write(".")
+                line.writePadded(Int(duration % 100), width: 2)
+                line.write(" method=")
+                line.write(entry.method)
+                line.write(" path=")
+                line.write(entry.path)
+                line.write(" request_id=")
+                line.write(entry.requestID)
+                line.write(" status=")
+                line.writePadded(entry.status, width: 1)
+                if let user = entry.userID {
+                    line.write(" user_id=")
+                    line.write(UUIDText.lowercase(user))
+                }
+                line.write("\n")
+                out.append(contentsOf: UnsafeBufferPointer(rebasing: buffer[..<line.count]))
             }
-            out.append(utf8: " duration_ms=")
-            Self.appendHundredths(duration, to: &out)
-            out.append(utf8: " method=")
-            out.append(utf8: entry.method)
-            out.append(utf8: " path=")
-            out.append(utf8: entry.path)
-            out.append(utf8: " request_id=")
-            out.append(utf8: entry.requestID)
-            out.append(utf8: " status=")
-            Self.appendPadded(entry.status, width: 1, to: &out)
-            if let user = entry.userID {
-                out.append(utf8: " user_id=")
-                out.append(utf8: UUIDText.lowercase(user))
-            }
+            return
         case .json:
             out.append(utf8: "{\"ts\":\"")
             out.append(contentsOf: prefix)
@@ -198,11 +212,16 @@ final class AccessLog: Sendable {
         return out
     }
 
-    /// `value` in decimal, left-padded with zeros to `width` digits (at most 20): written
-    /// backwards on the stack, appended with one copy (no allocation).
+    /// `value` in decimal, left-padded with zeros to `width` digits (no allocation).
     static func appendPadded(_ value: Int, width: Int, to out: inout [UInt8]) {
+        withDigits(value, width: width) { out.append(contentsOf: $0) }
+    }
+
+    /// Calls `body` with `value` in decimal, left-padded with zeros to `width` digits (at
+    /// most 20), written backwards on the stack.
+    static func withDigits<R>(_ value: Int, width: Int, _ body: (UnsafeBufferPointer<UInt8>) -> R) -> R {
         var rest = UInt64(max(value, 0))
-        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 20) { buffer in
+        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 20) { buffer in
             var start = buffer.count
             repeat {
                 start -= 1
@@ -213,7 +232,43 @@ final class AccessLog: Sendable {
                 start -= 1
                 buffer[start] = UInt8(ascii: "0")
             }
-            out.append(contentsOf: UnsafeBufferPointer(rebasing: buffer[start...]))
+            return body(UnsafeBufferPointer(rebasing: buffer[start...]))
+        }
+    }
+
+    /// The most a text line holds besides its prefix, head and the fields' text: field
+    /// names, numbers (at most 20 digits each), a user id, the newline.
+    private static let textLineFixedBytes = 192
+
+    /// Writes a line into a buffer sized for it (`textLineFixedBytes` and the fields' text).
+    private struct LineWriter {
+        let buffer: UnsafeMutableBufferPointer<UInt8>
+        private(set) var count = 0
+
+        init(_ buffer: UnsafeMutableBufferPointer<UInt8>) { self.buffer = buffer }
+
+        mutating func write(_ bytes: UnsafeBufferPointer<UInt8>) {
+            // Never more than the room left (the bound is computed to fit: a miscount would
+            // cut the line short, never write past the buffer).
+            let length = min(bytes.count, buffer.count - count)
+            guard length > 0, let source = bytes.baseAddress, let target = buffer.baseAddress else { return }
+            (target + count).update(from: source, count: length)
+            count += length
+        }
+
+        mutating func write(_ bytes: [UInt8]) { bytes.withUnsafeBufferPointer { write($0) } }
+
+        mutating func write(_ text: StaticString) {
+            write(UnsafeBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
+        }
+
+        mutating func write(_ text: String) {
+            let done: Void? = text.utf8.withContiguousStorageIfAvailable { write($0) }
+            if done == nil { write(Array(text.utf8)) }
+        }
+
+        mutating func writePadded(_ value: Int, width: Int) {
+            AccessLog.withDigits(value, width: width) { write($0) }
         }
     }
 
