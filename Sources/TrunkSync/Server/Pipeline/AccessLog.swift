@@ -125,25 +125,22 @@ final class AccessLog: Sendable {
         let duration = entry.nanoseconds / 10_000  // hundredths of a millisecond
         switch format {
         case .text:
-            // Written on the stack and appended with one copy: a line is a dozen pieces, and
-            // appending each to the array cost more than formatting it.
+            // Written on the stack and appended with one copy (a line is a dozen pieces).
             let variable =
                 entry.client.utf8.count + entry.method.utf8.count + entry.path.utf8.count + entry.requestID.utf8.count
-            withUnsafeTemporaryAllocation(
-                of: UInt8.self, capacity: Self.textLineFixedBytes + prefix.count + lineHead.count + variable
-            ) { buffer in
-                var line = LineWriter(buffer)
+            ByteWriter.append(to: &out, capacity: Self.textLineFixedBytes + prefix.count + lineHead.count + variable) {
+                line in
                 line.write(prefix)
-                line.writePadded(milliseconds, width: 3)
+                line.writeDecimal(milliseconds, width: 3)
                 line.write(lineHead)
                 if !entry.client.isEmpty {
                     line.write(" client=")
                     line.write(entry.client)
                 }
                 line.write(" duration_ms=")
-                line.writePadded(Int(duration / 100), width: 1)
-                line.write(".")
-                line.writePadded(Int(duration % 100), width: 2)
+                line.writeDecimal(Int(duration / 100))
+                line.write(UInt8(ascii: "."))
+                line.writeDecimal(Int(duration % 100), width: 2)
                 line.write(" method=")
                 line.write(entry.method)
                 line.write(" path=")
@@ -151,13 +148,12 @@ final class AccessLog: Sendable {
                 line.write(" request_id=")
                 line.write(entry.requestID)
                 line.write(" status=")
-                line.writePadded(entry.status, width: 1)
+                line.writeDecimal(entry.status)
                 if let user = entry.userID {
                     line.write(" user_id=")
                     line.write(UUIDText.lowercase(user))
                 }
-                line.write("\n")
-                out.append(contentsOf: UnsafeBufferPointer(rebasing: buffer[..<line.count]))
+                line.write(UInt8(ascii: "\n"))
             }
             return
         case .json:
@@ -214,63 +210,12 @@ final class AccessLog: Sendable {
 
     /// `value` in decimal, left-padded with zeros to `width` digits (no allocation).
     static func appendPadded(_ value: Int, width: Int, to out: inout [UInt8]) {
-        withDigits(value, width: width) { out.append(contentsOf: $0) }
-    }
-
-    /// Calls `body` with `value` in decimal, left-padded with zeros to `width` digits (at
-    /// most 20), written backwards on the stack.
-    static func withDigits<R>(_ value: Int, width: Int, _ body: (UnsafeBufferPointer<UInt8>) -> R) -> R {
-        var rest = UInt64(max(value, 0))
-        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 20) { buffer in
-            var start = buffer.count
-            repeat {
-                start -= 1
-                buffer[start] = UInt8(ascii: "0") + UInt8(truncatingIfNeeded: rest % 10)
-                rest /= 10
-            } while rest > 0
-            while buffer.count - start < min(width, buffer.count) {
-                start -= 1
-                buffer[start] = UInt8(ascii: "0")
-            }
-            return body(UnsafeBufferPointer(rebasing: buffer[start...]))
-        }
+        ByteWriter.append(to: &out, capacity: 20) { $0.writeDecimal(value, width: width) }
     }
 
     /// The most a text line holds besides its prefix, head and the fields' text: field
     /// names, numbers (at most 20 digits each), a user id, the newline.
     private static let textLineFixedBytes = 192
-
-    /// Writes a line into a buffer sized for it (`textLineFixedBytes` and the fields' text).
-    private struct LineWriter {
-        let buffer: UnsafeMutableBufferPointer<UInt8>
-        private(set) var count = 0
-
-        init(_ buffer: UnsafeMutableBufferPointer<UInt8>) { self.buffer = buffer }
-
-        mutating func write(_ bytes: UnsafeBufferPointer<UInt8>) {
-            // Never more than the room left (the bound is computed to fit: a miscount would
-            // cut the line short, never write past the buffer).
-            let length = min(bytes.count, buffer.count - count)
-            guard length > 0, let source = bytes.baseAddress, let target = buffer.baseAddress else { return }
-            (target + count).update(from: source, count: length)
-            count += length
-        }
-
-        mutating func write(_ bytes: [UInt8]) { bytes.withUnsafeBufferPointer { write($0) } }
-
-        mutating func write(_ text: StaticString) {
-            write(UnsafeBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
-        }
-
-        mutating func write(_ text: String) {
-            let done: Void? = text.utf8.withContiguousStorageIfAvailable { write($0) }
-            if done == nil { write(Array(text.utf8)) }
-        }
-
-        mutating func writePadded(_ value: Int, width: Int) {
-            AccessLog.withDigits(value, width: width) { write($0) }
-        }
-    }
 
     /// Hundredths as `12.34`.
     static func appendHundredths(_ hundredths: UInt64, to out: inout [UInt8]) {
