@@ -21,6 +21,7 @@ public struct ByteWriter {
         }
     }
 
+    /// Writes `bytes` (as many as fit).
     public mutating func write(_ bytes: UnsafeBufferPointer<UInt8>) {
         let length = min(bytes.count, buffer.count - count)
         guard length > 0, let source = bytes.baseAddress, let target = buffer.baseAddress else { return }
@@ -28,28 +29,31 @@ public struct ByteWriter {
         count += length
     }
 
+    /// Writes `bytes` (as many as fit).
     public mutating func write(_ bytes: [UInt8]) {
         bytes.withUnsafeBufferPointer { write($0) }
     }
 
+    /// Writes the UTF-8 of `text` (as much as fits).
     public mutating func write(_ text: StaticString) {
         write(UnsafeBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
     }
 
-    /// The UTF-8 of `text` (one copy: a native or small string's bytes are contiguous).
+    /// Writes the UTF-8 of `text` (one copy: a native or small string's bytes are contiguous).
     public mutating func write(_ text: String) {
         let done: Void? = text.utf8.withContiguousStorageIfAvailable { write($0) }
         if done == nil { write(Array(text.utf8)) }
     }
 
+    /// Writes one byte, if it fits.
     public mutating func write(_ byte: UInt8) {
         guard count < buffer.count else { return }
         buffer[count] = byte
         count += 1
     }
 
-    /// `value` in decimal (negative values as 0), left-padded with zeros to `width` digits
-    /// (at most 20).
+    /// Writes `value` in decimal (negative values as 0), left-padded with zeros to `width`
+    /// digits (at most 20).
     public mutating func writeDecimal(_ value: Int, width: Int = 1) {
         var rest = UInt64(max(value, 0))
         var digits: (UInt64, UInt64, UInt64) = (0, 0, 0)  // 24 bytes on the stack

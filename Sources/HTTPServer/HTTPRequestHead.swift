@@ -251,6 +251,7 @@ public struct HTTPRequestHead: Hashable, Sendable {
         }
     }
 
+    /// Whether two heads have the same fields (the same object, or equal field by field).
     public static func == (lhs: HTTPRequestHead, rhs: HTTPRequestHead) -> Bool {
         lhs.storage === rhs.storage
             || (lhs.method == rhs.method && lhs.target == rhs.target && lhs.path == rhs.path && lhs.query == rhs.query
@@ -258,6 +259,7 @@ public struct HTTPRequestHead: Hashable, Sendable {
                 && lhs.expectsContinue == rhs.expectsContinue && lhs.bodyFraming == rhs.bodyFraming)
     }
 
+    /// Hashes every field, consistently with `==`.
     public func hash(into hasher: inout Hasher) {
         hasher.combine(method)
         hasher.combine(target)
