@@ -38,6 +38,17 @@ public struct HTTPRequest: Sendable {
         self.remoteAddress = remoteAddress
     }
 
+    /// A request from a parsed head and its body, moving what it holds.
+    init(head: consuming HTTPRequestHead, body: consuming [UInt8], remoteAddress: String) {
+        method = head.method
+        path = head.path
+        query = head.query
+        headers = head.headers
+        self.body = body
+        requestID = ""
+        self.remoteAddress = remoteAddress
+    }
+
     /// The query's name/value pairs in order, form-decoded (`+` is a space, `%XX` a byte).
     /// A pair that is not valid UTF-8 after decoding is kept with replacement characters.
     public var queryItems: [(name: String, value: String)] { QueryString.parse(query ?? "") }

@@ -132,6 +132,7 @@ public struct HTTPHeaders: RandomAccessCollection, Hashable, Sendable, Expressib
 
     /// ASCII case-insensitive comparison of two field names.
     static func namesEqual(_ lhs: String, _ rhs: String) -> Bool {
+        guard lhs.utf8.count == rhs.utf8.count else { return false }
         var left = lhs.utf8.makeIterator()
         var right = rhs.utf8.makeIterator()
         while true {
@@ -154,6 +155,9 @@ public struct HTTPHeaders: RandomAccessCollection, Hashable, Sendable, Expressib
 
 /// The head of a parsed request: request line, header fields and what the parser
 /// derived from them (framing, keep-alive, `Expect: 100-continue`).
+///
+/// Immutable, and one reference: the loop hands a head from the parser to the application
+/// and on to the request without copying its fields (each a reference count) every time.
 public struct HTTPRequestHead: Hashable, Sendable {
     /// How the request body is delimited.
     public enum BodyFraming: Hashable, Sendable {
@@ -165,29 +169,58 @@ public struct HTTPRequestHead: Hashable, Sendable {
         case chunked
     }
 
+    private final class Storage: Sendable {
+        let method: HTTPMethod
+        let target: String
+        let path: String
+        let query: String?
+        let version: HTTPVersion
+        let headers: HTTPHeaders
+        let keepAlive: Bool
+        let expectsContinue: Bool
+        let bodyFraming: BodyFraming
+
+        init(
+            method: HTTPMethod, target: String, path: String, query: String?, version: HTTPVersion,
+            headers: HTTPHeaders, keepAlive: Bool, expectsContinue: Bool, bodyFraming: BodyFraming
+        ) {
+            self.method = method
+            self.target = target
+            self.path = path
+            self.query = query
+            self.version = version
+            self.headers = headers
+            self.keepAlive = keepAlive
+            self.expectsContinue = expectsContinue
+            self.bodyFraming = bodyFraming
+        }
+    }
+
+    private let storage: Storage
+
     /// The request method.
-    public var method: HTTPMethod
+    public var method: HTTPMethod { storage.method }
     /// The request target exactly as sent (origin-form `/p?q`, `*`, or absolute-form URL).
-    public var target: String
+    public var target: String { storage.target }
     /// The path part of the target, not percent-decoded: `/p` for `/p?q`, `*` for the
     /// asterisk-form, and the path of an absolute-form URL (`/` when it has none).
-    public var path: String
+    public var path: String { storage.path }
     /// The raw query string after the first `?` (without it, not decoded), or `nil` when the
     /// target has no `?`.
-    public var query: String?
+    public var query: String? { storage.query }
     /// The protocol version (1.0 or 1.1).
-    public var version: HTTPVersion
+    public var version: HTTPVersion { storage.version }
     /// The header fields in received order.
-    public var headers: HTTPHeaders
+    public var headers: HTTPHeaders { storage.headers }
     /// Whether the connection may carry another request after this one: HTTP/1.1 unless
     /// `Connection: close`; HTTP/1.0 only with `Connection: keep-alive` (and no `close`).
-    public var keepAlive: Bool
+    public var keepAlive: Bool { storage.keepAlive }
     /// Whether an HTTP/1.1 client sent `Expect: 100-continue` for a request that has a body:
     /// the server should answer `100 Continue` (or a final status) before the body arrives.
     /// Always `false` for HTTP/1.0 (RFC 9110 §10.1.1) and for requests without a body.
-    public var expectsContinue: Bool
+    public var expectsContinue: Bool { storage.expectsContinue }
     /// How the body is delimited.
-    public var bodyFraming: BodyFraming
+    public var bodyFraming: BodyFraming { storage.bodyFraming }
 
     /// Creates a request head.
     public init(
@@ -201,23 +234,41 @@ public struct HTTPRequestHead: Hashable, Sendable {
         expectsContinue: Bool,
         bodyFraming: BodyFraming
     ) {
-        self.method = method
-        self.target = target
-        self.path = path
-        self.query = query
-        self.version = version
-        self.headers = headers
-        self.keepAlive = keepAlive
-        self.expectsContinue = expectsContinue
-        self.bodyFraming = bodyFraming
+        storage = Storage(
+            method: method, target: target, path: path, query: query, version: version, headers: headers,
+            keepAlive: keepAlive, expectsContinue: expectsContinue, bodyFraming: bodyFraming)
     }
 
     /// Whether body bytes follow the head (chunked, or a non-zero `Content-Length`).
-    public var hasBody: Bool {
-        switch bodyFraming {
+    public var hasBody: Bool { Self.hasBody(bodyFraming) }
+
+    /// Whether a body framed so has bytes.
+    static func hasBody(_ framing: BodyFraming) -> Bool {
+        switch framing {
         case .empty: false
         case .contentLength(let length): length > 0
         case .chunked: true
         }
+    }
+
+    /// Whether two heads have the same fields (the same object, or equal field by field).
+    public static func == (lhs: HTTPRequestHead, rhs: HTTPRequestHead) -> Bool {
+        lhs.storage === rhs.storage
+            || (lhs.method == rhs.method && lhs.target == rhs.target && lhs.path == rhs.path && lhs.query == rhs.query
+                && lhs.version == rhs.version && lhs.headers == rhs.headers && lhs.keepAlive == rhs.keepAlive
+                && lhs.expectsContinue == rhs.expectsContinue && lhs.bodyFraming == rhs.bodyFraming)
+    }
+
+    /// Hashes every field, consistently with `==`.
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(method)
+        hasher.combine(target)
+        hasher.combine(path)
+        hasher.combine(query)
+        hasher.combine(version)
+        hasher.combine(headers)
+        hasher.combine(keepAlive)
+        hasher.combine(expectsContinue)
+        hasher.combine(bodyFraming)
     }
 }

@@ -201,7 +201,8 @@ public struct HTTPRequestParser: Sendable {
     private var scanned = 0
     private var state = State.requestLine
     private var builder = HeadBuilder()
-    private var current = HTTPRequestParser.noHead
+    /// The head of the request being read, from `.head` to its end.
+    private var current: HTTPRequestHead? = nil
     private static let noHead = HTTPRequestHead(
         method: .get, target: "/", path: "/", query: nil, version: .http11, headers: HTTPHeaders(),
         keepAlive: true, expectsContinue: false, bodyFraming: .empty)
@@ -312,9 +313,6 @@ public struct HTTPRequestParser: Sendable {
         swap(&released, &buffer)
         readIndex = 0
         writeIndex = 0
-        // The last head's fields (an array of 16 reserved) are the caller's now.
-        builder = HeadBuilder()
-        current = Self.noHead
         return released
     }
 
@@ -529,7 +527,7 @@ public struct HTTPRequestParser: Sendable {
             throw .invalidRequestLine
         }
         builder.version = try parseVersion(p, from: targetEnd + 1, to: end)
-        builder.method = HTTPMethod(rawValue: string(p, start, methodEnd))
+        builder.method = method(p, start, methodEnd)
 
         for i in targetStart..<targetEnd {
             let byte = p[i]
@@ -561,6 +559,27 @@ public struct HTTPRequestParser: Sendable {
         } else {
             throw .invalidTarget
         }
+    }
+
+    /// The method of `p[start..<end]`: the usual ones without making a string.
+    private func method(_ p: UnsafeBufferPointer<UInt8>, _ start: Int, _ end: Int) -> HTTPMethod {
+        switch end - start {
+        case 3:
+            if equals(p, start, end, "GET") { return .get }
+            if equals(p, start, end, "PUT") { return .put }
+        case 4:
+            if equals(p, start, end, "POST") { return .post }
+            if equals(p, start, end, "HEAD") { return .head }
+        case 5:
+            if equals(p, start, end, "PATCH") { return .patch }
+        case 6:
+            if equals(p, start, end, "DELETE") { return .delete }
+        case 7:
+            if equals(p, start, end, "OPTIONS") { return .options }
+        default:
+            break
+        }
+        return HTTPMethod(rawValue: string(p, start, end))
     }
 
     /// For `http://` or `https://` (any case), the index after `//`.
@@ -727,11 +746,11 @@ public struct HTTPRequestParser: Sendable {
 
         let isHTTP11 = parsed.version == .http11
         let keepAlive = !parsed.connectionClose && (isHTTP11 || parsed.connectionKeepAlive)
-        var head = HTTPRequestHead(
+        let head = HTTPRequestHead(
             method: parsed.method, target: parsed.target, path: parsed.path, query: parsed.query,
             version: parsed.version, headers: parsed.headers, keepAlive: keepAlive,
-            expectsContinue: false, bodyFraming: framing)
-        head.expectsContinue = isHTTP11 && parsed.expectsContinue && head.hasBody
+            expectsContinue: isHTTP11 && parsed.expectsContinue && HTTPRequestHead.hasBody(framing),
+            bodyFraming: framing)
         current = head
         chunkedTotal = 0
         bodyLimit = Int.max
@@ -745,15 +764,19 @@ public struct HTTPRequestParser: Sendable {
     }
 
     private mutating func finishMessage() -> HTTPParserEvent {
+        // Moved out, not copied: the parser needs nothing of this head any more.
+        var head: HTTPRequestHead? = nil
+        swap(&head, &current)
+        let keepAlive = head?.keepAlive ?? true
         let event: HTTPParserEvent
         switch bodyMode {
         case .collect:
-            event = .request(current, body: body)
+            event = .request(head ?? Self.noHead, body: body)
             body = []
         case .stream:
             event = .end
         }
-        if current.keepAlive {
+        if keepAlive {
             state = .requestLine
         } else {
             state = .closed
@@ -891,6 +914,14 @@ private func equalsIgnoringCase(
         return false
     }
     return true
+}
+
+/// Whether `p[start..<end]` is exactly `text` (case-sensitive).
+@inline(__always)
+private func equals(_ p: UnsafeBufferPointer<UInt8>, _ start: Int, _ end: Int, _ text: StaticString) -> Bool {
+    let count = text.utf8CodeUnitCount
+    guard end - start == count, let base = p.baseAddress else { return false }
+    return memcmp(base + start, text.utf8Start, count) == 0
 }
 
 @inline(__always)

@@ -902,6 +902,21 @@ final class HTTPRequestParserTests: XCTestCase {
 
     // MARK: Types
 
+    func testMethodsAreTakenAsSent() {
+        for (method, expected) in [
+            ("GET", HTTPMethod.get), ("HEAD", .head), ("POST", .post), ("PUT", .put), ("DELETE", .delete),
+            ("PATCH", .patch), ("OPTIONS", .options), ("PROPFIND", HTTPMethod(rawValue: "PROPFIND")),
+            ("get", HTTPMethod(rawValue: "get")), ("GETS", HTTPMethod(rawValue: "GETS")),
+            ("POS", HTTPMethod(rawValue: "POS")),
+        ] {
+            var parser = HTTPRequestParser()
+            parser.feed(Array("\(method) / HTTP/1.1\r\nHost: a\r\n\r\n".utf8))
+            guard case .head(let head)? = parser.next() else { return XCTFail(method) }
+            XCTAssertEqual(head.method, expected, method)
+            XCTAssertEqual(head.method.rawValue, method)
+        }
+    }
+
     func testHeadersLookup() {
         var headers: HTTPHeaders = ["Content-Type": "application/json", "X-Multi": "a"]
         headers.append(name: "x-multi", value: "b")

@@ -124,31 +124,40 @@ done
 rss_start=$(rss_kib "$server_pid")
 
 # --- Throughput -----------------------------------------------------------------------------
-# CPU ticks (user + system) of processes: the server (all its threads), nginx's workers.
+# CPU ticks of processes, "user system": the server (all its threads), nginx's workers.
 cpu_ticks() {  # PID…
-  local total=0 pid
+  local user=0 system=0 pid fields
   for pid in "$@"; do
-    total=$((total + $(awk '{ sub(/^.*\) /, ""); split($0, f, " "); print f[12] + f[13] }' "/proc/$pid/stat")))
+    read -r -a fields <<<"$(awk '{ sub(/^.*\) /, ""); split($0, f, " "); print f[12], f[13] }' "/proc/$pid/stat")"
+    user=$((user + fields[0]))
+    system=$((system + fields[1]))
   done
-  echo "$total"
+  echo "$user $system"
 }
 nginx_workers() { cat "/proc/$nginx_pid/task/$nginx_pid/children"; }
 
-# run_wrk NAME URL SECONDS [PID…] → prints "requests/s CPU-µs-per-request" (CPU of PIDs
-# during the run: steadier than requests/s on a shared machine; "-" without PIDs).
+# run_wrk NAME URL SECONDS [PID…] → prints "requests/s CPU-µs-per-request user-µs system-µs"
+# (CPU of PIDs during the run: steadier than requests/s on a shared machine; user space is
+# what the server's own code costs, system what the kernel does for it; "- - -" without PIDs).
 run_wrk() {
   local output before after requests pids
   pids=("${@:4}")
-  before=$(cpu_ticks "${pids[@]}")
+  read -r -a before <<<"$(cpu_ticks "${pids[@]}")"
   output=$(wrk -t"$wrk_threads" -c"$wrk_connections" -d"$3"s "$2")
-  after=$(cpu_ticks "${pids[@]}")
+  read -r -a after <<<"$(cpu_ticks "${pids[@]}")"
   echo "$output" >>"$work/wrk-$1.log"
   if echo "$output" | grep -qE "Non-2xx|Socket errors"; then
     echo "bench: $1: $(echo "$output" | grep -E 'Non-2xx|Socket errors' | tr -s ' ')" >&2
   fi
   requests=$(echo "$output" | awk '/ requests in / { print $1 }')
-  echo "$output" | awk -v ticks=$((after - before)) -v hz="$(getconf CLK_TCK)" -v n="$requests" -v pids=${#pids[@]} \
-    '/^Requests\/sec:/ { if (pids > 0 && n > 0) printf "%.0f %.2f", $2, ticks / hz * 1e6 / n; else printf "%.0f -", $2 }'
+  echo "$output" | awk -v user=$((after[0] - before[0])) -v kernel=$((after[1] - before[1])) \
+    -v hz="$(getconf CLK_TCK)" -v n="$requests" -v pids=${#pids[@]} \
+    '/^Requests\/sec:/ {
+      if (pids > 0 && n > 0) {
+        u = user / hz * 1e6 / n; s = kernel / hz * 1e6 / n
+        printf "%.0f %.2f %.2f %.2f", $2, u + s, u, s
+      } else printf "%.0f - - -", $2
+    }'
 }
 
 echo "== warm-up (2 s each)" >&2
@@ -160,17 +169,21 @@ nginx_results=()
 ts_results=()
 nginx_cpu=()
 ts_cpu=()
+nginx_user=()
+ts_user=()
 read -r -a workers <<<"$(nginx_workers)"
 for round in $(seq 1 "$rounds"); do
-  read -r n n_cpu <<<"$(run_wrk nginx "$nginx_url" "$duration" "${workers[@]}")"
+  read -r n n_cpu n_user n_sys <<<"$(run_wrk nginx "$nginx_url" "$duration" "${workers[@]}")"
   nginx_results+=("$n")
   nginx_cpu+=("$n_cpu")
-  echo "round $round  nginx       $n req/s  $n_cpu µs CPU/request"
-  read -r t t_cpu <<<"$(run_wrk trunk-sync "$ts_url" "$duration" "$server_pid")"
+  nginx_user+=("$n_user")
+  echo "round $round  nginx       $n req/s  $n_cpu µs CPU/request (user $n_user, system $n_sys)"
+  read -r t t_cpu t_user t_sys <<<"$(run_wrk trunk-sync "$ts_url" "$duration" "$server_pid")"
   ts_results+=("$t")
   ts_cpu+=("$t_cpu")
+  ts_user+=("$t_user")
   : >"$work/server.log"  # the access log of a round is ~150 MB; appended to, so truncating is safe
-  echo "round $round  trunk-sync  $t req/s  $t_cpu µs CPU/request"
+  echo "round $round  trunk-sync  $t req/s  $t_cpu µs CPU/request (user $t_user, system $t_sys)"
 done
 mean() { printf '%s\n' "$@" | awk '{ s += $1 } END { printf "%.0f", s / NR }'; }
 mean2() { printf '%s\n' "$@" | awk '{ s += $1 } END { printf "%.2f", s / NR }'; }
@@ -178,6 +191,8 @@ nginx_mean=$(mean "${nginx_results[@]}")
 ts_mean=$(mean "${ts_results[@]}")
 nginx_cpu_mean=$(mean2 "${nginx_cpu[@]}")
 ts_cpu_mean=$(mean2 "${ts_cpu[@]}")
+nginx_user_mean=$(mean2 "${nginx_user[@]}")
+ts_user_mean=$(mean2 "${ts_user[@]}")
 ratio=$(awk -v t="$ts_mean" -v n="$nginx_mean" 'BEGIN { printf "%.2f", t / n }')
 
 # --- Memory with idle keep-alive connections -----------------------------------------------
@@ -199,8 +214,8 @@ kill -0 "$server_pid" 2>/dev/null || { echo "bench: trunk-sync died" >&2; cat "$
 cat <<EOF
 
 date                    $(date -u +%FT%TZ)  ($(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg))
-nginx (workers: auto)   $nginx_mean req/s  (rounds: ${nginx_results[*]}); $nginx_cpu_mean µs CPU per request (rounds: ${nginx_cpu[*]})
-trunk-sync              $ts_mean req/s  (rounds: ${ts_results[*]}; event loops: ${TRUNK_SYNC_EVENT_LOOPS:-one per core}); $ts_cpu_mean µs CPU per request (rounds: ${ts_cpu[*]})
+nginx (workers: auto)   $nginx_mean req/s  (rounds: ${nginx_results[*]}); $nginx_cpu_mean µs CPU per request (rounds: ${nginx_cpu[*]}; user $nginx_user_mean: ${nginx_user[*]})
+trunk-sync              $ts_mean req/s  (rounds: ${ts_results[*]}; event loops: ${TRUNK_SYNC_EVENT_LOOPS:-one per core}); $ts_cpu_mean µs CPU per request (rounds: ${ts_cpu[*]}; user $ts_user_mean: ${ts_user[*]})
 ratio trunk-sync/nginx  $ratio  (goal >= 1.0)
 RSS at start            $(mib "$rss_start") MiB
 RSS after wrk (idle)    $(mib "$rss_baseline") MiB

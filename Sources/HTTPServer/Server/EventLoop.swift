@@ -632,20 +632,18 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         }
     }
 
-    private func requestComplete(_ head: HTTPRequestHead, body: [UInt8], on connection: Connection<Context>) {
+    private func requestComplete(_ head: consuming HTTPRequestHead, body: consuming [UInt8], on connection: Connection<Context>) {
         guard connection.lifecycle.requestComplete() == .dispatch, let context = connection.context else { return }
         if let prepared = connection.prepared {
             connection.prepared = nil
             finish(prepared, context: context, on: connection)
             return
         }
-        var request = HTTPRequest(
-            method: head.method, path: head.path, query: head.query, headers: head.headers, body: body,
-            remoteAddress: connection.clientAddress)
+        var request = HTTPRequest(head: head, body: body, remoteAddress: connection.clientAddress)
         if connection.peerIsTrustedProxy {
             // The leftmost entry is the scheme the client used (proxies in a chain append theirs).
             request.forwardedHTTPS =
-                head.headers["x-forwarded-proto"]?.split(separator: ",").first?.trimmingCharacters(in: .whitespaces)
+                request.headers["x-forwarded-proto"]?.split(separator: ",").first?.trimmingCharacters(in: .whitespaces)
                 .lowercased() == "https"
         }
         switch responder.respond(to: request, context: context) {
@@ -960,32 +958,42 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     ) {
         let code = response.status.code
         let bodyAllowed = Self.bodyAllowed(code)
-        output.reserveCapacity(output.count + 256 + response.body.count)
+        let sendsBody = bodyAllowed && !omitBody && framing == .length
+        // The head is written on the stack and appended with one copy: it is a dozen pieces.
+        var headLength = Self.headFixedBytes + serverLine.count
+        for field in response.headers { headLength += field.name.utf8.count + field.value.utf8.count + 4 }
+        output.reserveCapacity(output.count + headLength + (sendsBody ? response.body.count : 0))
         HTTPStatus.appendStatusLine(code, to: &output)
-        for field in response.headers {
-            output.append(utf8: field.name)
-            output.append(contentsOf: Self.colonSpace)
-            output.append(utf8: field.value)
-            output.append(contentsOf: Self.crlf)
-        }
-        if bodyAllowed {
-            switch framing {
-            case .length:
-                output.append(contentsOf: Self.contentLengthPrefix)
-                appendDecimal(response.body.count, to: &output)
-                output.append(contentsOf: Self.crlf)
-            case .chunked:
-                output.append(contentsOf: Self.chunkedLine)
-            case .untilClose:
-                break
+        ByteWriter.append(to: &output, capacity: headLength) { head in
+            for field in response.headers {
+                head.write(field.name)
+                head.write(Self.colonSpace)
+                head.write(field.value)
+                head.write(Self.crlf)
             }
+            if bodyAllowed {
+                switch framing {
+                case .length:
+                    head.write(Self.contentLengthPrefix)
+                    head.writeDecimal(response.body.count)
+                    head.write(Self.crlf)
+                case .chunked:
+                    head.write(Self.chunkedLine)
+                case .untilClose:
+                    break
+                }
+            }
+            dates.write(now: now, to: &head)
+            head.write(serverLine)
+            head.write(upgrade ? Self.upgradeLine : keepAlive ? Self.keepAliveLine : Self.closeLine)
+            head.write(Self.crlf)
         }
-        dates.appendHeaderLine(to: &output)
-        output.append(contentsOf: serverLine)
-        output.append(contentsOf: upgrade ? Self.upgradeLine : keepAlive ? Self.keepAliveLine : Self.closeLine)
-        output.append(contentsOf: Self.crlf)
-        if bodyAllowed, !omitBody, framing == .length { output.append(contentsOf: response.body) }
+        if sendsBody { output.append(contentsOf: response.body) }
     }
+
+    /// What a response head holds besides its status line, its fields and the `Server` line:
+    /// `Content-Length` (or `Transfer-Encoding`), `Date`, `Connection`, the empty line.
+    private static var headFixedBytes: Int { 128 }
 
     private static var colonSpace: StaticString { ": " }
     private static var crlf: StaticString { "\r\n" }
@@ -1075,26 +1083,6 @@ func appendHex(_ value: Int, to output: inout [UInt8]) {
     }
 }
 
-/// Appends `value` in decimal ASCII.
-@inline(__always)
-func appendDecimal(_ value: Int, to output: inout [UInt8]) {
-    if value < 10 {
-        output.append(UInt8(truncatingIfNeeded: 48 + value))
-        return
-    }
-    var digits: (UInt64, UInt64) = (0, 0)
-    var count = 0
-    var rest = UInt64(value)
-    withUnsafeMutableBytes(of: &digits) { buffer in
-        while rest > 0 {
-            buffer[15 - count] = UInt8(truncatingIfNeeded: 48 + rest % 10)
-            rest /= 10
-            count += 1
-        }
-        output.append(contentsOf: buffer[(16 - count)...])
-    }
-}
-
 extension Array where Element == UInt8 {
     @inline(__always)
     mutating func append(contentsOf text: StaticString) {
@@ -1155,32 +1143,59 @@ final class StopSignal: @unchecked Sendable {
     }
 }
 
-/// The `Date` header line, formatted once per second.
+/// The `Date` header line, formatted once per second of the wall clock. Between two
+/// seconds it is reused without reading the clock: the loop's monotonic `now` (read once per
+/// wake-up) tells when the next second begins.
 final class DateHeaderCache {
-    private var second: Int = -1
-    private var line: [UInt8] = []
+    /// The wall clock: seconds and nanoseconds since 1970 (`CLOCK_REALTIME`; a test's own).
+    typealias WallClock = () -> (seconds: Int, nanoseconds: Int)
 
-    func appendHeaderLine(to output: inout [UInt8]) {
-        output.append(contentsOf: headerLine())
+    private let wallClock: WallClock
+    /// The monotonic time at which `line` becomes stale (the next wall-clock second).
+    private var validUntil: UInt64 = 0
+    private(set) var line: [UInt8] = []
+
+    init(wallClock: @escaping WallClock = DateHeaderCache.realtime) {
+        self.wallClock = wallClock
     }
 
-    func headerLine() -> [UInt8] {
+    /// Appends `Date: …\r\n` for the wall-clock second of `now` (monotonic nanoseconds).
+    func appendHeaderLine(now: UInt64, to output: inout [UInt8]) {
+        refresh(now: now)
+        output.append(contentsOf: line)
+    }
+
+    /// Writes `Date: …\r\n` for the wall-clock second of `now` (monotonic nanoseconds).
+    func write(now: UInt64, to writer: inout ByteWriter) {
+        refresh(now: now)
+        writer.write(line)
+    }
+
+    private func refresh(now: UInt64) {
+        guard now >= validUntil || line.isEmpty else { return }
+        let (seconds, nanoseconds) = wallClock()
+        line = Self.headerLine(seconds: seconds)
+        validUntil = now &+ UInt64(1_000_000_000 - min(max(nanoseconds, 0), 999_999_999))
+    }
+
+    /// `Date: Sun, 06 Nov 1994 08:49:37 GMT\r\n` (RFC 9110 IMF-fixdate).
+    static func headerLine(seconds: Int) -> [UInt8] {
+        var time = time_t(seconds)
+        var parts = tm()
+        gmtime_r(&time, &parts)
+        let days = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
+        let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+        let text = String(
+            format: "Date: %@, %02d %@ %04d %02d:%02d:%02d GMT\r\n", days[Int(parts.tm_wday)], Int(parts.tm_mday),
+            months[Int(parts.tm_mon)], Int(parts.tm_year) + 1900, Int(parts.tm_hour), Int(parts.tm_min),
+            Int(parts.tm_sec))
+        return Array(text.utf8)
+    }
+
+    static func realtime() -> (seconds: Int, nanoseconds: Int) {
         var time = timespec()
         clock_gettime(CLOCK_REALTIME, &time)
-        if time.tv_sec != second {
-            second = time.tv_sec
-            var seconds = time_t(time.tv_sec)
-            var parts = tm()
-            gmtime_r(&seconds, &parts)
-            let days = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
-            let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
-            let text = String(
-                format: "Date: %@, %02d %@ %04d %02d:%02d:%02d GMT\r\n", days[Int(parts.tm_wday)], Int(parts.tm_mday),
-                months[Int(parts.tm_mon)], Int(parts.tm_year) + 1900, Int(parts.tm_hour), Int(parts.tm_min),
-                Int(parts.tm_sec))
-            line = Array(text.utf8)
-        }
-        return line
+        return (Int(time.tv_sec), Int(time.tv_nsec))
     }
 }
 

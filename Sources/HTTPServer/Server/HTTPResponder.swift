@@ -19,7 +19,7 @@ public protocol HTTPResponder: Sendable {
     func admit(_ head: HTTPRequestHead, client: String) -> Admission<Context>
 
     /// Answers the complete request, at once or later.
-    func respond(to request: HTTPRequest, context: Context) -> Reply<Context>
+    func respond(to request: consuming HTTPRequest, context: Context) -> Reply<Context>
 
     /// Called with each final response before it is serialized.
     func complete(_ response: inout HTTPResponse, context: Context)

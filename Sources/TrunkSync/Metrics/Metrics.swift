@@ -228,8 +228,9 @@ public final class HTTPRouteMetrics: @unchecked Sendable {  // cells are only to
         let row = Self.methodRow(method)
         let slot = status >= 0 && status < 600 ? Int(Self.statusSlot[status]) : Self.statusSlots - 1
         csystem_atomic_add(cells + row * Self.statusSlots + slot, 1)
+        let bounds = Self.boundNanoseconds  // one look-up of the global, not one per bucket
         var bucket = 0
-        while bucket < Self.boundNanoseconds.count, nanoseconds > Self.boundNanoseconds[bucket] { bucket += 1 }
+        while bucket < bounds.count, nanoseconds > bounds[bucket] { bucket += 1 }
         csystem_atomic_add(cells + Self.histogramStart + bucket, 1)
         csystem_atomic_add(cells + Self.histogramStart + Self.bounds.count + 1, 1)
         csystem_atomic_add(cells + Self.histogramStart + Self.bounds.count + 2, nanoseconds)

@@ -22,19 +22,57 @@ public enum RequestContext {
 ///
 /// The HTTP server calls these; it knows nothing of what they do.
 public struct RequestPipeline: HTTPResponder {
-    /// What travels with a request from its head to its response.
+    /// What travels with a request from its head to its response. What admission learned
+    /// is fixed from then on and kept in one object: copying a context from stage to stage
+    /// costs one reference count, not one per field.
     public struct Context: Sendable {
-        var requestID: String
-        var method: HTTPMethod
-        var path: String
-        var origin: String?
-        var started: UInt64
-        var endpoint: Endpoint?
-        var parameters: [String: String] = [:]
+        final class Admitted: Sendable {
+            let requestID: String
+            let method: HTTPMethod
+            let path: String
+            let origin: String?
+            let started: UInt64
+            let endpoint: Endpoint?
+            let parameters: [String: String]
+            let client: String
+
+            init(
+                requestID: String, method: HTTPMethod, path: String, origin: String?, started: UInt64,
+                endpoint: Endpoint?, parameters: [String: String], client: String
+            ) {
+                self.requestID = requestID
+                self.method = method
+                self.path = path
+                self.origin = origin
+                self.started = started
+                self.endpoint = endpoint
+                self.parameters = parameters
+                self.client = client
+            }
+        }
+
+        let admitted: Admitted
         /// The caller, once the authentication stage knows it (for the access log).
         var userID: UUID? = nil
+
+        init(
+            requestID: String, method: HTTPMethod, path: String, origin: String? = nil, started: UInt64,
+            endpoint: Endpoint? = nil, parameters: [String: String] = [:], client: String = ""
+        ) {
+            admitted = Admitted(
+                requestID: requestID, method: method, path: path, origin: origin, started: started,
+                endpoint: endpoint, parameters: parameters, client: client)
+        }
+
+        var requestID: String { admitted.requestID }
+        var method: HTTPMethod { admitted.method }
+        var path: String { admitted.path }
+        var origin: String? { admitted.origin }
+        var started: UInt64 { admitted.started }
+        var endpoint: Endpoint? { admitted.endpoint }
+        var parameters: [String: String] { admitted.parameters }
         /// The client's address (for the access log).
-        var client: String = ""
+        var client: String { admitted.client }
     }
 
     let router: Router<Endpoint>
@@ -65,36 +103,40 @@ public struct RequestPipeline: HTTPResponder {
     // MARK: - Stages on the head
 
     public func admit(_ head: HTTPRequestHead, client: String) -> Admission<Context> {
-        var context = Context(
-            requestID: RequestIDGenerator.sanitize(head.headers["x-request-id"]) ?? requestIDs.next(),
-            method: head.method, path: head.path, origin: cors.isEnabled ? head.headers["origin"] : nil,
-            started: monotonicNanoseconds(), client: client)
-        let family = Self.family(of: head.path)
+        let requestID = RequestIDGenerator.sanitize(head.headers["x-request-id"]) ?? requestIDs.next()
+        let origin = cors.isEnabled ? head.headers["origin"] : nil
+        let started = monotonicNanoseconds()
+        /// The context, with the route's endpoint once it is known to answer.
+        func context(_ endpoint: Endpoint? = nil, _ parameters: [String: String] = [:]) -> Context {
+            Context(
+                requestID: requestID, method: head.method, path: head.path, origin: origin, started: started,
+                endpoint: endpoint, parameters: parameters, client: client)
+        }
         let match = router.match(method: head.method, path: head.path)
         if let requestGuard {
             var endpoint: Endpoint? = nil
             if case .found(let found, _, _) = match { endpoint = found }
             if let refusal = requestGuard.check(head, endpoint: endpoint) {
-                return .answer(refusal.response(for: endpoint?.family ?? family), context)
+                return .answer(refusal.response(for: endpoint?.family ?? Self.family(of: head.path)), context())
             }
         }
         if head.method == .options {
-            return .answer(options(head), context)
+            return .answer(options(head), context())
         }
         switch match {
         case .notFound:
-            return .answerAfterBody(APIError.notFound().response(for: family), context)
+            return .answerAfterBody(APIError.notFound().response(for: Self.family(of: head.path)), context())
         case .methodNotAllowed(let allowed):
-            var response = APIError.methodNotAllowed(head.method).response(for: family)
+            var response = APIError.methodNotAllowed(head.method).response(for: Self.family(of: head.path))
             response.headers.append(name: "Allow", value: allowed.joined(separator: ", "))
-            return .answerAfterBody(response, context)
+            return .answerAfterBody(response, context())
         case .found(let endpoint, let parameters, _):
-            context.endpoint = endpoint
-            context.parameters = parameters
             if case .contentLength(let length) = head.bodyFraming, length > endpoint.bodyLimit {
-                return .answer(APIError.bodyTooLarge(limit: endpoint.bodyLimit).response(for: endpoint.family), context)
+                return .answer(
+                    APIError.bodyTooLarge(limit: endpoint.bodyLimit).response(for: endpoint.family),
+                    context(endpoint, parameters))
             }
-            return .readBody(bodyLimit: endpoint.bodyLimit, context)
+            return .readBody(bodyLimit: endpoint.bodyLimit, context(endpoint, parameters))
         }
     }
 
@@ -123,11 +165,11 @@ public struct RequestPipeline: HTTPResponder {
 
     // MARK: - Stages on the whole request
 
-    public func respond(to request: HTTPRequest, context: Context) -> Reply<Context> {
+    public func respond(to request: consuming HTTPRequest, context: Context) -> Reply<Context> {
         guard let endpoint = context.endpoint else {
             return .now(APIError.notFound().response(for: .native), context)
         }
-        var request = request
+        var request = request  // moved: consumed, not copied
         request.requestID = context.requestID
         request.parameters = context.parameters
         let family = endpoint.family
