@@ -31,6 +31,7 @@ public struct HTTPStatus: Hashable, Sendable, ExpressibleByIntegerLiteral, Custo
         case 413: return "Content Too Large"
         case 414: return "URI Too Long"
         case 415: return "Unsupported Media Type"
+        case 421: return "Misdirected Request"
         case 422: return "Unprocessable Content"
         case 426: return "Upgrade Required"
         case 429: return "Too Many Requests"
