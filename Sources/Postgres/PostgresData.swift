@@ -246,54 +246,87 @@ public protocol PostgresArrayElement: PostgresEncodable {
     static var postgresElementType: UInt32 { get }
     /// The element in binary format.
     var postgresBinaryBytes: [UInt8] { get }
+    /// Appends the element in binary format, preceded by its length (`Int32`), to `bytes`:
+    /// an array's element, without an array of its own.
+    func appendPostgresArrayElement(to bytes: inout [UInt8])
+}
+
+extension PostgresArrayElement {
+    public func appendPostgresArrayElement(to bytes: inout [UInt8]) {
+        let elementBytes = postgresBinaryBytes
+        appendBigEndian(Int32(elementBytes.count), to: &bytes)
+        bytes.append(contentsOf: elementBytes)
+    }
 }
 
 extension String: PostgresArrayElement {
     public static var postgresArrayType: UInt32 { PostgresType.textArray }
     public static var postgresElementType: UInt32 { PostgresType.text }
     public var postgresBinaryBytes: [UInt8] { Array(utf8) }
+
+    public func appendPostgresArrayElement(to bytes: inout [UInt8]) {
+        appendBigEndian(Int32(utf8.count), to: &bytes)
+        bytes.append(contentsOf: utf8)
+    }
 }
 
 extension Int64: PostgresArrayElement {
     public static var postgresArrayType: UInt32 { PostgresType.int8Array }
     public static var postgresElementType: UInt32 { PostgresType.int8 }
     public var postgresBinaryBytes: [UInt8] { postgresBind.bytes ?? [] }
+
+    public func appendPostgresArrayElement(to bytes: inout [UInt8]) {
+        appendBigEndian(Int32(8), to: &bytes)
+        appendBigEndian(self, to: &bytes)
+    }
 }
 
 extension UUID: PostgresArrayElement {
     public static var postgresArrayType: UInt32 { PostgresType.uuidArray }
     public static var postgresElementType: UInt32 { PostgresType.uuid }
     public var postgresBinaryBytes: [UInt8] { uuidBytes }
+
+    public func appendPostgresArrayElement(to bytes: inout [UInt8]) {
+        appendBigEndian(Int32(16), to: &bytes)
+        withUnsafeBytes(of: uuid) { bytes.append(contentsOf: $0) }
+    }
 }
 
 extension PostgresTimestamp: PostgresArrayElement {
     public static var postgresArrayType: UInt32 { PostgresType.timestamptzArray }
     public static var postgresElementType: UInt32 { PostgresType.timestamptz }
     public var postgresBinaryBytes: [UInt8] { postgresBind.bytes ?? [] }
+
+    public func appendPostgresArrayElement(to bytes: inout [UInt8]) {
+        appendBigEndian(Int32(8), to: &bytes)
+        appendBigEndian(microsecondsSinceEpoch - Self.postgresEpochOffset, to: &bytes)
+    }
 }
 
 extension PostgresJSON: PostgresArrayElement {
     public static var postgresArrayType: UInt32 { PostgresType.jsonbArray }
     public static var postgresElementType: UInt32 { PostgresType.jsonb }
     public var postgresBinaryBytes: [UInt8] { postgresBind.bytes ?? [] }
+
+    public func appendPostgresArrayElement(to bytes: inout [UInt8]) {
+        appendBigEndian(Int32(1 + self.bytes.count), to: &bytes)
+        bytes.append(1)  // jsonb's binary format version
+        bytes.append(contentsOf: self.bytes)
+    }
 }
 
 extension Array: PostgresEncodable where Element: PostgresArrayElement {
     /// A one-dimensional array in binary format, for `unnest($1::uuid[])` and `= any($1)`.
     public var postgresBind: PostgresBind {
         var bytes: [UInt8] = []
-        bytes.reserveCapacity(20 + count * 16)
+        bytes.reserveCapacity(20 + count * 24)
         appendBigEndian(Int32(isEmpty ? 0 : 1), to: &bytes)  // dimensions
         appendBigEndian(Int32(0), to: &bytes)  // has nulls
         appendBigEndian(Element.postgresElementType, to: &bytes)
         if !isEmpty {
             appendBigEndian(Int32(count), to: &bytes)
             appendBigEndian(Int32(1), to: &bytes)  // lower bound
-            for element in self {
-                let elementBytes = element.postgresBinaryBytes
-                appendBigEndian(Int32(elementBytes.count), to: &bytes)
-                bytes.append(contentsOf: elementBytes)
-            }
+            for element in self { element.appendPostgresArrayElement(to: &bytes) }
         }
         return PostgresBind(type: Element.postgresArrayType, format: 1, bytes: bytes)
     }
