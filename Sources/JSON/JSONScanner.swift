@@ -201,7 +201,9 @@ public struct JSONScanner {
         switch bytes[index] {
         case UInt8(ascii: "{"):
             guard depth < limits.maxDepth else { throw fail("nested more than \(limits.maxDepth) levels deep") }
-            try object { (scanner: inout JSONScanner, _: String) throws(Failure) in _ = try scanner.skipValue(depth: depth + 1) }
+            try objectUTF8 { (scanner: inout JSONScanner, _: UnsafeBufferPointer<UInt8>) throws(Failure) in
+                _ = try scanner.skipValue(depth: depth + 1)
+            }
         case UInt8(ascii: "["):
             guard depth < limits.maxDepth else { throw fail("nested more than \(limits.maxDepth) levels deep") }
             try array { (scanner: inout JSONScanner, _: Int) throws(Failure) in _ = try scanner.skipValue(depth: depth + 1) }
@@ -320,6 +322,8 @@ public struct JSONScanner {
         index += 1
         var escaped = false
         while index < bytes.count {
+            skipPlainASCII()
+            guard index < bytes.count else { break }
             let byte = bytes[index]
             if byte == UInt8(ascii: "\"") {
                 index += 1
@@ -364,6 +368,27 @@ public struct JSONScanner {
             try skipUTF8Sequence()
         }
         throw fail("unterminated string")
+    }
+
+    /// Moves past 8-byte words of plain ASCII in a string: no quote, no backslash, no
+    /// control character, nothing above 0x7F (whatever follows, the byte loop reads).
+    @inline(__always)
+    private mutating func skipPlainASCII() {
+        guard let base = bytes.baseAddress else { return }
+        let ones: UInt64 = 0x0101_0101_0101_0101
+        let highs: UInt64 = 0x8080_8080_8080_8080
+        while index + 8 <= bytes.count {
+            let word = UInt64(littleEndian: UnsafeRawPointer(base + index).loadUnaligned(as: UInt64.self))
+            // A byte below 0x20, equal to '"' or '\\' or with its high bit set: the classic
+            // "has a zero byte" test, exact for "any".
+            let quotes = word ^ (ones &* 0x22)
+            let backslashes = word ^ (ones &* 0x5C)
+            let control = (word &- (ones &* 0x20)) & ~word
+            let quote = (quotes &- ones) & ~quotes
+            let backslash = (backslashes &- ones) & ~backslashes
+            if ((control | quote | backslash | word) & highs) != 0 { return }
+            index += 8
+        }
     }
 
     private func hex4(at position: Int) throws(Failure) -> UInt32 {

@@ -12,8 +12,10 @@ final class JSONScannerTests: XCTestCase {
         case failed(String)
     }
 
-    func scan(_ text: String, limits: JSONLimits = .default) -> Outcome {
-        Array(text.utf8).withUnsafeBufferPointer { buffer in
+    func scan(_ text: String, limits: JSONLimits = .default) -> Outcome { scan(bytes: Array(text.utf8), limits: limits) }
+
+    func scan(bytes: [UInt8], limits: JSONLimits = .default) -> Outcome {
+        bytes.withUnsafeBufferPointer { buffer in
             var scanner = JSONScanner(buffer, limits: limits)
             do throws(JSONScanner.Failure) {
                 let (_, stored) = try scanner.skipValueMeasured()
@@ -267,5 +269,28 @@ final class JSONScannerTests: XCTestCase {
         }
         XCTAssertEqual(scan(String(repeating: "9", count: 300), limits: limits), .accepted(storedSize: 300))
         guard case .refused = scan(String(repeating: "9", count: 309), limits: limits) else { return XCTFail("10^309") }
+    }
+
+    /// Strings are skipped 8 bytes at a time while they are plain ASCII: whatever the
+    /// position of the byte that ends a run, it is read as itself.
+    func testEveryByteThatEndsAPlainRunIsSeenAtEveryPosition() {
+        for position in 0..<20 {
+            let run = [UInt8](repeating: UInt8(ascii: "a"), count: position)
+            func outcome(_ special: [UInt8], _ tail: String = "bcdefghijklmnopq\"") -> Outcome {
+                scan(bytes: [UInt8(ascii: "\"")] + run + special + Array(tail.utf8))
+            }
+            let plain = run.count + 16 + 2
+            XCTAssertEqual(outcome([], ""), .failed("unterminated string"), "\(position)")
+            XCTAssertEqual(outcome([UInt8(ascii: "\"")], ""), .accepted(storedSize: position + 2), "\(position)")
+            XCTAssertEqual(outcome([0x7F]), .accepted(storedSize: plain + 1), "\(position)")
+            XCTAssertEqual(outcome(Array("é".utf8)), .accepted(storedSize: plain + 2), "\(position)")
+            XCTAssertEqual(outcome(Array(#"\n"#.utf8)), .accepted(storedSize: plain + 2), "\(position)")
+            XCTAssertEqual(outcome(Array(#"\u0000"#.utf8)), .refused("\\u0000 is not allowed in a string"), "\(position)")
+            XCTAssertEqual(outcome([0x01]), .failed("control character in string"), "\(position)")
+            XCTAssertEqual(outcome([0x1F]), .failed("control character in string"), "\(position)")
+            XCTAssertEqual(outcome([0xFF]), .failed("invalid UTF-8"), "\(position)")
+            XCTAssertEqual(outcome([0xC3]), .failed("invalid UTF-8"), "\(position)")
+            XCTAssertEqual(outcome([UInt8(ascii: "\\"), UInt8(ascii: "x")]), .failed("invalid escape"), "\(position)")
+        }
     }
 }
