@@ -249,9 +249,13 @@ public protocol PostgresArrayElement: PostgresEncodable {
     /// Appends the element in binary format, preceded by its length (`Int32`), to `bytes`:
     /// an array's element, without an array of its own.
     func appendPostgresArrayElement(to bytes: inout [UInt8])
+    /// How many bytes `appendPostgresArrayElement` appends.
+    var postgresArrayElementSize: Int { get }
 }
 
 extension PostgresArrayElement {
+    public var postgresArrayElementSize: Int { 4 + postgresBinaryBytes.count }
+
     public func appendPostgresArrayElement(to bytes: inout [UInt8]) {
         let elementBytes = postgresBinaryBytes
         appendBigEndian(Int32(elementBytes.count), to: &bytes)
@@ -264,6 +268,8 @@ extension String: PostgresArrayElement {
     public static var postgresElementType: UInt32 { PostgresType.text }
     public var postgresBinaryBytes: [UInt8] { Array(utf8) }
 
+    public var postgresArrayElementSize: Int { 4 + utf8.count }
+
     public func appendPostgresArrayElement(to bytes: inout [UInt8]) {
         appendBigEndian(Int32(utf8.count), to: &bytes)
         bytes.append(contentsOf: utf8)
@@ -274,6 +280,8 @@ extension Int64: PostgresArrayElement {
     public static var postgresArrayType: UInt32 { PostgresType.int8Array }
     public static var postgresElementType: UInt32 { PostgresType.int8 }
     public var postgresBinaryBytes: [UInt8] { postgresBind.bytes ?? [] }
+
+    public var postgresArrayElementSize: Int { 12 }
 
     public func appendPostgresArrayElement(to bytes: inout [UInt8]) {
         appendBigEndian(Int32(8), to: &bytes)
@@ -286,6 +294,8 @@ extension UUID: PostgresArrayElement {
     public static var postgresElementType: UInt32 { PostgresType.uuid }
     public var postgresBinaryBytes: [UInt8] { uuidBytes }
 
+    public var postgresArrayElementSize: Int { 20 }
+
     public func appendPostgresArrayElement(to bytes: inout [UInt8]) {
         appendBigEndian(Int32(16), to: &bytes)
         withUnsafeBytes(of: uuid) { bytes.append(contentsOf: $0) }
@@ -296,6 +306,8 @@ extension PostgresTimestamp: PostgresArrayElement {
     public static var postgresArrayType: UInt32 { PostgresType.timestamptzArray }
     public static var postgresElementType: UInt32 { PostgresType.timestamptz }
     public var postgresBinaryBytes: [UInt8] { postgresBind.bytes ?? [] }
+
+    public var postgresArrayElementSize: Int { 12 }
 
     public func appendPostgresArrayElement(to bytes: inout [UInt8]) {
         appendBigEndian(Int32(8), to: &bytes)
@@ -308,6 +320,8 @@ extension PostgresJSON: PostgresArrayElement {
     public static var postgresElementType: UInt32 { PostgresType.jsonb }
     public var postgresBinaryBytes: [UInt8] { postgresBind.bytes ?? [] }
 
+    public var postgresArrayElementSize: Int { 5 + bytes.count }
+
     public func appendPostgresArrayElement(to bytes: inout [UInt8]) {
         appendBigEndian(Int32(1 + self.bytes.count), to: &bytes)
         bytes.append(1)  // jsonb's binary format version
@@ -319,7 +333,9 @@ extension Array: PostgresEncodable where Element: PostgresArrayElement {
     /// A one-dimensional array in binary format, for `unnest($1::uuid[])` and `= any($1)`.
     public var postgresBind: PostgresBind {
         var bytes: [UInt8] = []
-        bytes.reserveCapacity(20 + count * 24)
+        var size = 20
+        for element in self { size += element.postgresArrayElementSize }
+        bytes.reserveCapacity(size)
         appendBigEndian(Int32(isEmpty ? 0 : 1), to: &bytes)  // dimensions
         appendBigEndian(Int32(0), to: &bytes)  // has nulls
         appendBigEndian(Element.postgresElementType, to: &bytes)

@@ -114,6 +114,8 @@ final class TypeRoundTripTests: XCTestCase {
                 expected.append(contentsOf: bytes)
             }
             XCTAssertEqual(elements.postgresBind.bytes, expected, file: file, line: line)
+            XCTAssertEqual(
+                elements.reduce(20) { $0 + $1.postgresArrayElementSize }, expected.count, file: file, line: line)
         }
         check(["a", "", "ü 🌱"])
         check([Int64]([1, -2, .max]))
