@@ -101,11 +101,12 @@ final class TypeRoundTripTests: XCTestCase {
     }
 
     /// Each element type writes itself into the array's bytes (no array of its own): the
-    /// same bytes as its length and `postgresBinaryBytes`.
+    /// same bytes as its length and `postgresBinaryBytes`, as many as it says.
     func testArrayElementsAreWrittenInPlaceAsTheirBinaryForm() {
         func check<T: PostgresArrayElement>(_ elements: [T], file: StaticString = #filePath, line: UInt = #line) {
             var expected: [UInt8] = []
-            for value in [Int32(1), 0, Int32(bitPattern: T.postgresElementType), Int32(elements.count), 1] {
+            let header = [Int32(elements.isEmpty ? 0 : 1), 0, Int32(bitPattern: T.postgresElementType)]
+            for value in header + (elements.isEmpty ? [] : [Int32(elements.count), 1]) {
                 withUnsafeBytes(of: value.bigEndian) { expected.append(contentsOf: $0) }
             }
             for element in elements {
@@ -115,13 +116,16 @@ final class TypeRoundTripTests: XCTestCase {
             }
             XCTAssertEqual(elements.postgresBind.bytes, expected, file: file, line: line)
             XCTAssertEqual(
-                elements.reduce(20) { $0 + $1.postgresArrayElementSize }, expected.count, file: file, line: line)
+                elements.reduce(elements.isEmpty ? 12 : 20) { $0 + $1.postgresArrayElementSize }, expected.count,
+                file: file, line: line)
         }
         check(["a", "", "ü 🌱"])
         check([Int64]([1, -2, .max]))
         check([UUID(), UUID()])
         check([PostgresTimestamp(microsecondsSinceEpoch: 5), PostgresTimestamp(microsecondsSinceEpoch: -5)])
         check([PostgresJSON("{\"a\":1}"), PostgresJSON("[]")])
+        check([PostgresJSON]())
+        check([String(repeating: "ß", count: 1000), "🌱"])
     }
 
     func testBytea() throws {
