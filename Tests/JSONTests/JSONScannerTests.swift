@@ -12,7 +12,9 @@ final class JSONScannerTests: XCTestCase {
         case failed(String)
     }
 
-    func scan(_ text: String, limits: JSONLimits = .default) -> Outcome { scan(bytes: Array(text.utf8), limits: limits) }
+    func scan(_ text: String, limits: JSONLimits = .default) -> Outcome {
+        scan(bytes: Array(text.utf8), limits: limits)
+    }
 
     func scan(bytes: [UInt8], limits: JSONLimits = .default) -> Outcome {
         bytes.withUnsafeBufferPointer { buffer in
@@ -229,7 +231,8 @@ final class JSONScannerTests: XCTestCase {
                 strings.append(key)
                 try scanner.skipValue()
             }
-            try? second.objectUTF8 { (scanner: inout JSONScanner, key: UnsafeBufferPointer<UInt8>) throws(JSONScanner.Failure) in
+            try? second.objectUTF8 {
+                (scanner: inout JSONScanner, key: UnsafeBufferPointer<UInt8>) throws(JSONScanner.Failure) in
                 bytes.append(Array(key))
                 XCTAssertEqual(JSONScanner.equals(key, "type"), bytes.count == 2)
                 try scanner.skipValue()
@@ -251,14 +254,16 @@ final class JSONScannerTests: XCTestCase {
             return .accepted(storedSize: text.utf8.count)
         }
         for _ in 0..<3000 {
-            let integerDigits = Int(random.next() % 20) == 0 ? Int(random.next() % 320) + 1 : Int(random.next() % 20) + 1
+            let long = random.next() % 20 == 0
+            let integerDigits = Int(random.next() % (long ? 320 : 20)) + 1
             let fractionDigits = Int(random.next() % 3) == 0 ? 0 : Int(random.next() % 320) + 1
             let digit = { (random: inout Generator) in String(UInt8(ascii: "0") + UInt8(random.next() % 10)) }
             var text = random.next() % 2 == 0 ? "-" : ""
             text += integerDigits == 1 ? digit(&random) : "1" + (1..<integerDigits).map { _ in digit(&random) }.joined()
             if fractionDigits > 0 {
                 let zeros = Int(random.next() % UInt64(fractionDigits + 1))
-                text += "." + String(repeating: "0", count: zeros) + (zeros..<fractionDigits).map { _ in digit(&random) }.joined()
+                let rest = (zeros..<fractionDigits).map { _ in digit(&random) }.joined()
+                text += "." + String(repeating: "0", count: zeros) + rest
             }
             guard text.utf8.count <= limits.maxNumberLength else { continue }
             switch (scan(text, limits: limits), strtodOutcome(text)) {
@@ -285,7 +290,8 @@ final class JSONScannerTests: XCTestCase {
             XCTAssertEqual(outcome([0x7F]), .accepted(storedSize: plain + 1), "\(position)")
             XCTAssertEqual(outcome(Array("é".utf8)), .accepted(storedSize: plain + 2), "\(position)")
             XCTAssertEqual(outcome(Array(#"\n"#.utf8)), .accepted(storedSize: plain + 2), "\(position)")
-            XCTAssertEqual(outcome(Array(#"\u0000"#.utf8)), .refused("\\u0000 is not allowed in a string"), "\(position)")
+            XCTAssertEqual(
+                outcome(Array(#"\u0000"#.utf8)), .refused("\\u0000 is not allowed in a string"), "\(position)")
             XCTAssertEqual(outcome([0x01]), .failed("control character in string"), "\(position)")
             XCTAssertEqual(outcome([0x1F]), .failed("control character in string"), "\(position)")
             XCTAssertEqual(outcome([0xFF]), .failed("invalid UTF-8"), "\(position)")

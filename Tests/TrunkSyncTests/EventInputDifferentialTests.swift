@@ -29,7 +29,9 @@ final class EventInputDifferentialTests: XCTestCase {
         var refusal: APIError? = nil
         var failure: JSONScanner.Failure? = nil
 
-        var description: String { "events \(events) problems \(problems) refusal \(String(describing: refusal)) failure \(String(describing: failure))" }
+        var description: String {
+            "events \(events) problems \(problems) refusal \(String(describing: refusal)) failure \(String(describing: failure))"
+        }
     }
 
     static func describe(_ event: IncomingEvent) -> String {
@@ -82,7 +84,9 @@ final class EventInputDifferentialTests: XCTestCase {
         #""client_timestamp\u0000""#, #""Type""#, #""typé""#, #""""#, #""client_timestam""#, #""\ud83d\ude00""#,
     ]
 
-    static func pick<T>(_ choices: [T], _ random: inout Generator) -> T { choices[Int(random.next() % UInt64(choices.count))] }
+    static func pick<T>(_ choices: [T], _ random: inout Generator) -> T {
+        choices[Int(random.next() % UInt64(choices.count))]
+    }
 
     static func uuidText(_ random: inout Generator) -> String {
         func hex(_ count: Int) -> String {
@@ -114,7 +118,8 @@ final class EventInputDifferentialTests: XCTestCase {
         pick(
             [
                 "0", "-0", "7", "12.5", "-3.25", "1e3", "1E-3", "2.5e+10", "1e308", "1e400", "1e-400", "0.0", "-0.000",
-                String(repeating: "9", count: 40), String(repeating: "9", count: 41), "0." + String(repeating: "0", count: 37) + "1",
+                String(repeating: "9", count: 40), String(repeating: "9", count: 41),
+                "0." + String(repeating: "0", count: 37) + "1",
                 "123456789012345678901234567890", "0e999999", "4.9e-324", "1.7976931348623157e308",
             ], &random)
     }
@@ -146,12 +151,14 @@ final class EventInputDifferentialTests: XCTestCase {
             let length = pick([0, 1, 5, 127, 128, 129], &random)
             return "\"" + stringBody(&random, length: length) + "\""
         case #""payload""#, #""\u0070ayload""#:
-            return random.next() % 6 == 0 ? pick(["null", "[]", "3"], &random) : "{\"k\": " + value(&random, depth: 1) + "}"
+            return random.next() % 6 == 0
+                ? pick(["null", "[]", "3"], &random) : "{\"k\": " + value(&random, depth: 1) + "}"
         case #""client_timestamp""#:
             return "\""
                 + pick(
                     [
-                        "2026-11-22T04:10:02.123Z", "2026-11-22t04:10:02z", "2026-11-22 04:10:02+02:00", "2026-11-22T04:10:02",
+                        "2026-11-22T04:10:02.123Z", "2026-11-22t04:10:02z", "2026-11-22 04:10:02+02:00",
+                        "2026-11-22T04:10:02",
                         #"2026-11-22T04:10:02\u002e5Z"#, "2026-02-30T00:00:00Z", "0000-01-01T00:00:00Z", "now",
                         "2026-11-22T04:10:02.1234567891Z", "9999-12-31T23:59:59.999999-01:00",
                     ], &random) + "\""
@@ -213,7 +220,8 @@ final class EventInputDifferentialTests: XCTestCase {
     /// The push body as a whole: the native dialect behind `PushRequest`, with its own keys
     /// matched as bytes (`"events"`, escaped or not).
     func testThePushBodyKeyIsMatchedWithItsEscapes() {
-        let event = #"{"client_id":"6f1f0e3c-1111-4c3e-9d7a-3a1c8f0f2b10","type":"t","payload":{},"client_timestamp":"2026-11-22T04:10:02Z"}"#
+        let event =
+            #"{"client_id":"6f1f0e3c-1111-4c3e-9d7a-3a1c8f0f2b10","type":"t","payload":{},"client_timestamp":"2026-11-22T04:10:02Z"}"#
         for key in [#""events""#, #""\u0065vents""#, #""even\u0074s""#] {
             guard case .events(let events) = PushRequest.parse(Array(#"{\#(key):[\#(event)]}"#.utf8)) else {
                 XCTFail("\(key) is \"events\"")

@@ -84,7 +84,9 @@ final class PushRequestTests: XCTestCase {
     func testThePushResponseIsWhatJSONWriterWrites() throws {
         for results in [
             [], [EventStore.PushResult(clientID: UUID(), created: true, seq: 1)],
-            (0..<100).map { EventStore.PushResult(clientID: UUID(), created: $0 % 3 != 0, seq: Int64($0) * 1_000_003 - 7) },
+            (0..<100).map {
+                EventStore.PushResult(clientID: UUID(), created: $0 % 3 != 0, seq: Int64($0) * 1_000_003 - 7)
+            },
         ] {
             var writer = JSONWriter(capacity: 64)
             writer.beginObject()
@@ -101,7 +103,9 @@ final class PushRequestTests: XCTestCase {
             }
             writer.endArray()
             writer.endObject()
-            XCTAssertEqual(String(decoding: SyncRoutes.pushResponse(results), as: UTF8.self), String(decoding: writer.bytes, as: UTF8.self))
+            XCTAssertEqual(
+                String(decoding: SyncRoutes.pushResponse(results), as: UTF8.self),
+                String(decoding: writer.bytes, as: UTF8.self))
         }
     }
 }

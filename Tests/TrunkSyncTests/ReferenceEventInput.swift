@@ -50,7 +50,9 @@ struct ReferenceEventInput {
             seen |= bit
             let isNull = scanner.peek() == UInt8(ascii: "n")
             let restAllowsNull: Bool
-            if case .rest = dialect { restAllowsNull = isNull && (key == "payload" || key == "client_timestamp") } else {
+            if case .rest = dialect {
+                restAllowsNull = isNull && (key == "payload" || key == "client_timestamp")
+            } else {
                 restAllowsNull = false
             }
             switch key {
@@ -84,7 +86,10 @@ struct ReferenceEventInput {
                 } else if !isObject {
                     problem(key, "must be a JSON object")
                 } else if stored > Self.maxPayloadBytes {
-                    problem(key, "must be at most \(Self.maxPayloadBytes) bytes as stored (numbers in plain decimal); this one is \(stored)")
+                    problem(
+                        key,
+                        "must be at most \(Self.maxPayloadBytes) bytes as stored (numbers in plain decimal); this one is \(stored)"
+                    )
                 } else {
                     payload = PostgresJSON(bytes: scanner.slice(range))
                 }
@@ -126,7 +131,9 @@ struct ReferenceEventInput {
             if timestamp == nil, !hasProblem("client_timestamp") { timestamp = now }
         case .native:
             if payload == nil, seen & Self.fieldBit("payload") == 0 { problem("payload", "is required") }
-            if timestamp == nil, seen & Self.fieldBit("client_timestamp") == 0 { problem("client_timestamp", "is required") }
+            if timestamp == nil, seen & Self.fieldBit("client_timestamp") == 0 {
+                problem("client_timestamp", "is required")
+            }
         }
         if clientID == nil, seen & Self.fieldBit("client_id") == 0 { problem("client_id", "is required") }
         if type == nil, seen & Self.fieldBit("type") == 0 { problem("type", "is required") }

@@ -23,7 +23,8 @@ enum PushRequest {
             var sawEvents = false
             do throws(JSONScanner.Failure) {
                 guard scanner.peek() == UInt8(ascii: "{") else { throw scanner.fail("the body must be a JSON object") }
-                try scanner.objectUTF8 { (scanner: inout JSONScanner, key: UnsafeBufferPointer<UInt8>) throws(JSONScanner.Failure) in
+                try scanner.objectUTF8 {
+                    (scanner: inout JSONScanner, key: UnsafeBufferPointer<UInt8>) throws(JSONScanner.Failure) in
                     guard JSONScanner.equals(key, "events") else {
                         try scanner.skipValue()
                         _ = scanner.takeViolation()
