@@ -46,7 +46,7 @@ public struct JSONScanner {
     public var isAtEnd: Bool { index >= bytes.count }
 
     /// A copy of the bytes in `range`.
-    public func slice(_ range: Range<Int>) -> [UInt8] { Array(bytes[range]) }
+    public func slice(_ range: Range<Int>) -> [UInt8] { Array(UnsafeBufferPointer(rebasing: bytes[range])) }
 
     /// Returns and clears the first violation recorded since the last call.
     public mutating func takeViolation() -> Failure? {
@@ -103,16 +103,39 @@ public struct JSONScanner {
     /// Iterates the members of an object, calling `member` with each key; `member` must
     /// consume the value.
     public mutating func object(_ member: (inout JSONScanner, String) throws(Failure) -> Void) throws(Failure) {
+        try objectUTF8 { (scanner: inout JSONScanner, key: UnsafeBufferPointer<UInt8>) throws(Failure) in
+            try member(&scanner, String(decoding: key, as: UTF8.self))
+        }
+    }
+
+    /// As `object(_:)`, with each key as its UTF-8 (escapes decoded), valid only during
+    /// the call: no `String` per key. Compare keys byte for byte (`JSONScanner.equals`).
+    public mutating func objectUTF8(_ member: (inout JSONScanner, UnsafeBufferPointer<UInt8>) throws(Failure) -> Void)
+        throws(Failure)
+    {
         try expect(UInt8(ascii: "{"))
         if consume(UInt8(ascii: "}")) { return }
         repeat {
             skipWhitespace()
-            let key = try string()
+            let key = try stringBody()
             try expect(UInt8(ascii: ":"))
             storedAdjustment += 1  // jsonb prints `": "`
-            try member(&self, key)
+            if key.escaped {
+                let decoded = Self.unescapeBytes(UnsafeBufferPointer(rebasing: bytes[key.body]))
+                try decoded.withUnsafeBufferPointerTyped { (buffer) throws(Failure) in try member(&self, buffer) }
+            } else {
+                try member(&self, UnsafeBufferPointer(rebasing: bytes[key.body]))
+            }
         } while consumeSeparator()
         try expect(UInt8(ascii: "}"))
+    }
+
+    /// Whether `utf8` is the bytes of `name` (for keys and values read as UTF-8).
+    @inline(__always)
+    public static func equals(_ utf8: UnsafeBufferPointer<UInt8>, _ name: StaticString) -> Bool {
+        guard utf8.count == name.utf8CodeUnitCount else { return false }
+        guard let base = utf8.baseAddress else { return true }  // both empty
+        return memcmp(base, name.utf8Start, utf8.count) == 0
     }
 
     /// Iterates the elements of an array; `element` must consume each value.
@@ -136,20 +159,28 @@ public struct JSONScanner {
     /// Reads a string value (decoding escapes).
     public mutating func string() throws(Failure) -> String {
         skipWhitespace()
+        let string = try stringBody()
+        let body = UnsafeBufferPointer(rebasing: bytes[string.body])
+        return string.escaped ? Self.unescape(body) : String(decoding: body, as: UTF8.self)
+    }
+
+    /// Reads a string value and returns what `read` makes of its UTF-8 (escapes decoded),
+    /// which is valid only during the call: no `String` for a value that is parsed further.
+    public mutating func stringUTF8<T>(_ read: (UnsafeBufferPointer<UInt8>) -> T) throws(Failure) -> T {
+        skipWhitespace()
+        let string = try stringBody()
+        let body = UnsafeBufferPointer(rebasing: bytes[string.body])
+        guard string.escaped else { return read(body) }
+        return Self.unescapeBytes(body).withUnsafeBufferPointer(read)
+    }
+
+    /// Skips the string at `index` (after whitespace); returns the range of its body
+    /// (between the quotes) and whether it has an escape.
+    private mutating func stringBody() throws(Failure) -> (body: Range<Int>, escaped: Bool) {
         guard index < bytes.count, bytes[index] == UInt8(ascii: "\"") else { throw fail("expected a string") }
         let start = index + 1
-        try skipString()
-        let end = index - 1
-        // Fast path: no escapes.
-        var hasEscape = false
-        for position in start..<end where bytes[position] == UInt8(ascii: "\\") {
-            hasEscape = true
-            break
-        }
-        if !hasEscape {
-            return String(decoding: UnsafeBufferPointer(rebasing: bytes[start..<end]), as: UTF8.self)
-        }
-        return Self.unescape(UnsafeBufferPointer(rebasing: bytes[start..<end]))
+        let escaped = try skipString()
+        return (start..<index - 1, escaped)
     }
 
     /// Skips any value, validating it; returns its byte range and its size once stored as
@@ -170,7 +201,9 @@ public struct JSONScanner {
         switch bytes[index] {
         case UInt8(ascii: "{"):
             guard depth < limits.maxDepth else { throw fail("nested more than \(limits.maxDepth) levels deep") }
-            try object { (scanner: inout JSONScanner, _: String) throws(Failure) in _ = try scanner.skipValue(depth: depth + 1) }
+            try objectUTF8 { (scanner: inout JSONScanner, _: UnsafeBufferPointer<UInt8>) throws(Failure) in
+                _ = try scanner.skipValue(depth: depth + 1)
+            }
         case UInt8(ascii: "["):
             guard depth < limits.maxDepth else { throw fail("nested more than \(limits.maxDepth) levels deep") }
             try array { (scanner: inout JSONScanner, _: Int) throws(Failure) in _ = try scanner.skipValue(depth: depth + 1) }
@@ -220,7 +253,9 @@ public struct JSONScanner {
         }
         let mantissaEnd = index
         var exponent = 0
+        var hasExponent = false
         if index < bytes.count, bytes[index] == UInt8(ascii: "e") || bytes[index] == UInt8(ascii: "E") {
+            hasExponent = true
             index += 1
             var negative = false
             if index < bytes.count, bytes[index] == UInt8(ascii: "+") || bytes[index] == UInt8(ascii: "-") {
@@ -239,6 +274,11 @@ public struct JSONScanner {
             violate("a number of more than \(limits.maxNumberLength) characters is not an I-JSON number", at: start)
             return
         }
+        // Without an exponent, a number of at most `Self.plainNumberLength` characters is
+        // finite (below 10^300) and, unless all its digits are zeros, not zero (at least
+        // 10^-300): strtod would find nothing to refuse. PostgreSQL prints it as written
+        // (plain decimal already): no stored-size adjustment.
+        if !hasExponent, length <= Self.plainNumberLength { return }
         // The text is a JSON number, which strtod reads the same way.
         let value = withUnsafeTemporaryAllocation(of: CChar.self, capacity: length + 1) { buffer -> Double in
             for offset in 0..<length { buffer[offset] = CChar(bitPattern: bytes[start + offset]) }
@@ -265,8 +305,14 @@ public struct JSONScanner {
         storedAdjustment += max(0, printed - length)
     }
 
-    /// Skips a string starting at `index` (the opening quote), validating escapes and UTF-8.
-    private mutating func skipString() throws(Failure) {
+    /// The longest number without an exponent that cannot fall outside a double (see
+    /// `number()`).
+    static let plainNumberLength = 300
+
+    /// Skips a string starting at `index` (the opening quote), validating escapes and UTF-8;
+    /// returns whether it has an escape.
+    @discardableResult
+    private mutating func skipString() throws(Failure) -> Bool {
         let start = index
         defer {
             if index - start - 2 > limits.maxStringBytes {
@@ -274,13 +320,17 @@ public struct JSONScanner {
             }
         }
         index += 1
+        var escaped = false
         while index < bytes.count {
+            skipPlainASCII()
+            guard index < bytes.count else { break }
             let byte = bytes[index]
             if byte == UInt8(ascii: "\"") {
                 index += 1
-                return
+                return escaped
             }
             if byte == UInt8(ascii: "\\") {
+                escaped = true
                 index += 1
                 guard index < bytes.count else { break }
                 switch bytes[index] {
@@ -318,6 +368,27 @@ public struct JSONScanner {
             try skipUTF8Sequence()
         }
         throw fail("unterminated string")
+    }
+
+    /// Moves past 8-byte words of plain ASCII in a string: no quote, no backslash, no
+    /// control character, nothing above 0x7F (whatever follows, the byte loop reads).
+    @inline(__always)
+    private mutating func skipPlainASCII() {
+        guard let base = bytes.baseAddress else { return }
+        let ones: UInt64 = 0x0101_0101_0101_0101
+        let highs: UInt64 = 0x8080_8080_8080_8080
+        while index + 8 <= bytes.count {
+            let word = UInt64(littleEndian: UnsafeRawPointer(base + index).loadUnaligned(as: UInt64.self))
+            // A byte below 0x20, equal to '"' or '\\' or with its high bit set: the classic
+            // "has a zero byte" test, exact for "any".
+            let quotes = word ^ (ones &* 0x22)
+            let backslashes = word ^ (ones &* 0x5C)
+            let control = (word &- (ones &* 0x20)) & ~word
+            let quote = (quotes &- ones) & ~quotes
+            let backslash = (backslashes &- ones) & ~backslashes
+            if ((control | quote | backslash | word) & highs) != 0 { return }
+            index += 8
+        }
     }
 
     private func hex4(at position: Int) throws(Failure) -> UInt32 {
@@ -366,6 +437,11 @@ public struct JSONScanner {
     /// Decodes the escapes of an already validated string body (a surrogate left unpaired
     /// becomes U+FFFD; the scanner reported it as a violation).
     static func unescape(_ body: UnsafeBufferPointer<UInt8>) -> String {
+        String(decoding: unescapeBytes(body), as: UTF8.self)
+    }
+
+    /// `unescape`'s UTF-8.
+    static func unescapeBytes(_ body: UnsafeBufferPointer<UInt8>) -> [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity(body.count)
         var index = 0
@@ -410,6 +486,19 @@ public struct JSONScanner {
             default: out.append(escaped)
             }
         }
-        return String(decoding: out, as: UTF8.self)
+        return out
+    }
+}
+
+extension Array where Element == UInt8 {
+    /// `withUnsafeBufferPointer` for a closure with typed throws.
+    fileprivate func withUnsafeBufferPointerTyped(
+        _ body: (UnsafeBufferPointer<UInt8>) throws(JSONScanner.Failure) -> Void
+    ) throws(JSONScanner.Failure) {
+        var failure: JSONScanner.Failure?
+        withUnsafeBufferPointer { buffer in
+            do throws(JSONScanner.Failure) { try body(buffer) } catch { failure = error }
+        }
+        if let failure { throw failure }
     }
 }

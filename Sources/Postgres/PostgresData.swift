@@ -246,54 +246,122 @@ public protocol PostgresArrayElement: PostgresEncodable {
     static var postgresElementType: UInt32 { get }
     /// The element in binary format.
     var postgresBinaryBytes: [UInt8] { get }
+    /// How many bytes `writePostgresArrayElement` writes.
+    var postgresArrayElementSize: Int { get }
+    /// Writes the element in binary format, preceded by its length (`Int32`), at `out`:
+    /// exactly `postgresArrayElementSize` bytes. An array's element, without an array of its
+    /// own.
+    func writePostgresArrayElement(to out: UnsafeMutableRawPointer)
+}
+
+/// Stores `value` big-endian at `out` (no alignment needed).
+@inline(__always)
+func storeBigEndian<T: FixedWidthInteger>(_ value: T, at out: UnsafeMutableRawPointer) {
+    out.storeBytes(of: value.bigEndian, as: T.self)
+}
+
+extension PostgresArrayElement {
+    public var postgresArrayElementSize: Int { 4 + postgresBinaryBytes.count }
+
+    public func writePostgresArrayElement(to out: UnsafeMutableRawPointer) {
+        let bytes = postgresBinaryBytes
+        storeBigEndian(Int32(bytes.count), at: out)
+        bytes.withUnsafeBytes { if let base = $0.baseAddress { (out + 4).copyMemory(from: base, byteCount: $0.count) } }
+    }
 }
 
 extension String: PostgresArrayElement {
     public static var postgresArrayType: UInt32 { PostgresType.textArray }
     public static var postgresElementType: UInt32 { PostgresType.text }
     public var postgresBinaryBytes: [UInt8] { Array(utf8) }
+
+    public var postgresArrayElementSize: Int { 4 + utf8.count }
+
+    public func writePostgresArrayElement(to out: UnsafeMutableRawPointer) {
+        var text = self
+        text.withUTF8 { utf8 in
+            storeBigEndian(Int32(utf8.count), at: out)
+            if let base = utf8.baseAddress { (out + 4).copyMemory(from: base, byteCount: utf8.count) }
+        }
+    }
 }
 
 extension Int64: PostgresArrayElement {
     public static var postgresArrayType: UInt32 { PostgresType.int8Array }
     public static var postgresElementType: UInt32 { PostgresType.int8 }
     public var postgresBinaryBytes: [UInt8] { postgresBind.bytes ?? [] }
+
+    public var postgresArrayElementSize: Int { 12 }
+
+    public func writePostgresArrayElement(to out: UnsafeMutableRawPointer) {
+        storeBigEndian(Int32(8), at: out)
+        storeBigEndian(self, at: out + 4)
+    }
 }
 
 extension UUID: PostgresArrayElement {
     public static var postgresArrayType: UInt32 { PostgresType.uuidArray }
     public static var postgresElementType: UInt32 { PostgresType.uuid }
     public var postgresBinaryBytes: [UInt8] { uuidBytes }
+
+    public var postgresArrayElementSize: Int { 20 }
+
+    public func writePostgresArrayElement(to out: UnsafeMutableRawPointer) {
+        storeBigEndian(Int32(16), at: out)
+        withUnsafeBytes(of: uuid) { if let base = $0.baseAddress { (out + 4).copyMemory(from: base, byteCount: 16) } }
+    }
 }
 
 extension PostgresTimestamp: PostgresArrayElement {
     public static var postgresArrayType: UInt32 { PostgresType.timestamptzArray }
     public static var postgresElementType: UInt32 { PostgresType.timestamptz }
     public var postgresBinaryBytes: [UInt8] { postgresBind.bytes ?? [] }
+
+    public var postgresArrayElementSize: Int { 12 }
+
+    public func writePostgresArrayElement(to out: UnsafeMutableRawPointer) {
+        storeBigEndian(Int32(8), at: out)
+        storeBigEndian(microsecondsSinceEpoch - Self.postgresEpochOffset, at: out + 4)
+    }
 }
 
 extension PostgresJSON: PostgresArrayElement {
     public static var postgresArrayType: UInt32 { PostgresType.jsonbArray }
     public static var postgresElementType: UInt32 { PostgresType.jsonb }
     public var postgresBinaryBytes: [UInt8] { postgresBind.bytes ?? [] }
+
+    public var postgresArrayElementSize: Int { 5 + bytes.count }
+
+    public func writePostgresArrayElement(to out: UnsafeMutableRawPointer) {
+        storeBigEndian(Int32(1 + bytes.count), at: out)
+        out.storeBytes(of: 1, toByteOffset: 4, as: UInt8.self)  // jsonb's binary format version
+        bytes.withUnsafeBytes { if let base = $0.baseAddress { (out + 5).copyMemory(from: base, byteCount: $0.count) } }
+    }
 }
 
 extension Array: PostgresEncodable where Element: PostgresArrayElement {
-    /// A one-dimensional array in binary format, for `unnest($1::uuid[])` and `= any($1)`.
+    /// A one-dimensional array in binary format, for `unnest($1::uuid[])` and `= any($1)`:
+    /// sized first, then written in place.
     public var postgresBind: PostgresBind {
-        var bytes: [UInt8] = []
-        bytes.reserveCapacity(20 + count * 16)
-        appendBigEndian(Int32(isEmpty ? 0 : 1), to: &bytes)  // dimensions
-        appendBigEndian(Int32(0), to: &bytes)  // has nulls
-        appendBigEndian(Element.postgresElementType, to: &bytes)
-        if !isEmpty {
-            appendBigEndian(Int32(count), to: &bytes)
-            appendBigEndian(Int32(1), to: &bytes)  // lower bound
-            for element in self {
-                let elementBytes = element.postgresBinaryBytes
-                appendBigEndian(Int32(elementBytes.count), to: &bytes)
-                bytes.append(contentsOf: elementBytes)
+        var size = isEmpty ? 12 : 20
+        for element in self { size += element.postgresArrayElementSize }
+        let bytes = [UInt8](unsafeUninitializedCapacity: size) { buffer, initialized in
+            guard let base = buffer.baseAddress else { return }
+            let out = UnsafeMutableRawPointer(base)
+            storeBigEndian(Int32(isEmpty ? 0 : 1), at: out)  // dimensions
+            storeBigEndian(Int32(0), at: out + 4)  // has nulls
+            storeBigEndian(Element.postgresElementType, at: out + 8)
+            var offset = 12
+            if !isEmpty {
+                storeBigEndian(Int32(count), at: out + 12)
+                storeBigEndian(Int32(1), at: out + 16)  // lower bound
+                offset = 20
+                for element in self {
+                    element.writePostgresArrayElement(to: out + offset)
+                    offset += element.postgresArrayElementSize
+                }
             }
+            initialized = offset
         }
         return PostgresBind(type: Element.postgresArrayType, format: 1, bytes: bytes)
     }

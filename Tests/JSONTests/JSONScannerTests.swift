@@ -13,7 +13,11 @@ final class JSONScannerTests: XCTestCase {
     }
 
     func scan(_ text: String, limits: JSONLimits = .default) -> Outcome {
-        Array(text.utf8).withUnsafeBufferPointer { buffer in
+        scan(bytes: Array(text.utf8), limits: limits)
+    }
+
+    func scan(bytes: [UInt8], limits: JSONLimits = .default) -> Outcome {
+        bytes.withUnsafeBufferPointer { buffer in
             var scanner = JSONScanner(buffer, limits: limits)
             do throws(JSONScanner.Failure) {
                 let (_, stored) = try scanner.skipValueMeasured()
@@ -173,6 +177,126 @@ final class JSONScannerTests: XCTestCase {
         for (text, length) in printed {
             guard case .accepted(let stored) = scan(text) else { return XCTFail(text) }
             XCTAssertGreaterThanOrEqual(stored, length, text)
+        }
+    }
+
+    // MARK: - Reading as bytes
+
+    /// SplitMix64: the same inputs on every run.
+    struct Generator: RandomNumberGenerator {
+        var state: UInt64
+        mutating func next() -> UInt64 {
+            state &+= 0x9E37_79B9_7F4A_7C15
+            var z = state
+            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+            return z ^ (z >> 31)
+        }
+    }
+
+    func testStringsReadAsBytesAreTheStringsUTF8() throws {
+        var random = Generator(state: 8)
+        let pieces = [
+            "a", "é", "€", "😀", #"\n"#, #"\""#, #"\\"#, #"\/"#, #"\u00e9"#, #"\ud83d\ude00"#, #"\u0041"#, #"\b"#, #"\f"#,
+            #"\r"#, #"\t"#, #"\ud800"#, #"\udfff"#, #"\u0000"#, " ",
+        ]
+        for _ in 0..<2000 {
+            let body = (0..<Int(random.next() % 8)).map { _ in pieces[Int(random.next() % UInt64(pieces.count))] }.joined()
+            let text = Array(" \"\(body)\" ".utf8)
+            let (string, bytes, violations) = text.withUnsafeBufferPointer { buffer in
+                var first = JSONScanner(buffer)
+                var second = JSONScanner(buffer)
+                let string = try? first.string()
+                let bytes = try? second.stringUTF8 { Array($0) }
+                return (string, bytes, (first.takeViolation(), second.takeViolation()))
+            }
+            XCTAssertEqual(bytes, string.map { Array($0.utf8) }, body)
+            XCTAssertEqual(violations.0, violations.1, body)
+            // What Foundation makes of the strings PostgreSQL can store.
+            if violations.0 == nil, let string {
+                let decoded = try JSONSerialization.jsonObject(with: Data(text), options: .fragmentsAllowed) as? String
+                XCTAssertEqual(decoded, string, body)
+            }
+        }
+    }
+
+    func testObjectKeysReadAsBytesAreDecoded() throws {
+        let text = Array(#"{"a":1, "t\u0079pe":2, "\ud83d\ude00":3, "":4, "é\n":5}"#.utf8)
+        let (strings, bytes) = text.withUnsafeBufferPointer { buffer in
+            var strings: [String] = []
+            var bytes: [[UInt8]] = []
+            var first = JSONScanner(buffer)
+            var second = JSONScanner(buffer)
+            try? first.object { (scanner: inout JSONScanner, key: String) throws(JSONScanner.Failure) in
+                strings.append(key)
+                try scanner.skipValue()
+            }
+            try? second.objectUTF8 {
+                (scanner: inout JSONScanner, key: UnsafeBufferPointer<UInt8>) throws(JSONScanner.Failure) in
+                bytes.append(Array(key))
+                XCTAssertEqual(JSONScanner.equals(key, "type"), bytes.count == 2)
+                try scanner.skipValue()
+            }
+            return (strings, bytes)
+        }
+        XCTAssertEqual(strings, ["a", "type", "😀", "", "é\n"])
+        XCTAssertEqual(bytes, strings.map { Array($0.utf8) })
+    }
+
+    /// Numbers without an exponent skip strtod: what it would have said, for any of them.
+    func testPlainNumbersAreJudgedAsStrtodJudgesThem() {
+        var random = Generator(state: 40)
+        let limits = JSONLimits(maxNumberLength: 400)
+        func strtodOutcome(_ text: String) -> Outcome {
+            let value = strtod(text, nil)
+            let nonZero = text.contains { ("1"..."9").contains($0) }
+            if !value.isFinite || (value == 0 && nonZero) { return .refused("out of range") }
+            return .accepted(storedSize: text.utf8.count)
+        }
+        for _ in 0..<3000 {
+            let long = random.next() % 20 == 0
+            let integerDigits = Int(random.next() % (long ? 320 : 20)) + 1
+            let fractionDigits = Int(random.next() % 3) == 0 ? 0 : Int(random.next() % 320) + 1
+            let digit = { (random: inout Generator) in String(UInt8(ascii: "0") + UInt8(random.next() % 10)) }
+            var text = random.next() % 2 == 0 ? "-" : ""
+            text += integerDigits == 1 ? digit(&random) : "1" + (1..<integerDigits).map { _ in digit(&random) }.joined()
+            if fractionDigits > 0 {
+                let zeros = Int(random.next() % UInt64(fractionDigits + 1))
+                let rest = (zeros..<fractionDigits).map { _ in digit(&random) }.joined()
+                text += "." + String(repeating: "0", count: zeros) + rest
+            }
+            guard text.utf8.count <= limits.maxNumberLength else { continue }
+            switch (scan(text, limits: limits), strtodOutcome(text)) {
+            case (.accepted(let stored), .accepted(let expected)): XCTAssertEqual(stored, expected, text)
+            case (.refused, .refused): break
+            case (let scanned, let expected): XCTFail("\(text): \(scanned), strtod says \(expected)")
+            }
+        }
+        XCTAssertEqual(scan(String(repeating: "9", count: 300), limits: limits), .accepted(storedSize: 300))
+        guard case .refused = scan(String(repeating: "9", count: 309), limits: limits) else { return XCTFail("10^309") }
+    }
+
+    /// Strings are skipped 8 bytes at a time while they are plain ASCII: whatever the
+    /// position of the byte that ends a run, it is read as itself.
+    func testEveryByteThatEndsAPlainRunIsSeenAtEveryPosition() {
+        for position in 0..<20 {
+            let run = [UInt8](repeating: UInt8(ascii: "a"), count: position)
+            func outcome(_ special: [UInt8], _ tail: String = "bcdefghijklmnopq\"") -> Outcome {
+                scan(bytes: [UInt8(ascii: "\"")] + run + special + Array(tail.utf8))
+            }
+            let plain = run.count + 16 + 2
+            XCTAssertEqual(outcome([], ""), .failed("unterminated string"), "\(position)")
+            XCTAssertEqual(outcome([UInt8(ascii: "\"")], ""), .accepted(storedSize: position + 2), "\(position)")
+            XCTAssertEqual(outcome([0x7F]), .accepted(storedSize: plain + 1), "\(position)")
+            XCTAssertEqual(outcome(Array("é".utf8)), .accepted(storedSize: plain + 2), "\(position)")
+            XCTAssertEqual(outcome(Array(#"\n"#.utf8)), .accepted(storedSize: plain + 2), "\(position)")
+            XCTAssertEqual(
+                outcome(Array(#"\u0000"#.utf8)), .refused("\\u0000 is not allowed in a string"), "\(position)")
+            XCTAssertEqual(outcome([0x01]), .failed("control character in string"), "\(position)")
+            XCTAssertEqual(outcome([0x1F]), .failed("control character in string"), "\(position)")
+            XCTAssertEqual(outcome([0xFF]), .failed("invalid UTF-8"), "\(position)")
+            XCTAssertEqual(outcome([0xC3]), .failed("invalid UTF-8"), "\(position)")
+            XCTAssertEqual(outcome([UInt8(ascii: "\\"), UInt8(ascii: "x")]), .failed("invalid escape"), "\(position)")
         }
     }
 }

@@ -100,6 +100,34 @@ final class TypeRoundTripTests: XCTestCase {
         XCTAssertEqual(try rows.map { try $0.decode(String.self, column: 0) }, ["{\"a\": 1}", "[\"b\"]"])
     }
 
+    /// Each element type writes itself into the array's bytes (no array of its own): the
+    /// same bytes as its length and `postgresBinaryBytes`, as many as it says.
+    func testArrayElementsAreWrittenInPlaceAsTheirBinaryForm() {
+        func check<T: PostgresArrayElement>(_ elements: [T], file: StaticString = #filePath, line: UInt = #line) {
+            var expected: [UInt8] = []
+            let header = [Int32(elements.isEmpty ? 0 : 1), 0, Int32(bitPattern: T.postgresElementType)]
+            for value in header + (elements.isEmpty ? [] : [Int32(elements.count), 1]) {
+                withUnsafeBytes(of: value.bigEndian) { expected.append(contentsOf: $0) }
+            }
+            for element in elements {
+                let bytes = element.postgresBinaryBytes
+                withUnsafeBytes(of: Int32(bytes.count).bigEndian) { expected.append(contentsOf: $0) }
+                expected.append(contentsOf: bytes)
+            }
+            XCTAssertEqual(elements.postgresBind.bytes, expected, file: file, line: line)
+            XCTAssertEqual(
+                elements.reduce(elements.isEmpty ? 12 : 20) { $0 + $1.postgresArrayElementSize }, expected.count,
+                file: file, line: line)
+        }
+        check(["a", "", "ü 🌱"])
+        check([Int64]([1, -2, .max]))
+        check([UUID(), UUID()])
+        check([PostgresTimestamp(microsecondsSinceEpoch: 5), PostgresTimestamp(microsecondsSinceEpoch: -5)])
+        check([PostgresJSON("{\"a\":1}"), PostgresJSON("[]")])
+        check([PostgresJSON]())
+        check([String(repeating: "ß", count: 1000), "🌱"])
+    }
+
     func testBytea() throws {
         let bytes = PostgresBytes((0...255).map { UInt8($0) })
         try echo(bytes, as: "bytea")

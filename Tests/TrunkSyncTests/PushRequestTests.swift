@@ -1,4 +1,5 @@
 import Foundation
+import JSON
 import XCTest
 
 @testable import TrunkSync
@@ -77,5 +78,34 @@ final class PushRequestTests: XCTestCase {
             return XCTFail("one byte over")
         }
         XCTAssertEqual(problems.first?.field, "payload")
+    }
+
+    /// The push's answer, written as bytes: what JSONWriter wrote for it before.
+    func testThePushResponseIsWhatJSONWriterWrites() throws {
+        for results in [
+            [], [EventStore.PushResult(clientID: UUID(), created: true, seq: 1)],
+            (0..<100).map {
+                EventStore.PushResult(clientID: UUID(), created: $0 % 3 != 0, seq: Int64($0) * 1_000_003 - 7)
+            },
+        ] {
+            var writer = JSONWriter(capacity: 64)
+            writer.beginObject()
+            let created = results.filter(\.created).count
+            writer.int("accepted", Int64(created))
+            writer.int("duplicates", Int64(results.count - created))
+            writer.beginArray("results")
+            for result in results {
+                writer.beginObject()
+                writer.string("client_id", UUIDText.lowercase(result.clientID))
+                writer.string("status", result.created ? "created" : "duplicate")
+                writer.int("seq", result.seq)
+                writer.endObject()
+            }
+            writer.endArray()
+            writer.endObject()
+            XCTAssertEqual(
+                String(decoding: SyncRoutes.pushResponse(results), as: UTF8.self),
+                String(decoding: writer.bytes, as: UTF8.self))
+        }
     }
 }

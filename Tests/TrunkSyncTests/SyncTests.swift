@@ -59,6 +59,40 @@ final class SyncTests: XCTestCase {
         XCTAssertEqual(pulled.json["has_more"] as? Bool, false)
     }
 
+    /// What the database stores is the payload exactly as written (PostgreSQL's `jsonb` of
+    /// its bytes), the `type` with its escapes decoded: the push decoder hands over the
+    /// payload's bytes, never a re-encoding.
+    func testStoredRowsAreThePayloadBytesAsWrittenAndTheDecodedType() async throws {
+        let token = try await app.token("bytes@example.com")
+        let payloads = [
+            #"{"a":1}"#, #" { "s" : "\u00e9\n\"\\\/\ud83d\ude00 é 🌱" , "n" : [ 1e3, -0.5E-2, 12.50, 0, -0 ] } "#,
+            #"{"deep":{"x":[{"y":null},true,false,"\u0041"]},"b":"last","b":"again"}"#,
+            #"{"big":123456789012345678901234567890,"tiny":1e-300}"#,
+        ]
+        let types = [#""plain""#, #""\u0074ype \u00e9\ud83c\udf31""#, #""tab\there""#, #""é🌱""#]
+        let ids = payloads.map { _ in UUID() }
+        let events = zip(ids, zip(types, payloads)).map { id, pair in
+            #"{"client_id":"\#(id)","type":\#(pair.0),"payload":\#(pair.1),"client_timestamp":"2026-11-22T04:10:02.123456Z"}"#
+        }
+        let pushed = try await app.request(
+            "POST", "/sync/v1/events", rawBody: #"{"events":[\#(events.joined(separator: ","))]}"#, bearer: token)
+        XCTAssertEqual(pushed.status, 200, pushed.text)
+        let owner = try app.owner()
+        for (index, id) in ids.enumerated() {
+            let row = try owner.query(
+                """
+                select payload::text = $2::jsonb::text, payload::text, type = ($3::json #>> '{}'), type,
+                       client_timestamp = '2026-11-22T04:10:02.123456Z'
+                from events where client_id = $1
+                """, id, payloads[index], types[index])[0]
+            let stored = try row.decode(String.self, column: 1)
+            let type = try row.decode(String.self, column: 3)
+            XCTAssertEqual(try row.decode(Bool.self, column: 0), true, stored)
+            XCTAssertEqual(try row.decode(Bool.self, column: 2), true, type)
+            XCTAssertEqual(try row.decode(Bool.self, column: 4), true)
+        }
+    }
+
     func testDuplicatesAcrossAndWithinBatches() async throws {
         let token = try await app.token("d@example.com")
         let (a, b, c) = (UUID(), UUID(), UUID())

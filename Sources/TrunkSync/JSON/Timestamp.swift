@@ -86,7 +86,12 @@ public enum RFC3339 {
     /// accepted; up to 9 fraction digits, rounded down to microseconds). Nil for anything
     /// else — including Postgres's `now`, `epoch`, `infinity`.
     public static func parse(_ text: String) -> PostgresTimestamp? {
-        let bytes = Array(text.utf8)
+        var text = text
+        return text.withUTF8 { parse($0) }
+    }
+
+    /// As `parse(_:)`, from UTF-8 bytes.
+    public static func parse(_ bytes: UnsafeBufferPointer<UInt8>) -> PostgresTimestamp? {
         var index = 0
         func number(_ count: Int) -> Int? {
             guard index + count <= bytes.count else { return nil }

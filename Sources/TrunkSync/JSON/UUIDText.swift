@@ -60,6 +60,19 @@ enum UUIDText {
         }
     }
 
+    /// `read` with the lowercase canonical form's 36 bytes (valid during the call): no
+    /// `String` for text that is copied onward.
+    static func withLowercase<T>(_ id: UUID, _ read: (UnsafeBufferPointer<UInt8>) -> T) -> T {
+        withUnsafeBytes(of: id.uuid) { bytes in
+            withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 36) { buffer in
+                guard let base = buffer.baseAddress else { return read(UnsafeBufferPointer(start: nil, count: 0)) }
+                var out = base
+                write(bytes, to: &out)
+                return read(UnsafeBufferPointer(start: base, count: 36))
+            }
+        }
+    }
+
     /// The lowercase canonical form, as PostgreSQL prints a `uuid`.
     static func lowercase(_ id: UUID) -> String {
         withUnsafeBytes(of: id.uuid) { bytes in

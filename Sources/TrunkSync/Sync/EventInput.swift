@@ -73,40 +73,39 @@ struct EventInput {
         // The known fields met so far (bits of `Self.fieldBit`): no set of strings per event.
         var seen: UInt8 = 0
         let dialect = self.dialect
-        try scanner.object { (scanner: inout JSONScanner, key: String) throws(JSONScanner.Failure) in
-            if case .rest(_, let columns?, _) = dialect, !columns.contains(key) {
+        // Keys are matched as bytes: no `String` per key. For these names (lower-case ASCII
+        // letters and `_`) that is what `String`'s `==` finds too: no other text is
+        // canonically equivalent to them.
+        try scanner.objectUTF8 { (scanner: inout JSONScanner, keyUTF8: UnsafeBufferPointer<UInt8>) throws(JSONScanner.Failure) in
+            if case .rest(_, let columns?, _) = dialect, !columns.contains(String(decoding: keyUTF8, as: UTF8.self)) {
                 try scanner.skipValue()
                 _ = scanner.takeViolation()
                 return
             }
-            let bit = Self.fieldBit(key)
-            if seen & bit != 0 { problem(key, "appears twice") }
+            let field = Field(keyUTF8)
+            let bit = field.bit
+            if seen & bit != 0 { problem(field.name, "appears twice") }
             seen |= bit
             let isNull = scanner.peek() == UInt8(ascii: "n")
             let restAllowsNull: Bool
-            if case .rest = dialect { restAllowsNull = isNull && (key == "payload" || key == "client_timestamp") } else {
+            if case .rest = dialect { restAllowsNull = isNull && (field == .payload || field == .clientTimestamp) } else {
                 restAllowsNull = false
             }
-            switch key {
-            case "client_id":
-                if case .text(let text) = try Self.string(&scanner), let id = UUIDText.parse(text) {
+            switch field {
+            case .clientID:
+                if case .text(let id?) = try Self.string(&scanner, UUIDText.parse) {
                     clientID = id
                 } else {
-                    problem(key, "must be a UUID")
+                    problem(field.name, "must be a UUID")
                 }
-            case "type":
-                switch try Self.string(&scanner) {
-                case .text(let text):
-                    let length = text.unicodeScalars.count
-                    if length == 0 || length > Self.maxTypeLength {
-                        problem(key, "must be 1 to \(Self.maxTypeLength) characters")
-                    } else {
-                        type = text
-                    }
-                case .notAString: problem(key, "must be a string")
-                case .refused(let reason): problem(key, reason)
+            case .type:
+                switch try Self.string(&scanner, Self.typeText) {
+                case .text(let text?): type = text
+                case .text(nil): problem(field.name, "must be 1 to \(Self.maxTypeLength) characters")
+                case .notAString: problem(field.name, "must be a string")
+                case .refused(let reason): problem(field.name, reason)
                 }
-            case "payload":
+            case .payload:
                 if restAllowsNull {
                     try scanner.skipValue()
                     return
@@ -114,41 +113,44 @@ struct EventInput {
                 let isObject = scanner.peek() == UInt8(ascii: "{")
                 let (range, stored) = try scanner.skipValueMeasured()
                 if let violation = scanner.takeViolation() {
-                    problem(key, violation.reason)
+                    problem(field.name, violation.reason)
                 } else if !isObject {
-                    problem(key, "must be a JSON object")
+                    problem(field.name, "must be a JSON object")
                 } else if stored > Self.maxPayloadBytes {
-                    problem(key, "must be at most \(Self.maxPayloadBytes) bytes as stored (numbers in plain decimal); this one is \(stored)")
+                    problem(field.name, "must be at most \(Self.maxPayloadBytes) bytes as stored (numbers in plain decimal); this one is \(stored)")
                 } else {
                     payload = PostgresJSON(bytes: scanner.slice(range))
                 }
-            case "client_timestamp":
+            case .clientTimestamp:
                 if restAllowsNull {
                     try scanner.skipValue()
                     return
                 }
-                if case .text(let text) = try Self.string(&scanner), let parsed = RFC3339.parse(text) {
+                if case .text(let parsed?) = try Self.string(&scanner, RFC3339.parse) {
                     timestamp = parsed
                 } else {
-                    problem(key, "must be an RFC 3339 timestamp, e.g. 2026-11-22T04:10:02.123Z")
+                    problem(field.name, "must be an RFC 3339 timestamp, e.g. 2026-11-22T04:10:02.123Z")
                 }
-            default:
-                guard case .rest(let caller, _, _) = dialect, key == "user_id", !isNull else {
+            case .userID, .other:
+                guard case .rest(let caller, _, _) = dialect, field == .userID, !isNull else {
                     try scanner.skipValue()
                     _ = scanner.takeViolation()
-                    if case .rest = dialect, !EventRecord.assignedByServer.contains(key), refusal == nil {
-                        // PostgREST refuses columns the table does not have; `id`, `seq` and
-                        // `created_at` are the server's to assign and are ignored.
-                        refusal = APIError(
-                            status: 400, code: "PGRST204",
-                            message: "Could not find the '\(key)' column of 'events' in the schema cache")
+                    if case .rest = dialect, refusal == nil {
+                        let key = String(decoding: keyUTF8, as: UTF8.self)
+                        if !EventRecord.assignedByServer.contains(key) {
+                            // PostgREST refuses columns the table does not have; `id`, `seq` and
+                            // `created_at` are the server's to assign and are ignored.
+                            refusal = APIError(
+                                status: 400, code: "PGRST204",
+                                message: "Could not find the '\(key)' column of 'events' in the schema cache")
+                        }
                     }
                     return  // the native API ignores keys it does not know
                 }
-                if case .text(let text) = try Self.string(&scanner), let id = UUIDText.parse(text) {
+                if case .text(let id?) = try Self.string(&scanner, UUIDText.parse) {
                     if id != caller, refusal == nil { refusal = RESTError.foreignUser }
                 } else {
-                    problem(key, "must be a UUID")
+                    problem(field.name, "must be a UUID")
                 }
             }
         }
@@ -159,44 +161,85 @@ struct EventInput {
             if payload == nil, !hasProblem("payload") { payload = PostgresJSON("{}") }
             if timestamp == nil, !hasProblem("client_timestamp") { timestamp = now }
         case .native:
-            if payload == nil, seen & Self.fieldBit("payload") == 0 { problem("payload", "is required") }
-            if timestamp == nil, seen & Self.fieldBit("client_timestamp") == 0 { problem("client_timestamp", "is required") }
+            if payload == nil, seen & Field.payload.bit == 0 { problem("payload", "is required") }
+            if timestamp == nil, seen & Field.clientTimestamp.bit == 0 { problem("client_timestamp", "is required") }
         }
-        if clientID == nil, seen & Self.fieldBit("client_id") == 0 { problem("client_id", "is required") }
-        if type == nil, seen & Self.fieldBit("type") == 0 { problem("type", "is required") }
+        if clientID == nil, seen & Field.clientID.bit == 0 { problem("client_id", "is required") }
+        if type == nil, seen & Field.type.bit == 0 { problem("type", "is required") }
         guard problems.count == before, let clientID, let type, let payload, let timestamp else { return nil }
         return IncomingEvent(clientID: clientID, type: type, payload: payload, clientTimestamp: timestamp)
     }
 
-    /// A bit for each field an event must have, 0 for any other key.
-    @inline(__always)
-    static func fieldBit(_ key: String) -> UInt8 {
-        switch key {
-        case "client_id": return 1
-        case "type": return 2
-        case "payload": return 4
-        case "client_timestamp": return 8
-        default: return 0
+    /// An event's key, matched as bytes.
+    enum Field: Equatable {
+        case clientID, type, payload, clientTimestamp, userID, other
+
+        init(_ utf8: UnsafeBufferPointer<UInt8>) {
+            switch utf8.count {
+            case 9 where JSONScanner.equals(utf8, "client_id"): self = .clientID
+            case 4 where JSONScanner.equals(utf8, "type"): self = .type
+            case 7 where JSONScanner.equals(utf8, "payload"): self = .payload
+            case 7 where JSONScanner.equals(utf8, "user_id"): self = .userID
+            case 16 where JSONScanner.equals(utf8, "client_timestamp"): self = .clientTimestamp
+            default: self = .other
+            }
+        }
+
+        /// The key as problems name it.
+        var name: String {
+            switch self {
+            case .clientID: return "client_id"
+            case .type: return "type"
+            case .payload: return "payload"
+            case .clientTimestamp: return "client_timestamp"
+            case .userID: return "user_id"
+            case .other: return ""  // never named: no rule applies to other keys
+            }
+        }
+
+        /// A bit for each field an event must have, 0 for any other key.
+        var bit: UInt8 {
+            switch self {
+            case .clientID: return 1
+            case .type: return 2
+            case .payload: return 4
+            case .clientTimestamp: return 8
+            case .userID, .other: return 0
+            }
         }
     }
 
-    enum StringValue {
-        case text(String)
+    enum StringValue<T> {
+        /// What the reader made of the string.
+        case text(T)
         case notAString
         /// A string the parser refuses (`\u0000`, an unpaired surrogate): why.
         case refused(String)
     }
 
-    /// Reads a value that should be a string.
-    private static func string(_ scanner: inout JSONScanner) throws(JSONScanner.Failure) -> StringValue {
+    /// Reads a value that should be a string; `read` gets its UTF-8 (escapes decoded).
+    private static func string<T>(_ scanner: inout JSONScanner, _ read: (UnsafeBufferPointer<UInt8>) -> T)
+        throws(JSONScanner.Failure) -> StringValue<T>
+    {
         guard scanner.peek() == UInt8(ascii: "\"") else {
             try scanner.skipValue()
             _ = scanner.takeViolation()
             return .notAString
         }
-        let text = try scanner.string()
+        let value = try scanner.stringUTF8(read)
         if let violation = scanner.takeViolation() { return .refused(violation.reason) }
-        return .text(text)
+        return .text(value)
+    }
+
+    /// A `type`'s text when it has 1 to `maxTypeLength` characters (Unicode scalars), else
+    /// nil. The scanner hands over valid UTF-8 only: its scalars are its bytes other than
+    /// continuation bytes.
+    private static func typeText(_ utf8: UnsafeBufferPointer<UInt8>) -> String? {
+        guard utf8.count <= 4 * maxTypeLength else { return nil }
+        var length = 0
+        for byte in utf8 where byte & 0xC0 != 0x80 { length += 1 }
+        guard length > 0, length <= maxTypeLength else { return nil }
+        return String(decoding: utf8, as: UTF8.self)
     }
 
     /// The problems as the `details` of a `400`: `[{"index", "field", "reason"}]`.

@@ -239,30 +239,41 @@ public struct EventStore: Sendable {
                 var ranks: [UUID: Int64] = [:]
                 ranks.reserveCapacity(events.count)
                 assigned.reserveCapacity(events.count)
-                for event in events {
-                    if let seq = existing[event.clientID] {
+                // By index: `events[index].clientID` reads the one field, where a loop over
+                // the events would copy (retain and release) each.
+                for index in events.indices {
+                    let clientID = events[index].clientID
+                    if let seq = existing[clientID] {
                         assigned.append(.stored(seq))
-                    } else if let rank = ranks[event.clientID] {
+                    } else if let rank = ranks.updateValue(Int64(ranks.count + 1), forKey: clientID) {
+                        ranks[clientID] = rank  // a repeat within the batch keeps the first rank
                         assigned.append(.fresh(rank))
                     } else {
-                        let rank = Int64(fresh.count + 1)
-                        ranks[event.clientID] = rank
-                        fresh.append(event)
-                        assigned.append(.fresh(rank))
+                        fresh.append(events[index])
+                        assigned.append(.fresh(Int64(fresh.count)))
                     }
                 }
+                // Most batches are all new: then `fresh` shares the events' storage.
+                if fresh.count == events.count { fresh = events }
             }
 
             /// Each event's outcome once the new ones are numbered after `base`.
             func results(base: Int64) -> [PushResult] {
-                var seen = Set<Int64>()
-                return zip(events, assigned).map { event, assignment in
-                    switch assignment {
-                    case .stored(let seq): return PushResult(clientID: event.clientID, created: false, seq: seq)
+                // Whether each fresh rank was answered `created` already (1-based).
+                var answered = [Bool](repeating: false, count: fresh.count + 1)
+                var results: [PushResult] = []
+                results.reserveCapacity(events.count)
+                for index in events.indices {
+                    let clientID = events[index].clientID
+                    switch assigned[index] {
+                    case .stored(let seq): results.append(PushResult(clientID: clientID, created: false, seq: seq))
                     case .fresh(let rank):
-                        return PushResult(clientID: event.clientID, created: seen.insert(rank).inserted, seq: base + rank)
+                        let created = !answered[Int(rank)]
+                        answered[Int(rank)] = true
+                        results.append(PushResult(clientID: clientID, created: created, seq: base + rank))
                     }
                 }
+                return results
             }
 
             /// The common case in one round trip: the cursor moves by the number of new events

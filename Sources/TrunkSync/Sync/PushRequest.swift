@@ -18,11 +18,14 @@ enum PushRequest {
             var scanner = JSONScanner(buffer, limits: limits)
             var input = EventInput(.native)
             var events: [IncomingEvent] = []
+            // An event takes at least ~100 bytes of the body (its four fields): no growing.
+            events.reserveCapacity(min(EventInput.maxEvents, buffer.count / 100))
             var sawEvents = false
             do throws(JSONScanner.Failure) {
                 guard scanner.peek() == UInt8(ascii: "{") else { throw scanner.fail("the body must be a JSON object") }
-                try scanner.object { (scanner: inout JSONScanner, key: String) throws(JSONScanner.Failure) in
-                    guard key == "events" else {
+                try scanner.objectUTF8 {
+                    (scanner: inout JSONScanner, key: UnsafeBufferPointer<UInt8>) throws(JSONScanner.Failure) in
+                    guard JSONScanner.equals(key, "events") else {
                         try scanner.skipValue()
                         _ = scanner.takeViolation()
                         return

@@ -48,24 +48,37 @@ public struct SyncRoutes: Sendable {
         guard let results = try await store.push(events, for: user) else {
             throw APIError.unauthorized
         }
-        var writer = JSONWriter(capacity: 64 * results.count + 64)
-        writer.beginObject()
         let created = results.filter(\.created).count
         metrics.eventsPushed.increment(by: created)
         metrics.eventsDuplicate.increment(by: results.count - created)
-        writer.int("accepted", Int64(created))
-        writer.int("duplicates", Int64(results.count - created))
-        writer.beginArray("results")
-        for result in results {
-            writer.beginObject()
-            writer.string("client_id", UUIDText.lowercase(result.clientID))
-            writer.string("status", result.created ? "created" : "duplicate")
-            writer.int("seq", result.seq)
-            writer.endObject()
+        return .json(.ok, Self.pushResponse(results))
+    }
+
+    /// `{"accepted":…,"duplicates":…,"results":[{"client_id":…,"status":…,"seq":…},…]}`,
+    /// written as bytes (what `JSONWriter` writes, without its per-member bookkeeping: every
+    /// value here is a number, a UUID or a constant that needs no escaping).
+    static func pushResponse(_ results: [EventStore.PushResult]) -> [UInt8] {
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(80 * results.count + 64)
+        func append(_ text: StaticString) {
+            bytes.append(contentsOf: UnsafeBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
         }
-        writer.endArray()
-        writer.endObject()
-        return .json(.ok, writer.bytes)
+        func append(_ number: Int64) { bytes.append(contentsOf: String(number).utf8) }
+        let created = results.filter(\.created).count
+        append(#"{"accepted":"#)
+        append(Int64(created))
+        append(#","duplicates":"#)
+        append(Int64(results.count - created))
+        append(#","results":["#)
+        for (index, result) in results.enumerated() {
+            append(index == 0 ? #"{"client_id":""# : #",{"client_id":""#)
+            UUIDText.withLowercase(result.clientID) { bytes.append(contentsOf: $0) }
+            append(result.created ? #"","status":"created","seq":"# : #"","status":"duplicate","seq":"#)
+            append(result.seq)
+            append("}")
+        }
+        append("]}")
+        return bytes
     }
 
     struct PullParameters {
