@@ -33,8 +33,13 @@ public final class HostLookup: Sendable {
         var addresses = [CChar](repeating: 0, count: 2048)
         var reason = [CChar](repeating: 0, count: 256)
         let count = csystem_resolve(name, &addresses, addresses.count, &reason, reason.count)
-        guard count > 0 else { throw LookupFailure(reason: String(cString: reason)) }
-        return String(cString: addresses).split(separator: ",").map(String.init)
+        guard count > 0 else { throw LookupFailure(reason: text(reason)) }
+        return text(addresses).split(separator: ",").map(String.init)
+    }
+
+    /// The text of a NUL-terminated C string in `buffer`.
+    private static func text(_ buffer: [CChar]) -> String {
+        String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     /// Why a name has no address.
