@@ -29,9 +29,12 @@ function init(args)
   -- This thread's users: id, id + connections, id + 2 * connections, ...
   mine = {}
   for index = id + 1, #all, connections do table.insert(mine, all[index]) end
-  -- Unique client ids in this run: a random run prefix, the thread and a counter.
-  math.randomseed(os.time() + id * 7919)
-  run = math.random(0, 0x7fffffff)
+  -- Random version-4 client ids, as apps make them (Swift's UUID(), crypto.randomUUID()):
+  -- inserts land all over the (user_id, client_id) index, as the ceiling's
+  -- gen_random_uuid() do. (Until session 8 they were a run prefix and a counter: each
+  -- connection's inserts stayed at one end of the index, cheaper than the ceiling's, so
+  -- the ratio grew with every round as the ceiling's table did.)
+  math.randomseed(os.time() * 7919 + id * 104729 + math.floor(os.clock() * 1000000))
   sent = 0
   turn = 0
   payload = '{"plant":"fern","bed":3,"x":12.5,"y":7,"tags":["shade","wet"],"note":"watered after the rain"}'
@@ -44,8 +47,9 @@ function request()
   for i = 1, per_request do
     sent = sent + 1
     parts[i] = string.format(
-      '{"client_id":"%08x-%04x-4000-8000-%012x","type":"sprout_planted","payload":%s,"client_timestamp":"2026-11-22T04:10:02.123Z"}',
-      run, id, sent, payload)
+      '{"client_id":"%08x-%04x-4%03x-%04x-%06x%06x","type":"sprout_planted","payload":%s,"client_timestamp":"2026-11-22T04:10:02.123Z"}',
+      math.random(0, 0xffffffff), math.random(0, 0xffff), math.random(0, 0xfff), math.random(0x8000, 0xbfff),
+      math.random(0, 0xffffff), math.random(0, 0xffffff), payload)
   end
   local body = '{"events":[' .. table.concat(parts, ",") .. ']}'
   return wrk.format("POST", "/sync/v1/events",
