@@ -41,18 +41,7 @@ final class EventInputDifferentialTests: XCTestCase {
     /// Decodes `body` (an array of events) with the current decoder.
     static func current(_ body: [UInt8], _ dialect: EventInput.Dialect) -> Outcome {
         var input = EventInput(dialect)
-        var outcome = Outcome()
-        body.withUnsafeBufferPointer { buffer in
-            var scanner = JSONScanner(buffer)
-            do throws(JSONScanner.Failure) {
-                try scanner.array { (scanner: inout JSONScanner, index: Int) throws(JSONScanner.Failure) in
-                    if let event = try input.event(&scanner, index: index) { outcome.events.append(describe(event)) }
-                }
-                try scanner.expectEnd()
-            } catch {
-                outcome.failure = error
-            }
-        }
+        var outcome = decode(body) { (scanner, index) throws(JSONScanner.Failure) in try input.event(&scanner, index: index) }
         outcome.problems = input.problems
         outcome.refusal = input.refusal
         return outcome
@@ -61,20 +50,28 @@ final class EventInputDifferentialTests: XCTestCase {
     /// The same with the reference decoder.
     static func reference(_ body: [UInt8], _ dialect: EventInput.Dialect) -> Outcome {
         var input = ReferenceEventInput(dialect)
+        var outcome = decode(body) { (scanner, index) throws(JSONScanner.Failure) in try input.event(&scanner, index: index) }
+        outcome.problems = input.problems
+        outcome.refusal = input.refusal
+        return outcome
+    }
+
+    /// The events `event` reads from the array `body`, or where the scanner failed.
+    private static func decode(
+        _ body: [UInt8], _ event: (inout JSONScanner, Int) throws(JSONScanner.Failure) -> IncomingEvent?
+    ) -> Outcome {
         var outcome = Outcome()
         body.withUnsafeBufferPointer { buffer in
             var scanner = JSONScanner(buffer)
             do throws(JSONScanner.Failure) {
                 try scanner.array { (scanner: inout JSONScanner, index: Int) throws(JSONScanner.Failure) in
-                    if let event = try input.event(&scanner, index: index) { outcome.events.append(describe(event)) }
+                    if let decoded = try event(&scanner, index) { outcome.events.append(describe(decoded)) }
                 }
                 try scanner.expectEnd()
             } catch {
                 outcome.failure = error
             }
         }
-        outcome.problems = input.problems
-        outcome.refusal = input.refusal
         return outcome
     }
 
