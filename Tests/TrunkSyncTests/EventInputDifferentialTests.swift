@@ -41,7 +41,9 @@ final class EventInputDifferentialTests: XCTestCase {
     /// Decodes `body` (an array of events) with the current decoder.
     static func current(_ body: [UInt8], _ dialect: EventInput.Dialect) -> Outcome {
         var input = EventInput(dialect)
-        var outcome = decode(body) { (scanner, index) throws(JSONScanner.Failure) in try input.event(&scanner, index: index) }
+        var outcome = decode(body) { (scanner, index) throws(JSONScanner.Failure) in
+            try input.event(&scanner, index: index)
+        }
         outcome.problems = input.problems
         outcome.refusal = input.refusal
         return outcome
@@ -50,7 +52,9 @@ final class EventInputDifferentialTests: XCTestCase {
     /// The same with the reference decoder.
     static func reference(_ body: [UInt8], _ dialect: EventInput.Dialect) -> Outcome {
         var input = ReferenceEventInput(dialect)
-        var outcome = decode(body) { (scanner, index) throws(JSONScanner.Failure) in try input.event(&scanner, index: index) }
+        var outcome = decode(body) { (scanner, index) throws(JSONScanner.Failure) in
+            try input.event(&scanner, index: index)
+        }
         outcome.problems = input.problems
         outcome.refusal = input.refusal
         return outcome
