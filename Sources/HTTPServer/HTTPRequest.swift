@@ -76,7 +76,12 @@ public enum QueryString {
 
     /// Decodes `+` and `%XX`; a malformed escape is kept as it is.
     public static func decode(_ bytes: Substring.UTF8View.SubSequence) -> String {
-        percentDecode(Array(bytes), plusAsSpace: true)
+        // The usual name or value (`after=99999`) has neither: made straight from the bytes,
+        // without the array the decoding needs.
+        guard bytes.contains(where: { $0 == UInt8(ascii: "%") || $0 == UInt8(ascii: "+") }) else {
+            return String(decoding: bytes, as: UTF8.self)
+        }
+        return percentDecode(Array(bytes), plusAsSpace: true)
     }
 
     /// Decodes `%XX` (and `+` when `plusAsSpace`); malformed escapes stay as they are.

@@ -21,6 +21,21 @@ final class EventStreamPartsTests: XCTestCase {
         XCTAssertEqual(try StreamRoutes.startingPoint(request(nil, headers: ["Last-Event-ID": " 9 "])), 9)
     }
 
+    func testEachParameterAtMostOnceWhateverTheQuerysLength() throws {
+        let many = (1...12).map { "p\($0)=\($0)" }
+        for count in [2, 8, 9, 12] {
+            let names = many.prefix(count)
+            XCTAssertEqual(try SyncRoutes.uniqueQueryItems(request(names.joined(separator: "&"))).count, count)
+            // The last one repeats the first: found pairwise (up to 8) and through a set (more).
+            let repeated = names.dropLast() + ["p1=again"]
+            let query = repeated.joined(separator: "&")
+            XCTAssertThrowsError(try SyncRoutes.uniqueQueryItems(request(query)), "\(count)") {
+                XCTAssertEqual(($0 as? APIError)?.code, "invalid_parameter")
+                XCTAssertEqual(($0 as? APIError)?.message, "p1 is given more than once.")
+            }
+        }
+    }
+
     func testStartingPointRefusesWhatIsNotACursor() {
         for (query, headers, code) in [
             ("after=-1", [:], "invalid_parameter"), ("after=1.5", [:], "invalid_parameter"),
