@@ -44,12 +44,15 @@ let package = Package(
             // state is confined to the loop thread, so release builds skip the run-time
             // exclusivity checks on it (~2% of /healthz).
             swiftSettings: [
-                .unsafeFlags(["-cross-module-optimization", "-enforce-exclusivity=unchecked"], .when(configuration: .release))
+                .unsafeFlags(
+                    ["-cross-module-optimization", "-enforce-exclusivity=unchecked"], .when(configuration: .release))
             ]),
         // The one JSON parser and writer, with I-JSON rules (no dependencies, so the fuzzer
         // builds it on its own).
         .target(name: "JSON"),
-        .target(name: "Mail", dependencies: ["COpenSSL", "CSystem", "TrunkCrypto", .product(name: "Logging", package: "swift-log")]),
+        .target(
+            name: "Mail",
+            dependencies: ["COpenSSL", "CSystem", "TrunkCrypto", .product(name: "Logging", package: "swift-log")]),
         .target(
             name: "TrunkSync",
             dependencies: [

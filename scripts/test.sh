@@ -10,6 +10,9 @@ scripts/deps.sh
 # stream's EventSource, the web client), Node for the web client's pure parts; Selenium never
 # downloads a browser here.
 scripts/deps.sh chromium chromium-driver nodejs
+# The code's format first (seconds; `make format` fixes it). The generated files under
+# Sources/TrunkSync/Generated are left to their scripts (`// swift-format-ignore-file`).
+swift format lint --strict --recursive Sources Tests Package.swift
 swift build --build-tests
 
 # Python tools the tests drive: the real supabase client, compose schema validation, YAML,

@@ -12,7 +12,9 @@ public struct JSONLimits: Sendable, Hashable {
     /// Largest document, in bytes. Default 10 MiB.
     public var maxBytes: Int
 
-    public init(maxDepth: Int = 64, maxStringBytes: Int = 64 * 1024, maxNumberLength: Int = 40, maxBytes: Int = 10 * 1024 * 1024) {
+    public init(
+        maxDepth: Int = 64, maxStringBytes: Int = 64 * 1024, maxNumberLength: Int = 40, maxBytes: Int = 10 * 1024 * 1024
+    ) {
         self.maxDepth = maxDepth
         self.maxStringBytes = maxStringBytes
         self.maxNumberLength = maxNumberLength

@@ -206,7 +206,9 @@ public struct JSONScanner {
             }
         case UInt8(ascii: "["):
             guard depth < limits.maxDepth else { throw fail("nested more than \(limits.maxDepth) levels deep") }
-            try array { (scanner: inout JSONScanner, _: Int) throws(Failure) in _ = try scanner.skipValue(depth: depth + 1) }
+            try array { (scanner: inout JSONScanner, _: Int) throws(Failure) in
+                _ = try scanner.skipValue(depth: depth + 1)
+            }
         case UInt8(ascii: "\""): try skipString()
         case UInt8(ascii: "t"): try literal("true")
         case UInt8(ascii: "f"): try literal("false")
@@ -290,7 +292,9 @@ public struct JSONScanner {
             return
         }
         if value == 0 {
-            let nonZero = (integerStart..<mantissaEnd).contains { bytes[$0] >= UInt8(ascii: "1") && bytes[$0] <= UInt8(ascii: "9") }
+            let nonZero = (integerStart..<mantissaEnd).contains {
+                bytes[$0] >= UInt8(ascii: "1") && bytes[$0] <= UInt8(ascii: "9")
+            }
             if nonZero {
                 violate("number out of range: it is too small for an IEEE double (I-JSON)", at: start)
                 return
@@ -343,12 +347,15 @@ public struct JSONScanner {
                     index += 5
                     if value == 0 { violate("\\u0000 is not allowed in a string", at: escapeStart) }
                     if (0xD800...0xDBFF).contains(value) {
-                        if index + 1 < bytes.count, bytes[index] == UInt8(ascii: "\\"), bytes[index + 1] == UInt8(ascii: "u") {
+                        if index + 1 < bytes.count, bytes[index] == UInt8(ascii: "\\"),
+                            bytes[index + 1] == UInt8(ascii: "u")
+                        {
                             let low = try hex4(at: index + 2)
                             if (0xDC00...0xDFFF).contains(low) {
                                 index += 6
                             } else {
-                                violate("unpaired surrogate \\u\(String(value, radix: 16)) is not Unicode", at: escapeStart)
+                                violate(
+                                    "unpaired surrogate \\u\(String(value, radix: 16)) is not Unicode", at: escapeStart)
                             }
                         } else {
                             violate("unpaired surrogate \\u\(String(value, radix: 16)) is not Unicode", at: escapeStart)

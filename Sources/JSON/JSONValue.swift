@@ -14,7 +14,8 @@ public enum JSONValue: Codable, Equatable, Sendable {
     /// member it is in (`data.name`, `items[2]`).
     public static func parse(_ bytes: [UInt8], limits: JSONLimits = .default) throws(JSONInputError) -> JSONValue {
         guard bytes.count <= limits.maxBytes else {
-            throw JSONInputError(kind: .tooLarge, path: "", reason: "the document is larger than \(limits.maxBytes) bytes")
+            throw JSONInputError(
+                kind: .tooLarge, path: "", reason: "the document is larger than \(limits.maxBytes) bytes")
         }
         let outcome = bytes.withUnsafeBufferPointer { buffer -> Result<JSONValue, JSONInputError> in
             var scanner = JSONScanner(buffer, limits: limits)
@@ -26,7 +27,8 @@ public enum JSONValue: Codable, Equatable, Sendable {
                 if let problem { return .failure(problem) }
                 return .success(value)
             } catch {
-                return .failure(JSONInputError(kind: .malformed, path: "", reason: "\(error.reason) at byte \(error.offset)"))
+                return .failure(
+                    JSONInputError(kind: .malformed, path: "", reason: "\(error.reason) at byte \(error.offset)"))
             }
         }
         return try outcome.get()

@@ -61,7 +61,9 @@ public struct JSONWriter: Sendable {
     /// (integers below 2^53 without a fraction).
     public mutating func number(_ key: String?, _ value: Double) {
         if let key { self.key(key) } else { separate() }
-        if value.isFinite, value == value.rounded(), abs(value) < 9_007_199_254_740_992, !(value == 0 && value.sign == .minus) {
+        if value.isFinite, value == value.rounded(), abs(value) < 9_007_199_254_740_992,
+            !(value == 0 && value.sign == .minus)
+        {
             bytes.append(contentsOf: String(Int64(value)).utf8)
         } else if value.isFinite {
             bytes.append(contentsOf: value.description.utf8)

@@ -40,7 +40,8 @@ final class PostgresConnecting: @unchecked Sendable {
         let opened = try PostgresLoopConnection(connection, loop: loop)
         guard !settings.isEmpty else { return opened }
         do {
-            try await opened.pipeline(settings.map { PostgresStatement("select set_config($1, $2, false)", $0.name, $0.value) })
+            try await opened.pipeline(
+                settings.map { PostgresStatement("select set_config($1, $2, false)", $0.name, $0.value) })
         } catch {
             opened.close()
             throw error
@@ -48,7 +49,8 @@ final class PostgresConnecting: @unchecked Sendable {
         return opened
     }
 
-    private init(_ connection: PostgresConnection, loop: any PostgresEventLoop, clock: @escaping @Sendable () -> UInt64) {
+    private init(_ connection: PostgresConnection, loop: any PostgresEventLoop, clock: @escaping @Sendable () -> UInt64)
+    {
         self.connection = connection
         self.loop = loop
         self.clock = clock
@@ -128,7 +130,8 @@ final class PostgresConnecting: @unchecked Sendable {
                 guard self.loop.isRunning else { return self.finish(self.stopped) }
                 let now = clock()
                 if let deadline, now >= deadline {
-                    return self.finish(PostgresConnection.openingError(reason: "timeout expired", self.connection.configuration))
+                    return self.finish(
+                        PostgresConnection.openingError(reason: "timeout expired", self.connection.configuration))
                 }
                 let wait = min(deadline.map { $0 - now } ?? .max, 100_000_000)
                 do { try await Task.sleep(nanoseconds: wait) } catch { return }

@@ -42,7 +42,8 @@ public final class PostgresConnection {
     /// - Throws: `.connectionFailed` naming `host:port/database` and the server's reason,
     ///   never the password.
     public static func connect(_ configuration: PostgresConfiguration) throws -> PostgresConnection {
-        let handle = try withParameters(of: configuration) { keywords, values in PQconnectdbParams(keywords, values, 0) }
+        let handle = try withParameters(of: configuration) { keywords, values in PQconnectdbParams(keywords, values, 0)
+        }
         guard PQstatus(handle) == CONNECTION_OK else {
             let error = openingError(handle, configuration)
             PQfinish(handle)
@@ -57,7 +58,9 @@ public final class PostgresConnection {
     /// would look a name up with `getaddrinfo`, which blocks. Messages name `configuration`.
     /// - Throws: `.connectionFailed` as `connect` when libpq refuses at once (out of memory,
     ///   an invalid parameter).
-    static func start(_ configuration: PostgresConfiguration, resolved: PostgresConfiguration) throws -> PostgresConnection {
+    static func start(_ configuration: PostgresConfiguration, resolved: PostgresConfiguration) throws
+        -> PostgresConnection
+    {
         let handle = try withParameters(of: resolved) { keywords, values in PQconnectStartParams(keywords, values, 0) }
         guard PQstatus(handle) != CONNECTION_BAD else {
             let error = openingError(handle, configuration)
@@ -84,7 +87,9 @@ public final class PostgresConnection {
         keywordPointers.append(nil)
         valuePointers.append(nil)
         guard let handle = open(keywordPointers, valuePointers) else {
-            throw PostgresError(kind: .connectionFailed, message: "could not connect to PostgreSQL at \(configuration.endpoint): out of memory")
+            throw PostgresError(
+                kind: .connectionFailed,
+                message: "could not connect to PostgreSQL at \(configuration.endpoint): out of memory")
         }
         return handle
     }
@@ -434,7 +439,8 @@ public final class PostgresConnection {
             let constraint = field(UInt8(ascii: "n"))
             if let constraint { message += " on constraint \(constraint)" }
             if !isOpen {
-                throw PostgresError(kind: .connectionClosed, message: "database connection lost: \(message)", sqlState: state)
+                throw PostgresError(
+                    kind: .connectionClosed, message: "database connection lost: \(message)", sqlState: state)
             }
             throw PostgresError(
                 kind: .server, message: message, sqlState: state,
@@ -445,7 +451,8 @@ public final class PostgresConnection {
     }
 
     func connectionError() -> PostgresError {
-        let reason = configuration.withoutPassword(PostgresConfiguration.oneLine(String(cString: PQerrorMessage(handle))))
+        let reason = configuration.withoutPassword(
+            PostgresConfiguration.oneLine(String(cString: PQerrorMessage(handle))))
         return PostgresError(
             kind: isOpen ? .server : .connectionClosed,
             message: "database connection to \(configuration.endpoint) lost",

@@ -489,7 +489,9 @@ extension Array: PostgresDecodable where Element: PostgresDecodable {
             self = []
             return
         }
-        guard dimensions == 1, bytes.count >= 20 else { throw decodingError([Element].self, type, "not one-dimensional") }
+        guard dimensions == 1, bytes.count >= 20 else {
+            throw decodingError([Element].self, type, "not one-dimensional")
+        }
         let count = Int(readBigEndian(Int32.self, bytes, at: 12))
         var offset = 20
         var result: [Element] = []

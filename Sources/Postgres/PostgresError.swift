@@ -43,7 +43,9 @@ public struct PostgresError: Error, Sendable, CustomStringConvertible, CustomDeb
     public internal(set) var pipelineIndex: Int? = nil
 
     /// An answer the protocol does not allow (e.g. a statement without a result).
-    public static func unexpected(_ message: String) -> PostgresError { PostgresError(kind: .decoding, message: message) }
+    public static func unexpected(_ message: String) -> PostgresError {
+        PostgresError(kind: .decoding, message: message)
+    }
 
     init(
         kind: Kind, message: String, sqlState: SQLState? = nil, serverMessage: String? = nil,

@@ -52,7 +52,9 @@ public final class PostgresListener: @unchecked Sendable {
 
     /// Creates a listener that will run on `loop`; call `start()` to connect. Stop it
     /// (`close()`) before the loop ends.
-    public convenience init(_ configuration: PostgresConfiguration, channels: [String], logger: Logger, loop: any PostgresEventLoop) {
+    public convenience init(
+        _ configuration: PostgresConfiguration, channels: [String], logger: Logger, loop: any PostgresEventLoop
+    ) {
         self.init(configuration, channels: channels, logger: logger, loop: loop, ownLoop: nil)
     }
 
@@ -187,7 +189,8 @@ public final class PostgresListener: @unchecked Sendable {
         while !Task.isCancelled {
             let connection: PostgresLoopConnection
             do {
-                connection = try await PostgresConnecting.open(configuration, on: loop, clock: PostgresLoopPool.monotonicClock)
+                connection = try await PostgresConnecting.open(
+                    configuration, on: loop, clock: PostgresLoopPool.monotonicClock)
                 current = connection
                 // Set before `LISTEN`: what arrives with its answer is delivered, not dropped.
                 connection.notificationHandler = { [weak self] in self?.deliver(.notification($0)) }

@@ -15,7 +15,11 @@ public final class PostgresLoopConnection: @unchecked Sendable {
     let connection: PostgresConnection
     let loop: any PostgresEventLoop
     private let fd: Int32
-    private var pending: (collector: PostgresConnection.PipelineCollector, continuation: CheckedContinuation<[PostgresResult], any Error>)?
+    private var pending:
+        (
+            collector: PostgresConnection.PipelineCollector,
+            continuation: CheckedContinuation<[PostgresResult], any Error>
+        )?
     private var watchingWritable = false
     /// No further use: I/O failed or the connection was closed.
     private(set) var isBroken = false
@@ -68,12 +72,16 @@ public final class PostgresLoopConnection: @unchecked Sendable {
     /// statement of `prefix` failed: nothing of `statements` ran, as when the connection
     /// is lost).
     @discardableResult
-    public func pipeline(_ statements: [PostgresStatement], prefix: [PostgresStatement]) async throws -> [PostgresResult] {
+    public func pipeline(_ statements: [PostgresStatement], prefix: [PostgresStatement]) async throws
+        -> [PostgresResult]
+    {
         guard !prefix.isEmpty else { return try await pipeline(statements) }
         do {
             return Array(try await pipeline(prefix + statements).dropFirst(prefix.count))
         } catch var error as PostgresError {
-            if let index = error.pipelineIndex { error.pipelineIndex = index >= prefix.count ? index - prefix.count : nil }
+            if let index = error.pipelineIndex {
+                error.pipelineIndex = index >= prefix.count ? index - prefix.count : nil
+            }
             throw error
         }
     }
@@ -138,7 +146,9 @@ public final class PostgresLoopConnection: @unchecked Sendable {
         if notificationHandler != nil { drainNotifications() }  // those parsed with a pipeline's results
         // A backend that is ending the session sends FATAL before its end of file: an idle
         // connection counts as broken from then on, so the next lease takes another.
-        if PQstatus(connection.handle) != CONNECTION_OK || (pending == nil && connection.announcedTermination) { lose() }
+        if PQstatus(connection.handle) != CONNECTION_OK || (pending == nil && connection.announcedTermination) {
+            lose()
+        }
     }
 
     private func drainNotifications() {

@@ -67,7 +67,8 @@ public final class PostgresLoopPool: @unchecked Sendable {
     // Loop-confined state.
     private var machine: PoolStateMachine
     private var connections: [PoolStateMachine.ConnectionID: PostgresLoopConnection] = [:]
-    private var waiters: [PoolStateMachine.RequestID: CheckedContinuation<PoolStateMachine.ConnectionID, any Error>] = [:]
+    private var waiters: [PoolStateMachine.RequestID: CheckedContinuation<PoolStateMachine.ConnectionID, any Error>] =
+        [:]
     private var nextRequestID: PoolStateMachine.RequestID = 0
     private var lastOpenError: (any Error)?
     private var closeWaiters: [CheckedContinuation<Void, Never>] = []
@@ -265,4 +266,3 @@ extension PoolStateMachine.FailureReason {
         }
     }
 }
-

@@ -48,7 +48,8 @@ public final class PostgresLoopThread: PostgresEventLoop, @unchecked Sendable {
             let error = errno
             if epoll >= 0 { Foundation.close(epoll) }
             if eventFD >= 0 { Foundation.close(eventFD) }
-            throw PostgresError(kind: .connectionFailed, message: "cannot set up the database event loop: errno \(error)")
+            throw PostgresError(
+                kind: .connectionFailed, message: "cannot set up the database event loop: errno \(error)")
         }
         let started = DispatchSemaphore(value: 0)
         let body: @Sendable () -> Void = { [self] in

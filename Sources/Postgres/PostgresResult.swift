@@ -53,7 +53,8 @@ public struct PostgresRow: @unchecked Sendable {
 
     private func checkColumn(_ column: Int) throws {
         guard column >= 0, column < result.columnCount else {
-            throw PostgresError(kind: .decoding, message: "column \(column) out of range (\(result.columnCount) columns)")
+            throw PostgresError(
+                kind: .decoding, message: "column \(column) out of range (\(result.columnCount) columns)")
         }
     }
 
@@ -61,7 +62,8 @@ public struct PostgresRow: @unchecked Sendable {
     public func decode<T: PostgresDecodable>(_ type: T.Type = T.self, column: Int) throws -> T {
         try checkColumn(column)
         guard !result.isNull(row, Int32(column)) else {
-            throw PostgresError(kind: .decoding, message: "column \(result.columnName(column)) is NULL, expected \(T.self)")
+            throw PostgresError(
+                kind: .decoding, message: "column \(result.columnName(column)) is NULL, expected \(T.self)")
         }
         let oid = result.columnType(column)
         return try result.withCell(row, Int32(column)) { try T(postgresBytes: $0, type: oid) }

@@ -20,7 +20,9 @@ public func startThread(name: String, stackSize: Int = 1 << 20, _ body: @escapin
 }
 
 /// `startThread`, reporting failure (out of threads or memory) instead of stopping the process.
-public func startThreadIfPossible(name: String, stackSize: Int = 1 << 20, _ body: @escaping @Sendable () -> Void) -> Bool {
+public func startThreadIfPossible(name: String, stackSize: Int = 1 << 20, _ body: @escaping @Sendable () -> Void)
+    -> Bool
+{
     let context = Unmanaged.passRetained(ThreadBody(body)).toOpaque()
     let entry: @convention(c) (UnsafeMutableRawPointer?) -> Void = { context in
         guard let context else { return }

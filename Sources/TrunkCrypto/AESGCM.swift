@@ -35,7 +35,8 @@ public enum AESGCM {
 
     /// Encrypts `plaintext` under `key`, binding `associatedData` (authenticated, not
     /// encrypted, not stored), with a random nonce. Returns `nonce ‖ ciphertext ‖ tag`.
-    public static func seal(_ plaintext: [UInt8], key: [UInt8], associatedData: [UInt8] = []) throws(Failure) -> [UInt8] {
+    public static func seal(_ plaintext: [UInt8], key: [UInt8], associatedData: [UInt8] = []) throws(Failure) -> [UInt8]
+    {
         try seal(plaintext, key: key, nonce: SecureRandom.bytes(count: nonceCount), associatedData: associatedData)
     }
 

@@ -25,7 +25,9 @@ extension JWT {
             else { throw .invalidPublicKey }
             // SubjectPublicKeyInfo { rsaEncryption, NULL } + BIT STRING { RSAPublicKey { n, e } }.
             let rsaPublicKey = DER.sequence(DER.integer(modulus) + DER.integer(exponent))
-            let algorithm: [UInt8] = [0x30, 0x0d, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01, 0x05, 0x00]
+            let algorithm: [UInt8] = [
+                0x30, 0x0d, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01, 0x05, 0x00,
+            ]
             let der = DER.sequence(algorithm + DER.element(0x03, [0x00] + rsaPublicKey))
             let loaded: OpaquePointer? = der.withUnsafeBufferPointer { buffer in
                 var cursor: UnsafePointer<UInt8>? = buffer.baseAddress

@@ -1,4 +1,5 @@
 import JSON
+
 /// Compact JWS (JWT) signing and verification for HS256 and ES256.
 ///
 /// This layer checks only the envelope: structure, the `alg` (never `none`), the `kid`,

@@ -12,7 +12,8 @@ struct ConfigCommand: AsyncParsableCommand {
 
     struct Check: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Print the effective configuration (secrets redacted) and every problem migrate or serve would refuse; exit 1 if there is one."
+            abstract:
+                "Print the effective configuration (secrets redacted) and every problem migrate or serve would refuse; exit 1 if there is one."
         )
 
         @OptionGroup var options: CommonOptions
@@ -28,7 +29,8 @@ struct ConfigCommand: AsyncParsableCommand {
                     for problem in problems {
                         FileHandle.standardError.write(Data("trunk-sync: \(problem)\n".utf8))
                     }
-                    print("configuration refused: \(problems.count) problem\(problems.count == 1 ? "" : "s") (on stderr)")
+                    print(
+                        "configuration refused: \(problems.count) problem\(problems.count == 1 ? "" : "s") (on stderr)")
                     throw ExitCode(1)
                 }
                 print("configuration OK")

@@ -30,7 +30,8 @@ struct ImportCommand: AsyncParsableCommand {
                 """)
 
         @OptionGroup var options: CommonOptions
-        @Option(name: .customLong("from"), help: "The Supabase project's PostgreSQL URL or conninfo.") var source: String
+        @Option(name: .customLong("from"), help: "The Supabase project's PostgreSQL URL or conninfo.") var source:
+            String
         @Option(help: "Where rejected rows go, as JSON lines {table, id, reason}.")
         var rejectFile = "trunk-sync-import-rejects.jsonl"
         @Flag(help: "Read and check everything, write nothing, and report what would happen.") var dryRun = false
@@ -46,7 +47,8 @@ struct ImportCommand: AsyncParsableCommand {
             try await reportingErrors {
                 let configuration = try options.load()
                 var settings = SupabaseImport.Options(
-                    source: source, destination: try PostgresConfiguration(try configuration.requireMigrationDatabaseURL()),
+                    source: source,
+                    destination: try PostgresConfiguration(try configuration.requireMigrationDatabaseURL()),
                     migrations: try Migration.load(from: configuration.migrationsDirectory), rejectFile: rejectFile)
                 settings.dryRun = dryRun
                 settings.batchSize = batchSize
@@ -76,28 +78,36 @@ struct ImportCommand: AsyncParsableCommand {
             if report.dryRun { lines.append("DRY RUN: nothing was written; a real run would do this:") }
             lines.append(
                 table(
-                    header: ["TABLE", "READ", report.dryRun ? "WOULD IMPORT" : "IMPORTED", "ALREADY THERE", "REJECTED"],
+                    header: [
+                        "TABLE", "READ", report.dryRun ? "WOULD IMPORT" : "IMPORTED", "ALREADY THERE", "REJECTED",
+                    ],
                     rows: [
                         row("auth.users", report.users), row("public.profiles", report.profiles),
                         row("public.events", report.events), row("auth.sessions", report.sessions),
                     ]))
             if report.eventsRetimed > 0 {
-                lines.append("\(report.eventsRetimed) event(s) older than their user's newest trunk-sync event got a created_at just after it")
+                lines.append(
+                    "\(report.eventsRetimed) event(s) older than their user's newest trunk-sync event got a created_at just after it"
+                )
             }
             if report.sessionsUndecryptable > 0 {
                 lines.append(
-                    "\(report.sessionsUndecryptable) session(s) not imported: their refresh-token key is stored encrypted; those users sign in again")
+                    "\(report.sessionsUndecryptable) session(s) not imported: their refresh-token key is stored encrypted; those users sign in again"
+                )
             }
             if report.sessionsWithoutToken > 0 {
                 lines.append("\(report.sessionsWithoutToken) session(s) not imported: no live refresh token")
             }
             for conflict in report.conflicts {
-                lines.append("conflict: \(conflict.email) (source user \(conflict.sourceID)) belongs to another trunk-sync user; not merged")
+                lines.append(
+                    "conflict: \(conflict.email) (source user \(conflict.sourceID)) belongs to another trunk-sync user; not merged"
+                )
             }
             let v = report.verification
             lines.append(
                 "verification: \(v.usersComplete)/\(v.users) users complete, \(v.eventsFound)/\(v.eventsExpected) events, "
-                    + "digest \(v.sourceDigest.prefix(16)) vs \(v.destinationDigest.prefix(16)): \(v.passed ? "OK" : "MISMATCH")")
+                    + "digest \(v.sourceDigest.prefix(16)) vs \(v.destinationDigest.prefix(16)): \(v.passed ? "OK" : "MISMATCH")"
+            )
             for (user, missing) in v.incompleteUsers.sorted(by: { $0.key < $1.key }) {
                 lines.append("  user \(user): \(missing) event(s) missing")
             }
@@ -120,7 +130,8 @@ final class ProgressLine: @unchecked Sendable {
             guard now - shown >= .milliseconds(500) || done == total else { return }
             shown = now
             if first == nil { first = done }
-            let seconds = Double((now - started).components.seconds) + Double((now - started).components.attoseconds) / 1e18
+            let seconds =
+                Double((now - started).components.seconds) + Double((now - started).components.attoseconds) / 1e18
             let rate = seconds > 0 ? Double(done - (first ?? 0)) / seconds : 0
             let eta = rate > 0 ? "ETA \(Int(Double(total - done) / rate))s" : ""
             FileHandle.standardError.write(Data("\r\u{1b}[Kevents \(done)/\(total)  \(Int(rate))/s  \(eta)".utf8))

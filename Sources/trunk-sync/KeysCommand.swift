@@ -43,7 +43,8 @@ struct KeysCommand: AsyncParsableCommand {
         let logger = Logger(label: "trunk-sync.keys")
         let database =
             writing
-            ? try await ownerDatabase(configuration, logger: logger) : try commandDatabase(configuration, logger: logger)
+            ? try await ownerDatabase(configuration, logger: logger)
+            : try commandDatabase(configuration, logger: logger)
         return (SigningKeyStore(database: database, encryption: configuration.keyEncryptionKey), configuration)
     }
 

@@ -54,8 +54,10 @@ struct Migrate: AsyncParsableCommand {
                 if encrypted > 0 { print("encrypted \(encrypted) signing key(s) with TRUNK_SYNC_KEY_ENCRYPTION_KEY") }
                 switch role {
                 case .sameAsOwner: break
-                case .created(let name): print("created the server's login role \(name) (member of \(DatabaseRoles.app))")
-                case .updated(let name): print("updated the server's login role \(name) (member of \(DatabaseRoles.app))")
+                case .created(let name):
+                    print("created the server's login role \(name) (member of \(DatabaseRoles.app))")
+                case .updated(let name):
+                    print("updated the server's login role \(name) (member of \(DatabaseRoles.app))")
                 }
             }
         }

@@ -96,12 +96,16 @@ struct Serve: AsyncParsableCommand {
             if !configuration.trustedProxies.isEmpty {
                 logger.notice(
                     "trusting X-Forwarded-For from proxies",
-                    metadata: ["proxies": "\(configuration.trustedProxies.networks.map(\.description).joined(separator: ","))"])
+                    metadata: [
+                        "proxies": "\(configuration.trustedProxies.networks.map(\.description).joined(separator: ","))"
+                    ])
             }
             // The public line first: scripts read the first `listening` line's port.
             logger.notice(
-                "listening", metadata: ["address": "\(configuration.host)", "port": "\(port)", "url": "\(configuration.publicURL)"])
-            logger.notice("admin listening", metadata: ["address": "\(configuration.adminHost)", "port": "\(adminPort)"])
+                "listening",
+                metadata: ["address": "\(configuration.host)", "port": "\(port)", "url": "\(configuration.publicURL)"])
+            logger.notice(
+                "admin listening", metadata: ["address": "\(configuration.adminHost)", "port": "\(adminPort)"])
 
             await server.waitUntilStopped()
             admin.shutdown()

@@ -149,4 +149,3 @@ func withOwnerConnection<T: Sendable>(
     try await withBlockingConnection(
         try PostgresConfiguration(try configuration.requireMigrationDatabaseURL()), thread: "migrate", body)
 }
-

@@ -29,14 +29,17 @@ struct UsersCommand: AsyncParsableCommand {
     }
 
     struct List: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "A table of users: email, created, last sign-in, events.")
+        static let configuration = CommandConfiguration(
+            abstract: "A table of users: email, created, last sign-in, events.")
         @OptionGroup var options: CommonOptions
 
         func run() async throws {
             try await reportingErrors {
                 let (admin, _) = try await UsersCommand.admin(options)
                 let users = try await admin.list()
-                let rows = users.map { [$0.email, UsersCommand.time($0.createdAt), UsersCommand.time($0.lastSignInAt), String($0.events)] }
+                let rows = users.map {
+                    [$0.email, UsersCommand.time($0.createdAt), UsersCommand.time($0.lastSignInAt), String($0.events)]
+                }
                 print(table(header: ["EMAIL", "CREATED", "LAST SIGN-IN", "EVENTS"], rows: rows))
                 print("\(users.count) user(s)")
             }
@@ -82,7 +85,9 @@ struct UsersCommand: AsyncParsableCommand {
                         guard showProgress else { return }
                         let width = 30
                         let filled = total > 0 ? Int(Double(done) / Double(total) * Double(width)) : width
-                        let bar = String(repeating: "#", count: min(filled, width)) + String(repeating: ".", count: max(0, width - filled))
+                        let bar =
+                            String(repeating: "#", count: min(filled, width))
+                            + String(repeating: ".", count: max(0, width - filled))
                         FileHandle.standardError.write(Data("\r[\(bar)] \(done)/\(total) events".utf8))
                     },
                     write: { FileHandle.standardOutput.write(Data($0)) }
@@ -106,8 +111,12 @@ struct UsersCommand: AsyncParsableCommand {
                 let user = try await UsersCommand.user(admin, email)
                 if !yes {
                     FileHandle.standardError.write(
-                        Data("Delete \(user.email) with \(user.events) event(s) and all sessions? This cannot be undone. Type the email to confirm: ".utf8))
-                    guard let answer = readLine(), answer.trimmingCharacters(in: .whitespaces).lowercased() == user.email.lowercased() else {
+                        Data(
+                            "Delete \(user.email) with \(user.events) event(s) and all sessions? This cannot be undone. Type the email to confirm: "
+                                .utf8))
+                    guard let answer = readLine(),
+                        answer.trimmingCharacters(in: .whitespaces).lowercased() == user.email.lowercased()
+                    else {
                         throw CommandError("not confirmed; nothing deleted")
                     }
                 }

@@ -92,12 +92,14 @@ final class AdminListenerTests: EndToEndTestCase {
 
         // A "simple" cross-site POST (text/plain, form types, none) is not parsed as JSON.
         for contentType in [
-            "text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
+            "text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
             "application/jsonx", nil,
         ] {
             let headers = contentType.map { [("Content-Type", $0)] } ?? []
             assertJSONError(
-                try server.adminExchange(raw("POST", "/admin/v1/auth/verify", host: host, headers: headers, body: verify)),
+                try server.adminExchange(
+                    raw("POST", "/admin/v1/auth/verify", host: host, headers: headers, body: verify)),
                 status: 415, code: "unsupported_media_type")
         }
         XCTAssertFalse(server.logs.contains("console sign-in failed"), "no refused request reached the code check")
@@ -105,7 +107,9 @@ final class AdminListenerTests: EndToEndTestCase {
         for contentType in ["application/json", "Application/JSON; charset=utf-8"] {
             assertJSONError(
                 try server.adminExchange(
-                    raw("POST", "/admin/v1/auth/verify", host: host, headers: [("Content-Type", contentType)], body: verify)),
+                    raw(
+                        "POST", "/admin/v1/auth/verify", host: host, headers: [("Content-Type", contentType)],
+                        body: verify)),
                 status: 403, code: "otp_expired")
         }
         // A route without a body takes none of this: logout needs only its session.

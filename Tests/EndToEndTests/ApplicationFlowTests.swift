@@ -23,23 +23,29 @@ final class ApplicationFlowTests: EndToEndTestCase {
         ])
         let result = try Command.run(
             try python(),
-            [repositoryRoot() + "/Tests/Compat/supabase_flow.py", "http://127.0.0.1:\(server.port)", sink.directory.path])
+            [
+                repositoryRoot() + "/Tests/Compat/supabase_flow.py", "http://127.0.0.1:\(server.port)",
+                sink.directory.path,
+            ])
         XCTAssertEqual(result.status, 0, result.stdout + result.stderr)
         for step in [
             "sign_in_with_otp", "verify_otp", "insert one", "insert a batch of three with one duplicate",
             "select ordered by created_at", "select gt the first row's created_at", "upsert ignore_duplicates",
             "profiles select full_name single() after update_user", "update the profile", "refresh_session", "sign_out",
         ] {
-            XCTAssertTrue(result.stdout.contains("ok \(step)"), "missing step \(step): \(result.stdout)\(result.stderr)")
+            XCTAssertTrue(
+                result.stdout.contains("ok \(step)"), "missing step \(step): \(result.stdout)\(result.stderr)")
         }
         let mail = try XCTUnwrap(try sink.received().first)
         XCTAssertEqual(mail.subject?.hasPrefix("Your sign-in code"), true)
-        XCTAssertFalse(server.logs.contains(try XCTUnwrap(mail.body?.firstMatch(of: /\b\d{6}\b/)).output),
-                       "the code never appears in the server's log")
+        XCTAssertFalse(
+            server.logs.contains(try XCTUnwrap(mail.body?.firstMatch(of: /\b\d{6}\b/)).output),
+            "the code never appears in the server's log")
     }
 
     func session(_ server: ServerProcess, _ email: String) throws -> [String: Any] {
-        let result = try Command.run(Command.trunkSyncBinary(), ["token", "--email", email], environment: server.environment)
+        let result = try Command.run(
+            Command.trunkSyncBinary(), ["token", "--email", email], environment: server.environment)
         XCTAssertEqual(result.status, 0, result.stderr)
         return try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any])
     }
@@ -48,7 +54,8 @@ final class ApplicationFlowTests: EndToEndTestCase {
         let server = try startServer()
         let token = try XCTUnwrap(try session(server, "poll@example.com")["access_token"] as? String)
         let client = try server.connect()
-        try client.send(request("GET", "/sync/v1/events?after=0&wait=60", headers: [("Authorization", "Bearer \(token)")]))
+        try client.send(
+            request("GET", "/sync/v1/events?after=0&wait=60", headers: [("Authorization", "Bearer \(token)")]))
         // Wait until the server counts the long-poll as waiting.
         let waiting = eventually(within: 10, interval: .milliseconds(10)) {
             (try? server.metrics())?["trunk_sync_longpolls_waiting"] == 1
@@ -67,11 +74,13 @@ final class ApplicationFlowTests: EndToEndTestCase {
         let server = try startServer(["TRUNK_SYNC_LOG_FORMAT": "json"])
         let (response, _) = try server.exchange(
             request(
-                "POST", "/auth/v1/otp", headers: [("X-Request-Id", "req-flow-42"), ("Content-Type", "application/json")],
+                "POST", "/auth/v1/otp",
+                headers: [("X-Request-Id", "req-flow-42"), ("Content-Type", "application/json")],
                 body: #"{"email":"logs@example.com"}"#))
         XCTAssertEqual(response.status, 200)
         XCTAssertEqual(response.header("x-request-id"), "req-flow-42")
-        let codeLine = try XCTUnwrap(server.stderr.waitForLine(containing: "sign-in code for logs@example.com", timeout: 5))
+        let codeLine = try XCTUnwrap(
+            server.stderr.waitForLine(containing: "sign-in code for logs@example.com", timeout: 5))
         let object = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(codeLine.utf8)) as? [String: Any])
         XCTAssertEqual(object["request_id"] as? String, "req-flow-42")
         let accessLine = try XCTUnwrap(server.stderr.waitForLine(containing: "\"path\":\"/auth/v1/otp\"", timeout: 5))

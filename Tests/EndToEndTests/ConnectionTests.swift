@@ -165,7 +165,8 @@ final class ConnectionTests: EndToEndTestCase {
             // comes from 127.0.0.1.
             let client = try server.connect(from: "127.0.0.\(2 + index % 10)")
             try client.send(
-                request("POST", "/auth/v1/otp", headers: [("Content-Type", "application/json"), ("Content-Length", "1000")])
+                request(
+                    "POST", "/auth/v1/otp", headers: [("Content-Type", "application/json"), ("Content-Length", "1000")])
                     + "{")
             slow.append(client)
         }
@@ -203,7 +204,8 @@ final class ConnectionTests: EndToEndTestCase {
         let elapsed = ContinuousClock.now - admitted
         print("slow connections freed \(elapsed) after their heads; trickle rounds: \(trickle.stop())")
         XCTAssertTrue(freed, "\(open) connections still open \(elapsed) after the heads")
-        XCTAssertGreaterThanOrEqual(elapsed, .milliseconds(Int64(bodyTimeout * 1000) - 500), "cut off before the deadline")
+        XCTAssertGreaterThanOrEqual(
+            elapsed, .milliseconds(Int64(bodyTimeout * 1000) - 500), "cut off before the deadline")
         XCTAssertTrue(slow.allSatisfy { !$0.looksOpen }, "the server closed every slow connection")
         assertServerHealthy(server)
     }

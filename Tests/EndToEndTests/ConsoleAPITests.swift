@@ -345,10 +345,14 @@ final class ConsoleAPITests: EndToEndTestCase {
         formatter.dateFormat = "yyyy-MM-dd"
         let today = formatter.string(from: Date(timeIntervalSince1970: after))
         let dayOfRequest = formatter.string(from: Date(timeIntervalSince1970: before))
-        XCTAssertTrue([today, dayOfRequest].contains(days.last?["day"] as? String ?? ""), "\(String(describing: days.last))")
-        XCTAssertEqual(days.first?["day"] as? String, formatter.string(
-            from: Date(timeIntervalSince1970: (formatter.date(from: days.last?["day"] as? String ?? "")?
-                .timeIntervalSince1970 ?? 0) - 29 * 86_400)))
+        XCTAssertTrue(
+            [today, dayOfRequest].contains(days.last?["day"] as? String ?? ""), "\(String(describing: days.last))")
+        XCTAssertEqual(
+            days.first?["day"] as? String,
+            formatter.string(
+                from: Date(
+                    timeIntervalSince1970: (formatter.date(from: days.last?["day"] as? String ?? "")?
+                        .timeIntervalSince1970 ?? 0) - 29 * 86_400)))
         XCTAssertEqual(days.last?["events"] as? Int, 3)
         XCTAssertEqual(days.compactMap { $0["events"] as? Int }, Array(repeating: 0, count: 29) + [3])
     }
@@ -400,7 +404,8 @@ final class ConsoleAPITests: EndToEndTestCase {
         let code = try mailedCode(sink, to: Self.operatorEmail)
         let wrong = code == "000000" ? "111111" : "000000"
         assertJSONError(
-            try admin(server, "POST", "/admin/v1/auth/verify", body: #"{"email":"ops@example.com","code":"\#(wrong)"}"#),
+            try admin(
+                server, "POST", "/admin/v1/auth/verify", body: #"{"email":"ops@example.com","code":"\#(wrong)"}"#),
             status: 403, code: "otp_expired")
         let failed = try XCTUnwrap(server.stderr.waitForLine(containing: "console sign-in failed", timeout: 5))
         XCTAssertTrue(failed.contains("admin=ops@example.com"), failed)
@@ -423,7 +428,8 @@ final class ConsoleAPITests: EndToEndTestCase {
             server, "POST", "/admin/v1/auth/verify", body: #"{"email":"ops@example.com","code":"\#(code)"}"#)
         XCTAssertEqual(verified.status, 200, verified.bodyText)
         let token = String(
-            try XCTUnwrap(verified.header("set-cookie")?.firstMatch(of: /^trunk_sync_console=(tsc_[A-Za-z0-9_-]+);/)?.1))
+            try XCTUnwrap(verified.header("set-cookie")?.firstMatch(of: /^trunk_sync_console=(tsc_[A-Za-z0-9_-]+);/)?.1)
+        )
         XCTAssertEqual(try admin(server, "GET", "/admin/v1/users", cookie: token).status, 200)
         let listed = try XCTUnwrap(server.stderr.waitForLine(containing: "console: users listed", timeout: 5))
         XCTAssertTrue(listed.contains("admin=ops@example.com"), listed)
@@ -463,8 +469,10 @@ final class ConsoleAPITests: EndToEndTestCase {
         let console = [("X-Trunk-Sync-Console", "1")]
         // Over HTTPS only the __Host- cookie counts; over plain HTTP only the plain one.
         XCTAssertEqual(
-            try exchange("GET", "/admin/v1/overview", https + console + [("Cookie", "__Host-trunk_sync_console=\(token)")])
-                .status, 200)
+            try exchange(
+                "GET", "/admin/v1/overview", https + console + [("Cookie", "__Host-trunk_sync_console=\(token)")]
+            )
+            .status, 200)
         assertJSONError(
             try exchange("GET", "/admin/v1/overview", https + console + [("Cookie", "trunk_sync_console=\(token)")]),
             status: 401, code: "console_unauthorized")
@@ -472,12 +480,14 @@ final class ConsoleAPITests: EndToEndTestCase {
             try exchange("GET", "/admin/v1/overview", console + [("Cookie", "__Host-trunk_sync_console=\(token)")]),
             status: 401, code: "console_unauthorized")
         XCTAssertEqual(
-            try exchange("GET", "/admin/v1/overview", console + [("Cookie", "trunk_sync_console=\(token)")]).status, 200)
+            try exchange("GET", "/admin/v1/overview", console + [("Cookie", "trunk_sync_console=\(token)")]).status, 200
+        )
         let signedOut = try exchange(
             "POST", "/admin/v1/auth/logout", https + console + [("Cookie", "__Host-trunk_sync_console=\(token)")])
         XCTAssertEqual(signedOut.status, 204)
         XCTAssertEqual(
-            signedOut.header("set-cookie"), "__Host-trunk_sync_console=; Path=/; Max-Age=0; Secure; HttpOnly; SameSite=Strict")
+            signedOut.header("set-cookie"),
+            "__Host-trunk_sync_console=; Path=/; Max-Age=0; Secure; HttpOnly; SameSite=Strict")
 
         // Plain loopback keeps the plain cookie, and a peer that is not a trusted proxy cannot
         // claim HTTPS.
@@ -674,7 +684,8 @@ final class ConsoleAPITests: EndToEndTestCase {
         XCTAssertTrue(export.header("content-disposition")?.hasPrefix("attachment;") ?? false)
         var lines = export.bodyText.split(separator: "\n")
         XCTAssertEqual(lines.count, 6)
-        let account = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(lines.removeFirst().utf8)) as? [String: Any])
+        let account = try XCTUnwrap(
+            try JSONSerialization.jsonObject(with: Data(lines.removeFirst().utf8)) as? [String: Any])
         XCTAssertEqual(account["kind"] as? String, "account")
         XCTAssertEqual(account["id"] as? String, user.lowercased())
         XCTAssertEqual(

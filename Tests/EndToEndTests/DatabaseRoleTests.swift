@@ -45,7 +45,8 @@ final class DatabaseRoleTests: EndToEndTestCase {
 
         let server = try launchServer(on: database, ["TRUNK_SYNC_DATABASE_URL": serverURL])
         try server.waitUntilListening(timeout: 15)
-        XCTAssertTrue(eventually(within: 10) { (try? server.exchange(request("GET", "/readyz")).0.status) == 200 }, server.logs)
+        XCTAssertTrue(
+            eventually(within: 10) { (try? server.exchange(request("GET", "/readyz")).0.status) == 200 }, server.logs)
         XCTAssertFalse(server.logs.contains("logs in as"), server.logs)
         let checked = try configCheck(server.environment)
         XCTAssertEqual(checked.status, 0, checked.stderr)
@@ -53,7 +54,9 @@ final class DatabaseRoleTests: EndToEndTestCase {
 
         // Sign-in by code (the code is in the log mailer's line), refresh, push, pull, profile.
         let (otp, _) = try server.exchange(
-            request("POST", "/auth/v1/otp", headers: [("Content-Type", "application/json")], body: #"{"email":"split@example.com"}"#))
+            request(
+                "POST", "/auth/v1/otp", headers: [("Content-Type", "application/json")],
+                body: #"{"email":"split@example.com"}"#))
         XCTAssertEqual(otp.status, 200, otp.bodyText)
         let codeLine = try XCTUnwrap(server.stderr.waitForLine(containing: "split@example.com", timeout: 5))
         let code = try XCTUnwrap(codeLine.firstMatch(of: /\b(\d{6})\b/)?.1)
@@ -73,7 +76,8 @@ final class DatabaseRoleTests: EndToEndTestCase {
         let (pushed, _) = try server.exchange(
             request(
                 "POST", "/sync/v1/events", headers: bearer,
-                body: #"{"events":[{"client_id":"6f1f0e3c-1111-4c3e-9d7a-3a1c8f0f2b10","type":"note","payload":{},"client_timestamp":"2026-11-22T04:10:02.123Z"}]}"#
+                body:
+                    #"{"events":[{"client_id":"6f1f0e3c-1111-4c3e-9d7a-3a1c8f0f2b10","type":"note","payload":{},"client_timestamp":"2026-11-22T04:10:02.123Z"}]}"#
             ))
         XCTAssertEqual(pushed.status, 200, pushed.bodyText)
         let (pulled, _) = try server.exchange(request("GET", "/sync/v1/events?after=0", headers: bearer))

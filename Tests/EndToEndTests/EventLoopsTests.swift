@@ -28,7 +28,8 @@ final class EventLoopsTests: EndToEndTestCase {
     func perLoop(_ server: ServerProcess) throws -> [Int: Int] {
         var counts: [Int: Int] = [:]
         for (name, value) in try server.metrics() where name.hasPrefix("trunk_sync_http_loop_connections{loop=\"") {
-            let index = Int(name.dropFirst("trunk_sync_http_loop_connections{loop=\"".count).prefix { $0.isNumber }) ?? -1
+            let index =
+                Int(name.dropFirst("trunk_sync_http_loop_connections{loop=\"".count).prefix { $0.isNumber }) ?? -1
             counts[index] = Int(value)
         }
         return counts

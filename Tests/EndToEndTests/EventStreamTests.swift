@@ -307,7 +307,8 @@ final class EventStreamTests: EndToEndTestCase {
                 XCTAssertEqual(response.status, 204)
             } else {
                 let result = try Command.run(
-                    Command.trunkSyncBinary(), ["users", "delete", "backlog-\(ending)@example.com", "--yes"], environment: other.environment)
+                    Command.trunkSyncBinary(), ["users", "delete", "backlog-\(ending)@example.com", "--yes"],
+                    environment: other.environment)
                 XCTAssertEqual(result.status, 0, result.stderr)
             }
             XCTAssertTrue(

@@ -28,7 +28,8 @@ final class LostNotificationTests: EndToEndTestCase {
             Command.trunkSyncBinary(), ["token", "--email", "lost@example.com"], environment: direct.environment)
         XCTAssertEqual(result.status, 0, result.stderr)
         let session = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any])
-        return Instances(proxied: proxied, direct: direct, proxy: proxy, token: try XCTUnwrap(session["access_token"] as? String))
+        return Instances(
+            proxied: proxied, direct: direct, proxy: proxy, token: try XCTUnwrap(session["access_token"] as? String))
     }
 
     func event(_ clientID: UUID) -> String {

@@ -186,7 +186,8 @@ final class OpenAPITests: EndToEndTestCase {
         try exchange("stream without Accept", "GET", "/sync/v1/stream", headers: bearer)
         try exchange("stream with bad after", "GET", "/sync/v1/stream?after=x", headers: bearer + [eventStream])
         try exchange(
-            "stream with bad Last-Event-ID", "GET", "/sync/v1/stream", headers: bearer + [eventStream, ("Last-Event-ID", "x")])
+            "stream with bad Last-Event-ID", "GET", "/sync/v1/stream",
+            headers: bearer + [eventStream, ("Last-Event-ID", "x")])
         try exchange("stream without token", "GET", "/sync/v1/stream", headers: [eventStream])
 
         // REST.

@@ -16,7 +16,8 @@ final class RealtimeTests: EndToEndTestCase {
 
     /// A signed-in session of `email` (`trunk-sync token`), as JSON text.
     func session(_ server: ServerProcess, _ email: String) throws -> String {
-        let result = try Command.run(Command.trunkSyncBinary(), ["token", "--email", email], environment: server.environment)
+        let result = try Command.run(
+            Command.trunkSyncBinary(), ["token", "--email", email], environment: server.environment)
         XCTAssertEqual(result.status, 0, result.stderr)
         return result.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
     }
@@ -49,10 +50,13 @@ final class RealtimeTests: EndToEndTestCase {
         return (process.terminationStatus, stdout.text + stderr.text)
     }
 
-    func assertSteps(_ result: (status: Int32, output: String), _ steps: [String], file: StaticString = #filePath, line: UInt = #line) {
+    func assertSteps(
+        _ result: (status: Int32, output: String), _ steps: [String], file: StaticString = #filePath, line: UInt = #line
+    ) {
         XCTAssertEqual(result.status, 0, result.output, file: file, line: line)
         for step in steps {
-            XCTAssertTrue(result.output.contains("ok \(step)"), "missing step \(step): \(result.output)", file: file, line: line)
+            XCTAssertTrue(
+                result.output.contains("ok \(step)"), "missing step \(step): \(result.output)", file: file, line: line)
         }
     }
 
@@ -74,15 +78,20 @@ final class RealtimeTests: EndToEndTestCase {
             pause: "restart now"
         ) {
             XCTAssertNotNil(server.stop())
-            let again = try launchServer(on: server.database, settings.merging(["TRUNK_SYNC_PORT": "\(server.port)"]) { $1 })
+            let again = try launchServer(
+                on: server.database, settings.merging(["TRUNK_SYNC_PORT": "\(server.port)"]) { $1 })
             try again.waitUntilListening(timeout: 15)
             restarted = again
         }
-        assertSteps(result, [
-            "subscribe", "insert through another instance arrives", "filters", "access_token refresh keeps the channel",
-            "re-subscribes after a dropped connection", "re-subscribes after a server restart", "never another user's row",
-            "sign-out ends the channel",
-        ])
+        assertSteps(
+            result,
+            [
+                "subscribe", "insert through another instance arrives", "filters",
+                "access_token refresh keeps the channel",
+                "re-subscribes after a dropped connection", "re-subscribes after a server restart",
+                "never another user's row",
+                "sign-out ends the channel",
+            ])
         _ = restarted?.stop()
         _ = other.stop()
     }
@@ -96,18 +105,25 @@ final class RealtimeTests: EndToEndTestCase {
         ])
         let a = try session(server, "realtime-c@example.com")
         let b = try session(server, "realtime-d@example.com")
-        let result = try runScript("realtime_protocol.py", ["http://127.0.0.1:\(server.port)", a, b], pause: "stop now") {
+        let result = try runScript(
+            "realtime_protocol.py", ["http://127.0.0.1:\(server.port)", a, b], pause: "stop now"
+        ) {
             server.signal(SIGTERM)
             XCTAssertEqual(server.waitForExit(timeout: 20), 0)
         }
-        assertSteps(result, [
-            "handshake", "refused handshakes", "ping/pong, heartbeat, close handshake", "unmasked client frame -> 1002",
-            "oversized frame -> 1009", "oversized fragmented message -> 1009", "fragmented control frame -> 1002",
-            "text that is not UTF-8 -> 1007", "half-open connection is closed", "slow reader is closed with 1013",
-            "channels over the per-user cap are refused", "vsn 2.0.0 (realtime-js)", "Broadcast (binary and JSON) and Presence refused", "bad joins",
-            "phx_leave", "profiles UPDATE arrives", "vsn 1.0.0 (supabase-swift shapes)", "access_token of another user ends the channel",
-            "shutdown closes with 1001",
-        ])
+        assertSteps(
+            result,
+            [
+                "handshake", "refused handshakes", "ping/pong, heartbeat, close handshake",
+                "unmasked client frame -> 1002",
+                "oversized frame -> 1009", "oversized fragmented message -> 1009", "fragmented control frame -> 1002",
+                "text that is not UTF-8 -> 1007", "half-open connection is closed", "slow reader is closed with 1013",
+                "channels over the per-user cap are refused", "vsn 2.0.0 (realtime-js)",
+                "Broadcast (binary and JSON) and Presence refused", "bad joins",
+                "phx_leave", "profiles UPDATE arrives", "vsn 1.0.0 (supabase-swift shapes)",
+                "access_token of another user ends the channel",
+                "shutdown closes with 1001",
+            ])
     }
 
     /// Sockets over `TRUNK_SYNC_REALTIME_MAX` are refused `429` with `Retry-After` before the

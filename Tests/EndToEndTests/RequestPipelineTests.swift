@@ -109,7 +109,8 @@ final class RequestPipelineTests: EndToEndTestCase {
     func testLostDatabaseConnectionDuringSignInAnswers503AndTheCodeStaysUsable() throws {
         let server = try startServer()
         let email = "lost@example.com"
-        XCTAssertEqual(try server.exchange(request("POST", "/auth/v1/otp", body: #"{"email":"\#(email)"}"#)).0.status, 200)
+        XCTAssertEqual(
+            try server.exchange(request("POST", "/auth/v1/otp", body: #"{"email":"\#(email)"}"#)).0.status, 200)
         let code = try code(for: email, in: server)
 
         // Holding the code's row lock parks /verify inside its transaction, on a backend the
@@ -118,7 +119,8 @@ final class RequestPipelineTests: EndToEndTestCase {
         try locker.execute("begin")
         try locker.query("select 1 from otp_codes where email = $1 for update", email)
         let client = try server.connect()
-        try client.send(request("POST", "/auth/v1/verify", body: #"{"email":"\#(email)","token":"\#(code)","type":"email"}"#))
+        try client.send(
+            request("POST", "/auth/v1/verify", body: #"{"email":"\#(email)","token":"\#(code)","type":"email"}"#))
         let monitor = try PostgresConnection.connect(server.database)
         var blocked: Int32? = nil
         _ = try eventually(within: 10) {
@@ -145,7 +147,8 @@ final class RequestPipelineTests: EndToEndTestCase {
     func testFailureInsideVerifyLeavesTheCodeUsable() throws {
         let server = try startServer()
         let email = "broken@example.com"
-        XCTAssertEqual(try server.exchange(request("POST", "/auth/v1/otp", body: #"{"email":"\#(email)"}"#)).0.status, 200)
+        XCTAssertEqual(
+            try server.exchange(request("POST", "/auth/v1/otp", body: #"{"email":"\#(email)"}"#)).0.status, 200)
         let code = try code(for: email, in: server)
         // The session insert is the last step of /verify: make it fail.
         let owner = try PostgresConnection.connect(server.database)

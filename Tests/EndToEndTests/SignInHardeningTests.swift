@@ -101,7 +101,8 @@ final class SignInHardeningTests: EndToEndTestCase {
             request("GET", "/sync/v1/events?after=0&wait=30", headers: [("Authorization", "Bearer \(token)")]))
         XCTAssertTrue(
             eventually(within: 10) {
-                ((try? server.adminExchange(request("GET", "/metrics")))?.bodyText ?? "").contains("trunk_sync_longpolls_waiting 1\n")
+                ((try? server.adminExchange(request("GET", "/metrics")))?.bodyText ?? "").contains(
+                    "trunk_sync_longpolls_waiting 1\n")
             })
         let logout = try send(server, "POST", "/auth/v1/logout", token: token)
         XCTAssertEqual(logout.status, 204)

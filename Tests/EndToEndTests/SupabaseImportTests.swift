@@ -104,12 +104,15 @@ final class SupabaseImportTests: EndToEndTestCase {
             end $$;
             """)
         return Source(
-            admin: admin, url: try TestDatabase.url(of: configuration, user: role, password: password) + "?sslmode=prefer",
+            admin: admin,
+            url: try TestDatabase.url(of: configuration, user: role, password: password) + "?sslmode=prefer",
             configuration: configuration)
     }
 
     @discardableResult
-    func addUser(_ source: Source, email: String, metadata: String = "{}", created: String = "2026-01-02 03:04:05.123456+00")
+    func addUser(
+        _ source: Source, email: String, metadata: String = "{}", created: String = "2026-01-02 03:04:05.123456+00"
+    )
         throws -> UUID
     {
         let id = UUID()
@@ -160,7 +163,9 @@ final class SupabaseImportTests: EndToEndTestCase {
     }
 
     /// A live session with signed refresh tokens; returns it and the token its client holds.
-    func addSignedSession(_ source: Source, user: UUID, counter: UInt64, storedKey: String? = nil) throws -> (UUID, String) {
+    func addSignedSession(_ source: Source, user: UUID, counter: UInt64, storedKey: String? = nil) throws -> (
+        UUID, String
+    ) {
         let session = UUID()
         let key = (0..<32).map { _ in UInt8.random(in: 0...255) }
         try source.admin.query(
@@ -199,16 +204,22 @@ final class SupabaseImportTests: EndToEndTestCase {
             "role":"authenticated","aal":"aal1","amr":[{"method":"otp","timestamp":\(now)}],\
             "session_id":"\(session.uuidString.lowercased())","is_anonymous":false}
             """
-        return JWT.sign(payload: Array(claims.utf8), with: JWT.HS256Key(secret: ServerProcess.jwtSecret, keyID: "hostedKid1"))
+        return JWT.sign(
+            payload: Array(claims.utf8), with: JWT.HS256Key(secret: ServerProcess.jwtSecret, keyID: "hostedKid1"))
     }
 
     // MARK: - Running the command
 
-    func importCommand(_ server: ServerProcess, from url: String, _ extra: [String] = []) throws -> (Command.Result, [String: Any]?, String) {
-        let rejectFile = FileManager.default.temporaryDirectory.appendingPathComponent("rejects-\(UUID().uuidString).jsonl").path
+    func importCommand(_ server: ServerProcess, from url: String, _ extra: [String] = []) throws -> (
+        Command.Result, [String: Any]?, String
+    ) {
+        let rejectFile = FileManager.default.temporaryDirectory.appendingPathComponent(
+            "rejects-\(UUID().uuidString).jsonl"
+        ).path
         files.append(rejectFile)
         let result = try Command.run(
-            Command.trunkSyncBinary(), ["import", "supabase", "--from", url, "--json", "--reject-file", rejectFile] + extra,
+            Command.trunkSyncBinary(),
+            ["import", "supabase", "--from", url, "--json", "--reject-file", rejectFile] + extra,
             environment: server.environment)
         let report = (try? JSONSerialization.jsonObject(with: Data(result.stdout.utf8))) as? [String: Any]
         return (result, report, rejectFile)
@@ -296,8 +307,10 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertEqual(reason(rejected[1]), "payload is over 65536 bytes")
         XCTAssertEqual(reason(rejected[2]), "type is not 1 to 128 characters")
         XCTAssertEqual(reason(infinite), "client_timestamp is out of range")
-        XCTAssertTrue(reasons[dup.uuidString.lowercased()]?.contains("belongs to another trunk-sync user") ?? false, "\(reasons)")
-        XCTAssertTrue(lines.allSatisfy { ["auth.users", "public.events", "auth.sessions"].contains($0["table"] ?? "") })
+        XCTAssertTrue(
+            reasons[dup.uuidString.lowercased()]?.contains("belongs to another trunk-sync user") ?? false, "\(reasons)")
+        XCTAssertTrue(
+            lines.allSatisfy { ["auth.users", "public.events", "auth.sessions"].contains($0["table"] ?? "") })
 
         // The hosted access token (HS256 with a kid, the hosted issuer) pulls Ada's events in
         // source order, ties by id, created_at to the microsecond.
@@ -315,7 +328,9 @@ final class SupabaseImportTests: EndToEndTestCase {
 
         // Continuing the hosted client's query: created_at > lastSync.
         let lastSync = "2026-03-01T10:00:00.123456%2B00:00"
-        let rest = try send(server, "GET", "/rest/v1/events?select=client_id,created_at&created_at=gt.\(lastSync)&order=created_at.asc", token: access)
+        let rest = try send(
+            server, "GET", "/rest/v1/events?select=client_id,created_at&created_at=gt.\(lastSync)&order=created_at.asc",
+            token: access)
         XCTAssertEqual(rest.status, 200, rest.bodyText)
         let rows = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(rest.body)) as? [[String: Any]])
         XCTAssertEqual(rows.count, 3)
@@ -328,7 +343,8 @@ final class SupabaseImportTests: EndToEndTestCase {
 
         // Both refresh-token forms work once against trunk-sync, and rotate.
         for (token, user) in [("adaToken01", ada), (bobToken, bob)] {
-            let refreshed = try send(server, "POST", "/auth/v1/token?grant_type=refresh_token", body: #"{"refresh_token":"\#(token)"}"#)
+            let refreshed = try send(
+                server, "POST", "/auth/v1/token?grant_type=refresh_token", body: #"{"refresh_token":"\#(token)"}"#)
             XCTAssertEqual(refreshed.status, 200, refreshed.bodyText)
             let session = try XCTUnwrap(refreshed.jsonObject)
             XCTAssertNotEqual(session["refresh_token"] as? String, token)
@@ -341,7 +357,8 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertNotEqual(bobSession, adaSession)
         // The revoked opaque token and the expired session did not come along.
         for token in ["adaToken00", "adaExpired"] {
-            let refused = try send(server, "POST", "/auth/v1/token?grant_type=refresh_token", body: #"{"refresh_token":"\#(token)"}"#)
+            let refused = try send(
+                server, "POST", "/auth/v1/token?grant_type=refresh_token", body: #"{"refresh_token":"\#(token)"}"#)
             XCTAssertGreaterThanOrEqual(refused.status, 400, token)
         }
     }
@@ -349,7 +366,9 @@ final class SupabaseImportTests: EndToEndTestCase {
     func testDeltaImportAfterPushesAndAKillNineRerunDoubleNothing() throws {
         let source = try makeSource()
         let ada = try addUser(source, email: "ada@example.com")
-        _ = try addEvents(source, user: ada, [("a", "{}", "2026-03-01 10:00:00.000001+00"), ("b", "{}", "2026-03-01 10:00:02.000002+00")])
+        _ = try addEvents(
+            source, user: ada,
+            [("a", "{}", "2026-03-01 10:00:00.000001+00"), ("b", "{}", "2026-03-01 10:00:02.000002+00")])
         let session = try addOpaqueSession(source, user: ada, tokens: ["adaLive"])
         // Enough rows that a small batch size gives the kill many commits to land between, and
         // users over more than one page of them (1,000).
@@ -367,13 +386,19 @@ final class SupabaseImportTests: EndToEndTestCase {
         let server = try startServer()
 
         // kill -9 once some batches committed, then run again to the end.
-        let rejectFile = FileManager.default.temporaryDirectory.appendingPathComponent("kill-\(UUID().uuidString).jsonl").path
+        let rejectFile = FileManager.default.temporaryDirectory.appendingPathComponent(
+            "kill-\(UUID().uuidString).jsonl"
+        ).path
         files.append(rejectFile)
         let (process, stdout, stderr) = try Command.start(
-            Command.trunkSyncBinary(), ["import", "supabase", "--from", source.url, "--batch-size", "100", "--reject-file", rejectFile],
+            Command.trunkSyncBinary(),
+            ["import", "supabase", "--from", source.url, "--batch-size", "100", "--reject-file", rejectFile],
             environment: server.environment)
         let db = try destination(server)
-        XCTAssertTrue(try eventually(within: 120) { try db.query("select count(*) from events")[0].decode(Int64.self, column: 0) > 0 })
+        XCTAssertTrue(
+            try eventually(within: 120) {
+                try db.query("select count(*) from events")[0].decode(Int64.self, column: 0) > 0
+            })
         kill(process.processIdentifier, SIGKILL)
         _ = Command.finish(process, stdout, stderr)
         XCTAssertEqual(process.terminationReason, .uncaughtSignal)
@@ -385,7 +410,8 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertEqual(try db.query("select count(*) from events")[0].decode(Int64.self, column: 0), 40_002)
         // Nothing doubled, and every user's seq is 1…n without a hole.
         XCTAssertEqual(
-            try db.query("select count(*) from (select user_id from events group by user_id having max(seq) <> count(*)) x")[0]
+            try db.query(
+                "select count(*) from (select user_id from events group by user_id having max(seq) <> count(*)) x")[0]
                 .decode(Int64.self, column: 0), 0)
         XCTAssertEqual((report?["verification"] as? [String: Any])?["passed"] as? Bool, true)
 
@@ -394,7 +420,8 @@ final class SupabaseImportTests: EndToEndTestCase {
         let pushed = UUID().uuidString.lowercased()
         let push = try send(
             server, "POST", "/sync/v1/events",
-            body: #"{"events":[{"client_id":"\#(pushed)","type":"p","payload":{},"client_timestamp":"2026-03-05T00:00:00Z"}]}"#,
+            body:
+                #"{"events":[{"client_id":"\#(pushed)","type":"p","payload":{},"client_timestamp":"2026-03-05T00:00:00Z"}]}"#,
             token: access)
         XCTAssertEqual(push.status, 200, push.bodyText)
         let late = try addEvents(source, user: ada, [("c", "{}", "2026-03-01 10:00:03.000003+00")])[0]
@@ -408,11 +435,13 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertEqual(report?["events_retimed"] as? Int, 1)
 
         // Numbered after her push, and found by a client continuing from the hosted lastSync.
-        let page = try XCTUnwrap(try send(server, "GET", "/sync/v1/events?after=2", token: access).jsonObject?["events"] as? [[String: Any]])
+        let page = try XCTUnwrap(
+            try send(server, "GET", "/sync/v1/events?after=2", token: access).jsonObject?["events"] as? [[String: Any]])
         XCTAssertEqual(page.map { $0["client_id"] as? String }, [pushed, late.uuidString.lowercased()])
         XCTAssertEqual(page.map { $0["seq"] as? Int }, [3, 4])
         let rest = try send(
-            server, "GET", "/rest/v1/events?select=client_id&created_at=gt.2026-03-01T10:00:02.000002%2B00:00&order=created_at.asc",
+            server, "GET",
+            "/rest/v1/events?select=client_id&created_at=gt.2026-03-01T10:00:02.000002%2B00:00&order=created_at.asc",
             token: access)
         let unseen = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(rest.body)) as? [[String: Any]])
         XCTAssertEqual(Set(unseen.compactMap { $0["client_id"] as? String }), [pushed, late.uuidString.lowercased()])
@@ -443,11 +472,16 @@ final class SupabaseImportTests: EndToEndTestCase {
         let ada = try addUser(source, email: "ada@example.com")
         _ = try addEvents(
             source, user: ada,
-            [("a", "{}", "2026-03-01 10:00:00+00"), ("b", "{}", "2026-03-01 10:00:01+00"), ("c", "{}", "2026-03-01 10:00:02+00")])
+            [
+                ("a", "{}", "2026-03-01 10:00:00+00"), ("b", "{}", "2026-03-01 10:00:01+00"),
+                ("c", "{}", "2026-03-01 10:00:02+00"),
+            ])
         let bob = try addUser(source, email: "bob@example.com")
-        _ = try addEvents(source, user: bob, [("a", "{}", "2026-03-01 11:00:00+00"), ("b", "{}", "2026-03-01 11:00:01+00")])
+        _ = try addEvents(
+            source, user: bob, [("a", "{}", "2026-03-01 11:00:00+00"), ("b", "{}", "2026-03-01 11:00:01+00")])
         let taken = try source.admin.query(
-            "select id::text from public.events where user_id = $1 order by created_at limit 1", bob)[0].decode(String.self, column: 0)
+            "select id::text from public.events where user_id = $1 order by created_at limit 1", bob)[0].decode(
+                String.self, column: 0)
         let server = try startServer()
         let db = try destination(server)
         let zed = UUID()
@@ -459,20 +493,27 @@ final class SupabaseImportTests: EndToEndTestCase {
             """, taken, zed)
 
         let (result, report, _) = try importCommand(server, from: source.url)
-        XCTAssertEqual(result.status, 4, "the verification names the event that could not come: " + result.stderr + result.stdout)
+        XCTAssertEqual(
+            result.status, 4, "the verification names the event that could not come: " + result.stderr + result.stdout)
         XCTAssertEqual(counts(report, "events")["imported"], 4)
         XCTAssertEqual(
-            (report?["verification"] as? [String: Any])?["incomplete_users"] as? [String: Int], [bob.uuidString.lowercased(): 1])
-        let seqs = try db.query("select seq from events where user_id = $1 order by seq", ada).map { try $0.decode(Int64.self, column: 0) }
+            (report?["verification"] as? [String: Any])?["incomplete_users"] as? [String: Int],
+            [bob.uuidString.lowercased(): 1])
+        let seqs = try db.query("select seq from events where user_id = $1 order by seq", ada).map {
+            try $0.decode(Int64.self, column: 0)
+        }
         XCTAssertEqual(seqs, [1, 2, 3])
-        XCTAssertEqual(try db.query("select count(*) from events where user_id = $1", bob)[0].decode(Int64.self, column: 0), 1)
-        XCTAssertEqual(try db.query("select user_id from events where id = $1::uuid", taken)[0].decode(UUID.self, column: 0), zed)
+        XCTAssertEqual(
+            try db.query("select count(*) from events where user_id = $1", bob)[0].decode(Int64.self, column: 0), 1)
+        XCTAssertEqual(
+            try db.query("select user_id from events where id = $1::uuid", taken)[0].decode(UUID.self, column: 0), zed)
     }
 
     func testDryRunWritesNothing() throws {
         let source = try makeSource()
         let ada = try addUser(source, email: "ada@example.com")
-        _ = try addEvents(source, user: ada, [("a", "[]", "2026-03-01 10:00:00+00"), ("b", "{}", "2026-03-01 10:00:01+00")])
+        _ = try addEvents(
+            source, user: ada, [("a", "[]", "2026-03-01 10:00:00+00"), ("b", "{}", "2026-03-01 10:00:01+00")])
         _ = try addOpaqueSession(source, user: ada, tokens: ["t1"])
         let server = try startServer()
         let (result, report, rejectFile) = try importCommand(server, from: source.url, ["--dry-run"])
@@ -543,13 +584,15 @@ final class SupabaseImportTests: EndToEndTestCase {
     func testImportedJWKSVerifiesTheHostedProjectsES256Tokens() throws {
         let database = try TestDatabase.create(prefix: "jwks")
         sources.append(database)
-        let environment = ServerProcess.serveEnvironment(databaseURL: try TestDatabase.url(of: database), overrides: [:])
+        let environment = ServerProcess.serveEnvironment(
+            databaseURL: try TestDatabase.url(of: database), overrides: [:])
         XCTAssertEqual(try Command.run(Command.trunkSyncBinary(), ["migrate"], environment: environment).status, 0)
         let hostedKey = try JWT.ES256Key.generate(keyID: "hosted-es256")
         let file = FileManager.default.temporaryDirectory.appendingPathComponent("jwks-\(UUID().uuidString).json").path
         files.append(file)
         try Data(#"{"keys":[\#(hostedKey.publicJWK)]}"#.utf8).write(to: URL(fileURLWithPath: file))
-        let imported = try Command.run(Command.trunkSyncBinary(), ["keys", "import-jwks", file], environment: environment)
+        let imported = try Command.run(
+            Command.trunkSyncBinary(), ["keys", "import-jwks", file], environment: environment)
         XCTAssertEqual(imported.status, 0, imported.stderr)
         XCTAssertTrue(imported.stdout.contains("imported ES256 key hosted-es256"), imported.stdout)
         let listed = try Command.run(Command.trunkSyncBinary(), ["keys", "list"], environment: environment)
@@ -558,7 +601,8 @@ final class SupabaseImportTests: EndToEndTestCase {
         let privateFile = file + ".private"
         files.append(privateFile)
         try Data((hostedKey.publicJWK.dropLast() + #","d":"AAAA"}"#).utf8).write(to: URL(fileURLWithPath: privateFile))
-        let refused = try Command.run(Command.trunkSyncBinary(), ["keys", "import-jwks", privateFile], environment: environment)
+        let refused = try Command.run(
+            Command.trunkSyncBinary(), ["keys", "import-jwks", privateFile], environment: environment)
         XCTAssertEqual(refused.status, 1)
         XCTAssertTrue(refused.stderr.contains("private member"), refused.stderr)
 

@@ -27,7 +27,8 @@ final class UpgradeTests: EndToEndTestCase {
     /// Runs `trunk-sync arguments` with the servers' environment for this database, plus
     /// `overrides` (nil removes a variable).
     func trunkSync(_ arguments: [String], _ overrides: [String: String?] = [:]) throws -> Command.Result {
-        var environment = ServerProcess.serveEnvironment(databaseURL: try TestDatabase.url(of: database), overrides: [:])
+        var environment = ServerProcess.serveEnvironment(
+            databaseURL: try TestDatabase.url(of: database), overrides: [:])
         for (name, value) in overrides { environment[name] = value }
         return try Command.run(Command.trunkSyncBinary(), arguments, environment: environment)
     }
@@ -41,7 +42,8 @@ final class UpgradeTests: EndToEndTestCase {
             try FileManager.default.copyItem(
                 atPath: repositoryRoot() + "/migrations/" + name, toPath: directory + "/" + name)
         }
-        let result = try trunkSync(["migrate"], ["TRUNK_SYNC_MIGRATIONS_DIR": directory, "TRUNK_SYNC_KEY_ENCRYPTION_KEY": nil])
+        let result = try trunkSync(
+            ["migrate"], ["TRUNK_SYNC_MIGRATIONS_DIR": directory, "TRUNK_SYNC_KEY_ENCRYPTION_KEY": nil])
         XCTAssertEqual(result.status, 0, result.stderr)
         XCTAssertTrue(result.stdout.contains("applied 0002_signing_keys.sql"), result.stdout)
     }
@@ -51,7 +53,9 @@ final class UpgradeTests: EndToEndTestCase {
     func seedAsThePreviousRelease() throws {
         let owner = try PostgresConnection.connect(database)
         let user = try owner.query(
-            "insert into users (email, last_seq, email_confirmed_at) values ('old@example.com', 3, now()) returning id")[0]
+            "insert into users (email, last_seq, email_confirmed_at) values ('old@example.com', 3, now()) returning id")[
+                0
+            ]
             .decode(UUID.self, column: 0)
         try owner.query(
             """
@@ -65,7 +69,8 @@ final class UpgradeTests: EndToEndTestCase {
             "insert into refresh_tokens (session_id, user_id, token_hash) values ($1, $2, sha256(convert_to($3, 'UTF8')))",
             session, user, refreshToken)
         try owner.query(
-            "insert into otp_codes (email, code_hash, expires_at) values ('new@example.com', '\\x00', now() + interval '5 minutes')")
+            "insert into otp_codes (email, code_hash, expires_at) values ('new@example.com', '\\x00', now() + interval '5 minutes')"
+        )
         let generated = try Command.run(
             "/usr/bin/openssl", ["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"])
         XCTAssertEqual(generated.status, 0, generated.stderr)
@@ -78,7 +83,8 @@ final class UpgradeTests: EndToEndTestCase {
     }
 
     func appliedMigrations() throws -> Int {
-        try PostgresConnection.connect(database).query("select count(*) from schema_migrations")[0].decode(Int.self, column: 0)
+        try PostgresConnection.connect(database).query("select count(*) from schema_migrations")[0].decode(
+            Int.self, column: 0)
     }
 
     /// The header of a JWT, decoded.
@@ -107,7 +113,8 @@ final class UpgradeTests: EndToEndTestCase {
         let migrated = try trunkSync(["migrate"])
         XCTAssertEqual(migrated.status, 0, migrated.stderr)
         for line in [
-            "applied 0005_row_level_security.sql", "applied 0006_encrypted_signing_keys.sql", "applied 0007_pull_function.sql", "applied 0010_drop_pull_function.sql",
+            "applied 0005_row_level_security.sql", "applied 0006_encrypted_signing_keys.sql",
+            "applied 0007_pull_function.sql", "applied 0010_drop_pull_function.sql",
             "encrypted 1 signing key(s) with TRUNK_SYNC_KEY_ENCRYPTION_KEY",
         ] {
             XCTAssertTrue(migrated.stdout.contains(line), migrated.stdout)

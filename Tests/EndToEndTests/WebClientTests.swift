@@ -86,7 +86,8 @@ final class WebClientTests: EndToEndTestCase {
             "429 and 503 with Retry-After honoured", "token expiry mid-sync: refreshed and the sync went on",
             "one token refresh shared by two tabs",
             "a refused event quarantined, the others pushed", "two accounts in one browser kept apart",
-            "sign-out kept the unsent events for the next sign-in, or discarded them when asked", "without IndexedDB, record refuses clearly",
+            "sign-out kept the unsent events for the next sign-in, or discarded them when asked",
+            "without IndexedDB, record refuses clearly",
             "exported the account as NDJSON", "the example page signs in, records and lists a note",
             "deleted the account with a mailed code, and its local data",
         ] {

@@ -49,7 +49,9 @@ final class MultiLoopTests: XCTestCase {
         }
 
         func complete(_ response: inout HTTPResponse, context: Int) {}
-        func reject(_ error: HTTPParserError, peer: String) -> HTTPResponse { HTTPResponse(status: HTTPStatus(error.status)) }
+        func reject(_ error: HTTPParserError, peer: String) -> HTTPResponse {
+            HTTPResponse(status: HTTPStatus(error.status))
+        }
         func refuseConnection() -> HTTPResponse { HTTPResponse(status: .serviceUnavailable) }
     }
 
@@ -63,14 +65,17 @@ final class MultiLoopTests: XCTestCase {
         configuration.maxConnections = maxConnections
         configuration.maxConnectionsPerClient = perClient
         configuration.shutdownTimeout = .seconds(10)
-        let server = HTTPServer(configuration: configuration, responder: Responder(gate: gate), logger: Logger(label: "test"))
+        let server = HTTPServer(
+            configuration: configuration, responder: Responder(gate: gate), logger: Logger(label: "test"))
         self.server = server
         try server.start()
         return server
     }
 
     /// Opens `count` connections, one `GET /where` on each, kept open; their statuses.
-    private func connect(_ count: Int, to server: HTTPServer<Responder>) throws -> (statuses: [Int], clients: [TestClient]) {
+    private func connect(_ count: Int, to server: HTTPServer<Responder>) throws -> (
+        statuses: [Int], clients: [TestClient]
+    ) {
         var statuses: [Int] = []
         var clients: [TestClient] = []
         for _ in 0..<count {

@@ -21,7 +21,8 @@ final class RouterTests: XCTestCase {
     }
 
     func testLiteralRouteMatchesWithItsPattern() throws {
-        guard case .found(let endpoint, let parameters, let pattern) = makeRouter().match(method: .get, path: "/healthz")
+        guard
+            case .found(let endpoint, let parameters, let pattern) = makeRouter().match(method: .get, path: "/healthz")
         else { return XCTFail("/healthz should match") }
         XCTAssertEqual(endpoint, "health")
         XCTAssertEqual(parameters, [:])

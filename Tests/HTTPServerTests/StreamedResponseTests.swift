@@ -77,7 +77,9 @@ final class StreamedResponseTests: XCTestCase {
                             let block = [UInt8](repeating: UInt8(ascii: "x"), count: 16 * 1024)
                             for _ in 0..<n {
                                 guard (try? await writer.write(block)) != nil else { break }
-                                if let loop = writer.loop, LoopExecutor.current === loop { probe.writesOnLoop.add(1, ordering: .relaxed) }
+                                if let loop = writer.loop, LoopExecutor.current === loop {
+                                    probe.writesOnLoop.add(1, ordering: .relaxed)
+                                }
                             }
                             writer.finish()
                         }.value

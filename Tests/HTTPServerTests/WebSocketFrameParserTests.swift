@@ -24,7 +24,9 @@ private func frame(
 
 /// Everything the parser reports for `input`, fed whole, split at every point, and byte by
 /// byte; asserts the three agree.
-private func parse(_ input: [UInt8], limits: WebSocketLimits = .default, file: StaticString = #filePath, line: UInt = #line)
+private func parse(
+    _ input: [UInt8], limits: WebSocketLimits = .default, file: StaticString = #filePath, line: UInt = #line
+)
     -> [WebSocketFrameEvent]
 {
     func run(_ pieces: [[UInt8]]) -> [WebSocketFrameEvent] {
@@ -39,7 +41,8 @@ private func parse(_ input: [UInt8], limits: WebSocketLimits = .default, file: S
     let whole = run([input])
     if input.count <= 300 {
         for cut in 0...input.count {
-            XCTAssertEqual(run([Array(input[..<cut]), Array(input[cut...])]), whole, "split at \(cut)", file: file, line: line)
+            XCTAssertEqual(
+                run([Array(input[..<cut]), Array(input[cut...])]), whole, "split at \(cut)", file: file, line: line)
         }
         XCTAssertEqual(run(input.map { [$0] }), whole, "byte by byte", file: file, line: line)
     }
@@ -70,7 +73,8 @@ final class WebSocketFrameParserTests: XCTestCase {
     }
 
     func testFragmentedMessageWithInterleavedControlFrames() {
-        let input = frame(1, Array("hel".utf8), fin: false) + frame(9, [1]) + frame(0, Array("lo".utf8), fin: false)
+        let input =
+            frame(1, Array("hel".utf8), fin: false) + frame(9, [1]) + frame(0, Array("lo".utf8), fin: false)
             + frame(0, Array(" you".utf8))
         XCTAssertEqual(parse(input), [.ping([1]), .text(Array("hello you".utf8))])
     }
@@ -117,7 +121,8 @@ final class WebSocketFrameParserTests: XCTestCase {
         XCTAssertEqual(parser.bufferedByteCount, 0)
         XCTAssertTrue(parser.isClosed)
         // Fragments each within the frame limit but over the message limit together.
-        let pieces = frame(1, [UInt8](repeating: 65, count: 200), fin: false) + frame(0, [UInt8](repeating: 65, count: 150))
+        let pieces =
+            frame(1, [UInt8](repeating: 65, count: 200), fin: false) + frame(0, [UInt8](repeating: 65, count: 150))
         guard case .error(let code2, _)? = parse(pieces, limits: limits).last else { return XCTFail("no error") }
         XCTAssertEqual(code2, .messageTooBig)
     }
@@ -127,7 +132,9 @@ final class WebSocketFrameParserTests: XCTestCase {
         XCTAssertEqual(parse(frame(8, [0x03, 0xE8] + Array("bye".utf8))), [.close(.normal, Array("bye".utf8))])
         XCTAssertEqual(parse(frame(8, [0x0F, 0xA0])), [.close(WebSocketCloseCode(4000), [])])
         for payload: [UInt8] in [[0x03], [0x03, 0xED], [0x03, 0xEE], [0x00, 0x00], [0x13, 0x88]] {
-            guard case .error(let code, _)? = parse(frame(8, payload)).last else { return XCTFail("accepted \(payload)") }
+            guard case .error(let code, _)? = parse(frame(8, payload)).last else {
+                return XCTFail("accepted \(payload)")
+            }
             XCTAssertEqual(code, .protocolError, "\(payload)")
         }
         guard case .error(let code, _)? = parse(frame(8, [0x03, 0xE8, 0xFF])).last else { return XCTFail("accepted") }
@@ -148,6 +155,7 @@ final class WebSocketFrameParserTests: XCTestCase {
         XCTAssertLessThanOrEqual(close.count, 127)
         XCTAssertTrue(UTF8Validation.isValid(Array(close[4...])))
         // RFC 6455 section 1.3's example.
-        XCTAssertEqual(WebSocketHandshake.acceptValue(forKey: "dGhlIHNhbXBsZSBub25jZQ=="), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=")
+        XCTAssertEqual(
+            WebSocketHandshake.acceptValue(forKey: "dGhlIHNhbXBsZSBub25jZQ=="), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=")
     }
 }

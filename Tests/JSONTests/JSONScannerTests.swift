@@ -54,7 +54,8 @@ final class JSONScannerTests: XCTestCase {
     func testEveryKindOfValueIsAccepted() {
         for text in [
             "null", "true", "false", "0", "-0", "1", "-1", "10", "1.5", "-0.25", "1e5", "1E5", "1e+5", "1e-5", "2.5E-3",
-            #""""#, #""a""#, #""\"\\\/\b\f\n\r\t""#, #""\u00e9\u20AC""#, #""\ud83d\ude00""#, "\"é€😀\"", "[]", "{}", "[1,2,3]",
+            #""""#, #""a""#, #""\"\\\/\b\f\n\r\t""#, #""\u00e9\u20AC""#, #""\ud83d\ude00""#, "\"é€😀\"", "[]", "{}",
+            "[1,2,3]",
             #"{"a":1,"b":[true,false,null],"c":{"d":"e"}}"#, " \t\r\n[ 1 , { \"a\" : 2 } ] \n",
         ] {
             assertAccepted(text)
@@ -63,7 +64,8 @@ final class JSONScannerTests: XCTestCase {
 
     func testGrammarViolationsAreNotJSON() {
         for text in [
-            "", " ", "nul", "tru", "falsey", "NULL", "True", "01", "-", "+1", "1.", ".5", "1e", "1e+", "0x10", "1_000", "NaN",
+            "", " ", "nul", "tru", "falsey", "NULL", "True", "01", "-", "+1", "1.", ".5", "1e", "1e+", "0x10", "1_000",
+            "NaN",
             "Infinity", "-Infinity", #""abc"#, #""\x""#, #""\u12""#, #""\u12G4""#, "'single'", "[1,]", "[,1]", "[1 2]",
             "{\"a\"}", "{\"a\":}", "{a:1}", "{\"a\":1,}", "{\"a\" 1}", "[", "]", "{", "}", "[1]]", "\"tab\there\"",
             "\"new\nline\"", "1 2", "[1] x", "/* comment */ 1", "\u{FEFF}1",
@@ -129,7 +131,8 @@ final class JSONScannerTests: XCTestCase {
 
     func testNumbersThatFitADoubleAreAccepted() {
         for text in [
-            "1e308", "-1e308", "1.7976931348623157e308", "5e-324", "-5e-324", "2.2250738585072014e-308", "0e400", "0.0e-400",
+            "1e308", "-1e308", "1.7976931348623157e308", "5e-324", "-5e-324", "2.2250738585072014e-308", "0e400",
+            "0.0e-400",
             "-0", "12345678901234567890", "0.1000000000000000055511151231257827",
         ] {
             assertAccepted(text)
@@ -197,11 +200,13 @@ final class JSONScannerTests: XCTestCase {
     func testStringsReadAsBytesAreTheStringsUTF8() throws {
         var random = Generator(state: 8)
         let pieces = [
-            "a", "é", "€", "😀", #"\n"#, #"\""#, #"\\"#, #"\/"#, #"\u00e9"#, #"\ud83d\ude00"#, #"\u0041"#, #"\b"#, #"\f"#,
+            "a", "é", "€", "😀", #"\n"#, #"\""#, #"\\"#, #"\/"#, #"\u00e9"#, #"\ud83d\ude00"#, #"\u0041"#, #"\b"#,
+            #"\f"#,
             #"\r"#, #"\t"#, #"\ud800"#, #"\udfff"#, #"\u0000"#, " ",
         ]
         for _ in 0..<2000 {
-            let body = (0..<Int(random.next() % 8)).map { _ in pieces[Int(random.next() % UInt64(pieces.count))] }.joined()
+            let body = (0..<Int(random.next() % 8)).map { _ in pieces[Int(random.next() % UInt64(pieces.count))] }
+                .joined()
             let text = Array(" \"\(body)\" ".utf8)
             let (string, bytes, violations) = text.withUnsafeBufferPointer { buffer in
                 var first = JSONScanner(buffer)

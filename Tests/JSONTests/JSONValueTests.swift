@@ -56,7 +56,9 @@ final class JSONValueTests: XCTestCase {
             var count: Int?
         }
         func decode(_ text: String) -> Result<Body, JSONInputError> {
-            do { return .success(try JSONBody.decode(Body.self, from: Array(text.utf8))) } catch { return .failure(error) }
+            do { return .success(try JSONBody.decode(Body.self, from: Array(text.utf8))) } catch {
+                return .failure(error)
+            }
         }
         XCTAssertEqual(try decode(#"{"email":"a@b.c","count":2}"#).get().count, 2)
         guard case .failure(let nul) = decode(#"{"email":"a\u0000@b.c"}"#) else { return XCTFail("NUL") }

@@ -11,11 +11,14 @@ final class ListenerTests: XCTestCase {
     }
 
     func testDeliversNotificationsAndSurvivesAReconnect() async throws {
-        let listener = PostgresListener(try listenerConfiguration(), channels: ["trunk test"], logger: TestDatabase.quietLogger)
+        let listener = PostgresListener(
+            try listenerConfiguration(), channels: ["trunk test"], logger: TestDatabase.quietLogger)
         var events = listener.events().makeAsyncIterator()
         listener.start()
         // A hang would fail the test, not stall the suite: stopping ends the stream.
-        let watchdog = Task { try await Task.sleep(for: .seconds(30)); listener.stop() }
+        let watchdog = Task {
+            try await Task.sleep(for: .seconds(30)); listener.stop()
+        }
         defer { watchdog.cancel() }
         let first = await nextEvent(&events)
         XCTAssertEqual(first, .listening)
@@ -26,14 +29,16 @@ final class ListenerTests: XCTestCase {
         XCTAssertEqual(received, .notification(PostgresNotification(channel: "trunk test", payload: "payload ü")))
 
         // Kill the listener's backend: it must reconnect and LISTEN again on its own.
-        try sender.query("select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'listener-under-test'")
+        try sender.query(
+            "select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'listener-under-test'")
         let again = await nextEvent(&events)
         XCTAssertEqual(again, .listening)
         XCTAssertTrue(listener.isListening)
         XCTAssertEqual(listener.session, 2, "the second connection it listens on")
         try sender.query("select pg_notify($1, $2)", "trunk test", "after reconnect")
         let afterReconnect = await nextEvent(&events)
-        XCTAssertEqual(afterReconnect, .notification(PostgresNotification(channel: "trunk test", payload: "after reconnect")))
+        XCTAssertEqual(
+            afterReconnect, .notification(PostgresNotification(channel: "trunk test", payload: "after reconnect")))
 
         listener.stop()
         let end = await nextEvent(&events)
@@ -41,11 +46,14 @@ final class ListenerTests: XCTestCase {
     }
 
     func testASubscriberThatFallsBehindItsBufferIsToldItMissedNotifications() async throws {
-        let listener = PostgresListener(try listenerConfiguration(), channels: ["burst"], logger: TestDatabase.quietLogger)
+        let listener = PostgresListener(
+            try listenerConfiguration(), channels: ["burst"], logger: TestDatabase.quietLogger)
         var slow = listener.events().makeAsyncIterator()
         var marker = listener.events().makeAsyncIterator()
         listener.start()
-        let watchdog = Task { try await Task.sleep(for: .seconds(30)); listener.stop() }
+        let watchdog = Task {
+            try await Task.sleep(for: .seconds(30)); listener.stop()
+        }
         defer { watchdog.cancel() }
         let listening = await nextEvent(&slow)
         XCTAssertEqual(listening, .listening)
@@ -76,7 +84,8 @@ final class ListenerTests: XCTestCase {
     }
 
     func testCloseReturnsOnceTheConnectionIsClosedAndTheStreamsFinished() async throws {
-        let listener = PostgresListener(try listenerConfiguration(), channels: ["closing"], logger: TestDatabase.quietLogger)
+        let listener = PostgresListener(
+            try listenerConfiguration(), channels: ["closing"], logger: TestDatabase.quietLogger)
         var events = listener.events().makeAsyncIterator()
         listener.start()
         let listening = await nextEvent(&events)
@@ -87,7 +96,8 @@ final class ListenerTests: XCTestCase {
         XCTAssertNil(end, "the stream finished")
         // Closed, not abandoned: the server sees the session end (libpq says goodbye).
         let gone = try await waitUntil(10) {
-            try PostgresConnection.connect(try TestDatabase.adminConfiguration()).query("select count(*) from pg_stat_activity where application_name = 'listener-under-test'")[0]
+            try PostgresConnection.connect(try TestDatabase.adminConfiguration()).query(
+                "select count(*) from pg_stat_activity where application_name = 'listener-under-test'")[0]
                 .decode(Int.self, column: 0) == 0
         }
         XCTAssertTrue(gone, "the listening session ended")
@@ -107,10 +117,13 @@ final class ListenerTests: XCTestCase {
     }
 
     func testNotificationsOnOtherChannelsAreNotDelivered() async throws {
-        let listener = PostgresListener(try listenerConfiguration(), channels: ["wanted"], logger: TestDatabase.quietLogger)
+        let listener = PostgresListener(
+            try listenerConfiguration(), channels: ["wanted"], logger: TestDatabase.quietLogger)
         var events = listener.events().makeAsyncIterator()
         listener.start()
-        let watchdog = Task { try await Task.sleep(for: .seconds(30)); listener.stop() }
+        let watchdog = Task {
+            try await Task.sleep(for: .seconds(30)); listener.stop()
+        }
         defer { watchdog.cancel() }
         let listening = await nextEvent(&events)
         XCTAssertEqual(listening, .listening)

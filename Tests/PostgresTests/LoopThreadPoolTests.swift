@@ -21,7 +21,8 @@ final class LoopThreadPoolTests: XCTestCase {
     }
 
     private func makePool(
-        _ connection: PostgresConfiguration? = nil, size: Int = 2, timeout: Duration = .seconds(5), maxWaiting: Int = 100,
+        _ connection: PostgresConfiguration? = nil, size: Int = 2, timeout: Duration = .seconds(5),
+        maxWaiting: Int = 100,
         sessionSettings: [(name: String, value: String)] = [],
         clock: @escaping @Sendable () -> UInt64 = PostgresLoopPool.monotonicClock
     ) throws -> PostgresLoopPool {
@@ -38,7 +39,9 @@ final class LoopThreadPoolTests: XCTestCase {
     /// The error of one request to `pool`, which must fail.
     private static func failure(of pool: PostgresLoopPool) async -> PostgresError? {
         do {
-            _ = try await pool.withConnection { connection in try await connection.pipeline([PostgresStatement("select 1")]).count }
+            _ = try await pool.withConnection { connection in
+                try await connection.pipeline([PostgresStatement("select 1")]).count
+            }
             XCTFail("the request must fail")
             return nil
         } catch {
@@ -49,7 +52,8 @@ final class LoopThreadPoolTests: XCTestCase {
 
     private static func backendPID(_ pool: PostgresLoopPool) async throws -> Int32 {
         try await pool.withConnection { connection in
-            try await connection.pipeline([PostgresStatement("select pg_backend_pid()")])[0][0].decode(Int32.self, column: 0)
+            try await connection.pipeline([PostgresStatement("select pg_backend_pid()")])[0][0].decode(
+                Int32.self, column: 0)
         }
     }
 
@@ -63,8 +67,10 @@ final class LoopThreadPoolTests: XCTestCase {
                 group.addTask {
                     try await pool.withConnection { connection in
                         XCTAssertTrue(loop.isOnLoopThread)
-                        return try await connection.pipeline([PostgresStatement("select pg_backend_pid() from pg_sleep(0.005)")])[0][0]
-                            .decode(Int32.self, column: 0)
+                        return try await connection.pipeline([
+                            PostgresStatement("select pg_backend_pid() from pg_sleep(0.005)")
+                        ])[0][0]
+                        .decode(Int32.self, column: 0)
                     }
                 }
             }
@@ -103,7 +109,8 @@ final class LoopThreadPoolTests: XCTestCase {
         let error = await attempt.value
         XCTAssertEqual(error?.kind, .connectionFailed)
         XCTAssertEqual(
-            error?.description, "could not connect to PostgreSQL at 127.0.0.1:\(silent.port)/\(target["dbname"] ?? ""): timeout expired")
+            error?.description,
+            "could not connect to PostgreSQL at 127.0.0.1:\(silent.port)/\(target["dbname"] ?? ""): timeout expired")
         XCTAssertEqual(pool.statistics.open, 0)
         await pool.close()
     }
@@ -125,7 +132,8 @@ final class LoopThreadPoolTests: XCTestCase {
         let denial = await LoopThreadPoolTests.failure(of: try makePool(wrong, size: 1))
         XCTAssertEqual(denial?.kind, .connectionFailed)
         XCTAssertEqual(denial?.description, blockingDenial.description)
-        XCTAssertTrue(denial?.description.contains("password authentication failed") == true, "\(String(describing: denial))")
+        XCTAssertTrue(
+            denial?.description.contains("password authentication failed") == true, "\(String(describing: denial))")
         XCTAssertFalse(denial.map { "\($0.description) \($0.debugDescription)" }?.contains(password) ?? true)
     }
 
@@ -149,8 +157,10 @@ final class LoopThreadPoolTests: XCTestCase {
         target.setParameter("sslmode", "require")
         let pool = try makePool(target, size: 1)
         let encrypted = try await pool.withConnection { connection in
-            try await connection.pipeline([PostgresStatement("select ssl from pg_stat_ssl where pid = pg_backend_pid()")])[0][0]
-                .decode(Bool.self, column: 0)
+            try await connection.pipeline([
+                PostgresStatement("select ssl from pg_stat_ssl where pid = pg_backend_pid()")
+            ])[0][0]
+            .decode(Bool.self, column: 0)
         }
         XCTAssertTrue(encrypted)
         await pool.close()
@@ -159,7 +169,8 @@ final class LoopThreadPoolTests: XCTestCase {
     func testSessionSettingsAreAppliedBeforeTheConnectionIsUsedAndARefusedOneFailsTheRequest() async throws {
         let pool = try makePool(sessionSettings: [("statement_timeout", "1234ms")])
         let value = try await pool.withConnection { connection in
-            try await connection.pipeline([PostgresStatement("show statement_timeout")])[0][0].decode(String.self, column: 0)
+            try await connection.pipeline([PostgresStatement("show statement_timeout")])[0][0].decode(
+                String.self, column: 0)
         }
         XCTAssertEqual(value, "1234ms")
         await pool.close()
@@ -222,8 +233,10 @@ final class LoopThreadPoolTests: XCTestCase {
             try await connection.pipeline([.begin, PostgresStatement("create temporary table leak (x int)")]).count
         }
         let (inTransaction, exists) = try await pool.withConnection { connection in
-            let exists = try await connection.pipeline([PostgresStatement("select to_regclass('pg_temp.leak') is not null")])[0][0]
-                .decode(Bool.self, column: 0)
+            let exists = try await connection.pipeline([
+                PostgresStatement("select to_regclass('pg_temp.leak') is not null")
+            ])[0][0]
+            .decode(Bool.self, column: 0)
             return (connection.isInTransaction, exists)
         }
         XCTAssertFalse(inTransaction)
@@ -287,7 +300,8 @@ final class LoopThreadPoolTests: XCTestCase {
         XCTAssertTrue(gone, "the loop's thread ended: \(PostgresThreads.current())")
 
         // A listener made without a loop runs on one of its own, and ends it when closed.
-        let own = PostgresListener(try TestDatabase.adminConfiguration(), channels: ["threads"], logger: TestDatabase.quietLogger)
+        let own = PostgresListener(
+            try TestDatabase.adminConfiguration(), channels: ["threads"], logger: TestDatabase.quietLogger)
         var ownEvents = own.events().makeAsyncIterator()
         own.start()
         let ownListening = await ownEvents.next()
@@ -326,7 +340,9 @@ struct PostgresThreads: Hashable, CustomStringConvertible {
         let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
         return Set(
             tasks.compactMap { id in
-                guard let comm = try? String(contentsOfFile: "/proc/self/task/\(id)/comm", encoding: .utf8) else { return nil }
+                guard let comm = try? String(contentsOfFile: "/proc/self/task/\(id)/comm", encoding: .utf8) else {
+                    return nil
+                }
                 let name = comm.trimmingCharacters(in: .whitespacesAndNewlines)
                 return name.hasPrefix("pg-") ? PostgresThreads(id: id, name: name) : nil
             })

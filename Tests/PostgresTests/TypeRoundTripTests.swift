@@ -27,7 +27,9 @@ final class TypeRoundTripTests: XCTestCase {
         try echo("plain", as: "text")
         try echo("ünïcødé 🌱 日本語 \u{0001} tab\tnewline\n", as: "text")
         try echo(String(repeating: "x", count: 1 << 20), as: "text")
-        XCTAssertEqual(try connection.query("select 'a'::varchar(5), 'b'::char(1), 'c'::name")[0].decode(String.self, column: 1), "b")
+        XCTAssertEqual(
+            try connection.query("select 'a'::varchar(5), 'b'::char(1), 'c'::name")[0].decode(String.self, column: 1),
+            "b")
     }
 
     func testIntegers() throws {
@@ -53,7 +55,8 @@ final class TypeRoundTripTests: XCTestCase {
         try echo(id, as: "uuid")
         let text = try connection.query("select $1::uuid::text", id)[0].decode(String.self, column: 0)
         XCTAssertEqual(text, id.uuidString.lowercased())
-        XCTAssertEqual(try connection.query("select $1::uuid", id)[0].decode(String.self, column: 0), id.uuidString.lowercased())
+        XCTAssertEqual(
+            try connection.query("select $1::uuid", id)[0].decode(String.self, column: 0), id.uuidString.lowercased())
     }
 
     func testTimestampKeepsMicroseconds() throws {
@@ -61,7 +64,8 @@ final class TypeRoundTripTests: XCTestCase {
             try echo(PostgresTimestamp(microsecondsSinceEpoch: micros), as: "timestamptz")
         }
         let text = try connection.query(
-            "select ($1::timestamptz at time zone 'UTC')::text", PostgresTimestamp(microsecondsSinceEpoch: 1_763_784_602_123_456)
+            "select ($1::timestamptz at time zone 'UTC')::text",
+            PostgresTimestamp(microsecondsSinceEpoch: 1_763_784_602_123_456)
         )[0].decode(String.self, column: 0)
         XCTAssertEqual(text, "2025-11-22 04:10:02.123456")
         let parsed = try connection.query("select '2026-11-22T04:10:02.123Z'::timestamptz")[0]
@@ -70,7 +74,8 @@ final class TypeRoundTripTests: XCTestCase {
         let date = Date(timeIntervalSince1970: 1_795_320_602.123)
         let roundTripped = try connection.query("select $1::timestamptz", date)[0].decode(Date.self, column: 0)
         XCTAssertEqual(roundTripped.timeIntervalSince1970, date.timeIntervalSince1970, accuracy: 0.000_001)
-        XCTAssertThrowsError(try connection.query("select 'infinity'::timestamptz")[0].decode(PostgresTimestamp.self, column: 0))
+        XCTAssertThrowsError(
+            try connection.query("select 'infinity'::timestamptz")[0].decode(PostgresTimestamp.self, column: 0))
     }
 
     func testJSONBKeepsUnicodeNestingAndLargeDocuments() throws {
@@ -83,7 +88,8 @@ final class TypeRoundTripTests: XCTestCase {
         let count = try connection.query("select jsonb_array_length($1::jsonb), length($1::jsonb::text)", large)[0]
         XCTAssertEqual(try count.decode(Int.self, column: 0), 100_000)
         try echo(PostgresJSON("{}"), as: "jsonb")
-        XCTAssertEqual(try connection.query("select '{\"a\": 1}'::json")[0].decode(String.self, column: 0), "{\"a\": 1}")
+        XCTAssertEqual(
+            try connection.query("select '{\"a\": 1}'::json")[0].decode(String.self, column: 0), "{\"a\": 1}")
         XCTAssertThrowsError(try connection.query("select $1::jsonb", PostgresJSON("{not json"))) { error in
             XCTAssertEqual((error as? PostgresError)?.sqlState, .invalidTextRepresentation)
         }
@@ -93,7 +99,9 @@ final class TypeRoundTripTests: XCTestCase {
         try echo(["a", "", "ü 🌱", "with,comma", "with\"quote"], as: "text[]")
         try echo([Int64]([1, -2, .max]), as: "int8[]")
         try echo([UUID(), UUID()], as: "uuid[]")
-        try echo([PostgresTimestamp(microsecondsSinceEpoch: 5), PostgresTimestamp(microsecondsSinceEpoch: -5)], as: "timestamptz[]")
+        try echo(
+            [PostgresTimestamp(microsecondsSinceEpoch: 5), PostgresTimestamp(microsecondsSinceEpoch: -5)],
+            as: "timestamptz[]")
         try echo([String](), as: "text[]")
         let documents = [PostgresJSON("{\"a\":1}"), PostgresJSON("[\"b\"]")]
         let rows = try connection.query("select d::text from unnest($1::jsonb[]) as d", documents)

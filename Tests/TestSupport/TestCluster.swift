@@ -10,7 +10,9 @@ public enum TestCluster {
 
         /// Turns TLS off again and removes the certificate.
         public func disable() {
-            for setting in ["ssl", "ssl_cert_file", "ssl_key_file"] { try? admin.execute("alter system reset \(setting)") }
+            for setting in ["ssl", "ssl_cert_file", "ssl_key_file"] {
+                try? admin.execute("alter system reset \(setting)")
+            }
             try? admin.execute("select pg_reload_conf()")
             try? FileManager.default.removeItem(atPath: directory)
         }
@@ -26,7 +28,10 @@ public enum TestCluster {
         let key = directory + "/server.key"
         let made = try Command.run(
             "/usr/bin/openssl",
-            ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1", "-keyout", key, "-out", certificate])
+            [
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1", "-keyout", key,
+                "-out", certificate,
+            ])
         guard made.status == 0 else { throw TestEnvironmentError("openssl req failed: \(made.stderr)") }
         for file in [directory, certificate, key] {
             try FileManager.default.setAttributes([.ownerAccountName: "postgres"], ofItemAtPath: file)

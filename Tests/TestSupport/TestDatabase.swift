@@ -15,7 +15,8 @@ public enum TestDatabase {
     public static func adminConfiguration() throws -> PostgresConfiguration {
         guard let url = ProcessInfo.processInfo.environment["TRUNK_SYNC_TEST_DATABASE_URL"], !url.isEmpty else {
             throw TestEnvironmentError(
-                "TRUNK_SYNC_TEST_DATABASE_URL is not set: run the tests with `make test`, which starts a private PostgreSQL")
+                "TRUNK_SYNC_TEST_DATABASE_URL is not set: run the tests with `make test`, which starts a private PostgreSQL"
+            )
         }
         return try PostgresConfiguration(url)
     }

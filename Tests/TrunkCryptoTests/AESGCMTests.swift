@@ -13,12 +13,16 @@ final class AESGCMTests: XCTestCase {
     /// The GCM specification's test cases 13 and 16 (AES-256, 96-bit IV).
     func testKnownAnswers() throws {
         XCTAssertEqual(
-            Hex.encode(try AESGCM.seal([], key: [UInt8](repeating: 0, count: 32), nonce: [UInt8](repeating: 0, count: 12), associatedData: [])),
+            Hex.encode(
+                try AESGCM.seal(
+                    [], key: [UInt8](repeating: 0, count: 32), nonce: [UInt8](repeating: 0, count: 12),
+                    associatedData: [])),
             "000000000000000000000000" + "530f8afbc74536b9a963b4f1c4cb738b")
         let key = bytes("feffe9928665731c6d6a8f9467308308feffe9928665731c6d6a8f9467308308")
         let nonce = bytes("cafebabefacedbaddecaf888")
         let plaintext = bytes(
-            "d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a721c3c0c95956809532fcf0e2449a6b525b16aedf5aa0de657ba637b39")
+            "d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a721c3c0c95956809532fcf0e2449a6b525b16aedf5aa0de657ba637b39"
+        )
         let associated = bytes("feedfacedeadbeeffeedfacedeadbeefabaddad2")
         let sealed = try AESGCM.seal(plaintext, key: key, nonce: nonce, associatedData: associated)
         XCTAssertEqual(
@@ -42,7 +46,9 @@ final class AESGCMTests: XCTestCase {
     func testWrongKeyAssociatedDataOrAnyChangedByteFails() throws {
         let key = SecureRandom.bytes(count: 32)
         let sealed = try AESGCM.seal(Array("secret".utf8), key: key, associatedData: Array("a".utf8))
-        XCTAssertThrowsError(try AESGCM.open(sealed, key: SecureRandom.bytes(count: 32), associatedData: Array("a".utf8))) {
+        XCTAssertThrowsError(
+            try AESGCM.open(sealed, key: SecureRandom.bytes(count: 32), associatedData: Array("a".utf8))
+        ) {
             XCTAssertEqual($0 as? AESGCM.Failure, .authenticationFailed)
         }
         XCTAssertThrowsError(try AESGCM.open(sealed, key: key, associatedData: Array("b".utf8)))
@@ -52,6 +58,8 @@ final class AESGCMTests: XCTestCase {
             XCTAssertThrowsError(try AESGCM.open(changed, key: key, associatedData: Array("a".utf8)), "byte \(index)")
         }
         XCTAssertThrowsError(try AESGCM.open(Array(sealed.prefix(27)), key: key, associatedData: Array("a".utf8)))
-        XCTAssertThrowsError(try AESGCM.seal([1], key: [1, 2, 3])) { XCTAssertEqual($0 as? AESGCM.Failure, .badKeyLength) }
+        XCTAssertThrowsError(try AESGCM.seal([1], key: [1, 2, 3])) {
+            XCTAssertEqual($0 as? AESGCM.Failure, .badKeyLength)
+        }
     }
 }

@@ -71,10 +71,13 @@ final class RS256Tests: XCTestCase {
 
     func testAnHS256TokenWithAKidVerifiesWithTheSecretThatHasNone() throws {
         let secret = JWT.HS256Key(secret: String(repeating: "s", count: 40))
-        let hosted = JWT.sign(payload: payload, with: JWT.HS256Key(secret: String(repeating: "s", count: 40), keyID: "Ab1x"))
+        let hosted = JWT.sign(
+            payload: payload, with: JWT.HS256Key(secret: String(repeating: "s", count: 40), keyID: "Ab1x"))
         XCTAssertEqual(try JWT.verify(hosted, keys: [.hs256(secret)]), payload)
         // Not with another secret, and an ES256 token naming an unknown kid stays unknown.
-        XCTAssertThrowsError(try JWT.verify(hosted, keys: [.hs256(JWT.HS256Key(secret: String(repeating: "t", count: 40)))])) {
+        XCTAssertThrowsError(
+            try JWT.verify(hosted, keys: [.hs256(JWT.HS256Key(secret: String(repeating: "t", count: 40)))])
+        ) {
             XCTAssertEqual($0 as? JWT.VerificationError, .badSignature)
         }
         let ecKey = try JWT.ES256Key.generate(keyID: "elsewhere")

@@ -199,7 +199,9 @@ final class AccessLogTests: XCTestCase {
         XCTAssertTrue(written.hasSuffix("\n"), "only whole lines")
         log.flush()
         let all = (written + drain()).split(separator: "\n")
-        XCTAssertEqual(all.map { $0.split(separator: " ").first { $0.hasPrefix("request_id=") } }, (0..<recorded).map { "request_id=r-\($0)" })
+        XCTAssertEqual(
+            all.map { $0.split(separator: " ").first { $0.hasPrefix("request_id=") } },
+            (0..<recorded).map { "request_id=r-\($0)" })
         log.flush()
         XCTAssertEqual(drain(), "", "nothing is written twice")
     }
@@ -207,7 +209,9 @@ final class AccessLogTests: XCTestCase {
     /// A responder whose loops record lines when told and write them when they wait.
     struct LoggingResponder: HTTPResponder {
         let log: AccessLog
-        func admit(_ head: HTTPRequestHead, client: String) -> Admission<Int> { .answer(HTTPResponse(status: .notFound), 0) }
+        func admit(_ head: HTTPRequestHead, client: String) -> Admission<Int> {
+            .answer(HTTPResponse(status: .notFound), 0)
+        }
         func respond(to request: HTTPRequest, context: Int) -> Reply<Int> { .now(HTTPResponse(status: .notFound), 0) }
         func complete(_ response: inout HTTPResponse, context: Int) {}
         func reject(_ error: HTTPParserError, peer: String) -> HTTPResponse { HTTPResponse(status: .badRequest) }
@@ -221,7 +225,8 @@ final class AccessLogTests: XCTestCase {
         var configuration = HTTPServerConfiguration()
         configuration.port = 0
         configuration.loops = 2
-        let server = HTTPServer(configuration: configuration, responder: LoggingResponder(log: log), logger: Logger(label: "test"))
+        let server = HTTPServer(
+            configuration: configuration, responder: LoggingResponder(log: log), logger: Logger(label: "test"))
         try server.start()
         // A line recorded on each loop's thread (into that loop's own buffer) is written
         // when that loop next waits: nothing else flushes it.
@@ -234,7 +239,8 @@ final class AccessLogTests: XCTestCase {
         }
         let deadline = Date().addingTimeInterval(30)
         while lines(in: file.path).count < 2, Date() < deadline { try await Task.sleep(for: .milliseconds(10)) }
-        XCTAssertEqual(Set(lines(in: file.path).compactMap { $0.split(separator: " ").first { $0.hasPrefix("request_id=") } }),
+        XCTAssertEqual(
+            Set(lines(in: file.path).compactMap { $0.split(separator: " ").first { $0.hasPrefix("request_id=") } }),
             ["request_id=loop-0", "request_id=loop-1"])
         // Lines recorded right before the loops stop are written before they have stopped.
         for executor in server.executors {
@@ -258,7 +264,8 @@ final class AccessLogTests: XCTestCase {
         var configuration = HTTPServerConfiguration()
         configuration.port = 0
         configuration.loops = 1
-        let server = HTTPServer(configuration: configuration, responder: LoggingResponder(log: log), logger: Logger(label: "test"))
+        let server = HTTPServer(
+            configuration: configuration, responder: LoggingResponder(log: log), logger: Logger(label: "test"))
         try server.start()
         let deadline = Date().addingTimeInterval(30)
         while lines(in: file.path).isEmpty, Date() < deadline { try await Task.sleep(for: .milliseconds(10)) }

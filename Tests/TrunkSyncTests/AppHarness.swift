@@ -63,7 +63,9 @@ final class CapturingSender: SignInCodeSender, @unchecked Sendable {
     func code(for email: String, after previous: Int = 0) async throws -> String {
         let deadline = ContinuousClock.now + .seconds(5)
         while ContinuousClock.now < deadline {
-            if let code = lock.withLock({ (codes[email]?.count ?? 0) > previous ? codes[email]?.last : nil }) { return code }
+            if let code = lock.withLock({ (codes[email]?.count ?? 0) > previous ? codes[email]?.last : nil }) {
+                return code
+            }
             try await Task.sleep(for: .milliseconds(2))
         }
         throw TestEnvironmentError("no code sent to \(email)")
@@ -142,7 +144,8 @@ final class AppHarness: @unchecked Sendable {
         try await application.reloadSigningKeys()  // as serve does before listening
         await application.loadRevokedSessions()
         server = HTTPServer(
-            configuration: application.serverConfiguration, responder: application.pipeline(logger: TestDatabase.quietLogger), logger: TestDatabase.quietLogger)
+            configuration: application.serverConfiguration,
+            responder: application.pipeline(logger: TestDatabase.quietLogger), logger: TestDatabase.quietLogger)
         application.observe(server)
         admin = HTTPServer(
             configuration: application.adminServerConfiguration,

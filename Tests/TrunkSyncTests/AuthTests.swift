@@ -2,8 +2,9 @@ import Foundation
 import Postgres
 import TestSupport
 import TrunkCrypto
-@testable import TrunkSync
 import XCTest
+
+@testable import TrunkSync
 
 final class AuthTests: XCTestCase {
     var app: AppHarness!
@@ -12,7 +13,8 @@ final class AuthTests: XCTestCase {
     override func tearDown() async throws { await app.stop() }
 
     func assertAuthError(
-        _ response: AppHarness.Response, _ status: Int, _ code: String, file: StaticString = #filePath, line: UInt = #line
+        _ response: AppHarness.Response, _ status: Int, _ code: String, file: StaticString = #filePath,
+        line: UInt = #line
     ) {
         XCTAssertEqual(response.status, status, response.text, file: file, line: line)
         XCTAssertEqual(response.json["code"] as? String, code, response.text, file: file, line: line)
@@ -34,9 +36,10 @@ final class AuthTests: XCTestCase {
         let user = try XCTUnwrap(session["user"] as? [String: Any])
         XCTAssertEqual(user["email"] as? String, "alice@example.com")
         XCTAssertNotNil(UUID(uuidString: user["id"] as? String ?? ""))
-        for key in ["aud", "role", "phone", "email_confirmed_at", "confirmed_at", "last_sign_in_at", "app_metadata",
-            "user_metadata", "identities", "created_at", "updated_at", "is_anonymous"]
-        {
+        for key in [
+            "aud", "role", "phone", "email_confirmed_at", "confirmed_at", "last_sign_in_at", "app_metadata",
+            "user_metadata", "identities", "created_at", "updated_at", "is_anonymous",
+        ] {
             XCTAssertNotNil(user[key], key)
         }
         XCTAssertEqual(user["aud"] as? String, "authenticated")
@@ -46,15 +49,18 @@ final class AuthTests: XCTestCase {
     }
 
     func testOtpAnswersEmptyObjectAndNeverRevealsWhetherAnAccountExists() async throws {
-        let unknown = try await app.request("POST", "/auth/v1/otp", json: ["email": "nobody@example.com", "create_user": false])
+        let unknown = try await app.request(
+            "POST", "/auth/v1/otp", json: ["email": "nobody@example.com", "create_user": false])
         XCTAssertEqual(unknown.status, 200)
         XCTAssertEqual(unknown.text, "{}")
         XCTAssertEqual(app.sender.count(for: "nobody@example.com"), 0, "nothing is sent to an unknown address")
         // Asking again right away is limited exactly as for a real account.
-        let again = try await app.request("POST", "/auth/v1/otp", json: ["email": "nobody@example.com", "create_user": false])
+        let again = try await app.request(
+            "POST", "/auth/v1/otp", json: ["email": "nobody@example.com", "create_user": false])
         assertAuthError(again, 429, "over_email_send_rate_limit")
         // No code works for it, and no user appears.
-        let verify = try await app.request("POST", "/auth/v1/verify", json: ["email": "nobody@example.com", "token": "123456", "type": "email"])
+        let verify = try await app.request(
+            "POST", "/auth/v1/verify", json: ["email": "nobody@example.com", "token": "123456", "type": "email"])
         assertAuthError(verify, 403, "otp_expired")
         let users = try app.owner().query("select count(*) from users")[0].decode(Int.self, column: 0)
         XCTAssertEqual(users, 0)
@@ -64,14 +70,18 @@ final class AuthTests: XCTestCase {
         _ = try await app.request("POST", "/auth/v1/otp", json: ["email": "a@example.com"])
         let code = try await app.sender.code(for: "a@example.com")
         let wrong = code == "000000" ? "111111" : "000000"
-        let wrongAnswer = try await app.request("POST", "/auth/v1/verify", json: ["email": "a@example.com", "token": wrong, "type": "email"])
+        let wrongAnswer = try await app.request(
+            "POST", "/auth/v1/verify", json: ["email": "a@example.com", "token": wrong, "type": "email"])
         assertAuthError(wrongAnswer, 403, "otp_expired")
-        let unknown = try await app.request("POST", "/auth/v1/verify", json: ["email": "zz@example.com", "token": code, "type": "email"])
+        let unknown = try await app.request(
+            "POST", "/auth/v1/verify", json: ["email": "zz@example.com", "token": code, "type": "email"])
         assertAuthError(unknown, 403, "otp_expired")
         XCTAssertEqual(wrongAnswer.body, unknown.body)
-        let good = try await app.request("POST", "/auth/v1/verify", json: ["email": "a@example.com", "token": code, "type": "email"])
+        let good = try await app.request(
+            "POST", "/auth/v1/verify", json: ["email": "a@example.com", "token": code, "type": "email"])
         XCTAssertEqual(good.status, 200)
-        let reused = try await app.request("POST", "/auth/v1/verify", json: ["email": "a@example.com", "token": code, "type": "email"])
+        let reused = try await app.request(
+            "POST", "/auth/v1/verify", json: ["email": "a@example.com", "token": code, "type": "email"])
         assertAuthError(reused, 403, "otp_expired")
         XCTAssertEqual(reused.body, unknown.body)
     }
@@ -79,8 +89,10 @@ final class AuthTests: XCTestCase {
     func testExpiredCodeIsRefused() async throws {
         _ = try await app.request("POST", "/auth/v1/otp", json: ["email": "late@example.com"])
         let code = try await app.sender.code(for: "late@example.com")
-        try app.owner().query("update otp_codes set expires_at = now() - interval '1 second' where email = 'late@example.com'")
-        let response = try await app.request("POST", "/auth/v1/verify", json: ["email": "late@example.com", "token": code, "type": "email"])
+        try app.owner().query(
+            "update otp_codes set expires_at = now() - interval '1 second' where email = 'late@example.com'")
+        let response = try await app.request(
+            "POST", "/auth/v1/verify", json: ["email": "late@example.com", "token": code, "type": "email"])
         assertAuthError(response, 403, "otp_expired")
     }
 
@@ -89,17 +101,20 @@ final class AuthTests: XCTestCase {
         let code = try await app.sender.code(for: "g@example.com")
         let wrong = (0..<10).map { String(repeating: String($0), count: 6) }.filter { $0 != code }
         for guess in wrong.prefix(5) {
-            let response = try await app.request("POST", "/auth/v1/verify", json: ["email": "g@example.com", "token": guess, "type": "email"])
+            let response = try await app.request(
+                "POST", "/auth/v1/verify", json: ["email": "g@example.com", "token": guess, "type": "email"])
             assertAuthError(response, 403, "otp_expired")
         }
-        let right = try await app.request("POST", "/auth/v1/verify", json: ["email": "g@example.com", "token": code, "type": "email"])
+        let right = try await app.request(
+            "POST", "/auth/v1/verify", json: ["email": "g@example.com", "token": code, "type": "email"])
         assertAuthError(right, 403, "otp_expired")
     }
 
     func testCodesAreStoredOnlyAsKeyedHashes() async throws {
         _ = try await app.request("POST", "/auth/v1/otp", json: ["email": "h@example.com"])
         let code = try await app.sender.code(for: "h@example.com")
-        let stored = try app.owner().query("select code_hash from otp_codes")[0].decode(PostgresBytes.self, column: 0).bytes
+        let stored = try app.owner().query("select code_hash from otp_codes")[0].decode(PostgresBytes.self, column: 0)
+            .bytes
         XCTAssertEqual(stored.count, 32)
         XCTAssertNotEqual(stored, SHA256.hash(code))
         XCTAssertNotEqual(stored, SHA256.hash("h@example.com:" + code))
@@ -125,7 +140,10 @@ final class AuthTests: XCTestCase {
             ("POST", "/auth/v1/otp", ["email": 42], nil, "validation_failed"),
             ("POST", "/auth/v1/otp", nil, "{not json", "bad_json"),
             ("POST", "/auth/v1/otp", nil, "[1,2]", "bad_json"),
-            ("POST", "/auth/v1/verify", ["email": "a@example.com", "token": "123456", "type": "sms"], nil, "validation_failed"),
+            (
+                "POST", "/auth/v1/verify", ["email": "a@example.com", "token": "123456", "type": "sms"], nil,
+                "validation_failed"
+            ),
             ("POST", "/auth/v1/verify", ["email": "a@example.com", "type": "email"], nil, "validation_failed"),
             ("POST", "/auth/v1/token?grant_type=refresh_token", [String: String](), nil, "validation_failed"),
             ("POST", "/auth/v1/token?grant_type=password", ["refresh_token": "x"], nil, "unsupported_grant_type"),
@@ -147,7 +165,8 @@ final class AuthTests: XCTestCase {
         XCTAssertEqual(failed.text, "{}")
         let deadline = ContinuousClock.now + .seconds(5)
         // The sender counts the failure, then logs it: wait for both.
-        while app.application.metrics.mailFailures.value == 0 || !app.logs.lines.contains(where: { $0.contains("sign-in mail failed") }),
+        while app.application.metrics.mailFailures.value == 0
+            || !app.logs.lines.contains(where: { $0.contains("sign-in mail failed") }),
             ContinuousClock.now < deadline
         {
             try await Task.sleep(for: .milliseconds(5))
@@ -157,7 +176,8 @@ final class AuthTests: XCTestCase {
         let line = try XCTUnwrap(app.logs.lines.first { $0.contains("sign-in mail failed") }, "\(app.logs.lines)")
         XCTAssertFalse(line.contains("m@example.com"), line)
         XCTAssertTrue(line.contains("<recipient>"), line)
-        XCTAssertTrue(line.contains("address=" + app.application.auth.addressTag(try XCTUnwrap(Email("m@example.com")))), line)
+        XCTAssertTrue(
+            line.contains("address=" + app.application.auth.addressTag(try XCTUnwrap(Email("m@example.com")))), line)
         // The address waits for the resend interval like any other: answering otherwise would
         // tell an address with an account (whose mail failed) from one without (no mail).
         app.sender.setFailing(false)
@@ -196,14 +216,18 @@ final class AuthTests: XCTestCase {
         let parts = token.split(separator: ".").map(String.init)
         let payload = try XCTUnwrap(Base64URL.decode(parts[1]))
         var claims = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(payload)) as? [String: Any])
-        func sign(_ claims: [String: Any], header: String = #"{"alg":"HS256","typ":"JWT"}"#, secret: String) throws -> String {
+        func sign(_ claims: [String: Any], header: String = #"{"alg":"HS256","typ":"JWT"}"#, secret: String) throws
+            -> String
+        {
             let body = Base64URL.encode(Array(try JSONSerialization.data(withJSONObject: claims)))
             let input = Base64URL.encode(header) + "." + body
             return input + "." + Base64URL.encode(HMAC.sha256(key: Array(secret.utf8), message: input))
         }
         var tampered = claims
         tampered["sub"] = UUID().uuidString.lowercased()
-        let forged = parts[0] + "." + Base64URL.encode(Array(try JSONSerialization.data(withJSONObject: tampered))) + "." + parts[2]
+        let forged =
+            parts[0] + "." + Base64URL.encode(Array(try JSONSerialization.data(withJSONObject: tampered))) + "."
+            + parts[2]
         let none = Base64URL.encode(#"{"alg":"none","typ":"JWT"}"#) + "." + parts[1] + "."
         claims["exp"] = Int(Date().timeIntervalSince1970) - 120
         let expired = try sign(claims, secret: app.secret)
@@ -240,7 +264,8 @@ final class AuthTests: XCTestCase {
         func sign(_ change: (inout [String: Any]) -> Void) throws -> String {
             var changed = claims
             change(&changed)
-            let input = Base64URL.encode(#"{"alg":"HS256","typ":"JWT"}"#) + "."
+            let input =
+                Base64URL.encode(#"{"alg":"HS256","typ":"JWT"}"#) + "."
                 + Base64URL.encode(Array(try JSONSerialization.data(withJSONObject: changed)))
             return input + "." + Base64URL.encode(HMAC.sha256(key: Array(app.secret.utf8), message: input))
         }
@@ -261,7 +286,8 @@ final class AuthTests: XCTestCase {
                 let response = try await app.request("GET", path, bearer: forged)
                 XCTAssertEqual(response.status, 401, "\(name) on \(path): \(response.text)")
             }
-            let push = try await app.request("POST", "/sync/v1/events", json: ["events": [SyncTests.event()]], bearer: forged)
+            let push = try await app.request(
+                "POST", "/sync/v1/events", json: ["events": [SyncTests.event()]], bearer: forged)
             XCTAssertEqual(push.status, 401, "\(name) on push")
         }
         // The same claims re-signed unchanged, and a little clock skew, are accepted.
@@ -280,16 +306,20 @@ final class AuthTests: XCTestCase {
     func testRefreshRotatesAndLateReuseRevokesTheSession() async throws {
         let session = try await app.signIn("rot@example.com")
         let first = try XCTUnwrap(session["refresh_token"] as? String)
-        let rotated = try await app.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": first])
+        let rotated = try await app.request(
+            "POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": first])
         XCTAssertEqual(rotated.status, 200, rotated.text)
         let second = try XCTUnwrap(rotated.json["refresh_token"] as? String)
         XCTAssertNotEqual(first, second)
         XCTAssertNotNil(rotated.json["user"] as? [String: Any])
         // Reused long after its rotation: the whole session is revoked.
-        try app.owner().query("update refresh_tokens set rotated_at = now() - interval '11 seconds' where rotated_at is not null")
-        let reused = try await app.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": first])
+        try app.owner().query(
+            "update refresh_tokens set rotated_at = now() - interval '11 seconds' where rotated_at is not null")
+        let reused = try await app.request(
+            "POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": first])
         assertAuthError(reused, 400, "refresh_token_already_used")
-        let descendant = try await app.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": second])
+        let descendant = try await app.request(
+            "POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": second])
         assertAuthError(descendant, 400, "refresh_token_not_found")
         let access = try XCTUnwrap(rotated.json["access_token"] as? String)
         let user = try await app.request("GET", "/auth/v1/user", bearer: access)
@@ -300,21 +330,25 @@ final class AuthTests: XCTestCase {
         let session = try await app.signIn("tabs@example.com")
         let token = try XCTUnwrap(session["refresh_token"] as? String)
         let harness: AppHarness = app
-        async let one = harness.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": token])
-        async let two = harness.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": token])
+        async let one = harness.request(
+            "POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": token])
+        async let two = harness.request(
+            "POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": token])
         let (a, b) = try await (one, two)
         XCTAssertEqual([a.status, b.status], [200, 200], a.text + b.text)
         let tokens = [a.json["refresh_token"] as? String, b.json["refresh_token"] as? String].compactMap { $0 }
         XCTAssertEqual(Set(tokens).count, 2)
         // Both new tokens keep working: neither tab is signed out.
         for next in tokens {
-            let refreshed = try await app.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": next])
+            let refreshed = try await app.request(
+                "POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": next])
             XCTAssertEqual(refreshed.status, 200, refreshed.text)
         }
     }
 
     func testUnknownRefreshTokenIsRefused() async throws {
-        let response = try await app.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": "nope"])
+        let response = try await app.request(
+            "POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": "nope"])
         assertAuthError(response, 400, "refresh_token_not_found")
     }
 
@@ -333,12 +367,14 @@ final class AuthTests: XCTestCase {
         XCTAssertEqual(keep.status, 200)
         let gone = try await app.request("GET", "/auth/v1/user", bearer: tokens[1])
         assertAuthError(gone, 401, "session_not_found")
-        let goneRefresh = try await app.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": refresh[2]])
+        let goneRefresh = try await app.request(
+            "POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": refresh[2]])
         XCTAssertEqual(goneRefresh.status, 400)
         // local: the caller's session ends and can never refresh.
         let local = try await app.request("POST", "/auth/v1/logout?scope=local", bearer: tokens[0])
         XCTAssertEqual(local.status, 204)
-        let after = try await app.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": refresh[0]])
+        let after = try await app.request(
+            "POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": refresh[0]])
         assertAuthError(after, 400, "refresh_token_not_found")
         // global on a fresh sign-in ends every session.
         let a = try await app.signInAfterResendInterval("out@example.com")
@@ -348,7 +384,8 @@ final class AuthTests: XCTestCase {
         let bUser = try await app.request("GET", "/auth/v1/user", bearer: b["access_token"] as? String)
         assertAuthError(bUser, 401, "session_not_found")
         let c = try await app.signInAfterResendInterval("out@example.com")
-        let badScope = try await app.request("POST", "/auth/v1/logout?scope=everyone", bearer: c["access_token"] as? String)
+        let badScope = try await app.request(
+            "POST", "/auth/v1/logout?scope=everyone", bearer: c["access_token"] as? String)
         XCTAssertEqual(badScope.status, 400)
         let noToken = try await app.request("POST", "/auth/v1/logout")
         XCTAssertEqual(noToken.status, 401)
@@ -357,7 +394,8 @@ final class AuthTests: XCTestCase {
     func testUpdateUserMergesMetadataAndSetsFullName() async throws {
         let session = try await app.signIn("meta@example.com")
         let token = try XCTUnwrap(session["access_token"] as? String)
-        let first = try await app.request("PUT", "/auth/v1/user", json: ["data": ["full_name": "Ada L", "theme": "dark"]], bearer: token)
+        let first = try await app.request(
+            "PUT", "/auth/v1/user", json: ["data": ["full_name": "Ada L", "theme": "dark"]], bearer: token)
         XCTAssertEqual(first.status, 200, first.text)
         let second = try await app.request("PUT", "/auth/v1/user", json: ["data": ["lang": "en"]], bearer: token)
         let metadata = try XCTUnwrap(second.json["user_metadata"] as? [String: Any])
@@ -382,7 +420,9 @@ final class AuthTests: XCTestCase {
 
 final class AuthRateLimitTests: XCTestCase {
     func testPerIPLimitsAnswer429WithRetryAfterAndAreSharedThroughPostgres() async throws {
-        let app = try await AppHarness(environment: ["TRUNK_SYNC_RATE_LIMIT_OTP": "3/300", "TRUNK_SYNC_RATE_LIMIT_VERIFY": "2/300"])
+        let app = try await AppHarness(environment: [
+            "TRUNK_SYNC_RATE_LIMIT_OTP": "3/300", "TRUNK_SYNC_RATE_LIMIT_VERIFY": "2/300",
+        ])
         defer { Task { await app.stop() } }
         for index in 0..<3 {
             let ok = try await app.request("POST", "/auth/v1/otp", json: ["email": "u\(index)@example.com"])
@@ -393,11 +433,14 @@ final class AuthRateLimitTests: XCTestCase {
         XCTAssertEqual(limited.json["code"] as? String, "over_request_rate_limit")
         XCTAssertTrue((1...300).contains(Int(limited.headers["retry-after"] ?? "") ?? 0))
         for _ in 0..<2 {
-            _ = try await app.request("POST", "/auth/v1/verify", json: ["email": "u0@example.com", "token": "000000", "type": "email"])
+            _ = try await app.request(
+                "POST", "/auth/v1/verify", json: ["email": "u0@example.com", "token": "000000", "type": "email"])
         }
-        let verifyLimited = try await app.request("POST", "/auth/v1/verify", json: ["email": "u0@example.com", "token": "000000", "type": "email"])
+        let verifyLimited = try await app.request(
+            "POST", "/auth/v1/verify", json: ["email": "u0@example.com", "token": "000000", "type": "email"])
         XCTAssertEqual(verifyLimited.status, 429)
-        let counted = try app.owner().query("select sum(hits) from rate_limits where bucket like 'ip:otp:%'")[0].decode(Int.self, column: 0)
+        let counted = try app.owner().query("select sum(hits) from rate_limits where bucket like 'ip:otp:%'")[0].decode(
+            Int.self, column: 0)
         XCTAssertEqual(counted, 4)
     }
 
@@ -408,11 +451,14 @@ final class AuthRateLimitTests: XCTestCase {
         // Requests that send no mail (no account, create_user false) count as well: the cap
         // must not answer an address with an account differently from one without.
         for index in 0..<2 {
-            let ok = try await app.request("POST", "/auth/v1/otp", json: ["email": "cap\(index)@example.com", "create_user": false])
+            let ok = try await app.request(
+                "POST", "/auth/v1/otp", json: ["email": "cap\(index)@example.com", "create_user": false])
             XCTAssertEqual(ok.status, 200)
         }
-        let known = try await app.request("POST", "/auth/v1/otp", json: ["email": "known@example.com", "create_user": false])
-        let unknown = try await app.request("POST", "/auth/v1/otp", json: ["email": "cap9@example.com", "create_user": false])
+        let known = try await app.request(
+            "POST", "/auth/v1/otp", json: ["email": "known@example.com", "create_user": false])
+        let unknown = try await app.request(
+            "POST", "/auth/v1/otp", json: ["email": "cap9@example.com", "create_user": false])
         for capped in [known, unknown] {
             XCTAssertEqual(capped.status, 429)
             XCTAssertEqual(capped.json["code"] as? String, "over_email_send_rate_limit")

@@ -7,13 +7,15 @@ import XCTest
 final class ConfigurationFilesTests: XCTestCase {
     func testDefaultsFileListsEverySettingWithItsDefault() throws {
         let path = repositoryRoot() + "/config/defaults.json"
-        let object = try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: path))) as? [String: Any]
+        let object =
+            try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: path))) as? [String: Any]
         let keys = Set((object ?? [:]).keys.filter { !$0.hasPrefix("_") })
         XCTAssertEqual(keys, Set(Setting.all.map(\.key)))
         let loaded = try Configuration.load(file: path, environment: [:])
         let builtIn = try Configuration.load(environment: [:])
-        XCTAssertEqual(loaded.redactedDescription.replacingOccurrences(of: "[config file \(path)]", with: "[default]"),
-                       builtIn.redactedDescription)
+        XCTAssertEqual(
+            loaded.redactedDescription.replacingOccurrences(of: "[config file \(path)]", with: "[default]"),
+            builtIn.redactedDescription)
     }
 
     func testProductionExampleLoadsAndHoldsNoSecret() throws {
@@ -22,7 +24,9 @@ final class ConfigurationFilesTests: XCTestCase {
             file: path, environment: ["TRUNK_SYNC_SMTP_URL": "smtp://mail.example.com:587"])
         XCTAssertEqual(configuration.mailer, .smtp)
         let text = try String(contentsOfFile: path, encoding: .utf8)
-        for secret in Setting.all where secret.isSecret { XCTAssertFalse(text.contains("\"\(secret.key)\""), secret.key) }
+        for secret in Setting.all where secret.isSecret {
+            XCTAssertFalse(text.contains("\"\(secret.key)\""), secret.key)
+        }
     }
 
     func testReadmeDocumentsEveryVariable() throws {

@@ -53,11 +53,13 @@ final class ConfigurationTests: XCTestCase {
 
     func testFileThenEnvironmentThenFlags() throws {
         let file = NSTemporaryDirectory() + "config-\(UUID().uuidString).json"
-        try #"{"_comment": "test", "port": 9000, "host": "0.0.0.0", "cors_origins": ["https://a.example", "https://b.example"], "log_format": "json"}"#
+        try
+            #"{"_comment": "test", "port": 9000, "host": "0.0.0.0", "cors_origins": ["https://a.example", "https://b.example"], "log_format": "json"}"#
             .write(toFile: file, atomically: true, encoding: .utf8)
         defer { try? FileManager.default.removeItem(atPath: file) }
         let configuration = try Configuration.load(
-            file: file, environment: ["TRUNK_SYNC_PORT": "9100", "TRUNK_SYNC_LOG_FORMAT": "text"], flags: ["port": "9200"])
+            file: file, environment: ["TRUNK_SYNC_PORT": "9100", "TRUNK_SYNC_LOG_FORMAT": "text"],
+            flags: ["port": "9200"])
         XCTAssertEqual(configuration.port, 9200)
         XCTAssertEqual(configuration.host, "0.0.0.0")
         XCTAssertEqual(configuration.logFormat, .text)
@@ -78,15 +80,33 @@ final class ConfigurationTests: XCTestCase {
             (["TRUNK_SYNC_EVENT_LOOPS": "-1"], "TRUNK_SYNC_EVENT_LOOPS must be an integer"),
             (["TRUNK_SYNC_EVENT_LOOPS": "1025"], "TRUNK_SYNC_EVENT_LOOPS must be an integer"),
             (["TRUNK_SYNC_EVENT_LOOPS": "two"], "TRUNK_SYNC_EVENT_LOOPS must be an integer"),
-            (["TRUNK_SYNC_TRUSTED_PROXIES": "10.0.0.0/8,proxy.internal"], "TRUNK_SYNC_TRUSTED_PROXIES must be a comma-separated list"),
+            (
+                ["TRUNK_SYNC_TRUSTED_PROXIES": "10.0.0.0/8,proxy.internal"],
+                "TRUNK_SYNC_TRUSTED_PROXIES must be a comma-separated list"
+            ),
             (["TRUNK_SYNC_TRUSTED_PROXIES": "10.0.0.1/8"], "TRUNK_SYNC_TRUSTED_PROXIES must be a comma-separated list"),
-            (["TRUNK_SYNC_TRUSTED_PROXIES": "10.0.0.0/33"], "TRUNK_SYNC_TRUSTED_PROXIES must be a comma-separated list"),
+            (
+                ["TRUNK_SYNC_TRUSTED_PROXIES": "10.0.0.0/33"],
+                "TRUNK_SYNC_TRUSTED_PROXIES must be a comma-separated list"
+            ),
             (["TRUNK_SYNC_ADMIN_PORT": "x"], "TRUNK_SYNC_ADMIN_PORT must be a port number"),
-            (["TRUNK_SYNC_ADMIN_HOSTNAMES": "console.internal:9090"], "TRUNK_SYNC_ADMIN_HOSTNAMES must be a comma-separated list of host names"),
-            (["TRUNK_SYNC_ADMIN_HOSTNAMES": "-bad.example"], "TRUNK_SYNC_ADMIN_HOSTNAMES must be a comma-separated list of host names"),
-            (["TRUNK_SYNC_ADMIN_HOSTNAMES": "a..b"], "TRUNK_SYNC_ADMIN_HOSTNAMES must be a comma-separated list of host names"),
+            (
+                ["TRUNK_SYNC_ADMIN_HOSTNAMES": "console.internal:9090"],
+                "TRUNK_SYNC_ADMIN_HOSTNAMES must be a comma-separated list of host names"
+            ),
+            (
+                ["TRUNK_SYNC_ADMIN_HOSTNAMES": "-bad.example"],
+                "TRUNK_SYNC_ADMIN_HOSTNAMES must be a comma-separated list of host names"
+            ),
+            (
+                ["TRUNK_SYNC_ADMIN_HOSTNAMES": "a..b"],
+                "TRUNK_SYNC_ADMIN_HOSTNAMES must be a comma-separated list of host names"
+            ),
             (["TRUNK_SYNC_ADMIN_PORT": "8080"], "TRUNK_SYNC_ADMIN_PORT must differ from TRUNK_SYNC_PORT"),
-            (["TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT": "-1"], "TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT must be"),
+            (
+                ["TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT": "-1"],
+                "TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT must be"
+            ),
             (["TRUNK_SYNC_RATE_LIMIT_OTP_EMAIL": "10"], "TRUNK_SYNC_RATE_LIMIT_OTP_EMAIL must look like"),
             (["TRUNK_SYNC_RATE_LIMIT_VERIFY_EMAIL": "0/60"], "TRUNK_SYNC_RATE_LIMIT_VERIFY_EMAIL must look like"),
         ]
@@ -98,12 +118,17 @@ final class ConfigurationTests: XCTestCase {
     }
 
     func testServeNeedsAStrongSecretAndADatabase() throws {
-        XCTAssertThrowsError(try Configuration.load(environment: ["TRUNK_SYNC_JWT_SECRET": TestSecrets.random()]).validateForServe()) {
+        XCTAssertThrowsError(
+            try Configuration.load(environment: ["TRUNK_SYNC_JWT_SECRET": TestSecrets.random()]).validateForServe()
+        ) {
             XCTAssertTrue("\($0)".hasPrefix("TRUNK_SYNC_DATABASE_URL is required"), "\($0)")
         }
-        let short = try Configuration.load(environment: ["TRUNK_SYNC_DATABASE_URL": "postgres://x/y", "TRUNK_SYNC_JWT_SECRET": "short"])
+        let short = try Configuration.load(environment: [
+            "TRUNK_SYNC_DATABASE_URL": "postgres://x/y", "TRUNK_SYNC_JWT_SECRET": "short",
+        ])
         XCTAssertThrowsError(try short.validateForServe()) {
-            XCTAssertEqual("\($0)", "TRUNK_SYNC_JWT_SECRET must be at least 32 bytes; make one with: openssl rand -base64 48")
+            XCTAssertEqual(
+                "\($0)", "TRUNK_SYNC_JWT_SECRET must be at least 32 bytes; make one with: openssl rand -base64 48")
         }
         let good = try Configuration.load(
             environment: ["TRUNK_SYNC_DATABASE_URL": "postgres://x/y", "TRUNK_SYNC_JWT_SECRET": TestSecrets.random()])
@@ -112,7 +137,8 @@ final class ConfigurationTests: XCTestCase {
 
     func testKeyEncryptionKeyFromTheEnvironmentOrAFile() throws {
         let secret = TestSecrets.random()
-        XCTAssertEqual(try Configuration.load(environment: ["TRUNK_SYNC_KEY_ENCRYPTION_KEY": secret]).keyEncryptionSecret, secret)
+        XCTAssertEqual(
+            try Configuration.load(environment: ["TRUNK_SYNC_KEY_ENCRYPTION_KEY": secret]).keyEncryptionSecret, secret)
         XCTAssertNil(try Configuration.load(environment: [:]).keyEncryptionSecret)
         let file = NSTemporaryDirectory() + "kek-\(UUID().uuidString)"
         defer { try? FileManager.default.removeItem(atPath: file) }
@@ -121,16 +147,26 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertEqual(fromFile.keyEncryptionSecret, secret, "the trailing newline is not part of it")
         XCTAssertFalse(fromFile.redactedDescription.contains(secret))
         XCTAssertThrowsError(
-            try Configuration.load(environment: ["TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE": file, "TRUNK_SYNC_KEY_ENCRYPTION_KEY": secret])
-        ) { XCTAssertTrue("\($0)".hasPrefix("TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE and TRUNK_SYNC_KEY_ENCRYPTION_KEY are both set"), "\($0)") }
-        XCTAssertThrowsError(try Configuration.load(environment: ["TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE": file + ".missing"])) {
-            XCTAssertEqual("\($0)", "TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE names a file that cannot be read: \(file).missing")
+            try Configuration.load(environment: [
+                "TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE": file, "TRUNK_SYNC_KEY_ENCRYPTION_KEY": secret,
+            ])
+        ) {
+            XCTAssertTrue(
+                "\($0)".hasPrefix("TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE and TRUNK_SYNC_KEY_ENCRYPTION_KEY are both set"),
+                "\($0)")
+        }
+        XCTAssertThrowsError(
+            try Configuration.load(environment: ["TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE": file + ".missing"])
+        ) {
+            XCTAssertEqual(
+                "\($0)", "TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE names a file that cannot be read: \(file).missing")
         }
         try "short\n".write(toFile: file, atomically: true, encoding: .utf8)
         XCTAssertThrowsError(try Configuration.load(environment: ["TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE": file])) {
             XCTAssertEqual(
                 "\($0)",
-                "TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE names a file whose key must be at least 32 bytes; make one with: openssl rand -base64 48")
+                "TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE names a file whose key must be at least 32 bytes; make one with: openssl rand -base64 48"
+            )
         }
         // One secret must not serve as both.
         XCTAssertThrowsError(
@@ -138,7 +174,10 @@ final class ConfigurationTests: XCTestCase {
                 "TRUNK_SYNC_DATABASE_URL": "postgres://x/y", "TRUNK_SYNC_JWT_SECRET": secret,
                 "TRUNK_SYNC_KEY_ENCRYPTION_KEY": secret,
             ]).validateForServe()
-        ) { XCTAssertTrue("\($0)".hasPrefix("TRUNK_SYNC_KEY_ENCRYPTION_KEY must differ from TRUNK_SYNC_JWT_SECRET"), "\($0)") }
+        ) {
+            XCTAssertTrue(
+                "\($0)".hasPrefix("TRUNK_SYNC_KEY_ENCRYPTION_KEY must differ from TRUNK_SYNC_JWT_SECRET"), "\($0)")
+        }
     }
 
     func testUnknownOrMalformedFileIsRefused() throws {
@@ -159,11 +198,14 @@ final class ConfigurationTests: XCTestCase {
 
     func testRedactedDescriptionHidesSecrets() throws {
         let configuration = try Configuration.load(environment: [
-            "TRUNK_SYNC_DATABASE_URL": "postgres://u:db-password@h/d", "TRUNK_SYNC_JWT_SECRET": "jwt-secret-value-that-is-long-enough",
+            "TRUNK_SYNC_DATABASE_URL": "postgres://u:db-password@h/d",
+            "TRUNK_SYNC_JWT_SECRET": "jwt-secret-value-that-is-long-enough",
             "TRUNK_SYNC_SMTP_URL": "smtp://u:smtp-password@mail:25",
         ])
         let text = configuration.redactedDescription
-        for secret in ["db-password", "jwt-secret-value", "smtp-password"] { XCTAssertFalse(text.contains(secret), text) }
+        for secret in ["db-password", "jwt-secret-value", "smtp-password"] {
+            XCTAssertFalse(text.contains(secret), text)
+        }
         XCTAssertTrue(text.contains("TRUNK_SYNC_DATABASE_URL=***"), text)
         XCTAssertTrue(text.contains("TRUNK_SYNC_PORT=8080"), text)
     }
@@ -183,10 +225,12 @@ final class ConfigurationTests: XCTestCase {
             Command.trunkSyncBinary(), ["config", "check"],
             environment: Command.environment(base.merging(["TRUNK_SYNC_PORT": "-1"]) { $1 }))
         XCTAssertEqual(bad.status, 1)
-        XCTAssertEqual(bad.stderr, "trunk-sync: TRUNK_SYNC_PORT must be a port number between 0 and 65535 (0: any free port)\n")
+        XCTAssertEqual(
+            bad.stderr, "trunk-sync: TRUNK_SYNC_PORT must be a port number between 0 and 65535 (0: any free port)\n")
         let proxies = try Command.run(
             Command.trunkSyncBinary(), ["config", "check"],
-            environment: Command.environment(base.merging(["TRUNK_SYNC_TRUSTED_PROXIES": "10.0.0.0/8, 10.1.2.3:80"]) { $1 }))
+            environment: Command.environment(
+                base.merging(["TRUNK_SYNC_TRUSTED_PROXIES": "10.0.0.0/8, 10.1.2.3:80"]) { $1 }))
         XCTAssertEqual(proxies.status, 1)
         XCTAssertEqual(proxies.stderr.filter { $0 == "\n" }.count, 1, proxies.stderr)
         XCTAssertTrue(proxies.stderr.contains("\"10.1.2.3:80\" is not one"), proxies.stderr)
@@ -219,7 +263,8 @@ extension ConfigurationTests {
         XCTAssertEqual(
             lines.map { $0.split(separator: " ").prefix(2).joined(separator: " ") },
             [
-                "trunk-sync: TRUNK_SYNC_PORT", "trunk-sync: TRUNK_SYNC_ADMIN_PORT", "trunk-sync: TRUNK_SYNC_KEY_ENCRYPTION_KEY",
+                "trunk-sync: TRUNK_SYNC_PORT", "trunk-sync: TRUNK_SYNC_ADMIN_PORT",
+                "trunk-sync: TRUNK_SYNC_KEY_ENCRYPTION_KEY",
                 "trunk-sync: TRUNK_SYNC_JWT_SECRET", "trunk-sync: TRUNK_SYNC_MIGRATION_DATABASE_URL",
             ], result.stderr)
         XCTAssertTrue(result.stderr.contains("Supabase's documentation"), result.stderr)
@@ -237,12 +282,15 @@ extension ConfigurationTests {
                 "TRUNK_SYNC_DATABASE_URL": "postgres://server:\(try exampleValue("SERVER_DB_PASSWORD"))@127.0.0.1:1/d",
             ]))
         XCTAssertEqual(server.status, 1)
-        XCTAssertTrue(server.stderr.hasPrefix("trunk-sync: TRUNK_SYNC_DATABASE_URL has an example password"), server.stderr)
+        XCTAssertTrue(
+            server.stderr.hasPrefix("trunk-sync: TRUNK_SYNC_DATABASE_URL has an example password"), server.stderr)
         XCTAssertFalse(server.stdout.contains("configuration OK"), server.stdout)
     }
 
     func testLoadStillStopsAtTheFirstProblem() {
-        XCTAssertThrowsError(try Configuration.load(environment: ["TRUNK_SYNC_PORT": "x", "TRUNK_SYNC_LOG_LEVEL": "loud"])) {
+        XCTAssertThrowsError(
+            try Configuration.load(environment: ["TRUNK_SYNC_PORT": "x", "TRUNK_SYNC_LOG_LEVEL": "loud"])
+        ) {
             XCTAssertTrue("\($0)".hasPrefix("TRUNK_SYNC_PORT "), "\($0)")
         }
         let inspected = Configuration.inspect(environment: ["TRUNK_SYNC_PORT": "x", "TRUNK_SYNC_LOG_LEVEL": "loud"])
@@ -271,10 +319,12 @@ final class SecretRulesTests: XCTestCase {
     func testRandomSecretsPassAndPatternsDoNot() {
         for _ in 0..<2000 { XCTAssertNil(SecretRules.weakness(of: TestSecrets.random())) }
         XCTAssertNil(SecretRules.weakness(of: "7f3a9c1d0be24e8a9f6c3b5d7e1a2c4f"), "hex with 14 different digits")
-        XCTAssertNil(SecretRules.weakness(of: "q1234567!" + TestSecrets.random().prefix(30)), "a run of seven is allowed")
+        XCTAssertNil(
+            SecretRules.weakness(of: "q1234567!" + TestSecrets.random().prefix(30)), "a run of seven is allowed")
         XCTAssertNotNil(SecretRules.weakness(of: "q12345678" + TestSecrets.random().prefix(30)))
         XCTAssertNotNil(SecretRules.weakness(of: "zyxwvuts" + TestSecrets.random().prefix(30)), "descending run")
         XCTAssertNotNil(SecretRules.weakness(of: "deadbeef" + "deadbeef" + "deadbeef" + "deadbeef"))
-        XCTAssertNotNil(SecretRules.weakness(of: String(TestSecrets.random().prefix(20)) + String(repeating: "=", count: 12)))
+        XCTAssertNotNil(
+            SecretRules.weakness(of: String(TestSecrets.random().prefix(20)) + String(repeating: "=", count: 12)))
     }
 }

@@ -37,12 +37,14 @@ final class DatabaseTests: XCTestCase {
             return [try first[0].decode(String.self, column: 0), try second[0].decode(String.self, column: 0)]
         }
         XCTAssertEqual(seen, [user.uuidString.lowercased(), user.uuidString.lowercased()])
-        XCTAssertEqual(statements.count { $0.contains("set_config('app.user_id'") }, 1, "set once, with the first statement")
+        XCTAssertEqual(
+            statements.count { $0.contains("set_config('app.user_id'") }, 1, "set once, with the first statement")
         XCTAssertEqual(statements.count { $0 == "begin" }, 1)
         XCTAssertEqual(statements.count { $0 == "commit" }, 1)
         // The next transaction on the (same, pooled) connection starts without it.
         let after = try await database.transaction(as: .server) { transaction in
-            try await transaction.query("select coalesce(current_setting('app.user_id', true), '')")[0].decode(String.self, column: 0)
+            try await transaction.query("select coalesce(current_setting('app.user_id', true), '')")[0].decode(
+                String.self, column: 0)
         }
         XCTAssertEqual(after, "")
         await database.close()
@@ -133,9 +135,11 @@ final class DatabaseTests: XCTestCase {
     /// Ids of this process's threads named `pg-loop`.
     private static func loopThreads() -> Set<String> {
         let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
-        return Set(tasks.filter {
-            (try? String(contentsOfFile: "/proc/self/task/\($0)/comm", encoding: .utf8))?.hasPrefix("pg-loop") == true
-        })
+        return Set(
+            tasks.filter {
+                (try? String(contentsOfFile: "/proc/self/task/\($0)/comm", encoding: .utf8))?.hasPrefix("pg-loop")
+                    == true
+            })
     }
 }
 

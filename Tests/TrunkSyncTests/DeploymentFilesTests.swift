@@ -17,7 +17,9 @@ final class DeploymentFilesTests: XCTestCase {
     /// check-jsonschema ships the Compose specification: nothing outside the repository
     /// (or the test's own Python environment) is read, and nothing is fetched.
     func testComposeFileMatchesTheComposeSpecification() throws {
-        let checker = URL(fileURLWithPath: try python()).deletingLastPathComponent().appendingPathComponent("check-jsonschema").path
+        let checker = URL(fileURLWithPath: try python()).deletingLastPathComponent().appendingPathComponent(
+            "check-jsonschema"
+        ).path
         let result = try Command.run(
             checker, ["--builtin-schema", "vendor.compose-spec", repositoryRoot() + "/docker-compose.yml"])
         XCTAssertEqual(result.status, 0, result.stdout + result.stderr)
@@ -34,7 +36,8 @@ final class DeploymentFilesTests: XCTestCase {
     func filledInEnvFile() throws -> String {
         let example = try String(contentsOfFile: repositoryRoot() + "/.env.example", encoding: .utf8)
         let filled = example.split(separator: "\n", omittingEmptySubsequences: false).map { line -> String in
-            guard !line.hasPrefix("#"), let equals = line.firstIndex(of: "="), line[equals...].contains("change-me") else {
+            guard !line.hasPrefix("#"), let equals = line.firstIndex(of: "="), line[equals...].contains("change-me")
+            else {
                 return String(line)
             }
             let key = line[..<equals]
@@ -61,7 +64,8 @@ final class DeploymentFilesTests: XCTestCase {
         let port = try XCTUnwrap(database["port"])
         let password = try XCTUnwrap(database["password"])
         let free = try Command.run(
-            try python(), ["-c", "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"])
+            try python(),
+            ["-c", "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"])
         let result = try Command.run(
             try python(),
             [
@@ -144,10 +148,12 @@ final class DeploymentFilesTests: XCTestCase {
             .map { $0.split(separator: " ").map(String.init) }
         let state = try JSONSerialization.jsonObject(
             with: Data(contentsOf: URL(fileURLWithPath: repositoryRoot() + "/.build/workspace-state.json")))
-        let dependencies = try XCTUnwrap(((state as? [String: Any])?["object"] as? [String: Any])?["dependencies"] as? [[String: Any]])
+        let dependencies = try XCTUnwrap(
+            ((state as? [String: Any])?["object"] as? [String: Any])?["dependencies"] as? [[String: Any]])
         let tested = dependencies.compactMap { dependency -> [String]? in
             guard let name = (dependency["packageRef"] as? [String: Any])?["identity"] as? String,
-                let version = ((dependency["state"] as? [String: Any])?["checkoutState"] as? [String: Any])?["version"] as? String
+                let version = ((dependency["state"] as? [String: Any])?["checkoutState"] as? [String: Any])?["version"]
+                    as? String
             else { return nil }
             return [name, version]
         }
@@ -158,7 +164,8 @@ final class DeploymentFilesTests: XCTestCase {
         // The Dockerfile's resolve step, run here on Package.swift and the recorded versions
         // alone (as in the image's build stage): it pins what the tests built with.
         let step = try XCTUnwrap(
-            dockerfile.components(separatedBy: "COPY scripts/package-versions ./scripts/package-versions\nRUN ").dropFirst().first?
+            dockerfile.components(separatedBy: "COPY scripts/package-versions ./scripts/package-versions\nRUN ")
+                .dropFirst().first?
                 .components(separatedBy: "\nCOPY Sources").first)
         let directory = NSTemporaryDirectory() + "image-resolve-\(UUID().uuidString)"
         try FileManager.default.createDirectory(atPath: directory + "/scripts", withIntermediateDirectories: true)
@@ -171,12 +178,17 @@ final class DeploymentFilesTests: XCTestCase {
         let pins = try String(contentsOfFile: directory + "/Package.resolved", encoding: .utf8)
         for entry in recorded {
             XCTAssertTrue(
-                pins.range(of: "\"identity\" : \"\(entry[0])\"[^}]*\"version\" : \"\(entry[1])\"", options: .regularExpression) != nil,
+                pins.range(
+                    of: "\"identity\" : \"\(entry[0])\"[^}]*\"version\" : \"\(entry[1])\"", options: .regularExpression)
+                    != nil,
                 "\(entry) in \(pins)")
         }
         let makefile = try String(contentsOfFile: repositoryRoot() + "/Makefile", encoding: .utf8)
-        let release = try XCTUnwrap(makefile.components(separatedBy: "release:\n\t").dropFirst().first?.split(separator: "\n").first)
-        XCTAssertTrue(dockerfile.contains("RUN \(release) --product trunk-sync"), "the image builds as `make release`: \(release)")
+        let release = try XCTUnwrap(
+            makefile.components(separatedBy: "release:\n\t").dropFirst().first?.split(separator: "\n").first)
+        XCTAssertTrue(
+            dockerfile.contains("RUN \(release) --product trunk-sync"), "the image builds as `make release`: \(release)"
+        )
     }
 
     /// One trusted-proxy value for a reverse proxy on the host: the compose network's gateway,
@@ -209,7 +221,9 @@ final class DeploymentFilesTests: XCTestCase {
         XCTAssertTrue(compose.contains("- hba_file=/etc/postgresql/trunk-sync-hba.conf"), compose)
         XCTAssertTrue(compose.contains("- ./scripts/pg_hba.conf:/etc/postgresql/trunk-sync-hba.conf:ro"), compose)
         let hba = try String(contentsOfFile: repositoryRoot() + "/scripts/pg_hba.conf", encoding: .utf8)
-        let rules = hba.split(separator: "\n").filter { !$0.hasPrefix("#") }.map { $0.split(separator: " ").map(String.init) }
+        let rules = hba.split(separator: "\n").filter { !$0.hasPrefix("#") }.map {
+            $0.split(separator: " ").map(String.init)
+        }
         XCTAssertTrue(rules.contains(["host", "replication", "all", "all", "scram-sha-256"]), hba)
         XCTAssertFalse(rules.contains { $0.first == "host" && $0.last == "trust" }, "no password-less network login")
         let makefile = try String(contentsOfFile: repositoryRoot() + "/Makefile", encoding: .utf8)

@@ -30,7 +30,8 @@ final class DevScriptsTests: XCTestCase {
         let mode = try XCTUnwrap(try FileManager.default.attributesOfItem(atPath: directory)[.posixPermissions] as? Int)
         XCTAssertEqual(String(mode, radix: 8), "700", "the cluster directory (socket directory) is owner-only")
         let socket = directory + "/.s.PGSQL.\(port)"
-        let socketMode = try XCTUnwrap(try FileManager.default.attributesOfItem(atPath: socket)[.posixPermissions] as? Int)
+        let socketMode = try XCTUnwrap(
+            try FileManager.default.attributesOfItem(atPath: socket)[.posixPermissions] as? Int)
         XCTAssertEqual(String(socketMode, radix: 8), "700", "the socket itself is owner-only")
 
         // As root the test can try what another local user could do: connect through the
@@ -38,7 +39,10 @@ final class DevScriptsTests: XCTestCase {
         guard getuid() == 0, FileManager.default.isExecutableFile(atPath: "/usr/sbin/runuser") else { return }
         let stranger = try Command.run(
             "/usr/sbin/runuser",
-            ["-u", "nobody", "--", "psql", "-h", directory, "-p", String(port), "-U", "trunk", "-d", "postgres", "-tAc", "select 1"])
+            [
+                "-u", "nobody", "--", "psql", "-h", directory, "-p", String(port), "-U", "trunk", "-d", "postgres",
+                "-tAc", "select 1",
+            ])
         XCTAssertNotEqual(stranger.status, 0, "another local user connected: \(stranger.stdout)")
         XCTAssertFalse(stranger.stdout.contains("1"), stranger.stdout)
     }
@@ -86,7 +90,8 @@ final class DevScriptsTests: XCTestCase {
         guard ready else { return }
 
         let ownerURL = try Command.run(repositoryRoot() + "/scripts/pg.sh", ["url", data + "/postgres", "trunk_sync"])
-        let owner = try PostgresConnection.connect(try PostgresConfiguration(ownerURL.stdout.trimmingCharacters(in: .whitespacesAndNewlines)))
+        let owner = try PostgresConnection.connect(
+            try PostgresConfiguration(ownerURL.stdout.trimmingCharacters(in: .whitespacesAndNewlines)))
         let logins = try owner.query(
             "select distinct usename::text from pg_stat_activity where datname = 'trunk_sync' and pid <> pg_backend_pid() and usename is not null"
         ).map { try $0.decode(String.self, column: 0) }
@@ -97,16 +102,20 @@ final class DevScriptsTests: XCTestCase {
         XCTAssertFalse(privileged)
         XCTAssertTrue(text().contains("created the server's login role trunk_sync_server"), text())
         // Where things are, once; each migration applied is named once.
-        XCTAssertTrue(text().contains("API           http://127.0.0.1:\(httpPort)/  (described at /openapi.json"), text())
+        XCTAssertTrue(
+            text().contains("API           http://127.0.0.1:\(httpPort)/  (described at /openapi.json"), text())
         XCTAssertTrue(text().contains("console       http://127.0.0.1:"), text())
         XCTAssertTrue(text().contains("enable it with TRUNK_SYNC_ADMIN_EMAILS="), text())
         XCTAssertEqual(text().components(separatedBy: "migration=0001_initial_schema.sql").count, 2, text())
-        XCTAssertFalse(text().contains("TRUNK_SYNC_DATABASE_URL logs in as"), "no warning about the server's role: \(text())")
+        XCTAssertFalse(
+            text().contains("TRUNK_SYNC_DATABASE_URL logs in as"), "no warning about the server's role: \(text())")
         for file in ["jwt_secret", "key_encryption_key", "server_db_password"] {
-            let mode = try XCTUnwrap(try FileManager.default.attributesOfItem(atPath: data + "/" + file)[.posixPermissions] as? Int)
+            let mode = try XCTUnwrap(
+                try FileManager.default.attributesOfItem(atPath: data + "/" + file)[.posixPermissions] as? Int)
             XCTAssertEqual(String(mode, radix: 8), "600", file)
         }
-        let mode = try XCTUnwrap(try FileManager.default.attributesOfItem(atPath: data + "/postgres")[.posixPermissions] as? Int)
+        let mode = try XCTUnwrap(
+            try FileManager.default.attributesOfItem(atPath: data + "/postgres")[.posixPermissions] as? Int)
         XCTAssertEqual(String(mode, radix: 8), "700")
 
         // Stopping: the server stops, then the script stops the database. A terminal's Ctrl-C

@@ -1,5 +1,5 @@
-import JSON
 import Foundation
+import JSON
 import Postgres
 import TestSupport
 import XCTest

@@ -77,7 +77,8 @@ final class EventRecordTests: XCTestCase {
 
     func testRefusesAResultOfOtherColumns() throws {
         let connection = try PostgresConnection.connect(try TestDatabase.adminConfiguration())
-        let fine = "1::int8 as seq, gen_random_uuid() as id, 't'::text as type, '{}'::jsonb as payload, "
+        let fine =
+            "1::int8 as seq, gen_random_uuid() as id, 't'::text as type, '{}'::jsonb as payload, "
             + "gen_random_uuid() as client_id, now() as client_timestamp, now() as created_at"
         XCTAssertNoThrow(try EventRecord.Indexes(try connection.query("select \(fine)")))
         let others = [

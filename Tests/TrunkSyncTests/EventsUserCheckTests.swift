@@ -40,7 +40,8 @@ final class EventsUserCheckTests: XCTestCase {
 
     func assertForeignKeyViolation(_ body: () throws -> Void, file: StaticString = #filePath, line: UInt = #line) {
         XCTAssertThrowsError(try body(), file: file, line: line) { error in
-            XCTAssertEqual((error as? PostgresError)?.sqlState, .foreignKeyViolation, "\(error)", file: file, line: line)
+            XCTAssertEqual(
+                (error as? PostgresError)?.sqlState, .foreignKeyViolation, "\(error)", file: file, line: line)
             XCTAssertEqual((error as? PostgresError)?.constraint, "events_user_id_fkey", file: file, line: line)
         }
     }

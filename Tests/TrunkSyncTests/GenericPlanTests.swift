@@ -69,8 +69,11 @@ final class GenericPlanTests: XCTestCase {
             let name = try await tx.query(
                 "select name from pg_prepared_statements where statement = $1", EventStore.pullSQL)[0]
                 .decode(String.self, column: 0)
-            let plan = try await tx.query("explain (costs off) execute \(name)('\(user.uuidString.lowercased())', 0, 101)")
-            return (counts, try (0..<plan.count).map { try plan[$0].decode(String.self, column: 0) }.joined(separator: "\n"))
+            let plan = try await tx.query(
+                "explain (costs off) execute \(name)('\(user.uuidString.lowercased())', 0, 101)")
+            return (
+                counts, try (0..<plan.count).map { try plan[$0].decode(String.self, column: 0) }.joined(separator: "\n")
+            )
         }
         XCTAssertEqual(counts, [8, 0], "eight pulls, one generic plan each time, none planned for its values")
         XCTAssertTrue(plan.contains("Index Scan using events_user_id_seq_key"), plan)

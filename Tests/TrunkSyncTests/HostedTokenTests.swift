@@ -30,7 +30,8 @@ final class HostedTokenTests: XCTestCase {
     }
 
     func testAHostedHS256TokenWithKidIsAcceptedOnlyWithItsIssuerAccepted() throws {
-        let token = JWT.sign(payload: hostedClaims(iss: hostedIssuer), with: JWT.HS256Key(secret: secret, keyID: "k9Zq2w"))
+        let token = JWT.sign(
+            payload: hostedClaims(iss: hostedIssuer), with: JWT.HS256Key(secret: secret, keyID: "k9Zq2w"))
         let strict = TokenIssuer(secret: secret, issuer: ownIssuer, lifetime: 3600)
         XCTAssertThrowsError(try strict.verify(token, now: now))
         let moved = TokenIssuer(secret: secret, issuer: ownIssuer, lifetime: 3600, acceptedIssuers: [hostedIssuer])
@@ -42,7 +43,8 @@ final class HostedTokenTests: XCTestCase {
             payload: hostedClaims(iss: "https://zzzzzzzzzzzzzzzz.supabase.co/auth/v1"),
             with: JWT.HS256Key(secret: secret, keyID: "k9Zq2w"))
         XCTAssertThrowsError(try moved.verify(other, now: now))
-        let forged = JWT.sign(payload: hostedClaims(iss: hostedIssuer), with: JWT.HS256Key(secret: TestSecrets.random(), keyID: "k9Zq2w"))
+        let forged = JWT.sign(
+            payload: hostedClaims(iss: hostedIssuer), with: JWT.HS256Key(secret: TestSecrets.random(), keyID: "k9Zq2w"))
         XCTAssertThrowsError(try moved.verify(forged, now: now))
     }
 

@@ -26,18 +26,23 @@ final class JSONInputTests: XCTestCase {
     func assertRefusedOnBothRoutes(
         _ eventJSON: String, field: String, file: StaticString = #filePath, line: UInt = #line
     ) async throws {
-        let native = try await app.request("POST", "/sync/v1/events", rawBody: #"{"events":[\#(eventJSON)]}"#, bearer: token)
+        let native = try await app.request(
+            "POST", "/sync/v1/events", rawBody: #"{"events":[\#(eventJSON)]}"#, bearer: token)
         let rest = try await app.request("POST", "/rest/v1/events", rawBody: eventJSON, bearer: token)
         for (name, response) in [("native", native), ("REST", rest)] {
             XCTAssertEqual(response.status, 400, "\(name): \(response.text)", file: file, line: line)
-            XCTAssertEqual(response.json["code"] as? String, "validation_failed", "\(name): \(response.text)", file: file, line: line)
+            XCTAssertEqual(
+                response.json["code"] as? String, "validation_failed", "\(name): \(response.text)", file: file,
+                line: line)
             let details = response.json["details"] as? [[String: Any]]
-            XCTAssertEqual(details?.first?["field"] as? String, field, "\(name): \(response.text)", file: file, line: line)
+            XCTAssertEqual(
+                details?.first?["field"] as? String, field, "\(name): \(response.text)", file: file, line: line)
             XCTAssertEqual(details?.first?["index"] as? Int, 0, "\(name): \(response.text)", file: file, line: line)
             XCTAssertFalse((details?.first?["reason"] as? String ?? "").isEmpty, file: file, line: line)
         }
         XCTAssertEqual(
-            rest.headers["proxy-status"], "PostgREST; error=validation_failed", "REST keeps PostgREST's shape", file: file,
+            rest.headers["proxy-status"], "PostgREST; error=validation_failed", "REST keeps PostgREST's shape",
+            file: file,
             line: line)
         let stored = try app.owner().query("select count(*) from events")[0].decode(Int.self, column: 0)
         XCTAssertEqual(stored, 0, "nothing stored", file: file, line: line)
@@ -45,7 +50,8 @@ final class JSONInputTests: XCTestCase {
 
     func testNumbersOutsideADoubleAreRefusedOnBothRoutes() async throws {
         for number in [
-            "1e400", "1e99999", "-1e99999", String(repeating: "7", count: 400), "0." + String(repeating: "3", count: 500) + "e-16000",
+            "1e400", "1e99999", "-1e99999", String(repeating: "7", count: 400),
+            "0." + String(repeating: "3", count: 500) + "e-16000",
             "1e-400",
         ] {
             try await assertRefusedOnBothRoutes(event(payload: #"{"x":\#(number)}"#), field: "payload")
@@ -67,7 +73,10 @@ final class JSONInputTests: XCTestCase {
     }
 
     func testUUIDsAreParsedStrictly() async throws {
-        for id in ["6f1f0e3c11114c3e9d7a3a1c8f0f2b10", "{6f1f0e3c-1111-4c3e-9d7a-3a1c8f0f2b10}", "6f1f0e3c-1111-4c3e-9d7a-3a1c8f0f2b1g"] {
+        for id in [
+            "6f1f0e3c11114c3e9d7a3a1c8f0f2b10", "{6f1f0e3c-1111-4c3e-9d7a-3a1c8f0f2b10}",
+            "6f1f0e3c-1111-4c3e-9d7a-3a1c8f0f2b1g",
+        ] {
             let body = #"{"client_id":"\#(id)","type":"t","payload":{},"client_timestamp":"2026-11-22T04:10:02Z"}"#
             try await assertRefusedOnBothRoutes(body, field: "client_id")
         }
@@ -80,7 +89,8 @@ final class JSONInputTests: XCTestCase {
         try await assertRefusedOnBothRoutes(event(payload: #"{"n":[\#(numbers)]}"#), field: "payload")
         let fits = Array(repeating: "1e308", count: 150).joined(separator: ",")  // ~47 KB printed
         let pushed = try await app.request(
-            "POST", "/sync/v1/events", rawBody: #"{"events":[\#(event(payload: #"{"n":[\#(fits)]}"#))]}"#, bearer: token)
+            "POST", "/sync/v1/events", rawBody: #"{"events":[\#(event(payload: #"{"n":[\#(fits)]}"#))]}"#, bearer: token
+        )
         XCTAssertEqual(pushed.status, 200, pushed.text)
         let pulled = try await app.request("GET", "/sync/v1/events", bearer: token)
         XCTAssertLessThan(pulled.body.count, 64 * 1024 + 1024, "the answer stays within the payload limit")
@@ -94,14 +104,16 @@ final class JSONInputTests: XCTestCase {
             "max": 1e308, "negzero": -0.0, "min": .leastNonzeroMagnitude, "half": 1.5, "big": 12345678901234567168,
             "neg": -2.5e-3,
         ]
-        let native = try await app.request("POST", "/sync/v1/events", rawBody: #"{"events":[\#(event(payload: payload))]}"#, bearer: token)
+        let native = try await app.request(
+            "POST", "/sync/v1/events", rawBody: #"{"events":[\#(event(payload: payload))]}"#, bearer: token)
         XCTAssertEqual(native.status, 200, native.text)
         let rest = try await app.request("POST", "/rest/v1/events", rawBody: event(payload: payload), bearer: token)
         XCTAssertEqual(rest.status, 201, rest.text)
 
         let pulled = try await app.request("GET", "/sync/v1/events", bearer: token)
         let selected = try await app.request("GET", "/rest/v1/events?select=payload", bearer: token)
-        let pulledPayloads = (pulled.json["events"] as? [[String: Any]])?.compactMap { $0["payload"] as? [String: Any] } ?? []
+        let pulledPayloads =
+            (pulled.json["events"] as? [[String: Any]])?.compactMap { $0["payload"] as? [String: Any] } ?? []
         let selectedPayloads =
             (try JSONSerialization.jsonObject(with: selected.body) as? [[String: Any]])?.compactMap {
                 $0["payload"] as? [String: Any]

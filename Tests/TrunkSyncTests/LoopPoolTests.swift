@@ -19,7 +19,8 @@ final class LoopPoolTests: XCTestCase {
         database = try TestDatabase.create(prefix: "looppool")
         var configuration = HTTPServerConfiguration()
         configuration.port = 0
-        server = HTTPServer(configuration: configuration, responder: NothingResponder(), logger: TestDatabase.quietLogger)
+        server = HTTPServer(
+            configuration: configuration, responder: NothingResponder(), logger: TestDatabase.quietLogger)
         try server.start()
     }
 
@@ -45,8 +46,13 @@ final class LoopPoolTests: XCTestCase {
         let executor = server.executor
         for round in 0..<20 {
             let (value, onLoop, pid) = try await pool.withConnection { connection in
-                let rows = try await connection.pipeline([.prepared("select $1::bigint + 1, pg_backend_pid()", Int64(round))])[0]
-                return (try rows[0].decode(Int64.self, column: 0), executor.isOnLoopThread, try rows[0].decode(Int32.self, column: 1))
+                let rows = try await connection.pipeline([
+                    .prepared("select $1::bigint + 1, pg_backend_pid()", Int64(round))
+                ])[0]
+                return (
+                    try rows[0].decode(Int64.self, column: 0), executor.isOnLoopThread,
+                    try rows[0].decode(Int32.self, column: 1)
+                )
             }
             XCTAssertEqual(value, Int64(round) + 1)
             XCTAssertTrue(onLoop)

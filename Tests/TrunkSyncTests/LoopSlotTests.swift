@@ -12,7 +12,9 @@ import XCTest
 final class LoopSlotTests: XCTestCase {
     /// A responder that never sees a request: the test only needs running loops.
     struct Idle: HTTPResponder {
-        func admit(_ head: HTTPRequestHead, client: String) -> Admission<Int> { .answer(HTTPResponse(status: .notFound), 0) }
+        func admit(_ head: HTTPRequestHead, client: String) -> Admission<Int> {
+            .answer(HTTPResponse(status: .notFound), 0)
+        }
         func respond(to request: HTTPRequest, context: Int) -> Reply<Int> { .now(HTTPResponse(status: .notFound), 0) }
         func complete(_ response: inout HTTPResponse, context: Int) {}
         func reject(_ error: HTTPParserError, peer: String) -> HTTPResponse { HTTPResponse(status: .badRequest) }
@@ -58,7 +60,8 @@ final class LoopSlotTests: XCTestCase {
         let text = metrics.render()
         XCTAssertTrue(text.contains(#"trunk_sync_http_requests_total{method="GET",route="/x",status="200"} 3"#), text)
         XCTAssertTrue(text.contains(#"trunk_sync_http_requests_total{method="POST",route="/x",status="503"} 3"#), text)
-        XCTAssertTrue(text.contains(#"trunk_sync_http_request_duration_seconds_bucket{route="/x",le="0.0025"} 3"#), text)
+        XCTAssertTrue(
+            text.contains(#"trunk_sync_http_request_duration_seconds_bucket{route="/x",le="0.0025"} 3"#), text)
         XCTAssertTrue(text.contains(#"trunk_sync_http_request_duration_seconds_bucket{route="/x",le="+Inf"} 6"#), text)
         XCTAssertTrue(text.contains(#"trunk_sync_http_request_duration_seconds_count{route="/x"} 6"#), text)
         XCTAssertTrue(text.contains(#"trunk_sync_http_request_duration_seconds_sum{route="/x"} 0.066"#), text)
@@ -85,7 +88,10 @@ final class LoopSlotTests: XCTestCase {
     }
 
     func testRequestIDFormat() {
-        let prefix = (UInt8(ascii: "a"), UInt8(ascii: "b"), UInt8(ascii: "c"), UInt8(ascii: "0"), UInt8(ascii: "1"), UInt8(ascii: "2"))
+        let prefix = (
+            UInt8(ascii: "a"), UInt8(ascii: "b"), UInt8(ascii: "c"), UInt8(ascii: "0"), UInt8(ascii: "1"),
+            UInt8(ascii: "2")
+        )
         XCTAssertEqual(RequestIDGenerator.format(prefix: prefix, 0), "abc012-0")
         XCTAssertEqual(RequestIDGenerator.format(prefix: prefix, 1), "abc012-1")
         XCTAssertEqual(RequestIDGenerator.format(prefix: prefix, 255), "abc012-ff")

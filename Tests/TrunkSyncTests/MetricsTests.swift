@@ -30,7 +30,9 @@ final class MetricsTests: XCTestCase {
         XCTAssertEqual(after["trunk_sync_longpolls_waiting"], 0)
         XCTAssertNotNil(after["trunk_sync_http_connections"])
         XCTAssertEqual(after["trunk_sync_http_requests_in_flight"], 0)
-        for name in Metrics.rateLimitNames { XCTAssertNotNil(after["trunk_sync_rate_limited_total{limit=\(name)}"], name) }
+        for name in Metrics.rateLimitNames {
+            XCTAssertNotNil(after["trunk_sync_rate_limited_total{limit=\(name)}"], name)
+        }
         XCTAssertEqual(after["trunk_sync_http_requests_total{method=POST,route=/sync/v1/events,status=200}"], 1)
         XCTAssertEqual(after["trunk_sync_http_requests_total{method=POST,route=/auth/v1/otp,status=429}"], 1)
         XCTAssertEqual(after["trunk_sync_http_request_duration_seconds_count{route=/sync/v1/events}"], 2)

@@ -75,11 +75,13 @@ final class MigrateCommandTests: XCTestCase {
         environment["TRUNK_SYNC_MIGRATIONS_DIR"] = directory
         XCTAssertEqual(try migrate().status, 0)
         let file = directory + "/0001_initial_schema.sql"
-        try (try String(contentsOfFile: file, encoding: .utf8) + "\n-- edited\n").write(toFile: file, atomically: true, encoding: .utf8)
+        try (try String(contentsOfFile: file, encoding: .utf8) + "\n-- edited\n").write(
+            toFile: file, atomically: true, encoding: .utf8)
         let refused = try migrate()
         XCTAssertEqual(refused.status, 1)
         XCTAssertEqual(refused.stderr.split(separator: "\n").count, 1, refused.stderr)
-        XCTAssertTrue(refused.stderr.contains("0001_initial_schema.sql was edited after it was applied"), refused.stderr)
+        XCTAssertTrue(
+            refused.stderr.contains("0001_initial_schema.sql was edited after it was applied"), refused.stderr)
     }
 
     func testConnectionErrorsAreOneClearLineWithoutThePassword() throws {
@@ -152,7 +154,8 @@ final class ServerLoginRoleTests: XCTestCase {
     func testMigrateCreatesTheServersLoginAndKeepsItToWhatTheServerNeeds() throws {
         let first = try run(["migrate"])
         XCTAssertEqual(first.status, 0, first.stderr)
-        XCTAssertTrue(first.stdout.contains("created the server's login role \(role!) (member of trunk_sync_app)"), first.stdout)
+        XCTAssertTrue(
+            first.stdout.contains("created the server's login role \(role!) (member of trunk_sync_app)"), first.stdout)
         XCTAssertEqual(try attributes(role), [true, false, true, false, false])
         XCTAssertTrue(connectsAsServer(password: password), "the password from TRUNK_SYNC_DATABASE_URL")
         // Stored as a verifier, not in clear.
@@ -183,7 +186,8 @@ final class ServerLoginRoleTests: XCTestCase {
             let privileged = TestDatabase.roleName("privileged")
             defer { TestDatabase.dropRole(privileged) }
             try admin.execute("create role \(privileged) login \(attributes) password '\(password!)'")
-            environment["TRUNK_SYNC_DATABASE_URL"] = try TestDatabase.url(of: database, user: privileged, password: password)
+            environment["TRUNK_SYNC_DATABASE_URL"] = try TestDatabase.url(
+                of: database, user: privileged, password: password)
             let refused = try run(["migrate"])
             XCTAssertEqual(refused.status, 1, refused.stdout)
             XCTAssertEqual(
@@ -191,7 +195,8 @@ final class ServerLoginRoleTests: XCTestCase {
                 "trunk-sync: TRUNK_SYNC_DATABASE_URL logs in as \(privileged), which has \(attributes.uppercased()): name a role only the server uses in TRUNK_SYNC_DATABASE_URL (migrate creates it); nothing was changed\n"
             )
             XCTAssertFalse(refused.stderr.contains(password))
-            let migrated = try PostgresConnection.connect(database).query("select to_regclass('schema_migrations') is null")[0]
+            let migrated = try PostgresConnection.connect(database).query(
+                "select to_regclass('schema_migrations') is null")[0]
                 .decode(Bool.self, column: 0)
             XCTAssertTrue(migrated, "nothing applied")
             let still = try admin.query(
@@ -209,15 +214,21 @@ final class ServerLoginRoleTests: XCTestCase {
         settings.maxConnections = 1
         let owner = try Database(database, settings: settings, logger: TestDatabase.quietLogger)
         let server = try Database(
-            try PostgresConfiguration(try TestDatabase.url(of: database, user: role, password: password)), settings: settings,
+            try PostgresConfiguration(try TestDatabase.url(of: database, user: role, password: password)),
+            settings: settings,
             logger: TestDatabase.quietLogger)
         var outcome: (owner: Error?, server: Error?) = (nil, nil)
-        do { try await owner.read(as: .server) { try await DatabaseRoles.requireOwner(on: $0) } } catch { outcome.owner = error }
-        do { try await server.read(as: .server) { try await DatabaseRoles.requireOwner(on: $0) } } catch { outcome.server = error }
+        do { try await owner.read(as: .server) { try await DatabaseRoles.requireOwner(on: $0) } } catch {
+            outcome.owner = error
+        }
+        do { try await server.read(as: .server) { try await DatabaseRoles.requireOwner(on: $0) } } catch {
+            outcome.server = error
+        }
         await owner.close()
         await server.close()
         XCTAssertNil(outcome.owner)
-        XCTAssertEqual((outcome.server as? DatabaseRoles.OwnerRequired)?.role, role, "\(String(describing: outcome.server))")
+        XCTAssertEqual(
+            (outcome.server as? DatabaseRoles.OwnerRequired)?.role, role, "\(String(describing: outcome.server))")
     }
 
     /// The owner's tools logged in as the server's login see nothing through row-level

@@ -61,7 +61,8 @@ final class MigrationTests: XCTestCase {
             XCTAssertTrue("\(error)".contains("0001_first.sql was edited"))
         }
         // Nothing else was applied.
-        XCTAssertEqual(try connection.query("select to_regclass('three') is null")[0].decode(Bool.self, column: 0), true)
+        XCTAssertEqual(
+            try connection.query("select to_regclass('three') is null")[0].decode(Bool.self, column: 0), true)
         XCTAssertThrowsError(try migrator().status(on: connection))
     }
 
@@ -157,7 +158,8 @@ final class MigrationTests: XCTestCase {
         _ = try migrator().migrate(on: connection)
         try write("0001_first.sql", "create table one (id int);")
         XCTAssertThrowsError(try migrator().migrate(on: connection)) { error in
-            XCTAssertEqual(error as? MigrationError, .outOfOrder(pending: "0001_first.sql", newestApplied: "0002_second.sql"))
+            XCTAssertEqual(
+                error as? MigrationError, .outOfOrder(pending: "0001_first.sql", newestApplied: "0002_second.sql"))
         }
     }
 

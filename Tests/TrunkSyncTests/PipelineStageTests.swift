@@ -155,7 +155,8 @@ final class PipelineStageTests: XCTestCase {
         // Without Access-Control-Request-Headers: the default list.
         let (defaults, _) = try answer(
             harness.pipeline.admit(
-                try head("OPTIONS", "/x", ["Origin": listedOrigin, "Access-Control-Request-Method": "GET"]), client: ""))
+                try head("OPTIONS", "/x", ["Origin": listedOrigin, "Access-Control-Request-Method": "GET"]), client: "")
+        )
         XCTAssertEqual(defaults.headers["Access-Control-Allow-Headers"], CORSPolicy.defaultAllowedHeaders)
         XCTAssertTrue(defaults.headers["Access-Control-Allow-Headers"]?.contains("x-request-id") == true)
 
@@ -187,7 +188,8 @@ final class PipelineStageTests: XCTestCase {
         // Even a browser's preflight gets no CORS headers when no origin is configured.
         let (response, context) = try answer(
             harness.pipeline.admit(
-                try head("OPTIONS", "/x", ["Origin": listedOrigin, "Access-Control-Request-Method": "GET"]), client: ""))
+                try head("OPTIONS", "/x", ["Origin": listedOrigin, "Access-Control-Request-Method": "GET"]), client: "")
+        )
         XCTAssertEqual(response.status.code, 204)
         XCTAssertEqual(response.headers.values(for: "Allow"), ["GET, HEAD, OPTIONS"])
         XCTAssertNil(response.headers["Access-Control-Allow-Origin"])
@@ -789,7 +791,8 @@ let testIssuer = "http://trunk-sync.test/auth/v1"
 /// A JWT signed with HS256 carrying the claims `TokenIssuer.verify` checks; nil leaves a
 /// claim out.
 func signedToken(
-    user: UUID = UUID(), subject: String? = nil, session: UUID? = UUID(), exp: Int64, audience: String = "authenticated",
+    user: UUID = UUID(), subject: String? = nil, session: UUID? = UUID(), exp: Int64,
+    audience: String = "authenticated",
     issuer: String? = testIssuer, issuedAt: Int64? = Int64(Date().timeIntervalSince1970), notBefore: Int64? = nil,
     secret: String = testSecret
 ) -> String {

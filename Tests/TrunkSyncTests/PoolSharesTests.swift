@@ -16,7 +16,8 @@ final class PoolSharesTests: XCTestCase {
         var configuration = HTTPServerConfiguration()
         configuration.port = 0
         configuration.loops = 3
-        let server = HTTPServer(configuration: configuration, responder: NothingResponder(), logger: TestDatabase.quietLogger)
+        let server = HTTPServer(
+            configuration: configuration, responder: NothingResponder(), logger: TestDatabase.quietLogger)
         try server.start()
         var settings = PostgresLoopPool.Configuration()
         settings.maxConnections = 1
@@ -52,7 +53,8 @@ final class PoolSharesTests: XCTestCase {
         var configuration = HTTPServerConfiguration()
         configuration.port = 0
         configuration.loops = 2
-        let server = HTTPServer(configuration: configuration, responder: NothingResponder(), logger: TestDatabase.quietLogger)
+        let server = HTTPServer(
+            configuration: configuration, responder: NothingResponder(), logger: TestDatabase.quietLogger)
         try server.start()
         var settings = PostgresLoopPool.Configuration()
         settings.maxConnections = 1

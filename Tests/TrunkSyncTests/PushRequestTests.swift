@@ -18,7 +18,9 @@ final class PushRequestTests: XCTestCase {
     func parse(_ body: String) -> PushRequest.Outcome { PushRequest.parse(Array(body.utf8)) }
 
     func testAValidPushKeepsThePayloadBytesAsWritten() throws {
-        guard case .events(let events) = parse(#"{"events":[\#(event(payload: #"{"b":1, "a":[1e308]}"#))], "extra": true}"#)
+        guard
+            case .events(let events) = parse(
+                #"{"events":[\#(event(payload: #"{"b":1, "a":[1e308]}"#))], "extra": true}"#)
         else { return XCTFail("valid") }
         XCTAssertEqual(events.count, 1)
         XCTAssertEqual(events[0].clientID, UUID(uuidString: id))
@@ -39,11 +41,16 @@ final class PushRequestTests: XCTestCase {
     func testFieldRules() {
         let cases: [(String, String)] = [
             (event(type: #""""#), "type"), (event(type: "\"" + String(repeating: "é", count: 129) + "\""), "type"),
-            (event(type: #""a\u0000""#), "type"), (event(payload: "[]"), "payload"), (event(payload: "null"), "payload"),
+            (event(type: #""a\u0000""#), "type"), (event(payload: "[]"), "payload"),
+            (event(payload: "null"), "payload"),
             (event(payload: #"{"n":1e400}"#), "payload"), (event(payload: #"{"s":"\udfff"}"#), "payload"),
-            (event(timestamp: #""2026-11-22""#), "client_timestamp"), (event(timestamp: "1700000000"), "client_timestamp"),
+            (event(timestamp: #""2026-11-22""#), "client_timestamp"),
+            (event(timestamp: "1700000000"), "client_timestamp"),
             (event(id: "6F1F0E3C-1111-4C3E-9D7A-3A1C8F0F2B1"), "client_id"),
-            (#"{"client_id":"\#(id)","client_id":"\#(id)","type":"t","payload":{},"client_timestamp":"2026-11-22T04:10:02Z"}"#, "client_id"),
+            (
+                #"{"client_id":"\#(id)","client_id":"\#(id)","type":"t","payload":{},"client_timestamp":"2026-11-22T04:10:02Z"}"#,
+                "client_id"
+            ),
         ]
         for (eventJSON, field) in cases {
             guard case .invalid(let problems) = parse(#"{"events":[\#(eventJSON)]}"#) else {
@@ -53,12 +60,17 @@ final class PushRequestTests: XCTestCase {
             XCTAssertEqual(problems.first?.field, field, eventJSON)
         }
         // 128 characters (not bytes) is the limit; upper-case UUIDs are UUIDs.
-        guard case .events = parse(#"{"events":[\#(event(id: id.uppercased(), type: "\"" + String(repeating: "é", count: 128) + "\""))]}"#)
+        guard
+            case .events = parse(
+                #"{"events":[\#(event(id: id.uppercased(), type: "\"" + String(repeating: "é", count: 128) + "\""))]}"#)
         else { return XCTFail("128 characters are allowed") }
     }
 
     func testMalformedBodiesSayWhereAndWhy() {
-        for body in ["", "[]", "{}", #"{"events":{}}"#, #"{"events":[]}"#, #"{"events":[1,]}"#, #"{"events":[]} x"#, "{\"events\":[" ] {
+        for body in [
+            "", "[]", "{}", #"{"events":{}}"#, #"{"events":[]}"#, #"{"events":[1,]}"#, #"{"events":[]} x"#,
+            "{\"events\":[",
+        ] {
             guard case .malformed(let reason) = parse(body) else {
                 XCTFail("\(body) is malformed")
                 continue

@@ -8,7 +8,8 @@ import XCTest
 final class RESTQueryTests: XCTestCase {
     func parse(_ query: String) throws -> RESTQuery {
         try RESTQuery.parse(
-            HTTPRequest(method: .get, path: "/rest/v1/events", query: query), table: "events", columns: RESTRoutes.eventColumns)
+            HTTPRequest(method: .get, path: "/rest/v1/events", query: query), table: "events",
+            columns: RESTRoutes.eventColumns)
     }
 
     func refusal(_ query: String) -> APIError? {

@@ -18,7 +18,9 @@ final class RESTTests: XCTestCase {
 
     override func tearDown() async throws { await app.stop() }
 
-    func row(_ clientID: UUID = UUID(), user: String? = nil, timestamp: String = "2026-11-22T04:10:02.123Z") -> [String: Any] {
+    func row(_ clientID: UUID = UUID(), user: String? = nil, timestamp: String = "2026-11-22T04:10:02.123Z") -> [String:
+        Any]
+    {
         var row: [String: Any] = [
             "type": "sprout_planted", "payload": ["a": 1], "client_id": clientID.uuidString,
             "client_timestamp": timestamp,
@@ -32,17 +34,20 @@ final class RESTTests: XCTestCase {
             "POST", "/rest/v1/events" + query, json: body, bearer: token, headers: prefer.map { ["Prefer": $0] } ?? [:])
     }
 
-    func get(_ path: String, headers: [String: String] = [:], bearer: String? = nil) async throws -> AppHarness.Response {
+    func get(_ path: String, headers: [String: String] = [:], bearer: String? = nil) async throws -> AppHarness.Response
+    {
         try await app.request("GET", path, bearer: bearer ?? token, headers: headers)
     }
 
     func assertPostgRESTError(
-        _ response: AppHarness.Response, _ status: Int, _ code: String, file: StaticString = #filePath, line: UInt = #line
+        _ response: AppHarness.Response, _ status: Int, _ code: String, file: StaticString = #filePath,
+        line: UInt = #line
     ) {
         XCTAssertEqual(response.status, status, response.text, file: file, line: line)
         XCTAssertEqual(response.json["code"] as? String, code, response.text, file: file, line: line)
         XCTAssertNotNil(response.json["message"] as? String, file: file, line: line)
-        XCTAssertTrue(response.json.keys.contains("details") && response.json.keys.contains("hint"), file: file, line: line)
+        XCTAssertTrue(
+            response.json.keys.contains("details") && response.json.keys.contains("hint"), file: file, line: line)
         XCTAssertEqual(response.headers["proxy-status"], "PostgREST; error=\(code)", file: file, line: line)
     }
 
@@ -70,7 +75,8 @@ final class RESTTests: XCTestCase {
         assertPostgRESTError(twice, 400, "PGRST100")
         XCTAssertEqual(twice.json["details"] as? String, "column seq is selected more than once")
         // Every column once: at most one payload per row, plus the fixed fields.
-        let all = try await get("/rest/v1/events?select=id,user_id,seq,type,payload,client_id,client_timestamp,created_at&limit=20")
+        let all = try await get(
+            "/rest/v1/events?select=id,user_id,seq,type,payload,client_id,client_timestamp,created_at&limit=20")
         XCTAssertEqual(all.status, 200)
         XCTAssertEqual(array(all).count, 20)
         XCTAssertLessThanOrEqual(all.body.count, 20 * RESTRoutes.maxEventRowBytes)
@@ -103,12 +109,15 @@ final class RESTTests: XCTestCase {
             [row(a), row(b), row(c)], prefer: "return=representation",
             query: "?columns=%22client_timestamp%22%2C%22type%22%2C%22payload%22%2C%22client_id%22%2C%22user_id%22")
         XCTAssertEqual(batch.status, 201, batch.text)
-        XCTAssertEqual(Set(array(batch).compactMap { $0["client_id"] as? String }), [b, c].map { $0.uuidString.lowercased() }.reduce(into: Set<String>()) { $0.insert($1) })
+        XCTAssertEqual(
+            Set(array(batch).compactMap { $0["client_id"] as? String }),
+            [b, c].map { $0.uuidString.lowercased() }.reduce(into: Set<String>()) { $0.insert($1) })
         let upsert = try await insert(
             [row(a)], prefer: "return=representation,resolution=ignore-duplicates", query: "?on_conflict=client_id")
         XCTAssertEqual(upsert.status, 201)
         XCTAssertEqual(upsert.text, "[]")
-        let merge = try await insert([row(b)], prefer: "resolution=merge-duplicates", query: "?on_conflict=user_id,client_id")
+        let merge = try await insert(
+            [row(b)], prefer: "resolution=merge-duplicates", query: "?on_conflict=user_id,client_id")
         XCTAssertEqual(merge.status, 201)
         let count = try app.owner().query("select count(*) from events")[0].decode(Int.self, column: 0)
         XCTAssertEqual(count, 3)
@@ -171,13 +180,17 @@ final class RESTTests: XCTestCase {
     }
 
     func testProfilesSingleUpdateAndUpsert() async throws {
-        let none = try await get("/rest/v1/profiles?select=full_name&id=eq.\(userID!)", headers: ["Accept": "application/vnd.pgrst.object+json"])
+        let none = try await get(
+            "/rest/v1/profiles?select=full_name&id=eq.\(userID!)",
+            headers: ["Accept": "application/vnd.pgrst.object+json"])
         XCTAssertEqual(none.status, 200)
         XCTAssertEqual(none.text, #"{"full_name":null}"#)
         let update = try await app.request(
             "PUT", "/auth/v1/user", json: ["data": ["full_name": "Alice"]], bearer: token)
         XCTAssertEqual(update.status, 200)
-        let named = try await get("/rest/v1/profiles?select=full_name&id=eq.\(userID!)", headers: ["Accept": "application/vnd.pgrst.object+json"])
+        let named = try await get(
+            "/rest/v1/profiles?select=full_name&id=eq.\(userID!)",
+            headers: ["Accept": "application/vnd.pgrst.object+json"])
         XCTAssertEqual(named.text, #"{"full_name":"Alice"}"#)
         let patched = try await app.request(
             "PATCH", "/rest/v1/profiles?id=eq.\(userID!)", json: ["full_name": "B"], bearer: token,
@@ -185,14 +198,18 @@ final class RESTTests: XCTestCase {
         XCTAssertEqual(patched.status, 200)
         XCTAssertEqual(array(patched).first?["full_name"] as? String, "B")
         let user = try await app.request("GET", "/auth/v1/user", bearer: token)
-        XCTAssertEqual((user.json["user_metadata"] as? [String: Any])?["full_name"] as? String, "B", "one full_name for both APIs")
+        XCTAssertEqual(
+            (user.json["user_metadata"] as? [String: Any])?["full_name"] as? String, "B", "one full_name for both APIs")
         let upsert = try await app.request(
-            "POST", "/rest/v1/profiles", json: ["id": userID!, "full_name": "C"], bearer: token, headers: ["Prefer": "return=representation"])
+            "POST", "/rest/v1/profiles", json: ["id": userID!, "full_name": "C"], bearer: token,
+            headers: ["Prefer": "return=representation"])
         XCTAssertEqual(upsert.status, 201)
         XCTAssertEqual(array(upsert).first?["full_name"] as? String, "C")
-        let foreign = try await app.request("POST", "/rest/v1/profiles", json: ["id": UUID().uuidString, "full_name": "X"], bearer: token)
+        let foreign = try await app.request(
+            "POST", "/rest/v1/profiles", json: ["id": UUID().uuidString, "full_name": "X"], bearer: token)
         assertPostgRESTError(foreign, 403, "42501")
-        let minimal = try await app.request("PATCH", "/rest/v1/profiles?id=eq.\(userID!)", json: ["full_name": "D"], bearer: token)
+        let minimal = try await app.request(
+            "PATCH", "/rest/v1/profiles?id=eq.\(userID!)", json: ["full_name": "D"], bearer: token)
         XCTAssertEqual(minimal.status, 204)
     }
 
@@ -200,7 +217,8 @@ final class RESTTests: XCTestCase {
         let zero = try await get("/rest/v1/events?select=*", headers: ["Accept": "application/vnd.pgrst.object+json"])
         assertPostgRESTError(zero, 406, "PGRST116")
         _ = try await insert([row(), row()])
-        let several = try await get("/rest/v1/events?select=*", headers: ["Accept": "application/vnd.pgrst.object+json"])
+        let several = try await get(
+            "/rest/v1/events?select=*", headers: ["Accept": "application/vnd.pgrst.object+json"])
         assertPostgRESTError(several, 406, "PGRST116")
     }
 
@@ -266,9 +284,11 @@ final class RESTAPIKeyTests: XCTestCase {
         let session = try await app.application.auth.issueSession(email: try XCTUnwrap(Email("k@example.com")))
         let missing = try await app.request("GET", "/rest/v1/events", bearer: session.accessToken)
         XCTAssertEqual(missing.status, 401)
-        let wrong = try await app.request("GET", "/rest/v1/events", bearer: session.accessToken, headers: ["apikey": "nope"])
+        let wrong = try await app.request(
+            "GET", "/rest/v1/events", bearer: session.accessToken, headers: ["apikey": "nope"])
         XCTAssertEqual(wrong.status, 401)
-        let right = try await app.request("GET", "/rest/v1/events", bearer: session.accessToken, headers: ["apikey": "anon-key"])
+        let right = try await app.request(
+            "GET", "/rest/v1/events", bearer: session.accessToken, headers: ["apikey": "anon-key"])
         XCTAssertEqual(right.status, 200)
         await app.stop()
     }

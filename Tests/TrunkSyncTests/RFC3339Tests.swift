@@ -6,7 +6,8 @@ import XCTest
 final class RFC3339Tests: XCTestCase {
     func testUpToNineFractionDigitsAreReadDownToMicroseconds() throws {
         let expected = try XCTUnwrap(RFC3339.parse("2026-11-22T04:10:02.123456Z"))
-        for text in ["2026-11-22T04:10:02.1234567Z", "2026-11-22T04:10:02.12345678Z", "2026-11-22T04:10:02.123456789Z"] {
+        for text in ["2026-11-22T04:10:02.1234567Z", "2026-11-22T04:10:02.12345678Z", "2026-11-22T04:10:02.123456789Z"]
+        {
             XCTAssertEqual(RFC3339.parse(text), expected, text)
         }
         XCTAssertEqual(
@@ -26,7 +27,10 @@ final class RFC3339Tests: XCTestCase {
     }
 
     func testWhatPostgresWouldTakeButRFC3339DoesNotIsRefused() {
-        for text in ["now", "epoch", "infinity", "2026-11-22", "2026-11-22T04:10:02", "2026-02-30T00:00:00Z", "2026-11-22T24:00:00Z"] {
+        for text in [
+            "now", "epoch", "infinity", "2026-11-22", "2026-11-22T04:10:02", "2026-02-30T00:00:00Z",
+            "2026-11-22T24:00:00Z",
+        ] {
             XCTAssertNil(RFC3339.parse(text), text)
         }
     }

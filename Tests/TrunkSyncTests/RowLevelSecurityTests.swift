@@ -80,7 +80,9 @@ class RowLevelSecurityTests: XCTestCase {
         }
     }
 
-    func assertRefused(_ statement: String, _ binds: any PostgresEncodable..., settings: [String: String], line: UInt = #line)
+    func assertRefused(
+        _ statement: String, _ binds: any PostgresEncodable..., settings: [String: String], line: UInt = #line
+    )
         throws
     {
         do {
@@ -101,7 +103,10 @@ class RowLevelSecurityTests: XCTestCase {
                        (select array_agg(distinct tableowner::text) from pg_tables where tablename = any($1))
                 from pg_roles where rolname = current_user
                 """, Self.userTables)[0]
-            return (try row.decode(Bool.self, column: 0), try row.decode(Bool.self, column: 1), try row.decode([String].self, column: 2))
+            return (
+                try row.decode(Bool.self, column: 0), try row.decode(Bool.self, column: 1),
+                try row.decode([String].self, column: 2)
+            )
         }
         XCTAssertFalse(isSuperuser)
         XCTAssertFalse(bypasses)
@@ -141,8 +146,10 @@ class RowLevelSecurityTests: XCTestCase {
             try counts(["app.user_id": UUID().uuidString]),
             ["users": 0, "sessions": 0, "refresh_tokens": 0, "otp_codes": 0, "events": 0])
         let owners = try asServer(["app.user_id": alice.uuidString]) { connection in
-            try ["select id from users", "select user_id from sessions", "select user_id from refresh_tokens",
-                "select distinct user_id from events"].flatMap { sql in
+            try [
+                "select id from users", "select user_id from sessions", "select user_id from refresh_tokens",
+                "select distinct user_id from events",
+            ].flatMap { sql in
                 try connection.query(sql).map { try $0.decode(UUID.self, column: 0) }
             }
         }
@@ -202,7 +209,8 @@ class RowLevelSecurityTests: XCTestCase {
         XCTAssertEqual(
             try counts(["app.refresh_token_hash": Hex.encode(SHA256.hash("no such token"))])["refresh_tokens"], 0)
         // Finding it is all it allows: writing a token needs the user's id.
-        let session = try owner.query("select id from sessions where user_id = $1", alice)[0].decode(UUID.self, column: 0)
+        let session = try owner.query("select id from sessions where user_id = $1", alice)[0].decode(
+            UUID.self, column: 0)
         try assertRefused(
             "insert into refresh_tokens (session_id, user_id, token_hash) values ($1, $2, '\\x01')", session, alice,
             settings: ["app.refresh_token_hash": hash])
@@ -229,7 +237,8 @@ class RowLevelSecurityTests: XCTestCase {
         XCTAssertEqual(try page.map { try $0.decode(Int64.self, column: 0) }, [2, 3])
         XCTAssertEqual(try connection.pipeline([select])[0].count, 0, "the next pipeline sees nothing")
         XCTAssertEqual(
-            try connection.query("select current_setting('app.user_id', true)")[0].decode(String?.self, column: 0) ?? "", "")
+            try connection.query("select current_setting('app.user_id', true)")[0].decode(String?.self, column: 0)
+                ?? "", "")
         XCTAssertEqual(try count("events", on: connection), 0)
     }
 
@@ -242,7 +251,8 @@ class RowLevelSecurityTests: XCTestCase {
             XCTAssertEqual(
                 try connection.query("update sessions set revoked_at = now() where user_id = $1", bob).affectedRows, 0)
             XCTAssertEqual(
-                try connection.query("update refresh_tokens set revoked_at = now() where user_id = $1", bob).affectedRows, 0)
+                try connection.query("update refresh_tokens set revoked_at = now() where user_id = $1", bob)
+                    .affectedRows, 0)
         }
         try assertRefused("insert into sessions (user_id) values ($1)", bob, settings: asAlice)
         try assertRefused(
@@ -319,7 +329,8 @@ final class ServerLoginRowLevelSecurityTests: RowLevelSecurityTests {
         try await super.setUp()
         role = TestDatabase.roleName("rls_server")
         password = TestSecrets.randomHex()
-        let login = try XCTUnwrap(try DatabaseRoles.ServerLogin(url: try TestDatabase.url(of: database, user: role, password: password)))
+        let login = try XCTUnwrap(
+            try DatabaseRoles.ServerLogin(url: try TestDatabase.url(of: database, user: role, password: password)))
         try DatabaseRoles.checkServerLogin(login, on: owner)
         XCTAssertEqual(try DatabaseRoles.ensureServerLogin(login, on: owner), .created(role))
     }
@@ -330,7 +341,8 @@ final class ServerLoginRowLevelSecurityTests: RowLevelSecurityTests {
     }
 
     override func serverConnection() throws -> PostgresConnection {
-        try PostgresConnection.connect(try PostgresConfiguration(try TestDatabase.url(of: database, user: role, password: password)))
+        try PostgresConnection.connect(
+            try PostgresConfiguration(try TestDatabase.url(of: database, user: role, password: password)))
     }
 
     /// Undoing the switch gains nothing: the login itself holds no more than trunk_sync_app.
@@ -365,7 +377,9 @@ final class NonSuperuserOwnerTests: XCTestCase {
         let migrator = Migrator(
             migrations: try Migration.load(from: repositoryRoot() + "/migrations"), logger: TestDatabase.quietLogger)
         _ = try migrator.migrate(on: owner)
-        XCTAssertFalse(try owner.query("select rolsuper from pg_roles where rolname = current_user")[0].decode(Bool.self, column: 0))
+        XCTAssertFalse(
+            try owner.query("select rolsuper from pg_roles where rolname = current_user")[0].decode(
+                Bool.self, column: 0))
         try owner.query("insert into users (email) values ('a@example.com'), ('b@example.com')")
         XCTAssertEqual(try owner.query("select count(*) from users")[0].decode(Int.self, column: 0), 2)
         XCTAssertNoThrow(try DatabaseRoles.requireOwner(on: owner))
@@ -374,7 +388,8 @@ final class NonSuperuserOwnerTests: XCTestCase {
         defer { TestDatabase.dropRole(server) }
         let serverPassword = TestSecrets.randomHex()
         let login = try XCTUnwrap(
-            try DatabaseRoles.ServerLogin(url: try TestDatabase.url(of: database, user: server, password: serverPassword)))
+            try DatabaseRoles.ServerLogin(
+                url: try TestDatabase.url(of: database, user: server, password: serverPassword)))
         try DatabaseRoles.checkServerLogin(login, on: owner)
         XCTAssertEqual(try DatabaseRoles.ensureServerLogin(login, on: owner), .created(server))
         let asServer = try PostgresConnection.connect(

@@ -41,10 +41,13 @@ final class SecretSettingsTests: XCTestCase {
             let lines = result.stderr.split(separator: "\n", omittingEmptySubsequences: false)
             XCTAssertEqual(lines.count, 2, "one line: \(what)", file: file, line: line)
             XCTAssertTrue(result.stderr.hasPrefix("trunk-sync: \(variable) "), what, file: file, line: line)
-            for text in expected { XCTAssertTrue(result.stderr.contains(text), "\(text) in \(what)", file: file, line: line) }
+            for text in expected {
+                XCTAssertTrue(result.stderr.contains(text), "\(text) in \(what)", file: file, line: line)
+            }
             for secret in hidden where !secret.isEmpty {
                 XCTAssertFalse(result.stderr.contains(secret), "\(secret) shown: \(what)", file: file, line: line)
-                XCTAssertFalse(result.stdout.contains(secret), "\(secret) shown: \(result.stdout)", file: file, line: line)
+                XCTAssertFalse(
+                    result.stdout.contains(secret), "\(secret) shown: \(result.stdout)", file: file, line: line)
             }
         }
     }
@@ -53,7 +56,9 @@ final class SecretSettingsTests: XCTestCase {
 
     /// Every `TRUNK_SYNC_JWT_SECRET=` value the repository's documentation shows.
     func documentedSecrets(_ variable: String) throws -> [String] {
-        let files = [".env.example", "README.md", "docs/operations.md", "docs/api.md", "config/README.md", "docker-compose.yml"]
+        let files = [
+            ".env.example", "README.md", "docs/operations.md", "docs/api.md", "config/README.md", "docker-compose.yml",
+        ]
         var values: [String] = []
         for file in files {
             let text = try String(contentsOfFile: repositoryRoot() + "/" + file, encoding: .utf8)
@@ -95,7 +100,10 @@ final class SecretSettingsTests: XCTestCase {
         // The database passwords the documentation shows: .env.example's and the README's
         // postgres://user:pass@host:port/db.
         let example = try String(contentsOfFile: repositoryRoot() + "/.env.example", encoding: .utf8)
-        let passwords = example.split(separator: "\n").filter { $0.hasPrefix("POSTGRES_PASSWORD=") || $0.hasPrefix("SERVER_DB_PASSWORD=") }
+        let passwords =
+            example.split(separator: "\n").filter {
+                $0.hasPrefix("POSTGRES_PASSWORD=") || $0.hasPrefix("SERVER_DB_PASSWORD=")
+            }
             .map { String($0.split(separator: "=", maxSplits: 1)[1]) } + ["pass"]
         XCTAssertEqual(passwords.count, 3)
         for password in passwords {
@@ -104,7 +112,8 @@ final class SecretSettingsTests: XCTestCase {
                     "TRUNK_SYNC_DATABASE_URL": "postgres://user:\(password)@127.0.0.1:1/trunk_sync",
                     "TRUNK_SYNC_JWT_SECRET": TestSecrets.random(),
                 ],
-                variable: "TRUNK_SYNC_DATABASE_URL", saying: ["example password"], hiding: [password == "pass" ? "" : password])
+                variable: "TRUNK_SYNC_DATABASE_URL", saying: ["example password"],
+                hiding: [password == "pass" ? "" : password])
         }
     }
 
@@ -128,7 +137,9 @@ final class SecretSettingsTests: XCTestCase {
 
     func testRandomSecretsAreAccepted() throws {
         // What the documentation says to run, and the other common ways of making one.
-        for arguments in [["rand", "-base64", "48"], ["rand", "-base64", "32"], ["rand", "-hex", "32"], ["rand", "-hex", "16"]] {
+        for arguments in [
+            ["rand", "-base64", "48"], ["rand", "-base64", "32"], ["rand", "-hex", "32"], ["rand", "-hex", "16"],
+        ] {
             let made = try Command.run("/usr/bin/openssl", arguments)
             XCTAssertEqual(made.status, 0, made.stderr)
             let secret = made.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
@@ -148,15 +159,15 @@ final class SecretSettingsTests: XCTestCase {
     /// Every setting `Setting.all` marks secret must have some.
     func malformedValues(_ marker: String) -> [String: [String]] {
         let databaseURLs = [
-                "postgres://trunk:\(marker)@127.0.0.1:notaport/trunk_sync",  // port
-                "postgres://trunk:\(marker)/x@127.0.0.1/trunk_sync",  // unescaped / in the password
-                "postgres://trunk:ab@\(marker)@127.0.0.1/trunk_sync",  // unescaped @ in the password
-                "postgres://trunk:p%zz\(marker)@127.0.0.1/trunk_sync",  // bad percent-encoding
-                "postgres://trunk:\(marker)@[::1/trunk_sync",  // libpq quotes the whole URL
-                "postgres://trunk:\(marker)@127.0.0.1/trunk_sync?\(marker)=1",  // unknown parameter
-                "postgres://trunk:\(marker)@127.0.0.1/trunk_sync?sslmode=\(marker)",
-                "host=127.0.0.1 password=\(marker) \(marker)",  // conninfo without =
-                "host=127.0.0.1 password='\(marker)",  // unterminated quote
+            "postgres://trunk:\(marker)@127.0.0.1:notaport/trunk_sync",  // port
+            "postgres://trunk:\(marker)/x@127.0.0.1/trunk_sync",  // unescaped / in the password
+            "postgres://trunk:ab@\(marker)@127.0.0.1/trunk_sync",  // unescaped @ in the password
+            "postgres://trunk:p%zz\(marker)@127.0.0.1/trunk_sync",  // bad percent-encoding
+            "postgres://trunk:\(marker)@[::1/trunk_sync",  // libpq quotes the whole URL
+            "postgres://trunk:\(marker)@127.0.0.1/trunk_sync?\(marker)=1",  // unknown parameter
+            "postgres://trunk:\(marker)@127.0.0.1/trunk_sync?sslmode=\(marker)",
+            "host=127.0.0.1 password=\(marker) \(marker)",  // conninfo without =
+            "host=127.0.0.1 password='\(marker)",  // unterminated quote
         ]
         return [
             "database_url": databaseURLs,

@@ -198,7 +198,8 @@ final class SigningKeyTests: XCTestCase {
     /// server (given the key encryption key) opens.
     func testKeysAddStoresThePrivateKeyEncrypted() async throws {
         let kid = try addKey()
-        let row = try app.owner().query("select private_key, private_key_sealed from signing_keys where kid = $1", kid)[0]
+        let row = try app.owner().query("select private_key, private_key_sealed from signing_keys where kid = $1", kid)[
+            0]
         XCTAssertNil(try row.decode(String?.self, column: 0), "no plaintext column value")
         let sealed = try XCTUnwrap(try row.decode(PostgresBytes?.self, column: 1)).bytes
         XCTAssertEqual(sealed.first, 1, "format version")
@@ -210,8 +211,9 @@ final class SigningKeyTests: XCTestCase {
         let pem = try KeyEncryptionKey(secret: app.keyEncryptionKey).open(sealed, keyID: kid)
         XCTAssertTrue(pem.hasPrefix("-----BEGIN PRIVATE KEY-----"), "PKCS#8 PEM inside")
         XCTAssertThrowsError(try KeyEncryptionKey(secret: TestSecrets.random()).open(sealed, keyID: kid))
-        XCTAssertThrowsError(try KeyEncryptionKey(secret: app.keyEncryptionKey).open(sealed, keyID: "another-kid"),
-                             "bound to its kid")
+        XCTAssertThrowsError(
+            try KeyEncryptionKey(secret: app.keyEncryptionKey).open(sealed, keyID: "another-kid"),
+            "bound to its kid")
     }
 
     func testKeysAddWithoutAKeyEncryptionKeyIsRefused() throws {
@@ -259,11 +261,13 @@ final class SigningKeyTests: XCTestCase {
 
     func testReadinessWaitsForTheFirstKeyLoadAndRevocationLoad() async throws {
         // Without a listener, whose connection would load the revocations by itself.
-        let configuration = try Configuration.load(environment: environment.merging(["TRUNK_SYNC_PORT": "0", "TRUNK_SYNC_ADMIN_PORT": "0"]) { $1 })
+        let configuration = try Configuration.load(
+            environment: environment.merging(["TRUNK_SYNC_PORT": "0", "TRUNK_SYNC_ADMIN_PORT": "0"]) { $1 })
         let application = try Application(
             configuration: configuration, logger: TestDatabase.quietLogger, sender: app.sender, listen: false)
         let server = HTTPServer(
-            configuration: application.serverConfiguration, responder: application.pipeline(logger: TestDatabase.quietLogger),
+            configuration: application.serverConfiguration,
+            responder: application.pipeline(logger: TestDatabase.quietLogger),
             logger: TestDatabase.quietLogger)
         let admin = HTTPServer(
             configuration: application.adminServerConfiguration,

@@ -25,7 +25,9 @@ final class SupabaseImportPartsTests: XCTestCase {
         XCTAssertFalse(token.contains("="), "no padding")
         XCTAssertEqual(bytes.count, 1 + 16 + 2 + 16 + 4)
         XCTAssertEqual(bytes[0], 0)
-        XCTAssertEqual(Array(bytes[1..<17]), [0x0f, 0x1e, 0x2d, 0x3c, 0x4b, 0x5a, 0x69, 0x78, 0x87, 0x96, 0xa5, 0xb4, 0xc3, 0xd2, 0xe1, 0xf0])
+        XCTAssertEqual(
+            Array(bytes[1..<17]),
+            [0x0f, 0x1e, 0x2d, 0x3c, 0x4b, 0x5a, 0x69, 0x78, 0x87, 0x96, 0xa5, 0xb4, 0xc3, 0xd2, 0xe1, 0xf0])
         XCTAssertEqual(Array(bytes[17..<19]), [0xac, 0x02], "300 as an unsigned varint")
         XCTAssertEqual(Array(bytes[19..<35]), Array(HMAC.sha256(key: key, message: Array(bytes[0..<19])).prefix(16)))
         XCTAssertEqual(Array(bytes[35...]), Array(SHA256.hash(Array(bytes[0..<35])).prefix(4)))
@@ -35,7 +37,9 @@ final class SupabaseImportPartsTests: XCTestCase {
         let key = (0..<32).map { UInt8($0) }
         XCTAssertEqual(try SupabaseRefreshToken.key(stored: Base64URL.encode(key)).get(), key)
         XCTAssertEqual(try SupabaseRefreshToken.key(stored: Data(key).base64EncodedString()).get(), key)
-        guard case .failure(.encrypted) = SupabaseRefreshToken.key(stored: #"{"key_id":"k","alg":"aes-gcm-hkdf","nonce":"x","data":"y"}"#)
+        guard
+            case .failure(.encrypted) = SupabaseRefreshToken.key(
+                stored: #"{"key_id":"k","alg":"aes-gcm-hkdf","nonce":"x","data":"y"}"#)
         else { return XCTFail("an encrypted key must be recognised") }
         guard case .failure(.unreadable) = SupabaseRefreshToken.key(stored: "!!") else { return XCTFail("garbage") }
     }

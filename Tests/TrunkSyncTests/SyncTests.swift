@@ -30,7 +30,8 @@ final class SyncTests: XCTestCase {
         let token = try await app.token("a@example.com")
         let id = UUID()
         let payload: [String: Any] = [
-            "text": "ünïcødé 🌱 \"quoted\" \\ back", "nested": ["list": [1, 2.5, -3, true, NSNull()], "deep": ["x": ["y": "z"]]],
+            "text": "ünïcødé 🌱 \"quoted\" \\ back",
+            "nested": ["list": [1, 2.5, -3, true, NSNull()], "deep": ["x": ["y": "z"]]],
             "big": 12_345_678_901_234, "small": -0.000123,
         ]
         let pushed = try await push([Self.event(id, payload: payload)], token: token)
@@ -120,7 +121,8 @@ final class SyncTests: XCTestCase {
         XCTAssertEqual(mixed.status, 200, mixed.text)
         let results = try XCTUnwrap(mixed.json["results"] as? [[String: Any]])
         XCTAssertEqual(results.map { $0["seq"] as? Int }, [4, 2, 5, 3, 6])
-        XCTAssertEqual(results.map { $0["status"] as? String }, ["created", "duplicate", "created", "duplicate", "created"])
+        XCTAssertEqual(
+            results.map { $0["status"] as? String }, ["created", "duplicate", "created", "duplicate", "created"])
         let next = try await push([Self.event()], token: token)
         XCTAssertEqual((next.json["results"] as? [[String: Any]])?.first?["seq"] as? Int, 7)
         let rows = try app.owner().query(
@@ -141,25 +143,67 @@ final class SyncTests: XCTestCase {
         missing.removeValue(forKey: "type")
         let bigPayload = ["blob": String(repeating: "x", count: 70_000)]
         let cases: [(body: String, code: String, field: String?)] = [
-            (#"{"events":[{"client_id":"nope","type":"t","payload":{},"client_timestamp":"2026-11-22T04:10:02Z"}]}"#, "validation_failed", "client_id"),
-            (#"{"events":[{"client_id":"\#(UUID())","type":"","payload":{},"client_timestamp":"2026-11-22T04:10:02Z"}]}"#, "validation_failed", "type"),
-            (#"{"events":[{"client_id":"\#(UUID())","type":"\#(String(repeating: "t", count: 129))","payload":{},"client_timestamp":"2026-11-22T04:10:02Z"}]}"#, "validation_failed", "type"),
-            (#"{"events":[{"client_id":"\#(UUID())","type":"t","payload":[1],"client_timestamp":"2026-11-22T04:10:02Z"}]}"#, "validation_failed", "payload"),
-            (#"{"events":[{"client_id":"\#(UUID())","type":"t","payload":"{}","client_timestamp":"2026-11-22T04:10:02Z"}]}"#, "validation_failed", "payload"),
-            (#"{"events":[{"client_id":"\#(UUID())","type":"t","payload":{},"client_timestamp":"now"}]}"#, "validation_failed", "client_timestamp"),
-            (#"{"events":[{"client_id":"\#(UUID())","type":"t","payload":{},"client_timestamp":"2026-02-30T00:00:00Z"}]}"#, "validation_failed", "client_timestamp"),
-            (#"{"events":[{"client_id":"\#(UUID())","type":"t","payload":{},"client_timestamp":"infinity"}]}"#, "validation_failed", "client_timestamp"),
-            (#"{"events":[{"client_id":"\#(UUID())","type":7,"payload":{},"client_timestamp":"2026-11-22T04:10:02Z"}]}"#, "validation_failed", "type"),
+            (
+                #"{"events":[{"client_id":"nope","type":"t","payload":{},"client_timestamp":"2026-11-22T04:10:02Z"}]}"#,
+                "validation_failed", "client_id"
+            ),
+            (
+                #"{"events":[{"client_id":"\#(UUID())","type":"","payload":{},"client_timestamp":"2026-11-22T04:10:02Z"}]}"#,
+                "validation_failed", "type"
+            ),
+            (
+                #"{"events":[{"client_id":"\#(UUID())","type":"\#(String(repeating: "t", count: 129))","payload":{},"client_timestamp":"2026-11-22T04:10:02Z"}]}"#,
+                "validation_failed", "type"
+            ),
+            (
+                #"{"events":[{"client_id":"\#(UUID())","type":"t","payload":[1],"client_timestamp":"2026-11-22T04:10:02Z"}]}"#,
+                "validation_failed", "payload"
+            ),
+            (
+                #"{"events":[{"client_id":"\#(UUID())","type":"t","payload":"{}","client_timestamp":"2026-11-22T04:10:02Z"}]}"#,
+                "validation_failed", "payload"
+            ),
+            (
+                #"{"events":[{"client_id":"\#(UUID())","type":"t","payload":{},"client_timestamp":"now"}]}"#,
+                "validation_failed", "client_timestamp"
+            ),
+            (
+                #"{"events":[{"client_id":"\#(UUID())","type":"t","payload":{},"client_timestamp":"2026-02-30T00:00:00Z"}]}"#,
+                "validation_failed", "client_timestamp"
+            ),
+            (
+                #"{"events":[{"client_id":"\#(UUID())","type":"t","payload":{},"client_timestamp":"infinity"}]}"#,
+                "validation_failed", "client_timestamp"
+            ),
+            (
+                #"{"events":[{"client_id":"\#(UUID())","type":7,"payload":{},"client_timestamp":"2026-11-22T04:10:02Z"}]}"#,
+                "validation_failed", "type"
+            ),
             (#"{"events":[42]}"#, "validation_failed", ""),
-            (#"{"events":[{"client_id":"\#(UUID())","type":"t","payload":{"a":"\u0000"},"client_timestamp":"2026-11-22T04:10:02Z"}]}"#, "validation_failed", "payload"),
-            (#"{"events":[{"client_id":"\#(UUID())","type":"t","payload":{"a":"\ud800"},"client_timestamp":"2026-11-22T04:10:02Z"}]}"#, "validation_failed", "payload"),
-            (#"{"events":[{"client_id":"\#(UUID())","type":"t","payload":{"a":1e999999},"client_timestamp":"2026-11-22T04:10:02Z"}]}"#, "validation_failed", "payload"),
+            (
+                #"{"events":[{"client_id":"\#(UUID())","type":"t","payload":{"a":"\u0000"},"client_timestamp":"2026-11-22T04:10:02Z"}]}"#,
+                "validation_failed", "payload"
+            ),
+            (
+                #"{"events":[{"client_id":"\#(UUID())","type":"t","payload":{"a":"\ud800"},"client_timestamp":"2026-11-22T04:10:02Z"}]}"#,
+                "validation_failed", "payload"
+            ),
+            (
+                #"{"events":[{"client_id":"\#(UUID())","type":"t","payload":{"a":1e999999},"client_timestamp":"2026-11-22T04:10:02Z"}]}"#,
+                "validation_failed", "payload"
+            ),
             (#"{"events":[]}"#, "invalid_json", nil),
             (#"{"events":{}}"#, "invalid_json", nil),
             (#"{}"#, "invalid_json", nil),
             (#"[]"#, "invalid_json", nil),
-            (#"{"events":[{"client_id":"\#(UUID())","type":"t","payload":{},"client_timestamp":"2026-11-22T04:10:02Z"}]} trailing"#, "invalid_json", nil),
-            (#"{"events":[{"client_id":"\#(UUID())","type":"t","payload":{"a":tru},"client_timestamp":"2026-11-22T04:10:02Z"}]}"#, "invalid_json", nil),
+            (
+                #"{"events":[{"client_id":"\#(UUID())","type":"t","payload":{},"client_timestamp":"2026-11-22T04:10:02Z"}]} trailing"#,
+                "invalid_json", nil
+            ),
+            (
+                #"{"events":[{"client_id":"\#(UUID())","type":"t","payload":{"a":tru},"client_timestamp":"2026-11-22T04:10:02Z"}]}"#,
+                "invalid_json", nil
+            ),
             ("not json at all", "invalid_json", nil),
             ("", "invalid_json", nil),
         ]
@@ -175,7 +219,8 @@ final class SyncTests: XCTestCase {
             }
         }
         // One bad event among good ones rejects the whole batch, naming each bad index.
-        let mixed = try await push([good, missing, Self.event(), ["client_id": "x"], Self.event(payload: bigPayload)], token: token)
+        let mixed = try await push(
+            [good, missing, Self.event(), ["client_id": "x"], Self.event(payload: bigPayload)], token: token)
         XCTAssertEqual(mixed.status, 400)
         let details = try XCTUnwrap(mixed.json["details"] as? [[String: Any]])
         XCTAssertEqual(Set(details.compactMap { $0["index"] as? Int }), [1, 3, 4])
@@ -218,7 +263,10 @@ final class SyncTests: XCTestCase {
 
     func testBadPullParametersAre400() async throws {
         let token = try await app.token("p@example.com")
-        for query in ["after=-1", "after=x", "limit=0", "limit=1001", "wait=61", "wait=-1", "after=1&after=2", "cursor=1", "limit=1.5"] {
+        for query in [
+            "after=-1", "after=x", "limit=0", "limit=1001", "wait=61", "wait=-1", "after=1&after=2", "cursor=1",
+            "limit=1.5",
+        ] {
             let response = try await pull(query, token: token)
             XCTAssertEqual(response.status, 400, query)
             XCTAssertEqual(response.json["code"] as? String, "invalid_parameter", query)
@@ -279,7 +327,9 @@ final class SyncTests: XCTestCase {
                         ids += events.compactMap { ($0["client_id"] as? String)?.lowercased() }
                         let response = try await harness.request(
                             "POST", "/sync/v1/events", json: ["events": events], bearer: token)
-                        guard response.status == 200 else { throw TestEnvironmentError("push failed: \(response.text)") }
+                        guard response.status == 200 else {
+                            throw TestEnvironmentError("push failed: \(response.text)")
+                        }
                     }
                     return ids
                 }
@@ -290,7 +340,9 @@ final class SyncTests: XCTestCase {
         XCTAssertEqual(received.count, total, "every event arrives exactly once")
         XCTAssertEqual(Set(received).count, total)
         XCTAssertEqual(Set(received), Set(pushed))
-        let seqs = try app.owner().query("select seq from events order by seq").map { try $0.decode(Int.self, column: 0) }
+        let seqs = try app.owner().query("select seq from events order by seq").map {
+            try $0.decode(Int.self, column: 0)
+        }
         XCTAssertEqual(seqs, Array(1...total), "no gaps")
     }
 
@@ -305,7 +357,8 @@ final class SyncTests: XCTestCase {
         while app.application.notifier.waiting == 0, Date() < deadline { try await Task.sleep(for: .milliseconds(5)) }
         XCTAssertEqual(app.application.notifier.waiting, 1)
         let pushedAt = Date()
-        let pushed = try await second.request("POST", "/sync/v1/events", json: ["events": [Self.event()]], bearer: token)
+        let pushed = try await second.request(
+            "POST", "/sync/v1/events", json: ["events": [Self.event()]], bearer: token)
         XCTAssertEqual(pushed.status, 200)
         let response = try await waiting.value
         // Woken by the push, not by the poll's 30 s running out: a bound far from both, which
@@ -346,7 +399,8 @@ final class SyncPoolTests: XCTestCase {
         // A reader with one event: its pull from the start always reads the database (an
         // empty pull may be answered from memory).
         let reader = try await app.token("reader@example.com")
-        let seeded = try await app.request("POST", "/sync/v1/events", json: ["events": [SyncTests.event()]], bearer: reader)
+        let seeded = try await app.request(
+            "POST", "/sync/v1/events", json: ["events": [SyncTests.event()]], bearer: reader)
         XCTAssertEqual(seeded.status, 200)
         // Block the only connection: a push waits for the user's row lock held here.
         let blocker = try app.owner()

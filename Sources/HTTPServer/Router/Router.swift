@@ -39,7 +39,9 @@ public struct Router<Endpoint: Sendable>: Sendable {
         let parts = pattern.split(separator: "/", omittingEmptySubsequences: true)
         // A literal route goes into the fast map unless an earlier route with parameters
         // matches its path too (that one must keep winning).
-        let shadowed = routes.contains { $0.segments.contains(where: \.isParameter) && Self.bind($0.segments, to: parts) != nil }
+        let shadowed = routes.contains {
+            $0.segments.contains(where: \.isParameter) && Self.bind($0.segments, to: parts) != nil
+        }
         routes.append(Route(method: method, pattern: pattern, segments: segments, endpoint: endpoint))
         if !segments.contains(where: \.isParameter), !shadowed {
             literal["/" + parts.joined(separator: "/"), default: []].append(routes.count - 1)

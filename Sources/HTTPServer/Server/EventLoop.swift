@@ -79,7 +79,10 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private let epollErr = csystem_epollerr()
     private let epollET = csystem_epollet()
 
-    init(configuration: HTTPServerConfiguration, responder: Responder, logger: Logger, index: Int = 0, caps: ConnectionCaps) {
+    init(
+        configuration: HTTPServerConfiguration, responder: Responder, logger: Logger, index: Int = 0,
+        caps: ConnectionCaps
+    ) {
         self.configuration = configuration
         self.index = index
         self.caps = caps
@@ -91,7 +94,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         timeouts = ConnectionStateMachine.Timeouts(
             header: configuration.headerTimeout.nanosecondsClamped, body: configuration.bodyTimeout.nanosecondsClamped,
             keepAlive: configuration.keepAliveTimeout.nanosecondsClamped,
-            write: configuration.writeTimeout.nanosecondsClamped, linger: configuration.lingerTimeout.nanosecondsClamped)
+            write: configuration.writeTimeout.nanosecondsClamped, linger: configuration.lingerTimeout.nanosecondsClamped
+        )
     }
 
     var statistics: (connections: Int, inFlight: Int) {
@@ -121,7 +125,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         let fd = csystem_listen(
             configuration.host, Int32(requested), 4096, sharing.rawValue, &port, &reason, reason.count)
         guard fd >= 0 else {
-            throw HTTPServerError(description: String(decoding: reason.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
+            throw HTTPServerError(
+                description: String(decoding: reason.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
         }
         listener = fd
         boundPort = Int(port)
@@ -273,7 +278,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         var refusedForDescriptors = 0
         defer {
             if refusedForDescriptors > 0 {
-                logger.warning("out of file descriptors; refused connections", metadata: ["refused": "\(refusedForDescriptors)"])
+                logger.warning(
+                    "out of file descriptors; refused connections", metadata: ["refused": "\(refusedForDescriptors)"])
             }
         }
         if reserveFD < 0 { reserveFD = open("/dev/null", O_RDONLY | O_CLOEXEC) }
@@ -332,7 +338,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 case 6: IPAddress(bytes: raw)
                 default: nil
                 }
-            let trusted = peer.map { !configuration.trustedProxies.isEmpty && configuration.trustedProxies.contains($0) } ?? false
+            let trusted =
+                peer.map { !configuration.trustedProxies.isEmpty && configuration.trustedProxies.contains($0) } ?? false
             var clientKey: IPAddress? = nil
             if configuration.maxConnectionsPerClient > 0, !trusted, let peer {
                 let key = peer.client
@@ -415,7 +422,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                     connection.output.removeAll(keepingCapacity: true)
                 }
                 connection.outputOffset = 0
-                switch connection.lifecycle.outputDrained(hasBufferedInput: connection.parser.bufferedByteCount > 0, now: now) {
+                switch connection.lifecycle.outputDrained(
+                    hasBufferedInput: connection.parser.bufferedByteCount > 0, now: now)
+                {
                 case .close:
                     closeConnection(connection)
                     return
@@ -628,11 +637,15 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         case .answer(var response, let context):
             let after = connection.lifecycle.answeredFromHead(hasBody: head.hasBody, keepAlive: head.keepAlive)
             responder.complete(&response, context: context)
-            serialize(response, keepAlive: after == .nextRequest, omitBody: connection.requestIsHead, into: &connection.output)
+            serialize(
+                response, keepAlive: after == .nextRequest, omitBody: connection.requestIsHead, into: &connection.output
+            )
         }
     }
 
-    private func requestComplete(_ head: consuming HTTPRequestHead, body: consuming [UInt8], on connection: Connection<Context>) {
+    private func requestComplete(
+        _ head: consuming HTTPRequestHead, body: consuming [UInt8], on connection: Connection<Context>
+    ) {
         guard connection.lifecycle.requestComplete() == .dispatch, let context = connection.context else { return }
         if let prepared = connection.prepared {
             connection.prepared = nil
@@ -662,7 +675,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             // handler itself awaits work elsewhere).
             connection.handlerTask = Task(executorPreference: executor) { [self] in
                 let (response, context) = await operation()
-                let completion = Mailbox<Context>.Completion(fd: fd, connectionID: id, response: response, context: context)
+                let completion = Mailbox<Context>.Completion(
+                    fd: fd, connectionID: id, response: response, context: context)
                 if executor.isOnLoopThread {
                     complete(completion)
                 } else {
@@ -841,7 +855,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             case .text(let bytes), .binary(let bytes):
                 let message: WebSocketMessage = if case .text = event { .text(bytes) } else { .binary(bytes) }
                 guard webSocket.socket.deliver(message) else {
-                    endWebSocket(connection, webSocket, .policyViolation, "messages arrive faster than they are handled")
+                    endWebSocket(
+                        connection, webSocket, .policyViolation, "messages arrive faster than they are handled")
                     return true
                 }
             case .ping(let payload):
@@ -1014,7 +1029,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 closeConnection(connection)
             case .sendRequestTimeout:
                 connection.context = nil
-                serialize(responder.reject(.timeout, peer: connection.remoteAddress), keepAlive: false, omitBody: false, into: &connection.output)
+                serialize(
+                    responder.reject(.timeout, peer: connection.remoteAddress), keepAlive: false, omitBody: false,
+                    into: &connection.output)
                 connection.readable = false
                 drive(connection)
             default:
@@ -1039,7 +1056,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             ])
         for connection in Array(connections.values) {
             let action = connection.lifecycle.shutdownBegan()
-            if action == .close || (connection.lifecycle.state == .readingHead && connection.parser.bufferedByteCount == 0) {
+            if action == .close
+                || (connection.lifecycle.state == .readingHead && connection.parser.bufferedByteCount == 0)
+            {
                 closeConnection(connection)
             } else if action == .endStream, let stream = connection.stream, stream.shutdown == .cancel {
                 stream.writer.shutdownBegan()

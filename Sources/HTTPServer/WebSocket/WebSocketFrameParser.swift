@@ -139,7 +139,9 @@ public struct WebSocketFrameParser: Sendable {
             let isControl = opcode & 0x08 != 0
             switch opcode {
             case 0x0:
-                if messageOpcode == nil { return fail(.protocolError, "continuation frame without a message to continue") }
+                if messageOpcode == nil {
+                    return fail(.protocolError, "continuation frame without a message to continue")
+                }
             case 0x1, 0x2:
                 if messageOpcode != nil { return fail(.protocolError, "new message before the fragmented one ended") }
             case 0x8, 0x9, 0xA:
@@ -149,7 +151,9 @@ public struct WebSocketFrameParser: Sendable {
                 return fail(.protocolError, "unknown opcode \(opcode)")
             }
             if !isControl {
-                if length > UInt64(limits.maxFrameSize) { return fail(.messageTooBig, "frame larger than \(limits.maxFrameSize) bytes") }
+                if length > UInt64(limits.maxFrameSize) {
+                    return fail(.messageTooBig, "frame larger than \(limits.maxFrameSize) bytes")
+                }
                 if UInt64(message.count) + length > UInt64(limits.maxMessageSize) {
                     return fail(.messageTooBig, "message larger than \(limits.maxMessageSize) bytes")
                 }
@@ -205,7 +209,9 @@ public struct WebSocketFrameParser: Sendable {
                     }
                     messageOpcode = nil
                     if kind == 0x1 {
-                        guard UTF8Validation.isValid(whole) else { return fail(.invalidPayload, "text message is not UTF-8") }
+                        guard UTF8Validation.isValid(whole) else {
+                            return fail(.invalidPayload, "text message is not UTF-8")
+                        }
                         return .text(whole)
                     }
                     return .binary(whole)
@@ -242,7 +248,9 @@ public enum WebSocketFrame {
             output.append(UInt8(count & 0xFF))
         } else {
             output.append(127)
-            for shift in stride(from: 56, through: 0, by: -8) { output.append(UInt8(truncatingIfNeeded: UInt64(count) >> UInt64(shift))) }
+            for shift in stride(from: 56, through: 0, by: -8) {
+                output.append(UInt8(truncatingIfNeeded: UInt64(count) >> UInt64(shift)))
+            }
         }
         output.append(contentsOf: payload)
     }

@@ -265,7 +265,8 @@ public struct Accounts: Sendable {
                             """
                             select \(EventRecord.selectList)
                             from events where user_id = $1 and seq > $2 and seq <= $3 order by seq limit $4
-                            """, bytesParameter: 5), user, after, through, Int64(limit), Int64(EventStore.streamedPageBytes)),
+                            """, bytesParameter: 5), user, after, through, Int64(limit),
+                        Int64(EventStore.streamedPageBytes)),
                     .commit,
                 ])
                 guard !replies[0].isEmpty else { return nil }

@@ -29,15 +29,18 @@ public struct UserAdmin: Sendable {
     static func summary(_ row: PostgresRow) throws -> Summary {
         Summary(
             id: try row.decode(UUID.self, column: 0), email: try row.decode(String.self, column: 1),
-            fullName: try row.decode(String?.self, column: 2), createdAt: try row.decode(PostgresTimestamp.self, column: 3),
-            lastSignInAt: try row.decode(PostgresTimestamp?.self, column: 4), events: try row.decode(Int64.self, column: 5),
+            fullName: try row.decode(String?.self, column: 2),
+            createdAt: try row.decode(PostgresTimestamp.self, column: 3),
+            lastSignInAt: try row.decode(PostgresTimestamp?.self, column: 4),
+            events: try row.decode(Int64.self, column: 5),
             activeSessions: try row.decode(Int64.self, column: 6))
     }
 
     /// Every user, oldest first.
     public func list() async throws -> [Summary] {
         try await database.read(as: .server) { tx in
-            try await tx.query("select \(Self.summaryColumns) from users u order by u.created_at, u.email").map(Self.summary)
+            try await tx.query("select \(Self.summaryColumns) from users u order by u.created_at, u.email").map(
+                Self.summary)
         }
     }
 

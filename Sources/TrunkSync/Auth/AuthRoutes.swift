@@ -1,6 +1,6 @@
-import JSON
 import Foundation
 import HTTPServer
+import JSON
 import Logging
 import Mail
 
@@ -18,8 +18,10 @@ public struct AuthRoutes: Sendable {
     public func register(in routes: inout Routes) {
         let small = Endpoint.BodyLimit.small
         routes.add(.post, "/auth/v1/otp", family: .auth, bodyLimit: small, .open { request in try await otp(request) })
-        routes.add(.post, "/auth/v1/verify", family: .auth, bodyLimit: small, .open { request in try await verify(request) })
-        routes.add(.post, "/auth/v1/token", family: .auth, bodyLimit: small, .open { request in try await token(request) })
+        routes.add(
+            .post, "/auth/v1/verify", family: .auth, bodyLimit: small, .open { request in try await verify(request) })
+        routes.add(
+            .post, "/auth/v1/token", family: .auth, bodyLimit: small, .open { request in try await token(request) })
         routes.add(
             .post, "/auth/v1/logout", family: .auth, bodyLimit: small,
             .authenticated { request, claims in try await logout(request, claims) })
@@ -63,9 +65,11 @@ public struct AuthRoutes: Sendable {
         } catch {
             switch error.kind {
             case .malformed, .tooLarge:
-                throw APIError(status: 400, code: "bad_json", message: "The request body must be a JSON object: \(error.reason)")
+                throw APIError(
+                    status: 400, code: "bad_json", message: "The request body must be a JSON object: \(error.reason)")
             case .wrongType where error.path.isEmpty:
-                throw APIError(status: 400, code: "bad_json", message: "The request body must be a JSON object: \(error.reason)")
+                throw APIError(
+                    status: 400, code: "bad_json", message: "The request body must be a JSON object: \(error.reason)")
             case .invalidValue, .wrongType:
                 throw AuthError.validation(error.path.isEmpty ? error.reason : "\(error.path) \(error.reason)")
             }
@@ -74,13 +78,20 @@ public struct AuthRoutes: Sendable {
 
     static func email(_ raw: String?) throws -> Email {
         guard let raw, !raw.isEmpty else { throw AuthError.validation("An email address is required") }
-        guard let email = Email(raw) else { throw AuthError.validation("Unable to validate email address: invalid format") }
+        guard let email = Email(raw) else {
+            throw AuthError.validation("Unable to validate email address: invalid format")
+        }
         return email
     }
 
     private struct OTPBody: Decodable {
         var email: String?
-        var create_user: Bool?
+        var createUser: Bool?
+
+        enum CodingKeys: String, CodingKey {
+            case email
+            case createUser = "create_user"
+        }
     }
 
     private func otp(_ request: HTTPRequest) async throws -> HTTPResponse {
@@ -88,7 +99,7 @@ public struct AuthRoutes: Sendable {
         let body = try Self.decode(OTPBody.self, from: request)
         let email = try Self.email(body.email)
         try await service.limit(.otp, email: email)  // before anything asks whether it has an account
-        try await service.requestCode(email: email, createUser: body.create_user ?? true, ip: request.remoteAddress)
+        try await service.requestCode(email: email, createUser: body.createUser ?? true, ip: request.remoteAddress)
         return ok(Array("{}".utf8))
     }
 
@@ -114,7 +125,11 @@ public struct AuthRoutes: Sendable {
     }
 
     private struct RefreshBody: Decodable {
-        var refresh_token: String?
+        var refreshToken: String?
+
+        enum CodingKeys: String, CodingKey {
+            case refreshToken = "refresh_token"
+        }
     }
 
     private func token(_ request: HTTPRequest) async throws -> HTTPResponse {
@@ -123,10 +138,11 @@ public struct AuthRoutes: Sendable {
             throw AuthError.validation("grant_type is required")
         }
         guard grant == "refresh_token" else {
-            throw APIError(status: 400, code: "unsupported_grant_type", message: "Only grant_type=refresh_token is supported")
+            throw APIError(
+                status: 400, code: "unsupported_grant_type", message: "Only grant_type=refresh_token is supported")
         }
         let body = try Self.decode(RefreshBody.self, from: request)
-        guard let token = body.refresh_token, !token.isEmpty else {
+        guard let token = body.refreshToken, !token.isEmpty else {
             throw AuthError.validation("refresh_token is required")
         }
         return ok(try await service.refresh(token: token, ip: request.remoteAddress).json)
@@ -180,7 +196,8 @@ public struct MailCodeSender: SignInCodeSender {
     public func close() { mailer.close() }
 
     public func sendSignInCode(_ code: String, to email: String, expiresInMinutes: Int) async throws {
-        try await mailer.send(MailMessage.signInCode(code: code, to: email, from: from, expiresInMinutes: expiresInMinutes))
+        try await mailer.send(
+            MailMessage.signInCode(code: code, to: email, from: from, expiresInMinutes: expiresInMinutes))
     }
 
     /// Mails the confirmation code (`MailMessage.confirmationCode`).

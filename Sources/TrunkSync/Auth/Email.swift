@@ -15,10 +15,14 @@ public struct Email: Hashable, Sendable, CustomStringConvertible {
         let domain = parts[1]
         guard !local.isEmpty, local.utf8.count <= 64, !domain.isEmpty, domain.utf8.count <= 253 else { return nil }
         let forbidden: Set<Character> = [" ", "\"", "<", ">", "(", ")", ",", ";", ":", "\\", "[", "]"]
-        guard !text.contains(where: { forbidden.contains($0) || $0.isNewline || ($0.asciiValue.map { $0 < 0x20 || $0 == 0x7F } ?? false) })
+        guard
+            !text.contains(where: {
+                forbidden.contains($0) || $0.isNewline || ($0.asciiValue.map { $0 < 0x20 || $0 == 0x7F } ?? false)
+            })
         else { return nil }
         let labels = domain.split(separator: ".", omittingEmptySubsequences: false)
-        guard labels.count >= 2, labels.allSatisfy({ !$0.isEmpty && $0.utf8.count <= 63 && !$0.hasPrefix("-") && !$0.hasSuffix("-") })
+        guard labels.count >= 2,
+            labels.allSatisfy({ !$0.isEmpty && $0.utf8.count <= 63 && !$0.hasPrefix("-") && !$0.hasSuffix("-") })
         else { return nil }
         guard !local.hasPrefix("."), !local.hasSuffix("."), !local.contains("..") else { return nil }
         value = text

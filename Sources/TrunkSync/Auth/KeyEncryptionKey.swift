@@ -13,7 +13,8 @@ public struct KeyEncryptionKey: Sendable {
     /// Derives the AES key from `secret` (its UTF-8 bytes).
     public init(secret: String) {
         // HKDF-Extract with a fixed salt, then one block of HKDF-Expand naming the purpose.
-        let pseudorandom = HMAC.sha256(key: Array("trunk-sync key encryption salt v1".utf8), message: Array(secret.utf8))
+        let pseudorandom = HMAC.sha256(
+            key: Array("trunk-sync key encryption salt v1".utf8), message: Array(secret.utf8))
         key = HMAC.sha256(key: pseudorandom, message: Array("signing_keys.private_key_sealed v1".utf8) + [1])
     }
 

@@ -1,5 +1,5 @@
-import JSON
 import Foundation
+import JSON
 import Postgres
 import Synchronization
 import TrunkCrypto
@@ -298,7 +298,8 @@ public final class TokenIssuer: Sendable {
 
         static func parse(_ payload: [UInt8]) -> Claims? {
             payload.withUnsafeBufferPointer { buffer -> Claims? in
-                var scanner = JSONScanner(buffer, limits: JSONLimits(maxDepth: 8, maxStringBytes: 4096, maxBytes: 16 * 1024))
+                var scanner = JSONScanner(
+                    buffer, limits: JSONLimits(maxDepth: 8, maxStringBytes: 4096, maxBytes: 16 * 1024))
                 var sub: String?
                 var iss: String?
                 var exp: Double?
@@ -337,7 +338,9 @@ public final class TokenIssuer: Sendable {
                             if scanner.peek() == UInt8(ascii: "[") {
                                 var list: [String] = []
                                 try scanner.array { (scanner: inout JSONScanner, _: Int) throws(JSONScanner.Failure) in
-                                    if scanner.peek() == UInt8(ascii: "\"") { list.append(try scanner.string()) } else {
+                                    if scanner.peek() == UInt8(ascii: "\"") {
+                                        list.append(try scanner.string())
+                                    } else {
                                         try scanner.skipValue()
                                         valid = false
                                     }

@@ -1,6 +1,6 @@
-import JSON
 import Foundation
 import HTTPServer
+import JSON
 import Logging
 import Mail
 import Postgres
@@ -204,7 +204,9 @@ public struct Configuration: Sendable {
             }
         }
         if adminPort != 0, adminPort == port {
-            refuse("admin_port", "must differ from TRUNK_SYNC_PORT (\(port)): the operator listener is a listener of its own")
+            refuse(
+                "admin_port",
+                "must differ from TRUNK_SYNC_PORT (\(port)): the operator listener is a listener of its own")
         }
         if let text = value("admin_emails") {
             var emails: [Email] = []
@@ -212,7 +214,8 @@ public struct Configuration: Sendable {
                 let trimmed = entry.trimmingCharacters(in: .whitespaces)
                 if trimmed.isEmpty { continue }
                 guard let email = Email(trimmed) else {
-                    refuse("admin_emails", "must be a comma-separated list of email addresses; \"\(trimmed)\" is not one")
+                    refuse(
+                        "admin_emails", "must be a comma-separated list of email addresses; \"\(trimmed)\" is not one")
                     break
                 }
                 if !emails.contains(email) { emails.append(email) }
@@ -246,7 +249,8 @@ public struct Configuration: Sendable {
                 guard let network = IPNetwork(trimmed) else {
                     refuse(
                         "trusted_proxies",
-                        "must be a comma-separated list of addresses or CIDR blocks such as 10.0.0.0/8 or fd00::/8 (no bits set past the prefix); \"\(trimmed)\" is not one")
+                        "must be a comma-separated list of addresses or CIDR blocks such as 10.0.0.0/8 or fd00::/8 (no bits set past the prefix); \"\(trimmed)\" is not one"
+                    )
                     break
                 }
                 networks.append(network)
@@ -254,7 +258,11 @@ public struct Configuration: Sendable {
             trustedProxies = TrustedProxies(networks)
         }
         if let text = value("mailer") {
-            if let mailer = MailerKind(rawValue: text.lowercased()) { self.mailer = mailer } else { refuse("mailer", "must be log or smtp") }
+            if let mailer = MailerKind(rawValue: text.lowercased()) {
+                self.mailer = mailer
+            } else {
+                refuse("mailer", "must be log or smtp")
+            }
         }
         if let text = value("log_level") {
             if let level = Logger.Level(rawValue: text.lowercased()) {
@@ -264,7 +272,11 @@ public struct Configuration: Sendable {
             }
         }
         if let text = value("log_format") {
-            if let format = LogFormat(rawValue: text.lowercased()) { logFormat = format } else { refuse("log_format", "must be text or json") }
+            if let format = LogFormat(rawValue: text.lowercased()) {
+                logFormat = format
+            } else {
+                refuse("log_format", "must be text or json")
+            }
         }
         databasePoolSize = integer(Setting.databasePoolSize) ?? databasePoolSize
         if let text = value("db_pool_timeout") {
@@ -390,12 +402,17 @@ public struct Configuration: Sendable {
         // libpq checks values only when it connects, and its message quotes them; these two
         // are the ones a misplaced password ends up in.
         if let ports = parsed["port"],
-            !ports.split(separator: ",", omittingEmptySubsequences: false).allSatisfy({ $0.isEmpty || (Int($0).map { (1...65535).contains($0) } ?? false) })
+            !ports.split(separator: ",", omittingEmptySubsequences: false).allSatisfy({
+                $0.isEmpty || (Int($0).map { (1...65535).contains($0) } ?? false)
+            })
         {
             throw self.error(key, "has a port that is not a number from 1 to 65535")
         }
-        if let mode = parsed["sslmode"], !["disable", "allow", "prefer", "require", "verify-ca", "verify-full"].contains(mode) {
-            throw self.error(key, "has an sslmode that is not disable, allow, prefer, require, verify-ca or verify-full")
+        if let mode = parsed["sslmode"],
+            !["disable", "allow", "prefer", "require", "verify-ca", "verify-full"].contains(mode)
+        {
+            throw self.error(
+                key, "has an sslmode that is not disable, allow, prefer, require, verify-ca or verify-full")
         }
     }
 
@@ -405,7 +422,9 @@ public struct Configuration: Sendable {
     /// show it. Neither a host list nor a database name holds `@`.
     static func hasUnescapedCredentials(_ url: String) -> Bool {
         let lowered = url.lowercased()
-        guard let scheme = ["postgresql://", "postgres://"].first(where: { lowered.hasPrefix($0) }) else { return false }
+        guard let scheme = ["postgresql://", "postgres://"].first(where: { lowered.hasPrefix($0) }) else {
+            return false
+        }
         let rest = url.dropFirst(scheme.count)
         let beforeQuery = rest[..<(rest.firstIndex(of: "?") ?? rest.endIndex)]
         guard let end = beforeQuery.firstIndex(where: { $0 == "@" || $0 == "/" }) else { return false }
@@ -525,7 +544,8 @@ public struct Configuration: Sendable {
         guard let url = migrationDatabaseURL else {
             throw error(
                 "database_url",
-                "is required (postgres://user:pass@host:port/db; migrate, keys and users use TRUNK_SYNC_MIGRATION_DATABASE_URL instead when set)")
+                "is required (postgres://user:pass@host:port/db; migrate, keys and users use TRUNK_SYNC_MIGRATION_DATABASE_URL instead when set)"
+            )
         }
         try checkDatabasePassword("migration_database_url")
         try checkDatabasePassword("database_url")
@@ -559,7 +579,8 @@ public struct Configuration: Sendable {
             object = try JSONBody.decode([String: FileValue].self, from: Array(data))
         } catch {
             throw ConfigurationError(
-                message: "config file \(path) must hold one JSON object of strings, numbers, booleans or lists (\(error))")
+                message:
+                    "config file \(path) must hold one JSON object of strings, numbers, booleans or lists (\(error))")
         }
         var values: [String: String] = [:]
         for (key, raw) in object {

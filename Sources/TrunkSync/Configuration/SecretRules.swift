@@ -51,7 +51,9 @@ public enum SecretRules {
         if isSupabaseExample(secret) { return "is an example value from Supabase's documentation" }
         if isPlaceholder(secret) { return "is an example value from the trunk-sync documentation" }
         if bytes.count < minimumBytes { return "must be at least \(minimumBytes) bytes" }
-        if Set(bytes).count < minimumDistinct(bytes) { return "is too predictable: it has too few different characters" }
+        if Set(bytes).count < minimumDistinct(bytes) {
+            return "is too predictable: it has too few different characters"
+        }
         if isPeriodic(bytes) { return "is too predictable: it repeats a short pattern" }
         if hasRun(bytes) { return "is too predictable: it has a run of repeated or consecutive characters" }
         return nil

@@ -39,11 +39,15 @@ public struct Setting: Sendable {
     /// `database_url`.
     public static let databaseURL = Setting(
         key: "database_url", kind: .text, defaultValue: nil, isSecret: true,
-        summary: "PostgreSQL to use: postgres://user:pass@host:port/db or a libpq conninfo string. Required. `serve` and `token` log in with it: best a role of the server's own (see `TRUNK_SYNC_MIGRATION_DATABASE_URL`); `serve` and `config check` warn when it is a superuser or owns the tables.")
+        summary:
+            "PostgreSQL to use: postgres://user:pass@host:port/db or a libpq conninfo string. Required. `serve` and `token` log in with it: best a role of the server's own (see `TRUNK_SYNC_MIGRATION_DATABASE_URL`); `serve` and `config check` warn when it is a superuser or owns the tables."
+    )
     /// `migration_database_url`.
     public static let migrationDatabaseURL = Setting(
         key: "migration_database_url", kind: .text, defaultValue: nil, isSecret: true,
-        summary: "PostgreSQL URL of the tables' owner, for `migrate`, `keys` and `users`. Default: `TRUNK_SYNC_DATABASE_URL`. When it logs in as another role than `TRUNK_SYNC_DATABASE_URL`, `migrate` creates or updates that role as the server's login (LOGIN, member of `trunk_sync_app` and nothing else, the password given there).")
+        summary:
+            "PostgreSQL URL of the tables' owner, for `migrate`, `keys` and `users`. Default: `TRUNK_SYNC_DATABASE_URL`. When it logs in as another role than `TRUNK_SYNC_DATABASE_URL`, `migrate` creates or updates that role as the server's login (LOGIN, member of `trunk_sync_app` and nothing else, the password given there)."
+    )
     /// `host`.
     public static let host = Setting(
         key: "host", kind: .text, defaultValue: "127.0.0.1", isSecret: false,
@@ -55,43 +59,63 @@ public struct Setting: Sendable {
     /// `admin_host`.
     public static let adminHost = Setting(
         key: "admin_host", kind: .text, defaultValue: "127.0.0.1", isSecret: false,
-        summary: "Address of the operator listener (`GET /metrics`, detailed `/readyz`). Keep it private: loopback, or a network only your monitoring reaches.")
+        summary:
+            "Address of the operator listener (`GET /metrics`, detailed `/readyz`). Keep it private: loopback, or a network only your monitoring reaches."
+    )
     /// `admin_port`.
     public static let adminPort = Setting(
         key: "admin_port", kind: .integer(0...65535), defaultValue: "9090", isSecret: false,
-        summary: "TCP port of the operator listener (0: any free port, logged at start as `admin listening`). Must differ from `TRUNK_SYNC_PORT`.")
+        summary:
+            "TCP port of the operator listener (0: any free port, logged at start as `admin listening`). Must differ from `TRUNK_SYNC_PORT`."
+    )
     /// `admin_emails`.
     public static let adminEmails = Setting(
         key: "admin_emails", kind: .list, defaultValue: "", isSecret: false,
-        summary: "Comma-separated email addresses that may sign in to the operator console (`/console/` on the admin listener) with a mailed code. Default none: console sign-in is disabled (the console says so).")
+        summary:
+            "Comma-separated email addresses that may sign in to the operator console (`/console/` on the admin listener) with a mailed code. Default none: console sign-in is disabled (the console says so)."
+    )
     /// `admin_hostnames`.
     public static let adminHostnames = Setting(
         key: "admin_hostnames", kind: .list, defaultValue: "", isSecret: false,
-        summary: "Comma-separated host names the operator listener answers to besides its addresses (e.g. `trunk-sync` for a scraper on a compose network, or the name a TLS proxy serves the console under). A request whose `Host` is another name is refused (`421`): DNS rebinding cannot reach the listener. Default none: addresses only, and `localhost` when bound to loopback or a wildcard address.")
+        summary:
+            "Comma-separated host names the operator listener answers to besides its addresses (e.g. `trunk-sync` for a scraper on a compose network, or the name a TLS proxy serves the console under). A request whose `Host` is another name is refused (`421`): DNS rebinding cannot reach the listener. Default none: addresses only, and `localhost` when bound to loopback or a wildcard address."
+    )
     /// `trusted_proxies`.
     public static let trustedProxies = Setting(
         key: "trusted_proxies", kind: .list, defaultValue: "", isSecret: false,
-        summary: "Comma-separated addresses or CIDR blocks (IPv4 and IPv6) of your reverse proxies. Only for a peer in this list is the client taken from `X-Forwarded-For` (the rightmost address that is not a trusted proxy). Default none: the peer is the client.")
+        summary:
+            "Comma-separated addresses or CIDR blocks (IPv4 and IPv6) of your reverse proxies. Only for a peer in this list is the client taken from `X-Forwarded-For` (the rightmost address that is not a trusted proxy). Default none: the peer is the client."
+    )
     /// `jwt_secret`.
     public static let jwtSecret = Setting(
         key: "jwt_secret", kind: .text, defaultValue: nil, isSecret: true,
-        summary: "HS256 signing secret for access tokens: `openssl rand -base64 48` (at least 32 bytes; example and guessable values are refused). Required by serve.")
+        summary:
+            "HS256 signing secret for access tokens: `openssl rand -base64 48` (at least 32 bytes; example and guessable values are refused). Required by serve."
+    )
     /// `key_encryption_key`.
     public static let keyEncryptionKey = Setting(
         key: "key_encryption_key", kind: .text, defaultValue: nil, isSecret: true,
-        summary: "Encrypts the ES256 private keys stored in the database (AES-256-GCM): `openssl rand -base64 48`, the same for `migrate`, `keys add` and every server, kept out of the database and its backups. Required by `keys add`, and by `migrate` and `serve` once signing keys exist.")
+        summary:
+            "Encrypts the ES256 private keys stored in the database (AES-256-GCM): `openssl rand -base64 48`, the same for `migrate`, `keys add` and every server, kept out of the database and its backups. Required by `keys add`, and by `migrate` and `serve` once signing keys exist."
+    )
     /// `key_encryption_key_file`.
     public static let keyEncryptionKeyFile = Setting(
         key: "key_encryption_key_file", kind: .text, defaultValue: nil, isSecret: false,
-        summary: "A file holding `TRUNK_SYNC_KEY_ENCRYPTION_KEY` instead (a Docker or Kubernetes secret); surrounding whitespace is ignored. Set one of the two.")
+        summary:
+            "A file holding `TRUNK_SYNC_KEY_ENCRYPTION_KEY` instead (a Docker or Kubernetes secret); surrounding whitespace is ignored. Set one of the two."
+    )
     /// `public_url`.
     public static let publicURL = Setting(
         key: "public_url", kind: .text, defaultValue: nil, isSecret: false,
-        summary: "External base URL. URL/auth/v1 is the token issuer (`iss`), checked on every request: every instance of a deployment, and `trunk-sync token`, must share it. Default http://HOST:PORT.")
+        summary:
+            "External base URL. URL/auth/v1 is the token issuer (`iss`), checked on every request: every instance of a deployment, and `trunk-sync token`, must share it. Default http://HOST:PORT."
+    )
     /// `accepted_issuers`.
     public static let acceptedIssuers = Setting(
         key: "accepted_issuers", kind: .list, defaultValue: "", isSecret: false,
-        summary: "Comma-separated further token issuers (`iss`) accepted beside URL/auth/v1, full URLs such as `https://<ref>.supabase.co/auth/v1`: after moving from a hosted Supabase project, its access tokens (signed with `TRUNK_SYNC_JWT_SECRET` set to the project's JWT secret, or with keys from `keys import-jwks`) keep working until they expire. Default none.")
+        summary:
+            "Comma-separated further token issuers (`iss`) accepted beside URL/auth/v1, full URLs such as `https://<ref>.supabase.co/auth/v1`: after moving from a hosted Supabase project, its access tokens (signed with `TRUNK_SYNC_JWT_SECRET` set to the project's JWT secret, or with keys from `keys import-jwks`) keep working until they expire. Default none."
+    )
     /// `mailer`.
     public static let mailer = Setting(
         key: "mailer", kind: .text, defaultValue: "log", isSecret: false,
@@ -99,7 +123,9 @@ public struct Setting: Sendable {
     /// `smtp_url`.
     public static let smtpURL = Setting(
         key: "smtp_url", kind: .text, defaultValue: nil, isSecret: true,
-        summary: "smtp://[user:pass@]host:port[?tls=none|starttls|tls][&verify=false][&ca_file=PATH] or smtps://…; smtp:// requires STARTTLS unless tls=none; required when mailer is smtp.")
+        summary:
+            "smtp://[user:pass@]host:port[?tls=none|starttls|tls][&verify=false][&ca_file=PATH] or smtps://…; smtp:// requires STARTTLS unless tls=none; required when mailer is smtp."
+    )
     /// `mail_from`.
     public static let mailFrom = Setting(
         key: "mail_from", kind: .text, defaultValue: "no-reply@localhost", isSecret: false,
@@ -111,7 +137,9 @@ public struct Setting: Sendable {
     /// `mail_queue_size`.
     public static let mailQueueSize = Setting(
         key: "mail_queue_size", kind: .integer(1...100_000), defaultValue: "1000", isSecret: false,
-        summary: "Sign-in mails waiting for a sender; when full, a new one is dropped (counted in `trunk_sync_mail_dropped_total`, logged) and /otp still answers 200.")
+        summary:
+            "Sign-in mails waiting for a sender; when full, a new one is dropped (counted in `trunk_sync_mail_dropped_total`, logged) and /otp still answers 200."
+    )
     /// `cors_origins`.
     public static let corsOrigins = Setting(
         key: "cors_origins", kind: .list, defaultValue: "", isSecret: false,
@@ -119,7 +147,9 @@ public struct Setting: Sendable {
     /// `log_level`.
     public static let logLevel = Setting(
         key: "log_level", kind: .text, defaultValue: "info", isSecret: false,
-        summary: "trace, debug, info, notice, warning, error or critical. At `info` and below, one access-log line per request (method, path without query, status, duration, request id, user id).")
+        summary:
+            "trace, debug, info, notice, warning, error or critical. At `info` and below, one access-log line per request (method, path without query, status, duration, request id, user id)."
+    )
     /// `log_format`.
     public static let logFormat = Setting(
         key: "log_format", kind: .text, defaultValue: "text", isSecret: false,
@@ -127,11 +157,14 @@ public struct Setting: Sendable {
     /// `migrations_dir`.
     public static let migrationsDir = Setting(
         key: "migrations_dir", kind: .text, defaultValue: nil, isSecret: false,
-        summary: "Directory of migration files. Default ./migrations, else share/trunk-sync/migrations beside the binary.")
+        summary:
+            "Directory of migration files. Default ./migrations, else share/trunk-sync/migrations beside the binary.")
     /// `db_pool_size`.
     public static let databasePoolSize = Setting(
         key: "db_pool_size", kind: .integer(1...500), defaultValue: "10", isSecret: false,
-        summary: "Database connections of the HTTP event loops, split evenly between them (at least one each). Work off the loops (background jobs, the live streams' and exports' reads) has a quarter of this again (at least 2), and `LISTEN` one: at most 1.25 × this + 1 connections (+ 2 at small sizes).")
+        summary:
+            "Database connections of the HTTP event loops, split evenly between them (at least one each). Work off the loops (background jobs, the live streams' and exports' reads) has a quarter of this again (at least 2), and `LISTEN` one: at most 1.25 × this + 1 connections (+ 2 at small sizes)."
+    )
     /// `db_pool_timeout`.
     public static let databasePoolTimeout = Setting(
         key: "db_pool_timeout", kind: .seconds(maximum: 300), defaultValue: "5", isSecret: false,
@@ -139,7 +172,9 @@ public struct Setting: Sendable {
     /// `api_key`.
     public static let apiKey = Setting(
         key: "api_key", kind: .text, defaultValue: nil, isSecret: true,
-        summary: "When set, /rest/v1 requests must send it in the apikey header (the apps' anon key; visible ASCII, at most 1024 characters). Default: any value.")
+        summary:
+            "When set, /rest/v1 requests must send it in the apikey header (the apps' anon key; visible ASCII, at most 1024 characters). Default: any value."
+    )
     /// `jwt_expiry`.
     public static let jwtExpiry = Setting(
         key: "jwt_expiry", kind: .integer(60...604_800), defaultValue: "3600", isSecret: false,
@@ -151,7 +186,8 @@ public struct Setting: Sendable {
     /// `otp_resend_interval`.
     public static let otpResendInterval = Setting(
         key: "otp_resend_interval", kind: .integer(0...3600), defaultValue: "60", isSecret: false,
-        summary: "Seconds before another code may be sent to the same address (or, for confirmation codes, the same user).")
+        summary:
+            "Seconds before another code may be sent to the same address (or, for confirmation codes, the same user).")
     /// `otp_max_attempts`.
     public static let otpMaxAttempts = Setting(
         key: "otp_max_attempts", kind: .integer(1...100), defaultValue: "5", isSecret: false,
@@ -159,7 +195,9 @@ public struct Setting: Sendable {
     /// `otp_failure_limit`.
     public static let otpFailureLimit = Setting(
         key: "otp_failure_limit", kind: .rule, defaultValue: "10/3600", isSecret: false,
-        summary: "Refused /auth/v1/verify requests per address, across codes and client addresses, that lock verification for the address, as failures/seconds; likewise refused confirmation codes per user for DELETE /sync/v1/account.")
+        summary:
+            "Refused /auth/v1/verify requests per address, across codes and client addresses, that lock verification for the address, as failures/seconds; likewise refused confirmation codes per user for DELETE /sync/v1/account."
+    )
     /// `otp_lockout`.
     public static let otpLockout = Setting(
         key: "otp_lockout", kind: .integer(1...604_800), defaultValue: "3600", isSecret: false,
@@ -167,11 +205,15 @@ public struct Setting: Sendable {
     /// `rate_limit_otp`.
     public static let rateLimitOTP = Setting(
         key: "rate_limit_otp", kind: .rule, defaultValue: "30/300", isSecret: false,
-        summary: "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/otp, and apart on /auth/v1/reauthenticate, as requests/seconds.")
+        summary:
+            "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/otp, and apart on /auth/v1/reauthenticate, as requests/seconds."
+    )
     /// `rate_limit_verify`.
     public static let rateLimitVerify = Setting(
         key: "rate_limit_verify", kind: .rule, defaultValue: "30/300", isSecret: false,
-        summary: "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/verify, and apart on DELETE /sync/v1/account, as requests/seconds.")
+        summary:
+            "Per-client limit (an IPv4 address or an IPv6 /64) on POST /auth/v1/verify, and apart on DELETE /sync/v1/account, as requests/seconds."
+    )
     /// `rate_limit_token`.
     public static let rateLimitToken = Setting(
         key: "rate_limit_token", kind: .rule, defaultValue: "150/300", isSecret: false,
@@ -179,7 +221,9 @@ public struct Setting: Sendable {
     /// `rate_limit_otp_email`.
     public static let rateLimitOTPEmail = Setting(
         key: "rate_limit_otp_email", kind: .rule, defaultValue: "10/3600", isSecret: false,
-        summary: "Per email address limit on POST /auth/v1/otp, and apart on /auth/v1/reauthenticate, whatever client asks, as requests/seconds.")
+        summary:
+            "Per email address limit on POST /auth/v1/otp, and apart on /auth/v1/reauthenticate, whatever client asks, as requests/seconds."
+    )
     /// `rate_limit_verify_email`.
     public static let rateLimitVerifyEmail = Setting(
         key: "rate_limit_verify_email", kind: .rule, defaultValue: "30/3600", isSecret: false,
@@ -195,7 +239,9 @@ public struct Setting: Sendable {
     /// `http_header_timeout`.
     public static let httpHeaderTimeout = Setting(
         key: "http_header_timeout", kind: .seconds(maximum: 3600), defaultValue: "10", isSecret: false,
-        summary: "Seconds a client has to send a whole request head from its first byte (then 408); also how long a new connection may stay silent.")
+        summary:
+            "Seconds a client has to send a whole request head from its first byte (then 408); also how long a new connection may stay silent."
+    )
     /// `http_body_timeout`.
     public static let httpBodyTimeout = Setting(
         key: "http_body_timeout", kind: .seconds(maximum: 3600), defaultValue: "30", isSecret: false,
@@ -215,15 +261,21 @@ public struct Setting: Sendable {
     /// `http_max_connections_per_client`.
     public static let httpMaxConnectionsPerClient = Setting(
         key: "http_max_connections_per_client", kind: .integer(0...1_000_000), defaultValue: "256", isSecret: false,
-        summary: "Most open connections from one client address (an IPv6 client counts per /64); more are answered 503 and closed. Decided at accept from the peer address (`X-Forwarded-For` is not read yet): trusted proxies are exempt. 0: no cap.")
+        summary:
+            "Most open connections from one client address (an IPv6 client counts per /64); more are answered 503 and closed. Decided at accept from the peer address (`X-Forwarded-For` is not read yet): trusted proxies are exempt. 0: no cap."
+    )
     /// `event_loops`.
     public static let eventLoops = Setting(
         key: "event_loops", kind: .integer(0...1024), defaultValue: "0", isSecret: false,
-        summary: "Event loops of the public listener, each a thread with its own share of the connections and of the database pool (db_pool_size split across them, at least 1 each). 0: one per online core.")
+        summary:
+            "Event loops of the public listener, each a thread with its own share of the connections and of the database pool (db_pool_size split across them, at least 1 each). 0: one per online core."
+    )
     /// `stream_heartbeat`.
     public static let streamHeartbeat = Setting(
         key: "stream_heartbeat", kind: .integer(1...3600), defaultValue: "15", isSecret: false,
-        summary: "Seconds between the `: keep-alive` comments of every event stream (GET /sync/v1/stream), so proxies keep idle streams open.")
+        summary:
+            "Seconds between the `: keep-alive` comments of every event stream (GET /sync/v1/stream), so proxies keep idle streams open."
+    )
     /// `stream_max_per_user`.
     public static let streamMaxPerUser = Setting(
         key: "stream_max_per_user", kind: .integer(1...100_000), defaultValue: "10", isSecret: false,
@@ -231,23 +283,32 @@ public struct Setting: Sendable {
     /// `stream_max`.
     public static let streamMax = Setting(
         key: "stream_max", kind: .integer(1...1_000_000), defaultValue: "5000", isSecret: false,
-        summary: "Most event streams open on this instance; more are answered 429 with Retry-After. Each is an open connection: keep it below TRUNK_SYNC_HTTP_MAX_CONNECTIONS.")
+        summary:
+            "Most event streams open on this instance; more are answered 429 with Retry-After. Each is an open connection: keep it below TRUNK_SYNC_HTTP_MAX_CONNECTIONS."
+    )
     /// `stream_buffer`.
     public static let streamBuffer = Setting(
         key: "stream_buffer", kind: .integer(4096...67_108_864), defaultValue: "262144", isSecret: false,
-        summary: "Bytes an event stream may have waiting for a slow client; a live event that finds it full ends the stream (the client resumes with Last-Event-ID, losing nothing).")
+        summary:
+            "Bytes an event stream may have waiting for a slow client; a live event that finds it full ends the stream (the client resumes with Last-Event-ID, losing nothing)."
+    )
     /// `realtime_max`.
     public static let realtimeMax = Setting(
         key: "realtime_max", kind: .integer(1...1_000_000), defaultValue: "5000", isSecret: false,
-        summary: "Most Supabase Realtime sockets (`GET /realtime/v1/websocket`) open on this instance; more are answered 429 with Retry-After. Each is an open connection: keep it below TRUNK_SYNC_HTTP_MAX_CONNECTIONS.")
+        summary:
+            "Most Supabase Realtime sockets (`GET /realtime/v1/websocket`) open on this instance; more are answered 429 with Retry-After. Each is an open connection: keep it below TRUNK_SYNC_HTTP_MAX_CONNECTIONS."
+    )
     /// `realtime_max_channels_per_user`.
     public static let realtimeMaxChannelsPerUser = Setting(
         key: "realtime_max_channels_per_user", kind: .integer(1...100_000), defaultValue: "100", isSecret: false,
-        summary: "Most Realtime channels one user may have joined on this instance; a join over it is refused in its reply.")
+        summary:
+            "Most Realtime channels one user may have joined on this instance; a join over it is refused in its reply.")
     /// `realtime_buffer`.
     public static let realtimeBuffer = Setting(
         key: "realtime_buffer", kind: .integer(4096...67_108_864), defaultValue: "262144", isSecret: false,
-        summary: "Bytes a Realtime socket may have waiting for a slow client; a message that finds it full closes the socket with 1013 (Realtime does not replay: the client rejoins and should pull).")
+        summary:
+            "Bytes a Realtime socket may have waiting for a slow client; a message that finds it full closes the socket with 1013 (Realtime does not replay: the client rejoins and should pull)."
+    )
     /// `realtime_idle_timeout`.
     public static let realtimeIdleTimeout = Setting(
         key: "realtime_idle_timeout", kind: .integer(30...3600), defaultValue: "90", isSecret: false,

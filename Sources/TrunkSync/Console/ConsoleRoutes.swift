@@ -217,7 +217,8 @@ struct ConsoleRoutes: Sendable {
         let limit = try Self.integer(request, "limit", in: 1...100) ?? 25
         let offset = try Self.integer(request, "offset", in: 0...1_000_000) ?? 0
         let search = try Self.text(request, "q", maxBytes: 320)?.trimmingCharactersInWhitespace()
-        let page = try await store.users(signedIn, search: search?.isEmpty == false ? search : nil, limit: limit, offset: offset)
+        let page = try await store.users(
+            signedIn, search: search?.isEmpty == false ? search : nil, limit: limit, offset: offset)
         if let search, !search.isEmpty {
             logger.notice(
                 "console: users searched",
@@ -309,13 +310,17 @@ struct ConsoleRoutes: Sendable {
     }
 
     private struct DeleteBody: Decodable {
-        var confirm_email: String?
+        var confirmEmail: String?
+
+        enum CodingKeys: String, CodingKey {
+            case confirmEmail = "confirm_email"
+        }
     }
 
     private func delete(_ request: HTTPRequest, _ signedIn: ConsoleAuth.Operator) async throws -> HTTPResponse {
         let (user, _, _) = try await target(request)
         let body = try AuthRoutes.decode(DeleteBody.self, from: request)
-        guard let confirmation = body.confirm_email.flatMap(Email.init), confirmation.value == user.email.lowercased()
+        guard let confirmation = body.confirmEmail.flatMap(Email.init), confirmation.value == user.email.lowercased()
         else {
             throw APIError(
                 status: 400, code: "confirmation_mismatch",
@@ -402,7 +407,9 @@ struct ConsoleRoutes: Sendable {
     /// value short), and no address or event type contains the others.
     static func text(_ request: HTTPRequest, _ name: String, maxBytes: Int) throws -> String? {
         guard let text = request.queryValue(name) else { return nil }
-        guard text.utf8.count <= maxBytes else { throw ConsoleError.validation("\(name) must be at most \(maxBytes) bytes") }
+        guard text.utf8.count <= maxBytes else {
+            throw ConsoleError.validation("\(name) must be at most \(maxBytes) bytes")
+        }
         guard !text.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) else {
             throw ConsoleError.validation("\(name) must not contain control characters")
         }

@@ -131,7 +131,9 @@ public final class Database: Sendable {
                 var share = settings
                 share.maxConnections = sizes[index]
                 share.maxWaiting = waiting[index]
-                return (loops[index], PostgresLoopPool(connection, configuration: share, loop: loops[index], logger: logger))
+                return (
+                    loops[index], PostgresLoopPool(connection, configuration: share, loop: loops[index], logger: logger)
+                )
             })
         shares.withLock { $0 = pools }
         own.limit(to: Self.backgroundConnections(for: connections))

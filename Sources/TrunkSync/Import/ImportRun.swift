@@ -17,7 +17,9 @@ final class ImportRun {
     /// continues from there unless somebody pushed meanwhile.
     private var continuing: [String: Int64] = [:]
 
-    init(options: SupabaseImport.Options, source: SupabaseSource, destination: PostgresConnection, rejects: RejectWriter) {
+    init(
+        options: SupabaseImport.Options, source: SupabaseSource, destination: PostgresConnection, rejects: RejectWriter
+    ) {
         self.options = options
         self.source = source
         self.destination = destination
@@ -36,7 +38,8 @@ final class ImportRun {
             try body()
             let elapsed = ContinuousClock.now - start
             report.seconds[phase] =
-                ((Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18) * 1000).rounded() / 1000
+                ((Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18) * 1000).rounded()
+                / 1000
         }
         try timed("users", users)
         try timed("sessions", sessions)
@@ -201,7 +204,9 @@ final class ImportRun {
         }
     }
 
-    private func append(_ copy: inout CopyText, _ id: String, _ meta: (user: String, createdAt: String, aal: String)?, token: String) {
+    private func append(
+        _ copy: inout CopyText, _ id: String, _ meta: (user: String, createdAt: String, aal: String)?, token: String
+    ) {
         guard let meta else { return }
         copy.field(id)
         copy.field(meta.user)
@@ -274,7 +279,9 @@ final class ImportRun {
             let users = try page.map { try $0.decode(String.self, column: 0) }
             if !options.dryRun {
                 // Counted again from zero as their batches commit.
-                try destination.query("delete from supabase_import_progress where user_id = any($1::uuid[])", "{" + users.joined(separator: ",") + "}")
+                try destination.query(
+                    "delete from supabase_import_progress where user_id = any($1::uuid[])",
+                    "{" + users.joined(separator: ",") + "}")
             }
             reader.add(users)
         }
@@ -294,7 +301,9 @@ final class ImportRun {
             options.progress?(done, total)
         }
         report.events.read = done
-        report.seconds["events_writing"] = ((Double(writing.components.seconds) + Double(writing.components.attoseconds) / 1e18) * 1000).rounded() / 1000
+        report.seconds["events_writing"] =
+            ((Double(writing.components.seconds) + Double(writing.components.attoseconds) / 1e18) * 1000).rounded()
+            / 1000
     }
 
     /// Events of users whose count already matches (read by earlier runs).
@@ -332,7 +341,8 @@ final class ImportRun {
         // Announced after the commit, as a push does: running servers serve them at once.
         if !options.dryRun, !written.users.isEmpty {
             try destination.query(
-                "select pg_notify($1, u) from regexp_split_to_table($2, ',') u", EventStore.channel, written.users.joined(separator: ","))
+                "select pg_notify($1, u) from regexp_split_to_table($2, ',') u", EventStore.channel,
+                written.users.joined(separator: ","))
         }
     }
 
@@ -372,11 +382,15 @@ final class ImportRun {
             try destination.copyIn("copy import_seen from stdin", data: prepared.seen.bytes)
             var base: [String: Int64] = [:]  // users numbered here: their last seq
             if !prepared.users.isEmpty {
-                for row in try destination.query(Self.lockUsers, "{" + prepared.users.map(\.id).joined(separator: ",") + "}") {
+                for row in try destination.query(
+                    Self.lockUsers, "{" + prepared.users.map(\.id).joined(separator: ",") + "}")
+                {
                     let id = try row.decode(String.self, column: 0)
                     let lastSeq = try row.decode(Int64.self, column: 1)
                     let untouched = try row.decode(Bool.self, column: 2)
-                    if fresh, (untouched && lastSeq == 0) || (lastSeq > 0 && continuing[id] == lastSeq) { base[id] = lastSeq }
+                    if fresh, (untouched && lastSeq == 0) || (lastSeq > 0 && continuing[id] == lastSeq) {
+                        base[id] = lastSeq
+                    }
                 }
             }
             var copy = CopyText(capacity: prepared.events.bytes.count + prepared.rowEnds.count * 16)
@@ -409,7 +423,9 @@ final class ImportRun {
                 } catch let error as PostgresError where error.isUniqueViolation {
                     throw FreshClash()
                 }
-                for row in try destination.query(Self.moveFreshCursors) { written.users.append(try row.decode(String.self, column: 0)) }
+                for row in try destination.query(Self.moveFreshCursors) {
+                    written.users.append(try row.decode(String.self, column: 0))
+                }
                 written.imported += freshRows
             }
             if freshRows < prepared.rowEnds.count {
@@ -422,7 +438,8 @@ final class ImportRun {
                 // per batch, which grows with the import (statistics of a table being loaded
                 // lag, so the planner is told, for this statement only).
                 try destination.execute("set local enable_hashjoin = off; set local enable_mergejoin = off")
-                written.alreadyThere += Int(try destination.query(Self.dropEventsAlreadyHere)[0].decode(Int64.self, column: 0))
+                written.alreadyThere += Int(
+                    try destination.query(Self.dropEventsAlreadyHere)[0].decode(Int64.self, column: 0))
                 try destination.execute("set local enable_hashjoin = on; set local enable_mergejoin = on")
                 for row in try destination.query(Self.insertEvents) {
                     written.imported += Int(try row.decode(Int64.self, column: 1))
@@ -520,7 +537,8 @@ final class ImportRun {
         // The destination's keys are fetched a page ahead on a thread of their own (nothing
         // else uses that connection meanwhile), so both servers work at the same time.
         let theirs = try KeyCursor(
-            destination, name: "verify_destination", sql: "select user_id::text, client_id::text from events order by user_id, client_id",
+            destination, name: "verify_destination",
+            sql: "select user_id::text, client_id::text from events order by user_id, client_id",
             ahead: true)
         defer { theirs.finish() }
         let ours = try KeyCursor(source.connection, name: "verify_source", sql: SupabaseSource.eventKeysQuery)

@@ -203,13 +203,15 @@ public struct SupabaseImport: Sendable {
         }
         let status: Migrator.Status
         do {
-            status = try Migrator(migrations: options.migrations, logger: .init(label: "trunk-sync.import")).status(on: connection)
+            status = try Migrator(migrations: options.migrations, logger: .init(label: "trunk-sync.import")).status(
+                on: connection)
         } catch {
             throw ImportError.destination("not migrated (\(error)): run trunk-sync migrate first")
         }
         if !status.pending.isEmpty {
             throw ImportError.destination(
-                "not migrated: \(status.pending.count) migration(s) pending (\(status.pending.map(\.name).joined(separator: ", "))); run trunk-sync migrate first")
+                "not migrated: \(status.pending.count) migration(s) pending (\(status.pending.map(\.name).joined(separator: ", "))); run trunk-sync migrate first"
+            )
         }
         try connection.execute(
             """
@@ -235,14 +237,16 @@ final class RejectWriter {
     init(path: String?) throws {
         self.path = path
         guard let path else { return }
-        guard FileManager.default.createFile(atPath: path, contents: nil), let handle = FileHandle(forWritingAtPath: path)
+        guard FileManager.default.createFile(atPath: path, contents: nil),
+            let handle = FileHandle(forWritingAtPath: path)
         else { throw ImportError.destination("cannot write the reject file \(path)") }
         self.handle = handle
     }
 
     func write(table: String, id: String, reason: String) {
         guard let handle else { return }
-        let line = try? JSONSerialization.data(withJSONObject: ["table": table, "id": id, "reason": reason], options: [.sortedKeys])
+        let line = try? JSONSerialization.data(
+            withJSONObject: ["table": table, "id": id, "reason": reason], options: [.sortedKeys])
         handle.write((line ?? Data()) + Data([0x0a]))
     }
 

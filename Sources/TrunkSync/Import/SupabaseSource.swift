@@ -13,7 +13,10 @@ struct SupabaseSource {
 
     /// The columns read, per table; a source without one of them is refused naming it.
     static let required: [(table: String, columns: [String])] = [
-        ("auth.users", ["id", "email", "created_at", "updated_at", "email_confirmed_at", "last_sign_in_at", "raw_user_meta_data"]),
+        (
+            "auth.users",
+            ["id", "email", "created_at", "updated_at", "email_confirmed_at", "last_sign_in_at", "raw_user_meta_data"]
+        ),
         ("auth.sessions", ["id", "user_id", "created_at", "not_after", "aal"]),
         ("auth.refresh_tokens", ["token", "session_id", "revoked"]),
         ("public.events", ["id", "user_id", "type", "payload", "client_id", "client_timestamp", "created_at"]),
@@ -49,12 +52,18 @@ struct SupabaseSource {
                                                  ('public', 'events'), ('public', 'profiles'))
             """)
         var columns: [String: Set<String>] = [:]
-        for row in rows { columns[try row.decode(String.self, column: 0), default: []].insert(try row.decode(String.self, column: 1)) }
+        for row in rows {
+            columns[try row.decode(String.self, column: 0), default: []].insert(try row.decode(String.self, column: 1))
+        }
         guard columns["auth.users"] != nil else {
-            throw ImportError.source("the source has no table auth.users (or this login cannot read it): is --from a Supabase project's database?")
+            throw ImportError.source(
+                "the source has no table auth.users (or this login cannot read it): is --from a Supabase project's database?"
+            )
         }
         for (table, needed) in Self.required {
-            guard let present = columns[table] else { throw ImportError.source("the source has no table \(table) (or this login cannot read it)") }
+            guard let present = columns[table] else {
+                throw ImportError.source("the source has no table \(table) (or this login cannot read it)")
+            }
             let missing = needed.filter { !present.contains($0) }
             if !missing.isEmpty {
                 throw ImportError.source("the source's \(table) lacks column(s) \(missing.joined(separator: ", "))")
@@ -62,13 +71,17 @@ struct SupabaseSource {
         }
         hasProfiles = columns["public.profiles"].map { $0.contains("id") && $0.contains("full_name") } ?? false
         hasSignedRefreshTokens =
-            columns["auth.sessions"].map { $0.contains("refresh_token_hmac_key") && $0.contains("refresh_token_counter") } ?? false
+            columns["auth.sessions"].map {
+                $0.contains("refresh_token_hmac_key") && $0.contains("refresh_token_counter")
+            } ?? false
         // auth.users has row-level security and no policy: a login that does not bypass it
         // reads no users at all, which would look like an empty project.
-        let role = try connection.query("select current_user::text, rolsuper or rolbypassrls from pg_roles where rolname = current_user")
+        let role = try connection.query(
+            "select current_user::text, rolsuper or rolbypassrls from pg_roles where rolname = current_user")
         if let row = role.first, try !row.decode(Bool.self, column: 1) {
             throw ImportError.source(
-                "the source login \(try row.decode(String.self, column: 0)) does not bypass row-level security, so auth.users would look empty: use the project's postgres role")
+                "the source login \(try row.decode(String.self, column: 0)) does not bypass row-level security, so auth.users would look empty: use the project's postgres role"
+            )
         }
     }
 
@@ -165,7 +178,9 @@ struct SupabaseSource {
     /// Sessions that have not ended: not past `not_after`. Columns: id, user_id, created_at,
     /// aal, HMAC key (signed tokens), counter.
     var sessionsQuery: String {
-        let signed = hasSignedRefreshTokens ? "s.refresh_token_hmac_key::text, s.refresh_token_counter::text" : "null::text, null::text"
+        let signed =
+            hasSignedRefreshTokens
+            ? "s.refresh_token_hmac_key::text, s.refresh_token_counter::text" : "null::text, null::text"
         return """
             select s.id::text, s.user_id::text, coalesce(s.created_at, now())::text, coalesce(s.aal::text, 'aal1'), \(signed)
             from auth.sessions s where s.not_after is null or s.not_after > now() order by s.id

@@ -112,7 +112,8 @@ public enum RFC3339 {
             expect([84, 116, 32]), let hour = number(2), expect([58]), let minute = number(2), expect([58]),
             let second = number(2)
         else { return nil }
-        guard (1...12).contains(month), day >= 1, day <= daysInMonth(year, month), hour <= 23, minute <= 59, second <= 59
+        guard (1...12).contains(month), day >= 1, day <= daysInMonth(year, month), hour <= 23, minute <= 59,
+            second <= 59
         else { return nil }
         var micros = 0
         if index < bytes.count, bytes[index] == 46 {

@@ -52,8 +52,10 @@ public struct TrunkLogHandler: LogHandler {
         if let extra = event.metadata { merged.merge(extra) { _, new in new } }
         let line: String
         switch format {
-        case .text: line = Self.textLine(level: event.level, label: label, message: "\(event.message)", metadata: merged)
-        case .json: line = Self.jsonLine(level: event.level, label: label, message: "\(event.message)", metadata: merged)
+        case .text:
+            line = Self.textLine(level: event.level, label: label, message: "\(event.message)", metadata: merged)
+        case .json:
+            line = Self.jsonLine(level: event.level, label: label, message: "\(event.message)", metadata: merged)
         }
         var bytes = Array(line.utf8)
         bytes.append(UInt8(ascii: "\n"))
@@ -91,7 +93,8 @@ public struct TrunkLogHandler: LogHandler {
     }
 
     static func jsonLine(level: Logger.Level, label: String, message: String, metadata: Logger.Metadata) -> String {
-        var line = "{\"ts\":\"\(timestamp())\",\"level\":\"\(level)\",\"logger\":\(jsonString(label)),\"msg\":\(jsonString(message))"
+        var line =
+            "{\"ts\":\"\(timestamp())\",\"level\":\"\(level)\",\"logger\":\(jsonString(label)),\"msg\":\(jsonString(message))"
         for key in metadata.keys.sorted() {
             if let value = metadata[key] { line += ",\(jsonString(key)):\(jsonString("\(value)"))" }
         }

@@ -55,7 +55,8 @@ public final class Metrics: @unchecked Sendable {
         var limits: [String: Counter] = [:]
         for name in Self.rateLimitNames {
             limits[name] = counter(
-                "trunk_sync_rate_limited_total", "Requests refused by a rate limit, by limit.", labels: "limit=\"\(name)\"")
+                "trunk_sync_rate_limited_total", "Requests refused by a rate limit, by limit.",
+                labels: "limit=\"\(name)\"")
         }
         rateLimited = limits
         counters = register
@@ -116,7 +117,8 @@ public final class Metrics: @unchecked Sendable {
         out += "# HELP trunk_sync_http_requests_total HTTP requests answered, by method, route and status.\n"
         out += "# TYPE trunk_sync_http_requests_total counter\n"
         for route in sortedRoutes { route.renderCounts(into: &out) }
-        out += "# HELP trunk_sync_http_request_duration_seconds Time from a complete request head to its response, by route.\n"
+        out +=
+            "# HELP trunk_sync_http_request_duration_seconds Time from a complete request head to its response, by route.\n"
         out += "# TYPE trunk_sync_http_request_duration_seconds histogram\n"
         for route in sortedRoutes { route.renderHistogram(into: &out) }
         lastName = ""
@@ -277,7 +279,8 @@ public final class HTTPRouteMetrics: @unchecked Sendable {  // cells are only to
                 let value = load(row * Self.statusSlots + slot)
                 guard value > 0 else { continue }
                 let status = slot < Self.statuses.count ? String(Self.statuses[slot]) : "other"
-                out += "trunk_sync_http_requests_total{method=\"\(method)\",route=\"\(route)\",status=\"\(status)\"} \(value)\n"
+                out +=
+                    "trunk_sync_http_requests_total{method=\"\(method)\",route=\"\(route)\",status=\"\(status)\"} \(value)\n"
             }
         }
     }
@@ -289,11 +292,13 @@ public final class HTTPRouteMetrics: @unchecked Sendable {  // cells are only to
         var cumulative: UInt64 = 0
         for (index, bound) in Self.bounds.enumerated() {
             cumulative += load(Self.histogramStart + index)
-            out += "trunk_sync_http_request_duration_seconds_bucket{route=\"\(route)\",le=\"\(Metrics.number(bound))\"} \(cumulative)\n"
+            out +=
+                "trunk_sync_http_request_duration_seconds_bucket{route=\"\(route)\",le=\"\(Metrics.number(bound))\"} \(cumulative)\n"
         }
         // Read separately from the buckets: under load the total may be a little ahead.
         cumulative += load(Self.histogramStart + Self.bounds.count)
-        out += "trunk_sync_http_request_duration_seconds_bucket{route=\"\(route)\",le=\"+Inf\"} \(max(cumulative, count))\n"
+        out +=
+            "trunk_sync_http_request_duration_seconds_bucket{route=\"\(route)\",le=\"+Inf\"} \(max(cumulative, count))\n"
         let seconds = Double(load(Self.histogramStart + Self.bounds.count + 2)) / 1e9
         out += "trunk_sync_http_request_duration_seconds_sum{route=\"\(route)\"} \(seconds)\n"
         out += "trunk_sync_http_request_duration_seconds_count{route=\"\(route)\"} \(max(cumulative, count))\n"

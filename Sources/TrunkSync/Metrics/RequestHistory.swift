@@ -66,7 +66,9 @@ final class RequestHistory: Sendable {
                 let to = min(Double(minute * 60 + 60), max(now, from))
                 let seconds = max(to - from, 1)
                 func rate(_ count: UInt64) -> Double { counted ? (Double(count) / seconds * 1000).rounded() / 1000 : 0 }
-                return Minute(start: minute * 60, requestsPerSecond: rate(state.requests[slot]), errorsPerSecond: rate(state.errors[slot]))
+                return Minute(
+                    start: minute * 60, requestsPerSecond: rate(state.requests[slot]),
+                    errorsPerSecond: rate(state.errors[slot]))
             }
         }
     }

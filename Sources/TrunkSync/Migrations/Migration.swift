@@ -94,7 +94,8 @@ public enum MigrationError: Error, Equatable, CustomStringConvertible {
         case .appliedFileMissing(let name):
             return "migration \(name) was applied to this database but its file is missing; restore it"
         case .appliedFileChanged(let name):
-            return "migration \(name) was edited after it was applied (checksum differs); restore the applied version and put changes in a new migration"
+            return
+                "migration \(name) was edited after it was applied (checksum differs); restore the applied version and put changes in a new migration"
         case .outOfOrder(let pending, let newest):
             return "migration \(pending) is older than \(newest), which is already applied; give it a higher number"
         case .failed(let name, let reason):

@@ -134,7 +134,8 @@ public struct Migrator: Sendable {
     private static func appliedMigration(_ row: PostgresRow) throws -> AppliedMigration {
         AppliedMigration(
             version: try row.decode(Int64.self, column: 0), name: try row.decode(String.self, column: 1),
-            checksum: try row.decode(String.self, column: 2), appliedAt: try row.decode(PostgresTimestamp.self, column: 3))
+            checksum: try row.decode(String.self, column: 2),
+            appliedAt: try row.decode(PostgresTimestamp.self, column: 3))
     }
 
     private func verify(_ applied: [AppliedMigration], allowNewer: Bool) throws {

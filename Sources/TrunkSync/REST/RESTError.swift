@@ -29,6 +29,7 @@ public enum RESTError {
     }
 
     static func unknownTable(_ table: String) -> APIError {
-        APIError(status: 404, code: "PGRST205", message: "Could not find the table 'public.\(table)' in the schema cache")
+        APIError(
+            status: 404, code: "PGRST205", message: "Could not find the table 'public.\(table)' in the schema cache")
     }
 }

@@ -1,5 +1,5 @@
-import JSON
 import Foundation
+import JSON
 import Postgres
 
 /// Reads insert and update bodies of the REST routes: one object or an array of objects.
@@ -17,7 +17,9 @@ enum RESTInsert {
                         if let event = try input.event(&scanner, index: index) { events.append(event) }
                     }
                 } else {
-                    guard scanner.peek() == UInt8(ascii: "{") else { throw scanner.fail("expected an object or an array") }
+                    guard scanner.peek() == UInt8(ascii: "{") else {
+                        throw scanner.fail("expected an object or an array")
+                    }
                     if let event = try input.event(&scanner, index: 0) { events.append(event) }
                 }
                 try scanner.expectEnd()
@@ -73,12 +75,16 @@ enum RESTInsert {
                     throw RESTError.badValue(member.stringValue ?? "", type: "uuid")
                 }
                 guard id == caller else {
-                    throw APIError(status: 403, code: "42501", message: "new row violates row-level security policy for table \"profiles\"")
+                    throw APIError(
+                        status: 403, code: "42501",
+                        message: "new row violates row-level security policy for table \"profiles\"")
                 }
             case "updated_at":
                 continue
             default:
-                throw APIError(status: 400, code: "PGRST204", message: "Could not find the '\(key)' column of 'profiles' in the schema cache")
+                throw APIError(
+                    status: 400, code: "PGRST204",
+                    message: "Could not find the '\(key)' column of 'profiles' in the schema cache")
             }
         }
         guard let fullName = change.fullName else {

@@ -69,25 +69,31 @@ struct RESTQuery: Sendable {
                 // refused before any is looked up, however long the list.
                 guard parts.count <= available.count else {
                     throw RESTError.parse(
-                        "failed to parse select parameter", details: "at most \(available.count) columns, each selected once")
+                        "failed to parse select parameter",
+                        details: "at most \(available.count) columns, each selected once")
                 }
                 var seen = Set<String>()
                 query.columns = try parts.map { part in
                     let name = part.trimmingCharacters(in: .whitespaces)
                     if name == "*" { throw RESTError.parse("\"*\" cannot be combined with columns") }
                     guard name.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "_" }) else {
-                        throw RESTError.parse("failed to parse select parameter (\(name))", details: "only plain column names are supported")
+                        throw RESTError.parse(
+                            "failed to parse select parameter (\(name))",
+                            details: "only plain column names are supported")
                     }
                     guard seen.insert(name).inserted else {
                         throw RESTError.parse(
-                            "failed to parse select parameter (\(name))", details: "column \(name) is selected more than once")
+                            "failed to parse select parameter (\(name))",
+                            details: "column \(name) is selected more than once")
                     }
                     return try column(name)
                 }
             case "order":
                 query.order = try value.split(separator: ",").map { term in
                     let parts = term.split(separator: ".").map { String($0).trimmingCharacters(in: .whitespaces) }
-                    guard let first = parts.first, parts.count <= 3 else { throw RESTError.parse("failed to parse order (\(term))") }
+                    guard let first = parts.first, parts.count <= 3 else {
+                        throw RESTError.parse("failed to parse order (\(term))")
+                    }
                     var order = Order(column: try column(first), descending: false, nullsFirst: nil)
                     for modifier in parts.dropFirst() {
                         switch modifier {
@@ -95,16 +101,22 @@ struct RESTQuery: Sendable {
                         case "desc": order.descending = true
                         case "nullsfirst": order.nullsFirst = true
                         case "nullslast": order.nullsFirst = false
-                        default: throw RESTError.parse("failed to parse order (\(term))", details: "unexpected \"\(modifier)\"")
+                        default:
+                            throw RESTError.parse(
+                                "failed to parse order (\(term))", details: "unexpected \"\(modifier)\"")
                         }
                     }
                     return order
                 }
             case "limit":
-                guard let number = Int(value), number >= 0 else { throw RESTError.parse("failed to parse limit (\(value))") }
+                guard let number = Int(value), number >= 0 else {
+                    throw RESTError.parse("failed to parse limit (\(value))")
+                }
                 query.limit = number
             case "offset":
-                guard let number = Int(value), number >= 0 else { throw RESTError.parse("failed to parse offset (\(value))") }
+                guard let number = Int(value), number >= 0 else {
+                    throw RESTError.parse("failed to parse offset (\(value))")
+                }
                 query.offset = number
             case "columns":
                 query.insertColumns = try value.split(separator: ",").map { part in
@@ -123,7 +135,8 @@ struct RESTQuery: Sendable {
                 }
                 let opName = String(value[..<dot])
                 guard let op = Operator(rawValue: opName) else {
-                    throw RESTError.parse("failed to parse filter (\(value))", details: "unknown or unsupported operator \"\(opName)\"")
+                    throw RESTError.parse(
+                        "failed to parse filter (\(value))", details: "unknown or unsupported operator \"\(opName)\"")
                 }
                 let operand = String(value[value.index(after: dot)...])
                 query.filters.append(Filter(column: target, op: op, value: try bind(operand, for: target)))
@@ -143,13 +156,18 @@ struct RESTQuery: Sendable {
             return number.postgresBind
         case .text:
             // PostgreSQL text cannot hold NUL (`%00` in the query string).
-            guard !text.utf8.contains(0) else { throw RESTError.badValue(text.replacingOccurrences(of: "\u{0}", with: "\\u0000"), type: "text") }
+            guard !text.utf8.contains(0) else {
+                throw RESTError.badValue(text.replacingOccurrences(of: "\u{0}", with: "\\u0000"), type: "text")
+            }
             return PostgresBind(type: PostgresType.text, format: 0, bytes: Array(text.utf8))
         case .timestamp:
-            guard let timestamp = RFC3339.parse(text) else { throw RESTError.badValue(text, type: "timestamp with time zone") }
+            guard let timestamp = RFC3339.parse(text) else {
+                throw RESTError.badValue(text, type: "timestamp with time zone")
+            }
             return timestamp.postgresBind
         case .json:
-            throw RESTError.parse("failed to parse filter on \(column.name)", details: "filters on JSON columns are not supported")
+            throw RESTError.parse(
+                "failed to parse filter on \(column.name)", details: "filters on JSON columns are not supported")
         }
     }
 

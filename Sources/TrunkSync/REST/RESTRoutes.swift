@@ -1,6 +1,6 @@
-import JSON
 import Foundation
 import HTTPServer
+import JSON
 import Logging
 import Postgres
 
@@ -109,7 +109,8 @@ public struct RESTRoutes: Sendable {
             case .text: writer.string(column.name, try row.decode(String.self, column: index))
             case .json: writer.raw(column.name, try row.decode(PostgresJSON.self, column: index).bytes)
             case .timestamp:
-                writer.string(column.name, RFC3339.formatPostgREST(try row.decode(PostgresTimestamp.self, column: index)))
+                writer.string(
+                    column.name, RFC3339.formatPostgREST(try row.decode(PostgresTimestamp.self, column: index)))
             }
         }
         writer.endObject()
@@ -124,13 +125,15 @@ public struct RESTRoutes: Sendable {
             guard rows.count == 1 else { throw RESTError.singular(rows.count) }
             var writer = JSONWriter()
             try write(rows[0], columns: columns, to: &writer)
-            return .json(status, writer.bytes, headers: ["Content-Range": range(offset: offset, count: 1, total: total)])
+            return .json(
+                status, writer.bytes, headers: ["Content-Range": range(offset: offset, count: 1, total: total)])
         }
         var writer = JSONWriter(capacity: 256 * max(rows.count, 1))
         writer.beginArray()
         for row in rows { try write(row, columns: columns, to: &writer) }
         writer.endArray()
-        return .json(status, writer.bytes, headers: ["Content-Range": range(offset: offset, count: rows.count, total: total)])
+        return .json(
+            status, writer.bytes, headers: ["Content-Range": range(offset: offset, count: rows.count, total: total)])
     }
 
     static func range(offset: Int, count: Int, total: Int?) -> String {
@@ -151,12 +154,14 @@ public struct RESTRoutes: Sendable {
                 "select \(query.columns.map(\.sql).joined(separator: ", ")) from events where user_id = $1"
                 + filters.sql + query.orderClause(default: "seq") + " limit $2 offset $3"
             let rows = try await tx.query(
-                sql, binds: [user.postgresBind, Int64(limit).postgresBind, Int64(query.offset).postgresBind] + filters.binds)
+                sql,
+                binds: [user.postgresBind, Int64(limit).postgresBind, Int64(query.offset).postgresBind] + filters.binds)
             var total: Int? = nil
             if countExact {
                 let counted = query.whereClause(startingAt: 2)
                 total = try await tx.query(
-                    "select count(*) from events where user_id = $1" + counted.sql, binds: [user.postgresBind] + counted.binds
+                    "select count(*) from events where user_id = $1" + counted.sql,
+                    binds: [user.postgresBind] + counted.binds
                 )[0].decode(Int.self, column: 0)
             }
             return (rows, total)
@@ -221,6 +226,7 @@ public struct RESTRoutes: Sendable {
         if rows.count > 0 { await store.announce(user) }
         let status: HTTPStatus = upsert ? .created : .ok
         guard preferences.representation else { return HTTPResponse(status: upsert ? .created : .noContent) }
-        return try Self.rowsResponse(rows, columns: query.columns, request: request, offset: 0, total: nil, status: status)
+        return try Self.rowsResponse(
+            rows, columns: query.columns, request: request, offset: 0, total: nil, status: status)
     }
 }

@@ -35,7 +35,8 @@ struct PhoenixMessage: Sendable, Equatable {
             switch value {
             case nil, .null?: return nil
             case .string(let text)?: return text
-            case .number(let number)? where number == number.rounded() && abs(number) < 1e15: return String(Int64(number))
+            case .number(let number)? where number == number.rounded() && abs(number) < 1e15:
+                return String(Int64(number))
             default: throw Malformed(reason: "\(name) must be a string")
             }
         }
@@ -46,7 +47,9 @@ struct PhoenixMessage: Sendable, Equatable {
         let payload: JSONValue?
         switch (version, value) {
         case (.v2, .array(let parts)):
-            guard parts.count == 5 else { throw Malformed(reason: "a message is an array of 5: [join_ref, ref, topic, event, payload]") }
+            guard parts.count == 5 else {
+                throw Malformed(reason: "a message is an array of 5: [join_ref, ref, topic, event, payload]")
+            }
             (joinRef, ref, topic, event, payload) = (
                 try text(parts[0], "join_ref"), try text(parts[1], "ref"), try text(parts[2], "topic"),
                 try text(parts[3], "event"), parts[4]

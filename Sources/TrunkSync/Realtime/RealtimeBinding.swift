@@ -90,7 +90,9 @@ struct RealtimeBinding: Sendable {
 
     /// Reads one entry of `config.postgres_changes`.
     static func parse(_ value: JSONValue, id: Int) throws(RealtimeError) -> RealtimeBinding {
-        guard let members = value.objectValue else { throw RealtimeError("each postgres_changes entry must be an object") }
+        guard let members = value.objectValue else {
+            throw RealtimeError("each postgres_changes entry must be an object")
+        }
         guard let event = members["event"]?.stringValue else { throw RealtimeError("postgres_changes needs an event") }
         guard ["*", "INSERT", "UPDATE", "DELETE"].contains(event) else {
             throw RealtimeError("event must be INSERT, UPDATE, DELETE or *, not \(event)")
@@ -109,7 +111,9 @@ struct RealtimeBinding: Sendable {
         case .string(let text)?: filterText = text
         default: throw RealtimeError("filter must be a string")
         }
-        let filter = try filterText.flatMap { text throws(RealtimeError) in text.isEmpty ? nil : try parseFilter(text, table: table) }
+        let filter = try filterText.flatMap { text throws(RealtimeError) in
+            text.isEmpty ? nil : try parseFilter(text, table: table)
+        }
         return RealtimeBinding(
             id: id, event: event, schema: schema, table: table, filterText: filterText, filter: filter)
     }
@@ -141,7 +145,9 @@ struct RealtimeBinding: Sendable {
             guard items.count <= 100 else { throw RealtimeError("in takes at most 100 values") }
             for item in items {
                 var piece = item.trimmingCharacters(in: .whitespaces)
-                if piece.count >= 2, piece.hasPrefix("\""), piece.hasSuffix("\"") { piece = String(piece.dropFirst().dropLast()) }
+                if piece.count >= 2, piece.hasPrefix("\""), piece.hasSuffix("\"") {
+                    piece = String(piece.dropFirst().dropLast())
+                }
                 values.append(try value(piece, for: column))
             }
         } else {
@@ -161,7 +167,9 @@ struct RealtimeBinding: Sendable {
         case .text:
             return .text(text)
         case .timestamp:
-            guard let time = RFC3339.parse(text) else { throw RealtimeError("\(column.name) is a timestamp, not \(text)") }
+            guard let time = RFC3339.parse(text) else {
+                throw RealtimeError("\(column.name) is a timestamp, not \(text)")
+            }
             return .time(time.microsecondsSinceEpoch)
         case .json:
             throw RealtimeError("filters on JSON columns (\(column.name)) are not supported")

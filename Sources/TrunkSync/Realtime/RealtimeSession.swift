@@ -39,8 +39,9 @@ struct RealtimeSession {
                     await handle(decoded)
                 } catch {
                     // Nothing to answer to: the topic and ref are unknown.
-                    reply(to: PhoenixMessage(joinRef: nil, ref: nil, topic: "phoenix", event: "", payload: .null),
-                          error: "malformed message: \(error.reason)")
+                    reply(
+                        to: PhoenixMessage(joinRef: nil, ref: nil, topic: "phoenix", event: "", payload: .null),
+                        error: "malformed message: \(error.reason)")
                 }
             case .binary(let bytes):
                 // supabase-js sends Broadcast as binary frames (vsn 2.0.0): refused, with an answer.
@@ -193,18 +194,21 @@ struct RealtimeSession {
     }
 
     private func reply(to message: PhoenixMessage, ok response: [UInt8]) {
-        send(topic: message.topic, joinRef: message.joinRef, ref: message.ref, event: "phx_reply",
-             payload: PhoenixMessage.reply(ok: true, response: response))
+        send(
+            topic: message.topic, joinRef: message.joinRef, ref: message.ref, event: "phx_reply",
+            payload: PhoenixMessage.reply(ok: true, response: response))
     }
 
     private func reply(to message: PhoenixMessage, error reason: String) {
-        send(topic: message.topic, joinRef: message.joinRef, ref: message.ref, event: "phx_reply",
-             payload: PhoenixMessage.reply(ok: false, response: PhoenixMessage.reason(reason)))
+        send(
+            topic: message.topic, joinRef: message.joinRef, ref: message.ref, event: "phx_reply",
+            payload: PhoenixMessage.reply(ok: false, response: PhoenixMessage.reason(reason)))
     }
 
     private func send(topic: String, joinRef: String?, ref: String? = nil, event: String, payload: [UInt8]) {
         Self.send(
-            PhoenixMessage.encode(joinRef: joinRef, ref: ref, topic: topic, event: event, payload: payload, version: version),
+            PhoenixMessage.encode(
+                joinRef: joinRef, ref: ref, topic: topic, event: event, payload: payload, version: version),
             on: socket)
     }
 }

@@ -1,5 +1,5 @@
-import JSON
 import HTTPServer
+import JSON
 import Postgres
 
 /// The API a route belongs to. Every error is one `APIError`; the family decides the shape
@@ -123,7 +123,8 @@ public struct APIError: Error, Sendable, Equatable, CustomStringConvertible {
 
     static func bodyTooLarge(limit: Int) -> APIError {
         APIError(
-            status: 413, code: "body_too_large", message: "The request body is larger than this route accepts (\(limit) bytes).")
+            status: 413, code: "body_too_large",
+            message: "The request body is larger than this route accepts (\(limit) bytes).")
     }
 
     static let internalError = APIError(status: 500, code: "internal_error", message: "Internal server error.")

@@ -80,7 +80,8 @@ public struct Application: Sendable {
         let secret = configuration.jwtSecret ?? ""
         auth = AuthService(
             database: self.database,
-            tokens: TokenIssuer(secret: secret, issuer: configuration.publicURL + "/auth/v1", lifetime: configuration.jwtExpiry,
+            tokens: TokenIssuer(
+                secret: secret, issuer: configuration.publicURL + "/auth/v1", lifetime: configuration.jwtExpiry,
                 acceptedIssuers: configuration.acceptedIssuers),
             secret: secret, sender: codeSender,
             settings: configuration.auth, logger: logger, metrics: metrics)
@@ -89,7 +90,8 @@ public struct Application: Sendable {
             settings: configuration.streams, store: events, notifier: notifier, revocations: auth.revocations,
             metrics: metrics, logger: logger)
         realtime = RealtimeFeed(
-            settings: configuration.realtime, database: self.database, notifier: notifier, revocations: auth.revocations,
+            settings: configuration.realtime, database: self.database, notifier: notifier,
+            revocations: auth.revocations,
             tokens: auth.tokens, metrics: metrics, logger: logger)
         if let listener {
             // Both subscribe before the listener starts, so neither misses its first
@@ -105,7 +107,9 @@ public struct Application: Sendable {
         }
         // Every pool of the door: the HTTP loops' shares and the own loop's.
         let door = self.database
-        @Sendable func both(_ figure: (PostgresLoopPool.Statistics) -> Int) -> Double { Double(figure(door.statistics)) }
+        @Sendable func both(_ figure: (PostgresLoopPool.Statistics) -> Int) -> Double {
+            Double(figure(door.statistics))
+        }
         metrics.gauge("trunk_sync_db_pool_connections_open", help: "Database connections open.") { both(\.open) }
         metrics.gauge("trunk_sync_db_pool_connections_in_use", help: "Database connections running a query.") {
             both(\.inUse)
@@ -113,7 +117,9 @@ public struct Application: Sendable {
         metrics.gauge("trunk_sync_db_pool_waiting", help: "Requests waiting for a database connection.") {
             both(\.waiting)
         }
-        metrics.gauge("trunk_sync_longpolls_waiting", help: "Pulls waiting for new events.") { Double(notifier.waiting) }
+        metrics.gauge("trunk_sync_longpolls_waiting", help: "Pulls waiting for new events.") {
+            Double(notifier.waiting)
+        }
         let mail = auth.mail
         metrics.gauge("trunk_sync_mail_queue_length", help: "Sign-in mails waiting for a sender.") {
             Double(mail.waiting)
@@ -303,11 +309,15 @@ public struct Application: Sendable {
                 let totals = metrics.requestTotals()
                 let now = Date().timeIntervalSince1970
                 requestHistory.record(now: now, requests: totals.requests, errors: totals.serverErrors)
-                let status = try await database.read(as: .server) { try await migrator.status(on: $0, allowNewer: true) }
+                let status = try await database.read(as: .server) {
+                    try await migrator.status(on: $0, allowNewer: true)
+                }
                 return ConsoleRoutes.OverviewFigures(
                     requests: totals.requests, serverErrors: totals.serverErrors, pool: database.statistics,
                     longPollsWaiting: notifier.waiting,
-                    schemaVersion: status.applied.map(\.name).max().map { $0.replacingOccurrences(of: ".sql", with: "") }, pendingMigrations: status.pending.count,
+                    schemaVersion: status.applied.map(\.name).max().map {
+                        $0.replacingOccurrences(of: ".sql", with: "")
+                    }, pendingMigrations: status.pending.count,
                     startedAt: startedAt, history: requestHistory.minutes(now: now))
             }, logger: Logger(label: "trunk-sync.console"))
     }
@@ -321,12 +331,15 @@ public struct Application: Sendable {
         metrics.gauge("trunk_sync_http_connections", help: "Open client connections on the public listener.") {
             Double(server.statistics.connections)
         }
-        metrics.gauge("trunk_sync_http_requests_in_flight", help: "Requests whose handler is running (public listener).") {
+        metrics.gauge(
+            "trunk_sync_http_requests_in_flight", help: "Requests whose handler is running (public listener)."
+        ) {
             Double(server.statistics.inFlight)
         }
         for index in server.executors.indices {
             metrics.gauge(
-                "trunk_sync_http_loop_connections", help: "Open client connections of each event loop (public listener).",
+                "trunk_sync_http_loop_connections",
+                help: "Open client connections of each event loop (public listener).",
                 labels: "loop=\"\(index)\""
             ) { Double(server.loopStatistics[index].connections) }
         }
@@ -341,7 +354,8 @@ public struct Application: Sendable {
             with: Task {
                 while true {
                     let totals = metrics.requestTotals()
-                    history.record(now: Date().timeIntervalSince1970, requests: totals.requests, errors: totals.serverErrors)
+                    history.record(
+                        now: Date().timeIntervalSince1970, requests: totals.requests, errors: totals.serverErrors)
                     do { try await Task.sleep(for: interval) } catch { return }  // cancelled by close()
                 }
             })
@@ -353,7 +367,8 @@ public struct Application: Sendable {
         let accessLog = logger.logLevel <= .info ? AccessLog(format: configuration.logFormat, label: logger.label) : nil
         return RequestPipeline(
             routes: routes(), corsOrigins: configuration.corsOrigins,
-            authenticator: Authenticator(tokens: auth.tokens, apiKey: configuration.apiKey, revocations: auth.revocations),
+            authenticator: Authenticator(
+                tokens: auth.tokens, apiKey: configuration.apiKey, revocations: auth.revocations),
             accessLog: accessLog,
             logger: logger)
     }
@@ -429,7 +444,11 @@ public struct Application: Sendable {
             case .notReady(_, let message, let detail): detail.map { "\(message) \($0)" } ?? message
             }
         if notReadyReason.replace(with: reason) {
-            if let reason { logger.warning("not ready", metadata: ["reason": "\(reason)"]) } else { logger.notice("ready") }
+            if let reason {
+                logger.warning("not ready", metadata: ["reason": "\(reason)"])
+            } else {
+                logger.notice("ready")
+            }
         }
         return state
     }
@@ -448,7 +467,8 @@ public struct Application: Sendable {
             }
             guard auth.revocations.isLoaded else {
                 return .notReady(
-                    code: "revocations_not_loaded", message: "The revoked sessions have not been loaded yet.", detail: nil)
+                    code: "revocations_not_loaded", message: "The revoked sessions have not been loaded yet.",
+                    detail: nil)
             }
             return .ready
         } catch let error as MigrationError {

@@ -47,12 +47,15 @@ public enum DatabaseRoles {
         case reserved(role: String)
 
         public var description: String {
-            let advice = "name a role only the server uses in TRUNK_SYNC_DATABASE_URL (migrate creates it); nothing was changed"
+            let advice =
+                "name a role only the server uses in TRUNK_SYNC_DATABASE_URL (migrate creates it); nothing was changed"
             switch self {
             case .privileged(let role, let attributes):
-                return "TRUNK_SYNC_DATABASE_URL logs in as \(role), which has \(attributes.joined(separator: ", ")): \(advice)"
+                return
+                    "TRUNK_SYNC_DATABASE_URL logs in as \(role), which has \(attributes.joined(separator: ", ")): \(advice)"
             case .owner(let role):
-                return "TRUNK_SYNC_DATABASE_URL logs in as \(role), which owns objects in this database or is a member of "
+                return
+                    "TRUNK_SYNC_DATABASE_URL logs in as \(role), which owns objects in this database or is a member of "
                     + "their owner: \(advice)"
             case .reserved(let role):
                 return "TRUNK_SYNC_DATABASE_URL logs in as \(role), a group role of trunk-sync: \(advice)"
@@ -105,13 +108,17 @@ public enum DatabaseRoles {
     public static func ensureServerLogin(_ login: ServerLogin, on connection: PostgresConnection) throws -> Outcome {
         if try isSessionUser(login, on: connection) { return .sameAsOwner }
         let role = try connection.quoteIdentifier(login.name)
-        let password = try login.password.map { " password " + (try connection.quoteLiteral(try connection.encryptedPassword($0, role: login.name))) } ?? ""
+        let password =
+            try login.password.map {
+                " password " + (try connection.quoteLiteral(try connection.encryptedPassword($0, role: login.name)))
+            } ?? ""
         let exists = try connection.query("select 1 from pg_roles where rolname = $1", login.name).count > 0
         // Attributes not named keep their defaults (NOSUPERUSER, NOCREATEDB, …) on create;
         // checkServerLogin refused an existing role that has any of them.
         try connection.execute((exists ? "alter role \(role) login" : "create role \(role) login") + password)
         if login.name != app,
-            try !connection.query("select pg_has_role($1, $2, 'MEMBER')", login.name, app)[0].decode(Bool.self, column: 0)
+            try !connection.query("select pg_has_role($1, $2, 'MEMBER')", login.name, app)[0].decode(
+                Bool.self, column: 0)
         {
             try connection.execute("grant \(try connection.quoteIdentifier(app)) to \(role)")
         }
@@ -122,11 +129,13 @@ public enum DatabaseRoles {
             """, login.name, admin)[0].decode(Bool.self, column: 0)
         if inAdmin { try connection.execute("revoke \(try connection.quoteIdentifier(admin)) from \(role)") }
         let canConnect = try connection.query(
-            "select has_database_privilege($1, current_database(), 'CONNECT')", login.name)[0].decode(Bool.self, column: 0)
+            "select has_database_privilege($1, current_database(), 'CONNECT')", login.name)[0].decode(
+                Bool.self, column: 0)
         if !canConnect {
             let database = try connection.query("select current_database()::text")[0].decode(String.self, column: 0)
             try connection.execute(
-                "grant connect on database \(try connection.quoteIdentifier(database)) to \(try connection.quoteIdentifier(app))")
+                "grant connect on database \(try connection.quoteIdentifier(database)) to \(try connection.quoteIdentifier(app))"
+            )
         }
         return exists ? .updated(login.name) : .created(login.name)
     }
@@ -235,7 +244,8 @@ extension DatabaseRoles {
             if let error = findings.error { logger.error("\(error)") }
             return findings
         } catch {
-            logger.warning("cannot check the database role TRUNK_SYNC_DATABASE_URL logs in as", metadata: ["error": "\(error)"])
+            logger.warning(
+                "cannot check the database role TRUNK_SYNC_DATABASE_URL logs in as", metadata: ["error": "\(error)"])
             return nil
         }
     }

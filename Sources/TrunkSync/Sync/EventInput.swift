@@ -76,7 +76,8 @@ struct EventInput {
         // Keys are matched as bytes: no `String` per key. For these names (lower-case ASCII
         // letters and `_`) that is what `String`'s `==` finds too: no other text is
         // canonically equivalent to them.
-        try scanner.objectUTF8 { (scanner: inout JSONScanner, keyUTF8: UnsafeBufferPointer<UInt8>) throws(JSONScanner.Failure) in
+        try scanner.objectUTF8 {
+            (scanner: inout JSONScanner, keyUTF8: UnsafeBufferPointer<UInt8>) throws(JSONScanner.Failure) in
             if case .rest(_, let columns?, _) = dialect, !columns.contains(String(decoding: keyUTF8, as: UTF8.self)) {
                 try scanner.skipValue()
                 _ = scanner.takeViolation()
@@ -88,7 +89,9 @@ struct EventInput {
             seen |= bit
             let isNull = scanner.peek() == UInt8(ascii: "n")
             let restAllowsNull: Bool
-            if case .rest = dialect { restAllowsNull = isNull && (field == .payload || field == .clientTimestamp) } else {
+            if case .rest = dialect {
+                restAllowsNull = isNull && (field == .payload || field == .clientTimestamp)
+            } else {
                 restAllowsNull = false
             }
             switch field {
@@ -117,7 +120,10 @@ struct EventInput {
                 } else if !isObject {
                     problem(field.name, "must be a JSON object")
                 } else if stored > Self.maxPayloadBytes {
-                    problem(field.name, "must be at most \(Self.maxPayloadBytes) bytes as stored (numbers in plain decimal); this one is \(stored)")
+                    problem(
+                        field.name,
+                        "must be at most \(Self.maxPayloadBytes) bytes as stored (numbers in plain decimal); this one is \(stored)"
+                    )
                 } else {
                     payload = PostgresJSON(bytes: scanner.slice(range))
                 }

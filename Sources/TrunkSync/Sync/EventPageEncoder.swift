@@ -55,7 +55,7 @@ enum EventPageEncoder {
                 try EventRecord.write(row, at, seq: seq, to: &out)
                 if framing == .serverSentEvents { put("\n\n", &out) }
             }
-        if framing == .jsonArray { put(UInt8(ascii: "]"), &out) }
+            if framing == .jsonArray { put(UInt8(ascii: "]"), &out) }
             initialized = out - start
         }
         return (json, lastSeq)

@@ -287,7 +287,7 @@ public struct EventStore: Sendable {
                 [
                     .prepared(
                         Self.oneRoundTripSQL, user, Int64(fresh.count), fresh.map(\.clientID), fresh.map(\.type),
-                        fresh.map(\.payload), fresh.map(\.clientTimestamp)),
+                        fresh.map(\.payload), fresh.map(\.clientTimestamp))
                 ] + PushSteps(events: [], user: user, lookingUpRepeats: false).commitAndNotify
             }
 
@@ -380,7 +380,8 @@ public struct EventStore: Sendable {
                 existing[try row.decode(UUID.self, column: 0)] = try row.decode(Int64.self, column: 1)
             }
             return LockedState(
-                lastSeq: try state.decode(Int64.self, column: 0), base: try state.decode(PostgresTimestamp.self, column: 1),
+                lastSeq: try state.decode(Int64.self, column: 0),
+                base: try state.decode(PostgresTimestamp.self, column: 1),
                 existing: existing)
         }
     }
@@ -436,7 +437,8 @@ public struct EventStore: Sendable {
         let select = Self.pullStatement(for: user, after: after, limit: limit, maxBytes: Self.streamedPageBytes)
         return try await database.offHTTPLoops {
             try await database.read(as: .user(user), plans: .generic) { tx in
-                try Self.page(try await tx.query(select), limit: limit, framing: framing, maxBytes: Self.streamedPageBytes)
+                try Self.page(
+                    try await tx.query(select), limit: limit, framing: framing, maxBytes: Self.streamedPageBytes)
             }
         }
     }
@@ -480,7 +482,9 @@ public struct EventStore: Sendable {
 
     /// The page from the statement's `limit + 1` rows, encoded. A page cut at `maxBytes` (its
     /// encoding is at least that long) may have more after it.
-    private static func page(_ rows: PostgresResult, limit: Int, framing: EventPageEncoder.Framing, maxBytes: Int? = nil)
+    private static func page(
+        _ rows: PostgresResult, limit: Int, framing: EventPageEncoder.Framing, maxBytes: Int? = nil
+    )
         throws -> Page
     {
         let count = min(rows.count, limit)

@@ -78,7 +78,9 @@ final class LastSeqCache: Sendable {
         guard let session = currentSession() else { return false }
         let now = ContinuousClock.now
         return state.withLock { state in
-            guard state.session == session, let entry = state.entries[user], let bound = entry.bound else { return false }
+            guard state.session == session, let entry = state.entries[user], let bound = entry.bound else {
+                return false
+            }
             return after >= bound && entry.learnt.duration(to: now) < maxAge
         }
     }

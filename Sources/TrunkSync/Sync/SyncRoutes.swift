@@ -1,6 +1,6 @@
-import JSON
 import Foundation
 import HTTPServer
+import JSON
 import Logging
 import Postgres
 

@@ -36,7 +36,9 @@ final class CuttingProxy: @unchecked Sendable {  // mutable state behind `state`
         guard listener >= 0 else { throw ClientError("proxy: socket failed") }
         var address = Self.loopback(port: 0)
         let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(listener, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
         }
         guard bound == 0, Glibc.listen(listener, 64) == 0 else {
             close(listener)

@@ -25,7 +25,8 @@ class EndToEndTestCase: XCTestCase {
 
     /// Launches a server on a database the test prepared (see `ServerProcess.launch(on:_:)`);
     /// the process is cleaned up after the test, the database is not dropped.
-    func launchServer(on database: PostgresConfiguration, _ overrides: [String: String?] = [:]) throws -> ServerProcess {
+    func launchServer(on database: PostgresConfiguration, _ overrides: [String: String?] = [:]) throws -> ServerProcess
+    {
         let server = try ServerProcess.launch(on: database, overrides)
         servers.append(server)
         return server

@@ -332,7 +332,8 @@ final class RawClient {
         }
         while pending.count < lineEnd + 2 + size + 2 {
             guard try receiveSome(deadline: deadline) else {
-                throw ClientError(closedByPeer ? "connection closed inside a chunk" : "chunk incomplete after \(timeout) s")
+                throw ClientError(
+                    closedByPeer ? "connection closed inside a chunk" : "chunk incomplete after \(timeout) s")
             }
         }
         let data = Array(pending[(lineEnd + 2)..<(lineEnd + 2 + size)])

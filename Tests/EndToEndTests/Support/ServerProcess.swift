@@ -179,7 +179,8 @@ final class ServerProcess {
     func waitUntilListening(timeout: Double) throws {
         // Text logs say `listening … port=N`, JSON logs `"msg":"listening",…,"port":"N"`.
         // The public line comes first; the admin line follows it.
-        guard let line = stderr.waitForLine(containing: "listening", timeout: timeout), !line.contains("admin listening")
+        guard let line = stderr.waitForLine(containing: "listening", timeout: timeout),
+            !line.contains("admin listening")
         else {
             throw ClientError("server did not report listening within \(timeout) s; log:\n\(logs)")
         }
@@ -232,7 +233,9 @@ final class ServerProcess {
         guard response.status == 200 else { throw ClientError("admin /metrics answered \(response.status)") }
         var samples: [String: Double] = [:]
         for line in response.bodyText.split(separator: "\n") where !line.hasPrefix("#") {
-            guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else { continue }
+            guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else {
+                continue
+            }
             samples[String(line[..<space])] = value
         }
         return samples

@@ -63,7 +63,8 @@ final class AccessLog: Sendable {
         self.label = label
         lineHead = Array(
             (format == .text
-                ? "Z info \(label): request" : "Z\",\"level\":\"info\",\"logger\":\(JSONText.quote(label)),\"msg\":\"request\",").utf8)
+                ? "Z info \(label): request"
+                : "Z\",\"level\":\"info\",\"logger\":\(JSONText.quote(label)),\"msg\":\"request\",").utf8)
         self.output = output
         var status = stat()
         let regularFile = fstat(output, &status) == 0 && (status.st_mode & S_IFMT) == S_IFREG

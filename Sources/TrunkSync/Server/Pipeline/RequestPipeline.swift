@@ -244,7 +244,9 @@ public struct RequestPipeline: HTTPResponder {
         let requestID = requestIDs.next()
         var response = APIError(status: error.status, code: error.code, message: error.message).response(for: .native)
         response.headers.append(name: "X-Request-Id", value: requestID)
-        logger.info("rejected request", metadata: ["status": "\(error.status)", "code": "\(error.code)", "request_id": "\(requestID)"])
+        logger.info(
+            "rejected request",
+            metadata: ["status": "\(error.status)", "code": "\(error.code)", "request_id": "\(requestID)"])
         return response
     }
 
