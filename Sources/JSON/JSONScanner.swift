@@ -302,16 +302,34 @@ public struct JSONScanner {
         }
         // PostgreSQL prints numeric in plain decimal, keeping the written scale: the digits
         // before the point are the integer digits shifted by the exponent, the scale the
-        // fraction digits less the exponent.
-        let point = integerDigits + exponent
+        // fraction digits less the exponent. It keeps at most `maxNumericScale` digits after
+        // the point and refuses a number with more (only a zero gets there within a double's
+        // range and the length limit: `0e-20000`), which would fail the whole insert.
         let scale = max(0, fractionDigits - exponent)
-        let printed = (start < integerStart ? 1 : 0) + max(1, point) + (scale > 0 ? 1 + scale : 0)
+        guard scale <= Self.maxNumericScale else {
+            violate(
+                "number out of range: PostgreSQL keeps at most \(Self.maxNumericScale) digits after the decimal point",
+                at: start)
+            return
+        }
+        let printed: Int
+        if value == 0 {
+            // A zero is printed `0`, without its sign, then its scale: the exponent adds no digit.
+            printed = 1 + (scale > 0 ? 1 + scale : 0)
+        } else {
+            let point = integerDigits + exponent
+            printed = (start < integerStart ? 1 : 0) + max(1, point) + (scale > 0 ? 1 + scale : 0)
+        }
         storedAdjustment += max(0, printed - length)
     }
 
     /// The longest number without an exponent that cannot fall outside a double (see
     /// `number()`).
     static let plainNumberLength = 300
+
+    /// The most digits after the decimal point PostgreSQL's `numeric` (and so `jsonb`) keeps
+    /// (`NUMERIC_DSCALE_MAX`); more is an error that fails the statement.
+    static let maxNumericScale = 16383
 
     /// Skips a string starting at `index` (the opening quote), validating escapes and UTF-8;
     /// returns whether it has an escape.

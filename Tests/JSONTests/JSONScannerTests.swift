@@ -146,6 +146,13 @@ final class JSONScannerTests: XCTestCase {
         assertRefused(String(repeating: "9", count: 400), containing: "characters")
         assertRefused("0." + String(repeating: "1", count: 500) + "e-16000", containing: "characters")
         assertRefused("[1, 2, 1e400]", containing: "out of range")
+        // A zero fits any double, but PostgreSQL keeps at most 16383 digits after the point
+        // (more fails the whole insert): refused past that, as written or by the exponent.
+        for text in ["0e-16384", "-0e-16384", "0.0e-16383", "0e-99999999", "[0.00e-16382]"] {
+            assertRefused(text, containing: "16383 digits after the decimal point")
+        }
+        XCTAssertEqual(scan("0e-16383"), .accepted(storedSize: 16385))  // 0.000… (16383 zeros)
+        XCTAssertEqual(scan("0.0e-16382"), .accepted(storedSize: 16385))
         assertRefused("{\"deep\": {\"x\": [1e400]}}", containing: "out of range")
     }
 
@@ -167,6 +174,9 @@ final class JSONScannerTests: XCTestCase {
         XCTAssertEqual(scan("1.50"), .accepted(storedSize: 4))
         XCTAssertEqual(scan("5e-324"), .accepted(storedSize: 326))
         XCTAssertEqual(scan("12.5e1"), .accepted(storedSize: 6), "125 as written: never less than the input")
+        // A zero prints as `0` whatever its exponent, without its sign.
+        XCTAssertEqual(scan("0e70000"), .accepted(storedSize: 7))
+        XCTAssertEqual(scan("-0.00e-2"), .accepted(storedSize: 8))  // 0.0000 (6), as written 8
         XCTAssertEqual(scan(#"{"a":1,"b":2}"#), .accepted(storedSize: 16))  // {"a": 1, "b": 2}
         XCTAssertEqual(scan(#"[1,2,3]"#), .accepted(storedSize: 9))  // [1, 2, 3]
         XCTAssertEqual(scan(" { \"a\" :  1 } "), .accepted(storedSize: 8), "whitespace is not stored")  // {"a": 1}
@@ -175,7 +185,8 @@ final class JSONScannerTests: XCTestCase {
     func testStoredSizeIsNeverSmallerThanWhatPostgresPrints() {
         // What jsonb prints for these, measured with PostgreSQL 15.
         let printed = [
-            "1e308": 309, "5e-324": 326, "1.5e-5": 8, "123.456e2": 8, "0.5": 3, "-0.0": 4, "[1e2,2e-1]": 10,
+            "1e308": 309, "5e-324": 326, "1.5e-5": 8, "123.456e2": 8, "0.5": 3, "-0.0": 3, "[1e2,2e-1]": 10,
+            "0e-16383": 16385, "0e9": 1, "-0e-3": 5,
         ]
         for (text, length) in printed {
             guard case .accepted(let stored) = scan(text) else { return XCTFail(text) }

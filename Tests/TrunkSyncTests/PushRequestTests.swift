@@ -80,6 +80,15 @@ final class PushRequestTests: XCTestCase {
         let many = Array(repeating: event(), count: 1001).joined(separator: ",")
         guard case .malformed(let reason) = parse(#"{"events":[\#(many)]}"#) else { return XCTFail("1001 events") }
         XCTAssertTrue(reason.contains("at most 1000"), reason)
+        // A second "events" array would restart the count: refused, whatever each holds.
+        let half = Array(repeating: event(), count: 600).joined(separator: ",")
+        for body in [#"{"events":[\#(half)],"events":[\#(half)]}"#, #"{"events":[\#(event())],"x":1,"events":[]}"#] {
+            guard case .malformed(let reason) = parse(body) else {
+                XCTFail("two \"events\" arrays")
+                continue
+            }
+            XCTAssertTrue(reason.contains("more than once"), reason)
+        }
     }
 
     func testPayloadLimitIsMeasuredAsStored() {

@@ -256,6 +256,11 @@ final class RESTTests: XCTestCase {
             (["type": "t", "client_id": UUID().uuidString, "payload": [1, 2]], nil, 400, "validation_failed"),
             (nil, "{broken", 400, "PGRST102"),
             (nil, "42", 400, "PGRST102"),
+            // A zero PostgreSQL cannot keep (more than 16383 digits after the point).
+            (
+                nil, #"{"type":"t","client_id":"\#(UUID().uuidString)","payload":{"z":0e-16384}}"#, 400,
+                "validation_failed"
+            ),
         ]
         for (json, raw, status, code) in writes {
             let response = try await app.request("POST", "/rest/v1/events", json: json, rawBody: raw, bearer: token)

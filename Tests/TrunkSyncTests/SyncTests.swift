@@ -94,6 +94,31 @@ final class SyncTests: XCTestCase {
         }
     }
 
+    func testANumberPostgresCannotKeepIsRefusedBeforeTheBatchIsStored() async throws {
+        let token = try await app.token("numbers@example.com")
+        func body(_ payloads: [String]) -> String {
+            let events = payloads.map {
+                #"{"client_id":"\#(UUID())","type":"n","payload":\#($0),"client_timestamp":"2026-11-22T04:10:02Z"}"#
+            }
+            return #"{"events":[\#(events.joined(separator: ","))]}"#
+        }
+        // PostgreSQL keeps at most 16383 digits after the point: one more would fail the
+        // insert (and the whole batch) with a database error on every retry.
+        let refused = try await app.request(
+            "POST", "/sync/v1/events", rawBody: body([#"{"a":1}"#, #"{"z":0e-16384}"#]), bearer: token)
+        XCTAssertEqual(refused.status, 400, refused.text)
+        let details = refused.json["details"] as? [[String: Any]]
+        XCTAssertEqual(details?.first?["index"] as? Int, 1, refused.text)
+        XCTAssertEqual(details?.first?["field"] as? String, "payload", refused.text)
+        XCTAssertEqual(try eventCount(), 0)
+        let kept = try await app.request(
+            "POST", "/sync/v1/events", rawBody: body([#"{"z":0e-16383}"#, #"{"z":-0e99999}"#]), bearer: token)
+        XCTAssertEqual(kept.status, 200, kept.text)
+        let lengths = try app.owner().query(
+            "select length(payload->>'z') from events where type = 'n' order by seq")
+        XCTAssertEqual(try lengths.map { try $0.decode(Int.self, column: 0) }, [16385, 1])
+    }
+
     func testDuplicatesAcrossAndWithinBatches() async throws {
         let token = try await app.token("d@example.com")
         let (a, b, c) = (UUID(), UUID(), UUID())
@@ -228,6 +253,13 @@ final class SyncTests: XCTestCase {
         XCTAssertTrue(details.contains { $0["index"] as? Int == 4 && $0["field"] as? String == "payload" })
         let tooMany = try await push((0..<1001).map { _ in Self.event() }, token: token)
         XCTAssertEqual(tooMany.status, 400)
+        // Nor past the limit in two arrays under one key repeated.
+        let eventJSON = { String(decoding: try JSONSerialization.data(withJSONObject: Self.event()), as: UTF8.self) }
+        let half = try (0..<600).map { _ in try eventJSON() }.joined(separator: ",")
+        let twice = try await app.request(
+            "POST", "/sync/v1/events", rawBody: #"{"events":[\#(half)],"events":[\#(half)]}"#, bearer: token)
+        XCTAssertEqual(twice.status, 400, twice.text)
+        XCTAssertEqual(twice.json["code"] as? String, "invalid_json", twice.text)
         XCTAssertEqual(try eventCount(), 0)
     }
 

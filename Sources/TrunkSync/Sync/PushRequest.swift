@@ -30,6 +30,9 @@ enum PushRequest {
                         _ = scanner.takeViolation()
                         return
                     }
+                    // One array: a second would restart the count (and the problems' indices),
+                    // so a body could carry any number of events past the limit.
+                    guard !sawEvents else { throw scanner.fail("\"events\" appears more than once") }
                     sawEvents = true
                     guard scanner.peek() == UInt8(ascii: "[") else { throw scanner.fail("\"events\" must be an array") }
                     try scanner.array { (scanner: inout JSONScanner, index: Int) throws(JSONScanner.Failure) in
