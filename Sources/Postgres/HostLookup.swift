@@ -12,10 +12,13 @@ import Synchronization
 /// besides connecting (TLS's `verify-full`, `.pgpass`, messages). Each address of a name
 /// becomes an entry of libpq's host list, tried in order as libpq tries a name's addresses.
 ///
-/// Nothing changes when there is no name to look up: `hostaddr` given, a Unix socket
-/// (`host` empty or a path), or only IP addresses. Names are looked up at every opening, as
-/// libpq did (a database that moved is found again); openings that ask for the same name
-/// at the same time share one look-up.
+/// Nothing changes when there is no name to look up: `hostaddr` given (or `PGHOSTADDR`), a
+/// Unix socket (`host` empty or a path), only IP addresses, or a `port` list libpq would
+/// refuse (neither one port nor one per host: its error stands). Names are looked up at
+/// every opening, as libpq did (a database that moved is found again); a list's names are
+/// looked up at the same time, and openings that ask for the same name at the same time
+/// share one look-up. As libpq skips a host it cannot resolve and tries the next, a name
+/// without an address is left out of the list; the opening fails only when no entry is left.
 public final class HostLookup: Sendable {
     /// Turns a name into its addresses (numeric text), blocking; throws with the reason.
     let resolve: @Sendable (String) throws -> [String]
@@ -51,33 +54,57 @@ public final class HostLookup: Sendable {
     /// `configuration` with its host names' addresses as `hostaddr`, or unchanged when
     /// there is nothing to look up. Waits without blocking the caller's thread.
     /// - Throws: `.connectionFailed` in libpq's words (`could not translate host name "db"
-    ///   to address: …`) when a name has no address, or no thread can be started to look.
+    ///   to address: …`, the list's first such name) when no entry of the host list has an
+    ///   address, or no thread can be started to look.
     func resolving(_ configuration: PostgresConfiguration) async throws -> PostgresConfiguration {
         guard let hosts = Self.hostsToLookUp(configuration) else { return configuration }
+        var names: [String] = []
+        for host in hosts where !Self.isAddress(host) && !names.contains(host) { names.append(host) }
         var addresses: [String: [String]] = [:]
-        for host in hosts where addresses[host] == nil && !Self.isAddress(host) {
-            do {
-                addresses[host] = try await lookUp(host)
-            } catch {
-                throw PostgresConnection.openingError(
-                    reason: "could not translate host name \"\(host)\" to address: \(error)", configuration)
+        var failures: [String: String] = [:]
+        await withTaskGroup(of: (String, Result<[String], any Error>).self) { group in
+            for name in names {
+                group.addTask {
+                    do { return (name, .success(try await self.lookUp(name))) } catch { return (name, .failure(error)) }
+                }
             }
+            for await (name, result) in group {
+                switch result {
+                case .success(let found): addresses[name] = found
+                case .failure(let error): failures[name] = "\(error)"
+                }
+            }
+        }
+        guard hosts.contains(where: { Self.isAddress($0) || addresses[$0] != nil }) else {
+            let name = hosts.first { failures[$0] != nil } ?? hosts[0]
+            throw PostgresConnection.openingError(
+                reason: "could not translate host name \"\(name)\" to address: \(failures[name] ?? "no address")",
+                configuration)
         }
         return Self.expanded(configuration, hosts: hosts, addresses: addresses)
     }
 
     /// The entries of `host` when at least one is a name libpq would look up; nil when
-    /// there is nothing to do (see the type's notes).
-    static func hostsToLookUp(_ configuration: PostgresConfiguration) -> [String]? {
-        guard configuration["hostaddr"]?.isEmpty ?? true, let host = configuration["host"], !host.isEmpty else {
-            return nil
-        }
+    /// there is nothing to do (see the type's notes). `environment`: the process's, where
+    /// libpq finds `PGHOSTADDR`.
+    static func hostsToLookUp(
+        _ configuration: PostgresConfiguration, environment: [String: String] = ProcessInfo.processInfo.environment
+    ) -> [String]? {
+        guard configuration["hostaddr"]?.isEmpty ?? (environment["PGHOSTADDR"]?.isEmpty ?? true),
+            let host = configuration["host"], !host.isEmpty
+        else { return nil }
         let hosts = host.split(separator: ",", omittingEmptySubsequences: false).map(String.init)
         // A Unix socket (a path, or Linux's abstract namespace) or an empty entry: leave the
         // list to libpq as it is (no host list mixes them in practice).
         guard hosts.allSatisfy({ !$0.isEmpty && !$0.hasPrefix("/") && !$0.hasPrefix("@") }),
             hosts.contains(where: { !isAddress($0) })
         else { return nil }
+        // Ports neither one for all nor one per host: libpq refuses the list, in its words.
+        if let ports = configuration["port"]?.split(separator: ",", omittingEmptySubsequences: false),
+            ports.count > 1, ports.count != hosts.count
+        {
+            return nil
+        }
         return hosts
     }
 
@@ -88,7 +115,8 @@ public final class HostLookup: Sendable {
     }
 
     /// The configuration with one host-list entry per address: `host` repeats each name once
-    /// per address, `hostaddr` lists them, and a per-host `port` list follows the hosts.
+    /// per address, `hostaddr` lists them, and a per-host `port` list follows the hosts. A
+    /// name without addresses is left out (with its port), as libpq skips it.
     static func expanded(
         _ configuration: PostgresConfiguration, hosts: [String], addresses: [String: [String]]
     ) -> PostgresConfiguration {
@@ -100,7 +128,7 @@ public final class HostLookup: Sendable {
         var portList: [String] = []
         for (index, host) in hosts.enumerated() {
             var seen = Set<String>()
-            for address in addresses[host] ?? [host] where seen.insert(address).inserted {
+            for address in isAddress(host) ? [host] : addresses[host] ?? [] where seen.insert(address).inserted {
                 hostList.append(host)
                 addressList.append(address)
                 if let ports, ports.count > 1, ports.count == hosts.count { portList.append(ports[index]) }

@@ -99,6 +99,48 @@ final class HostLookupTests: XCTestCase {
         await pool.close()
     }
 
+    func testAListSkipsANameWithoutAddressAndLooksUpItsNamesAtTheSameTime() async throws {
+        // "b" answers only once "c" has been asked: looked up one after the other, the
+        // opening would wait out the bound below and fail.
+        let cAsked = DispatchSemaphore(value: 0)
+        let waitedInVain = Mutex(false)
+        let lookup = HostLookup { name in
+            switch name {
+            case "b.example.test":
+                if cAsked.wait(timeout: .now() + 10) == .timedOut { waitedInVain.withLock { $0 = true } }
+                return ["127.0.0.1"]
+            case "c.example.test":
+                cAsked.signal()
+                throw HostLookup.LookupFailure(reason: "Name or service not known")
+            default:
+                throw HostLookup.LookupFailure(reason: "Name or service not known")
+            }
+        }
+        // As libpq does, a host it cannot resolve is skipped, wherever it stands in the list.
+        for hosts in ["gone.example.test,b.example.test,c.example.test", "b.example.test,c.example.test"] {
+            let pool = makePool(try Self.named(hosts), lookup: lookup)
+            let value = try await Self.selectOne(pool)
+            XCTAssertEqual(value, 1, hosts)
+            await pool.close()
+        }
+        XCTAssertFalse(waitedInVain.withLock { $0 }, "the list's names are looked up at the same time")
+
+        // With no entry left, the first name that has no address is named.
+        let configuration = try Self.named("gone.example.test,c.example.test")
+        let none = makePool(configuration, lookup: lookup)
+        do {
+            _ = try await Self.selectOne(none)
+            XCTFail("no host has an address")
+        } catch let error as PostgresError {
+            XCTAssertEqual(error.kind, .connectionFailed)
+            XCTAssertTrue(
+                error.description.hasSuffix(
+                    "could not translate host name \"gone.example.test\" to address: Name or service not known"),
+                error.description)
+        }
+        await none.close()
+    }
+
     func testTheSystemResolverFindsLocalhost() async throws {
         let addresses = try HostLookup.system.resolve("localhost")
         XCTAssertTrue(addresses.contains("127.0.0.1"), "\(addresses)")
@@ -129,6 +171,15 @@ final class HostLookupTests: XCTestCase {
         XCTAssertNil(
             HostLookup.hostsToLookUp(try Self.configuration([("host", "db"), ("hostaddr", "10.0.0.9")])),
             "hostaddr given")
+        XCTAssertNil(
+            HostLookup.hostsToLookUp(try Self.configuration([("host", "db")]), environment: ["PGHOSTADDR": "10.0.0.9"]),
+            "libpq takes PGHOSTADDR when the configuration has no hostaddr")
+        XCTAssertEqual(
+            HostLookup.hostsToLookUp(try Self.configuration([("host", "db")]), environment: ["PGHOSTADDR": ""]), ["db"])
+        // libpq refuses ports that are neither one for all nor one per host: left to it.
+        XCTAssertNil(HostLookup.hostsToLookUp(try Self.configuration([("host", "a,b,c"), ("port", "5432,5433")])))
+        XCTAssertEqual(
+            HostLookup.hostsToLookUp(try Self.configuration([("host", "a,b"), ("port", "5432,5433")])), ["a", "b"])
     }
 
     func testEachAddressBecomesAnEntryOfTheHostList() throws {
@@ -147,5 +198,12 @@ final class HostLookupTests: XCTestCase {
         XCTAssertEqual(list["hostaddr"], "10.0.0.1,10.0.0.2,10.0.0.7")
         XCTAssertEqual(list["port"], "5432,5432,5433", "each host's port follows its addresses")
         XCTAssertEqual(list["dbname"], "app")
+
+        let skipped = HostLookup.expanded(
+            try Self.configuration([("host", "gone,db"), ("port", "5432,5433")]), hosts: ["gone", "db"],
+            addresses: ["db": ["10.0.0.3"]])
+        XCTAssertEqual(skipped["host"], "db", "a name without addresses is left out")
+        XCTAssertEqual(skipped["hostaddr"], "10.0.0.3")
+        XCTAssertEqual(skipped["port"], "5433", "with its port")
     }
 }
