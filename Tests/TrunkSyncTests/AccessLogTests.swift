@@ -142,6 +142,25 @@ final class AccessLogTests: XCTestCase {
         XCTAssertTrue(text.contains(#""path":"/a\"b\\c\u0001d\#u{E9}""#), text)
     }
 
+    func testLongPathsAndMethodsAreCutSoALineStaysUnderAPipesBatch() throws {
+        let path = "/" + String(repeating: "a", count: 8 * 1024)
+        let method = String(repeating: "M", count: 4 * 1024)
+        for format in [Configuration.LogFormat.text, .json] {
+            var fds: [Int32] = [0, 0]
+            XCTAssertEqual(pipe(&fds), 0)
+            defer { close(fds[0]); close(fds[1]) }
+            let log = AccessLog(format: format, output: fds[1])
+            let text = line(log, entry(method: method, path: path, userID: user, client: "2001:db8::1"))
+            XCTAssertLessThan(text.utf8.count, log.batchLimit / 2, "\(format)")
+            XCTAssertTrue(text.contains(String(path.prefix(1024)) + "…"), "\(format)")
+            XCTAssertFalse(text.contains(String(path.prefix(1025))), "\(format)")
+            XCTAssertTrue(text.contains(String(repeating: "M", count: 32) + "…"), "\(format)")
+        }
+        // Up to the limit, as it is.
+        let fits = "/" + String(repeating: "b", count: 1023)
+        XCTAssertTrue(line(AccessLog(format: .text), entry(path: fits)).contains("path=\(fits) "))
+    }
+
     // MARK: - Batches
 
     /// A temporary file's descriptor, closed and removed at the end of the test.

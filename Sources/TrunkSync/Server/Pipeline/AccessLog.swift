@@ -123,12 +123,14 @@ final class AccessLog: Sendable {
     /// Appends the line of `entry` (newline included) to `out`: `prefix` is the
     /// `secondPrefix` of the current second, `milliseconds` the part after it.
     func append(_ entry: Entry, milliseconds: Int, prefix: [UInt8], to out: inout [UInt8]) {
+        let method = Self.cut(entry.method, to: Self.maxMethodBytes)
+        let path = Self.cut(entry.path, to: Self.maxPathBytes)
         let duration = entry.nanoseconds / 10_000  // hundredths of a millisecond
         switch format {
         case .text:
             // Written on the stack and appended with one copy (a line is a dozen pieces).
             let variable =
-                entry.client.utf8.count + entry.method.utf8.count + entry.path.utf8.count + entry.requestID.utf8.count
+                entry.client.utf8.count + method.utf8.count + path.utf8.count + entry.requestID.utf8.count
             ByteWriter.append(to: &out, capacity: Self.textLineFixedBytes + prefix.count + lineHead.count + variable) {
                 line in
                 line.write(prefix)
@@ -143,9 +145,9 @@ final class AccessLog: Sendable {
                 line.write(UInt8(ascii: "."))
                 line.writeDecimal(Int(duration % 100), width: 2)
                 line.write(" method=")
-                line.write(entry.method)
+                line.write(method)
                 line.write(" path=")
-                line.write(entry.path)
+                line.write(path)
                 line.write(" request_id=")
                 line.write(entry.requestID)
                 line.write(" status=")
@@ -170,9 +172,9 @@ final class AccessLog: Sendable {
             out.append(utf8: "\"duration_ms\":\"")
             Self.appendHundredths(duration, to: &out)
             out.append(utf8: "\",\"method\":")
-            out.append(utf8: JSONText.quote(entry.method))
+            out.append(utf8: JSONText.quote(method))
             out.append(utf8: ",\"path\":")
-            out.append(utf8: JSONText.quote(entry.path))
+            out.append(utf8: JSONText.quote(path))
             out.append(utf8: ",\"request_id\":\"")
             out.append(utf8: entry.requestID)  // [A-Za-z0-9._:-] only
             out.append(utf8: "\",\"status\":\"")
@@ -186,6 +188,19 @@ final class AccessLog: Sendable {
             out.append(UInt8(ascii: "}"))
         }
         out.append(UInt8(ascii: "\n"))
+    }
+
+    /// The most bytes of a request's path and method a line holds (a request line may have
+    /// 8 KiB): with them every line stays well under a pipe's batch (3 KiB), so a write is
+    /// never split and interleaved with another thread's. A longer one is cut and ends in
+    /// `…`, which no request target holds (they are visible ASCII).
+    static let maxPathBytes = 1024
+    static let maxMethodBytes = 32
+
+    /// `text`, or its first `limit` bytes and `…` when it is longer.
+    static func cut(_ text: String, to limit: Int) -> String {
+        guard text.utf8.count > limit else { return text }
+        return String(decoding: text.utf8.prefix(limit), as: UTF8.self) + "…"
     }
 
     /// `YYYY-MM-DDTHH:MM:SS.` for a second of UTC.
