@@ -26,8 +26,10 @@ RUN apt-get update \
 COPY --from=build /usr/lib/swift/linux/*.so* /usr/lib/swift/linux/
 RUN echo /usr/lib/swift/linux > /etc/ld.so.conf.d/swift.conf && ldconfig
 COPY --from=build /out/bin/trunk-sync /usr/bin/trunk-sync
-# Migrations and the documented default configuration, where trunk-sync looks for them
-# (share/trunk-sync beside the binary's bin/).
+# The migrations, where trunk-sync looks for them (share/trunk-sync/migrations beside the
+# binary's bin/). The config directory is a reference copy (defaults.json,
+# production.example.json, README.md): trunk-sync reads no file there by itself, only one
+# named with --config.
 COPY migrations /usr/share/trunk-sync/migrations
 COPY config /usr/share/trunk-sync/config
 USER trunk

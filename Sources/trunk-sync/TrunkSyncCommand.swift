@@ -89,11 +89,13 @@ func reportingErrors(_ body: () async throws -> Void) async throws {
     }
 }
 
-/// Joins every thread the process started (the databases' loops and the connections they
-/// open, the pools', the listener's, the event loops', the mailer's, `onOwnThread`'s: all go
-/// through `csystem_thread_start`), once everything owning one has been closed: a thread still inside libpq or OpenSSL while `exit` runs their clean-up corrupts
-/// the heap. Waits at most 10 seconds (a connection attempt under way), then says how many
-/// are left. The wait runs on a Dispatch thread, not on Swift's cooperative pool.
+/// Joins every thread the process started (the databases' loops, which the listener runs
+/// on too, the host-name look-ups of the connections they open, the event loops', the
+/// mailer's, `onOwnThread`'s: all go through `csystem_thread_start`), once everything owning
+/// one has been closed: a thread still inside libpq or OpenSSL while `exit` runs their
+/// clean-up corrupts the heap. Waits at most 10 seconds (a connection attempt under way),
+/// then says how many are left. The wait runs on a Dispatch thread, not on Swift's
+/// cooperative pool.
 func joinThreads() async {
     let left = await withCheckedContinuation { (continuation: CheckedContinuation<Int32, Never>) in
         DispatchQueue.global().async { continuation.resume(returning: csystem_threads_join_all(10_000)) }

@@ -1,6 +1,7 @@
 -- pgbench: the server's push without the server (informational reference): begin, scope,
 -- one statement that moves the user's cursor (the row lock) and inserts 100 rows into
--- events itself (foreign key, row-level security, 100 distinct jsonb values to parse),
+-- events itself (the users check, a trigger run once per statement since migration 0011,
+-- row-level security, 100 distinct jsonb values to parse),
 -- commit, then the notification in its own transaction; one pipeline, as trunk_sync_app.
 -- One user per client (no lock waits), like the push measurement. Users
 -- 00000000-0000-4000-8000-0000000000NN exist.

@@ -23,7 +23,8 @@ public struct RESTRoutes: Sendable {
     /// The most bytes one event row takes in an answer: each column at most once
     /// (`RESTQuery` refuses repeats), a payload of at most 64 KiB as printed, a type of at
     /// most 128 characters (each up to 6 bytes escaped) and the fixed fields. So no answer
-    /// is larger than `maxRows` of these (~66 MB), whatever the query; README "Limits and errors".
+    /// is larger than `maxRows` of these (~66 MB), whatever the query (docs/api.md, "Limits
+    /// and errors").
     public static let maxEventRowBytes = EventInput.maxPayloadBytes + 6 * EventInput.maxTypeLength + 512
 
     /// The columns of `events`, in the table's order (`EventRecord.columns`).
