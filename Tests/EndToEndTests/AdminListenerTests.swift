@@ -20,6 +20,13 @@ final class AdminListenerTests: EndToEndTestCase {
         XCTAssertTrue(metrics.bodyText.contains(#"route="unmatched",status="404"} 1"#), metrics.bodyText)
         XCTAssertFalse(metrics.bodyText.contains(#"route="/metrics""#), metrics.bodyText)
         XCTAssertEqual(try server.adminExchange(request("GET", "/healthz")).status, 200)
+        // Its root names what it serves, not the public port's API description.
+        let root = try server.adminExchange(request("GET", "/"))
+        XCTAssertEqual(root.status, 200)
+        let pointer = try XCTUnwrap(JSONSerialization.jsonObject(with: Data(root.bodyText.utf8)) as? [String: Any])
+        XCTAssertEqual(pointer["console"] as? String, "/console/")
+        XCTAssertNil(pointer["openapi"], "only the public port serves /openapi.json")
+        XCTAssertEqual(try server.adminExchange(request("GET", "/console/")).status, 200)
 
         let line = try XCTUnwrap(server.stderr.waitForLine(containing: "admin listening", timeout: 1))
         XCTAssertTrue(line.contains("address=127.0.0.1"), "loopback by default: \(line)")

@@ -383,6 +383,10 @@ final class PipelineStageTests: XCTestCase {
         let token = signedToken(user: UUID(), exp: Int64(Date().timeIntervalSince1970) + 600)
         for headers: HTTPHeaders in [
             ["Authorization": "Bearer \(token)"], ["Authorization": "Bearer \(token)", "apikey": "wrong"],
+            // Compared byte for byte in constant time: the same length, a prefix, one more byte.
+            ["Authorization": "Bearer \(token)", "apikey": "anon-kez"],
+            ["Authorization": "Bearer \(token)", "apikey": "anon-ke"],
+            ["Authorization": "Bearer \(token)", "apikey": "anon-key2"],
         ] {
             let (response, _) = await harness.later(try head("GET", "/rest/v1/events", headers))
             XCTAssertEqual(response.status.code, 401)

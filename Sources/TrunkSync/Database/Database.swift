@@ -139,8 +139,8 @@ public final class Database: Sendable {
         own.limit(to: Self.backgroundConnections(for: connections))
     }
 
-    /// The own loop's connections while the HTTP loops have theirs: a quarter of the
-    /// loops' total, at least 2.
+    /// The own loop's connections while the HTTP loops have theirs: a quarter of the pool's
+    /// size (`connections`, before the loops' shares round it up to one each), at least 2.
     public static func backgroundConnections(for connections: Int) -> Int { max(2, connections / 4) }
 
     /// The database's own loop: for connections that belong to no HTTP loop (`LISTEN`).

@@ -2,6 +2,7 @@ import Foundation
 import HTTPServer
 import JSON
 import Logging
+import TrunkCrypto
 
 /// One Realtime socket: reads the client's Phoenix messages and answers them, until the
 /// connection ends. Its channels are written to by their users' hubs (`RealtimeFeed`).
@@ -242,7 +243,9 @@ struct RealtimeRoutes: Sendable {
             }
         }
         if let apiKey {
-            guard let given = key ?? request.headers["apikey"], given == apiKey else { throw RESTError.apiKey }
+            guard let given = key ?? request.headers["apikey"], constantTimeEquals(given.utf8, apiKey.utf8) else {
+                throw RESTError.apiKey
+            }
         }
         let accept: String
         switch WebSocketHandshake.accept(request) {

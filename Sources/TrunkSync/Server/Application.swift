@@ -276,10 +276,10 @@ public struct Application: Sendable {
     public func adminRoutes() -> Routes {
         var routes = Routes(metrics: Metrics())
         let healthy = Array(#"{"status":"ok"}"#.utf8)
-        // Whoever opens the server's address in a browser learns what it is and where its API
-        // is described (no version: nothing an attacker could use).
+        // Whoever opens the admin address learns what is here (the API, and its description
+        // at /openapi.json, are on the public listener only).
         let pointer = Array(
-            #"{"service":"trunk-sync","message":"A trunk-sync sync server. Its HTTP API is described at /openapi.json (OpenAPI 3.1); the guides are in the docs/ directory of its source.","openapi":"/openapi.json"}"#
+            #"{"service":"trunk-sync","message":"The admin listener of a trunk-sync sync server: /healthz, /readyz, /metrics and the operator console at /console/. The HTTP API, described at /openapi.json, is served on the public listener.","console":"/console/"}"#
                 .utf8)
         routes.add(.get, "/", family: .native, .inline { _ in .json(.ok, pointer) })
         routes.add(.get, "/healthz", family: .native, .inline { _ in .json(.ok, healthy) })

@@ -1,6 +1,7 @@
 import Foundation
 import HTTPServer
 import Logging
+import TrunkCrypto
 
 /// The authentication stage: the one reader of `Authorization: Bearer` (and, for the REST
 /// API when one is configured, of `apikey`). Each family renders a failure in its own shape.
@@ -27,7 +28,9 @@ struct Authenticator: Sendable {
         -> AccessClaims
     {
         if family == .rest, let apiKey {
-            guard let given = request.headers["apikey"], given == apiKey else { throw RESTError.apiKey }
+            guard let given = request.headers["apikey"], constantTimeEquals(given.utf8, apiKey.utf8) else {
+                throw RESTError.apiKey
+            }
         }
         let header = request.headers["authorization"]
         let fromQuery = queryToken && header == nil ? request.queryValue("access_token") : nil
