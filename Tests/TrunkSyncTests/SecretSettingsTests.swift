@@ -222,12 +222,15 @@ final class SecretSettingsTests: XCTestCase {
                 "TRUNK_SYNC_DATABASE_URL": url, "TRUNK_SYNC_JWT_SECRET": TestSecrets.random(), "TRUNK_SYNC_PORT": "0",
                 "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations",
             ]))
-        // The first key load fails at once; give it a moment, then stop the server.
-        Thread.sleep(forTimeInterval: 2)
+        let errors = OutputCollector(reading: stderr.fileHandleForReading)
+        let output = OutputCollector(reading: stdout.fileHandleForReading)
+        // The first key load fails at once: stop the server once it said why.
+        let refused = errors.waitForLine(containing: "password authentication failed", timeout: 30)
         process.terminate()
-        let result = Command.finish(process, stdout, stderr)
-        XCTAssertTrue(result.stderr.contains("password authentication failed"), result.stderr)
-        XCTAssertFalse(result.stderr.contains(marker), result.stderr)
-        XCTAssertFalse(result.stdout.contains(marker), result.stdout)
+        process.waitUntilExit()
+        XCTAssertTrue(errors.waitForEnd(timeout: 30) && output.waitForEnd(timeout: 30), "the server's output ended")
+        XCTAssertNotNil(refused, errors.text)
+        XCTAssertFalse(errors.text.contains(marker), errors.text)
+        XCTAssertFalse(output.text.contains(marker), output.text)
     }
 }

@@ -8,68 +8,6 @@ import TestSupport
     import Musl
 #endif
 
-/// Drains one output pipe of a child on a thread of its own (so the child never blocks on a
-/// full pipe) and lets a test wait for a line.
-final class OutputCollector: @unchecked Sendable {  // state guarded by `condition`
-    private let condition = NSCondition()
-    private var bytes: [UInt8] = []
-    private var ended = false
-
-    /// Starts reading `handle` (a duplicate of its descriptor, closed at EOF).
-    init(reading handle: FileHandle) {
-        let fd = dup(handle.fileDescriptor)
-        if fd < 0 { bytes = Array("[test harness: cannot read the pipe: errno \(errno)]\n".utf8) }
-        let thread = Thread { [self] in
-            var chunk = [UInt8](repeating: 0, count: 65536)
-            while true {
-                let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-                if count < 0 && errno == EINTR { continue }
-                let failure = count < 0 ? "[test harness: reading the pipe failed: errno \(errno)]\n" : ""
-                condition.lock()
-                if count > 0 { bytes.append(contentsOf: chunk[0..<count]) } else { ended = true }
-                bytes.append(contentsOf: failure.utf8)
-                condition.broadcast()
-                condition.unlock()
-                if count <= 0 { break }
-            }
-            if fd >= 0 { close(fd) }
-        }
-        thread.start()
-    }
-
-    /// Everything read so far.
-    var text: String {
-        condition.lock()
-        defer { condition.unlock() }
-        return String(decoding: bytes, as: UTF8.self)
-    }
-
-    /// Waits until a complete line containing `needle` arrived and returns it; nil when the
-    /// pipe ended or `timeout` passed first.
-    func waitForLine(containing needle: String, timeout: Double) -> String? {
-        let limit = Date(timeIntervalSinceNow: timeout)
-        condition.lock()
-        defer { condition.unlock() }
-        while true {
-            let lines = String(decoding: bytes, as: UTF8.self).split(separator: "\n", omittingEmptySubsequences: false)
-            // The last element is an unfinished line (or empty after a final newline).
-            if let line = lines.dropLast().first(where: { $0.contains(needle) }) { return String(line) }
-            if ended || !condition.wait(until: limit) { return nil }
-        }
-    }
-
-    /// Waits until the pipe ended (the child and everything it started exited).
-    func waitForEnd(timeout: Double) -> Bool {
-        let limit = Date(timeIntervalSinceNow: timeout)
-        condition.lock()
-        defer { condition.unlock() }
-        while !ended {
-            if !condition.wait(until: limit) { return ended }
-        }
-        return true
-    }
-}
-
 /// The real `trunk-sync serve` in a child process, on its own freshly migrated database and
 /// a port the kernel chose. `stop()` (or `cleanUp()`) ends it; `cleanUp()` also drops the database.
 final class ServerProcess {

@@ -36,8 +36,8 @@ func rawRequest(
 final class ExampleProcess {
     let process = Process()
     let stdin = Pipe()
-    let stdout: LineCollector
-    let stderr: LineCollector
+    let stdout: OutputCollector
+    let stderr: OutputCollector
 
     init(_ executable: String, _ arguments: [String]) throws {
         process.executableURL = URL(fileURLWithPath: executable)
@@ -49,8 +49,8 @@ final class ExampleProcess {
         process.standardOutput = out
         process.standardError = err
         try process.run()
-        stdout = LineCollector(reading: out.fileHandleForReading)
-        stderr = LineCollector(reading: err.fileHandleForReading)
+        stdout = OutputCollector(reading: out.fileHandleForReading)
+        stderr = OutputCollector(reading: err.fileHandleForReading)
     }
 
     func write(_ text: String) { stdin.fileHandleForWriting.write(Data(text.utf8)) }

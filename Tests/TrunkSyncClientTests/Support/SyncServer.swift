@@ -8,68 +8,6 @@ import TestSupport
     import Musl
 #endif
 
-/// Drains a child's output pipe on a thread of its own and lets a test wait for lines
-/// (mirrors `OutputCollector` of the end-to-end tests, with counting: a server started
-/// again logs the same kinds of lines again).
-final class LineCollector: @unchecked Sendable {  // state guarded by `condition`
-    private let condition = NSCondition()
-    private var bytes: [UInt8] = []
-    private var ended = false
-
-    init(reading handle: FileHandle) {
-        let fd = dup(handle.fileDescriptor)
-        let thread = Thread { [self] in
-            var chunk = [UInt8](repeating: 0, count: 65536)
-            while fd >= 0 {
-                let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-                if count < 0 && errno == EINTR { continue }
-                condition.lock()
-                if count > 0 { bytes.append(contentsOf: chunk[0..<count]) } else { ended = true }
-                condition.broadcast()
-                condition.unlock()
-                if count <= 0 { break }
-            }
-            if fd >= 0 { close(fd) } else { condition.withLock { ended = true } }
-        }
-        thread.start()
-    }
-
-    var text: String { condition.withLock { String(decoding: bytes, as: UTF8.self) } }
-
-    /// Complete lines containing `needle`, in order.
-    func lines(containing needle: String) -> [String] {
-        condition.withLock { Self.completeLines(bytes).filter { $0.contains(needle) } }
-    }
-
-    private static func completeLines(_ bytes: [UInt8]) -> [String] {
-        String(decoding: bytes, as: UTF8.self).split(separator: "\n", omittingEmptySubsequences: false).dropLast()
-            .map(String.init)
-    }
-
-    /// Waits until at least `count` complete lines contain `needle`; returns them (nil when
-    /// the pipe ended or `timeout` passed first).
-    func waitForLines(containing needle: String, count: Int = 1, timeout: Double) -> [String]? {
-        let limit = Date(timeIntervalSinceNow: timeout)
-        condition.lock()
-        defer { condition.unlock() }
-        while true {
-            let lines = Self.completeLines(bytes).filter { $0.contains(needle) }
-            if lines.count >= count { return lines }
-            if ended || !condition.wait(until: limit) { return nil }
-        }
-    }
-
-    func waitForEnd(timeout: Double) -> Bool {
-        let limit = Date(timeIntervalSinceNow: timeout)
-        condition.lock()
-        defer { condition.unlock() }
-        while !ended {
-            if !condition.wait(until: limit) { return ended }
-        }
-        return true
-    }
-}
-
 /// The real `trunk-sync serve` on a freshly migrated database of the test cluster, on a
 /// port that stays the same when the server is killed and started again (the client's
 /// storage is per server URL).
@@ -82,7 +20,7 @@ final class SyncServer: @unchecked Sendable {  // mutable state guarded by `lock
     let environment: [String: String]
     private let lock = NSLock()
     private var process: Process?
-    private var collectors: [LineCollector] = []
+    private var collectors: [OutputCollector] = []
     private var cleanedUp = false
 
     var url: URL { URL(string: "http://127.0.0.1:\(port)")! }
@@ -147,8 +85,8 @@ final class SyncServer: @unchecked Sendable {  // mutable state guarded by `lock
     private func launch() throws {
         let (process, stdout, stderr) = try Command.start(
             Command.trunkSyncBinary(), ["serve"], environment: environment)
-        let errors = LineCollector(reading: stderr.fileHandleForReading)
-        let output = LineCollector(reading: stdout.fileHandleForReading)
+        let errors = OutputCollector(reading: stderr.fileHandleForReading)
+        let output = OutputCollector(reading: stdout.fileHandleForReading)
         lock.withLock {
             self.process = process
             collectors += [errors, output]
