@@ -43,7 +43,7 @@ final class HTTPBodyWriterTests: XCTestCase {
         let writer = HTTPBodyWriter(bufferLimit: 4) {}
         try await writer.write([1, 2, 3, 4])
         let second = Task { try await writer.write([5]) }
-        try await Task.sleep(for: .milliseconds(50))
+        try await waitForAWaitingWrite(writer)
         XCTAssertEqual(writer.bufferedByteCount, 4, "the second write waits")
         XCTAssertEqual(writer.take().bytes, [[1, 2, 3, 4]])
         XCTAssertEqual(writer.take().bytes, [], "the first four bytes sent: room again")
@@ -58,7 +58,7 @@ final class HTTPBodyWriterTests: XCTestCase {
         let writer = HTTPBodyWriter(bufferLimit: 10) {}
         try await writer.write(Array(repeating: 1, count: 6))
         let second = Task { try await writer.write(Array(repeating: 2, count: 6)) }
-        try await Task.sleep(for: .milliseconds(50))
+        try await waitForAWaitingWrite(writer)
         XCTAssertEqual(writer.bufferedByteCount, 6, "6 + 6 would pass 10: the second write waits")
         XCTAssertEqual(writer.take().bytes.map(\.count), [6])
         XCTAssertEqual(writer.bufferedByteCount, 6, "taken, not yet sent")
@@ -82,6 +82,17 @@ final class HTTPBodyWriterTests: XCTestCase {
         XCTAssertLessThanOrEqual(most, 10)
     }
 
+    /// Returns once a write waits for room in `writer` (fails after 10 s).
+    func waitForAWaitingWrite(_ writer: HTTPBodyWriter, file: StaticString = #filePath, line: UInt = #line)
+        async throws
+    {
+        let deadline = ContinuousClock.now + .seconds(10)
+        while !writer.hasWaitingWrite {
+            guard ContinuousClock.now < deadline else { return XCTFail("no write waits", file: file, line: line) }
+            try await Task.sleep(for: .milliseconds(1))
+        }
+    }
+
     /// A writer whose one byte of room is taken, and a task waiting to write more: it
     /// returns whether that write threw.
     func fullWriterWithAWaitingWrite() async throws -> (HTTPBodyWriter, Task<Bool, Never>) {
@@ -95,7 +106,7 @@ final class HTTPBodyWriterTests: XCTestCase {
                 return true
             }
         }
-        try await Task.sleep(for: .milliseconds(20))
+        try await waitForAWaitingWrite(writer)
         return (writer, waiting)
     }
 

@@ -2,6 +2,7 @@ import Foundation
 import HTTPServer
 import Logging
 import Postgres
+import TestSupport
 import XCTest
 
 @testable import TrunkSync
@@ -105,7 +106,8 @@ final class EventStreamPartsTests: XCTestCase {
         let generation = await subscription.next()  // returns at once: woken meanwhile
         XCTAssertGreaterThan(generation, before)
         let waiting = Task { await subscription.next() }
-        try await Task.sleep(for: .milliseconds(50))
+        let suspended = await waitUntil(10) { subscription.isWaiting }
+        XCTAssertTrue(suspended, "the task waits in next()")
         notifier.wake(user)
         let second = await waiting.value
         XCTAssertGreaterThan(second, generation)

@@ -248,6 +248,9 @@ public final class HTTPBodyWriter: Sendable {
     /// Bytes written and not yet sent to the socket.
     public var bufferedByteCount: Int { state.withLock { $0.buffered } }
 
+    /// Whether a write is waiting for room (tests wait for it instead of sleeping).
+    var hasWaitingWrite: Bool { state.withLock { $0.waiter != nil } }
+
     private func waitForRoom(for count: Int) async {
         await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in

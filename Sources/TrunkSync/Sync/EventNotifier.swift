@@ -231,6 +231,9 @@ public final class EventSubscription: Wakeable, Sendable {
 
     /// Stops the wake-ups.
     public func cancel() { owner?.remove(self) }
+
+    /// Whether a task waits in `next()` (tests wait for it instead of sleeping).
+    var isWaiting: Bool { state.withLock { $0.continuation != nil } }
 }
 
 final class NotifierState: @unchecked Sendable {
