@@ -464,6 +464,61 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertNotEqual(verification?["source_digest"] as? String, verification?["destination_digest"] as? String)
     }
 
+    /// Between the first import and the app's switch, the hosted project keeps rotating the
+    /// refresh tokens of clients still on the old version (supabase-js refreshes hourly). The
+    /// next import carries each session's newest token over, or those users would be signed
+    /// out when their app switches; a session revoked here meanwhile stays revoked.
+    func testTokensRotatedOnTheHostedProjectAfterAnImportStillRefresh() throws {
+        let source = try makeSource()
+        let ada = try addUser(source, email: "ada@example.com")
+        let bob = try addUser(source, email: "bob@example.com")
+        let carol = try addUser(source, email: "carol@example.com")
+        let adaSession = try addOpaqueSession(source, user: ada, tokens: ["adaFirst"])
+        let key = (0..<32).map { _ in UInt8.random(in: 0...255) }
+        let bobSession = UUID()
+        try source.admin.query(
+            """
+            insert into auth.sessions (id, user_id, created_at, updated_at, aal, refresh_token_hmac_key, refresh_token_counter)
+            values ($1, $2, now(), now(), 'aal1', $3, 7)
+            """, bobSession, bob, Base64URL.encode(key))
+        let carolSession = try addOpaqueSession(source, user: carol, tokens: ["carolFirst"])
+        let server = try startServer()
+        var (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        XCTAssertEqual(counts(report, "sessions")["imported"], 3)
+        // Carol signs out on trunk-sync (a device already switched).
+        try destination(server).query("update sessions set revoked_at = now() where id = $1", carolSession)
+
+        // The hosted project rotates all three.
+        for (session, user, old, new) in [
+            (adaSession, ada, "adaFirst", "adaSecond"), (carolSession, carol, "carolFirst", "carolSecond"),
+        ] {
+            try source.admin.query("update auth.refresh_tokens set revoked = true where token = $1", old)
+            try source.admin.query(
+                """
+                insert into auth.refresh_tokens (instance_id, token, user_id, revoked, created_at, updated_at, parent, session_id)
+                values ('00000000-0000-0000-0000-000000000000', $1, $2::text, false, now(), now(), $3, $4)
+                """, new, user, old, session)
+        }
+        try source.admin.query("update auth.sessions set refresh_token_counter = 8 where id = $1", bobSession)
+
+        (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        XCTAssertEqual(counts(report, "sessions")["already_there"], 3)
+        for (token, user) in [
+            ("adaSecond", ada), (Self.signedToken(session: bobSession, counter: 8, key: key), bob),
+        ] {
+            let refreshed = try send(
+                server, "POST", "/auth/v1/token?grant_type=refresh_token", body: #"{"refresh_token":"\#(token)"}"#)
+            XCTAssertEqual(refreshed.status, 200, "\(user): " + refreshed.bodyText)
+            XCTAssertEqual(
+                ((refreshed.jsonObject?["user"] as? [String: Any])?["id"] as? String), user.uuidString.lowercased())
+        }
+        let revoked = try send(
+            server, "POST", "/auth/v1/token?grant_type=refresh_token", body: #"{"refresh_token":"carolSecond"}"#)
+        XCTAssertGreaterThanOrEqual(revoked.status, 400, "a session revoked here is not revived by an import")
+    }
+
     func testAClashOfAFirstImportedEventFallsBackToTheLookUpAndTheRestArrives() throws {
         // Users with no event here get their events numbered by the import and inserted
         // without a look-up. An event whose id another user's event here already has makes

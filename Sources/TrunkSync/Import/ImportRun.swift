@@ -222,8 +222,10 @@ final class ImportRun {
 
     /// Inserts the sessions not there yet with their live refresh tokens (stored hashed, as
     /// trunk-sync stores its own). Their access tokens' revocation outlives the hosted
-    /// project's longest token lifetime (`access_expires_at`, a week). Returns: already
-    /// there, imported.
+    /// project's longest token lifetime (`access_expires_at`, a week). A session already
+    /// here (an earlier run) that is not revoked here gets the live tokens it has now: the
+    /// hosted project went on rotating them for clients still on the old app, whose next
+    /// refresh against trunk-sync must work. Returns: already there, imported.
     static let insertSessions = """
         with there as (select count(distinct s.id) n from import_sessions s where exists (select from sessions x where x.id = s.id)),
         ins as (
@@ -236,7 +238,9 @@ final class ImportRun {
         ),
         tokens as (
           insert into refresh_tokens (session_id, user_id, token_hash)
-          select s.id, s.user_id, s.token_hash from import_sessions s join ins on ins.id = s.id
+          select s.id, s.user_id, s.token_hash from import_sessions s
+          where exists (select from ins where ins.id = s.id)
+             or exists (select from sessions x where x.id = s.id and x.user_id = s.user_id and x.revoked_at is null)
           on conflict (token_hash) do nothing
           returning 1
         )
