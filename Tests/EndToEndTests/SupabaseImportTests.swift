@@ -519,6 +519,41 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertGreaterThanOrEqual(revoked.status, 400, "a session revoked here is not revived by an import")
     }
 
+    /// A re-run reads again only the users whose count of source events changed. A source
+    /// event that changed without changing the count (a refused payload fixed by the
+    /// operator; an event deleted and another recorded) is found by the verification: that
+    /// run exits 4 and forgets those users' counts, so the next run reads them again.
+    func testEventsTheCountsMissArriveOnTheRunAfterTheVerificationFoundThem() throws {
+        let source = try makeSource()
+        let ada = try addUser(source, email: "ada@example.com")
+        let refused = try addEvents(
+            source, user: ada, [("a", "[1]", "2026-03-01 10:00:00+00"), ("b", "{}", "2026-03-01 10:00:01+00")])[0]
+        let bob = try addUser(source, email: "bob@example.com")
+        let deleted = try addEvents(source, user: bob, [("a", "{}", "2026-03-01 11:00:00+00")])[0]
+        let server = try startServer()
+        var (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 3, result.stderr + result.stdout)
+        XCTAssertEqual(counts(report, "events")["rejected"], 1)
+
+        try source.admin.query(#"update public.events set payload = '{"fixed":true}' where client_id = $1"#, refused)
+        try source.admin.query("delete from public.events where client_id = $1", deleted)
+        let added = try addEvents(source, user: bob, [("b", "{}", "2026-03-01 12:00:00+00")])[0]
+
+        (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 4, "the counts match, the keys do not: " + result.stderr + result.stdout)
+        let incomplete = (report?["verification"] as? [String: Any])?["incomplete_users"] as? [String: Int]
+        XCTAssertEqual(incomplete, [ada.uuidString.lowercased(): 1, bob.uuidString.lowercased(): 1])
+
+        (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, "the next run finishes: " + result.stderr + result.stdout)
+        XCTAssertEqual(counts(report, "events")["imported"], 2)
+        XCTAssertEqual((report?["verification"] as? [String: Any])?["passed"] as? Bool, true)
+        let here = try destination(server).query("select client_id from events").map {
+            try $0.decode(UUID.self, column: 0)
+        }
+        XCTAssertEqual(Set(here).intersection([refused, added]), [refused, added])
+    }
+
     func testAClashOfAFirstImportedEventFallsBackToTheLookUpAndTheRestArrives() throws {
         // Users with no event here get their events numbered by the import and inserted
         // without a look-up. An event whose id another user's event here already has makes

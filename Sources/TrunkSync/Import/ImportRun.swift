@@ -13,6 +13,11 @@ final class ImportRun {
     /// Source users not imported this run (rejected, or an email conflict): their events and
     /// sessions are rejected too, and the verification leaves them out.
     var notImported = Set<String>()
+    /// Users the verification found events missing for: their counts are forgotten after
+    /// it, so the next run reads them again (a source event that changed without changing
+    /// its user's count — a refused one fixed, one deleted and another recorded — is found
+    /// only there).
+    private var incomplete: [String] = []
     /// Users the last batch numbered, with the last `seq` it gave them: their next batch
     /// continues from there unless somebody pushed meanwhile.
     private var continuing: [String: Int64] = [:]
@@ -55,6 +60,13 @@ final class ImportRun {
             }
         }
         try timed("verification", verify)
+        if !options.dryRun {
+            var rest = incomplete[...]
+            while !rest.isEmpty {
+                try destination.query(Self.forgetProgress, "{" + rest.prefix(1000).joined(separator: ",") + "}")
+                rest = rest.dropFirst(1000)
+            }
+        }
         if options.dryRun { try destination.execute("rollback") }
         return report
     }
@@ -283,9 +295,7 @@ final class ImportRun {
             let users = try page.map { try $0.decode(String.self, column: 0) }
             if !options.dryRun {
                 // Counted again from zero as their batches commit.
-                try destination.query(
-                    "delete from supabase_import_progress where user_id = any($1::uuid[])",
-                    "{" + users.joined(separator: ",") + "}")
+                try destination.query(Self.forgetProgress, "{" + users.joined(separator: ",") + "}")
             }
             reader.add(users)
         }
@@ -309,6 +319,9 @@ final class ImportRun {
             ((Double(writing.components.seconds) + Double(writing.components.attoseconds) / 1e18) * 1000).rounded()
             / 1000
     }
+
+    /// Forgets the counts of the users in `$1` (uuid[]): read again from zero.
+    static let forgetProgress = "delete from supabase_import_progress where user_id = any($1::uuid[])"
 
     /// Events of users whose count already matches (read by earlier runs).
     static let eventsAlreadyRead = """
@@ -567,6 +580,7 @@ final class ImportRun {
                     if key.user != lastIncomplete {
                         incompleteUsers += 1
                         lastIncomplete = key.user
+                        incomplete.append(key.user)
                     }
                     if verification.incompleteUsers.count < 10 || verification.incompleteUsers[key.user] != nil {
                         verification.incompleteUsers[key.user, default: 0] += 1
