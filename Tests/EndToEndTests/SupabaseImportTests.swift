@@ -554,6 +554,42 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertEqual(Set(here).intersection([refused, added]), [refused, added])
     }
 
+    /// A user deleted here after an import (their own request, or `users delete`) is still in
+    /// the hosted project while old app versions run: the next import must not bring them
+    /// back, with their events and live sessions. It reports them instead.
+    func testAUserDeletedHereAfterAnImportIsNotBroughtBack() throws {
+        let source = try makeSource()
+        let ada = try addUser(source, email: "ada@example.com")
+        _ = try addEvents(source, user: ada, [("a", "{}", "2026-03-01 10:00:00+00")])
+        let bob = try addUser(source, email: "bob@example.com")  // no events
+        _ = try addOpaqueSession(source, user: ada, tokens: ["adaLive"])
+        _ = try addOpaqueSession(source, user: bob, tokens: ["bobLive"])
+        let server = try startServer()
+        var (result, report, rejectFile) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        for email in ["ada@example.com", "bob@example.com"] {
+            let deleted = try Command.run(
+                Command.trunkSyncBinary(), ["users", "delete", email, "--yes"], environment: server.environment)
+            XCTAssertEqual(deleted.status, 0, deleted.stderr)
+        }
+        _ = try addEvents(source, user: ada, [("b", "{}", "2026-03-01 11:00:00+00")])
+
+        (result, report, rejectFile) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 3, "reported as not imported: " + result.stderr + result.stdout)
+        XCTAssertEqual(counts(report, "users")["imported"], 0)
+        XCTAssertEqual(counts(report, "users")["rejected"], 2)
+        XCTAssertEqual(counts(report, "sessions")["imported"], 0)
+        let db = try destination(server)
+        for table in ["users", "events", "sessions", "refresh_tokens"] {
+            XCTAssertEqual(try db.query("select count(*) from \(table)")[0].decode(Int64.self, column: 0), 0, table)
+        }
+        let refused = try send(
+            server, "POST", "/auth/v1/token?grant_type=refresh_token", body: #"{"refresh_token":"adaLive"}"#)
+        XCTAssertGreaterThanOrEqual(refused.status, 400)
+        let rejects = try String(contentsOfFile: rejectFile, encoding: .utf8)
+        XCTAssertTrue(rejects.contains("deleted"), rejects)
+    }
+
     func testAClashOfAFirstImportedEventFallsBackToTheLookUpAndTheRestArrives() throws {
         // Users with no event here get their events numbered by the import and inserted
         // without a look-up. An event whose id another user's event here already has makes

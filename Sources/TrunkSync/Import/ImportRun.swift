@@ -116,6 +116,12 @@ final class ImportRun {
             try batch {
                 try destination.execute("truncate import_users")
                 try destination.copyIn("copy import_users from stdin", data: copy.bytes)
+                for row in try destination.query(Self.usersDeletedHere) {
+                    let id = try row.decode(String.self, column: 0)
+                    notImported.insert(id)
+                    report.users.rejected += 1
+                    reject("auth.users", id, "deleted on trunk-sync after an earlier import; not imported again")
+                }
                 for row in try destination.query(Self.userConflicts) {
                     let id = try row.decode(String.self, column: 0)
                     let email = try row.decode(String.self, column: 1)
@@ -132,13 +138,25 @@ final class ImportRun {
         }
     }
 
+    /// Takes out of the batch the users an earlier run imported (they have a count of
+    /// events read) who are not here any more: deleted since, by their own request or an
+    /// operator. Returns their ids.
+    static let usersDeletedHere = """
+        delete from import_users s
+        where exists (select from supabase_import_progress p where p.user_id = s.id)
+          and not exists (select from users u where u.id = s.id)
+        returning s.id::text
+        """
+
     static let userConflicts = """
         select s.id::text, s.email from import_users s
         where exists (select from users u where lower(u.email) = s.email and u.id <> s.id)
         """
 
     /// Inserts the users not there yet (by id; an email another user has is a conflict,
-    /// reported before). `profiles.full_name` wins over the metadata's. Returns: already
+    /// reported before). `profiles.full_name` wins over the metadata's. Each imported user
+    /// gets a count of events read (0 until their events are), which marks them as
+    /// imported once: deleted here later, they are not brought back. Returns: already
     /// there, imported, imported with a profile name.
     static let insertUsers = """
         with there as (select count(*) n from import_users s where exists (select from users u where u.id = s.id)),
@@ -152,6 +170,10 @@ final class ImportRun {
           where not exists (select from users u where u.id = s.id or lower(u.email) = s.email)
           on conflict do nothing
           returning id
+        ),
+        marked as (
+          insert into supabase_import_progress (user_id, events_seen) select id, 0 from ins
+          on conflict (user_id) do nothing
         )
         select (select n from there), (select count(*) from ins),
                (select count(*) from ins join import_users s on s.id = ins.id where s.profile_name is not null)
