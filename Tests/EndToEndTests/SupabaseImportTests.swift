@@ -590,6 +590,39 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertTrue(rejects.contains("deleted"), rejects)
     }
 
+    /// A user the hosted project banned (`banned_until` ahead) or deleted softly
+    /// (`deleted_at` set, their rows kept) cannot sign in there: the import must not let
+    /// them in here, by a mailed code or by their sessions, which Supabase keeps.
+    func testBannedAndSoftDeletedUsersAreNotImported() throws {
+        let source = try makeSource()
+        let ada = try addUser(source, email: "ada@example.com")
+        let banned = try addUser(source, email: "banned@example.com")
+        let gone = try addUser(source, email: "gone@example.com")
+        let pardoned = try addUser(source, email: "pardoned@example.com")
+        try source.admin.query("update auth.users set banned_until = now() + interval '1 year' where id = $1", banned)
+        try source.admin.query("update auth.users set deleted_at = now() where id = $1", gone)
+        try source.admin.query("update auth.users set banned_until = now() - interval '1 day' where id = $1", pardoned)
+        for user in [ada, banned, gone, pardoned] {
+            _ = try addEvents(source, user: user, [("a", "{}", "2026-03-01 10:00:00+00")])
+        }
+        _ = try addOpaqueSession(source, user: banned, tokens: ["bannedLive"])
+        let server = try startServer()
+        let (result, report, rejectFile) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 3, result.stderr + result.stdout)
+        XCTAssertEqual(counts(report, "users"), ["read": 4, "imported": 2, "already_there": 0, "rejected": 2])
+        XCTAssertEqual(counts(report, "events")["imported"], 2)
+        XCTAssertEqual((report?["verification"] as? [String: Any])?["passed"] as? Bool, true)
+        let here = Set(
+            try destination(server).query("select id from users").map { try $0.decode(UUID.self, column: 0) })
+        XCTAssertEqual(here, [ada, pardoned])
+        let refused = try send(
+            server, "POST", "/auth/v1/token?grant_type=refresh_token", body: #"{"refresh_token":"bannedLive"}"#)
+        XCTAssertGreaterThanOrEqual(refused.status, 400)
+        let rejects = try String(contentsOfFile: rejectFile, encoding: .utf8)
+        XCTAssertTrue(rejects.contains("banned on the hosted project"), rejects)
+        XCTAssertTrue(rejects.contains("deleted on the hosted project"), rejects)
+    }
+
     func testAClashOfAFirstImportedEventFallsBackToTheLookUpAndTheRestArrives() throws {
         // Users with no event here get their events numbered by the import and inserted
         // without a look-up. An event whose id another user's event here already has makes
