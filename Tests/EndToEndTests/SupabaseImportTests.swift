@@ -505,6 +505,13 @@ final class SupabaseImportTests: EndToEndTestCase {
         (result, report, _) = try importCommand(server, from: source.url)
         XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
         XCTAssertEqual(counts(report, "sessions")["already_there"], 3)
+        // The tokens the hosted project rotated away no longer refresh here (first, so their
+        // refusal is seen to leave the sessions alive).
+        for stale in ["adaFirst", Self.signedToken(session: bobSession, counter: 7, key: key)] {
+            let refused = try send(
+                server, "POST", "/auth/v1/token?grant_type=refresh_token", body: #"{"refresh_token":"\#(stale)"}"#)
+            XCTAssertGreaterThanOrEqual(refused.status, 400, stale)
+        }
         for (token, user) in [
             ("adaSecond", ada), (Self.signedToken(session: bobSession, counter: 8, key: key), bob),
         ] {

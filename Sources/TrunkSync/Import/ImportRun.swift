@@ -259,7 +259,9 @@ final class ImportRun {
     /// project's longest token lifetime (`access_expires_at`, a week). A session already
     /// here (an earlier run) that is not revoked here gets the live tokens it has now: the
     /// hosted project went on rotating them for clients still on the old app, whose next
-    /// refresh against trunk-sync must work. Returns: already there, imported.
+    /// refresh against trunk-sync must work; the tokens an earlier run brought that the
+    /// hosted project has rotated away since (not live there any more) are revoked here, as
+    /// they are there. Returns: already there, imported.
     static let insertSessions = """
         with there as (select count(distinct s.id) n from import_sessions s where exists (select from sessions x where x.id = s.id)),
         ins as (
@@ -277,6 +279,12 @@ final class ImportRun {
              or exists (select from sessions x where x.id = s.id and x.user_id = s.user_id and x.revoked_at is null)
           on conflict (token_hash) do nothing
           returning 1
+        ),
+        stale as (
+          update refresh_tokens t set revoked_at = now()
+          where t.session_id in (select s.id from import_sessions s) and t.parent_id is null
+            and t.rotated_at is null and t.revoked_at is null
+            and t.token_hash <> all (select s.token_hash from import_sessions s where s.id = t.session_id)
         )
         select (select n from there), (select count(*) from ins), (select count(*) from tokens)
         """
