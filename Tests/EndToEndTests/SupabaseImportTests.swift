@@ -630,6 +630,28 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertTrue(rejects.contains("deleted on the hosted project"), rejects)
     }
 
+    /// Two source users with one address (case apart, or an SSO user beside an email one:
+    /// Supabase's unique index leaves SSO users out) cannot both be users here: the second
+    /// (by id) is a conflict, reported, not a user silently missing from the counts.
+    func testTwoSourceUsersWithOneAddressAreAConflict() throws {
+        let source = try makeSource()
+        let first = try addUser(source, email: "sam@example.com")
+        let second = try addUser(source, email: "Sam@Example.com")
+        let (kept, dropped) =
+            first.uuidString.lowercased() < second.uuidString.lowercased() ? (first, second) : (second, first)
+        _ = try addEvents(source, user: dropped, [("a", "{}", "2026-03-01 10:00:00+00")])
+        let server = try startServer()
+        let (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 3, result.stderr + result.stdout)
+        XCTAssertEqual(counts(report, "users"), ["read": 2, "imported": 1, "already_there": 0, "rejected": 0])
+        let conflicts = report?["conflicts"] as? [[String: Any]]
+        XCTAssertEqual(conflicts?.compactMap { $0["source_id"] as? String }, [dropped.uuidString.lowercased()])
+        XCTAssertEqual(counts(report, "events")["rejected"], 1)
+        XCTAssertEqual((report?["verification"] as? [String: Any])?["passed"] as? Bool, true)
+        XCTAssertEqual(
+            try destination(server).query("select id from users").map { try $0.decode(UUID.self, column: 0) }, [kept])
+    }
+
     func testAClashOfAFirstImportedEventFallsBackToTheLookUpAndTheRestArrives() throws {
         // Users with no event here get their events numbered by the import and inserted
         // without a look-up. An event whose id another user's event here already has makes

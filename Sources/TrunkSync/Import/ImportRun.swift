@@ -148,9 +148,13 @@ final class ImportRun {
         returning s.id::text
         """
 
+    /// The batch's users whose email another user here has, or another user of the batch
+    /// with a smaller id (two source users with one address: case apart, or an SSO user
+    /// beside an email one, which Supabase's unique index allows).
     static let userConflicts = """
         select s.id::text, s.email from import_users s
         where exists (select from users u where lower(u.email) = s.email and u.id <> s.id)
+           or exists (select from import_users o where o.email = s.email and o.id < s.id)
         """
 
     /// Inserts the users not there yet (by id; an email another user has is a conflict,
