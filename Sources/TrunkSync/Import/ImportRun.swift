@@ -13,6 +13,11 @@ final class ImportRun {
     /// Source users not imported this run (rejected, or an email conflict): their events and
     /// sessions are rejected too, and the verification leaves them out.
     var notImported = Set<String>()
+    /// Users the verification found events missing for: their counts are forgotten after
+    /// it, so the next run reads them again (a source event that changed without changing
+    /// its user's count — a refused one fixed, one deleted and another recorded — is found
+    /// only there).
+    private var incomplete: [String] = []
     /// Users the last batch numbered, with the last `seq` it gave them: their next batch
     /// continues from there unless somebody pushed meanwhile.
     private var continuing: [String: Int64] = [:]
@@ -55,6 +60,13 @@ final class ImportRun {
             }
         }
         try timed("verification", verify)
+        if !options.dryRun {
+            var rest = incomplete[...]
+            while !rest.isEmpty {
+                try destination.query(Self.forgetProgress, "{" + rest.prefix(1000).joined(separator: ",") + "}")
+                rest = rest.dropFirst(1000)
+            }
+        }
         if options.dryRun { try destination.execute("rollback") }
         return report
     }
@@ -104,6 +116,12 @@ final class ImportRun {
             try batch {
                 try destination.execute("truncate import_users")
                 try destination.copyIn("copy import_users from stdin", data: copy.bytes)
+                for row in try destination.query(Self.usersDeletedHere) {
+                    let id = try row.decode(String.self, column: 0)
+                    notImported.insert(id)
+                    report.users.rejected += 1
+                    reject("auth.users", id, "deleted on trunk-sync after an earlier import; not imported again")
+                }
                 for row in try destination.query(Self.userConflicts) {
                     let id = try row.decode(String.self, column: 0)
                     let email = try row.decode(String.self, column: 1)
@@ -120,13 +138,29 @@ final class ImportRun {
         }
     }
 
+    /// Takes out of the batch the users an earlier run imported (they have a count of
+    /// events read) who are not here any more: deleted since, by their own request or an
+    /// operator. Returns their ids.
+    static let usersDeletedHere = """
+        delete from import_users s
+        where exists (select from supabase_import_progress p where p.user_id = s.id)
+          and not exists (select from users u where u.id = s.id)
+        returning s.id::text
+        """
+
+    /// The batch's users whose email another user here has, or another user of the batch
+    /// with a smaller id (two source users with one address: case apart, or an SSO user
+    /// beside an email one, which Supabase's unique index allows).
     static let userConflicts = """
         select s.id::text, s.email from import_users s
         where exists (select from users u where lower(u.email) = s.email and u.id <> s.id)
+           or exists (select from import_users o where o.email = s.email and o.id < s.id)
         """
 
     /// Inserts the users not there yet (by id; an email another user has is a conflict,
-    /// reported before). `profiles.full_name` wins over the metadata's. Returns: already
+    /// reported before). `profiles.full_name` wins over the metadata's. Each imported user
+    /// gets a count of events read (0 until their events are), which marks them as
+    /// imported once: deleted here later, they are not brought back. Returns: already
     /// there, imported, imported with a profile name.
     static let insertUsers = """
         with there as (select count(*) n from import_users s where exists (select from users u where u.id = s.id)),
@@ -140,6 +174,10 @@ final class ImportRun {
           where not exists (select from users u where u.id = s.id or lower(u.email) = s.email)
           on conflict do nothing
           returning id
+        ),
+        marked as (
+          insert into supabase_import_progress (user_id, events_seen) select id, 0 from ins
+          on conflict (user_id) do nothing
         )
         select (select n from there), (select count(*) from ins),
                (select count(*) from ins join import_users s on s.id = ins.id where s.profile_name is not null)
@@ -222,8 +260,12 @@ final class ImportRun {
 
     /// Inserts the sessions not there yet with their live refresh tokens (stored hashed, as
     /// trunk-sync stores its own). Their access tokens' revocation outlives the hosted
-    /// project's longest token lifetime (`access_expires_at`, a week). Returns: already
-    /// there, imported.
+    /// project's longest token lifetime (`access_expires_at`, a week). A session already
+    /// here (an earlier run) that is not revoked here gets the live tokens it has now: the
+    /// hosted project went on rotating them for clients still on the old app, whose next
+    /// refresh against trunk-sync must work; the tokens an earlier run brought that the
+    /// hosted project has rotated away since (not live there any more) are revoked here, as
+    /// they are there. Returns: already there, imported.
     static let insertSessions = """
         with there as (select count(distinct s.id) n from import_sessions s where exists (select from sessions x where x.id = s.id)),
         ins as (
@@ -236,9 +278,17 @@ final class ImportRun {
         ),
         tokens as (
           insert into refresh_tokens (session_id, user_id, token_hash)
-          select s.id, s.user_id, s.token_hash from import_sessions s join ins on ins.id = s.id
+          select s.id, s.user_id, s.token_hash from import_sessions s
+          where exists (select from ins where ins.id = s.id)
+             or exists (select from sessions x where x.id = s.id and x.user_id = s.user_id and x.revoked_at is null)
           on conflict (token_hash) do nothing
           returning 1
+        ),
+        stale as (
+          update refresh_tokens t set revoked_at = now()
+          where t.session_id in (select s.id from import_sessions s) and t.parent_id is null
+            and t.rotated_at is null and t.revoked_at is null
+            and t.token_hash <> all (select s.token_hash from import_sessions s where s.id = t.session_id)
         )
         select (select n from there), (select count(*) from ins), (select count(*) from tokens)
         """
@@ -279,9 +329,7 @@ final class ImportRun {
             let users = try page.map { try $0.decode(String.self, column: 0) }
             if !options.dryRun {
                 // Counted again from zero as their batches commit.
-                try destination.query(
-                    "delete from supabase_import_progress where user_id = any($1::uuid[])",
-                    "{" + users.joined(separator: ",") + "}")
+                try destination.query(Self.forgetProgress, "{" + users.joined(separator: ",") + "}")
             }
             reader.add(users)
         }
@@ -305,6 +353,9 @@ final class ImportRun {
             ((Double(writing.components.seconds) + Double(writing.components.attoseconds) / 1e18) * 1000).rounded()
             / 1000
     }
+
+    /// Forgets the counts of the users in `$1` (uuid[]): read again from zero.
+    static let forgetProgress = "delete from supabase_import_progress where user_id = any($1::uuid[])"
 
     /// Events of users whose count already matches (read by earlier runs).
     static let eventsAlreadyRead = """
@@ -563,6 +614,7 @@ final class ImportRun {
                     if key.user != lastIncomplete {
                         incompleteUsers += 1
                         lastIncomplete = key.user
+                        incomplete.append(key.user)
                     }
                     if verification.incompleteUsers.count < 10 || verification.incompleteUsers[key.user] != nil {
                         verification.incompleteUsers[key.user, default: 0] += 1

@@ -10,6 +10,10 @@ struct SupabaseSource {
     private(set) var hasProfiles = false
     /// Whether `auth.sessions` has the signed refresh tokens' columns.
     private(set) var hasSignedRefreshTokens = false
+    /// Whether `auth.users` has `banned_until` and `deleted_at` (soft deletion), which every
+    /// current Supabase Auth has.
+    private(set) var hasBannedUntil = false
+    private(set) var hasDeletedAt = false
 
     /// The columns read, per table; a source without one of them is refused naming it.
     static let required: [(table: String, columns: [String])] = [
@@ -70,6 +74,8 @@ struct SupabaseSource {
             }
         }
         hasProfiles = columns["public.profiles"].map { $0.contains("id") && $0.contains("full_name") } ?? false
+        hasBannedUntil = columns["auth.users"]?.contains("banned_until") ?? false
+        hasDeletedAt = columns["auth.users"]?.contains("deleted_at") ?? false
         hasSignedRefreshTokens =
             columns["auth.sessions"].map {
                 $0.contains("refresh_token_hmac_key") && $0.contains("refresh_token_counter")
@@ -111,15 +117,23 @@ struct SupabaseSource {
 
     /// Users, with the profile's `full_name` where there is one. Columns: id, email,
     /// created_at, updated_at, email_confirmed_at, last_sign_in_at, metadata (a JSON object,
-    /// `{}` when the source's is not one), profile full_name, reject reason.
+    /// `{}` when the source's is not one), profile full_name, reject reason (a user the
+    /// hosted project deleted softly or banned cannot sign in there: nor here, nor by the
+    /// sessions Supabase keeps for them).
     var usersQuery: String {
         let profile = hasProfiles ? "(select p.full_name::text from public.profiles p where p.id = u.id)" : "null::text"
+        let deleted = hasDeletedAt ? "when u.deleted_at is not null then 'deleted on the hosted project'" : ""
+        let banned =
+            hasBannedUntil
+            ? "when u.banned_until > now() then 'banned on the hosted project until ' || u.banned_until::text" : ""
         return """
             select u.id::text, lower(u.email), u.created_at::text, coalesce(u.updated_at, u.created_at)::text,
                    u.email_confirmed_at::text, u.last_sign_in_at::text,
                    case when jsonb_typeof(u.raw_user_meta_data) = 'object' then u.raw_user_meta_data::text else '{}' end,
                    \(profile),
-                   case when u.email is null or u.email = '' then 'no email address'
+                   case \(deleted)
+                        \(banned)
+                        when u.email is null or u.email = '' then 'no email address'
                         when u.created_at is null or not isfinite(u.created_at) then 'created_at missing or not finite'
                    end
             from auth.users u order by u.id
