@@ -213,14 +213,19 @@ public struct RESTRoutes: Sendable {
         let change = try RESTInsert.parseProfile(request.body, caller: user, allowArray: upsert)
         let rows = try await database.transaction(as: .user(user)) { tx in
             let filters = query.whereClause(startingAt: 3)
-            return try await tx.query(
+            // The metadata's size comes last, after the columns the answer writes.
+            let rows = try await tx.query(
                 """
                 update users set full_name = $2, updated_at = now(),
                   user_metadata = case when $2::text is null then user_metadata - 'full_name'
                                   else user_metadata || jsonb_build_object('full_name', $2::text) end
                 where id = $1\(filters.sql)
-                returning \(query.columns.map(\.sql).joined(separator: ", "))
+                returning \((query.columns.map(\.sql) + [UserRecord.metadataSize]).joined(separator: ", "))
                 """, binds: [user.postgresBind, (change.fullName ?? nil).postgresBind] + filters.binds)
+            for row in rows {
+                try UserRecord.checkMetadataSize(try row.decode(Int.self, column: query.columns.count))
+            }
+            return rows
         }
         // Realtime's `profiles` subscribers (on any instance) hear of it as of an event.
         if rows.count > 0 { await store.announce(user) }
