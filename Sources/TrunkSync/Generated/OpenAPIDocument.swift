@@ -1722,7 +1722,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST102` (not JSON, not an object or array of objects), `PGRST204` (unknown member), `validation_failed` (events that break the rules every event follows — the same rules and `details` as `POST /sync/v1/events`), or a query error (`PGRST100`, `42703`, `22P02`).",
+            "description": "`PGRST102` (not JSON, not an object or array of objects), `PGRST204` (unknown member), `validation_failed` (events that break the rules every event follows — the same rules and `details` as `POST /sync/v1/events`), or a query error (`PGRST100`, `42703`, `22P02`); `validation_failed` also for `Prefer: return=representation` with more than 1000 rows (nothing is stored).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -4192,10 +4192,10 @@ public enum OpenAPIDocument {
         "name": "order",
         "in": "query",
         "required": false,
-        "description": "Comma-separated `column[.asc|.desc][.nullsfirst|.nullslast]`.",
+        "description": "Comma-separated `column[.asc|.desc][.nullsfirst|.nullslast]`; not `payload` (ordering by it would read every payload of the user on each request).",
         "schema": {
           "type": "string",
-          "pattern": "^(id|user_id|seq|type|payload|client_id|client_timestamp|created_at)(\\.(asc|desc|nullsfirst|nullslast)){0,2}(,(id|user_id|seq|type|payload|client_id|client_timestamp|created_at)(\\.(asc|desc|nullsfirst|nullslast)){0,2})*$"
+          "pattern": "^(id|user_id|seq|type|client_id|client_timestamp|created_at)(\\.(asc|desc|nullsfirst|nullslast)){0,2}(,(id|user_id|seq|type|client_id|client_timestamp|created_at)(\\.(asc|desc|nullsfirst|nullslast)){0,2})*$"
         },
         "examples": {
           "newest first": {

@@ -174,6 +174,21 @@ public struct RESTRoutes: Sendable {
         let query = try RESTQuery.parse(request, table: "events", columns: Self.eventColumns)
         let preferences = Self.preferences(request)
         let events = try RESTInsert.parseEvents(request.body, caller: user, columns: query.insertColumns)
+        if preferences.representation {
+            // Refused before anything is stored. An answer holds at most `maxRows` rows, as a
+            // select's: a 10 MiB body of small events whose payloads print large (`1e308`
+            // is 309 digits) would otherwise be answered with hundreds of megabytes.
+            guard events.count <= Self.maxRows else {
+                throw APIError(
+                    status: 400, code: "validation_failed",
+                    message:
+                        "Prefer: return=representation answers at most \(Self.maxRows) rows: insert at most "
+                        + "\(Self.maxRows) rows per request, or use return=minimal",
+                    details: .text("\(events.count) rows"))
+            }
+            // PostgREST rolls such an insert back; here nothing is stored in the first place.
+            if Self.wantsObject(request), events.count != 1 { throw RESTError.singular(events.count) }
+        }
         guard !events.isEmpty else {
             return preferences.representation ? .json(.created, "[]") : HTTPResponse(status: .created)
         }
