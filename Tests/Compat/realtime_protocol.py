@@ -324,7 +324,11 @@ async def client_tests():
         assert (await recv(ws))[4]["status"] == "error"
         await ws.send("not json")
         assert (await recv(ws))[4]["status"] == "error"
-        step("bad joins (table, filter, schema, token) and malformed messages get error replies")
+        # Every message of a channel repeats its topic: a long one is refused at the join.
+        await ws.send(json.dumps(["22", "22", "realtime:" + "t" * 248, "phx_join", join_payload(token_a, [bindings[0]])]))
+        refused = await recv(ws)
+        assert refused[1] == "22" and refused[4]["status"] == "error" and "topic" in refused[4]["response"]["reason"], refused
+        step("bad joins (table, filter, schema, token, topic) and malformed messages get error replies")
 
         await ws.send(json.dumps(["1", "30", "realtime:room", "phx_leave", {}]))
         left = await recv(ws)

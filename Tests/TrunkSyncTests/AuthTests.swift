@@ -410,6 +410,57 @@ final class AuthTests: XCTestCase {
         assertAuthError(badName, 400, "validation_failed")
     }
 
+    /// Every access token carries `user_metadata`. Whatever the user could store, the next
+    /// token verifies on every route: a string over 4 KiB, nesting 20 deep, a number
+    /// PostgreSQL prints with 301 digits (each once signed the user out of everything at the
+    /// next refresh, for good: fixing the metadata needs a token). Metadata too large for a
+    /// token in a request header is refused, by both APIs that write it, and changes nothing.
+    func testTokensVerifyWhateverMetadataTheyCarryAndOversizedMetadataIsRefused() async throws {
+        let session = try await app.signIn("meta-big@example.com")
+        let token = try XCTUnwrap(session["access_token"] as? String)
+        let refresh = try XCTUnwrap(session["refresh_token"] as? String)
+        let deep = String(repeating: #"{"n":"#, count: 20) + #""deep""# + String(repeating: "}", count: 20)
+        let bio = String(repeating: "b", count: 5000)
+        let stored = try await app.request(
+            "PUT", "/auth/v1/user", rawBody: #"{"data":{"bio":"\#(bio)","big":1e300,"deep":\#(deep)}}"#, bearer: token)
+        XCTAssertEqual(stored.status, 200, stored.text)
+        let refreshed = try await app.request(
+            "POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": refresh])
+        XCTAssertEqual(refreshed.status, 200, refreshed.text)
+        let next = try XCTUnwrap(refreshed.json["access_token"] as? String)
+        let user = try await app.request("GET", "/auth/v1/user", bearer: next)
+        XCTAssertEqual(user.status, 200, user.text)
+        XCTAssertEqual((user.json["user_metadata"] as? [String: Any])?["bio"] as? String, bio)
+        let rest = try await app.request("GET", "/rest/v1/events", bearer: next)
+        XCTAssertEqual(rest.status, 200, rest.text)
+        let pull = try await app.request("GET", "/sync/v1/events", bearer: next)
+        XCTAssertEqual(pull.status, 200, pull.text)
+
+        let pad = String(repeating: "p", count: 16 * 1024)  // UserRecord.maxMetadataBytes
+        let tooLarge = try await app.request("PUT", "/auth/v1/user", json: ["data": ["pad": pad]], bearer: next)
+        assertAuthError(tooLarge, 400, "validation_failed")
+        let longName = try await app.request(
+            "PATCH", "/rest/v1/profiles", json: ["full_name": pad], bearer: next,
+            headers: ["Prefer": "return=representation"])
+        XCTAssertEqual(longName.status, 400, longName.text)
+        XCTAssertEqual(longName.json["code"] as? String, "validation_failed")
+        let unchanged = try await app.request("GET", "/auth/v1/user", bearer: next)
+        let metadata = try XCTUnwrap(unchanged.json["user_metadata"] as? [String: Any])
+        XCTAssertNil(metadata["pad"])
+        XCTAssertNil(metadata["full_name"])
+        XCTAssertEqual(metadata["bio"] as? String, bio)
+        // Just under the limit is kept, and its tokens still verify.
+        let name = String(repeating: "n", count: 1000)
+        let named = try await app.request("PATCH", "/rest/v1/profiles", json: ["full_name": name], bearer: next)
+        XCTAssertEqual(named.status, 204, named.text)
+        let again = try await app.request(
+            "POST", "/auth/v1/token?grant_type=refresh_token",
+            json: ["refresh_token": try XCTUnwrap(refreshed.json["refresh_token"] as? String)])
+        let latest = try await app.request(
+            "GET", "/auth/v1/user", bearer: try XCTUnwrap(again.json["access_token"] as? String))
+        XCTAssertEqual((latest.json["user_metadata"] as? [String: Any])?["full_name"] as? String, name)
+    }
+
     func testJWKSIsPublicAndEmptyForHS256() async throws {
         let response = try await app.request("GET", "/auth/v1/.well-known/jwks.json")
         XCTAssertEqual(response.status, 200)

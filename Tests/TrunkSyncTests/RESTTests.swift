@@ -234,6 +234,8 @@ final class RESTTests: XCTestCase {
             ("/rest/v1/events?payload=eq.{}", 400, "PGRST100"),
             ("/rest/v1/events?order=seq.sideways", 400, "PGRST100"),
             ("/rest/v1/events?order=nope.asc", 400, "42703"),
+            ("/rest/v1/events?order=payload.asc", 400, "PGRST100"),
+            ("/rest/v1/events?order=seq,payload.desc", 400, "PGRST100"),
             ("/rest/v1/events?limit=-1", 400, "PGRST100"),
             ("/rest/v1/events?select=seq::text", 400, "PGRST100"),
             ("/rest/v1/nothing", 404, "PGRST205"),
@@ -272,6 +274,33 @@ final class RESTTests: XCTestCase {
         }
         let count = try app.owner().query("select count(*) from events")[0].decode(Int.self, column: 0)
         XCTAssertEqual(count, 0)
+    }
+
+    /// `return=representation` answers at most 1000 rows, as a select (docs/api.md "Limits
+    /// and errors"): a larger insert asking for it is refused before anything is stored (it
+    /// was answered whole, hundreds of megabytes for a 10 MiB body of payloads that print
+    /// large). `single()` of an insert of other than one row is refused before storing too,
+    /// where PostgREST rolls it back.
+    func testRepresentationOfAnInsertIsBoundedAndRefusalsStoreNothing() async throws {
+        func stored() throws -> Int {
+            try app.owner().query("select count(*) from events")[0].decode(Int.self, column: 0)
+        }
+        let rows = (0..<1001).map { _ in row() }
+        let refused = try await insert(rows, prefer: "return=representation")
+        assertPostgRESTError(refused, 400, "validation_failed")
+        XCTAssertEqual(try stored(), 0)
+        let object = ["Prefer": "return=representation", "Accept": "application/vnd.pgrst.object+json"]
+        let several = try await app.request(
+            "POST", "/rest/v1/events", json: [row(), row()], bearer: token, headers: object)
+        assertPostgRESTError(several, 406, "PGRST116")
+        XCTAssertEqual(try stored(), 0)
+        let one = try await app.request("POST", "/rest/v1/events", json: [row()], bearer: token, headers: object)
+        XCTAssertEqual(one.status, 201, one.text)
+        XCTAssertEqual(one.json["seq"] as? Int, 1)
+        // Without a representation, any batch the body limit allows is stored.
+        let minimal = try await insert(rows)
+        XCTAssertEqual(minimal.status, 201, minimal.text)
+        XCTAssertEqual(try stored(), 1002)
     }
 
     func testResponsesAreCappedAt1000Rows() async throws {

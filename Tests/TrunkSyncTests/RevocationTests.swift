@@ -184,6 +184,38 @@ final class RevocationTests: XCTestCase {
         }
         XCTAssertEqual(response.status, 401)
     }
+
+    /// A long-poll waiting through a listener outage ends when the reload brings the sign-out
+    /// it missed, not when its wait runs out: the reconnect wakes every waiter before the
+    /// reload has answered, so the reload wakes the users it learnt of again.
+    func testALongPollOfASessionRevokedDuringAnOutageEndsWithTheReload() async throws {
+        let token = try await app.token("missed-poll@example.com")
+        try await assertAccepted(token, on: [app, second])
+        let polling = Task { [second] in
+            try await second!.request("GET", "/sync/v1/events?after=0&wait=50", bearer: token)
+        }
+        let waiting = ContinuousClock.now + .seconds(10)
+        while second.application.notifier.waiting == 0, ContinuousClock.now < waiting {
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        XCTAssertEqual(second.application.notifier.waiting, 1)
+        let outage = try app.cutListeners()
+        defer { outage.end() }
+        let listenerDown = ContinuousClock.now + .seconds(5)
+        while second.application.notifier.isListening, ContinuousClock.now < listenerDown {
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        let logout = try await app.request("POST", "/auth/v1/logout", bearer: token)
+        XCTAssertEqual(logout.status, 204)
+        let missed = try await second.request("GET", "/sync/v1/events", bearer: token)
+        XCTAssertEqual(missed.status, 200, "the notification was not lost; the test proves nothing")
+        outage.end()
+        let reconnected = ContinuousClock.now
+        let answer = try await polling.value
+        XCTAssertEqual(answer.status, 401, answer.text)
+        // The listener retries within 5 s; the wait would have run out 50 s after it began.
+        XCTAssertLessThan(reconnected.duration(to: .now), .seconds(30), "the long-poll waited for its own end")
+    }
 }
 
 /// The in-memory set on its own: bounded by the tokens' lifetime.

@@ -40,6 +40,22 @@ final class TokenCacheTests: XCTestCase {
         XCTAssertThrowsError(try tokens.verify(token, now: now))
     }
 
+    /// A token carries its user's metadata (up to 16 KiB): the cache remembers tokens of at
+    /// most 4 KiB, so its 4096 entries hold at most 16 MiB; a longer one verifies each time.
+    func testOnlyTokensOfOrdinarySizeAreRemembered() throws {
+        let tokens = TokenIssuer(secret: secret, issuer: issuerURL, lifetime: 3600)
+        var large = claims(exp: now + 600)
+        large.removeLast()
+        large += Array(#","user_metadata":{"bio":"\#(String(repeating: "b", count: 8000))"}}"#.utf8)
+        let big = JWT.sign(payload: large, with: JWT.HS256Key(secret: secret))
+        let first = try tokens.verify(big, now: now)
+        XCTAssertEqual(try tokens.verify(big, now: now), first)
+        XCTAssertEqual(tokens.verifiedCount, 0)
+        XCTAssertNoThrow(
+            try tokens.verify(JWT.sign(payload: claims(exp: now + 600), with: JWT.HS256Key(secret: secret)), now: now))
+        XCTAssertEqual(tokens.verifiedCount, 1)
+    }
+
     func testAForgedTokenIsNeverRemembered() throws {
         let tokens = TokenIssuer(secret: secret, issuer: issuerURL, lifetime: 3600)
         let payload = claims(exp: now + 600)

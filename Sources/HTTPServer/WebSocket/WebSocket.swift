@@ -12,6 +12,9 @@ public struct WebSocketSettings: Sendable, Equatable {
     /// Bytes of received messages the session has not taken yet; a client sending faster
     /// than that is closed with `1008`. Default 64 KiB.
     public var inboxLimit = 64 * 1024
+    /// Received messages the session has not taken yet, however small: empty frames weigh
+    /// no bytes but each takes memory. More closes the connection with `1008` too. Default 1024.
+    public var inboxMessageLimit = 1024
     /// A connection on which nothing arrives for this long is closed (a client sending its
     /// heartbeat every 25 s never gets near it). Default 90 s.
     public var idleTimeout: Duration = .seconds(90)
@@ -130,7 +133,11 @@ public final class WebSocket: Sendable {
                 inbox.waiter = nil
                 return .some(waiter)
             }
-            guard inbox.bytes + message.size <= settings.inboxLimit || inbox.messages.count == inbox.head else {
+            let waiting = inbox.messages.count - inbox.head
+            guard
+                waiting == 0
+                    || (inbox.bytes + message.size <= settings.inboxLimit && waiting < settings.inboxMessageLimit)
+            else {
                 return nil
             }
             inbox.messages.append(message)

@@ -521,7 +521,9 @@ public struct AuthService: Sendable {
         }
     }
 
-    /// Merges `data` into the user's metadata; `data.full_name` also sets `full_name`.
+    /// Merges `data` into the user's metadata; `data.full_name` also sets `full_name`. A
+    /// merge that leaves the metadata over `UserRecord.maxMetadataBytes` is refused and
+    /// changes nothing.
     public func updateUser(_ claims: AccessClaims, data: [String: JSONValue]) async throws -> UserRecord {
         let patch = PostgresJSON(bytes: JSONValue.object(data).jsonBytes)
         let fullName = data["full_name"]
@@ -538,7 +540,9 @@ public struct AuthService: Sendable {
                     """, claims.userID, patch, setsName, name
                 ).first
             else { throw AuthError.userNotFound }
-            return try UserRecord(row: row)
+            let record = try UserRecord(row: row)
+            try UserRecord.checkMetadataSize(record.metadata.count)
+            return record
         }
     }
 

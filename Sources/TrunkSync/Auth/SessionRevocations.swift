@@ -97,21 +97,34 @@ public final class SessionRevocations: Sendable {
     }
 
     /// Reads every revocation whose tokens may still be valid and adds them to the set
-    /// (added, not replaced: what notifications brought meanwhile stays).
+    /// (added, not replaced: what notifications brought meanwhile stays), and tells
+    /// `onRevoked` the users of the sessions it did not know: after a listener outage, their
+    /// long-polls end now rather than when their wait runs out (the reconnect's wake-up of
+    /// everyone came before this load).
     public func load() async throws {
         guard let database else { return }
         let margin = Self.margin
         let rows = try await database.read(as: .server) { tx in
             try await tx.query(
                 """
-                select session_id, floor(extract(epoch from expires_at))::int8 from session_revocations
+                select session_id, user_id, floor(extract(epoch from expires_at))::int8 from session_revocations
                 where expires_at > now() - make_interval(secs => $1)
                 """, Int64(margin)
-            ).map { (try $0.decode(UUID.self, column: 0), try $0.decode(Int64.self, column: 1)) }
+            ).map {
+                (
+                    try $0.decode(UUID.self, column: 0), try $0.decode(UUID.self, column: 1),
+                    try $0.decode(Int64.self, column: 2)
+                )
+            }
         }
+        var learnt = Set<UUID>()
         update(now: AuthService.now(), loaded: true) { entries in
-            for (session, expiry) in rows { entries[session] = max(entries[session] ?? .min, expiry + margin) }
+            for (session, user, expiry) in rows {
+                if entries[session] == nil { learnt.insert(user) }
+                entries[session] = max(entries[session] ?? .min, expiry + margin)
+            }
         }
+        if let wake = onRevoked.withLock({ $0 }) { learnt.forEach { wake($0) } }
     }
 
     /// Follows the listener's `events`: records each revocation notified and wakes its

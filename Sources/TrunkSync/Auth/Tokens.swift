@@ -16,6 +16,25 @@ public struct UserRecord: Sendable, Equatable {
     /// `user_metadata` as raw JSON text.
     public var metadata: [UInt8]
 
+    /// The most bytes `user_metadata` may take as PostgreSQL prints it. Every access token
+    /// carries it, and a token must fit in a request's header section
+    /// (`HTTPParserLimits.maxHeaderSectionSize`, 32 KiB) as base64 beside the other headers:
+    /// metadata larger than this would sign the user out of every route at the next refresh.
+    static let maxMetadataBytes = 16 * 1024
+
+    /// The SQL expression of the stored metadata's printed size, for `checkMetadataSize`.
+    static let metadataSize = "octet_length(user_metadata::text)"
+
+    /// Refuses a change that left the metadata (`metadataSize`, in the change's transaction,
+    /// which the throw rolls back) larger than `maxMetadataBytes`: `400 validation_failed`.
+    static func checkMetadataSize(_ bytes: Int) throws {
+        guard bytes > maxMetadataBytes else { return }
+        throw APIError(
+            status: 400, code: "validation_failed",
+            message:
+                "user_metadata would take \(bytes) bytes; at most \(maxMetadataBytes) (every access token carries it)")
+    }
+
     /// The columns `init(row:)` reads, in order.
     static let columns =
         "id, email, created_at, updated_at, email_confirmed_at, last_sign_in_at, full_name, user_metadata"
@@ -155,6 +174,10 @@ public final class TokenIssuer: Sendable {
         /// change (a retired key's tokens stop counting at once) and when full.
         var verified: [String: AccessClaims] = [:]
         static let verifiedCapacity = 4096
+        /// Longer tokens are verified each time, not remembered: a user's token grows with
+        /// their metadata (to ~23 KiB), and 4096 of those would hold ~94 MB. A token with
+        /// ordinary metadata is well under it (~1 KiB): the cache holds at most 16 MiB.
+        static let verifiedTokenMaxBytes = 4096
         /// Counts key changes, so a verification that raced a reload is not remembered.
         var generation = 0
 
@@ -182,6 +205,9 @@ public final class TokenIssuer: Sendable {
 
     /// The ES256 keys in use, newest first.
     public var keys: [LoadedKey] { keySet.withLock { $0.keys } }
+
+    /// Tokens remembered as verified now.
+    var verifiedCount: Int { keySet.withLock { $0.verified.count } }
 
     /// Whether keys have been loaded from the database at least once.
     public var hasLoadedKeys: Bool { keySet.withLock { $0.loaded } }
@@ -287,6 +313,12 @@ public final class TokenIssuer: Sendable {
     /// The claims `verify` reads, from the payload's bytes with the one JSON parser (no
     /// Foundation decoding on the hot path). A repeated claim makes the token ambiguous:
     /// refused; so does a claim of the wrong type (`iss` a number, `iat` a string).
+    ///
+    /// The payload's signature was checked before it is read: every claim in it was written
+    /// by a key this server trusts. Claims it does not read (`user_metadata` above all, which
+    /// the user writes and PostgreSQL prints: `1e300` as 301 digits) are only skipped, at
+    /// the nesting the request bodies allow, and never refused for their values: a token this
+    /// server issued always verifies here.
     struct Claims: Equatable {
         var sub: String
         var exp: Double
@@ -298,8 +330,7 @@ public final class TokenIssuer: Sendable {
 
         static func parse(_ payload: [UInt8]) -> Claims? {
             payload.withUnsafeBufferPointer { buffer -> Claims? in
-                var scanner = JSONScanner(
-                    buffer, limits: JSONLimits(maxDepth: 8, maxStringBytes: 4096, maxBytes: 16 * 1024))
+                var scanner = JSONScanner(buffer, limits: JSONLimits(maxStringBytes: 4096))
                 var sub: String?
                 var iss: String?
                 var exp: Double?
@@ -363,7 +394,10 @@ public final class TokenIssuer: Sendable {
                                 sessionID = .some(nil)
                             }
                         default:
+                            // A value refused in a claim read so far still refuses the token.
+                            if scanner.takeViolation() != nil { valid = false }
                             try scanner.skipValue()
+                            _ = scanner.takeViolation()
                         }
                     }
                     try scanner.expectEnd()
@@ -406,6 +440,7 @@ public final class TokenIssuer: Sendable {
             claims.nbf.map({ Self.seconds($0).map { $0 <= now + Self.leeway } ?? false }) ?? true
         else { throw AuthError.badJWT }
         let verified = AccessClaims(userID: user, sessionID: session, expiresAt: expiry)
+        guard token.utf8.count <= KeySet.verifiedTokenMaxBytes else { return verified }
         keySet.withLock { set in
             // Only for the keys it was checked with: a reload in between leaves it out.
             guard set.generation == generation else { return }

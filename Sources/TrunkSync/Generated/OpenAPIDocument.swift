@@ -780,7 +780,7 @@ public enum OpenAPIDocument {
           "auth"
         ],
         "summary": "Update the user's metadata",
-        "description": "Merges `data` into `user_metadata`; `data.full_name` is also the profile's name. Body at most 64 KiB.",
+        "description": "Merges `data` into `user_metadata`; `data.full_name` is also the profile's name. Body at most 64 KiB; the merged `user_metadata` at most 16 KiB as stored (every access token carries it).",
         "requestBody": {
           "required": true,
           "content": {
@@ -816,7 +816,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`bad_json` (not a JSON object) or `validation_failed` (a member of the wrong type, `data.full_name` neither a string nor null).",
+            "description": "`bad_json` (not a JSON object) or `validation_failed` (a member of the wrong type, `data.full_name` neither a string nor null, or `user_metadata` over 16 KiB once merged).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -1722,7 +1722,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST102` (not JSON, not an object or array of objects), `PGRST204` (unknown member), `validation_failed` (events that break the rules every event follows — the same rules and `details` as `POST /sync/v1/events`), or a query error (`PGRST100`, `42703`, `22P02`).",
+            "description": "`PGRST102` (not JSON, not an object or array of objects), `PGRST204` (unknown member), `validation_failed` (events that break the rules every event follows — the same rules and `details` as `POST /sync/v1/events`), or a query error (`PGRST100`, `42703`, `22P02`); `validation_failed` also for `Prefer: return=representation` with more than 1000 rows (nothing is stored).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -2037,7 +2037,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST102` (not a JSON object), `PGRST204` (unknown member, or no `full_name`), `22P02` (a value of the wrong type) or a query error (`PGRST100`, `42703`).",
+            "description": "`PGRST102` (not a JSON object), `PGRST204` (unknown member, or no `full_name`), `22P02` (a value of the wrong type) or a query error (`PGRST100`, `42703`), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -2061,7 +2061,8 @@ public enum OpenAPIDocument {
                         "PGRST204",
                         "22P02",
                         "PGRST100",
-                        "42703"
+                        "42703",
+                        "validation_failed"
                       ]
                     }
                   }
@@ -2174,7 +2175,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST102` (not a JSON object, or an array of other than one), `PGRST204`, `22P02` or a query error (`PGRST100`, `42703`).",
+            "description": "`PGRST102` (not a JSON object, or an array of other than one), `PGRST204`, `22P02` or a query error (`PGRST100`, `42703`), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -2198,7 +2199,8 @@ public enum OpenAPIDocument {
                         "PGRST204",
                         "22P02",
                         "PGRST100",
-                        "42703"
+                        "42703",
+                        "validation_failed"
                       ]
                     }
                   }
@@ -4190,10 +4192,10 @@ public enum OpenAPIDocument {
         "name": "order",
         "in": "query",
         "required": false,
-        "description": "Comma-separated `column[.asc|.desc][.nullsfirst|.nullslast]`.",
+        "description": "Comma-separated `column[.asc|.desc][.nullsfirst|.nullslast]`; not `payload` (ordering by it would read every payload of the user on each request).",
         "schema": {
           "type": "string",
-          "pattern": "^(id|user_id|seq|type|payload|client_id|client_timestamp|created_at)(\\.(asc|desc|nullsfirst|nullslast)){0,2}(,(id|user_id|seq|type|payload|client_id|client_timestamp|created_at)(\\.(asc|desc|nullsfirst|nullslast)){0,2})*$"
+          "pattern": "^(id|user_id|seq|type|client_id|client_timestamp|created_at)(\\.(asc|desc|nullsfirst|nullslast)){0,2}(,(id|user_id|seq|type|client_id|client_timestamp|created_at)(\\.(asc|desc|nullsfirst|nullslast)){0,2})*$"
         },
         "examples": {
           "newest first": {

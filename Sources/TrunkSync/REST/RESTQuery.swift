@@ -94,7 +94,13 @@ struct RESTQuery: Sendable {
                     guard let first = parts.first, parts.count <= 3 else {
                         throw RESTError.parse("failed to parse order (\(term))")
                     }
-                    var order = Order(column: try column(first), descending: false, nullsFirst: nil)
+                    let target = try column(first)
+                    // A sort by `jsonb` reads every payload of the user, whatever the limit.
+                    guard target.kind != .json else {
+                        throw RESTError.parse(
+                            "failed to parse order (\(term))", details: "ordering by JSON columns is not supported")
+                    }
+                    var order = Order(column: target, descending: false, nullsFirst: nil)
                     for modifier in parts.dropFirst() {
                         switch modifier {
                         case "asc": order.descending = false

@@ -175,6 +175,21 @@ public struct RESTRoutes: Sendable {
         let query = try RESTQuery.parse(request, table: "events", columns: Self.eventColumns)
         let preferences = Self.preferences(request)
         let events = try RESTInsert.parseEvents(request.body, caller: user, columns: query.insertColumns)
+        if preferences.representation {
+            // Refused before anything is stored. An answer holds at most `maxRows` rows, as a
+            // select's: a 10 MiB body of small events whose payloads print large (`1e308`
+            // is 309 digits) would otherwise be answered with hundreds of megabytes.
+            guard events.count <= Self.maxRows else {
+                throw APIError(
+                    status: 400, code: "validation_failed",
+                    message:
+                        "Prefer: return=representation answers at most \(Self.maxRows) rows: insert at most "
+                        + "\(Self.maxRows) rows per request, or use return=minimal",
+                    details: .text("\(events.count) rows"))
+            }
+            // PostgREST rolls such an insert back; here nothing is stored in the first place.
+            if Self.wantsObject(request), events.count != 1 { throw RESTError.singular(events.count) }
+        }
         guard !events.isEmpty else {
             return preferences.representation ? .json(.created, "[]") : HTTPResponse(status: .created)
         }
@@ -214,14 +229,19 @@ public struct RESTRoutes: Sendable {
         let change = try RESTInsert.parseProfile(request.body, caller: user, allowArray: upsert)
         let rows = try await database.transaction(as: .user(user)) { tx in
             let filters = query.whereClause(startingAt: 3)
-            return try await tx.query(
+            // The metadata's size comes last, after the columns the answer writes.
+            let rows = try await tx.query(
                 """
                 update users set full_name = $2, updated_at = now(),
                   user_metadata = case when $2::text is null then user_metadata - 'full_name'
                                   else user_metadata || jsonb_build_object('full_name', $2::text) end
                 where id = $1\(filters.sql)
-                returning \(query.columns.map(\.sql).joined(separator: ", "))
+                returning \((query.columns.map(\.sql) + [UserRecord.metadataSize]).joined(separator: ", "))
                 """, binds: [user.postgresBind, (change.fullName ?? nil).postgresBind] + filters.binds)
+            for row in rows {
+                try UserRecord.checkMetadataSize(try row.decode(Int.self, column: query.columns.count))
+            }
+            return rows
         }
         // Realtime's `profiles` subscribers (on any instance) hear of it as of an event.
         if rows.count > 0 { await store.announce(user) }

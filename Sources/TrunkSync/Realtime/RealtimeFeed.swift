@@ -162,14 +162,22 @@ public final class RealtimeFeed: Sendable {
 
     func recordSent(_ count: Int) { sent.increment(by: count) }
 
-    /// Once a second: ends the channels whose access token expired.
+    /// Once a second: ends the channels whose access token expired, and those whose session
+    /// was revoked. A revocation usually ends its channels at once (it wakes the user's hub),
+    /// but not one it raced: a channel registered with its hub just after the wake-up (its
+    /// token was checked before the revocation), or a revocation learnt without one (the
+    /// reload after the listener reconnected). As the event streams' tick does.
     private func tick() async {
         while !Task.isCancelled {
             try? await Task.sleep(for: .seconds(1))
             let channels = state.withLock { Array($0.channels.values) }
             let now = AuthService.now()
-            for channel in channels where now >= channel.expiresAt {
-                end(channel, reason: "Token has expired; send a fresh access_token and rejoin")
+            for channel in channels {
+                if now >= channel.expiresAt {
+                    end(channel, reason: "Token has expired; send a fresh access_token and rejoin")
+                } else if let revocations, revocations.isRevoked(channel.session) {
+                    end(channel, reason: "The session was signed out")
+                }
             }
         }
     }

@@ -91,7 +91,16 @@ struct RealtimeSession {
         }
     }
 
+    /// The longest topic a channel may have. Every message on the channel repeats it: a
+    /// topic near the message limit (64 KiB) on each of a user's 100 channels made each
+    /// pushed event of a few bytes cost 6 MB of messages to write.
+    static let maxTopicBytes = 256
+
     private mutating func join(_ message: PhoenixMessage) async {
+        guard message.topic.utf8.count <= Self.maxTopicBytes else {
+            reply(to: message, error: "a topic is at most \(Self.maxTopicBytes) bytes")
+            return
+        }
         if let old = channels.removeValue(forKey: message.topic) { feed.leave(old) }
         guard channels.count < feed.settings.maxChannelsPerSocket else {
             reply(to: message, error: "this socket has \(feed.settings.maxChannelsPerSocket) channels joined already")
