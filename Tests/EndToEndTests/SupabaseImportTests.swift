@@ -554,13 +554,15 @@ final class SupabaseImportTests: EndToEndTestCase {
         let signedOut = try addOpaqueSession(source, user: ada, tokens: ["adaSignedOut"])
         let tokensRevoked = try addOpaqueSession(source, user: ada, tokens: ["adaRevokedThere"])
         let kept = try addOpaqueSession(source, user: ada, tokens: ["adaKept"])
+        let expiring = try addOpaqueSession(
+            source, user: ada, tokens: ["adaExpiring"], notAfter: "2999-01-01 00:00:00+00")
         let (signedSession, signedToken) = try addSignedSession(source, user: ada, counter: 3)
         _ = try addOpaqueSession(source, user: bob, tokens: ["bobLive"])
         _ = try addOpaqueSession(source, user: carol, tokens: ["carolLive"])
         let server = try startServer()
         var (result, report, _) = try importCommand(server, from: source.url)
         XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
-        XCTAssertEqual(counts(report, "sessions")["imported"], 6)
+        XCTAssertEqual(counts(report, "sessions")["imported"], 7)
         XCTAssertEqual(report?["sessions_revoked"] as? Int, 0)
 
         // Ada's new-app device signs in on trunk-sync; her old-app devices still use the
@@ -574,6 +576,8 @@ final class SupabaseImportTests: EndToEndTestCase {
             try source.admin.query("delete from auth.sessions where id = $1", session)
         }
         try source.admin.query("update auth.refresh_tokens set revoked = true where session_id = $1", tokensRevoked)
+        try source.admin.query(
+            "update auth.sessions set not_after = now() - interval '1 minute' where id = $1", expiring)
         try source.admin.query("update auth.users set banned_until = now() + interval '1 day' where id = $1", bob)
         try source.admin.query("update auth.users set deleted_at = now() where id = $1", carol)
 
@@ -581,24 +585,24 @@ final class SupabaseImportTests: EndToEndTestCase {
         func count(_ sql: String) throws -> Int64 { try db.query(sql)[0].decode(Int64.self, column: 0) }
         (result, report, _) = try importCommand(server, from: source.url, ["--dry-run"])
         XCTAssertEqual(result.status, 3, "Bob and Carol are rejected now: " + result.stderr + result.stdout)
-        XCTAssertEqual(report?["sessions_revoked"] as? Int, 5)
+        XCTAssertEqual(report?["sessions_revoked"] as? Int, 6)
         XCTAssertEqual(try count("select count(*) from sessions where revoked_at is not null"), 0)
         XCTAssertEqual(try count("select count(*) from refresh_tokens where revoked_at is not null"), 0)
         XCTAssertEqual(try count("select count(*) from session_revocations"), 0)
 
         (result, report, _) = try importCommand(server, from: source.url)
         XCTAssertEqual(result.status, 3, result.stderr + result.stdout)
-        XCTAssertEqual(report?["sessions_revoked"] as? Int, 5)
+        XCTAssertEqual(report?["sessions_revoked"] as? Int, 6)
         XCTAssertEqual(counts(report, "sessions")["imported"], 0)
         // Announced as any revocation: the signed-out session's access token stops.
         XCTAssertTrue(
             try eventually(within: 10) {
                 try send(server, "GET", "/sync/v1/events?after=0", token: hostedAccess).status == 401
             })
-        for token in ["adaSignedOut", "adaRevokedThere", signedToken, "bobLive", "carolLive"] {
+        for token in ["adaSignedOut", "adaRevokedThere", "adaExpiring", signedToken, "bobLive", "carolLive"] {
             XCTAssertEqual(try refreshStatus(server, token), 400, token)
         }
-        XCTAssertEqual(try count("select count(*) from sessions where revoked_at is not null"), 5)
+        XCTAssertEqual(try count("select count(*) from sessions where revoked_at is not null"), 6)
         XCTAssertEqual(
             try count(
                 "select count(*) from refresh_tokens t join sessions s on s.id = t.session_id"
@@ -647,6 +651,20 @@ final class SupabaseImportTests: EndToEndTestCase {
             try db.query("select revoked_at is null from sessions where id = $1", deleted)[0].decode(
                 Bool.self, column: 0),
             true)
+
+        // The server's role cannot read the record; an account deleted as the server does it
+        // (its role, the user's scope) takes the user's rows in it along.
+        try db.execute("begin; set local role trunk_sync_app")
+        try db.query("select set_config('app.user_id', $1, true)", ada.uuidString)
+        XCTAssertEqual(try db.query("delete from users where id = $1", ada).affectedRows, 1)
+        try db.execute("commit")
+        XCTAssertEqual(
+            try db.query("select count(*) from supabase_imported_sessions")[0].decode(Int64.self, column: 0), 0)
+        try db.execute("begin; set local role trunk_sync_app")
+        XCTAssertThrowsError(try db.query("select count(*) from supabase_imported_sessions")) {
+            XCTAssertEqual(($0 as? PostgresError)?.sqlState, .insufficientPrivilege)
+        }
+        try db.execute("rollback")
     }
 
     /// A re-run reads again only the users whose count of source events changed. A source
