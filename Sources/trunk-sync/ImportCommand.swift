@@ -98,6 +98,10 @@ struct ImportCommand: AsyncParsableCommand {
             if report.sessionsWithoutToken > 0 {
                 lines.append("\(report.sessionsWithoutToken) session(s) not imported: no live refresh token")
             }
+            if report.sessionsRevoked > 0 {
+                let verb = report.dryRun ? "would be revoked" : "revoked"
+                lines.append("\(report.sessionsRevoked) imported session(s) \(verb): ended on the hosted project")
+            }
             for conflict in report.conflicts {
                 lines.append(
                     "conflict: \(conflict.email) (source user \(conflict.sourceID)) belongs to another trunk-sync user; not merged"

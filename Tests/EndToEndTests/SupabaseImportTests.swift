@@ -526,6 +526,147 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertGreaterThanOrEqual(revoked.status, 400, "a session revoked here is not revived by an import")
     }
 
+    /// A session opened on trunk-sync itself (`trunk-sync token`): its access and refresh tokens.
+    func nativeSession(_ server: ServerProcess, _ email: String) throws -> (access: String, refresh: String) {
+        let result = try Command.run(
+            Command.trunkSyncBinary(), ["token", "--email", email], environment: server.environment)
+        XCTAssertEqual(result.status, 0, result.stderr)
+        let object = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any])
+        return (try XCTUnwrap(object["access_token"] as? String), try XCTUnwrap(object["refresh_token"] as? String))
+    }
+
+    func refreshStatus(_ server: ServerProcess, _ token: String) throws -> Int {
+        try send(server, "POST", "/auth/v1/token?grant_type=refresh_token", body: #"{"refresh_token":"\#(token)"}"#)
+            .status
+    }
+
+    /// After a first import, old-app users go on signing out on the hosted project (which
+    /// deletes the session there; "everywhere" deletes them all), a session has every
+    /// refresh token revoked there, users get banned or deleted softly. The next run ends
+    /// the sessions it imported for them here as a sign-out here does — refresh tokens
+    /// refused, access tokens stopped — and leaves alone the sessions the hosted project
+    /// keeps and those users opened on trunk-sync. A dry run counts them and changes nothing.
+    func testSessionsEndedOnTheHostedProjectAfterAnImportAreRevokedHere() throws {
+        let source = try makeSource()
+        let ada = try addUser(source, email: "ada@example.com")
+        let bob = try addUser(source, email: "bob@example.com")
+        let carol = try addUser(source, email: "carol@example.com")
+        let signedOut = try addOpaqueSession(source, user: ada, tokens: ["adaSignedOut"])
+        let tokensRevoked = try addOpaqueSession(source, user: ada, tokens: ["adaRevokedThere"])
+        let kept = try addOpaqueSession(source, user: ada, tokens: ["adaKept"])
+        let expiring = try addOpaqueSession(
+            source, user: ada, tokens: ["adaExpiring"], notAfter: "2999-01-01 00:00:00+00")
+        let (signedSession, signedToken) = try addSignedSession(source, user: ada, counter: 3)
+        _ = try addOpaqueSession(source, user: bob, tokens: ["bobLive"])
+        _ = try addOpaqueSession(source, user: carol, tokens: ["carolLive"])
+        let server = try startServer()
+        var (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        XCTAssertEqual(counts(report, "sessions")["imported"], 7)
+        XCTAssertEqual(report?["sessions_revoked"] as? Int, 0)
+
+        // Ada's new-app device signs in on trunk-sync; her old-app devices still use the
+        // hosted project's tokens.
+        let native = try nativeSession(server, "ada@example.com")
+        let hostedAccess = Self.hostedAccessToken(user: ada, session: signedOut, email: "ada@example.com")
+        let keptAccess = Self.hostedAccessToken(user: ada, session: kept, email: "ada@example.com")
+        XCTAssertEqual(try send(server, "GET", "/sync/v1/events?after=0", token: hostedAccess).status, 200)
+
+        for session in [signedOut, signedSession] {
+            try source.admin.query("delete from auth.sessions where id = $1", session)
+        }
+        try source.admin.query("update auth.refresh_tokens set revoked = true where session_id = $1", tokensRevoked)
+        try source.admin.query(
+            "update auth.sessions set not_after = now() - interval '1 minute' where id = $1", expiring)
+        try source.admin.query("update auth.users set banned_until = now() + interval '1 day' where id = $1", bob)
+        try source.admin.query("update auth.users set deleted_at = now() where id = $1", carol)
+
+        let db = try destination(server)
+        func count(_ sql: String) throws -> Int64 { try db.query(sql)[0].decode(Int64.self, column: 0) }
+        (result, report, _) = try importCommand(server, from: source.url, ["--dry-run"])
+        XCTAssertEqual(result.status, 3, "Bob and Carol are rejected now: " + result.stderr + result.stdout)
+        XCTAssertEqual(report?["sessions_revoked"] as? Int, 6)
+        XCTAssertEqual(try count("select count(*) from sessions where revoked_at is not null"), 0)
+        XCTAssertEqual(try count("select count(*) from refresh_tokens where revoked_at is not null"), 0)
+        XCTAssertEqual(try count("select count(*) from session_revocations"), 0)
+
+        (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 3, result.stderr + result.stdout)
+        XCTAssertEqual(report?["sessions_revoked"] as? Int, 6)
+        XCTAssertEqual(counts(report, "sessions")["imported"], 0)
+        // Announced as any revocation: the signed-out session's access token stops.
+        XCTAssertTrue(
+            try eventually(within: 10) {
+                try send(server, "GET", "/sync/v1/events?after=0", token: hostedAccess).status == 401
+            })
+        for token in ["adaSignedOut", "adaRevokedThere", "adaExpiring", signedToken, "bobLive", "carolLive"] {
+            XCTAssertEqual(try refreshStatus(server, token), 400, token)
+        }
+        XCTAssertEqual(try count("select count(*) from sessions where revoked_at is not null"), 6)
+        XCTAssertEqual(
+            try count(
+                "select count(*) from refresh_tokens t join sessions s on s.id = t.session_id"
+                    + " where s.revoked_at is not null and t.revoked_at is null"), 0)
+        // The session the hosted project keeps, and the one opened here, go on.
+        XCTAssertEqual(try send(server, "GET", "/sync/v1/events?after=0", token: keptAccess).status, 200)
+        XCTAssertEqual(try send(server, "GET", "/sync/v1/events?after=0", token: native.access).status, 200)
+        XCTAssertEqual(try refreshStatus(server, "adaKept"), 200)
+        XCTAssertEqual(try refreshStatus(server, native.refresh), 200)
+
+        (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(report?["sessions_revoked"] as? Int, 0, "nothing more ended")
+    }
+
+    /// A database an import filled before the import recorded its sessions: a re-run
+    /// recognises that run's sessions by the ids the source still has (ended there or not),
+    /// records them and ends those the source ended. One whose source row is gone cannot be
+    /// told from a session opened here, and is neither recorded nor touched.
+    func testSessionsImportedBeforeTheRecordAreRecognisedByTheSourceIDs() throws {
+        let source = try makeSource()
+        let ada = try addUser(source, email: "ada@example.com")
+        let revoked = try addOpaqueSession(source, user: ada, tokens: ["adaRevoked"])
+        let deleted = try addOpaqueSession(source, user: ada, tokens: ["adaDeleted"])
+        let kept = try addOpaqueSession(source, user: ada, tokens: ["adaKept"])
+        let server = try startServer()
+        var (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        let db = try destination(server)
+        try db.execute("delete from supabase_imported_sessions")  // as before migration 0015
+        let native = try nativeSession(server, "ada@example.com")
+
+        try source.admin.query("update auth.refresh_tokens set revoked = true where session_id = $1", revoked)
+        try source.admin.query("delete from auth.sessions where id = $1", deleted)
+        (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        XCTAssertEqual(report?["sessions_revoked"] as? Int, 1)
+        XCTAssertEqual(try refreshStatus(server, "adaRevoked"), 400)
+        XCTAssertEqual(try refreshStatus(server, "adaKept"), 200)
+        XCTAssertEqual(try refreshStatus(server, native.refresh), 200)
+        let recorded = Set(
+            try db.query("select session_id from supabase_imported_sessions").map {
+                try $0.decode(UUID.self, column: 0)
+            })
+        XCTAssertEqual(recorded, [revoked, kept])
+        XCTAssertEqual(
+            try db.query("select revoked_at is null from sessions where id = $1", deleted)[0].decode(
+                Bool.self, column: 0),
+            true)
+
+        // The server's role cannot read the record; an account deleted as the server does it
+        // (its role, the user's scope) takes the user's rows in it along.
+        try db.execute("begin; set local role trunk_sync_app")
+        try db.query("select set_config('app.user_id', $1, true)", ada.uuidString)
+        XCTAssertEqual(try db.query("delete from users where id = $1", ada).affectedRows, 1)
+        try db.execute("commit")
+        XCTAssertEqual(
+            try db.query("select count(*) from supabase_imported_sessions")[0].decode(Int64.self, column: 0), 0)
+        try db.execute("begin; set local role trunk_sync_app")
+        XCTAssertThrowsError(try db.query("select count(*) from supabase_imported_sessions")) {
+            XCTAssertEqual(($0 as? PostgresError)?.sqlState, .insufficientPrivilege)
+        }
+        try db.execute("rollback")
+    }
+
     /// A re-run reads again only the users whose count of source events changed. A source
     /// event that changed without changing the count (a refused payload fixed by the
     /// operator; an event deleted and another recorded) is found by the verification: that
@@ -712,7 +853,9 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertEqual(counts(report, "events")["rejected"], 1)
         XCTAssertEqual(counts(report, "sessions")["imported"], 1)
         let db = try destination(server)
-        for table in ["users", "events", "sessions", "refresh_tokens", "supabase_import_progress"] {
+        for table in [
+            "users", "events", "sessions", "refresh_tokens", "supabase_import_progress", "supabase_imported_sessions",
+        ] {
             XCTAssertEqual(try db.query("select count(*) from \(table)")[0].decode(Int64.self, column: 0), 0, table)
         }
         XCTAssertFalse(FileManager.default.fileExists(atPath: rejectFile), "a dry run writes no reject file")

@@ -13,6 +13,9 @@ final class ImportRun {
     /// Source users not imported this run (rejected, or an email conflict): their events and
     /// sessions are rejected too, and the verification leaves them out.
     var notImported = Set<String>()
+    /// Of those, the users rejected for what the source holds (banned or deleted softly
+    /// there, no email address…): the sessions an earlier run imported for them end here.
+    var endedAtSource = Set<String>()
     /// Users the verification found events missing for: their counts are forgotten after
     /// it, so the next run reads them again (a source event that changed without changing
     /// its user's count — a refused one fixed, one deleted and another recorded — is found
@@ -96,6 +99,7 @@ final class ImportRun {
                 if let reason = try row.decode(String?.self, column: 8) {
                     report.users.rejected += 1
                     notImported.insert(id)
+                    endedAtSource.insert(id)
                     reject("auth.users", id, reason)
                     continue
                 }
@@ -103,6 +107,7 @@ final class ImportRun {
                 guard let email = Email(raw), email.value.utf8.count <= 320 else {
                     report.users.rejected += 1
                     notImported.insert(id)
+                    endedAtSource.insert(id)
                     reject("auth.users", id, "email is not a valid address")
                     continue
                 }
@@ -187,20 +192,32 @@ final class ImportRun {
 
     private func sessions() throws {
         var copy = CopyText()
+        // Every source session (id, user, whether it lives on there), kept in
+        // `import_source_sessions` for the end of the phase.
+        var sourceRows = CopyText()
         let batchSize = min(options.batchSize, 1000)
         try source.stream(source.sessionsQuery, batch: batchSize) { rows in
             copy.removeAll()
+            sourceRows.removeAll()
+            var live: [String: Bool] = [:]  // session id → whether it lives on at the source
             var opaque: [String: String] = [:]  // session id → user id, sessions that need a look-up
             var meta: [String: (user: String, createdAt: String, aal: String)] = [:]
             for row in rows {
-                report.sessions.read += 1
                 let id = try row.decode(String.self, column: 0)
                 let user = try row.decode(String.self, column: 1)
+                guard try row.decode(Bool.self, column: 6) else {
+                    live[id] = false  // past its not_after
+                    continue
+                }
+                report.sessions.read += 1
                 if notImported.contains(user) {
                     report.sessions.rejected += 1
                     reject("auth.sessions", id, "its user was not imported")
+                    // A conflict, or a user deleted here, is nothing the source ended.
+                    live[id] = !endedAtSource.contains(user)
                     continue
                 }
+                live[id] = true
                 meta[id] = (user, try row.decode(String.self, column: 2), try row.decode(String.self, column: 3))
                 if let stored = try row.decode(String?.self, column: 4), let sessionID = UUIDText.parse(id) {
                     switch SupabaseRefreshToken.key(stored: stored) {
@@ -224,10 +241,20 @@ final class ImportRun {
                     found.insert(id)
                     append(&copy, id, meta[id], token: try row.decode(String.self, column: 1))
                 }
-                report.sessionsWithoutToken += opaque.keys.filter { !found.contains($0) }.count
+                let without = opaque.keys.filter { !found.contains($0) }
+                report.sessionsWithoutToken += without.count
+                for id in without { live[id] = false }  // every refresh token revoked there
             }
-            guard !copy.isEmpty else { return 0 }
+            for row in rows {
+                let id = try row.decode(String.self, column: 0)
+                sourceRows.field(id)
+                sourceRows.field(try row.decode(String.self, column: 1))
+                sourceRows.field(live[id] == true ? "t" : "f")
+                sourceRows.endRow()
+            }
             try batch {
+                try destination.copyIn("copy import_source_sessions from stdin", data: sourceRows.bytes)
+                guard !copy.isEmpty else { return }
                 try destination.execute("truncate import_sessions")
                 try destination.copyIn("copy import_sessions from stdin", data: copy.bytes)
                 for row in try destination.query(Self.sessionsOfMissingUsers) {
@@ -239,6 +266,10 @@ final class ImportRun {
                 report.sessions.imported += Int(try counts.decode(Int64.self, column: 1))
             }
             return 0
+        }
+        try batch {
+            let ended = try destination.query(Self.endSessions)[0]
+            report.sessionsRevoked += Int(try ended.decode(Int64.self, column: 0))
         }
     }
 
@@ -265,7 +296,8 @@ final class ImportRun {
     /// hosted project went on rotating them for clients still on the old app, whose next
     /// refresh against trunk-sync must work; the tokens an earlier run brought that the
     /// hosted project has rotated away since (not live there any more) are revoked here, as
-    /// they are there. Returns: already there, imported.
+    /// they are there. Each session inserted is recorded as imported
+    /// (`supabase_imported_sessions`), for `endSessions`. Returns: already there, imported.
     static let insertSessions = """
         with there as (select count(distinct s.id) n from import_sessions s where exists (select from sessions x where x.id = s.id)),
         ins as (
@@ -275,6 +307,9 @@ final class ImportRun {
           where exists (select from users u where u.id = s.user_id) and not exists (select from sessions x where x.id = s.id)
           on conflict (id) do nothing
           returning id
+        ),
+        recorded as (
+          insert into supabase_imported_sessions (session_id) select id from ins on conflict (session_id) do nothing
         ),
         tokens as (
           insert into refresh_tokens (session_id, user_id, token_hash)
@@ -291,6 +326,35 @@ final class ImportRun {
             and t.token_hash <> all (select s.token_hash from import_sessions s where s.id = t.session_id)
         )
         select (select n from there), (select count(*) from ins), (select count(*) from tokens)
+        """
+
+    /// After the sessions phase, with every source session in `import_source_sessions`:
+    /// records as imported the sessions here that have a source session's id and user (an
+    /// earlier run's, from before the record existed: a session trunk-sync opened has an id
+    /// of its own), then revokes the imported sessions the source no longer has live
+    /// (deleted there, every refresh token revoked, past `not_after`, or their user
+    /// rejected: banned, deleted softly), with their refresh tokens, as a sign-out does:
+    /// the revocation trigger (migration 0004) announces each one, so their access tokens
+    /// stop on every server. Sessions opened here are never touched. Returns: revoked.
+    static let endSessions = """
+        with here as (
+          select s.id from import_source_sessions s join sessions x on x.id = s.id and x.user_id = s.user_id
+        ),
+        recorded as (
+          insert into supabase_imported_sessions (session_id) select id from here on conflict (session_id) do nothing
+        ),
+        ended as (
+          update sessions x set revoked_at = now()
+          from (select session_id as id from supabase_imported_sessions union select id from here) imported
+          where x.id = imported.id and x.revoked_at is null
+            and not exists (select from import_source_sessions s where s.id = x.id and s.live)
+          returning x.id
+        ),
+        tokens as (
+          update refresh_tokens t set revoked_at = now()
+          where t.session_id in (select id from ended) and t.revoked_at is null
+        )
+        select count(*) from ended
         """
 
     // MARK: - Events

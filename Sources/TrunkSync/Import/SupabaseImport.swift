@@ -28,7 +28,8 @@ public enum ImportError: Error, CustomStringConvertible {
 ///   moment loses at most the batch in flight and a re-run finishes the job: users are
 ///   matched by id, events by `(user_id, client_id)`, sessions by id, and each user's count
 ///   of source events read is committed with the batch (`supabase_import_progress`), so a
-///   re-run reads only the users whose count changed.
+///   re-run reads only the users whose count changed. Sessions it inserts are recorded
+///   (`supabase_imported_sessions`); each run revokes those the source has ended since.
 /// - Events get `seq` after the user's `last_seq` (after what they pushed meanwhile), in the
 ///   source's order (time, then id), under the user's row lock as a push takes it; each
 ///   committed batch is announced on `trunk_sync_events` as a push is. A user with no event
@@ -153,6 +154,10 @@ public struct SupabaseImport: Sendable {
         public var sessionsUndecryptable = 0
         /// Sessions with no live refresh token (every one revoked): nothing to continue.
         public var sessionsWithoutToken = 0
+        /// Sessions an import brought over that the hosted project ended since (signed out,
+        /// every refresh token revoked, expired, or the user banned, deleted softly or
+        /// deleted), revoked here as a sign-out revokes them.
+        public var sessionsRevoked = 0
         public var conflicts: [Conflict] = []
         public var verification = Verification()
         public var rejectFile: String?
@@ -170,6 +175,7 @@ public struct SupabaseImport: Sendable {
             case eventsRetimed = "events_retimed"
             case sessionsUndecryptable = "sessions_undecryptable"
             case sessionsWithoutToken = "sessions_without_token"
+            case sessionsRevoked = "sessions_revoked"
             case conflicts, verification
             case rejectFile = "reject_file"
             case seconds
@@ -224,6 +230,7 @@ public struct SupabaseImport: Sendable {
             create temp table import_seen (user_id uuid, n bigint);
             create temp table import_counts (user_id uuid primary key, n bigint);
             create temp table import_sessions (id uuid, user_id uuid, created_at timestamptz, aal text, token_hash bytea);
+            create temp table import_source_sessions (id uuid primary key, user_id uuid, live bool);
             """)
         return connection
     }

@@ -189,15 +189,17 @@ struct SupabaseSource {
         join public.events e on e.user_id = k.user_id and e.client_id = k.client_id
         """
 
-    /// Sessions that have not ended: not past `not_after`. Columns: id, user_id, created_at,
-    /// aal, HMAC key (signed tokens), counter.
+    /// Every session, and whether it has not ended (not past `not_after`): the import takes
+    /// those, and ends here the sessions it imported that are missing or ended. Columns: id,
+    /// user_id, created_at, aal, HMAC key (signed tokens), counter, not ended.
     var sessionsQuery: String {
         let signed =
             hasSignedRefreshTokens
             ? "s.refresh_token_hmac_key::text, s.refresh_token_counter::text" : "null::text, null::text"
         return """
-            select s.id::text, s.user_id::text, coalesce(s.created_at, now())::text, coalesce(s.aal::text, 'aal1'), \(signed)
-            from auth.sessions s where s.not_after is null or s.not_after > now() order by s.id
+            select s.id::text, s.user_id::text, coalesce(s.created_at, now())::text, coalesce(s.aal::text, 'aal1'), \(signed),
+                   s.not_after is null or s.not_after > now()
+            from auth.sessions s order by s.id
             """
     }
 
