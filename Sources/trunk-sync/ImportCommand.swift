@@ -35,6 +35,13 @@ struct ImportCommand: AsyncParsableCommand {
         @Option(help: "Where rejected rows go, as JSON lines {table, id, reason}.")
         var rejectFile = "trunk-sync-import-rejects.jsonl"
         @Flag(help: "Read and check everything, write nothing, and report what would happen.") var dryRun = false
+        @Flag(
+            help: """
+                Revoke the imported sessions the project no longer has live even when they are most of them \
+                (more than 10 and more than half: without it such a run stops before revoking any, as --from \
+                then more likely names another database than the project they came from).
+                """)
+        var revokeEndedSessions = false
         @Flag(help: "Print the report as JSON.") var json = false
         @Option(help: "Rows per batch (each batch commits on its own).") var batchSize = 10_000
 
@@ -51,6 +58,7 @@ struct ImportCommand: AsyncParsableCommand {
                     destination: try PostgresConfiguration(try configuration.requireMigrationDatabaseURL()),
                     migrations: try Migration.load(from: configuration.migrationsDirectory), rejectFile: rejectFile)
                 settings.dryRun = dryRun
+                settings.revokeEndedSessions = revokeEndedSessions
                 settings.batchSize = batchSize
                 if isatty(STDERR_FILENO) == 1 { settings.progress = ProgressLine().update }
                 let work = SupabaseImport(settings)

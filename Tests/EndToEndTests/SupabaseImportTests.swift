@@ -617,6 +617,43 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertEqual(report?["sessions_revoked"] as? Int, 0, "nothing more ended")
     }
 
+    /// `--from` naming another database (here: another project) would end every imported
+    /// session at once: the run stops before revoking any, unless told to.
+    func testMostImportedSessionsEndingAtOnceStopsTheRunUnlessTold() throws {
+        let source = try makeSource()
+        var tokens: [String] = []
+        for index in 0..<12 {
+            let user = try addUser(source, email: "user\(index)@example.com")
+            tokens.append("live\(index)")
+            _ = try addOpaqueSession(source, user: user, tokens: [tokens[index]])
+        }
+        let server = try startServer()
+        var (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        XCTAssertEqual(counts(report, "sessions")["imported"], 12)
+
+        let other = try makeSource()
+        _ = try addUser(other, email: "someone@example.com")
+        let db = try destination(server)
+        func revoked() throws -> Int64 {
+            try db.query("select count(*) from sessions where revoked_at is not null")[0].decode(Int64.self, column: 0)
+        }
+        (result, report, _) = try importCommand(server, from: other.url, ["--dry-run"])
+        XCTAssertEqual(report?["sessions_revoked"] as? Int, 12, "a dry run shows it: " + result.stderr)
+        (result, _, _) = try importCommand(server, from: other.url)
+        XCTAssertEqual(result.status, 1, result.stdout)
+        XCTAssertTrue(result.stderr.contains("12 of the 12 sessions imported earlier"), result.stderr)
+        XCTAssertTrue(result.stderr.contains("--revoke-ended-sessions"), result.stderr)
+        XCTAssertEqual(try revoked(), 0, "nothing revoked")
+        XCTAssertEqual(try refreshStatus(server, tokens[0]), 200)
+
+        (result, report, _) = try importCommand(server, from: other.url, ["--revoke-ended-sessions"])
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        XCTAssertEqual(report?["sessions_revoked"] as? Int, 12)
+        XCTAssertEqual(try revoked(), 12)
+        XCTAssertEqual(try refreshStatus(server, tokens[1]), 400)
+    }
+
     /// A database an import filled before the import recorded its sessions: a re-run
     /// recognises that run's sessions by the ids the source still has (ended there or not),
     /// records them and ends those the source ended. One whose source row is gone cannot be

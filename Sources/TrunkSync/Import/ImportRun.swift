@@ -268,6 +268,16 @@ final class ImportRun {
             return 0
         }
         try batch {
+            let preview = try destination.query(Self.sessionsEnding)[0]
+            let ending = Int(try preview.decode(Int64.self, column: 0))
+            let live = Int(try preview.decode(Int64.self, column: 1))
+            if !options.dryRun, !options.revokeEndedSessions, Self.mostSessionsEnded(ending, of: live) {
+                throw ImportError.source(
+                    "\(ending) of the \(live) sessions imported earlier are not live in this project any more: "
+                        + "is --from the project they were imported from? Nothing was revoked (users and sessions "
+                        + "read so far are kept; a re-run goes on). If the hosted project did end them, run again "
+                        + "with --revoke-ended-sessions")
+            }
             let ended = try destination.query(Self.endSessions)[0]
             report.sessionsRevoked += Int(try ended.decode(Int64.self, column: 0))
         }
@@ -336,6 +346,26 @@ final class ImportRun {
     /// rejected: banned, deleted softly), with their refresh tokens, as a sign-out does:
     /// the revocation trigger (migration 0004) announces each one, so their access tokens
     /// stop on every server. Sessions opened here are never touched. Returns: revoked.
+    /// Whether `ending` of the `live` imported sessions is so many that `--from` more
+    /// likely names another database (a staging copy, an old backup, another project) than
+    /// the project they came from: more than 10 and more than half. An ordinary re-run
+    /// finds a few users signed out since; revoking most sessions at once signs most users
+    /// out, which the import never does without being told (`--revoke-ended-sessions`).
+    static func mostSessionsEnded(_ ending: Int, of live: Int) -> Bool { ending > 10 && ending * 2 > live }
+
+    /// The imported sessions `endSessions` would revoke, and all imported sessions live
+    /// here (the same `imported` set as there).
+    static let sessionsEnding = """
+        with imported as (
+          select session_id as id from supabase_imported_sessions
+          union
+          select s.id from import_source_sessions s join sessions x on x.id = s.id and x.user_id = s.user_id
+        )
+        select count(*) filter (where not exists (select from import_source_sessions s where s.id = x.id and s.live)),
+               count(*)
+        from sessions x join imported using (id) where x.revoked_at is null
+        """
+
     static let endSessions = """
         with here as (
           select s.id from import_source_sessions s join sessions x on x.id = s.id and x.user_id = s.user_id

@@ -48,6 +48,9 @@ public struct SupabaseImport: Sendable {
         public var rejectFile: String
         /// Check and count everything in one transaction rolled back at the end.
         public var dryRun = false
+        /// Revoke the imported sessions the source no longer has live even when they are
+        /// most of them (`--revoke-ended-sessions`; see `ImportRun.mostSessionsEnded`).
+        public var revokeEndedSessions = false
         /// Rows per batch.
         public var batchSize = 10_000
         /// Called with progress now and then (events read, events in total).
