@@ -2,7 +2,7 @@ import Foundation
 import JSON
 
 /// A column's value as a Realtime filter compares it.
-enum RealtimeValue: Sendable, Equatable, Comparable {
+enum RealtimeValue: Sendable, Hashable, Comparable {
     case null
     case int(Int64)
     case text(String)
@@ -57,7 +57,19 @@ struct RealtimeBinding: Sendable {
     struct Filter: Sendable {
         var column: String
         var op: Operator
-        var values: [RealtimeValue]
+        var values: [RealtimeValue] {
+            didSet { members = Set(values) }
+        }
+        /// `values` as a set: `in.(…)` is one look-up per change, not up to 100 comparisons
+        /// (every change is matched against every binding of the user's channels).
+        private(set) var members: Set<RealtimeValue>
+
+        init(column: String, op: Operator, values: [RealtimeValue]) {
+            self.column = column
+            self.op = op
+            self.values = values
+            members = Set(values)
+        }
 
         func matches(_ value: RealtimeValue) -> Bool {
             switch op {
@@ -67,7 +79,7 @@ struct RealtimeBinding: Sendable {
             case .lte: return value < values[0] || value == values[0]
             case .gt: return values[0] < value
             case .gte: return values[0] < value || value == values[0]
-            case .in: return values.contains(value)
+            case .in: return members.contains(value)
             }
         }
     }

@@ -22,6 +22,11 @@ public final class RealtimeFeed: Sendable {
         public var maxChannelsPerUser = Setting.realtimeMaxChannelsPerUser.integerDefault
         /// Most joined channels per socket. Default 100.
         public var maxChannelsPerSocket = 100
+        /// Most `postgres_changes` bindings of one user's joined channels together on this
+        /// instance: every change of the user's is matched against each of them, so this
+        /// bounds the work one commit causes (100 channels of 100 bindings would be 10,000
+        /// matches per event, 10 million for one push). Default 1,000.
+        public var maxBindingsPerUser = 1000
         /// Bytes a socket may have queued and not yet sent before it is closed (`1013`: the
         /// client reads too slowly). Default: setting `realtime_buffer`.
         public var bufferBytes = Setting.realtimeBuffer.integerDefault
@@ -37,6 +42,8 @@ public final class RealtimeFeed: Sendable {
     private struct State {
         var sockets = 0
         var channelsPerUser: [UUID: Int] = [:]
+        /// `postgres_changes` bindings of those channels together (`maxBindingsPerUser`).
+        var bindingsPerUser: [UUID: Int] = [:]
         var hubs: [UUID: RealtimeHub] = [:]
         var channels: [UInt64: RealtimeChannel] = [:]
         var nextID: UInt64 = 0
@@ -105,7 +112,17 @@ public final class RealtimeFeed: Sendable {
             if mine >= settings.maxChannelsPerUser {
                 return (nil, RealtimeError("this account has \(settings.maxChannelsPerUser) channels joined already"))
             }
+            let bindings = state.bindingsPerUser[channel.user, default: 0] + channel.bindings.count
+            if bindings > settings.maxBindingsPerUser {
+                return (
+                    nil,
+                    RealtimeError(
+                        "this account's channels would have \(bindings) postgres_changes bindings; at most \(settings.maxBindingsPerUser)"
+                    )
+                )
+            }
             state.channelsPerUser[channel.user] = mine + 1
+            state.bindingsPerUser[channel.user] = bindings
             state.channels[channel.id] = channel
             if state.ticker == nil {
                 state.ticker = Task { [weak self] in await self?.tick() }
@@ -136,9 +153,11 @@ public final class RealtimeFeed: Sendable {
             hub?.remove(channel.id)
             if mine > 0 {
                 state.channelsPerUser[channel.user] = mine
+                state.bindingsPerUser[channel.user, default: 0] -= channel.bindings.count
                 return nil
             }
             state.channelsPerUser.removeValue(forKey: channel.user)
+            state.bindingsPerUser.removeValue(forKey: channel.user)
             return state.hubs.removeValue(forKey: channel.user)
         }
         idle?.stop()
