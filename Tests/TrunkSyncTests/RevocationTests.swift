@@ -173,7 +173,12 @@ final class RevocationTests: XCTestCase {
         XCTAssertEqual(logout.status, 204)
         try await Task.sleep(for: .milliseconds(300))
         let missed = try await second.request("GET", "/sync/v1/events", bearer: token)
-        XCTAssertEqual(missed.status, 200, "the notification was not lost; the test proves nothing")
+        // The token still passes on the second instance: the notification was lost. (While new
+        // connections are refused, the pull itself may find its loop's share of the pool without
+        // an open connection and answer 503; the token was checked before, in memory.)
+        XCTAssertTrue(
+            [200, 503].contains(missed.status), "the notification was not lost; the test proves nothing: \(missed.text)"
+        )
         // Connections allowed again: the listener reconnects and reloads what it missed.
         outage.end()
         let reconnected = ContinuousClock.now
@@ -208,7 +213,12 @@ final class RevocationTests: XCTestCase {
         let logout = try await app.request("POST", "/auth/v1/logout", bearer: token)
         XCTAssertEqual(logout.status, 204)
         let missed = try await second.request("GET", "/sync/v1/events", bearer: token)
-        XCTAssertEqual(missed.status, 200, "the notification was not lost; the test proves nothing")
+        // The token still passes on the second instance: the notification was lost. (While new
+        // connections are refused, the pull itself may find its loop's share of the pool without
+        // an open connection and answer 503; the token was checked before, in memory.)
+        XCTAssertTrue(
+            [200, 503].contains(missed.status), "the notification was not lost; the test proves nothing: \(missed.text)"
+        )
         outage.end()
         let reconnected = ContinuousClock.now
         let answer = try await polling.value
