@@ -137,16 +137,32 @@ final class RevocationTests: XCTestCase {
         XCTAssertEqual(expiry, Int64(try XCTUnwrap(rotated.json["expires_at"] as? Int)))
     }
 
-    func testALongPollOfARevokedSessionEnds() async throws {
-        let token = try await app.token("polling@example.com")
+    /// A long-poll of `token` on the second instance, returned once it waits.
+    func longPollOnSecond(_ token: String, wait: Int, file: StaticString = #filePath, line: UInt = #line)
+        async throws -> Task<AppHarness.Response, any Error>
+    {
         let polling = Task { [second] in
-            try await second!.request("GET", "/sync/v1/events?after=0&wait=30", bearer: token)
+            try await second!.request("GET", "/sync/v1/events?after=0&wait=\(wait)", bearer: token)
         }
         let deadline = ContinuousClock.now + .seconds(10)
         while second.application.notifier.waiting == 0, ContinuousClock.now < deadline {
             try await Task.sleep(for: .milliseconds(5))
         }
-        XCTAssertEqual(second.application.notifier.waiting, 1)
+        XCTAssertEqual(second.application.notifier.waiting, 1, file: file, line: line)
+        return polling
+    }
+
+    /// Returns once the second instance's listener is down (the outage cut it), at most 5 s.
+    func waitUntilSecondStopsListening() async throws {
+        let deadline = ContinuousClock.now + .seconds(5)
+        while second.application.notifier.isListening, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(5))
+        }
+    }
+
+    func testALongPollOfARevokedSessionEnds() async throws {
+        let token = try await app.token("polling@example.com")
+        let polling = try await longPollOnSecond(token, wait: 30)
         let logout = try await app.request("POST", "/auth/v1/logout", bearer: token)
         XCTAssertEqual(logout.status, 204)
         let loggedOut = ContinuousClock.now
@@ -165,10 +181,7 @@ final class RevocationTests: XCTestCase {
         let outage = try app.cutListeners()
         defer { outage.end() }
         XCTAssertEqual(outage.listenersCut, 2)
-        let listenerDown = ContinuousClock.now + .seconds(5)
-        while second.application.notifier.isListening, ContinuousClock.now < listenerDown {
-            try await Task.sleep(for: .milliseconds(5))
-        }
+        try await waitUntilSecondStopsListening()
         let logout = try await app.request("POST", "/auth/v1/logout", bearer: token)
         XCTAssertEqual(logout.status, 204)
         try await Task.sleep(for: .milliseconds(300))
@@ -196,20 +209,10 @@ final class RevocationTests: XCTestCase {
     func testALongPollOfASessionRevokedDuringAnOutageEndsWithTheReload() async throws {
         let token = try await app.token("missed-poll@example.com")
         try await assertAccepted(token, on: [app, second])
-        let polling = Task { [second] in
-            try await second!.request("GET", "/sync/v1/events?after=0&wait=50", bearer: token)
-        }
-        let waiting = ContinuousClock.now + .seconds(10)
-        while second.application.notifier.waiting == 0, ContinuousClock.now < waiting {
-            try await Task.sleep(for: .milliseconds(5))
-        }
-        XCTAssertEqual(second.application.notifier.waiting, 1)
+        let polling = try await longPollOnSecond(token, wait: 50)
         let outage = try app.cutListeners()
         defer { outage.end() }
-        let listenerDown = ContinuousClock.now + .seconds(5)
-        while second.application.notifier.isListening, ContinuousClock.now < listenerDown {
-            try await Task.sleep(for: .milliseconds(5))
-        }
+        try await waitUntilSecondStopsListening()
         let logout = try await app.request("POST", "/auth/v1/logout", bearer: token)
         XCTAssertEqual(logout.status, 204)
         let missed = try await second.request("GET", "/sync/v1/events", bearer: token)
