@@ -1,6 +1,7 @@
 import Foundation
 import HTTPServer
 import Logging
+import Synchronization
 import TestSupport
 import XCTest
 
@@ -235,7 +236,68 @@ final class AccessLogTests: XCTestCase {
         func complete(_ response: inout HTTPResponse, context: Int) {}
         func reject(_ error: HTTPParserError, peer: String) -> HTTPResponse { HTTPResponse(status: .badRequest) }
         func refuseConnection() -> HTTPResponse { HTTPResponse(status: .serviceUnavailable) }
-        func loopWillWait() { log.loopWillWait() }
+        func loopWillWait() -> Int32? { log.loopWillWait() }
+        func loopDidStop() { log.loopDidStop() }
+    }
+
+    /// A clock the test sets (the loop reads it too).
+    final class SetClock: Sendable {
+        let time = Mutex(timespec(tv_sec: 1_800_000_000, tv_nsec: 0))
+        func now() -> timespec { time.withLock { $0 } }
+        func advance(milliseconds: Int) {
+            time.withLock { time in
+                let total = time.tv_nsec + milliseconds * 1_000_000
+                time = timespec(tv_sec: time.tv_sec + total / 1_000_000_000, tv_nsec: total % 1_000_000_000)
+            }
+        }
+    }
+
+    func testALoopHoldsItsLinesUntilTheOldestHasLingeredThenWritesThemTogether() async throws {
+        let file = try temporaryFile()
+        let clock = SetClock()
+        let log = AccessLog(format: .text, output: file.fd, linger: 10_000_000, clock: { clock.now() })
+        var configuration = HTTPServerConfiguration()
+        configuration.port = 0
+        configuration.loops = 1
+        let server = HTTPServer(
+            configuration: configuration, responder: LoggingResponder(log: log), logger: Logger(label: "test"))
+        try server.start()
+        let loop = server.executors[0]
+        let onLoop = { (work: @escaping @Sendable () -> Int32?) async -> Int32? in
+            await Task(executorPreference: loop) { work() }.value
+        }
+        let first = entry(requestID: "first"), second = entry(requestID: "second")
+        var due = await onLoop {
+            log.record(first)
+            return log.loopWillWait()
+        }
+        XCTAssertEqual(due, 10, "due in the linger: the loop sleeps no longer")
+        clock.advance(milliseconds: 4)
+        due = await onLoop {
+            log.record(second)
+            return log.loopWillWait()
+        }
+        XCTAssertEqual(due, 6, "the oldest line sets when the buffer is due")
+        // The loop's own waits read the same clock: nothing has been written.
+        XCTAssertEqual(lines(in: file.path), [])
+        clock.advance(milliseconds: 6)
+        due = await onLoop { log.loopWillWait() }
+        XCTAssertNil(due, "nothing left to hold")
+        XCTAssertEqual(
+            lines(in: file.path).compactMap { $0.split(separator: " ").first { $0.hasPrefix("request_id=") } },
+            ["request_id=first", "request_id=second"])
+        // A clock set back does not hold a line for longer.
+        let third = entry(requestID: "third")
+        _ = await onLoop {
+            log.record(third)
+            return nil
+        }
+        clock.time.withLock { $0.tv_sec -= 60 }
+        due = await onLoop { log.loopWillWait() }
+        XCTAssertNil(due)
+        XCTAssertEqual(lines(in: file.path).count, 3)
+        server.shutdown()
+        await server.waitUntilStopped()
     }
 
     func testEachLoopWritesItsLinesWhenItWaitsAndWhatIsLeftWhenItStops() async throws {

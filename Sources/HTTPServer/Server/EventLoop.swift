@@ -202,8 +202,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         executor.epoll = epoll
         executor.attachToCurrentThread()
         while true {
-            responder.loopWillWait()
-            let timeout: Int32 = jobsLeft ? 0 : connections.isEmpty && !shuttingDown ? 1000 : 250
+            let writeWithin = responder.loopWillWait()
+            var timeout: Int32 = jobsLeft ? 0 : connections.isEmpty && !shuttingDown ? 1000 : 250
+            if let writeWithin { timeout = min(timeout, max(0, writeWithin)) }
             let count = csystem_epoll_wait(epoll, &events, Int32(events.count), timeout)
             now = monotonicNow()
             if count < 0 {
@@ -238,7 +239,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         close(epoll)
         close(mailbox.eventFD)
         if reserveFD >= 0 { close(reserveFD) }
-        responder.loopWillWait()
+        responder.loopDidStop()
         executor.detachFromCurrentThread()
         // Last: from here on, jobs run one at a time off this thread.
         executor.stop()
@@ -539,7 +540,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         }
         let received = readBuffer.withUnsafeMutableBytes { buffer -> Int in
             while true {
-                let count = read(fd, buffer.baseAddress, buffer.count)
+                let count = recv(fd, buffer.baseAddress, buffer.count, 0)
                 if count < 0, errno == EINTR { continue }
                 if count > 0 {
                     let bytes = UnsafeRawBufferPointer(rebasing: buffer[0..<count])
@@ -572,7 +573,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         guard connection.readable else { return }
         let fd = connection.fd
         while true {
-            let count = readBuffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            let count = readBuffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
             if count > 0 { continue }
             if count < 0, errno == EINTR { continue }
             connection.readable = false

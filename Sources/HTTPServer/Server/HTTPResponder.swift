@@ -31,9 +31,13 @@ public protocol HTTPResponder: Sendable {
     /// The `503` for a connection the server cannot take (connection limit, no descriptors).
     func refuseConnection() -> HTTPResponse
 
-    /// The loop has handled a batch of events and is about to wait: flush anything
-    /// buffered (log lines).
-    func loopWillWait()
+    /// The loop has handled a batch of events and is about to wait: write what is due of
+    /// anything buffered (log lines). Returns the most milliseconds the loop may wait before
+    /// it calls this again (what it keeps is due by then), or nil: no limit.
+    func loopWillWait() -> Int32?
+
+    /// The loop has stopped: write everything it buffered.
+    func loopDidStop()
 }
 
 /// The decision about a request head.
@@ -58,5 +62,6 @@ public enum Reply<Context: Sendable>: Sendable {
 }
 
 extension HTTPResponder {
-    public func loopWillWait() {}
+    public func loopWillWait() -> Int32? { nil }
+    public func loopDidStop() {}
 }

@@ -8,12 +8,13 @@ import Synchronization
 /// Lines are formatted straight into bytes and written in batches, not one `write(2)` per
 /// request: the log stays on at the default level without costing throughput. Each event
 /// loop has a buffer of its own (no lock or cache line shared between loops on a request's
-/// path); it is written when that loop is about to wait (and when it stops), or when it
-/// nears its limit. The limit is 3 KiB when standard error is a pipe or anything but a
-/// regular file, so a batch stays under `PIPE_BUF` and lines from other threads never land
-/// inside one; 32 KiB when it is a regular file (an append is not interleaved there). Lines
-/// recorded on any other thread share one more buffer, written by the next loop that waits
-/// (or `flush()`).
+/// path). A loop writes its buffer when it is about to wait and its oldest line has waited
+/// `linger` (10 ms; until then the loop sleeps no longer than that), when it stops, or when the
+/// buffer nears its limit: a busy loop writes about once per `linger`, not once per batch of
+/// events. The limit is 3 KiB when standard error is a pipe or anything but a regular file, so
+/// a batch stays under `PIPE_BUF` and lines from other threads never land inside one; 32 KiB
+/// when it is a regular file (an append is not interleaved there). Lines recorded on any other
+/// thread share one more buffer, written by the next loop that waits (or `flush()`).
 final class AccessLog: Sendable {
     struct Entry {
         var method: String
@@ -36,6 +37,10 @@ final class AccessLog: Sendable {
     private let output: Int32
     /// Bytes a buffer holds before it is written.
     let batchLimit: Int
+    /// How long (nanoseconds) a line may wait in a loop's buffer.
+    let linger: Int
+    /// The time of a line (`CLOCK_REALTIME`; a test's clock).
+    private let clock: @Sendable () -> timespec
     /// One buffer per event loop (by `LoopExecutor.index`), then one for every other thread.
     private let shards: [Shard]
     /// Lines wait in the last (shared) buffer: the next loop to wait writes them.
@@ -50,6 +55,8 @@ final class AccessLog: Sendable {
 
     private struct State {
         var buffer: [UInt8] = []
+        /// When the buffer's oldest line was recorded (nanoseconds of `clock`).
+        var oldestLine = 0
         var second = -1
         var secondPrefix: [UInt8] = []
     }
@@ -57,9 +64,15 @@ final class AccessLog: Sendable {
     /// Loops with a buffer of their own; a server with more (or another thread) shares the last one.
     static let loopBuffers = 64
 
-    /// `output`: where lines go (standard error; a test's file).
-    init(format: Configuration.LogFormat, label: String = "trunk-sync.http", output: Int32 = STDERR_FILENO) {
+    /// `output`: where lines go (standard error; a test's file). `linger`: the longest a line
+    /// waits in a loop's buffer, in nanoseconds.
+    init(
+        format: Configuration.LogFormat, label: String = "trunk-sync.http", output: Int32 = STDERR_FILENO,
+        linger: Int = 10_000_000, clock: @escaping @Sendable () -> timespec = AccessLog.realtime
+    ) {
         self.format = format
+        self.linger = linger
+        self.clock = clock
         self.label = label
         lineHead = Array(
             (format == .text
@@ -72,9 +85,16 @@ final class AccessLog: Sendable {
         shards = (0...Self.loopBuffers).map { _ in Shard() }
     }
 
-    func record(_ entry: Entry) {
+    @Sendable static func realtime() -> timespec {
         var time = timespec()
         clock_gettime(CLOCK_REALTIME, &time)
+        return time
+    }
+
+    private static func nanoseconds(_ time: timespec) -> Int { time.tv_sec * 1_000_000_000 + time.tv_nsec }
+
+    func record(_ entry: Entry) {
+        let time = clock()
         let index = LoopExecutor.current.map { min($0.index, Self.loopBuffers) } ?? Self.loopBuffers
         shards[index].state.withLock { state in
             if state.buffer.capacity == 0 { state.buffer.reserveCapacity(batchLimit + 1024) }
@@ -84,21 +104,44 @@ final class AccessLog: Sendable {
             }
             let before = state.buffer.count
             append(entry, milliseconds: Int(time.tv_nsec / 1_000_000), prefix: state.secondPrefix, to: &state.buffer)
+            if before == 0 { state.oldestLine = Self.nanoseconds(time) }
             if state.buffer.count > batchLimit {
                 // Write what came before this line, keep this line for the next batch.
                 state.buffer.withUnsafeBytes { write(UnsafeRawBufferPointer(rebasing: $0[..<before])) }
                 state.buffer.removeSubrange(..<before)
+                state.oldestLine = Self.nanoseconds(time)
             }
         }
         if index == Self.loopBuffers { othersPending.store(true, ordering: .releasing) }
     }
 
-    /// Writes what the calling loop buffered (and what other threads did): the loop is about
-    /// to wait, or stopping. On any other thread, the same as `flush()`.
-    func loopWillWait() {
+    /// The calling loop is about to wait: writes its buffer if its oldest line has waited
+    /// `linger` (and what other threads recorded). Returns the milliseconds until the lines
+    /// it keeps are due, nil when it keeps none. On any other thread, the same as `flush()`.
+    func loopWillWait() -> Int32? {
+        guard let loop = LoopExecutor.current, loop.index < Self.loopBuffers else {
+            flush()
+            return nil
+        }
+        if othersPending.load(ordering: .relaxed) { writeOthers() }
+        let now = Self.nanoseconds(clock())
+        return shards[loop.index].state.withLock { state -> Int32? in
+            guard !state.buffer.isEmpty else { return nil }
+            let waited = now - state.oldestLine
+            // A clock set back (waited < 0) writes at once rather than holding lines.
+            if waited >= 0 && waited < linger { return Int32((linger - waited + 999_999) / 1_000_000) }
+            state.buffer.withUnsafeBytes { write($0) }
+            state.buffer.removeAll(keepingCapacity: true)
+            return nil
+        }
+    }
+
+    /// The calling loop stops: writes its buffer (and what other threads recorded). On any
+    /// other thread, the same as `flush()`.
+    func loopDidStop() {
         guard let loop = LoopExecutor.current, loop.index < Self.loopBuffers else { return flush() }
         write(shards[loop.index])
-        if othersPending.load(ordering: .relaxed) { writeOthers() }
+        writeOthers()
     }
 
     /// Writes everything buffered.

@@ -258,8 +258,12 @@ public struct RequestPipeline: HTTPResponder {
         return response
     }
 
-    public func loopWillWait() {
+    public func loopWillWait() -> Int32? {
         accessLog?.loopWillWait()
+    }
+
+    public func loopDidStop() {
+        accessLog?.loopDidStop()
     }
 
     /// The family of a path, for answers given before a route is known.
