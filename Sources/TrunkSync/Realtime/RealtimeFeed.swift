@@ -35,6 +35,14 @@ public final class RealtimeFeed: Sendable {
         public var idleTimeout = Setting.realtimeIdleTimeout.integerDefault
         /// Rows per read. Default 100.
         public var pageSize = 100
+        /// How long a new socket may stay open without a channel joined successfully before
+        /// the server closes it (`1000`). A socket takes one of `maxSockets` from the upgrade
+        /// on, so idle sockets that only send heartbeats, from the few addresses the
+        /// per-address connection cap lets hold them all, would otherwise shut every other
+        /// client out. A socket that joined once is never closed for it (supabase-js keeps
+        /// its socket after its last channel left). The clients join right after opening.
+        /// Default 30 s.
+        public var joinGrace: Duration = .seconds(30)
 
         public init() {}
     }

@@ -2,6 +2,7 @@ import Foundation
 import HTTPServer
 import JSON
 import Logging
+import Synchronization
 import TrunkCrypto
 
 /// One Realtime socket: reads the client's Phoenix messages and answers them, until the
@@ -10,13 +11,17 @@ struct RealtimeSession {
     let feed: RealtimeFeed
     let socket: WebSocket
     let version: PhoenixMessage.Version
+    /// Closes the socket if no channel is joined within `joinGrace` of its opening.
+    let grace: RealtimeJoinGrace
     /// Joined channels by topic.
     private var channels: [String: RealtimeChannel] = [:]
 
-    init(feed: RealtimeFeed, socket: WebSocket, version: PhoenixMessage.Version) {
+    /// `address`: the client's, for the log.
+    init(feed: RealtimeFeed, socket: WebSocket, version: PhoenixMessage.Version, address: String) {
         self.feed = feed
         self.socket = socket
         self.version = version
+        grace = RealtimeJoinGrace(feed: feed, socket: socket, address: address)
     }
 
     /// Queues `bytes`; a client that is too far behind is closed (`1013`).
@@ -28,7 +33,12 @@ struct RealtimeSession {
 
     /// Answers messages until the connection ends, then leaves every channel.
     mutating func run() async {
+        let timer = Task { [grace, duration = feed.settings.joinGrace] in
+            do { try await Task.sleep(for: duration) } catch { return }  // cancelled: the socket is gone
+            grace.end()
+        }
         defer {
+            timer.cancel()
             for channel in channels.values { feed.leave(channel) }
             feed.closeSocket()
         }
@@ -69,7 +79,9 @@ struct RealtimeSession {
         }
         switch message.event {
         case "phx_join":
+            grace.joinStarted()
             await join(message)
+            grace.joinEnded(succeeded: channels[message.topic] != nil)
         case "phx_leave":
             if let channel = channels.removeValue(forKey: message.topic) {
                 feed.leave(channel)
@@ -223,6 +235,70 @@ struct RealtimeSession {
     }
 }
 
+/// Whether a socket joined a channel within its grace (`RealtimeFeed.Settings.joinGrace`):
+/// when the grace ends, a socket that never joined one successfully is closed (`1000`), or,
+/// if a join is under way then, as soon as that join fails. A refused join (a bad token, a
+/// refused topic) does not count; heartbeats do not either. A socket that joined once is never
+/// closed by it, even after leaving every channel: the clients keep their socket open then, and
+/// a closed one reconnects.
+final class RealtimeJoinGrace: Sendable {
+    private struct State {
+        var joined = false
+        var joining = false
+        var over = false
+    }
+
+    let feed: RealtimeFeed
+    let socket: WebSocket
+    let address: String
+    private let state = Mutex(State())
+
+    init(feed: RealtimeFeed, socket: WebSocket, address: String) {
+        self.feed = feed
+        self.socket = socket
+        self.address = address
+    }
+
+    /// Whether the grace has ended.
+    var isOver: Bool { state.withLock { $0.over } }
+
+    func joinStarted() { state.withLock { $0.joining = true } }
+
+    func joinEnded(succeeded: Bool) {
+        let close = state.withLock { state -> Bool in
+            state.joining = false
+            if succeeded { state.joined = true }
+            return state.over && !state.joined
+        }
+        if close { closeSocket() }
+    }
+
+    /// The grace is over (the timer, or a test in its place).
+    func end() {
+        let close = state.withLock { state -> Bool in
+            guard !state.over else { return false }
+            state.over = true
+            return !state.joined && !state.joining
+        }
+        if close { closeSocket() }
+    }
+
+    private func closeSocket() {
+        guard !socket.isClosed else { return }
+        let grace = Self.text(feed.settings.joinGrace)
+        feed.logger.info(
+            "realtime socket closed: no channel joined within \(grace)", metadata: ["ip": "\(address)"])
+        socket.close(.normal, reason: "no channel joined within \(grace)")
+    }
+
+    /// `30 s`, or `250 ms` for a grace that is not whole seconds.
+    static func text(_ duration: Duration) -> String {
+        let (seconds, attoseconds) = duration.components
+        if attoseconds == 0 { return "\(seconds) s" }
+        return "\(seconds * 1000 + attoseconds / 1_000_000_000_000_000) ms"
+    }
+}
+
 /// `GET /realtime/v1/websocket`: Supabase Realtime over WebSocket (`postgres_changes` only).
 struct RealtimeRoutes: Sendable {
     let feed: RealtimeFeed
@@ -274,8 +350,9 @@ struct RealtimeRoutes: Sendable {
         settings.idleTimeout = .seconds(feed.settings.idleTimeout)
         let feed = self.feed
         let chosen = version
+        let address = request.remoteAddress
         return .webSocket(accept: accept, settings: settings) { socket in
-            var session = RealtimeSession(feed: feed, socket: socket, version: chosen)
+            var session = RealtimeSession(feed: feed, socket: socket, version: chosen, address: address)
             await session.run()
         }
     }

@@ -1,0 +1,183 @@
+import Foundation
+import Logging
+import TestSupport
+import XCTest
+
+@testable import HTTPServer
+@testable import TrunkSync
+
+/// A Realtime socket takes one of the instance's slots from its upgrade on: one that joins
+/// no channel within its grace is closed, so idle sockets (heartbeats only) from a few
+/// addresses cannot hold every slot. One that joined once is never closed for it. The grace
+/// is ended by hand here (the timer's part) except in the test of the timer itself.
+final class RealtimeJoinGraceTests: XCTestCase {
+    /// A session on an in-process socket: messages are delivered to it and what it sends is
+    /// read back, as the event loop would.
+    final class Harness: @unchecked Sendable {
+        let feed: RealtimeFeed
+        let socket = WebSocket(settings: WebSocketSettings(), wake: {})
+        let grace: RealtimeJoinGrace
+        let logs = LogLines()
+        private let task: Task<Void, Never>
+        private var sent = ""
+
+        init(_ app: AppHarness, grace duration: Duration) throws {
+            var settings = RealtimeFeed.Settings()
+            settings.joinGrace = duration
+            let logs = self.logs
+            var logger = Logger(label: "realtime-grace-test", factory: { _ in CapturingLogHandler(lines: logs) })
+            logger.logLevel = .info
+            feed = RealtimeFeed(
+                settings: settings, database: app.application.database, notifier: app.application.notifier,
+                revocations: SessionRevocations(database: nil, logger: logger), tokens: app.application.tokens,
+                metrics: Metrics(), logger: logger)
+            try feed.openSocket()
+            let session = RealtimeSession(feed: feed, socket: socket, version: .v2, address: "203.0.113.7")
+            grace = session.grace
+            task = Task {
+                var session = session
+                await session.run()
+            }
+        }
+
+        func send(_ text: String) { _ = socket.deliver(.text(Array(text.utf8))) }
+
+        /// Waits until the session has sent `needle` (a readiness check, not a timing); false
+        /// if the socket was closed without it.
+        @discardableResult
+        func waitFor(_ needle: String) async throws -> Bool {
+            let deadline = ContinuousClock.now + .seconds(30)
+            while ContinuousClock.now < deadline {
+                let closed = socket.isClosed
+                sent += String(decoding: socket.writer.take().bytes.joined(), as: UTF8.self)
+                if sent.contains(needle) { return true }
+                if closed { return false }
+                try await Task.sleep(for: .milliseconds(5))
+            }
+            XCTFail("the session never sent \(needle): \(sent)")
+            return false
+        }
+
+        /// A heartbeat; false if the socket was closed before its answer.
+        @discardableResult
+        func heartbeat(_ ref: Int) async throws -> Bool {
+            send(#"[null,"h\#(ref)","phoenix","heartbeat",{}]"#)
+            return try await waitFor(#""h\#(ref)","phoenix","phx_reply",{"status":"ok""#)
+        }
+
+        func join(_ ref: String, topic: String = "realtime:room", token: String) async throws -> Bool {
+            send(
+                #"["\#(ref)","\#(ref)","\#(topic)","phx_join",{"config":{"postgres_changes":[]},"access_token":"\#(token)"}]"#
+            )
+            try await waitFor(#""\#(ref)","\#(topic)","phx_reply",{"status":""#)
+            return sent.contains(#""\#(ref)","\#(topic)","phx_reply",{"status":"ok""#)
+        }
+
+        /// The connection ends (as the event loop ends it), and the session with it.
+        func finish() async {
+            socket.connectionEnded()
+            await task.value
+            feed.close()
+        }
+    }
+
+    func withApp(_ body: (AppHarness, String) async throws -> Void) async throws {
+        let app = try await AppHarness()
+        do {
+            let session = try await app.application.auth.issueSession(
+                email: try XCTUnwrap(Email("realtime-grace@example.com")))
+            try await body(app, session.accessToken)
+        } catch {
+            await app.stop()
+            throw error
+        }
+        await app.stop()
+    }
+
+    /// The timer itself, with a short grace: heartbeats answered all along do not keep a
+    /// socket that never joined; it is closed with `1000` and a reason, and logged.
+    func testASocketThatNeverJoinsIsClosedWhenItsGraceEndsHeartbeatsOrNot() async throws {
+        try await withApp { app, _ in
+            let harness = try Harness(app, grace: .milliseconds(50))
+            var beats = 0
+            let deadline = ContinuousClock.now + .seconds(30)
+            while !harness.socket.isClosed, ContinuousClock.now < deadline {
+                beats += 1
+                try await harness.heartbeat(beats)
+            }
+            XCTAssertTrue(harness.socket.isClosed, "a socket without a channel was kept \(beats) heartbeats")
+            XCTAssertTrue(harness.grace.isOver)
+            let (code, reason) = harness.socket.closeRequest
+            XCTAssertEqual(code, .normal)
+            XCTAssertEqual(reason, "no channel joined within 50 ms")
+            XCTAssertTrue(
+                harness.logs.lines.contains {
+                    $0.hasPrefix("info realtime socket closed") && $0.contains("ip=203.0.113.7")
+                },
+                "\(harness.logs.lines)")
+            await harness.finish()
+            XCTAssertEqual(harness.feed.socketCount, 0, "the closed socket's slot was not given back")
+        }
+    }
+
+    /// A socket that joined is kept when the grace ends, also once it left its last channel
+    /// (the clients keep their socket then; closing it would make them reconnect in a loop).
+    func testASocketThatJoinedIsKeptEvenAfterLeavingEveryChannel() async throws {
+        try await withApp { app, token in
+            let harness = try Harness(app, grace: .seconds(3600))
+            let joined = try await harness.join("1", token: token)
+            XCTAssertTrue(joined, "the join was refused")
+            harness.send(#"["1","2","realtime:room","phx_leave",{}]"#)
+            let closed = try await harness.waitFor(#""realtime:room","phx_close""#)
+            XCTAssertTrue(closed, "no phx_close after phx_leave")
+            XCTAssertEqual(harness.feed.channelCount, 0)
+            harness.grace.end()
+            let answered = try await harness.heartbeat(1)
+            XCTAssertTrue(answered)
+            XCTAssertFalse(harness.socket.isClosed, "a socket that had joined was closed")
+            XCTAssertFalse(harness.logs.lines.contains { $0.contains("realtime socket closed") })
+            await harness.finish()
+        }
+    }
+
+    /// Refused joins (a bad token, a refused topic, none at all) do not count as joined.
+    func testASocketWhoseJoinsWereAllRefusedIsClosed() async throws {
+        try await withApp { app, token in
+            let harness = try Harness(app, grace: .seconds(3600))
+            var joined = try await harness.join("1", token: "not-a-token")
+            XCTAssertFalse(joined)
+            joined = try await harness.join("2", topic: "realtime:" + String(repeating: "t", count: 300), token: token)
+            XCTAssertFalse(joined)
+            joined = try await harness.join("3", token: "")
+            XCTAssertFalse(joined)
+            let answered = try await harness.heartbeat(1)
+            XCTAssertTrue(answered)
+            XCTAssertFalse(harness.socket.isClosed, "closed before the grace ended")
+            harness.grace.end()
+            XCTAssertTrue(harness.socket.isClosed, "a socket whose joins were all refused was kept")
+            XCTAssertEqual(harness.socket.closeRequest.0, .normal)
+            await harness.finish()
+        }
+    }
+
+    /// A join under way when the grace ends decides: a refused one closes the socket, an
+    /// accepted one keeps it.
+    func testAJoinUnderWayWhenTheGraceEndsDecides() async throws {
+        try await withApp { app, _ in
+            let refused = try Harness(app, grace: .seconds(3600))
+            refused.grace.joinStarted()
+            refused.grace.end()
+            XCTAssertFalse(refused.socket.isClosed, "closed while a join was under way")
+            refused.grace.joinEnded(succeeded: false)
+            XCTAssertTrue(refused.socket.isClosed, "kept after its join was refused past the grace")
+            await refused.finish()
+
+            let accepted = try Harness(app, grace: .seconds(3600))
+            accepted.grace.joinStarted()
+            accepted.grace.end()
+            accepted.grace.joinEnded(succeeded: true)
+            XCTAssertFalse(accepted.socket.isClosed, "closed although its join was accepted")
+            await accepted.finish()
+        }
+    }
+}
