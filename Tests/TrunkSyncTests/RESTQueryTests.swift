@@ -84,4 +84,46 @@ final class RESTQueryTests: XCTestCase {
             XCTAssertFalse(error?.message.isEmpty ?? true, query)
         }
     }
+
+    /// PostgREST's features outside the subset are named in a `PGRST100`, never taken for a
+    /// missing column (`42703`): supabase-js's `.or()` sends `or=(…)`, `.not()` `col=not.op.v`.
+    func testUnsupportedPostgRESTFeaturesAreNamed() throws {
+        let cases: [(String, String)] = [
+            ("or=(type.eq.a,type.eq.b)", "The or filter is not supported by this server."),
+            ("and=(seq.gt.1,seq.lt.5)", "The and filter is not supported by this server."),
+            ("not.or=(type.eq.a,seq.eq.1)", "The or filter is not supported by this server."),
+            ("not.and=(type.eq.a,seq.eq.1)", "The and filter is not supported by this server."),
+            ("items.or=(seq.eq.1)", "The or filter is not supported by this server."),
+            ("seq=not.eq.5", "The not filter is not supported by this server."),
+            ("type=not.is.null", "The not filter is not supported by this server."),
+            ("seq=in.(1,2)", "The in operator is not supported by this server."),
+            ("type=is.null", "The is operator is not supported by this server."),
+            ("type=like.a*", "The like operator is not supported by this server."),
+            ("type=ilike.a*", "The ilike operator is not supported by this server."),
+            ("type=fts(english).sprout", "The fts(english) operator is not supported by this server."),
+            ("seq=eq(any).{1,2}", "The eq(any) operator is not supported by this server."),
+            ("payload->>kind=eq.a", "The JSON path filter (payload->>kind) is not supported by this server."),
+            ("items.seq=eq.1", "The embedded resource parameter (items.seq) is not supported by this server."),
+            ("order=payload->kind.desc", "The JSON path order (payload->kind) is not supported by this server."),
+            ("order=items(seq).desc", "The embedded resource order (items(seq)) is not supported by this server."),
+        ]
+        for (query, message) in cases {
+            let error = refusal(query)
+            XCTAssertEqual(error?.status, 400, query)
+            XCTAssertEqual(error?.code, "PGRST100", query)
+            XCTAssertEqual(error?.message, message, query)
+            XCTAssertEqual(
+                error?.details,
+                .text("Filters are column=op.value with eq, neq, gt, gte, lt, lte; several are combined with and."),
+                query)
+        }
+        // An operator PostgREST does not know either: its own message, still PGRST100.
+        let unknown = refusal("seq=around.5")
+        XCTAssertEqual(unknown?.code, "PGRST100")
+        XCTAssertEqual(unknown?.message, "failed to parse filter (around.5)")
+        // What the subset has keeps working, and an unknown column is still one.
+        XCTAssertEqual(try parse("seq=gt.1&type=neq.a&order=seq.desc").filters.map(\.op), [.gt, .neq])
+        XCTAssertEqual(refusal("orr=eq.1")?.code, "42703")
+        XCTAssertEqual(refusal("notes=eq.1")?.code, "42703")
+    }
 }

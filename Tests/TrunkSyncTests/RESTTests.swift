@@ -211,6 +211,18 @@ final class RESTTests: XCTestCase {
         let minimal = try await app.request(
             "PATCH", "/rest/v1/profiles?id=eq.\(userID!)", json: ["full_name": "D"], bearer: token)
         XCTAssertEqual(minimal.status, 204)
+        // `.or()` on an update is refused by name and changes nothing.
+        for query in ["or=(id.eq.\(userID!),full_name.eq.D)", "id=not.eq.\(userID!)", "full_name=in.(D,E)"] {
+            let refused = try await app.request(
+                "PATCH", "/rest/v1/profiles?\(query)", json: ["full_name": "E"], bearer: token)
+            assertPostgRESTError(refused, 400, "PGRST100")
+            XCTAssertTrue(
+                (refused.json["message"] as? String)?.hasSuffix("is not supported by this server.") == true,
+                refused.text)
+        }
+        let unchanged = try await get(
+            "/rest/v1/profiles?select=full_name", headers: ["Accept": "application/vnd.pgrst.object+json"])
+        XCTAssertEqual(unchanged.text, #"{"full_name":"D"}"#)
     }
 
     func testSingleWithZeroOrSeveralRowsIs406() async throws {
@@ -238,6 +250,11 @@ final class RESTTests: XCTestCase {
             ("/rest/v1/events?order=seq,payload.desc", 400, "PGRST100"),
             ("/rest/v1/events?limit=-1", 400, "PGRST100"),
             ("/rest/v1/events?select=seq::text", 400, "PGRST100"),
+            ("/rest/v1/events?or=(type.eq.a,type.eq.b)", 400, "PGRST100"),
+            ("/rest/v1/events?and=(seq.gt.1,seq.lt.3)", 400, "PGRST100"),
+            ("/rest/v1/events?seq=not.eq.1", 400, "PGRST100"),
+            ("/rest/v1/events?seq=in.(1,2)", 400, "PGRST100"),
+            ("/rest/v1/profiles?or=(full_name.eq.a,full_name.is.null)", 400, "PGRST100"),
             ("/rest/v1/nothing", 404, "PGRST205"),
         ]
         for (path, status, code) in reads {

@@ -1625,7 +1625,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST100` (malformed `select`, `order`, `limit`, `offset` or filter), `42703` (no such column) or `22P02` (a filter value of the wrong type).",
+            "description": "`PGRST100` (malformed `select`, `order`, `limit`, `offset` or filter, or a PostgREST feature outside the subset — `or=`, `and=`, `not.`, operators other than `eq`, `neq`, `gt`, `gte`, `lt`, `lte`, embedded resources, JSON paths — named in the message, e.g. `The or filter is not supported by this server.`), `42703` (no such column) or `22P02` (a filter value of the wrong type).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -1722,7 +1722,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST102` (not JSON, not an object or array of objects), `PGRST204` (unknown member), `validation_failed` (events that break the rules every event follows — the same rules and `details` as `POST /sync/v1/events`), or a query error (`PGRST100`, `42703`, `22P02`); `validation_failed` also for `Prefer: return=representation` with more than 1000 rows (nothing is stored).",
+            "description": "`PGRST102` (not JSON, not an object or array of objects), `PGRST204` (unknown member), `validation_failed` (events that break the rules every event follows — the same rules and `details` as `POST /sync/v1/events`), or a query error (`PGRST100`, also for `or=`, `not.` and the other PostgREST features outside the subset; `42703`; `22P02`); `validation_failed` also for `Prefer: return=representation` with more than 1000 rows (nothing is stored).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -1919,7 +1919,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST100`, `42703` or `22P02`: a malformed query.",
+            "description": "`PGRST100`, `42703` or `22P02`: a malformed query; `PGRST100` also for a PostgREST feature outside the subset (`or=`, `and=`, `not.`, other operators), named in the message.",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -2037,7 +2037,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST102` (not a JSON object), `PGRST204` (unknown member, or no `full_name`), `22P02` (a value of the wrong type) or a query error (`PGRST100`, `42703`), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB).",
+            "description": "`PGRST102` (not a JSON object), `PGRST204` (unknown member, or no `full_name`), `22P02` (a value of the wrong type) or a query error (`PGRST100`, also for `or=`, `not.` and the other PostgREST features outside the subset; `42703`), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -2175,7 +2175,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST102` (not a JSON object, or an array of other than one), `PGRST204`, `22P02` or a query error (`PGRST100`, `42703`), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB).",
+            "description": "`PGRST102` (not a JSON object, or an array of other than one), `PGRST204`, `22P02` or a query error (`PGRST100`, also for `or=`, `not.` and the other PostgREST features outside the subset; `42703`), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"

@@ -5,6 +5,15 @@ public enum RESTError {
         APIError(status: 400, code: "PGRST100", message: message, details: details.map { .text($0) })
     }
 
+    /// A PostgREST feature this subset does not have (`or=`, `not.`, `like.` …), named, so an
+    /// app's `.or()` is not mistaken for a missing column.
+    static func unsupported(_ feature: String) -> APIError {
+        APIError(
+            status: 400, code: "PGRST100", message: "The \(feature) is not supported by this server.",
+            details: .text(
+                "Filters are column=op.value with \(RESTQuery.Operator.supported); several are combined with and."))
+    }
+
     static func unknownColumn(_ column: String, in table: String) -> APIError {
         APIError(status: 400, code: "42703", message: "column \(table).\(column) does not exist")
     }

@@ -26,7 +26,21 @@ struct RESTQuery: Sendable {
             case .lte: return "<="
             }
         }
+
+        /// `eq, neq, gt, gte, lt, lte`, for messages.
+        static let supported = "eq, neq, gt, gte, lt, lte"
+
+        /// PostgREST's other operators (`like`, `in`, `is` …): refused by name, not as
+        /// unknown.
+        static let unsupported: Set<String> = [
+            "like", "ilike", "match", "imatch", "in", "is", "isdistinct", "fts", "plfts", "phfts", "wfts", "cs", "cd",
+            "ov", "sl", "sr", "nxr", "nxl", "adj",
+        ]
     }
+
+    /// PostgREST's logical operators, as parameter names: `or=(…)`, `and=(…)`, negated
+    /// (`not.or`) or on an embedded resource (`items.or`).
+    static let logical: Set<String> = ["or", "and"]
 
     struct Filter: Sendable {
         var column: RESTColumn
@@ -94,6 +108,10 @@ struct RESTQuery: Sendable {
                     guard let first = parts.first, parts.count <= 3 else {
                         throw RESTError.parse("failed to parse order (\(term))")
                     }
+                    if first.contains("->") { throw RESTError.unsupported("JSON path order (\(first.prefix(40)))") }
+                    if first.contains("(") {
+                        throw RESTError.unsupported("embedded resource order (\(first.prefix(40)))")
+                    }
                     let target = try column(first)
                     // A sort by `jsonb` reads every payload of the user, whatever the limit.
                     guard target.kind != .json else {
@@ -135,20 +153,40 @@ struct RESTQuery: Sendable {
                     _ = try column(part.trimmingCharacters(in: .whitespaces))
                 }
             default:
+                try refuseUnsupported(parameter: name)
                 let target = try column(name)
                 guard let dot = value.firstIndex(of: ".") else {
                     throw RESTError.parse("failed to parse filter (\(value))", details: "expected operator.value")
                 }
                 let opName = String(value[..<dot])
                 guard let op = Operator(rawValue: opName) else {
+                    if opName == "not" { throw RESTError.unsupported("not filter") }
+                    // `eq(any)`, `like(all)`, `fts(english)`: named by their operator.
+                    let base = opName.prefix { $0 != "(" }
+                    if Operator.unsupported.contains(String(base)) || Operator(rawValue: String(base)) != nil {
+                        throw RESTError.unsupported("\(opName.prefix(40)) operator")
+                    }
                     throw RESTError.parse(
-                        "failed to parse filter (\(value))", details: "unknown or unsupported operator \"\(opName)\"")
+                        "failed to parse filter (\(value.prefix(100)))",
+                        details: "unknown operator \"\(opName.prefix(40))\"; supported: \(Operator.supported)")
                 }
                 let operand = String(value[value.index(after: dot)...])
                 query.filters.append(Filter(column: target, op: op, value: try bind(operand, for: target)))
             }
         }
         return query
+    }
+
+    /// A parameter naming a PostgREST feature the subset does not have, rather than a
+    /// column: `or`/`and` (also `not.or`, `items.or`), a filter on an embedded resource
+    /// (`items.seq`), a JSON path (`payload->>kind`).
+    static func refuseUnsupported(parameter name: String) throws {
+        let last = name.split(separator: ".", omittingEmptySubsequences: false).last.map(String.init) ?? name
+        if logical.contains(last) { throw RESTError.unsupported("\(last) filter") }
+        if name.contains("->") { throw RESTError.unsupported("JSON path filter (\(name.prefix(40)))") }
+        if name.contains(".") {
+            throw RESTError.unsupported("embedded resource parameter (\(name.prefix(40)))")
+        }
     }
 
     /// Parses a filter value for a column's type.
