@@ -14,7 +14,7 @@ struct RESTColumn: Sendable {
 /// A parsed PostgREST-style read: columns, filters, order, limit, offset. Everything is
 /// checked against the resource's columns; values become parameters, never SQL text.
 struct RESTQuery: Sendable {
-    enum Operator: String, Sendable {
+    enum Operator: String, Sendable, CaseIterable {
         case eq, neq, gt, gte, lt, lte
         var sql: String {
             switch self {
@@ -28,7 +28,7 @@ struct RESTQuery: Sendable {
         }
 
         /// `eq, neq, gt, gte, lt, lte`, for messages.
-        static let supported = "eq, neq, gt, gte, lt, lte"
+        static let supported = allCases.map(\.rawValue).joined(separator: ", ")
 
         /// PostgREST's other operators (`like`, `in`, `is` …): refused by name, not as
         /// unknown.
