@@ -206,6 +206,10 @@ public final class PostgresConnection {
     /// Queues `statements` and a sync in pipeline mode (entered by the caller); returns what
     /// the server will answer, in order. In non-blocking mode nothing waits: what does not
     /// fit the socket stays in libpq's buffer for `PQflush`.
+    ///
+    /// Several pipelines may be in flight on one connection (`PostgresLoopConnection`'s
+    /// shared pipelines): a statement another pipeline is still preparing (its `Parse` not yet
+    /// answered, and it may fail) runs unprepared here, and names are never reused.
     func sendPipeline(_ statements: [PostgresStatement]) throws -> [PipelineReply] {
         var replies: [PipelineReply] = []
         replies.reserveCapacity(statements.count + 2)
@@ -217,10 +221,14 @@ public final class PostgresConnection {
                 }
                 let key = PreparedKey(sql: statement.sql, types: types)
                 var name = preparedStatements[key] ?? preparing[key]
-                if name == nil, preparedStatements.count + preparing.count < Self.maxPreparedStatements {
-                    let fresh = "trunk_sync_\(preparedStatements.count + preparing.count + 1)"
+                if name == nil, !preparesInFlight.contains(key),
+                    preparedStatements.count + preparesInFlight.count < Self.maxPreparedStatements
+                {
+                    preparedNames += 1
+                    let fresh = "trunk_sync_\(preparedNames)"
                     guard PQsendPrepare(handle, fresh, statement.sql, count, types) == 1 else { return 0 }
                     preparing[key] = fresh
+                    preparesInFlight.insert(key)
                     replies.append(.prepared(key, name: fresh))
                     name = fresh
                 }
@@ -257,6 +265,8 @@ public final class PostgresConnection {
         mutating func accept(_ result: OpaquePointer, on connection: PostgresConnection) throws {
             let reply = next < replies.count ? replies[next] : .statement
             next += 1
+            // Answered (prepared, failed or skipped): no longer in flight.
+            if case .prepared(let key, _) = reply { connection.preparesInFlight.remove(key) }
             if PQresultStatus(result) == PGRES_PIPELINE_ABORTED {
                 PQclear(result)
                 return
@@ -292,6 +302,10 @@ public final class PostgresConnection {
 
     /// The statements prepared on this connection (they live as long as the session).
     var preparedStatements: [PreparedKey: String] = [:]
+    /// Statements whose `Parse` was sent and not yet answered.
+    var preparesInFlight: Set<PreparedKey> = []
+    /// Names given so far (`trunk_sync_<n>`): a name is never given twice.
+    private var preparedNames = 0
 
     /// Most statements one connection prepares; later ones run unprepared. The hot paths
     /// have a handful of fixed statements: this only bounds a mistake.

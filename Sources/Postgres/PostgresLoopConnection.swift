@@ -4,22 +4,25 @@ import Foundation
 /// A `PostgresConnection` driven without blocking by a `PostgresEventLoop`: libpq in
 /// non-blocking pipeline mode, its socket watched by the loop. Confined to the loop's
 /// thread; leased by `PostgresLoopPool` to one task at a time, which runs one pipeline at a
-/// time (`pipeline` suspends the task; nothing blocks).
+/// time (`pipeline` suspends the task; nothing blocks) — or to the pool's shared reads,
+/// several of whose pipelines may be in flight at once (`sharedPipeline`), each ended by
+/// its own sync and answered in order.
 ///
 /// States: idle (nothing sent) → sending (libpq's buffer not yet on the socket: writable
-/// is watched) → waiting (readable is watched; results gathered as they arrive) → idle at
-/// the pipeline's sync. Any I/O failure (server restart, terminated backend) makes it
-/// broken: the waiting task is resumed with `.connectionClosed`, the socket is no longer
-/// watched, and the pool closes and replaces it.
+/// is watched) → waiting (readable is watched; results gathered as they arrive, the oldest
+/// pipeline's first) → idle at the last pipeline's sync. Any I/O failure (server restart,
+/// terminated backend) makes it broken: every waiting task is resumed with
+/// `.connectionClosed`, the socket is no longer watched, and the pool closes and replaces it.
 public final class PostgresLoopConnection: @unchecked Sendable {
     let connection: PostgresConnection
     let loop: any PostgresEventLoop
     private let fd: Int32
-    private var pending:
-        (
-            collector: PostgresConnection.PipelineCollector,
-            continuation: CheckedContinuation<[PostgresResult], any Error>
-        )?
+    /// The pipelines sent and not yet answered, oldest first.
+    private var pending: [Pending] = []
+    private struct Pending {
+        var collector: PostgresConnection.PipelineCollector
+        let continuation: CheckedContinuation<[PostgresResult], any Error>
+    }
     private var watchingWritable = false
     /// No further use: I/O failed or the connection was closed.
     private(set) var isBroken = false
@@ -40,7 +43,15 @@ public final class PostgresLoopConnection: @unchecked Sendable {
     }
 
     /// Whether the connection can take the next pipeline.
-    var isUsable: Bool { !isBroken && connection.isOpen && pending == nil }
+    var isUsable: Bool { !isBroken && connection.isOpen && pending.isEmpty }
+
+    /// Pipelines sent and not yet answered.
+    var inFlight: Int { pending.count }
+
+    /// Whether another shared pipeline may be sent behind those in flight: open, and, when
+    /// none is in flight, no transaction left open (libpq reports a pipeline in flight as a
+    /// transaction in progress; a shared pipeline opens none: it is its own implicit one).
+    var canShare: Bool { !isBroken && connection.isOpen && (!pending.isEmpty || !connection.isInTransaction) }
 
     /// Whether a transaction is open (or failed).
     public var isInTransaction: Bool { connection.isInTransaction }
@@ -50,14 +61,27 @@ public final class PostgresLoopConnection: @unchecked Sendable {
     /// On the loop's thread, one pipeline at a time.
     @discardableResult
     public func pipeline(_ statements: [PostgresStatement]) async throws -> [PostgresResult] {
+        precondition(pending.isEmpty, "one pipeline at a time on a leased connection")
+        return try await send(statements)
+    }
+
+    /// Sends `statements` behind the pipelines already in flight (the pool's shared reads:
+    /// statements that open no transaction, so each pipeline is one implicit transaction,
+    /// ended by its own sync) and returns their results once the server has answered them.
+    func sharedPipeline(_ statements: [PostgresStatement]) async throws -> [PostgresResult] {
+        try await send(statements)
+    }
+
+    private func send(_ statements: [PostgresStatement]) async throws -> [PostgresResult] {
         guard !statements.isEmpty else { return [] }
         guard !isBroken, connection.isOpen else { throw connection.connectionError() }
-        precondition(pending == nil, "one pipeline at a time on a leased connection")
         if let observer = connection.statementObserver { statements.forEach { observer($0.sql) } }
         return try await withCheckedThrowingContinuation { continuation in
             do {
                 let replies = try connection.sendPipeline(statements)
-                pending = (PostgresConnection.PipelineCollector(replies: replies), continuation)
+                pending.append(
+                    Pending(
+                        collector: PostgresConnection.PipelineCollector(replies: replies), continuation: continuation))
                 flush()
             } catch {
                 lose()
@@ -75,9 +99,18 @@ public final class PostgresLoopConnection: @unchecked Sendable {
     public func pipeline(_ statements: [PostgresStatement], prefix: [PostgresStatement]) async throws
         -> [PostgresResult]
     {
-        guard !prefix.isEmpty else { return try await pipeline(statements) }
+        try await Self.run(statements, prefix: prefix) { try await pipeline($0) }
+    }
+
+    /// `run(prefix + statements)`, with the results and a failure's `pipelineIndex` of
+    /// `statements` only.
+    static func run(
+        _ statements: [PostgresStatement], prefix: [PostgresStatement],
+        _ run: ([PostgresStatement]) async throws -> [PostgresResult]
+    ) async throws -> [PostgresResult] {
+        guard !prefix.isEmpty else { return try await run(statements) }
         do {
-            return Array(try await pipeline(prefix + statements).dropFirst(prefix.count))
+            return Array(try await run(prefix + statements).dropFirst(prefix.count))
         } catch var error as PostgresError {
             if let index = error.pipelineIndex {
                 error.pipelineIndex = index >= prefix.count ? index - prefix.count : nil
@@ -124,7 +157,7 @@ public final class PostgresLoopConnection: @unchecked Sendable {
         // What an idle session may receive: notifications (for the listener) and notices.
         drainNotifications()
         var separators = 0
-        while pending != nil, PQisBusy(connection.handle) == 0 {
+        while !pending.isEmpty, PQisBusy(connection.handle) == 0 {
             guard let result = PQgetResult(connection.handle) else {
                 // NULL ends each statement's results; two in a row: nothing more has arrived.
                 separators += 1
@@ -138,7 +171,7 @@ public final class PostgresLoopConnection: @unchecked Sendable {
                 continue
             }
             do {
-                try pending?.collector.accept(result, on: connection)
+                try pending[0].collector.accept(result, on: connection)
             } catch {
                 return lose(error)
             }
@@ -146,7 +179,7 @@ public final class PostgresLoopConnection: @unchecked Sendable {
         if notificationHandler != nil { drainNotifications() }  // those parsed with a pipeline's results
         // A backend that is ending the session sends FATAL before its end of file: an idle
         // connection counts as broken from then on, so the next lease takes another.
-        if PQstatus(connection.handle) != CONNECTION_OK || (pending == nil && connection.announcedTermination) {
+        if PQstatus(connection.handle) != CONNECTION_OK || (pending.isEmpty && connection.announcedTermination) {
             lose()
         }
     }
@@ -161,21 +194,20 @@ public final class PostgresLoopConnection: @unchecked Sendable {
     }
 
     private func complete() {
-        guard let (collector, continuation) = pending else { return }
-        pending = nil
-        continuation.resume(with: Result { try collector.finish() })
+        guard !pending.isEmpty else { return }
+        let answered = pending.removeFirst()
+        answered.continuation.resume(with: Result { try answered.collector.finish() })
     }
 
-    /// The connection is unusable: fail the waiting pipeline, stop watching.
+    /// The connection is unusable: fail the waiting pipelines, stop watching.
     private func lose(_ error: (any Error)? = nil) {
         guard !isBroken else { return }
         isBroken = true
         connection.lostTrack = true
         loop.unwatch(fd)
-        if let (_, continuation) = pending {
-            pending = nil
-            continuation.resume(throwing: error ?? connection.connectionError())
-        }
+        let waiting = pending
+        pending = []
+        for entry in waiting { entry.continuation.resume(throwing: error ?? connection.connectionError()) }
         lossHandler?()
     }
 
@@ -185,9 +217,11 @@ public final class PostgresLoopConnection: @unchecked Sendable {
             isBroken = true
             loop.unwatch(fd)
         }
-        if let (_, continuation) = pending {
-            pending = nil
-            continuation.resume(throwing: PostgresError(kind: .poolClosed, message: "the database pool is closed"))
+        let waiting = pending
+        pending = []
+        for entry in waiting {
+            entry.continuation.resume(
+                throwing: PostgresError(kind: .poolClosed, message: "the database pool is closed"))
         }
     }
 }

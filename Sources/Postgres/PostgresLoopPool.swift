@@ -19,6 +19,9 @@ public final class PostgresLoopPool: @unchecked Sendable {
         public var acquireTimeout: Duration = .seconds(5)
         /// Most requests waiting at once; more fail at once with `.poolExhausted`. Default 1000.
         public var maxWaiting: Int = 1000
+        /// Most shared reads (`sharedPipeline`) in flight on one connection before another
+        /// connection is leased for them. Default 4; 1 gives each its own connection.
+        public var sharedPipelineDepth: Int = 4
         /// Settings applied to each new connection with `set_config` (e.g. `role`,
         /// `statement_timeout`). Default none.
         public var sessionSettings: [(name: String, value: String)] = []
@@ -69,6 +72,8 @@ public final class PostgresLoopPool: @unchecked Sendable {
     private var connections: [PoolStateMachine.ConnectionID: PostgresLoopConnection] = [:]
     private var waiters: [PoolStateMachine.RequestID: CheckedContinuation<PoolStateMachine.ConnectionID, any Error>] =
         [:]
+    /// The connections leased to shared reads, while any of theirs is in flight.
+    private var sharing: [(id: PoolStateMachine.ConnectionID, connection: PostgresLoopConnection)] = []
     private var nextRequestID: PoolStateMachine.RequestID = 0
     private var lastOpenError: (any Error)?
     private var closeWaiters: [CheckedContinuation<Void, Never>] = []
@@ -123,6 +128,38 @@ public final class PostgresLoopPool: @unchecked Sendable {
         }
     }
 
+    /// Runs `prefix` then `statements` as one pipeline ended by a sync — one implicit
+    /// transaction, so the statements must open none — and returns the results of
+    /// `statements` (a failure's `pipelineIndex` counts among them; nil when `prefix` failed).
+    ///
+    /// Unlike `withConnection`, it need not wait for a connection of its own: it is sent
+    /// behind the shared reads already in flight on a connection leased for them (the one
+    /// with the fewest, while it has fewer than `sharedPipelineDepth`); only when each such
+    /// connection is that full is another leased (opened, or waited for, as any request). The
+    /// server runs such a connection's pipelines one after another without waiting on the
+    /// network between them, and one wake-up of the loop reads the answers of several: a
+    /// read that is one round trip costs the database and the loop less under load. A
+    /// connection goes back to the pool once none of its shared reads is in flight. A
+    /// failure ends only its own pipeline (each has its own sync); a lost connection fails
+    /// every pipeline in flight on it.
+    public func sharedPipeline(_ statements: [PostgresStatement], prefix: [PostgresStatement] = []) async throws
+        -> [PostgresResult]
+    {
+        try await withTaskExecutorPreference(loop) {
+            let (id, connection) = try await shareConnection()
+            do {
+                let results = try await PostgresLoopConnection.run(statements, prefix: prefix) {
+                    try await connection.sharedPipeline($0)
+                }
+                await stopSharing(id, connection)
+                return results
+            } catch {
+                await stopSharing(id, connection)
+                throw error
+            }
+        }
+    }
+
     /// From now on at most `maxConnections` connections (at least one): idle ones above it
     /// close (on the loop, soon after this returns), leased ones when given back.
     public func limit(to maxConnections: Int) {
@@ -171,6 +208,30 @@ public final class PostgresLoopPool: @unchecked Sendable {
             perform(machine.connectionReleased(id, reusable: false))
         }
         throw PostgresError(kind: .connectionClosed, message: "no usable database connection")
+    }
+
+    /// A connection for a shared read: the shared one with the fewest in flight below the
+    /// depth, else a newly leased one.
+    private func shareConnection() async throws -> (PoolStateMachine.ConnectionID, PostgresLoopConnection) {
+        var best: (id: PoolStateMachine.ConnectionID, connection: PostgresLoopConnection)?
+        for entry in sharing
+        where entry.connection.canShare
+            && entry.connection.inFlight < max(1, configuration.sharedPipelineDepth)
+            && entry.connection.inFlight < best?.connection.inFlight ?? Int.max
+        {
+            best = entry
+        }
+        if let best { return best }
+        let (id, connection) = try await acquire()
+        sharing.append((id, connection))
+        return (id, connection)
+    }
+
+    /// Gives a shared connection back to the pool once none of its reads is in flight.
+    private func stopSharing(_ id: PoolStateMachine.ConnectionID, _ connection: PostgresLoopConnection) async {
+        guard connection.inFlight == 0, let index = sharing.firstIndex(where: { $0.id == id }) else { return }
+        sharing.remove(at: index)
+        await release(id, connection)
     }
 
     private func release(_ id: PoolStateMachine.ConnectionID, _ connection: PostgresLoopConnection) async {

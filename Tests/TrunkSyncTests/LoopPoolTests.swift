@@ -17,11 +17,7 @@ final class LoopPoolTests: XCTestCase {
 
     override func setUp() async throws {
         database = try TestDatabase.create(prefix: "looppool")
-        var configuration = HTTPServerConfiguration()
-        configuration.port = 0
-        server = HTTPServer(
-            configuration: configuration, responder: NothingResponder(), logger: TestDatabase.quietLogger)
-        try server.start()
+        server = try NothingResponder.lendingServer()
     }
 
     override func tearDown() async throws {
@@ -262,4 +258,14 @@ struct NothingResponder: HTTPResponder {
     func complete(_ response: inout HTTPResponse, context: Int) {}
     func reject(_ error: HTTPParserError, peer: String) -> HTTPResponse { .json(400, "{}") }
     func refuseConnection() -> HTTPResponse { .json(503, "{}") }
+
+    /// A started server on a free port whose one loop drives the tests' pools.
+    static func lendingServer() throws -> HTTPServer<NothingResponder> {
+        var configuration = HTTPServerConfiguration()
+        configuration.port = 0
+        let server = HTTPServer(
+            configuration: configuration, responder: NothingResponder(), logger: TestDatabase.quietLogger)
+        try server.start()
+        return server
+    }
 }

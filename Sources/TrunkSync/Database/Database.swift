@@ -87,7 +87,7 @@ public enum Plans: Sendable, Equatable {
 }
 
 /// The one door to the database: every query of the server and of the command line runs in
-/// a `transaction(as:)` or a `read(as:)`, on a connection of a loop-driven pool
+/// a `transaction(as:)`, a `read(as:)` or a `readPipeline(as:)`, on a connection of a loop-driven pool
 /// (`PostgresLoopPool`) — the pool of the event loop the task runs on (an HTTP loop, once
 /// `drive(on:)` gave each its share), or else the database's own loop (`PostgresLoopThread`:
 /// start-up, background jobs, the command line, tests). Nothing waits on a thread: a query
@@ -190,6 +190,18 @@ public final class Database: Sendable {
         try await pool.withConnection { connection in
             try await body(Transaction(connection, prefix: scope.statements(plans: plans)))
         }
+    }
+
+    /// Runs `statements` as one pipeline in an implicit transaction scoped to `scope` (the
+    /// scope travels with them) and returns their results: a read that is one round trip and
+    /// opens no transaction. It may share a connection with other such reads of the pool,
+    /// sent behind theirs instead of waiting for a connection of its own
+    /// (`PostgresLoopPool.sharedPipeline`); each pipeline has its own sync, so the scope and
+    /// any failure end with it.
+    public func readPipeline(
+        as scope: Scope, plans: Plans = .chosenByPostgres, _ statements: [PostgresStatement]
+    ) async throws -> [PostgresResult] {
+        try await pool.sharedPipeline(statements, prefix: scope.statements(plans: plans))
     }
 
     /// Closes every pool (waiting requests fail, running ones finish), then the own loop,

@@ -223,15 +223,19 @@ public final class RealtimeFeed: Sendable {
 
     // MARK: - SQL
 
-    /// Each a single select with the user's scope in one round trip (`Database.read`), on
-    /// the database's own loop: a socket is not a request the HTTP server drains before its
-    /// loops stop (`Database.offHTTPLoops`). Each reads by key or by `(user_id, seq)` range,
-    /// one plan whatever the values: planned once (`Plans.generic`).
-    private func read<T: Sendable>(_ user: UUID, _ select: PostgresStatement, _ rows: (PostgresResult) throws -> T)
-        async throws -> T
-    {
+    /// Each a single select with the user's scope in one round trip (`Database.readPipeline`:
+    /// under load, behind other such reads on a connection they share), on the database's own
+    /// loop: a socket is not a request the HTTP server drains before its loops stop
+    /// (`Database.offHTTPLoops`). Each reads by key or by `(user_id, seq)` range, one plan
+    /// whatever the values: planned once (`Plans.generic`).
+    private func read<T: Sendable>(
+        _ user: UUID, _ select: PostgresStatement, _ rows: @Sendable (PostgresResult) throws -> T
+    ) async throws -> T {
         try await database.offHTTPLoops {
-            try await database.read(as: .user(user), plans: .generic) { tx in try rows(try await tx.query(select)) }
+            guard let result = try await database.readPipeline(as: .user(user), plans: .generic, [select]).first else {
+                throw PostgresError.unexpected("a statement returned no result")
+            }
+            return try rows(result)
         }
     }
 

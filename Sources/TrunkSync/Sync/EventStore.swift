@@ -406,7 +406,8 @@ public struct EventStore: Sendable {
     /// `begin`/`commit`, so they share one implicit transaction (everything before the
     /// pipeline's sync) and the scope (`set_config(…, true)`) ends with it. Gap-free: a
     /// user's pushes commit in `seq` order under the user's row lock, so one snapshot never
-    /// sees `seq` N + 1 without N.
+    /// sees `seq` N + 1 without N. Sent with `Database.readPipeline`: under load, behind other
+    /// reads on a connection they share (each pipeline its own implicit transaction).
     ///
     /// A pull this instance knows to be empty (`LastSeqCache`: the user's newest event is at
     /// or before `after`, as of the newest notification) is answered without a query; any
@@ -430,9 +431,10 @@ public struct EventStore: Sendable {
     func pull(for user: UUID, after: Int64, limit: Int, framing: EventPageEncoder.Framing) async throws -> Page {
         guard framing == .serverSentEvents else {
             let select = Self.pullStatement(for: user, after: after, limit: limit)
-            return try await database.read(as: .user(user), plans: .generic) { tx in
-                try Self.page(try await tx.query(select), limit: limit, framing: framing)
+            guard let rows = try await database.readPipeline(as: .user(user), plans: .generic, [select]).first else {
+                throw PostgresError.unexpected("a statement returned no result")
             }
+            return try Self.page(rows, limit: limit, framing: framing)
         }
         let select = Self.pullStatement(for: user, after: after, limit: limit, maxBytes: Self.streamedPageBytes)
         return try await database.offHTTPLoops {
