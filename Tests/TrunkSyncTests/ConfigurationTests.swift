@@ -67,6 +67,12 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertEqual(configuration.publicURL, "http://0.0.0.0:9200")
     }
 
+    func testSharedReadsDefaultToFourAndOneTurnsThemOff() throws {
+        XCTAssertEqual(try Configuration.load(file: nil, environment: [:], flags: [:]).databaseSharedReads, 4)
+        let off = try Configuration.load(file: nil, environment: ["TRUNK_SYNC_DB_SHARED_READS": "1"], flags: [:])
+        XCTAssertEqual(off.databaseSharedReads, 1)
+    }
+
     func testBadValuesNameTheVariable() {
         let cases: [([String: String], String)] = [
             (["TRUNK_SYNC_PORT": "http"], "TRUNK_SYNC_PORT must be a port number"),
@@ -77,6 +83,8 @@ final class ConfigurationTests: XCTestCase {
             (["TRUNK_SYNC_LOG_FORMAT": "xml"], "TRUNK_SYNC_LOG_FORMAT must be text or json"),
             (["TRUNK_SYNC_PUBLIC_URL": "ftp://x"], "TRUNK_SYNC_PUBLIC_URL must be an http"),
             (["TRUNK_SYNC_DB_POOL_SIZE": "0"], "TRUNK_SYNC_DB_POOL_SIZE must be an integer"),
+            (["TRUNK_SYNC_DB_SHARED_READS": "0"], "TRUNK_SYNC_DB_SHARED_READS must be an integer"),
+            (["TRUNK_SYNC_DB_SHARED_READS": "65"], "TRUNK_SYNC_DB_SHARED_READS must be an integer"),
             (["TRUNK_SYNC_EVENT_LOOPS": "-1"], "TRUNK_SYNC_EVENT_LOOPS must be an integer"),
             (["TRUNK_SYNC_EVENT_LOOPS": "1025"], "TRUNK_SYNC_EVENT_LOOPS must be an integer"),
             (["TRUNK_SYNC_EVENT_LOOPS": "two"], "TRUNK_SYNC_EVENT_LOOPS must be an integer"),

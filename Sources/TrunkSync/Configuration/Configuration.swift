@@ -88,6 +88,8 @@ public struct Configuration: Sendable {
     public var migrationsDirectory: String { Migration.defaultDirectory(explicit: value("migrations_dir")) }
     /// `TRUNK_SYNC_DB_POOL_SIZE`.
     public private(set) var databasePoolSize = Setting.databasePoolSize.integerDefault
+    /// `TRUNK_SYNC_DB_SHARED_READS`.
+    public private(set) var databaseSharedReads = Setting.databaseSharedReads.integerDefault
     /// `TRUNK_SYNC_DB_POOL_TIMEOUT`, in seconds.
     public private(set) var databasePoolTimeout = Setting.databasePoolTimeout.secondsDefault
     /// `TRUNK_SYNC_HTTP_HEADER_TIMEOUT`, in seconds.
@@ -279,6 +281,7 @@ public struct Configuration: Sendable {
             }
         }
         databasePoolSize = integer(Setting.databasePoolSize) ?? databasePoolSize
+        databaseSharedReads = integer(Setting.databaseSharedReads) ?? databaseSharedReads
         if let text = value("db_pool_timeout") {
             let maximum = Setting.databasePoolTimeout.secondsMaximum
             if let seconds = Double(text), seconds > 0, seconds <= maximum {

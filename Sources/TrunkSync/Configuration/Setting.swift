@@ -169,6 +169,12 @@ public struct Setting: Sendable {
     public static let databasePoolTimeout = Setting(
         key: "db_pool_timeout", kind: .seconds(maximum: 300), defaultValue: "5", isSecret: false,
         summary: "Seconds a request waits for a free database connection before 503.")
+    /// `db_shared_reads`.
+    public static let databaseSharedReads = Setting(
+        key: "db_shared_reads", kind: .integer(1...64), defaultValue: "4", isSecret: false,
+        summary:
+            "Reads that are one round trip (a pull's, Realtime's) in flight at once on one database connection: each is sent behind the others on a connection already busy with such reads, up to this many, before another connection is taken. PostgreSQL then runs them back to back and the server reads several answers per wake-up, which costs less CPU on a small machine; a read may wait behind this many minus one. 1: each read has a connection of its own (a database on many cores of its own may answer heavy reads sooner so)."
+    )
     /// `api_key`.
     public static let apiKey = Setting(
         key: "api_key", kind: .text, defaultValue: nil, isSecret: true,
@@ -342,6 +348,7 @@ public struct Setting: Sendable {
         migrationsDir,
         databasePoolSize,
         databasePoolTimeout,
+        databaseSharedReads,
         apiKey,
         jwtExpiry,
         otpExpiry,

@@ -60,6 +60,7 @@ public struct Application: Sendable {
         var settings = Database.Settings()
         settings.maxConnections = configuration.databasePoolSize
         settings.acquireTimeout = .milliseconds(Int64(configuration.databasePoolTimeout * 1000))
+        settings.sharedPipelineDepth = configuration.databaseSharedReads
         settings.sessionSettings = [("role", Self.databaseRole)]
         settings.statementObserver = statementObserver
         let database = try PostgresConfiguration(try configuration.requireDatabaseURL())
