@@ -581,6 +581,24 @@ def main():
         step("without IndexedDB, record refuses clearly")
         open_page(first, proxy.url, {"autoPush": False})
 
+        # A write the browser does not commit (the disk or the origin's quota full: the
+        # transaction aborts). Chromium's quota cannot be lowered from a test, so the outbox's
+        # add is made to abort its transaction as such a write does.
+        quota = js(first, "const before = await client.pendingCount();"
+                          "const add = IDBObjectStore.prototype.add;"
+                          "IDBObjectStore.prototype.add = function (...a) {"
+                          "  const request = add.apply(this, a); this.transaction.abort(); return request };"
+                          "let outcome;"
+                          "try { await client.record('note', {n: 'lost'}); outcome = ['recorded'] }"
+                          "catch (e) { outcome = [e.code, e.message] }"
+                          "finally { IDBObjectStore.prototype.add = add }"
+                          "const after = await client.pendingCount();"
+                          "await client.record('note', {n: 'kept'});"
+                          "return [...outcome, before, after, await client.pendingCount()]")
+        assert quota[0] == "storage_unavailable" and "did not commit" in quota[1], quota
+        assert quota[3] == quota[2] and quota[4] == quota[2] + 1, quota
+        step("a write IndexedDB does not commit rejects with storage_unavailable, nothing kept")
+
         blob = js(first, "const b = await client.exportData(); return [b.type, (await b.text()).split('\\n')[0]]")
         assert '"kind":"account"' in blob[1], blob
         step("exported the account as NDJSON")

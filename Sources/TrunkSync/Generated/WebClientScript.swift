@@ -243,8 +243,28 @@ async function transact(db, stores, mode, work) {
     throw new TrunkSyncError('storage_unavailable', `IndexedDB refused a transaction: ${String(error)}`);
   }
   const done = settled(tx);
-  const result = work(tx);
-  await done;
+  let result;
+  try {
+    result = work(tx);
+  } catch (error) {
+    // The work's own error (the transaction ends with it, uncommitted).
+    done.catch(() => {});
+    try {
+      tx.abort();
+    } catch {}
+    throw error;
+  }
+  try {
+    await done;
+  } catch (error) {
+    // Not committed: the disk or the origin's quota full (QuotaExceededError), the database
+    // closed or deleted under it. Nothing of the transaction was kept.
+    const name = error && typeof error === 'object' && 'name' in error ? `${error.name}: ` : '';
+    throw new TrunkSyncError(
+      'storage_unavailable',
+      `IndexedDB did not commit the transaction (${name}${error instanceof Error ? error.message : String(error)})`,
+    );
+  }
   return result;
 }
 
