@@ -351,6 +351,7 @@ final class ImportRun {
         // `import_source_sessions` for the end of the phase.
         var sourceRows = CopyText()
         let batchSize = min(options.batchSize, 1000)
+        var analyzedAt = 0  // sessions imported at the last ANALYZE
         try source.stream(source.sessionsQuery, batch: batchSize) { rows in
             copy.removeAll()
             sourceRows.removeAll()
@@ -420,6 +421,15 @@ final class ImportRun {
                 report.sessions.alreadyThere += Int(try counts.decode(Int64.self, column: 0))
                 report.sessions.imported += Int(try counts.decode(Int64.self, column: 1))
             }
+            // Fresh statistics each time the sessions imported double (and at 1000): the
+            // next batches' statements join `refresh_tokens` and `sessions`, which without
+            // them looked empty to the planner after a bulk load (nested loops over the whole
+            // table: a second a batch of 1000 at 10,000 sessions, and growing).
+            if report.sessions.imported >= max(1000, 2 * analyzedAt) {
+                try destination.execute("analyze sessions")
+                try destination.execute("analyze refresh_tokens")
+                analyzedAt = report.sessions.imported
+            }
             return 0
         }
         try batch {
@@ -488,7 +498,7 @@ final class ImportRun {
           update refresh_tokens t set revoked_at = now()
           where t.session_id in (select s.id from import_sessions s) and t.parent_id is null
             and t.rotated_at is null and t.revoked_at is null
-            and t.token_hash <> all (select s.token_hash from import_sessions s where s.id = t.session_id)
+            and not exists (select from import_sessions s where s.id = t.session_id and s.token_hash = t.token_hash)
         )
         select (select n from there), (select count(*) from ins), (select count(*) from tokens)
         """
