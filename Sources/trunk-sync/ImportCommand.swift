@@ -110,10 +110,23 @@ struct ImportCommand: AsyncParsableCommand {
                 let verb = report.dryRun ? "would be revoked" : "revoked"
                 lines.append("\(report.sessionsRevoked) imported session(s) \(verb): ended on the hosted project")
             }
-            for conflict in report.conflicts {
+            if report.usersUpdated > 0 {
+                let verb = report.dryRun ? "would be updated" : "updated"
                 lines.append(
-                    "conflict: \(conflict.email) (source user \(conflict.sourceID)) belongs to another trunk-sync user; not merged"
+                    "\(report.usersUpdated) imported user(s) \(verb): address, name or metadata changed on the hosted project"
                 )
+            }
+            for conflict in report.conflicts {
+                if let field = conflict.field {
+                    let here = conflict.emailHere.map { ", here \($0)" } ?? ""
+                    lines.append(
+                        "conflict: \(field) of \(conflict.email) (source user \(conflict.sourceID)\(here)) not carried over: \(conflict.reason.explanation)"
+                    )
+                } else {
+                    lines.append(
+                        "conflict: \(conflict.email) (source user \(conflict.sourceID)) belongs to another trunk-sync user; not merged"
+                    )
+                }
             }
             let v = report.verification
             lines.append(

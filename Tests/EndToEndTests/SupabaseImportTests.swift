@@ -830,6 +830,250 @@ final class SupabaseImportTests: EndToEndTestCase {
             try destination(server).query("select id from users").map { try $0.decode(UUID.self, column: 0) }, [kept])
     }
 
+    // MARK: - Changes on the hosted project after an import
+
+    /// The address, name and metadata a user has here (the owner's view).
+    func userHere(_ db: PostgresConnection, _ id: UUID) throws -> (email: String, name: String?, metadata: String) {
+        let row = try db.query("select email, full_name, user_metadata::text from users where id = $1", id)[0]
+        return (
+            try row.decode(String.self, column: 0), try row.decode(String?.self, column: 1),
+            try row.decode(String.self, column: 2)
+        )
+    }
+
+    /// What the import recorded it wrote for a user: address, name (JSON), metadata; nil
+    /// columns not recorded.
+    func recorded(_ db: PostgresConnection, _ id: UUID) throws -> [String?] {
+        let rows = try db.query(
+            "select email, full_name::text, user_metadata::text, recorded_at::text from supabase_imported_users where user_id = $1",
+            id)
+        guard let row = rows.first else { return [] }
+        return try (0..<4).map { try row.decode(String?.self, column: $0) }
+    }
+
+    /// Signs in with a mailed code (the log mailer's) and returns the user's id.
+    func signInWithCode(_ server: ServerProcess, _ email: String) throws -> String? {
+        XCTAssertEqual(try send(server, "POST", "/auth/v1/otp", body: #"{"email":"\#(email)"}"#).status, 200)
+        let line = try XCTUnwrap(
+            server.stderr.waitForLine(containing: "sign-in code for \(email)", timeout: 10), "no code logged")
+        let code = String(try XCTUnwrap(line.firstMatch(of: /: (\d{6})/)).output.1)
+        let verified = try send(
+            server, "POST", "/auth/v1/verify", body: #"{"email":"\#(email)","token":"\#(code)","type":"email"}"#)
+        XCTAssertEqual(verified.status, 200, String(decoding: verified.body, as: UTF8.self))
+        return (verified.jsonObject?["user"] as? [String: Any])?["id"] as? String
+    }
+
+    func conflicts(_ report: [String: Any]?) -> [[String: String]] {
+        (report?["conflicts"] as? [[String: Any]] ?? []).map { $0.compactMapValues { $0 as? String } }
+    }
+
+    /// A user changes their address (and their profile's name, and a metadata key) on the
+    /// hosted project after the first import. The next run carries it over to the same
+    /// account — same id, events and sessions — so a code mailed to the new address signs
+    /// them into their account, not a new empty one. A dry run shows it and changes
+    /// nothing; a run after changes nothing more.
+    func testAnAddressAndNameChangedOnTheHostedProjectAreCarriedOver() throws {
+        let source = try makeSource()
+        let ada = try addUser(source, email: "ada@example.com", metadata: #"{"full_name":"Ada","theme":"dark"}"#)
+        try source.admin.query("insert into public.profiles (id, full_name) values ($1, 'Ada L')", ada)
+        _ = try addEvents(source, user: ada, [("a", "{}", "2026-03-01 10:00:00+00")])
+        _ = try addOpaqueSession(source, user: ada, tokens: ["adaLive"])
+        let bob = try addUser(source, email: "bob@example.com")
+        let server = try startServer()
+        var (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        let db = try destination(server)
+        XCTAssertEqual(
+            try recorded(db, ada).prefix(3),
+            ["ada@example.com", #""Ada L""#, #"{"theme": "dark", "full_name": "Ada L"}"#])
+
+        try source.admin.query(
+            """
+            update auth.users set email = 'Ada.New@Example.com', updated_at = now(),
+              raw_user_meta_data = raw_user_meta_data || '{"theme":"light"}' where id = $1
+            """, ada)
+        try source.admin.query("update public.profiles set full_name = 'Ada Lovelace' where id = $1", ada)
+
+        (result, report, _) = try importCommand(server, from: source.url, ["--dry-run"])
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        XCTAssertEqual(report?["users_updated"] as? Int, 1)
+        XCTAssertEqual(try userHere(db, ada).email, "ada@example.com", "a dry run changes nothing")
+
+        (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        XCTAssertEqual(report?["users_updated"] as? Int, 1)
+        XCTAssertEqual(conflicts(report), [])
+        let here = try userHere(db, ada)
+        XCTAssertEqual(here.email, "ada.new@example.com")
+        XCTAssertEqual(here.name, "Ada Lovelace")
+        XCTAssertEqual(here.metadata, #"{"theme": "light", "full_name": "Ada Lovelace"}"#)
+        XCTAssertEqual(try userHere(db, bob).email, "bob@example.com")
+        // The same account: its session goes on, its events are there, and the new address
+        // signs into it.
+        XCTAssertEqual(try refreshStatus(server, "adaLive"), 200)
+        XCTAssertEqual(try signInWithCode(server, "ada.new@example.com"), ada.uuidString.lowercased())
+        XCTAssertEqual(
+            try db.query("select count(*) from events where user_id = $1", ada)[0].decode(Int64.self, column: 0), 1)
+        XCTAssertEqual(try db.query("select count(*) from users")[0].decode(Int64.self, column: 0), 2)
+
+        let before = try recorded(db, ada)
+        XCTAssertEqual(before.first, "ada.new@example.com")
+        (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        XCTAssertEqual(report?["users_updated"] as? Int, 0)
+        XCTAssertEqual(try recorded(db, ada), before, "a run with nothing new writes no record")
+    }
+
+    /// What changed here since the import is never overwritten: an address changed on both
+    /// sides, a name changed on both sides, a metadata key changed on both sides, and a new
+    /// hosted address another user here already has (one who signed up here with it) are
+    /// conflicts — reported, exit 3, the values here kept, run after run. Metadata keys
+    /// changed on one side only are merged; the users' events still arrive.
+    func testChangesOnBothSidesAndATakenAddressAreConflictsAndNothingHereIsOverwritten() throws {
+        let source = try makeSource()
+        let ada = try addUser(source, email: "ada@example.com", metadata: #"{"full_name":"Ada"}"#)
+        let bob = try addUser(source, email: "bob@example.com")
+        let carol = try addUser(
+            source, email: "carol@example.com", metadata: #"{"theme":"dark","lang":"en","color":"red"}"#)
+        let server = try startServer()
+        var (result, report, rejectFile) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        let db = try destination(server)
+
+        // Here: Ada's address changes (no route does that yet: as the owner), and her name
+        // and Carol's metadata as the apps change them; Bob's new address signs up here.
+        try db.query("update users set email = 'ada.here@example.com' where id = $1", ada)
+        let adaSession = try nativeSession(server, "ada.here@example.com")
+        XCTAssertEqual(
+            try send(
+                server, "PUT", "/auth/v1/user", body: #"{"data":{"full_name":"Ada Here"}}"#, token: adaSession.access
+            )
+            .status, 200)
+        let carolSession = try nativeSession(server, "carol@example.com")
+        XCTAssertEqual(
+            try send(
+                server, "PUT", "/auth/v1/user", body: #"{"data":{"lang":"fr","color":"blue"}}"#,
+                token: carolSession.access
+            ).status, 200)
+        _ = try nativeSession(server, "bob.new@example.com")
+        // There: the same fields change.
+        try source.admin.query(
+            """
+            update auth.users set email = 'ada.there@example.com', raw_user_meta_data = '{"full_name":"Ada There"}'
+            where id = $1
+            """, ada)
+        try source.admin.query("update auth.users set email = 'bob.new@example.com' where id = $1", bob)
+        try source.admin.query(
+            #"update auth.users set raw_user_meta_data = '{"theme":"light","lang":"en","color":"green"}' where id = $1"#,
+            carol)
+        _ = try addEvents(source, user: bob, [("a", "{}", "2026-03-01 10:00:00+00")])
+
+        for run in 1...2 {
+            (result, report, rejectFile) = try importCommand(server, from: source.url)
+            XCTAssertEqual(result.status, 3, "run \(run): " + result.stderr + result.stdout)
+            XCTAssertEqual(
+                conflicts(report),
+                [
+                    [
+                        "source_id": ada.uuidString.lowercased(), "email": "ada.there@example.com", "field": "email",
+                        "email_here": "ada.here@example.com", "reason": "changed_on_both_sides",
+                    ],
+                    [
+                        "source_id": ada.uuidString.lowercased(), "email": "ada.there@example.com",
+                        "field": "full_name",
+                        "reason": "changed_on_both_sides",
+                    ],
+                    [
+                        "source_id": ada.uuidString.lowercased(), "email": "ada.there@example.com",
+                        "field": "user_metadata", "reason": "changed_on_both_sides",
+                    ],
+                    [
+                        "source_id": bob.uuidString.lowercased(), "email": "bob.new@example.com", "field": "email",
+                        "email_here": "bob@example.com", "reason": "address_taken",
+                    ],
+                    [
+                        "source_id": carol.uuidString.lowercased(), "email": "carol@example.com",
+                        "field": "user_metadata", "reason": "changed_on_both_sides",
+                    ],
+                ].sorted { ($0["source_id"] ?? "", $0["field"] ?? "") < ($1["source_id"] ?? "", $1["field"] ?? "") },
+                "run \(run)")
+            XCTAssertEqual(report?["users_updated"] as? Int, run == 1 ? 1 : 0, "Carol's theme, once")
+            let adaHere = try userHere(db, ada)
+            XCTAssertEqual(adaHere.email, "ada.here@example.com")
+            XCTAssertEqual(adaHere.name, "Ada Here")
+            XCTAssertEqual(adaHere.metadata, #"{"full_name": "Ada Here"}"#)
+            XCTAssertEqual(try userHere(db, bob).email, "bob@example.com")
+            XCTAssertEqual(
+                try userHere(db, carol).metadata, #"{"lang": "fr", "color": "blue", "theme": "light"}"#,
+                "the theme changed there only is carried; the rest changed here is kept")
+        }
+        XCTAssertEqual(
+            try db.query("select count(*) from events where user_id = $1", bob)[0].decode(Int64.self, column: 0), 1,
+            "a conflict over an address does not hold back the user's events")
+        let rejects = try String(contentsOfFile: rejectFile, encoding: .utf8)
+        XCTAssertTrue(rejects.contains("email not carried over"), rejects)
+        XCTAssertFalse(rejects.contains("Ada Here") || rejects.contains("Ada There"), "no values in the reject file")
+
+        // Resolved by making the two sides agree: no conflict left for that field.
+        try source.admin.query("update auth.users set email = 'ada.here@example.com' where id = $1", ada)
+        (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertFalse(
+            conflicts(report).contains { $0["source_id"] == ada.uuidString.lowercased() && $0["field"] == "email" })
+        XCTAssertEqual(try recorded(db, ada).first, "ada.here@example.com")
+    }
+
+    /// A database imported before the import recorded what it wrote (migration 0016):
+    /// the migration records each imported user's address (nothing here could change an
+    /// address until then), so an address changed on the hosted project since is carried
+    /// over. Names and metadata are not recorded: where both sides agree the next run
+    /// records them; where they differ it cannot tell which side changed, keeps the value
+    /// here and reports `not_recorded` until they agree.
+    func testADatabaseImportedBeforeTheRecordCarriesAddressesAndReportsUnknownNames() throws {
+        let source = try makeSource()
+        let ada = try addUser(source, email: "ada@example.com", metadata: #"{"full_name":"Ada"}"#)
+        let bob = try addUser(source, email: "bob@example.com", metadata: #"{"full_name":"Bob"}"#)
+        let server = try startServer()
+        var (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        let db = try destination(server)
+        // Back to before migration 0016, then migrated again as an upgrade does.
+        try db.execute(
+            """
+            drop table supabase_imported_users;
+            delete from schema_migrations where name = '0016_supabase_imported_users.sql';
+            """)
+        let migrated = try Command.run(Command.trunkSyncBinary(), ["migrate"], environment: server.environment)
+        XCTAssertEqual(migrated.status, 0, migrated.stderr)
+        XCTAssertEqual(try recorded(db, ada).prefix(3), ["ada@example.com", nil, nil])
+
+        try source.admin.query(
+            #"update auth.users set email = 'ada.new@example.com', raw_user_meta_data = '{"full_name":"Ada New"}' where id = $1"#,
+            ada)
+        (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 3, result.stderr + result.stdout)
+        XCTAssertEqual(report?["users_updated"] as? Int, 1)
+        XCTAssertEqual(
+            Set(conflicts(report).map { [$0["source_id"] ?? "", $0["field"] ?? "", $0["reason"] ?? ""] }),
+            [
+                [ada.uuidString.lowercased(), "full_name", "not_recorded"],
+                [ada.uuidString.lowercased(), "user_metadata", "not_recorded"],
+            ])
+        let adaHere = try userHere(db, ada)
+        XCTAssertEqual(adaHere.email, "ada.new@example.com")
+        XCTAssertEqual(adaHere.name, "Ada")
+        XCTAssertEqual(try recorded(db, bob).prefix(3), ["bob@example.com", #""Bob""#, #"{"full_name": "Bob"}"#])
+
+        // Ada sets the same name here: both sides agree, recorded, no conflict left.
+        let session = try nativeSession(server, "ada.new@example.com")
+        XCTAssertEqual(
+            try send(server, "PUT", "/auth/v1/user", body: #"{"data":{"full_name":"Ada New"}}"#, token: session.access)
+                .status, 200)
+        (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        XCTAssertEqual(
+            try recorded(db, ada).prefix(3), ["ada.new@example.com", #""Ada New""#, #"{"full_name": "Ada New"}"#])
+    }
+
     func testAClashOfAFirstImportedEventFallsBackToTheLookUpAndTheRestArrives() throws {
         // Users with no event here get their events numbered by the import and inserted
         // without a look-up. An event whose id another user's event here already has makes
@@ -892,6 +1136,7 @@ final class SupabaseImportTests: EndToEndTestCase {
         let db = try destination(server)
         for table in [
             "users", "events", "sessions", "refresh_tokens", "supabase_import_progress", "supabase_imported_sessions",
+            "supabase_imported_users",
         ] {
             XCTAssertEqual(try db.query("select count(*) from \(table)")[0].decode(Int64.self, column: 0), 0, table)
         }

@@ -127,11 +127,12 @@ final class ImportRun {
                     report.users.rejected += 1
                     reject("auth.users", id, "deleted on trunk-sync after an earlier import; not imported again")
                 }
+                try carryChanges()
                 for row in try destination.query(Self.userConflicts) {
                     let id = try row.decode(String.self, column: 0)
                     let email = try row.decode(String.self, column: 1)
                     notImported.insert(id)
-                    report.conflicts.append(.init(sourceID: id, email: email))
+                    report.conflicts.append(.init(sourceID: id, email: email, reason: .addressTaken))
                     reject("auth.users", id, "email \(email) belongs to another trunk-sync user")
                 }
                 let counts = try destination.query(Self.insertUsers)[0]
@@ -153,28 +154,176 @@ final class ImportRun {
         returning s.id::text
         """
 
-    /// The batch's users whose email another user here has, or another user of the batch
-    /// with a smaller id (two source users with one address: case apart, or an SSO user
-    /// beside an email one, which Supabase's unique index allows).
+    /// The batch's users not here yet whose email another user here has, or another user
+    /// of the batch with a smaller id (two source users with one address: case apart, or an
+    /// SSO user beside an email one, which Supabase's unique index allows). A user an
+    /// earlier run imported is `carryChanges`'s. The batch's own duplicates by a window, in
+    /// one sort (a correlated look-up in the unindexed temporary table scanned it once per
+    /// user: 5.5 s a batch of 10,000).
     static let userConflicts = """
-        select s.id::text, s.email from import_users s
-        where exists (select from users u where lower(u.email) = s.email and u.id <> s.id)
-           or exists (select from import_users o where o.email = s.email and o.id < s.id)
+        select s.id::text, s.email
+        from (select s.id, s.email, row_number() over (partition by s.email order by s.id) > 1 later
+              from import_users s) s
+        where not exists (select from users u where u.id = s.id)
+          and (s.later or exists (select from users u where lower(u.email) = s.email and u.id <> s.id))
+        """
+
+    /// A source user's name as the import writes it (`s`: an `import_users` row):
+    /// `profiles.full_name` wins over the metadata's.
+    static let hostedName = "coalesce(s.profile_name, s.metadata->>'full_name')"
+
+    /// A source user's metadata as the import writes it: the profile's name as its `full_name`.
+    static let hostedMetadata = """
+        case when s.profile_name is null then s.metadata
+             else s.metadata || jsonb_build_object('full_name', s.profile_name) end
+        """
+
+    /// Carries over to the batch's users an earlier run imported what changed on the hosted
+    /// project since (address, name, metadata), where the value here is still the one the
+    /// import wrote (`supabase_imported_users`), and reports the rest as conflicts.
+    private func carryChanges() throws {
+        try destination.execute("truncate import_user_changes")
+        try destination.query(Self.compareUsers)
+        let updated = try destination.query(Self.applyChanges)[0]
+        report.usersUpdated += Int(try updated.decode(Int64.self, column: 0))
+        for row in try destination.query(Self.changeConflicts) {
+            let id = try row.decode(String.self, column: 0)
+            let field = try row.decode(String.self, column: 3)
+            guard let reason = SupabaseImport.Conflict.Reason(step: try row.decode(String.self, column: 4)) else {
+                continue
+            }
+            let email = try row.decode(String.self, column: 1)
+            let here = try row.decode(String.self, column: 2)
+            report.conflicts.append(
+                .init(
+                    sourceID: id, email: email, field: field, emailHere: field == "email" ? here : nil, reason: reason)
+            )
+            reject("auth.users", id, "\(field) not carried over: \(reason.explanation)")
+        }
+    }
+
+    /// Per batch user an earlier run imported (here by id): the hosted value (`there`, as
+    /// the import writes it), the one here, the one the import last wrote (`then`, null:
+    /// not recorded), and what to do with each field — `same` (both sides agree), `kept`
+    /// (changed here only: left), `carry` (changed there only), `both` (changed on both
+    /// sides: left, a conflict), `taken` (the new address is another user's here, or
+    /// another source user's: a conflict), `not_recorded` (they differ and the import has
+    /// no record: left, a conflict). Names are JSON (`null` for none). The metadata goes key
+    /// by key (only where the two differ): the keys changed there only are carried, those
+    /// changed on both sides are left; `meta_merged` is the result, `meta_record` what the
+    /// import has then written.
+    static let compareUsers = """
+        insert into import_user_changes
+        select c.id, c.there_email, c.here_email, c.then_email,
+               case when c.there_email = c.here_email then 'same'
+                    when c.then_email is null then 'not_recorded'
+                    when c.there_email = c.then_email then 'kept'
+                    when c.here_email <> c.then_email then 'both'
+                    when exists (select from users o where lower(o.email) = c.there_email and o.id <> c.id)
+                      or exists (select from import_users o where o.email = c.there_email and o.id <> c.id) then 'taken'
+                    else 'carry' end,
+               c.there_name, c.then_name,
+               case when c.there_name = c.here_name then 'same'
+                    when c.then_name is null then 'not_recorded'
+                    when c.there_name = c.then_name then 'kept'
+                    when c.here_name <> c.then_name then 'both'
+                    else 'carry' end,
+               c.here_meta, m.merged,
+               case when c.there_meta = c.here_meta then c.there_meta when c.then_meta is not null then m.recorded end,
+               case when c.there_meta = c.here_meta then 'same'
+                    when c.then_meta is null then 'not_recorded'
+                    when m.conflicts then 'both'
+                    when m.carried then 'carry'
+                    else 'kept' end
+        from (
+          select s.id, s.email there_email, u.email here_email, r.email then_email,
+                 coalesce(to_jsonb(\(hostedName)), 'null') there_name,
+                 coalesce(to_jsonb(u.full_name), 'null') here_name, r.full_name then_name,
+                 \(hostedMetadata) there_meta, u.user_metadata here_meta, r.user_metadata then_meta
+          from import_users s join users u on u.id = s.id
+          left join supabase_imported_users r on r.user_id = s.id
+        ) c
+        cross join lateral (
+          select coalesce(bool_or(k.step = 'both'), false) conflicts, coalesce(bool_or(k.step = 'carry'), false) carried,
+                 coalesce(jsonb_object_agg(k.key, k.merged) filter (where k.merged is not null), '{}') merged,
+                 coalesce(jsonb_object_agg(k.key, k.recorded) filter (where k.recorded is not null), '{}') recorded
+          from (
+            select x.key, y.step, case when y.step = 'carry' then x.t else x.h end merged,
+                   case when y.step in ('same', 'carry') then x.t else x.r end recorded
+            from (
+              select keys.key, c.there_meta->keys.key t, c.here_meta->keys.key h, c.then_meta->keys.key r
+              from (select jsonb_object_keys(c.there_meta) union select jsonb_object_keys(c.here_meta)
+                    union select jsonb_object_keys(coalesce(c.then_meta, '{}'))) keys(key)
+              where c.there_meta <> c.here_meta  -- else nothing to merge (most users, most runs)
+            ) x
+            cross join lateral (
+              select case when x.t is not distinct from x.h then 'same'
+                          when x.t is not distinct from x.r then 'kept'
+                          when x.h is not distinct from x.r then 'carry'
+                          else 'both' end step
+            ) y
+          ) k
+        ) m
+        """
+
+    /// Writes what `compareUsers` found to carry (metadata keys changed there only, also
+    /// beside keys changed on both sides), each value only while the one here is still what
+    /// it read (a change here meanwhile wins), and records what the import has written
+    /// (rows that change only). Returns: users updated.
+    static let applyChanges = """
+        with updated as (
+          update users u set
+            email = case when c.email_step = 'carry' and u.email = c.then_email then c.there_email else u.email end,
+            full_name = case when c.name_step = 'carry' and coalesce(to_jsonb(u.full_name), 'null') = c.then_name
+                             then c.there_name #>> '{}' else u.full_name end,
+            user_metadata = case when c.meta_step in ('carry', 'both') and u.user_metadata = c.here_meta
+                                 then c.meta_merged else u.user_metadata end,
+            updated_at = now()
+          from import_user_changes c
+          where u.id = c.id
+            and ('carry' in (c.email_step, c.name_step, c.meta_step)
+                 or c.meta_step = 'both' and c.meta_merged <> c.here_meta)
+          returning u.id
+        ),
+        recorded as (
+          insert into supabase_imported_users as r (user_id, email, full_name, user_metadata)
+          select c.id,
+                 case when c.email_step in ('same', 'carry') then c.there_email else c.then_email end,
+                 case when c.name_step in ('same', 'carry') then c.there_name else c.then_name end,
+                 c.meta_record
+          from import_user_changes c
+          on conflict (user_id) do update
+            set email = excluded.email, full_name = excluded.full_name, user_metadata = excluded.user_metadata,
+                recorded_at = now()
+            where (r.email, r.full_name, r.user_metadata)
+                  is distinct from (excluded.email, excluded.full_name, excluded.user_metadata)
+        )
+        select count(*) from updated
+        """
+
+    /// The fields `compareUsers` left as conflicts: source id, hosted address, address
+    /// here, field, step.
+    static let changeConflicts = """
+        select c.id::text, c.there_email, c.here_email, f.field, f.step
+        from import_user_changes c
+        cross join lateral (values ('email', c.email_step), ('full_name', c.name_step), ('user_metadata', c.meta_step))
+          f(field, step)
+        where f.step in ('both', 'taken', 'not_recorded')
+        order by c.id, f.field
         """
 
     /// Inserts the users not there yet (by id; an email another user has is a conflict,
     /// reported before). `profiles.full_name` wins over the metadata's. Each imported user
     /// gets a count of events read (0 until their events are), which marks them as
-    /// imported once: deleted here later, they are not brought back. Returns: already
-    /// there, imported, imported with a profile name.
+    /// imported once: deleted here later, they are not brought back; and a record of the
+    /// address, name and metadata written (`supabase_imported_users`), for `compareUsers`.
+    /// Returns: already there, imported, imported with a profile name.
     static let insertUsers = """
         with there as (select count(*) n from import_users s where exists (select from users u where u.id = s.id)),
         ins as (
           insert into users (id, email, created_at, updated_at, email_confirmed_at, last_sign_in_at, full_name, user_metadata)
           select s.id, s.email, s.created_at, s.updated_at, s.email_confirmed_at, s.last_sign_in_at,
-                 coalesce(s.profile_name, s.metadata->>'full_name'),
-                 case when s.profile_name is null then s.metadata
-                      else s.metadata || jsonb_build_object('full_name', s.profile_name) end
+                 \(hostedName), \(hostedMetadata)
           from import_users s
           where not exists (select from users u where u.id = s.id or lower(u.email) = s.email)
           on conflict do nothing
@@ -182,6 +331,12 @@ final class ImportRun {
         ),
         marked as (
           insert into supabase_import_progress (user_id, events_seen) select id, 0 from ins
+          on conflict (user_id) do nothing
+        ),
+        recorded as (
+          insert into supabase_imported_users (user_id, email, full_name, user_metadata)
+          select s.id, s.email, coalesce(to_jsonb(\(hostedName)), 'null'), \(hostedMetadata)
+          from import_users s join ins on ins.id = s.id
           on conflict (user_id) do nothing
         )
         select (select n from there), (select count(*) from ins),
@@ -196,6 +351,7 @@ final class ImportRun {
         // `import_source_sessions` for the end of the phase.
         var sourceRows = CopyText()
         let batchSize = min(options.batchSize, 1000)
+        var analyzedAt = 0  // sessions imported at the last ANALYZE
         try source.stream(source.sessionsQuery, batch: batchSize) { rows in
             copy.removeAll()
             sourceRows.removeAll()
@@ -265,6 +421,15 @@ final class ImportRun {
                 report.sessions.alreadyThere += Int(try counts.decode(Int64.self, column: 0))
                 report.sessions.imported += Int(try counts.decode(Int64.self, column: 1))
             }
+            // Fresh statistics each time the sessions imported double (and at 1000): the
+            // next batches' statements join `refresh_tokens` and `sessions`, which without
+            // them looked empty to the planner after a bulk load (nested loops over the whole
+            // table: a second a batch of 1000 at 10,000 sessions, and growing).
+            if report.sessions.imported >= max(1000, 2 * analyzedAt) {
+                try destination.execute("analyze sessions")
+                try destination.execute("analyze refresh_tokens")
+                analyzedAt = report.sessions.imported
+            }
             return 0
         }
         try batch {
@@ -333,7 +498,7 @@ final class ImportRun {
           update refresh_tokens t set revoked_at = now()
           where t.session_id in (select s.id from import_sessions s) and t.parent_id is null
             and t.rotated_at is null and t.revoked_at is null
-            and t.token_hash <> all (select s.token_hash from import_sessions s where s.id = t.session_id)
+            and not exists (select from import_sessions s where s.id = t.session_id and s.token_hash = t.token_hash)
         )
         select (select n from there), (select count(*) from ins), (select count(*) from tokens)
         """

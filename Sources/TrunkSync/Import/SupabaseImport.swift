@@ -29,7 +29,9 @@ public enum ImportError: Error, CustomStringConvertible {
 ///   matched by id, events by `(user_id, client_id)`, sessions by id, and each user's count
 ///   of source events read is committed with the batch (`supabase_import_progress`), so a
 ///   re-run reads only the users whose count changed. Sessions it inserts are recorded
-///   (`supabase_imported_sessions`); each run revokes those the source has ended since.
+///   (`supabase_imported_sessions`); each run revokes those the source has ended since. The
+///   address, name and metadata it writes are recorded (`supabase_imported_users`); each run
+///   carries over what changed at the source since, unless it changed here too (a conflict).
 /// - Events get `seq` after the user's `last_seq` (after what they pushed meanwhile), in the
 ///   source's order (time, then id), under the user's row lock as a push takes it; each
 ///   committed batch is announced on `trunk_sync_events` as a push is. A user with no event
@@ -131,13 +133,57 @@ public struct SupabaseImport: Sendable {
         }
     }
 
-    /// An email that already belongs to another trunk-sync user: never merged.
+    /// What a run left for the operator: a source user not imported because another
+    /// trunk-sync user has their address (never merged), or, for a user an earlier run
+    /// imported, a change on the hosted project not carried over (`field`), so that nothing
+    /// changed here is overwritten.
     public struct Conflict: Codable, Sendable, Equatable {
         public var sourceID: String
+        /// The user's address on the hosted project.
         public var email: String
+        /// What was not carried over (`email`, `full_name`, `user_metadata`); nil: the user
+        /// was not imported.
+        public var field: String? = nil
+        /// The user's address here, when the address was not carried over.
+        public var emailHere: String? = nil
+        public var reason: Reason
+
+        public enum Reason: String, Codable, Sendable {
+            /// The (new) address belongs to another trunk-sync user, or to another source user.
+            case addressTaken = "address_taken"
+            /// Changed on the hosted project and here since the import wrote it.
+            case changedOnBothSides = "changed_on_both_sides"
+            /// The two differ, and the import has no record of what it wrote (a user imported
+            /// before that record): which side changed cannot be told.
+            case notRecorded = "not_recorded"
+
+            /// From `ImportRun.compareUsers`'s step; nil for a step that is no conflict.
+            init?(step: String) {
+                switch step {
+                case "taken": self = .addressTaken
+                case "both": self = .changedOnBothSides
+                case "not_recorded": self = .notRecorded
+                default: return nil
+                }
+            }
+
+            /// Why the value here was kept, for the reject file and the text report.
+            public var explanation: String {
+                switch self {
+                case .addressTaken: return "the hosted address belongs to another user here"
+                case .changedOnBothSides: return "changed on the hosted project and here since the import; kept here"
+                case .notRecorded:
+                    return "differs from the hosted project's, and this database has no record of what an earlier "
+                        + "import wrote; kept here"
+                }
+            }
+        }
+
         enum CodingKeys: String, CodingKey {
             case sourceID = "source_id"
-            case email
+            case email, field
+            case emailHere = "email_here"
+            case reason
         }
     }
 
@@ -161,6 +207,9 @@ public struct SupabaseImport: Sendable {
         /// every refresh token revoked, expired, or the user banned, deleted softly or
         /// deleted), revoked here as a sign-out revokes them.
         public var sessionsRevoked = 0
+        /// Users an earlier run imported whose address, name or metadata changed on the
+        /// hosted project since, carried over here (where nothing changed here).
+        public var usersUpdated = 0
         public var conflicts: [Conflict] = []
         public var verification = Verification()
         public var rejectFile: String?
@@ -179,6 +228,7 @@ public struct SupabaseImport: Sendable {
             case sessionsUndecryptable = "sessions_undecryptable"
             case sessionsWithoutToken = "sessions_without_token"
             case sessionsRevoked = "sessions_revoked"
+            case usersUpdated = "users_updated"
             case conflicts, verification
             case rejectFile = "reject_file"
             case seconds
@@ -222,10 +272,14 @@ public struct SupabaseImport: Sendable {
                 "not migrated: \(status.pending.count) migration(s) pending (\(status.pending.map(\.name).joined(separator: ", "))); run trunk-sync migrate first"
             )
         }
+        // No JIT: each batch's statements run once over a temporary table without statistics,
+        // whose cost estimates set off compilations that took longer (0.8 s a batch of users)
+        // than the statements themselves.
         try connection.execute(
             """
             set timezone = 'UTC';
             set work_mem = '32MB';
+            set jit = off;
             create temp table import_users (id uuid, email text, created_at timestamptz, updated_at timestamptz,
               email_confirmed_at timestamptz, last_sign_in_at timestamptz, metadata jsonb, profile_name text);
             create temp table import_events (ord int, seq bigint, user_id uuid, id uuid, type text, payload jsonb, client_id uuid,
@@ -234,6 +288,9 @@ public struct SupabaseImport: Sendable {
             create temp table import_counts (user_id uuid primary key, n bigint);
             create temp table import_sessions (id uuid, user_id uuid, created_at timestamptz, aal text, token_hash bytea);
             create temp table import_source_sessions (id uuid primary key, user_id uuid, live bool);
+            create temp table import_user_changes (id uuid, there_email text, here_email text, then_email text,
+              email_step text, there_name jsonb, then_name jsonb, name_step text, here_meta jsonb, meta_merged jsonb,
+              meta_record jsonb, meta_step text);
             """)
         return connection
     }
