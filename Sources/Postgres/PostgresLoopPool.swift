@@ -20,8 +20,9 @@ public final class PostgresLoopPool: @unchecked Sendable {
         /// Most requests waiting at once; more fail at once with `.poolExhausted`. Default 1000.
         public var maxWaiting: Int = 1000
         /// Most shared reads (`sharedPipeline`) in flight on one connection before another
-        /// connection is leased for them. Default 4; 1 gives each its own connection.
-        public var sharedPipelineDepth: Int = 4
+        /// connection is leased for them. Default 1: each has a connection of its own (see
+        /// Sources/Postgres/README.md, "Shared reads", for why deeper is not the default yet).
+        public var sharedPipelineDepth: Int = 1
         /// Settings applied to each new connection with `set_config` (e.g. `role`,
         /// `statement_timeout`). Default none.
         public var sessionSettings: [(name: String, value: String)] = []

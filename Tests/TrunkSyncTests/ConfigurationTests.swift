@@ -67,10 +67,10 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertEqual(configuration.publicURL, "http://0.0.0.0:9200")
     }
 
-    func testSharedReadsDefaultToFourAndOneTurnsThemOff() throws {
-        XCTAssertEqual(try Configuration.load(file: nil, environment: [:], flags: [:]).databaseSharedReads, 4)
-        let off = try Configuration.load(file: nil, environment: ["TRUNK_SYNC_DB_SHARED_READS": "1"], flags: [:])
-        XCTAssertEqual(off.databaseSharedReads, 1)
+    func testSharedReadsAreOffByDefaultAndTakeADepth() throws {
+        XCTAssertEqual(try Configuration.load(file: nil, environment: [:], flags: [:]).databaseSharedReads, 1)
+        let on = try Configuration.load(file: nil, environment: ["TRUNK_SYNC_DB_SHARED_READS": "4"], flags: [:])
+        XCTAssertEqual(on.databaseSharedReads, 4)
     }
 
     func testBadValuesNameTheVariable() {

@@ -171,9 +171,9 @@ public struct Setting: Sendable {
         summary: "Seconds a request waits for a free database connection before 503.")
     /// `db_shared_reads`.
     public static let databaseSharedReads = Setting(
-        key: "db_shared_reads", kind: .integer(1...64), defaultValue: "4", isSecret: false,
+        key: "db_shared_reads", kind: .integer(1...64), defaultValue: "1", isSecret: false,
         summary:
-            "Reads that are one round trip (a pull's, Realtime's) in flight at once on one database connection: each is sent behind the others on a connection already busy with such reads, up to this many, before another connection is taken. PostgreSQL then runs them back to back and the server reads several answers per wake-up, which costs less CPU on a small machine; a read may wait behind this many minus one. 1: each read has a connection of its own (a database on many cores of its own may answer heavy reads sooner so)."
+            "Reads that are one round trip (a pull's, Realtime's) in flight at once on one database connection. Above 1, a read is sent behind others on a connection already busy with such reads, up to this many, before another connection is taken: PostgreSQL runs them back to back and the server reads several answers per wake-up (about 20 % more one-row pulls per second on 2 cores, bench/README.md), but under saturation batches of such reads were seen to stall for 50 ms to over a second, not yet explained: keep 1 (each read has a connection of its own) unless you have measured it on your setup."
     )
     /// `api_key`.
     public static let apiKey = Setting(

@@ -224,7 +224,7 @@ public final class RealtimeFeed: Sendable {
     // MARK: - SQL
 
     /// Each a single select with the user's scope in one round trip (`Database.readPipeline`:
-    /// under load, behind other such reads on a connection they share), on the database's own
+    /// with `db_shared_reads` above 1, behind other such reads on a shared connection), on the database's own
     /// loop: a socket is not a request the HTTP server drains before its loops stop
     /// (`Database.offHTTPLoops`). Each reads by key or by `(user_id, seq)` range, one plan
     /// whatever the values: planned once (`Plans.generic`).

@@ -406,8 +406,9 @@ public struct EventStore: Sendable {
     /// `begin`/`commit`, so they share one implicit transaction (everything before the
     /// pipeline's sync) and the scope (`set_config(…, true)`) ends with it. Gap-free: a
     /// user's pushes commit in `seq` order under the user's row lock, so one snapshot never
-    /// sees `seq` N + 1 without N. Sent with `Database.readPipeline`: under load, behind other
-    /// reads on a connection they share (each pipeline its own implicit transaction).
+    /// sees `seq` N + 1 without N. Sent with `Database.readPipeline` (with `db_shared_reads`
+    /// above 1, behind other reads on a connection they share; each pipeline its own
+    /// implicit transaction).
     ///
     /// A pull this instance knows to be empty (`LastSeqCache`: the user's newest event is at
     /// or before `after`, as of the newest notification) is answered without a query; any
