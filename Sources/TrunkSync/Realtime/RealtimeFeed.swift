@@ -41,7 +41,7 @@ public final class RealtimeFeed: Sendable {
         /// per-address connection cap lets hold them all, would otherwise shut every other
         /// client out. A socket that joined once is never closed for it (supabase-js keeps
         /// its socket after its last channel left). The clients join right after opening.
-        /// Default 30 s.
+        /// Checked by the feed's tick, once a second. Default 30 s.
         public var joinGrace: Duration = .seconds(30)
 
         public init() {}
@@ -56,6 +56,8 @@ public final class RealtimeFeed: Sendable {
         var channels: [UInt64: RealtimeChannel] = [:]
         var nextID: UInt64 = 0
         var ticker: Task<Void, Never>? = nil
+        /// Sockets that have not joined a channel yet, whose grace the tick ends.
+        var awaitingJoin: [ObjectIdentifier: RealtimeJoinGrace] = [:]
         var closed = false
     }
 
@@ -109,6 +111,24 @@ public final class RealtimeFeed: Sendable {
 
     func closeSocket() { state.withLock { $0.sockets -= 1 } }
 
+    /// Ends `grace` once its deadline has passed (the tick, once a second), unless the
+    /// socket joined or ended first (`stopAwaitingJoin`).
+    func awaitJoin(_ grace: RealtimeJoinGrace) {
+        state.withLock { state in
+            guard !state.closed else { return }
+            state.awaitingJoin[ObjectIdentifier(grace)] = grace
+            startTicking(&state)
+        }
+    }
+
+    func stopAwaitingJoin(_ grace: RealtimeJoinGrace) {
+        _ = state.withLock { $0.awaitingJoin.removeValue(forKey: ObjectIdentifier(grace)) }
+    }
+
+    private func startTicking(_ state: inout State) {
+        if state.ticker == nil { state.ticker = Task { [weak self] in await self?.tick() } }
+    }
+
     // MARK: - Channels
 
     /// Joins `channel`: takes the user's slot, and registers it with the user's hub once the
@@ -132,9 +152,7 @@ public final class RealtimeFeed: Sendable {
             state.channelsPerUser[channel.user] = mine + 1
             state.bindingsPerUser[channel.user] = bindings
             state.channels[channel.id] = channel
-            if state.ticker == nil {
-                state.ticker = Task { [weak self] in await self?.tick() }
-            }
+            startTicking(&state)
             if let hub = state.hubs[channel.user] { return (hub, nil) }
             let hub = RealtimeHub(user: channel.user, feed: self)
             state.hubs[channel.user] = hub
@@ -189,15 +207,21 @@ public final class RealtimeFeed: Sendable {
 
     func recordSent(_ count: Int) { sent.increment(by: count) }
 
-    /// Once a second: ends the channels whose access token expired, and those whose session
-    /// was revoked. A revocation usually ends its channels at once (it wakes the user's hub),
+    /// Once a second: ends the join grace of sockets past it (`RealtimeJoinGrace`), and the
+    /// channels whose access token expired, and those whose session was revoked. A revocation usually ends its channels at once (it wakes the user's hub),
     /// but not one it raced: a channel registered with its hub just after the wake-up (its
     /// token was checked before the revocation), or a revocation learnt without one (the
     /// reload after the listener reconnected). As the event streams' tick does.
     private func tick() async {
         while !Task.isCancelled {
             try? await Task.sleep(for: .seconds(1))
-            let channels = state.withLock { Array($0.channels.values) }
+            let instant = ContinuousClock.now
+            let (channels, graceOver) = state.withLock { state in
+                let over = state.awaitingJoin.values.filter { instant >= $0.deadline }
+                for grace in over { state.awaitingJoin[ObjectIdentifier(grace)] = nil }
+                return (Array(state.channels.values), over)
+            }
+            for grace in graceOver { grace.end() }
             let now = AuthService.now()
             for channel in channels {
                 if now >= channel.expiresAt {

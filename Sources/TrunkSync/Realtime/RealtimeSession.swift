@@ -33,12 +33,11 @@ struct RealtimeSession {
 
     /// Answers messages until the connection ends, then leaves every channel.
     mutating func run() async {
-        let timer = Task { [grace, duration = feed.settings.joinGrace] in
-            do { try await Task.sleep(for: duration) } catch { return }  // cancelled: the socket is gone
-            grace.end()
-        }
+        // The feed's once-a-second tick ends the grace: no task or timer per socket (10,000
+        // sleeping tasks cost ~2 KiB a socket).
+        feed.awaitJoin(grace)
         defer {
-            timer.cancel()
+            feed.stopAwaitingJoin(grace)
             for channel in channels.values { feed.leave(channel) }
             feed.closeSocket()
         }
@@ -81,7 +80,9 @@ struct RealtimeSession {
         case "phx_join":
             grace.joinStarted()
             await join(message)
-            grace.joinEnded(succeeded: channels[message.topic] != nil)
+            let joined = channels[message.topic] != nil
+            grace.joinEnded(succeeded: joined)
+            if joined { feed.stopAwaitingJoin(grace) }
         case "phx_leave":
             if let channel = channels.removeValue(forKey: message.topic) {
                 feed.leave(channel)
@@ -251,12 +252,15 @@ final class RealtimeJoinGrace: Sendable {
     let feed: RealtimeFeed
     let socket: WebSocket
     let address: String
+    /// When the grace ends (`ContinuousClock`), read by the feed's tick.
+    let deadline: ContinuousClock.Instant
     private let state = Mutex(State())
 
     init(feed: RealtimeFeed, socket: WebSocket, address: String) {
         self.feed = feed
         self.socket = socket
         self.address = address
+        deadline = ContinuousClock.now + feed.settings.joinGrace
     }
 
     /// Whether the grace has ended.
@@ -273,7 +277,7 @@ final class RealtimeJoinGrace: Sendable {
         if close { closeSocket() }
     }
 
-    /// The grace is over (the timer, or a test in its place).
+    /// The grace is over (the feed's tick, or a test in its place).
     func end() {
         let close = state.withLock { state -> Bool in
             guard !state.over else { return false }
