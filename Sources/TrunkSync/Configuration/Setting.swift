@@ -173,7 +173,7 @@ public struct Setting: Sendable {
     public static let databaseSharedReads = Setting(
         key: "db_shared_reads", kind: .integer(1...64), defaultValue: "1", isSecret: false,
         summary:
-            "Reads that are one round trip (a pull's, Realtime's) in flight at once on one database connection. Above 1, a read is sent behind others on a connection already busy with such reads, up to this many, before another connection is taken: PostgreSQL runs them back to back and the server reads several answers per wake-up (about 20 % more one-row pulls per second on 2 cores, bench/README.md), but under saturation batches of such reads were seen to stall for 50 ms to over a second, not yet explained: keep 1 (each read has a connection of its own) unless you have measured it on your setup."
+            "Reads that are one round trip (a pull's, Realtime's) in flight at once on one database connection. Above 1, a read is sent behind others on a connection already busy with such reads, up to this many, before another connection is taken: PostgreSQL runs them back to back and the server reads several answers per wake-up (about 20 % more one-row pulls per second on 2 cores, bench/README.md), but on a saturated 2-core machine the few backends doing all the reads were left runnable without CPU for 50 ms to over a second by Linux's group scheduling (PostgreSQL in a scheduling group of its own, as a container or session is): keep 1 (each read has a connection of its own) unless you have measured it on your setup."
     )
     /// `api_key`.
     public static let apiKey = Setting(
