@@ -238,6 +238,17 @@ final class AccessLogTests: XCTestCase {
         func refuseConnection() -> HTTPResponse { HTTPResponse(status: .serviceUnavailable) }
         func loopWillWait() -> Int32? { log.loopWillWait() }
         func loopDidStop() { log.loopDidStop() }
+
+        /// A started server on a free port with `loops` loops answering through `log`.
+        static func server(log: AccessLog, loops: Int) throws -> HTTPServer<LoggingResponder> {
+            var configuration = HTTPServerConfiguration()
+            configuration.port = 0
+            configuration.loops = loops
+            let server = HTTPServer(
+                configuration: configuration, responder: LoggingResponder(log: log), logger: Logger(label: "test"))
+            try server.start()
+            return server
+        }
     }
 
     /// A clock the test sets (the loop reads it too).
@@ -256,12 +267,7 @@ final class AccessLogTests: XCTestCase {
         let file = try temporaryFile()
         let clock = SetClock()
         let log = AccessLog(format: .text, output: file.fd, linger: 10_000_000, clock: { clock.now() })
-        var configuration = HTTPServerConfiguration()
-        configuration.port = 0
-        configuration.loops = 1
-        let server = HTTPServer(
-            configuration: configuration, responder: LoggingResponder(log: log), logger: Logger(label: "test"))
-        try server.start()
+        let server = try LoggingResponder.server(log: log, loops: 1)
         let loop = server.executors[0]
         let onLoop = { (work: @escaping @Sendable () -> Int32?) async -> Int32? in
             await Task(executorPreference: loop) { work() }.value
@@ -303,12 +309,7 @@ final class AccessLogTests: XCTestCase {
     func testEachLoopWritesItsLinesWhenItWaitsAndWhatIsLeftWhenItStops() async throws {
         let file = try temporaryFile()
         let log = AccessLog(format: .text, output: file.fd)
-        var configuration = HTTPServerConfiguration()
-        configuration.port = 0
-        configuration.loops = 2
-        let server = HTTPServer(
-            configuration: configuration, responder: LoggingResponder(log: log), logger: Logger(label: "test"))
-        try server.start()
+        let server = try LoggingResponder.server(log: log, loops: 2)
         // A line recorded on each loop's thread (into that loop's own buffer) is written
         // when that loop next waits: nothing else flushes it.
         for executor in server.executors {
@@ -342,12 +343,7 @@ final class AccessLogTests: XCTestCase {
         let log = AccessLog(format: .text, output: file.fd)
         log.record(entry(requestID: "elsewhere"))  // the test's thread: no loop
         XCTAssertEqual(lines(in: file.path), [])
-        var configuration = HTTPServerConfiguration()
-        configuration.port = 0
-        configuration.loops = 1
-        let server = HTTPServer(
-            configuration: configuration, responder: LoggingResponder(log: log), logger: Logger(label: "test"))
-        try server.start()
+        let server = try LoggingResponder.server(log: log, loops: 1)
         let deadline = Date().addingTimeInterval(30)
         while lines(in: file.path).isEmpty, Date() < deadline { try await Task.sleep(for: .milliseconds(10)) }
         XCTAssertEqual(lines(in: file.path).count, 1)
