@@ -4,6 +4,7 @@
 #include "csystem.h"
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -118,3 +119,11 @@ int csystem_threads_registered(void) {
     pthread_mutex_unlock(&registry_lock);
     return count;
 }
+
+int csystem_thread_set_batch_scheduling(int batch) {
+    struct sched_param param = {0};
+    // On Linux the policy belongs to the thread: 0 names the caller's thread, not the process.
+    return sched_setscheduler(0, batch ? SCHED_BATCH : SCHED_OTHER, &param) == 0 ? 0 : errno;
+}
+
+int csystem_thread_scheduling_policy(int tid) { return sched_getscheduler(tid); }

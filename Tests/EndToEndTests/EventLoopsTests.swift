@@ -85,4 +85,45 @@ final class EventLoopsTests: EndToEndTestCase {
     func testOneLoopStillServesStreamsAndLongPolls() throws {
         try deliverOnePushToEveryStreamAndLongPoll(loops: 1)
     }
+
+    /// The scheduling policy (`SCHED_OTHER` 0, `SCHED_BATCH` 3) of each of the process's
+    /// event-loop threads (`http-loop-N`: the public listener's and the admin listener's),
+    /// from /proc.
+    func loopPolicies(_ server: ServerProcess) throws -> [Int] {
+        let tasks = "/proc/\(server.process.processIdentifier)/task"
+        var policies: [Int] = []
+        for tid in try FileManager.default.contentsOfDirectory(atPath: tasks) {
+            guard let name = try? String(contentsOfFile: "\(tasks)/\(tid)/comm", encoding: .utf8),
+                name.hasPrefix("http-loop-"),
+                let stat = try? String(contentsOfFile: "\(tasks)/\(tid)/stat", encoding: .utf8),
+                let end = stat.lastIndex(of: ")")
+            else { continue }
+            // Fields after the name start at field 3 (state); the policy is field 41.
+            let fields = stat[stat.index(after: end)...].split(separator: " ")
+            policies.append(Int(fields[41 - 3]) ?? -1)
+        }
+        return policies
+    }
+
+    /// `event_loop_scheduling`: the loops run as SCHED_BATCH by default (a loop woken by a
+    /// request does not preempt a busy thread), as SCHED_OTHER with `normal`; both listeners'
+    /// loops follow it.
+    func testLoopThreadsAreScheduledAsTheSettingSays() throws {
+        for (value, policy) in [(nil, 3), ("normal", 0), ("BATCH", 3)] as [(String?, Int)] {
+            var environment = ["TRUNK_SYNC_EVENT_LOOPS": "2"]
+            environment["TRUNK_SYNC_EVENT_LOOP_SCHEDULING"] = value
+            let server = try startServer(environment)
+            // Each loop sets its policy when its thread starts, which may be just after the
+            // listening line.
+            var seen: [Int] = []
+            XCTAssertTrue(
+                try eventually(within: 10) {
+                    seen = try loopPolicies(server)
+                    return seen.count == 3 && seen.allSatisfy { $0 == policy }
+                }, "\(value ?? "default"): \(seen)")
+            let (response, _) = try server.exchange(request("GET", "/healthz"))
+            XCTAssertEqual(response.status, 200, response.bodyText)
+            XCTAssertEqual(server.stop(), 0)
+        }
+    }
 }

@@ -73,6 +73,17 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertEqual(on.databaseSharedReads, 4)
     }
 
+    func testLoopSchedulingIsBatchByDefaultForBothListeners() throws {
+        let defaults = try Configuration.load(file: nil, environment: [:], flags: [:])
+        XCTAssertEqual(defaults.eventLoopScheduling, .batch)
+        XCTAssertEqual(Application.serverConfiguration(of: defaults).loopScheduling, .batch)
+        XCTAssertEqual(Application.adminServerConfiguration(of: defaults).loopScheduling, .batch)
+        let normal = try Configuration.load(
+            file: nil, environment: ["TRUNK_SYNC_EVENT_LOOP_SCHEDULING": "Normal"], flags: [:])
+        XCTAssertEqual(normal.eventLoopScheduling, .normal)
+        XCTAssertEqual(Application.serverConfiguration(of: normal).loopScheduling, .normal)
+    }
+
     func testBadValuesNameTheVariable() {
         let cases: [([String: String], String)] = [
             (["TRUNK_SYNC_PORT": "http"], "TRUNK_SYNC_PORT must be a port number"),
@@ -88,6 +99,7 @@ final class ConfigurationTests: XCTestCase {
             (["TRUNK_SYNC_EVENT_LOOPS": "-1"], "TRUNK_SYNC_EVENT_LOOPS must be an integer"),
             (["TRUNK_SYNC_EVENT_LOOPS": "1025"], "TRUNK_SYNC_EVENT_LOOPS must be an integer"),
             (["TRUNK_SYNC_EVENT_LOOPS": "two"], "TRUNK_SYNC_EVENT_LOOPS must be an integer"),
+            (["TRUNK_SYNC_EVENT_LOOP_SCHEDULING": "fifo"], "TRUNK_SYNC_EVENT_LOOP_SCHEDULING must be batch or normal"),
             (
                 ["TRUNK_SYNC_TRUSTED_PROXIES": "10.0.0.0/8,proxy.internal"],
                 "TRUNK_SYNC_TRUSTED_PROXIES must be a comma-separated list"

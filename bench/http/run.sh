@@ -215,7 +215,7 @@ cat <<EOF
 
 date                    $(date -u +%FT%TZ)  ($(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg))
 nginx (workers: auto)   $nginx_mean req/s  (rounds: ${nginx_results[*]}); $nginx_cpu_mean µs CPU per request (rounds: ${nginx_cpu[*]}; user $nginx_user_mean: ${nginx_user[*]})
-trunk-sync              $ts_mean req/s  (rounds: ${ts_results[*]}; event loops: ${TRUNK_SYNC_EVENT_LOOPS:-one per core}); $ts_cpu_mean µs CPU per request (rounds: ${ts_cpu[*]}; user $ts_user_mean: ${ts_user[*]})
+trunk-sync              $ts_mean req/s  (rounds: ${ts_results[*]}; event loops: ${TRUNK_SYNC_EVENT_LOOPS:-one per core}, ${TRUNK_SYNC_EVENT_LOOP_SCHEDULING:-batch}); $ts_cpu_mean µs CPU per request (rounds: ${ts_cpu[*]}; user $ts_user_mean: ${ts_user[*]})
 ratio trunk-sync/nginx  $ratio  (goal >= 1.0)
 RSS at start            $(mib "$rss_start") MiB
 RSS after wrk (idle)    $(mib "$rss_baseline") MiB

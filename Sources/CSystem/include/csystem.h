@@ -29,6 +29,14 @@ int csystem_threads_join_all(unsigned timeout_ms);
 /// Threads started by `csystem_thread_start` and not joined yet (finished or not).
 int csystem_threads_registered(void);
 
+/// Sets the calling thread's scheduling policy: `SCHED_BATCH` when `batch` is non-zero, else
+/// `SCHED_OTHER` (both at priority 0, no privilege needed). 0 on success, else an errno value.
+int csystem_thread_set_batch_scheduling(int batch);
+
+/// The scheduling policy of thread `tid` of this process (`SCHED_OTHER` 0, `SCHED_BATCH` 3),
+/// or -1 with errno set.
+int csystem_thread_scheduling_policy(int tid);
+
 /// accept4(2) with SOCK_NONBLOCK | SOCK_CLOEXEC; the peer address is written as text
 /// ("1.2.3.4" or "::1") into `address` (at least 64 bytes) and in network order into `raw`
 /// (16 bytes; the first 4 for IPv4, IPv4-mapped IPv6 peers count as IPv4); `family` is 4, 6,

@@ -196,6 +196,14 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     // MARK: - The loop
 
     private func run() {
+        if configuration.loopScheduling == .batch {
+            let error = csystem_thread_set_batch_scheduling(1)
+            if error != 0 {
+                logger.warning(
+                    "cannot schedule the event loop as SCHED_BATCH; it runs as SCHED_OTHER",
+                    metadata: ["loop": "\(index)", "errno": "\(error)"])
+            }
+        }
         var events = [csystem_event](repeating: csystem_event(), count: 256)
         var nextSweep: UInt64 = 0
         var jobsLeft = false

@@ -35,6 +35,8 @@ public struct HTTPServerConfiguration: Sendable {
     /// connections and `LoopExecutor`. `maxConnections` and `maxConnectionsPerClient` hold
     /// across all of them. Values below 1 count as 1. Default 1.
     public var loops = 1
+    /// How the kernel schedules the loops' threads (see `LoopScheduling`). Default `.normal`.
+    public var loopScheduling = LoopScheduling.normal
     /// Reverse proxies whose `X-Forwarded-For` names the client (see `TrustedProxies`).
     /// Default none: the peer is the client.
     public var trustedProxies = TrustedProxies()
@@ -45,6 +47,21 @@ public struct HTTPServerConfiguration: Sendable {
 
     /// The defaults.
     public init() {}
+}
+
+/// How the kernel schedules an HTTP server's event-loop threads (`sched_setscheduler(2)`).
+public enum LoopScheduling: String, Sendable, CaseIterable {
+    /// `SCHED_OTHER`: a loop woken by a request may preempt whatever runs on its core.
+    case normal
+    /// `SCHED_BATCH`: a woken loop does not preempt a running thread; it runs when that
+    /// thread's time slice ends or it waits, and then handles everything that arrived
+    /// meanwhile in one pass. Where the loops share their cores with other busy threads
+    /// (PostgreSQL beside the server, more loops than idle cores), a loop then sleeps and
+    /// wakes about half as often per request and the preempted thread keeps its cache; a
+    /// request waits at most one time slice of the thread it would have preempted. On an
+    /// idle core it changes nothing. Needs no privilege; where the kernel refuses it, the
+    /// loop logs a warning and runs as `.normal`.
+    case batch
 }
 
 extension Duration {

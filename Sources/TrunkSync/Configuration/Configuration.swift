@@ -106,6 +106,9 @@ public struct Configuration: Sendable {
     public private(set) var httpMaxConnectionsPerClient = Setting.httpMaxConnectionsPerClient.integerDefault
     /// `TRUNK_SYNC_EVENT_LOOPS` (0: one per online core; see `eventLoopCount`).
     public private(set) var eventLoops = Setting.eventLoops.integerDefault
+    /// `event_loop_scheduling`: how the public listener's loop threads are scheduled.
+    public private(set) var eventLoopScheduling =
+        LoopScheduling(rawValue: Setting.eventLoopScheduling.textDefault) ?? .batch
 
     /// The public listener's event loops: `eventLoops`, or one per online core when 0.
     public var eventLoopCount: Int {
@@ -264,6 +267,13 @@ public struct Configuration: Sendable {
                 self.mailer = mailer
             } else {
                 refuse("mailer", "must be log or smtp")
+            }
+        }
+        if let text = value("event_loop_scheduling") {
+            if let scheduling = LoopScheduling(rawValue: text.lowercased()) {
+                eventLoopScheduling = scheduling
+            } else {
+                refuse("event_loop_scheduling", "must be batch or normal")
             }
         }
         if let text = value("log_level") {

@@ -276,6 +276,12 @@ public struct Setting: Sendable {
         summary:
             "Event loops of the public listener, each a thread with its own share of the connections and of the database pool (db_pool_size split across them, at least 1 each). 0: one per online core."
     )
+    /// `event_loop_scheduling`.
+    public static let eventLoopScheduling = Setting(
+        key: "event_loop_scheduling", kind: .text, defaultValue: "batch", isSecret: false,
+        summary:
+            "How the kernel schedules the event loops' threads: `batch` (SCHED_BATCH: a loop woken by a request does not preempt a busy thread on its core, such as a PostgreSQL backend, but runs when that thread's time slice ends or it waits, then handles all that arrived meanwhile: fewer context switches per request when cores are shared) or `normal` (SCHED_OTHER)."
+    )
     /// `stream_heartbeat`.
     public static let streamHeartbeat = Setting(
         key: "stream_heartbeat", kind: .integer(1...3600), defaultValue: "15", isSecret: false,
@@ -370,6 +376,7 @@ public struct Setting: Sendable {
         httpMaxConnections,
         httpMaxConnectionsPerClient,
         eventLoops,
+        eventLoopScheduling,
         streamHeartbeat,
         streamMaxPerUser,
         streamMax,

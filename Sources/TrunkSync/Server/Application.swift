@@ -223,6 +223,7 @@ public struct Application: Sendable {
         server.maxConnections = configuration.httpMaxConnections
         server.maxConnectionsPerClient = configuration.httpMaxConnectionsPerClient
         server.loops = configuration.eventLoopCount
+        server.loopScheduling = configuration.eventLoopScheduling
         server.trustedProxies = configuration.trustedProxies
         return server
     }
