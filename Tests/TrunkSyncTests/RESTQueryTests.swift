@@ -38,6 +38,33 @@ final class RESTQueryTests: XCTestCase {
         XCTAssertEqual(query.orderClause(default: "seq"), " order by seq desc nulls last, type asc")
     }
 
+    /// `in.(…)` is one array parameter whatever its length (so one statement text), with
+    /// every element quoted and escaped; `is.` binds nothing.
+    func testInAndIsClauses() throws {
+        let query = try parse(
+            "type=in.(a,%22b,c%22,%22d%5C%22e%22,,f)&seq=in.(1,2)&client_id=is.null&created_at=is.not_null&seq=in.()")
+        XCTAssertEqual(query.filters.map(\.op), [.in, .in, .is, .is, .in])
+        let clause = query.whereClause(startingAt: 4)
+        XCTAssertEqual(
+            clause.sql,
+            " and type = any($4::text[]) and seq = any($5::int8[]) and client_id is null and created_at is not null"
+                + " and seq = any($6::int8[])")
+        XCTAssertEqual(
+            clause.binds.map { String(decoding: $0.bytes ?? [], as: UTF8.self) },
+            [#"{"a","b,c","d\"e","","f"}"#, #"{"1","2"}"#, "{}"])
+        let stamp = try parse("created_at=in.(2026-11-22T04:10:02.123%2B01:00)").whereClause(startingAt: 1)
+        XCTAssertEqual(stamp.sql, " and created_at = any($1::timestamptz[])")
+        XCTAssertEqual(
+            stamp.binds.first.map { String(decoding: $0.bytes ?? [], as: UTF8.self) },
+            #"{"2026-11-22T03:10:02.123000Z"}"#)
+        XCTAssertEqual(
+            try parse("seq=in.(" + (1...RESTQuery.maxListed).map(String.init).joined(separator: ",") + ")").filters
+                .count, 1)
+        XCTAssertEqual(
+            refusal("seq=in.(" + (0...RESTQuery.maxListed).map(String.init).joined(separator: ",") + ")")?.details,
+            .text("at most 1000 values"))
+    }
+
     func testDefaults() throws {
         let query = try parse("")
         XCTAssertEqual(query.columns.map(\.name), RESTRoutes.eventColumns.map(\.name))
@@ -70,7 +97,9 @@ final class RESTQueryTests: XCTestCase {
             ("select=nope", "42703"), ("select=seq::text", "PGRST100"), ("select=*,seq", "PGRST100"),
             ("order=seq.sideways", "PGRST100"), ("order=nope", "42703"), ("order=seq.asc.nullsfirst.x", "PGRST100"),
             ("limit=-1", "PGRST100"), ("limit=ten", "PGRST100"), ("offset=-5", "PGRST100"), ("seq=5", "PGRST100"),
-            ("seq=like.5", "PGRST100"), ("seq=gt.five", "22P02"), ("client_id=eq.nope", "22P02"),
+            ("seq=like.5", "PGRST100"), ("seq=in.(5,x)", "22P02"), ("seq=in.5", "PGRST100"), ("type=is.true", "42804"),
+            ("type=is.NULL", "PGRST100"),
+            ("seq=gt.five", "22P02"), ("client_id=eq.nope", "22P02"),
             ("client_id=eq.6f1f0e3c11114c3e9d7a3a1c8f0f2b10", "22P02"), ("created_at=gt.now", "22P02"),
             ("payload=eq.{}", "PGRST100"), ("nope=eq.1", "42703"), ("type=eq.a%00b", "22P02"),
             ("select=payload,payload", "PGRST100"), ("select=seq,%20seq", "PGRST100"),
@@ -96,8 +125,7 @@ final class RESTQueryTests: XCTestCase {
             ("items.or=(seq.eq.1)", "The or filter is not supported by this server."),
             ("seq=not.eq.5", "The not filter is not supported by this server."),
             ("type=not.is.null", "The not filter is not supported by this server."),
-            ("seq=in.(1,2)", "The in operator is not supported by this server."),
-            ("type=is.null", "The is operator is not supported by this server."),
+            ("seq=isdistinct.2", "The isdistinct operator is not supported by this server."),
             ("type=like.a*", "The like operator is not supported by this server."),
             ("type=ilike.a*", "The ilike operator is not supported by this server."),
             ("type=fts(english).sprout", "The fts(english) operator is not supported by this server."),
@@ -114,7 +142,9 @@ final class RESTQueryTests: XCTestCase {
             XCTAssertEqual(error?.message, message, query)
             XCTAssertEqual(
                 error?.details,
-                .text("Filters are column=op.value with eq, neq, gt, gte, lt, lte; several are combined with and."),
+                .text(
+                    "Filters are column=op.value with eq, neq, gt, gte, lt, lte, in, is; several are combined with and."
+                ),
                 query)
         }
         // An operator PostgREST does not know either: its own message, still PGRST100.

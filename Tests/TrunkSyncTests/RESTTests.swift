@@ -157,6 +157,92 @@ final class RESTTests: XCTestCase {
         XCTAssertEqual(Set(columns[0].keys), ["seq", "type"])
     }
 
+    /// A query value percent-encoded for the URL (PostgREST's clients encode it so).
+    func encoded(_ value: String) -> String {
+        value.addingPercentEncoding(
+            withAllowedCharacters: CharacterSet(
+                charactersIn: "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~")) ?? value
+    }
+
+    /// `in.(…)` and `is.` (supabase-js `.in()`, `.is()`) against PostgreSQL: values of each
+    /// column type; quoted values holding commas, quotes, backslashes, parentheses, spaces and
+    /// a combining mark after a quote all match exactly what was stored (the list reaches
+    /// PostgreSQL as one array literal); `in.()` matches nothing; `is.null` / `is.not_null`.
+    func testInAndIsFilters() async throws {
+        let types = ["a", "b,c", #"d"e"#, #"f\g"#, "\"\u{301}h", "(i)", " j ", "k"]
+        var clientIDs: [String] = []
+        for type in types {
+            var event = row()
+            event["type"] = type
+            clientIDs.append(event["client_id"] as! String)
+            let stored = try await insert(event)
+            XCTAssertEqual(stored.status, 201, stored.text)
+        }
+        func quoted(_ value: String) -> String {  // by scalar: `"` + U+0301 is one Character
+            var text = "\""
+            for scalar in value.unicodeScalars {
+                if scalar == "\\" || scalar == "\"" { text.unicodeScalars.append("\\") }
+                text.unicodeScalars.append(scalar)
+            }
+            return text + "\""
+        }
+        func expect(_ query: String, _ seqs: [Int], line: UInt = #line) async throws {
+            let response = try await get("/rest/v1/events?select=seq&order=seq&" + query)
+            XCTAssertEqual(response.status, 200, query + " " + response.text, line: line)
+            XCTAssertEqual(array(response).compactMap { $0["seq"] as? Int }, seqs, query, line: line)
+        }
+        func expectRows(_ path: String, _ count: Int, line: UInt = #line) async throws {
+            let response = try await get(path)
+            XCTAssertEqual(array(response).count, count, path + " " + response.text, line: line)
+        }
+        let allButK = types.dropLast().map(quoted).joined(separator: ",")
+        try await expect("type=in." + encoded("(\(allButK))"), [1, 2, 3, 4, 5, 6, 7])
+        try await expect("type=in." + encoded("(a,k)"), [1, 8])
+        try await expect("type=in." + encoded(#"(a,"b,c",b)"#), [1, 2])
+        try await expect("type=in." + encoded("(j)"), [])
+        try await expect("type=in.()", [])
+        try await expect("seq=in.(2,4,99)", [2, 4])
+        try await expect("seq=in.(2,4)&type=in.(a,k)", [])
+        try await expect("client_id=in." + encoded("(\(clientIDs[0].lowercased()),\(clientIDs[7]))"), [1, 8])
+        let stamps = array(try await get("/rest/v1/events?select=created_at&order=seq&seq=in.(3,6)"))
+            .compactMap { $0["created_at"] as? String }
+        XCTAssertEqual(stamps.count, 2)
+        try await expect("created_at=in." + encoded("(\(stamps.joined(separator: ",")))"), [3, 6])
+        try await expect("type=is.not_null&seq=lte.2", [1, 2])
+        try await expect("type=is.null", [])
+
+        // profiles: full_name is null until set.
+        let path = "/rest/v1/profiles?select=full_name&full_name="
+        try await expectRows(path + "is.null", 1)
+        try await expectRows(path + "is.not_null", 0)
+        let named = try await app.request(
+            "PATCH", "/rest/v1/profiles?id=in.(\(userID!))&full_name=is.null", json: ["full_name": "Ann"], bearer: token
+        )
+        XCTAssertEqual(named.status, 204, named.text)
+        try await expectRows(path + "is.null", 0)
+        try await expectRows(path + "in.(Ann,Bob)", 1)
+
+        // Refused with a clear error and nothing read or changed.
+        let refusals: [(String, String)] = [
+            ("seq=in.(1,x)", "22P02"), ("seq=in.1,2", "PGRST100"), ("seq=in.(1,2", "PGRST100"),
+            ("type=in." + encoded(#"(a"b)"#), "PGRST100"), ("type=in." + encoded(#"("ab)"#), "PGRST100"),
+            ("type=in." + encoded(#"("a"b)"#), "PGRST100"), ("type=in." + encoded("(a(b)"), "PGRST100"),
+            ("client_id=in.(nope)", "22P02"), ("created_at=in.(yesterday)", "22P02"),
+            ("created_at=in.(0001-01-01T00:30:00%2B01:00)", "22P02"),
+            ("payload=in.(1)", "PGRST100"), ("type=in.(a%00b)", "22P02"),
+            ("seq=in.(" + (0...1000).map(String.init).joined(separator: ",") + ")", "PGRST100"),
+            ("type=is.true", "42804"), ("type=is.unknown", "42804"), ("type=is.maybe", "PGRST100"),
+            ("type=not.in.(a)", "PGRST100"), ("type=not.is.null", "PGRST100"),
+        ]
+        for (query, code) in refusals {
+            assertPostgRESTError(try await get("/rest/v1/events?" + query), 400, code)
+        }
+        let refusedUpdate = try await app.request(
+            "PATCH", "/rest/v1/profiles?full_name=is.true", json: ["full_name": "Eve"], bearer: token)
+        assertPostgRESTError(refusedUpdate, 400, "42804")
+        try await expectRows(path + "in.(Ann)", 1)
+    }
+
     func testContentRangeCountAndLimits() async throws {
         let empty = try await get("/rest/v1/events")
         XCTAssertEqual(empty.text, "[]")
@@ -212,7 +298,7 @@ final class RESTTests: XCTestCase {
             "PATCH", "/rest/v1/profiles?id=eq.\(userID!)", json: ["full_name": "D"], bearer: token)
         XCTAssertEqual(minimal.status, 204)
         // `.or()` on an update is refused by name and changes nothing.
-        for query in ["or=(id.eq.\(userID!),full_name.eq.D)", "id=not.eq.\(userID!)", "full_name=in.(D,E)"] {
+        for query in ["or=(id.eq.\(userID!),full_name.eq.D)", "id=not.eq.\(userID!)", "full_name=like.D*"] {
             let refused = try await app.request(
                 "PATCH", "/rest/v1/profiles?\(query)", json: ["full_name": "E"], bearer: token)
             assertPostgRESTError(refused, 400, "PGRST100")
@@ -253,7 +339,8 @@ final class RESTTests: XCTestCase {
             ("/rest/v1/events?or=(type.eq.a,type.eq.b)", 400, "PGRST100"),
             ("/rest/v1/events?and=(seq.gt.1,seq.lt.3)", 400, "PGRST100"),
             ("/rest/v1/events?seq=not.eq.1", 400, "PGRST100"),
-            ("/rest/v1/events?seq=in.(1,2)", 400, "PGRST100"),
+            ("/rest/v1/events?seq=in.(1,x)", 400, "22P02"),
+            ("/rest/v1/events?type=is.false", 400, "42804"),
             ("/rest/v1/profiles?or=(full_name.eq.a,full_name.is.null)", 400, "PGRST100"),
             ("/rest/v1/nothing", 404, "PGRST205"),
         ]

@@ -1558,7 +1558,7 @@ public enum OpenAPIDocument {
           "rest"
         ],
         "summary": "Read the caller's events (PostgREST)",
-        "description": "`from('events').select(…)` with `order`, `limit`, `offset` and `eq/neq/gt/gte/lt/lte` filters; always scoped to the caller. At most 1000 rows per response. Send `Accept: application/vnd.pgrst.object+json` for one object (`.single()`).",
+        "description": "`from('events').select(…)` with `order`, `limit`, `offset` and `eq/neq/gt/gte/lt/lte/in/is` filters; always scoped to the caller. At most 1000 rows per response. Send `Accept: application/vnd.pgrst.object+json` for one object (`.single()`).",
         "parameters": [
           {
             "$ref": "#/components/parameters/apikey"
@@ -1625,7 +1625,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST100` (malformed `select`, `order`, `limit`, `offset` or filter, or a PostgREST feature outside the subset — `or=`, `and=`, `not.`, operators other than `eq`, `neq`, `gt`, `gte`, `lt`, `lte`, embedded resources, JSON paths — named in the message, e.g. `The or filter is not supported by this server.`), `42703` (no such column) or `22P02` (a filter value of the wrong type).",
+            "description": "`PGRST100` (malformed `select`, `order`, `limit`, `offset` or filter, or a PostgREST feature outside the subset — `or=`, `and=`, `not.`, operators other than `eq`, `neq`, `gt`, `gte`, `lt`, `lte`, `in`, `is`, embedded resources, JSON paths — named in the message, e.g. `The or filter is not supported by this server.`), `42703` (no such column) or `22P02` (a filter value of the wrong type).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -4272,10 +4272,10 @@ public enum OpenAPIDocument {
         "name": "id",
         "in": "query",
         "required": false,
-        "description": "A filter `op.value` on `id` (uuid): `op` is one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte`, `value` a UUID. Malformed: `400`.",
+        "description": "A filter on `id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma, parenthesis or double quote is double-quoted, `\\\"` and `\\\\` inside; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^(eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.(null|not_null))$"
         },
         "examples": {
           "example": {
@@ -4287,10 +4287,10 @@ public enum OpenAPIDocument {
         "name": "user_id",
         "in": "query",
         "required": false,
-        "description": "A filter `op.value` on `user_id` (uuid): `op` is one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte`, `value` a UUID. Malformed: `400`.",
+        "description": "A filter on `user_id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma, parenthesis or double quote is double-quoted, `\\\"` and `\\\\` inside; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^(eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.(null|not_null))$"
         },
         "examples": {
           "example": {
@@ -4302,10 +4302,10 @@ public enum OpenAPIDocument {
         "name": "seq",
         "in": "query",
         "required": false,
-        "description": "A filter `op.value` on `seq` (bigint): `op` is one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte`, `value` a 64-bit integer. Malformed: `400`.",
+        "description": "A filter on `seq` (bigint): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a 64-bit integer; `in.(value,value,…)` (at most 1000 values; one holding a comma, parenthesis or double quote is double-quoted, `\\\"` and `\\\\` inside; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^(eq|neq|gt|gte|lt|lte)\\.[+-]?[0-9]{1,18}$"
+          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[+-]?[0-9]{1,18}|in\\.\\(([+-]?[0-9]{1,18}(,[+-]?[0-9]{1,18})*)?\\)|is\\.(null|not_null))$"
         },
         "examples": {
           "example": {
@@ -4317,10 +4317,10 @@ public enum OpenAPIDocument {
         "name": "type",
         "in": "query",
         "required": false,
-        "description": "A filter `op.value` on `type` (text): `op` is one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte`, `value` any text. Malformed: `400`.",
+        "description": "A filter on `type` (text): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` any text; `in.(value,value,…)` (at most 1000 values; one holding a comma, parenthesis or double quote is double-quoted, `\\\"` and `\\\\` inside; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^(eq|neq|gt|gte|lt|lte)\\."
+          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[\\s\\S]*|in\\.\\((\"([^\"\\\\]|\\\\.)*\"|[^,()\"]*)(,(\"([^\"\\\\]|\\\\.)*\"|[^,()\"]*))*\\)|is\\.(null|not_null))$"
         },
         "examples": {
           "example": {
@@ -4332,10 +4332,10 @@ public enum OpenAPIDocument {
         "name": "client_id",
         "in": "query",
         "required": false,
-        "description": "A filter `op.value` on `client_id` (uuid): `op` is one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte`, `value` a UUID. Malformed: `400`.",
+        "description": "A filter on `client_id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma, parenthesis or double quote is double-quoted, `\\\"` and `\\\\` inside; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^(eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.(null|not_null))$"
         },
         "examples": {
           "example": {
@@ -4347,10 +4347,10 @@ public enum OpenAPIDocument {
         "name": "client_timestamp",
         "in": "query",
         "required": false,
-        "description": "A filter `op.value` on `client_timestamp` (timestamp with time zone): `op` is one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte`, `value` an RFC 3339 timestamp. Malformed: `400`.",
+        "description": "A filter on `client_timestamp` (timestamp with time zone): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` an RFC 3339 timestamp; `in.(value,value,…)` (at most 1000 values; one holding a comma, parenthesis or double quote is double-quoted, `\\\"` and `\\\\` inside; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^(eq|neq|gt|gte|lt|lte)\\.[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"
+          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|in\\.\\(([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])(,[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))*)?\\)|is\\.(null|not_null))$"
         },
         "examples": {
           "example": {
@@ -4362,10 +4362,10 @@ public enum OpenAPIDocument {
         "name": "created_at",
         "in": "query",
         "required": false,
-        "description": "A filter `op.value` on `created_at` (timestamp with time zone): `op` is one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte`, `value` an RFC 3339 timestamp. Malformed: `400`.",
+        "description": "A filter on `created_at` (timestamp with time zone): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` an RFC 3339 timestamp; `in.(value,value,…)` (at most 1000 values; one holding a comma, parenthesis or double quote is double-quoted, `\\\"` and `\\\\` inside; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^(eq|neq|gt|gte|lt|lte)\\.[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"
+          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|in\\.\\(([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])(,[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))*)?\\)|is\\.(null|not_null))$"
         },
         "examples": {
           "example": {
@@ -4377,10 +4377,10 @@ public enum OpenAPIDocument {
         "name": "id",
         "in": "query",
         "required": false,
-        "description": "A filter `op.value` on `id` (uuid): `op` is one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte`, `value` a UUID. Malformed: `400`.",
+        "description": "A filter on `id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma, parenthesis or double quote is double-quoted, `\\\"` and `\\\\` inside; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^(eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.(null|not_null))$"
         },
         "examples": {
           "example": {
@@ -4392,10 +4392,10 @@ public enum OpenAPIDocument {
         "name": "full_name",
         "in": "query",
         "required": false,
-        "description": "A filter `op.value` on `full_name` (text): `op` is one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte`, `value` any text. Malformed: `400`.",
+        "description": "A filter on `full_name` (text): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` any text; `in.(value,value,…)` (at most 1000 values; one holding a comma, parenthesis or double quote is double-quoted, `\\\"` and `\\\\` inside; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^(eq|neq|gt|gte|lt|lte)\\."
+          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[\\s\\S]*|in\\.\\((\"([^\"\\\\]|\\\\.)*\"|[^,()\"]*)(,(\"([^\"\\\\]|\\\\.)*\"|[^,()\"]*))*\\)|is\\.(null|not_null))$"
         },
         "examples": {
           "example": {
@@ -4407,10 +4407,10 @@ public enum OpenAPIDocument {
         "name": "updated_at",
         "in": "query",
         "required": false,
-        "description": "A filter `op.value` on `updated_at` (timestamp with time zone): `op` is one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte`, `value` an RFC 3339 timestamp. Malformed: `400`.",
+        "description": "A filter on `updated_at` (timestamp with time zone): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` an RFC 3339 timestamp; `in.(value,value,…)` (at most 1000 values; one holding a comma, parenthesis or double quote is double-quoted, `\\\"` and `\\\\` inside; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^(eq|neq|gt|gte|lt|lte)\\.[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"
+          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|in\\.\\(([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])(,[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))*)?\\)|is\\.(null|not_null))$"
         },
         "examples": {
           "example": {

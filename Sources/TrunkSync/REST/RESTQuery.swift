@@ -16,6 +16,12 @@ struct RESTColumn: Sendable {
 struct RESTQuery: Sendable {
     enum Operator: String, Sendable, CaseIterable {
         case eq, neq, gt, gte, lt, lte
+        /// `in.(a,b,"c,d")`: one of the listed values (at most `maxListed`).
+        case `in`
+        /// `is.null`, `is.not_null`.
+        case `is`
+
+        /// The comparison's SQL operator (not for `in` and `is`, written whole by `whereClause`).
         var sql: String {
             switch self {
             case .eq: return "="
@@ -24,19 +30,23 @@ struct RESTQuery: Sendable {
             case .gte: return ">="
             case .lt: return "<"
             case .lte: return "<="
+            case .in, .is: return ""
             }
         }
 
-        /// `eq, neq, gt, gte, lt, lte`, for messages.
+        /// `eq, neq, gt, gte, lt, lte, in, is`, for messages.
         static let supported = allCases.map(\.rawValue).joined(separator: ", ")
 
-        /// PostgREST's other operators (`like`, `in`, `is` …): refused by name, not as
-        /// unknown.
+        /// PostgREST's other operators (`like`, `fts` …): refused by name, not as unknown.
         static let unsupported: Set<String> = [
-            "like", "ilike", "match", "imatch", "in", "is", "isdistinct", "fts", "plfts", "phfts", "wfts", "cs", "cd",
+            "like", "ilike", "match", "imatch", "isdistinct", "fts", "plfts", "phfts", "wfts", "cs", "cd",
             "ov", "sl", "sr", "nxr", "nxl", "adj",
         ]
     }
+
+    /// Most values one `in.(…)` lists: the statement's work stays bounded whatever the query
+    /// string (whose request line is at most 8 KiB anyway).
+    static let maxListed = 1000
 
     /// PostgREST's logical operators, as parameter names: `or=(…)`, `and=(…)`, negated
     /// (`not.or`) or on an embedded resource (`items.or`).
@@ -45,7 +55,10 @@ struct RESTQuery: Sendable {
     struct Filter: Sendable {
         var column: RESTColumn
         var op: Operator
-        var value: PostgresBind
+        /// The operand: one value, for `in` the list as a PostgreSQL array literal; nil for `is`.
+        var value: PostgresBind?
+        /// For `is`: `is.null` (false: `is.not_null`).
+        var isNull = true
     }
 
     struct Order: Sendable {
@@ -171,7 +184,15 @@ struct RESTQuery: Sendable {
                         details: "unknown operator \"\(opName.prefix(40))\"; supported: \(Operator.supported)")
                 }
                 let operand = String(value[value.index(after: dot)...])
-                query.filters.append(Filter(column: target, op: op, value: try bind(operand, for: target)))
+                switch op {
+                case .in:
+                    query.filters.append(Filter(column: target, op: op, value: try bindList(operand, for: target)))
+                case .is:
+                    query.filters.append(
+                        Filter(column: target, op: op, value: nil, isNull: try nullTest(operand, target)))
+                default:
+                    query.filters.append(Filter(column: target, op: op, value: try bind(operand, for: target)))
+                }
             }
         }
         return query
@@ -215,13 +236,149 @@ struct RESTQuery: Sendable {
         }
     }
 
+    /// `in.(…)`'s operand: `(a,b,"c,d")`, items separated by commas, an item with a comma,
+    /// parenthesis or quote double-quoted (`\"` and `\\` inside), each parsed for the column's
+    /// type like `eq`'s value. Bound as one array literal, so the statement's text does not
+    /// depend on how many values there are.
+    static func bindList(_ text: String, for column: RESTColumn) throws -> PostgresBind {
+        guard column.kind != .json else {
+            throw RESTError.parse(
+                "failed to parse filter on \(column.name)", details: "filters on JSON columns are not supported")
+        }
+        guard text.hasPrefix("("), text.hasSuffix(")"), text.count >= 2 else {
+            throw RESTError.parse(
+                "failed to parse filter (in.\(text.prefix(100)))", details: "expected in.(value,value,…)")
+        }
+        var items: [String] = []
+        // Scalars, not characters: a quote followed by a combining mark is still a quote.
+        let inner = Array(text.unicodeScalars.dropFirst().dropLast())
+        var index = 0
+        while !inner.isEmpty {  // `in.()` lists nothing and matches no row
+            var item = String.UnicodeScalarView()
+            if index < inner.count, inner[index] == "\"" {
+                index += 1
+                var closed = false
+                while index < inner.count {
+                    let character = inner[index]
+                    index += 1
+                    if character == "\\", index < inner.count {
+                        item.append(inner[index])
+                        index += 1
+                    } else if character == "\"" {
+                        closed = true
+                        break
+                    } else {
+                        item.append(character)
+                    }
+                }
+                guard closed, index == inner.count || inner[index] == "," else {
+                    throw RESTError.parse(
+                        "failed to parse filter (in.\(text.prefix(100)))", details: "unterminated or misplaced quote")
+                }
+            } else {
+                while index < inner.count, inner[index] != "," {
+                    guard inner[index] != "\"", inner[index] != "(", inner[index] != ")" else {
+                        throw RESTError.parse(
+                            "failed to parse filter (in.\(text.prefix(100)))",
+                            details: "a value with a quote or parenthesis must be double-quoted")
+                    }
+                    item.append(inner[index])
+                    index += 1
+                }
+            }
+            items.append(String(item))
+            guard items.count <= maxListed else {
+                throw RESTError.parse(
+                    "failed to parse filter (in.\(text.prefix(100)))", details: "at most \(maxListed) values")
+            }
+            if index == inner.count { break }
+            index += 1  // the comma; a last one is followed by an empty value
+        }
+        let canonical = try items.map { item -> String in
+            switch column.kind {
+            case .uuid:
+                guard let id = UUIDText.parse(item) else { throw RESTError.badValue(item, type: "uuid") }
+                return id.uuidString.lowercased()
+            case .int:
+                guard let number = Int64(item) else { throw RESTError.badValue(item, type: "bigint") }
+                return String(number)
+            case .text:
+                guard !item.utf8.contains(0) else {
+                    throw RESTError.badValue(item.replacingOccurrences(of: "\u{0}", with: "\\u0000"), type: "text")
+                }
+                return item
+            case .timestamp:
+                // In UTC, as PostgreSQL's text input reads it back; it has no year 0 (1 BC),
+                // which a value in early year 1 with a positive offset would print.
+                guard let timestamp = RFC3339.parse(item), !RFC3339.format(timestamp).hasPrefix("0000") else {
+                    throw RESTError.badValue(item, type: "timestamp with time zone")
+                }
+                return RFC3339.format(timestamp)
+            case .json:
+                return item  // refused above
+            }
+        }
+        // Every element quoted, `\` and `"` escaped: PostgreSQL's array input reads it back
+        // exactly, whatever the text holds.
+        var literal = "{"
+        for (position, item) in canonical.enumerated() {
+            if position > 0 { literal += "," }
+            literal += "\""
+            for scalar in item.unicodeScalars {
+                if scalar == "\\" || scalar == "\"" { literal.unicodeScalars.append("\\") }
+                literal.unicodeScalars.append(scalar)
+            }
+            literal += "\""
+        }
+        literal += "}"
+        return PostgresBind(type: PostgresType.text, format: 0, bytes: Array(literal.utf8))
+    }
+
+    /// `is.`'s operand, lower case as supabase-js sends it: `null` → true, `not_null` →
+    /// false. `true`, `false` and `unknown` test booleans, which no column here is.
+    static func nullTest(_ text: String, _ column: RESTColumn) throws -> Bool {
+        switch text {
+        case "null": return true
+        case "not_null": return false
+        case "true", "false", "unknown":
+            throw APIError(
+                status: 400, code: "42804",
+                message: "argument of IS \(text.uppercased()) must be type boolean, not type of column \(column.name)")
+        default:
+            throw RESTError.parse(
+                "failed to parse filter (is.\(text.prefix(100)))", details: "expected is.null or is.not_null")
+        }
+    }
+
+    /// PostgreSQL's name of a column's type, for the cast of an `in` list.
+    static func sqlType(_ kind: RESTColumn.Kind) -> String {
+        switch kind {
+        case .uuid: return "uuid"
+        case .int: return "int8"
+        case .text: return "text"
+        case .timestamp: return "timestamptz"
+        case .json: return "jsonb"
+        }
+    }
+
     /// `where` conditions after `firstParameter - 1` parameters already used.
     func whereClause(startingAt firstParameter: Int) -> (sql: String, binds: [PostgresBind]) {
         var clauses: [String] = []
         var binds: [PostgresBind] = []
         for filter in filters {
-            binds.append(filter.value)
-            clauses.append("\(filter.column.sql) \(filter.op.sql) $\(firstParameter + binds.count - 1)")
+            switch filter.op {
+            case .is:
+                clauses.append("\(filter.column.sql) is \(filter.isNull ? "" : "not ")null")
+            case .in:
+                guard let value = filter.value else { continue }
+                binds.append(value)
+                let type = Self.sqlType(filter.column.kind)
+                clauses.append("\(filter.column.sql) = any($\(firstParameter + binds.count - 1)::\(type)[])")
+            default:
+                guard let value = filter.value else { continue }
+                binds.append(value)
+                clauses.append("\(filter.column.sql) \(filter.op.sql) $\(firstParameter + binds.count - 1)")
+            }
         }
         return (clauses.map { " and " + $0 }.joined(), binds)
     }
