@@ -21,16 +21,24 @@ final class RealtimeJoinGraceTests: XCTestCase {
         private let task: Task<Void, Never>
         private var sent = ""
 
-        init(_ app: AppHarness, grace duration: Duration) throws {
+        /// `feed`: another harness's, for several sockets on one feed.
+        init(
+            _ app: AppHarness, grace duration: Duration, maxChannelsPerUser: Int = 100, feed shared: RealtimeFeed? = nil
+        )
+            throws
+        {
             var settings = RealtimeFeed.Settings()
             settings.joinGrace = duration
+            settings.maxChannelsPerUser = maxChannelsPerUser
             let logs = self.logs
             var logger = Logger(label: "realtime-grace-test", factory: { _ in CapturingLogHandler(lines: logs) })
             logger.logLevel = .info
-            feed = RealtimeFeed(
-                settings: settings, database: app.application.database, notifier: app.application.notifier,
-                revocations: SessionRevocations(database: nil, logger: logger), tokens: app.application.tokens,
-                metrics: Metrics(), logger: logger)
+            feed =
+                shared
+                ?? RealtimeFeed(
+                    settings: settings, database: app.application.database, notifier: app.application.notifier,
+                    revocations: SessionRevocations(database: nil, logger: logger), tokens: app.application.tokens,
+                    metrics: Metrics(), logger: logger)
             try feed.openSocket()
             let session = RealtimeSession(feed: feed, socket: socket, version: .v2, address: "203.0.113.7")
             grace = session.grace
@@ -73,11 +81,12 @@ final class RealtimeJoinGraceTests: XCTestCase {
             return sent.contains(#""\#(ref)","\#(topic)","phx_reply",{"status":"ok""#)
         }
 
-        /// The connection ends (as the event loop ends it), and the session with it.
-        func finish() async {
+        /// The connection ends (as the event loop ends it), and the session with it; then
+        /// the feed is closed unless `keepFeed`.
+        func finish(keepFeed: Bool = false) async {
             socket.connectionEnded()
             await task.value
-            feed.close()
+            if !keepFeed { feed.close() }
         }
     }
 
@@ -121,7 +130,8 @@ final class RealtimeJoinGraceTests: XCTestCase {
     }
 
     /// A socket that joined is kept when the grace ends, also once it left its last channel
-    /// (the clients keep their socket then; closing it would make them reconnect in a loop).
+    /// (the clients keep their socket then; closing it would make them reconnect in a loop;
+    /// such sockets are capped per account instead, below).
     func testASocketThatJoinedIsKeptEvenAfterLeavingEveryChannel() async throws {
         try await withApp { app, token in
             let harness = try Harness(app, grace: .seconds(3600))
@@ -137,6 +147,53 @@ final class RealtimeJoinGraceTests: XCTestCase {
             XCTAssertFalse(harness.socket.isClosed, "a socket that had joined was closed")
             XCTAssertFalse(harness.logs.lines.contains { $0.contains("realtime socket closed") })
             await harness.finish()
+        }
+    }
+
+    /// A socket that left its last channel stays open, but one account keeps at most
+    /// `maxChannelsPerUser` of them: joining and leaving on socket after socket closes the
+    /// oldest, so one account cannot hold every slot. A socket with a channel again is not
+    /// counted; another account's are counted apart; ended sockets are forgotten.
+    func testAnAccountsSocketsWithoutAChannelAreCapped() async throws {
+        try await withApp { app, token in
+            let first = try Harness(app, grace: .seconds(3600), maxChannelsPerUser: 2)
+            let feed = first.feed
+            var sockets = [first]
+            for _ in 0..<3 { sockets.append(try Harness(app, grace: .seconds(3600), feed: feed)) }
+            for harness in sockets.prefix(3) {
+                let joined = try await harness.join("1", token: token)
+                XCTAssertTrue(joined, "the join was refused")
+                harness.send(#"["1","2","realtime:room","phx_leave",{}]"#)
+                let closed = try await harness.waitFor(#""realtime:room","phx_close""#)
+                XCTAssertTrue(closed, "no phx_close after phx_leave")
+            }
+            XCTAssertTrue(sockets[0].socket.isClosed, "the oldest of three sockets without a channel was kept")
+            XCTAssertEqual(sockets[0].socket.closeRequest.0, .normal)
+            XCTAssertEqual(sockets[0].socket.closeRequest.1, "this account has more than 2 sockets without a channel")
+            XCTAssertFalse(sockets[1].socket.isClosed)
+            XCTAssertFalse(sockets[2].socket.isClosed)
+            XCTAssertEqual(feed.idleSocketCount, 2)
+            XCTAssertTrue(
+                first.logs.lines.contains { $0.contains("more sockets without a channel") }, "\(first.logs.lines)")
+
+            // Joined again: not idle. Another account's idle socket counts apart.
+            let rejoined = try await sockets[1].join("3", topic: "realtime:other", token: token)
+            XCTAssertTrue(rejoined)
+            XCTAssertEqual(feed.idleSocketCount, 1)
+            let other = try await app.application.auth.issueSession(email: try XCTUnwrap(Email("other@example.com")))
+            let joined = try await sockets[3].join("1", token: other.accessToken)
+            XCTAssertTrue(joined)
+            sockets[3].send(#"["1","2","realtime:room","phx_leave",{}]"#)
+            let left = try await sockets[3].waitFor(#""realtime:room","phx_close""#)
+            XCTAssertTrue(left)
+            XCTAssertEqual(feed.idleSocketCount, 2)
+            XCTAssertFalse(sockets[2].socket.isClosed, "another account's socket closed one of this account's")
+
+            for harness in sockets { await harness.finish(keepFeed: true) }
+            XCTAssertEqual(feed.socketCount, 0)
+            XCTAssertEqual(feed.idleSocketCount, 0, "ended sockets were still counted")
+            XCTAssertEqual(feed.channelCount, 0)
+            feed.close()
         }
     }
 

@@ -314,7 +314,8 @@ public struct Setting: Sendable {
     public static let realtimeMaxChannelsPerUser = Setting(
         key: "realtime_max_channels_per_user", kind: .integer(1...100_000), defaultValue: "100", isSecret: false,
         summary:
-            "Most Realtime channels one user may have joined on this instance; a join over it is refused in its reply.")
+            "Most Realtime channels one user may have joined on this instance; a join over it is refused in its reply. Also the most sockets of one user that joined a channel once and have none now: one more closes the oldest."
+    )
     /// `realtime_buffer`.
     public static let realtimeBuffer = Setting(
         key: "realtime_buffer", kind: .integer(4096...67_108_864), defaultValue: "262144", isSecret: false,

@@ -40,11 +40,19 @@ public final class RealtimeFeed: Sendable {
         /// on, so idle sockets that only send heartbeats, from the few addresses the
         /// per-address connection cap lets hold them all, would otherwise shut every other
         /// client out. A socket that joined once is never closed for it (supabase-js keeps
-        /// its socket after its last channel left). The clients join right after opening.
+        /// its socket after its last channel left); those are capped per user instead
+        /// (`leave`). The clients join right after opening.
         /// Checked by the feed's tick, once a second. Default 30 s.
         public var joinGrace: Duration = .seconds(30)
 
         public init() {}
+    }
+
+    /// A socket that joined a channel: the user of its first join owns it.
+    private struct JoinedSocket {
+        var owner: UUID
+        var channels: Int
+        var socket: WebSocket
     }
 
     private struct State {
@@ -58,6 +66,11 @@ public final class RealtimeFeed: Sendable {
         var ticker: Task<Void, Never>? = nil
         /// Sockets that have not joined a channel yet, whose grace the tick ends.
         var awaitingJoin: [ObjectIdentifier: RealtimeJoinGrace] = [:]
+        /// Sockets that joined a channel once: their owner and live channels.
+        var joinedSockets: [ObjectIdentifier: JoinedSocket] = [:]
+        /// Per user, their sockets that joined once and have no channel now, oldest first
+        /// (at most `maxChannelsPerUser`).
+        var idleSockets: [UUID: [ObjectIdentifier]] = [:]
         var closed = false
     }
 
@@ -109,7 +122,24 @@ public final class RealtimeFeed: Sendable {
         if let refusal { throw refusal }
     }
 
-    func closeSocket() { state.withLock { $0.sockets -= 1 } }
+    /// The socket ended: its slot is given back. Called before its channels are left, so
+    /// leaving them does not count it among its owner's idle sockets.
+    func closeSocket(_ socket: WebSocket) {
+        state.withLock { state in
+            state.sockets -= 1
+            let key = ObjectIdentifier(socket)
+            guard let joined = state.joinedSockets.removeValue(forKey: key), joined.channels == 0 else { return }
+            Self.forgetIdle(key, of: joined.owner, in: &state)
+        }
+    }
+
+    private static func forgetIdle(_ key: ObjectIdentifier, of owner: UUID, in state: inout State) {
+        state.idleSockets[owner]?.removeAll { $0 == key }
+        if state.idleSockets[owner]?.isEmpty == true { state.idleSockets.removeValue(forKey: owner) }
+    }
+
+    /// Sockets that joined once and have no channel now, over all users.
+    var idleSocketCount: Int { state.withLock { $0.idleSockets.values.reduce(0) { $0 + $1.count } } }
 
     /// Ends `grace` once its deadline has passed (the tick, once a second), unless the
     /// socket joined or ended first (`stopAwaitingJoin`).
@@ -152,6 +182,14 @@ public final class RealtimeFeed: Sendable {
             state.channelsPerUser[channel.user] = mine + 1
             state.bindingsPerUser[channel.user] = bindings
             state.channels[channel.id] = channel
+            let key = ObjectIdentifier(channel.socket)
+            if var joined = state.joinedSockets[key] {
+                if joined.channels == 0 { Self.forgetIdle(key, of: joined.owner, in: &state) }
+                joined.channels += 1
+                state.joinedSockets[key] = joined
+            } else {
+                state.joinedSockets[key] = JoinedSocket(owner: channel.user, channels: 1, socket: channel.socket)
+            }
             startTicking(&state)
             if let hub = state.hubs[channel.user] { return (hub, nil) }
             let hub = RealtimeHub(user: channel.user, feed: self)
@@ -170,23 +208,50 @@ public final class RealtimeFeed: Sendable {
 
     /// Ends `channel` (left, replaced, its socket gone, or ended by the server): gives its
     /// slot back; the user's last channel stops the hub. Idempotent.
+    ///
+    /// A socket left without a channel stays open (the clients keep theirs), but each user
+    /// keeps at most `maxChannelsPerUser` such sockets: one more closes the oldest (`1000`),
+    /// or one account joining and leaving on socket after socket could hold every slot.
     func leave(_ channel: RealtimeChannel) {
         guard channel.markEnded() else { return }
-        let idle = state.withLock { state -> RealtimeHub? in
-            guard state.channels.removeValue(forKey: channel.id) != nil else { return nil }
+        let (idle, evicted) = state.withLock { state -> (RealtimeHub?, WebSocket?) in
+            guard state.channels.removeValue(forKey: channel.id) != nil else { return (nil, nil) }
+            let evicted = socketLeft(channel, &state)
             let mine = state.channelsPerUser[channel.user, default: 1] - 1
             let hub = state.hubs[channel.user]
             hub?.remove(channel.id)
             if mine > 0 {
                 state.channelsPerUser[channel.user] = mine
                 state.bindingsPerUser[channel.user, default: 0] -= channel.bindings.count
-                return nil
+                return (nil, evicted)
             }
             state.channelsPerUser.removeValue(forKey: channel.user)
             state.bindingsPerUser.removeValue(forKey: channel.user)
-            return state.hubs.removeValue(forKey: channel.user)
+            return (state.hubs.removeValue(forKey: channel.user), evicted)
         }
         idle?.stop()
+        if let evicted, !evicted.isClosed {
+            logger.info(
+                "realtime socket closed: its account has more sockets without a channel than it may",
+                metadata: ["user": "\(channel.user)", "most": "\(settings.maxChannelsPerUser)"])
+            evicted.close(
+                .normal, reason: "this account has more than \(settings.maxChannelsPerUser) sockets without a channel")
+        }
+    }
+
+    /// `channel`'s socket has one channel less; when none is left it joins its owner's idle
+    /// sockets, and the oldest of them beyond the cap is returned to be closed.
+    private func socketLeft(_ channel: RealtimeChannel, _ state: inout State) -> WebSocket? {
+        let key = ObjectIdentifier(channel.socket)
+        guard var joined = state.joinedSockets[key] else { return nil }  // the socket ended
+        joined.channels -= 1
+        state.joinedSockets[key] = joined
+        guard joined.channels == 0 else { return nil }
+        state.idleSockets[joined.owner, default: []].append(key)
+        guard let idle = state.idleSockets[joined.owner], idle.count > settings.maxChannelsPerUser else { return nil }
+        let oldest = idle[0]
+        state.idleSockets[joined.owner]?.removeFirst()
+        return state.joinedSockets.removeValue(forKey: oldest)?.socket
     }
 
     /// Ends `channel` from the server's side: a `system` error naming `reason`, then

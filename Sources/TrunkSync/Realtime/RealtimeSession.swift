@@ -38,8 +38,8 @@ struct RealtimeSession {
         feed.awaitJoin(grace)
         defer {
             feed.stopAwaitingJoin(grace)
+            feed.closeSocket(socket)
             for channel in channels.values { feed.leave(channel) }
-            feed.closeSocket()
         }
         while let message = await socket.receive() {
             switch message {
