@@ -119,6 +119,7 @@ final class RealtimeJoinGraceTests: XCTestCase {
             let (code, reason) = harness.socket.closeRequest
             XCTAssertEqual(code, .normal)
             XCTAssertEqual(reason, "no channel joined within 50 ms")
+            XCTAssertEqual(harness.feed.closedWithoutJoin.value, 1)
             XCTAssertTrue(
                 harness.logs.lines.contains {
                     $0.hasPrefix("info realtime socket closed") && $0.contains("ip=203.0.113.7")
@@ -172,6 +173,8 @@ final class RealtimeJoinGraceTests: XCTestCase {
             XCTAssertEqual(sockets[0].socket.closeRequest.1, "this account has more than 2 sockets without a channel")
             XCTAssertFalse(sockets[1].socket.isClosed)
             XCTAssertFalse(sockets[2].socket.isClosed)
+            XCTAssertEqual(feed.closedIdleOverCap.value, 1)
+            XCTAssertEqual(feed.closedWithoutJoin.value, 0)
             XCTAssertEqual(feed.idleSocketCount, 2)
             XCTAssertTrue(
                 first.logs.lines.contains { $0.contains("more sockets without a channel") }, "\(first.logs.lines)")
@@ -212,6 +215,7 @@ final class RealtimeJoinGraceTests: XCTestCase {
             XCTAssertFalse(harness.socket.isClosed, "closed before the grace ended")
             harness.grace.end()
             XCTAssertTrue(harness.socket.isClosed, "a socket whose joins were all refused was kept")
+            XCTAssertEqual(harness.feed.closedWithoutJoin.value, 1)
             XCTAssertEqual(harness.socket.closeRequest.0, .normal)
             await harness.finish()
         }

@@ -82,6 +82,10 @@ public final class RealtimeFeed: Sendable {
     let logger: Logger
     private let state = Mutex(State())
     private let sent: Counter
+    /// Sockets the server closed for holding a slot without a channel: never joined within
+    /// `joinGrace`, or one of an account's sockets without a channel too many.
+    let closedWithoutJoin: Counter
+    let closedIdleOverCap: Counter
 
     public init(
         settings: Settings, database: Database, notifier: EventNotifier, revocations: SessionRevocations?,
@@ -94,6 +98,11 @@ public final class RealtimeFeed: Sendable {
         self.tokens = tokens
         self.logger = logger
         sent = metrics.counter("trunk_sync_realtime_changes_sent_total", help: "postgres_changes messages sent.")
+        let closedHelp = "Realtime sockets the server closed for holding a slot without a channel, by reason."
+        closedWithoutJoin = metrics.counter(
+            "trunk_sync_realtime_sockets_closed_total", help: closedHelp, labels: "reason=\"no_join\"")
+        closedIdleOverCap = metrics.counter(
+            "trunk_sync_realtime_sockets_closed_total", help: closedHelp, labels: "reason=\"idle_over_cap\"")
         metrics.gauge("trunk_sync_realtime_sockets_open", help: "Realtime sockets open now.") { [weak self] in
             Double(self?.socketCount ?? 0)
         }
@@ -231,6 +240,7 @@ public final class RealtimeFeed: Sendable {
         }
         idle?.stop()
         if let evicted, !evicted.isClosed {
+            closedIdleOverCap.increment()
             logger.info(
                 "realtime socket closed: its account has more sockets without a channel than it may",
                 metadata: ["user": "\(channel.user)", "most": "\(settings.maxChannelsPerUser)"])

@@ -289,6 +289,7 @@ final class RealtimeJoinGrace: Sendable {
 
     private func closeSocket() {
         guard !socket.isClosed else { return }
+        feed.closedWithoutJoin.increment()
         let grace = Self.text(feed.settings.joinGrace)
         feed.logger.info(
             "realtime socket closed: no channel joined within \(grace)", metadata: ["ip": "\(address)"])
