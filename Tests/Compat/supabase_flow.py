@@ -107,9 +107,11 @@ assert len(client.table("events").select("id").execute().data) == 3
 step("upsert ignore_duplicates")
 
 # in_ (values with a comma or parenthesis quoted by the client) and is_.
-client.table("events").insert(event(kind="weeded (bed 3, north)")).execute()
+client.table("events").insert([event(kind="weeded (bed 3, north)"), event(kind='said "hi"')]).execute()
 chosen = client.table("events").select("client_id,type").in_("type", ["weeded (bed 3, north)", "nothing"]).execute().data
 assert [row["type"] for row in chosen] == ["weeded (bed 3, north)"], chosen
+chosen = client.table("events").select("type").in_("type", ['said "hi"', "nothing"]).execute().data
+assert chosen == [{"type": 'said "hi"'}], chosen
 chosen = client.table("events").select("seq").in_("client_id", [one["client_id"], three["client_id"]]).order("seq").execute().data
 assert len(chosen) == 2, chosen
 assert client.table("events").select("seq").is_("type", "null").execute().data == []

@@ -4272,7 +4272,7 @@ public enum OpenAPIDocument {
         "name": "id",
         "in": "query",
         "required": false,
-        "description": "A filter on `id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma, parenthesis or double quote is double-quoted, `\\\"` and `\\\\` inside; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
+        "description": "A filter on `id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
         "schema": {
           "type": "string",
           "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.(null|not_null))$"
@@ -4287,7 +4287,7 @@ public enum OpenAPIDocument {
         "name": "user_id",
         "in": "query",
         "required": false,
-        "description": "A filter on `user_id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma, parenthesis or double quote is double-quoted, `\\\"` and `\\\\` inside; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
+        "description": "A filter on `user_id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
         "schema": {
           "type": "string",
           "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.(null|not_null))$"
@@ -4302,7 +4302,7 @@ public enum OpenAPIDocument {
         "name": "seq",
         "in": "query",
         "required": false,
-        "description": "A filter on `seq` (bigint): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a 64-bit integer; `in.(value,value,…)` (at most 1000 values; one holding a comma, parenthesis or double quote is double-quoted, `\\\"` and `\\\\` inside; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
+        "description": "A filter on `seq` (bigint): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a 64-bit integer; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
         "schema": {
           "type": "string",
           "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[+-]?[0-9]{1,18}|in\\.\\(([+-]?[0-9]{1,18}(,[+-]?[0-9]{1,18})*)?\\)|is\\.(null|not_null))$"
@@ -4317,10 +4317,10 @@ public enum OpenAPIDocument {
         "name": "type",
         "in": "query",
         "required": false,
-        "description": "A filter on `type` (text): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` any text; `in.(value,value,…)` (at most 1000 values; one holding a comma, parenthesis or double quote is double-quoted, `\\\"` and `\\\\` inside; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
+        "description": "A filter on `type` (text): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` any text; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[\\s\\S]*|in\\.\\((\"([^\"\\\\]|\\\\.)*\"|[^,()\"]*)(,(\"([^\"\\\\]|\\\\.)*\"|[^,()\"]*))*\\)|is\\.(null|not_null))$"
+          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[\\s\\S]*|in\\.\\((\"([^\"\\\\]|\\\\.)*\"|([^,()\"][^,()]*)?)(,(\"([^\"\\\\]|\\\\.)*\"|([^,()\"][^,()]*)?))*\\)|is\\.(null|not_null))$"
         },
         "examples": {
           "example": {
@@ -4332,7 +4332,7 @@ public enum OpenAPIDocument {
         "name": "client_id",
         "in": "query",
         "required": false,
-        "description": "A filter on `client_id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma, parenthesis or double quote is double-quoted, `\\\"` and `\\\\` inside; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
+        "description": "A filter on `client_id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
         "schema": {
           "type": "string",
           "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.(null|not_null))$"
@@ -4347,7 +4347,7 @@ public enum OpenAPIDocument {
         "name": "client_timestamp",
         "in": "query",
         "required": false,
-        "description": "A filter on `client_timestamp` (timestamp with time zone): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` an RFC 3339 timestamp; `in.(value,value,…)` (at most 1000 values; one holding a comma, parenthesis or double quote is double-quoted, `\\\"` and `\\\\` inside; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
+        "description": "A filter on `client_timestamp` (timestamp with time zone): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` an RFC 3339 timestamp; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
         "schema": {
           "type": "string",
           "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|in\\.\\(([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])(,[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))*)?\\)|is\\.(null|not_null))$"
@@ -4362,7 +4362,7 @@ public enum OpenAPIDocument {
         "name": "created_at",
         "in": "query",
         "required": false,
-        "description": "A filter on `created_at` (timestamp with time zone): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` an RFC 3339 timestamp; `in.(value,value,…)` (at most 1000 values; one holding a comma, parenthesis or double quote is double-quoted, `\\\"` and `\\\\` inside; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
+        "description": "A filter on `created_at` (timestamp with time zone): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` an RFC 3339 timestamp; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
         "schema": {
           "type": "string",
           "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|in\\.\\(([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])(,[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))*)?\\)|is\\.(null|not_null))$"
@@ -4377,7 +4377,7 @@ public enum OpenAPIDocument {
         "name": "id",
         "in": "query",
         "required": false,
-        "description": "A filter on `id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma, parenthesis or double quote is double-quoted, `\\\"` and `\\\\` inside; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
+        "description": "A filter on `id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
         "schema": {
           "type": "string",
           "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.(null|not_null))$"
@@ -4392,10 +4392,10 @@ public enum OpenAPIDocument {
         "name": "full_name",
         "in": "query",
         "required": false,
-        "description": "A filter on `full_name` (text): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` any text; `in.(value,value,…)` (at most 1000 values; one holding a comma, parenthesis or double quote is double-quoted, `\\\"` and `\\\\` inside; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
+        "description": "A filter on `full_name` (text): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` any text; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[\\s\\S]*|in\\.\\((\"([^\"\\\\]|\\\\.)*\"|[^,()\"]*)(,(\"([^\"\\\\]|\\\\.)*\"|[^,()\"]*))*\\)|is\\.(null|not_null))$"
+          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[\\s\\S]*|in\\.\\((\"([^\"\\\\]|\\\\.)*\"|([^,()\"][^,()]*)?)(,(\"([^\"\\\\]|\\\\.)*\"|([^,()\"][^,()]*)?))*\\)|is\\.(null|not_null))$"
         },
         "examples": {
           "example": {
@@ -4407,7 +4407,7 @@ public enum OpenAPIDocument {
         "name": "updated_at",
         "in": "query",
         "required": false,
-        "description": "A filter on `updated_at` (timestamp with time zone): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` an RFC 3339 timestamp; `in.(value,value,…)` (at most 1000 values; one holding a comma, parenthesis or double quote is double-quoted, `\\\"` and `\\\\` inside; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
+        "description": "A filter on `updated_at` (timestamp with time zone): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` an RFC 3339 timestamp; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
         "schema": {
           "type": "string",
           "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|in\\.\\(([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])(,[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))*)?\\)|is\\.(null|not_null))$"

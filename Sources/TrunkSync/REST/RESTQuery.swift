@@ -236,8 +236,8 @@ struct RESTQuery: Sendable {
         }
     }
 
-    /// `in.(…)`'s operand: `(a,b,"c,d")`, items separated by commas, an item with a comma,
-    /// parenthesis or quote double-quoted (`\"` and `\\` inside), each parsed for the column's
+    /// `in.(…)`'s operand: `(a,b,"c,d")`, items separated by commas, an item with a comma or
+    /// parenthesis double-quoted (`\"` and `\\` inside), each parsed for the column's
     /// type like `eq`'s value. Bound as one array literal, so the statement's text does not
     /// depend on how many values there are.
     static func bindList(_ text: String, for column: RESTColumn) throws -> PostgresBind {
@@ -276,11 +276,14 @@ struct RESTQuery: Sendable {
                         "failed to parse filter (in.\(text.prefix(100)))", details: "unterminated or misplaced quote")
                 }
             } else {
+                // Unquoted: up to the next comma. A quote inside is taken as it is, as
+                // PostgREST does (supabase-js quotes only values with a comma or parenthesis,
+                // and escapes nothing: `in.(say "hi")`); only a first quote opens a quoted value.
                 while index < inner.count, inner[index] != "," {
-                    guard inner[index] != "\"", inner[index] != "(", inner[index] != ")" else {
+                    guard inner[index] != "(", inner[index] != ")" else {
                         throw RESTError.parse(
                             "failed to parse filter (in.\(text.prefix(100)))",
-                            details: "a value with a quote or parenthesis must be double-quoted")
+                            details: "a value with a comma or parenthesis must be double-quoted")
                     }
                     item.append(inner[index])
                     index += 1
