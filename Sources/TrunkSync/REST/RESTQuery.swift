@@ -210,30 +210,57 @@ struct RESTQuery: Sendable {
         }
     }
 
-    /// Parses a filter value for a column's type.
-    static func bind(_ text: String, for column: RESTColumn) throws -> PostgresBind {
+    /// A filter value parsed for its column's type: the one place each type's rules live,
+    /// for `eq`'s value and each of `in`'s.
+    enum Value {
+        case uuid(UUID)
+        case int(Int64)
+        case text(String)
+        case timestamp(PostgresTimestamp)
+
+        /// As one parameter (binary where the type has a binary form).
+        var bind: PostgresBind {
+            switch self {
+            case .uuid(let id): return id.postgresBind
+            case .int(let number): return number.postgresBind
+            case .text(let text): return PostgresBind(type: PostgresType.text, format: 0, bytes: Array(text.utf8))
+            case .timestamp(let timestamp): return timestamp.postgresBind
+            }
+        }
+    }
+
+    static func value(_ text: String, for column: RESTColumn) throws -> Value {
         switch column.kind {
         case .uuid:
             guard let id = UUIDText.parse(text) else { throw RESTError.badValue(text, type: "uuid") }
-            return id.postgresBind
+            return .uuid(id)
         case .int:
             guard let number = Int64(text) else { throw RESTError.badValue(text, type: "bigint") }
-            return number.postgresBind
+            return .int(number)
         case .text:
             // PostgreSQL text cannot hold NUL (`%00` in the query string).
             guard !text.utf8.contains(0) else {
                 throw RESTError.badValue(text.replacingOccurrences(of: "\u{0}", with: "\\u0000"), type: "text")
             }
-            return PostgresBind(type: PostgresType.text, format: 0, bytes: Array(text.utf8))
+            return .text(text)
         case .timestamp:
             guard let timestamp = RFC3339.parse(text) else {
                 throw RESTError.badValue(text, type: "timestamp with time zone")
             }
-            return timestamp.postgresBind
+            return .timestamp(timestamp)
         case .json:
-            throw RESTError.parse(
-                "failed to parse filter on \(column.name)", details: "filters on JSON columns are not supported")
+            throw noJSONFilters(on: column)
         }
+    }
+
+    static func noJSONFilters(on column: RESTColumn) -> APIError {
+        RESTError.parse(
+            "failed to parse filter on \(column.name)", details: "filters on JSON columns are not supported")
+    }
+
+    /// Parses a filter value for a column's type, as one parameter.
+    static func bind(_ text: String, for column: RESTColumn) throws -> PostgresBind {
+        try value(text, for: column).bind
     }
 
     /// `in.(…)`'s operand: `(a,b,"c,d")`, items separated by commas, an item with a comma or
@@ -241,10 +268,7 @@ struct RESTQuery: Sendable {
     /// type like `eq`'s value. Bound as one array literal, so the statement's text does not
     /// depend on how many values there are.
     static func bindList(_ text: String, for column: RESTColumn) throws -> PostgresBind {
-        guard column.kind != .json else {
-            throw RESTError.parse(
-                "failed to parse filter on \(column.name)", details: "filters on JSON columns are not supported")
-        }
+        guard column.kind != .json else { throw noJSONFilters(on: column) }
         guard text.hasPrefix("("), text.hasSuffix(")"), text.count >= 2 else {
             throw RESTError.parse(
                 "failed to parse filter (in.\(text.prefix(100)))", details: "expected in.(value,value,…)")
@@ -297,28 +321,18 @@ struct RESTQuery: Sendable {
             if index == inner.count { break }
             index += 1  // the comma; a last one is followed by an empty value
         }
+        // Each as PostgreSQL's text input reads it back (timestamps in UTC).
         let canonical = try items.map { item -> String in
-            switch column.kind {
-            case .uuid:
-                guard let id = UUIDText.parse(item) else { throw RESTError.badValue(item, type: "uuid") }
-                return id.uuidString.lowercased()
-            case .int:
-                guard let number = Int64(item) else { throw RESTError.badValue(item, type: "bigint") }
-                return String(number)
-            case .text:
-                guard !item.utf8.contains(0) else {
-                    throw RESTError.badValue(item.replacingOccurrences(of: "\u{0}", with: "\\u0000"), type: "text")
-                }
-                return item
-            case .timestamp:
-                // In UTC, as PostgreSQL's text input reads it back; it has no year 0 (1 BC),
-                // which a value in early year 1 with a positive offset would print.
-                guard let timestamp = RFC3339.parse(item), !RFC3339.format(timestamp).hasPrefix("0000") else {
-                    throw RESTError.badValue(item, type: "timestamp with time zone")
-                }
-                return RFC3339.format(timestamp)
-            case .json:
-                return item  // refused above
+            switch try value(item, for: column) {
+            case .uuid(let id): return id.uuidString.lowercased()
+            case .int(let number): return String(number)
+            case .text(let text): return text
+            case .timestamp(let timestamp):
+                // PostgreSQL has no year 0 (1 BC), which a value early in year 1 with a
+                // positive offset prints in UTC.
+                let utc = RFC3339.format(timestamp)
+                guard !utc.hasPrefix("0000") else { throw RESTError.badValue(item, type: "timestamp with time zone") }
+                return utc
             }
         }
         // Every element quoted, `\` and `"` escaped: PostgreSQL's array input reads it back
