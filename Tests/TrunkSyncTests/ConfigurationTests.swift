@@ -73,6 +73,13 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertEqual(on.databaseSharedReads, 4)
     }
 
+    func testRESTStatementTimeoutIsEightSecondsByDefault() throws {
+        XCTAssertEqual(try Configuration.load(file: nil, environment: [:], flags: [:]).restStatementTimeout, 8)
+        let short = try Configuration.load(
+            file: nil, environment: ["TRUNK_SYNC_REST_STATEMENT_TIMEOUT": "0.25"], flags: [:])
+        XCTAssertEqual(short.restStatementTimeout, 0.25)
+    }
+
     func testLoopSchedulingIsBatchByDefaultForBothListeners() throws {
         let defaults = try Configuration.load(file: nil, environment: [:], flags: [:])
         XCTAssertEqual(defaults.eventLoopScheduling, .batch)
@@ -100,6 +107,14 @@ final class ConfigurationTests: XCTestCase {
             (["TRUNK_SYNC_EVENT_LOOPS": "1025"], "TRUNK_SYNC_EVENT_LOOPS must be an integer"),
             (["TRUNK_SYNC_EVENT_LOOPS": "two"], "TRUNK_SYNC_EVENT_LOOPS must be an integer"),
             (["TRUNK_SYNC_EVENT_LOOP_SCHEDULING": "fifo"], "TRUNK_SYNC_EVENT_LOOP_SCHEDULING must be batch or normal"),
+            (
+                ["TRUNK_SYNC_REST_STATEMENT_TIMEOUT": "0"],
+                "TRUNK_SYNC_REST_STATEMENT_TIMEOUT must be a number of seconds"
+            ),
+            (
+                ["TRUNK_SYNC_REST_STATEMENT_TIMEOUT": "8s"],
+                "TRUNK_SYNC_REST_STATEMENT_TIMEOUT must be a number of seconds"
+            ),
             (
                 ["TRUNK_SYNC_TRUSTED_PROXIES": "10.0.0.0/8,proxy.internal"],
                 "TRUNK_SYNC_TRUSTED_PROXIES must be a comma-separated list"

@@ -419,6 +419,56 @@ final class RESTTests: XCTestCase {
     }
 }
 
+final class RESTStatementTimeoutTests: XCTestCase {
+    /// A statement that runs longer than `rest_statement_timeout` is cancelled: `400 57014`
+    /// in PostgREST's shape, naming the limit. The statement here waits on a lock the test
+    /// holds, so it runs over whatever the machine's speed; without the limit it would wait
+    /// until the client gives up. Afterwards the same routes answer again.
+    func testAStatementOverTheLimitIsCancelledWith400AndTheNextRequestIsServed() async throws {
+        let app = try await AppHarness(environment: [
+            "TRUNK_SYNC_REST_STATEMENT_TIMEOUT": "0.2", "TRUNK_SYNC_EVENT_LOOPS": "1", "TRUNK_SYNC_DB_POOL_SIZE": "1",
+        ])
+        let session = try await app.application.auth.issueSession(email: try XCTUnwrap(Email("slow@example.com")))
+        let token = session.accessToken
+        let row: [String: Any] = [
+            "type": "note", "payload": ["a": 1], "client_id": UUID().uuidString,
+            "client_timestamp": "2026-11-27T08:00:00Z", "user_id": session.user.id.uuidString.lowercased(),
+        ]
+        let inserted = try await app.request("POST", "/rest/v1/events", json: row, bearer: token)
+        XCTAssertEqual(inserted.status, 201, inserted.text)
+
+        let owner = try app.owner()
+        try owner.query("begin")
+        try owner.query("lock table events, users in access exclusive mode")
+        for path in ["/rest/v1/events?select=seq", "/rest/v1/profiles?select=id"] {
+            let cancelled = try await app.request("GET", path, bearer: token, headers: ["Prefer": "count=exact"])
+            XCTAssertEqual(cancelled.status, 400, "\(path): \(cancelled.text)")
+            XCTAssertEqual(cancelled.json["code"] as? String, "57014", path)
+            XCTAssertEqual(cancelled.json["message"] as? String, "canceling statement due to statement timeout")
+            XCTAssertTrue((cancelled.json["details"] as? String)?.contains("rest_statement_timeout") == true)
+            XCTAssertEqual(cancelled.headers["proxy-status"], "PostgREST; error=57014")
+        }
+        try owner.query("commit")
+
+        // The one connection was rolled back and serves the next requests. The limit travels
+        // with the REST transaction's scope (set for that transaction only); a pull does not
+        // carry it.
+        let rest = try await app.statements.during {
+            let page = try await app.request("GET", "/rest/v1/events?select=seq", bearer: token)
+            XCTAssertEqual(page.status, 200, page.text)
+            XCTAssertEqual(page.text, #"[{"seq":1}]"#)
+        }
+        XCTAssertTrue(rest.contains { $0.contains("set_config('statement_timeout'") }, "\(rest)")
+        let sync = try await app.statements.during {
+            let pull = try await app.request("GET", "/sync/v1/events?after=0", bearer: token)
+            XCTAssertEqual(pull.status, 200, pull.text)
+        }
+        XCTAssertFalse(sync.isEmpty)
+        XCTAssertFalse(sync.contains { $0.contains("statement_timeout") }, "\(sync)")
+        await app.stop()
+    }
+}
+
 final class RESTAPIKeyTests: XCTestCase {
     func testConfiguredAPIKeyIsRequired() async throws {
         let app = try await AppHarness(environment: ["TRUNK_SYNC_API_KEY": "anon-key"])

@@ -92,6 +92,8 @@ public struct Configuration: Sendable {
     public private(set) var databaseSharedReads = Setting.databaseSharedReads.integerDefault
     /// `TRUNK_SYNC_DB_POOL_TIMEOUT`, in seconds.
     public private(set) var databasePoolTimeout = Setting.databasePoolTimeout.secondsDefault
+    /// `TRUNK_SYNC_REST_STATEMENT_TIMEOUT`, in seconds.
+    public private(set) var restStatementTimeout = Setting.restStatementTimeout.secondsDefault
     /// `TRUNK_SYNC_HTTP_HEADER_TIMEOUT`, in seconds.
     public private(set) var httpHeaderTimeout = Setting.httpHeaderTimeout.secondsDefault
     /// `TRUNK_SYNC_HTTP_BODY_TIMEOUT`, in seconds.
@@ -300,6 +302,7 @@ public struct Configuration: Sendable {
                 refuse("db_pool_timeout", "must be a number of seconds between 0 and \(Int(maximum))")
             }
         }
+        restStatementTimeout = seconds(Setting.restStatementTimeout) ?? restStatementTimeout
         httpHeaderTimeout = seconds(Setting.httpHeaderTimeout) ?? httpHeaderTimeout
         httpBodyTimeout = seconds(Setting.httpBodyTimeout) ?? httpBodyTimeout
         httpIdleTimeout = seconds(Setting.httpIdleTimeout) ?? httpIdleTimeout

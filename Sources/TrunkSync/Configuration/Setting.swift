@@ -175,6 +175,12 @@ public struct Setting: Sendable {
         summary:
             "Reads that are one round trip (a pull's, Realtime's) in flight at once on one database connection. Above 1, a read is sent behind others on a connection already busy with such reads, up to this many, before another connection is taken: PostgreSQL runs them back to back and the server reads several answers per wake-up (about 20 % more one-row pulls per second on 2 cores, bench/README.md), but on a saturated 2-core machine the few backends doing all the reads were left runnable without CPU for 50 ms to over a second by Linux's group scheduling (PostgreSQL in a scheduling group of its own, as a container or session is): keep 1 (each read has a connection of its own) unless you have measured it on your setup."
     )
+    /// `rest_statement_timeout`.
+    public static let restStatementTimeout = Setting(
+        key: "rest_statement_timeout", kind: .seconds(maximum: 3600), defaultValue: "8", isSecret: false,
+        summary:
+            "Seconds one database statement of a /rest/v1 request may run before PostgreSQL cancels it and the request gets 400 `57014`: bounds what a large offset, `Prefer: count=exact`, or a filter or order on a column without an index can cost (a user's own rows only). Hosted Supabase gives signed-in users 8 s."
+    )
     /// `api_key`.
     public static let apiKey = Setting(
         key: "api_key", kind: .text, defaultValue: nil, isSecret: true,
@@ -356,6 +362,7 @@ public struct Setting: Sendable {
         databasePoolSize,
         databasePoolTimeout,
         databaseSharedReads,
+        restStatementTimeout,
         apiKey,
         jwtExpiry,
         otpExpiry,

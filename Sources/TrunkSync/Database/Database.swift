@@ -30,18 +30,41 @@ public enum Scope: Sendable {
     /// does not restrict.
     case server
 
-    /// The statements that set the scope, and the planning mode when `plans` is not
-    /// PostgreSQL's default (with `.user`'s scope in the same statement: no statement more).
-    func statements(plans: Plans) -> [PostgresStatement] {
-        guard plans == .generic else { return statements }
-        if case .user(let id) = self {
-            return [
-                .prepared(
-                    "select set_config('app.user_id', $1, true), set_config('plan_cache_mode', 'force_generic_plan', true)",
-                    UUIDText.lowercase(id))
-            ]
+    /// The statements that set the scope, the planning mode when `plans` is not
+    /// PostgreSQL's default, and the transaction's `statement_timeout` when one is given
+    /// (with `.user`'s scope in the same statement: no statement more).
+    func statements(plans: Plans, statementTimeout: Duration? = nil) -> [PostgresStatement] {
+        var settings = ""
+        var values: [PostgresBind] = []
+        if plans == .generic { settings += ", set_config('plan_cache_mode', 'force_generic_plan', true)" }
+        if let statementTimeout {
+            values.append(Self.milliseconds(statementTimeout).postgresBind)
+            settings += ", set_config('statement_timeout', $\(values.count + (isUser ? 1 : 0)), true)"
         }
-        return statements + [.prepared("select set_config('plan_cache_mode', 'force_generic_plan', true)")]
+        guard !settings.isEmpty else { return statements }
+        if case .user(let id) = self {
+            var statement = PostgresStatement(
+                "select set_config('app.user_id', $1, true)" + settings,
+                binds: [UUIDText.lowercase(id).postgresBind] + values)
+            statement.isPrepared = true
+            return [statement]
+        }
+        var statement = PostgresStatement("select " + settings.dropFirst(2), binds: values)
+        statement.isPrepared = true
+        return statements + [statement]
+    }
+
+    private var isUser: Bool {
+        if case .user = self { return true }
+        return false
+    }
+
+    /// `statement_timeout`'s value for `duration`: whole milliseconds, at least 1 (0 would
+    /// turn the limit off).
+    static func milliseconds(_ duration: Duration) -> String {
+        let (seconds, attoseconds) = duration.components
+        let total = seconds * 1000 + attoseconds / 1_000_000_000_000_000
+        return "\(max(1, total))ms"
     }
 
     /// The statements that set the scope.
@@ -171,11 +194,16 @@ public final class Database: Sendable {
     /// body ended otherwise, rolls back what is open.
     ///
     /// `plans`: how PostgreSQL plans the body's prepared statements (`Plans`).
+    /// `statementTimeout`: the longest any of the body's statements may run (PostgreSQL's
+    /// `statement_timeout` for this transaction only; beyond it the statement fails with
+    /// `57014` and the transaction rolls back). Default: PostgreSQL's setting.
     public func transaction<T: Sendable>(
-        as scope: Scope, plans: Plans = .chosenByPostgres, _ body: (Transaction) async throws -> T
+        as scope: Scope, plans: Plans = .chosenByPostgres, statementTimeout: Duration? = nil,
+        _ body: (Transaction) async throws -> T
     ) async throws -> T {
         try await pool.withConnection { connection in
-            let transaction = Transaction(connection, prefix: [.begin] + scope.statements(plans: plans))
+            let transaction = Transaction(
+                connection, prefix: [.begin] + scope.statements(plans: plans, statementTimeout: statementTimeout))
             let value = try await body(transaction)
             if connection.isInTransaction { try await connection.pipeline([.commit]) }
             return value

@@ -1625,7 +1625,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST100` (malformed `select`, `order`, `limit`, `offset` or filter, or a PostgREST feature outside the subset — `or=`, `and=`, `not.`, operators other than `eq`, `neq`, `gt`, `gte`, `lt`, `lte`, `in`, `is`, embedded resources, JSON paths — named in the message, e.g. `The or filter is not supported by this server.`), `42703` (no such column) or `22P02` (a filter value of the wrong type).",
+            "description": "`PGRST100` (malformed `select`, `order`, `limit`, `offset` or filter, or a PostgREST feature outside the subset — `or=`, `and=`, `not.`, operators other than `eq`, `neq`, `gt`, `gte`, `lt`, `lte`, `in`, `is`, embedded resources, JSON paths — named in the message, e.g. `The or filter is not supported by this server.`), `42703` (no such column) or `22P02` (a filter value of the wrong type); or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -1647,7 +1647,8 @@ public enum OpenAPIDocument {
                       "enum": [
                         "PGRST100",
                         "42703",
-                        "22P02"
+                        "22P02",
+                        "57014"
                       ]
                     }
                   }
@@ -1919,7 +1920,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST100`, `42703` or `22P02`: a malformed query; `PGRST100` also for a PostgREST feature outside the subset (`or=`, `and=`, `not.`, other operators), named in the message.",
+            "description": "`PGRST100`, `42703` or `22P02`: a malformed query; `PGRST100` also for a PostgREST feature outside the subset (`or=`, `and=`, `not.`, other operators), named in the message; or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -1941,7 +1942,8 @@ public enum OpenAPIDocument {
                       "enum": [
                         "PGRST100",
                         "42703",
-                        "22P02"
+                        "22P02",
+                        "57014"
                       ]
                     }
                   }
@@ -2037,7 +2039,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST102` (not a JSON object), `PGRST204` (unknown member, or no `full_name`), `22P02` (a value of the wrong type) or a query error (`PGRST100`, also for `or=`, `not.` and the other PostgREST features outside the subset; `42703`), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB).",
+            "description": "`PGRST102` (not a JSON object), `PGRST204` (unknown member, or no `full_name`), `22P02` (a value of the wrong type) or a query error (`PGRST100`, also for `or=`, `not.` and the other PostgREST features outside the subset; `42703`), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB); or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -2062,7 +2064,8 @@ public enum OpenAPIDocument {
                         "22P02",
                         "PGRST100",
                         "42703",
-                        "validation_failed"
+                        "validation_failed",
+                        "57014"
                       ]
                     }
                   }
@@ -2175,7 +2178,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST102` (not a JSON object, or an array of other than one), `PGRST204`, `22P02` or a query error (`PGRST100`, also for `or=`, `not.` and the other PostgREST features outside the subset; `42703`), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB).",
+            "description": "`PGRST102` (not a JSON object, or an array of other than one), `PGRST204`, `22P02` or a query error (`PGRST100`, also for `or=`, `not.` and the other PostgREST features outside the subset; `42703`), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB); or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -2200,7 +2203,8 @@ public enum OpenAPIDocument {
                         "22P02",
                         "PGRST100",
                         "42703",
-                        "validation_failed"
+                        "validation_failed",
+                        "57014"
                       ]
                     }
                   }

@@ -22,6 +22,15 @@ public enum RESTError {
         APIError(status: 400, code: "22P02", message: "invalid input syntax for type \(type): \"\(value.prefix(100))\"")
     }
 
+    /// A statement ran longer than `rest_statement_timeout` and PostgreSQL cancelled it
+    /// (PostgREST's code and message for the same).
+    static func statementTimeout(_ limit: Duration) -> APIError {
+        APIError(
+            status: 400, code: "57014", message: "canceling statement due to statement timeout",
+            details: .text("A statement of this request ran longer than \(limit) (rest_statement_timeout)."),
+            hint: "Narrow the query: filters on indexed columns, a smaller offset (or a range on seq), no count=exact.")
+    }
+
     static let jwt = APIError(status: 401, code: "PGRST301", message: "JWT could not be verified")
     static let apiKey = APIError(status: 401, code: "PGRST301", message: "Invalid API key")
     static let foreignUser = APIError(

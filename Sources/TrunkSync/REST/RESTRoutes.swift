@@ -11,6 +11,8 @@ public struct RESTRoutes: Sendable {
     let database: Database
     let store: EventStore
     let metrics: Metrics
+    /// The longest one statement of a request may run (`rest_statement_timeout`).
+    let statementTimeout: Duration
 
     /// The largest insert (as hosted Supabase projects' request limit).
     public static let insertBodyLimit = 10 * 1024 * 1024
@@ -36,8 +38,11 @@ public struct RESTRoutes: Sendable {
         RESTColumn(name: "updated_at", kind: .timestamp, sql: "updated_at"),
     ]
 
-    public init(database: Database, store: EventStore, metrics: Metrics = Metrics()) {
+    public init(
+        database: Database, store: EventStore, metrics: Metrics = Metrics(), statementTimeout: Duration = .seconds(8)
+    ) {
         self.metrics = metrics
+        self.statementTimeout = statementTimeout
         self.database = database
         self.store = store
     }
@@ -143,13 +148,27 @@ public struct RESTRoutes: Sendable {
         return "\(offset)-\(offset + count - 1)/\(totalText)"
     }
 
+    /// Every query of these routes runs here: in a transaction scoped to the caller, each
+    /// statement bounded by `statementTimeout`. A statement cancelled by it (`57014`) is the
+    /// request's shape (an offset, a count, a filter without an index), not the server's
+    /// failure: a `400` that says which limit it hit.
+    private func transaction<T: Sendable>(
+        for user: UUID, _ body: (Transaction) async throws -> T
+    ) async throws -> T {
+        do {
+            return try await database.transaction(as: .user(user), statementTimeout: statementTimeout, body)
+        } catch let error as PostgresError where error.sqlState == .queryCanceled {
+            throw RESTError.statementTimeout(statementTimeout)
+        }
+    }
+
     // MARK: - events
 
     func selectEvents(_ request: HTTPRequest, user: UUID) async throws -> HTTPResponse {
         let query = try RESTQuery.parse(request, table: "events", columns: Self.eventColumns)
         let limit = min(query.limit ?? Self.maxRows, Self.maxRows)
         let countExact = Self.preferences(request).countExact
-        let (rows, total) = try await database.transaction(as: .user(user)) { tx -> (PostgresResult, Int?) in
+        let (rows, total) = try await transaction(for: user) { tx -> (PostgresResult, Int?) in
             let filters = query.whereClause(startingAt: 4)
             let sql =
                 "select \(query.columns.map(\.sql).joined(separator: ", ")) from events where user_id = $1"
@@ -200,6 +219,8 @@ public struct RESTRoutes: Sendable {
         guard preferences.representation else { return HTTPResponse(status: .created) }
         let created = results.filter(\.created).map(\.seq)
         let columns = query.columns
+        // Not bounded by `statementTimeout`: the events are stored by now, so a `57014` would
+        // tell the client that nothing changed. The read is by key, at most `maxRows` rows.
         let rows = try await database.transaction(as: .user(user)) { tx in
             try await tx.query(
                 "select \(columns.map(\.sql).joined(separator: ", ")) from events where user_id = $1 and seq = any($2) order by seq",
@@ -213,7 +234,7 @@ public struct RESTRoutes: Sendable {
     func selectProfiles(_ request: HTTPRequest, user: UUID) async throws -> HTTPResponse {
         let query = try RESTQuery.parse(request, table: "profiles", columns: Self.profileColumns)
         let limit = min(query.limit ?? Self.maxRows, Self.maxRows)
-        let rows = try await database.transaction(as: .user(user)) { tx in
+        let rows = try await transaction(for: user) { tx in
             let filters = query.whereClause(startingAt: 4)
             return try await tx.query(
                 "select \(query.columns.map(\.sql).joined(separator: ", ")) from users where id = $1" + filters.sql
@@ -227,7 +248,7 @@ public struct RESTRoutes: Sendable {
         let query = try RESTQuery.parse(request, table: "profiles", columns: Self.profileColumns)
         let preferences = Self.preferences(request)
         let change = try RESTInsert.parseProfile(request.body, caller: user, allowArray: upsert)
-        let rows = try await database.transaction(as: .user(user)) { tx in
+        let rows = try await transaction(for: user) { tx in
             let filters = query.whereClause(startingAt: 3)
             // The metadata's size comes last, after the columns the answer writes.
             let rows = try await tx.query(

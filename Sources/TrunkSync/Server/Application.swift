@@ -266,7 +266,10 @@ public struct Application: Sendable {
             .register(in: &routes)
         StreamRoutes(streams: streams).register(in: &routes)
         RealtimeRoutes(feed: realtime, apiKey: configuration.apiKey).register(in: &routes)
-        RESTRoutes(database: database, store: events, metrics: metrics).register(in: &routes)
+        RESTRoutes(
+            database: database, store: events, metrics: metrics,
+            statementTimeout: .microseconds(Int64(configuration.restStatementTimeout * 1_000_000))
+        ).register(in: &routes)
         AccountRoutes(accounts: accounts, auth: auth, notifier: notifier).register(in: &routes)
         return routes
     }
