@@ -90,7 +90,7 @@ step("select gt the first row's created_at")
 # Outside the REST subset: refused naming what, not taken for a missing column (42703).
 for name, query in [
     ("or", lambda: client.table("events").select("*").or_("type.eq.a,type.eq.b")),
-    ("not", lambda: client.table("events").select("*").not_.eq("type", "a")),
+    ("match", lambda: client.table("events").select("*").filter("type", "match", "^a")),
 ]:
     try:
         query().execute()
@@ -99,7 +99,7 @@ for name, query in [
         assert error.code == "PGRST100", (name, error.code, error.message)
         assert error.message in (f"The {name} filter is not supported by this server.",
                                  f"The {name} operator is not supported by this server."), (name, error.message)
-step("or_ and not_ refused with PGRST100 naming them")
+step("or_ and match refused with PGRST100 naming them")
 
 upserted = client.table("events").upsert([one], on_conflict="client_id", ignore_duplicates=True).execute()
 assert upserted.data == [], upserted.data
@@ -118,6 +118,25 @@ assert client.table("events").select("seq").is_("type", "null").execute().data =
 unnamed = client.table("profiles").select("full_name").is_("full_name", "null").execute().data
 assert unnamed == [{"full_name": None}], unnamed
 step("in_ and is_ filters")
+
+# not_ before any operator, like and ilike (`%` as the apps write it, or PostgREST's `*`).
+types = lambda query: sorted(row["type"] for row in query.execute().data)
+every = types(client.table("events").select("type"))
+assert len(every) == 5, every
+assert types(client.table("events").select("type").not_.is_("type", "null")) == every
+assert types(client.table("events").select("type").like("type", "weeded%")) == ["weeded (bed 3, north)"]
+assert types(client.table("events").select("type").like("type", "weeded*")) == ["weeded (bed 3, north)"]
+assert types(client.table("events").select("type").ilike("type", "%SAID%")) == ['said "hi"']
+assert types(client.table("events").select("type").like("type", "%SAID%")) == []
+assert types(client.table("events").select("type").not_.ilike("type", "sprout%")) == sorted(
+    ["weeded (bed 3, north)", 'said "hi"'])
+assert types(client.table("events").select("type").not_.in_("type", ["sprout_planted", 'said "hi"'])) == [
+    "weeded (bed 3, north)"]
+assert types(client.table("events").select("type").not_.eq("type", "sprout_planted")) == sorted(
+    ["weeded (bed 3, north)", 'said "hi"'])
+named = client.table("profiles").select("full_name").not_.is_("full_name", "null").execute().data
+assert named == [], named
+step("not_, like and ilike filters")
 
 client.auth.update_user({"data": {"full_name": "Alice"}})
 profile = client.table("profiles").select("full_name").eq("id", user_id).single().execute()

@@ -65,6 +65,23 @@ final class RESTQueryTests: XCTestCase {
             .text("at most 1000 values"))
     }
 
+    /// `not.` before any operator negates it; `like` and `ilike` take PostgREST's `*` as SQL's
+    /// `%` and leave the rest of the pattern as it is.
+    func testNotLikeAndIlikeClauses() throws {
+        let query = try parse(
+            "type=like.sprout*&type=not.ilike.%25WEED_&seq=not.in.(1,2)&client_id=not.is.null&seq=not.eq.3")
+        XCTAssertEqual(query.filters.map(\.op), [.like, .ilike, .in, .is, .eq])
+        XCTAssertEqual(query.filters.map(\.negated), [false, true, true, true, true])
+        let clause = query.whereClause(startingAt: 2)
+        XCTAssertEqual(
+            clause.sql,
+            " and type like $2 and not (type ilike $3) and not (seq = any($4::int8[]))"
+                + " and not (client_id is null) and not (seq = $5)")
+        let patterns = clause.binds.prefix(2).map { $0.bytes.map { String(decoding: $0, as: UTF8.self) } }
+        XCTAssertEqual(patterns, ["sprout%", "%WEED_"])
+        XCTAssertEqual(try parse("type=eq.a*b").filters.first?.value?.bytes, Array("a*b".utf8), "only like's * is %")
+    }
+
     func testDefaults() throws {
         let query = try parse("")
         XCTAssertEqual(query.columns.map(\.name), RESTRoutes.eventColumns.map(\.name))
@@ -97,7 +114,9 @@ final class RESTQueryTests: XCTestCase {
             ("select=nope", "42703"), ("select=seq::text", "PGRST100"), ("select=*,seq", "PGRST100"),
             ("order=seq.sideways", "PGRST100"), ("order=nope", "42703"), ("order=seq.asc.nullsfirst.x", "PGRST100"),
             ("limit=-1", "PGRST100"), ("limit=ten", "PGRST100"), ("offset=-5", "PGRST100"), ("seq=5", "PGRST100"),
-            ("seq=like.5", "PGRST100"), ("seq=in.(5,x)", "22P02"), ("seq=in.5", "PGRST100"), ("type=is.true", "42804"),
+            ("seq=like.5", "42883"), ("created_at=ilike.2026*", "42883"), ("payload=like.a", "PGRST100"),
+            ("seq=not.5", "PGRST100"), ("seq=not.not.eq.5", "PGRST100"), ("seq=not.gt.five", "22P02"),
+            ("type=like.a%00", "22P02"), ("seq=in.(5,x)", "22P02"), ("seq=in.5", "PGRST100"), ("type=is.true", "42804"),
             ("type=is.NULL", "PGRST100"),
             ("seq=gt.five", "22P02"), ("client_id=eq.nope", "22P02"),
             ("client_id=eq.6f1f0e3c11114c3e9d7a3a1c8f0f2b10", "22P02"), ("created_at=gt.now", "22P02"),
@@ -123,11 +142,10 @@ final class RESTQueryTests: XCTestCase {
             ("not.or=(type.eq.a,seq.eq.1)", "The or filter is not supported by this server."),
             ("not.and=(type.eq.a,seq.eq.1)", "The and filter is not supported by this server."),
             ("items.or=(seq.eq.1)", "The or filter is not supported by this server."),
-            ("seq=not.eq.5", "The not filter is not supported by this server."),
-            ("type=not.is.null", "The not filter is not supported by this server."),
             ("seq=isdistinct.2", "The isdistinct operator is not supported by this server."),
-            ("type=like.a*", "The like operator is not supported by this server."),
-            ("type=ilike.a*", "The ilike operator is not supported by this server."),
+            ("type=match.^a", "The match operator is not supported by this server."),
+            ("type=not.imatch.^a", "The imatch operator is not supported by this server."),
+            ("type=like(all).{a*,b*}", "The like(all) operator is not supported by this server."),
             ("type=fts(english).sprout", "The fts(english) operator is not supported by this server."),
             ("seq=eq(any).{1,2}", "The eq(any) operator is not supported by this server."),
             ("payload->>kind=eq.a", "The JSON path filter (payload->>kind) is not supported by this server."),
@@ -143,7 +161,7 @@ final class RESTQueryTests: XCTestCase {
             XCTAssertEqual(
                 error?.details,
                 .text(
-                    "Filters are column=op.value with eq, neq, gt, gte, lt, lte, in, is; several are combined with and."
+                    "Filters are column=op.value or column=not.op.value with eq, neq, gt, gte, lt, lte, in, is, like, ilike; several are combined with and."
                 ),
                 query)
         }

@@ -235,7 +235,7 @@ final class RESTTests: XCTestCase {
             ("payload=in.(1)", "PGRST100"), ("type=in.(a%00b)", "22P02"),
             ("seq=in.(" + (0...1000).map(String.init).joined(separator: ",") + ")", "PGRST100"),
             ("type=is.true", "42804"), ("type=is.unknown", "42804"), ("type=is.maybe", "PGRST100"),
-            ("type=not.in.(a)", "PGRST100"), ("type=not.is.null", "PGRST100"),
+            ("type=not.in.(a,x", "PGRST100"), ("type=not.is.true", "42804"),
         ]
         for (query, code) in refusals {
             assertPostgRESTError(try await get("/rest/v1/events?" + query), 400, code)
@@ -244,6 +244,60 @@ final class RESTTests: XCTestCase {
             "PATCH", "/rest/v1/profiles?full_name=is.true", json: ["full_name": "Eve"], bearer: token)
         assertPostgRESTError(refusedUpdate, 400, "42804")
         try await expectRows(path + "in.(Ann)", 1)
+    }
+
+    /// `not.` before each operator, `like` and `ilike` over the stored values: `*` and `%`
+    /// any characters, `_` one, `\` escaping; a negated condition leaves out what it matched.
+    func testNotLikeAndIlikeFilters() async throws {
+        let types = ["sprout_planted", "Sprout_Watered", "100%", "100 plants", "sproutXplanted"]
+        for type in types {
+            var event = row()
+            event["type"] = type
+            let stored = try await insert(event)
+            XCTAssertEqual(stored.status, 201, stored.text)
+        }
+        func expect(_ query: String, _ seqs: [Int], line: UInt = #line) async throws {
+            let response = try await get("/rest/v1/events?select=seq&order=seq&" + query)
+            XCTAssertEqual(response.status, 200, query + " " + response.text, line: line)
+            XCTAssertEqual(array(response).compactMap { $0["seq"] as? Int }, seqs, query, line: line)
+        }
+        try await expect("type=like.sprout*", [1, 5])
+        try await expect("type=like." + encoded("sprout%"), [1, 5])
+        try await expect("type=like." + encoded(#"sprout\_*"#), [1])
+        try await expect("type=ilike.sprout*", [1, 2, 5])
+        try await expect("type=ilike.*WATERED", [2])
+        try await expect("type=like." + encoded(#"100\%"#), [3])
+        try await expect("type=like.100_*", [3, 4])
+        try await expect("type=not.like.100*", [1, 2, 5])
+        try await expect("type=not.ilike.sprout*&type=like.100*", [3, 4])
+        try await expect("seq=not.in.(1,2,3)", [4, 5])
+        try await expect("seq=not.gt.2", [1, 2])
+        try await expect("seq=not.eq.2&seq=not.eq.4", [1, 3, 5])
+        try await expect("type=not.is.null", [1, 2, 3, 4, 5])
+        try await expect("type=not.is.not_null", [])
+
+        // profiles: `not.is.null` and `ilike` on the name, in a select and an update.
+        let path = "/rest/v1/profiles?select=full_name&full_name="
+        let untouched = try await app.request(
+            "PATCH", "/rest/v1/profiles?full_name=not.is.null", json: ["full_name": "Ann"], bearer: token)
+        XCTAssertEqual(untouched.status, 204, untouched.text)
+        func count(_ query: String) async throws -> Int { array(try await get(path + query)).count }
+        let notNull = try await count("not.is.null")
+        XCTAssertEqual(notNull, 0, "a null name is not `not null`")
+        let named = try await app.request(
+            "PATCH", "/rest/v1/profiles?full_name=is.null", json: ["full_name": "Ann"], bearer: token)
+        XCTAssertEqual(named.status, 204, named.text)
+        let (ilike, like, notIlike) = (
+            try await count("ilike.a*"), try await count("like.a*"), try await count("not.ilike.a*")
+        )
+        XCTAssertEqual([ilike, like, notIlike], [1, 0, 0])
+
+        // like on a column that is not text: PostgreSQL's code, and nothing read.
+        for query in ["seq=like.1*", "created_at=not.ilike.2026*", "client_id=like.*"] {
+            let refused = try await get("/rest/v1/events?" + query)
+            assertPostgRESTError(refused, 400, "42883")
+            XCTAssertTrue((refused.json["message"] as? String)?.hasPrefix("operator does not exist: ") == true)
+        }
     }
 
     func testContentRangeCountAndLimits() async throws {
@@ -301,7 +355,7 @@ final class RESTTests: XCTestCase {
             "PATCH", "/rest/v1/profiles?id=eq.\(userID!)", json: ["full_name": "D"], bearer: token)
         XCTAssertEqual(minimal.status, 204)
         // `.or()` on an update is refused by name and changes nothing.
-        for query in ["or=(id.eq.\(userID!),full_name.eq.D)", "id=not.eq.\(userID!)", "full_name=like.D*"] {
+        for query in ["or=(id.eq.\(userID!),full_name.eq.D)", "full_name=match.D", "full_name=not.fts.D"] {
             let refused = try await app.request(
                 "PATCH", "/rest/v1/profiles?\(query)", json: ["full_name": "E"], bearer: token)
             assertPostgRESTError(refused, 400, "PGRST100")
@@ -327,7 +381,7 @@ final class RESTTests: XCTestCase {
         let reads: [(String, Int, String)] = [
             ("/rest/v1/events?nope=eq.1", 400, "42703"),
             ("/rest/v1/events?select=nope", 400, "42703"),
-            ("/rest/v1/events?seq=like.1", 400, "PGRST100"),
+            ("/rest/v1/events?seq=like.1", 400, "42883"),
             ("/rest/v1/events?seq=1", 400, "PGRST100"),
             ("/rest/v1/events?seq=eq.x", 400, "22P02"),
             ("/rest/v1/events?client_id=eq.nope", 400, "22P02"),
@@ -341,7 +395,7 @@ final class RESTTests: XCTestCase {
             ("/rest/v1/events?select=seq::text", 400, "PGRST100"),
             ("/rest/v1/events?or=(type.eq.a,type.eq.b)", 400, "PGRST100"),
             ("/rest/v1/events?and=(seq.gt.1,seq.lt.3)", 400, "PGRST100"),
-            ("/rest/v1/events?seq=not.eq.1", 400, "PGRST100"),
+            ("/rest/v1/events?seq=not.not.eq.1", 400, "PGRST100"),
             ("/rest/v1/events?seq=in.(1,x)", 400, "22P02"),
             ("/rest/v1/events?type=is.false", 400, "42804"),
             ("/rest/v1/profiles?or=(full_name.eq.a,full_name.is.null)", 400, "PGRST100"),

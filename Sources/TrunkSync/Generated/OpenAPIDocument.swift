@@ -1625,7 +1625,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST100` (malformed `select`, `order`, `limit`, `offset` or filter, or a PostgREST feature outside the subset — `or=`, `and=`, `not.`, operators other than `eq`, `neq`, `gt`, `gte`, `lt`, `lte`, `in`, `is`, embedded resources, JSON paths — named in the message, e.g. `The or filter is not supported by this server.`), `42703` (no such column) or `22P02` (a filter value of the wrong type); or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
+            "description": "`PGRST100` (malformed `select`, `order`, `limit`, `offset` or filter, or a PostgREST feature outside the subset — `or=`, `and=`, operators other than `eq`, `neq`, `gt`, `gte`, `lt`, `lte`, `in`, `is`, `like`, `ilike` (each also after `not.`), embedded resources, JSON paths — named in the message, e.g. `The or filter is not supported by this server.`), `42703` (no such column), `22P02` (a filter value of the wrong type) or `42883` (`like` or `ilike` on a column that is not text); or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -1648,7 +1648,8 @@ public enum OpenAPIDocument {
                         "PGRST100",
                         "42703",
                         "22P02",
-                        "57014"
+                        "57014",
+                        "42883"
                       ]
                     }
                   }
@@ -1723,7 +1724,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST102` (not JSON, not an object or array of objects), `PGRST204` (unknown member), `validation_failed` (events that break the rules every event follows — the same rules and `details` as `POST /sync/v1/events`), or a query error (`PGRST100`, also for `or=`, `not.` and the other PostgREST features outside the subset; `42703`; `22P02`); `validation_failed` also for `Prefer: return=representation` with more than 1000 rows (nothing is stored).",
+            "description": "`PGRST102` (not JSON, not an object or array of objects), `PGRST204` (unknown member), `validation_failed` (events that break the rules every event follows — the same rules and `details` as `POST /sync/v1/events`), or a query error (`PGRST100`, also for `or=`, `match` and the other PostgREST features outside the subset; `42703`; `22P02`; `42883`: `like` or `ilike` on a column that is not text); `validation_failed` also for `Prefer: return=representation` with more than 1000 rows (nothing is stored).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -1748,7 +1749,8 @@ public enum OpenAPIDocument {
                         "validation_failed",
                         "22P02",
                         "PGRST100",
-                        "42703"
+                        "42703",
+                        "42883"
                       ]
                     }
                   }
@@ -1920,7 +1922,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST100`, `42703` or `22P02`: a malformed query; `PGRST100` also for a PostgREST feature outside the subset (`or=`, `and=`, `not.`, other operators), named in the message; or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
+            "description": "`PGRST100`, `42703`, `22P02` or `42883` (`like` or `ilike` on a column that is not text): a malformed query; `PGRST100` also for a PostgREST feature outside the subset (`or=`, `and=`, other operators), named in the message; or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -1943,7 +1945,8 @@ public enum OpenAPIDocument {
                         "PGRST100",
                         "42703",
                         "22P02",
-                        "57014"
+                        "57014",
+                        "42883"
                       ]
                     }
                   }
@@ -2039,7 +2042,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST102` (not a JSON object), `PGRST204` (unknown member, or no `full_name`), `22P02` (a value of the wrong type) or a query error (`PGRST100`, also for `or=`, `not.` and the other PostgREST features outside the subset; `42703`), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB); or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
+            "description": "`PGRST102` (not a JSON object), `PGRST204` (unknown member, or no `full_name`), `22P02` (a value of the wrong type) or a query error (`PGRST100`, also for `or=`, `match` and the other PostgREST features outside the subset; `42703`; `42883`: `like` or `ilike` on a column that is not text), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB); or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -2065,7 +2068,8 @@ public enum OpenAPIDocument {
                         "PGRST100",
                         "42703",
                         "validation_failed",
-                        "57014"
+                        "57014",
+                        "42883"
                       ]
                     }
                   }
@@ -2178,7 +2182,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST102` (not a JSON object, or an array of other than one), `PGRST204`, `22P02` or a query error (`PGRST100`, also for `or=`, `not.` and the other PostgREST features outside the subset; `42703`), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB); or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
+            "description": "`PGRST102` (not a JSON object, or an array of other than one), `PGRST204`, `22P02` or a query error (`PGRST100`, also for `or=`, `match` and the other PostgREST features outside the subset; `42703`; `42883`: `like` or `ilike` on a column that is not text), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB); or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -2204,7 +2208,8 @@ public enum OpenAPIDocument {
                         "PGRST100",
                         "42703",
                         "validation_failed",
-                        "57014"
+                        "57014",
+                        "42883"
                       ]
                     }
                   }
@@ -4276,10 +4281,10 @@ public enum OpenAPIDocument {
         "name": "id",
         "in": "query",
         "required": false,
-        "description": "A filter on `id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
+        "description": "A filter on `id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Any of these after `not.` matches the rows for which it is false (not those where the column is null). Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.(null|not_null))$"
+          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.(null|not_null))$"
         },
         "examples": {
           "example": {
@@ -4291,10 +4296,10 @@ public enum OpenAPIDocument {
         "name": "user_id",
         "in": "query",
         "required": false,
-        "description": "A filter on `user_id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
+        "description": "A filter on `user_id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Any of these after `not.` matches the rows for which it is false (not those where the column is null). Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.(null|not_null))$"
+          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.(null|not_null))$"
         },
         "examples": {
           "example": {
@@ -4306,10 +4311,10 @@ public enum OpenAPIDocument {
         "name": "seq",
         "in": "query",
         "required": false,
-        "description": "A filter on `seq` (bigint): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a 64-bit integer; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
+        "description": "A filter on `seq` (bigint): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a 64-bit integer; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Any of these after `not.` matches the rows for which it is false (not those where the column is null). Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[+-]?[0-9]{1,18}|in\\.\\(([+-]?[0-9]{1,18}(,[+-]?[0-9]{1,18})*)?\\)|is\\.(null|not_null))$"
+          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[+-]?[0-9]{1,18}|in\\.\\(([+-]?[0-9]{1,18}(,[+-]?[0-9]{1,18})*)?\\)|is\\.(null|not_null))$"
         },
         "examples": {
           "example": {
@@ -4321,10 +4326,10 @@ public enum OpenAPIDocument {
         "name": "type",
         "in": "query",
         "required": false,
-        "description": "A filter on `type` (text): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` any text; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
+        "description": "A filter on `type` (text): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` any text; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Also `like.pattern` / `ilike.pattern` (case-insensitive): `*` or `%` any characters, `_` one, `\\\\` escaping the next. Any of these after `not.` matches the rows for which it is false (not those where the column is null). Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[\\s\\S]*|in\\.\\((\"([^\"\\\\]|\\\\.)*\"|([^,()\"][^,()]*)?)(,(\"([^\"\\\\]|\\\\.)*\"|([^,()\"][^,()]*)?))*\\)|is\\.(null|not_null))$"
+          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[\\s\\S]*|in\\.\\((\"([^\"\\\\]|\\\\.)*\"|([^,()\"][^,()]*)?)(,(\"([^\"\\\\]|\\\\.)*\"|([^,()\"][^,()]*)?))*\\)|is\\.(null|not_null)|(like|ilike)\\.[\\s\\S]*)$"
         },
         "examples": {
           "example": {
@@ -4336,10 +4341,10 @@ public enum OpenAPIDocument {
         "name": "client_id",
         "in": "query",
         "required": false,
-        "description": "A filter on `client_id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
+        "description": "A filter on `client_id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Any of these after `not.` matches the rows for which it is false (not those where the column is null). Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.(null|not_null))$"
+          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.(null|not_null))$"
         },
         "examples": {
           "example": {
@@ -4351,10 +4356,10 @@ public enum OpenAPIDocument {
         "name": "client_timestamp",
         "in": "query",
         "required": false,
-        "description": "A filter on `client_timestamp` (timestamp with time zone): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` an RFC 3339 timestamp; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
+        "description": "A filter on `client_timestamp` (timestamp with time zone): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` an RFC 3339 timestamp; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Any of these after `not.` matches the rows for which it is false (not those where the column is null). Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|in\\.\\(([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])(,[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))*)?\\)|is\\.(null|not_null))$"
+          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|in\\.\\(([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])(,[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))*)?\\)|is\\.(null|not_null))$"
         },
         "examples": {
           "example": {
@@ -4366,10 +4371,10 @@ public enum OpenAPIDocument {
         "name": "created_at",
         "in": "query",
         "required": false,
-        "description": "A filter on `created_at` (timestamp with time zone): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` an RFC 3339 timestamp; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
+        "description": "A filter on `created_at` (timestamp with time zone): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` an RFC 3339 timestamp; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Any of these after `not.` matches the rows for which it is false (not those where the column is null). Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|in\\.\\(([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])(,[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))*)?\\)|is\\.(null|not_null))$"
+          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|in\\.\\(([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])(,[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))*)?\\)|is\\.(null|not_null))$"
         },
         "examples": {
           "example": {
@@ -4381,10 +4386,10 @@ public enum OpenAPIDocument {
         "name": "id",
         "in": "query",
         "required": false,
-        "description": "A filter on `id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
+        "description": "A filter on `id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Any of these after `not.` matches the rows for which it is false (not those where the column is null). Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.(null|not_null))$"
+          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.(null|not_null))$"
         },
         "examples": {
           "example": {
@@ -4396,10 +4401,10 @@ public enum OpenAPIDocument {
         "name": "full_name",
         "in": "query",
         "required": false,
-        "description": "A filter on `full_name` (text): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` any text; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
+        "description": "A filter on `full_name` (text): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` any text; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Also `like.pattern` / `ilike.pattern` (case-insensitive): `*` or `%` any characters, `_` one, `\\\\` escaping the next. Any of these after `not.` matches the rows for which it is false (not those where the column is null). Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[\\s\\S]*|in\\.\\((\"([^\"\\\\]|\\\\.)*\"|([^,()\"][^,()]*)?)(,(\"([^\"\\\\]|\\\\.)*\"|([^,()\"][^,()]*)?))*\\)|is\\.(null|not_null))$"
+          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[\\s\\S]*|in\\.\\((\"([^\"\\\\]|\\\\.)*\"|([^,()\"][^,()]*)?)(,(\"([^\"\\\\]|\\\\.)*\"|([^,()\"][^,()]*)?))*\\)|is\\.(null|not_null)|(like|ilike)\\.[\\s\\S]*)$"
         },
         "examples": {
           "example": {
@@ -4411,10 +4416,10 @@ public enum OpenAPIDocument {
         "name": "updated_at",
         "in": "query",
         "required": false,
-        "description": "A filter on `updated_at` (timestamp with time zone): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` an RFC 3339 timestamp; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Malformed: `400`.",
+        "description": "A filter on `updated_at` (timestamp with time zone): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` an RFC 3339 timestamp; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Any of these after `not.` matches the rows for which it is false (not those where the column is null). Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^((eq|neq|gt|gte|lt|lte)\\.[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|in\\.\\(([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])(,[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))*)?\\)|is\\.(null|not_null))$"
+          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|in\\.\\(([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])(,[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))*)?\\)|is\\.(null|not_null))$"
         },
         "examples": {
           "example": {

@@ -20,6 +20,9 @@ struct RESTQuery: Sendable {
         case `in`
         /// `is.null`, `is.not_null`.
         case `is`
+        /// `like.a*b`, `ilike.a*b` (case-insensitive): a pattern over a text column, `*` or
+        /// `%` any characters, `_` one, `\` escaping the next.
+        case like, ilike
 
         /// The comparison's SQL operator (not for `in` and `is`, written whole by `whereClause`).
         var sql: String {
@@ -30,16 +33,20 @@ struct RESTQuery: Sendable {
             case .gte: return ">="
             case .lt: return "<"
             case .lte: return "<="
+            case .like: return "like"
+            case .ilike: return "ilike"
             case .in, .is: return ""
             }
         }
 
-        /// `eq, neq, gt, gte, lt, lte, in, is`, for messages.
+        /// `eq, neq, gt, gte, lt, lte, in, is, like, ilike`, for messages.
         static let supported = allCases.map(\.rawValue).joined(separator: ", ")
 
-        /// PostgREST's other operators (`like`, `fts` …): refused by name, not as unknown.
+        /// PostgREST's other operators (`match`, `fts` …): refused by name, not as unknown.
+        /// `match` and `imatch` are regular expressions, whose cost PostgreSQL does not bound
+        /// by the text's length.
         static let unsupported: Set<String> = [
-            "like", "ilike", "match", "imatch", "isdistinct", "fts", "plfts", "phfts", "wfts", "cs", "cd",
+            "match", "imatch", "isdistinct", "fts", "plfts", "phfts", "wfts", "cs", "cd",
             "ov", "sl", "sr", "nxr", "nxl", "adj",
         ]
     }
@@ -59,6 +66,9 @@ struct RESTQuery: Sendable {
         var value: PostgresBind?
         /// For `is`: `is.null` (false: `is.not_null`).
         var isNull = true
+        /// `not.op.value`: rows for which the condition is false (as in SQL, not those where
+        /// it is null: `not.eq.a` leaves out rows whose column is null, as `neq.a` does).
+        var negated = false
     }
 
     struct Order: Sendable {
@@ -168,34 +178,62 @@ struct RESTQuery: Sendable {
             default:
                 try refuseUnsupported(parameter: name)
                 let target = try column(name)
-                guard let dot = value.firstIndex(of: ".") else {
-                    throw RESTError.parse("failed to parse filter (\(value))", details: "expected operator.value")
-                }
-                let opName = String(value[..<dot])
-                guard let op = Operator(rawValue: opName) else {
-                    if opName == "not" { throw RESTError.unsupported("not filter") }
-                    // `eq(any)`, `like(all)`, `fts(english)`: named by their operator.
-                    let base = opName.prefix { $0 != "(" }
-                    if Operator.unsupported.contains(String(base)) || Operator(rawValue: String(base)) != nil {
-                        throw RESTError.unsupported("\(opName.prefix(40)) operator")
-                    }
-                    throw RESTError.parse(
-                        "failed to parse filter (\(value.prefix(100)))",
-                        details: "unknown operator \"\(opName.prefix(40))\"; supported: \(Operator.supported)")
-                }
-                let operand = String(value[value.index(after: dot)...])
-                switch op {
-                case .in:
-                    query.filters.append(Filter(column: target, op: op, value: try bindList(operand, for: target)))
-                case .is:
-                    query.filters.append(
-                        Filter(column: target, op: op, value: nil, isNull: try nullTest(operand, target)))
-                default:
-                    query.filters.append(Filter(column: target, op: op, value: try bind(operand, for: target)))
-                }
+                query.filters.append(try filter(value, on: target))
             }
         }
         return query
+    }
+
+    /// One filter's `op.value` (or `not.op.value`) on `target`.
+    static func filter(_ text: String, on target: RESTColumn) throws -> Filter {
+        var negated = false
+        var rest = Substring(text)
+        if rest.hasPrefix("not.") {
+            negated = true
+            rest = rest.dropFirst(4)
+        }
+        guard let dot = rest.firstIndex(of: ".") else {
+            throw RESTError.parse("failed to parse filter (\(text.prefix(100)))", details: "expected operator.value")
+        }
+        let opName = String(rest[..<dot])
+        guard let op = Operator(rawValue: opName) else {
+            // `eq(any)`, `like(all)`, `fts(english)`: named by their operator.
+            let base = opName.prefix { $0 != "(" }
+            if Operator.unsupported.contains(String(base)) || Operator(rawValue: String(base)) != nil {
+                throw RESTError.unsupported("\(opName.prefix(40)) operator")
+            }
+            throw RESTError.parse(
+                "failed to parse filter (\(text.prefix(100)))",
+                details:
+                    "unknown operator \"\(opName.prefix(40))\"; supported: \(Operator.supported), each also after not.")
+        }
+        let operand = String(rest[rest.index(after: dot)...])
+        var filter: Filter
+        switch op {
+        case .in:
+            filter = Filter(column: target, op: op, value: try bindList(operand, for: target))
+        case .is:
+            filter = Filter(column: target, op: op, value: nil, isNull: try nullTest(operand, target))
+        case .like, .ilike:
+            filter = Filter(column: target, op: op, value: try bindPattern(operand, op: op, for: target))
+        default:
+            filter = Filter(column: target, op: op, value: try bind(operand, for: target))
+        }
+        filter.negated = negated
+        return filter
+    }
+
+    /// `like`'s and `ilike`'s pattern: PostgREST's `*` is SQL's `%`. Text columns only
+    /// (PostgreSQL has no `like` for the others).
+    static func bindPattern(_ text: String, op: Operator, for column: RESTColumn) throws -> PostgresBind {
+        guard column.kind == .text else {
+            if column.kind == .json { throw noJSONFilters(on: column) }
+            throw APIError(
+                status: 400, code: "42883",
+                message: "operator does not exist: \(sqlType(column.kind)) \(op == .like ? "~~" : "~~*") unknown",
+                hint: "like and ilike apply to text columns only.")
+        }
+        return try bind(text.replacingOccurrences(of: "*", with: "%"), for: column)
     }
 
     /// A parameter naming a PostgREST feature the subset does not have, rather than a
@@ -383,19 +421,21 @@ struct RESTQuery: Sendable {
         var clauses: [String] = []
         var binds: [PostgresBind] = []
         for filter in filters {
+            var clause: String
             switch filter.op {
             case .is:
-                clauses.append("\(filter.column.sql) is \(filter.isNull ? "" : "not ")null")
+                clause = "\(filter.column.sql) is \(filter.isNull ? "" : "not ")null"
             case .in:
                 guard let value = filter.value else { continue }
                 binds.append(value)
                 let type = Self.sqlType(filter.column.kind)
-                clauses.append("\(filter.column.sql) = any($\(firstParameter + binds.count - 1)::\(type)[])")
+                clause = "\(filter.column.sql) = any($\(firstParameter + binds.count - 1)::\(type)[])"
             default:
                 guard let value = filter.value else { continue }
                 binds.append(value)
-                clauses.append("\(filter.column.sql) \(filter.op.sql) $\(firstParameter + binds.count - 1)")
+                clause = "\(filter.column.sql) \(filter.op.sql) $\(firstParameter + binds.count - 1)"
             }
+            clauses.append(filter.negated ? "not (\(clause))" : clause)
         }
         return (clauses.map { " and " + $0 }.joined(), binds)
     }
