@@ -808,6 +808,62 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertTrue(rejects.contains("deleted on the hosted project"), rejects)
     }
 
+    /// A user whose metadata is larger than trunk-sync takes (every access token carries it,
+    /// so their tokens would not fit in a request's headers) is not imported, with a reason
+    /// that says what to do; made smaller on the hosted project, the next run imports them
+    /// with their events and sessions. Metadata that grows past the limit after an import is
+    /// not carried over (a conflict, the value here kept) and holds back nothing else.
+    func testMetadataLargerThanTokensCarryIsNotImportedButReportedUntilItFits() throws {
+        let source = try makeSource()
+        let big = #"{"notes":"\#(String(repeating: "n", count: 20_000))"}"#
+        let ada = try addUser(source, email: "ada@example.com", metadata: big)
+        let bob = try addUser(source, email: "bob@example.com", metadata: #"{"theme":"dark"}"#)
+        for user in [ada, bob] { _ = try addEvents(source, user: user, [("a", "{}", "2026-03-01 10:00:00+00")]) }
+        _ = try addOpaqueSession(source, user: ada, tokens: ["adaLive"])
+        let server = try startServer()
+        var (result, report, rejectFile) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 3, result.stderr + result.stdout)
+        XCTAssertEqual(counts(report, "users"), ["read": 2, "imported": 1, "already_there": 0, "rejected": 1])
+        XCTAssertEqual(counts(report, "events")["imported"], 1)
+        let rejects = try String(contentsOfFile: rejectFile, encoding: .utf8)
+        XCTAssertTrue(rejects.contains("user_metadata takes 20"), rejects)
+        XCTAssertTrue(rejects.contains("at most 16384"), rejects)
+        let db = try destination(server)
+        XCTAssertEqual(try db.query("select id from users").map { try $0.decode(UUID.self, column: 0) }, [bob])
+
+        // Made smaller on the hosted project: the next run brings Ada, her events and session.
+        try source.admin.query(
+            #"update auth.users set raw_user_meta_data = '{"notes":"short"}' where id = $1"#, ada)
+        (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        XCTAssertEqual(counts(report, "users")["imported"], 1)
+        XCTAssertEqual(
+            try db.query("select count(*) from events where user_id = $1", ada)[0].decode(Int64.self, column: 0), 1)
+        XCTAssertEqual(try refreshStatus(server, "adaLive"), 200)
+
+        // Bob's metadata grows past the limit on the hosted project: kept here, reported,
+        // and his new events still arrive.
+        try source.admin.query("update auth.users set raw_user_meta_data = $2::jsonb where id = $1", bob, big)
+        _ = try addEvents(source, user: bob, [("b", "{}", "2026-03-02 10:00:00+00")])
+        let recordBefore = try recorded(db, bob)
+        (result, report, rejectFile) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 3, result.stderr + result.stdout)
+        XCTAssertEqual(
+            conflicts(report),
+            [
+                [
+                    "source_id": bob.uuidString.lowercased(), "email": "bob@example.com", "field": "user_metadata",
+                    "reason": "metadata_too_large",
+                ]
+            ])
+        XCTAssertEqual(try userHere(db, bob).metadata, #"{"theme": "dark"}"#)
+        XCTAssertEqual(try recorded(db, bob), recordBefore, "the record still says what the import wrote")
+        XCTAssertEqual(
+            try db.query("select count(*) from events where user_id = $1", bob)[0].decode(Int64.self, column: 0), 2)
+        XCTAssertTrue(
+            try String(contentsOfFile: rejectFile, encoding: .utf8).contains("user_metadata not carried over"))
+    }
+
     /// Two source users with one address (case apart, or an SSO user beside an email one:
     /// Supabase's unique index leaves SSO users out) cannot both be users here: the second
     /// (by id) is a conflict, reported, not a user silently missing from the counts.

@@ -127,6 +127,17 @@ final class ImportRun {
                     report.users.rejected += 1
                     reject("auth.users", id, "deleted on trunk-sync after an earlier import; not imported again")
                 }
+                for row in try destination.query(Self.usersWithMetadataTooLarge) {
+                    let id = try row.decode(String.self, column: 0)
+                    let bytes = try row.decode(Int.self, column: 1)
+                    notImported.insert(id)
+                    report.users.rejected += 1
+                    reject(
+                        "auth.users", id,
+                        "user_metadata takes \(bytes) bytes; trunk-sync takes at most \(UserRecord.maxMetadataBytes), "
+                            + "as every access token carries it: make it smaller on the hosted project and run the "
+                            + "import again")
+                }
                 try carryChanges()
                 for row in try destination.query(Self.userConflicts) {
                     let id = try row.decode(String.self, column: 0)
@@ -152,6 +163,18 @@ final class ImportRun {
         where exists (select from supabase_import_progress p where p.user_id = s.id)
           and not exists (select from users u where u.id = s.id)
         returning s.id::text
+        """
+
+    /// Takes out of the batch the users not here yet whose metadata, as the import would
+    /// write it, is larger than trunk-sync takes (`UserRecord.maxMetadataBytes`): every
+    /// access token carries it, so such a user's tokens would not fit in a request's
+    /// headers. Returns their ids and sizes. (An imported user's grown metadata is not
+    /// carried over: `compareUsers`' `too_large`.)
+    static let usersWithMetadataTooLarge = """
+        delete from import_users s
+        where not exists (select from users u where u.id = s.id)
+          and octet_length((\(hostedMetadata))::text) > \(UserRecord.maxMetadataBytes)
+        returning s.id::text, octet_length((\(hostedMetadata))::text)
         """
 
     /// The batch's users not here yet whose email another user here has, or another user
@@ -208,7 +231,8 @@ final class ImportRun {
     /// (changed here only: left), `carry` (changed there only), `both` (changed on both
     /// sides: left, a conflict), `taken` (the new address is another user's here, or
     /// another source user's: a conflict), `not_recorded` (they differ and the import has
-    /// no record: left, a conflict). Names are JSON (`null` for none). The metadata goes key
+    /// no record: left, a conflict), `too_large` (metadata only: the merge would be larger
+    /// than `UserRecord.maxMetadataBytes`; left, a conflict, the record unchanged). Names are JSON (`null` for none). The metadata goes key
     /// by key (only where the two differ): the keys changed there only are carried, those
     /// changed on both sides are left; `meta_merged` is the result, `meta_record` what the
     /// import has then written.
@@ -229,9 +253,12 @@ final class ImportRun {
                     when c.here_name <> c.then_name then 'both'
                     else 'carry' end,
                c.here_meta, m.merged,
-               case when c.there_meta = c.here_meta then c.there_meta when c.then_meta is not null then m.recorded end,
+               case when c.there_meta = c.here_meta then c.there_meta
+                    when c.then_meta is not null and not m.too_large then m.recorded
+                    else c.then_meta end,
                case when c.there_meta = c.here_meta then 'same'
                     when c.then_meta is null then 'not_recorded'
+                    when m.too_large then 'too_large'
                     when m.conflicts then 'both'
                     when m.carried then 'carry'
                     else 'kept' end
@@ -243,7 +270,7 @@ final class ImportRun {
           from import_users s join users u on u.id = s.id
           left join supabase_imported_users r on r.user_id = s.id
         ) c
-        cross join lateral (
+        cross join lateral (select m.*, octet_length(m.merged::text) > \(UserRecord.maxMetadataBytes) too_large from (
           select coalesce(bool_or(k.step = 'both'), false) conflicts, coalesce(bool_or(k.step = 'carry'), false) carried,
                  coalesce(jsonb_object_agg(k.key, k.merged) filter (where k.merged is not null), '{}') merged,
                  coalesce(jsonb_object_agg(k.key, k.recorded) filter (where k.recorded is not null), '{}') recorded
@@ -263,7 +290,7 @@ final class ImportRun {
                           else 'both' end step
             ) y
           ) k
-        ) m
+        ) m) m
         """
 
     /// Writes what `compareUsers` found to carry (metadata keys changed there only, also
@@ -308,7 +335,7 @@ final class ImportRun {
         from import_user_changes c
         cross join lateral (values ('email', c.email_step), ('full_name', c.name_step), ('user_metadata', c.meta_step))
           f(field, step)
-        where f.step in ('both', 'taken', 'not_recorded')
+        where f.step in ('both', 'taken', 'not_recorded', 'too_large')
         order by c.id, f.field
         """
 

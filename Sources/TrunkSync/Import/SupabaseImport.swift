@@ -156,6 +156,9 @@ public struct SupabaseImport: Sendable {
             /// The two differ, and the import has no record of what it wrote (a user imported
             /// before that record): which side changed cannot be told.
             case notRecorded = "not_recorded"
+            /// The hosted metadata merged with the one here would be larger than trunk-sync
+            /// takes (`UserRecord.maxMetadataBytes`): every access token carries it.
+            case metadataTooLarge = "metadata_too_large"
 
             /// From `ImportRun.compareUsers`'s step; nil for a step that is no conflict.
             init?(step: String) {
@@ -163,6 +166,7 @@ public struct SupabaseImport: Sendable {
                 case "taken": self = .addressTaken
                 case "both": self = .changedOnBothSides
                 case "not_recorded": self = .notRecorded
+                case "too_large": self = .metadataTooLarge
                 default: return nil
                 }
             }
@@ -175,6 +179,9 @@ public struct SupabaseImport: Sendable {
                 case .notRecorded:
                     return "differs from the hosted project's, and this database has no record of what an earlier "
                         + "import wrote; kept here"
+                case .metadataTooLarge:
+                    return "the hosted user_metadata merged with the one here would take more than "
+                        + "\(UserRecord.maxMetadataBytes) bytes (every access token carries it); kept here"
                 }
             }
         }
