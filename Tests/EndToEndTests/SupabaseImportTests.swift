@@ -262,7 +262,13 @@ final class SupabaseImportTests: EndToEndTestCase {
                 ("array_payload", "[1,2]", "2026-03-01 12:00:00+00"),
                 ("big_payload", #"{"s":"\#(String(repeating: "x", count: 70_000))"}"#, "2026-03-01 12:00:01+00"),
                 (String(repeating: "t", count: 129), "{}", "2026-03-01 12:00:02+00"),
+                // Numbers no IEEE double holds (jsonb keeps them): a client could not read them.
+                ("huge_number", #"{"n":1e400}"#, "2026-03-01 12:00:04+00"),
+                ("vanishing_number", #"{"a":[{"x":-1e-400}]}"#, "2026-03-01 12:00:05+00"),
             ])
+        // The extremes a double holds are kept, as a push keeps them.
+        _ = try addEvents(
+            source, user: bob, [("extreme_numbers", #"{"n":1e308,"m":-5e-324,"z":0.000}"#, "2026-03-01 12:00:06+00")])
         let infinite = UUID()
         try source.admin.query(
             """
@@ -285,14 +291,14 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertEqual(result.status, 3, "rejects and a conflict exit 3; stderr: \(result.stderr)\n\(result.stdout)")
         XCTAssertEqual(counts(report, "users"), ["read": 4, "imported": 3, "already_there": 0, "rejected": 0])
         XCTAssertEqual(counts(report, "profiles")["imported"], 1)
-        XCTAssertEqual(counts(report, "events"), ["read": 10, "imported": 5, "already_there": 0, "rejected": 5])
+        XCTAssertEqual(counts(report, "events"), ["read": 13, "imported": 6, "already_there": 0, "rejected": 7])
         XCTAssertEqual(counts(report, "sessions")["imported"], 2)
         XCTAssertEqual(report?["sessions_undecryptable"] as? Int, 1)
         let conflicts = report?["conflicts"] as? [[String: Any]]
         XCTAssertEqual(conflicts?.first?["email"] as? String, "dup@example.com")
         let verification = report?["verification"] as? [String: Any]
         XCTAssertEqual(verification?["passed"] as? Bool, true, "\(String(describing: verification))")
-        XCTAssertEqual(verification?["events_expected"] as? Int, 5)
+        XCTAssertEqual(verification?["events_expected"] as? Int, 6)
 
         let lines = try String(contentsOfFile: rejectFile, encoding: .utf8).split(separator: "\n").compactMap {
             try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: String]
@@ -307,6 +313,8 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertEqual(reason(rejected[1]), "payload is over 65536 bytes")
         XCTAssertEqual(reason(rejected[2]), "type is not 1 to 128 characters")
         XCTAssertEqual(reason(infinite), "client_timestamp is out of range")
+        XCTAssertEqual(reason(rejected[3]), "payload has a number no IEEE double holds (I-JSON)")
+        XCTAssertEqual(reason(rejected[4]), "payload has a number no IEEE double holds (I-JSON)")
         XCTAssertTrue(
             reasons[dup.uuidString.lowercased()]?.contains("belongs to another trunk-sync user") ?? false, "\(reasons)")
         XCTAssertTrue(
@@ -352,7 +360,11 @@ final class SupabaseImportTests: EndToEndTestCase {
             let own = try XCTUnwrap(session["access_token"] as? String)
             let page = try send(server, "GET", "/sync/v1/events?after=0", token: own)
             XCTAssertEqual(page.status, 200)
-            XCTAssertEqual((page.jsonObject?["events"] as? [Any])?.count, user == ada ? 4 : 1)
+            let pulled = page.jsonObject?["events"] as? [[String: Any]]
+            XCTAssertEqual(pulled?.count, user == ada ? 4 : 2)
+            if user == bob {  // as PostgreSQL prints it (309 digits), still the double a client reads
+                XCTAssertEqual((pulled?.last?["payload"] as? [String: Any])?["n"] as? Double, 1e308)
+            }
         }
         XCTAssertNotEqual(bobSession, adaSession)
         // The revoked opaque token and the expired session did not come along.

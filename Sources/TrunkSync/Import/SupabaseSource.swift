@@ -146,6 +146,15 @@ struct SupabaseSource {
     /// Total number of events (for progress).
     static let eventTotalQuery = "select count(*) from public.events"
 
+    /// A JSON path finding a number a push would refuse (`JSONScanner`: I-JSON) that `jsonb`
+    /// keeps: one that rounds to an infinite double, or a non-zero one that rounds to zero.
+    /// Pulled, it would stop a client whose decoder reads numbers as doubles (Swift's) at
+    /// that page for good. Thresholds: the largest double plus half its ulp, half the
+    /// smallest subnormal.
+    static let outsideDoubles =
+        "strict $.** ? (@.type() == \"number\" && (@ >= 1.7976931348623158e308 || @ <= -1.7976931348623158e308"
+        + " || (@ != 0 && @ < 2.4703282292062328e-324 && @ > -2.4703282292062328e-324)))"
+
     /// Why trunk-sync's own rules would refuse an event (nil: they accept it), as SQL.
     static func eventRejectReason(_ e: String) -> String {
         """
@@ -153,6 +162,7 @@ struct SupabaseSource {
              when \(e).type is null or char_length(\(e).type) not between 1 and \(EventInput.maxTypeLength) then 'type is not 1 to \(EventInput.maxTypeLength) characters'
              when jsonb_typeof(\(e).payload) is distinct from 'object' then 'payload is not a JSON object'
              when octet_length(\(e).payload::text) > \(EventInput.maxPayloadBytes) then 'payload is over \(EventInput.maxPayloadBytes) bytes'
+             when jsonb_path_exists(\(e).payload, '\(outsideDoubles)') then 'payload has a number no IEEE double holds (I-JSON)'
              when \(e).client_timestamp is null or not isfinite(\(e).client_timestamp)
                   or \(e).client_timestamp < '0001-01-01T00:00:00Z' or \(e).client_timestamp >= '10000-01-01T00:00:00Z'
                then 'client_timestamp is out of range'
