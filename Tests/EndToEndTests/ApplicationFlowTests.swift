@@ -31,8 +31,8 @@ final class ApplicationFlowTests: EndToEndTestCase {
         for step in [
             "sign_in_with_otp", "verify_otp", "insert one", "insert a batch of three with one duplicate",
             "select ordered by created_at", "select gt the first row's created_at",
-            "or_ and match refused with PGRST100 naming them",
-            "upsert ignore_duplicates", "in_ and is_ filters", "not_, like and ilike filters",
+            "match refused with PGRST100 naming it",
+            "upsert ignore_duplicates", "in_ and is_ filters", "not_, like and ilike filters", "or_ filters",
             "profiles select full_name single() after update_user", "update the profile", "refresh_session", "sign_out",
         ] {
             XCTAssertTrue(

@@ -82,6 +82,50 @@ final class RESTQueryTests: XCTestCase {
         XCTAssertEqual(try parse("type=eq.a*b").filters.first?.value?.bytes, Array("a*b".utf8), "only like's * is %")
     }
 
+    /// `or=`, `and=` and their `not.`, nested: each condition a filter as on its own, values
+    /// quoted where they hold `,` or `)`, `in.(…)` with its own parentheses.
+    func testLogicTrees() throws {
+        let query = try parse(
+            "or=" + #"(type.eq.a,and(seq.gt.1,seq.lt.5),type.not.in.(x,"y,z"), type.eq."p,q)",type.like.s*)"#
+                .addingPercentEncoding(withAllowedCharacters: .alphanumerics)!
+                + "&not.and=(seq.eq.1,type.is.null)&seq=gte.0")
+        XCTAssertEqual(query.filters.count, 1)
+        XCTAssertEqual(query.groups.count, 2)
+        let clause = query.whereClause(startingAt: 2)
+        XCTAssertEqual(
+            clause.sql,
+            " and seq >= $2 and (type = $3 or (seq > $4 and seq < $5) or not (type = any($6::text[]))"
+                + " or type = $7 or type like $8) and not (seq = $9 and type is null)")
+        let texts = clause.binds.map { $0.bytes.map { String(decoding: $0, as: UTF8.self) } }
+        XCTAssertEqual(texts[1], "a")
+        XCTAssertEqual(texts[4], #"{"x","y,z"}"#)
+        XCTAssertEqual(texts[5], "p,q)")
+        XCTAssertEqual(texts[6], "s%")
+        let nested = try parse("or=(and(or(type.eq.a,type.eq.b),seq.eq.1),not.or(seq.eq.2,seq.eq.3))")
+        XCTAssertEqual(
+            nested.whereClause(startingAt: 1).sql,
+            " and (((type = $1 or type = $2) and seq = $3) or not (seq = $4 or seq = $5))")
+    }
+
+    func testMalformedLogicTreesAreRefused() {
+        let deep = String(repeating: "or(", count: 8) + "seq.eq.1" + String(repeating: ")", count: 8)
+        let cases: [(String, String)] = [
+            ("or=(type.eq.a,)", "PGRST100"), ("or=type.eq.a", "PGRST100"), ("or=(type.eq.a", "PGRST100"),
+            ("or=()", "PGRST100"), ("or=(type.eq.a)x", "PGRST100"), ("or=(type.eq.\"a)", "PGRST100"),
+            ("or=(type)", "PGRST100"), ("or=(type.eq)", "PGRST100"), ("or=(type.in.(a,b)", "PGRST100"),
+            ("or=(nope.eq.1)", "42703"), ("or=(seq.eq.x)", "22P02"), ("or=(seq.like.1)", "42883"),
+            ("or=(payload.eq.1)", "PGRST100"), ("and=(" + deep + ")", "PGRST100"),
+            ("or=(seq.eq.1,and(type.eq.a,))", "PGRST100"),
+        ]
+        for (query, code) in cases {
+            let error = refusal(query.replacingOccurrences(of: "\"", with: "%22"))
+            XCTAssertEqual(error?.status, 400, query)
+            XCTAssertEqual(error?.code, code, query)
+        }
+        let sevenDeep = String(repeating: "or(", count: 7) + "seq.eq.1" + String(repeating: ")", count: 7)
+        XCTAssertNoThrow(try parse("and=(" + sevenDeep + ")"), "eight levels in all are allowed")
+    }
+
     func testDefaults() throws {
         let query = try parse("")
         XCTAssertEqual(query.columns.map(\.name), RESTRoutes.eventColumns.map(\.name))
@@ -137,11 +181,8 @@ final class RESTQueryTests: XCTestCase {
     /// missing column (`42703`): supabase-js's `.or()` sends `or=(…)`, `.not()` `col=not.op.v`.
     func testUnsupportedPostgRESTFeaturesAreNamed() throws {
         let cases: [(String, String)] = [
-            ("or=(type.eq.a,type.eq.b)", "The or filter is not supported by this server."),
-            ("and=(seq.gt.1,seq.lt.5)", "The and filter is not supported by this server."),
-            ("not.or=(type.eq.a,seq.eq.1)", "The or filter is not supported by this server."),
-            ("not.and=(type.eq.a,seq.eq.1)", "The and filter is not supported by this server."),
-            ("items.or=(seq.eq.1)", "The or filter is not supported by this server."),
+            ("items.or=(seq.eq.1)", "The embedded resource parameter (items.or) is not supported by this server."),
+            ("or=(type.fts.a,seq.eq.1)", "The fts operator is not supported by this server."),
             ("seq=isdistinct.2", "The isdistinct operator is not supported by this server."),
             ("type=match.^a", "The match operator is not supported by this server."),
             ("type=not.imatch.^a", "The imatch operator is not supported by this server."),
@@ -161,7 +202,7 @@ final class RESTQueryTests: XCTestCase {
             XCTAssertEqual(
                 error?.details,
                 .text(
-                    "Filters are column=op.value or column=not.op.value with eq, neq, gt, gte, lt, lte, in, is, like, ilike; several are combined with and."
+                    "Filters are column=op.value or column=not.op.value with eq, neq, gt, gte, lt, lte, in, is, like, ilike; several are combined with and; or=(…) and and=(…) combine conditions."
                 ),
                 query)
         }

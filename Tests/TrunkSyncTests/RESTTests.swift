@@ -51,6 +51,23 @@ final class RESTTests: XCTestCase {
         XCTAssertEqual(response.headers["proxy-status"], "PostgREST; error=\(code)", file: file, line: line)
     }
 
+    /// Stores one event of each type, in order: seq 1, 2, ….
+    func insertTypes(_ types: [String], line: UInt = #line) async throws {
+        for type in types {
+            var event = row()
+            event["type"] = type
+            let stored = try await insert(event)
+            XCTAssertEqual(stored.status, 201, stored.text, line: line)
+        }
+    }
+
+    /// Asserts the seqs of the events `query` selects, in order.
+    func expectSeqs(_ query: String, _ seqs: [Int], line: UInt = #line) async throws {
+        let response = try await get("/rest/v1/events?select=seq&order=seq&" + query)
+        XCTAssertEqual(response.status, 200, query + " " + response.text, line: line)
+        XCTAssertEqual(array(response).compactMap { $0["seq"] as? Int }, seqs, query, line: line)
+    }
+
     func array(_ response: AppHarness.Response) -> [[String: Any]] {
         (try? JSONSerialization.jsonObject(with: response.body)) as? [[String: Any]] ?? []
     }
@@ -186,33 +203,28 @@ final class RESTTests: XCTestCase {
             }
             return text + "\""
         }
-        func expect(_ query: String, _ seqs: [Int], line: UInt = #line) async throws {
-            let response = try await get("/rest/v1/events?select=seq&order=seq&" + query)
-            XCTAssertEqual(response.status, 200, query + " " + response.text, line: line)
-            XCTAssertEqual(array(response).compactMap { $0["seq"] as? Int }, seqs, query, line: line)
-        }
         func expectRows(_ path: String, _ count: Int, line: UInt = #line) async throws {
             let response = try await get(path)
             XCTAssertEqual(array(response).count, count, path + " " + response.text, line: line)
         }
         let allButK = types.dropLast().map(quoted).joined(separator: ",")
-        try await expect("type=in." + encoded("(\(allButK))"), [1, 2, 3, 4, 5, 6, 7])
-        try await expect("type=in." + encoded("(a,k)"), [1, 8])
-        try await expect("type=in." + encoded(#"(a,"b,c",b)"#), [1, 2])
-        try await expect("type=in." + encoded("(j)"), [])
+        try await expectSeqs("type=in." + encoded("(\(allButK))"), [1, 2, 3, 4, 5, 6, 7])
+        try await expectSeqs("type=in." + encoded("(a,k)"), [1, 8])
+        try await expectSeqs("type=in." + encoded(#"(a,"b,c",b)"#), [1, 2])
+        try await expectSeqs("type=in." + encoded("(j)"), [])
         // supabase-js quotes only values with a comma or parenthesis, and escapes nothing:
         // `.in('type', ['d"e'])` sends `in.(d"e)`.
-        try await expect("type=in." + encoded(#"(d"e,k)"#), [3, 8])
-        try await expect("type=in.()", [])
-        try await expect("seq=in.(2,4,99)", [2, 4])
-        try await expect("seq=in.(2,4)&type=in.(a,k)", [])
-        try await expect("client_id=in." + encoded("(\(clientIDs[0].lowercased()),\(clientIDs[7]))"), [1, 8])
+        try await expectSeqs("type=in." + encoded(#"(d"e,k)"#), [3, 8])
+        try await expectSeqs("type=in.()", [])
+        try await expectSeqs("seq=in.(2,4,99)", [2, 4])
+        try await expectSeqs("seq=in.(2,4)&type=in.(a,k)", [])
+        try await expectSeqs("client_id=in." + encoded("(\(clientIDs[0].lowercased()),\(clientIDs[7]))"), [1, 8])
         let stamps = array(try await get("/rest/v1/events?select=created_at&order=seq&seq=in.(3,6)"))
             .compactMap { $0["created_at"] as? String }
         XCTAssertEqual(stamps.count, 2)
-        try await expect("created_at=in." + encoded("(\(stamps.joined(separator: ",")))"), [3, 6])
-        try await expect("type=is.not_null&seq=lte.2", [1, 2])
-        try await expect("type=is.null", [])
+        try await expectSeqs("created_at=in." + encoded("(\(stamps.joined(separator: ",")))"), [3, 6])
+        try await expectSeqs("type=is.not_null&seq=lte.2", [1, 2])
+        try await expectSeqs("type=is.null", [])
 
         // profiles: full_name is null until set.
         let path = "/rest/v1/profiles?select=full_name&full_name="
@@ -249,32 +261,21 @@ final class RESTTests: XCTestCase {
     /// `not.` before each operator, `like` and `ilike` over the stored values: `*` and `%`
     /// any characters, `_` one, `\` escaping; a negated condition leaves out what it matched.
     func testNotLikeAndIlikeFilters() async throws {
-        let types = ["sprout_planted", "Sprout_Watered", "100%", "100 plants", "sproutXplanted"]
-        for type in types {
-            var event = row()
-            event["type"] = type
-            let stored = try await insert(event)
-            XCTAssertEqual(stored.status, 201, stored.text)
-        }
-        func expect(_ query: String, _ seqs: [Int], line: UInt = #line) async throws {
-            let response = try await get("/rest/v1/events?select=seq&order=seq&" + query)
-            XCTAssertEqual(response.status, 200, query + " " + response.text, line: line)
-            XCTAssertEqual(array(response).compactMap { $0["seq"] as? Int }, seqs, query, line: line)
-        }
-        try await expect("type=like.sprout*", [1, 5])
-        try await expect("type=like." + encoded("sprout%"), [1, 5])
-        try await expect("type=like." + encoded(#"sprout\_*"#), [1])
-        try await expect("type=ilike.sprout*", [1, 2, 5])
-        try await expect("type=ilike.*WATERED", [2])
-        try await expect("type=like." + encoded(#"100\%"#), [3])
-        try await expect("type=like.100_*", [3, 4])
-        try await expect("type=not.like.100*", [1, 2, 5])
-        try await expect("type=not.ilike.sprout*&type=like.100*", [3, 4])
-        try await expect("seq=not.in.(1,2,3)", [4, 5])
-        try await expect("seq=not.gt.2", [1, 2])
-        try await expect("seq=not.eq.2&seq=not.eq.4", [1, 3, 5])
-        try await expect("type=not.is.null", [1, 2, 3, 4, 5])
-        try await expect("type=not.is.not_null", [])
+        try await insertTypes(["sprout_planted", "Sprout_Watered", "100%", "100 plants", "sproutXplanted"])
+        try await expectSeqs("type=like.sprout*", [1, 5])
+        try await expectSeqs("type=like." + encoded("sprout%"), [1, 5])
+        try await expectSeqs("type=like." + encoded(#"sprout\_*"#), [1])
+        try await expectSeqs("type=ilike.sprout*", [1, 2, 5])
+        try await expectSeqs("type=ilike.*WATERED", [2])
+        try await expectSeqs("type=like." + encoded(#"100\%"#), [3])
+        try await expectSeqs("type=like.100_*", [3, 4])
+        try await expectSeqs("type=not.like.100*", [1, 2, 5])
+        try await expectSeqs("type=not.ilike.sprout*&type=like.100*", [3, 4])
+        try await expectSeqs("seq=not.in.(1,2,3)", [4, 5])
+        try await expectSeqs("seq=not.gt.2", [1, 2])
+        try await expectSeqs("seq=not.eq.2&seq=not.eq.4", [1, 3, 5])
+        try await expectSeqs("type=not.is.null", [1, 2, 3, 4, 5])
+        try await expectSeqs("type=not.is.not_null", [])
 
         // profiles: `not.is.null` and `ilike` on the name, in a select and an update.
         let path = "/rest/v1/profiles?select=full_name&full_name="
@@ -298,6 +299,27 @@ final class RESTTests: XCTestCase {
             assertPostgRESTError(refused, 400, "42883")
             XCTAssertTrue((refused.json["message"] as? String)?.hasPrefix("operator does not exist: ") == true)
         }
+    }
+
+    /// `or=`, `and=` and `not.` on groups over the stored rows, nested, with quoted values;
+    /// a profile update whose `or` matches nothing changes nothing.
+    func testOrAndAndFilters() async throws {
+        try await insertTypes(["a", "b,c", "d)", "e"])
+        try await expectSeqs("or=" + encoded("(type.eq.a,seq.eq.4)"), [1, 4])
+        try await expectSeqs("or=" + encoded(#"(type.eq."b,c",type.eq."d)")"#), [2, 3])
+        try await expectSeqs("or=" + encoded(#"(type.in.("b,c",e),and(seq.gt.2,seq.lt.4))"#), [2, 3, 4])
+        try await expectSeqs("not.or=" + encoded("(seq.eq.1,seq.eq.2)"), [3, 4])
+        try await expectSeqs("and=" + encoded("(seq.gte.2,or(type.like.e*,seq.eq.2))"), [2, 4])
+        try await expectSeqs("or=" + encoded("(seq.eq.1,seq.eq.2)") + "&or=" + encoded("(seq.eq.2,seq.eq.3)"), [2])
+        try await expectSeqs("or=" + encoded("(type.not.eq.a,seq.eq.1)") + "&seq=lte.2", [1, 2])
+        try await expectSeqs("or=" + encoded("(not.and(seq.gt.1,seq.lt.4),type.ilike.D*)"), [1, 3, 4])
+
+        let unchanged = try await app.request(
+            "PATCH", "/rest/v1/profiles?or=" + encoded("(full_name.eq.x,full_name.eq.y)"), json: ["full_name": "Z"],
+            bearer: token)
+        XCTAssertEqual(unchanged.status, 204, unchanged.text)
+        let profile = try await get("/rest/v1/profiles?select=full_name")
+        XCTAssertEqual(profile.text, #"[{"full_name":null}]"#)
     }
 
     func testContentRangeCountAndLimits() async throws {
@@ -355,7 +377,7 @@ final class RESTTests: XCTestCase {
             "PATCH", "/rest/v1/profiles?id=eq.\(userID!)", json: ["full_name": "D"], bearer: token)
         XCTAssertEqual(minimal.status, 204)
         // `.or()` on an update is refused by name and changes nothing.
-        for query in ["or=(id.eq.\(userID!),full_name.eq.D)", "full_name=match.D", "full_name=not.fts.D"] {
+        for query in ["or=(id.eq.\(userID!),full_name.fts.D)", "full_name=match.D", "full_name=not.fts.D"] {
             let refused = try await app.request(
                 "PATCH", "/rest/v1/profiles?\(query)", json: ["full_name": "E"], bearer: token)
             assertPostgRESTError(refused, 400, "PGRST100")
@@ -393,12 +415,12 @@ final class RESTTests: XCTestCase {
             ("/rest/v1/events?order=seq,payload.desc", 400, "PGRST100"),
             ("/rest/v1/events?limit=-1", 400, "PGRST100"),
             ("/rest/v1/events?select=seq::text", 400, "PGRST100"),
-            ("/rest/v1/events?or=(type.eq.a,type.eq.b)", 400, "PGRST100"),
-            ("/rest/v1/events?and=(seq.gt.1,seq.lt.3)", 400, "PGRST100"),
+            ("/rest/v1/events?or=(type.eq.a,)", 400, "PGRST100"),
+            ("/rest/v1/events?and=(seq.gt.1,seq.lt.x)", 400, "22P02"),
             ("/rest/v1/events?seq=not.not.eq.1", 400, "PGRST100"),
             ("/rest/v1/events?seq=in.(1,x)", 400, "22P02"),
             ("/rest/v1/events?type=is.false", 400, "42804"),
-            ("/rest/v1/profiles?or=(full_name.eq.a,full_name.is.null)", 400, "PGRST100"),
+            ("/rest/v1/profiles?or=(full_name.eq.a,full_name.is.maybe)", 400, "PGRST100"),
             ("/rest/v1/nothing", 404, "PGRST205"),
         ]
         for (path, status, code) in reads {

@@ -1598,6 +1598,18 @@ public enum OpenAPIDocument {
           },
           {
             "$ref": "#/components/parameters/events.created_at"
+          },
+          {
+            "$ref": "#/components/parameters/events.or"
+          },
+          {
+            "$ref": "#/components/parameters/events.and"
+          },
+          {
+            "$ref": "#/components/parameters/events.not.or"
+          },
+          {
+            "$ref": "#/components/parameters/events.not.and"
           }
         ],
         "security": [
@@ -1625,7 +1637,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST100` (malformed `select`, `order`, `limit`, `offset` or filter, or a PostgREST feature outside the subset — `or=`, `and=`, operators other than `eq`, `neq`, `gt`, `gte`, `lt`, `lte`, `in`, `is`, `like`, `ilike` (each also after `not.`), embedded resources, JSON paths — named in the message, e.g. `The or filter is not supported by this server.`), `42703` (no such column), `22P02` (a filter value of the wrong type) or `42883` (`like` or `ilike` on a column that is not text); or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
+            "description": "`PGRST100` (malformed `select`, `order`, `limit`, `offset` or filter, or a PostgREST feature outside the subset — operators other than `eq`, `neq`, `gt`, `gte`, `lt`, `lte`, `in`, `is`, `like`, `ilike` (each also after `not.`), embedded resources, JSON paths — named in the message, e.g. `The match operator is not supported by this server.`), `42703` (no such column), `22P02` (a filter value of the wrong type) or `42883` (`like` or `ilike` on a column that is not text); or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -1724,7 +1736,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST102` (not JSON, not an object or array of objects), `PGRST204` (unknown member), `validation_failed` (events that break the rules every event follows — the same rules and `details` as `POST /sync/v1/events`), or a query error (`PGRST100`, also for `or=`, `match` and the other PostgREST features outside the subset; `42703`; `22P02`; `42883`: `like` or `ilike` on a column that is not text); `validation_failed` also for `Prefer: return=representation` with more than 1000 rows (nothing is stored).",
+            "description": "`PGRST102` (not JSON, not an object or array of objects), `PGRST204` (unknown member), `validation_failed` (events that break the rules every event follows — the same rules and `details` as `POST /sync/v1/events`), or a query error (`PGRST100`, also for `match` and the other PostgREST features outside the subset; `42703`; `22P02`; `42883`: `like` or `ilike` on a column that is not text); `validation_failed` also for `Prefer: return=representation` with more than 1000 rows (nothing is stored).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -1895,6 +1907,18 @@ public enum OpenAPIDocument {
           },
           {
             "$ref": "#/components/parameters/profiles.updated_at"
+          },
+          {
+            "$ref": "#/components/parameters/profiles.or"
+          },
+          {
+            "$ref": "#/components/parameters/profiles.and"
+          },
+          {
+            "$ref": "#/components/parameters/profiles.not.or"
+          },
+          {
+            "$ref": "#/components/parameters/profiles.not.and"
           }
         ],
         "security": [
@@ -1922,7 +1946,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST100`, `42703`, `22P02` or `42883` (`like` or `ilike` on a column that is not text): a malformed query; `PGRST100` also for a PostgREST feature outside the subset (`or=`, `and=`, other operators), named in the message; or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
+            "description": "`PGRST100`, `42703`, `22P02` or `42883` (`like` or `ilike` on a column that is not text): a malformed query; `PGRST100` also for a PostgREST feature outside the subset (other operators, embedded resources), named in the message; or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -1997,6 +2021,18 @@ public enum OpenAPIDocument {
           },
           {
             "$ref": "#/components/parameters/profiles.updated_at"
+          },
+          {
+            "$ref": "#/components/parameters/profiles.or"
+          },
+          {
+            "$ref": "#/components/parameters/profiles.and"
+          },
+          {
+            "$ref": "#/components/parameters/profiles.not.or"
+          },
+          {
+            "$ref": "#/components/parameters/profiles.not.and"
           }
         ],
         "requestBody": {
@@ -2042,7 +2078,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST102` (not a JSON object), `PGRST204` (unknown member, or no `full_name`), `22P02` (a value of the wrong type) or a query error (`PGRST100`, also for `or=`, `match` and the other PostgREST features outside the subset; `42703`; `42883`: `like` or `ilike` on a column that is not text), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB); or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
+            "description": "`PGRST102` (not a JSON object), `PGRST204` (unknown member, or no `full_name`), `22P02` (a value of the wrong type) or a query error (`PGRST100`, also for `match` and the other PostgREST features outside the subset; `42703`; `42883`: `like` or `ilike` on a column that is not text), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB); or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -2182,7 +2218,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST102` (not a JSON object, or an array of other than one), `PGRST204`, `22P02` or a query error (`PGRST100`, also for `or=`, `match` and the other PostgREST features outside the subset; `42703`; `42883`: `like` or `ilike` on a column that is not text), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB); or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
+            "description": "`PGRST102` (not a JSON object, or an array of other than one), `PGRST204`, `22P02` or a query error (`PGRST100`, also for `match` and the other PostgREST features outside the subset; `42703`; `42883`: `like` or `ilike` on a column that is not text), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB); or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -4424,6 +4460,126 @@ public enum OpenAPIDocument {
         "examples": {
           "example": {
             "value": "gt.2026-11-22T04:10:02.123Z"
+          }
+        }
+      },
+      "events.or": {
+        "name": "or",
+        "in": "query",
+        "required": false,
+        "description": "Rows matching any of the conditions (supabase-js `.or()`): `(condition,condition,…)`, each `column.op.value` with an operator a filter takes (also after `not.`), or a nested `and(…)`, `or(…)`, `not.and(…)`, `not.or(…)` (at most 8 levels in all). A value holding `,` or `)` is double-quoted (`\\\"` and `\\\\` inside); `in.(…)` keeps its own parentheses. Combined with the other filters by and. The pattern shows the flat form; nesting and quoted values as described are taken too. Malformed: `400`.",
+        "schema": {
+          "type": "string",
+          "pattern": "^\\((type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.(null|not_null))(,(type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.(null|not_null)))*\\)$"
+        },
+        "examples": {
+          "example": {
+            "value": "(type.eq.sprout_planted,seq.gt.10)"
+          }
+        }
+      },
+      "events.and": {
+        "name": "and",
+        "in": "query",
+        "required": false,
+        "description": "Rows matching all of the conditions: written as `or`. Useful nested, or negated as `not.and`. The pattern shows the flat form; nesting and quoted values as described are taken too. Malformed: `400`.",
+        "schema": {
+          "type": "string",
+          "pattern": "^\\((type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.(null|not_null))(,(type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.(null|not_null)))*\\)$"
+        },
+        "examples": {
+          "example": {
+            "value": "(seq.gt.10,type.like.sprout*)"
+          }
+        }
+      },
+      "events.not.or": {
+        "name": "not.or",
+        "in": "query",
+        "required": false,
+        "description": "Rows matching none of the conditions: written as `or`. The pattern shows the flat form; nesting and quoted values as described are taken too. Malformed: `400`.",
+        "schema": {
+          "type": "string",
+          "pattern": "^\\((type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.(null|not_null))(,(type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.(null|not_null)))*\\)$"
+        },
+        "examples": {
+          "example": {
+            "value": "(type.eq.a,type.eq.b)"
+          }
+        }
+      },
+      "events.not.and": {
+        "name": "not.and",
+        "in": "query",
+        "required": false,
+        "description": "Rows not matching all of the conditions: written as `or`. The pattern shows the flat form; nesting and quoted values as described are taken too. Malformed: `400`.",
+        "schema": {
+          "type": "string",
+          "pattern": "^\\((type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.(null|not_null))(,(type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.(null|not_null)))*\\)$"
+        },
+        "examples": {
+          "example": {
+            "value": "(seq.gt.10,seq.lt.20)"
+          }
+        }
+      },
+      "profiles.or": {
+        "name": "or",
+        "in": "query",
+        "required": false,
+        "description": "Rows matching any of the conditions (supabase-js `.or()`): `(condition,condition,…)`, each `column.op.value` with an operator a filter takes (also after `not.`), or a nested `and(…)`, `or(…)`, `not.and(…)`, `not.or(…)` (at most 8 levels in all). A value holding `,` or `)` is double-quoted (`\\\"` and `\\\\` inside); `in.(…)` keeps its own parentheses. Combined with the other filters by and. The pattern shows the flat form; nesting and quoted values as described are taken too. Malformed: `400`.",
+        "schema": {
+          "type": "string",
+          "pattern": "^\\((full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.(null|not_null))(,(full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.(null|not_null)))*\\)$"
+        },
+        "examples": {
+          "example": {
+            "value": "(full_name.is.null,full_name.ilike.a*)"
+          }
+        }
+      },
+      "profiles.and": {
+        "name": "and",
+        "in": "query",
+        "required": false,
+        "description": "Rows matching all of the conditions: written as `or`. Useful nested, or negated as `not.and`. The pattern shows the flat form; nesting and quoted values as described are taken too. Malformed: `400`.",
+        "schema": {
+          "type": "string",
+          "pattern": "^\\((full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.(null|not_null))(,(full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.(null|not_null)))*\\)$"
+        },
+        "examples": {
+          "example": {
+            "value": "(full_name.not.is.null,full_name.neq.x)"
+          }
+        }
+      },
+      "profiles.not.or": {
+        "name": "not.or",
+        "in": "query",
+        "required": false,
+        "description": "Rows matching none of the conditions: written as `or`. The pattern shows the flat form; nesting and quoted values as described are taken too. Malformed: `400`.",
+        "schema": {
+          "type": "string",
+          "pattern": "^\\((full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.(null|not_null))(,(full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.(null|not_null)))*\\)$"
+        },
+        "examples": {
+          "example": {
+            "value": "(full_name.eq.a,full_name.eq.b)"
+          }
+        }
+      },
+      "profiles.not.and": {
+        "name": "not.and",
+        "in": "query",
+        "required": false,
+        "description": "Rows not matching all of the conditions: written as `or`. The pattern shows the flat form; nesting and quoted values as described are taken too. Malformed: `400`.",
+        "schema": {
+          "type": "string",
+          "pattern": "^\\((full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.(null|not_null))(,(full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.(null|not_null)))*\\)$"
+        },
+        "examples": {
+          "example": {
+            "value": "(full_name.like.a*,full_name.like.*z)"
           }
         }
       }

@@ -11,7 +11,7 @@ public enum RESTError {
         APIError(
             status: 400, code: "PGRST100", message: "The \(feature) is not supported by this server.",
             details: .text(
-                "Filters are column=op.value or column=not.op.value with \(RESTQuery.Operator.supported); several are combined with and."
+                "Filters are column=op.value or column=not.op.value with \(RESTQuery.Operator.supported); several are combined with and; or=(…) and and=(…) combine conditions."
             ))
     }
 

@@ -55,9 +55,15 @@ struct RESTQuery: Sendable {
     /// string (whose request line is at most 8 KiB anyway).
     static let maxListed = 1000
 
-    /// PostgREST's logical operators, as parameter names: `or=(…)`, `and=(…)`, negated
-    /// (`not.or`) or on an embedded resource (`items.or`).
-    static let logical: Set<String> = ["or", "and"]
+    /// PostgREST's logical operators, as parameter names: `or=(…)`, `and=(…)`, each also
+    /// negated (`not.or=(…)`); `true` for `or`, with whether negated.
+    static let logical: [String: (isOr: Bool, negated: Bool)] = [
+        "or": (true, false), "and": (false, false), "not.or": (true, true), "not.and": (false, true),
+    ]
+
+    /// Most levels of `and(…)`/`or(…)` one inside another (the parameter's own counts one):
+    /// PostgreSQL parses each as a level of its own stack.
+    static let maxLogicDepth = 8
 
     struct Filter: Sendable {
         var column: RESTColumn
@@ -71,6 +77,18 @@ struct RESTQuery: Sendable {
         var negated = false
     }
 
+    /// `or=(…)`, `and=(…)` and what they nest: conditions combined with `or` or `and`.
+    struct Group: Sendable {
+        var isOr: Bool
+        var negated: Bool
+        var conditions: [Condition]
+    }
+
+    indirect enum Condition: Sendable {
+        case filter(Filter)
+        case group(Group)
+    }
+
     struct Order: Sendable {
         var column: RESTColumn
         var descending: Bool
@@ -79,6 +97,8 @@ struct RESTQuery: Sendable {
 
     var columns: [RESTColumn]
     var filters: [Filter] = []
+    /// `or=(…)`, `and=(…)`, `not.or=(…)`, `not.and=(…)`: each one condition beside `filters`.
+    var groups: [Group] = []
     var order: [Order] = []
     var limit: Int?
     var offset = 0
@@ -175,6 +195,10 @@ struct RESTQuery: Sendable {
                 for part in value.split(separator: ",") {
                     _ = try column(part.trimmingCharacters(in: .whitespaces))
                 }
+            case "or", "and", "not.or", "not.and":
+                guard let (isOr, negated) = logical[name] else { continue }
+                var parser = LogicTree(text: value, column: column)
+                query.groups.append(try parser.parse(isOr: isOr, negated: negated))
             default:
                 try refuseUnsupported(parameter: name)
                 let target = try column(name)
@@ -237,11 +261,9 @@ struct RESTQuery: Sendable {
     }
 
     /// A parameter naming a PostgREST feature the subset does not have, rather than a
-    /// column: `or`/`and` (also `not.or`, `items.or`), a filter on an embedded resource
-    /// (`items.seq`), a JSON path (`payload->>kind`).
+    /// column: a filter on an embedded resource (`items.seq`, `items.or`), a JSON path
+    /// (`payload->>kind`).
     static func refuseUnsupported(parameter name: String) throws {
-        let last = name.split(separator: ".", omittingEmptySubsequences: false).last.map(String.init) ?? name
-        if logical.contains(last) { throw RESTError.unsupported("\(last) filter") }
         if name.contains("->") { throw RESTError.unsupported("JSON path filter (\(name.prefix(40)))") }
         if name.contains(".") {
             throw RESTError.unsupported("embedded resource parameter (\(name.prefix(40)))")
@@ -318,25 +340,11 @@ struct RESTQuery: Sendable {
         while !inner.isEmpty {  // `in.()` lists nothing and matches no row
             var item = String.UnicodeScalarView()
             if index < inner.count, inner[index] == "\"" {
-                index += 1
-                var closed = false
-                while index < inner.count {
-                    let character = inner[index]
-                    index += 1
-                    if character == "\\", index < inner.count {
-                        item.append(inner[index])
-                        index += 1
-                    } else if character == "\"" {
-                        closed = true
-                        break
-                    } else {
-                        item.append(character)
-                    }
-                }
-                guard closed, index == inner.count || inner[index] == "," else {
+                guard let quoted = quotedValue(inner, at: &index), index == inner.count || inner[index] == "," else {
                     throw RESTError.parse(
                         "failed to parse filter (in.\(text.prefix(100)))", details: "unterminated or misplaced quote")
                 }
+                item = quoted.unicodeScalars
             } else {
                 // Unquoted: up to the next comma. A quote inside is taken as it is, as
                 // PostgREST does (supabase-js quotes only values with a comma or parenthesis,
@@ -389,6 +397,27 @@ struct RESTQuery: Sendable {
         return PostgresBind(type: PostgresType.text, format: 0, bytes: Array(literal.utf8))
     }
 
+    /// The double-quoted value whose opening quote is at `index`, without its quotes, `\"`
+    /// and `\\` read as `"` and `\`; `index` ends after the closing quote. Nil when no quote
+    /// closes it.
+    static func quotedValue(_ scalars: [Unicode.Scalar], at index: inout Int) -> String? {
+        index += 1
+        var text = String.UnicodeScalarView()
+        while index < scalars.count {
+            let scalar = scalars[index]
+            index += 1
+            if scalar == "\\", index < scalars.count {
+                text.append(scalars[index])
+                index += 1
+            } else if scalar == "\"" {
+                return String(text)
+            } else {
+                text.append(scalar)
+            }
+        }
+        return nil
+    }
+
     /// `is.`'s operand, lower case as supabase-js sends it: `null` → true, `not_null` →
     /// false. `true`, `false` and `unknown` test booleans, which no column here is.
     static func nullTest(_ text: String, _ column: RESTColumn) throws -> Bool {
@@ -421,23 +450,46 @@ struct RESTQuery: Sendable {
         var clauses: [String] = []
         var binds: [PostgresBind] = []
         for filter in filters {
-            var clause: String
-            switch filter.op {
-            case .is:
-                clause = "\(filter.column.sql) is \(filter.isNull ? "" : "not ")null"
-            case .in:
-                guard let value = filter.value else { continue }
-                binds.append(value)
-                let type = Self.sqlType(filter.column.kind)
-                clause = "\(filter.column.sql) = any($\(firstParameter + binds.count - 1)::\(type)[])"
-            default:
-                guard let value = filter.value else { continue }
-                binds.append(value)
-                clause = "\(filter.column.sql) \(filter.op.sql) $\(firstParameter + binds.count - 1)"
+            if let clause = Self.clause(filter, binds: &binds, firstParameter: firstParameter) {
+                clauses.append(clause)
             }
-            clauses.append(filter.negated ? "not (\(clause))" : clause)
+        }
+        for group in groups {
+            if let clause = Self.clause(group, binds: &binds, firstParameter: firstParameter) { clauses.append(clause) }
         }
         return (clauses.map { " and " + $0 }.joined(), binds)
+    }
+
+    /// One filter's condition, its value appended to `binds`.
+    static func clause(_ filter: Filter, binds: inout [PostgresBind], firstParameter: Int) -> String? {
+        var clause: String
+        switch filter.op {
+        case .is:
+            clause = "\(filter.column.sql) is \(filter.isNull ? "" : "not ")null"
+        case .in:
+            guard let value = filter.value else { return nil }
+            binds.append(value)
+            clause =
+                "\(filter.column.sql) = any($\(firstParameter + binds.count - 1)::\(sqlType(filter.column.kind))[])"
+        default:
+            guard let value = filter.value else { return nil }
+            binds.append(value)
+            clause = "\(filter.column.sql) \(filter.op.sql) $\(firstParameter + binds.count - 1)"
+        }
+        return filter.negated ? "not (\(clause))" : clause
+    }
+
+    /// A group's conditions in parentheses, joined by `or` or `and`.
+    static func clause(_ group: Group, binds: inout [PostgresBind], firstParameter: Int) -> String? {
+        let parts = group.conditions.compactMap { condition -> String? in
+            switch condition {
+            case .filter(let filter): return clause(filter, binds: &binds, firstParameter: firstParameter)
+            case .group(let inner): return clause(inner, binds: &binds, firstParameter: firstParameter)
+            }
+        }
+        guard !parts.isEmpty else { return nil }
+        let joined = "(" + parts.joined(separator: group.isOr ? " or " : " and ") + ")"
+        return group.negated ? "not " + joined : joined
     }
 
     func orderClause(default fallback: String) -> String {
@@ -448,5 +500,133 @@ struct RESTQuery: Sendable {
                 if let nullsFirst = term.nullsFirst { sql += nullsFirst ? " nulls first" : " nulls last" }
                 return sql
             }.joined(separator: ", ")
+    }
+}
+
+/// The value of `or=`, `and=` (and their `not.`): `(condition,condition,…)`, each condition
+/// `column.op.value` (`op` as in a filter, `not.` before it allowed) or a nested
+/// `and(…)`, `or(…)`, `not.and(…)`, `not.or(…)`. A value holding `,` or `)` is
+/// double-quoted (`\"` and `\\` inside), as supabase-js's `.or()` expects it written;
+/// `in.(…)` keeps its own parentheses and quotes. Spaces around conditions are ignored.
+struct LogicTree {
+    let text: String
+    let column: (String) throws -> RESTColumn
+    private let scalars: [Unicode.Scalar]
+    private var index = 0
+
+    init(text: String, column: @escaping (String) throws -> RESTColumn) {
+        self.text = text
+        self.column = column
+        scalars = Array(text.unicodeScalars)
+    }
+
+    /// The whole value: one group, nothing after it.
+    mutating func parse(isOr: Bool, negated: Bool) throws -> RESTQuery.Group {
+        let group = try self.group(isOr: isOr, negated: negated, depth: 1)
+        guard index == scalars.count else { throw failure("unexpected text after the closing parenthesis") }
+        return group
+    }
+
+    private func failure(_ details: String) -> APIError {
+        RESTError.parse("failed to parse logic tree (\(text.prefix(100)))", details: details)
+    }
+
+    private mutating func group(isOr: Bool, negated: Bool, depth: Int) throws -> RESTQuery.Group {
+        guard depth <= RESTQuery.maxLogicDepth else {
+            throw failure("and(…) and or(…) nested more than \(RESTQuery.maxLogicDepth) levels")
+        }
+        guard consume("(") else { throw failure("expected (condition,condition,…)") }
+        var conditions: [RESTQuery.Condition] = []
+        repeat {
+            skipSpaces()
+            conditions.append(try condition(depth: depth))
+            skipSpaces()
+        } while consume(",")
+        guard consume(")") else { throw failure("expected , or ) after a condition") }
+        return RESTQuery.Group(isOr: isOr, negated: negated, conditions: conditions)
+    }
+
+    private mutating func condition(depth: Int) throws -> RESTQuery.Condition {
+        for (prefix, isOr, negated) in [
+            ("and(", false, false), ("or(", true, false), ("not.and(", false, true), ("not.or(", true, true),
+        ] where starts(with: prefix) {
+            index += prefix.unicodeScalars.count - 1  // the group reads its "("
+            return .group(try group(isOr: isOr, negated: negated, depth: depth + 1))
+        }
+        let name = read { $0 != "." && $0 != "," && $0 != ")" && $0 != "(" }
+        guard !name.isEmpty, consume(".") else { throw failure("expected column.operator.value, and(…) or or(…)") }
+        let target = try column(name)
+        var spec = ""
+        if starts(with: "not.") {
+            spec = "not."
+            index += 4
+        }
+        let op = read { $0 != "." && $0 != "," && $0 != ")" }
+        guard !op.isEmpty, consume(".") else { throw failure("expected an operator and a value after \(name)") }
+        spec += op + "."
+        if op == "in" {
+            spec += try parenthesized()
+        } else if index < scalars.count, scalars[index] == "\"" {
+            guard let value = RESTQuery.quotedValue(scalars, at: &index) else {
+                throw failure("unterminated quoted value")
+            }
+            spec += value
+        } else {
+            spec += read { $0 != "," && $0 != ")" }
+        }
+        return .filter(try RESTQuery.filter(spec, on: target))
+    }
+
+    /// `(…)` as written, quotes and all (up to the `)` outside quotes), for `in`'s parser.
+    private mutating func parenthesized() throws -> String {
+        guard index < scalars.count, scalars[index] == "(" else { throw failure("expected in.(value,value,…)") }
+        var text = String.UnicodeScalarView()
+        var inQuotes = false
+        while index < scalars.count {
+            let scalar = scalars[index]
+            text.append(scalar)
+            index += 1
+            if inQuotes {
+                if scalar == "\\", index < scalars.count {
+                    text.append(scalars[index])
+                    index += 1
+                } else if scalar == "\"" {
+                    inQuotes = false
+                }
+            } else if scalar == "\"" {
+                inQuotes = true
+            } else if scalar == ")" {
+                return String(text)
+            }
+        }
+        throw failure("unterminated in.(…)")
+    }
+
+    private mutating func read(while accepted: (Unicode.Scalar) -> Bool) -> String {
+        var text = String.UnicodeScalarView()
+        while index < scalars.count, accepted(scalars[index]) {
+            text.append(scalars[index])
+            index += 1
+        }
+        return String(text)
+    }
+
+    private func starts(with prefix: String) -> Bool {
+        var position = index
+        for scalar in prefix.unicodeScalars {
+            guard position < scalars.count, scalars[position] == scalar else { return false }
+            position += 1
+        }
+        return true
+    }
+
+    private mutating func consume(_ scalar: Unicode.Scalar) -> Bool {
+        guard index < scalars.count, scalars[index] == scalar else { return false }
+        index += 1
+        return true
+    }
+
+    private mutating func skipSpaces() {
+        while index < scalars.count, scalars[index] == " " { index += 1 }
     }
 }
