@@ -32,31 +32,33 @@ public enum Scope: Sendable {
 
     /// The statements that set the scope, the planning mode when `plans` is not
     /// PostgreSQL's default, and the transaction's `statement_timeout` when one is given
-    /// (with `.user`'s scope in the same statement: no statement more).
+    /// (with `.user`'s scope in the same statement: no statement more). Without a timeout —
+    /// the pull, the push, the stream — fixed text, nothing built per call.
     func statements(plans: Plans, statementTimeout: Duration? = nil) -> [PostgresStatement] {
-        var settings = ""
-        var values: [PostgresBind] = []
-        if plans == .generic { settings += ", set_config('plan_cache_mode', 'force_generic_plan', true)" }
-        if let statementTimeout {
-            values.append(Self.milliseconds(statementTimeout).postgresBind)
-            settings += ", set_config('statement_timeout', $\(values.count + (isUser ? 1 : 0)), true)"
-        }
-        guard !settings.isEmpty else { return statements }
+        if let statementTimeout { return statements(plans: plans, limitedTo: statementTimeout) }
+        guard plans == .generic else { return statements }
         if case .user(let id) = self {
-            var statement = PostgresStatement(
-                "select set_config('app.user_id', $1, true)" + settings,
-                binds: [UUIDText.lowercase(id).postgresBind] + values)
-            statement.isPrepared = true
-            return [statement]
+            return [
+                .prepared(
+                    "select set_config('app.user_id', $1, true), set_config('plan_cache_mode', 'force_generic_plan', true)",
+                    UUIDText.lowercase(id))
+            ]
         }
-        var statement = PostgresStatement("select " + settings.dropFirst(2), binds: values)
-        statement.isPrepared = true
-        return statements + [statement]
+        return statements + [.prepared("select set_config('plan_cache_mode', 'force_generic_plan', true)")]
     }
 
-    private var isUser: Bool {
-        if case .user = self { return true }
-        return false
+    /// `statements(plans:)` with `statement_timeout` set beside the scope (the REST routes').
+    private func statements(plans: Plans, limitedTo timeout: Duration) -> [PostgresStatement] {
+        let generic = plans == .generic ? ", set_config('plan_cache_mode', 'force_generic_plan', true)" : ""
+        let limit = Self.milliseconds(timeout)
+        if case .user(let id) = self {
+            return [
+                .prepared(
+                    "select set_config('app.user_id', $1, true), set_config('statement_timeout', $2, true)" + generic,
+                    UUIDText.lowercase(id), limit)
+            ]
+        }
+        return statements + [.prepared("select set_config('statement_timeout', $1, true)" + generic, limit)]
     }
 
     /// `statement_timeout`'s value for `duration`: whole milliseconds, at least 1 (0 would
