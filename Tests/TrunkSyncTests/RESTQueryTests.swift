@@ -80,6 +80,8 @@ final class RESTQueryTests: XCTestCase {
         let patterns = clause.binds.prefix(2).map { $0.bytes.map { String(decoding: $0, as: UTF8.self) } }
         XCTAssertEqual(patterns, ["sprout%", "%WEED_"])
         XCTAssertEqual(try parse("type=eq.a*b").filters.first?.value?.bytes, Array("a*b".utf8), "only like's * is %")
+        let escaped = try parse("type=like.a%5C%5C").filters.first?.value?.bytes
+        XCTAssertEqual(escaped, Array(#"a\\"#.utf8), "an escaped escape")
     }
 
     /// `or=`, `and=` and their `not.`, nested: each condition a filter as on its own, values
@@ -101,6 +103,8 @@ final class RESTQueryTests: XCTestCase {
         XCTAssertEqual(texts[4], #"{"x","y,z"}"#)
         XCTAssertEqual(texts[5], "p,q)")
         XCTAssertEqual(texts[6], "s%")
+        let spaced = try parse("or=(seq.eq.1%20,%20seq.eq.2%20)").whereClause(startingAt: 1)
+        XCTAssertEqual(spaced.sql, " and (seq = $1 or seq = $2)", "spaces around conditions are not values")
         let nested = try parse("or=(and(or(type.eq.a,type.eq.b),seq.eq.1),not.or(seq.eq.2,seq.eq.3))")
         XCTAssertEqual(
             nested.whereClause(startingAt: 1).sql,
@@ -160,7 +164,8 @@ final class RESTQueryTests: XCTestCase {
             ("limit=-1", "PGRST100"), ("limit=ten", "PGRST100"), ("offset=-5", "PGRST100"), ("seq=5", "PGRST100"),
             ("seq=like.5", "42883"), ("created_at=ilike.2026*", "42883"), ("payload=like.a", "PGRST100"),
             ("seq=not.5", "PGRST100"), ("seq=not.not.eq.5", "PGRST100"), ("seq=not.gt.five", "22P02"),
-            ("type=like.a%00", "22P02"), ("seq=in.(5,x)", "22P02"), ("seq=in.5", "PGRST100"), ("type=is.true", "42804"),
+            ("type=like.a%00", "22P02"), ("type=like.a%5C", "22025"), ("type=ilike.%5C%5C%5C", "22025"),
+            ("seq=in.(5,x)", "22P02"), ("seq=in.5", "PGRST100"), ("type=is.true", "42804"),
             ("type=is.NULL", "PGRST100"),
             ("seq=gt.five", "22P02"), ("client_id=eq.nope", "22P02"),
             ("client_id=eq.6f1f0e3c11114c3e9d7a3a1c8f0f2b10", "22P02"), ("created_at=gt.now", "22P02"),

@@ -322,6 +322,23 @@ final class RESTTests: XCTestCase {
         XCTAssertEqual(profile.text, #"[{"full_name":null}]"#)
     }
 
+    /// A `like` pattern ending in its escape character (`\`, which PostgreSQL refuses with
+    /// `22025` once a row's text reaches it) is the client's mistake: a 400 from the query
+    /// string, whether any row reaches the end of the pattern or not, never a 500.
+    func testALikePatternEndingInItsEscapeIs400() async throws {
+        try await insertTypes(["abc\\"])
+        for query in [
+            "type=like." + encoded("abc\\"), "type=ilike." + encoded("ABC\\"), "type=like." + encoded("x\\"),
+            "or=" + encoded(#"(type.like."abc\\",seq.eq.9)"#),
+        ] {
+            let response = try await get("/rest/v1/events?select=seq&" + query)
+            assertPostgRESTError(response, 400, "22025")
+        }
+        let patch = try await app.request(
+            "PATCH", "/rest/v1/profiles?full_name=like." + encoded("x\\"), json: ["full_name": "Z"], bearer: token)
+        assertPostgRESTError(patch, 400, "22025")
+    }
+
     func testContentRangeCountAndLimits() async throws {
         let empty = try await get("/rest/v1/events")
         XCTAssertEqual(empty.text, "[]")

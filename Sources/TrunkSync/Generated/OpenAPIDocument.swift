@@ -1637,7 +1637,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST100` (malformed `select`, `order`, `limit`, `offset` or filter, or a PostgREST feature outside the subset — operators other than `eq`, `neq`, `gt`, `gte`, `lt`, `lte`, `in`, `is`, `like`, `ilike` (each also after `not.`), embedded resources, JSON paths — named in the message, e.g. `The match operator is not supported by this server.`), `42703` (no such column), `22P02` (a filter value of the wrong type) or `42883` (`like` or `ilike` on a column that is not text); or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
+            "description": "`PGRST100` (malformed `select`, `order`, `limit`, `offset` or filter, or a PostgREST feature outside the subset — operators other than `eq`, `neq`, `gt`, `gte`, `lt`, `lte`, `in`, `is`, `like`, `ilike` (each also after `not.`), embedded resources, JSON paths — named in the message, e.g. `The match operator is not supported by this server.`), `42703` (no such column), `22P02` (a filter value of the wrong type) or `42883` (`like` or `ilike` on a column that is not text; `22025`: a pattern ending in a lone `\\`); or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -1661,7 +1661,8 @@ public enum OpenAPIDocument {
                         "42703",
                         "22P02",
                         "57014",
-                        "42883"
+                        "42883",
+                        "22025"
                       ]
                     }
                   }
@@ -1736,7 +1737,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST102` (not JSON, not an object or array of objects), `PGRST204` (unknown member), `validation_failed` (events that break the rules every event follows — the same rules and `details` as `POST /sync/v1/events`), or a query error (`PGRST100`, also for `match` and the other PostgREST features outside the subset; `42703`; `22P02`; `42883`: `like` or `ilike` on a column that is not text); `validation_failed` also for `Prefer: return=representation` with more than 1000 rows (nothing is stored).",
+            "description": "`PGRST102` (not JSON, not an object or array of objects), `PGRST204` (unknown member), `validation_failed` (events that break the rules every event follows — the same rules and `details` as `POST /sync/v1/events`), or a query error (`PGRST100`, also for `match` and the other PostgREST features outside the subset; `42703`; `22P02`; `42883`: `like` or `ilike` on a column that is not text; `22025`: a pattern ending in a lone `\\`); `validation_failed` also for `Prefer: return=representation` with more than 1000 rows (nothing is stored).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -1762,7 +1763,8 @@ public enum OpenAPIDocument {
                         "22P02",
                         "PGRST100",
                         "42703",
-                        "42883"
+                        "42883",
+                        "22025"
                       ]
                     }
                   }
@@ -1946,7 +1948,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST100`, `42703`, `22P02` or `42883` (`like` or `ilike` on a column that is not text): a malformed query; `PGRST100` also for a PostgREST feature outside the subset (other operators, embedded resources), named in the message; or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
+            "description": "`PGRST100`, `42703`, `22P02` or `42883` (`like` or `ilike` on a column that is not text; `22025`: a pattern ending in a lone `\\`): a malformed query; `PGRST100` also for a PostgREST feature outside the subset (other operators, embedded resources), named in the message; or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -1970,7 +1972,8 @@ public enum OpenAPIDocument {
                         "42703",
                         "22P02",
                         "57014",
-                        "42883"
+                        "42883",
+                        "22025"
                       ]
                     }
                   }
@@ -2078,7 +2081,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST102` (not a JSON object), `PGRST204` (unknown member, or no `full_name`), `22P02` (a value of the wrong type) or a query error (`PGRST100`, also for `match` and the other PostgREST features outside the subset; `42703`; `42883`: `like` or `ilike` on a column that is not text), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB); or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
+            "description": "`PGRST102` (not a JSON object), `PGRST204` (unknown member, or no `full_name`), `22P02` (a value of the wrong type) or a query error (`PGRST100`, also for `match` and the other PostgREST features outside the subset; `42703`; `42883`: `like` or `ilike` on a column that is not text; `22025`: a pattern ending in a lone `\\`), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB); or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -2105,7 +2108,8 @@ public enum OpenAPIDocument {
                         "42703",
                         "validation_failed",
                         "57014",
-                        "42883"
+                        "42883",
+                        "22025"
                       ]
                     }
                   }
@@ -2218,7 +2222,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`PGRST102` (not a JSON object, or an array of other than one), `PGRST204`, `22P02` or a query error (`PGRST100`, also for `match` and the other PostgREST features outside the subset; `42703`; `42883`: `like` or `ilike` on a column that is not text), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB); or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
+            "description": "`PGRST102` (not a JSON object, or an array of other than one), `PGRST204`, `22P02` or a query error (`PGRST100`, also for `match` and the other PostgREST features outside the subset; `42703`; `42883`: `like` or `ilike` on a column that is not text; `22025`: a pattern ending in a lone `\\`), or `validation_failed` (the name would make `user_metadata` larger than 16 KiB); or `57014`: a database statement ran longer than `TRUNK_SYNC_REST_STATEMENT_TIMEOUT` (8 s) and was cancelled (nothing changed; narrow the query).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -2245,7 +2249,8 @@ public enum OpenAPIDocument {
                         "42703",
                         "validation_failed",
                         "57014",
-                        "42883"
+                        "42883",
+                        "22025"
                       ]
                     }
                   }

@@ -257,6 +257,12 @@ struct RESTQuery: Sendable {
                 message: "operator does not exist: \(sqlType(column.kind)) \(op == .like ? "~~" : "~~*") unknown",
                 hint: "like and ilike apply to text columns only.")
         }
+        // PostgreSQL refuses a pattern ending in its escape (`\`) only once a row's text
+        // reaches that end, so it is refused here, whatever the rows.
+        let trailingEscapes = text.unicodeScalars.reversed().prefix { $0 == "\\" }.count
+        guard trailingEscapes % 2 == 0 else {
+            throw APIError(status: 400, code: "22025", message: "LIKE pattern must not end with escape character")
+        }
         return try bind(text.replacingOccurrences(of: "*", with: "%"), for: column)
     }
 
@@ -572,7 +578,9 @@ struct LogicTree {
             }
             spec += value
         } else {
-            spec += read { $0 != "," && $0 != ")" }
+            var value = read { $0 != "," && $0 != ")" }
+            while value.hasSuffix(" ") { value.removeLast() }  // the space before a , or )
+            spec += value
         }
         return .filter(try RESTQuery.filter(spec, on: target))
     }
