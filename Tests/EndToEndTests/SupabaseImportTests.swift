@@ -865,7 +865,7 @@ final class SupabaseImportTests: EndToEndTestCase {
             [
                 [
                     "source_id": bob.uuidString.lowercased(), "email": "bob@example.com", "field": "user_metadata",
-                    "reason": "metadata_too_large",
+                    "reason": "metadata_unusable",
                 ]
             ])
         XCTAssertEqual(try userHere(db, bob).metadata, #"{"theme": "dark"}"#)
@@ -874,6 +874,79 @@ final class SupabaseImportTests: EndToEndTestCase {
             try db.query("select count(*) from events where user_id = $1", bob)[0].decode(Int64.self, column: 0), 2)
         XCTAssertTrue(
             try String(contentsOfFile: rejectFile, encoding: .utf8).contains("user_metadata not carried over"))
+    }
+
+    /// What jsonb keeps but trunk-sync's readers cannot read is not imported: metadata nested
+    /// deeper than a token's verification reads (64 levels, as request bodies; such a user's
+    /// every token is `401`), and a payload nested deeper than a push takes (a Swift client's
+    /// decoder stops at 512 levels: its sync would stop at that page for good).
+    func testMetadataAndPayloadsNestedDeeperThanTrunkSyncReadsAreNotImported() throws {
+        let source = try makeSource()
+        func nested(_ levels: Int) -> String {  // `levels` levels in all
+            #"{"a":"# + String(repeating: "[", count: levels - 1) + String(repeating: "]", count: levels - 1) + "}"
+        }
+        let deepest = try addUser(source, email: "deepest@example.com", metadata: nested(63))
+        let tooDeep = try addUser(source, email: "toodeep@example.com", metadata: nested(64))
+        let huge = try addUser(source, email: "huge@example.com", metadata: #"{"n":[1, {"m": 1e400}]}"#)
+        let bob = try addUser(source, email: "bob@example.com")
+        let events = try addEvents(
+            source, user: bob,
+            [
+                ("deepest", nested(64), "2026-03-01 10:00:00+00"), ("too_deep", nested(65), "2026-03-01 10:00:01+00"),
+                ("very_deep", nested(600), "2026-03-01 10:00:02+00"),
+            ])
+        let server = try startServer()
+        let (result, report, rejectFile) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 3, result.stderr + result.stdout)
+        let rejects = try String(contentsOfFile: rejectFile, encoding: .utf8)
+        XCTAssertEqual(counts(report, "users")["rejected"], 2, rejects)
+        XCTAssertEqual(counts(report, "events")["rejected"], 2)
+        XCTAssertEqual(counts(report, "events")["imported"], 1)
+        XCTAssertTrue(rejects.contains("user_metadata is nested more than 63 levels deep"), rejects)
+        XCTAssertTrue(rejects.contains("user_metadata holds a number no IEEE double holds"), rejects)
+        XCTAssertTrue(rejects.contains("payload is nested more than 64 levels deep"), rejects)
+        let here = Set(
+            try destination(server).query("select id from users").map { try $0.decode(UUID.self, column: 0) })
+        XCTAssertEqual(here, [deepest, bob])
+        XCTAssertFalse(here.contains(tooDeep) || here.contains(huge))
+        // The deepest metadata taken still verifies in every token; the deepest payload pulls.
+        let session = try nativeSession(server, "deepest@example.com")
+        XCTAssertEqual(try send(server, "GET", "/auth/v1/user", token: session.access).status, 200)
+        XCTAssertEqual(try send(server, "GET", "/rest/v1/events", token: session.access).status, 200)
+        let pulled = try send(
+            server, "GET", "/sync/v1/events?after=0", token: try nativeSession(server, "bob@example.com").access)
+        XCTAssertEqual(
+            (pulled.jsonObject?["events"] as? [[String: Any]])?.map { $0["client_id"] as? String },
+            [events[0].uuidString.lowercased()])
+    }
+
+    /// A user imported while their metadata was already what trunk-sync cannot take (before
+    /// the import checked it) is reported every run until it is fixed, and a hosted name
+    /// change is then not carried either, so the name and the metadata's `full_name` agree.
+    func testAnImportedUserWithUnusableMetadataIsReportedAndTheNameWaitsWithIt() throws {
+        let source = try makeSource()
+        let ada = try addUser(source, email: "ada@example.com", metadata: #"{"full_name":"Ada"}"#)
+        let server = try startServer()
+        var (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        // As an older trunk-sync imported it: too large, on both sides and in the record.
+        let big = #"{"full_name":"Ada","notes":"\#(String(repeating: "n", count: 20_000))"}"#
+        let db = try destination(server)
+        try source.admin.query("update auth.users set raw_user_meta_data = $2::jsonb where id = $1", ada, big)
+        try db.query("update users set user_metadata = $2::jsonb where id = $1", ada, big)
+        try db.query("update supabase_imported_users set user_metadata = $2::jsonb where user_id = $1", ada, big)
+        (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 3, result.stderr + result.stdout)
+        XCTAssertEqual(conflicts(report).map { $0["reason"] }, ["metadata_unusable"])
+        // A name change on the hosted project waits with the metadata.
+        try source.admin.query(
+            "update auth.users set raw_user_meta_data = raw_user_meta_data || '{\"full_name\":\"Ada L\"}' where id = $1",
+            ada)
+        (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 3, result.stderr + result.stdout)
+        XCTAssertEqual(conflicts(report).map { $0["field"] }, ["user_metadata"])
+        XCTAssertEqual(try userHere(db, ada).name, "Ada")
+        XCTAssertEqual(try recorded(db, ada)[1], #""Ada""#, "the record says the name was not written")
     }
 
     /// Two source users with one address (case apart, or an SSO user beside an email one:

@@ -22,6 +22,11 @@ public struct UserRecord: Sendable, Equatable {
     /// metadata larger than this would sign the user out of every route at the next refresh.
     static let maxMetadataBytes = 16 * 1024
 
+    /// The deepest `user_metadata` may nest: a token's claims are read at most
+    /// `JSONLimits.maxDepth` (64) levels deep, the claims object one of them, as a request
+    /// body's are (so `PUT /auth/v1/user`'s `{"data": …}` cannot store deeper).
+    static let maxMetadataDepth = 63
+
     /// The SQL expression of the stored metadata's printed size, for `checkMetadataSize`.
     static let metadataSize = "octet_length(user_metadata::text)"
 

@@ -127,16 +127,15 @@ final class ImportRun {
                     report.users.rejected += 1
                     reject("auth.users", id, "deleted on trunk-sync after an earlier import; not imported again")
                 }
-                for row in try destination.query(Self.usersWithMetadataTooLarge) {
+                for row in try destination.query(Self.usersWithUnusableMetadata) {
                     let id = try row.decode(String.self, column: 0)
-                    let bytes = try row.decode(Int.self, column: 1)
                     notImported.insert(id)
                     report.users.rejected += 1
                     reject(
                         "auth.users", id,
-                        "user_metadata takes \(bytes) bytes; trunk-sync takes at most \(UserRecord.maxMetadataBytes), "
-                            + "as every access token carries it: make it smaller on the hosted project and run the "
-                            + "import again")
+                        try row.decode(String.self, column: 1)
+                            + " (every access token carries it): change it on the hosted project and run the import "
+                            + "again")
                 }
                 try carryChanges()
                 for row in try destination.query(Self.userConflicts) {
@@ -166,15 +165,19 @@ final class ImportRun {
         """
 
     /// Takes out of the batch the users not here yet whose metadata, as the import would
-    /// write it, is larger than trunk-sync takes (`UserRecord.maxMetadataBytes`): every
-    /// access token carries it, so such a user's tokens would not fit in a request's
-    /// headers. Returns their ids and sizes. (An imported user's grown metadata is not
-    /// carried over: `compareUsers`' `too_large`.)
-    static let usersWithMetadataTooLarge = """
-        delete from import_users s
-        where not exists (select from users u where u.id = s.id)
-          and octet_length((\(hostedMetadata))::text) > \(UserRecord.maxMetadataBytes)
-        returning s.id::text, octet_length((\(hostedMetadata))::text)
+    /// write it, trunk-sync cannot take (`SupabaseSource.metadataRejectReason`: every access
+    /// token carries it, so such a user could not use the server). Returns their ids and
+    /// why. (An imported user's metadata that became such is not carried over:
+    /// `compareUsers`' `unusable`.)
+    static let usersWithUnusableMetadata = """
+        with unusable as (
+          select s.id, r.reason
+          from import_users s
+          cross join lateral (select \(SupabaseSource.metadataRejectReason(hostedMetadata)) reason) r
+          where not exists (select from users u where u.id = s.id) and r.reason is not null
+        )
+        delete from import_users s using unusable x where s.id = x.id
+        returning s.id::text, x.reason
         """
 
     /// The batch's users not here yet whose email another user here has, or another user
@@ -231,8 +234,10 @@ final class ImportRun {
     /// (changed here only: left), `carry` (changed there only), `both` (changed on both
     /// sides: left, a conflict), `taken` (the new address is another user's here, or
     /// another source user's: a conflict), `not_recorded` (they differ and the import has
-    /// no record: left, a conflict), `too_large` (metadata only: the merge would be larger
-    /// than `UserRecord.maxMetadataBytes`; left, a conflict, the record unchanged). Names are JSON (`null` for none). The metadata goes key
+    /// no record: left, a conflict), `unusable` (metadata only: the merge, or the metadata
+    /// here, is what trunk-sync cannot take, `SupabaseSource.metadataRejectReason`; left, a
+    /// conflict, the record unchanged, and the name not carried either, so the name and the
+    /// metadata's `full_name` stay one). Names are JSON (`null` for none). The metadata goes key
     /// by key (only where the two differ): the keys changed there only are carried, those
     /// changed on both sides are left; `meta_merged` is the result, `meta_record` what the
     /// import has then written.
@@ -254,11 +259,11 @@ final class ImportRun {
                     else 'carry' end,
                c.here_meta, m.merged,
                case when c.there_meta = c.here_meta then c.there_meta
-                    when c.then_meta is not null and not m.too_large then m.recorded
+                    when c.then_meta is not null and not m.unusable then m.recorded
                     else c.then_meta end,
-               case when c.there_meta = c.here_meta then 'same'
+               case when m.unusable then 'unusable'
+                    when c.there_meta = c.here_meta then 'same'
                     when c.then_meta is null then 'not_recorded'
-                    when m.too_large then 'too_large'
                     when m.conflicts then 'both'
                     when m.carried then 'carry'
                     else 'kept' end
@@ -270,7 +275,11 @@ final class ImportRun {
           from import_users s join users u on u.id = s.id
           left join supabase_imported_users r on r.user_id = s.id
         ) c
-        cross join lateral (select m.*, octet_length(m.merged::text) > \(UserRecord.maxMetadataBytes) too_large from (
+        cross join lateral (
+          select m.*,
+                 (\(SupabaseSource.metadataRejectReason(
+                    "case when c.there_meta = c.here_meta then c.here_meta else m.merged end"))) is not null unusable
+          from (
           select coalesce(bool_or(k.step = 'both'), false) conflicts, coalesce(bool_or(k.step = 'carry'), false) carried,
                  coalesce(jsonb_object_agg(k.key, k.merged) filter (where k.merged is not null), '{}') merged,
                  coalesce(jsonb_object_agg(k.key, k.recorded) filter (where k.recorded is not null), '{}') recorded
@@ -301,14 +310,15 @@ final class ImportRun {
         with updated as (
           update users u set
             email = case when c.email_step = 'carry' and u.email = c.then_email then c.there_email else u.email end,
-            full_name = case when c.name_step = 'carry' and coalesce(to_jsonb(u.full_name), 'null') = c.then_name
+            full_name = case when c.name_step = 'carry' and c.meta_step <> 'unusable'
+                              and coalesce(to_jsonb(u.full_name), 'null') = c.then_name
                              then c.there_name #>> '{}' else u.full_name end,
             user_metadata = case when c.meta_step in ('carry', 'both') and u.user_metadata = c.here_meta
                                  then c.meta_merged else u.user_metadata end,
             updated_at = now()
           from import_user_changes c
           where u.id = c.id
-            and ('carry' in (c.email_step, c.name_step, c.meta_step)
+            and (c.email_step = 'carry' or c.name_step = 'carry' and c.meta_step <> 'unusable' or c.meta_step = 'carry'
                  or c.meta_step = 'both' and c.meta_merged <> c.here_meta)
           returning u.id
         ),
@@ -316,7 +326,8 @@ final class ImportRun {
           insert into supabase_imported_users as r (user_id, email, full_name, user_metadata)
           select c.id,
                  case when c.email_step in ('same', 'carry') then c.there_email else c.then_email end,
-                 case when c.name_step in ('same', 'carry') then c.there_name else c.then_name end,
+                 case when c.name_step = 'same' or c.name_step = 'carry' and c.meta_step <> 'unusable' then c.there_name
+                      else c.then_name end,
                  c.meta_record
           from import_user_changes c
           on conflict (user_id) do update
@@ -335,7 +346,7 @@ final class ImportRun {
         from import_user_changes c
         cross join lateral (values ('email', c.email_step), ('full_name', c.name_step), ('user_metadata', c.meta_step))
           f(field, step)
-        where f.step in ('both', 'taken', 'not_recorded', 'too_large')
+        where f.step in ('both', 'taken', 'not_recorded', 'unusable')
         order by c.id, f.field
         """
 

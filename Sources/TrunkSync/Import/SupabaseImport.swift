@@ -156,9 +156,11 @@ public struct SupabaseImport: Sendable {
             /// The two differ, and the import has no record of what it wrote (a user imported
             /// before that record): which side changed cannot be told.
             case notRecorded = "not_recorded"
-            /// The hosted metadata merged with the one here would be larger than trunk-sync
-            /// takes (`UserRecord.maxMetadataBytes`): every access token carries it.
-            case metadataTooLarge = "metadata_too_large"
+            /// The hosted metadata merged with the one here (or the one here) is what
+            /// trunk-sync cannot take: over 16 KiB, nested too deep, or holding a number no
+            /// double holds (`SupabaseSource.metadataRejectReason`; every access token carries
+            /// it). The name is not carried either.
+            case metadataUnusable = "metadata_unusable"
 
             /// From `ImportRun.compareUsers`'s step; nil for a step that is no conflict.
             init?(step: String) {
@@ -166,7 +168,7 @@ public struct SupabaseImport: Sendable {
                 case "taken": self = .addressTaken
                 case "both": self = .changedOnBothSides
                 case "not_recorded": self = .notRecorded
-                case "too_large": self = .metadataTooLarge
+                case "unusable": self = .metadataUnusable
                 default: return nil
                 }
             }
@@ -179,9 +181,11 @@ public struct SupabaseImport: Sendable {
                 case .notRecorded:
                     return "differs from the hosted project's, and this database has no record of what an earlier "
                         + "import wrote; kept here"
-                case .metadataTooLarge:
-                    return "the hosted user_metadata merged with the one here would take more than "
-                        + "\(UserRecord.maxMetadataBytes) bytes (every access token carries it); kept here"
+                case .metadataUnusable:
+                    return "the hosted user_metadata merged with the one here would be over "
+                        + "\(UserRecord.maxMetadataBytes) bytes, nested more than \(UserRecord.maxMetadataDepth) levels "
+                        + "or hold a number no IEEE double holds, and every access token carries it; kept here, "
+                        + "with the name"
                 }
             }
         }

@@ -152,8 +152,37 @@ struct SupabaseSource {
     /// that page for good. Thresholds: the largest double plus half its ulp, half the
     /// smallest subnormal.
     static let outsideDoubles =
-        "strict $.** ? (@.type() == \"number\" && (@ >= 1.7976931348623158e308 || @ <= -1.7976931348623158e308"
-        + " || (@ != 0 && @ < 2.4703282292062328e-324 && @ > -2.4703282292062328e-324)))"
+        "strict $.** ? (@.type() == \"number\" && (@ >= $max || @ <= -$max"
+        + " || (@ != 0 && @ * $inverse <= 1 && @ * $inverse >= -1)))"
+
+    /// `outsideDoubles`' bounds (its `vars`), exact as `numeric`: 2^1024 − 2^970, the largest
+    /// double plus half its ulp (at or above, strtod rounds to infinity), and 2^1075, one
+    /// over half the smallest subnormal (a non-zero number at most that small rounds to 0).
+    static let doubleBounds =
+        "jsonb_build_object('max', 2::numeric ^ 1024 - 2::numeric ^ 970, 'inverse', 2::numeric ^ 1075)"
+
+    /// A JSON path finding an object or array nested `levels` deep or deeper (the value
+    /// itself is level 0): a value nested more than `levels` levels.
+    static func nestedDeeper(than levels: Int) -> String {
+        "strict $.**{\(levels) to last} ? (@.type() == \"object\" || @.type() == \"array\")"
+    }
+
+    /// Why trunk-sync cannot take `metadata` (a `jsonb` SQL expression) as a user's
+    /// `user_metadata`, as SQL text (null: it can): every access token carries it, and a
+    /// token must fit in a request's headers (`UserRecord.maxMetadataBytes`) and verify
+    /// (`Tokens.Claims` reads it at most `JSONLimits` 64 levels deep, the claims object one
+    /// of them, and refuses a number no double holds).
+    static func metadataRejectReason(_ metadata: String) -> String {
+        """
+        case when octet_length((\(metadata))::text) > \(UserRecord.maxMetadataBytes)
+               then 'user_metadata takes ' || octet_length((\(metadata))::text) || ' bytes; trunk-sync takes at most \(UserRecord.maxMetadataBytes)'
+             when jsonb_path_exists(\(metadata), '\(nestedDeeper(than: UserRecord.maxMetadataDepth))')
+               then 'user_metadata is nested more than \(UserRecord.maxMetadataDepth) levels deep'
+             when jsonb_path_exists(\(metadata), '\(outsideDoubles)', \(doubleBounds))
+               then 'user_metadata holds a number no IEEE double holds (I-JSON)'
+        end
+        """
+    }
 
     /// Why trunk-sync's own rules would refuse an event (nil: they accept it), as SQL.
     static func eventRejectReason(_ e: String) -> String {
@@ -162,7 +191,9 @@ struct SupabaseSource {
              when \(e).type is null or char_length(\(e).type) not between 1 and \(EventInput.maxTypeLength) then 'type is not 1 to \(EventInput.maxTypeLength) characters'
              when jsonb_typeof(\(e).payload) is distinct from 'object' then 'payload is not a JSON object'
              when octet_length(\(e).payload::text) > \(EventInput.maxPayloadBytes) then 'payload is over \(EventInput.maxPayloadBytes) bytes'
-             when jsonb_path_exists(\(e).payload, '\(outsideDoubles)') then 'payload has a number no IEEE double holds (I-JSON)'
+             when jsonb_path_exists(\(e).payload, '\(nestedDeeper(than: EventInput.maxPayloadDepth))')
+               then 'payload is nested more than \(EventInput.maxPayloadDepth) levels deep'
+             when jsonb_path_exists(\(e).payload, '\(outsideDoubles)', \(doubleBounds)) then 'payload has a number no IEEE double holds (I-JSON)'
              when \(e).client_timestamp is null or not isfinite(\(e).client_timestamp)
                   or \(e).client_timestamp < '0001-01-01T00:00:00Z' or \(e).client_timestamp >= '10000-01-01T00:00:00Z'
                then 'client_timestamp is out of range'

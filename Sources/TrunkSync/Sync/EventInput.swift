@@ -38,6 +38,11 @@ struct FieldProblem: Sendable, Equatable {
 /// `id`, `seq` and `created_at`, and refuses unknown columns as PostgREST does.
 struct EventInput {
     static let maxPayloadBytes = 64 * 1024
+
+    /// The deepest an imported payload may nest: what a request body may (`JSONLimits`,
+    /// 64 levels). A push's payload sits inside its body, so it nests less; a pull page
+    /// holding one is still far within what clients' decoders read (Foundation's 512).
+    static let maxPayloadDepth = 64
     static let maxTypeLength = 128
     static let maxEvents = 1000
 
