@@ -6,6 +6,7 @@
 #   BENCH_USERS=1000 BENCH_EVENTS=100000 ...     a smaller source
 #   BENCH_ROUNDS=1 ...                           fewer rounds
 #   BENCH_BATCH=20000 ...                        the import's --batch-size (default its own)
+#   BENCH_BIN=path/to/trunk-sync ...             measure that binary (an A/B) instead of building this tree's
 #
 # Needs the PostgreSQL 15 server and client binaries and GNU time. Loopback only.
 set -euo pipefail
@@ -19,9 +20,15 @@ rounds=${BENCH_ROUNDS:-2}
 pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
 [ -x /usr/bin/time ] || { echo "GNU time not found (apt-get install time)" >&2; exit 1; }
 
-echo "== building release"
-swift build -c release --scratch-path .build-release --product trunk-sync 2>&1 | tail -n 1
-bin=$(swift build -c release --scratch-path .build-release --show-bin-path)/trunk-sync
+if [ -n "${BENCH_BIN:-}" ]; then
+  bin=$(cd "$(dirname "$BENCH_BIN")" && pwd)/$(basename "$BENCH_BIN")
+  [ -x "$bin" ] || { echo "BENCH_BIN $BENCH_BIN is not an executable" >&2; exit 1; }
+  echo "== measuring $bin"
+else
+  echo "== building release"
+  swift build -c release --scratch-path .build-release --product trunk-sync 2>&1 | tail -n 1
+  bin=$(swift build -c release --scratch-path .build-release --show-bin-path)/trunk-sync
+fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/trunk-sync-bench-import.XXXXXX")
 cleanup() {
