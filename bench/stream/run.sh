@@ -131,6 +131,7 @@ rss_start=$(rss_kib "$server_pid")
 threads_start=$(threads "$server_pid")
 
 if [ "$reference" = 1 ]; then
+  : >"$work/reference.log"  # there before the first look at it (the child opens it too late)
   "$work/reference" 127.0.0.1 0 >"$work/reference.log" 2>&1 &
   reference_pid=$!
   reference_port=
@@ -151,6 +152,40 @@ fi
 children_cpu() {
   times >"$work/times"
   awk 'NR == 2 { gsub(/[ms]/, " "); print $1 * 60 + $2 + $3 * 60 + $4 }' "$work/times"
+}
+
+# BENCH_COUNT=1: counted per stream per commit, for each server, during the commits: the
+# syscalls (in all and by kind), TCP sends (`tcp_sendmsg`) and segments transmitted
+# (`net_dev_xmit`, in the server's own context: its sends and the ACKs it sends), the events
+# epoll returned, the wake-ups it woke (`sched_wakeup` in its threads: the client's, its own
+# threads'), and each thread's context switches (voluntary: it slept and was woken again).
+count_events=raw_syscalls:sys_enter,syscalls:sys_enter_sendto,syscalls:sys_enter_sendmsg,syscalls:sys_enter_write,syscalls:sys_enter_writev,syscalls:sys_enter_recvfrom,syscalls:sys_enter_read,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_epoll_pwait,syscalls:sys_enter_epoll_ctl,syscalls:sys_enter_futex,syscalls:sys_enter_madvise,syscalls:sys_enter_mmap,syscalls:sys_enter_munmap,syscalls:sys_enter_brk,syscalls:sys_enter_clock_gettime,tcp:tcp_sendmsg_locked,net:net_dev_xmit,sched:sched_wakeup,sched:sched_switch,context-switches,cpu-migrations,page-faults
+# Each thread's name and its voluntary and involuntary context switches so far.
+switches() {
+  for task in /proc/"$1"/task/*; do
+    printf '%s %s %s %s\n' "${task##*/}" "$(tr ' ' _ <"$task/comm")" \
+      "$(awk '/^voluntary_ctxt_switches/ { print $2 }' "$task/status")" \
+      "$(awk '/^nonvoluntary_ctxt_switches/ { print $2 }' "$task/status")"
+  done 2>/dev/null
+}
+report_counts() {  # NAME ROUND
+  local per=$((commits * per_user))
+  echo "== $1, round $2: per stream per commit ($commits commits x $per_user streams)" >&2
+  paste -d' ' "$work/cpu.before" "$work/cpu.after" | awk -v hz="$(getconf CLK_TCK)" -v per="$per" '{
+    printf "   %10.3f  µs user\n   %10.3f  µs system (counted from the perf runs start)\n", ($3 - $1) * 1e6 / hz / per, ($4 - $2) * 1e6 / hz / per }' >&2
+  awk -F, -v per="$per" '$1 ~ /^[0-9.]+$/ && $1 > 0 { printf "   %10.3f  %s\n", $1 / per, $3 }' "$work/count.stat" >&2
+  perf script -i "$work/count.data" -F trace 2>/dev/null | python3 -c '
+import re, sys
+per, returns, events = int(sys.argv[1]), 0, 0
+for line in sys.stdin:
+    found = re.search(r"0x[0-9a-f]+", line)
+    returns += 1
+    events += int(found.group(0), 16) if found else 0
+print(f"   {returns / per:10.3f}  epoll_wait returns\n   {events / per:10.3f}  events epoll returned")' "$per" >&2
+  awk -F, -v per="$per" '$1 ~ /^[0-9.]+$/ && $1 > 0 { printf "   %10.3f  client %s\n", $1 / per, $3 }' "$work/count.client" >&2
+  join -a 2 <(sort "$work/switches.before") <(sort "$work/switches.after") | awk -v per="$per" '
+    NF == 7 { v[$2] += $6 - $3; n[$2] += $7 - $4 } NF == 4 { v[$2] += $3; n[$2] += $4 }
+    END { for (t in v) if (v[t] + n[t] > 0) printf "   %10.3f  %s voluntary switches (%.3f involuntary)\n", v[t] / per, t, n[t] / per }' >&2
 }
 
 # measure NAME PID PORT ROUND: opens the $kind on server PID (at PORT) with round ROUND's
@@ -177,6 +212,21 @@ measure() {
     perf_pid=$!
     sleep 1
   fi
+  # What the kernel is asked per stream during the commits (BENCH_COUNT=1): both servers.
+  local count_pid="" count_epoll_pid="" count_client_pid=""
+  if [ "${BENCH_COUNT:-}" = 1 ]; then
+    switches "$pid" >"$work/switches.before"
+    awk '{ print $14, $15 }' "/proc/$pid/stat" >"$work/cpu.before"
+    perf stat -x, -e "$count_events" -p "$pid" -o "$work/count.stat" 2>/dev/null &
+    count_pid=$!
+    perf record -q -e syscalls:sys_exit_epoll_wait -e syscalls:sys_exit_epoll_pwait -p "$pid" -o "$work/count.data" 2>/dev/null &
+    count_epoll_pid=$!
+    # The client's side: how often it was woken (it ends by itself: perf stat with it).
+    perf stat -x, -e raw_syscalls:sys_enter,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_recvfrom,context-switches \
+      -p "$client_pid" -o "$work/count.client" 2>/dev/null &
+    count_client_pid=$!
+    sleep 1
+  fi
   cpu_before=$(awk '{ print $14 + $15 }' "/proc/$pid/stat")
   client_before=$(awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$client_pid/stat")
   touch "$work/go"
@@ -189,6 +239,13 @@ measure() {
   children_cpu >"$work/children"
   client_ms=$(awk -v a="$children_before" -v b="$(cat "$work/children")" -v open="$client_before" -v n="$commits" \
     'BEGIN { printf "%.1f", (b - a - open) * 1000 / n }')
+  if [ -n "$count_pid" ]; then
+    kill -INT "$count_pid" "$count_epoll_pid" "$count_client_pid" 2>/dev/null
+    wait "$count_pid" "$count_epoll_pid" "$count_client_pid" || true
+    switches "$pid" >"$work/switches.after"
+    awk '{ print $14, $15 }' "/proc/$pid/stat" >"$work/cpu.after"
+    report_counts "$name" "$round"
+  fi
   if [ -n "$perf_pid" ]; then
     kill -INT "$perf_pid"; wait "$perf_pid" || true
     perf report -i "$work/perf.data" --no-children --sort ${BENCH_PERF_SORT:-dso,symbol} -g none --stdio 2>/dev/null | grep -v '^#' | grep '%' | head -40 >&2 || true
