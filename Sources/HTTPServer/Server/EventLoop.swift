@@ -422,11 +422,13 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                     return
                 }
                 // A stream or a WebSocket writes now and then and waits long in between: it
-                // keeps no output buffer; a connection answering requests keeps a small one.
-                if connection.output.capacity > 256 * 1024 || connection.lifecycle.isStreaming
-                    || connection.lifecycle.isWebSocket
-                {
+                // keeps no output buffer (a small one goes to the loop's spares, which its next
+                // write takes: a fan-out to 10,000 streams allocates none per stream); a
+                // connection answering requests keeps a small one.
+                if connection.output.capacity > 256 * 1024 {
                     connection.output = []
+                } else if connection.lifecycle.isStreaming || connection.lifecycle.isWebSocket {
+                    keepSpareOutput(of: connection)
                 } else {
                     connection.output.removeAll(keepingCapacity: true)
                 }
@@ -792,6 +794,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         var size = 0
         for chunk in chunks { size += chunk.count }
         if size > 0 {
+            if connection.output.capacity == 0, let spare = spareOutputs.popLast() { connection.output = spare }
             connection.output.reserveCapacity(size + 16)
             if chunked {
                 appendHex(size, to: &connection.output)
@@ -902,6 +905,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private func pumpWebSocket(_ connection: Connection<Context>, _ webSocket: ActiveWebSocket) -> Bool {
         guard !connection.hasPendingOutput else { return false }
         let (chunks, end) = webSocket.socket.writer.take()
+        if !chunks.isEmpty, connection.output.capacity == 0, let spare = spareOutputs.popLast() {
+            connection.output = spare
+        }
         for chunk in chunks { connection.output.append(contentsOf: chunk) }
         if end != .open {
             let (code, reason) = webSocket.socket.closeRequest
