@@ -59,6 +59,11 @@ public final class EventStreams: Sendable {
         let hub: LiveHub
         /// Why it ended, once it has.
         private let ended = Mutex<End?>(nil)
+        /// The seq its client has been written up to, once its hub has it parked
+        /// (`Int64.min` before: its producer writes its backlog). Set by `LiveHub.park`,
+        /// then by the hub's fan-out alone, on the stream's loop: kept here, where that
+        /// fan-out is at anyway, not in the hub's table (a lock and two look-ups per stream).
+        private let parkedAt = Atomic<Int64>(Int64.min)
 
         init(id: UInt64, session: UUID, expiresAt: Int64, writer: HTTPBodyWriter, hub: LiveHub) {
             self.id = id
@@ -70,6 +75,15 @@ public final class EventStreams: Sendable {
 
         /// Why the stream ended; nil while it is open.
         var endReason: End? { ended.withLock { $0 } }
+
+        /// Where the stream is parked; nil while its producer writes its backlog.
+        var cursor: Int64? {
+            let at = parkedAt.load(ordering: .acquiring)
+            return at == Int64.min ? nil : at
+        }
+
+        /// Parked at `cursor` (by `LiveHub.park`), or written up to it since (by the hub).
+        func park(at cursor: Int64) { parkedAt.store(cursor, ordering: .releasing) }
 
         /// Ends the stream, whether it is parked or still writing its backlog: gives its
         /// slot back, counts and logs `reason`, and ends the body cleanly (the client resumes
@@ -408,8 +422,15 @@ final class SharedPulls: Sendable {
 final class LiveHub: Sendable {
     private struct Member {
         let entry: EventStreams.Entry
-        /// Where it is parked; nil while its producer writes its backlog.
-        var cursor: Int64?
+        /// Its writer's loop (`HTTPBodyWriter.loop`), by which a fan-out groups the streams:
+        /// kept here, so that grouping them looks at no writer.
+        let loop: LoopExecutor?
+    }
+
+    /// The parked streams of one loop that a fan-out writes to.
+    private struct Share {
+        let loop: LoopExecutor?
+        var entries: [EventStreams.Entry]
     }
 
     private struct State {
@@ -447,7 +468,10 @@ final class LiveHub: Sendable {
     }
 
     /// A stream of the user opened here.
-    func join(_ entry: EventStreams.Entry) { state.withLock { $0.members[entry.id] = Member(entry: entry) } }
+    func join(_ entry: EventStreams.Entry) {
+        let member = Member(entry: entry, loop: entry.writer.loop)
+        state.withLock { $0.members[entry.id] = member }
+    }
 
     /// The stream ended.
     func leave(_ entry: EventStreams.Entry) { state.withLock { _ = $0.members.removeValue(forKey: entry.id) } }
@@ -489,7 +513,7 @@ final class LiveHub: Sendable {
     func park(_ entry: EventStreams.Entry, at cursor: Int64, readAt generation: UInt64) {
         let parked = state.withLock { state -> Bool in
             guard state.members[entry.id] != nil else { return false }
-            state.members[entry.id]?.cursor = cursor
+            entry.park(at: cursor)
             return true
         }
         if parked, streams.notifier.generation > generation { subscription.wake() }
@@ -498,8 +522,7 @@ final class LiveHub: Sendable {
     /// Writes `page` to `entries` (parked streams of one loop, on that loop's thread);
     /// returns how many took it.
     private func write(_ page: EventStore.Page, to entries: [EventStreams.Entry]) -> Int {
-        var moved: [UInt64] = []
-        moved.reserveCapacity(entries.count)
+        var written = 0
         // This loop's own copy of the bytes: every writer of the loop shares it, and no
         // reference count is bumped by two threads at once (one copy per loop, not per stream).
         let bytes = page.eventsJSON.withUnsafeBufferPointer { Array($0) }
@@ -513,19 +536,16 @@ final class LiveHub: Sendable {
             // Live events go to every stream at once: one that has no room for them is
             // too far behind to buffer for; it ends and resumes from its last id.
             switch entry.writer.writeIfRoom(bytes) {
-            case .written: moved.append(entry.id)
+            case .written:
+                written += 1
+                if let lastSeq = page.lastSeq { entry.park(at: lastSeq) }
             case .full: entry.finish(.slowReader)
             // The connection is gone (its close handler ends the stream too) or the stream
             // ended meanwhile (then this does nothing).
             case .closed: entry.finish(.clientGone)
             }
         }
-        if let lastSeq = page.lastSeq, !moved.isEmpty {
-            state.withLock { state in
-                for id in moved where state.members[id]?.cursor != nil { state.members[id]?.cursor = lastSeq }
-            }
-        }
-        return moved.count
+        return written
     }
 
     /// Writes what is new to every parked stream: one read per cursor they wait at (all at
@@ -534,22 +554,32 @@ final class LiveHub: Sendable {
         let generation = streams.notifier.generation
         var seen = Set<Int64>()
         while true {
-            // The streams parked at one cursor not read for yet (all of them, usually).
-            let group = state.withLock { state -> (cursor: Int64, entries: [EventStreams.Entry])? in
+            // The streams parked at one cursor not read for yet (all of them, usually), by
+            // loop: each loop writes its own connections' streams (and then sends them), so
+            // a commit to many streams on N loops is copied and sent by N threads in
+            // parallel. A handful of loops: found by a look along them, not by hashing.
+            let group = state.withLock { state -> (cursor: Int64, byLoop: [Share])? in
                 var cursor: Int64? = nil
-                var entries: [EventStreams.Entry] = []
+                var byLoop: [Share] = []
                 for member in state.members.values {
-                    guard let at = member.cursor else { continue }
+                    guard let at = member.entry.cursor else { continue }
                     if cursor == nil {
                         if seen.contains(at) { continue }
                         cursor = at
-                        entries.reserveCapacity(state.members.count)
                     }
-                    if at == cursor { entries.append(member.entry) }
+                    guard at == cursor else { continue }
+                    if let index = byLoop.firstIndex(where: { $0.loop === member.loop }) {
+                        byLoop[index].entries.append(member.entry)
+                    } else {
+                        var entries: [EventStreams.Entry] = []
+                        entries.reserveCapacity(state.members.count)
+                        entries.append(member.entry)
+                        byLoop.append(Share(loop: member.loop, entries: entries))
+                    }
                 }
-                return cursor.map { ($0, entries) }
+                return cursor.map { ($0, byLoop) }
             }
-            guard let (cursor, entries) = group else { return }
+            guard let (cursor, byLoop) = group else { return }
             seen.insert(cursor)
             let result: SharedPulls.Result
             do {
@@ -557,26 +587,14 @@ final class LiveHub: Sendable {
                     for: user, after: cursor, limit: streams.settings.pageSize, notBefore: generation)
             } catch {
                 let reason = streams.endAfterFailure(error)
-                for entry in entries { entry.finish(reason) }
+                for share in byLoop { for entry in share.entries { entry.finish(reason) } }
                 continue
             }
             let page = result.page
-            // Each loop writes its own connections' streams (and then sends them): a commit
-            // to many streams on N loops is copied and sent by N threads in parallel. A
-            // stream that ended meanwhile refuses the write (`.closed`) and is skipped. A
-            // handful of loops: found by a look along them, not by hashing per stream.
-            var byLoop: [(loop: LoopExecutor?, entries: [EventStreams.Entry])] = []
-            for entry in entries {
-                let loop = entry.writer.loop
-                if let at = byLoop.firstIndex(where: { $0.loop === loop }) {
-                    byLoop[at].entries.append(entry)
-                } else {
-                    byLoop.append((loop, [entry]))
-                }
-            }
+            // A stream that ended meanwhile refuses the write (`.closed`) and is skipped.
             let written = await withTaskGroup(of: Int.self) { group in
-                for (loop, members) in byLoop {
-                    group.addTask(executorPreference: loop) { self.write(page, to: members) }
+                for share in byLoop {
+                    group.addTask(executorPreference: share.loop) { self.write(page, to: share.entries) }
                 }
                 return await group.reduce(0, +)
             }
