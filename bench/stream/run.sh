@@ -13,8 +13,10 @@
 # BENCH_USERS=1, else 0; streams only), BENCH_ROUNDS (rounds, each a pass of trunk-sync and,
 # with the reference, one of the reference; default 3 with the reference, else 1; each
 # round's streams are new users'), BENCH_PERF (1: a perf profile of trunk-sync's commits,
-# reference: of the reference's; BENCH_PERF_KEEP=PATH keeps each as PATH.<name>.<round>).
-# Needs cc, PostgreSQL, curl and python3.
+# reference: of the reference's; BENCH_PERF_KEEP=PATH keeps each as PATH.<name>.<round>),
+# BENCH_COUNT (1: counts per stream per commit, for every pass — syscalls, TCP sends and
+# segments, epoll events, wake-ups and context switches, the server's and the client's; needs
+# perf and the kernel's tracepoints). Needs cc, PostgreSQL, curl and python3.
 #
 # bench/realtime/run.sh runs the same with BENCH_TARGET=realtime: Realtime sockets
 # (GET /realtime/v1/websocket, one postgres_changes channel each) instead of event streams.
