@@ -15,13 +15,11 @@ final class SignInHardeningTests: EndToEndTestCase {
 
     func testAFailingMailServerIsNeitherShownNorSlowsTheAnswer() throws {
         // Nothing listens on this port: every mail fails.
-        let closed = try Command.run(
-            "/usr/bin/python3",
-            ["-c", "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"])
+        let closed = try serverPort()
         let server = try startServer([
             "TRUNK_SYNC_MAILER": "smtp",
             "TRUNK_SYNC_SMTP_URL":
-                "smtp://127.0.0.1:\(closed.stdout.trimmingCharacters(in: .whitespacesAndNewlines))?tls=none",
+                "smtp://127.0.0.1:\(closed)?tls=none",
         ])
         _ = try session(server, "member@example.com")
         let known = try send(

@@ -44,3 +44,30 @@ public func listeningSocket() throws -> (Int32, Int) {
     }
     return (descriptor, Int(UInt16(bigEndian: address.sin_port)))
 }
+
+/// A port for a server a test starts itself (on any address), free now and below the
+/// kernel's ephemeral range (`ip_local_port_range`): neither an outgoing connection's local
+/// port nor another test's port-0 listener (both taken from that range) can take it before
+/// the server binds it, as one picked by binding port 0 could be.
+public func serverPort() throws -> Int {
+    let range = (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8)) ?? ""
+    let low = range.split(whereSeparator: \.isWhitespace).first.flatMap { Int($0) } ?? 32768
+    let candidates = low > 11000 ? 10000..<low : 1024..<low
+    for _ in 0..<200 {
+        let port = Int.random(in: candidates)
+        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard descriptor >= 0 else { throw TestEnvironmentError("socket failed: errno \(errno)") }
+        defer { close(descriptor) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = INADDR_ANY
+        address.sin_port = UInt16(port).bigEndian
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0
+            }
+        }
+        if bound { return port }
+    }
+    throw TestEnvironmentError("no free port below \(low)")
+}

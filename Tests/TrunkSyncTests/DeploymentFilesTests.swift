@@ -63,14 +63,12 @@ final class DeploymentFilesTests: XCTestCase {
         }
         let port = try XCTUnwrap(database["port"])
         let password = try XCTUnwrap(database["password"])
-        let free = try Command.run(
-            try python(),
-            ["-c", "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"])
+        let free = try serverPort()
         let result = try Command.run(
             try python(),
             [
                 repositoryRoot() + "/scripts/compose-native.py", repositoryRoot() + "/docker-compose.yml",
-                envFile, Command.trunkSyncBinary(), free.stdout.trimmingCharacters(in: .whitespacesAndNewlines),
+                envFile, Command.trunkSyncBinary(), String(free),
             ],
             environment: Command.environment([
                 "POSTGRES_HOST": "127.0.0.1", "POSTGRES_PORT": port, "POSTGRES_USER": database["user"] ?? "trunk",

@@ -5,12 +5,7 @@ import XCTest
 
 /// The scripts behind `make run` and `make test`, run as developers run them.
 final class DevScriptsTests: XCTestCase {
-    func freePort() throws -> Int {
-        let result = try Command.run(
-            "/usr/bin/python3",
-            ["-c", "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"])
-        return try XCTUnwrap(Int(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines)))
-    }
+    func freePort() throws -> Int { try serverPort() }
 
     /// The cluster's directory holds its Unix socket, and local connections through it are
     /// trusted as the superuser: only the developer (or `postgres` when run as root) may
