@@ -148,8 +148,9 @@ public struct RESTRoutes: Sendable {
         return "\(offset)-\(offset + count - 1)/\(totalText)"
     }
 
-    /// Every query of these routes runs here: in a transaction scoped to the caller, each
-    /// statement bounded by `statementTimeout`. A statement cancelled by it (`57014`) is the
+    /// The queries of these routes run here (but an insert, which is a push, and its
+    /// read-back): in a transaction scoped to the caller, each statement bounded by
+    /// `statementTimeout`. A statement cancelled by it (`57014`) is the
     /// request's shape (an offset, a count, a filter without an index), not the server's
     /// failure: a `400` that says which limit it hit.
     private func transaction<T: Sendable>(
