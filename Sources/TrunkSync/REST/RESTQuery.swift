@@ -588,23 +588,14 @@ struct LogicTree {
     /// `(…)` as written, quotes and all (up to the `)` outside quotes), for `in`'s parser.
     private mutating func parenthesized() throws -> String {
         guard index < scalars.count, scalars[index] == "(" else { throw failure("expected in.(value,value,…)") }
-        var text = String.UnicodeScalarView()
-        var inQuotes = false
+        let start = index
+        index += 1
         while index < scalars.count {
-            let scalar = scalars[index]
-            text.append(scalar)
-            index += 1
-            if inQuotes {
-                if scalar == "\\", index < scalars.count {
-                    text.append(scalars[index])
-                    index += 1
-                } else if scalar == "\"" {
-                    inQuotes = false
-                }
-            } else if scalar == "\"" {
-                inQuotes = true
-            } else if scalar == ")" {
-                return String(text)
+            if scalars[index] == "\"" {
+                guard RESTQuery.quotedValue(scalars, at: &index) != nil else { break }
+            } else {
+                index += 1
+                if scalars[index - 1] == ")" { return String(String.UnicodeScalarView(scalars[start..<index])) }
             }
         }
         throw failure("unterminated in.(…)")
