@@ -23,7 +23,6 @@ Prints "failover: ok ..." per step and "failover: passed"; exits 1 with the reas
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,9 @@ import urllib.request
 import uuid
 
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no __pycache__ in scripts/
+sys.path.insert(0, os.path.join(repo, "scripts"))
+from server_port import server_port  # noqa: E402
 binary = sys.argv[1]
 work = tempfile.mkdtemp(prefix="trunk-sync-failover.")
 os.chmod(work, 0o755)
@@ -51,12 +53,6 @@ def log(message):
 
 def fail(message):
     raise SystemExit(f"failover: FAILED: {message}")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(args, **kwargs):
@@ -92,7 +88,7 @@ def wait_until(what, check, timeout):
 
 
 primary, standby = os.path.join(work, "primary"), os.path.join(work, "standby")
-primary_port, standby_port, http_port = free_port(), free_port(), free_port()
+primary_port, standby_port, http_port = server_port(), server_port(), server_port()
 server = None
 try:
     # 1. Primary, then the standby from a base backup, streaming synchronously.

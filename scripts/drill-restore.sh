@@ -39,7 +39,7 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "drill: FAILED: $*" >&2; exit 1; }
 as_owner() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_port() { python3 "$repo/scripts/server_port.py"; }
 
 # 1. The primary, archiving into backup/wal as the compose file's postgres service does.
 backup=$work/backup

@@ -29,7 +29,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_port() { python3 scripts/server_port.py; }
 pg_port=$(free_port)
 PG_FAST=1 scripts/pg.sh start "$work/pg" "$pg_port" >/dev/null
 export TRUNK_SYNC_DATABASE_URL

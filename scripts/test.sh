@@ -36,7 +36,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(python3 scripts/server_port.py)
 PG_FAST=1 scripts/pg.sh start "$work/pg" "$port"
 
 export TRUNK_SYNC_TEST_DATABASE_URL

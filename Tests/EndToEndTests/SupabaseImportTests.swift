@@ -971,6 +971,43 @@ final class SupabaseImportTests: EndToEndTestCase {
             try destination(server).query("select id from users").map { try $0.decode(UUID.self, column: 0) }, [kept])
     }
 
+    /// Somebody signs up here with a source user's address after the run looked for
+    /// conflicts, before it inserts that user (the server is live during an import): the
+    /// insert skips them, and the run reports the conflict rather than losing the user from
+    /// every count. A trigger signs the native user up at that very moment.
+    func testAnAddressTakenBySomebodySigningUpDuringTheRunIsAConflict() throws {
+        let source = try makeSource()
+        let late = try addUser(source, email: "Late@Example.com")
+        let onTime = try addUser(source, email: "ontime@example.com")
+        _ = try addEvents(source, user: late, [("a", "{}", "2026-03-01 10:00:00+00")])
+        let server = try startServer()
+        let db = try destination(server)
+        let native = UUID()
+        try db.execute(
+            """
+            create function sign_up_meanwhile() returns trigger language plpgsql as $$
+            begin
+              if new.id = '\(late.uuidString.lowercased())' then
+                insert into users (id, email) values ('\(native.uuidString.lowercased())', 'late@example.com');
+              end if;
+              return new;
+            end $$;
+            create trigger sign_up_meanwhile before insert on users
+              for each row execute function sign_up_meanwhile();
+            """)
+        let (result, report, rejectFile) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 3, result.stderr + result.stdout)
+        XCTAssertEqual(counts(report, "users"), ["read": 2, "imported": 1, "already_there": 0, "rejected": 0])
+        XCTAssertEqual(
+            conflicts(report),
+            [["source_id": late.uuidString.lowercased(), "email": "late@example.com", "reason": "address_taken"]])
+        XCTAssertEqual(counts(report, "events")["rejected"], 1)
+        XCTAssertEqual((report?["verification"] as? [String: Any])?["passed"] as? Bool, true)
+        XCTAssertTrue(try String(contentsOfFile: rejectFile, encoding: .utf8).contains(late.uuidString.lowercased()))
+        XCTAssertEqual(
+            Set(try db.query("select id from users").map { try $0.decode(UUID.self, column: 0) }), [onTime, native])
+    }
+
     // MARK: - Changes on the hosted project after an import
 
     /// The address, name and metadata a user has here (the owner's view).

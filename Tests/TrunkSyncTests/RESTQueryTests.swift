@@ -65,6 +65,19 @@ final class RESTQueryTests: XCTestCase {
             .text("at most 1000 values"))
     }
 
+    /// `is.`'s values in any case, as PostgREST reads them (its operators in lower case
+    /// only), on their own and inside `or=`/`and=`.
+    func testIsValuesInAnyCase() throws {
+        let query = try parse("client_id=is.NULL&created_at=not.is.Not_Null&or=(type.is.Null,seq.is.NOT_NULL)")
+        XCTAssertEqual(query.filters.map(\.isNull), [true, false])
+        XCTAssertEqual(
+            query.whereClause(startingAt: 1).sql,
+            " and client_id is null and not (created_at is not null) and (type is null or seq is not null)")
+        XCTAssertEqual(refusal("and=(type.is.False)")?.code, "42804")
+        XCTAssertEqual(
+            refusal("type=is.False")?.message, "argument of IS FALSE must be type boolean, not type of column type")
+    }
+
     /// `not.` before any operator negates it; `like` and `ilike` take PostgREST's `*` as SQL's
     /// `%` and leave the rest of the pattern as it is.
     func testNotLikeAndIlikeClauses() throws {
@@ -166,7 +179,8 @@ final class RESTQueryTests: XCTestCase {
             ("seq=not.5", "PGRST100"), ("seq=not.not.eq.5", "PGRST100"), ("seq=not.gt.five", "22P02"),
             ("type=like.a%00", "22P02"), ("type=like.a%5C", "22025"), ("type=ilike.%5C%5C%5C", "22025"),
             ("seq=in.(5,x)", "22P02"), ("seq=in.5", "PGRST100"), ("type=is.true", "42804"),
-            ("type=is.NULL", "PGRST100"),
+            ("type=is.TRUE", "42804"), ("type=is.Unknown", "42804"), ("type=is.nul", "PGRST100"),
+            ("type=IS.null", "PGRST100"),
             ("seq=gt.five", "22P02"), ("client_id=eq.nope", "22P02"),
             ("client_id=eq.6f1f0e3c11114c3e9d7a3a1c8f0f2b10", "22P02"), ("created_at=gt.now", "22P02"),
             ("payload=eq.{}", "PGRST100"), ("nope=eq.1", "42703"), ("type=eq.a%00b", "22P02"),

@@ -225,6 +225,8 @@ final class RESTTests: XCTestCase {
         try await expectSeqs("created_at=in." + encoded("(\(stamps.joined(separator: ",")))"), [3, 6])
         try await expectSeqs("type=is.not_null&seq=lte.2", [1, 2])
         try await expectSeqs("type=is.null", [])
+        try await expectSeqs("type=is.NOT_NULL&seq=lte.2", [1, 2])  // any case, as PostgREST
+        try await expectSeqs("or=(type.is.Null,seq.eq.3)", [3])
 
         // profiles: full_name is null until set.
         let path = "/rest/v1/profiles?select=full_name&full_name="
@@ -246,7 +248,7 @@ final class RESTTests: XCTestCase {
             ("created_at=in.(0001-01-01T00:30:00%2B01:00)", "22P02"),
             ("payload=in.(1)", "PGRST100"), ("type=in.(a%00b)", "22P02"),
             ("seq=in.(" + (0...1000).map(String.init).joined(separator: ",") + ")", "PGRST100"),
-            ("type=is.true", "42804"), ("type=is.unknown", "42804"), ("type=is.maybe", "PGRST100"),
+            ("type=is.true", "42804"), ("type=is.UNKNOWN", "42804"), ("type=is.maybe", "PGRST100"),
             ("type=not.in.(a,x", "PGRST100"), ("type=not.is.true", "42804"),
         ]
         for (query, code) in refusals {

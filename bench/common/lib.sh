@@ -31,9 +31,7 @@ bench_build() {
   echo "$sources" >"$stamp"
 }
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+free_port() { python3 scripts/server_port.py; }
 
 # bench_serve LOG BINARY [NAME=VALUE…]: starts `BINARY serve` with these settings on free
 # ports (TRUNK_SYNC_PORT=0 and TRUNK_SYNC_ADMIN_PORT=0 on 127.0.0.1) and waits for its

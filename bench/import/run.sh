@@ -38,7 +38,7 @@ cleanup() {
 trap cleanup EXIT
 
 # Real durability (fsync on), as in production.
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(python3 scripts/server_port.py)
 env -u PG_FAST scripts/pg.sh start "$work/pg" "$port" >/dev/null
 admin_url=$(scripts/pg.sh url "$work/pg" postgres)
 psql() { command "$pgbin/psql" -X -q -v ON_ERROR_STOP=1 "$@"; }

@@ -32,7 +32,7 @@ cleanup() {
 trap cleanup EXIT
 
 # Real durability on the server too: fsync on.
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(python3 scripts/server_port.py)
 env -u PG_FAST scripts/pg.sh start "$work/pg" "$port" >/dev/null
 admin_url=$(scripts/pg.sh url "$work/pg" postgres)
 psql -X -q "$admin_url" -c "create database trunk_bench"

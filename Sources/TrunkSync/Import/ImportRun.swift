@@ -138,17 +138,21 @@ final class ImportRun {
                             + "again")
                 }
                 try carryChanges()
-                for row in try destination.query(Self.userConflicts) {
-                    let id = try row.decode(String.self, column: 0)
-                    let email = try row.decode(String.self, column: 1)
-                    notImported.insert(id)
-                    report.conflicts.append(.init(sourceID: id, email: email, reason: .addressTaken))
-                    reject("auth.users", id, "email \(email) belongs to another trunk-sync user")
+                func addressTaken(_ rows: PostgresResult) throws {
+                    for row in rows {
+                        let id = try row.decode(String.self, column: 0)
+                        let email = try row.decode(String.self, column: 1)
+                        notImported.insert(id)
+                        report.conflicts.append(.init(sourceID: id, email: email, reason: .addressTaken))
+                        reject("auth.users", id, "email \(email) belongs to another trunk-sync user")
+                    }
                 }
+                try addressTaken(destination.query(Self.userConflicts))
                 let counts = try destination.query(Self.insertUsers)[0]
                 report.users.alreadyThere += Int(try counts.decode(Int64.self, column: 0))
                 report.users.imported += Int(try counts.decode(Int64.self, column: 1))
                 report.profiles.imported += Int(try counts.decode(Int64.self, column: 2))
+                try addressTaken(destination.query(Self.addressesTakenMeanwhile))
             }
             return copy.bytes.count
         }
@@ -180,18 +184,30 @@ final class ImportRun {
         returning s.id::text, x.reason
         """
 
-    /// The batch's users not here yet whose email another user here has, or another user
-    /// of the batch with a smaller id (two source users with one address: case apart, or an
-    /// SSO user beside an email one, which Supabase's unique index allows). A user an
+    /// Takes out of the batch the users not here yet whose email another user here has, or
+    /// another user of the batch with a smaller id (two source users with one address: case
+    /// apart, or an SSO user beside an email one, which Supabase's unique index allows).
+    /// Returns their ids and addresses. A user an
     /// earlier run imported is `carryChanges`'s. The batch's own duplicates by a window, in
     /// one sort (a correlated look-up in the unindexed temporary table scanned it once per
     /// user: 5.5 s a batch of 10,000).
     static let userConflicts = """
-        select s.id::text, s.email
-        from (select s.id, s.email, row_number() over (partition by s.email order by s.id) > 1 later
-              from import_users s) s
-        where not exists (select from users u where u.id = s.id)
+        delete from import_users x
+        using (select s.id, s.email, row_number() over (partition by s.email order by s.id) > 1 later
+               from import_users s) s
+        where x.id = s.id
+          and not exists (select from users u where u.id = s.id)
           and (s.later or exists (select from users u where lower(u.email) = s.email and u.id <> s.id))
+        returning s.id::text, s.email
+        """
+
+    /// The batch's users still not here after `insertUsers`, in its transaction: their
+    /// address became another user's after `userConflicts` looked (somebody signed up here
+    /// meanwhile: the server is live during an import), which the insert skipped. Conflicts,
+    /// as `userConflicts`' are, not users missing from the counts. Returns their ids and
+    /// addresses.
+    static let addressesTakenMeanwhile = """
+        select s.id::text, s.email from import_users s where not exists (select from users u where u.id = s.id)
         """
 
     /// A source user's name as the import writes it (`s`: an `import_users` row):
@@ -351,7 +367,8 @@ final class ImportRun {
         """
 
     /// Inserts the users not there yet (by id; an email another user has is a conflict,
-    /// reported before). `profiles.full_name` wins over the metadata's. Each imported user
+    /// `userConflicts`' or, taken since, `addressesTakenMeanwhile`'s). `profiles.full_name`
+    /// wins over the metadata's. Each imported user
     /// gets a count of events read (0 until their events are), which marks them as
     /// imported once: deleted here later, they are not brought back; and a record of the
     /// address, name and metadata written (`supabase_imported_users`), for `compareUsers`.

@@ -424,10 +424,10 @@ struct RESTQuery: Sendable {
         return nil
     }
 
-    /// `is.`'s operand, lower case as supabase-js sends it: `null` → true, `not_null` →
+    /// `is.`'s operand, in any case as PostgREST reads it: `null` → true, `not_null` →
     /// false. `true`, `false` and `unknown` test booleans, which no column here is.
     static func nullTest(_ text: String, _ column: RESTColumn) throws -> Bool {
-        switch text {
+        switch text.lowercased() {
         case "null": return true
         case "not_null": return false
         case "true", "false", "unknown":
