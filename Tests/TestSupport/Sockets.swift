@@ -71,3 +71,53 @@ public func serverPort() throws -> Int {
     }
     throw TestEnvironmentError("no free port below \(low)")
 }
+
+/// Sends `request` (bytes as written, any method with any body) to 127.0.0.1:`port` and
+/// returns everything the server answers until it closes the connection (send
+/// `Connection: close`), or what arrived within 10 s. For requests URLSession would not send
+/// as written (a `GET` with a body).
+public func rawExchange(port: Int, _ request: String) throws -> String {
+    let descriptor = try connectedSocket(port: port)
+    defer { close(descriptor) }
+    let bytes = Array(request.utf8)
+    var sent = 0
+    while sent < bytes.count {
+        let count = bytes[sent...].withUnsafeBufferPointer {
+            send(descriptor, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL))
+        }
+        // The server may answer (and stop reading) before the whole request is sent.
+        if count <= 0 { break }
+        sent += count
+    }
+    var received: [UInt8] = []
+    var buffer = [UInt8](repeating: 0, count: 4096)
+    while true {
+        let count = recv(descriptor, &buffer, buffer.count, 0)
+        if count <= 0 { break }
+        received += buffer[0..<count]
+    }
+    return String(decoding: received, as: UTF8.self)
+}
+
+/// A TCP connection to 127.0.0.1:`port` whose reads give up after 10 s (the caller closes it).
+public func connectedSocket(port: Int) throws -> Int32 {
+    let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+    guard descriptor >= 0 else { throw TestEnvironmentError("socket failed: errno \(errno)") }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    address.sin_port = UInt16(port).bigEndian
+    let connected = withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+            connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0
+        }
+    }
+    guard connected else {
+        let error = errno
+        close(descriptor)
+        throw TestEnvironmentError("connect to \(port) failed: errno \(error)")
+    }
+    var timeout = timeval(tv_sec: 10, tv_usec: 0)
+    setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+    return descriptor
+}

@@ -15,19 +15,7 @@ final class EventStreamEndTests: XCTestCase {
         private(set) var received = ""
 
         init(port: Int, token: String) throws {
-            descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_addr.s_addr = inet_addr("127.0.0.1")
-            address.sin_port = in_port_t(UInt16(port).bigEndian)
-            let connected = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                    connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0
-                }
-            }
-            guard connected else { throw TestEnvironmentError("connect failed: errno \(errno)") }
-            var timeout = timeval(tv_sec: 10, tv_usec: 0)
-            setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+            descriptor = try connectedSocket(port: port)
             let head =
                 "GET /sync/v1/stream HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n"
                 + "Authorization: Bearer \(token)\r\n\r\n"

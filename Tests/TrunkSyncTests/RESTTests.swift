@@ -445,6 +445,18 @@ final class RESTTests: XCTestCase {
         for (path, status, code) in reads {
             assertPostgRESTError(try await get(path), status, code)
         }
+        // A read of a table that is not here takes no body (1 KiB at most, as every read);
+        // an insert into one is told the table is unknown, whatever its size.
+        let port = try XCTUnwrap(Int(app.baseURL.split(separator: ":").last ?? ""))
+        let filler = String(repeating: "x", count: 2048)
+        for (method, status) in [("GET", "413"), ("POST", "404")] {
+            let answer = try rawExchange(
+                port: port,
+                "\(method) /rest/v1/nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                    + "Content-Type: application/json\r\nContent-Length: \(filler.utf8.count)\r\n\r\n\(filler)")
+            XCTAssertTrue(answer.hasPrefix("HTTP/1.1 \(status) "), "\(method): \(answer)")
+            XCTAssertTrue(answer.contains(status == "413" ? "PGRST413" : "PGRST205"), "\(method): \(answer)")
+        }
         let bearerless = try await app.request("GET", "/rest/v1/events")
         assertPostgRESTError(bearerless, 401, "PGRST301")
         let badJWT = try await get("/rest/v1/events", bearer: "not-a-jwt")

@@ -2344,7 +2344,7 @@ public enum OpenAPIDocument {
             "$ref": "#/components/responses/RESTBodyTooLarge"
           }
         },
-        "x-body-limit": 10485760
+        "x-body-limit": 1024
       },
       "post": {
         "operationId": "insertUnknownTable",

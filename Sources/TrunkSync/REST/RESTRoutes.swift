@@ -68,9 +68,11 @@ public struct RESTRoutes: Sendable {
         routes.add(
             .post, "/rest/v1/profiles", family: .rest, bodyLimit: Self.profileBodyLimit,
             .authenticated { request, claims in try await updateProfile(request, user: claims.userID, upsert: true) })
-        for method in [HTTPMethod.get, .post] {
+        // An insert into a table that is not here is told so whatever its size (as the
+        // events' insert takes); a read carries no body.
+        for (method, limit) in [(HTTPMethod.get, Endpoint.BodyLimit.none), (.post, Self.insertBodyLimit)] {
             routes.add(
-                method, "/rest/v1/:table", family: .rest, bodyLimit: Self.insertBodyLimit,
+                method, "/rest/v1/:table", family: .rest, bodyLimit: limit,
                 .open { request in throw RESTError.unknownTable(request.parameters["table"] ?? "") })
         }
     }
