@@ -32,6 +32,10 @@ COPY --from=build /out/bin/trunk-sync /usr/bin/trunk-sync
 # named with --config.
 COPY migrations /usr/share/trunk-sync/migrations
 COPY config /usr/share/trunk-sync/config
+# A working directory the owner's tools can write to (`import supabase` writes its reject
+# file there unless told otherwise; docs/moving-from-supabase.md).
+RUN install -d -o trunk -g trunk /var/lib/trunk-sync
+WORKDIR /var/lib/trunk-sync
 USER trunk
 ENV TRUNK_SYNC_HOST=0.0.0.0 TRUNK_SYNC_PORT=8080
 EXPOSE 8080

@@ -6,7 +6,8 @@ from the binary (there is no Docker engine on the test machines).
 
 Interpolates the compose file as Compose does (${VAR}, ${VAR:-default}, ${VAR-default},
 ${VAR:?error}, $$) from the environment and ENV_FILE, then:
-1. runs the `migrate` service's command with its environment and expects exit 0;
+1. runs `config check` and then the `migrate` service's command with its environment
+   (env_file included) and expects exit 0 from each;
 2. starts the `trunk-sync` service's command with its env_file and environment (its
    port moved to PORT and its admin port to any free one, since the container's ports may
    be taken here; the admin port must be published on loopback only), checks that no
@@ -91,6 +92,12 @@ def environment(service):
 
 
 migrate = services["migrate"]
+# The README's first command: `docker compose run --rm --no-deps migrate config check`, in
+# the migrate service's environment (.env included), must find nothing to refuse.
+result = subprocess.run([binary, "config", "check"], env=environment(migrate), capture_output=True, text=True, timeout=60)
+if result.returncode != 0:
+    raise SystemExit(f"config check in the migrate service refused ({result.returncode}): {result.stderr.strip()}")
+print("ok config check in the migrate service", flush=True)
 result = subprocess.run([binary] + migrate["command"], env=environment(migrate), capture_output=True, text=True, timeout=120)
 if result.returncode != 0:
     raise SystemExit(f"migrate failed ({result.returncode}): {result.stderr.strip()}")

@@ -1370,6 +1370,19 @@ final class SupabaseImportTests: EndToEndTestCase {
         var environment = server.environment
         environment["TRUNK_SYNC_DATABASE_URL"] = try TestDatabase.url(of: empty)
         XCTAssertTrue(try failure(source.url, environment: environment).contains("not migrated"))
+        // Another import running against the destination (its session holds the import's
+        // advisory lock, `SupabaseImport.advisoryLockKey`): refused at once, nothing written.
+        _ = try addUser(source, email: "ada@example.com")
+        let other = try destination(server)
+        let importLock: Int64 = 0x7472_756e_6b69_6d70
+        XCTAssertTrue(try other.query("select pg_try_advisory_lock($1)", importLock)[0].decode(Bool.self, column: 0))
+        let concurrent = try failure(source.url)
+        XCTAssertTrue(concurrent.contains("another trunk-sync import supabase is running"), concurrent)
+        XCTAssertEqual(try other.query("select count(*) from users")[0].decode(Int64.self, column: 0), 0)
+        _ = try other.query("select pg_advisory_unlock($1)", importLock)
+        let (after, _, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(after.status, 0, after.stderr)
+        XCTAssertEqual(try other.query("select count(*) from users")[0].decode(Int64.self, column: 0), 1)
     }
 
     func testImportedJWKSVerifiesTheHostedProjectsES256Tokens() throws {

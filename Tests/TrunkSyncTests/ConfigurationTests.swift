@@ -170,6 +170,40 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertNoThrow(try good.validateForServe())
     }
 
+    /// The documentation's SMTP URL left in place: serve would start and no sign-in mail
+    /// would ever arrive. Refused, naming the setting, the URL never quoted.
+    func testServeRefusesTheExampleSMTPURL() throws {
+        let base = [
+            "TRUNK_SYNC_DATABASE_URL": "postgres://x/y", "TRUNK_SYNC_JWT_SECRET": TestSecrets.random(),
+            "TRUNK_SYNC_MAILER": "smtp",
+        ]
+        for url in [
+            "smtp://user:password@smtp.example.com:587?tls=starttls",  // .env.example's
+            "smtp://mailer:Xk29vQ7pLr@smtp.example.com",  // the example host, a real password
+            "smtps://mailer:Xk29vQ7pLr@mail.EXAMPLE.org.:465",
+            "smtp://mailer:Xk29vQ7pLr@relay.invalid",
+            "smtp://user:pass@mail.provider.net",  // a real host, the example password
+            "smtp://user:change-me@mail.provider.net",
+        ] {
+            let configuration = try Configuration.load(environment: base.merging(["TRUNK_SYNC_SMTP_URL": url]) { $1 })
+            XCTAssertThrowsError(try configuration.validateForServe(), url) {
+                XCTAssertTrue("\($0)".hasPrefix("TRUNK_SYNC_SMTP_URL is the documentation's example"), "\($0)")
+                XCTAssertFalse("\($0)".contains("example.com") || "\($0)".contains("password@"), "\($0)")
+            }
+        }
+        for url in [
+            "smtp://mailer:Xk29vQ7pLr@smtp.provider.net", "smtp://127.0.0.1:1025?tls=none", "smtp://mail.examples.com",
+        ] {
+            let configuration = try Configuration.load(environment: base.merging(["TRUNK_SYNC_SMTP_URL": url]) { $1 })
+            XCTAssertNoThrow(try configuration.validateForServe(), url)
+        }
+        // With the log mailer the URL is not used: nothing to refuse.
+        var logMailer = base
+        logMailer["TRUNK_SYNC_MAILER"] = "log"
+        logMailer["TRUNK_SYNC_SMTP_URL"] = "smtp://user:password@smtp.example.com"
+        XCTAssertNoThrow(try Configuration.load(environment: logMailer).validateForServe())
+    }
+
     func testKeyEncryptionKeyFromTheEnvironmentOrAFile() throws {
         let secret = TestSecrets.random()
         XCTAssertEqual(

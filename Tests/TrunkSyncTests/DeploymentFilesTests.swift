@@ -32,10 +32,14 @@ final class DeploymentFilesTests: XCTestCase {
     }
 
     /// `.env.example` as the README says to fill it in: every `change-me` value replaced by
-    /// a fresh random one (hex for passwords, which go into URLs, base64 for the rest).
+    /// a fresh random one (hex for passwords, which go into URLs, base64 for the rest), and
+    /// the SMTP URL set to a mail server's (serve refuses the example's).
     func filledInEnvFile() throws -> String {
         let example = try String(contentsOfFile: repositoryRoot() + "/.env.example", encoding: .utf8)
         let filled = example.split(separator: "\n", omittingEmptySubsequences: false).map { line -> String in
+            if line.hasPrefix("TRUNK_SYNC_SMTP_URL=") {
+                return "TRUNK_SYNC_SMTP_URL=smtp://mailer:\(TestSecrets.randomHex())@127.0.0.1:2525?tls=none"
+            }
             guard !line.hasPrefix("#"), let equals = line.firstIndex(of: "="), line[equals...].contains("change-me")
             else {
                 return String(line)
@@ -99,6 +103,7 @@ final class DeploymentFilesTests: XCTestCase {
         XCTAssertTrue(result.stdout.contains("created the server's login role \(role)"), result.stdout)
         XCTAssertTrue(result.stdout.contains("ok serve's environment holds no owner password"), result.stdout)
         XCTAssertTrue(result.stdout.contains("ok serve's database role is neither superuser nor owner"), result.stdout)
+        XCTAssertTrue(result.stdout.contains("ok config check in the migrate service"), result.stdout)
         XCTAssertTrue(result.stdout.contains("ok migrate"), result.stdout)
         XCTAssertTrue(result.stdout.contains("ok serve is healthy"), result.stdout)
         XCTAssertTrue(result.stdout.contains("ok serve stopped cleanly"), result.stdout)
@@ -233,6 +238,10 @@ final class DeploymentFilesTests: XCTestCase {
         XCTAssertTrue(dockerfile.contains("COPY migrations /usr/share/trunk-sync/migrations"))
         XCTAssertTrue(dockerfile.contains("libpq5 libssl3 ca-certificates"))
         XCTAssertTrue(dockerfile.contains("USER trunk"))
+        // The owner's tools run in the image too: `import supabase` writes its reject file
+        // into the working directory, which the image's user must be able to write.
+        XCTAssertTrue(dockerfile.contains("install -d -o trunk -g trunk /var/lib/trunk-sync"))
+        XCTAssertTrue(dockerfile.contains("WORKDIR /var/lib/trunk-sync"))
         XCTAssertTrue(dockerfile.contains("-c release"))
         let example = try String(contentsOfFile: repositoryRoot() + "/.env.example", encoding: .utf8)
         let ignored = try String(contentsOfFile: repositoryRoot() + "/.gitignore", encoding: .utf8)

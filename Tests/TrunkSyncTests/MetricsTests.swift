@@ -6,6 +6,23 @@ import XCTest
 final class MetricsTests: XCTestCase {
     func samples(_ text: String) throws -> [String: Double] { try prometheusSamples(text) }
 
+    /// Every metric the server exports is in the operator's table (docs/operations.md,
+    /// "Monitor"): a metric added without it fails here.
+    func testEveryMetricIsDocumented() async throws {
+        let app = try await AppHarness()
+        let text = try await app.request("GET", "/metrics", admin: true).text
+        await app.stop()
+        let names = text.split(separator: "\n").filter { $0.hasPrefix("# TYPE ") }.map {
+            String($0.split(separator: " ")[2])
+        }
+        XCTAssertGreaterThan(names.count, 20, text)
+        let docs = try String(contentsOfFile: repositoryRoot() + "/docs/operations.md", encoding: .utf8)
+        for name in names {
+            XCTAssertTrue(
+                docs.contains("`\(name)`") || docs.contains("`\(name){"), "\(name) is not in docs/operations.md")
+        }
+    }
+
     func testMetricsParseAsPrometheusTextAndCountersMove() async throws {
         let app = try await AppHarness(environment: ["TRUNK_SYNC_RATE_LIMIT_OTP": "1/300"])
         let publicMetrics = try await app.request("GET", "/metrics")

@@ -516,7 +516,25 @@ public struct Configuration: Sendable {
         } else {
             found.append(error("jwt_secret", "is required; \(SecretRules.howToMake)"))
         }
+        if let problem = smtpPlaceholderProblem { found.append(problem) }
         return found
+    }
+
+    /// An SMTP URL left as the documentation's (`smtp://user:password@smtp.example.com`):
+    /// serve would start and every sign-in mail would fail, `/otp` still answering `200`. A
+    /// host under a domain reserved for examples (RFC 2606: `example.com`, `.example`,
+    /// `.invalid`, …) receives no mail, and a placeholder password is nobody's.
+    private var smtpPlaceholderProblem: ConfigurationError? {
+        guard mailer == .smtp, let url = smtpURL, let smtp = try? SMTPConfiguration(url: url) else { return nil }
+        let host = smtp.host.lowercased().trimmingCharacters(in: CharacterSet(charactersIn: "."))
+        let reservedDomains = ["example.com", "example.net", "example.org", "example", "invalid", "test"]
+        let exampleHost = reservedDomains.contains { host == $0 || host.hasSuffix("." + $0) }
+        let examplePassword = smtp.credentials.map { SecretRules.isPlaceholderPassword($0.password) } ?? false
+        guard exampleHost || examplePassword else { return nil }
+        return error(
+            "smtp_url",
+            "is the documentation's example (\(exampleHost ? "a host under a domain reserved for examples" : "an example password")): no sign-in mail would arrive; set your mail provider's SMTP URL, or TRUNK_SYNC_MAILER=log to print codes to the log"
+        )
     }
 
     /// Everything `config check` reports: `problems`, `serveProblems`, and what `migrate`

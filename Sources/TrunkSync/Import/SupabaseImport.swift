@@ -259,6 +259,9 @@ public struct SupabaseImport: Sendable {
         return try ImportRun(options: options, source: source, destination: destination, rejects: rejects).all()
     }
 
+    /// The session-level advisory lock a run holds on the destination (`migrate` has its own).
+    static let advisoryLockKey: Int64 = 0x7472_756e_6b69_6d70
+
     static func openDestination(_ options: Options) throws -> PostgresConnection {
         let connection: PostgresConnection
         do {
@@ -282,6 +285,19 @@ public struct SupabaseImport: Sendable {
             throw ImportError.destination(
                 "not migrated: \(status.pending.count) migration(s) pending (\(status.pending.map(\.name).joined(separator: ", "))); run trunk-sync migrate first"
             )
+        }
+        // One import at a time: two runs would each count the other's users and sessions as
+        // theirs or skip them. Held by this session until the run ends (or its connection does).
+        let locked: Bool
+        do {
+            locked = try connection.query("select pg_try_advisory_lock($1)", Self.advisoryLockKey)[0]
+                .decode(Bool.self, column: 0)
+        } catch {
+            throw ImportError.destination("\(error)")
+        }
+        if !locked {
+            throw ImportError.destination(
+                "another trunk-sync import supabase is running against this database; run again once it has finished")
         }
         // No JIT: each batch's statements run once over a temporary table without statistics,
         // whose cost estimates set off compilations that took longer (0.8 s a batch of users)
