@@ -303,27 +303,65 @@ final class AuthTests: XCTestCase {
         XCTAssertEqual(try app.owner().query("select count(*) from events")[0].decode(Int.self, column: 0), 0)
     }
 
+    /// `POST /auth/v1/token?grant_type=refresh_token` with `token`.
+    func refresh(_ token: String) async throws -> AppHarness.Response {
+        try await app.request("POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": token])
+    }
+
+    /// Refreshes `token`, which must succeed; the answer and its new refresh token.
+    func rotate(_ token: String, file: StaticString = #filePath, line: UInt = #line) async throws -> (
+        AppHarness.Response, String
+    ) {
+        let answer = try await refresh(token)
+        XCTAssertEqual(answer.status, 200, answer.text, file: file, line: line)
+        return (answer, try XCTUnwrap(answer.json["refresh_token"] as? String, file: file, line: line))
+    }
+
     func testRefreshRotatesAndLateReuseRevokesTheSession() async throws {
         let session = try await app.signIn("rot@example.com")
         let first = try XCTUnwrap(session["refresh_token"] as? String)
-        let rotated = try await app.request(
-            "POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": first])
-        XCTAssertEqual(rotated.status, 200, rotated.text)
-        let second = try XCTUnwrap(rotated.json["refresh_token"] as? String)
+        let (rotated, second) = try await rotate(first)
         XCTAssertNotEqual(first, second)
         XCTAssertNotNil(rotated.json["user"] as? [String: Any])
-        // Reused long after its rotation: the whole session is revoked.
+        // The second is used in turn, so the first was exchanged for a token that has been
+        // used: reused long after its rotation (a replay), it revokes the whole session.
+        let (again, third) = try await rotate(second)
         try app.owner().query(
             "update refresh_tokens set rotated_at = now() - interval '11 seconds' where rotated_at is not null")
-        let reused = try await app.request(
-            "POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": first])
+        let reused = try await refresh(first)
         assertAuthError(reused, 400, "refresh_token_already_used")
-        let descendant = try await app.request(
-            "POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": second])
+        let descendant = try await refresh(third)
         assertAuthError(descendant, 400, "refresh_token_not_found")
-        let access = try XCTUnwrap(rotated.json["access_token"] as? String)
+        let access = try XCTUnwrap(again.json["access_token"] as? String)
         let user = try await app.request("GET", "/auth/v1/user", bearer: access)
         assertAuthError(user, 401, "session_not_found")
+    }
+
+    /// A refresh whose answer was lost (a timeout, a dropped connection, storage full): the
+    /// client still holds the rotated token and presents it again, long after. Its successor
+    /// was never used, so the session goes on — as Supabase Auth gives such a client the
+    /// active token — with a new token; the lost one is superseded, and presenting it later
+    /// is a replay that revokes the session.
+    func testARefreshWhoseAnswerWasLostCanBeRetriedLate() async throws {
+        let session = try await app.signIn("lost@example.com")
+        let first = try XCTUnwrap(session["refresh_token"] as? String)
+        let (_, neverReceived) = try await rotate(first)
+        try app.owner().query(
+            "update refresh_tokens set rotated_at = now() - interval '1 hour' where rotated_at is not null")
+        let (retried, next) = try await rotate(first)
+        XCTAssertNotEqual(next, neverReceived)
+        let access = try XCTUnwrap(retried.json["access_token"] as? String)
+        let user = try await app.request("GET", "/auth/v1/user", bearer: access)
+        XCTAssertEqual(user.status, 200, user.text)
+        // Another tab retrying the same token at the same time gets a token of the session
+        // too (the reuse interval counts from the retry), and both go on rotating.
+        let (_, tabs) = try await rotate(first)
+        for token in [next, tabs] { _ = try await rotate(token) }
+        // The superseded token, presented after all: somebody else held it. The session ends.
+        let replayed = try await refresh(neverReceived)
+        assertAuthError(replayed, 400, "refresh_token_already_used")
+        let after = try await app.request("GET", "/auth/v1/user", bearer: access)
+        assertAuthError(after, 401, "session_not_found")
     }
 
     func testConcurrentRefreshOfOneTokenGivesBothTabsASession() async throws {

@@ -122,6 +122,11 @@ final class RevocationTests: XCTestCase {
         XCTAssertEqual(rotated.status, 200, rotated.text)
         let newer = try XCTUnwrap(rotated.json["access_token"] as? String)
         try await assertAccepted(newer, on: [app, second])
+        // The owner's device rotates again; the thief replays the first token a minute later.
+        let rotatedAgain = try await app.request(
+            "POST", "/auth/v1/token?grant_type=refresh_token",
+            json: ["refresh_token": try XCTUnwrap(rotated.json["refresh_token"] as? String)])
+        XCTAssertEqual(rotatedAgain.status, 200, rotatedAgain.text)
         try app.owner().query(
             "update refresh_tokens set rotated_at = now() - interval '1 minute' where rotated_at is not null")
         let reused = try await app.request(
@@ -130,11 +135,13 @@ final class RevocationTests: XCTestCase {
         let detected = ContinuousClock.now
         try await assertRefusedWithinASecond(first, on: [app, second], since: detected)
         try await assertRefusedWithinASecond(newer, on: [app, second], since: detected)
+        let newest = try XCTUnwrap(rotatedAgain.json["access_token"] as? String)
+        try await assertRefusedWithinASecond(newest, on: [app, second], since: detected)
         // The revocation lasts as long as the newest token issued for the session.
         let expiry = try app.owner().query(
             "select floor(extract(epoch from expires_at))::int8 from session_revocations")[0].decode(
                 Int64.self, column: 0)
-        XCTAssertEqual(expiry, Int64(try XCTUnwrap(rotated.json["expires_at"] as? Int)))
+        XCTAssertEqual(expiry, Int64(try XCTUnwrap(rotatedAgain.json["expires_at"] as? Int)))
     }
 
     /// A long-poll of `token` on the second instance, returned once it waits.

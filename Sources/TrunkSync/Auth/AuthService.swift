@@ -402,8 +402,12 @@ public struct AuthService: Sendable {
     static func hashToken(_ token: String) -> PostgresBytes { PostgresBytes(SHA256.hash(token)) }
 
     /// Exchanges a refresh token for a new session (rotation). A token rotated within the
-    /// reuse interval yields another token of the same session; reused later, the whole
-    /// session is revoked.
+    /// reuse interval yields another token of the same session. Reused later, it revokes the
+    /// whole session (a stolen token replayed), unless no token it was exchanged for has been
+    /// used: then the client lost the answer (or could not store it), and, as Supabase Auth
+    /// gives such a client the session's active token, it gets the session again; the unused
+    /// successors are superseded (rotated and revoked), and one presented later is a token
+    /// replayed: it revokes the session.
     public func refresh(token: String, ip: String) async throws -> IssuedSession {
         guard !token.isEmpty, token.utf8.count <= 128 else { throw AuthError.refreshTokenNotFound }
         let newToken = Self.newRefreshToken()
@@ -416,7 +420,7 @@ public struct AuthService: Sendable {
         let outcome: Outcome = try await transaction(as: .refreshToken(hash: Self.hashToken(token))) { tx in
             let rows = try await tx.query(
                 """
-                select t.id, t.session_id, t.user_id, t.revoked_at is not null or s.revoked_at is not null,
+                select t.id, t.session_id, t.user_id, s.revoked_at is not null, t.revoked_at is not null,
                        t.rotated_at is not null, coalesce(extract(epoch from now() - t.rotated_at), 0)::float8
                 from refresh_tokens t join sessions s on s.id = t.session_id
                 where t.token_hash = $1 for update of t, s
@@ -425,17 +429,40 @@ public struct AuthService: Sendable {
             let tokenID = try row.decode(Int64.self, column: 0)
             let sessionID = try row.decode(UUID.self, column: 1)
             let userID = try row.decode(UUID.self, column: 2)
-            if try row.decode(Bool.self, column: 3) { return .notFound }
-            if try row.decode(Bool.self, column: 4) {
-                let age = try row.decode(Double.self, column: 5)
-                if age > Double(reuseInterval) {
-                    try await tx.query("update sessions set revoked_at = now() where id = $1", sessionID)
-                    try await tx.query(
-                        "update refresh_tokens set revoked_at = now() where session_id = $1 and revoked_at is null",
-                        sessionID)
-                    return .reused(try await Self.revocations(of: [sessionID], on: tx))
-                }
-            } else {
+            let tokenRevoked = try row.decode(Bool.self, column: 4)
+            let rotated = try row.decode(Bool.self, column: 5)
+            if try row.decode(Bool.self, column: 3) || (tokenRevoked && !rotated) { return .notFound }
+            let age = try row.decode(Double.self, column: 6)
+            let late = rotated && age > Double(reuseInterval)
+            // Whether a token it was exchanged for has been used (by the session's index:
+            // the tokens of one session, not every token's parent).
+            let successorUsed =
+                late
+                ? try await tx.query(
+                    """
+                    select exists (select from refresh_tokens
+                                   where session_id = $1 and parent_id = $2 and rotated_at is not null
+                                     and revoked_at is null)
+                    """, sessionID, tokenID)[0].decode(Bool.self, column: 0) : false
+            if tokenRevoked || (late && successorUsed) {
+                // Superseded, or exchanged for a token that has been used since: replayed.
+                try await tx.query("update sessions set revoked_at = now() where id = $1", sessionID)
+                try await tx.query(
+                    "update refresh_tokens set revoked_at = now() where session_id = $1 and revoked_at is null",
+                    sessionID)
+                return .reused(try await Self.revocations(of: [sessionID], on: tx))
+            }
+            if late {
+                // Its successors were never used: the answer that carried them was lost. They
+                // are superseded, and the token counts as rotated now (tabs retrying together
+                // within the interval get tokens of the session, as after any rotation).
+                try await tx.query(
+                    """
+                    update refresh_tokens set rotated_at = now(), revoked_at = now()
+                    where session_id = $1 and parent_id = $2 and rotated_at is null and revoked_at is null
+                    """, sessionID, tokenID)
+            }
+            if !rotated || late {
                 try await tx.query("update refresh_tokens set rotated_at = now() where id = $1", tokenID)
             }
             try await tx.query(

@@ -527,7 +527,7 @@ public enum OpenAPIDocument {
           "auth"
         ],
         "summary": "Refresh a session",
-        "description": "Exchanges a refresh token for a new session; the refresh token rotates. A token used again within `TRUNK_SYNC_REFRESH_REUSE_INTERVAL` seconds of its rotation gets another token of the same session; later, it revokes the session. Body at most 4 KiB.",
+        "description": "Exchanges a refresh token for a new session; the refresh token rotates. A token used again within `TRUNK_SYNC_REFRESH_REUSE_INTERVAL` seconds of its rotation gets another token of the same session; later, it revokes the session, unless no token it was exchanged for has been used (the answer was lost): then it gets a new token of the session, and the unused one is superseded (presented later, it revokes the session). Body at most 4 KiB.",
         "parameters": [
           {
             "name": "grant_type",
@@ -573,7 +573,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`validation_failed` (no `grant_type` or no `refresh_token`), `unsupported_grant_type`, `bad_json`, `refresh_token_not_found` (unknown or revoked) or `refresh_token_already_used` (reused late: the session is now revoked).",
+            "description": "`validation_failed` (no `grant_type` or no `refresh_token`), `unsupported_grant_type`, `bad_json`, `refresh_token_not_found` (unknown or revoked) or `refresh_token_already_used` (reused late after its successor was used, or a superseded token: the session is now revoked).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
