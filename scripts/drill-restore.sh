@@ -9,7 +9,8 @@
 #  4. the base backup is restored into a fresh cluster and the archived WAL replayed up to T
 #     (restore_command, recovery_target_time, as docs/operations.md says);
 #  5. exactly the events acknowledged before T are there; trunk-sync serves on the restored
-#     cluster and the client pulls them with the session it had.
+#     cluster and the client pulls them with the session it had; a device whose cursor was
+#     past T (it had pulled the events the restore took back) receives what is pushed next.
 #
 # Prints "drill: ok ..." per step; exits 1 with the reason otherwise. Overrides:
 # TRUNK_SYNC_BIN (a built binary instead of `swift build`), DRILL_KEEP=1 (keep the work
@@ -132,6 +133,10 @@ target=$(psql "$owner_url" -qAt -c "select clock_timestamp()")
 
 after=$work/after-T
 for _ in 1 2 3; do push 5 >>"$after"; done
+# A device that pulled everything, events after T included: its cursor ends past what the
+# restore will bring back.
+ahead=$(curl -fsS "http://127.0.0.1:$TRUNK_SYNC_PORT/sync/v1/events?after=0&limit=1000" -H "Authorization: Bearer $token" \
+  | python3 -c 'import json,sys; print(json.load(sys.stdin)["next_after"])')
 psql "$TRUNK_SYNC_MIGRATION_DATABASE_URL" -qAt -c "delete from events" >/dev/null
 echo "drill: ok $(wc -l <"$acknowledged") events acknowledged before T=$target, $(wc -l <"$after") after, then delete from events"
 stop_server
@@ -183,6 +188,16 @@ curl -fsS "http://127.0.0.1:$TRUNK_SYNC_PORT/sync/v1/events?after=0&limit=1000" 
 python3 -c 'import json,sys; print("\n".join(sorted(e["client_id"] for e in json.load(open(sys.argv[1]))["events"])))' \
   "$work/pulled.json" >"$work/pulled-ids"
 diff "$work/expected-ids" "$work/pulled-ids" >/dev/null || fail "the client pulled other events: $(head -c 400 "$work/pulled.json")"
-stop_server
 echo "drill: ok the server starts on the restored cluster and the client pulls the $(wc -l <"$work/pulled-ids") events"
+
+# The device whose cursor ($ahead) is past the restored end still receives what is pushed
+# now: migrate found the new WAL timeline and moved the next seq past it.
+grep -q "restored or failed over" "$work/migrate.log" || fail "migrate did not notice the restore: $(tail -n 3 "$work/migrate.log")"
+new_id=$(push 1)
+curl -fsS "http://127.0.0.1:$TRUNK_SYNC_PORT/sync/v1/events?after=$ahead&limit=1000" -H "Authorization: Bearer $token" >"$work/ahead.json" \
+  || fail "the pull after $ahead failed"
+python3 -c 'import json,sys; ids = [e["client_id"] for e in json.load(open(sys.argv[1]))["events"]]; sys.exit(0 if ids == [sys.argv[2]] else 1)' \
+  "$work/ahead.json" "$new_id" || fail "a device at cursor $ahead did not get the event pushed after the restore: $(head -c 400 "$work/ahead.json")"
+stop_server
+echo "drill: ok a device whose cursor ($ahead) was past the restored end receives the event pushed after the restore"
 echo "drill: passed"

@@ -19,6 +19,12 @@ struct Migrate: AsyncParsableCommand {
 
         @OptionGroup var options: CommonOptions
 
+        @Flag(
+            help: ArgumentHelp(
+                "The database was restored from a logical dump or a copied data directory (a restore to a point in time is noticed by itself): move every user's next seq past anything a device may have seen.",
+                valueName: "after-restore"))
+        var afterRestore = false
+
         func run() async throws {
             try await reportingErrors {
                 let configuration = try options.load()
@@ -26,11 +32,14 @@ struct Migrate: AsyncParsableCommand {
                 let migrator = Migrator(
                     migrations: try Migration.load(from: configuration.migrationsDirectory), logger: logger)
                 let encryption = configuration.keyEncryptionKey
+                let afterRestore = afterRestore
                 // The server's login, when TRUNK_SYNC_DATABASE_URL is set (it may name the owner).
                 let server = try configuration.databaseURL.flatMap { try DatabaseRoles.ServerLogin(url: $0) }
-                let (applied, encrypted, role) = try await withOwnerConnection(configuration) { connection in
+                let (applied, encrypted, role, timeline) = try await withOwnerConnection(configuration) {
+                    connection in
                     var encrypted = 0
                     var role = DatabaseRoles.Outcome.sameAsOwner
+                    var timeline = SeqTimeline.Outcome.unchanged
                     let applied = try migrator.migrate(
                         on: connection,
                         // What would leave the deployment broken or exposed is refused first,
@@ -43,8 +52,9 @@ struct Migrate: AsyncParsableCommand {
                         after: { connection in
                             encrypted = try SigningKeyStore.encryptPlaintextKeys(on: connection, encryption: encryption)
                             if let server { role = try DatabaseRoles.ensureServerLogin(server, on: connection) }
+                            timeline = try SeqTimeline.check(on: connection, force: afterRestore)
                         })
-                    return (applied, encrypted, role)
+                    return (applied, encrypted, role, timeline)
                 }
                 if applied.isEmpty {
                     print("database is up to date (\(migrator.migrations.count) migrations applied)")
@@ -52,6 +62,15 @@ struct Migrate: AsyncParsableCommand {
                     for migration in applied { print("applied \(migration.name)") }
                 }
                 if encrypted > 0 { print("encrypted \(encrypted) signing key(s) with TRUNK_SYNC_KEY_ENCRYPTION_KEY") }
+                if case .advanced(let from, let to, let users) = timeline {
+                    let cause =
+                        from.flatMap { $0 == to ? nil : $0 }.map {
+                            "the database is on WAL timeline \(to), after \($0): restored or failed over"
+                        } ?? "--after-restore"
+                    print(
+                        "\(cause); the next seq of \(users) user(s) moved \(SeqTimeline.gap) past the restored one, so devices that saw events the restore took back still receive every new one"
+                    )
+                }
                 switch role {
                 case .sameAsOwner: break
                 case .created(let name):

@@ -36,6 +36,48 @@ final class MigrateCommandTests: XCTestCase {
         XCTAssertTrue(status.stdout.contains("0 pending"), status.stdout)
     }
 
+    /// After a restore the database runs on another WAL timeline (simulated here by the
+    /// recorded one differing): `migrate` moves every user's next seq past anything a device
+    /// may have seen, once, keeping the count of events stored; `--after-restore` does the
+    /// same for a restore that keeps the timeline (`scripts/drill-restore.sh` restores for real).
+    func testANewWALTimelineMovesEveryUsersNextSeqOnce() throws {
+        XCTAssertEqual(try migrate().status, 0)
+        let owner = try PostgresConnection.connect(database)
+        let current = try owner.query("select timeline from wal_timeline")[0].decode(Int64.self, column: 0)
+        XCTAssertGreaterThanOrEqual(current, 1)
+        try owner.query(
+            "insert into users (email, last_seq) values ('restored@example.com', 7), ('new@example.com', 0)")
+        func seqs() throws -> [[Int64]] {
+            try owner.query("select last_seq, seq_skipped from users order by email").map {
+                [try $0.decode(Int64.self, column: 0), try $0.decode(Int64.self, column: 1)]
+            }
+        }
+        let same = try migrate()
+        XCTAssertEqual(same.status, 0, same.stderr)
+        XCTAssertFalse(same.stdout.contains("timeline"), same.stdout)
+        XCTAssertEqual(try seqs(), [[0, 0], [7, 0]])
+
+        XCTAssertEqual(
+            try owner.query("update wal_timeline set timeline = timeline + 1 returning timeline")[0].decode(
+                Int64.self, column: 0), current + 1)
+        XCTAssertEqual(
+            try owner.query("select timeline from wal_timeline")[0].decode(Int64.self, column: 0), current + 1)
+        let restored = try migrate()
+        XCTAssertEqual(restored.status, 0, restored.stderr)
+        XCTAssertTrue(restored.stdout.contains("on WAL timeline \(current), after \(current + 1)"), restored.stdout)
+        XCTAssertTrue(restored.stdout.contains("next seq of 2 user(s) moved 1000000000"), restored.stdout)
+        XCTAssertEqual(try seqs(), [[1_000_000_000, 1_000_000_000], [1_000_000_007, 1_000_000_000]])
+        XCTAssertEqual(try owner.query("select timeline from wal_timeline")[0].decode(Int64.self, column: 0), current)
+        let again = try migrate()
+        XCTAssertFalse(again.stdout.contains("timeline"), "once: \(again.stdout)")
+        XCTAssertEqual(try seqs()[1], [1_000_000_007, 1_000_000_000])
+
+        let told = try migrate(["--after-restore"])
+        XCTAssertEqual(told.status, 0, told.stderr)
+        XCTAssertTrue(told.stdout.contains("--after-restore; the next seq of 2 user(s)"), told.stdout)
+        XCTAssertEqual(try seqs()[1], [2_000_000_007, 2_000_000_000], "events stored: still 7")
+    }
+
     func testStatusListsPendingBeforeMigrating() throws {
         let status = try migrate(["status"])
         XCTAssertEqual(status.status, 0, status.stderr)

@@ -71,7 +71,9 @@ public struct Accounts: Sendable {
             // The lock makes a push wait for the deletion (then find no user) instead of
             // adding events beside it.
             guard
-                let row = try await tx.query("select email, last_seq from users where id = $1 for update", user).first
+                let row = try await tx.query(
+                    "select email, last_seq - seq_skipped from users where id = $1 for update", user
+                ).first
             else { return .notFound }
             let email = try row.decode(String.self, column: 0)
             let events = try row.decode(Int64.self, column: 1)

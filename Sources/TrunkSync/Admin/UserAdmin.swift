@@ -16,13 +16,14 @@ public struct UserAdmin: Sendable {
         public var fullName: String?
         public var createdAt: PostgresTimestamp
         public var lastSignInAt: PostgresTimestamp?
-        /// Events stored (each user's seq is gap-free, so this is `last_seq`).
+        /// Events stored (each user's seq is gap-free but for what a restore skipped: so this is
+        /// `last_seq - seq_skipped`, migration 0017).
         public var events: Int64
         public var activeSessions: Int64
     }
 
     static let summaryColumns = """
-        u.id, u.email, u.full_name, u.created_at, u.last_sign_in_at, u.last_seq,
+        u.id, u.email, u.full_name, u.created_at, u.last_sign_in_at, u.last_seq - u.seq_skipped,
         (select count(*) from sessions s where s.user_id = u.id and s.revoked_at is null)
         """
 

@@ -72,7 +72,7 @@ struct ConsoleStore: Sendable {
         var lastEventAt: PostgresTimestamp?
 
         static let columns = """
-            u.id, u.email, u.full_name, u.created_at, u.last_sign_in_at, u.last_seq,
+            u.id, u.email, u.full_name, u.created_at, u.last_sign_in_at, u.last_seq - u.seq_skipped,
             (select count(*) from sessions s where s.user_id = u.id and s.revoked_at is null), u.last_event_at
             """
 
