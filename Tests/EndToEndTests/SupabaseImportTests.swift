@@ -1214,11 +1214,14 @@ final class SupabaseImportTests: EndToEndTestCase {
         var (result, report, _) = try importCommand(server, from: source.url)
         XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
         let db = try destination(server)
-        // Back to before migration 0016, then migrated again as an upgrade does.
+        // Back to before migration 0016 (and the ones after it), then migrated again as an
+        // upgrade does.
         try db.execute(
             """
             drop table supabase_imported_users;
-            delete from schema_migrations where name = '0016_supabase_imported_users.sql';
+            drop table wal_timeline;
+            alter table users drop column seq_skipped;
+            delete from schema_migrations where version >= 16;
             """)
         let migrated = try Command.run(Command.trunkSyncBinary(), ["migrate"], environment: server.environment)
         XCTAssertEqual(migrated.status, 0, migrated.stderr)

@@ -39,8 +39,13 @@ public enum SeqTimeline {
     /// Compares the timeline with the recorded one and moves the seqs when it changed, or
     /// when `force` (an operator's `--after-restore`), in one transaction on the owner's
     /// `connection`.
+    /// Without migration 0017 (a migrations directory of an older release) there is nothing
+    /// to compare: `.unchanged`.
     public static func check(on connection: PostgresConnection, force: Bool = false) throws -> Outcome {
-        try connection.transaction { connection in
+        let migrated = try connection.query("select to_regclass('wal_timeline') is not null")[0].decode(
+            Bool.self, column: 0)
+        guard migrated else { return .unchanged }
+        return try connection.transaction { connection in
             let current = try connection.query(currentTimeline)[0].decode(Int64.self, column: 0)
             let recorded = try connection.query("select timeline from wal_timeline for update").first.map {
                 try $0.decode(Int64.self, column: 0)
