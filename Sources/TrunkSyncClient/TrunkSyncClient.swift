@@ -488,10 +488,12 @@ public actor TrunkSyncClient {
                 try await handler(page.events)
                 try ensureCurrent(store)
             }
-            if page.nextAfter != cursor { try storage { try store.saveCursor(page.nextAfter) } }
+            // Forward only: `liveEvents()` (not under the sync lock) may have stored a later
+            // cursor while the handler ran.
+            if page.nextAfter > store.cursor { try storage { try store.saveCursor(page.nextAfter) } }
             report.pulled += page.events.count
             report.pages += 1
-            report.cursor = page.nextAfter
+            report.cursor = store.cursor
             configuration.observer?(.pageApplied(events: page.events.count, cursor: page.nextAfter))
             if !page.hasMore { return }
         }

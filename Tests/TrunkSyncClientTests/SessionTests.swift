@@ -332,6 +332,39 @@ final class SessionTests: ClientTestCase {
         let cursor = await laptop.cursor
         try await assertEqual(try await laptop.sync { _ in }.pulled, 4 - Int(cursor), "the rest, once")
     }
+    /// `liveEvents()` stores a later cursor while `sync`'s handler applies an earlier page:
+    /// the sync does not move the cursor back, so no page is delivered twice.
+    func testASyncNeverMovesTheCursorBehindWhatLiveEventsStored() async throws {
+        let email = "cursor@example.com"
+        let server = try startServer()
+        let phone = try makeClient(server, storage: try makeStorage())
+        try await signIn(phone, server, as: email)
+        for index in 0..<10 { _ = try await phone.record(type: "page", payload: ["index": index]) }
+        _ = try await phone.push()
+        let laptop = try makeClient(server, storage: try makeStorage()) {
+            $0.pullLimit = 5
+            $0.longPollWait = 1
+        }
+        try await signIn(laptop, server, as: email)
+
+        let pulled = Collected()
+        let report = try await laptop.sync { events in
+            await pulled.add(events)
+            guard events.first?.seq == 1 else { return }
+            // Meanwhile a live loop applies both pages; asking for a third stores cursor 10.
+            let live = Task {
+                var pages = laptop.liveEvents().makeAsyncIterator()
+                for _ in 0..<3 { _ = try await pages.next() }
+            }
+            let stored = await waitUntil(20) { await laptop.cursor == 10 }
+            live.cancel()
+            _ = await live.result
+            XCTAssertTrue(stored, "the live loop did not store its cursor")
+        }
+        try await assertEqual(await pulled.events.map(\.seq), Array(1...5), "pages the live loop applied came again")
+        try await assertEqual(await laptop.cursor, 10)
+        XCTAssertEqual(report.cursor, 10)
+    }
 }
 
 extension String {
