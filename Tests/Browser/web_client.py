@@ -142,8 +142,9 @@ class QuietServer(http.server.ThreadingHTTPServer):
 
 class Proxy:
     """HTTP forwarding with faults: `rules` answer matching requests instead of the server
-    (each used once), `push_delay` holds push answers back after the server committed,
-    `paused` closes every request unanswered, `cut()` ends the open event streams."""
+    (each used once; a body of "" is empty), `push_delay` holds push answers back after the
+    server committed, `paused` closes every request unanswered, `cut()` ends the open event
+    streams."""
 
     def __init__(self):
         self.rules, self.log, self.streams = [], [], set()
@@ -173,7 +174,8 @@ class Proxy:
     def add_rule(self, method, path, status, headers=None, body=None, skip=0):
         """Answers the matching request after the next `skip` ones with `status`, once."""
         with self.lock:
-            self.rules.append([method, path, status, headers or {}, body or {"code": "injected", "message": "x"}, skip])
+            body = {"code": "injected", "message": "x"} if body is None else body
+            self.rules.append([method, path, status, headers or {}, body, skip])
 
     def requests(self, method, path):
         with self.lock:
@@ -205,7 +207,7 @@ class Proxy:
             elif rule:
                 self.rules.remove(rule)
         if rule:
-            payload = json.dumps(rule[4]).encode()
+            payload = b"" if rule[4] == "" else json.dumps(rule[4]).encode()
             handler.send_response(rule[2])
             for name, value in {
                 "Content-Type": "application/json", "Content-Length": str(len(payload)),
@@ -470,6 +472,20 @@ def main():
         assert statuses == [429, 503, 200], statuses
         assert times[1] - times[0] >= 2.0 and times[2] - times[1] >= 1.0, times
         step("429 and 503 with Retry-After honoured")
+
+        # A 2xx push answer that does not name the events stored (a 204, a body without
+        # results, as a misbehaving proxy gives): nothing leaves the outbox, the sync fails.
+        assert js(first, RECORD, "unnamed", 3) == 3
+        proxy.add_rule("POST", "/sync/v1/events", 204, {}, "")
+        proxy.add_rule("POST", "/sync/v1/events", 200, {}, {"accepted": 3, "duplicates": 0})
+        for _ in range(2):
+            failed = js(first, "try { await client.sync(); return 'synced' } catch (e) { return e.code || String(e) }")
+            assert failed == "invalid_response", failed
+            assert js(first, "return await client.pendingCount()") == 3
+        report = js(first, "const r = await client.sync(); return {...r, pending: await client.pendingCount()}")
+        assert report["pending"] == 0 and report["pushed"] + report["duplicates"] == 3, report
+        exactly_once(server_events(alice), "unnamed", 3)
+        step("a 2xx push answer that names no event stored removes nothing from the outbox")
 
         # An access token refused mid-sync (what an expired one gets): refreshed once, the
         # sync goes on from the same page.

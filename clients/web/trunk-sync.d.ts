@@ -82,7 +82,9 @@ export interface QuarantinedEvent {
  * What the client throws. `code`: `storage_unavailable` (IndexedDB cannot be opened: nothing
  * recorded), `not_signed_in`, `session_expired` (the server ended the session: sign in again;
  * the outbox stays), `network`, `rate_limited` (`retryAfter` ms), `invalid_event` (refused by
- * `record` itself), `unsupported`, `cancelled`, or the server's error code (`otp_expired`,
+ * `record` itself), `invalid_response` (an answer that is not the server's, e.g. a 2xx push
+ * answer that does not name the events stored: they stay in the outbox), `unsupported`,
+ * `cancelled`, or the server's error code (`otp_expired`,
  * `reauthentication_not_valid`, …) with `status`.
  */
 export class TrunkSyncError extends Error {
@@ -155,6 +157,7 @@ export function retryAfterDelay(ms: number, random?: () => number): number;
 export function firstBatch<T extends { bytes: number }>(records: T[], limits: { maxEvents: number; maxBytes: number }): T[];
 export function utf8Length(text: string): number;
 export function refusedEvents(body: unknown): Map<number, { field: string; reason: string }>;
+export function pushResults(body: unknown): Map<string, 'created' | 'duplicate'> | null;
 export class SSEParser {
   lastEventId: string;
   retry: number | null;

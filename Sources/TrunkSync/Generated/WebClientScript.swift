@@ -173,6 +173,21 @@ export function refusedEvents(body) {
   return refused;
 }
 
+/**
+ * What a push answer says of each event: `client_id` → `'created'` or `'duplicate'`, only for
+ * results that name one of those; null when the body is not a push answer at all.
+ * @param {any} body @returns {Map<string, 'created' | 'duplicate'> | null}
+ */
+export function pushResults(body) {
+  if (!body || typeof body !== 'object' || !Array.isArray(body.results)) return null;
+  const stored = new Map();
+  for (const result of body.results) {
+    if (!result || typeof result.client_id !== 'string') continue;
+    if (result.status === 'created' || result.status === 'duplicate') stored.set(result.client_id, result.status);
+  }
+  return stored;
+}
+
 // MARK: - IndexedDB
 
 /** @param {IDBRequest | IDBTransaction} request */
@@ -770,12 +785,26 @@ export class TrunkSyncClient {
         report.rejected.push(...moved);
         continue;
       }
-      // The batch is the outbox's first keys in order (records only append after them), so
-      // one range delete removes exactly it.
-      const range = IDBKeyRange.bound(batch[0].n, batch[batch.length - 1].n);
-      await transact(db, ['outbox'], 'readwrite', (tx) => tx.objectStore('outbox').delete(range));
-      report.pushed += answer.accepted;
-      report.duplicates += answer.duplicates;
+      // Only what the answer names stored leaves the outbox; an answer that does not name
+      // every event of the batch is not the server's (a proxy's, a broken one's): the rest
+      // stays for the next push, and the push fails (the leader backs off).
+      const results = pushResults(answer);
+      const stored = results ? batch.filter((record) => results.has(record.client_id)) : [];
+      if (stored.length > 0) {
+        await transact(db, ['outbox'], 'readwrite', (tx) => {
+          for (const record of stored) tx.objectStore('outbox').delete(record.n);
+        });
+      }
+      for (const record of stored) {
+        if (results?.get(record.client_id) === 'created') report.pushed++;
+        else report.duplicates++;
+      }
+      if (stored.length < batch.length) {
+        throw new TrunkSyncError(
+          'invalid_response',
+          `the push answer names ${stored.length} of ${batch.length} events as stored; the others stay in the outbox`,
+        );
+      }
       maxEvents = this.maxBatchEvents;
     }
   }

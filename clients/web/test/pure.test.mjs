@@ -9,6 +9,7 @@ import {
   backoffDelay,
   firstBatch,
   parseRetryAfter,
+  pushResults,
   refusedEvents,
   retryAfterDelay,
   utf8Length,
@@ -91,4 +92,26 @@ test('a 400 names the refused events by index, first problem each', () => {
   assert.deepEqual(refused.get(2), { field: 'payload', reason: 'contains \\u0000' });
   assert.equal(refusedEvents({ code: 'invalid_json' }).size, 0);
   assert.equal(refusedEvents(null).size, 0);
+});
+
+test('a push answer names the events stored; anything else names none', () => {
+  const answer = {
+    accepted: 1,
+    duplicates: 1,
+    results: [
+      { client_id: 'a', status: 'created', seq: 1 },
+      { client_id: 'b', status: 'duplicate', seq: 2 },
+      { client_id: 'c', status: 'refused' },
+      { status: 'created' },
+      null,
+    ],
+  };
+  assert.deepEqual([...pushResults(answer)], [
+    ['a', 'created'],
+    ['b', 'duplicate'],
+  ]);
+  assert.equal(pushResults(null), null); // a 204
+  assert.equal(pushResults({ accepted: 3, duplicates: 0 }), null);
+  assert.equal(pushResults('ok'), null);
+  assert.equal(pushResults({ results: [] }).size, 0);
 });
