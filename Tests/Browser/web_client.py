@@ -199,6 +199,7 @@ class Proxy:
             return
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else None
+        delay = self.push_delay if method == "POST" and path == "/sync/v1/events" else 0
         with self.lock:
             rule = next((r for r in self.rules if r[0] == method and r[1] == path), None)
             if rule and rule[5] > 0:
@@ -227,8 +228,8 @@ class Proxy:
         response = upstream.getresponse()
         with self.lock:
             self.log.append((time.monotonic(), method, path, response.status))
-        if method == "POST" and path == "/sync/v1/events" and self.push_delay:
-            time.sleep(self.push_delay)
+        if delay:
+            time.sleep(delay)
         streaming = (response.getheader("Content-Type") or "").startswith("text/event-stream")
         handler.send_response_only(response.status)
         for name, value in response.getheaders():
@@ -486,6 +487,20 @@ def main():
         assert report["pending"] == 0 and report["pushed"] + report["duplicates"] == 3, report
         exactly_once(server_events(alice), "unnamed", 3)
         step("a 2xx push answer that names no event stored removes nothing from the outbox")
+
+        # A push answer that never comes: the request times out and is tried again (the
+        # server has the event by then: a duplicate), instead of holding the sync lock.
+        open_page(first, proxy.url, {"autoPush": False, "requestTimeout": 1500, "retry": {"baseDelay": 50}})
+        assert js(first, RECORD, "lost-answer", 1) == 1
+        before = len(proxy.requests("POST", "/sync/v1/events"))
+        proxy.push_delay = 60
+        first.execute_script("window.slow = client.sync().then((r) => r, (e) => String(e))")
+        wait_until(lambda: len(proxy.requests("POST", "/sync/v1/events")) > before, "the push at the server")
+        proxy.push_delay = 0
+        report = js(first, "return await window.slow")
+        assert isinstance(report, dict) and report["duplicates"] == 1 and report["pushed"] == 0, report
+        exactly_once(server_events(alice), "lost-answer", 1)
+        step("a push answer that never came timed out and the push was tried again")
 
         # An access token refused mid-sync (what an expired one gets): refreshed once, the
         # sync goes on from the same page.

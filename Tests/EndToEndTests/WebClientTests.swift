@@ -85,6 +85,7 @@ final class WebClientTests: EndToEndTestCase {
             "a second profile got every event live, none missed after a cut connection",
             "429 and 503 with Retry-After honoured",
             "a 2xx push answer that names no event stored removes nothing from the outbox",
+            "a push answer that never came timed out and the push was tried again",
             "token expiry mid-sync: refreshed and the sync went on",
             "one token refresh shared by two tabs",
             "a refused event quarantined, the others pushed", "two accounts in one browser kept apart",

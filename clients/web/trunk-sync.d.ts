@@ -39,6 +39,8 @@ export interface TrunkSyncOptions {
   retry?: RetryOptions;
   /** Refresh the access token this many seconds before it expires (at most half its life). Default 60. */
   refreshMargin?: number;
+  /** Ms a request may take (head and body) before it counts as a network failure. Default 30000. */
+  requestTimeout?: number;
   /** The leader tab holds the live stream (`/sync/v1/stream`). Default true. */
   live?: boolean;
   /** The leader tab pushes soon after any tab records. Default true. */

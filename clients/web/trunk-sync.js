@@ -289,6 +289,40 @@ const sleep = (/** @type {number} */ ms, /** @type {AbortSignal | undefined} */ 
     if (typeof window !== 'undefined') window.addEventListener('online', finish);
   });
 
+/**
+ * An abort signal for one exchange: aborts with `parent` (the account's sign-out), or when
+ * `ms` pass without `reset()` (`expired` then says so). `clear()` when the exchange is over.
+ */
+class Deadline {
+  /** @param {AbortSignal | undefined} parent @param {number} ms */
+  constructor(parent, ms) {
+    this.parent = parent;
+    this.ms = ms;
+    this.expired = false;
+    this.controller = new AbortController();
+    this.signal = this.controller.signal;
+    /** @type {ReturnType<typeof setTimeout> | undefined} */
+    this.timer = undefined;
+    this.follow = () => this.controller.abort();
+    if (parent?.aborted) this.follow();
+    else parent?.addEventListener('abort', this.follow);
+    this.reset();
+  }
+
+  reset() {
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => {
+      this.expired = true;
+      this.controller.abort();
+    }, this.ms);
+  }
+
+  clear() {
+    clearTimeout(this.timer);
+    this.parent?.removeEventListener('abort', this.follow);
+  }
+}
+
 /** @param {unknown} value */
 function isPlainObject(value) {
   return value !== null && typeof value === 'object' && Object.getPrototypeOf(value) === Object.prototype;
@@ -355,6 +389,7 @@ export class TrunkSyncClient {
     this.pageSize = Math.min(options.pageSize ?? 1000, 1000);
     this.retry = { maxAttempts: 6, baseDelay: 500, maxDelay: 30000, maxRetryAfter: 120000, ...options.retry };
     this.refreshMargin = options.refreshMargin ?? 60;
+    this.requestTimeout = options.requestTimeout ?? 30000;
     this.live = options.live ?? true;
     this.autoPush = options.autoPush ?? true;
     this.fetch = options.fetch ?? globalThis.fetch.bind(globalThis);
@@ -562,8 +597,10 @@ export class TrunkSyncClient {
   // MARK: HTTP
 
   /**
-   * One API call with retries: network failures, 408, 429, 500, 502, 503, 504; Retry-After
-   * honoured exactly (plus ≤ 10 % jitter), else full-jitter backoff; one refresh after a 401.
+   * One API call with retries: network failures (no answer within `requestTimeout` is one),
+   * 408, 429, 500, 502, 503, 504; Retry-After honoured exactly (plus ≤ 10 % jitter), else
+   * full-jitter backoff; one refresh after a 401. `raw`: the response once its head came
+   * (the body is read without the timeout).
    * @param {string} method @param {string} path
    * @param {{body?: any, auth?: boolean, retry?: boolean, raw?: boolean, signal?: AbortSignal}} [options]
    */
@@ -580,32 +617,46 @@ export class TrunkSyncClient {
         headers.Authorization = `Bearer ${token}`;
       }
       if (body !== undefined) headers['Content-Type'] = 'application/json';
+      // A lost answer must not hold the sync lock (every tab's) until the OS gives up.
+      const deadline = new Deadline(signal, this.requestTimeout);
       let response;
+      let text = '';
       try {
         response = await this.fetch(this.url + path, {
           method,
           headers,
           body: body === undefined ? undefined : JSON.stringify(body),
           cache: 'no-store',
-          signal,
+          signal: deadline.signal,
         });
+        if (!(raw && response.ok)) text = await response.text();
       } catch (error) {
         if (signal?.aborted) throw new TrunkSyncError('cancelled', 'cancelled');
         if (!retry || attempt + 1 >= this.retry.maxAttempts) {
-          throw new TrunkSyncError('network', `the server cannot be reached: ${String(error)}`);
+          throw new TrunkSyncError(
+            'network',
+            deadline.expired
+              ? `no answer within ${this.requestTimeout} ms`
+              : `the server cannot be reached: ${String(error)}`,
+          );
         }
         await sleep(backoffDelay(attempt, this.retry), signal);
         continue;
+      } finally {
+        deadline.clear();
       }
       if (response.ok) {
         if (raw) return response;
-        if (response.status === 204) return null;
-        const text = await response.text();
-        return text ? JSON.parse(text) : null;
+        if (!text) return null;
+        try {
+          return JSON.parse(text);
+        } catch {
+          throw new TrunkSyncError('invalid_response', `the server answered ${response.status} with a body that is not JSON`);
+        }
       }
       let errorBody = null;
       try {
-        errorBody = await response.json();
+        errorBody = JSON.parse(text);
       } catch {
         // not JSON
       }
