@@ -144,11 +144,13 @@ class Proxy:
     """HTTP forwarding with faults: `rules` answer matching requests instead of the server
     (each used once; a body of "" is empty), `push_delay` holds push answers back after the
     server committed, `paused` closes every request unanswered, `cut()` ends the open event
-    streams."""
+    streams, `fake_stream` answers stream requests itself: "silent" (a 200 event stream that
+    never sends a byte, as a dead connection), "empty" (one that ends at once) or "json" (a
+    200 that is not an event stream)."""
 
     def __init__(self):
         self.rules, self.log, self.streams = [], [], set()
-        self.push_delay, self.paused = 0.0, False
+        self.push_delay, self.paused, self.fake_stream = 0.0, False, None
         self.lock = threading.Lock()
         proxy = self
 
@@ -200,6 +202,9 @@ class Proxy:
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else None
         delay = self.push_delay if method == "POST" and path == "/sync/v1/events" else 0
+        if method == "GET" and path == "/sync/v1/stream" and self.fake_stream:
+            self.answer_stream(handler, self.fake_stream)
+            return
         with self.lock:
             rule = next((r for r in self.rules if r[0] == method and r[1] == path), None)
             if rule and rule[5] > 0:
@@ -261,6 +266,26 @@ class Proxy:
             with self.lock:
                 self.streams.discard(entry)
             upstream.close()
+
+
+    def answer_stream(self, handler, kind):
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json" if kind == "json" else "text/event-stream")
+        handler.send_header("Access-Control-Allow-Origin", handler.headers.get("Origin", "*"))
+        handler.send_header("Connection", "close")
+        if kind != "silent":
+            handler.send_header("Content-Length", "0")
+        handler.end_headers()
+        handler.wfile.flush()
+        handler.close_connection = True
+        with self.lock:
+            self.log.append((time.monotonic(), "GET", "/sync/v1/stream", 200))
+        if kind == "silent":  # open until the page gives up on it
+            try:
+                while handler.connection.recv(4096):
+                    pass
+            except OSError:
+                pass
 
 
 # MARK: - The page
@@ -459,6 +484,35 @@ def main():
         assert second.execute_script("return window.live") == list(range(total + 1, total + 11))
         assert len(proxy2.requests("GET", "/sync/v1/stream")) >= 2, "the stream was not reopened"
         step("a second profile got every event live, none missed after a cut connection")
+
+        # A stream gone silent (no keep-alive: a dead connection) is dropped and reopened.
+        second.switch_to.window(leader_tab)
+        js(second, "client.streamIdleTimeout = 3000; client.retry.maxDelay = 2000; return true")  # heartbeat: 1 s
+        opened = len(proxy2.requests("GET", "/sync/v1/stream"))
+        proxy2.fake_stream = "silent"
+        proxy2.cut()
+        wait_until(lambda: len(proxy2.requests("GET", "/sync/v1/stream")) > opened, "a silent stream")
+        proxy2.fake_stream = None
+        assert js(first, RECORD, "live-3", 3) == 3
+        js(first, "await client.sync(); return true")
+        wait_until(lambda: len(second.execute_script("return window.live")) >= total + 13, "events after the silence")
+        assert second.execute_script("return window.live") == list(range(1, total + 14))
+        step("a stream gone silent was dropped and reopened, none missed")
+
+        # A 200 that ends at once, or is not an event stream: reconnects back off.
+        for kind in ("empty", "json"):
+            opened = len(proxy2.requests("GET", "/sync/v1/stream"))
+            proxy2.fake_stream = kind
+            proxy2.cut()
+            wait_until(lambda: len(proxy2.requests("GET", "/sync/v1/stream")) > opened, f"an {kind} stream")
+            time.sleep(3)  # a window to count reconnects in: a hot loop makes hundreds
+            proxy2.fake_stream = None
+            reconnects = len(proxy2.requests("GET", "/sync/v1/stream")) - opened
+            assert reconnects <= 15, f"{reconnects} stream requests in 3 s after {kind} answers"
+        assert js(first, RECORD, "live-4", 2) == 2
+        js(first, "await client.sync(); return true")
+        wait_until(lambda: len(second.execute_script("return window.live")) >= total + 15, "events after the backoff")
+        step("a stream that ends at once or is not an event stream is retried with backoff")
 
         # 429 and 503 with Retry-After: waited out, then the push goes through.
         open_page(first, proxy.url, {"autoPush": False})

@@ -70,6 +70,8 @@ final class WebClientTests: EndToEndTestCase {
             // The script signs the same user in several times in a row.
             "TRUNK_SYNC_OTP_RESEND_INTERVAL": "1",
             "TRUNK_SYNC_RATE_LIMIT_OTP": "1000/300", "TRUNK_SYNC_RATE_LIMIT_VERIFY": "1000/300",
+            // Keep-alives well inside the stream watchdog the script sets (3 s).
+            "TRUNK_SYNC_STREAM_HEARTBEAT": "1",
         ])
         let result = try Command.run(
             python,
@@ -86,6 +88,8 @@ final class WebClientTests: EndToEndTestCase {
             "429 and 503 with Retry-After honoured",
             "a 2xx push answer that names no event stored removes nothing from the outbox",
             "a push answer that never came timed out and the push was tried again",
+            "a stream gone silent was dropped and reopened, none missed",
+            "a stream that ends at once or is not an event stream is retried with backoff",
             "token expiry mid-sync: refreshed and the sync went on",
             "one token refresh shared by two tabs",
             "a refused event quarantined, the others pushed", "two accounts in one browser kept apart",

@@ -41,6 +41,11 @@ export interface TrunkSyncOptions {
   refreshMargin?: number;
   /** Ms a request may take (head and body) before it counts as a network failure. Default 30000. */
   requestTimeout?: number;
+  /**
+   * Ms the live stream may stay silent before it is dropped and reopened; keep it above twice
+   * the server's `TRUNK_SYNC_STREAM_HEARTBEAT` (15 s). Default 35000.
+   */
+  streamIdleTimeout?: number;
   /** The leader tab holds the live stream (`/sync/v1/stream`). Default true. */
   live?: boolean;
   /** The leader tab pushes soon after any tab records. Default true. */

@@ -400,6 +400,7 @@ export class TrunkSyncClient {
     this.retry = { maxAttempts: 6, baseDelay: 500, maxDelay: 30000, maxRetryAfter: 120000, ...options.retry };
     this.refreshMargin = options.refreshMargin ?? 60;
     this.requestTimeout = options.requestTimeout ?? 30000;
+    this.streamIdleTimeout = options.streamIdleTimeout ?? 35000;
     this.live = options.live ?? true;
     this.autoPush = options.autoPush ?? true;
     this.fetch = options.fetch ?? globalThis.fetch.bind(globalThis);
@@ -963,7 +964,10 @@ export class TrunkSyncClient {
 
   /**
    * Holds `/sync/v1/stream` with `Last-Event-ID`, reconnecting after any end, refreshing the
-   * token when it expired, honouring Retry-After; each event goes to every tab.
+   * token when it expired, honouring Retry-After and the stream's `retry:`; each event goes
+   * to every tab. A stream silent for `streamIdleTimeout` (no keep-alive: a dead connection)
+   * is dropped and reopened; one that is not `text/event-stream`, or ends soon without an
+   * event, counts as a failure (backoff), so a broken answer never turns into a hot loop.
    * @param {Account} account
    */
   async stream(account) {
@@ -976,29 +980,33 @@ export class TrunkSyncClient {
     let attempt = 0;
     while (!signal.aborted) {
       let wait = 0;
+      const watchdog = new Deadline(signal, this.streamIdleTimeout);
       try {
         const token = await this.accessToken();
         const response = await this.fetch(`${this.url}/sync/v1/stream?after=${lastSeq}`, {
           headers: { Authorization: `Bearer ${token}`, Accept: 'text/event-stream', 'Last-Event-ID': String(lastSeq) },
           cache: 'no-store',
-          signal,
+          signal: watchdog.signal,
         });
         if (response.status === 401) {
           await response.body?.cancel();
           await this.refresh(token);
           continue;
         }
-        if (!response.ok || !response.body) {
+        const type = (response.headers.get('Content-Type') ?? '').toLowerCase();
+        if (!response.ok || !response.body || !type.startsWith('text/event-stream')) {
           await response.body?.cancel();
           const retryAfter = parseRetryAfter(response.headers.get('Retry-After'));
           wait = retryAfter !== null ? retryAfterDelay(retryAfter) : backoffDelay(attempt++, this.retry);
         } else {
-          attempt = 0;
+          const opened = Date.now();
+          let delivered = false;
           const parser = new SSEParser();
           const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
           for (;;) {
             const { value, done } = await reader.read();
             if (done) break;
+            watchdog.reset();
             const events = [];
             for (const message of parser.push(value)) {
               if (message.event !== 'event') continue;
@@ -1008,18 +1016,29 @@ export class TrunkSyncClient {
               lastSeq = event.seq;
             }
             if (events.length > 0) {
+              delivered = true;
               this.deliver(events);
               account.post({ kind: 'live', events });
               const seq = lastSeq;
               transact(db, ['meta'], 'readwrite', (tx) => tx.objectStore('meta').put(seq, 'live')).catch(() => {});
             }
           }
-          // A clean end (token expired, server shutting down): reconnect at once.
+          // A clean end (token expired, server shutting down): reconnect after the stream's
+          // `retry:`; after backoff too when it brought nothing and did not last.
+          const floor = Math.min(parser.retry ?? 0, this.retry.maxRetryAfter);
+          if (delivered || Date.now() - opened >= this.streamIdleTimeout) {
+            attempt = 0;
+            wait = floor;
+          } else {
+            wait = Math.max(floor, backoffDelay(attempt++, this.retry));
+          }
         }
       } catch (error) {
         if (signal.aborted) return;
         if (error instanceof TrunkSyncError && error.code === 'session_expired') return;
         wait = backoffDelay(attempt++, this.retry);
+      } finally {
+        watchdog.clear();
       }
       if (wait > 0) await sleep(wait, signal);
     }
