@@ -617,6 +617,33 @@ def main():
         exactly_once(server_events(alice), "q", 2)
         step("a refused event quarantined, the others pushed")
 
+        # The leader's background push tells the app what it cannot see otherwise.
+        open_page(first, proxy.url)
+        wait_until(lambda: js(first, "return client.isLeader"), "the leader")
+        js(first, "window.states = []; client.onStateChange((state, detail) => window.states.push("
+                  "[state, detail && (detail.code || detail.map?.((e) => e.client_id))])); return true")
+        states = lambda: first.execute_script("return window.states")
+        bad = js(first, "return await client.record('note', {tag: 'told-bad', text: 'a\\u0000b'})")
+        wait_until(lambda: ["rejected", [bad]] in states(), "'rejected' with the event")
+        offline(first, True)
+        assert js(first, RECORD, "told", 1) == 1
+        wait_until(lambda: ["push_failed", "network"] in states(), "'push_failed' with the error")
+        offline(first, False)
+        wait_until(lambda: js(first, "return await client.pendingCount()") == 0, "the push once back online")
+        exactly_once(server_events(alice), "told", 1)
+        # The server ended the session: the refresh it refuses signs out, and the app hears it.
+        session = js(first, "return JSON.parse(localStorage.getItem('trunk-sync|session|' + client.url))")
+        api("POST", "/auth/v1/logout?scope=local", {}, session["access_token"])
+        first.execute_script(EXPIRE)
+        assert js(first, RECORD, "told-late", 1) == 1
+        wait_until(lambda: ["signed_out", None] in states(), "'signed_out'")
+        assert not js(first, "return client.isSignedIn")
+        sign_in(first, ALICE)
+        js(first, "await client.sync(); return true")
+        exactly_once(server_events(alice), "told-late", 1)
+        step("the app is told of a refused event, a failed push and a sign-out by the server")
+        open_page(first, proxy.url, {"autoPush": False})
+
         # Two accounts in one browser: outboxes and cursors apart.
         assert js(first, RECORD, "apart-alice", 3) == 3
         sign_in(first, CAROL)

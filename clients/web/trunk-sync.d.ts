@@ -103,6 +103,12 @@ export class TrunkSyncError extends Error {
   readonly retryAfter?: number;
 }
 
+/** What `onStateChange` tells: `(state, detail)`, the detail's type following the state. */
+export type StateChange =
+  | [state: 'leader' | 'signed_out', detail?: undefined]
+  | [state: 'push_failed', detail: TrunkSyncError]
+  | [state: 'rejected', detail: RefusedEvent[]];
+
 export class TrunkSyncClient {
   constructor(options: TrunkSyncOptions);
   /** The server's base URL as given, without a trailing slash. */
@@ -151,8 +157,14 @@ export class TrunkSyncClient {
   deleteAccount(code: string): Promise<void>;
   /** The account and its events, NDJSON (GET /sync/v1/export). */
   exportData(): Promise<Blob>;
-  /** Calls `listener('leader')` when this tab becomes the leader; returns an unsubscribe. */
-  onStateChange(listener: (state: 'leader') => void): () => void;
+  /**
+   * Tells the app what happens in the background; returns an unsubscribe. `'leader'`: this
+   * tab became the leader. `'signed_out'`: the session ended, however (`signOut`,
+   * `deleteAccount`, a refresh the server refused, another tab). `'push_failed'`: the
+   * leader's push failed and will be tried again (`detail`: the error). `'rejected'`: the
+   * leader's push moved events the server refused to the quarantine (`detail`: them).
+   */
+  onStateChange(listener: (...change: StateChange) => void): () => void;
   /** Stops this client's work in this tab (another tab becomes the leader). */
   close(): void;
 }

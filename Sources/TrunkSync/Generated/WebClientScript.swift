@@ -476,9 +476,14 @@ export class TrunkSyncClient {
   openAccount() {
     const userId = this.session?.user_id ?? null;
     if (this.account && this.account.userId === userId) return;
+    const wasSignedIn = this.account !== null;
     this.account?.stop();
     this.account = null;
-    if (!userId) return;
+    if (!userId) {
+      // However it ended: signOut, deleteAccount, a refresh the server refused, another tab.
+      if (wasSignedIn) this.emitState('signed_out');
+      return;
+    }
     const account = new Account(this, userId);
     this.account = account;
     this.requestPersistence();
@@ -506,14 +511,25 @@ export class TrunkSyncClient {
     }
   }
 
-  /** @param {string} state */
-  emitState(state) {
-    for (const listener of this.stateListeners) listener(state);
+  /** @param {string} state @param {unknown} [detail] */
+  emitState(state, detail) {
+    for (const listener of this.stateListeners) {
+      try {
+        listener(state, detail);
+      } catch (error) {
+        queueMicrotask(() => {
+          throw error; // the app's bug, reported as uncaught, not the client's
+        });
+      }
+    }
   }
 
   /**
-   * Calls `listener('leader')` when this tab becomes its account's leader.
-   * @param {(state: string) => void} listener
+   * Tells `listener` what happens in the background: `'leader'` (this tab became its
+   * account's leader), `'signed_out'` (the session ended, however), `'push_failed'` (the
+   * leader's push failed and will be tried again; detail: the error), `'rejected'` (the
+   * leader's push moved events the server refused to the quarantine; detail: them).
+   * @param {(state: string, detail?: unknown) => void} listener
    */
   onStateChange(listener) {
     this.stateListeners.add(listener);
@@ -921,13 +937,17 @@ export class TrunkSyncClient {
     while (account.pushWanted && !account.stopped.signal.aborted && account.isLeader) {
       account.pushWanted = false;
       try {
-        await navigator.locks.request(`trunk-sync|sync|${account.key}`, { signal: account.stopped.signal }, () =>
-          this.pushAll(account, { retry: false }),
+        const report = await navigator.locks.request(
+          `trunk-sync|sync|${account.key}`,
+          { signal: account.stopped.signal },
+          () => this.pushAll(account, { retry: false }),
         );
+        if (report.rejected.length > 0) this.emitState('rejected', report.rejected);
         attempt = 0;
       } catch (error) {
         if (account.stopped.signal.aborted) break;
         if (error instanceof TrunkSyncError && (error.code === 'session_expired' || error.code === 'not_signed_in')) break;
+        this.emitState('push_failed', error);
         account.pushWanted = true;
         const retryAfter = error instanceof TrunkSyncError ? error.retryAfter : undefined;
         const wait = retryAfter !== undefined ? retryAfterDelay(retryAfter) : backoffDelay(attempt++, this.retry);
