@@ -642,6 +642,18 @@ def main():
         js(first, "await client.sync(); return true")
         exactly_once(server_events(alice), "told-late", 1)
         step("the app is told of a refused event, a failed push and a sign-out by the server")
+
+        # A "recorded" message the leader never got (a tab closed as it posted): the leader
+        # looks at the outbox again when the page becomes visible (or on a slow timer).
+        wait_until(lambda: js(first, "return client.isLeader"), "the leader")
+        js(first, "const push = client.schedulePush; client.schedulePush = () => {};"
+                  "try { await client.record('note', {tag: 'unannounced', n: 0}) } finally { client.schedulePush = push }"
+                  "return true")
+        assert js(first, "return await client.pendingCount()") == 1
+        first.execute_script("document.dispatchEvent(new Event('visibilitychange'))")
+        wait_until(lambda: js(first, "return await client.pendingCount()") == 0, "the push after visibilitychange")
+        exactly_once(server_events(alice), "unannounced", 1)
+        step("an event whose announcement was lost is pushed when the page becomes visible")
         open_page(first, proxy.url, {"autoPush": False})
 
         # Two accounts in one browser: outboxes and cursors apart.

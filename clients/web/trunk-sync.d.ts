@@ -46,6 +46,11 @@ export interface TrunkSyncOptions {
    * the server's `TRUNK_SYNC_STREAM_HEARTBEAT` (15 s). Default 35000.
    */
   streamIdleTimeout?: number;
+  /**
+   * Ms between the leader's looks at the outbox, which push what a lost "recorded" message
+   * did not announce (also done when the page becomes visible). Default 60000.
+   */
+  pendingCheckInterval?: number;
   /** The leader tab holds the live stream (`/sync/v1/stream`). Default true. */
   live?: boolean;
   /** The leader tab pushes soon after any tab records. Default true. */

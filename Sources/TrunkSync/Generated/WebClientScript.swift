@@ -401,6 +401,7 @@ export class TrunkSyncClient {
     this.refreshMargin = options.refreshMargin ?? 60;
     this.requestTimeout = options.requestTimeout ?? 30000;
     this.streamIdleTimeout = options.streamIdleTimeout ?? 35000;
+    this.pendingCheckInterval = options.pendingCheckInterval ?? 60000;
     this.live = options.live ?? true;
     this.autoPush = options.autoPush ?? true;
     this.fetch = options.fetch ?? globalThis.fetch.bind(globalThis);
@@ -918,6 +919,17 @@ export class TrunkSyncClient {
     }
   }
 
+  /** The leader pushes when the outbox holds events. @param {Account} account */
+  async pushIfPending(account) {
+    if (account !== this.account || !account.isLeader || account.pushTimer) return;
+    try {
+      const db = await account.db();
+      if ((await settled(db.transaction('outbox').objectStore('outbox').count())) > 0) this.schedulePush(0);
+    } catch {
+      // the database closed (signed out): nothing to push from here
+    }
+  }
+
   /** The leader pushes shortly after any tab recorded. @param {number} [delay] */
   schedulePush(delay = 20) {
     const account = this.account;
@@ -978,6 +990,19 @@ export class TrunkSyncClient {
   async lead(account) {
     const { signal } = account.stopped;
     this.schedulePush(0);
+    // A "recorded" message can be lost (a tab closed as it posted, a leader change between
+    // the write and the message): the outbox is looked at again when the page becomes
+    // visible and every `pendingCheckInterval` ms.
+    const check = () => this.pushIfPending(account);
+    const onVisible = () => {
+      if (document.visibilityState === 'visible') check();
+    };
+    const timer = setInterval(check, this.pendingCheckInterval);
+    if (typeof document !== 'undefined') document.addEventListener('visibilitychange', onVisible);
+    signal.addEventListener('abort', () => {
+      clearInterval(timer);
+      if (typeof document !== 'undefined') document.removeEventListener('visibilitychange', onVisible);
+    });
     if (this.live) await this.stream(account);
     else await new Promise((resolve) => signal.addEventListener('abort', resolve));
   }
