@@ -103,9 +103,12 @@ export class SSEParser {
 
   /** @param {string} text @returns {{id: string, event: string, data: string}[]} */
   push(text) {
-    // A \r that ended the last chunk ended a line; a \n right after it belongs to it.
-    if (this.skipLF && text.startsWith('\n')) text = text.slice(1);
-    if (text.length > 0) this.skipLF = false;
+    // A \r that ended the last chunk ended a line; a \n right after it belongs to it (and
+    // only that one \n: the wait ends with the first character that comes).
+    if (this.skipLF && text.length > 0) {
+      if (text.startsWith('\n')) text = text.slice(1);
+      this.skipLF = false;
+    }
     this.buffer += text;
     const messages = [];
     for (;;) {

@@ -115,3 +115,14 @@ test('a push answer names the events stored; anything else names none', () => {
   assert.equal(pushResults('ok'), null);
   assert.equal(pushResults({ results: [] }).size, 0);
 });
+
+test('SSE framing: a CR ending a chunk, then LF, then LF (the blank line) in separate chunks', () => {
+  const parser = new SSEParser();
+  const chunks = ['id: 1\r', '\n', 'data: {"seq":1}\r', '\n', '\n'];
+  const messages = chunks.flatMap((chunk) => parser.push(chunk));
+  assert.deepEqual(messages, [{ id: '1', event: 'message', data: '{"seq":1}' }]);
+  const empty = new SSEParser();
+  assert.deepEqual([...empty.push('data: x\r'), ...empty.push(''), ...empty.push('\n'), ...empty.push('\r\n')], [
+    { id: '', event: 'message', data: 'x' },
+  ]);
+});
