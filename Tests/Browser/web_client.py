@@ -654,6 +654,15 @@ def main():
         wait_until(lambda: js(first, "return await client.pendingCount()") == 0, "the push after visibilitychange")
         exactly_once(server_events(alice), "unannounced", 1)
         step("an event whose announcement was lost is pushed when the page becomes visible")
+
+        # A type's length counts Unicode scalars, as the server does (not UTF-16 units).
+        wide = js(first, "const id = await client.record('\\u{1F600}'.repeat(128), {tag: 'wide'});"
+                         "let refused = null; try { await client.record('\\u{1F600}'.repeat(129), {}) }"
+                         " catch (e) { refused = e.code } await client.sync(); return [id, refused]")
+        assert wide[1] == "invalid_event", wide
+        stored = [e for e in server_events(alice) if e["client_id"] == wide[0]]
+        assert len(stored) == 1 and stored[0]["type"] == "\U0001F600" * 128, stored
+        step("a type of 128 characters outside the BMP is recorded and stored")
         open_page(first, proxy.url, {"autoPush": False})
 
         # Two accounts in one browser: outboxes and cursors apart.

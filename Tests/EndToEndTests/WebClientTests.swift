@@ -95,6 +95,7 @@ final class WebClientTests: EndToEndTestCase {
             "a refused event quarantined, the others pushed",
             "the app is told of a refused event, a failed push and a sign-out by the server",
             "an event whose announcement was lost is pushed when the page becomes visible",
+            "a type of 128 characters outside the BMP is recorded and stored",
             "two accounts in one browser kept apart",
             "sign-out kept the unsent events for the next sign-in, or discarded them when asked",
             "without IndexedDB, record refuses clearly",

@@ -728,9 +728,9 @@ export class TrunkSyncClient {
    * @param {string} type @param {Record<string, unknown>} payload @returns {Promise<string>}
    */
   async record(type, payload) {
-    if (typeof type !== 'string' || type.length < 1 || type.length > 128) {
-      throw new TrunkSyncError('invalid_event', 'type must be 1–128 characters');
-    }
+    // Characters as the server counts them: Unicode scalars (code points), not UTF-16 units.
+    const length = typeof type === 'string' ? [...type].length : 0;
+    if (length < 1 || length > 128) throw new TrunkSyncError('invalid_event', 'type must be 1–128 characters');
     if (!isPlainObject(payload)) throw new TrunkSyncError('invalid_event', 'payload must be a plain object');
     const json = JSON.stringify(payload);
     const bytes = utf8Length(json);
