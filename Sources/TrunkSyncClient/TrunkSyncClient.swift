@@ -816,10 +816,16 @@ public actor TrunkSyncClient {
         var created = 0
         var duplicates = 0
         var ids = Set<UUID>()
+        // Only `created` and `duplicate` say the event is stored; anything else leaves it in
+        // the outbox (and the push fails: the answer did not name every event).
         for result in results {
             guard let text = result["client_id"] as? String, let id = UUID(uuidString: text) else { continue }
+            switch result["status"] as? String {
+            case "created": created += 1
+            case "duplicate": duplicates += 1
+            default: continue
+            }
             ids.insert(id)
-            if result["status"] as? String == "created" { created += 1 } else { duplicates += 1 }
         }
         return (created, duplicates, ids)
     }
