@@ -102,7 +102,9 @@ public actor TrunkSyncClient {
     }
 
     /// Signs in with the code from the mail (`POST /auth/v1/verify`) and stores the session.
-    /// Signing in as another user than before keeps that user's outbox and cursor apart.
+    /// Signing in as another user than before keeps that user's outbox and cursor apart: the
+    /// first user's requests still running end with `.notSignedIn` (a retry waiting out a
+    /// backoff at once), and the switch happens once a running `sync`/`push` ended.
     /// - Throws: `.invalidCode` for a wrong, expired or used code.
     public func verify(email: String, code: String) async throws {
         try ensureOpen()
