@@ -30,6 +30,11 @@ public actor TrunkSyncClient {
     private var refreshTask: Task<StoredSession, Error>?
     private var syncBusy = false
     private var syncWaiters: [CheckedContinuation<Void, Never>] = []
+    /// Counts sign-ins of another user: a request started before one does not go on after it.
+    private var userGeneration = 0
+    /// Requests waiting out a backoff, woken early when another user signs in.
+    private var backoffWaits: [Int: CheckedContinuation<Void, Never>] = [:]
+    private var backoffWaitCount = 0
     private nonisolated let signedIn = SignedInState()
 
     /// Opens (creating if needed) the client's storage for `url` under `storageDirectory`.
@@ -97,7 +102,9 @@ public actor TrunkSyncClient {
     }
 
     /// Signs in with the code from the mail (`POST /auth/v1/verify`) and stores the session.
-    /// Signing in as another user than before keeps that user's outbox and cursor apart.
+    /// Signing in as another user than before keeps that user's outbox and cursor apart: the
+    /// first user's requests still running end with `.notSignedIn` (a retry waiting out a
+    /// backoff at once), and the switch happens once a running `sync`/`push` ended.
     /// - Throws: `.invalidCode` for a wrong, expired or used code.
     public func verify(email: String, code: String) async throws {
         try ensureOpen()
@@ -107,6 +114,15 @@ public actor TrunkSyncClient {
         if answer.status == 403 || answer.serverError.code == "otp_expired" { throw TrunkSyncError.invalidCode }
         guard answer.status == 200 else { throw failure(answer) }
         let newSession = try StoredSession.parse(answer.body, receivedAt: configuration.now())
+        if newSession.userID != session?.userID {
+            // Requests of the user signed in until now end (`notSignedIn`) at their next try
+            // instead of going on with the new user's token, and end now when they are
+            // waiting out a backoff; the sync they belong to is over before the switch.
+            userGeneration += 1
+            endBackoffWaits()
+        }
+        await acquireSync()
+        defer { releaseSync() }
         try storage {
             let newStore =
                 store?.userID == newSession.userID
@@ -228,8 +244,9 @@ public actor TrunkSyncClient {
     ///   while another export of the user runs; `.network` when the download broke off.
     public func exportData(to destination: URL) async throws {
         var refreshedAfter401 = false
+        let user = try signedInUser()
         while true {
-            let token = try await validAccessToken()
+            let token = try await validAccessToken(for: user)
             var request = URLRequest(url: try endpoint("/sync/v1/export", []))
             request.httpMethod = "GET"
             request.timeoutInterval = configuration.requestTimeout
@@ -473,10 +490,12 @@ public actor TrunkSyncClient {
                 try await handler(page.events)
                 try ensureCurrent(store)
             }
-            if page.nextAfter != cursor { try storage { try store.saveCursor(page.nextAfter) } }
+            // Forward only: `liveEvents()` (not under the sync lock) may have stored a later
+            // cursor while the handler ran.
+            if page.nextAfter > store.cursor { try storage { try store.saveCursor(page.nextAfter) } }
             report.pulled += page.events.count
             report.pages += 1
-            report.cursor = page.nextAfter
+            report.cursor = store.cursor
             configuration.observer?(.pageApplied(events: page.events.count, cursor: page.nextAfter))
             if !page.hasMore { return }
         }
@@ -543,7 +562,9 @@ public actor TrunkSyncClient {
     }
 
     /// Sends a request, retrying per `retry` and refreshing the token once on a `401`;
-    /// returns any answer it does not retry.
+    /// returns any answer it does not retry. A `bearer` request is the signed-in user's for
+    /// good: once another user signed in, it throws `.notSignedIn` rather than try again or
+    /// refresh with that user's session.
     func send(
         _ method: String, _ path: String, query: [URLQueryItem] = [], body: [UInt8]? = nil, bearer: Bool = false,
         retry: RetryRules, timeout: TimeInterval? = nil
@@ -552,6 +573,7 @@ public actor TrunkSyncClient {
         let maxAttempts = retry.maxAttempts ?? max(1, policy.maxAttempts)
         var attempt = 0
         var refreshedAfter401 = false
+        let user = bearer ? try signedInUser() : nil
         while true {
             try Task.checkCancellation()
             var request = URLRequest(url: try endpoint(path, query))
@@ -564,9 +586,10 @@ public actor TrunkSyncClient {
             }
             if let key = configuration.apiKey { request.setValue(key, forHTTPHeaderField: "apikey") }
             var token: String? = nil
-            if bearer {
-                token = try await validAccessToken()
-                request.setValue("Bearer \(token!)", forHTTPHeaderField: "Authorization")
+            if let user {
+                let current = try await validAccessToken(for: user)
+                token = current
+                request.setValue("Bearer \(current)", forHTTPHeaderField: "Authorization")
             }
             configuration.observer?(.request(method: method, path: path))
             let answer: HTTPAnswer
@@ -582,7 +605,7 @@ public actor TrunkSyncClient {
                     .retrying(
                         method: method, path: path, status: nil, retryAfter: nil, delay: delay, attempt: attempt,
                         error: failure.description))
-                try await Task.sleep(nanoseconds: UInt64(delay * 1e9))
+                try await backoff(delay)
                 continue
             }
             if answer.status == 401, bearer, !refreshedAfter401 {
@@ -603,7 +626,7 @@ public actor TrunkSyncClient {
                 .retrying(
                     method: method, path: path, status: answer.status, retryAfter: retryAfter, delay: delay,
                     attempt: attempt, error: error.description))
-            try await Task.sleep(nanoseconds: UInt64(delay * 1e9))
+            try await backoff(delay)
         }
     }
 
@@ -619,17 +642,36 @@ public actor TrunkSyncClient {
         return url
     }
 
+    /// The signed-in user, pinned by a request that must not go on for another one.
+    private struct PinnedUser: Equatable {
+        var id: UUID
+        var generation: Int
+    }
+
+    private func signedInUser() throws -> PinnedUser {
+        guard let session else { throw TrunkSyncError.notSignedIn }
+        return PinnedUser(id: session.userID, generation: userGeneration)
+    }
+
     /// The access token, refreshed first when it expires within the refresh margin. When
     /// that refresh cannot reach the server, a token that has not expired yet is used.
-    private func validAccessToken() async throws -> String {
-        guard let current = session else { throw TrunkSyncError.notSignedIn }
-        let margin = min(configuration.refreshMargin, current.lifetime / 2)
+    /// With `user`: only that user's, else `.notSignedIn`.
+    private func validAccessToken(for user: PinnedUser? = nil) async throws -> String {
+        func current() throws -> StoredSession {
+            guard let found = session, user.map({ $0.id == found.userID && $0.generation == userGeneration }) ?? true
+            else { throw TrunkSyncError.notSignedIn }
+            return found
+        }
+        let found = try current()
+        let margin = min(configuration.refreshMargin, found.lifetime / 2)
         let now = configuration.now()
-        guard current.expiresAt.timeIntervalSince(now) <= margin else { return current.accessToken }
+        guard found.expiresAt.timeIntervalSince(now) <= margin else { return found.accessToken }
         do {
-            return try await refreshed(replacing: current.accessToken, proactive: true).accessToken
+            _ = try await refreshed(replacing: found.accessToken, proactive: true)
+            return try current().accessToken
         } catch TrunkSyncError.network(_), TrunkSyncError.rateLimited(_, _, _) {
-            guard let still = session, still.expiresAt > configuration.now() else {
+            let still = try current()
+            guard still.expiresAt > configuration.now() else {
                 throw TrunkSyncError.network("cannot refresh the session")
             }
             return still.accessToken
@@ -714,6 +756,36 @@ public actor TrunkSyncClient {
         }
     }
 
+    /// Waits `seconds` before a retry; ends early (and the retry then finds the user
+    /// changed) when another user signs in.
+    private func backoff(_ seconds: TimeInterval) async throws {
+        backoffWaitCount += 1
+        let id = backoffWaitCount
+        let timer = Task { [weak self] in
+            try? await Task.sleep(nanoseconds: UInt64(max(0, seconds) * 1e9))
+            await self?.endBackoffWait(id)
+        }
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                if Task.isCancelled { continuation.resume() } else { backoffWaits[id] = continuation }
+            }
+        } onCancel: {
+            Task { await self.endBackoffWait(id) }
+        }
+        timer.cancel()
+        try Task.checkCancellation()
+    }
+
+    private func endBackoffWait(_ id: Int) {
+        backoffWaits.removeValue(forKey: id)?.resume()
+    }
+
+    private func endBackoffWaits() {
+        let waits = backoffWaits.values
+        backoffWaits = [:]
+        for wait in waits { wait.resume() }
+    }
+
     private func acquireSync() async {
         if syncBusy {
             await withCheckedContinuation { syncWaiters.append($0) }
@@ -746,10 +818,16 @@ public actor TrunkSyncClient {
         var created = 0
         var duplicates = 0
         var ids = Set<UUID>()
+        // Only `created` and `duplicate` say the event is stored; anything else leaves it in
+        // the outbox (and the push fails: the answer did not name every event).
         for result in results {
             guard let text = result["client_id"] as? String, let id = UUID(uuidString: text) else { continue }
+            switch result["status"] as? String {
+            case "created": created += 1
+            case "duplicate": duplicates += 1
+            default: continue
+            }
             ids.insert(id)
-            if result["status"] as? String == "created" { created += 1 } else { duplicates += 1 }
         }
         return (created, duplicates, ids)
     }

@@ -142,12 +142,15 @@ class QuietServer(http.server.ThreadingHTTPServer):
 
 class Proxy:
     """HTTP forwarding with faults: `rules` answer matching requests instead of the server
-    (each used once), `push_delay` holds push answers back after the server committed,
-    `paused` closes every request unanswered, `cut()` ends the open event streams."""
+    (each used once; a body of "" is empty), `push_delay` holds push answers back after the
+    server committed, `paused` closes every request unanswered, `cut()` ends the open event
+    streams, `fake_stream` answers stream requests itself: "silent" (a 200 event stream that
+    never sends a byte, as a dead connection), "empty" (one that ends at once) or "json" (a
+    200 that is not an event stream)."""
 
     def __init__(self):
         self.rules, self.log, self.streams = [], [], set()
-        self.push_delay, self.paused = 0.0, False
+        self.push_delay, self.paused, self.fake_stream = 0.0, False, None
         self.lock = threading.Lock()
         proxy = self
 
@@ -173,7 +176,8 @@ class Proxy:
     def add_rule(self, method, path, status, headers=None, body=None, skip=0):
         """Answers the matching request after the next `skip` ones with `status`, once."""
         with self.lock:
-            self.rules.append([method, path, status, headers or {}, body or {"code": "injected", "message": "x"}, skip])
+            body = {"code": "injected", "message": "x"} if body is None else body
+            self.rules.append([method, path, status, headers or {}, body, skip])
 
     def requests(self, method, path):
         with self.lock:
@@ -197,6 +201,10 @@ class Proxy:
             return
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else None
+        delay = self.push_delay if method == "POST" and path == "/sync/v1/events" else 0
+        if method == "GET" and path == "/sync/v1/stream" and self.fake_stream:
+            self.answer_stream(handler, self.fake_stream)
+            return
         with self.lock:
             rule = next((r for r in self.rules if r[0] == method and r[1] == path), None)
             if rule and rule[5] > 0:
@@ -205,7 +213,7 @@ class Proxy:
             elif rule:
                 self.rules.remove(rule)
         if rule:
-            payload = json.dumps(rule[4]).encode()
+            payload = b"" if rule[4] == "" else json.dumps(rule[4]).encode()
             handler.send_response(rule[2])
             for name, value in {
                 "Content-Type": "application/json", "Content-Length": str(len(payload)),
@@ -225,8 +233,8 @@ class Proxy:
         response = upstream.getresponse()
         with self.lock:
             self.log.append((time.monotonic(), method, path, response.status))
-        if method == "POST" and path == "/sync/v1/events" and self.push_delay:
-            time.sleep(self.push_delay)
+        if delay:
+            time.sleep(delay)
         streaming = (response.getheader("Content-Type") or "").startswith("text/event-stream")
         handler.send_response_only(response.status)
         for name, value in response.getheaders():
@@ -258,6 +266,26 @@ class Proxy:
             with self.lock:
                 self.streams.discard(entry)
             upstream.close()
+
+
+    def answer_stream(self, handler, kind):
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json" if kind == "json" else "text/event-stream")
+        handler.send_header("Access-Control-Allow-Origin", handler.headers.get("Origin", "*"))
+        handler.send_header("Connection", "close")
+        if kind != "silent":
+            handler.send_header("Content-Length", "0")
+        handler.end_headers()
+        handler.wfile.flush()
+        handler.close_connection = True
+        with self.lock:
+            self.log.append((time.monotonic(), "GET", "/sync/v1/stream", 200))
+        if kind == "silent":  # open until the page gives up on it
+            try:
+                while handler.connection.recv(4096):
+                    pass
+            except OSError:
+                pass
 
 
 # MARK: - The page
@@ -457,6 +485,35 @@ def main():
         assert len(proxy2.requests("GET", "/sync/v1/stream")) >= 2, "the stream was not reopened"
         step("a second profile got every event live, none missed after a cut connection")
 
+        # A stream gone silent (no keep-alive: a dead connection) is dropped and reopened.
+        second.switch_to.window(leader_tab)
+        js(second, "client.streamIdleTimeout = 3000; client.retry.maxDelay = 2000; return true")  # heartbeat: 1 s
+        opened = len(proxy2.requests("GET", "/sync/v1/stream"))
+        proxy2.fake_stream = "silent"
+        proxy2.cut()
+        wait_until(lambda: len(proxy2.requests("GET", "/sync/v1/stream")) > opened, "a silent stream")
+        proxy2.fake_stream = None
+        assert js(first, RECORD, "live-3", 3) == 3
+        js(first, "await client.sync(); return true")
+        wait_until(lambda: len(second.execute_script("return window.live")) >= total + 13, "events after the silence")
+        assert second.execute_script("return window.live") == list(range(1, total + 14))
+        step("a stream gone silent was dropped and reopened, none missed")
+
+        # A 200 that ends at once, or is not an event stream: reconnects back off.
+        for kind in ("empty", "json"):
+            opened = len(proxy2.requests("GET", "/sync/v1/stream"))
+            proxy2.fake_stream = kind
+            proxy2.cut()
+            wait_until(lambda: len(proxy2.requests("GET", "/sync/v1/stream")) > opened, f"an {kind} stream")
+            time.sleep(3)  # a window to count reconnects in: a hot loop makes hundreds
+            proxy2.fake_stream = None
+            reconnects = len(proxy2.requests("GET", "/sync/v1/stream")) - opened
+            assert reconnects <= 15, f"{reconnects} stream requests in 3 s after {kind} answers"
+        assert js(first, RECORD, "live-4", 2) == 2
+        js(first, "await client.sync(); return true")
+        wait_until(lambda: len(second.execute_script("return window.live")) >= total + 15, "events after the backoff")
+        step("a stream that ends at once or is not an event stream is retried with backoff")
+
         # 429 and 503 with Retry-After: waited out, then the push goes through.
         open_page(first, proxy.url, {"autoPush": False})
         assert js(first, RECORD, "busy", 1) == 1
@@ -470,6 +527,34 @@ def main():
         assert statuses == [429, 503, 200], statuses
         assert times[1] - times[0] >= 2.0 and times[2] - times[1] >= 1.0, times
         step("429 and 503 with Retry-After honoured")
+
+        # A 2xx push answer that does not name the events stored (a 204, a body without
+        # results, as a misbehaving proxy gives): nothing leaves the outbox, the sync fails.
+        assert js(first, RECORD, "unnamed", 3) == 3
+        proxy.add_rule("POST", "/sync/v1/events", 204, {}, "")
+        proxy.add_rule("POST", "/sync/v1/events", 200, {}, {"accepted": 3, "duplicates": 0})
+        for _ in range(2):
+            failed = js(first, "try { await client.sync(); return 'synced' } catch (e) { return e.code || String(e) }")
+            assert failed == "invalid_response", failed
+            assert js(first, "return await client.pendingCount()") == 3
+        report = js(first, "const r = await client.sync(); return {...r, pending: await client.pendingCount()}")
+        assert report["pending"] == 0 and report["pushed"] + report["duplicates"] == 3, report
+        exactly_once(server_events(alice), "unnamed", 3)
+        step("a 2xx push answer that names no event stored removes nothing from the outbox")
+
+        # A push answer that never comes: the request times out and is tried again (the
+        # server has the event by then: a duplicate), instead of holding the sync lock.
+        open_page(first, proxy.url, {"autoPush": False, "requestTimeout": 1500, "retry": {"baseDelay": 50}})
+        assert js(first, RECORD, "lost-answer", 1) == 1
+        before = len(proxy.requests("POST", "/sync/v1/events"))
+        proxy.push_delay = 60
+        first.execute_script("window.slow = client.sync().then((r) => r, (e) => String(e))")
+        wait_until(lambda: len(proxy.requests("POST", "/sync/v1/events")) > before, "the push at the server")
+        proxy.push_delay = 0
+        report = js(first, "return await window.slow")
+        assert isinstance(report, dict) and report["duplicates"] == 1 and report["pushed"] == 0, report
+        exactly_once(server_events(alice), "lost-answer", 1)
+        step("a push answer that never came timed out and the push was tried again")
 
         # An access token refused mid-sync (what an expired one gets): refreshed once, the
         # sync goes on from the same page.
@@ -531,6 +616,54 @@ def main():
         assert [r["client_id"] for r in report["rejected"]] == [report["bad"]], report
         exactly_once(server_events(alice), "q", 2)
         step("a refused event quarantined, the others pushed")
+
+        # The leader's background push tells the app what it cannot see otherwise.
+        open_page(first, proxy.url)
+        wait_until(lambda: js(first, "return client.isLeader"), "the leader")
+        js(first, "window.states = []; client.onStateChange((state, detail) => window.states.push("
+                  "[state, detail && (detail.code || detail.map?.((e) => e.client_id))])); return true")
+        states = lambda: first.execute_script("return window.states")
+        bad = js(first, "return await client.record('note', {tag: 'told-bad', text: 'a\\u0000b'})")
+        wait_until(lambda: ["rejected", [bad]] in states(), "'rejected' with the event")
+        offline(first, True)
+        assert js(first, RECORD, "told", 1) == 1
+        wait_until(lambda: ["push_failed", "network"] in states(), "'push_failed' with the error")
+        offline(first, False)
+        wait_until(lambda: js(first, "return await client.pendingCount()") == 0, "the push once back online")
+        exactly_once(server_events(alice), "told", 1)
+        # The server ended the session: the refresh it refuses signs out, and the app hears it.
+        session = js(first, "return JSON.parse(localStorage.getItem('trunk-sync|session|' + client.url))")
+        api("POST", "/auth/v1/logout?scope=local", {}, session["access_token"])
+        first.execute_script(EXPIRE)
+        assert js(first, RECORD, "told-late", 1) == 1
+        wait_until(lambda: ["signed_out", None] in states(), "'signed_out'")
+        assert not js(first, "return client.isSignedIn")
+        sign_in(first, ALICE)
+        js(first, "await client.sync(); return true")
+        exactly_once(server_events(alice), "told-late", 1)
+        step("the app is told of a refused event, a failed push and a sign-out by the server")
+
+        # A "recorded" message the leader never got (a tab closed as it posted): the leader
+        # looks at the outbox again when the page becomes visible (or on a slow timer).
+        wait_until(lambda: js(first, "return client.isLeader"), "the leader")
+        js(first, "const push = client.schedulePush; client.schedulePush = () => {};"
+                  "try { await client.record('note', {tag: 'unannounced', n: 0}) } finally { client.schedulePush = push }"
+                  "return true")
+        assert js(first, "return await client.pendingCount()") == 1
+        first.execute_script("document.dispatchEvent(new Event('visibilitychange'))")
+        wait_until(lambda: js(first, "return await client.pendingCount()") == 0, "the push after visibilitychange")
+        exactly_once(server_events(alice), "unannounced", 1)
+        step("an event whose announcement was lost is pushed when the page becomes visible")
+
+        # A type's length counts Unicode scalars, as the server does (not UTF-16 units).
+        wide = js(first, "const id = await client.record('\\u{1F600}'.repeat(128), {tag: 'wide'});"
+                         "let refused = null; try { await client.record('\\u{1F600}'.repeat(129), {}) }"
+                         " catch (e) { refused = e.code } await client.sync(); return [id, refused]")
+        assert wide[1] == "invalid_event", wide
+        stored = [e for e in server_events(alice) if e["client_id"] == wide[0]]
+        assert len(stored) == 1 and stored[0]["type"] == "\U0001F600" * 128, stored
+        step("a type of 128 characters outside the BMP is recorded and stored")
+        open_page(first, proxy.url, {"autoPush": False})
 
         # Two accounts in one browser: outboxes and cursors apart.
         assert js(first, RECORD, "apart-alice", 3) == 3

@@ -70,6 +70,8 @@ final class WebClientTests: EndToEndTestCase {
             // The script signs the same user in several times in a row.
             "TRUNK_SYNC_OTP_RESEND_INTERVAL": "1",
             "TRUNK_SYNC_RATE_LIMIT_OTP": "1000/300", "TRUNK_SYNC_RATE_LIMIT_VERIFY": "1000/300",
+            // Keep-alives well inside the stream watchdog the script sets (3 s).
+            "TRUNK_SYNC_STREAM_HEARTBEAT": "1",
         ])
         let result = try Command.run(
             python,
@@ -83,9 +85,18 @@ final class WebClientTests: EndToEndTestCase {
             "recorded offline, then synced: each event once on the server",
             "tab killed mid-push", "leader tab killed, the other took over",
             "a second profile got every event live, none missed after a cut connection",
-            "429 and 503 with Retry-After honoured", "token expiry mid-sync: refreshed and the sync went on",
+            "429 and 503 with Retry-After honoured",
+            "a 2xx push answer that names no event stored removes nothing from the outbox",
+            "a push answer that never came timed out and the push was tried again",
+            "a stream gone silent was dropped and reopened, none missed",
+            "a stream that ends at once or is not an event stream is retried with backoff",
+            "token expiry mid-sync: refreshed and the sync went on",
             "one token refresh shared by two tabs",
-            "a refused event quarantined, the others pushed", "two accounts in one browser kept apart",
+            "a refused event quarantined, the others pushed",
+            "the app is told of a refused event, a failed push and a sign-out by the server",
+            "an event whose announcement was lost is pushed when the page becomes visible",
+            "a type of 128 characters outside the BMP is recorded and stored",
+            "two accounts in one browser kept apart",
             "sign-out kept the unsent events for the next sign-in, or discarded them when asked",
             "without IndexedDB, record refuses clearly",
             "exported the account as NDJSON", "the example page signs in, records and lists a note",

@@ -45,18 +45,7 @@ final class RetryTests: ClientTestCase {
         let token = try await client.accessToken()
 
         // Hold the only pool connection: a pull waits on a lock the test holds.
-        let blocker = LockedConnection(try server.connect())
-        try blocker.run("begin; lock table events in access exclusive mode")
-        let pullURL = URL(string: "\(server.url.absoluteString)/sync/v1/events?after=0")!
-        let stuck = Task { try await rawRequest("GET", pullURL, token: token) }
-        let observer = LockedConnection(try server.connect())
-        let holding = await waitUntil(10) {
-            let waiting = try? observer.text(
-                "select count(*)::text from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'"
-            )
-            return waiting == "1"
-        }
-        XCTAssertTrue(holding, "the pull did not take the pool's connection")
+        let (blocker, stuck) = try await holdThePoolConnection(server, token: token)
 
         // Let it go once the client was told to come back.
         let released = Done()
@@ -77,6 +66,28 @@ final class RetryTests: ClientTestCase {
         let next = try XCTUnwrap(events.requests("POST", "/sync/v1/events").first { $0 > busy.at })
         XCTAssertGreaterThanOrEqual(next.timeIntervalSince(busy.at), 1 - 0.01, "waited Retry-After")
         XCTAssertEqual(try serverEvents(server, "busy@example.com").count, 5)
+    }
+}
+
+extension ClientTestCase {
+    /// On a server with one pool connection (`TRUNK_SYNC_DB_POOL_SIZE` 1, one event loop),
+    /// takes that connection: a pull waits on a lock the test holds until `blocker` commits.
+    func holdThePoolConnection(
+        _ server: SyncServer, token: String
+    ) async throws -> (blocker: LockedConnection, stuck: Task<(status: Int, body: String), Error>) {
+        let blocker = LockedConnection(try server.connect())
+        try blocker.run("begin; lock table events in access exclusive mode")
+        let pullURL = URL(string: "\(server.url.absoluteString)/sync/v1/events?after=0")!
+        let stuck = Task { try await rawRequest("GET", pullURL, token: token) }
+        let observer = LockedConnection(try server.connect())
+        let holding = await waitUntil(10) {
+            let waiting = try? observer.text(
+                "select count(*)::text from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'"
+            )
+            return waiting == "1"
+        }
+        XCTAssertTrue(holding, "the pull did not take the pool's connection")
+        return (blocker, stuck)
     }
 }
 

@@ -237,6 +237,55 @@ final class SessionTests: ClientTestCase {
             [ann1, ann2, ann3].map { $0.uuidString.lowercased() })
     }
 
+    /// Another user signing in while the first one's push waits out a `503`'s Retry-After:
+    /// the push never goes on with the new user's token (which would store the first user's
+    /// events in the second one's account); what it did not send stays in the first user's
+    /// outbox and reaches their account once they sign in again.
+    func testAnotherSignInDuringAPushBackoffNeverSendsTheEventsToTheNewUser() async throws {
+        let (first, second) = ("first@example.com", "second@example.com")
+        // One pool connection, held below by a pull stuck on a lock: the push gets `503`.
+        let server = try startServer([
+            "TRUNK_SYNC_DB_POOL_SIZE": "1", "TRUNK_SYNC_DB_POOL_TIMEOUT": "1", "TRUNK_SYNC_EVENT_LOOPS": "1",
+        ])
+        let events = EventLogBox()
+        let client = try makeClient(server, storage: try makeStorage(), events: events)
+        try await signIn(client, server, as: first)
+        try await client.sendCode(to: second)
+        let secondCode = try server.code(for: second)
+        let event = try await client.record(type: "private", payload: ["owner": "first"])
+        let token = try await client.accessToken()
+
+        let (blocker, stuck) = try await holdThePoolConnection(server, token: token)
+
+        // At the push's first 503: the pool goes free and the second user signs in while the
+        // push waits to try again.
+        let signedIn = Done()
+        let once = Counter()
+        events.onEvent { event in
+            guard case .retrying(_, "/sync/v1/events", 503, _, _, _, _) = event, once.increment() == 1 else { return }
+            Task.detached {
+                try? blocker.run("commit")
+                do { try await client.verify(email: second, code: secondCode) } catch { XCTFail("verify: \(error)") }
+                signedIn.signal()
+            }
+        }
+        var interrupted = false
+        do {
+            _ = try await withTimeout(30, "push") { try await client.push() }
+        } catch TrunkSyncError.notSignedIn {
+            interrupted = true
+        }
+        XCTAssertTrue(signedIn.wait(timeout: 30), "the second user did not sign in")
+        try await assertEqual((try await stuck.value).status, 200)
+        XCTAssertEqual(client.currentUser?.email, second)
+        XCTAssertEqual(try serverEvents(server, second).count, 0, "the first user's event went to the second")
+
+        try await signIn(client, server, as: first)
+        try await assertEqual(await client.pendingCount, interrupted ? 1 : 0, "kept for the first user")
+        _ = try await client.push()
+        XCTAssertEqual(try serverEvents(server, first).map(\.clientID), [event.uuidString.lowercased()])
+    }
+
     /// Events pushed by one device arrive on another's `liveEvents()` while it long-polls.
     func testLiveEventsArriveFromTheOtherDevice() async throws {
         let email = "live@example.com"
@@ -282,6 +331,39 @@ final class SessionTests: ClientTestCase {
         _ = await live.result
         let cursor = await laptop.cursor
         try await assertEqual(try await laptop.sync { _ in }.pulled, 4 - Int(cursor), "the rest, once")
+    }
+    /// `liveEvents()` stores a later cursor while `sync`'s handler applies an earlier page:
+    /// the sync does not move the cursor back, so no page is delivered twice.
+    func testASyncNeverMovesTheCursorBehindWhatLiveEventsStored() async throws {
+        let email = "cursor@example.com"
+        let server = try startServer()
+        let phone = try makeClient(server, storage: try makeStorage())
+        try await signIn(phone, server, as: email)
+        for index in 0..<10 { _ = try await phone.record(type: "page", payload: ["index": index]) }
+        _ = try await phone.push()
+        let laptop = try makeClient(server, storage: try makeStorage()) {
+            $0.pullLimit = 5
+            $0.longPollWait = 1
+        }
+        try await signIn(laptop, server, as: email)
+
+        let pulled = Collected()
+        let report = try await laptop.sync { events in
+            await pulled.add(events)
+            guard events.first?.seq == 1 else { return }
+            // Meanwhile a live loop applies both pages; asking for a third stores cursor 10.
+            let live = Task {
+                var pages = laptop.liveEvents().makeAsyncIterator()
+                for _ in 0..<3 { _ = try await pages.next() }
+            }
+            let stored = await waitUntil(20) { await laptop.cursor == 10 }
+            live.cancel()
+            _ = await live.result
+            XCTAssertTrue(stored, "the live loop did not store its cursor")
+        }
+        try await assertEqual(await pulled.events.map(\.seq), Array(1...5), "pages the live loop applied came again")
+        try await assertEqual(await laptop.cursor, 10)
+        XCTAssertEqual(report.cursor, 10)
     }
 }
 

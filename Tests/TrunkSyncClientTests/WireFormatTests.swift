@@ -19,6 +19,24 @@ final class WireFormatTests: XCTestCase {
         XCTAssertNotNil(try JSONSerialization.jsonObject(with: Data(body.utf8)))
     }
 
+    /// Only results whose status says stored acknowledge an event; a body without results
+    /// is not a push answer.
+    func testAPushAnswerAcknowledgesOnlyCreatedAndDuplicateEvents() throws {
+        let (created, duplicate, other) = (UUID(), UUID(), UUID())
+        let body = """
+            {"accepted":1,"duplicates":1,"results":[
+            {"client_id":"\(created.uuidString.lowercased())","status":"created","seq":1},
+            {"client_id":"\(duplicate.uuidString.lowercased())","status":"duplicate","seq":2},
+            {"client_id":"\(other.uuidString.lowercased())","status":"refused"}]}
+            """
+        let answer = try TrunkSyncClient.parsePushAnswer(Data(body.utf8))
+        XCTAssertEqual(answer.ids, [created, duplicate])
+        XCTAssertEqual(answer.created, 1)
+        XCTAssertEqual(answer.duplicates, 1)
+        XCTAssertThrowsError(try TrunkSyncClient.parsePushAnswer(Data(#"{"accepted":3,"duplicates":0}"#.utf8)))
+        XCTAssertThrowsError(try TrunkSyncClient.parsePushAnswer(Data()))
+    }
+
     func testAPulledPageKeepsPayloadBytesAndParsesTimestamps() throws {
         let body = #"""
             {"events":[{"id":"0b0e3c2a-7c55-4f55-9d0e-52b2ac0f5b11","seq":7,"type":"t\u00e9\ud83d\ude00",

@@ -39,6 +39,18 @@ export interface TrunkSyncOptions {
   retry?: RetryOptions;
   /** Refresh the access token this many seconds before it expires (at most half its life). Default 60. */
   refreshMargin?: number;
+  /** Ms a request may take (head and body) before it counts as a network failure. Default 30000. */
+  requestTimeout?: number;
+  /**
+   * Ms the live stream may stay silent before it is dropped and reopened; keep it above twice
+   * the server's `TRUNK_SYNC_STREAM_HEARTBEAT` (15 s). Default 35000.
+   */
+  streamIdleTimeout?: number;
+  /**
+   * Ms between the leader's looks at the outbox, which push what a lost "recorded" message
+   * did not announce (also done when the page becomes visible). Default 60000.
+   */
+  pendingCheckInterval?: number;
   /** The leader tab holds the live stream (`/sync/v1/stream`). Default true. */
   live?: boolean;
   /** The leader tab pushes soon after any tab records. Default true. */
@@ -82,7 +94,9 @@ export interface QuarantinedEvent {
  * What the client throws. `code`: `storage_unavailable` (IndexedDB cannot be opened: nothing
  * recorded), `not_signed_in`, `session_expired` (the server ended the session: sign in again;
  * the outbox stays), `network`, `rate_limited` (`retryAfter` ms), `invalid_event` (refused by
- * `record` itself), `unsupported`, `cancelled`, or the server's error code (`otp_expired`,
+ * `record` itself), `invalid_response` (an answer that is not the server's, e.g. a 2xx push
+ * answer that does not name the events stored: they stay in the outbox), `unsupported`,
+ * `cancelled`, or the server's error code (`otp_expired`,
  * `reauthentication_not_valid`, …) with `status`.
  */
 export class TrunkSyncError extends Error {
@@ -93,6 +107,12 @@ export class TrunkSyncError extends Error {
   /** Milliseconds the server asked to wait (Retry-After). */
   readonly retryAfter?: number;
 }
+
+/** What `onStateChange` tells: `(state, detail)`, the detail's type following the state. */
+export type StateChange =
+  | [state: 'leader' | 'signed_out', detail?: undefined]
+  | [state: 'push_failed', detail: TrunkSyncError]
+  | [state: 'rejected', detail: RefusedEvent[]];
 
 export class TrunkSyncClient {
   constructor(options: TrunkSyncOptions);
@@ -142,8 +162,14 @@ export class TrunkSyncClient {
   deleteAccount(code: string): Promise<void>;
   /** The account and its events, NDJSON (GET /sync/v1/export). */
   exportData(): Promise<Blob>;
-  /** Calls `listener('leader')` when this tab becomes the leader; returns an unsubscribe. */
-  onStateChange(listener: (state: 'leader') => void): () => void;
+  /**
+   * Tells the app what happens in the background; returns an unsubscribe. `'leader'`: this
+   * tab became the leader. `'signed_out'`: the session ended, however (`signOut`,
+   * `deleteAccount`, a refresh the server refused, another tab). `'push_failed'`: the
+   * leader's push failed and will be tried again (`detail`: the error). `'rejected'`: the
+   * leader's push moved events the server refused to the quarantine (`detail`: them).
+   */
+  onStateChange(listener: (...change: StateChange) => void): () => void;
   /** Stops this client's work in this tab (another tab becomes the leader). */
   close(): void;
 }
@@ -155,6 +181,7 @@ export function retryAfterDelay(ms: number, random?: () => number): number;
 export function firstBatch<T extends { bytes: number }>(records: T[], limits: { maxEvents: number; maxBytes: number }): T[];
 export function utf8Length(text: string): number;
 export function refusedEvents(body: unknown): Map<number, { field: string; reason: string }>;
+export function pushResults(body: unknown): Map<string, 'created' | 'duplicate'> | null;
 export class SSEParser {
   lastEventId: string;
   retry: number | null;

@@ -103,9 +103,12 @@ export class SSEParser {
 
   /** @param {string} text @returns {{id: string, event: string, data: string}[]} */
   push(text) {
-    // A \r that ended the last chunk ended a line; a \n right after it belongs to it.
-    if (this.skipLF && text.startsWith('\n')) text = text.slice(1);
-    if (text.length > 0) this.skipLF = false;
+    // A \r that ended the last chunk ended a line; a \n right after it belongs to it (and
+    // only that one \n: the wait ends with the first character that comes).
+    if (this.skipLF && text.length > 0) {
+      if (text.startsWith('\n')) text = text.slice(1);
+      this.skipLF = false;
+    }
     this.buffer += text;
     const messages = [];
     for (;;) {
@@ -161,6 +164,21 @@ export function refusedEvents(body) {
     }
   }
   return refused;
+}
+
+/**
+ * What a push answer says of each event: `client_id` → `'created'` or `'duplicate'`, only for
+ * results that name one of those; null when the body is not a push answer at all.
+ * @param {any} body @returns {Map<string, 'created' | 'duplicate'> | null}
+ */
+export function pushResults(body) {
+  if (!body || typeof body !== 'object' || !Array.isArray(body.results)) return null;
+  const stored = new Map();
+  for (const result of body.results) {
+    if (!result || typeof result.client_id !== 'string') continue;
+    if (result.status === 'created' || result.status === 'duplicate') stored.set(result.client_id, result.status);
+  }
+  return stored;
 }
 
 // MARK: - IndexedDB
@@ -274,6 +292,40 @@ const sleep = (/** @type {number} */ ms, /** @type {AbortSignal | undefined} */ 
     if (typeof window !== 'undefined') window.addEventListener('online', finish);
   });
 
+/**
+ * An abort signal for one exchange: aborts with `parent` (the account's sign-out), or when
+ * `ms` pass without `reset()` (`expired` then says so). `clear()` when the exchange is over.
+ */
+class Deadline {
+  /** @param {AbortSignal | undefined} parent @param {number} ms */
+  constructor(parent, ms) {
+    this.parent = parent;
+    this.ms = ms;
+    this.expired = false;
+    this.controller = new AbortController();
+    this.signal = this.controller.signal;
+    /** @type {ReturnType<typeof setTimeout> | undefined} */
+    this.timer = undefined;
+    this.follow = () => this.controller.abort();
+    if (parent?.aborted) this.follow();
+    else parent?.addEventListener('abort', this.follow);
+    this.reset();
+  }
+
+  reset() {
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => {
+      this.expired = true;
+      this.controller.abort();
+    }, this.ms);
+  }
+
+  clear() {
+    clearTimeout(this.timer);
+    this.parent?.removeEventListener('abort', this.follow);
+  }
+}
+
 /** @param {unknown} value */
 function isPlainObject(value) {
   return value !== null && typeof value === 'object' && Object.getPrototypeOf(value) === Object.prototype;
@@ -340,6 +392,9 @@ export class TrunkSyncClient {
     this.pageSize = Math.min(options.pageSize ?? 1000, 1000);
     this.retry = { maxAttempts: 6, baseDelay: 500, maxDelay: 30000, maxRetryAfter: 120000, ...options.retry };
     this.refreshMargin = options.refreshMargin ?? 60;
+    this.requestTimeout = options.requestTimeout ?? 30000;
+    this.streamIdleTimeout = options.streamIdleTimeout ?? 35000;
+    this.pendingCheckInterval = options.pendingCheckInterval ?? 60000;
     this.live = options.live ?? true;
     this.autoPush = options.autoPush ?? true;
     this.fetch = options.fetch ?? globalThis.fetch.bind(globalThis);
@@ -415,9 +470,14 @@ export class TrunkSyncClient {
   openAccount() {
     const userId = this.session?.user_id ?? null;
     if (this.account && this.account.userId === userId) return;
+    const wasSignedIn = this.account !== null;
     this.account?.stop();
     this.account = null;
-    if (!userId) return;
+    if (!userId) {
+      // However it ended: signOut, deleteAccount, a refresh the server refused, another tab.
+      if (wasSignedIn) this.emitState('signed_out');
+      return;
+    }
     const account = new Account(this, userId);
     this.account = account;
     this.requestPersistence();
@@ -445,14 +505,25 @@ export class TrunkSyncClient {
     }
   }
 
-  /** @param {string} state */
-  emitState(state) {
-    for (const listener of this.stateListeners) listener(state);
+  /** @param {string} state @param {unknown} [detail] */
+  emitState(state, detail) {
+    for (const listener of this.stateListeners) {
+      try {
+        listener(state, detail);
+      } catch (error) {
+        queueMicrotask(() => {
+          throw error; // the app's bug, reported as uncaught, not the client's
+        });
+      }
+    }
   }
 
   /**
-   * Calls `listener('leader')` when this tab becomes its account's leader.
-   * @param {(state: string) => void} listener
+   * Tells `listener` what happens in the background: `'leader'` (this tab became its
+   * account's leader), `'signed_out'` (the session ended, however), `'push_failed'` (the
+   * leader's push failed and will be tried again; detail: the error), `'rejected'` (the
+   * leader's push moved events the server refused to the quarantine; detail: them).
+   * @param {(state: string, detail?: unknown) => void} listener
    */
   onStateChange(listener) {
     this.stateListeners.add(listener);
@@ -547,8 +618,10 @@ export class TrunkSyncClient {
   // MARK: HTTP
 
   /**
-   * One API call with retries: network failures, 408, 429, 500, 502, 503, 504; Retry-After
-   * honoured exactly (plus ≤ 10 % jitter), else full-jitter backoff; one refresh after a 401.
+   * One API call with retries: network failures (no answer within `requestTimeout` is one),
+   * 408, 429, 500, 502, 503, 504; Retry-After honoured exactly (plus ≤ 10 % jitter), else
+   * full-jitter backoff; one refresh after a 401. `raw`: the response once its head came
+   * (the body is read without the timeout).
    * @param {string} method @param {string} path
    * @param {{body?: any, auth?: boolean, retry?: boolean, raw?: boolean, signal?: AbortSignal}} [options]
    */
@@ -565,32 +638,46 @@ export class TrunkSyncClient {
         headers.Authorization = `Bearer ${token}`;
       }
       if (body !== undefined) headers['Content-Type'] = 'application/json';
+      // A lost answer must not hold the sync lock (every tab's) until the OS gives up.
+      const deadline = new Deadline(signal, this.requestTimeout);
       let response;
+      let text = '';
       try {
         response = await this.fetch(this.url + path, {
           method,
           headers,
           body: body === undefined ? undefined : JSON.stringify(body),
           cache: 'no-store',
-          signal,
+          signal: deadline.signal,
         });
+        if (!(raw && response.ok)) text = await response.text();
       } catch (error) {
         if (signal?.aborted) throw new TrunkSyncError('cancelled', 'cancelled');
         if (!retry || attempt + 1 >= this.retry.maxAttempts) {
-          throw new TrunkSyncError('network', `the server cannot be reached: ${String(error)}`);
+          throw new TrunkSyncError(
+            'network',
+            deadline.expired
+              ? `no answer within ${this.requestTimeout} ms`
+              : `the server cannot be reached: ${String(error)}`,
+          );
         }
         await sleep(backoffDelay(attempt, this.retry), signal);
         continue;
+      } finally {
+        deadline.clear();
       }
       if (response.ok) {
         if (raw) return response;
-        if (response.status === 204) return null;
-        const text = await response.text();
-        return text ? JSON.parse(text) : null;
+        if (!text) return null;
+        try {
+          return JSON.parse(text);
+        } catch {
+          throw new TrunkSyncError('invalid_response', `the server answered ${response.status} with a body that is not JSON`);
+        }
       }
       let errorBody = null;
       try {
-        errorBody = await response.json();
+        errorBody = JSON.parse(text);
       } catch {
         // not JSON
       }
@@ -641,9 +728,9 @@ export class TrunkSyncClient {
    * @param {string} type @param {Record<string, unknown>} payload @returns {Promise<string>}
    */
   async record(type, payload) {
-    if (typeof type !== 'string' || type.length < 1 || type.length > 128) {
-      throw new TrunkSyncError('invalid_event', 'type must be 1–128 characters');
-    }
+    // Characters as the server counts them: Unicode scalars (code points), not UTF-16 units.
+    const length = typeof type === 'string' ? [...type].length : 0;
+    if (length < 1 || length > 128) throw new TrunkSyncError('invalid_event', 'type must be 1–128 characters');
     if (!isPlainObject(payload)) throw new TrunkSyncError('invalid_event', 'payload must be a plain object');
     const json = JSON.stringify(payload);
     const bytes = utf8Length(json);
@@ -760,12 +847,26 @@ export class TrunkSyncClient {
         report.rejected.push(...moved);
         continue;
       }
-      // The batch is the outbox's first keys in order (records only append after them), so
-      // one range delete removes exactly it.
-      const range = IDBKeyRange.bound(batch[0].n, batch[batch.length - 1].n);
-      await transact(db, ['outbox'], 'readwrite', (tx) => tx.objectStore('outbox').delete(range));
-      report.pushed += answer.accepted;
-      report.duplicates += answer.duplicates;
+      // Only what the answer names stored leaves the outbox; an answer that does not name
+      // every event of the batch is not the server's (a proxy's, a broken one's): the rest
+      // stays for the next push, and the push fails (the leader backs off).
+      const results = pushResults(answer);
+      const stored = results ? batch.filter((record) => results.has(record.client_id)) : [];
+      if (stored.length > 0) {
+        await transact(db, ['outbox'], 'readwrite', (tx) => {
+          for (const record of stored) tx.objectStore('outbox').delete(record.n);
+        });
+      }
+      for (const record of stored) {
+        if (results?.get(record.client_id) === 'created') report.pushed++;
+        else report.duplicates++;
+      }
+      if (stored.length < batch.length) {
+        throw new TrunkSyncError(
+          'invalid_response',
+          `the push answer names ${stored.length} of ${batch.length} events as stored; the others stay in the outbox`,
+        );
+      }
       maxEvents = this.maxBatchEvents;
     }
   }
@@ -811,6 +912,17 @@ export class TrunkSyncClient {
     }
   }
 
+  /** The leader pushes when the outbox holds events. @param {Account} account */
+  async pushIfPending(account) {
+    if (account !== this.account || !account.isLeader || account.pushTimer) return;
+    try {
+      const db = await account.db();
+      if ((await settled(db.transaction('outbox').objectStore('outbox').count())) > 0) this.schedulePush(0);
+    } catch {
+      // the database closed (signed out): nothing to push from here
+    }
+  }
+
   /** The leader pushes shortly after any tab recorded. @param {number} [delay] */
   schedulePush(delay = 20) {
     const account = this.account;
@@ -830,13 +942,17 @@ export class TrunkSyncClient {
     while (account.pushWanted && !account.stopped.signal.aborted && account.isLeader) {
       account.pushWanted = false;
       try {
-        await navigator.locks.request(`trunk-sync|sync|${account.key}`, { signal: account.stopped.signal }, () =>
-          this.pushAll(account, { retry: false }),
+        const report = await navigator.locks.request(
+          `trunk-sync|sync|${account.key}`,
+          { signal: account.stopped.signal },
+          () => this.pushAll(account, { retry: false }),
         );
+        if (report.rejected.length > 0) this.emitState('rejected', report.rejected);
         attempt = 0;
       } catch (error) {
         if (account.stopped.signal.aborted) break;
         if (error instanceof TrunkSyncError && (error.code === 'session_expired' || error.code === 'not_signed_in')) break;
+        this.emitState('push_failed', error);
         account.pushWanted = true;
         const retryAfter = error instanceof TrunkSyncError ? error.retryAfter : undefined;
         const wait = retryAfter !== undefined ? retryAfterDelay(retryAfter) : backoffDelay(attempt++, this.retry);
@@ -867,13 +983,29 @@ export class TrunkSyncClient {
   async lead(account) {
     const { signal } = account.stopped;
     this.schedulePush(0);
+    // A "recorded" message can be lost (a tab closed as it posted, a leader change between
+    // the write and the message): the outbox is looked at again when the page becomes
+    // visible and every `pendingCheckInterval` ms.
+    const check = () => this.pushIfPending(account);
+    const onVisible = () => {
+      if (document.visibilityState === 'visible') check();
+    };
+    const timer = setInterval(check, this.pendingCheckInterval);
+    if (typeof document !== 'undefined') document.addEventListener('visibilitychange', onVisible);
+    signal.addEventListener('abort', () => {
+      clearInterval(timer);
+      if (typeof document !== 'undefined') document.removeEventListener('visibilitychange', onVisible);
+    });
     if (this.live) await this.stream(account);
     else await new Promise((resolve) => signal.addEventListener('abort', resolve));
   }
 
   /**
    * Holds `/sync/v1/stream` with `Last-Event-ID`, reconnecting after any end, refreshing the
-   * token when it expired, honouring Retry-After; each event goes to every tab.
+   * token when it expired, honouring Retry-After and the stream's `retry:`; each event goes
+   * to every tab. A stream silent for `streamIdleTimeout` (no keep-alive: a dead connection)
+   * is dropped and reopened; one that is not `text/event-stream`, or ends soon without an
+   * event, counts as a failure (backoff), so a broken answer never turns into a hot loop.
    * @param {Account} account
    */
   async stream(account) {
@@ -886,29 +1018,33 @@ export class TrunkSyncClient {
     let attempt = 0;
     while (!signal.aborted) {
       let wait = 0;
+      const watchdog = new Deadline(signal, this.streamIdleTimeout);
       try {
         const token = await this.accessToken();
         const response = await this.fetch(`${this.url}/sync/v1/stream?after=${lastSeq}`, {
           headers: { Authorization: `Bearer ${token}`, Accept: 'text/event-stream', 'Last-Event-ID': String(lastSeq) },
           cache: 'no-store',
-          signal,
+          signal: watchdog.signal,
         });
         if (response.status === 401) {
           await response.body?.cancel();
           await this.refresh(token);
           continue;
         }
-        if (!response.ok || !response.body) {
+        const type = (response.headers.get('Content-Type') ?? '').toLowerCase();
+        if (!response.ok || !response.body || !type.startsWith('text/event-stream')) {
           await response.body?.cancel();
           const retryAfter = parseRetryAfter(response.headers.get('Retry-After'));
           wait = retryAfter !== null ? retryAfterDelay(retryAfter) : backoffDelay(attempt++, this.retry);
         } else {
-          attempt = 0;
+          const opened = Date.now();
+          let delivered = false;
           const parser = new SSEParser();
           const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
           for (;;) {
             const { value, done } = await reader.read();
             if (done) break;
+            watchdog.reset();
             const events = [];
             for (const message of parser.push(value)) {
               if (message.event !== 'event') continue;
@@ -918,18 +1054,29 @@ export class TrunkSyncClient {
               lastSeq = event.seq;
             }
             if (events.length > 0) {
+              delivered = true;
               this.deliver(events);
               account.post({ kind: 'live', events });
               const seq = lastSeq;
               transact(db, ['meta'], 'readwrite', (tx) => tx.objectStore('meta').put(seq, 'live')).catch(() => {});
             }
           }
-          // A clean end (token expired, server shutting down): reconnect at once.
+          // A clean end (token expired, server shutting down): reconnect after the stream's
+          // `retry:`; after backoff too when it brought nothing and did not last.
+          const floor = Math.min(parser.retry ?? 0, this.retry.maxRetryAfter);
+          if (delivered || Date.now() - opened >= this.streamIdleTimeout) {
+            attempt = 0;
+            wait = floor;
+          } else {
+            wait = Math.max(floor, backoffDelay(attempt++, this.retry));
+          }
         }
       } catch (error) {
         if (signal.aborted) return;
         if (error instanceof TrunkSyncError && error.code === 'session_expired') return;
         wait = backoffDelay(attempt++, this.retry);
+      } finally {
+        watchdog.clear();
       }
       if (wait > 0) await sleep(wait, signal);
     }

@@ -9,6 +9,7 @@ import {
   backoffDelay,
   firstBatch,
   parseRetryAfter,
+  pushResults,
   refusedEvents,
   retryAfterDelay,
   utf8Length,
@@ -91,4 +92,37 @@ test('a 400 names the refused events by index, first problem each', () => {
   assert.deepEqual(refused.get(2), { field: 'payload', reason: 'contains \\u0000' });
   assert.equal(refusedEvents({ code: 'invalid_json' }).size, 0);
   assert.equal(refusedEvents(null).size, 0);
+});
+
+test('a push answer names the events stored; anything else names none', () => {
+  const answer = {
+    accepted: 1,
+    duplicates: 1,
+    results: [
+      { client_id: 'a', status: 'created', seq: 1 },
+      { client_id: 'b', status: 'duplicate', seq: 2 },
+      { client_id: 'c', status: 'refused' },
+      { status: 'created' },
+      null,
+    ],
+  };
+  assert.deepEqual([...pushResults(answer)], [
+    ['a', 'created'],
+    ['b', 'duplicate'],
+  ]);
+  assert.equal(pushResults(null), null); // a 204
+  assert.equal(pushResults({ accepted: 3, duplicates: 0 }), null);
+  assert.equal(pushResults('ok'), null);
+  assert.equal(pushResults({ results: [] }).size, 0);
+});
+
+test('SSE framing: a CR ending a chunk, then LF, then LF (the blank line) in separate chunks', () => {
+  const parser = new SSEParser();
+  const chunks = ['id: 1\r', '\n', 'data: {"seq":1}\r', '\n', '\n'];
+  const messages = chunks.flatMap((chunk) => parser.push(chunk));
+  assert.deepEqual(messages, [{ id: '1', event: 'message', data: '{"seq":1}' }]);
+  const empty = new SSEParser();
+  assert.deepEqual([...empty.push('data: x\r'), ...empty.push(''), ...empty.push('\n'), ...empty.push('\r\n')], [
+    { id: '', event: 'message', data: 'x' },
+  ]);
 });
