@@ -75,7 +75,9 @@ public struct LogRecovery: Sendable, Equatable {
 
 /// An append-only, crash-safe log of events (the format is `FramedLog`'s): the outbox,
 /// and the quarantine beside it. It keeps only an index in memory (id, type, where the
-/// frame is) and reads payloads back when a batch is pushed.
+/// frame is) and reads payloads back when a batch is pushed; opening reads the file in
+/// chunks (`FramedLog.scan`) and rewriting copies it frame by frame, so no step holds the
+/// whole file, however large an outbox grew offline.
 ///
 /// Every change is one frame written and synced before the method returns: `append`
 /// (events), `remove` (an `ack` or `drop` of ids). When no event is left the file is cut
@@ -89,7 +91,7 @@ final class EventLog {
 
     let url: URL
     private var file: DurableFile
-    private var end: Int
+    private var end = 0
     /// Live ids in the order they were appended (ids removed since may linger until
     /// `pruneOrder`).
     private var order: [UUID] = []
@@ -103,23 +105,14 @@ final class EventLog {
     /// Rewrite when at least this many frames are dead and they outnumber the live ones.
     static let compactionThreshold = 1000
 
-    init(url: URL) throws {
+    /// Opens (or creates) the log at `url`, reading it `scanChunkSize` bytes at a time.
+    init(url: URL, scanChunkSize: Int = FramedLog.scanChunkSize) throws {
         self.url = url
         let existed = FileManager.default.fileExists(atPath: url.path)
         file = try DurableFile(path: url.path)
-        let bytes = try file.readAll()
-        let scan = try FramedLog.scan(bytes, path: url.path)
-        if scan.validEnd == 0 {
-            // New (or its creation was torn): write the header.
-            try file.truncate(to: 0)
-            try file.write(FramedLog.header, at: 0)
-            try file.sync()
-            if !existed { try FileSystem.syncDirectory(url.deletingLastPathComponent()) }
-            end = FramedLog.header.count
-        } else {
-            end = scan.validEnd
-        }
-        for frame in scan.frames {
+        let scan = try FramedLog.scan(
+            size: try file.size(), chunkSize: scanChunkSize, path: url.path, read: file.read(at:count:)
+        ) { frame in
             let record: LogRecord
             do {
                 record = try Self.decode(Data(frame.body))
@@ -130,10 +123,26 @@ final class EventLog {
             }
             apply(record, frame: frame.range)
         }
+        if scan.validEnd == 0 {
+            // New (or its creation was torn): write the header.
+            try file.truncate(to: 0)
+            try file.write(FramedLog.header, at: 0)
+            try file.sync()
+            if !existed { try FileSystem.syncDirectory(url.deletingLastPathComponent()) }
+            end = FramedLog.header.count
+        } else {
+            end = scan.validEnd
+        }
         if scan.needsRewrite {
             let copy = url.deletingLastPathComponent()
                 .appendingPathComponent("\(url.lastPathComponent).damaged-\(Int(Date().timeIntervalSince1970 * 1000))")
-            try FileSystem.writeAtomically(scan.damaged.flatMap { $0 }, to: copy)
+            try FileSystem.writeAtomically(to: copy) { append in
+                for range in scan.damaged {
+                    for start in stride(from: range.lowerBound, to: range.upperBound, by: FileSystem.writeStep) {
+                        try append(try file.read(at: start, count: min(FileSystem.writeStep, range.upperBound - start)))
+                    }
+                }
+            }
             try rewrite()
             recovery = LogRecovery(
                 file: url, tornBytesDropped: scan.tornBytes, damagedFrames: scan.damaged.count, damagedCopy: copy)
@@ -268,23 +277,30 @@ final class EventLog {
         }
     }
 
-    /// Writes the live frames to a new file and renames it over this one.
+    /// Writes the live frames to a new file and renames it over this one (a frame at a
+    /// time: the log is never held in memory whole).
     func rewrite() throws {
         pruneOrder()
         let live = order[orderStart...].filter { entries[$0] != nil }
-        var bytes = FramedLog.header
+        var size = FramedLog.header.count
         var moved: [UUID: Entry] = [:]
-        for id in live {
-            guard var entry = entries[id] else { continue }
-            let frame = try file.read(at: entry.frame.lowerBound, count: entry.frame.count)
-            entry.frame = bytes.count..<(bytes.count + frame.count)
-            bytes += frame
-            moved[id] = entry
+        try FileSystem.writeAtomically(to: url) { append in
+            try append(FramedLog.header)
+            for id in live {
+                guard var entry = entries[id] else { continue }
+                let frame = try file.read(at: entry.frame.lowerBound, count: entry.frame.count)
+                guard frame.count == entry.frame.count else {
+                    throw StorageFailure(message: "\(url.path): the frame of event \(id) changed on disk")
+                }
+                entry.frame = size..<(size + frame.count)
+                try append(frame)
+                size += frame.count
+                moved[id] = entry
+            }
         }
-        try FileSystem.writeAtomically(bytes, to: url)
         file.close()
         file = try DurableFile(path: url.path, create: false)
-        end = bytes.count
+        end = size
         entries = moved
         order = live
         orderStart = 0
