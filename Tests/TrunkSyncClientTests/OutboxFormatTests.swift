@@ -226,6 +226,26 @@ final class OutboxFormatTests: XCTestCase {
         XCTAssertEqual(reopened.count, 2)
     }
 
+    /// An event removed and appended again (moved to the quarantine and requeued while
+    /// other events wait) is one event, in its new place, before and after reopening.
+    func testAnEventRemovedAndAppendedAgainIsListedOnce() throws {
+        let (log, events) = try makeLog(3)
+        try log.remove([events[1].clientID], as: .drop)
+        try log.append([events[1]])
+        let expected = [events[0], events[2], events[1]]
+        XCTAssertEqual(try log.all(), expected)
+        XCTAssertEqual(log.ids, expected.map(\.clientID))
+        XCTAssertEqual(try log.oldest(maxEvents: 10), expected)
+        log.close()
+        let reopened = try EventLog(url: logURL)
+        XCTAssertEqual(try reopened.all(), expected)
+        XCTAssertEqual(reopened.ids, expected.map(\.clientID))
+        try reopened.rewrite()
+        XCTAssertEqual(try reopened.all(), expected)
+        try reopened.remove([events[0].clientID], as: .ack)
+        XCTAssertEqual(try reopened.all(), [events[2], events[1]])
+    }
+
     func testBatchesStopAtTheByteLimitButTakeAtLeastOneEvent() throws {
         let (log, events) = try makeLog(10)
         let size = events[0].payload.count + events[0].type.utf8.count

@@ -87,6 +87,9 @@ final class EventLog {
     struct Entry {
         var type: String
         var frame: Range<Int>
+        /// Where the id is in `order`, counting the ids `pruneOrder` dropped: an id removed
+        /// and appended again lingers at its old place too, which is not live.
+        var position: Int
     }
 
     let url: URL
@@ -96,6 +99,8 @@ final class EventLog {
     /// `pruneOrder`).
     private var order: [UUID] = []
     private var orderStart = 0
+    /// Ids `pruneOrder` dropped from the front of `order`.
+    private var orderDropped = 0
     private var entries: [UUID: Entry] = [:]
     /// Frames of the file that no longer carry a live event.
     private var deadFrames = 0
@@ -166,7 +171,7 @@ final class EventLog {
     func contains(_ id: UUID) -> Bool { entries[id] != nil }
 
     /// Live ids, oldest first.
-    var ids: [UUID] { order[orderStart...].filter { entries[$0] != nil } }
+    var ids: [UUID] { liveOrder() }
 
     private func apply(_ record: LogRecord, frame: Range<Int>) {
         switch record.op {
@@ -175,12 +180,15 @@ final class EventLog {
                 deadFrames += 1
                 return
             }
-            if entries[id] != nil {
+            let position: Int
+            if let entry = entries[id] {
                 deadFrames += 1
+                position = entry.position
             } else {
+                position = orderDropped + order.count
                 order.append(id)
             }
-            entries[id] = Entry(type: record.type ?? "", frame: frame)
+            entries[id] = Entry(type: record.type ?? "", frame: frame, position: position)
         case .ack, .drop:
             deadFrames += 1
             for id in record.ids ?? [] where entries.removeValue(forKey: id) != nil { deadFrames += 1 }
@@ -228,9 +236,9 @@ final class EventLog {
         var events: [StoredEvent] = []
         var bytes = 0
         pruneOrder()
-        for id in order[orderStart...] where entries[id] != nil {
+        for index in orderStart..<order.count where isLive(index) {
             if events.count >= maxEvents { break }
-            let event = try read(id)
+            let event = try read(order[index])
             let size = event.payload.count + event.type.utf8.count
             if !events.isEmpty && bytes + size > maxBytes { break }
             bytes += size
@@ -271,6 +279,7 @@ final class EventLog {
             end = FramedLog.header.count
             order = []
             orderStart = 0
+            orderDropped = 0
             deadFrames = 0
         } else if deadFrames >= Self.compactionThreshold && deadFrames > entries.count {
             try rewrite()
@@ -281,7 +290,7 @@ final class EventLog {
     /// time: the log is never held in memory whole).
     func rewrite() throws {
         pruneOrder()
-        let live = order[orderStart...].filter { entries[$0] != nil }
+        let live = liveOrder()
         var size = FramedLog.header.count
         var moved: [UUID: Entry] = [:]
         try FileSystem.writeAtomically(to: url) { append in
@@ -293,6 +302,7 @@ final class EventLog {
                     throw StorageFailure(message: "\(url.path): the frame of event \(id) changed on disk")
                 }
                 entry.frame = size..<(size + frame.count)
+                entry.position = moved.count
                 try append(frame)
                 size += frame.count
                 moved[id] = entry
@@ -304,14 +314,24 @@ final class EventLog {
         entries = moved
         order = live
         orderStart = 0
+        orderDropped = 0
         deadFrames = 0
+    }
+
+    /// Whether the id at `index` of `order` is a live event's place.
+    private func isLive(_ index: Int) -> Bool { entries[order[index]]?.position == orderDropped + index }
+
+    /// Live ids, oldest first.
+    private func liveOrder() -> [UUID] {
+        (orderStart..<order.count).filter(isLive).map { order[$0] }
     }
 
     /// Forgets removed ids at the front of `order` (acks come oldest first).
     private func pruneOrder() {
-        while orderStart < order.count && entries[order[orderStart]] == nil { orderStart += 1 }
+        while orderStart < order.count && !isLive(orderStart) { orderStart += 1 }
         if orderStart > 4096 && orderStart * 2 > order.count {
             order.removeFirst(orderStart)
+            orderDropped += orderStart
             orderStart = 0
         }
     }
