@@ -50,8 +50,8 @@ final class OutboxFormatTests: XCTestCase {
         XCTAssertEqual(Array(frame[0..<4]), [0, 0, 0, UInt8(body.count)])
         XCTAssertEqual(FramedLog.readBigEndian(frame, at: 4), CRC32.checksum(body))
         XCTAssertEqual(Array(frame[8...]), body)
-        let scan = try FramedLog.scan(FramedLog.header + frame + frame)
-        XCTAssertEqual(scan.frames.map(\.body), [body, body])
+        let (scan, frames, _) = try scanBytes(FramedLog.header + frame + frame)
+        XCTAssertEqual(frames.map(\.body), [body, body])
         XCTAssertEqual(scan.validEnd, FramedLog.header.count + 2 * frame.count)
         XCTAssertEqual(scan.tornBytes, 0)
         XCTAssertTrue(scan.damaged.isEmpty)
@@ -89,8 +89,7 @@ final class OutboxFormatTests: XCTestCase {
         let (log, events) = try makeLog(3)
         log.close()
         let full = try fileBytes()
-        let scan = try FramedLog.scan(full)
-        let last = try XCTUnwrap(scan.frames.last)
+        let last = try XCTUnwrap(try scanBytes(full).frames.last)
         for cut in stride(from: last.offset + 1, to: full.count, by: 7) {
             try write(Array(full[0..<cut]))
             let reopened = try EventLog(url: logURL)
@@ -123,7 +122,7 @@ final class OutboxFormatTests: XCTestCase {
         let (log, events) = try makeLog(4)
         log.close()
         var bytes = try fileBytes()
-        let frames = try FramedLog.scan(bytes).frames
+        let frames = try scanBytes(bytes).frames
         let damaged = frames[1]
         bytes[damaged.offset + FramedLog.frameHeaderSize + 10] ^= 0xFF
         try write(bytes)
@@ -161,6 +160,58 @@ final class OutboxFormatTests: XCTestCase {
         XCTAssertEqual(Array(try Data(contentsOf: copy)), garbage)
     }
 
+    /// A log opened in 7-byte chunks has the events, the recovery and the file that one
+    /// opened in the default chunks has, whatever a crash or damage left in it.
+    func testAnEventLogReadInSmallChunksIsTheSame() throws {
+        let source = directory.appendingPathComponent("source.log")
+        let log = try EventLog(url: source)
+        let events = [10, 5000, 40, 300, 2, 70].enumerated().map { index, size in
+            StoredEvent(
+                clientID: UUID(), type: "note",
+                payload: Array(#"{"text":"\#(String(repeating: "é", count: size))"}"#.utf8),
+                clientTimestamp: "2026-11-23T10:00:00.00\(index)Z")
+        }
+        for event in events { try log.append([event]) }
+        try log.remove([events[2].clientID], as: .ack)
+        try log.remove([events[4].clientID], as: .drop)
+        log.close()
+        let full = Array(try Data(contentsOf: source))
+        let frames = try scanBytes(full).frames.map(\.range)
+        XCTAssertEqual(frames.count, 8)
+
+        var files: [(String, [UInt8])] = [("clean", full), ("zero tail", full + [UInt8](repeating: 0, count: 100))]
+        files.append(("garbage tail", full + [0xFF, 0xFF, 0xFF, 0xFF, 1, 2, 3]))
+        for cut in [frames[7].lowerBound + 3, frames[7].lowerBound + 20, full.count - 1] {
+            files.append(("cut at \(cut)", Array(full.prefix(cut))))
+        }
+        for index in [1, 3, 6] {
+            var damaged = full
+            damaged[frames[index].upperBound - 2] ^= 0x40
+            files.append(("frame \(index) damaged", damaged))
+        }
+        let live = [events[0], events[1], events[3], events[5]]
+        let expected = ["clean": live, "garbage tail": live, "frame 1 damaged": live.filter { $0 != events[1] }]
+        for (name, bytes) in files {
+            var opened: [(events: [StoredEvent], recovery: LogRecovery?, copy: [UInt8]?, file: [UInt8])] = []
+            for (file, chunkSize) in [("whole", FramedLog.scanChunkSize), ("small", 7)] {
+                let url = directory.appendingPathComponent("\(name)-\(file).log")
+                try Data(bytes).write(to: url)
+                let log = try EventLog(url: url, scanChunkSize: chunkSize)
+                var recovery = log.recovery
+                let copy = try recovery?.damagedCopy.map { Array(try Data(contentsOf: $0)) }
+                recovery?.file = source
+                recovery?.damagedCopy = nil
+                opened.append((try log.all(), recovery, copy, Array(try Data(contentsOf: url))))
+                log.close()
+            }
+            XCTAssertEqual(opened[0].events, opened[1].events, name)
+            if let events = expected[name] { XCTAssertEqual(opened[1].events, events, name) }
+            XCTAssertEqual(opened[0].recovery, opened[1].recovery, name)
+            XCTAssertEqual(opened[0].copy, opened[1].copy, name)
+            XCTAssertEqual(opened[0].file, opened[1].file, name)
+        }
+    }
+
     // MARK: - Acknowledgements and compaction
 
     func testAcknowledgedEventsStayAcknowledgedAfterReopening() throws {
@@ -173,6 +224,26 @@ final class OutboxFormatTests: XCTestCase {
         let reopened = try EventLog(url: logURL)
         XCTAssertEqual(try reopened.all(), [events[1], events[3]])
         XCTAssertEqual(reopened.count, 2)
+    }
+
+    /// An event removed and appended again (moved to the quarantine and requeued while
+    /// other events wait) is one event, in its new place, before and after reopening.
+    func testAnEventRemovedAndAppendedAgainIsListedOnce() throws {
+        let (log, events) = try makeLog(3)
+        try log.remove([events[1].clientID], as: .drop)
+        try log.append([events[1]])
+        let expected = [events[0], events[2], events[1]]
+        XCTAssertEqual(try log.all(), expected)
+        XCTAssertEqual(log.ids, expected.map(\.clientID))
+        XCTAssertEqual(try log.oldest(maxEvents: 10), expected)
+        log.close()
+        let reopened = try EventLog(url: logURL)
+        XCTAssertEqual(try reopened.all(), expected)
+        XCTAssertEqual(reopened.ids, expected.map(\.clientID))
+        try reopened.rewrite()
+        XCTAssertEqual(try reopened.all(), expected)
+        try reopened.remove([events[0].clientID], as: .ack)
+        XCTAssertEqual(try reopened.all(), [events[2], events[1]])
     }
 
     func testBatchesStopAtTheByteLimitButTakeAtLeastOneEvent() throws {

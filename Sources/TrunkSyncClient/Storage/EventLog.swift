@@ -75,7 +75,9 @@ public struct LogRecovery: Sendable, Equatable {
 
 /// An append-only, crash-safe log of events (the format is `FramedLog`'s): the outbox,
 /// and the quarantine beside it. It keeps only an index in memory (id, type, where the
-/// frame is) and reads payloads back when a batch is pushed.
+/// frame is) and reads payloads back when a batch is pushed; opening reads the file in
+/// chunks (`FramedLog.scan`) and rewriting copies it frame by frame, so no step holds the
+/// whole file, however large an outbox grew offline.
 ///
 /// Every change is one frame written and synced before the method returns: `append`
 /// (events), `remove` (an `ack` or `drop` of ids). When no event is left the file is cut
@@ -85,15 +87,20 @@ final class EventLog {
     struct Entry {
         var type: String
         var frame: Range<Int>
+        /// Where the id is in `order`, counting the ids `pruneOrder` dropped: an id removed
+        /// and appended again lingers at its old place too, which is not live.
+        var position: Int
     }
 
     let url: URL
     private var file: DurableFile
-    private var end: Int
+    private var end = 0
     /// Live ids in the order they were appended (ids removed since may linger until
     /// `pruneOrder`).
     private var order: [UUID] = []
     private var orderStart = 0
+    /// Ids `pruneOrder` dropped from the front of `order`.
+    private var orderDropped = 0
     private var entries: [UUID: Entry] = [:]
     /// Frames of the file that no longer carry a live event.
     private var deadFrames = 0
@@ -103,23 +110,14 @@ final class EventLog {
     /// Rewrite when at least this many frames are dead and they outnumber the live ones.
     static let compactionThreshold = 1000
 
-    init(url: URL) throws {
+    /// Opens (or creates) the log at `url`, reading it `scanChunkSize` bytes at a time.
+    init(url: URL, scanChunkSize: Int = FramedLog.scanChunkSize) throws {
         self.url = url
         let existed = FileManager.default.fileExists(atPath: url.path)
         file = try DurableFile(path: url.path)
-        let bytes = try file.readAll()
-        let scan = try FramedLog.scan(bytes, path: url.path)
-        if scan.validEnd == 0 {
-            // New (or its creation was torn): write the header.
-            try file.truncate(to: 0)
-            try file.write(FramedLog.header, at: 0)
-            try file.sync()
-            if !existed { try FileSystem.syncDirectory(url.deletingLastPathComponent()) }
-            end = FramedLog.header.count
-        } else {
-            end = scan.validEnd
-        }
-        for frame in scan.frames {
+        let scan = try FramedLog.scan(
+            size: try file.size(), chunkSize: scanChunkSize, path: url.path, read: file.read(at:count:)
+        ) { frame in
             let record: LogRecord
             do {
                 record = try Self.decode(Data(frame.body))
@@ -130,10 +128,26 @@ final class EventLog {
             }
             apply(record, frame: frame.range)
         }
+        if scan.validEnd == 0 {
+            // New (or its creation was torn): write the header.
+            try file.truncate(to: 0)
+            try file.write(FramedLog.header, at: 0)
+            try file.sync()
+            if !existed { try FileSystem.syncDirectory(url.deletingLastPathComponent()) }
+            end = FramedLog.header.count
+        } else {
+            end = scan.validEnd
+        }
         if scan.needsRewrite {
             let copy = url.deletingLastPathComponent()
                 .appendingPathComponent("\(url.lastPathComponent).damaged-\(Int(Date().timeIntervalSince1970 * 1000))")
-            try FileSystem.writeAtomically(scan.damaged.flatMap { $0 }, to: copy)
+            try FileSystem.writeAtomically(to: copy) { append in
+                for range in scan.damaged {
+                    for start in stride(from: range.lowerBound, to: range.upperBound, by: FileSystem.writeStep) {
+                        try append(try file.read(at: start, count: min(FileSystem.writeStep, range.upperBound - start)))
+                    }
+                }
+            }
             try rewrite()
             recovery = LogRecovery(
                 file: url, tornBytesDropped: scan.tornBytes, damagedFrames: scan.damaged.count, damagedCopy: copy)
@@ -157,7 +171,7 @@ final class EventLog {
     func contains(_ id: UUID) -> Bool { entries[id] != nil }
 
     /// Live ids, oldest first.
-    var ids: [UUID] { order[orderStart...].filter { entries[$0] != nil } }
+    var ids: [UUID] { liveOrder() }
 
     private func apply(_ record: LogRecord, frame: Range<Int>) {
         switch record.op {
@@ -166,12 +180,15 @@ final class EventLog {
                 deadFrames += 1
                 return
             }
-            if entries[id] != nil {
+            let position: Int
+            if let entry = entries[id] {
                 deadFrames += 1
+                position = entry.position
             } else {
+                position = orderDropped + order.count
                 order.append(id)
             }
-            entries[id] = Entry(type: record.type ?? "", frame: frame)
+            entries[id] = Entry(type: record.type ?? "", frame: frame, position: position)
         case .ack, .drop:
             deadFrames += 1
             for id in record.ids ?? [] where entries.removeValue(forKey: id) != nil { deadFrames += 1 }
@@ -219,9 +236,9 @@ final class EventLog {
         var events: [StoredEvent] = []
         var bytes = 0
         pruneOrder()
-        for id in order[orderStart...] where entries[id] != nil {
+        for index in orderStart..<order.count where isLive(index) {
             if events.count >= maxEvents { break }
-            let event = try read(id)
+            let event = try read(order[index])
             let size = event.payload.count + event.type.utf8.count
             if !events.isEmpty && bytes + size > maxBytes { break }
             bytes += size
@@ -262,40 +279,59 @@ final class EventLog {
             end = FramedLog.header.count
             order = []
             orderStart = 0
+            orderDropped = 0
             deadFrames = 0
         } else if deadFrames >= Self.compactionThreshold && deadFrames > entries.count {
             try rewrite()
         }
     }
 
-    /// Writes the live frames to a new file and renames it over this one.
+    /// Writes the live frames to a new file and renames it over this one (a frame at a
+    /// time: the log is never held in memory whole).
     func rewrite() throws {
         pruneOrder()
-        let live = order[orderStart...].filter { entries[$0] != nil }
-        var bytes = FramedLog.header
+        let live = liveOrder()
+        var size = FramedLog.header.count
         var moved: [UUID: Entry] = [:]
-        for id in live {
-            guard var entry = entries[id] else { continue }
-            let frame = try file.read(at: entry.frame.lowerBound, count: entry.frame.count)
-            entry.frame = bytes.count..<(bytes.count + frame.count)
-            bytes += frame
-            moved[id] = entry
+        try FileSystem.writeAtomically(to: url) { append in
+            try append(FramedLog.header)
+            for id in live {
+                guard var entry = entries[id] else { continue }
+                let frame = try file.read(at: entry.frame.lowerBound, count: entry.frame.count)
+                guard frame.count == entry.frame.count else {
+                    throw StorageFailure(message: "\(url.path): the frame of event \(id) changed on disk")
+                }
+                entry.frame = size..<(size + frame.count)
+                entry.position = moved.count
+                try append(frame)
+                size += frame.count
+                moved[id] = entry
+            }
         }
-        try FileSystem.writeAtomically(bytes, to: url)
         file.close()
         file = try DurableFile(path: url.path, create: false)
-        end = bytes.count
+        end = size
         entries = moved
         order = live
         orderStart = 0
+        orderDropped = 0
         deadFrames = 0
+    }
+
+    /// Whether the id at `index` of `order` is a live event's place.
+    private func isLive(_ index: Int) -> Bool { entries[order[index]]?.position == orderDropped + index }
+
+    /// Live ids, oldest first.
+    private func liveOrder() -> [UUID] {
+        (orderStart..<order.count).filter(isLive).map { order[$0] }
     }
 
     /// Forgets removed ids at the front of `order` (acks come oldest first).
     private func pruneOrder() {
-        while orderStart < order.count && entries[order[orderStart]] == nil { orderStart += 1 }
+        while orderStart < order.count && !isLive(orderStart) { orderStart += 1 }
         if orderStart > 4096 && orderStart * 2 > order.count {
             order.removeFirst(orderStart)
+            orderDropped += orderStart
             orderStart = 0
         }
     }

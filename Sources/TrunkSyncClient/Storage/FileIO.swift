@@ -156,12 +156,32 @@ enum FileSystem {
     /// written and synced, renamed over it, and the directory synced. A crash leaves either
     /// the old or the new content, never a mix.
     static func writeAtomically(_ bytes: [UInt8], to url: URL) throws {
+        try writeAtomically(to: url) { append in try append(bytes) }
+    }
+
+    /// How much the streaming `writeAtomically` gathers before it writes.
+    static let writeStep = 1024 * 1024
+
+    /// `writeAtomically` for content too large to hold at once: `produce` hands it over
+    /// piece by piece to `append`, which writes in steps of about `writeStep` bytes.
+    static func writeAtomically(to url: URL, _ produce: (_ append: ([UInt8]) throws -> Void) throws -> Void) throws {
         let temporary = url.deletingLastPathComponent().appendingPathComponent(".\(url.lastPathComponent).tmp")
         _ = unlink(temporary.path)
         let file = try DurableFile(path: temporary.path)
         do {
             try file.truncate(to: 0)
-            try file.write(bytes, at: 0)
+            var pending: [UInt8] = []
+            var written = 0
+            func flush() throws {
+                try file.write(pending, at: written)
+                written += pending.count
+                pending.removeAll(keepingCapacity: true)
+            }
+            try produce { bytes in
+                pending += bytes
+                if pending.count >= writeStep { try flush() }
+            }
+            try flush()
             try file.sync()
             file.close()
         } catch {

@@ -22,10 +22,15 @@ import Foundation
 /// - a frame length outside 1…16 MiB ends the readable part: the rest of the file is
 ///   dropped if it is all zero bytes (a file system that extended the file but never wrote
 ///   the data) and otherwise kept aside as damage.
+///
+/// `scan` reads the file in chunks and hands each frame over as it is read, so opening a
+/// log of any size holds at most about a chunk and the largest frame (≤ 16 MiB) in memory.
 enum FramedLog {
     static let header: [UInt8] = Array("TRUNKSYNC-LOG-1\n".utf8)
     static let frameHeaderSize = 8
     static let maxBodySize = 16 * 1024 * 1024
+    /// How much `scan` reads at a time (a frame larger than this is read whole).
+    static let scanChunkSize = 1024 * 1024
 
     /// One frame read back: where it starts and its body.
     struct Frame: Equatable {
@@ -35,15 +40,15 @@ enum FramedLog {
         var range: Range<Int> { offset..<(offset + FramedLog.frameHeaderSize + body.count) }
     }
 
-    /// What `scan` found.
+    /// What `scan` found, besides the frames it handed over.
     struct Scan: Equatable {
-        var frames: [Frame] = []
         /// Where the readable part ends: the file should be cut here.
         var validEnd: Int
         /// Bytes of a torn last write, dropped.
         var tornBytes = 0
-        /// Bytes of damaged frames and unreadable tails, in file order (to be kept aside).
-        var damaged: [[UInt8]] = []
+        /// Where the damaged frames and unreadable tails are, in file order (their bytes are
+        /// to be kept aside).
+        var damaged: [Range<Int>] = []
         /// Whether the file must be rewritten (damage in the middle) rather than cut.
         var needsRewrite: Bool { !damaged.isEmpty }
     }
@@ -68,48 +73,103 @@ enum FramedLog {
         return bytes
     }
 
-    /// Reads a whole log. An empty file, or one holding only a prefix of the header (a
-    /// creation the crash tore), is an empty log with `validEnd` 0.
-    static func scan(_ bytes: [UInt8], path: String = "log") throws -> Scan {
-        if bytes.count < header.count {
-            guard Array(header.prefix(bytes.count)) == bytes else { throw FormatError.notALog(path) }
-            return Scan(validEnd: 0, tornBytes: bytes.count)
+    /// Reads a log of `size` bytes through `read` (`count` bytes at `offset`, all of them:
+    /// the caller holds the file still), at most about `chunkSize` bytes at a time besides
+    /// a frame larger than that, and calls `visit` with each good frame, in file order. An
+    /// empty file, or one holding only a prefix of the header (a creation the crash tore),
+    /// is an empty log with `validEnd` 0.
+    static func scan(
+        size: Int, chunkSize: Int = scanChunkSize, path: String = "log",
+        read: (_ offset: Int, _ count: Int) throws -> [UInt8], visit: (Frame) throws -> Void
+    ) throws -> Scan {
+        precondition(chunkSize > 0)
+        var window = ScanWindow(size: size, chunkSize: chunkSize)
+        func bytes(_ range: Range<Int>) throws -> ArraySlice<UInt8> {
+            try window.bytes(range, path: path, read: read)
         }
-        guard Array(bytes[0..<header.count]) == header else { throw FormatError.notALog(path) }
+        if size < header.count {
+            guard header.prefix(size).elementsEqual(try bytes(0..<size)) else { throw FormatError.notALog(path) }
+            return Scan(validEnd: 0, tornBytes: size)
+        }
+        guard header.elementsEqual(try bytes(0..<header.count)) else { throw FormatError.notALog(path) }
         var scan = Scan(validEnd: header.count)
         var position = header.count
-        while position < bytes.count {
-            let remaining = bytes.count - position
+        while position < size {
+            let remaining = size - position
             if remaining < frameHeaderSize {
                 scan.tornBytes = remaining
                 break
             }
-            let length = Int(readBigEndian(bytes, at: position))
-            let checksum = readBigEndian(bytes, at: position + 4)
+            let frameHeader = Array(try bytes(position..<(position + frameHeaderSize)))
+            let length = Int(readBigEndian(frameHeader, at: 0))
+            let checksum = readBigEndian(frameHeader, at: 4)
             if length == 0 || length > maxBodySize {
-                let tail = Array(bytes[position...])
-                if tail.allSatisfy({ $0 == 0 }) { scan.tornBytes = tail.count } else { scan.damaged.append(tail) }
+                var zero = true
+                var offset = position
+                while zero && offset < size {
+                    let end = min(offset + chunkSize, size)
+                    zero = try bytes(offset..<end).allSatisfy { $0 == 0 }
+                    offset = end
+                }
+                if zero { scan.tornBytes = remaining } else { scan.damaged.append(position..<size) }
                 break
             }
             let end = position + frameHeaderSize + length
-            if end > bytes.count {
+            if end > size {
                 scan.tornBytes = remaining
                 break
             }
-            let body = Array(bytes[(position + frameHeaderSize)..<end])
+            let body = Array(try bytes((position + frameHeaderSize)..<end))
             if CRC32.checksum(body) != checksum {
-                if end == bytes.count {
+                if end == size {
                     scan.tornBytes = remaining
                     break
                 }
-                scan.damaged.append(Array(bytes[position..<end]))
+                scan.damaged.append(position..<end)
             } else {
-                scan.frames.append(Frame(offset: position, body: body))
+                try visit(Frame(offset: position, body: body))
                 scan.validEnd = end
             }
             position = end
         }
         return scan
+    }
+
+    /// The bytes `scan` has read and not yet passed: reads go forward, at least a chunk at
+    /// a time, and drop what lies before the range asked for.
+    private struct ScanWindow {
+        let size: Int
+        let chunkSize: Int
+        var start = 0
+        var bytes: [UInt8] = []
+
+        init(size: Int, chunkSize: Int) {
+            self.size = size
+            self.chunkSize = chunkSize
+        }
+
+        mutating func bytes(
+            _ range: Range<Int>, path: String, read: (_ offset: Int, _ count: Int) throws -> [UInt8]
+        ) throws -> ArraySlice<UInt8> {
+            let end = start + bytes.count
+            if range.lowerBound < start || range.upperBound > end {
+                var kept =
+                    range.lowerBound >= start && range.lowerBound < end
+                    ? Array(bytes[(range.lowerBound - start)...]) : []
+                bytes = []
+                let from = range.lowerBound + kept.count
+                let count = min(max(range.upperBound - from, chunkSize), size - from)
+                let more = try read(from, count)
+                guard more.count == count else {
+                    throw StorageFailure(
+                        message: "\(path): \(count) bytes expected at byte \(from), \(more.count) read")
+                }
+                kept += more
+                bytes = kept
+                start = range.lowerBound
+            }
+            return bytes[(range.lowerBound - start)..<(range.upperBound - start)]
+        }
     }
 
     static func appendBigEndian(_ value: UInt32, to bytes: inout [UInt8]) {

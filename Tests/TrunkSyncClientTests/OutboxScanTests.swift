@@ -1,0 +1,189 @@
+import Foundation
+import XCTest
+
+@testable import TrunkSyncClient
+
+/// Scans `bytes` as `EventLog` scans a file, collecting the frames and the size of every
+/// read.
+func scanBytes(_ bytes: [UInt8], chunkSize: Int = FramedLog.scanChunkSize) throws -> (
+    scan: FramedLog.Scan, frames: [FramedLog.Frame], reads: [Int]
+) {
+    var frames: [FramedLog.Frame] = []
+    var reads: [Int] = []
+    let scan = try FramedLog.scan(size: bytes.count, chunkSize: chunkSize) { offset, count in
+        reads.append(count)
+        return Array(bytes[offset..<min(offset + count, bytes.count)])
+    } visit: {
+        frames.append($0)
+    }
+    return (scan, frames, reads)
+}
+
+/// Opening a log reads it in chunks (`FramedLog.scan`), so that a large outbox does not
+/// have to fit in memory twice: whatever the chunk size, and wherever frames cross chunk
+/// boundaries, the result is the one a scan of the whole file at once gives.
+final class OutboxScanTests: XCTestCase {
+    /// What a scan of the whole file held in memory finds: the scan as it was before it read
+    /// in chunks, kept as the reference the chunked one must match.
+    struct WholeFileScan: Equatable {
+        var frames: [Piece] = []
+        var validEnd: Int
+        var tornBytes = 0
+        var damaged: [Piece] = []
+        var notALog = false
+    }
+
+    /// A frame (its body) or damaged bytes, short enough to read in a failure message.
+    struct Piece: Equatable, CustomStringConvertible {
+        var range: Range<Int>
+        var checksum: UInt32
+        init(_ range: Range<Int>, _ bytes: [UInt8]) {
+            self.range = range
+            checksum = CRC32.checksum(bytes)
+        }
+        var description: String { "\(range) crc \(checksum)" }
+    }
+
+    static func wholeFileScan(_ bytes: [UInt8]) -> WholeFileScan {
+        let header = FramedLog.header
+        if bytes.count < header.count {
+            guard Array(header.prefix(bytes.count)) == bytes else { return WholeFileScan(validEnd: 0, notALog: true) }
+            return WholeFileScan(validEnd: 0, tornBytes: bytes.count)
+        }
+        guard Array(bytes[0..<header.count]) == header else { return WholeFileScan(validEnd: 0, notALog: true) }
+        var scan = WholeFileScan(validEnd: header.count)
+        var position = header.count
+        while position < bytes.count {
+            let remaining = bytes.count - position
+            if remaining < FramedLog.frameHeaderSize {
+                scan.tornBytes = remaining
+                break
+            }
+            let length = Int(FramedLog.readBigEndian(bytes, at: position))
+            let checksum = FramedLog.readBigEndian(bytes, at: position + 4)
+            if length == 0 || length > FramedLog.maxBodySize {
+                let tail = Array(bytes[position...])
+                if tail.allSatisfy({ $0 == 0 }) {
+                    scan.tornBytes = tail.count
+                } else {
+                    scan.damaged.append(Piece(position..<bytes.count, tail))
+                }
+                break
+            }
+            let end = position + FramedLog.frameHeaderSize + length
+            if end > bytes.count {
+                scan.tornBytes = remaining
+                break
+            }
+            let body = Array(bytes[(position + FramedLog.frameHeaderSize)..<end])
+            if CRC32.checksum(body) != checksum {
+                if end == bytes.count {
+                    scan.tornBytes = remaining
+                    break
+                }
+                scan.damaged.append(Piece(position..<end, Array(bytes[position..<end])))
+            } else {
+                scan.frames.append(Piece(position..<end, body))
+                scan.validEnd = end
+            }
+            position = end
+        }
+        return scan
+    }
+
+    static let chunkSizes = [1, 7, 64, 4096]
+
+    /// A log of frames of many sizes (some far larger than the small chunks), events and
+    /// acknowledgements.
+    static func log() -> (bytes: [UInt8], frames: [Range<Int>]) {
+        var bytes = FramedLog.header
+        var frames: [Range<Int>] = []
+        for (index, size) in [1, 30, 700, 5, 3000, 64, 63, 65, 200].enumerated() {
+            let body =
+                index == 5
+                ? Array(#"{"op":"ack","ids":[]}"#.utf8)
+                : Array(#"{"op":"event","n":"\#(String(repeating: "x", count: size))"}"#.utf8)
+            let frame = FramedLog.frame(body)
+            frames.append(bytes.count..<(bytes.count + frame.count))
+            bytes += frame
+        }
+        return (bytes, frames)
+    }
+
+    /// Every file the format's recovery rules distinguish, built from `log()`.
+    static func damagedFiles() -> [(String, [UInt8])] {
+        let (full, frames) = log()
+        var files: [(String, [UInt8])] = [
+            ("empty", []), ("clean", full), ("not a log", Array("hello, not a log".utf8)),
+        ]
+        for cut in 0..<FramedLog.header.count { files.append(("header cut at \(cut)", Array(full.prefix(cut)))) }
+        for cut in stride(from: FramedLog.header.count, to: full.count, by: 3) {
+            files.append(("cut at \(cut)", Array(full.prefix(cut))))
+        }
+        for (index, frame) in frames.enumerated() {
+            var body = full
+            body[frame.upperBound - 1] ^= 0x5A
+            files.append(("body of frame \(index) damaged", body))
+            var checksum = full
+            checksum[frame.lowerBound + 5] ^= 0x01
+            files.append(("checksum of frame \(index) damaged", checksum))
+            var zeroLength = full
+            for offset in frame.lowerBound..<(frame.lowerBound + 4) { zeroLength[offset] = 0 }
+            files.append(("length of frame \(index) zero", zeroLength))
+            var huge = full
+            huge[frame.lowerBound] = 0x7F
+            files.append(("length of frame \(index) too large", huge))
+            var longer = full
+            longer[frame.lowerBound + 3] &+= 1
+            files.append(("length of frame \(index) one longer", longer))
+        }
+        var two = full
+        two[frames[1].upperBound - 1] ^= 0xFF
+        two[frames[4].upperBound - 1] ^= 0xFF
+        files.append(("two frames damaged", two))
+        files.append(("zero tail", full + [UInt8](repeating: 0, count: 5000)))
+        files.append(("short zero tail", full + [0, 0, 0]))
+        files.append(("garbage tail", full + [0xFF, 0xFF, 0xFF, 0xFF] + Array("not a frame".utf8)))
+        files.append(("zero tail ending in garbage", full + [UInt8](repeating: 0, count: 300) + [1]))
+        var zeroedMiddle = full
+        for offset in frames[2].lowerBound..<frames[4].upperBound { zeroedMiddle[offset] = 0 }
+        files.append(("zeros before frames", zeroedMiddle))
+        return files
+    }
+
+    func testTheChunkedScanFindsWhatAWholeFileScanFinds() throws {
+        for (name, bytes) in Self.damagedFiles() {
+            let expected = Self.wholeFileScan(bytes)
+            for chunkSize in Self.chunkSizes + [bytes.count + 1] {
+                let context = "\(name), chunks of \(chunkSize)"
+                do {
+                    let (scan, frames, _) = try scanBytes(bytes, chunkSize: chunkSize)
+                    XCTAssertFalse(expected.notALog, context)
+                    let found = WholeFileScan(
+                        frames: frames.map { Piece($0.range, $0.body) }, validEnd: scan.validEnd,
+                        tornBytes: scan.tornBytes, damaged: scan.damaged.map { Piece($0, Array(bytes[$0])) })
+                    XCTAssertEqual(found, expected, context)
+                } catch FramedLog.FormatError.notALog {
+                    XCTAssertTrue(expected.notALog, context)
+                }
+            }
+        }
+    }
+
+    /// The bound on memory: no read is larger than a chunk or the frame being read, and no
+    /// byte is read twice.
+    func testTheScanReadsAChunkOrAFrameAtATime() throws {
+        let (full, frames) = Self.log()
+        let largestFrame = try XCTUnwrap(frames.map(\.count).max())
+        for (name, bytes) in Self.damagedFiles() where bytes.count > FramedLog.header.count {
+            for chunkSize in Self.chunkSizes {
+                let (_, _, reads) = try scanBytes(bytes, chunkSize: chunkSize)
+                let context = "\(name), chunks of \(chunkSize)"
+                XCTAssertLessThanOrEqual(reads.max() ?? 0, max(chunkSize, largestFrame), context)
+                XCTAssertLessThanOrEqual(reads.reduce(0, +), bytes.count, context)
+            }
+        }
+        let (_, _, reads) = try scanBytes(full, chunkSize: 64)
+        XCTAssertEqual(reads.reduce(0, +), full.count)
+    }
+}
