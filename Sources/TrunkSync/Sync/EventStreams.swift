@@ -14,10 +14,10 @@ import Synchronization
 /// `Entry` and the hub's note of its cursor. When the user's events change (a `NOTIFY` from
 /// any instance) the hub — one task per user with streams — reads what is new once per
 /// cursor its streams wait at, and writes the page into each of their writers: ten thousand
-/// tabs of one account cost one select and no task wake-up each, and the page's bytes are
-/// shared by every writer until the loop copies them into its sockets. Whoever ends a stream
-/// (the ticker, the hub, the connection's close handler, its producer) does so through
-/// `Entry.finish(_:)`, once.
+/// tabs of one account cost one select and no task wake-up each, and each loop sends one
+/// framed copy of the page's bytes to every stream of its own that has nothing waiting.
+/// Whoever ends a stream (the ticker, the hub, the connection's close handler, its producer)
+/// does so through `Entry.finish(_:)`, once.
 public final class EventStreams: Sendable {
     /// Limits and timing (`TRUNK_SYNC_STREAM_*`).
     public struct Settings: Sendable {
@@ -527,22 +527,26 @@ final class LiveHub: Sendable {
         // reference count is bumped by two threads at once (one copy per loop, not per stream).
         let bytes = page.eventsJSON.withUnsafeBufferPointer { Array($0) }
         var revoked = streams.revocations.map(RevokedSessions.init)
-        for entry in entries {
-            if revoked?.contains(entry.session) == true {
-                entry.finish(.revoked)
-                continue
-            }
-            guard page.count > 0 else { continue }
-            // Live events go to every stream at once: one that has no room for them is
-            // too far behind to buffer for; it ends and resumes from its last id.
-            switch entry.writer.writeIfRoom(bytes) {
-            case .written:
-                written += 1
-                if let lastSeq = page.lastSeq { entry.park(at: lastSeq) }
-            case .full: entry.finish(.slowReader)
-            // The connection is gone (its close handler ends the stream too) or the stream
-            // ended meanwhile (then this does nothing).
-            case .closed: entry.finish(.clientGone)
+        // Written to every stream first, then sent to every socket that had nothing waiting,
+        // back to back (`HTTPBodyFanOut`).
+        HTTPBodyFanOut.write(bytes) { fanOut in
+            for entry in entries {
+                if revoked?.contains(entry.session) == true {
+                    entry.finish(.revoked)
+                    continue
+                }
+                guard page.count > 0 else { continue }
+                // Live events go to every stream at once: one that has no room for them is
+                // too far behind to buffer for; it ends and resumes from its last id.
+                switch fanOut.writeIfRoom(entry.writer) {
+                case .written:
+                    written += 1
+                    if let lastSeq = page.lastSeq { entry.park(at: lastSeq) }
+                case .full: entry.finish(.slowReader)
+                // The connection is gone (its close handler ends the stream too) or the stream
+                // ended meanwhile (then this does nothing).
+                case .closed: entry.finish(.clientGone)
+                }
             }
         }
         return written
