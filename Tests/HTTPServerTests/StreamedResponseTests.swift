@@ -21,6 +21,8 @@ final class StreamedResponseTests: XCTestCase {
         let closeReasons = Mutex<[HTTPBodyWriter.CloseReason]>([])
         /// Writes made on the writer's own loop thread.
         let writesOnLoop = Atomic<Int>(0)
+        /// The writers of `/parked` bodies, in the order their producers returned.
+        let parked = Mutex<[HTTPBodyWriter]>([])
     }
 
     struct Responder: HTTPResponder {
@@ -112,6 +114,15 @@ final class StreamedResponseTests: XCTestCase {
                         try? await writer.write(Array("open\n".utf8))
                         probe.detached.withLock { $0 = writer }
                         probe.producerEnded.add(1, ordering: .relaxed)
+                    }, 0)
+            case "/parked":
+                // A body its producer hands over and returns from, as an event stream is parked:
+                // the test writes to it (`HTTPBodyFanOut`) and ends it.
+                return .now(
+                    .streamed(.ok, bufferLimit: 16 * 1024, shutdown: .cancel) { writer in
+                        writer.detach { _ in writer.finish() }
+                        try? await writer.write(Array("open\n".utf8))
+                        probe.parked.withLock { $0.append(writer) }
                     }, 0)
             case "/head-only":
                 return .now(
@@ -310,5 +321,133 @@ final class StreamedResponseTests: XCTestCase {
         writer.detach { reason in reasons.withLock { $0.append(reason) } }
         writer.detach { _ in reasons.withLock { $0.append(.shutdown) } }  // ignored
         XCTAssertEqual(reasons.withLock { $0 }, [.connectionClosed])
+    }
+
+    // MARK: - The loop's table of streamed bodies, and fan-outs
+
+    /// Opens `count` `/parked` bodies, each read up to its first chunk; returns the clients and
+    /// the writers, in the same order.
+    func openParked(_ count: Int, receiveBuffer: Int32? = nil) throws -> [(TestClient, HTTPBodyWriter)] {
+        var opened: [(TestClient, HTTPBodyWriter)] = []
+        for index in 0..<count {
+            let client = try TestClient(port: server.port, receiveBuffer: receiveBuffer)
+            try client.send("GET /parked HTTP/1.1\r\nHost: x\r\n\r\n")
+            _ = try client.readHead()
+            XCTAssertEqual(try client.readChunk(), "open\n")
+            try eventually { probe.parked.withLock { $0.count } == index + 1 }
+            opened.append((client, try XCTUnwrap(probe.parked.withLock { $0.last })))
+        }
+        return opened
+    }
+
+    /// Runs `body` on `writer`'s loop's thread, as a fan-out's share runs.
+    func onLoop<T: Sendable>(of writer: HTTPBodyWriter, _ body: @escaping @Sendable () -> T) async -> T {
+        await Task(executorPreference: writer.loop) { body() }.value
+    }
+
+    func testAStreamedBodyLeavesItsLoopsTableWhenItEndsOrItsConnectionCloses() async throws {
+        let opened = try openParked(4)
+        XCTAssertEqual(server.streamedBodyCount, 4)
+        // The client goes away.
+        opened[0].0.close()
+        try eventually { server.streamedBodyCount == 3 }
+        // The body is finished: the connection goes on to its next request.
+        opened[1].1.finish()
+        XCTAssertEqual(try opened[1].0.readChunkedBody(), "")
+        try eventually { server.streamedBodyCount == 2 }
+        // A body whose producer returns without finishing (abandoned) and a finished one on
+        // one connection, in turn: neither stays.
+        try opened[1].0.send("GET /abandon HTTP/1.1\r\nHost: x\r\n\r\n")
+        _ = try opened[1].0.readHead()
+        XCTAssertEqual(String(decoding: try opened[1].0.readUntilClose(), as: UTF8.self), "7\r\npartial\r\n")
+        try eventually { server.streamedBodyCount == 2 }
+        // The others still get what is written to them (the table's places moved).
+        let bytes = Array("still here\n".utf8)
+        for (client, writer) in opened[2...] {
+            let result = await onLoop(of: writer) {
+                var result = HTTPBodyWriter.WriteResult.closed
+                HTTPBodyFanOut.write(bytes) { result = $0.writeIfRoom(writer) }
+                return result
+            }
+            XCTAssertEqual(result, .written)
+            XCTAssertEqual(try client.readChunk(), "still here\n")
+        }
+        // Shutdown ends the rest.
+        server.shutdown()
+        await server.waitUntilStopped()
+        XCTAssertEqual(server.streamedBodyCount, 0)
+    }
+
+    func testFanOutSendsEveryBodyTheBytesOnceAndAfterWhatWaitsBeforeThem() async throws {
+        let opened = try openParked(3)
+        let writers = opened.map(\.1)
+        let event = Array("event\n".utf8)
+        // One body has a write waiting, made on the loop just before: it goes first. The others
+        // had nothing waiting: their sockets have the bytes when the fan-out returns.
+        let (results, buffered) = await onLoop(of: writers[0]) { () -> ([HTTPBodyWriter.WriteResult], [Int]) in
+            _ = writers[0].writeIfRoom(Array("first\n".utf8))
+            var results: [HTTPBodyWriter.WriteResult] = []
+            HTTPBodyFanOut.write(event) { fanOut in
+                for writer in writers { results.append(fanOut.writeIfRoom(writer)) }
+            }
+            return (results, writers.map(\.bufferedByteCount))
+        }
+        XCTAssertEqual(results, [.written, .written, .written])
+        XCTAssertEqual(buffered[1...], [0, 0], "sent by the time the fan-out returned")
+        XCTAssertGreaterThan(buffered[0], 0, "queued behind the waiting write")
+        XCTAssertEqual(try opened[0].0.readChunk(), "first\nevent\n")
+        XCTAssertEqual(try opened[1].0.readChunk(), "event\n")
+        XCTAssertEqual(try opened[2].0.readChunk(), "event\n")
+        // Off the loop's thread: written as `writeIfRoom` writes, sent by the loop.
+        var offLoop: [HTTPBodyWriter.WriteResult] = []
+        HTTPBodyFanOut.write(Array("later\n".utf8)) { fanOut in
+            for writer in writers { offLoop.append(fanOut.writeIfRoom(writer)) }
+        }
+        XCTAssertEqual(offLoop, [.written, .written, .written])
+        for (client, _) in opened { XCTAssertEqual(try client.readChunk(), "later\n") }
+        // An ended body takes nothing; the others go on.
+        writers[1].finish()
+        XCTAssertEqual(try opened[1].0.readChunkedBody(), "")
+        let last = await onLoop(of: writers[0]) { () -> [HTTPBodyWriter.WriteResult] in
+            var results: [HTTPBodyWriter.WriteResult] = []
+            HTTPBodyFanOut.write(event) { fanOut in
+                for writer in writers { results.append(fanOut.writeIfRoom(writer)) }
+            }
+            return results
+        }
+        XCTAssertEqual(last, [.written, .closed, .written])
+        XCTAssertEqual(try opened[0].0.readChunk(), "event\n")
+        XCTAssertEqual(try opened[2].0.readChunk(), "event\n")
+    }
+
+    func testFanOutToAClientThatDoesNotReadHoldsBoundedBytesAndSendsThemWholeInOrder() async throws {
+        let opened = try openParked(1, receiveBuffer: 4096)
+        let (client, writer) = opened[0]
+        // Blocks of 4 KiB, each of its own letter, until the body refuses one: what the socket
+        // did not take is held, then queued up to the limit (16 KiB), never more.
+        var sent: [UInt8] = []
+        var mostBuffered = 0
+        var refused = false
+        for index in 0..<2000 {
+            let block = [UInt8](repeating: UInt8(ascii: "a") + UInt8(index % 26), count: 4096)
+            let (result, buffered) = await onLoop(of: writer) { () -> (HTTPBodyWriter.WriteResult, Int) in
+                var result = HTTPBodyWriter.WriteResult.closed
+                HTTPBodyFanOut.write(block) { result = $0.writeIfRoom(writer) }
+                return (result, writer.bufferedByteCount)
+            }
+            mostBuffered = max(mostBuffered, buffered)
+            if result == .full {
+                refused = true
+                break
+            }
+            XCTAssertEqual(result, .written)
+            sent += block
+        }
+        XCTAssertTrue(refused, "the client reads nothing: the body fills up")
+        XCTAssertLessThanOrEqual(mostBuffered, 16 * 1024 + 4096 + 16, "the limit and one write (and its framing)")
+        writer.finish()
+        let body = try client.readChunkedBody()
+        XCTAssertEqual(body.utf8.count, sent.count)
+        XCTAssertTrue(body.utf8.elementsEqual(sent), "every block whole, in order")
     }
 }

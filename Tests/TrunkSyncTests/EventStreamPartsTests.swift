@@ -1,10 +1,10 @@
 import Foundation
-import HTTPServer
 import Logging
 import Postgres
 import TestSupport
 import XCTest
 
+@testable import HTTPServer
 @testable import TrunkSync
 
 /// The event stream's parts without a server: its inputs, its slots, and the subscription
@@ -91,6 +91,38 @@ final class EventStreamPartsTests: XCTestCase {
         streams.close()
         streams.release(for: bob, entry: nil)
         XCTAssertThrowsError(try streams.reserve(for: UUID())) { XCTAssertEqual(($0 as? APIError)?.status, 503) }
+        await database.close()
+    }
+
+    func testAStreamThatEndsLeavesItsLoopsShareAndEveryOtherStaysInItsOwnOnce() async throws {
+        let (streams, database) = try streams(perUser: 10, total: 10)
+        let user = UUID()
+        let loops = [LoopExecutor(index: 0, wake: {}), LoopExecutor(index: 1, wake: {})]
+        var entries: [EventStreams.Entry] = []
+        for index in 0..<7 {
+            let hub = try streams.reserve(for: user)
+            let writer = HTTPBodyWriter(bufferLimit: 1024, loop: loops[index % 2], wake: {})
+            entries.append(streams.register(session: UUID(), expiresAt: .max, writer: writer, hub: hub))
+        }
+        let hub = entries[0].hub
+        // Each loop's streams in its own share: 0, 2, 4, 6 and 1, 3, 5.
+        XCTAssertEqual(
+            hub.sharedIDs.map { Set($0) },
+            [Set([0, 2, 4, 6].map { entries[$0].id }), Set([1, 3, 5].map { entries[$0].id })])
+        // Ended first, last and in the middle of their shares: the others stay, each once.
+        for index in [0, 5, 4] { entries[index].finish(.clientGone) }
+        XCTAssertEqual(
+            hub.sharedIDs.map { $0.sorted() },
+            [[2, 6].map { entries[$0].id }.sorted(), [1, 3].map { entries[$0].id }.sorted()])
+        XCTAssertEqual(Set(hub.entries.map(\.id)), Set([1, 2, 3, 6].map { entries[$0].id }))
+        // Ended twice (the hub and the connection's close handler both see it): left once.
+        entries[2].finish(.slowReader)
+        entries[2].finish(.clientGone)
+        XCTAssertEqual(hub.sharedIDs.flatMap { $0 }.sorted(), [1, 3, 6].map { entries[$0].id }.sorted())
+        for index in [1, 3, 6] { entries[index].finish(.shutdown) }
+        XCTAssertEqual(hub.sharedIDs.flatMap { $0 }, [])
+        XCTAssertEqual(streams.openCount, 0)
+        streams.close()
         await database.close()
     }
 

@@ -30,6 +30,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private var reserveFD: Int32 = -1
     private(set) var boundPort = 0
     private var connections: [Int32: Connection<Context>] = [:]
+    /// This loop's streamed bodies, for fan-outs (`HTTPBodyFanOut`).
+    private let streamTable = StreamTable()
     /// The server's caps, shared by all its loops: connections in all, and per client
     /// (`IPAddress.client`).
     private let caps: ConnectionCaps
@@ -101,6 +103,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     var statistics: (connections: Int, inFlight: Int) {
         (connectionCount.load(ordering: .relaxed), inFlightCount.load(ordering: .relaxed))
     }
+
+    /// Streamed bodies in this loop's table now.
+    var streamedBodyCount: Int { streamTable.count }
 
     // MARK: - Start and stop
 
@@ -208,6 +213,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         var nextSweep: UInt64 = 0
         var jobsLeft = false
         executor.epoll = epoll
+        executor.streamTable = streamTable
+        streamTable.finishShortSends = { [unowned self] short in finishShortSends(short) }
         executor.attachToCurrentThread()
         while true {
             let writeWithin = responder.loopWillWait()
@@ -248,6 +255,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         close(mailbox.eventFD)
         if reserveFD >= 0 { close(reserveFD) }
         responder.loopDidStop()
+        executor.streamTable = nil
+        streamTable.finishShortSends = nil
         executor.detachFromCurrentThread()
         // Last: from here on, jobs run one at a time off this thread.
         executor.stop()
@@ -772,6 +781,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         }
         writer.started(producer)
         connection.stream = ActiveStream(writer: writer, chunked: chunked, shutdown: body.shutdown)
+        streamTable.join(writer, fd: fd, chunked: chunked)
         // Answered after shutdown began: the producer is told at once, as the others were.
         if shuttingDown, body.shutdown == .cancel { writer.shutdownBegan() }
     }
@@ -789,6 +799,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         // The writer alone, not a copy of the whole `ActiveStream` (a retain and a release of
         // its producer's task too, per stream and commit of a fan-out).
         guard let writer = connection.stream?.writer, !connection.hasPendingOutput else { return false }
+        // The head went out before anything of the body is taken: from now on a fan-out
+        // may send to this socket at once when the writer holds nothing.
+        streamTable.headSent(writer)
         let chunked = connection.stream?.chunked ?? true
         let (chunks, end) = writer.take()
         var size = 0
@@ -808,10 +821,12 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             break
         case .finished:
             connection.stream = nil
+            streamTable.leave(writer)
             connection.lifecycle.streamEnded()
             if chunked { connection.output.append(contentsOf: Self.lastChunk) }
         case .abandoned:
             connection.stream = nil
+            streamTable.leave(writer)
             connection.lifecycle.streamAbandoned()
         }
         if end != .open, !connection.hasPendingOutput {
@@ -1095,6 +1110,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         }
         if let stream = connection.stream {
             connection.stream = nil
+            streamTable.leave(stream.writer)
             stream.writer.close()  // cancels the producer, tells a detached body's holder
         }
         if let webSocket = connection.webSocket {
@@ -1237,4 +1253,28 @@ final class DateHeaderCache {
 private final class LoopThreadBody: @unchecked Sendable {  // runs once, on the new thread
     let body: () -> Void
     init(_ body: @escaping () -> Void) { self.body = body }
+}
+
+extension EventLoop {
+    /// Sends of a fan-out that did not go out whole (`StreamTable.send`): what the socket did
+    /// not take becomes the connection's output, sent as the client reads; a send that
+    /// failed closes the connection (its body's holder is told).
+    fileprivate func finishShortSends(_ short: [StreamTable.ShortSend]) {
+        for send in short {
+            guard let connection = connections[send.target.fd], connection.stream?.writer === send.target.writer
+            else { continue }
+            if send.sent < 0, send.error != EAGAIN, send.error != EWOULDBLOCK {
+                closeConnection(connection)
+                continue
+            }
+            let rest = send.frame[(send.frame.startIndex + max(send.sent, 0))...]
+            // Its head was sent and its writer held nothing: no other output waits.
+            connection.output.removeAll(keepingCapacity: true)
+            connection.outputOffset = 0
+            if connection.output.capacity == 0, let spare = spareOutputs.popLast() { connection.output = spare }
+            connection.output.append(contentsOf: rest)
+            send.target.writer.holdUnsent(rest.count)
+            drive(connection)  // sends what the socket takes now, else waits until it is writable
+        }
+    }
 }

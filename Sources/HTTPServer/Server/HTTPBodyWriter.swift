@@ -136,6 +136,9 @@ public final class HTTPBodyWriter: Sendable {
     /// to many bodies at once (one commit to many streams) can do each loop's share on that
     /// loop, so N loops' threads copy and send in parallel.
     public let loop: LoopExecutor?
+    /// Where this body is in its loop's table of streamed bodies (`StreamTable`), -1 when it
+    /// is in none. Read and written on the loop's thread only.
+    nonisolated(unsafe) var tableIndex = -1
 
     init(bufferLimit: Int, loop: LoopExecutor? = nil, wake: @escaping @Sendable () -> Void) {
         self.bufferLimit = bufferLimit
@@ -200,6 +203,42 @@ public final class HTTPBodyWriter: Sendable {
         }
         if notify { wake() }
         return result
+    }
+
+    /// What `writeIfRoomOrClaim(_:)` did.
+    enum Claim {
+        /// Nothing of the body waits to be sent: the caller (the loop) sends the bytes
+        /// itself, now, and they count as written; none of them was queued.
+        case claimed
+        /// As `writeIfRoom(_:)` said (`.written`: queued).
+        case result(WriteResult)
+    }
+
+    /// `writeIfRoom(_:)`, except that a body with nothing waiting to be sent (nothing queued,
+    /// nothing the loop took and has not sent) queues nothing: the loop sends the bytes
+    /// itself at once (`HTTPBodyFanOut`), and what the socket does not take it holds
+    /// (`holdUnsent(_:)`). One lock either way.
+    func writeIfRoomOrClaim(_ bytes: [UInt8]) -> Claim {
+        let (result, notify) = state.withLock { state -> (Claim, Bool) in
+            guard !state.closed, state.end == .open else { return (.result(.closed), false) }
+            if state.buffered == 0 { return (.claimed, false) }
+            guard state.buffered < bufferLimit else { return (.result(.full), false) }
+            state.chunks.append(bytes)
+            state.buffered += bytes.count
+            defer { state.notified = true }
+            return (.result(.written), !state.notified)
+        }
+        if notify { wake() }
+        return result
+    }
+
+    /// The loop holds `count` bytes of this body that the socket did not take (of a claimed
+    /// write): they count as buffered, and as taken, until the loop's next `take()`.
+    func holdUnsent(_ count: Int) {
+        state.withLock { state in
+            state.buffered += count
+            state.taken += count
+        }
     }
 
     /// Ends the body: what was written is sent, then the end of the body. Later writes fail

@@ -84,6 +84,9 @@ public final class HTTPServer<Responder: HTTPResponder>: Sendable {
 
     /// Open connections and requests in flight of each loop, in order.
     public var loopStatistics: [(connections: Int, inFlight: Int)] { loops.map(\.statistics) }
+
+    /// Streamed bodies in the loops' tables (open streamed responses; for tests).
+    var streamedBodyCount: Int { loops.reduce(0) { $0 + $1.streamedBodyCount } }
 }
 
 /// The server could not start.

@@ -38,6 +38,9 @@ public final class LoopExecutor: TaskExecutor, @unchecked Sendable {
     private nonisolated(unsafe) var sources: [Int32: (_ readable: Bool, _ writable: Bool) -> Void] = [:]
     /// The loop's epoll instance, set before any job runs.
     nonisolated(unsafe) var epoll: Int32 = -1
+    /// The loop's table of streamed bodies, while the loop runs (`HTTPBodyFanOut`); read on
+    /// the loop's thread only.
+    nonisolated(unsafe) var streamTable: StreamTable? = nil
 
     /// The epoll token of a watched descriptor: above every connection's (its descriptor).
     static let sourceTokenBit: UInt64 = 1 << 40

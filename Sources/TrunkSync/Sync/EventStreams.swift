@@ -14,10 +14,10 @@ import Synchronization
 /// `Entry` and the hub's note of its cursor. When the user's events change (a `NOTIFY` from
 /// any instance) the hub — one task per user with streams — reads what is new once per
 /// cursor its streams wait at, and writes the page into each of their writers: ten thousand
-/// tabs of one account cost one select and no task wake-up each, and the page's bytes are
-/// shared by every writer until the loop copies them into its sockets. Whoever ends a stream
-/// (the ticker, the hub, the connection's close handler, its producer) does so through
-/// `Entry.finish(_:)`, once.
+/// tabs of one account cost one select and no task wake-up each, and each loop sends one
+/// framed copy of the page's bytes to every stream of its own that has nothing waiting.
+/// Whoever ends a stream (the ticker, the hub, the connection's close handler, its producer)
+/// does so through `Entry.finish(_:)`, once.
 public final class EventStreams: Sendable {
     /// Limits and timing (`TRUNK_SYNC_STREAM_*`).
     public struct Settings: Sendable {
@@ -422,20 +422,27 @@ final class SharedPulls: Sendable {
 final class LiveHub: Sendable {
     private struct Member {
         let entry: EventStreams.Entry
-        /// Its writer's loop (`HTTPBodyWriter.loop`), by which a fan-out groups the streams:
-        /// kept here, so that grouping them looks at no writer.
-        let loop: LoopExecutor?
+        /// Its share (`State.shares`) and its place among that share's entries.
+        let share: Int
+        var index: Int
     }
 
-    /// The parked streams of one loop that a fan-out writes to.
+    /// The streams of the user whose connections one loop holds (`HTTPBodyWriter.loop`):
+    /// what a fan-out's share on that loop walks.
     private struct Share {
         let loop: LoopExecutor?
-        var entries: [EventStreams.Entry]
+        var entries: [EventStreams.Entry] = []
     }
 
     private struct State {
         /// Every open stream of the user here.
         var members: [UInt64: Member] = [:]
+        /// The same streams by loop, kept as they join and leave: a fan-out hands each loop
+        /// its list as it stands (copied on write), with no pass over the streams to pick them.
+        var shares: [Share] = []
+        /// A cursor streams are parked at — where the last stream parked, or the end of the
+        /// last complete page written — where a fan-out reads first; nil until a stream parks.
+        var hint: Int64? = nil
         var task: Task<Void, Never>? = nil
         var stopped = false
     }
@@ -469,12 +476,36 @@ final class LiveHub: Sendable {
 
     /// A stream of the user opened here.
     func join(_ entry: EventStreams.Entry) {
-        let member = Member(entry: entry, loop: entry.writer.loop)
-        state.withLock { $0.members[entry.id] = member }
+        let loop = entry.writer.loop
+        state.withLock { state in
+            // A handful of loops: found by a look along them, not by hashing.
+            let share =
+                state.shares.firstIndex { $0.loop === loop }
+                ?? {
+                    state.shares.append(Share(loop: loop))
+                    return state.shares.count - 1
+                }()
+            state.members[entry.id] = Member(entry: entry, share: share, index: state.shares[share].entries.count)
+            state.shares[share].entries.append(entry)
+        }
     }
 
-    /// The stream ended.
-    func leave(_ entry: EventStreams.Entry) { state.withLock { _ = $0.members.removeValue(forKey: entry.id) } }
+    /// The stream ended: it leaves the members and its loop's share (whose last stream takes
+    /// its place).
+    func leave(_ entry: EventStreams.Entry) {
+        state.withLock { state in
+            guard let member = state.members.removeValue(forKey: entry.id) else { return }
+            let last = state.shares[member.share].entries.removeLast()
+            if member.index < state.shares[member.share].entries.count {
+                state.shares[member.share].entries[member.index] = last
+                state.members[last.id]?.index = member.index
+            }
+        }
+    }
+
+    /// The streams in the loops' shares, by id, each share's in turn (for tests: every
+    /// member is in one, once).
+    var sharedIDs: [[UInt64]] { state.withLock { $0.shares.map { $0.entries.map(\.id) } } }
 
     /// The user's open streams here.
     var entries: [EventStreams.Entry] { state.withLock { $0.members.values.map(\.entry) } }
@@ -514,38 +545,54 @@ final class LiveHub: Sendable {
         let parked = state.withLock { state -> Bool in
             guard state.members[entry.id] != nil else { return false }
             entry.park(at: cursor)
+            state.hint = cursor
             return true
         }
         if parked, streams.notifier.generation > generation { subscription.wake() }
     }
 
-    /// Writes `page` to `entries` (parked streams of one loop, on that loop's thread);
-    /// returns how many took it.
-    private func write(_ page: EventStore.Page, to entries: [EventStreams.Entry]) -> Int {
+    /// Writes `page`, read after `cursor`, to those of `entries` (the streams of one loop, on
+    /// that loop's thread) parked at `cursor`; returns how many took it and the lowest other
+    /// cursor a stream is parked at that is not in `seen` (nil if none), which the hub reads
+    /// for next.
+    private func write(
+        _ page: EventStore.Page, to entries: [EventStreams.Entry], at cursor: Int64, skipping seen: Set<Int64>
+    ) -> (written: Int, other: Int64?) {
         var written = 0
+        var other: Int64? = nil
         // This loop's own copy of the bytes: every writer of the loop shares it, and no
         // reference count is bumped by two threads at once (one copy per loop, not per stream).
         let bytes = page.eventsJSON.withUnsafeBufferPointer { Array($0) }
         var revoked = streams.revocations.map(RevokedSessions.init)
-        for entry in entries {
-            if revoked?.contains(entry.session) == true {
-                entry.finish(.revoked)
-                continue
-            }
-            guard page.count > 0 else { continue }
-            // Live events go to every stream at once: one that has no room for them is
-            // too far behind to buffer for; it ends and resumes from its last id.
-            switch entry.writer.writeIfRoom(bytes) {
-            case .written:
-                written += 1
-                if let lastSeq = page.lastSeq { entry.park(at: lastSeq) }
-            case .full: entry.finish(.slowReader)
-            // The connection is gone (its close handler ends the stream too) or the stream
-            // ended meanwhile (then this does nothing).
-            case .closed: entry.finish(.clientGone)
+        // Written to every stream first, then sent to every socket that had nothing waiting,
+        // back to back (`HTTPBodyFanOut`).
+        HTTPBodyFanOut.write(bytes) { fanOut in
+            for entry in entries {
+                // Still writing its backlog, or parked elsewhere: not this page's.
+                guard let at = entry.cursor else { continue }
+                guard at == cursor else {
+                    if !seen.contains(at), other.map({ at < $0 }) ?? true { other = at }
+                    continue
+                }
+                if revoked?.contains(entry.session) == true {
+                    entry.finish(.revoked)
+                    continue
+                }
+                guard page.count > 0 else { continue }
+                // Live events go to every stream at once: one that has no room for them is
+                // too far behind to buffer for; it ends and resumes from its last id.
+                switch fanOut.writeIfRoom(entry.writer) {
+                case .written:
+                    written += 1
+                    if let lastSeq = page.lastSeq { entry.park(at: lastSeq) }
+                case .full: entry.finish(.slowReader)
+                // The connection is gone (its close handler ends the stream too) or the stream
+                // ended meanwhile (then this does nothing).
+                case .closed: entry.finish(.clientGone)
+                }
             }
         }
-        return written
+        return (written, other)
     }
 
     /// Writes what is new to every parked stream: one read per cursor they wait at (all at
@@ -553,54 +600,57 @@ final class LiveHub: Sendable {
     private func fanOut() async {
         let generation = streams.notifier.generation
         var seen = Set<Int64>()
-        while true {
-            // The streams parked at one cursor not read for yet (all of them, usually), by
-            // loop: each loop writes its own connections' streams (and then sends them), so
-            // a commit to many streams on N loops is copied and sent by N threads in
-            // parallel. A handful of loops: found by a look along them, not by hashing.
-            let group = state.withLock { state -> (cursor: Int64, byLoop: [Share])? in
-                var cursor: Int64? = nil
-                var byLoop: [Share] = []
-                for member in state.members.values {
-                    guard let at = member.entry.cursor else { continue }
-                    if cursor == nil {
-                        if seen.contains(at) { continue }
-                        cursor = at
-                    }
-                    guard at == cursor else { continue }
-                    if let index = byLoop.firstIndex(where: { $0.loop === member.loop }) {
-                        byLoop[index].entries.append(member.entry)
-                    } else {
-                        var entries: [EventStreams.Entry] = []
-                        entries.reserveCapacity(state.members.count)
-                        entries.append(member.entry)
-                        byLoop.append(Share(loop: member.loop, entries: entries))
-                    }
-                }
-                return cursor.map { ($0, byLoop) }
-            }
-            guard let (cursor, byLoop) = group else { return }
+        // Where streams were last seen parked; each loop's pass names any other cursor.
+        var next = state.withLock { $0.hint }
+        while let cursor = next, !seen.contains(cursor) {
             seen.insert(cursor)
+            // Each loop's streams as they stand: each loop writes its own connections' streams
+            // (and then sends them), so a commit to many streams on N loops is written and sent
+            // by N threads in parallel.
+            let shares = state.withLock { $0.shares }
             let result: SharedPulls.Result
             do {
                 result = try await streams.pulls.page(
                     for: user, after: cursor, limit: streams.settings.pageSize, notBefore: generation)
             } catch {
                 let reason = streams.endAfterFailure(error)
-                for share in byLoop { for entry in share.entries { entry.finish(reason) } }
+                var other: Int64? = nil
+                for share in shares {
+                    for entry in share.entries {
+                        guard let at = entry.cursor else { continue }
+                        if at == cursor {
+                            entry.finish(reason)
+                        } else if !seen.contains(at), other.map({ at < $0 }) ?? true {
+                            other = at
+                        }
+                    }
+                }
+                next = other
                 continue
             }
             let page = result.page
-            // A stream that ended meanwhile refuses the write (`.closed`) and is skipped.
-            let written = await withTaskGroup(of: Int.self) { group in
-                for share in byLoop {
-                    group.addTask(executorPreference: share.loop) { self.write(page, to: share.entries) }
-                }
-                return await group.reduce(0, +)
-            }
-            streams.recordStreamed(written * page.count)
             // Read after the wake-up and complete: streams now at its end are up to date.
             if !page.hasMore, let lastSeq = page.lastSeq { seen.insert(lastSeq) }
+            let visited = seen
+            let (written, other) = await withTaskGroup(of: (written: Int, other: Int64?).self) { group in
+                for share in shares where !share.entries.isEmpty {
+                    group.addTask(executorPreference: share.loop) {
+                        self.write(page, to: share.entries, at: cursor, skipping: visited)
+                    }
+                }
+                return await group.reduce(into: (written: 0, other: Int64?.none)) { sum, part in
+                    sum.written += part.written
+                    if let at = part.other, sum.other.map({ at < $0 }) ?? true { sum.other = at }
+                }
+            }
+            streams.recordStreamed(written * page.count)
+            next = other
+            if page.hasMore, let lastSeq = page.lastSeq, written > 0 {
+                // The streams just written wait at the page's end for the rest.
+                next = next.map { min($0, lastSeq) } ?? lastSeq
+            } else if !page.hasMore, let lastSeq = page.lastSeq, written > 0 {
+                state.withLock { $0.hint = lastSeq }
+            }
         }
     }
 }
