@@ -37,7 +37,9 @@ COPY config /usr/share/trunk-sync/config
 RUN install -d -o trunk -g trunk /var/lib/trunk-sync
 WORKDIR /var/lib/trunk-sync
 USER trunk
-ENV TRUNK_SYNC_HOST=0.0.0.0 TRUNK_SYNC_PORT=8080
+# The image's own migrations, named: a ./migrations in the (writable, possibly mounted)
+# working directory is never taken for them.
+ENV TRUNK_SYNC_HOST=0.0.0.0 TRUNK_SYNC_PORT=8080 TRUNK_SYNC_MIGRATIONS_DIR=/usr/share/trunk-sync/migrations
 EXPOSE 8080
 ENTRYPOINT ["/usr/bin/trunk-sync"]
 CMD ["serve"]

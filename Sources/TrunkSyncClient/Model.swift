@@ -6,7 +6,8 @@ public struct SyncEvent: Sendable, Equatable, Identifiable {
     public var id: UUID
     /// The id the recording device gave the event; the same on every device and retry.
     public var clientID: UUID
-    /// The event's position in the user's log: 1, 2, 3, … with no gaps.
+    /// The event's position in the user's log: 1, 2, 3, …, increasing (consecutive but once
+    /// across a restore of the server's database, which moves it far ahead).
     public var seq: Int64
     public var type: String
     /// The payload's JSON text (an object), exactly as the server returned it.

@@ -62,14 +62,25 @@ struct Migrate: AsyncParsableCommand {
                     for migration in applied { print("applied \(migration.name)") }
                 }
                 if encrypted > 0 { print("encrypted \(encrypted) signing key(s) with TRUNK_SYNC_KEY_ENCRYPTION_KEY") }
-                if case .advanced(let from, let to, let users) = timeline {
+                switch timeline {
+                case .advanced(let from, let to, let users):
                     let cause =
-                        from.flatMap { $0 == to ? nil : $0 }.map {
-                            "the database is on WAL timeline \(to), after \($0): restored or failed over"
-                        } ?? "--after-restore"
+                        afterRestore
+                        ? "--after-restore"
+                        : from.map { "the database is on WAL timeline \(to), after \($0): restored or failed over" }
+                            ?? "the database is on WAL timeline \(to), first recorded now: restored or failed over before"
                     print(
-                        "\(cause); the next seq of \(users) user(s) moved \(SeqTimeline.gap) past the restored one, so devices that saw events the restore took back still receive every new one"
+                        "\(cause); the next seq of \(users) user(s) moved past anything a device may have seen (to the time in microseconds, at least \(SeqTimeline.gap) ahead), so devices that pulled events the restore took back still receive every new one"
                     )
+                case .unavailable(let reason):
+                    print(
+                        "warning: the WAL timeline cannot be read here (\(reason)): after a restore, run trunk-sync migrate --after-restore"
+                    )
+                case .notMigrated where afterRestore:
+                    print(
+                        "--after-restore: nothing moved: migration 0017_seq_timeline.sql is not in this migrations directory"
+                    )
+                case .recorded, .unchanged, .notMigrated: break
                 }
                 switch role {
                 case .sameAsOwner: break

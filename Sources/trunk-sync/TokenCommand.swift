@@ -17,7 +17,7 @@ struct TokenCommand: AsyncParsableCommand {
     func run() async throws {
         try await reportingErrors {
             let configuration = try options.load()
-            try configuration.validateForServe()
+            try configuration.validateForServe(mail: false)
             guard let address = Email(email) else { throw ValidationError("\(email) is not a valid email address") }
             let logger = Logger(label: "trunk-sync.token")
             let application = try Application(configuration: configuration, logger: logger, listen: false)

@@ -364,6 +364,46 @@ final class AuthTests: XCTestCase {
         assertAuthError(after, 401, "session_not_found")
     }
 
+    /// A refresh locks its session before its token: one waiting for the session holds no
+    /// token, so a late retry of the token's parent (which holds the session) can supersede
+    /// it without a deadlock (with the token locked first, PostgreSQL aborted one of the two:
+    /// a 500). The test holds the session as such a retry does.
+    func testARefreshWaitingForItsSessionHoldsNoTokenLock() async throws {
+        let session = try await app.signIn("order@example.com")
+        let (_, successor) = try await rotate(try XCTUnwrap(session["refresh_token"] as? String))
+        let holder = try app.owner()
+        try holder.execute("begin")
+        try holder.query(
+            """
+            select from sessions where id = (select t.session_id from refresh_tokens t join users u on u.id = t.user_id
+                                             where u.email = 'order@example.com' and t.parent_id is not null)
+            for update
+            """)
+        let harness: AppHarness = app
+        let pending = Task {
+            try await harness.request(
+                "POST", "/auth/v1/token?grant_type=refresh_token", json: ["refresh_token": successor])
+        }
+        // Ready once the refresh waits on a lock (the session's).
+        let watcher = try app.owner()
+        let deadline = Date().addingTimeInterval(20)
+        while try watcher.query(
+            "select count(*) from pg_stat_activity where wait_event_type = 'Lock' and datname = current_database()")[0]
+            .decode(Int64.self, column: 0) == 0, Date() < deadline
+        {
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        try holder.execute("set local lock_timeout = '10s'")
+        try holder.query(
+            """
+            update refresh_tokens t set rotated_at = now(), revoked_at = now()
+            from users u where u.id = t.user_id and u.email = 'order@example.com' and t.parent_id is not null
+            """)
+        try holder.execute("commit")
+        // The waiting refresh then finds its token superseded: a replay, the session revoked.
+        assertAuthError(try await pending.value, 400, "refresh_token_already_used")
+    }
+
     func testConcurrentRefreshOfOneTokenGivesBothTabsASession() async throws {
         let session = try await app.signIn("tabs@example.com")
         let token = try XCTUnwrap(session["refresh_token"] as? String)

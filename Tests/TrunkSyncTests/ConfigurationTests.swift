@@ -193,10 +193,16 @@ final class ConfigurationTests: XCTestCase {
         }
         for url in [
             "smtp://mailer:Xk29vQ7pLr@smtp.provider.net", "smtp://127.0.0.1:1025?tls=none", "smtp://mail.examples.com",
+            // A local catcher under .test, and a real password that merely contains a word.
+            "smtp://mailpit.test:1025?tls=none", "smtp://mailer:my-example-Xk29vQ7@smtp.provider.net",
         ] {
             let configuration = try Configuration.load(environment: base.merging(["TRUNK_SYNC_SMTP_URL": url]) { $1 })
             XCTAssertNoThrow(try configuration.validateForServe(), url)
         }
+        // `token` sends no mail: the example URL is no reason to refuse it.
+        let example = try Configuration.load(
+            environment: base.merging(["TRUNK_SYNC_SMTP_URL": "smtp://user:password@smtp.example.com"]) { $1 })
+        XCTAssertNoThrow(try example.validateForServe(mail: false))
         // With the log mailer the URL is not used: nothing to refuse.
         var logMailer = base
         logMailer["TRUNK_SYNC_MAILER"] = "log"

@@ -242,6 +242,8 @@ final class DeploymentFilesTests: XCTestCase {
         // into the working directory, which the image's user must be able to write.
         XCTAssertTrue(dockerfile.contains("install -d -o trunk -g trunk /var/lib/trunk-sync"))
         XCTAssertTrue(dockerfile.contains("WORKDIR /var/lib/trunk-sync"))
+        // …and the migrations are the image's, named: never a ./migrations found there.
+        XCTAssertTrue(dockerfile.contains("TRUNK_SYNC_MIGRATIONS_DIR=/usr/share/trunk-sync/migrations"))
         XCTAssertTrue(dockerfile.contains("-c release"))
         let example = try String(contentsOfFile: repositoryRoot() + "/.env.example", encoding: .utf8)
         let ignored = try String(contentsOfFile: repositoryRoot() + "/.gitignore", encoding: .utf8)

@@ -38,8 +38,9 @@ final class MigrateCommandTests: XCTestCase {
 
     /// After a restore the database runs on another WAL timeline (simulated here by the
     /// recorded one differing): `migrate` moves every user's next seq past anything a device
-    /// may have seen, once, keeping the count of events stored; `--after-restore` does the
-    /// same for a restore that keeps the timeline (`scripts/drill-restore.sh` restores for real).
+    /// may have seen — to the time in microseconds, at least `SeqTimeline.gap` ahead — once,
+    /// keeping the count of events stored; `--after-restore` does the same for a restore that
+    /// keeps the timeline (`scripts/drill-restore.sh` restores and promotes for real).
     func testANewWALTimelineMovesEveryUsersNextSeqOnce() throws {
         XCTAssertEqual(try migrate().status, 0)
         let owner = try PostgresConnection.connect(database)
@@ -47,35 +48,55 @@ final class MigrateCommandTests: XCTestCase {
         XCTAssertGreaterThanOrEqual(current, 1)
         try owner.query(
             "insert into users (email, last_seq) values ('restored@example.com', 7), ('new@example.com', 0)")
+        /// last_seq and the events stored (last_seq - seq_skipped), by email.
         func seqs() throws -> [[Int64]] {
-            try owner.query("select last_seq, seq_skipped from users order by email").map {
+            try owner.query("select last_seq, last_seq - seq_skipped from users order by email").map {
                 [try $0.decode(Int64.self, column: 0), try $0.decode(Int64.self, column: 1)]
             }
+        }
+        func databaseMicroseconds() throws -> Int64 {
+            try owner.query("select (extract(epoch from now()) * 1000000)::int8")[0].decode(Int64.self, column: 0)
         }
         let same = try migrate()
         XCTAssertEqual(same.status, 0, same.stderr)
         XCTAssertFalse(same.stdout.contains("timeline"), same.stdout)
-        XCTAssertEqual(try seqs(), [[0, 0], [7, 0]])
+        XCTAssertEqual(try seqs(), [[0, 0], [7, 7]])
 
         XCTAssertEqual(
             try owner.query("update wal_timeline set timeline = timeline + 1 returning timeline")[0].decode(
                 Int64.self, column: 0), current + 1)
-        XCTAssertEqual(
-            try owner.query("select timeline from wal_timeline")[0].decode(Int64.self, column: 0), current + 1)
+        let before = try databaseMicroseconds()
         let restored = try migrate()
         XCTAssertEqual(restored.status, 0, restored.stderr)
         XCTAssertTrue(restored.stdout.contains("on WAL timeline \(current), after \(current + 1)"), restored.stdout)
-        XCTAssertTrue(restored.stdout.contains("next seq of 2 user(s) moved 1000000000"), restored.stdout)
-        XCTAssertEqual(try seqs(), [[1_000_000_000, 1_000_000_000], [1_000_000_007, 1_000_000_000]])
+        XCTAssertTrue(restored.stdout.contains("the next seq of 2 user(s) moved past anything"), restored.stdout)
+        let moved = try seqs()
+        XCTAssertEqual(moved.map { $0[1] }, [0, 7], "the events stored are still counted")
+        for row in moved { XCTAssertGreaterThanOrEqual(row[0], max(before, row[1] + SeqTimeline.gap)) }
         XCTAssertEqual(try owner.query("select timeline from wal_timeline")[0].decode(Int64.self, column: 0), current)
         let again = try migrate()
         XCTAssertFalse(again.stdout.contains("timeline"), "once: \(again.stdout)")
-        XCTAssertEqual(try seqs()[1], [1_000_000_007, 1_000_000_000])
+        XCTAssertEqual(try seqs(), moved)
 
         let told = try migrate(["--after-restore"])
         XCTAssertEqual(told.status, 0, told.stderr)
         XCTAssertTrue(told.stdout.contains("--after-restore; the next seq of 2 user(s)"), told.stdout)
-        XCTAssertEqual(try seqs()[1], [2_000_000_007, 2_000_000_000], "events stored: still 7")
+        let movedAgain = try seqs()
+        XCTAssertEqual(movedAgain.map { $0[1] }, [0, 7])
+        for (row, earlier) in zip(movedAgain, moved) {
+            XCTAssertGreaterThanOrEqual(row[0], earlier[0] + SeqTimeline.gap)
+        }
+    }
+
+    /// When the seqs move: on another timeline, or on a later one with none recorded (a
+    /// database restored from a backup taken before migration 0017), or when told.
+    func testWhenTheSeqsMove() {
+        XCTAssertFalse(SeqTimeline.shouldMove(recorded: nil, current: 1, force: false), "a new database")
+        XCTAssertTrue(SeqTimeline.shouldMove(recorded: nil, current: 2, force: false), "restored before 0017")
+        XCTAssertFalse(SeqTimeline.shouldMove(recorded: 3, current: 3, force: false))
+        XCTAssertTrue(SeqTimeline.shouldMove(recorded: 2, current: 3, force: false))
+        XCTAssertTrue(SeqTimeline.shouldMove(recorded: 3, current: 1, force: false), "a dump into a new cluster")
+        XCTAssertTrue(SeqTimeline.shouldMove(recorded: 1, current: 1, force: true))
     }
 
     func testStatusListsPendingBeforeMigrating() throws {

@@ -4,7 +4,7 @@
 export interface SyncEvent {
   /** The server's id of the event. */
   id: string;
-  /** Its position in the user's log: 1, 2, 3, … without gaps. */
+  /** Its position in the user's log: 1, 2, 3, …, increasing (consecutive but once across a restore of the server's database, which moves it far ahead). */
   seq: number;
   /** The id `record` returned; the same on every device. */
   client_id: string;

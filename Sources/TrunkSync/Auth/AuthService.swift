@@ -416,14 +416,17 @@ public struct AuthService: Sendable {
         let accessExpiresAt = now + Int64(tokens.lifetime)
         typealias Revoked = [(session: UUID, user: UUID, tokensExpireAt: Int64)]
         enum Outcome: Sendable { case notFound, reused(Revoked), issued(UserRecord, UUID) }
-        // Only the token is known: it names its user, whose rows the rest reads.
+        // Only the token is known: it names its user, whose rows the rest reads. The session's
+        // row is locked before the token's (`of s, t`: in that order), so every refresh of a
+        // session queues on one row: a late retry superseding a successor never waits for a
+        // token whose own refresh waits for the session (a deadlock, with `of t, s`).
         let outcome: Outcome = try await transaction(as: .refreshToken(hash: Self.hashToken(token))) { tx in
             let rows = try await tx.query(
                 """
                 select t.id, t.session_id, t.user_id, s.revoked_at is not null, t.revoked_at is not null,
                        t.rotated_at is not null, coalesce(extract(epoch from now() - t.rotated_at), 0)::float8
                 from refresh_tokens t join sessions s on s.id = t.session_id
-                where t.token_hash = $1 for update of t, s
+                where t.token_hash = $1 for update of s, t
                 """, Self.hashToken(token))
             guard let row = rows.first else { return .notFound }
             let tokenID = try row.decode(Int64.self, column: 0)

@@ -489,8 +489,12 @@ public struct Configuration: Sendable {
     /// Checks what `serve` needs beyond the common settings: a database, and a JWT secret
     /// no one can guess (see `SecretRules`).
     /// - Throws: the first of `serveProblems`.
-    public func validateForServe() throws {
-        if let first = serveProblems.first { throw first }
+    /// `mail: false` for a command that sends no mail (`token`): the SMTP URL is not held to
+    /// the example check.
+    public func validateForServe(mail: Bool = true) throws {
+        if let first = (mail ? serveProblems : serveProblems.filter { $0 != smtpPlaceholderProblem }).first {
+            throw first
+        }
     }
 
     /// What `serve` would refuse beyond `problems`: no database URL or one with a
@@ -523,13 +527,20 @@ public struct Configuration: Sendable {
     /// An SMTP URL left as the documentation's (`smtp://user:password@smtp.example.com`):
     /// serve would start and every sign-in mail would fail, `/otp` still answering `200`. A
     /// host under a domain reserved for examples (RFC 2606: `example.com`, `.example`,
-    /// `.invalid`, …) receives no mail, and a placeholder password is nobody's.
+    /// `.invalid`) receives no mail, and the documentation's passwords are nobody's.
     private var smtpPlaceholderProblem: ConfigurationError? {
         guard mailer == .smtp, let url = smtpURL, let smtp = try? SMTPConfiguration(url: url) else { return nil }
         let host = smtp.host.lowercased().trimmingCharacters(in: CharacterSet(charactersIn: "."))
-        let reservedDomains = ["example.com", "example.net", "example.org", "example", "invalid", "test"]
+        let reservedDomains = ["example.com", "example.net", "example.org", "example", "invalid"]
         let exampleHost = reservedDomains.contains { host == $0 || host.hasSuffix("." + $0) }
-        let examplePassword = smtp.credentials.map { SecretRules.isPlaceholderPassword($0.password) } ?? false
+        // The documentation's passwords exactly, not any password containing a placeholder
+        // word (a real one may).
+        let examplePassword =
+            smtp.credentials.map {
+                let password = $0.password.lowercased()
+                return SecretRules.placeholderPasswords.contains(password)
+                    || SecretRules.placeholderWords.contains(password)
+            } ?? false
         guard exampleHost || examplePassword else { return nil }
         return error(
             "smtp_url",

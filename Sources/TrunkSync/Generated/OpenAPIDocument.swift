@@ -3316,7 +3316,7 @@ public enum OpenAPIDocument {
           "seq": {
             "type": "integer",
             "minimum": 1,
-            "description": "Consecutive per user, from 1."
+            "description": "Per user, from 1, increasing: consecutive, but for one step far ahead after a restore of the database (docs/operations.md, Back up and restore)."
           },
           "type": {
             "type": "string",
