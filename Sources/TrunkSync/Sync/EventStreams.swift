@@ -571,7 +571,7 @@ final class LiveHub: Sendable {
                 // Still writing its backlog, or parked elsewhere: not this page's.
                 guard let at = entry.cursor else { continue }
                 guard at == cursor else {
-                    if !seen.contains(at), other.map({ at < $0 }) ?? true { other = at }
+                    if !seen.contains(at) { other = Self.lower(other, at) }
                     continue
                 }
                 if revoked?.contains(entry.session) == true {
@@ -594,6 +594,9 @@ final class LiveHub: Sendable {
         }
         return (written, other)
     }
+
+    /// The lower of a cursor found so far (nil: none) and `cursor`.
+    private static func lower(_ found: Int64?, _ cursor: Int64) -> Int64 { found.map { min($0, cursor) } ?? cursor }
 
     /// Writes what is new to every parked stream: one read per cursor they wait at (all at
     /// the same one, usually), the page's bytes shared by every writer.
@@ -620,8 +623,8 @@ final class LiveHub: Sendable {
                         guard let at = entry.cursor else { continue }
                         if at == cursor {
                             entry.finish(reason)
-                        } else if !seen.contains(at), other.map({ at < $0 }) ?? true {
-                            other = at
+                        } else if !seen.contains(at) {
+                            other = Self.lower(other, at)
                         }
                     }
                 }
@@ -640,14 +643,14 @@ final class LiveHub: Sendable {
                 }
                 return await group.reduce(into: (written: 0, other: Int64?.none)) { sum, part in
                     sum.written += part.written
-                    if let at = part.other, sum.other.map({ at < $0 }) ?? true { sum.other = at }
+                    if let at = part.other { sum.other = Self.lower(sum.other, at) }
                 }
             }
             streams.recordStreamed(written * page.count)
             next = other
             if page.hasMore, let lastSeq = page.lastSeq, written > 0 {
                 // The streams just written wait at the page's end for the rest.
-                next = next.map { min($0, lastSeq) } ?? lastSeq
+                next = Self.lower(next, lastSeq)
             } else if !page.hasMore, let lastSeq = page.lastSeq, written > 0 {
                 state.withLock { $0.hint = lastSeq }
             }
