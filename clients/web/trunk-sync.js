@@ -377,6 +377,20 @@ class Account {
 }
 
 /**
+ * `options[name]`, a time in milliseconds from 1 s to what a timer takes (2^31 − 1 ms), or
+ * `fallback` when unset; anything else is refused (a 0 would make a timer spin).
+ * @param {Record<string, unknown>} options @param {string} name @param {number} fallback
+ */
+export function milliseconds(options, name, fallback) {
+  const value = options[name];
+  if (value === undefined) return fallback;
+  if (typeof value !== 'number' || !Number.isFinite(value) || value < 1000 || value > 2147483647) {
+    throw new TypeError(`${name} must be a number of milliseconds from 1000 to 2147483647`);
+  }
+  return value;
+}
+
+/**
  * The browser client. See trunk-sync.d.ts for the documented options and methods.
  */
 export class TrunkSyncClient {
@@ -392,9 +406,9 @@ export class TrunkSyncClient {
     this.pageSize = Math.min(options.pageSize ?? 1000, 1000);
     this.retry = { maxAttempts: 6, baseDelay: 500, maxDelay: 30000, maxRetryAfter: 120000, ...options.retry };
     this.refreshMargin = options.refreshMargin ?? 60;
-    this.requestTimeout = options.requestTimeout ?? 30000;
-    this.streamIdleTimeout = options.streamIdleTimeout ?? 35000;
-    this.pendingCheckInterval = options.pendingCheckInterval ?? 60000;
+    this.requestTimeout = milliseconds(options, 'requestTimeout', 30000);
+    this.streamIdleTimeout = milliseconds(options, 'streamIdleTimeout', 35000);
+    this.pendingCheckInterval = milliseconds(options, 'pendingCheckInterval', 60000);
     this.live = options.live ?? true;
     this.autoPush = options.autoPush ?? true;
     this.fetch = options.fetch ?? globalThis.fetch.bind(globalThis);

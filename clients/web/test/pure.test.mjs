@@ -8,6 +8,7 @@ import {
   SSEParser,
   backoffDelay,
   firstBatch,
+  milliseconds,
   parseRetryAfter,
   pushResults,
   refusedEvents,
@@ -125,4 +126,12 @@ test('SSE framing: a CR ending a chunk, then LF, then LF (the blank line) in sep
   assert.deepEqual([...empty.push('data: x\r'), ...empty.push(''), ...empty.push('\n'), ...empty.push('\r\n')], [
     { id: '', event: 'message', data: 'x' },
   ]);
+});
+
+test('timing options are milliseconds from 1 s to what a timer takes, or the default', () => {
+  assert.equal(milliseconds({}, 'requestTimeout', 30000), 30000);
+  assert.equal(milliseconds({ requestTimeout: 5000 }, 'requestTimeout', 30000), 5000);
+  for (const bad of [0, 999, -1, NaN, Infinity, 2147483648, '5000', null]) {
+    assert.throws(() => milliseconds({ pendingCheckInterval: bad }, 'pendingCheckInterval', 60000), TypeError, String(bad));
+  }
 });
