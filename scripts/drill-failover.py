@@ -11,7 +11,8 @@
 3. The primary is killed (SIGKILL, postmaster and its processes) and the standby promoted,
    as an operator or a failover manager would; synchronous_standby_names, which
    pg_basebackup copied, is cleared on it (it has no standby of its own).
-4. Checks: every push answered 200 is on the new primary exactly once; every other answer
+4. Checks: every push answered 200 is on the new primary exactly once; the server moved the
+   seqs on the new WAL timeline once, without `migrate`; every other answer
    was a retryable 503 with Retry-After (or no answer); retrying the unanswered ones with the
    same client_id stores each exactly once; the same server process serves again within
    10 s of the promotion, without a restart; the long-poll and the stream see events pushed
@@ -328,6 +329,16 @@ try:
     status, _, body = request("POST", "/sync/v1/events", {"events": [event(marker)]})
     if status != 200:
         fail(f"the marker push answered {status}: {body[:200]}")
+    # The promoted standby is on a new WAL timeline: the server's first connection to it moved
+    # every user's next seq past anything a device may have seen, once (SeqTimeline).
+    marker_seq = json.loads(body)["results"][0]["seq"]
+    if marker_seq < 1_000_000_000:
+        fail(f"the seqs did not move on the new timeline: a push after the failover got seq {marker_seq}")
+    server_log.flush()
+    moves = open(os.path.join(work, "serve.log")).read().count("another WAL timeline")
+    if moves != 1:
+        fail(f"the server logged {moves} timeline moves, not 1")
+    log(f"the server moved the seqs on the new timeline once (a push after it: seq {marker_seq})")
     wait_until("the long-poll sees a push made after the failover", lambda: marker in polled, 30)
     wait_until("the event stream sees a push made after the failover", lambda: marker in streamed, 30)
     wait_until("the event stream saw every acknowledged push", lambda: set(acknowledged) <= streamed, 30)

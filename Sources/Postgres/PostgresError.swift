@@ -96,6 +96,8 @@ public struct SQLState: RawRepresentable, Hashable, Sendable, CustomStringConver
     public static let insufficientPrivilege = SQLState(rawValue: "42501")
     /// `42P01`
     public static let undefinedTable = SQLState(rawValue: "42P01")
+    /// `42883`
+    public static let undefinedFunction = SQLState(rawValue: "42883")
     /// `3D000`
     public static let invalidCatalogName = SQLState(rawValue: "3D000")
     /// `42P04`
@@ -114,7 +116,7 @@ public struct SQLState: RawRepresentable, Hashable, Sendable, CustomStringConver
     static let names: [String: String] = [
         "23505": "unique violation", "23503": "foreign key violation",
         "23502": "not-null violation", "23514": "check violation",
-        "42501": "insufficient privilege", "42P01": "undefined table",
+        "42501": "insufficient privilege", "42P01": "undefined table", "42883": "undefined function",
         "42703": "undefined column", "42601": "syntax error", "3D000": "database does not exist",
         "42P04": "database already exists", "40001": "serialization failure",
         "40P01": "deadlock detected", "57014": "query canceled", "57P01": "server shutting down",

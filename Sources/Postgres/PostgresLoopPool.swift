@@ -26,6 +26,10 @@ public final class PostgresLoopPool: @unchecked Sendable {
         /// Settings applied to each new connection with `set_config` (e.g. `role`,
         /// `statement_timeout`). Default none.
         public var sessionSettings: [(name: String, value: String)] = []
+        /// Run on each new connection once its session settings are applied, before any
+        /// request gets it (on the pool's loop); a throw fails the opening as a refused
+        /// connection does, and the connection is closed. Default none.
+        public var onOpen: (@Sendable (PostgresLoopConnection) async throws -> Void)? = nil
         /// Told the SQL text of every statement a pooled connection runs, on the pool's
         /// loop: lets tests see what work a request does (e.g. that two answers that must
         /// not be told apart ran the same statements). Default nil, which costs nothing.
@@ -288,13 +292,20 @@ public final class PostgresLoopPool: @unchecked Sendable {
     }
 
     /// Opens a connection on the loop without blocking (`PostgresConnecting`): the session
-    /// settings are its first pipeline; the machine learns of it once they are applied.
+    /// settings are its first pipeline, then `onOpen`; the machine learns of it once both are
+    /// done.
     private func open(_ id: PoolStateMachine.ConnectionID) {
         Task(executorPreference: loop) {
             do {
                 let connection = try await PostgresConnecting.open(
                     self.connectionConfiguration, settings: self.configuration.sessionSettings, on: self.loop,
                     clock: self.clock, lookup: self.configuration.hostLookup)
+                if let onOpen = self.configuration.onOpen {
+                    do { try await onOpen(connection) } catch {
+                        connection.close()
+                        throw error
+                    }
+                }
                 connection.connection.statementObserver = self.configuration.statementObserver
                 self.connections[id] = connection
                 self.perform(self.machine.connectionOpened(id))

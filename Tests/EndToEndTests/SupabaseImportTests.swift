@@ -1219,6 +1219,8 @@ final class SupabaseImportTests: EndToEndTestCase {
         try db.execute(
             """
             drop table supabase_imported_users;
+            drop function trunk_sync_seq_timeline_check();
+            drop function trunk_sync_seq_timeline(boolean);
             drop table wal_timeline;
             alter table users drop column seq_skipped;
             delete from schema_migrations where version >= 16;

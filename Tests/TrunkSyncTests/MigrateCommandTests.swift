@@ -61,6 +61,14 @@ final class MigrateCommandTests: XCTestCase {
         XCTAssertEqual(same.status, 0, same.stderr)
         XCTAssertFalse(same.stdout.contains("timeline"), same.stdout)
         XCTAssertEqual(try seqs(), [[0, 0], [7, 7]])
+        // None recorded (a database migrated before 0017) on the cluster's first timeline:
+        // recorded, nothing moved.
+        try owner.query("delete from wal_timeline")
+        let first = try migrate()
+        XCTAssertEqual(first.status, 0, first.stderr)
+        XCTAssertFalse(first.stdout.contains("timeline"), first.stdout)
+        XCTAssertEqual(try seqs(), [[0, 0], [7, 7]])
+        XCTAssertEqual(try owner.query("select timeline from wal_timeline")[0].decode(Int64.self, column: 0), current)
 
         XCTAssertEqual(
             try owner.query("update wal_timeline set timeline = timeline + 1 returning timeline")[0].decode(
@@ -86,17 +94,6 @@ final class MigrateCommandTests: XCTestCase {
         for (row, earlier) in zip(movedAgain, moved) {
             XCTAssertGreaterThanOrEqual(row[0], earlier[0] + SeqTimeline.gap)
         }
-    }
-
-    /// When the seqs move: on another timeline, or on a later one with none recorded (a
-    /// database restored from a backup taken before migration 0017), or when told.
-    func testWhenTheSeqsMove() {
-        XCTAssertFalse(SeqTimeline.shouldMove(recorded: nil, current: 1, force: false), "a new database")
-        XCTAssertTrue(SeqTimeline.shouldMove(recorded: nil, current: 2, force: false), "restored before 0017")
-        XCTAssertFalse(SeqTimeline.shouldMove(recorded: 3, current: 3, force: false))
-        XCTAssertTrue(SeqTimeline.shouldMove(recorded: 2, current: 3, force: false))
-        XCTAssertTrue(SeqTimeline.shouldMove(recorded: 3, current: 1, force: false), "a dump into a new cluster")
-        XCTAssertTrue(SeqTimeline.shouldMove(recorded: 1, current: 1, force: true))
     }
 
     func testStatusListsPendingBeforeMigrating() throws {

@@ -299,6 +299,15 @@ public struct SupabaseImport: Sendable {
             throw ImportError.destination(
                 "another trunk-sync import supabase is running against this database; run again once it has finished")
         }
+        // Numbered after what devices may have seen: a database failed over or restored
+        // since `migrate` ran moves its seqs first, as a server's first connection would.
+        if !options.dryRun {
+            do {
+                _ = try SeqTimeline.check(on: connection)
+            } catch {
+                throw ImportError.destination("\(error)")
+            }
+        }
         // No JIT: each batch's statements run once over a temporary table without statistics,
         // whose cost estimates set off compilations that took longer (0.8 s a batch of users)
         // than the statements themselves.

@@ -6,12 +6,15 @@ import Postgres
 /// devices may already have pulled events committed after it: new events would reuse those
 /// seqs, and a device whose cursor is past the restored end would skip them for good.
 ///
-/// PostgreSQL promotes a restored or failed-over cluster onto a new WAL timeline. `migrate`
-/// (which a deployment runs before its servers start) records the timeline it runs on; when
-/// it finds another one, it moves every user's next seq past anything a device may have
-/// seen, and counts the skip in `users.seq_skipped` (`last_seq - seq_skipped` is the number
-/// of events stored). A restore that keeps the timeline (a logical dump, a copied data
-/// directory) is told with `migrate --after-restore`.
+/// PostgreSQL promotes a restored or failed-over cluster onto a new WAL timeline. The
+/// timeline is recorded, and compared (`trunk_sync_seq_timeline`, migration 0018) by
+/// `migrate`, which a deployment runs before its servers start, and by every server on each
+/// connection it opens, before the connection serves anything: so a failover the servers
+/// reconnect through is caught before the first push reaches the new primary. Another
+/// timeline moves every user's next seq past anything a device may have seen, and counts
+/// the skip in `users.seq_skipped` (`last_seq - seq_skipped` is the number of events
+/// stored). A restore that keeps the timeline (a logical dump, a copied data directory) is
+/// told with `migrate --after-restore`.
 ///
 /// Where to: the current time in microseconds since 1970, or `gap` past the restored seq if
 /// that is further. The clock keeps growing across restores, so a second restore from the
@@ -19,7 +22,7 @@ import Postgres
 /// what they saw, which a fixed step from the restored seq would not; and it stays below
 /// 2^53 (JavaScript's exact integers) until the year 2255.
 public enum SeqTimeline {
-    /// The least a user's next seq moves.
+    /// The least a user's next seq moves (the function's `1000000000`).
     public static let gap: Int64 = 1_000_000_000
 
     /// What `check` found.
@@ -39,67 +42,51 @@ public enum SeqTimeline {
         case notMigrated
     }
 
-    /// The timeline of the WAL being written now (its file name's first 8 hex digits; any
-    /// role may ask, unlike `pg_control_checkpoint()`, and it is the new one as soon as the
-    /// cluster is promoted).
-    static let currentTimeline =
-        "select ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8"
+    /// What `trunk_sync_seq_timeline` (migration 0018) answers, by the owner with `force`, by
+    /// the server's role without (`trunk_sync_seq_timeline_check()`).
+    static func statement(force: Bool, asServer: Bool) -> PostgresStatement {
+        asServer
+            ? PostgresStatement(
+                "select outcome, previous_timeline, current_timeline, moved_users, reason from trunk_sync_seq_timeline_check()"
+            )
+            : PostgresStatement(
+                "select outcome, previous_timeline, current_timeline, moved_users, reason from trunk_sync_seq_timeline($1)",
+                force)
+    }
 
     /// Compares the timeline with the recorded one and moves the seqs when it changed, or
-    /// when `force` (an operator's `--after-restore`), in one transaction on the owner's
-    /// `connection`.
+    /// when `force` (an operator's `--after-restore`), on the owner's `connection`
+    /// (`trunk-sync migrate`, after the migrations; `import supabase`, before it writes).
     public static func check(on connection: PostgresConnection, force: Bool = false) throws -> Outcome {
-        let migrated = try connection.query("select to_regclass('wal_timeline') is not null")[0].decode(
-            Bool.self, column: 0)
+        let migrated = try connection.query(
+            "select to_regprocedure('trunk_sync_seq_timeline(boolean)') is not null")[0].decode(Bool.self, column: 0)
         guard migrated else { return .notMigrated }
-        let current: Int64
+        let statement = statement(force: force, asServer: false)
+        return try outcome(try connection.query(statement.sql, binds: statement.binds)[0])
+    }
+
+    /// The server's check, on each connection its pools open, before the connection serves
+    /// anything (`PostgresLoopPool.Configuration.onOpen`): after a failover the servers
+    /// reconnect through, the first connection to the new primary moves the seqs before any
+    /// push is numbered there, whether or not `migrate` ran. `.notMigrated` while migration
+    /// 0018 is pending (`/readyz` says so).
+    public static func check(on connection: PostgresLoopConnection) async throws -> Outcome {
         do {
-            current = try connection.query(currentTimeline)[0].decode(Int64.self, column: 0)
-        } catch let error as PostgresError {
-            let reason = error.serverMessage ?? error.description
-            // Told of a restore, the seqs move all the same; nothing can be recorded.
-            guard force else { return .unavailable(reason: reason) }
-            return .advanced(from: nil, to: 0, users: try connection.transaction { try move(on: $0) })
-        }
-        return try connection.transaction { connection in
-            let recorded = try connection.query("select timeline from wal_timeline for update").first.map {
-                try $0.decode(Int64.self, column: 0)
-            }
-            try connection.query(
-                """
-                insert into wal_timeline (timeline) values ($1)
-                on conflict (id) do update set timeline = excluded.timeline, recorded_at = now()
-                """, current)
-            guard shouldMove(recorded: recorded, current: current, force: force) else {
-                return recorded == nil ? .recorded(timeline: current) : .unchanged
-            }
-            return .advanced(from: recorded, to: current, users: try move(on: connection))
+            return try outcome(try await connection.pipeline([statement(force: false, asServer: true)])[0][0])
+        } catch let error as PostgresError where error.sqlState == .undefinedFunction {
+            return .notMigrated
         }
     }
 
-    /// Whether the seqs move: told so; on another timeline than the one recorded; or, with
-    /// none recorded yet (the first run with migration 0017), on a timeline after the first —
-    /// the database was restored or failed over at some point, maybe from a backup taken
-    /// before 0017 (a needless move is harmless: one step, once).
-    public static func shouldMove(recorded: Int64?, current: Int64, force: Bool) -> Bool {
-        if force { return true }
-        guard let recorded else { return current > 1 }
-        return recorded != current
-    }
-
-    /// Moves every user's next seq; returns how many users.
-    private static func move(on connection: PostgresConnection) throws -> Int64 {
-        // `now()` is the transaction's start: the same in both expressions, so
-        // `seq_skipped` grows by exactly the step (from the row as a push left it).
-        try connection.query(
-            """
-            with moved as (
-              update users set
-                last_seq = greatest(last_seq + $1, (extract(epoch from now()) * 1000000)::int8),
-                seq_skipped = seq_skipped + greatest($1, (extract(epoch from now()) * 1000000)::int8 - last_seq)
-              returning 1
-            )
-            select count(*) from moved
-            """, gap)[0].decode(Int64.self, column: 0)
+    private static func outcome(_ row: PostgresRow) throws -> Outcome {
+        let previous = try row.decode(Int64?.self, column: 1)
+        let current = try row.decode(Int64?.self, column: 2)
+        switch try row.decode(String.self, column: 0) {
+        case "recorded": return .recorded(timeline: current ?? 0)
+        case "unchanged": return .unchanged
+        case "advanced":
+            return .advanced(from: previous, to: current ?? 0, users: try row.decode(Int64.self, column: 3))
+        default: return .unavailable(reason: try row.decode(String?.self, column: 4) ?? "unknown")
+        }
     }
 }

@@ -1,0 +1,78 @@
+import Foundation
+import Postgres
+import TestSupport
+import TrunkSync
+import XCTest
+
+/// The WAL timeline check as servers run it (migration 0018): on every connection a pool
+/// opens, before the connection serves anything.
+final class SeqTimelineTests: XCTestCase {
+    func push(_ app: AppHarness, token: String) async throws -> Int {
+        let pushed = try await app.request(
+            "POST", "/sync/v1/events", json: ["events": [SyncTests.event()]], bearer: token)
+        XCTAssertEqual(pushed.status, 200, pushed.text)
+        let results = try XCTUnwrap(pushed.json["results"] as? [[String: Any]])
+        return try XCTUnwrap(results.first?["seq"] as? Int)
+    }
+
+    func movedLines(_ app: AppHarness) -> [String] {
+        app.logs.lines.filter { $0.contains("another WAL timeline") }
+    }
+
+    /// A failover the servers reconnect through, with no `migrate` in between (simulated by
+    /// the recorded timeline differing): the first connection a server opens to the "new
+    /// primary" moves every user's next seq past anything a device may have seen, before it
+    /// numbers a push, so a device whose cursor is past the restored end still pulls the
+    /// new event; the servers after it find the timeline recorded and move nothing.
+    func testAServersNewConnectionMovesTheSeqsOnAnotherTimeline() async throws {
+        let first = try await AppHarness()
+        let token = try await first.token("device@example.com")
+        let seq1 = try await push(first, token: token)
+        let seq2 = try await push(first, token: token)
+        XCTAssertEqual([seq1, seq2], [1, 2])
+        let owner = try first.owner()
+        let recorded = try owner.query("select timeline from wal_timeline")[0].decode(Int64.self, column: 0)
+        XCTAssertTrue(movedLines(first).isEmpty, "the recorded timeline moves nothing")
+        // The failover: devices had pulled past seq 2 (say to 5) on the old primary.
+        try owner.query("update wal_timeline set timeline = timeline + 1")
+
+        let second = try await AppHarness(sharing: first)
+        let seq = try await push(second, token: token)
+        XCTAssertGreaterThanOrEqual(seq, 2 + Int(SeqTimeline.gap))
+        let pulled = try await second.request("GET", "/sync/v1/events?after=5", bearer: token)
+        XCTAssertEqual((pulled.json["events"] as? [[String: Any]])?.compactMap { $0["seq"] as? Int }, [seq])
+        XCTAssertEqual(movedLines(second).count, 1, second.logs.lines.joined(separator: "\n"))
+        XCTAssertTrue(movedLines(second)[0].contains("users=1"), movedLines(second)[0])
+        XCTAssertEqual(
+            try owner.query("select timeline from wal_timeline")[0].decode(Int64.self, column: 0), recorded,
+            "the timeline now is recorded")
+        XCTAssertEqual(
+            try owner.query("select last_seq - seq_skipped from users")[0].decode(Int64.self, column: 0), 3,
+            "the events stored are still counted")
+
+        let third = try await AppHarness(sharing: first)
+        let next = try await push(third, token: token)
+        XCTAssertEqual(next, seq + 1, "moved once")
+        XCTAssertTrue(movedLines(third).isEmpty)
+        for app in [third, second, first] { await app.stop() }
+    }
+
+    /// The server's role runs the check but cannot force a move (`migrate --after-restore`
+    /// is the owner's), and reads nothing of `wal_timeline` itself.
+    func testTheServersRoleCannotForceAMove() throws {
+        let (database, owner) = try migratedDatabase(prefix: "timeline")
+        defer { try? TestDatabase.drop(database) }
+        try owner.execute("set role trunk_sync_app")
+        XCTAssertEqual(
+            try owner.query("select outcome from trunk_sync_seq_timeline_check()")[0].decode(String.self, column: 0),
+            "recorded")
+        XCTAssertEqual(
+            try owner.query("select outcome from trunk_sync_seq_timeline_check()")[0].decode(String.self, column: 0),
+            "unchanged")
+        for sql in ["select * from trunk_sync_seq_timeline(true)", "select * from wal_timeline"] {
+            XCTAssertThrowsError(try owner.query(sql), sql) {
+                XCTAssertEqual(($0 as? PostgresError)?.sqlState, .insufficientPrivilege, "\($0)")
+            }
+        }
+    }
+}
