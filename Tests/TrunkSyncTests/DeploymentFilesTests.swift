@@ -209,6 +209,30 @@ final class DeploymentFilesTests: XCTestCase {
         XCTAssertTrue(compose.contains("Docker Compose 2.24 or newer"), compose)
     }
 
+    /// Every variable docker-compose.yml reads is in .env.example, set or commented out with
+    /// its default, so an operator finds each one where the others are.
+    func testEveryComposeVariableIsInTheExampleEnvironment() throws {
+        let compose = try String(contentsOfFile: repositoryRoot() + "/docker-compose.yml", encoding: .utf8)
+        let example = try String(contentsOfFile: repositoryRoot() + "/.env.example", encoding: .utf8)
+        let listed = Set(
+            example.split(separator: "\n").compactMap { line -> String? in
+                let text = line.hasPrefix("# ") ? line.dropFirst(2) : line[...]
+                guard let equals = text.firstIndex(of: "="),
+                    text[..<equals].allSatisfy({ $0.isUppercase || $0.isNumber || $0 == "_" })
+                else { return nil }
+                return String(text[..<equals])
+            })
+        var used: Set<String> = []
+        var rest = compose[...]
+        while let start = rest.range(of: "${") {
+            let name = rest[start.upperBound...].prefix { $0.isUppercase || $0.isNumber || $0 == "_" }
+            used.insert(String(name))
+            rest = rest[start.upperBound...]
+        }
+        XCTAssertTrue(used.isSuperset(of: ["POSTGRES_HOST", "POSTGRES_PASSWORD", "TRUNK_SYNC_PUBLISH"]), "\(used)")
+        XCTAssertEqual(used.subtracting(listed), [], "used by docker-compose.yml, not in .env.example")
+    }
+
     /// The compose file archives WAL and takes base backups as `make drill` rehearses: the
     /// same archive_command (another directory) and the same backup script.
     func testComposeBacksUpAsTheDrillRestores() throws {
