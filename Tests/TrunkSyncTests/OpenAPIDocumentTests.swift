@@ -30,6 +30,41 @@ final class OpenAPIDocumentTests: XCTestCase {
             "docs/openapi.json and the embedded copy differ: run scripts/openapi-embed.sh")
     }
 
+    /// The REST filters' patterns take `is.` in any case, as the server does (PostgREST
+    /// reads it so): a client validating against the document is not refused what works.
+    func testFilterPatternsTakeIsInAnyCase() throws {
+        var patterns: [String] = []
+        func collect(_ value: Any) {
+            if let object = value as? [String: Any] {
+                if let pattern = object["pattern"] as? String, pattern.contains("is\\.") { patterns.append(pattern) }
+                object.values.forEach(collect)
+            } else if let array = value as? [Any] {
+                array.forEach(collect)
+            }
+        }
+        collect(try document())
+        XCTAssertFalse(patterns.isEmpty)
+        for pattern in patterns {
+            let regex = try NSRegularExpression(pattern: pattern)
+            func matches(_ text: String) -> Bool {
+                regex.firstMatch(in: text, range: NSRange(text.startIndex..., in: text)) != nil
+            }
+            // A column's filter, or `or=(…)`'s list naming the column that may be null.
+            var form: (String) -> String = { $0 }
+            if pattern.hasPrefix("^\\("),
+                let column = pattern.range(of: #"[a-z_]+(?=\\\.\(not\\\.\)\?is\\\.)"#, options: .regularExpression)
+            {
+                form = { "(" + pattern[column] + "." + $0 + ")" }
+            }
+            for text in ["is.null", "is.NULL", "not.is.Not_Null", "is.not_null"] {
+                XCTAssertTrue(matches(form(text)), "\(form(text)) against \(pattern)")
+            }
+            for text in ["is.nul", "is.true", "is.not-null"] {
+                XCTAssertFalse(matches(form(text)), "\(form(text)) against \(pattern)")
+            }
+        }
+    }
+
     /// openapi-spec-validator (in the test venv) accepts it as OpenAPI 3.1, and refuses a
     /// broken copy (so the check can fail).
     func testDocumentIsValidOpenAPI31() throws {

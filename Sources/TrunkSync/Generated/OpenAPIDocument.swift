@@ -4325,7 +4325,7 @@ public enum OpenAPIDocument {
         "description": "A filter on `id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Any of these after `not.` matches the rows for which it is false (not those where the column is null). Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.(null|not_null))$"
+          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll]))$"
         },
         "examples": {
           "example": {
@@ -4340,7 +4340,7 @@ public enum OpenAPIDocument {
         "description": "A filter on `user_id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Any of these after `not.` matches the rows for which it is false (not those where the column is null). Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.(null|not_null))$"
+          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll]))$"
         },
         "examples": {
           "example": {
@@ -4355,7 +4355,7 @@ public enum OpenAPIDocument {
         "description": "A filter on `seq` (bigint): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a 64-bit integer; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Any of these after `not.` matches the rows for which it is false (not those where the column is null). Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[+-]?[0-9]{1,18}|in\\.\\(([+-]?[0-9]{1,18}(,[+-]?[0-9]{1,18})*)?\\)|is\\.(null|not_null))$"
+          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[+-]?[0-9]{1,18}|in\\.\\(([+-]?[0-9]{1,18}(,[+-]?[0-9]{1,18})*)?\\)|is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll]))$"
         },
         "examples": {
           "example": {
@@ -4370,7 +4370,7 @@ public enum OpenAPIDocument {
         "description": "A filter on `type` (text): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` any text; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Also `like.pattern` / `ilike.pattern` (case-insensitive): `*` or `%` any characters, `_` one, `\\\\` escaping the next. Any of these after `not.` matches the rows for which it is false (not those where the column is null). Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[\\s\\S]*|in\\.\\((\"([^\"\\\\]|\\\\.)*\"|([^,()\"][^,()]*)?)(,(\"([^\"\\\\]|\\\\.)*\"|([^,()\"][^,()]*)?))*\\)|is\\.(null|not_null)|(like|ilike)\\.[\\s\\S]*)$"
+          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[\\s\\S]*|in\\.\\((\"([^\"\\\\]|\\\\.)*\"|([^,()\"][^,()]*)?)(,(\"([^\"\\\\]|\\\\.)*\"|([^,()\"][^,()]*)?))*\\)|is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll])|(like|ilike)\\.[\\s\\S]*)$"
         },
         "examples": {
           "example": {
@@ -4385,7 +4385,7 @@ public enum OpenAPIDocument {
         "description": "A filter on `client_id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Any of these after `not.` matches the rows for which it is false (not those where the column is null). Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.(null|not_null))$"
+          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll]))$"
         },
         "examples": {
           "example": {
@@ -4400,7 +4400,7 @@ public enum OpenAPIDocument {
         "description": "A filter on `client_timestamp` (timestamp with time zone): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` an RFC 3339 timestamp; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Any of these after `not.` matches the rows for which it is false (not those where the column is null). Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|in\\.\\(([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])(,[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))*)?\\)|is\\.(null|not_null))$"
+          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|in\\.\\(([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])(,[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))*)?\\)|is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll]))$"
         },
         "examples": {
           "example": {
@@ -4415,7 +4415,7 @@ public enum OpenAPIDocument {
         "description": "A filter on `created_at` (timestamp with time zone): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` an RFC 3339 timestamp; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Any of these after `not.` matches the rows for which it is false (not those where the column is null). Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|in\\.\\(([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])(,[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))*)?\\)|is\\.(null|not_null))$"
+          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|in\\.\\(([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])(,[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))*)?\\)|is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll]))$"
         },
         "examples": {
           "example": {
@@ -4430,7 +4430,7 @@ public enum OpenAPIDocument {
         "description": "A filter on `id` (uuid): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` a UUID; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Any of these after `not.` matches the rows for which it is false (not those where the column is null). Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.(null|not_null))$"
+          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|in\\.\\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(,[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})*)?\\)|is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll]))$"
         },
         "examples": {
           "example": {
@@ -4445,7 +4445,7 @@ public enum OpenAPIDocument {
         "description": "A filter on `full_name` (text): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` any text; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Also `like.pattern` / `ilike.pattern` (case-insensitive): `*` or `%` any characters, `_` one, `\\\\` escaping the next. Any of these after `not.` matches the rows for which it is false (not those where the column is null). Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[\\s\\S]*|in\\.\\((\"([^\"\\\\]|\\\\.)*\"|([^,()\"][^,()]*)?)(,(\"([^\"\\\\]|\\\\.)*\"|([^,()\"][^,()]*)?))*\\)|is\\.(null|not_null)|(like|ilike)\\.[\\s\\S]*)$"
+          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[\\s\\S]*|in\\.\\((\"([^\"\\\\]|\\\\.)*\"|([^,()\"][^,()]*)?)(,(\"([^\"\\\\]|\\\\.)*\"|([^,()\"][^,()]*)?))*\\)|is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll])|(like|ilike)\\.[\\s\\S]*)$"
         },
         "examples": {
           "example": {
@@ -4460,7 +4460,7 @@ public enum OpenAPIDocument {
         "description": "A filter on `updated_at` (timestamp with time zone): `op.value` with `op` one of `eq`, `neq`, `gt`, `gte`, `lt`, `lte` and `value` an RFC 3339 timestamp; `in.(value,value,…)` (at most 1000 values; one holding a comma or parenthesis is double-quoted, `\\\"` and `\\\\` inside, a quote elsewhere taken as it is; `in.()` matches nothing); or `is.null` / `is.not_null`. Any of these after `not.` matches the rows for which it is false (not those where the column is null). Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|in\\.\\(([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])(,[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))*)?\\)|is\\.(null|not_null))$"
+          "pattern": "^(not\\.)?((eq|neq|gt|gte|lt|lte)\\.[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|in\\.\\(([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])(,[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))*)?\\)|is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll]))$"
         },
         "examples": {
           "example": {
@@ -4475,7 +4475,7 @@ public enum OpenAPIDocument {
         "description": "Rows matching any of the conditions (supabase-js `.or()`): `(condition,condition,…)`, each `column.op.value` with an operator a filter takes (also after `not.`), or a nested `and(…)`, `or(…)`, `not.and(…)`, `not.or(…)` (at most 8 levels in all). A value holding `,` or `)` is double-quoted (`\\\"` and `\\\\` inside); `in.(…)` keeps its own parentheses. Combined with the other filters by and. The pattern shows the flat form; nesting and quoted values as described are taken too. Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^\\((type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.(null|not_null))(,(type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.(null|not_null)))*\\)$"
+          "pattern": "^\\((type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll]))(,(type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll])))*\\)$"
         },
         "examples": {
           "example": {
@@ -4490,7 +4490,7 @@ public enum OpenAPIDocument {
         "description": "Rows matching all of the conditions: written as `or`. Useful nested, or negated as `not.and`. The pattern shows the flat form; nesting and quoted values as described are taken too. Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^\\((type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.(null|not_null))(,(type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.(null|not_null)))*\\)$"
+          "pattern": "^\\((type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll]))(,(type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll])))*\\)$"
         },
         "examples": {
           "example": {
@@ -4505,7 +4505,7 @@ public enum OpenAPIDocument {
         "description": "Rows matching none of the conditions: written as `or`. The pattern shows the flat form; nesting and quoted values as described are taken too. Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^\\((type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.(null|not_null))(,(type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.(null|not_null)))*\\)$"
+          "pattern": "^\\((type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll]))(,(type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll])))*\\)$"
         },
         "examples": {
           "example": {
@@ -4520,7 +4520,7 @@ public enum OpenAPIDocument {
         "description": "Rows not matching all of the conditions: written as `or`. The pattern shows the flat form; nesting and quoted values as described are taken too. Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^\\((type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.(null|not_null))(,(type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.(null|not_null)))*\\)$"
+          "pattern": "^\\((type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll]))(,(type\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|seq\\.(not\\.)?(eq|neq|gt|gte|lt|lte)\\.-?[0-9]{1,15}|type\\.(not\\.)?is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll])))*\\)$"
         },
         "examples": {
           "example": {
@@ -4535,7 +4535,7 @@ public enum OpenAPIDocument {
         "description": "Rows matching any of the conditions (supabase-js `.or()`): `(condition,condition,…)`, each `column.op.value` with an operator a filter takes (also after `not.`), or a nested `and(…)`, `or(…)`, `not.and(…)`, `not.or(…)` (at most 8 levels in all). A value holding `,` or `)` is double-quoted (`\\\"` and `\\\\` inside); `in.(…)` keeps its own parentheses. Combined with the other filters by and. The pattern shows the flat form; nesting and quoted values as described are taken too. Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^\\((full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.(null|not_null))(,(full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.(null|not_null)))*\\)$"
+          "pattern": "^\\((full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll]))(,(full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll])))*\\)$"
         },
         "examples": {
           "example": {
@@ -4550,7 +4550,7 @@ public enum OpenAPIDocument {
         "description": "Rows matching all of the conditions: written as `or`. Useful nested, or negated as `not.and`. The pattern shows the flat form; nesting and quoted values as described are taken too. Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^\\((full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.(null|not_null))(,(full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.(null|not_null)))*\\)$"
+          "pattern": "^\\((full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll]))(,(full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll])))*\\)$"
         },
         "examples": {
           "example": {
@@ -4565,7 +4565,7 @@ public enum OpenAPIDocument {
         "description": "Rows matching none of the conditions: written as `or`. The pattern shows the flat form; nesting and quoted values as described are taken too. Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^\\((full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.(null|not_null))(,(full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.(null|not_null)))*\\)$"
+          "pattern": "^\\((full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll]))(,(full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll])))*\\)$"
         },
         "examples": {
           "example": {
@@ -4580,7 +4580,7 @@ public enum OpenAPIDocument {
         "description": "Rows not matching all of the conditions: written as `or`. The pattern shows the flat form; nesting and quoted values as described are taken too. Malformed: `400`.",
         "schema": {
           "type": "string",
-          "pattern": "^\\((full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.(null|not_null))(,(full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.(null|not_null)))*\\)$"
+          "pattern": "^\\((full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll]))(,(full_name\\.(not\\.)?(eq|neq|like|ilike)\\.[^,()\"\\\\]*|full_name\\.(not\\.)?is\\.([Nn][Uu][Ll][Ll]|[Nn][Oo][Tt]_[Nn][Uu][Ll][Ll])))*\\)$"
         },
         "examples": {
           "example": {
