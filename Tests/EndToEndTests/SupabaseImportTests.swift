@@ -1008,6 +1008,70 @@ final class SupabaseImportTests: EndToEndTestCase {
             Set(try db.query("select id from users").map { try $0.decode(UUID.self, column: 0) }), [onTime, native])
     }
 
+    /// A user changed their address on the hosted project, and somebody signs up here with
+    /// that address while the run carries it over: their transaction commits after the run
+    /// compared (so the run saw the address free) and before its update of the user could
+    /// take it. The run compares again and reports the conflict instead of failing; the
+    /// user keeps the address they had here.
+    func testAnAddressTakenWhileTheRunCarriesItOverIsAConflict() async throws {
+        let source = try makeSource()
+        let ada = try addUser(source, email: "ada@example.com")
+        let server = try startServer()
+        let first = try importCommand(server, from: source.url).0
+        XCTAssertEqual(first.status, 0, first.stderr + first.stdout)
+        try source.admin.query("update auth.users set email = 'ada.new@example.com' where id = $1", ada)
+        let db = try destination(server)
+        let signUp = try destination(server)
+        let native = UUID()
+        try signUp.execute("begin")
+        try signUp.query("insert into users (id, email) values ($1, 'ada.new@example.com')", native)
+        final class Outcome: @unchecked Sendable {
+            var result: Command.Result?
+            let done = DispatchSemaphore(value: 0)
+        }
+        let outcome = Outcome()
+        let (binary, environment) = (Command.trunkSyncBinary(), server.environment)
+        let rejectFile = FileManager.default.temporaryDirectory.appendingPathComponent(
+            "rejects-\(UUID().uuidString).jsonl"
+        ).path
+        files.append(rejectFile)
+        let arguments = ["import", "supabase", "--from", source.url, "--json", "--reject-file", rejectFile]
+        let thread = Thread {
+            outcome.result = try? Command.run(binary, arguments, environment: environment)
+            outcome.done.signal()
+        }
+        thread.start()
+        // The run's update of Ada waits for the sign-up's transaction (the address's index).
+        var waiting = false
+        for _ in 0..<6000 where !waiting {
+            waiting =
+                try db.query(
+                    """
+                    select count(*) from pg_locks l join pg_stat_activity a using (pid)
+                    where not l.granted and l.locktype = 'transactionid' and a.datname = current_database()
+                    """)[0].decode(Int.self, column: 0) > 0
+            if !waiting { try await Task.sleep(for: .milliseconds(10)) }
+        }
+        try signUp.execute("commit")
+        outcome.done.wait()
+        XCTAssertTrue(waiting, "the run never waited for the sign-up")
+        let result = try XCTUnwrap(outcome.result)
+        let report = (try? JSONSerialization.jsonObject(with: Data(result.stdout.utf8))) as? [String: Any]
+        XCTAssertEqual(result.status, 3, result.stderr + result.stdout)
+        XCTAssertEqual(
+            conflicts(report),
+            [
+                [
+                    "source_id": ada.uuidString.lowercased(), "email": "ada.new@example.com", "field": "email",
+                    "email_here": "ada@example.com", "reason": "address_taken",
+                ]
+            ])
+        XCTAssertEqual(try userHere(db, ada).email, "ada@example.com")
+        XCTAssertEqual(
+            try db.query("select email from users where id = $1", native)[0].decode(String.self, column: 0),
+            "ada.new@example.com")
+    }
+
     // MARK: - Changes on the hosted project after an import
 
     /// The address, name and metadata a user has here (the owner's view).

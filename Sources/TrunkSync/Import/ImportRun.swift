@@ -223,11 +223,30 @@ final class ImportRun {
     /// Carries over to the batch's users an earlier run imported what changed on the hosted
     /// project since (address, name, metadata), where the value here is still the one the
     /// import wrote (`supabase_imported_users`), and reports the rest as conflicts.
+    ///
+    /// Somebody may sign up here with an address the run carries over after the comparison
+    /// looked (the server is live during an import): the update then meets the address's
+    /// unique index once their transaction commits. The comparison and the update run again
+    /// from a savepoint, and see the address taken: a conflict, not a failed run.
     private func carryChanges() throws {
-        try destination.execute("truncate import_user_changes")
-        try destination.query(Self.compareUsers)
-        let updated = try destination.query(Self.applyChanges)[0]
-        report.usersUpdated += Int(try updated.decode(Int64.self, column: 0))
+        var attempts = 0
+        func compareAndApply() throws -> Int64 {
+            try destination.execute("savepoint carry_changes")
+            do {
+                try destination.execute("truncate import_user_changes")
+                try destination.query(Self.compareUsers)
+                let updated = try destination.query(Self.applyChanges)[0].decode(Int64.self, column: 0)
+                try destination.execute("release savepoint carry_changes")
+                return updated
+            } catch let error as PostgresError
+                where error.isUniqueViolation && error.constraint == "users_email_key" && attempts < 3
+            {
+                attempts += 1
+                try destination.execute("rollback to savepoint carry_changes")
+                return try compareAndApply()
+            }
+        }
+        report.usersUpdated += Int(try compareAndApply())
         for row in try destination.query(Self.changeConflicts) {
             let id = try row.decode(String.self, column: 0)
             let field = try row.decode(String.self, column: 3)
