@@ -17,9 +17,11 @@
 --   previous_timeline the recorded one before, current_timeline the one now,
 --   moved_users how many users' seqs moved, reason why the timeline is unavailable.
 -- The common case (the recorded timeline) takes no lock and writes nothing. Otherwise the
--- callers queue on a transaction advisory lock, and the users are locked in id order, the
--- order a push (one user) and an import batch (`lockUsers`) lock them in, so the move can
--- wait for them but never deadlock with them.
+-- callers queue on a transaction advisory lock, and the users are locked in id order, as a
+-- push (one user) and the import's batches lock them, so the move can wait for them but
+-- never deadlock with them; and `for no key update`, the lock the update itself takes, so
+-- the foreign keys' and the events trigger's `for key share` (sign-ins, imported sessions)
+-- never wait for it.
 --
 -- The server's role may run it only without `force` (trunk_sync_seq_timeline_check()):
 -- both run as the owner (security definer), who sees every user under the forced
@@ -56,7 +58,7 @@ begin
   if force or (recorded is null and now_timeline > 1) or recorded <> now_timeline then
     -- now() is the transaction's start: the same in both expressions, so seq_skipped grows
     -- by exactly the step (from the row as a push left it).
-    with locked as (select u.id from public.users u order by u.id for update),
+    with locked as (select u.id from public.users u order by u.id for no key update),
     stepped as (
       update public.users u set
         last_seq = greatest(u.last_seq + 1000000000, (extract(epoch from now()) * 1000000)::int8),

@@ -235,6 +235,7 @@ final class ImportRun {
             do {
                 try destination.execute("truncate import_user_changes")
                 try destination.query(Self.compareUsers)
+                try destination.query(Self.lockChangedUsers)
                 let updated = try destination.query(Self.applyChanges)[0].decode(Int64.self, column: 0)
                 try destination.execute("release savepoint carry_changes")
                 return updated
@@ -262,6 +263,13 @@ final class ImportRun {
             reject("auth.users", id, "\(field) not carried over: \(reason.explanation)")
         }
     }
+
+    /// The users `applyChanges` may update, locked in id order first, as pushes, the
+    /// events' batches (`lockUsers`) and the WAL timeline's move lock them: an update in
+    /// the join's order could deadlock with the move.
+    static let lockChangedUsers = """
+        select from users u where u.id in (select id from import_user_changes) order by u.id for no key update of u
+        """
 
     /// Per batch user an earlier run imported (here by id): the hosted value (`there`, as
     /// the import writes it), the one here, the one the import last wrote (`then`, null:
