@@ -145,8 +145,8 @@ class Proxy:
     (each used once; a body of "" is empty), `push_delay` holds push answers back after the
     server committed, `paused` closes every request unanswered, `cut()` ends the open event
     streams, `fake_stream` answers stream requests itself: "silent" (a 200 event stream that
-    never sends a byte, as a dead connection), "empty" (one that ends at once) or "json" (a
-    200 that is not an event stream)."""
+    never sends a byte, as a dead connection), "empty" (one that ends at once), "json" (a
+    200 that is not an event stream) or "401" (the token refused)."""
 
     def __init__(self):
         self.rules, self.log, self.streams = [], [], set()
@@ -269,23 +269,30 @@ class Proxy:
 
 
     def answer_stream(self, handler, kind):
-        handler.send_response(200)
-        handler.send_header("Content-Type", "application/json" if kind == "json" else "text/event-stream")
+        status = 401 if kind == "401" else 200
+        body = b'{"code":"invalid_token","message":"refused"}' if kind == "401" else b""
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json" if kind in ("json", "401") else "text/event-stream")
         handler.send_header("Access-Control-Allow-Origin", handler.headers.get("Origin", "*"))
         handler.send_header("Connection", "close")
         if kind != "silent":
-            handler.send_header("Content-Length", "0")
+            handler.send_header("Content-Length", str(len(body)))
         handler.end_headers()
+        handler.wfile.write(body)
         handler.wfile.flush()
         handler.close_connection = True
         with self.lock:
-            self.log.append((time.monotonic(), "GET", "/sync/v1/stream", 200))
+            self.log.append((time.monotonic(), "GET", "/sync/v1/stream", status))
         if kind == "silent":  # open until the page gives up on it
-            try:
-                while handler.connection.recv(4096):
-                    pass
-            except OSError:
+            self.wait_for_close(handler)
+
+    @staticmethod
+    def wait_for_close(handler):
+        try:
+            while handler.connection.recv(4096):
                 pass
+        except OSError:
+            pass
 
 
 # MARK: - The page
@@ -362,6 +369,19 @@ def sign_in(driver, address):
                                   " throw e }", address), f"a code for {address}")
     js(driver, "await client.verify(args[0], args[1]);", address, code_for(address, count))
     assert js(driver, "return client.isSignedIn")
+
+
+def stream_tries(proxy, kind):
+    """The stream requests `proxy` gets while it answers them with `kind` (see Proxy), from
+    its open streams cut until 3 s after the first such answer: a window to count reconnects
+    in (a hot loop makes hundreds)."""
+    opened = len(proxy.requests("GET", "/sync/v1/stream"))
+    proxy.fake_stream = kind
+    proxy.cut()
+    wait_until(lambda: len(proxy.requests("GET", "/sync/v1/stream")) > opened, f"a {kind} stream answer")
+    time.sleep(3)
+    proxy.fake_stream = None
+    return len(proxy.requests("GET", "/sync/v1/stream")) - opened
 
 
 # The stored session's access token as if it had expired, in this tab.
@@ -501,18 +521,25 @@ def main():
 
         # A 200 that ends at once, or is not an event stream: reconnects back off.
         for kind in ("empty", "json"):
-            opened = len(proxy2.requests("GET", "/sync/v1/stream"))
-            proxy2.fake_stream = kind
-            proxy2.cut()
-            wait_until(lambda: len(proxy2.requests("GET", "/sync/v1/stream")) > opened, f"an {kind} stream")
-            time.sleep(3)  # a window to count reconnects in: a hot loop makes hundreds
-            proxy2.fake_stream = None
-            reconnects = len(proxy2.requests("GET", "/sync/v1/stream")) - opened
+            reconnects = stream_tries(proxy2, kind)
             assert reconnects <= 15, f"{reconnects} stream requests in 3 s after {kind} answers"
         assert js(first, RECORD, "live-4", 2) == 2
         js(first, "await client.sync(); return true")
         wait_until(lambda: len(second.execute_script("return window.live")) >= total + 15, "events after the backoff")
         step("a stream that ends at once or is not an event stream is retried with backoff")
+
+        # A stream refused with 401 although every refresh succeeds (a server that refuses
+        # fresh tokens): after the first refresh, reconnects back off too.
+        refreshes = len(proxy2.requests("POST", "/auth/v1/token"))
+        reconnects = stream_tries(proxy2, "401")
+        assert reconnects <= 15, f"{reconnects} stream requests answered 401 in 3 s"
+        refreshed = [entry for entry in proxy2.requests("POST", "/auth/v1/token")[refreshes:] if entry[3] == 200]
+        assert len(refreshed) >= 2, "the refreshes did not succeed"
+        assert js(first, RECORD, "live-5", 1) == 1
+        js(first, "await client.sync(); return true")
+        wait_until(lambda: len(second.execute_script("return window.live")) >= total + 16, "events after the 401s")
+        assert second.execute_script("return window.live") == list(range(1, total + 17))
+        step(f"a stream refused with 401 while refreshes succeed is retried with backoff ({reconnects} tries in 3 s)")
 
         # 429 and 503 with Retry-After: waited out, then the push goes through.
         open_page(first, proxy.url, {"autoPush": False})

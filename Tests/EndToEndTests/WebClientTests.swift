@@ -90,6 +90,7 @@ final class WebClientTests: EndToEndTestCase {
             "a push answer that never came timed out and the push was tried again",
             "a stream gone silent was dropped and reopened, none missed",
             "a stream that ends at once or is not an event stream is retried with backoff",
+            "a stream refused with 401 while refreshes succeed is retried with backoff",
             "token expiry mid-sync: refreshed and the sync went on",
             "one token refresh shared by two tabs",
             "a refused event quarantined, the others pushed",

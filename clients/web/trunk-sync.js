@@ -1030,6 +1030,7 @@ export class TrunkSyncClient {
     let lastSeq = (await settled(db.transaction('meta').objectStore('meta').get('live'))) ?? -1;
     if (lastSeq < 0) lastSeq = (await settled(db.transaction('meta').objectStore('meta').get('cursor'))) ?? 0;
     let attempt = 0;
+    let refused = false; // the last answer was a 401
     while (!signal.aborted) {
       let wait = 0;
       const watchdog = new Deadline(signal, this.streamIdleTimeout);
@@ -1040,13 +1041,17 @@ export class TrunkSyncClient {
           cache: 'no-store',
           signal: watchdog.signal,
         });
+        // A 401 right after the refresh the last one led to: fresh tokens are refused too.
+        const refusedAgain = refused && response.status === 401;
+        refused = response.status === 401;
+        const type = (response.headers.get('Content-Type') ?? '').toLowerCase();
         if (response.status === 401) {
           await response.body?.cancel();
           await this.refresh(token);
-          continue;
-        }
-        const type = (response.headers.get('Content-Type') ?? '').toLowerCase();
-        if (!response.ok || !response.body || !type.startsWith('text/event-stream')) {
+          // The first 401 (an expired token) reconnects at once with the new token; another
+          // right after backs off, so a server that refuses every token is not hammered.
+          if (refusedAgain) wait = backoffDelay(attempt++, this.retry);
+        } else if (!response.ok || !response.body || !type.startsWith('text/event-stream')) {
           await response.body?.cancel();
           const retryAfter = parseRetryAfter(response.headers.get('Retry-After'));
           wait = retryAfter !== null ? retryAfterDelay(retryAfter) : backoffDelay(attempt++, this.retry);
