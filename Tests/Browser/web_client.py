@@ -146,11 +146,12 @@ class Proxy:
     server committed, `paused` closes every request unanswered, `cut()` ends the open event
     streams, `fake_stream` answers stream requests itself: "silent" (a 200 event stream that
     never sends a byte, as a dead connection), "empty" (one that ends at once), "json" (a
-    200 that is not an event stream) or "401" (the token refused)."""
+    200 that is not an event stream) or "401" (the token refused), and `stall_export`
+    answers the export with its head and a piece of body, then nothing."""
 
     def __init__(self):
         self.rules, self.log, self.streams = [], [], set()
-        self.push_delay, self.paused, self.fake_stream = 0.0, False, None
+        self.push_delay, self.paused, self.fake_stream, self.stall_export = 0.0, False, None, False
         self.lock = threading.Lock()
         proxy = self
 
@@ -204,6 +205,9 @@ class Proxy:
         delay = self.push_delay if method == "POST" and path == "/sync/v1/events" else 0
         if method == "GET" and path == "/sync/v1/stream" and self.fake_stream:
             self.answer_stream(handler, self.fake_stream)
+            return
+        if method == "GET" and path == "/sync/v1/export" and self.stall_export:
+            self.answer_stalled_export(handler)
             return
         with self.lock:
             rule = next((r for r in self.rules if r[0] == method and r[1] == path), None)
@@ -285,6 +289,21 @@ class Proxy:
             self.log.append((time.monotonic(), "GET", "/sync/v1/stream", status))
         if kind == "silent":  # open until the page gives up on it
             self.wait_for_close(handler)
+
+    def answer_stalled_export(self, handler):
+        """A 200 export whose body stops after its first piece (a connection gone dead)."""
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/x-ndjson")
+        handler.send_header("Content-Length", "100000")
+        handler.send_header("Access-Control-Allow-Origin", handler.headers.get("Origin", "*"))
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        handler.wfile.write(b'{"kind":"account"}\n')
+        handler.wfile.flush()
+        handler.close_connection = True
+        with self.lock:
+            self.log.append((time.monotonic(), "GET", "/sync/v1/export", 200))
+        self.wait_for_close(handler)
 
     @staticmethod
     def wait_for_close(handler):
@@ -758,6 +777,15 @@ def main():
         assert quota[0] == "storage_unavailable" and "did not commit" in quota[1], quota
         assert quota[3] == quota[2] and quota[4] == quota[2] + 1, quota
         step("a write IndexedDB does not commit rejects with storage_unavailable, nothing kept")
+
+        # An export whose body stops coming: aborted after requestTimeout without data.
+        open_page(first, proxy.url, {"autoPush": False, "live": False, "requestTimeout": 1500})
+        proxy.stall_export = True
+        stalled = js(first, "return await Promise.race([client.exportData().then(() => 'exported', (e) => [e.code, e.message]),"
+                            " new Promise((resolve) => setTimeout(() => resolve('still waiting'), 30000))])")
+        proxy.stall_export = False
+        assert stalled[0] == "network" and "stalled" in stalled[1], stalled
+        step("an export whose body stalls is aborted with a network error")
 
         blob = js(first, "const b = await client.exportData(); return [b.type, (await b.text()).split('\\n')[0]]")
         assert '"kind":"account"' in blob[1], blob

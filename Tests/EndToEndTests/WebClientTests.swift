@@ -100,7 +100,8 @@ final class WebClientTests: EndToEndTestCase {
             "two accounts in one browser kept apart",
             "sign-out kept the unsent events for the next sign-in, or discarded them when asked",
             "without IndexedDB, record refuses clearly",
-            "exported the account as NDJSON", "the example page signs in, records and lists a note",
+            "an export whose body stalls is aborted with a network error", "exported the account as NDJSON",
+            "the example page signs in, records and lists a note",
             "deleted the account with a mailed code, and its local data",
         ] {
             XCTAssertTrue(

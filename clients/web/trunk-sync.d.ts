@@ -39,7 +39,10 @@ export interface TrunkSyncOptions {
   retry?: RetryOptions;
   /** Refresh the access token this many seconds before it expires (at most half its life). Default 60. */
   refreshMargin?: number;
-  /** Ms a request may take (head and body) before it counts as a network failure. Default 30000. */
+  /**
+   * Ms a request may take (head and body) before it counts as a network failure; the body of
+   * `exportData` may take as long as it needs but pause at most this long. Default 30000.
+   */
   requestTimeout?: number;
   /**
    * Ms the live stream may stay silent before it is dropped and reopened; keep it above twice
@@ -160,7 +163,10 @@ export class TrunkSyncClient {
   reauthenticate(): Promise<void>;
   /** Deletes the account and its data on the server, then everything kept here for the user. */
   deleteAccount(code: string): Promise<void>;
-  /** The account and its events, NDJSON (GET /sync/v1/export). */
+  /**
+   * The account and its events, NDJSON (GET /sync/v1/export). A body that stops coming for
+   * `requestTimeout` is aborted: `network`.
+   */
   exportData(): Promise<Blob>;
   /**
    * Tells the app what happens in the background; returns an unsubscribe. `'leader'`: this

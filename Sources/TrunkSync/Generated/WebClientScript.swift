@@ -644,8 +644,8 @@ export class TrunkSyncClient {
   /**
    * One API call with retries: network failures (no answer within `requestTimeout` is one),
    * 408, 429, 500, 502, 503, 504; Retry-After honoured exactly (plus ≤ 10 % jitter), else
-   * full-jitter backoff; one refresh after a 401. `raw`: the response once its head came
-   * (the body is read without the timeout).
+   * full-jitter backoff; one refresh after a 401. `raw`: `{response, deadline}` once the
+   * head came, the deadline still running for the body (the caller resets and clears it).
    * @param {string} method @param {string} path
    * @param {{body?: any, auth?: boolean, retry?: boolean, raw?: boolean, signal?: AbortSignal}} [options]
    */
@@ -666,6 +666,7 @@ export class TrunkSyncClient {
       const deadline = new Deadline(signal, this.requestTimeout);
       let response;
       let text = '';
+      let handedOut = false;
       try {
         response = await this.fetch(this.url + path, {
           method,
@@ -674,7 +675,8 @@ export class TrunkSyncClient {
           cache: 'no-store',
           signal: deadline.signal,
         });
-        if (!(raw && response.ok)) text = await response.text();
+        handedOut = raw && response.ok;
+        if (!handedOut) text = await response.text();
       } catch (error) {
         if (signal?.aborted) throw new TrunkSyncError('cancelled', 'cancelled');
         if (!retry || attempt + 1 >= this.retry.maxAttempts) {
@@ -688,10 +690,10 @@ export class TrunkSyncClient {
         await sleep(backoffDelay(attempt, this.retry), signal);
         continue;
       } finally {
-        deadline.clear();
+        if (!handedOut) deadline.clear();
       }
       if (response.ok) {
-        if (raw) return response;
+        if (raw) return { response, deadline };
         if (!text) return null;
         try {
           return JSON.parse(text);
@@ -1208,14 +1210,35 @@ export class TrunkSyncClient {
     });
   }
 
-  /** The user's account and events as an NDJSON Blob (`GET /sync/v1/export`). */
+  /**
+   * The user's account and events as an NDJSON Blob (`GET /sync/v1/export`). The body may
+   * pause at most `requestTimeout` between pieces (a large export takes as long as it
+   * needs); a download that stalls longer is aborted (`network`).
+   */
   async exportData() {
-    const response = await this.request('GET', '/sync/v1/export', { raw: true, retry: false });
+    const { response, deadline } = await this.request('GET', '/sync/v1/export', { raw: true, retry: false });
+    /** @type {Uint8Array[]} */
+    const chunks = [];
     try {
-      return await response.blob();
+      deadline.reset();
+      const reader = response.body.getReader();
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        deadline.reset();
+        chunks.push(value);
+      }
     } catch (error) {
-      throw new TrunkSyncError('network', `the export was cut off: ${String(error)}`);
+      throw new TrunkSyncError(
+        'network',
+        deadline.expired
+          ? `the export stalled: nothing came for ${this.requestTimeout} ms, so it was aborted`
+          : `the export was cut off: ${String(error)}`,
+      );
+    } finally {
+      deadline.clear();
     }
+    return new Blob(chunks, { type: response.headers.get('Content-Type') ?? '' });
   }
 
   /** Stops this client's work in this tab (leadership passes to another tab). */
