@@ -143,14 +143,15 @@ class QuietServer(http.server.ThreadingHTTPServer):
 class Proxy:
     """HTTP forwarding with faults: `rules` answer matching requests instead of the server
     (each used once; a body of "" is empty), `push_delay` holds push answers back after the
-    server committed, `paused` closes every request unanswered, `cut()` ends the open event
-    streams, `fake_stream` answers stream requests itself: "silent" (a 200 event stream that
-    never sends a byte, as a dead connection), "empty" (one that ends at once), "json" (a
-    200 that is not an event stream) or "401" (the token refused), and `stall_export`
-    answers the export with its head and a piece of body, then nothing."""
+    server committed, `hold()` keeps the next matching request until released, before
+    anything else happens to it, `paused` closes every request unanswered, `cut()` ends the
+    open event streams, `fake_stream` answers stream requests itself: "silent" (a 200 event
+    stream that never sends a byte, as a dead connection), "empty" (one that ends at once),
+    "json" (a 200 that is not an event stream) or "401" (the token refused), and
+    `stall_export` answers the export with its head and a piece of body, then nothing."""
 
     def __init__(self):
-        self.rules, self.log, self.streams = [], [], set()
+        self.rules, self.log, self.streams, self.holds = [], [], set(), {}
         self.push_delay, self.paused, self.fake_stream, self.stall_export = 0.0, False, None, False
         self.lock = threading.Lock()
         proxy = self
@@ -180,6 +181,14 @@ class Proxy:
             body = {"code": "injected", "message": "x"} if body is None else body
             self.rules.append([method, path, status, headers or {}, body, skip])
 
+    def hold(self, method, path):
+        """Holds the next `method path` request: returns (arrived, release), two Events; the
+        request goes on (to the rules, then the server) once `release` is set."""
+        arrived, release = threading.Event(), threading.Event()
+        with self.lock:
+            self.holds[(method, path)] = (arrived, release)
+        return arrived, release
+
     def requests(self, method, path):
         with self.lock:
             return [entry for entry in self.log if entry[1] == method and entry[2] == path]
@@ -202,6 +211,11 @@ class Proxy:
             return
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else None
+        with self.lock:
+            hold = self.holds.pop((method, path), None)
+        if hold:
+            hold[0].set()
+            hold[1].wait(TIMEOUT)
         delay = self.push_delay if method == "POST" and path == "/sync/v1/events" else 0
         if method == "GET" and path == "/sync/v1/stream" and self.fake_stream:
             self.answer_stream(handler, self.fake_stream)
@@ -401,6 +415,20 @@ def stream_tries(proxy, kind):
     time.sleep(3)
     proxy.fake_stream = None
     return len(proxy.requests("GET", "/sync/v1/stream")) - opened
+
+
+def stored_session(driver):
+    """The session the current tab's client stored."""
+    return js(driver, "return JSON.parse(localStorage.getItem('trunk-sync|session|' + client.url))")
+
+
+def failed_status(call):
+    """The HTTP status `call` (an `api` call) failed with; raises if it succeeded."""
+    try:
+        call()
+    except urllib.error.HTTPError as error:
+        return error.code
+    raise AssertionError("accepted")
 
 
 # The stored session's access token as if it had expired, in this tab.
@@ -748,6 +776,71 @@ def main():
         sign_in(first, ALICE)
         assert js(first, "return await client.pendingCount()") == 0
         step("sign-out kept the unsent events for the next sign-in, or discarded them when asked")
+
+        # Another tab signs someone else in while this one signs out (its push held at the
+        # proxy): the sign-out revokes its own session with its own token, leaves the other
+        # tab's session alone and counts its own user's unsent events.
+        quiet = {"autoPush": False, "live": False}
+        open_page(first, proxy.url, quiet)
+        tab_a = first.current_window_handle
+        first.switch_to.new_window("tab")
+        tab_b = first.current_window_handle
+        open_page(first, proxy.url, quiet)
+        first.switch_to.window(tab_a)
+        before = stored_session(first)
+        assert js(first, RECORD, "swapped", 1) == 1
+        arrived, release = proxy.hold("POST", "/sync/v1/events")
+        first.execute_script("window.out = client.signOut().then((r) => r, (e) => String(e))")
+        assert arrived.wait(TIMEOUT), "the sign-out's push"
+        first.switch_to.window(tab_b)
+        sign_in(first, CAROL)
+        first.switch_to.window(tab_a)
+        result = js(first, "return await window.out")
+        release.set()
+        assert result == {"unsentEvents": 1}, result
+        after = stored_session(first)
+        assert after["email"] == CAROL and js(first, "return client.user.email") == CAROL, after
+        api("GET", "/auth/v1/user", token=after["access_token"])  # the other tab's session works
+        assert failed_status(lambda: api("GET", "/auth/v1/user", token=before["access_token"])) in (401, 403)
+        step("sign-out ends its own session, not the one another tab signed in meanwhile")
+
+        # reauthenticate and deleteAccount act for the user signed in when called: once
+        # another tab signed someone else in they fail with user_changed, never sending with
+        # the other user's session. reauthenticate: its first answer (a 401) held until then.
+        sent = len(proxy.requests("POST", "/auth/v1/reauthenticate"))
+        arrived, release = proxy.hold("POST", "/auth/v1/reauthenticate")
+        proxy.add_rule("POST", "/auth/v1/reauthenticate", 401, {}, {"code": "invalid_token", "message": "expired"})
+        first.execute_script("window.out = client.reauthenticate().then(() => 'sent', (e) => e.code || String(e))")
+        assert arrived.wait(TIMEOUT), "the reauthentication"
+        erin = f"erin-{RUN}@example.com"  # a fresh address: ALICE's codes this hour are running out
+        first.switch_to.window(tab_b)
+        sign_in(first, erin)
+        first.switch_to.window(tab_a)
+        wait_until(lambda: js(first, "return client.user.email") == erin, "the other tab's sign-in seen")
+        release.set()
+        assert js(first, "return await window.out") == "user_changed"
+        assert len(proxy.requests("POST", "/auth/v1/reauthenticate")) == sent + 1, "sent again as the other user"
+        # deleteAccount: its token expired, the refresh before the request held until then;
+        # the refreshed session does not overwrite the one the other tab stored.
+        first.execute_script(EXPIRE)
+        arrived, release = proxy.hold("POST", "/auth/v1/token")
+        first.execute_script("window.out = client.deleteAccount('000000')"
+                             ".then(() => 'deleted', (e) => e.code || String(e))")
+        assert arrived.wait(TIMEOUT), "the refresh"
+        first.switch_to.window(tab_b)
+        sign_in(first, CAROL)
+        carol_session = stored_session(first)
+        first.switch_to.window(tab_a)
+        wait_until(lambda: js(first, "return client.user.email") == CAROL, "the other tab's sign-in seen")
+        release.set()
+        assert js(first, "return await window.out") == "user_changed"
+        assert proxy.requests("DELETE", "/sync/v1/account") == [], "sent as the other user"
+        assert stored_session(first) == carol_session
+        api("GET", "/auth/v1/user", token=carol_session["access_token"])
+        first.switch_to.window(tab_b)
+        first.close()
+        first.switch_to.window(tab_a)
+        step("reauthenticate and deleteAccount never go on for a user another tab signed in")
 
         # No IndexedDB (as in some private modes): record refuses, nothing kept in memory.
         first.get(f"{PAGE_ORIGIN}/")

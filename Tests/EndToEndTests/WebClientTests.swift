@@ -99,6 +99,8 @@ final class WebClientTests: EndToEndTestCase {
             "a type of 128 characters outside the BMP is recorded and stored",
             "two accounts in one browser kept apart",
             "sign-out kept the unsent events for the next sign-in, or discarded them when asked",
+            "sign-out ends its own session, not the one another tab signed in meanwhile",
+            "reauthenticate and deleteAccount never go on for a user another tab signed in",
             "without IndexedDB, record refuses clearly",
             "an export whose body stalls is aborted with a network error", "exported the account as NDJSON",
             "the example page signs in, records and lists a note",

@@ -99,7 +99,9 @@ export interface QuarantinedEvent {
  * the outbox stays), `network`, `rate_limited` (`retryAfter` ms), `invalid_event` (refused by
  * `record` itself), `invalid_response` (an answer that is not the server's, e.g. a 2xx push
  * answer that does not name the events stored: they stay in the outbox), `unsupported`,
- * `cancelled`, or the server's error code (`otp_expired`,
+ * `cancelled`, `user_changed` (another tab signed someone else in while a call for the
+ * user before was under way: nothing was sent with the other user's session), or the
+ * server's error code (`otp_expired`,
  * `reauthentication_not_valid`, …) with `status`.
  */
 export class TrunkSyncError extends Error {
@@ -156,12 +158,20 @@ export class TrunkSyncClient {
 
   /**
    * Pushes once, revokes the session and forgets it here. Unsent events stay in this user's
-   * outbox for the next sign-in (counted) unless `discard` is true.
+   * outbox for the next sign-in (counted) unless `discard` is true. Ends the session it was
+   * called for: one another tab signs in meanwhile is left as it is.
    */
   signOut(options?: { discard?: boolean }): Promise<{ unsentEvents: number }>;
-  /** Mails a confirmation code for `deleteAccount`. */
+  /**
+   * Mails a confirmation code for `deleteAccount`, to the user signed in when called
+   * (`user_changed` if another tab signs someone else in before it is sent).
+   */
   reauthenticate(): Promise<void>;
-  /** Deletes the account and its data on the server, then everything kept here for the user. */
+  /**
+   * Deletes the account and its data on the server, then everything kept here for the user;
+   * the user signed in when called (`user_changed`, nothing deleted, if another tab signs
+   * someone else in before it is sent).
+   */
   deleteAccount(code: string): Promise<void>;
   /**
    * The account and its events, NDJSON (GET /sync/v1/export). A body that stops coming for

@@ -333,6 +333,21 @@ function isPlainObject(value) {
 
 const RETRYABLE = new Set([408, 429, 500, 502, 503, 504]);
 
+/**
+ * Whether `session` is the one `pin` names: its user, and when `pin.id` is set that very
+ * session (`id` is made at sign-in and kept by its refreshes).
+ * @param {any} session @param {{user_id: string, id?: string}} pin
+ */
+function matchesPin(session, pin) {
+  return Boolean(session) && session.user_id === pin.user_id && (pin.id === undefined || session.id === pin.id);
+}
+
+const userChanged = () =>
+  new TrunkSyncError(
+    'user_changed',
+    'another user was signed in meanwhile (another tab): nothing was sent with their session for this call',
+  );
+
 // MARK: - The client
 
 /** One signed-in user's local state: database, channel, leadership. */
@@ -556,11 +571,11 @@ export class TrunkSyncClient {
       auth: false,
       retry: false,
     });
-    this.storeSession(this.sessionFrom(body));
+    this.storeSession(this.sessionFrom(body, crypto.randomUUID()));
   }
 
-  /** @param {any} body */
-  sessionFrom(body) {
+  /** @param {any} body @param {string | undefined} id this session's id here (see matchesPin) */
+  sessionFrom(body, id) {
     if (!body || typeof body.access_token !== 'string' || !body.user || typeof body.user.id !== 'string') {
       throw new TrunkSyncError('invalid_response', 'the server answered without a session');
     }
@@ -573,24 +588,34 @@ export class TrunkSyncClient {
       expires_at: now + Number(body.expires_in || 3600),
       user_id: body.user.id,
       email: body.user.email ?? null,
+      id,
     };
   }
 
-  /** The access token, refreshed first when it expires soon. */
-  async accessToken() {
+  /**
+   * The access token, refreshed first when it expires soon; with `pin`, only that user's
+   * (else `user_changed`).
+   * @param {{user_id: string, id?: string}} [pin]
+   */
+  async accessToken(pin) {
     const session = this.session;
     if (!session) throw new TrunkSyncError('not_signed_in', 'sign in first');
+    if (pin && !matchesPin(session, pin)) throw userChanged();
     const margin = Math.min(this.refreshMargin, (session.expires_in || 3600) / 2);
     if (session.expires_at - Date.now() / 1000 > margin) return session.access_token;
-    return (await this.refresh(session.access_token)).access_token;
+    const fresh = await this.refresh(session.access_token, pin);
+    if (pin && !matchesPin(fresh, pin)) throw userChanged(); // a refresh another call started
+    return fresh.access_token;
   }
 
   /**
    * One refresh for every tab of this origin: under a Web Lock, and only when the stored
    * session still has the token that failed (another tab may have refreshed meanwhile).
-   * @param {string} staleToken
+   * With `pin`, never another user's session (`user_changed`); a session another tab stored
+   * while the refresh was under way is kept, not overwritten.
+   * @param {string} staleToken @param {{user_id: string, id?: string}} [pin]
    */
-  refresh(staleToken) {
+  refresh(staleToken, pin) {
     if (this.refreshing) return this.refreshing;
     this.refreshing = navigator.locks
       .request(`trunk-sync|refresh|${this.url}`, async () => {
@@ -600,6 +625,7 @@ export class TrunkSyncClient {
           this.openAccount();
           throw new TrunkSyncError('session_expired', 'signed out meanwhile');
         }
+        if (pin && !matchesPin(stored, pin)) throw userChanged();
         const margin = Math.min(this.refreshMargin, (stored.expires_in || 3600) / 2);
         if (stored.access_token !== staleToken && stored.expires_at - Date.now() / 1000 > margin) {
           this.session = stored;
@@ -619,7 +645,16 @@ export class TrunkSyncClient {
           }
           throw error;
         }
-        const session = this.sessionFrom(body);
+        const session = this.sessionFrom(body, stored.id);
+        // Another tab may have signed out, or in as someone else, while the answer came.
+        const now = this.readSession();
+        if (!now || now.user_id !== stored.user_id || now.id !== stored.id) {
+          this.session = now;
+          this.openAccount();
+          if (!now) throw new TrunkSyncError('session_expired', 'signed out meanwhile');
+          if (now.user_id !== stored.user_id || pin?.id !== undefined) throw userChanged();
+          return now; // the same user signed in again: their newer session
+        }
         this.storeSession(session);
         return session;
       })
@@ -636,11 +671,17 @@ export class TrunkSyncClient {
    * 408, 429, 500, 502, 503, 504; Retry-After honoured exactly (plus ≤ 10 % jitter), else
    * full-jitter backoff; one refresh after a 401. `raw`: `{response, deadline}` once the
    * head came, the deadline still running for the body (the caller resets and clears it).
+   * An authenticated call is for the user signed in when it starts (`pin`, else that
+   * one): once another tab signed in someone else it throws `user_changed` rather than
+   * send, refresh or sign out with their session. `token`: sent as it is (no refresh, no
+   * sign-out on a 401).
    * @param {string} method @param {string} path
-   * @param {{body?: any, auth?: boolean, retry?: boolean, raw?: boolean, signal?: AbortSignal}} [options]
+   * @param {{body?: any, auth?: boolean, retry?: boolean, raw?: boolean, signal?: AbortSignal,
+   *   pin?: {user_id: string, id?: string}, token?: string}} [options]
    */
   async request(method, path, options = {}) {
-    const { body, auth = true, retry = true, raw = false, signal } = options;
+    const { body, auth = true, retry = true, raw = false, signal, token: fixedToken } = options;
+    const pin = options.pin ?? (auth && !fixedToken && this.session ? { user_id: this.session.user_id } : undefined);
     let refreshed = false;
     for (let attempt = 0; ; attempt++) {
       if (signal?.aborted) throw new TrunkSyncError('cancelled', 'cancelled');
@@ -648,7 +689,7 @@ export class TrunkSyncClient {
       const headers = { Accept: 'application/json' };
       let token = null;
       if (auth) {
-        token = await this.accessToken();
+        token = fixedToken ?? (await this.accessToken(pin));
         headers.Authorization = `Bearer ${token}`;
       }
       if (body !== undefined) headers['Content-Type'] = 'application/json';
@@ -697,9 +738,9 @@ export class TrunkSyncClient {
       } catch {
         // not JSON
       }
-      if (response.status === 401 && auth && token && !refreshed) {
+      if (response.status === 401 && auth && !fixedToken && !refreshed) {
         refreshed = true;
-        await this.refresh(token);
+        await this.refresh(token, pin);
         attempt--;
         continue;
       }
@@ -709,7 +750,9 @@ export class TrunkSyncClient {
         errorBody?.message ?? errorBody?.msg ?? `HTTP ${response.status}`,
         { status: response.status, details: errorBody?.details, retryAfter: retryAfter ?? undefined },
       );
-      if (response.status === 401 && auth) {
+      if (response.status === 401 && auth && !fixedToken) {
+        const stored = this.readSession();
+        if (stored && pin && !matchesPin(stored, pin)) throw userChanged(); // not theirs to end
         this.storeSession(null);
         throw new TrunkSyncError('session_expired', 'the session ended: sign in again', { status: 401 });
       }
@@ -1148,52 +1191,75 @@ export class TrunkSyncClient {
 
   /**
    * Signs out: pushes once, revokes the session and forgets it here. Unsent events stay in
-   * this user's outbox (counted in `unsentEvents`) unless `discard` is true.
+   * this user's outbox (counted in `unsentEvents`) unless `discard` is true. It ends the
+   * session it was called for: should another tab sign in meanwhile, that tab's session
+   * is left as it is.
    * @param {{discard?: boolean}} [options]
    */
   async signOut(options = {}) {
     const account = this.current();
     const session = this.session;
+    const pin = { user_id: session.user_id, id: session.id };
     try {
       // One try, no waiting: signing out offline must not hang on backoff.
       await navigator.locks.request(`trunk-sync|sync|${account.key}`, () => this.pushAll(account, { retry: false }));
     } catch {
       // offline or refused: the events stay
     }
+    const logout = '/auth/v1/logout?scope=local';
     try {
-      await this.request('POST', '/auth/v1/logout?scope=local', { retry: false });
-    } catch {
-      // the local session goes anyway
+      await this.request('POST', logout, { retry: false, pin });
+    } catch (error) {
+      // Another tab signed in meanwhile: this session is revoked with its own last token.
+      if (error instanceof TrunkSyncError && error.code === 'user_changed') {
+        await this.request('POST', logout, { retry: false, token: session.access_token }).catch(() => {});
+      }
+      // Otherwise the local session goes anyway.
     }
-    const db = await account.db();
-    let unsentEvents = await settled(db.transaction('outbox').objectStore('outbox').count());
-    if (options.discard) {
-      await transact(db, ['outbox', 'quarantine'], 'readwrite', (tx) => {
-        tx.objectStore('outbox').clear();
-        tx.objectStore('quarantine').clear();
-      });
-      unsentEvents = 0;
+    // A connection of its own: another tab's sign-in closes the account's.
+    const db = await openDatabase(`trunk-sync|${account.key}`);
+    let unsentEvents;
+    try {
+      unsentEvents = await settled(db.transaction('outbox').objectStore('outbox').count());
+      if (options.discard) {
+        await transact(db, ['outbox', 'quarantine'], 'readwrite', (tx) => {
+          tx.objectStore('outbox').clear();
+          tx.objectStore('quarantine').clear();
+        });
+        unsentEvents = 0;
+      }
+      await transact(db, ['meta'], 'readwrite', (tx) => tx.objectStore('meta').clear());
+    } finally {
+      db.close();
     }
-    await transact(db, ['meta'], 'readwrite', (tx) => tx.objectStore('meta').clear());
-    if (this.readSession()?.user_id === session?.user_id) this.storeSession(null);
+    if (matchesPin(this.readSession(), pin)) this.storeSession(null);
     else this.openAccount();
     return { unsentEvents };
   }
 
-  /** Mails the user a confirmation code for `deleteAccount`. */
+  /**
+   * Mails the user a confirmation code for `deleteAccount`: for the user signed in now
+   * (`user_changed` if another tab signs someone else in before it is sent).
+   */
   async reauthenticate() {
-    await this.request('POST', '/auth/v1/reauthenticate', { retry: false });
+    const account = this.current();
+    await this.request('POST', '/auth/v1/reauthenticate', { retry: false, pin: { user_id: account.userId } });
   }
 
   /**
    * Deletes the account and all its data on the server with the mailed code, then
-   * everything kept here for the user. @param {string} code
+   * everything kept here for the user; for the user signed in now (`user_changed`, nothing
+   * deleted, if another tab signs someone else in before it is sent). @param {string} code
    */
   async deleteAccount(code) {
     const account = this.current();
-    await this.request('DELETE', '/sync/v1/account', { body: { code }, retry: false });
+    const pin = { user_id: account.userId };
+    await this.request('DELETE', '/sync/v1/account', { body: { code }, retry: false, pin });
     const name = `trunk-sync|${account.key}`;
-    this.storeSession(null);
+    // Signed out here, unless another tab signed someone else in meanwhile.
+    const stored = this.readSession();
+    if (!stored || stored.user_id === account.userId) this.storeSession(null);
+    else account.stop();
     await new Promise((resolve) => {
       const request = indexedDB.deleteDatabase(name);
       request.onsuccess = request.onerror = request.onblocked = () => resolve(undefined);
