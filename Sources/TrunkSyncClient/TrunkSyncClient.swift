@@ -30,9 +30,11 @@ public actor TrunkSyncClient {
     private var refreshTask: Task<StoredSession, Error>?
     private var syncBusy = false
     private var syncWaiters: [CheckedContinuation<Void, Never>] = []
-    /// Counts sign-ins of another user: a request started before one does not go on after it.
+    /// Counts sign-ins of another user and sign-outs: a request started before one does not
+    /// go on after it.
     private var userGeneration = 0
-    /// Requests waiting out a backoff, woken early when another user signs in.
+    /// Requests waiting out a backoff, woken early when another user signs in or the user
+    /// signs out.
     private var backoffWaits: [Int: CheckedContinuation<Void, Never>] = [:]
     private var backoffWaitCount = 0
     private nonisolated let signedIn = SignedInState()
@@ -155,17 +157,28 @@ public actor TrunkSyncClient {
     /// `SignOutResult.unsentEvents`, and is pushed when the same user signs in again. Pass
     /// `discardingUnsentEvents: true` to delete the user's outbox and quarantine instead.
     /// The local session is removed even when the server cannot be reached.
+    ///
+    /// A `sync`/`push` in progress (and a token refresh it started) ends first, with
+    /// `.notSignedIn` at its next try: one waiting out a backoff ends at once, so signing out
+    /// never waits for its retries. What it had not sent stays in the outbox, as above. The
+    /// push and logout of `signOut` itself try twice each, a refresh they need included.
     @discardableResult
     public func signOut(discardingUnsentEvents: Bool = false) async throws -> SignOutResult {
+        if session != nil {
+            // The user's requests still running end (`notSignedIn`) at their next try, now
+            // when they are waiting out a backoff, so the sync they belong to ends soon.
+            userGeneration += 1
+            endBackoffWaits()
+        }
         // After any sync in progress, so none writes a cursor or outbox once they are gone.
         await acquireSync()
         defer { releaseSync() }
         guard session != nil, let store else {
             return SignOutResult(unsentEvents: 0, quarantinedEvents: 0, serverSessionRevoked: false)
         }
-        if !discardingUnsentEvents && store.outbox.count > 0 {
+        if !discardingUnsentEvents && store.outbox.count > 0, let user = try? signedInUser() {
             var report = SyncReport()
-            try? await pushOutbox(store, into: &report, retry: RetryRules(maxAttempts: 2))
+            try? await pushOutbox(store, user, into: &report, retry: RetryRules(maxAttempts: 2))
         }
         var revoked = false
         if session != nil {
@@ -372,9 +385,10 @@ public actor TrunkSyncClient {
         await acquireSync()
         defer { releaseSync() }
         guard let store else { throw TrunkSyncError.notSignedIn }
+        let user = try signedInUser()
         var report = SyncReport()
-        try await pushOutbox(store, into: &report, retry: RetryRules())
-        try await pullAll(store, into: &report, handler)
+        try await pushOutbox(store, user, into: &report, retry: RetryRules())
+        try await pullAll(store, user, into: &report, handler)
         return report
     }
 
@@ -384,8 +398,9 @@ public actor TrunkSyncClient {
         await acquireSync()
         defer { releaseSync() }
         guard let store else { throw TrunkSyncError.notSignedIn }
+        let user = try signedInUser()
         var report = SyncReport()
-        try await pushOutbox(store, into: &report, retry: RetryRules())
+        try await pushOutbox(store, user, into: &report, retry: RetryRules())
         return report
     }
 
@@ -414,7 +429,11 @@ public actor TrunkSyncClient {
 
     // MARK: - Internals: push and pull
 
-    private func pushOutbox(_ store: UserStore, into report: inout SyncReport, retry: RetryRules) async throws {
+    /// Pushes `store`'s outbox for `user`: every request of it ends with `.notSignedIn` once
+    /// another user signed in or this one signs out, not only those started after.
+    private func pushOutbox(
+        _ store: UserStore, _ user: PinnedUser, into report: inout SyncReport, retry: RetryRules
+    ) async throws {
         let configuredLimit = min(1000, max(1, configuration.maxBatchEvents))
         let byteLimit = min(9 * 1024 * 1024, max(Self.maxPayloadBytes, configuration.maxBatchBytes))
         var limit = configuredLimit
@@ -423,7 +442,7 @@ public actor TrunkSyncClient {
             let batch = try storage { try store.outbox.oldest(maxEvents: limit, maxBytes: byteLimit) }
             if batch.isEmpty { return }
             let answer = try await send(
-                "POST", "/sync/v1/events", body: Self.pushBody(batch), bearer: true, retry: retry)
+                "POST", "/sync/v1/events", body: Self.pushBody(batch), bearer: true, as: user, retry: retry)
             try ensureCurrent(store)
             switch answer.status {
             case 200:
@@ -479,12 +498,13 @@ public actor TrunkSyncClient {
     }
 
     private func pullAll(
-        _ store: UserStore, into report: inout SyncReport, _ handler: @Sendable ([SyncEvent]) async throws -> Void
+        _ store: UserStore, _ user: PinnedUser, into report: inout SyncReport,
+        _ handler: @Sendable ([SyncEvent]) async throws -> Void
     ) async throws {
         while true {
             try ensureCurrent(store)
             let cursor = store.cursor
-            let page = try await fetchPage(after: cursor, wait: 0, retry: RetryRules())
+            let page = try await fetchPage(after: cursor, wait: 0, retry: RetryRules(), as: user)
             try ensureCurrent(store)
             if !page.events.isEmpty {
                 try await handler(page.events)
@@ -501,15 +521,17 @@ public actor TrunkSyncClient {
         }
     }
 
-    /// One page after `cursor` (`wait` > 0: long-poll).
-    func fetchPage(after cursor: Int64, wait: Int, retry: RetryRules) async throws -> EventPage {
+    /// One page after `cursor` (`wait` > 0: long-poll), for `user` (nil: the one signed in now).
+    func fetchPage(after cursor: Int64, wait: Int, retry: RetryRules, as user: PinnedUser? = nil) async throws
+        -> EventPage
+    {
         var query = [
             URLQueryItem(name: "after", value: String(cursor)),
             URLQueryItem(name: "limit", value: String(min(1000, max(1, configuration.pullLimit)))),
         ]
         if wait > 0 { query.append(URLQueryItem(name: "wait", value: String(wait))) }
         let answer = try await send(
-            "GET", "/sync/v1/events", query: query, bearer: true, retry: retry,
+            "GET", "/sync/v1/events", query: query, bearer: true, as: user, retry: retry,
             timeout: wait > 0 ? Double(wait) + 15 : nil)
         guard answer.status == 200 else { throw failure(answer) }
         let page = try EventPage.parse(answer.body)
@@ -563,19 +585,21 @@ public actor TrunkSyncClient {
 
     /// Sends a request, retrying per `retry` and refreshing the token once on a `401`;
     /// returns any answer it does not retry. A `bearer` request is the signed-in user's for
-    /// good: once another user signed in, it throws `.notSignedIn` rather than try again or
-    /// refresh with that user's session.
+    /// good (`pinned`, else the one signed in now): once another user signed in or this one
+    /// signs out, it throws `.notSignedIn` rather than try again or refresh with another
+    /// session. So does a request without `bearer` that is given a `pinned` user.
     func send(
         _ method: String, _ path: String, query: [URLQueryItem] = [], body: [UInt8]? = nil, bearer: Bool = false,
-        retry: RetryRules, timeout: TimeInterval? = nil
+        as pinned: PinnedUser? = nil, retry: RetryRules, timeout: TimeInterval? = nil
     ) async throws -> HTTPAnswer {
         let policy = configuration.retry
         let maxAttempts = retry.maxAttempts ?? max(1, policy.maxAttempts)
         var attempt = 0
         var refreshedAfter401 = false
-        let user = bearer ? try signedInUser() : nil
+        let user = try pinned ?? (bearer ? signedInUser() : nil)
         while true {
             try Task.checkCancellation()
+            if let user, !isCurrent(user) { throw TrunkSyncError.notSignedIn }
             var request = URLRequest(url: try endpoint(path, query))
             request.httpMethod = method
             request.timeoutInterval = timeout ?? configuration.requestTimeout
@@ -586,8 +610,9 @@ public actor TrunkSyncClient {
             }
             if let key = configuration.apiKey { request.setValue(key, forHTTPHeaderField: "apikey") }
             var token: String? = nil
-            if let user {
-                let current = try await validAccessToken(for: user)
+            if bearer, let user {
+                // A refresh first tries as often as this request (signOut's: twice).
+                let current = try await validAccessToken(for: user, tries: retry.maxAttempts)
                 token = current
                 request.setValue("Bearer \(current)", forHTTPHeaderField: "Authorization")
             }
@@ -605,12 +630,12 @@ public actor TrunkSyncClient {
                     .retrying(
                         method: method, path: path, status: nil, retryAfter: nil, delay: delay, attempt: attempt,
                         error: failure.description))
-                try await backoff(delay)
+                try await backoff(delay, for: user)
                 continue
             }
             if answer.status == 401, bearer, !refreshedAfter401 {
                 refreshedAfter401 = true
-                _ = try await refreshed(replacing: token, proactive: false)
+                _ = try await refreshed(replacing: token, proactive: false, tries: retry.maxAttempts)
                 continue
             }
             guard retry.statuses.contains(answer.status) else { return answer }
@@ -626,7 +651,7 @@ public actor TrunkSyncClient {
                 .retrying(
                     method: method, path: path, status: answer.status, retryAfter: retryAfter, delay: delay,
                     attempt: attempt, error: error.description))
-            try await backoff(delay)
+            try await backoff(delay, for: user)
         }
     }
 
@@ -643,7 +668,7 @@ public actor TrunkSyncClient {
     }
 
     /// The signed-in user, pinned by a request that must not go on for another one.
-    private struct PinnedUser: Equatable {
+    struct PinnedUser: Equatable {
         var id: UUID
         var generation: Int
     }
@@ -653,13 +678,18 @@ public actor TrunkSyncClient {
         return PinnedUser(id: session.userID, generation: userGeneration)
     }
 
+    /// Whether `user` is still signed in: no other user signed in since, no sign-out began.
+    private func isCurrent(_ user: PinnedUser) -> Bool {
+        session?.userID == user.id && user.generation == userGeneration
+    }
+
     /// The access token, refreshed first when it expires within the refresh margin. When
     /// that refresh cannot reach the server, a token that has not expired yet is used.
-    /// With `user`: only that user's, else `.notSignedIn`.
-    private func validAccessToken(for user: PinnedUser? = nil) async throws -> String {
+    /// With `user`: only that user's, else `.notSignedIn`. A refresh it starts makes at most
+    /// `tries` tries (nil: `configuration.retry.maxAttempts`).
+    private func validAccessToken(for user: PinnedUser? = nil, tries: Int? = nil) async throws -> String {
         func current() throws -> StoredSession {
-            guard let found = session, user.map({ $0.id == found.userID && $0.generation == userGeneration }) ?? true
-            else { throw TrunkSyncError.notSignedIn }
+            guard let found = session, user.map(isCurrent) ?? true else { throw TrunkSyncError.notSignedIn }
             return found
         }
         let found = try current()
@@ -667,7 +697,7 @@ public actor TrunkSyncClient {
         let now = configuration.now()
         guard found.expiresAt.timeIntervalSince(now) <= margin else { return found.accessToken }
         do {
-            _ = try await refreshed(replacing: found.accessToken, proactive: true)
+            _ = try await refreshed(replacing: found.accessToken, proactive: true, tries: tries)
             return try current().accessToken
         } catch TrunkSyncError.network(_), TrunkSyncError.rateLimited(_, _, _) {
             let still = try current()
@@ -680,27 +710,34 @@ public actor TrunkSyncClient {
 
     /// A session whose access token is not `token`: refreshes unless another call already
     /// did (or is doing: every concurrent caller shares one refresh, so the rotating
-    /// refresh token is used once).
-    private func refreshed(replacing token: String?, proactive: Bool) async throws -> StoredSession {
+    /// refresh token is used once). A refresh it starts makes at most `tries` tries (nil:
+    /// `configuration.retry.maxAttempts`).
+    private func refreshed(replacing token: String?, proactive: Bool, tries: Int? = nil) async throws
+        -> StoredSession
+    {
         guard let current = session else { throw TrunkSyncError.notSignedIn }
         if let token, current.accessToken != token { return current }
         if let refreshTask { return try await refreshTask.value }
         let task = Task {
             // Runs on the actor once this caller suspends, so `refreshTask` is this task.
             defer { self.refreshTask = nil }
-            return try await self.performRefresh(current, proactive: proactive)
+            return try await self.performRefresh(current, proactive: proactive, tries: tries)
         }
         refreshTask = task
         return try await task.value
     }
 
-    private func performRefresh(_ current: StoredSession, proactive: Bool) async throws -> StoredSession {
+    private func performRefresh(_ current: StoredSession, proactive: Bool, tries: Int?) async throws
+        -> StoredSession
+    {
         let body = try JSONSerialization.data(withJSONObject: ["refresh_token": current.refreshToken])
         // Retrying after a lost answer is safe: the server hands a token used again within
-        // 10 s of its rotation another token of the same session.
+        // 10 s of its rotation another token of the same session. Pinned, so a sign-out (or
+        // another user's sign-in) ends its retries instead of waiting for them.
         let answer = try await send(
             "POST", "/auth/v1/token", query: [URLQueryItem(name: "grant_type", value: "refresh_token")],
-            body: Array(body), retry: RetryRules())
+            body: Array(body), as: PinnedUser(id: current.userID, generation: userGeneration),
+            retry: RetryRules(maxAttempts: tries))
         guard session?.userID == current.userID else { throw TrunkSyncError.notSignedIn }
         switch answer.status {
         case 200:
@@ -756,9 +793,10 @@ public actor TrunkSyncClient {
         }
     }
 
-    /// Waits `seconds` before a retry; ends early (and the retry then finds the user
-    /// changed) when another user signs in.
-    private func backoff(_ seconds: TimeInterval) async throws {
+    /// Waits `seconds` before a retry of `user`'s request; ends early (and the retry then
+    /// finds the user changed) when another user signs in or the user signs out, also when
+    /// that happened while the request was on its way.
+    private func backoff(_ seconds: TimeInterval, for user: PinnedUser?) async throws {
         backoffWaitCount += 1
         let id = backoffWaitCount
         let timer = Task { [weak self] in
@@ -767,7 +805,11 @@ public actor TrunkSyncClient {
         }
         await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
-                if Task.isCancelled { continuation.resume() } else { backoffWaits[id] = continuation }
+                if Task.isCancelled || user.map(isCurrent) == false {
+                    continuation.resume()
+                } else {
+                    backoffWaits[id] = continuation
+                }
             }
         } onCancel: {
             Task { await self.endBackoffWait(id) }

@@ -143,14 +143,16 @@ class QuietServer(http.server.ThreadingHTTPServer):
 class Proxy:
     """HTTP forwarding with faults: `rules` answer matching requests instead of the server
     (each used once; a body of "" is empty), `push_delay` holds push answers back after the
-    server committed, `paused` closes every request unanswered, `cut()` ends the open event
-    streams, `fake_stream` answers stream requests itself: "silent" (a 200 event stream that
-    never sends a byte, as a dead connection), "empty" (one that ends at once) or "json" (a
-    200 that is not an event stream)."""
+    server committed, `hold()` keeps the next matching request until released, before
+    anything else happens to it, `paused` closes every request unanswered, `cut()` ends the
+    open event streams, `fake_stream` answers stream requests itself: "silent" (a 200 event
+    stream that never sends a byte, as a dead connection), "empty" (one that ends at once),
+    "json" (a 200 that is not an event stream) or "401" (the token refused), and
+    `stall_export` answers the export with its head and a piece of body, then nothing."""
 
     def __init__(self):
-        self.rules, self.log, self.streams = [], [], set()
-        self.push_delay, self.paused, self.fake_stream = 0.0, False, None
+        self.rules, self.log, self.streams, self.holds = [], [], set(), {}
+        self.push_delay, self.paused, self.fake_stream, self.stall_export = 0.0, False, None, False
         self.lock = threading.Lock()
         proxy = self
 
@@ -179,6 +181,14 @@ class Proxy:
             body = {"code": "injected", "message": "x"} if body is None else body
             self.rules.append([method, path, status, headers or {}, body, skip])
 
+    def hold(self, method, path):
+        """Holds the next `method path` request: returns (arrived, release), two Events; the
+        request goes on (to the rules, then the server) once `release` is set."""
+        arrived, release = threading.Event(), threading.Event()
+        with self.lock:
+            self.holds[(method, path)] = (arrived, release)
+        return arrived, release
+
     def requests(self, method, path):
         with self.lock:
             return [entry for entry in self.log if entry[1] == method and entry[2] == path]
@@ -201,9 +211,17 @@ class Proxy:
             return
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else None
+        with self.lock:
+            hold = self.holds.pop((method, path), None)
+        if hold:
+            hold[0].set()
+            hold[1].wait(TIMEOUT)
         delay = self.push_delay if method == "POST" and path == "/sync/v1/events" else 0
         if method == "GET" and path == "/sync/v1/stream" and self.fake_stream:
             self.answer_stream(handler, self.fake_stream)
+            return
+        if method == "GET" and path == "/sync/v1/export" and self.stall_export:
+            self.answer_stalled_export(handler)
             return
         with self.lock:
             rule = next((r for r in self.rules if r[0] == method and r[1] == path), None)
@@ -269,23 +287,45 @@ class Proxy:
 
 
     def answer_stream(self, handler, kind):
-        handler.send_response(200)
-        handler.send_header("Content-Type", "application/json" if kind == "json" else "text/event-stream")
+        status = 401 if kind == "401" else 200
+        body = b'{"code":"invalid_token","message":"refused"}' if kind == "401" else b""
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json" if kind in ("json", "401") else "text/event-stream")
         handler.send_header("Access-Control-Allow-Origin", handler.headers.get("Origin", "*"))
         handler.send_header("Connection", "close")
         if kind != "silent":
-            handler.send_header("Content-Length", "0")
+            handler.send_header("Content-Length", str(len(body)))
         handler.end_headers()
+        handler.wfile.write(body)
         handler.wfile.flush()
         handler.close_connection = True
         with self.lock:
-            self.log.append((time.monotonic(), "GET", "/sync/v1/stream", 200))
+            self.log.append((time.monotonic(), "GET", "/sync/v1/stream", status))
         if kind == "silent":  # open until the page gives up on it
-            try:
-                while handler.connection.recv(4096):
-                    pass
-            except OSError:
+            self.wait_for_close(handler)
+
+    def answer_stalled_export(self, handler):
+        """A 200 export whose body stops after its first piece (a connection gone dead)."""
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/x-ndjson")
+        handler.send_header("Content-Length", "100000")
+        handler.send_header("Access-Control-Allow-Origin", handler.headers.get("Origin", "*"))
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        handler.wfile.write(b'{"kind":"account"}\n')
+        handler.wfile.flush()
+        handler.close_connection = True
+        with self.lock:
+            self.log.append((time.monotonic(), "GET", "/sync/v1/export", 200))
+        self.wait_for_close(handler)
+
+    @staticmethod
+    def wait_for_close(handler):
+        try:
+            while handler.connection.recv(4096):
                 pass
+        except OSError:
+            pass
 
 
 # MARK: - The page
@@ -362,6 +402,33 @@ def sign_in(driver, address):
                                   " throw e }", address), f"a code for {address}")
     js(driver, "await client.verify(args[0], args[1]);", address, code_for(address, count))
     assert js(driver, "return client.isSignedIn")
+
+
+def stream_tries(proxy, kind):
+    """The stream requests `proxy` gets while it answers them with `kind` (see Proxy), from
+    its open streams cut until 3 s after the first such answer: a window to count reconnects
+    in (a hot loop makes hundreds)."""
+    opened = len(proxy.requests("GET", "/sync/v1/stream"))
+    proxy.fake_stream = kind
+    proxy.cut()
+    wait_until(lambda: len(proxy.requests("GET", "/sync/v1/stream")) > opened, f"a {kind} stream answer")
+    time.sleep(3)
+    proxy.fake_stream = None
+    return len(proxy.requests("GET", "/sync/v1/stream")) - opened
+
+
+def stored_session(driver):
+    """The session the current tab's client stored."""
+    return js(driver, "return JSON.parse(localStorage.getItem('trunk-sync|session|' + client.url))")
+
+
+def failed_status(call):
+    """The HTTP status `call` (an `api` call) failed with; raises if it succeeded."""
+    try:
+        call()
+    except urllib.error.HTTPError as error:
+        return error.code
+    raise AssertionError("accepted")
 
 
 # The stored session's access token as if it had expired, in this tab.
@@ -501,18 +568,25 @@ def main():
 
         # A 200 that ends at once, or is not an event stream: reconnects back off.
         for kind in ("empty", "json"):
-            opened = len(proxy2.requests("GET", "/sync/v1/stream"))
-            proxy2.fake_stream = kind
-            proxy2.cut()
-            wait_until(lambda: len(proxy2.requests("GET", "/sync/v1/stream")) > opened, f"an {kind} stream")
-            time.sleep(3)  # a window to count reconnects in: a hot loop makes hundreds
-            proxy2.fake_stream = None
-            reconnects = len(proxy2.requests("GET", "/sync/v1/stream")) - opened
+            reconnects = stream_tries(proxy2, kind)
             assert reconnects <= 15, f"{reconnects} stream requests in 3 s after {kind} answers"
         assert js(first, RECORD, "live-4", 2) == 2
         js(first, "await client.sync(); return true")
         wait_until(lambda: len(second.execute_script("return window.live")) >= total + 15, "events after the backoff")
         step("a stream that ends at once or is not an event stream is retried with backoff")
+
+        # A stream refused with 401 although every refresh succeeds (a server that refuses
+        # fresh tokens): after the first refresh, reconnects back off too.
+        refreshes = len(proxy2.requests("POST", "/auth/v1/token"))
+        reconnects = stream_tries(proxy2, "401")
+        assert reconnects <= 15, f"{reconnects} stream requests answered 401 in 3 s"
+        refreshed = [entry for entry in proxy2.requests("POST", "/auth/v1/token")[refreshes:] if entry[3] == 200]
+        assert len(refreshed) >= 2, "the refreshes did not succeed"
+        assert js(first, RECORD, "live-5", 1) == 1
+        js(first, "await client.sync(); return true")
+        wait_until(lambda: len(second.execute_script("return window.live")) >= total + 16, "events after the 401s")
+        assert second.execute_script("return window.live") == list(range(1, total + 17))
+        step(f"a stream refused with 401 while refreshes succeed is retried with backoff ({reconnects} tries in 3 s)")
 
         # 429 and 503 with Retry-After: waited out, then the push goes through.
         open_page(first, proxy.url, {"autoPush": False})
@@ -703,6 +777,71 @@ def main():
         assert js(first, "return await client.pendingCount()") == 0
         step("sign-out kept the unsent events for the next sign-in, or discarded them when asked")
 
+        # Another tab signs someone else in while this one signs out (its push held at the
+        # proxy): the sign-out revokes its own session with its own token, leaves the other
+        # tab's session alone and counts its own user's unsent events.
+        quiet = {"autoPush": False, "live": False}
+        open_page(first, proxy.url, quiet)
+        tab_a = first.current_window_handle
+        first.switch_to.new_window("tab")
+        tab_b = first.current_window_handle
+        open_page(first, proxy.url, quiet)
+        first.switch_to.window(tab_a)
+        before = stored_session(first)
+        assert js(first, RECORD, "swapped", 1) == 1
+        arrived, release = proxy.hold("POST", "/sync/v1/events")
+        first.execute_script("window.out = client.signOut().then((r) => r, (e) => String(e))")
+        assert arrived.wait(TIMEOUT), "the sign-out's push"
+        first.switch_to.window(tab_b)
+        sign_in(first, CAROL)
+        first.switch_to.window(tab_a)
+        result = js(first, "return await window.out")
+        release.set()
+        assert result == {"unsentEvents": 1}, result
+        after = stored_session(first)
+        assert after["email"] == CAROL and js(first, "return client.user.email") == CAROL, after
+        api("GET", "/auth/v1/user", token=after["access_token"])  # the other tab's session works
+        assert failed_status(lambda: api("GET", "/auth/v1/user", token=before["access_token"])) in (401, 403)
+        step("sign-out ends its own session, not the one another tab signed in meanwhile")
+
+        # reauthenticate and deleteAccount act for the user signed in when called: once
+        # another tab signed someone else in they fail with user_changed, never sending with
+        # the other user's session. reauthenticate: its first answer (a 401) held until then.
+        sent = len(proxy.requests("POST", "/auth/v1/reauthenticate"))
+        arrived, release = proxy.hold("POST", "/auth/v1/reauthenticate")
+        proxy.add_rule("POST", "/auth/v1/reauthenticate", 401, {}, {"code": "invalid_token", "message": "expired"})
+        first.execute_script("window.out = client.reauthenticate().then(() => 'sent', (e) => e.code || String(e))")
+        assert arrived.wait(TIMEOUT), "the reauthentication"
+        erin = f"erin-{RUN}@example.com"  # a fresh address: ALICE's codes this hour are running out
+        first.switch_to.window(tab_b)
+        sign_in(first, erin)
+        first.switch_to.window(tab_a)
+        wait_until(lambda: js(first, "return client.user.email") == erin, "the other tab's sign-in seen")
+        release.set()
+        assert js(first, "return await window.out") == "user_changed"
+        assert len(proxy.requests("POST", "/auth/v1/reauthenticate")) == sent + 1, "sent again as the other user"
+        # deleteAccount: its token expired, the refresh before the request held until then;
+        # the refreshed session does not overwrite the one the other tab stored.
+        first.execute_script(EXPIRE)
+        arrived, release = proxy.hold("POST", "/auth/v1/token")
+        first.execute_script("window.out = client.deleteAccount('000000')"
+                             ".then(() => 'deleted', (e) => e.code || String(e))")
+        assert arrived.wait(TIMEOUT), "the refresh"
+        first.switch_to.window(tab_b)
+        sign_in(first, CAROL)
+        carol_session = stored_session(first)
+        first.switch_to.window(tab_a)
+        wait_until(lambda: js(first, "return client.user.email") == CAROL, "the other tab's sign-in seen")
+        release.set()
+        assert js(first, "return await window.out") == "user_changed"
+        assert proxy.requests("DELETE", "/sync/v1/account") == [], "sent as the other user"
+        assert stored_session(first) == carol_session
+        api("GET", "/auth/v1/user", token=carol_session["access_token"])
+        first.switch_to.window(tab_b)
+        first.close()
+        first.switch_to.window(tab_a)
+        step("reauthenticate and deleteAccount never go on for a user another tab signed in")
+
         # No IndexedDB (as in some private modes): record refuses, nothing kept in memory.
         first.get(f"{PAGE_ORIGIN}/")
         wait_until(lambda: first.execute_script("return window.ready === true"), "the module")
@@ -731,6 +870,15 @@ def main():
         assert quota[0] == "storage_unavailable" and "did not commit" in quota[1], quota
         assert quota[3] == quota[2] and quota[4] == quota[2] + 1, quota
         step("a write IndexedDB does not commit rejects with storage_unavailable, nothing kept")
+
+        # An export whose body stops coming: aborted after requestTimeout without data.
+        open_page(first, proxy.url, {"autoPush": False, "live": False, "requestTimeout": 1500})
+        proxy.stall_export = True
+        stalled = js(first, "return await Promise.race([client.exportData().then(() => 'exported', (e) => [e.code, e.message]),"
+                            " new Promise((resolve) => setTimeout(() => resolve('still waiting'), 30000))])")
+        proxy.stall_export = False
+        assert stalled[0] == "network" and "stalled" in stalled[1], stalled
+        step("an export whose body stalls is aborted with a network error")
 
         blob = js(first, "const b = await client.exportData(); return [b.type, (await b.text()).split('\\n')[0]]")
         assert '"kind":"account"' in blob[1], blob

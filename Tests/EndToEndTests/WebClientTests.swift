@@ -90,6 +90,7 @@ final class WebClientTests: EndToEndTestCase {
             "a push answer that never came timed out and the push was tried again",
             "a stream gone silent was dropped and reopened, none missed",
             "a stream that ends at once or is not an event stream is retried with backoff",
+            "a stream refused with 401 while refreshes succeed is retried with backoff",
             "token expiry mid-sync: refreshed and the sync went on",
             "one token refresh shared by two tabs",
             "a refused event quarantined, the others pushed",
@@ -98,8 +99,11 @@ final class WebClientTests: EndToEndTestCase {
             "a type of 128 characters outside the BMP is recorded and stored",
             "two accounts in one browser kept apart",
             "sign-out kept the unsent events for the next sign-in, or discarded them when asked",
+            "sign-out ends its own session, not the one another tab signed in meanwhile",
+            "reauthenticate and deleteAccount never go on for a user another tab signed in",
             "without IndexedDB, record refuses clearly",
-            "exported the account as NDJSON", "the example page signs in, records and lists a note",
+            "an export whose body stalls is aborted with a network error", "exported the account as NDJSON",
+            "the example page signs in, records and lists a note",
             "deleted the account with a mailed code, and its local data",
         ] {
             XCTAssertTrue(

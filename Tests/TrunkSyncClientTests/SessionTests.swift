@@ -204,6 +204,63 @@ final class SessionTests: ClientTestCase {
         try await assertEqual(await client.pendingCount, 0)
     }
 
+    /// Signing out while a push waits out a backoff (the server is down) ends that wait:
+    /// `signOut` returns without waiting for the push's remaining tries, which here take
+    /// hours (up to 1000 tries, waits growing to 10 minutes), and the events stay in the
+    /// outbox for the user's next sign-in. Twice: the push's own retries, then the retries
+    /// of the token refresh it started (its token about to expire); signOut's own push and
+    /// logout then refresh with their one quick retry, not with the 1000.
+    func testSignOutEndsTheBackoffOfAPushInProgress() async throws {
+        let email = "backoff-signout@example.com"
+        let server = try startServer()
+        let events = EventLogBox()
+        let clock = TestClock()
+        let client = try makeClient(server, storage: try makeStorage(), events: events) {
+            $0.retry = TrunkSyncClient.RetryPolicy(maxAttempts: 1000, baseDelay: 0.05, maxDelay: 600)
+            $0.now = { clock.now() }
+        }
+        var stored = 0
+        for (round, retried) in ["/sync/v1/events", "/auth/v1/token"].enumerated() {
+            try await signIn(client, server, as: email)
+            let recorded = [
+                try await client.record(type: "note", payload: ["round": round, "n": 1]),
+                try await client.record(type: "note", payload: ["round": round, "n": 2]),
+            ]
+            if retried == "/auth/v1/token" { clock.advance(by: 3600 - 30) }  // within the refresh margin
+            server.kill()
+            let earlier = events.retries.count
+            let pushing = Task { try await client.push() }
+            let retrying = await waitUntil(30) { events.retries.dropFirst(earlier).contains { $0.path == retried } }
+            XCTAssertTrue(retrying, "\(retried) is not retrying")
+
+            let finished = Counter()
+            let signingOut = Task {
+                defer { _ = finished.increment() }
+                return try await client.signOut()
+            }
+            let returned = await waitUntil(60) { finished.current == 1 }
+            XCTAssertTrue(returned, "signOut waited for the backoff of \(retried)")
+            guard returned else { return }
+            let result = try await signingOut.value
+            XCTAssertEqual(result.unsentEvents, 2)
+            XCTAssertFalse(result.serverSessionRevoked)
+            XCTAssertFalse(client.isSignedIn)
+            do {
+                _ = try await pushing.value
+                XCTFail("the push went on after the sign-out")
+            } catch TrunkSyncError.notSignedIn {}
+
+            try server.restart()
+            try await signIn(client, server, as: email)
+            try await assertEqual(await client.pendingCount, 2, "kept for the user's next sign-in")
+            try await assertEqual(try await client.push().pushed, 2)
+            stored += 2
+            let onServer = try serverEvents(server, email).map(\.clientID)
+            XCTAssertEqual(onServer.count, stored)
+            XCTAssertEqual(Array(onServer.suffix(2)), recorded.map { $0.uuidString.lowercased() })
+        }
+    }
+
     /// Two users on one device: each has their own outbox and cursor; neither sees or
     /// pushes the other's events.
     func testTwoUsersOnOneDeviceStayApart() async throws {

@@ -39,7 +39,10 @@ export interface TrunkSyncOptions {
   retry?: RetryOptions;
   /** Refresh the access token this many seconds before it expires (at most half its life). Default 60. */
   refreshMargin?: number;
-  /** Ms a request may take (head and body) before it counts as a network failure. Default 30000. */
+  /**
+   * Ms a request may take (head and body) before it counts as a network failure; the body of
+   * `exportData` may take as long as it needs but pause at most this long. Default 30000.
+   */
   requestTimeout?: number;
   /**
    * Ms the live stream may stay silent before it is dropped and reopened; keep it above twice
@@ -96,7 +99,9 @@ export interface QuarantinedEvent {
  * the outbox stays), `network`, `rate_limited` (`retryAfter` ms), `invalid_event` (refused by
  * `record` itself), `invalid_response` (an answer that is not the server's, e.g. a 2xx push
  * answer that does not name the events stored: they stay in the outbox), `unsupported`,
- * `cancelled`, or the server's error code (`otp_expired`,
+ * `cancelled`, `user_changed` (another tab signed someone else in while a call for the
+ * user before was under way: nothing was sent with the other user's session), or the
+ * server's error code (`otp_expired`,
  * `reauthentication_not_valid`, …) with `status`.
  */
 export class TrunkSyncError extends Error {
@@ -153,14 +158,25 @@ export class TrunkSyncClient {
 
   /**
    * Pushes once, revokes the session and forgets it here. Unsent events stay in this user's
-   * outbox for the next sign-in (counted) unless `discard` is true.
+   * outbox for the next sign-in (counted) unless `discard` is true. Ends the session it was
+   * called for: one another tab signs in meanwhile is left as it is.
    */
   signOut(options?: { discard?: boolean }): Promise<{ unsentEvents: number }>;
-  /** Mails a confirmation code for `deleteAccount`. */
+  /**
+   * Mails a confirmation code for `deleteAccount`, to the user signed in when called
+   * (`user_changed` if another tab signs someone else in before it is sent).
+   */
   reauthenticate(): Promise<void>;
-  /** Deletes the account and its data on the server, then everything kept here for the user. */
+  /**
+   * Deletes the account and its data on the server, then everything kept here for the user;
+   * the user signed in when called (`user_changed`, nothing deleted, if another tab signs
+   * someone else in before it is sent).
+   */
   deleteAccount(code: string): Promise<void>;
-  /** The account and its events, NDJSON (GET /sync/v1/export). */
+  /**
+   * The account and its events, NDJSON (GET /sync/v1/export). A body that stops coming for
+   * `requestTimeout` is aborted: `network`.
+   */
   exportData(): Promise<Blob>;
   /**
    * Tells the app what happens in the background; returns an unsubscribe. `'leader'`: this

@@ -343,6 +343,21 @@ function isPlainObject(value) {
 
 const RETRYABLE = new Set([408, 429, 500, 502, 503, 504]);
 
+/**
+ * Whether `session` is the one `pin` names: its user, and when `pin.id` is set that very
+ * session (`id` is made at sign-in and kept by its refreshes).
+ * @param {any} session @param {{user_id: string, id?: string}} pin
+ */
+function matchesPin(session, pin) {
+  return Boolean(session) && session.user_id === pin.user_id && (pin.id === undefined || session.id === pin.id);
+}
+
+const userChanged = () =>
+  new TrunkSyncError(
+    'user_changed',
+    'another user was signed in meanwhile (another tab): nothing was sent with their session for this call',
+  );
+
 // MARK: - The client
 
 /** One signed-in user's local state: database, channel, leadership. */
@@ -566,11 +581,11 @@ export class TrunkSyncClient {
       auth: false,
       retry: false,
     });
-    this.storeSession(this.sessionFrom(body));
+    this.storeSession(this.sessionFrom(body, crypto.randomUUID()));
   }
 
-  /** @param {any} body */
-  sessionFrom(body) {
+  /** @param {any} body @param {string | undefined} id this session's id here (see matchesPin) */
+  sessionFrom(body, id) {
     if (!body || typeof body.access_token !== 'string' || !body.user || typeof body.user.id !== 'string') {
       throw new TrunkSyncError('invalid_response', 'the server answered without a session');
     }
@@ -583,24 +598,34 @@ export class TrunkSyncClient {
       expires_at: now + Number(body.expires_in || 3600),
       user_id: body.user.id,
       email: body.user.email ?? null,
+      id,
     };
   }
 
-  /** The access token, refreshed first when it expires soon. */
-  async accessToken() {
+  /**
+   * The access token, refreshed first when it expires soon; with `pin`, only that user's
+   * (else `user_changed`).
+   * @param {{user_id: string, id?: string}} [pin]
+   */
+  async accessToken(pin) {
     const session = this.session;
     if (!session) throw new TrunkSyncError('not_signed_in', 'sign in first');
+    if (pin && !matchesPin(session, pin)) throw userChanged();
     const margin = Math.min(this.refreshMargin, (session.expires_in || 3600) / 2);
     if (session.expires_at - Date.now() / 1000 > margin) return session.access_token;
-    return (await this.refresh(session.access_token)).access_token;
+    const fresh = await this.refresh(session.access_token, pin);
+    if (pin && !matchesPin(fresh, pin)) throw userChanged(); // a refresh another call started
+    return fresh.access_token;
   }
 
   /**
    * One refresh for every tab of this origin: under a Web Lock, and only when the stored
    * session still has the token that failed (another tab may have refreshed meanwhile).
-   * @param {string} staleToken
+   * With `pin`, never another user's session (`user_changed`); a session another tab stored
+   * while the refresh was under way is kept, not overwritten.
+   * @param {string} staleToken @param {{user_id: string, id?: string}} [pin]
    */
-  refresh(staleToken) {
+  refresh(staleToken, pin) {
     if (this.refreshing) return this.refreshing;
     this.refreshing = navigator.locks
       .request(`trunk-sync|refresh|${this.url}`, async () => {
@@ -610,6 +635,7 @@ export class TrunkSyncClient {
           this.openAccount();
           throw new TrunkSyncError('session_expired', 'signed out meanwhile');
         }
+        if (pin && !matchesPin(stored, pin)) throw userChanged();
         const margin = Math.min(this.refreshMargin, (stored.expires_in || 3600) / 2);
         if (stored.access_token !== staleToken && stored.expires_at - Date.now() / 1000 > margin) {
           this.session = stored;
@@ -629,7 +655,16 @@ export class TrunkSyncClient {
           }
           throw error;
         }
-        const session = this.sessionFrom(body);
+        const session = this.sessionFrom(body, stored.id);
+        // Another tab may have signed out, or in as someone else, while the answer came.
+        const now = this.readSession();
+        if (!now || now.user_id !== stored.user_id || now.id !== stored.id) {
+          this.session = now;
+          this.openAccount();
+          if (!now) throw new TrunkSyncError('session_expired', 'signed out meanwhile');
+          if (now.user_id !== stored.user_id || pin?.id !== undefined) throw userChanged();
+          return now; // the same user signed in again: their newer session
+        }
         this.storeSession(session);
         return session;
       })
@@ -644,13 +679,19 @@ export class TrunkSyncClient {
   /**
    * One API call with retries: network failures (no answer within `requestTimeout` is one),
    * 408, 429, 500, 502, 503, 504; Retry-After honoured exactly (plus ≤ 10 % jitter), else
-   * full-jitter backoff; one refresh after a 401. `raw`: the response once its head came
-   * (the body is read without the timeout).
+   * full-jitter backoff; one refresh after a 401. `raw`: `{response, deadline}` once the
+   * head came, the deadline still running for the body (the caller resets and clears it).
+   * An authenticated call is for the user signed in when it starts (`pin`, else that
+   * one): once another tab signed in someone else it throws `user_changed` rather than
+   * send, refresh or sign out with their session. `token`: sent as it is (no refresh, no
+   * sign-out on a 401).
    * @param {string} method @param {string} path
-   * @param {{body?: any, auth?: boolean, retry?: boolean, raw?: boolean, signal?: AbortSignal}} [options]
+   * @param {{body?: any, auth?: boolean, retry?: boolean, raw?: boolean, signal?: AbortSignal,
+   *   pin?: {user_id: string, id?: string}, token?: string}} [options]
    */
   async request(method, path, options = {}) {
-    const { body, auth = true, retry = true, raw = false, signal } = options;
+    const { body, auth = true, retry = true, raw = false, signal, token: fixedToken } = options;
+    const pin = options.pin ?? (auth && !fixedToken && this.session ? { user_id: this.session.user_id } : undefined);
     let refreshed = false;
     for (let attempt = 0; ; attempt++) {
       if (signal?.aborted) throw new TrunkSyncError('cancelled', 'cancelled');
@@ -658,7 +699,7 @@ export class TrunkSyncClient {
       const headers = { Accept: 'application/json' };
       let token = null;
       if (auth) {
-        token = await this.accessToken();
+        token = fixedToken ?? (await this.accessToken(pin));
         headers.Authorization = `Bearer ${token}`;
       }
       if (body !== undefined) headers['Content-Type'] = 'application/json';
@@ -666,6 +707,7 @@ export class TrunkSyncClient {
       const deadline = new Deadline(signal, this.requestTimeout);
       let response;
       let text = '';
+      let handedOut = false;
       try {
         response = await this.fetch(this.url + path, {
           method,
@@ -674,7 +716,8 @@ export class TrunkSyncClient {
           cache: 'no-store',
           signal: deadline.signal,
         });
-        if (!(raw && response.ok)) text = await response.text();
+        handedOut = raw && response.ok;
+        if (!handedOut) text = await response.text();
       } catch (error) {
         if (signal?.aborted) throw new TrunkSyncError('cancelled', 'cancelled');
         if (!retry || attempt + 1 >= this.retry.maxAttempts) {
@@ -688,10 +731,10 @@ export class TrunkSyncClient {
         await sleep(backoffDelay(attempt, this.retry), signal);
         continue;
       } finally {
-        deadline.clear();
+        if (!handedOut) deadline.clear();
       }
       if (response.ok) {
-        if (raw) return response;
+        if (raw) return { response, deadline };
         if (!text) return null;
         try {
           return JSON.parse(text);
@@ -705,9 +748,9 @@ export class TrunkSyncClient {
       } catch {
         // not JSON
       }
-      if (response.status === 401 && auth && token && !refreshed) {
+      if (response.status === 401 && auth && !fixedToken && !refreshed) {
         refreshed = true;
-        await this.refresh(token);
+        await this.refresh(token, pin);
         attempt--;
         continue;
       }
@@ -717,7 +760,9 @@ export class TrunkSyncClient {
         errorBody?.message ?? errorBody?.msg ?? `HTTP ${response.status}`,
         { status: response.status, details: errorBody?.details, retryAfter: retryAfter ?? undefined },
       );
-      if (response.status === 401 && auth) {
+      if (response.status === 401 && auth && !fixedToken) {
+        const stored = this.readSession();
+        if (stored && pin && !matchesPin(stored, pin)) throw userChanged(); // not theirs to end
         this.storeSession(null);
         throw new TrunkSyncError('session_expired', 'the session ended: sign in again', { status: 401 });
       }
@@ -1040,6 +1085,7 @@ export class TrunkSyncClient {
     let lastSeq = (await settled(db.transaction('meta').objectStore('meta').get('live'))) ?? -1;
     if (lastSeq < 0) lastSeq = (await settled(db.transaction('meta').objectStore('meta').get('cursor'))) ?? 0;
     let attempt = 0;
+    let refused = false; // the last answer was a 401
     while (!signal.aborted) {
       let wait = 0;
       const watchdog = new Deadline(signal, this.streamIdleTimeout);
@@ -1050,13 +1096,17 @@ export class TrunkSyncClient {
           cache: 'no-store',
           signal: watchdog.signal,
         });
+        // A 401 right after the refresh the last one led to: fresh tokens are refused too.
+        const refusedAgain = refused && response.status === 401;
+        refused = response.status === 401;
+        const type = (response.headers.get('Content-Type') ?? '').toLowerCase();
         if (response.status === 401) {
           await response.body?.cancel();
           await this.refresh(token);
-          continue;
-        }
-        const type = (response.headers.get('Content-Type') ?? '').toLowerCase();
-        if (!response.ok || !response.body || !type.startsWith('text/event-stream')) {
+          // The first 401 (an expired token) reconnects at once with the new token; another
+          // right after backs off, so a server that refuses every token is not hammered.
+          if (refusedAgain) wait = backoffDelay(attempt++, this.retry);
+        } else if (!response.ok || !response.body || !type.startsWith('text/event-stream')) {
           await response.body?.cancel();
           const retryAfter = parseRetryAfter(response.headers.get('Retry-After'));
           wait = retryAfter !== null ? retryAfterDelay(retryAfter) : backoffDelay(attempt++, this.retry);
@@ -1151,66 +1201,110 @@ export class TrunkSyncClient {
 
   /**
    * Signs out: pushes once, revokes the session and forgets it here. Unsent events stay in
-   * this user's outbox (counted in `unsentEvents`) unless `discard` is true.
+   * this user's outbox (counted in `unsentEvents`) unless `discard` is true. It ends the
+   * session it was called for: should another tab sign in meanwhile, that tab's session
+   * is left as it is.
    * @param {{discard?: boolean}} [options]
    */
   async signOut(options = {}) {
     const account = this.current();
     const session = this.session;
+    const pin = { user_id: session.user_id, id: session.id };
     try {
       // One try, no waiting: signing out offline must not hang on backoff.
       await navigator.locks.request(`trunk-sync|sync|${account.key}`, () => this.pushAll(account, { retry: false }));
     } catch {
       // offline or refused: the events stay
     }
+    const logout = '/auth/v1/logout?scope=local';
     try {
-      await this.request('POST', '/auth/v1/logout?scope=local', { retry: false });
-    } catch {
-      // the local session goes anyway
+      await this.request('POST', logout, { retry: false, pin });
+    } catch (error) {
+      // Another tab signed in meanwhile: this session is revoked with its own last token.
+      if (error instanceof TrunkSyncError && error.code === 'user_changed') {
+        await this.request('POST', logout, { retry: false, token: session.access_token }).catch(() => {});
+      }
+      // Otherwise the local session goes anyway.
     }
-    const db = await account.db();
-    let unsentEvents = await settled(db.transaction('outbox').objectStore('outbox').count());
-    if (options.discard) {
-      await transact(db, ['outbox', 'quarantine'], 'readwrite', (tx) => {
-        tx.objectStore('outbox').clear();
-        tx.objectStore('quarantine').clear();
-      });
-      unsentEvents = 0;
+    // A connection of its own: another tab's sign-in closes the account's.
+    const db = await openDatabase(`trunk-sync|${account.key}`);
+    let unsentEvents;
+    try {
+      unsentEvents = await settled(db.transaction('outbox').objectStore('outbox').count());
+      if (options.discard) {
+        await transact(db, ['outbox', 'quarantine'], 'readwrite', (tx) => {
+          tx.objectStore('outbox').clear();
+          tx.objectStore('quarantine').clear();
+        });
+        unsentEvents = 0;
+      }
+      await transact(db, ['meta'], 'readwrite', (tx) => tx.objectStore('meta').clear());
+    } finally {
+      db.close();
     }
-    await transact(db, ['meta'], 'readwrite', (tx) => tx.objectStore('meta').clear());
-    if (this.readSession()?.user_id === session?.user_id) this.storeSession(null);
+    if (matchesPin(this.readSession(), pin)) this.storeSession(null);
     else this.openAccount();
     return { unsentEvents };
   }
 
-  /** Mails the user a confirmation code for `deleteAccount`. */
+  /**
+   * Mails the user a confirmation code for `deleteAccount`: for the user signed in now
+   * (`user_changed` if another tab signs someone else in before it is sent).
+   */
   async reauthenticate() {
-    await this.request('POST', '/auth/v1/reauthenticate', { retry: false });
+    const account = this.current();
+    await this.request('POST', '/auth/v1/reauthenticate', { retry: false, pin: { user_id: account.userId } });
   }
 
   /**
    * Deletes the account and all its data on the server with the mailed code, then
-   * everything kept here for the user. @param {string} code
+   * everything kept here for the user; for the user signed in now (`user_changed`, nothing
+   * deleted, if another tab signs someone else in before it is sent). @param {string} code
    */
   async deleteAccount(code) {
     const account = this.current();
-    await this.request('DELETE', '/sync/v1/account', { body: { code }, retry: false });
+    const pin = { user_id: account.userId };
+    await this.request('DELETE', '/sync/v1/account', { body: { code }, retry: false, pin });
     const name = `trunk-sync|${account.key}`;
-    this.storeSession(null);
+    // Signed out here, unless another tab signed someone else in meanwhile.
+    const stored = this.readSession();
+    if (!stored || stored.user_id === account.userId) this.storeSession(null);
+    else account.stop();
     await new Promise((resolve) => {
       const request = indexedDB.deleteDatabase(name);
       request.onsuccess = request.onerror = request.onblocked = () => resolve(undefined);
     });
   }
 
-  /** The user's account and events as an NDJSON Blob (`GET /sync/v1/export`). */
+  /**
+   * The user's account and events as an NDJSON Blob (`GET /sync/v1/export`). The body may
+   * pause at most `requestTimeout` between pieces (a large export takes as long as it
+   * needs); a download that stalls longer is aborted (`network`).
+   */
   async exportData() {
-    const response = await this.request('GET', '/sync/v1/export', { raw: true, retry: false });
+    const { response, deadline } = await this.request('GET', '/sync/v1/export', { raw: true, retry: false });
+    /** @type {Uint8Array[]} */
+    const chunks = [];
     try {
-      return await response.blob();
+      deadline.reset();
+      const reader = response.body.getReader();
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        deadline.reset();
+        chunks.push(value);
+      }
     } catch (error) {
-      throw new TrunkSyncError('network', `the export was cut off: ${String(error)}`);
+      throw new TrunkSyncError(
+        'network',
+        deadline.expired
+          ? `the export stalled: nothing came for ${this.requestTimeout} ms, so it was aborted`
+          : `the export was cut off: ${String(error)}`,
+      );
+    } finally {
+      deadline.clear();
     }
+    return new Blob(chunks, { type: response.headers.get('Content-Type') ?? '' });
   }
 
   /** Stops this client's work in this tab (leadership passes to another tab). */
