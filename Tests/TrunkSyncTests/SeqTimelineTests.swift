@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import Synchronization
 import TestSupport
 import TrunkSync
 import XCTest
@@ -7,6 +8,8 @@ import XCTest
 /// The WAL timeline check as servers run it (migration 0018): on every connection a pool
 /// opens, before the connection serves anything.
 final class SeqTimelineTests: XCTestCase {
+    final class Finished: Sendable { let value = Mutex(false) }
+
     func push(_ app: AppHarness, token: String) async throws -> Int {
         let pushed = try await app.request(
             "POST", "/sync/v1/events", json: ["events": [SyncTests.event()]], bearer: token)
@@ -74,5 +77,64 @@ final class SeqTimelineTests: XCTestCase {
                 XCTAssertEqual(($0 as? PostgresError)?.sqlState, .insufficientPrivilege, "\($0)")
             }
         }
+    }
+
+    /// A pool opening connections as a server's does (the role, `setting`, the check).
+    func serverPool(
+        _ database: PostgresConfiguration, on loop: PostgresLoopThread, settings: [(name: String, value: String)] = []
+    ) -> PostgresLoopPool {
+        var configuration = PostgresLoopPool.Configuration()
+        configuration.maxConnections = 1
+        configuration.sessionSettings = [("role", Application.databaseRole)] + settings
+        configuration.onOpen = { _ = try await SeqTimeline.check(on: $0) }
+        return PostgresLoopPool(database, configuration: configuration, loop: loop, logger: TestDatabase.quietLogger)
+    }
+
+    /// The move waits for users' rows a push or an import batch holds, however long: a
+    /// `lock_timeout` or `statement_timeout` of the server's sessions (its role's, its
+    /// database's, its URL's `options`) would fail the opening, and every next opening would
+    /// start the move over and fail the same way, leaving the server without connections.
+    func testTheMoveOutlastsTheSessionsTimeouts() async throws {
+        let (database, owner) = try migratedDatabase(prefix: "timeline")
+        defer { try? TestDatabase.drop(database) }
+        let loop = try PostgresLoopThread(name: "pg-loop-timeline")
+        try owner.execute("insert into users (email) values ('device@example.com')")
+        _ = try owner.query("select * from trunk_sync_seq_timeline(false)")
+        for setting in ["lock_timeout", "statement_timeout"] {
+            // A failover: the timeline recorded is not the one now.
+            try owner.execute("update wal_timeline set timeline = timeline + 1")
+            let before = try owner.query("select last_seq from users")[0].decode(Int64.self, column: 0)
+            // A push in flight holds the user's row.
+            let push = try PostgresConnection.connect(database)
+            try push.execute("begin")
+            try push.query("select 1 from users for update")
+            let pool = serverPool(database, on: loop, settings: [(setting, "1ms")])
+            let finished = Finished()
+            let opened = Task {
+                defer { finished.value.withLock { $0 = true } }
+                try await pool.withConnection { _ in }
+            }
+            // Until the check waits for the push's lock (or the opening failed).
+            nonisolated(unsafe) let watcher = owner
+            _ = try await waitUntil(20) {
+                try finished.value.withLock { $0 }
+                    || watcher.query(
+                        """
+                        select count(*) from pg_stat_activity
+                        where wait_event_type = 'Lock' and query like '%trunk_sync_seq_timeline_check%'
+                        """)[0].decode(Int64.self, column: 0) > 0
+            }
+            try push.execute("commit")
+            do {
+                try await opened.value
+            } catch {
+                XCTFail("\(setting): the opening failed: \(String(reflecting: error))")
+            }
+            XCTAssertGreaterThanOrEqual(
+                try owner.query("select last_seq from users")[0].decode(Int64.self, column: 0),
+                before + SeqTimeline.gap, "\(setting): moved")
+            await pool.close()
+        }
+        await loop.close()
     }
 }

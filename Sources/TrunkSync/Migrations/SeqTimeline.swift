@@ -72,11 +72,21 @@ public enum SeqTimeline {
     /// 0018 is pending (`/readyz` says so).
     public static func check(on connection: PostgresLoopConnection) async throws -> Outcome {
         do {
-            return try outcome(try await connection.pipeline([statement(force: false, asServer: true)])[0][0])
+            return try outcome(
+                try await connection.pipeline([noTimeouts, statement(force: false, asServer: true)])[1][0])
         } catch let error as PostgresError where error.sqlState == .undefinedFunction {
             return .notMigrated
         }
     }
+
+    /// Before the server's check, in the same implicit transaction (`set_config(…, true)`
+    /// ends with it): no `statement_timeout` or `lock_timeout` the server's sessions may have
+    /// (set for its login role, its database, or in the URL's `options`) applies to it. A move
+    /// waits for the pushes and import batches holding users' rows and takes as long as
+    /// every user's row takes to update; cut short, it would fail the opening, and each next
+    /// opening would start it over and be cut short again: no connection, for good.
+    static let noTimeouts = PostgresStatement(
+        "select set_config('statement_timeout', '0', true), set_config('lock_timeout', '0', true)")
 
     private static func outcome(_ row: PostgresRow) throws -> Outcome {
         let previous = try row.decode(Int64?.self, column: 1)
