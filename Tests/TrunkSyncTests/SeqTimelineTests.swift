@@ -137,4 +137,85 @@ final class SeqTimelineTests: XCTestCase {
         }
         await loop.close()
     }
+
+    /// A connection that reaches a standby (a URL without `target_session_attrs=read-write`,
+    /// or a name or address moved to it before its promotion finished) cannot check the
+    /// timeline there; kept in the pool, it would survive the promotion and number pushes on
+    /// the new timeline without the move. It is refused until the standby is promoted; the
+    /// first connection after that moves the seqs.
+    func testAConnectionToAStandbyIsRefusedAndTheFirstAfterThePromotionMoves() async throws {
+        let work = NSTemporaryDirectory() + "standby-" + UUID().uuidString
+        let (primary, standby) = (work + "/primary", work + "/standby")
+        let script = repositoryRoot() + "/scripts/pg.sh"
+        defer {
+            for cluster in [standby, primary] { _ = try? Command.spawnAndWait(script, ["stop", cluster]) }
+            try? FileManager.default.removeItem(atPath: work)
+        }
+        XCTAssertEqual(try Command.spawnAndWait(script, ["start", primary, String(try serverPort())]), 0)
+        let primaryURL = try Command.run(script, ["url", primary, "postgres"]).stdout
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        let password = try String(contentsOfFile: primary + "/password", encoding: .utf8)
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        let admin = try PostgresConnection.connect(try PostgresConfiguration(primaryURL))
+        try admin.execute("create database timeline")
+        let database = try PostgresConfiguration(primaryURL).withDatabase("timeline")
+        let owner = try PostgresConnection.connect(database)
+        _ = try Migrator(
+            migrations: try Migration.load(from: repositoryRoot() + "/migrations"), logger: TestDatabase.quietLogger
+        ).migrate(on: owner)
+        XCTAssertEqual(try SeqTimeline.check(on: owner), .recorded(timeline: 1))
+        try owner.execute("insert into users (email, last_seq) values ('device@example.com', 7)")
+
+        // The standby: a base backup of the primary, streaming from it (as the tests run:
+        // as root, the cluster's files belong to `postgres`).
+        try FileManager.default.createDirectory(atPath: standby + "/pgdata", withIntermediateDirectories: true)
+        try password.write(toFile: standby + "/password", atomically: true, encoding: .utf8)
+        let port = try XCTUnwrap(database["port"])
+        try FileManager.default.setAttributes([.posixPermissions: 0o700], ofItemAtPath: standby + "/pgdata")
+        let root = getuid() == 0
+        if root { _ = try Command.run("/usr/bin/chown", ["-R", "postgres", standby]) }
+        let backup = try Command.run(
+            root ? "/usr/sbin/runuser" : "/usr/bin/env",
+            (root ? ["-u", "postgres", "--"] : [])
+                + [
+                    postgresBinary("pg_basebackup"), "-D", standby + "/pgdata", "-X", "stream", "-c", "fast", "-R",
+                    "-d", "host=127.0.0.1 port=\(port) user=trunk password=\(password)",
+                ])
+        XCTAssertEqual(backup.status, 0, backup.stderr)
+        XCTAssertEqual(try Command.spawnAndWait(script, ["start", standby, String(try serverPort())]), 0)
+        let standbyURL = try Command.run(script, ["url", standby, "timeline"]).stdout
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        let standbyDatabase = try PostgresConfiguration(standbyURL)
+        let standbyOwner = try PostgresConnection.connect(standbyDatabase)
+        XCTAssertTrue(try standbyOwner.query("select pg_is_in_recovery()")[0].decode(Bool.self, column: 0))
+
+        let loop = try PostgresLoopThread(name: "pg-loop-standby")
+        let pool = serverPool(standbyDatabase, on: loop)
+        do {
+            try await pool.withConnection { _ in }
+            XCTFail("a connection to a standby must be refused")
+        } catch let error as PostgresError {
+            XCTAssertEqual(error.kind, .connectionFailed, String(reflecting: error))
+        }
+
+        // The failover.
+        XCTAssertTrue(try standbyOwner.query("select pg_promote()")[0].decode(Bool.self, column: 0))
+        try await pool.withConnection { _ in }
+        XCTAssertEqual(
+            try standbyOwner.query("select timeline from wal_timeline")[0].decode(Int64.self, column: 0), 2,
+            "the promoted standby's timeline is recorded")
+        XCTAssertGreaterThanOrEqual(
+            try standbyOwner.query("select last_seq from users")[0].decode(Int64.self, column: 0),
+            7 + SeqTimeline.gap, "moved before the connection served")
+        await pool.close()
+        await loop.close()
+    }
+
+    /// A PostgreSQL program of the newest version installed (as scripts/pg.sh finds them).
+    func postgresBinary(_ name: String) throws -> String {
+        let versions = try FileManager.default.contentsOfDirectory(atPath: "/usr/lib/postgresql")
+            .compactMap(Int.init).sorted()
+        guard let newest = versions.last else { throw TestEnvironmentError("no /usr/lib/postgresql/N") }
+        return "/usr/lib/postgresql/\(newest)/bin/\(name)"
+    }
 }

@@ -70,13 +70,26 @@ public enum SeqTimeline {
     /// reconnect through, the first connection to the new primary moves the seqs before any
     /// push is numbered there, whether or not `migrate` ran. `.notMigrated` while migration
     /// 0018 is pending (`/readyz` says so).
+    ///
+    /// A connection to a server in recovery (a standby: a URL without
+    /// `target_session_attrs=read-write`, or a name or address moved to it before its
+    /// promotion finished) is refused (`PostgresError.refused`): the timeline cannot be read
+    /// there, and the connection would outlive the promotion and serve pushes on the new
+    /// timeline without this check. Recovery is asked before the check, in the same
+    /// pipeline: ended by then, the check reads the new timeline.
     public static func check(on connection: PostgresLoopConnection) async throws -> Outcome {
+        let results: [PostgresResult]
         do {
-            return try outcome(
-                try await connection.pipeline([noTimeouts, statement(force: false, asServer: true)])[1][0])
+            results = try await connection.pipeline([beforeCheck, statement(force: false, asServer: true)])
         } catch let error as PostgresError where error.sqlState == .undefinedFunction {
             return .notMigrated
         }
+        if try results[0][0].decode(Bool.self, column: 2) {
+            throw PostgresError.refused(
+                "the database is in recovery (a standby, not promoted yet): it takes no writes and its WAL timeline cannot be checked; give the servers the primary (target_session_attrs=read-write)"
+            )
+        }
+        return try outcome(results[1][0])
     }
 
     /// Before the server's check, in the same implicit transaction (`set_config(…, true)`
@@ -84,9 +97,11 @@ public enum SeqTimeline {
     /// (set for its login role, its database, or in the URL's `options`) applies to it. A move
     /// waits for the pushes and import batches holding users' rows and takes as long as
     /// every user's row takes to update; cut short, it would fail the opening, and each next
-    /// opening would start it over and be cut short again: no connection, for good.
-    static let noTimeouts = PostgresStatement(
-        "select set_config('statement_timeout', '0', true), set_config('lock_timeout', '0', true)")
+    /// opening would start it over and be cut short again: no connection, for good. Then
+    /// whether the server is in recovery.
+    static let beforeCheck = PostgresStatement(
+        "select set_config('statement_timeout', '0', true), set_config('lock_timeout', '0', true), pg_is_in_recovery()"
+    )
 
     private static func outcome(_ row: PostgresRow) throws -> Outcome {
         let previous = try row.decode(Int64?.self, column: 1)
