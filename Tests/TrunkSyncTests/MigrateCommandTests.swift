@@ -96,6 +96,32 @@ final class MigrateCommandTests: XCTestCase {
         }
     }
 
+    /// A migrations directory older than the binary (without the check's migration, 0018,
+    /// but with 0017's `wal_timeline`): `migrate` cannot check the timeline, and says so
+    /// rather than let a failover or restore since the last run go unnoticed in silence.
+    func testAMigrationsDirectoryWithoutTheCheckSaysNothingWasChecked() throws {
+        let directory = NSTemporaryDirectory() + "before-0018-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        for name in try FileManager.default.contentsOfDirectory(atPath: repositoryRoot() + "/migrations")
+        where name < "0018_seq_timeline_function.sql" {
+            try FileManager.default.copyItem(
+                atPath: repositoryRoot() + "/migrations/" + name, toPath: directory + "/" + name)
+        }
+        environment["TRUNK_SYNC_MIGRATIONS_DIR"] = directory
+        XCTAssertEqual(try migrate().status, 0)
+        let owner = try PostgresConnection.connect(database)
+        try owner.execute("insert into wal_timeline (timeline) values (99)")  // another timeline
+        for arguments in [[], ["--after-restore"]] {
+            let result = try migrate(arguments)
+            XCTAssertEqual(result.status, 0, result.stderr)
+            XCTAssertTrue(
+                result.stdout.contains(
+                    "migration 0018_seq_timeline_function.sql is not in this migrations directory (\(directory))"),
+                "\(arguments): \(result.stdout)")
+        }
+    }
+
     func testStatusListsPendingBeforeMigrating() throws {
         let status = try migrate(["status"])
         XCTAssertEqual(status.status, 0, status.stderr)

@@ -22,6 +22,9 @@ import Postgres
 /// what they saw, which a fixed step from the restored seq would not; and it stays below
 /// 2^53 (JavaScript's exact integers) until the year 2255.
 public enum SeqTimeline {
+    /// The migration that brings the check (`trunk_sync_seq_timeline`).
+    public static let migration = "0018_seq_timeline_function.sql"
+
     /// The least a user's next seq moves (the function's `1000000000`).
     public static let gap: Int64 = 1_000_000_000
 
@@ -38,7 +41,7 @@ public enum SeqTimeline {
         /// The timeline cannot be read here (PostgreSQL without WAL files of its own, as some
         /// hosted services): nothing recorded, nothing moved.
         case unavailable(reason: String)
-        /// Migration 0017 is not applied (a migrations directory of an older release).
+        /// Migration 0018 is not applied (a migrations directory of an older release).
         case notMigrated
     }
 
