@@ -114,7 +114,8 @@ final class SeqTimelineTests: XCTestCase {
                 defer { finished.value.withLock { $0 = true } }
                 try await pool.withConnection { _ in }
             }
-            // Until the check waits for the push's lock (or the opening failed).
+            // Until the check has waited for the push's lock far past the timeout (or the
+            // opening failed).
             nonisolated(unsafe) let watcher = owner
             _ = try await waitUntil(20) {
                 try finished.value.withLock { $0 }
@@ -122,6 +123,7 @@ final class SeqTimelineTests: XCTestCase {
                         """
                         select count(*) from pg_stat_activity
                         where wait_event_type = 'Lock' and query like '%trunk_sync_seq_timeline_check%'
+                          and clock_timestamp() - query_start > interval '100 milliseconds'
                         """)[0].decode(Int64.self, column: 0) > 0
             }
             try push.execute("commit")

@@ -65,7 +65,13 @@ public enum SeqTimeline {
             "select to_regprocedure('trunk_sync_seq_timeline(boolean)') is not null")[0].decode(Bool.self, column: 0)
         guard migrated else { return .notMigrated }
         let statement = statement(force: force, asServer: false)
-        return try outcome(try connection.query(statement.sql, binds: statement.binds)[0])
+        // A transaction of its own, for `noTimeouts`: the owner's sessions get the
+        // database's settings too, and `migrate` failing on a timeout would keep a
+        // deployment that runs it before its servers from coming back after a restore.
+        return try connection.transaction { connection in
+            try connection.query("select " + noTimeouts)
+            return try outcome(try connection.query(statement.sql, binds: statement.binds)[0])
+        }
     }
 
     /// The server's check, on each connection its pools open, before the connection serves
@@ -95,16 +101,18 @@ public enum SeqTimeline {
         return try outcome(results[1][0])
     }
 
-    /// Before the server's check, in the same implicit transaction (`set_config(…, true)`
-    /// ends with it): no `statement_timeout` or `lock_timeout` the server's sessions may have
-    /// (set for its login role, its database, or in the URL's `options`) applies to it. A move
-    /// waits for the pushes and import batches holding users' rows and takes as long as
-    /// every user's row takes to update; cut short, it would fail the opening, and each next
-    /// opening would start it over and be cut short again: no connection, for good. Then
+    /// Run before the check in its transaction (`set_config(…, true)` ends with it): no
+    /// `statement_timeout` or `lock_timeout` of the session (set for its login role, its
+    /// database, or in the URL's `options`) applies to the check. A move waits for the pushes
+    /// and import batches holding users' rows and takes as long as updating every user's row
+    /// takes (about 25 s for 500,000 users on 2 cores); cut short, a server's opening fails,
+    /// and each next opening would start the move over and be cut short again: no
+    /// connection, for good.
+    static let noTimeouts = "set_config('statement_timeout', '0', true), set_config('lock_timeout', '0', true)"
+
+    /// Before the server's check, in the same implicit transaction: `noTimeouts`, then
     /// whether the server is in recovery.
-    static let beforeCheck = PostgresStatement(
-        "select set_config('statement_timeout', '0', true), set_config('lock_timeout', '0', true), pg_is_in_recovery()"
-    )
+    static let beforeCheck = PostgresStatement("select \(noTimeouts), pg_is_in_recovery()")
 
     private static func outcome(_ row: PostgresRow) throws -> Outcome {
         let previous = try row.decode(Int64?.self, column: 1)
