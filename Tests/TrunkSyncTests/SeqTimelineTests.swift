@@ -140,6 +140,49 @@ final class SeqTimelineTests: XCTestCase {
         await loop.close()
     }
 
+    /// With `default_transaction_isolation` at `repeatable read` or `serializable` (for the
+    /// database, or the server's role), the openings that queued behind another's move read
+    /// the timeline with a snapshot from before it and fail with a serialization failure;
+    /// the check runs again (a new snapshot, which has the move) instead of failing the
+    /// opening and the request waiting for it.
+    func testOpeningsQueuedBehindAMoveUnderRepeatableReadFindItDone() async throws {
+        let (database, owner) = try migratedDatabase(prefix: "timeline")
+        defer { try? TestDatabase.drop(database) }
+        let loop = try PostgresLoopThread(name: "pg-loop-timeline")
+        try owner.execute("insert into users (email, last_seq) values ('device@example.com', 7)")
+        _ = try owner.query("select * from trunk_sync_seq_timeline(false)")
+        try owner.execute("update wal_timeline set timeline = timeline + 1")  // a failover
+        // The openings queue on the move's advisory lock.
+        let holder = try PostgresConnection.connect(database)
+        try holder.execute("begin")
+        try holder.query("select pg_advisory_xact_lock(8391086205413127537)")
+        let pools = (0..<3).map { _ in
+            serverPool(database, on: loop, settings: [("default_transaction_isolation", "repeatable read")])
+        }
+        let openings = pools.map { pool in Task { try await pool.withConnection { _ in } } }
+        nonisolated(unsafe) let watcher = owner
+        let queued = try await waitUntil(20) {
+            try watcher.query("select count(*) from pg_stat_activity where wait_event = 'advisory'")[0].decode(
+                Int64.self, column: 0) == 3
+        }
+        XCTAssertTrue(queued, "the three openings never queued")
+        try holder.execute("commit")
+        for opening in openings {
+            do {
+                try await opening.value
+            } catch {
+                XCTFail("an opening failed: \(String(reflecting: error))")
+            }
+        }
+        let row = try owner.query(
+            "select last_seq, (extract(epoch from clock_timestamp()) * 1000000)::int8 from users")[0]
+        let (lastSeq, now) = (try row.decode(Int64.self, column: 0), try row.decode(Int64.self, column: 1))
+        XCTAssertGreaterThanOrEqual(lastSeq, 7 + SeqTimeline.gap, "moved")
+        XCTAssertLessThan(lastSeq, now, "moved once (a second move would be a step past the clock)")
+        for pool in pools { await pool.close() }
+        await loop.close()
+    }
+
     /// A connection that reaches a standby (a URL without `target_session_attrs=read-write`,
     /// or a name or address moved to it before its promotion finished) cannot check the
     /// timeline there; kept in the pool, it would survive the promotion and number pushes on

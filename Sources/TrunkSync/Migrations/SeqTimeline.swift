@@ -86,7 +86,25 @@ public enum SeqTimeline {
     /// there, and the connection would outlive the promotion and serve pushes on the new
     /// timeline without this check. Recovery is asked before the check, in the same
     /// pipeline: ended by then, the check reads the new timeline.
+    ///
+    /// Under `default_transaction_isolation` `repeatable read` or `serializable`, a check that
+    /// queued behind another's move read with a snapshot from before it and fails with a
+    /// serialization failure (a deadlock likewise ends one of two): it runs again, in a new
+    /// implicit transaction whose snapshot has the move, rather than fail the opening.
     public static func check(on connection: PostgresLoopConnection) async throws -> Outcome {
+        var retries = 3
+        while true {
+            do {
+                return try await checkOnce(on: connection)
+            } catch let error as PostgresError
+                where retries > 0 && [.serializationFailure, .deadlockDetected].contains(error.sqlState)
+            {
+                retries -= 1
+            }
+        }
+    }
+
+    private static func checkOnce(on connection: PostgresLoopConnection) async throws -> Outcome {
         let results: [PostgresResult]
         do {
             results = try await connection.pipeline([beforeCheck, statement(force: false, asServer: true)])
