@@ -90,16 +90,22 @@ final class SeqTimelineTests: XCTestCase {
         return PostgresLoopPool(database, configuration: configuration, loop: loop, logger: TestDatabase.quietLogger)
     }
 
+    /// A migrated database with one user (`last_seq` 7) and the timeline recorded, its owner,
+    /// and a loop for `serverPool`.
+    func databaseWithAUser() throws -> (PostgresConfiguration, PostgresConnection, PostgresLoopThread) {
+        let (database, owner) = try migratedDatabase(prefix: "timeline")
+        try owner.execute("insert into users (email, last_seq) values ('device@example.com', 7)")
+        _ = try owner.query("select * from trunk_sync_seq_timeline(false)")
+        return (database, owner, try PostgresLoopThread(name: "pg-loop-timeline"))
+    }
+
     /// The move waits for users' rows a push or an import batch holds, however long: a
     /// `lock_timeout` or `statement_timeout` of the server's sessions (its role's, its
     /// database's, its URL's `options`) would fail the opening, and every next opening would
     /// start the move over and fail the same way, leaving the server without connections.
     func testTheMoveOutlastsTheSessionsTimeouts() async throws {
-        let (database, owner) = try migratedDatabase(prefix: "timeline")
+        let (database, owner, loop) = try databaseWithAUser()
         defer { try? TestDatabase.drop(database) }
-        let loop = try PostgresLoopThread(name: "pg-loop-timeline")
-        try owner.execute("insert into users (email) values ('device@example.com')")
-        _ = try owner.query("select * from trunk_sync_seq_timeline(false)")
         for setting in ["lock_timeout", "statement_timeout"] {
             // A failover: the timeline recorded is not the one now.
             try owner.execute("update wal_timeline set timeline = timeline + 1")
@@ -146,11 +152,8 @@ final class SeqTimelineTests: XCTestCase {
     /// the check runs again (a new snapshot, which has the move) instead of failing the
     /// opening and the request waiting for it.
     func testOpeningsQueuedBehindAMoveUnderRepeatableReadFindItDone() async throws {
-        let (database, owner) = try migratedDatabase(prefix: "timeline")
+        let (database, owner, loop) = try databaseWithAUser()
         defer { try? TestDatabase.drop(database) }
-        let loop = try PostgresLoopThread(name: "pg-loop-timeline")
-        try owner.execute("insert into users (email, last_seq) values ('device@example.com', 7)")
-        _ = try owner.query("select * from trunk_sync_seq_timeline(false)")
         try owner.execute("update wal_timeline set timeline = timeline + 1")  // a failover
         // The openings queue on the move's advisory lock.
         let holder = try PostgresConnection.connect(database)
