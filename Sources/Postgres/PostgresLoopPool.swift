@@ -306,7 +306,8 @@ public final class PostgresLoopPool: @unchecked Sendable {
                 let connection = try await PostgresConnecting.open(
                     self.connectionConfiguration, settings: self.configuration.sessionSettings, on: self.loop,
                     clock: self.clock, lookup: self.configuration.hostLookup)
-                if let onOpen = self.configuration.onOpen {
+                // Shut down meanwhile: no `onOpen` (nothing would end one that waits).
+                if let onOpen = self.configuration.onOpen, !self.machine.isShutDown {
                     self.opening[id] = connection
                     defer { self.opening[id] = nil }
                     do { try await onOpen(connection) } catch {
