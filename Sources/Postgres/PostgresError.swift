@@ -42,6 +42,13 @@ public struct PostgresError: Error, Sendable, CustomStringConvertible, CustomDeb
     /// statements ran is unknown.
     public internal(set) var pipelineIndex: Int? = nil
 
+    /// A connection its pool's own opening check (`PostgresLoopPool.Configuration.onOpen`)
+    /// will not use, e.g. one to a server in recovery: requests fail as when the server
+    /// refused the connection (`.connectionFailed`, which the server answers `503`).
+    public static func refused(_ message: String) -> PostgresError {
+        PostgresError(kind: .connectionFailed, message: message)
+    }
+
     /// An answer the protocol does not allow (e.g. a statement without a result).
     public static func unexpected(_ message: String) -> PostgresError {
         PostgresError(kind: .decoding, message: message)

@@ -75,6 +75,8 @@ public final class PostgresLoopPool: @unchecked Sendable {
     // Loop-confined state.
     private var machine: PoolStateMachine
     private var connections: [PoolStateMachine.ConnectionID: PostgresLoopConnection] = [:]
+    /// The connections running `onOpen`, which `close()` ends rather than wait for.
+    private var opening: [PoolStateMachine.ConnectionID: PostgresLoopConnection] = [:]
     private var waiters: [PoolStateMachine.RequestID: CheckedContinuation<PoolStateMachine.ConnectionID, any Error>] =
         [:]
     /// The connections leased to shared reads, while any of theirs is in flight.
@@ -185,6 +187,10 @@ public final class PostgresLoopPool: @unchecked Sendable {
                 if !loop.isRunning {
                     for connection in connections.values { connection.close() }
                 }
+                // An `onOpen` may wait for as long as a lock is held elsewhere (the server's
+                // timeline check waits for users' rows): end it, as a shut-down pool would
+                // close its connection anyway, rather than keep the process from stopping.
+                for connection in opening.values { connection.close() }
             }
         }
     }
@@ -300,7 +306,10 @@ public final class PostgresLoopPool: @unchecked Sendable {
                 let connection = try await PostgresConnecting.open(
                     self.connectionConfiguration, settings: self.configuration.sessionSettings, on: self.loop,
                     clock: self.clock, lookup: self.configuration.hostLookup)
-                if let onOpen = self.configuration.onOpen {
+                // Shut down meanwhile: no `onOpen` (nothing would end one that waits).
+                if let onOpen = self.configuration.onOpen, !self.machine.isShutDown {
+                    self.opening[id] = connection
+                    defer { self.opening[id] = nil }
                     do { try await onOpen(connection) } catch {
                         connection.close()
                         throw error

@@ -76,11 +76,13 @@ struct Migrate: AsyncParsableCommand {
                     print(
                         "warning: the WAL timeline cannot be read here (\(reason)): after a restore, run trunk-sync migrate --after-restore"
                     )
-                case .notMigrated where afterRestore:
+                case .notMigrated:
+                    // Every migration of the directory is applied by now: it has none of 0018
+                    // (a directory older than this binary), where the check is.
                     print(
-                        "--after-restore: nothing moved: migration 0017_seq_timeline.sql is not in this migrations directory"
+                        "warning: \(afterRestore ? "--after-restore: nothing moved" : "the WAL timeline was not checked (a restore or failover since the last migrate goes unnoticed)"): migration \(SeqTimeline.migration) is not in this migrations directory (\(configuration.migrationsDirectory))"
                     )
-                case .recorded, .unchanged, .notMigrated: break
+                case .recorded, .unchanged: break
                 }
                 switch role {
                 case .sameAsOwner: break

@@ -269,6 +269,49 @@ final class LoopThreadPoolTests: XCTestCase {
         XCTAssertEqual(refused?.kind, .poolClosed)
     }
 
+    /// Closing while a connection is still being opened: its `onOpen` may wait for as long as
+    /// a lock is held elsewhere (the server's WAL timeline check waits for users' rows), and
+    /// the pool's close ends it instead of waiting with it; the request fails.
+    func testClosingEndsAnOnOpenThatWaits() async throws {
+        let key = Int64.random(in: 1...Int64.max)
+        let holder = try PostgresConnection.connect(try TestDatabase.adminConfiguration())
+        try holder.query("select pg_advisory_lock($1)", key)
+        var settings = PostgresLoopPool.Configuration()
+        settings.maxConnections = 1
+        settings.onOpen = { connection in
+            try await connection.pipeline([PostgresStatement("select pg_advisory_xact_lock($1)", key)])
+        }
+        let pool = PostgresLoopPool(
+            try TestDatabase.adminConfiguration(), configuration: settings, loop: loop,
+            logger: TestDatabase.quietLogger)
+        let request = Task { try await pool.withConnection { _ in } }
+        nonisolated(unsafe) let watcher = holder
+        let waiting = await waitUntil(20) {
+            let waiters = try? watcher.query(
+                """
+                select count(*) from pg_stat_activity
+                where wait_event = 'advisory' and query like 'select pg_advisory_xact_lock%'
+                """)[0].decode(Int64.self, column: 0)
+            return waiters == 1
+        }
+        XCTAssertTrue(waiting, "the opening never waited for the lock")
+        let closed = Mutex(false)
+        let closing = Task {
+            await pool.close()
+            closed.withLock { $0 = true }
+        }
+        let ended = await waitUntil(20) { closed.withLock { $0 } }
+        XCTAssertTrue(ended, "close() waited for the opening's onOpen")
+        try holder.query("select pg_advisory_unlock($1)", key)
+        await closing.value
+        do {
+            try await request.value
+            XCTFail("the request must fail")
+        } catch {
+            XCTAssertTrue(error is PostgresError, "\(error)")
+        }
+    }
+
     // MARK: - Threads
 
     func testThePoolAndTheListenerStartNoThreadButTheLoop() async throws {

@@ -96,6 +96,70 @@ final class MigrateCommandTests: XCTestCase {
         }
     }
 
+    /// A migrations directory older than the binary (without the check's migration, 0018,
+    /// but with 0017's `wal_timeline`): `migrate` cannot check the timeline, and says so
+    /// rather than let a failover or restore since the last run go unnoticed in silence.
+    func testAMigrationsDirectoryWithoutTheCheckSaysNothingWasChecked() throws {
+        let directory = NSTemporaryDirectory() + "before-0018-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        for name in try FileManager.default.contentsOfDirectory(atPath: repositoryRoot() + "/migrations")
+        where name < "0018_seq_timeline_function.sql" {
+            try FileManager.default.copyItem(
+                atPath: repositoryRoot() + "/migrations/" + name, toPath: directory + "/" + name)
+        }
+        environment["TRUNK_SYNC_MIGRATIONS_DIR"] = directory
+        XCTAssertEqual(try migrate().status, 0)
+        let owner = try PostgresConnection.connect(database)
+        try owner.execute("insert into wal_timeline (timeline) values (99)")  // another timeline
+        for arguments in [[], ["--after-restore"]] {
+            let result = try migrate(arguments)
+            XCTAssertEqual(result.status, 0, result.stderr)
+            XCTAssertTrue(
+                result.stdout.contains(
+                    "migration 0018_seq_timeline_function.sql is not in this migrations directory (\(directory))"),
+                "\(arguments): \(result.stdout)")
+        }
+    }
+
+    /// A `lock_timeout` or `statement_timeout` set for the database (which the owner's
+    /// sessions get too) does not cut the move short: it waits for the rows pushes hold and
+    /// takes as long as updating every user takes (tens of seconds for 500,000 users), and
+    /// `migrate` failing on it would keep a deployment that runs it before its servers (as
+    /// docker-compose.yml does) from coming back after a restore.
+    func testTheMoveOutlastsTheDatabasesTimeouts() throws {
+        XCTAssertEqual(try migrate().status, 0)
+        let owner = try PostgresConnection.connect(database)
+        let name = try owner.quoteIdentifier(try XCTUnwrap(database["dbname"]))
+        try owner.execute("insert into users (email, last_seq) values ('restored@example.com', 7)")
+        try owner.execute("update wal_timeline set timeline = timeline + 1")  // a restore
+        try owner.execute("alter database \(name) set lock_timeout = '1ms'")
+        // A push in flight holds the user's row.
+        let push = try PostgresConnection.connect(database)
+        try push.execute("begin")
+        try push.query("select 1 from users for update")
+        let (process, stdout, stderr) = try Command.start(
+            Command.trunkSyncBinary(), ["migrate"], environment: environment)
+        // Until the move has waited far past the timeout (or migrate ended).
+        let deadline = Date().addingTimeInterval(20)
+        while process.isRunning, Date() < deadline {
+            let waiting = try owner.query(
+                """
+                select count(*) from pg_stat_activity
+                where wait_event_type = 'Lock' and query like '%trunk_sync_seq_timeline(%'
+                  and clock_timestamp() - query_start > interval '100 milliseconds'
+                """)[0].decode(Int64.self, column: 0)
+            if waiting > 0 { break }
+            usleep(10_000)
+        }
+        try push.execute("commit")
+        let result = Command.finish(process, stdout, stderr)
+        XCTAssertEqual(result.status, 0, result.stderr)
+        XCTAssertTrue(result.stdout.contains("the next seq of 1 user(s) moved"), result.stdout)
+        XCTAssertGreaterThanOrEqual(
+            try owner.query("select last_seq from users")[0].decode(Int64.self, column: 0), 7 + SeqTimeline.gap)
+    }
+
     func testStatusListsPendingBeforeMigrating() throws {
         let status = try migrate(["status"])
         XCTAssertEqual(status.status, 0, status.stderr)

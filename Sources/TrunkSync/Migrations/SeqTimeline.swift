@@ -22,6 +22,9 @@ import Postgres
 /// what they saw, which a fixed step from the restored seq would not; and it stays below
 /// 2^53 (JavaScript's exact integers) until the year 2255.
 public enum SeqTimeline {
+    /// The migration that brings the check (`trunk_sync_seq_timeline`).
+    public static let migration = "0018_seq_timeline_function.sql"
+
     /// The least a user's next seq moves (the function's `1000000000`).
     public static let gap: Int64 = 1_000_000_000
 
@@ -38,7 +41,7 @@ public enum SeqTimeline {
         /// The timeline cannot be read here (PostgreSQL without WAL files of its own, as some
         /// hosted services): nothing recorded, nothing moved.
         case unavailable(reason: String)
-        /// Migration 0017 is not applied (a migrations directory of an older release).
+        /// Migration 0018 is not applied (a migrations directory of an older release).
         case notMigrated
     }
 
@@ -62,7 +65,13 @@ public enum SeqTimeline {
             "select to_regprocedure('trunk_sync_seq_timeline(boolean)') is not null")[0].decode(Bool.self, column: 0)
         guard migrated else { return .notMigrated }
         let statement = statement(force: force, asServer: false)
-        return try outcome(try connection.query(statement.sql, binds: statement.binds)[0])
+        // A transaction of its own, for `noTimeouts`: the owner's sessions get the
+        // database's settings too, and `migrate` failing on a timeout would keep a
+        // deployment that runs it before its servers from coming back after a restore.
+        return try connection.transaction { connection in
+            try connection.query("select " + noTimeouts)
+            return try outcome(try connection.query(statement.sql, binds: statement.binds)[0])
+        }
     }
 
     /// The server's check, on each connection its pools open, before the connection serves
@@ -70,13 +79,58 @@ public enum SeqTimeline {
     /// reconnect through, the first connection to the new primary moves the seqs before any
     /// push is numbered there, whether or not `migrate` ran. `.notMigrated` while migration
     /// 0018 is pending (`/readyz` says so).
+    ///
+    /// A connection to a server in recovery (a standby: a URL without
+    /// `target_session_attrs=read-write`, or a name or address moved to it before its
+    /// promotion finished) is refused (`PostgresError.refused`): the timeline cannot be read
+    /// there, and the connection would outlive the promotion and serve pushes on the new
+    /// timeline without this check. Recovery is asked before the check, in the same
+    /// pipeline: ended by then, the check reads the new timeline.
+    ///
+    /// Under `default_transaction_isolation` `repeatable read` or `serializable`, a check that
+    /// queued behind another's move read with a snapshot from before it and fails with a
+    /// serialization failure (a deadlock likewise ends one of two): it runs again, in a new
+    /// implicit transaction whose snapshot has the move, rather than fail the opening.
     public static func check(on connection: PostgresLoopConnection) async throws -> Outcome {
+        var retries = 3
+        while true {
+            do {
+                return try await checkOnce(on: connection)
+            } catch let error as PostgresError
+                where retries > 0 && [.serializationFailure, .deadlockDetected].contains(error.sqlState)
+            {
+                retries -= 1
+            }
+        }
+    }
+
+    private static func checkOnce(on connection: PostgresLoopConnection) async throws -> Outcome {
+        let results: [PostgresResult]
         do {
-            return try outcome(try await connection.pipeline([statement(force: false, asServer: true)])[0][0])
+            results = try await connection.pipeline([beforeCheck, statement(force: false, asServer: true)])
         } catch let error as PostgresError where error.sqlState == .undefinedFunction {
             return .notMigrated
         }
+        if try results[0][0].decode(Bool.self, column: 2) {
+            throw PostgresError.refused(
+                "the database is in recovery (a standby, not promoted yet): it takes no writes and its WAL timeline cannot be checked; give the servers the primary (target_session_attrs=read-write)"
+            )
+        }
+        return try outcome(results[1][0])
     }
+
+    /// Run before the check in its transaction (`set_config(…, true)` ends with it): no
+    /// `statement_timeout` or `lock_timeout` of the session (set for its login role, its
+    /// database, or in the URL's `options`) applies to the check. A move waits for the pushes
+    /// and import batches holding users' rows and takes as long as updating every user's row
+    /// takes (about 25 s for 500,000 users on 2 cores); cut short, a server's opening fails,
+    /// and each next opening would start the move over and be cut short again: no
+    /// connection, for good.
+    static let noTimeouts = "set_config('statement_timeout', '0', true), set_config('lock_timeout', '0', true)"
+
+    /// Before the server's check, in the same implicit transaction: `noTimeouts`, then
+    /// whether the server is in recovery.
+    static let beforeCheck = PostgresStatement("select \(noTimeouts), pg_is_in_recovery()")
 
     private static func outcome(_ row: PostgresRow) throws -> Outcome {
         let previous = try row.decode(Int64?.self, column: 1)
