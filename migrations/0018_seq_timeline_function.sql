@@ -53,7 +53,7 @@ begin
     return;
   end if;
 
-  perform pg_advisory_xact_lock(8391086205413127537);  -- 0x7472756e6b736571, "trunkseq"
+  perform pg_advisory_xact_lock(8390898172854232433);  -- 0x7472756e6b736571, "trunkseq"
   select t.timeline into recorded from public.wal_timeline t for update;
   if force or (recorded is null and now_timeline > 1) or recorded <> now_timeline then
     -- now() is the transaction's start: the same in both expressions, so seq_skipped grows
