@@ -93,6 +93,11 @@ struct ImportCommand: AsyncParsableCommand {
                         row("auth.users", report.users), row("public.profiles", report.profiles),
                         row("public.events", report.events), row("auth.sessions", report.sessions),
                     ]))
+            if report.usersSeqMoved > 0 {
+                lines.append(
+                    "the database is on another WAL timeline than migrate last saw (restored or failed over): the next seq of \(report.usersSeqMoved) user(s) moved past anything a device may have seen, before anything was imported"
+                )
+            }
             if report.eventsRetimed > 0 {
                 lines.append(
                     "\(report.eventsRetimed) event(s) older than their user's newest trunk-sync event got a created_at just after it"

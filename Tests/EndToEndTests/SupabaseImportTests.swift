@@ -210,13 +210,18 @@ final class SupabaseImportTests: EndToEndTestCase {
 
     // MARK: - Running the command
 
+    /// A new reject file's path, removed after the test.
+    func rejectPath() -> String {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("rejects-\(UUID().uuidString).jsonl")
+            .path
+        files.append(path)
+        return path
+    }
+
     func importCommand(_ server: ServerProcess, from url: String, _ extra: [String] = []) throws -> (
         Command.Result, [String: Any]?, String
     ) {
-        let rejectFile = FileManager.default.temporaryDirectory.appendingPathComponent(
-            "rejects-\(UUID().uuidString).jsonl"
-        ).path
-        files.append(rejectFile)
+        let rejectFile = rejectPath()
         let result = try Command.run(
             Command.trunkSyncBinary(),
             ["import", "supabase", "--from", url, "--json", "--reject-file", rejectFile] + extra,
@@ -398,10 +403,7 @@ final class SupabaseImportTests: EndToEndTestCase {
         let server = try startServer()
 
         // kill -9 once some batches committed, then run again to the end.
-        let rejectFile = FileManager.default.temporaryDirectory.appendingPathComponent(
-            "kill-\(UUID().uuidString).jsonl"
-        ).path
-        files.append(rejectFile)
+        let rejectFile = rejectPath()
         let (process, stdout, stderr) = try Command.start(
             Command.trunkSyncBinary(),
             ["import", "supabase", "--from", source.url, "--batch-size", "100", "--reject-file", rejectFile],
@@ -1031,10 +1033,7 @@ final class SupabaseImportTests: EndToEndTestCase {
         }
         let outcome = Outcome()
         let (binary, environment) = (Command.trunkSyncBinary(), server.environment)
-        let rejectFile = FileManager.default.temporaryDirectory.appendingPathComponent(
-            "rejects-\(UUID().uuidString).jsonl"
-        ).path
-        files.append(rejectFile)
+        let rejectFile = rejectPath()
         let arguments = ["import", "supabase", "--from", source.url, "--json", "--reject-file", rejectFile]
         let thread = Thread {
             outcome.result = try? Command.run(binary, arguments, environment: environment)
@@ -1070,6 +1069,70 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertEqual(
             try db.query("select email from users where id = $1", native)[0].decode(String.self, column: 0),
             "ada.new@example.com")
+    }
+
+    /// The destination restored or failed over since `migrate` ran (simulated by the
+    /// recorded WAL timeline differing), with no server connected since: the run moves every
+    /// user's next seq before it numbers an event, as a server's first connection would, and
+    /// says so; a device whose cursor is past the restored end still pulls what it imports.
+    func testARunOnAnotherWALTimelineMovesTheSeqsFirst() throws {
+        let source = try makeSource()
+        let ada = try addUser(source, email: "ada@example.com")
+        _ = try addEvents(source, user: ada, [("a", "{}", "2026-03-01 10:00:00+00")])
+        let server = try startServer()
+        var (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        XCTAssertEqual(report?["users_seq_moved"] as? Int, 0)
+        let db = try destination(server)
+        try db.execute("update wal_timeline set timeline = timeline + 1")
+        _ = try addEvents(source, user: ada, [("b", "{}", "2026-03-02 10:00:00+00")])
+        let text = try Command.run(
+            Command.trunkSyncBinary(), ["import", "supabase", "--from", source.url, "--reject-file", rejectPath()],
+            environment: server.environment)
+        XCTAssertEqual(text.status, 0, text.stderr + text.stdout)
+        XCTAssertTrue(text.stdout.contains("the next seq of 1 user(s) moved past anything"), text.stdout)
+        let seqs = try db.query("select seq from events order by seq").map { try $0.decode(Int64.self, column: 0) }
+        XCTAssertEqual(seqs.count, 2)
+        XCTAssertEqual(seqs.first, 1)
+        XCTAssertGreaterThanOrEqual(seqs.last ?? 0, 2 + 1_000_000_000, "at least SeqTimeline.gap ahead")
+        XCTAssertEqual(
+            seqs.last, try db.query("select last_seq from users")[0].decode(Int64.self, column: 0))
+        (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        XCTAssertEqual(report?["users_seq_moved"] as? Int, 0, "moved once")
+    }
+
+    /// The reject file is written in place, as a shell's `>` writes: a symbolic link stays a
+    /// link to the file it names (before, the run replaced the path with a new file: as
+    /// root, `--reject-file /dev/null` replaced the device); a new file is the owner's only,
+    /// since rejected rows carry addresses.
+    func testTheRejectFileIsWrittenInPlace() throws {
+        let source = try makeSource()
+        let bad = try addUser(source, email: "not an address")
+        let server = try startServer()
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("rejects-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: false)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let target = directory.appendingPathComponent("target.jsonl").path
+        let link = directory.appendingPathComponent("link.jsonl").path
+        try "an earlier run's line\n".write(toFile: target, atomically: false, encoding: .utf8)
+        try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: target)
+        let linked = try Command.run(
+            Command.trunkSyncBinary(), ["import", "supabase", "--from", source.url, "--json", "--reject-file", link],
+            environment: server.environment)
+        XCTAssertEqual(linked.status, 3, linked.stderr + linked.stdout)
+        XCTAssertEqual(try FileManager.default.destinationOfSymbolicLink(atPath: link), target, "still a link")
+        let written = try String(contentsOfFile: target, encoding: .utf8)
+        XCTAssertTrue(written.contains(bad.uuidString.lowercased()), written)
+        XCTAssertFalse(written.contains("an earlier run's line"), "emptied first: \(written)")
+
+        let new = directory.appendingPathComponent("new.jsonl").path
+        let fresh = try Command.run(
+            Command.trunkSyncBinary(), ["import", "supabase", "--from", source.url, "--json", "--reject-file", new],
+            environment: server.environment)
+        XCTAssertEqual(fresh.status, 3, fresh.stderr + fresh.stdout)
+        let mode = try XCTUnwrap(try FileManager.default.attributesOfItem(atPath: new)[.posixPermissions] as? Int)
+        XCTAssertEqual(mode & 0o777, 0o600)
     }
 
     // MARK: - Changes on the hosted project after an import

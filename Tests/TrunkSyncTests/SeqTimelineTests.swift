@@ -1,9 +1,11 @@
 import Foundation
+import Logging
 import Postgres
 import Synchronization
 import TestSupport
-import TrunkSync
 import XCTest
+
+@testable import TrunkSync
 
 /// The WAL timeline check as servers run it (migration 0018): on every connection a pool
 /// opens, before the connection serves anything.
@@ -158,7 +160,7 @@ final class SeqTimelineTests: XCTestCase {
         // The openings queue on the move's advisory lock.
         let holder = try PostgresConnection.connect(database)
         try holder.execute("begin")
-        try holder.query("select pg_advisory_xact_lock(8391086205413127537)")
+        try holder.query("select pg_advisory_xact_lock($1)", SeqTimeline.advisoryLockKey)
         let pools = (0..<3).map { _ in
             serverPool(database, on: loop, settings: [("default_transaction_isolation", "repeatable read")])
         }
@@ -265,5 +267,24 @@ final class SeqTimelineTests: XCTestCase {
             .compactMap(Int.init).sorted()
         guard let newest = versions.last else { throw TestEnvironmentError("no /usr/lib/postgresql/N") }
         return "/usr/lib/postgresql/\(newest)/bin/\(name)"
+    }
+
+    /// A timeline the server cannot read (a hosted PostgreSQL without WAL functions) is a
+    /// warning once per process, so the operator learns restores go unnoticed there, then
+    /// debug (it is said on every connection); a move is a warning each time.
+    func testAnUnreadableTimelineIsAWarningOnce() {
+        let lines = LogLines()
+        let logger = Logger(label: "test", factory: { _ in CapturingLogHandler(lines: lines) })
+        let log = SeqTimeline.ServerLog()
+        log.log(.unavailable(reason: "no WAL here"), logger: logger)
+        log.log(.unavailable(reason: "no WAL here"), logger: logger)
+        log.log(.unchanged, logger: logger)
+        log.log(.advanced(from: 1, to: 2, users: 3), logger: logger)
+        XCTAssertEqual(
+            lines.lines.map { $0.split(separator: " ").first.map(String.init) ?? "" }, ["warning", "debug", "warning"])
+        XCTAssertTrue(
+            lines.lines[0].contains("migrate --after-restore") && lines.lines[0].contains("no WAL here"), lines.lines[0]
+        )
+        XCTAssertTrue(lines.lines[2].contains("users=3"), lines.lines[2])
     }
 }

@@ -221,6 +221,10 @@ public struct SupabaseImport: Sendable {
         /// Users an earlier run imported whose address, name or metadata changed on the
         /// hosted project since, carried over here (where nothing changed here).
         public var usersUpdated = 0
+        /// Users whose next seq the run moved before numbering anything, the database being
+        /// on another WAL timeline than `migrate` last saw (restored or failed over since:
+        /// `SeqTimeline`); 0 almost always.
+        public var usersSeqMoved = 0
         public var conflicts: [Conflict] = []
         public var verification = Verification()
         public var rejectFile: String?
@@ -240,6 +244,7 @@ public struct SupabaseImport: Sendable {
             case sessionsWithoutToken = "sessions_without_token"
             case sessionsRevoked = "sessions_revoked"
             case usersUpdated = "users_updated"
+            case usersSeqMoved = "users_seq_moved"
             case conflicts, verification
             case rejectFile = "reject_file"
             case seconds
@@ -254,9 +259,21 @@ public struct SupabaseImport: Sendable {
     public func run() throws -> Report {
         let source = try SupabaseSource(url: options.source)
         let destination = try Self.openDestination(options)
+        // Numbered after what devices may have seen: a database failed over or restored
+        // since `migrate` ran moves its seqs first, as a server's first connection would.
+        var moved = 0
+        if !options.dryRun {
+            do {
+                if case .advanced(_, _, let users) = try SeqTimeline.check(on: destination) { moved = Int(users) }
+            } catch {
+                throw ImportError.destination("\(error)")
+            }
+        }
         let rejects = try RejectWriter(path: options.dryRun ? nil : options.rejectFile)
         defer { rejects.close() }
-        return try ImportRun(options: options, source: source, destination: destination, rejects: rejects).all()
+        var report = try ImportRun(options: options, source: source, destination: destination, rejects: rejects).all()
+        report.usersSeqMoved = moved
+        return report
     }
 
     /// The session-level advisory lock a run holds on the destination (`migrate` has its own).
@@ -299,15 +316,6 @@ public struct SupabaseImport: Sendable {
             throw ImportError.destination(
                 "another trunk-sync import supabase is running against this database; run again once it has finished")
         }
-        // Numbered after what devices may have seen: a database failed over or restored
-        // since `migrate` ran moves its seqs first, as a server's first connection would.
-        if !options.dryRun {
-            do {
-                _ = try SeqTimeline.check(on: connection)
-            } catch {
-                throw ImportError.destination("\(error)")
-            }
-        }
         // No JIT: each batch's statements run once over a temporary table without statistics,
         // whose cost estimates set off compilations that took longer (0.8 s a batch of users)
         // than the statements themselves.
@@ -337,13 +345,20 @@ final class RejectWriter {
     private var handle: FileHandle?
     let path: String?
 
+    /// Opens `path` for writing, emptied, as a shell's `>` does: written in place, so a
+    /// symbolic link, `/dev/null` or a pipe stays what it is (Foundation's `createFile`
+    /// writes a new file and renames it over the path: as root, `--reject-file /dev/null`
+    /// replaced the device with a file). A new file is the owner's only (`0600`): rejected
+    /// rows carry addresses.
     init(path: String?) throws {
         self.path = path
         guard let path else { return }
-        guard FileManager.default.createFile(atPath: path, contents: nil),
-            let handle = FileHandle(forWritingAtPath: path)
-        else { throw ImportError.destination("cannot write the reject file \(path)") }
-        self.handle = handle
+        let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else {
+            throw ImportError.destination(
+                "cannot write the reject file \(path): \(String(cString: strerror(errno)))")
+        }
+        handle = FileHandle(fileDescriptor: fd, closeOnDealloc: true)
     }
 
     func write(table: String, id: String, reason: String) {

@@ -1,5 +1,7 @@
 import Foundation
+import Logging
 import Postgres
+import Synchronization
 
 /// Devices after a point-in-time restore (migration 0017). A restore, or a failover that lost
 /// commits, puts every user's `last_seq` back where it stood at the restore point, while
@@ -24,6 +26,10 @@ import Postgres
 public enum SeqTimeline {
     /// The migration that brings the check (`trunk_sync_seq_timeline`).
     public static let migration = "0018_seq_timeline_function.sql"
+
+    /// The transaction advisory lock a move holds (migration 0018's `pg_advisory_xact_lock`
+    /// argument: "trunkseq").
+    public static let advisoryLockKey: Int64 = 0x7472_756e_6b73_6571
 
     /// The least a user's next seq moves (the function's `1000000000`).
     public static let gap: Int64 = 1_000_000_000
@@ -100,6 +106,40 @@ public enum SeqTimeline {
                 where retries > 0 && [.serializationFailure, .deadlockDetected].contains(error.sqlState)
             {
                 retries -= 1
+            }
+        }
+    }
+
+    /// The servers' pools' `onOpen`: `check(on:)`, and the outcome logged by `log`.
+    public static func serverCheck(logger: Logger) -> @Sendable (PostgresLoopConnection) async throws -> Void {
+        let warned = ServerLog()
+        return { connection in warned.log(try await check(on: connection), logger: logger) }
+    }
+
+    /// What a server logs of its checks: a move, as a warning; a timeline it cannot read, as
+    /// a warning the first time (an operator must learn that restores and failovers go
+    /// unnoticed there: `migrate --after-restore`), then at debug level (every connection).
+    final class ServerLog: Sendable {
+        private let warnedUnavailable = Atomic<Bool>(false)
+
+        func log(_ outcome: Outcome, logger: Logger) {
+            switch outcome {
+            case .advanced(let from, let to, let users):
+                logger.warning(
+                    "the database is on another WAL timeline: failed over or restored; moved the next seq of every user past anything a device may have seen",
+                    metadata: [
+                        "timeline": "\(to)", "previous_timeline": "\(from.map(String.init) ?? "none")",
+                        "users": "\(users)",
+                    ])
+            case .unavailable(let reason):
+                if !warnedUnavailable.exchange(true, ordering: .relaxed) {
+                    logger.warning(
+                        "the WAL timeline cannot be read here: a restore or failover goes unnoticed; after one, run trunk-sync migrate --after-restore before the servers",
+                        metadata: ["reason": "\(reason)"])
+                } else {
+                    logger.debug("WAL timeline unavailable", metadata: ["reason": "\(reason)"])
+                }
+            case .recorded, .unchanged, .notMigrated: break
             }
         }
     }

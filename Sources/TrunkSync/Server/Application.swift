@@ -62,23 +62,9 @@ public struct Application: Sendable {
         settings.acquireTimeout = .milliseconds(Int64(configuration.databasePoolTimeout * 1000))
         settings.sharedPipelineDepth = configuration.databaseSharedReads
         settings.sessionSettings = [("role", Self.databaseRole)]
-        settings.onOpen = { [logger] connection in
-            // Before the connection serves anything: a failover this server reconnected
-            // through moves every user's next seq before the first push reaches the new
-            // primary (SeqTimeline).
-            switch try await SeqTimeline.check(on: connection) {
-            case .advanced(let from, let to, let users):
-                logger.warning(
-                    "the database is on another WAL timeline: failed over or restored; moved the next seq of every user past anything a device may have seen",
-                    metadata: [
-                        "timeline": "\(to)", "previous_timeline": "\(from.map(String.init) ?? "none")",
-                        "users": "\(users)",
-                    ])
-            case .unavailable(let reason):
-                logger.debug("WAL timeline unavailable", metadata: ["reason": "\(reason)"])
-            case .recorded, .unchanged, .notMigrated: break
-            }
-        }
+        // Before a connection serves anything: a failover this server reconnected through
+        // moves every user's next seq before the first push reaches the new primary.
+        settings.onOpen = SeqTimeline.serverCheck(logger: logger)
         settings.statementObserver = statementObserver
         let database = try PostgresConfiguration(try configuration.requireDatabaseURL())
         // Whatever can fail comes before the database, whose loop thread starts with it: a
