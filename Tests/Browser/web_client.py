@@ -842,6 +842,36 @@ def main():
         first.switch_to.window(tab_a)
         step("reauthenticate and deleteAccount never go on for a user another tab signed in")
 
+        # A tab still running the previous version of the module (loaded before the server
+        # was upgraded) refreshes the session while this tab signs out (its push held at the
+        # proxy), and stores it as that version does: without the `id` this one gives
+        # sessions. It is the same session: signOut still ends it.
+        old = stored_session(first)
+        assert old.get("id"), old
+        assert js(first, RECORD, "legacy", 1) == 1
+        arrived, release = proxy.hold("POST", "/sync/v1/events")
+        first.execute_script("window.out = client.signOut().then((r) => r, (e) => String(e))")
+        assert arrived.wait(TIMEOUT), "the sign-out's push"
+        body = api("POST", "/auth/v1/token?grant_type=refresh_token", {"refresh_token": old["refresh_token"]})
+        legacy = {"access_token": body["access_token"], "refresh_token": body["refresh_token"],
+                  "expires_in": body["expires_in"], "expires_at": int(time.time()) + int(body["expires_in"]),
+                  "user_id": body["user"]["id"], "email": body["user"].get("email")}
+        first.switch_to.new_window("tab")
+        first.get(f"{PAGE_ORIGIN}/")
+        first.execute_script("localStorage.setItem(arguments[0], arguments[1])",
+                             f"trunk-sync|session|{proxy.url}", json.dumps(legacy))
+        first.close()
+        first.switch_to.window(tab_a)
+        wait_until(lambda: js(first, "return client.session.access_token") == legacy["access_token"],
+                   "the old tab's refresh seen")
+        release.set()
+        assert js(first, "return await window.out") == {"unsentEvents": 0}
+        assert not js(first, "return client.isSignedIn"), "still signed in after signOut"
+        assert stored_session(first) is None, stored_session(first)
+        assert failed_status(lambda: api("GET", "/auth/v1/user", token=legacy["access_token"])) in (401, 403)
+        sign_in(first, CAROL)
+        step("sign-out ends its session also when a tab of the previous version refreshed it (no id)")
+
         # No IndexedDB (as in some private modes): record refuses, nothing kept in memory.
         first.get(f"{PAGE_ORIGIN}/")
         wait_until(lambda: first.execute_script("return window.ready === true"), "the module")

@@ -103,6 +103,7 @@ final class WebClientTests: EndToEndTestCase {
             "sign-out kept the unsent events for the next sign-in, or discarded them when asked",
             "sign-out ends its own session, not the one another tab signed in meanwhile",
             "reauthenticate and deleteAccount never go on for a user another tab signed in",
+            "sign-out ends its session also when a tab of the previous version refreshed it (no id)",
             "without IndexedDB, record refuses clearly",
             "an export whose body stalls is aborted with a network error", "exported the account as NDJSON",
             "the example page signs in, records and lists a note",

@@ -335,11 +335,18 @@ const RETRYABLE = new Set([408, 429, 500, 502, 503, 504]);
 
 /**
  * Whether `session` is the one `pin` names: its user, and when `pin.id` is set that very
- * session (`id` is made at sign-in and kept by its refreshes).
+ * session (`id` is made at sign-in and kept by its refreshes). A session without an `id`
+ * was stored by an earlier version of this module (at sign-in, or by a tab still running
+ * it, whose refresh drops the id): it is told apart by its user only, as that version did,
+ * so such a tab's refresh does not make this session look like someone else's.
  * @param {any} session @param {{user_id: string, id?: string}} pin
  */
 function matchesPin(session, pin) {
-  return Boolean(session) && session.user_id === pin.user_id && (pin.id === undefined || session.id === pin.id);
+  return (
+    Boolean(session) &&
+    session.user_id === pin.user_id &&
+    (pin.id === undefined || session.id === undefined || session.id === pin.id)
+  );
 }
 
 const userChanged = () =>
