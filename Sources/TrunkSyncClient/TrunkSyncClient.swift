@@ -738,7 +738,14 @@ public actor TrunkSyncClient {
             "POST", "/auth/v1/token", query: [URLQueryItem(name: "grant_type", value: "refresh_token")],
             body: Array(body), as: PinnedUser(id: current.userID, generation: userGeneration),
             retry: RetryRules(maxAttempts: tries))
-        guard session?.userID == current.userID else { throw TrunkSyncError.notSignedIn }
+        // Signed out, or signed in again, while the answer came (a slow connection): the
+        // answer is about a session no longer stored, maybe one signOut revoked. It must not
+        // replace the session stored now, nor end it: a newer session of the same user is
+        // used as it is.
+        guard let stored = session, stored.refreshToken == current.refreshToken else {
+            if let stored = session, stored.userID == current.userID { return stored }
+            throw TrunkSyncError.notSignedIn
+        }
         switch answer.status {
         case 200:
             var next = try StoredSession.parse(answer.body, receivedAt: configuration.now())

@@ -261,6 +261,42 @@ final class SessionTests: ClientTestCase {
         }
     }
 
+    /// A token refresh whose answer comes only after the user signed out and signed in
+    /// again (a slow connection): that answer is about the session signOut revoked, not the
+    /// new one. Before: the refresh's 400 (the old session is revoked) signed the new
+    /// session out, its session file removed.
+    func testARefreshAnsweredAfterSignOutAndSignInAgainLeavesTheNewSession() async throws {
+        let email = "late-refresh@example.com"
+        let server = try startServer()
+        let proxy = try HoldingProxy(upstream: server.port)
+        defer { proxy.stop() }
+        var configuration = TrunkSyncClient.Configuration()
+        configuration.retry = Self.quickRetry
+        let client = try TrunkSyncClient(
+            url: proxy.url, storageDirectory: try makeStorage(), configuration: configuration)
+        try await signIn(client, server, as: email)
+        _ = try await client.record(type: "note", payload: ["n": 1])
+
+        try proxy.hold("/auth/v1/token")
+        let refreshing = Task { try await client.refreshSession() }
+        XCTAssertTrue(proxy.arrived(timeout: 30), "the refresh")
+        let result = try await client.signOut()
+        XCTAssertTrue(result.serverSessionRevoked)
+        try await signIn(client, server, as: email)
+        let newToken = try await client.accessToken()
+
+        try proxy.release()
+        do {
+            try await refreshing.value
+        } catch TrunkSyncError.notSignedIn {
+        } catch TrunkSyncError.sessionExpired {}
+        XCTAssertTrue(client.isSignedIn, "the late answer signed the new session out")
+        try await assertEqual(try await client.accessToken(), newToken)
+        _ = try await client.record(type: "note", payload: ["n": 2])
+        try await assertEqual(try await client.push().pushed, 1)
+        await client.close()
+    }
+
     /// Two users on one device: each has their own outbox and cursor; neither sees or
     /// pushes the other's events.
     func testTwoUsersOnOneDeviceStayApart() async throws {
