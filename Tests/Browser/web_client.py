@@ -872,6 +872,33 @@ def main():
         sign_in(first, CAROL)
         step("sign-out ends its session also when a tab of the previous version refreshed it (no id)")
 
+        # A token refresh on a slow connection outlives its session: another tab signs out
+        # (revoking it) and signs someone else in before the refresh's answer comes, a 400.
+        # That refusal is about the old session: the other tab's stays signed in.
+        first.switch_to.new_window("tab")
+        tab_c = first.current_window_handle
+        open_page(first, proxy.url, quiet)
+        first.switch_to.window(tab_a)
+        arrived, release = proxy.hold("POST", "/auth/v1/token")
+        proxy.add_rule("POST", "/auth/v1/reauthenticate", 401, {}, {"code": "invalid_token", "message": "expired"})
+        first.execute_script("window.out = client.reauthenticate().then(() => 'sent', (e) => e.code || String(e))")
+        assert arrived.wait(TIMEOUT), "the refresh"
+        first.switch_to.window(tab_c)
+        js(first, "await client.signOut();")
+        sign_in(first, erin)
+        other = stored_session(first)
+        first.switch_to.window(tab_a)
+        wait_until(lambda: js(first, "return client.user && client.user.email") == erin, "the other tab's sign-in seen")
+        release.set()
+        assert js(first, "return await window.out") in ("user_changed", "session_expired")
+        assert stored_session(first) == other, stored_session(first)
+        api("GET", "/auth/v1/user", token=other["access_token"])
+        first.switch_to.window(tab_c)
+        first.close()
+        first.switch_to.window(tab_a)
+        sign_in(first, CAROL)
+        step("a refresh refused after its session ended leaves the session another tab signed in")
+
         # No IndexedDB (as in some private modes): record refuses, nothing kept in memory.
         first.get(f"{PAGE_ORIGIN}/")
         wait_until(lambda: first.execute_script("return window.ready === true"), "the module")

@@ -649,21 +649,21 @@ export class TrunkSyncClient {
           return stored;
         }
         let body;
+        let refusal = null;
         try {
           body = await this.request('POST', '/auth/v1/token?grant_type=refresh_token', {
             body: { refresh_token: stored.refresh_token },
             auth: false,
           });
         } catch (error) {
-          if (error instanceof TrunkSyncError && (error.status === 400 || error.status === 401 || error.status === 403)) {
-            // Revoked or expired: signed out here; the outbox stays for the next sign-in.
-            this.storeSession(null);
-            throw new TrunkSyncError('session_expired', 'the session ended: sign in again', { status: error.status });
+          if (!(error instanceof TrunkSyncError && (error.status === 400 || error.status === 401 || error.status === 403))) {
+            throw error;
           }
-          throw error;
+          refusal = error;
         }
-        const session = this.sessionFrom(body, stored.id);
-        // Another tab may have signed out, or in as someone else, while the answer came.
+        // Another tab may have signed out, or in (as anyone), while the answer came: the
+        // answer, a refusal too (the session it refreshed was revoked by that sign-out), is
+        // about a session no longer stored, and neither replaces nor ends the one there now.
         const now = this.readSession();
         if (!now || now.user_id !== stored.user_id || now.id !== stored.id) {
           this.session = now;
@@ -672,6 +672,12 @@ export class TrunkSyncClient {
           if (now.user_id !== stored.user_id || pin?.id !== undefined) throw userChanged();
           return now; // the same user signed in again: their newer session
         }
+        if (refusal) {
+          // Revoked or expired: signed out here; the outbox stays for the next sign-in.
+          this.storeSession(null);
+          throw new TrunkSyncError('session_expired', 'the session ended: sign in again', { status: refusal.status });
+        }
+        const session = this.sessionFrom(body, stored.id);
         this.storeSession(session);
         return session;
       })
