@@ -899,6 +899,33 @@ def main():
         sign_in(first, CAROL)
         step("a refresh refused after its session ended leaves the session another tab signed in")
 
+        # signOut({discard: true}) while another tab signs the same user in again (its logout
+        # held at the proxy): the outbox is that new session's now, and the event it recorded
+        # meanwhile stays, as does that session.
+        first.switch_to.new_window("tab")
+        tab_c = first.current_window_handle
+        open_page(first, proxy.url, quiet)
+        first.switch_to.window(tab_a)
+        arrived, release = proxy.hold("POST", "/auth/v1/logout")
+        first.execute_script("window.out = client.signOut({discard: true}).then((r) => r, (e) => String(e))")
+        assert arrived.wait(TIMEOUT), "the sign-out's logout"
+        first.switch_to.window(tab_c)
+        sign_in(first, CAROL)
+        again = stored_session(first)
+        assert js(first, RECORD, "kept", 1) == 1
+        first.switch_to.window(tab_a)
+        wait_until(lambda: js(first, "return client.session && client.session.id") == again["id"],
+                   "the other tab's sign-in seen")
+        release.set()
+        out = js(first, "return await window.out")
+        assert out == {"unsentEvents": 1}, out
+        first.switch_to.window(tab_c)
+        assert js(first, "return await client.pendingCount()") == 1, "the new session's event was discarded"
+        assert stored_session(first) == again
+        first.close()
+        first.switch_to.window(tab_a)
+        step("sign-out with discard leaves the outbox of the same user signed in again in another tab")
+
         # No IndexedDB (as in some private modes): record refuses, nothing kept in memory.
         first.get(f"{PAGE_ORIGIN}/")
         wait_until(lambda: first.execute_script("return window.ready === true"), "the module")

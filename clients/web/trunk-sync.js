@@ -1206,7 +1206,8 @@ export class TrunkSyncClient {
    * Signs out: pushes once, revokes the session and forgets it here. Unsent events stay in
    * this user's outbox (counted in `unsentEvents`) unless `discard` is true. It ends the
    * session it was called for: should another tab sign in meanwhile, that tab's session
-   * is left as it is.
+   * is left as it is, and when that is the same user, so are the outbox and cursor (theirs
+   * now: nothing is discarded).
    * @param {{discard?: boolean}} [options]
    */
   async signOut(options = {}) {
@@ -1234,14 +1235,19 @@ export class TrunkSyncClient {
     let unsentEvents;
     try {
       unsentEvents = await settled(db.transaction('outbox').objectStore('outbox').count());
-      if (options.discard) {
-        await transact(db, ['outbox', 'quarantine'], 'readwrite', (tx) => {
-          tx.objectStore('outbox').clear();
-          tx.objectStore('quarantine').clear();
-        });
-        unsentEvents = 0;
+      // Should another tab have signed the same user in again meanwhile, this outbox and
+      // cursor are that session's now (it may have recorded already): nothing is deleted.
+      const stored = this.readSession();
+      if (!stored || stored.user_id !== pin.user_id || matchesPin(stored, pin)) {
+        if (options.discard) {
+          await transact(db, ['outbox', 'quarantine'], 'readwrite', (tx) => {
+            tx.objectStore('outbox').clear();
+            tx.objectStore('quarantine').clear();
+          });
+          unsentEvents = 0;
+        }
+        await transact(db, ['meta'], 'readwrite', (tx) => tx.objectStore('meta').clear());
       }
-      await transact(db, ['meta'], 'readwrite', (tx) => tx.objectStore('meta').clear());
     } finally {
       db.close();
     }
