@@ -106,6 +106,7 @@ final class WebClientTests: EndToEndTestCase {
             "sign-out ends its session also when a tab of the previous version refreshed it (no id)",
             "a refresh refused after its session ended leaves the session another tab signed in",
             "sign-out with discard leaves the outbox of the same user signed in again in another tab",
+            "sign-out revokes its session when another tab's sign-in is seen only at its refresh",
             "without IndexedDB, record refuses clearly",
             "an export whose body stalls is aborted with a network error", "exported the account as NDJSON",
             "the example page signs in, records and lists a note",

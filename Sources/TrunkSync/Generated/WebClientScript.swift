@@ -638,9 +638,12 @@ export class TrunkSyncClient {
       .request(`trunk-sync|refresh|${this.url}`, async () => {
         const stored = this.readSession();
         if (!stored || stored.user_id !== this.session?.user_id) {
+          // Signed out, or another user signed in, by another tab whose storage event has not
+          // come yet: not a session of this call's to end or refresh.
           this.session = stored;
           this.openAccount();
-          throw new TrunkSyncError('session_expired', 'signed out meanwhile');
+          if (!stored) throw new TrunkSyncError('session_expired', 'signed out meanwhile');
+          throw userChanged();
         }
         if (pin && !matchesPin(stored, pin)) throw userChanged();
         const margin = Math.min(this.refreshMargin, (stored.expires_in || 3600) / 2);
