@@ -418,7 +418,10 @@ public actor TrunkSyncClient {
     /// loop's body applied it; a page whose body did not finish comes again. Failures
     /// worth retrying are retried forever with backoff (`liveRetriesForever`); the stream
     /// ends with an error on anything else (e.g. `.notSignedIn` after `signOut`), and when
-    /// the consuming task is cancelled.
+    /// the consuming task is cancelled. A stream belongs to the sign-in it started in: after
+    /// `signOut` or another user's sign-in it ends with `.notSignedIn`, also when its next
+    /// page is asked for only once signed in again (its last page is then not stored as the
+    /// new sign-in's cursor).
     public nonisolated func liveEvents() -> AsyncThrowingStream<[SyncEvent], Error> {
         let position = LivePosition()
         let feed = LongPollFeed(client: self, wait: min(60, max(1, configuration.longPollWait)))
@@ -550,8 +553,12 @@ public actor TrunkSyncClient {
 
     private func nextLivePage(_ feed: some LiveFeed, _ position: LivePosition) async throws -> [SyncEvent]? {
         guard let store else { throw TrunkSyncError.notSignedIn }
+        // A stream is of the sign-in it started in: after a sign-out or another user's
+        // sign-in it ends, even when signed in again since (signOut removed the cursor: a page
+        // handed out before must not become the new sign-in's cursor).
+        guard try position.belongs(to: signedInUser()) else { throw TrunkSyncError.notSignedIn }
         // The consumer asked for the next page: the previous one is applied.
-        if let (userID, after) = position.take(), userID == store.userID, after > store.cursor {
+        if let after = position.take(), after > store.cursor {
             try storage { try store.saveCursor(after) }
             configuration.observer?(.pageApplied(events: 0, cursor: after))
         }
@@ -564,7 +571,7 @@ public actor TrunkSyncClient {
                 if page.nextAfter > store.cursor { try storage { try store.saveCursor(page.nextAfter) } }
                 continue
             }
-            position.set(store.userID, page.nextAfter)
+            position.set(page.nextAfter)
             return page.events
         }
     }
@@ -738,7 +745,14 @@ public actor TrunkSyncClient {
             "POST", "/auth/v1/token", query: [URLQueryItem(name: "grant_type", value: "refresh_token")],
             body: Array(body), as: PinnedUser(id: current.userID, generation: userGeneration),
             retry: RetryRules(maxAttempts: tries))
-        guard session?.userID == current.userID else { throw TrunkSyncError.notSignedIn }
+        // Signed out, or signed in again, while the answer came (a slow connection): the
+        // answer is about a session no longer stored, maybe one signOut revoked. It must not
+        // replace the session stored now, nor end it: a newer session of the same user is
+        // used as it is.
+        guard let stored = session, stored.refreshToken == current.refreshToken else {
+            if let stored = session, stored.userID == current.userID { return stored }
+            throw TrunkSyncError.notSignedIn
+        }
         switch answer.status {
         case 200:
             var next = try StoredSession.parse(answer.body, receivedAt: configuration.now())
@@ -899,13 +913,23 @@ final class SignedInState: @unchecked Sendable {  // guarded by `lock`
     func set(_ user: User?) { lock.withLock { value = user } }
 }
 
-/// The page a live stream handed out last, stored as the cursor when the next is asked for.
+/// The page a live stream handed out last, stored as the cursor when the next is asked for,
+/// and the sign-in the stream belongs to (the one signed in when it was first asked).
 final class LivePosition: @unchecked Sendable {  // guarded by `lock`
     private let lock = NSLock()
-    private var pending: (UUID, Int64)?
+    private var pending: Int64?
+    private var owner: TrunkSyncClient.PinnedUser?
 
-    func set(_ user: UUID, _ after: Int64) { lock.withLock { pending = (user, after) } }
-    func take() -> (UUID, Int64)? {
+    /// Whether `user` is the sign-in the stream started in (the first call sets it).
+    func belongs(to user: TrunkSyncClient.PinnedUser) -> Bool {
+        lock.withLock {
+            if owner == nil { owner = user }
+            return owner == user
+        }
+    }
+
+    func set(_ after: Int64) { lock.withLock { pending = after } }
+    func take() -> Int64? {
         lock.withLock {
             defer { pending = nil }
             return pending

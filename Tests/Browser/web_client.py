@@ -842,6 +842,113 @@ def main():
         first.switch_to.window(tab_a)
         step("reauthenticate and deleteAccount never go on for a user another tab signed in")
 
+        # A tab still running the previous version of the module (loaded before the server
+        # was upgraded) refreshes the session while this tab signs out (its push held at the
+        # proxy), and stores it as that version does: without the `id` this one gives
+        # sessions. It is the same session: signOut still ends it.
+        old = stored_session(first)
+        assert old.get("id"), old
+        assert js(first, RECORD, "legacy", 1) == 1
+        arrived, release = proxy.hold("POST", "/sync/v1/events")
+        first.execute_script("window.out = client.signOut().then((r) => r, (e) => String(e))")
+        assert arrived.wait(TIMEOUT), "the sign-out's push"
+        body = api("POST", "/auth/v1/token?grant_type=refresh_token", {"refresh_token": old["refresh_token"]})
+        legacy = {"access_token": body["access_token"], "refresh_token": body["refresh_token"],
+                  "expires_in": body["expires_in"], "expires_at": int(time.time()) + int(body["expires_in"]),
+                  "user_id": body["user"]["id"], "email": body["user"].get("email")}
+        first.switch_to.new_window("tab")
+        first.get(f"{PAGE_ORIGIN}/")
+        first.execute_script("localStorage.setItem(arguments[0], arguments[1])",
+                             f"trunk-sync|session|{proxy.url}", json.dumps(legacy))
+        first.close()
+        first.switch_to.window(tab_a)
+        wait_until(lambda: js(first, "return client.session.access_token") == legacy["access_token"],
+                   "the old tab's refresh seen")
+        release.set()
+        assert js(first, "return await window.out") == {"unsentEvents": 0}
+        assert not js(first, "return client.isSignedIn"), "still signed in after signOut"
+        assert stored_session(first) is None, stored_session(first)
+        assert failed_status(lambda: api("GET", "/auth/v1/user", token=legacy["access_token"])) in (401, 403)
+        sign_in(first, CAROL)
+        step("sign-out ends its session also when a tab of the previous version refreshed it (no id)")
+
+        # A token refresh on a slow connection outlives its session: another tab signs out
+        # (revoking it) and signs someone else in before the refresh's answer comes, a 400.
+        # That refusal is about the old session: the other tab's stays signed in.
+        first.switch_to.new_window("tab")
+        tab_c = first.current_window_handle
+        open_page(first, proxy.url, quiet)
+        first.switch_to.window(tab_a)
+        arrived, release = proxy.hold("POST", "/auth/v1/token")
+        proxy.add_rule("POST", "/auth/v1/reauthenticate", 401, {}, {"code": "invalid_token", "message": "expired"})
+        first.execute_script("window.out = client.reauthenticate().then(() => 'sent', (e) => e.code || String(e))")
+        assert arrived.wait(TIMEOUT), "the refresh"
+        first.switch_to.window(tab_c)
+        js(first, "await client.signOut();")
+        sign_in(first, erin)
+        other = stored_session(first)
+        first.switch_to.window(tab_a)
+        wait_until(lambda: js(first, "return client.user && client.user.email") == erin, "the other tab's sign-in seen")
+        release.set()
+        assert js(first, "return await window.out") in ("user_changed", "session_expired")
+        assert stored_session(first) == other, stored_session(first)
+        api("GET", "/auth/v1/user", token=other["access_token"])
+        first.switch_to.window(tab_c)
+        first.close()
+        first.switch_to.window(tab_a)
+        sign_in(first, CAROL)
+        step("a refresh refused after its session ended leaves the session another tab signed in")
+
+        # signOut({discard: true}) while another tab signs the same user in again (its logout
+        # held at the proxy): the outbox is that new session's now, and the event it recorded
+        # meanwhile stays, as does that session.
+        first.switch_to.new_window("tab")
+        tab_c = first.current_window_handle
+        open_page(first, proxy.url, quiet)
+        first.switch_to.window(tab_a)
+        arrived, release = proxy.hold("POST", "/auth/v1/logout")
+        first.execute_script("window.out = client.signOut({discard: true}).then((r) => r, (e) => String(e))")
+        assert arrived.wait(TIMEOUT), "the sign-out's logout"
+        first.switch_to.window(tab_c)
+        sign_in(first, CAROL)
+        again = stored_session(first)
+        assert js(first, RECORD, "kept", 1) == 1
+        first.switch_to.window(tab_a)
+        wait_until(lambda: js(first, "return client.session && client.session.id") == again["id"],
+                   "the other tab's sign-in seen")
+        release.set()
+        out = js(first, "return await window.out")
+        assert out == {"unsentEvents": 1}, out
+        first.switch_to.window(tab_c)
+        assert js(first, "return await client.pendingCount()") == 1, "the new session's event was discarded"
+        assert stored_session(first) == again
+        first.close()
+        first.switch_to.window(tab_a)
+        step("sign-out with discard leaves the outbox of the same user signed in again in another tab")
+
+        # Another tab's sign-in seen only once signOut's refresh runs (its storage event not
+        # delivered yet: written here, where none fires), the logout refused as expired:
+        # signOut still revokes its own session with its own token.
+        own = stored_session(first)
+        count = len(mails_to(erin)) + 1
+        wait_until(lambda: try_otp(erin), f"a code for {erin}")
+        body = api("POST", "/auth/v1/verify", {"email": erin, "token": code_for(erin, count), "type": "email"})
+        other = {"access_token": body["access_token"], "refresh_token": body["refresh_token"],
+                 "expires_in": body["expires_in"], "expires_at": int(time.time()) + int(body["expires_in"]),
+                 "user_id": body["user"]["id"], "email": erin, "id": "another-tab"}
+        arrived, release = proxy.hold("POST", "/auth/v1/logout")
+        proxy.add_rule("POST", "/auth/v1/logout", 401, {}, {"code": "invalid_token", "message": "expired"})
+        first.execute_script("window.out = client.signOut().then((r) => r, (e) => String(e))")
+        assert arrived.wait(TIMEOUT), "the sign-out's logout"
+        first.execute_script("localStorage.setItem(arguments[0], arguments[1])",
+                             f"trunk-sync|session|{proxy.url}", json.dumps(other))
+        release.set()
+        out = js(first, "return await window.out")
+        assert out == {"unsentEvents": 0}, out
+        assert stored_session(first) == other
+        assert failed_status(lambda: api("GET", "/auth/v1/user", token=own["access_token"])) in (401, 403)
+        step("sign-out revokes its session when another tab's sign-in is seen only at its refresh")
+
         # No IndexedDB (as in some private modes): record refuses, nothing kept in memory.
         first.get(f"{PAGE_ORIGIN}/")
         wait_until(lambda: first.execute_script("return window.ready === true"), "the module")

@@ -261,6 +261,90 @@ final class SessionTests: ClientTestCase {
         }
     }
 
+    /// A token refresh whose answer comes only after the user signed out and signed in
+    /// again (a slow connection): that answer is about the session signOut revoked, not the
+    /// new one. Before: the refresh's 400 (the old session is revoked) signed the new
+    /// session out, its session file removed.
+    func testARefreshAnsweredAfterSignOutAndSignInAgainLeavesTheNewSession() async throws {
+        let email = "late-refresh@example.com"
+        let server = try startServer()
+        let proxy = try HoldingProxy(upstream: server.port)
+        defer { proxy.stop() }
+        var configuration = TrunkSyncClient.Configuration()
+        configuration.retry = Self.quickRetry
+        let client = try TrunkSyncClient(
+            url: proxy.url, storageDirectory: try makeStorage(), configuration: configuration)
+        try await signIn(client, server, as: email)
+        _ = try await client.record(type: "note", payload: ["n": 1])
+
+        try proxy.hold("/auth/v1/token")
+        let refreshing = Task { try await client.refreshSession() }
+        XCTAssertTrue(proxy.arrived(timeout: 30), "the refresh")
+        let result = try await client.signOut()
+        XCTAssertTrue(result.serverSessionRevoked)
+        try await signIn(client, server, as: email)
+        let newToken = try await client.accessToken()
+
+        try proxy.release()
+        do {
+            try await refreshing.value
+        } catch TrunkSyncError.notSignedIn {
+        } catch TrunkSyncError.sessionExpired {}
+        XCTAssertTrue(client.isSignedIn, "the late answer signed the new session out")
+        try await assertEqual(try await client.accessToken(), newToken)
+        _ = try await client.record(type: "note", payload: ["n": 2])
+        try await assertEqual(try await client.push().pushed, 1)
+        await client.close()
+    }
+
+    /// A live loop whose body still runs while the user signs out and in again: when it asks
+    /// for its next page the stream ends (`.notSignedIn`), and the page it handed out before
+    /// does not become the new sign-in's cursor (signOut removed the cursor, so the next sync
+    /// pulls from the start). Before: that page's cursor was stored for the new sign-in, whose
+    /// sync then skipped those events, and the stream went on.
+    func testALiveLoopFromBeforeASignOutLeavesTheNextSignInsCursor() async throws {
+        let email = "live-signout@example.com"
+        let server = try startServer()
+        let client = try makeClient(server, storage: try makeStorage()) { $0.longPollWait = 1 }
+        try await signIn(client, server, as: email)
+        for n in 0..<3 { _ = try await client.record(type: "note", payload: ["n": n]) }
+        try await assertEqual(try await client.push().pushed, 3)
+
+        let pages = Counter()
+        let finished = Counter()
+        let (gate, open) = AsyncStream<Void>.makeStream()
+        let stream = client.liveEvents()
+        let consumer = Task { () -> Error? in
+            defer { _ = finished.increment() }
+            do {
+                for try await _ in stream {
+                    _ = pages.increment()
+                    for await _ in gate { break }  // the body runs until the test opens it
+                }
+                return nil
+            } catch {
+                return error
+            }
+        }
+        let delivered = await waitUntil(30) { pages.current == 1 }
+        XCTAssertTrue(delivered, "the live page")
+        try await client.signOut()
+        try await signIn(client, server, as: email)
+        open.yield()
+        _ = await waitUntil(30) {
+            let cursor = await client.cursor
+            return finished.current == 1 || cursor != 0
+        }
+        consumer.cancel()
+        open.finish()
+        let error = await consumer.value
+        XCTAssertEqual(error as? TrunkSyncError, .notSignedIn, "the stream went on after the sign-out")
+        try await assertEqual(await client.cursor, 0)
+        let pulled = Collected()
+        _ = try await client.sync { await pulled.add($0) }
+        try await assertEqual(await pulled.events.count, 3)
+    }
+
     /// Two users on one device: each has their own outbox and cursor; neither sees or
     /// pushes the other's events.
     func testTwoUsersOnOneDeviceStayApart() async throws {

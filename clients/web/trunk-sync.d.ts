@@ -159,7 +159,8 @@ export class TrunkSyncClient {
   /**
    * Pushes once, revokes the session and forgets it here. Unsent events stay in this user's
    * outbox for the next sign-in (counted) unless `discard` is true. Ends the session it was
-   * called for: one another tab signs in meanwhile is left as it is.
+   * called for: one another tab signs in meanwhile is left as it is, and when that is the
+   * same user, so are the outbox and cursor (theirs now: nothing is discarded).
    */
   signOut(options?: { discard?: boolean }): Promise<{ unsentEvents: number }>;
   /**

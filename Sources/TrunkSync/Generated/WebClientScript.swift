@@ -345,11 +345,18 @@ const RETRYABLE = new Set([408, 429, 500, 502, 503, 504]);
 
 /**
  * Whether `session` is the one `pin` names: its user, and when `pin.id` is set that very
- * session (`id` is made at sign-in and kept by its refreshes).
+ * session (`id` is made at sign-in and kept by its refreshes). A session without an `id`
+ * was stored by an earlier version of this module (at sign-in, or by a tab still running
+ * it, whose refresh drops the id): it is told apart by its user only, as that version did,
+ * so such a tab's refresh does not make this session look like someone else's.
  * @param {any} session @param {{user_id: string, id?: string}} pin
  */
 function matchesPin(session, pin) {
-  return Boolean(session) && session.user_id === pin.user_id && (pin.id === undefined || session.id === pin.id);
+  return (
+    Boolean(session) &&
+    session.user_id === pin.user_id &&
+    (pin.id === undefined || session.id === undefined || session.id === pin.id)
+  );
 }
 
 const userChanged = () =>
@@ -631,9 +638,12 @@ export class TrunkSyncClient {
       .request(`trunk-sync|refresh|${this.url}`, async () => {
         const stored = this.readSession();
         if (!stored || stored.user_id !== this.session?.user_id) {
+          // Signed out, or another user signed in, by another tab whose storage event has not
+          // come yet: not a session of this call's to end or refresh.
           this.session = stored;
           this.openAccount();
-          throw new TrunkSyncError('session_expired', 'signed out meanwhile');
+          if (!stored) throw new TrunkSyncError('session_expired', 'signed out meanwhile');
+          throw userChanged();
         }
         if (pin && !matchesPin(stored, pin)) throw userChanged();
         const margin = Math.min(this.refreshMargin, (stored.expires_in || 3600) / 2);
@@ -642,21 +652,21 @@ export class TrunkSyncClient {
           return stored;
         }
         let body;
+        let refusal = null;
         try {
           body = await this.request('POST', '/auth/v1/token?grant_type=refresh_token', {
             body: { refresh_token: stored.refresh_token },
             auth: false,
           });
         } catch (error) {
-          if (error instanceof TrunkSyncError && (error.status === 400 || error.status === 401 || error.status === 403)) {
-            // Revoked or expired: signed out here; the outbox stays for the next sign-in.
-            this.storeSession(null);
-            throw new TrunkSyncError('session_expired', 'the session ended: sign in again', { status: error.status });
+          if (!(error instanceof TrunkSyncError && (error.status === 400 || error.status === 401 || error.status === 403))) {
+            throw error;
           }
-          throw error;
+          refusal = error;
         }
-        const session = this.sessionFrom(body, stored.id);
-        // Another tab may have signed out, or in as someone else, while the answer came.
+        // Another tab may have signed out, or in (as anyone), while the answer came: the
+        // answer, a refusal too (the session it refreshed was revoked by that sign-out), is
+        // about a session no longer stored, and neither replaces nor ends the one there now.
         const now = this.readSession();
         if (!now || now.user_id !== stored.user_id || now.id !== stored.id) {
           this.session = now;
@@ -665,6 +675,12 @@ export class TrunkSyncClient {
           if (now.user_id !== stored.user_id || pin?.id !== undefined) throw userChanged();
           return now; // the same user signed in again: their newer session
         }
+        if (refusal) {
+          // Revoked or expired: signed out here; the outbox stays for the next sign-in.
+          this.storeSession(null);
+          throw new TrunkSyncError('session_expired', 'the session ended: sign in again', { status: refusal.status });
+        }
+        const session = this.sessionFrom(body, stored.id);
         this.storeSession(session);
         return session;
       })
@@ -1203,7 +1219,8 @@ export class TrunkSyncClient {
    * Signs out: pushes once, revokes the session and forgets it here. Unsent events stay in
    * this user's outbox (counted in `unsentEvents`) unless `discard` is true. It ends the
    * session it was called for: should another tab sign in meanwhile, that tab's session
-   * is left as it is.
+   * is left as it is, and when that is the same user, so are the outbox and cursor (theirs
+   * now: nothing is discarded).
    * @param {{discard?: boolean}} [options]
    */
   async signOut(options = {}) {
@@ -1231,14 +1248,19 @@ export class TrunkSyncClient {
     let unsentEvents;
     try {
       unsentEvents = await settled(db.transaction('outbox').objectStore('outbox').count());
-      if (options.discard) {
-        await transact(db, ['outbox', 'quarantine'], 'readwrite', (tx) => {
-          tx.objectStore('outbox').clear();
-          tx.objectStore('quarantine').clear();
-        });
-        unsentEvents = 0;
+      // Should another tab have signed the same user in again meanwhile, this outbox and
+      // cursor are that session's now (it may have recorded already): nothing is deleted.
+      const stored = this.readSession();
+      if (!stored || stored.user_id !== pin.user_id || matchesPin(stored, pin)) {
+        if (options.discard) {
+          await transact(db, ['outbox', 'quarantine'], 'readwrite', (tx) => {
+            tx.objectStore('outbox').clear();
+            tx.objectStore('quarantine').clear();
+          });
+          unsentEvents = 0;
+        }
+        await transact(db, ['meta'], 'readwrite', (tx) => tx.objectStore('meta').clear());
       }
-      await transact(db, ['meta'], 'readwrite', (tx) => tx.objectStore('meta').clear());
     } finally {
       db.close();
     }

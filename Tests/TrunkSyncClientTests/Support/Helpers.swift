@@ -116,3 +116,90 @@ final class Latch: @unchecked Sendable {  // guarded by `condition`
         }
     }
 }
+
+/// An HTTP proxy in front of `upstream` (Debian's python3, standard library only) that can
+/// hold one request back: `hold(path)` makes it keep the next request for `path` until
+/// `release()`; `arrived(timeout:)` says when that request reached it.
+final class HoldingProxy {
+    let process: ExampleProcess
+    let port: Int
+    private let directory: URL
+
+    init(upstream: Int) throws {
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent(
+            "trunk-sync-proxy-\(UUID().uuidString.prefix(8))")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        process = try ExampleProcess("/usr/bin/python3", ["-c", Self.script, String(upstream), directory.path])
+        guard let line = process.stdout.waitForLine(containing: "port ", timeout: 30),
+            let port = Int(line.split(separator: " ").last ?? "")
+        else { throw CocoaError(.fileReadUnknown) }
+        self.port = port
+    }
+
+    var url: URL { URL(string: "http://127.0.0.1:\(port)")! }
+
+    func hold(_ path: String) throws {
+        try Data(path.utf8).write(to: directory.appendingPathComponent("hold"))
+    }
+
+    func arrived(timeout: Double) -> Bool {
+        process.stdout.waitForLine(containing: "arrived", timeout: timeout) != nil
+    }
+
+    func release() throws {
+        try Data().write(to: directory.appendingPathComponent("release"))
+    }
+
+    func stop() {
+        process.kill()
+        try? FileManager.default.removeItem(at: directory)
+    }
+
+    private static let script = #"""
+        import http.client, http.server, os, sys, threading
+        upstream, directory = int(sys.argv[1]), sys.argv[2]
+        released = threading.Event()
+
+        def watch():  # the test writes `release`: the held request goes on
+            import time
+            while not os.path.exists(os.path.join(directory, "release")):
+                time.sleep(0.02)
+            released.set()
+
+        threading.Thread(target=watch, daemon=True).start()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def forward(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                hold = os.path.join(directory, "hold")
+                if os.path.exists(hold) and open(hold).read() == self.path.split("?")[0]:
+                    os.remove(hold)
+                    print("arrived", flush=True)
+                    released.wait(120)
+                connection = http.client.HTTPConnection("127.0.0.1", upstream, timeout=120)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                connection.request(self.command, self.path, body=body, headers=headers)
+                answer = connection.getresponse()
+                data = answer.read()
+                self.send_response(answer.status)
+                for k, v in answer.getheaders():
+                    if k.lower() not in ("content-length", "connection", "transfer-encoding"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                connection.close()
+
+            do_GET = do_POST = do_PUT = do_DELETE = forward
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        print("port", server.server_address[1], flush=True)
+        server.serve_forever()
+        """#
+}
