@@ -758,6 +758,22 @@ def main():
         assert len([name for name in names if name.startswith("trunk-sync|" + proxy.url)]) == 2, names
         step("two accounts in one browser kept apart")
 
+        # A live iterator is for the user it was opened for: another user signed in ends it,
+        # and none of their events reach it; opened with nobody signed in, it ends at once.
+        open_page(first, proxy.url)
+        js(first, "window.liveDone = false; window.liveSeen = [];"
+                  "(async () => { for await (const e of client.liveEvents()) window.liveSeen.push(e.payload.tag);"
+                  " window.liveDone = true })(); return true")
+        sign_in(first, CAROL)
+        wait_until(lambda: js(first, "return window.liveDone"), "the iterator ended at the switch")
+        assert js(first, RECORD, "carol-live", 1) == 1
+        js(first, "await client.sync(); return true")
+        assert "carol-live" not in js(first, "return window.liveSeen")
+        js(first, "await client.signOut(); return true")
+        assert js(first, "const it = client.liveEvents(); return (await it.next()).done")
+        sign_in(first, ALICE)
+        step("a live iterator ends when another user is signed in, and is empty signed out")
+
         # Signing out keeps unsent events unless asked to discard them.
         open_page(first, proxy.url, {"autoPush": False})
         offline(first, True)

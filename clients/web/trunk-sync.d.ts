@@ -147,7 +147,11 @@ export class TrunkSyncClient {
    * page in seq order and the cursor is stored only after it returned (at least once).
    */
   sync(handler?: (events: SyncEvent[]) => unknown | Promise<unknown>): Promise<SyncReport>;
-  /** Events as they commit on the server, in every tab (from the leader's stream). */
+  /**
+   * Events as they commit on the server, in every tab (from the leader's stream), for the
+   * user signed in when called: it ends when that user signs out or another is signed in
+   * (in any tab); called with nobody signed in, it ends at once.
+   */
   liveEvents(): AsyncIterableIterator<SyncEvent>;
 
   quarantinedEvents(): Promise<QuarantinedEvent[]>;

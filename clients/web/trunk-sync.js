@@ -370,6 +370,8 @@ class Account {
     this.isLeader = false;
     this.channel = typeof BroadcastChannel === 'undefined' ? null : new BroadcastChannel(`trunk-sync|${this.key}`);
     if (this.channel) this.channel.onmessage = (message) => client._message(this, message.data);
+    /** The `liveEvents()` iterators opened for this user. @type {Set<(event: any) => void>} */
+    this.liveListeners = new Set();
   }
 
   db() {
@@ -438,8 +440,6 @@ export class TrunkSyncClient {
     if (typeof navigator === 'undefined' || !navigator.locks) {
       throw new TrunkSyncError('unsupported', 'this browser has no Web Locks (navigator.locks); use a current browser over https or localhost');
     }
-    /** @type {Set<(event: any) => void>} */
-    this.liveListeners = new Set();
     /** @type {Set<(state: string) => void>} */
     this.stateListeners = new Set();
     /** @type {Promise<any> | null} */
@@ -1043,12 +1043,12 @@ export class TrunkSyncClient {
   _message(account, message) {
     if (account !== this.account || !message) return;
     if (message.kind === 'recorded') this.schedulePush();
-    else if (message.kind === 'live' && Array.isArray(message.events)) this.deliver(message.events);
+    else if (message.kind === 'live' && Array.isArray(message.events)) this.deliver(account, message.events);
   }
 
-  /** @param {any[]} events */
-  deliver(events) {
-    for (const event of events) for (const listener of this.liveListeners) listener(event);
+  /** @param {Account} account @param {any[]} events */
+  deliver(account, events) {
+    for (const event of events) for (const listener of account.liveListeners) listener(event);
   }
 
   /**
@@ -1135,7 +1135,7 @@ export class TrunkSyncClient {
             }
             if (events.length > 0) {
               delivered = true;
-              this.deliver(events);
+              this.deliver(account, events);
               account.post({ kind: 'live', events });
               const seq = lastSeq;
               transact(db, ['meta'], 'readwrite', (tx) => tx.objectStore('meta').put(seq, 'live')).catch(() => {});
@@ -1164,10 +1164,14 @@ export class TrunkSyncClient {
 
   /**
    * Events as they commit on the server (from the leader tab's stream), in every tab, as an
-   * async iterator of event objects. `return()` (a `break` in `for await`) ends it.
+   * async iterator of event objects, for the user signed in when it is called: it ends
+   * (done) when that user signs out or another user is signed in (in any tab), so no other
+   * user's events reach it; called while nobody is signed in, it ends at once. `return()`
+   * (a `break` in `for await`) ends it too.
    * @returns {AsyncIterableIterator<any>}
    */
   liveEvents() {
+    const account = this.account;
     /** @type {any[]} */
     const queue = [];
     /** @type {((result: IteratorResult<any>) => void) | null} */
@@ -1180,14 +1184,18 @@ export class TrunkSyncClient {
         resolve({ value: event, done: false });
       } else queue.push(event);
     };
-    this.liveListeners.add(listener);
     const end = () => {
       ended = true;
-      this.liveListeners.delete(listener);
+      account?.liveListeners.delete(listener);
+      account?.stopped.signal.removeEventListener('abort', end);
       if (waiting) waiting({ value: undefined, done: true });
       waiting = null;
       return Promise.resolve({ value: undefined, done: true });
     };
+    if (account && !account.stopped.signal.aborted) {
+      account.liveListeners.add(listener);
+      account.stopped.signal.addEventListener('abort', end);
+    } else ended = true;
     return {
       next: () => {
         if (queue.length > 0) return Promise.resolve({ value: queue.shift(), done: false });
