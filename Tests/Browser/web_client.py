@@ -395,6 +395,14 @@ def open_page(driver, url, options=None):
        "window.live = []; window.recorded = [];", url, options or {})
 
 
+def new_tab(driver, url, options=None):
+    """Opens the page in a new tab of `driver`'s profile; the driver stays there. Its handle."""
+    driver.switch_to.new_window("tab")
+    handle = driver.current_window_handle
+    open_page(driver, url, options)
+    return handle
+
+
 def sign_in(driver, address):
     count = len(mails_to(address)) + 1
     wait_until(lambda: js(driver, "try { await client.sendCode(args[0]); return true } catch (e) {"
@@ -497,9 +505,7 @@ def main():
         open_page(first, proxy.url, {"maxBatchEvents": 20})
         leader = first.current_window_handle
         assert wait_until(lambda: js(first, "return client.isLeader"), "a leader")
-        first.switch_to.new_window("tab")
-        other = first.current_window_handle
-        open_page(first, proxy.url, {"maxBatchEvents": 20})
+        other = new_tab(first, proxy.url, {"maxBatchEvents": 20})
         assert not js(first, "return client.isLeader")
         first.execute_script("window.recording = (async () => { for (let n = 0; n < 300; n++)"
                              " window.recorded.push(await client.record('note', {tag: 'tabs-b', n})) })()")
@@ -529,9 +535,7 @@ def main():
         total = len(server_events(alice))
         wait_until(lambda: len(second.execute_script("return window.live")) >= total, "the backlog live")
         leader_tab = second.current_window_handle
-        second.switch_to.new_window("tab")  # another tab of that profile gets them from the leader
-        follower_tab = second.current_window_handle
-        open_page(second, proxy2.url)
+        follower_tab = new_tab(second, proxy2.url)  # another tab of that profile gets them from the leader
         assert not js(second, "return client.isLeader")
         js(second, "(async () => { for await (const e of client.liveEvents()) window.live.push(e.seq) })(); return true")
         second.switch_to.window(leader_tab)
@@ -659,9 +663,7 @@ def main():
         # rotates, so a second use would be a reuse).
         refreshes = len(proxy.requests("POST", "/auth/v1/token"))
         tab_a = first.current_window_handle
-        first.switch_to.new_window("tab")
-        tab_b = first.current_window_handle
-        open_page(first, proxy.url, {"autoPush": False})
+        tab_b = new_tab(first, proxy.url, {"autoPush": False})
         for handle in (tab_a, tab_b):
             first.switch_to.window(handle)
             first.execute_script(EXPIRE)
@@ -799,9 +801,7 @@ def main():
         quiet = {"autoPush": False, "live": False}
         open_page(first, proxy.url, quiet)
         tab_a = first.current_window_handle
-        first.switch_to.new_window("tab")
-        tab_b = first.current_window_handle
-        open_page(first, proxy.url, quiet)
+        tab_b = new_tab(first, proxy.url, quiet)
         first.switch_to.window(tab_a)
         before = stored_session(first)
         assert js(first, RECORD, "swapped", 1) == 1
@@ -891,9 +891,7 @@ def main():
         # A token refresh on a slow connection outlives its session: another tab signs out
         # (revoking it) and signs someone else in before the refresh's answer comes, a 400.
         # That refusal is about the old session: the other tab's stays signed in.
-        first.switch_to.new_window("tab")
-        tab_c = first.current_window_handle
-        open_page(first, proxy.url, quiet)
+        tab_c = new_tab(first, proxy.url, quiet)
         first.switch_to.window(tab_a)
         arrived, release = proxy.hold("POST", "/auth/v1/token")
         proxy.add_rule("POST", "/auth/v1/reauthenticate", 401, {}, {"code": "invalid_token", "message": "expired"})
@@ -918,9 +916,7 @@ def main():
         # signOut({discard: true}) while another tab signs the same user in again (its logout
         # held at the proxy): the outbox is that new session's now, and the event it recorded
         # meanwhile stays, as does that session.
-        first.switch_to.new_window("tab")
-        tab_c = first.current_window_handle
-        open_page(first, proxy.url, quiet)
+        tab_c = new_tab(first, proxy.url, quiet)
         first.switch_to.window(tab_a)
         arrived, release = proxy.hold("POST", "/auth/v1/logout")
         first.execute_script("window.out = client.signOut({discard: true}).then((r) => r, (e) => String(e))")
