@@ -1135,6 +1135,23 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertEqual(mode & 0o777, 0o600)
     }
 
+    /// A reject file that cannot be written (its directory missing) stops the run before
+    /// it writes anything, in one line naming the path and why.
+    func testAnUnwritableRejectFileStopsTheRunBeforeAnything() throws {
+        let source = try makeSource()
+        _ = try addUser(source, email: "ada@example.com")
+        let server = try startServer()
+        let path = "/nonexistent-\(UUID().uuidString)/rejects.jsonl"
+        let result = try Command.run(
+            Command.trunkSyncBinary(), ["import", "supabase", "--from", source.url, "--reject-file", path],
+            environment: server.environment)
+        XCTAssertEqual(result.status, 1, result.stderr + result.stdout)
+        XCTAssertTrue(
+            result.stderr.contains("cannot write the reject file \(path): No such file or directory"), result.stderr)
+        XCTAssertEqual(result.stderr.split(separator: "\n").count, 1, result.stderr)
+        XCTAssertEqual(try destination(server).query("select count(*) from users")[0].decode(Int.self, column: 0), 0)
+    }
+
     // MARK: - Changes on the hosted project after an import
 
     /// The address, name and metadata a user has here (the owner's view).
