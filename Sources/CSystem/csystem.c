@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #ifdef __linux__
@@ -70,6 +72,16 @@ ssize_t csystem_send(int fd, const void *buffer, size_t length) {
 int csystem_set_nodelay(int fd) {
     int one = 1;
     return setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+int csystem_reset_on_close_if_unsent(int fd, int force) {
+    if (!force) {
+        int queued = 0;
+        if (ioctl(fd, SIOCOUTQ, &queued) != 0) return -1;
+        if (queued <= 0) return 0;
+    }
+    struct linger abortive = {.l_onoff = 1, .l_linger = 0};
+    return setsockopt(fd, SOL_SOCKET, SO_LINGER, &abortive, sizeof(abortive)) == 0 ? 1 : -1;
 }
 
 int csystem_listen(const char *host, int port, int backlog, int reuse_port, int *bound_port, char *error, size_t error_size) {

@@ -369,10 +369,27 @@ final class ConnectionTests: EndToEndTestCase {
         let client = try server.connect()
         var small: Int32 = 4096
         setsockopt(client.fd, SOL_SOCKET, SO_RCVBUF, &small, socklen_t(MemoryLayout<Int32>.size))
-        // Far more pipelined answers than the socket buffers hold, and none of them is read.
-        let requests = Array(String(repeating: request("GET", "/healthz"), count: 40_000).utf8)
-        try? client.send(requests, timeout: 2)
+        // Far more pipelined answers than the socket buffers hold (the API document, ~160 KB
+        // each: a few answers fill them, however loaded the machine), and none of them is read.
+        // The server reads every request at once, so nothing it has not read is left to make
+        // its close a reset by itself: the answers it still holds must (a FIN would wait behind
+        // them for good, and this client would never learn the connection ended).
+        let requests = Array(String(repeating: request("GET", "/openapi.json"), count: 100).utf8)
+        try client.send(requests, timeout: 10)
         XCTAssertTrue(eventually(within: 10) { !client.looksOpen }, "the stalled connection was kept")
+        assertServerHealthy(server)
+    }
+
+    func testAnIdleConnectionWhoseLastAnswerWasNeverReadIsResetAtItsTimeout() throws {
+        let server = try startServer(["TRUNK_SYNC_HTTP_IDLE_TIMEOUT": "0.5", "TRUNK_SYNC_HTTP_WRITE_TIMEOUT": "0.5"])
+        let client = try server.connect()
+        var small: Int32 = 4096
+        setsockopt(client.fd, SOL_SOCKET, SO_RCVBUF, &small, socklen_t(MemoryLayout<Int32>.size))
+        // One answer the server's socket takes whole (its connection is idle afterwards) and
+        // this client never reads: at the timeout the kernel still holds it, and a graceful
+        // close would queue the FIN behind it, leaving an orphaned socket with the answer.
+        try client.send(Array(request("GET", "/openapi.json").utf8))
+        XCTAssertTrue(eventually(within: 10) { !client.looksOpen }, "the connection was closed behind its answer")
         assertServerHealthy(server)
     }
 

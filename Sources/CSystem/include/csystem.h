@@ -49,6 +49,14 @@ ssize_t csystem_send(int fd, const void *buffer, size_t length);
 /// Sets TCP_NODELAY (responses go out at once).
 int csystem_set_nodelay(int fd);
 
+/// Before a close for a timeout: makes that close a reset (RST) when `force` is set or the
+/// kernel still holds bytes the peer has not acknowledged (SIOCOUTQ). A peer that stopped
+/// reading never takes them: a plain close would queue the FIN behind them and leave an
+/// orphaned socket holding its send buffer (megabytes) while the kernel probes a zero window
+/// for minutes, and the peer would never learn the connection ended. Returns 1 when the close
+/// will reset, 0 when it stays graceful, -1 on error.
+int csystem_reset_on_close_if_unsent(int fd, int force);
+
 /// A listening socket bound to host:port (numeric or resolvable host; "::" accepts IPv4 too),
 /// non-blocking, close-on-exec, with SO_REUSEADDR. With `reuse_port` 1, also SO_REUSEPORT:
 /// the sockets of one server's event loops bind the same port and the kernel spreads incoming

@@ -249,7 +249,12 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             }
             if shuttingDown, connections.isEmpty || now >= shutdownDeadline { break }
         }
-        for connection in Array(connections.values) { closeConnection(connection) }
+        for connection in Array(connections.values) {
+            // Still open at the shutdown deadline: a reset where output waits for a client
+            // that does not read (the kernel would keep the socket past the process's exit).
+            if connection.hasPendingOutput { _ = csystem_reset_on_close_if_unsent(connection.fd, 1) }
+            closeConnection(connection)
+        }
         if listener >= 0 { close(listener) }
         close(epoll)
         close(mailbox.eventFD)
@@ -1056,6 +1061,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         where connection.lifecycle.deadlineKind != .none && now >= connection.lifecycle.deadline {
             switch connection.lifecycle.deadlinePassed() {
             case .close:
+                // A client that stopped reading (or an idle one that never took its last
+                // answer) gets a reset: a graceful close would wait behind bytes it never takes.
+                _ = csystem_reset_on_close_if_unsent(connection.fd, connection.hasPendingOutput ? 1 : 0)
                 closeConnection(connection)
             case .sendRequestTimeout:
                 connection.context = nil
