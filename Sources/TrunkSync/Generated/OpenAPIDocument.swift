@@ -2701,6 +2701,7 @@ public enum OpenAPIDocument {
       },
       "FieldProblem": {
         "title": "One problem with one field of one event (push or REST insert)",
+        "description": "A refused batch lists the problems of its first 1,000 invalid events (every event of a push); its message counts them all.",
         "type": "object",
         "required": [
           "index",
