@@ -17,15 +17,19 @@ import XCTest
 final class CapturingSender: SignInCodeSender, @unchecked Sendable {
     private let lock = NSLock()
     private var codes: [String: [String]] = [:]
+    /// Codes whose mail failed (`setFailing`).
+    private var failed: [String: [String]] = [:]
     private var failing = false
     private var delay: Duration = .zero
     private var holding = false
     private var held: [CheckedContinuation<Void, Never>] = []
 
     func sendSignInCode(_ code: String, to email: String, expiresInMinutes: Int) async throws {
+        // As a server's reply may quote the message (a content filter's refusal).
         struct Unreachable: Error, CustomStringConvertible {
             let email: String
-            var description: String { "mail server said: 550 <\(email)> unreachable" }
+            let code: String
+            var description: String { "mail server said: 550 <\(email)> unreachable; \"code \(code)\" refused" }
         }
         let (delay, holding) = lock.withLock { (self.delay, self.holding) }
         if holding {
@@ -38,11 +42,15 @@ final class CapturingSender: SignInCodeSender, @unchecked Sendable {
             }
         }
         if delay > .zero { try? await Task.sleep(for: delay) }
-        if lock.withLock({ failing }) { throw Unreachable(email: email) }
+        if lock.withLock({ failing }) {
+            lock.withLock { failed[email, default: []].append(code) }
+            throw Unreachable(email: email, code: code)
+        }
         lock.withLock { codes[email, default: []].append(code) }
     }
 
     func last(for email: String) -> String? { lock.withLock { codes[email]?.last } }
+    func lastFailed(for email: String) -> String? { lock.withLock { failed[email]?.last } }
     func count(for email: String) -> Int { lock.withLock { codes[email]?.count ?? 0 } }
     var total: Int { lock.withLock { codes.values.map(\.count).reduce(0, +) } }
     func setFailing(_ value: Bool) { lock.withLock { failing = value } }

@@ -176,6 +176,10 @@ final class AuthTests: XCTestCase {
         let line = try XCTUnwrap(app.logs.lines.first { $0.contains("sign-in mail failed") }, "\(app.logs.lines)")
         XCTAssertFalse(line.contains("m@example.com"), line)
         XCTAssertTrue(line.contains("<recipient>"), line)
+        // Nor the code, which the server's reply quoted.
+        let code = try XCTUnwrap(app.sender.lastFailed(for: "m@example.com"))
+        XCTAssertFalse(line.contains(code), line)
+        XCTAssertTrue(line.contains("<code>"), line)
         XCTAssertTrue(
             line.contains("address=" + app.application.auth.addressTag(try XCTUnwrap(Email("m@example.com")))), line)
         // The address waits for the resend interval like any other: answering otherwise would

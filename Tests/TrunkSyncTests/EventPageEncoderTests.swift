@@ -57,12 +57,12 @@ final class EventPageEncoderTests: XCTestCase {
         let rows = try connection.query(Self.query)
         XCTAssertEqual(rows.count, 4)
         for count in 0...rows.count {
-            let (json, lastSeq) = try EventPageEncoder.encode(rows, count: count)
+            let (json, lastSeq, _) = try EventPageEncoder.encode(rows, count: count)
             let expected = try Self.reference(rows, count: count)
             XCTAssertEqual(String(decoding: json, as: UTF8.self), String(decoding: expected, as: UTF8.self))
             XCTAssertEqual(lastSeq, count == 0 ? nil : try rows[count - 1].decode(Int64.self, column: 0))
         }
-        let (json, _) = try EventPageEncoder.encode(rows, count: rows.count)
+        let (json, _, _) = try EventPageEncoder.encode(rows, count: rows.count)
         let parsed = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(json)) as? [[String: Any]])
         XCTAssertEqual(parsed[1]["type"] as? String, "quote \" back \\ nl \n cr \r tab \t ctl \u{01} \u{1f} del \u{7f}")
         XCTAssertEqual(parsed[3]["seq"] as? Int, Int.max)
@@ -73,7 +73,7 @@ final class EventPageEncoderTests: XCTestCase {
     func testServerSentEventsFramingWrapsEachPullObject() throws {
         let connection = try PostgresConnection.connect(try TestDatabase.adminConfiguration())
         let rows = try connection.query(Self.query)
-        let (sse, lastSeq) = try EventPageEncoder.encode(rows, count: rows.count, framing: .serverSentEvents)
+        let (sse, lastSeq, _) = try EventPageEncoder.encode(rows, count: rows.count, framing: .serverSentEvents)
         XCTAssertEqual(lastSeq, Int64.max)
         let objects = try XCTUnwrap(
             try JSONSerialization.jsonObject(with: Data(try Self.reference(rows, count: rows.count))) as? [Any])
@@ -88,7 +88,7 @@ final class EventPageEncoderTests: XCTestCase {
         }
         XCTAssertEqual(objects.count, rows.count)
         XCTAssertEqual(String(decoding: sse, as: UTF8.self), expected)
-        let (empty, none) = try EventPageEncoder.encode(rows, count: 0, framing: .serverSentEvents)
+        let (empty, none, _) = try EventPageEncoder.encode(rows, count: 0, framing: .serverSentEvents)
         XCTAssertEqual(empty, [])
         XCTAssertNil(none)
     }

@@ -54,7 +54,7 @@ final class EventRecordTests: XCTestCase {
               as v(seq, id, type, payload, client_id, client_timestamp, created_at)
             """
         let inOrder = try connection.query("select \(EventRecord.selectList) \(values)")
-        let (json, lastSeq) = try EventPageEncoder.encode(inOrder, count: 1)
+        let (json, lastSeq, _) = try EventPageEncoder.encode(inOrder, count: 1)
         XCTAssertEqual(try Self.keys(json), EventRecord.fields.map(\.name))
         XCTAssertEqual(lastSeq, 7)
         let reordered = try connection.query(

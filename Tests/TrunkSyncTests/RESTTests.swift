@@ -517,6 +517,20 @@ final class RESTTests: XCTestCase {
         XCTAssertEqual(try stored(), 1002)
     }
 
+    /// A refused insert's details list the problems of the first 1,000 invalid events (as
+    /// many as a push holds), the message counts them all: a 10 MiB body of 100,000 small
+    /// invalid events was answered with 20 MB of details.
+    func testTheDetailsOfARefusedInsertNameAtMostAThousandEvents() async throws {
+        let rows = (0..<1500).map { _ in ["type": "", "client_id": "x", "payload": [:] as [String: Any]] }
+        let refused = try await insert(rows)
+        assertPostgRESTError(refused, 400, "validation_failed")
+        let details = try XCTUnwrap(refused.json["details"] as? [[String: Any]], refused.text)
+        let named = Set(details.compactMap { $0["index"] as? Int })
+        XCTAssertEqual(named, Set(0..<1000))
+        XCTAssertGreaterThan(details.count, 1000, "every problem of a listed event")
+        XCTAssertTrue((refused.json["message"] as? String ?? "").hasPrefix("1500 event(s) are invalid"), refused.text)
+    }
+
     func testResponsesAreCappedAt1000Rows() async throws {
         let rows = (0..<1005).map { _ in row() }
         let inserted = try await insert(rows)

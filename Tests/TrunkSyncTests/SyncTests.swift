@@ -329,6 +329,34 @@ final class SyncTests: XCTestCase {
         }
     }
 
+    /// A page is cut at ~1 MiB of events whatever `limit` asks for (`EventStore.pullPageBytes`):
+    /// 1,000 events of 64 KiB were one 64 MB answer, held while a client did not read it.
+    /// The cut page says `has_more`, and following `next_after` gets every event once.
+    func testAPullPageIsCutAtAMegabyteAndTheCursorGetsTheRest() async throws {
+        let token = try await app.token("bigpage@example.com")
+        let filler = String(repeating: "x", count: 60_000)
+        let pushed = try await push((0..<40).map { _ in Self.event(payload: ["f": filler]) }, token: token)
+        XCTAssertEqual(pushed.status, 200, pushed.text)
+        var cursor = 0
+        var seen: [Int] = []
+        var pages = 0
+        while true {
+            let page = try await pull("after=\(cursor)&limit=1000", token: token)
+            XCTAssertEqual(page.status, 200, page.text)
+            XCTAssertLessThan(
+                page.body.count, EventStore.pullPageBytes + 70_000, "one page of \(page.body.count) bytes")
+            let events = try XCTUnwrap(page.json["events"] as? [[String: Any]])
+            XCTAssertFalse(events.isEmpty)
+            seen += events.compactMap { $0["seq"] as? Int }
+            cursor = try XCTUnwrap(page.json["next_after"] as? Int)
+            XCTAssertEqual(cursor, seen.last)
+            pages += 1
+            if page.json["has_more"] as? Bool != true { break }
+        }
+        XCTAssertEqual(seen, Array(1...40))
+        XCTAssertGreaterThan(pages, 2)
+    }
+
     /// Several writers push for one user while a reader follows the cursor: the reader gets
     /// every event exactly once. A bigserial or now() cursor fails this.
     func testConcurrentWritersAndAFollowingReaderLoseNothing() async throws {

@@ -25,6 +25,8 @@ final class Connection<Context: Sendable> {
     /// The socket reported an error or a hang-up (reset) with bytes still to read: no
     /// answer can be sent any more.
     var hungUp = false
+    /// Its `drive` ran out of turns with work left: it is in the loop's deferred list.
+    var driveDeferred = false
     var handlerTask: Task<Void, Never>? = nil
 
     /// The request being answered: the application's context and what framing needs.

@@ -60,6 +60,17 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private static var listenerToken: UInt64 { UInt64.max }
     private static var wakeToken: UInt64 { UInt64.max - 1 }
     private static var readChunk: Int { 64 * 1024 }
+    /// Rounds one call of `drive` may make (each a read, a parsed request, a flush) before
+    /// the connection yields to the loop's others: a client pipelining requests that the
+    /// loop answers at once (`/healthz`, `/openapi.json`, a `404`, a `401`) as fast as it
+    /// reads the answers would otherwise keep the loop in one connection for as long as it
+    /// goes on, and every other connection of the loop would wait. About 30 answered
+    /// requests, or 4 MiB read, per turn.
+    private static var driveRoundsPerTurn: Int { 64 }
+    /// Connections whose turn ended with work left, driven again once the loop has handled
+    /// what else is ready (their data is already read or still in the socket: edge-triggered
+    /// epoll would not report it again).
+    private var deferredDrives: [(fd: Int32, id: UInt64)] = []
     /// Where every connection's reads land first (loop thread only). Reading straight into
     /// each parser's buffer made every connection hold a zero-filled 64 KiB buffer for its
     /// whole life; copying the few bytes a read returns keeps idle connections small.
@@ -240,6 +251,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             // Streams the jobs just wrote on this thread (a fan-out's share): sent now. Sending
             // may resume a producer waiting for room, whose job then runs without sleeping.
             if driveLocalStreamsReady() { jobsLeft = true }
+            if driveDeferred() { jobsLeft = true }
             if now >= nextSweep {
                 sweepDeadlines()
                 logRefusedPerClient()
@@ -428,7 +440,13 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     // MARK: - Reading, parsing, writing
 
     private func drive(_ connection: Connection<Context>) {
+        var rounds = 0
         while true {
+            rounds &+= 1
+            if rounds > Self.driveRoundsPerTurn {
+                deferDrive(connection)
+                return
+            }
             if connection.hasPendingOutput {
                 guard connection.writable, flush(connection) else { return }
                 if connection.hasPendingOutput {
@@ -533,6 +551,27 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             }
             guard readInput(connection) else { return }
         }
+    }
+
+    /// Ends a connection's turn with work left: it is driven again after the others.
+    private func deferDrive(_ connection: Connection<Context>) {
+        guard !connection.driveDeferred else { return }
+        connection.driveDeferred = true
+        deferredDrives.append((connection.fd, connection.id))
+    }
+
+    /// Drives the connections whose turn ended with work left; true when some used up
+    /// their turn again (the loop then does not sleep).
+    private func driveDeferred() -> Bool {
+        guard !deferredDrives.isEmpty else { return false }
+        var due: [(fd: Int32, id: UInt64)] = []
+        swap(&due, &deferredDrives)
+        for (fd, id) in due {
+            guard let connection = connections[fd], connection.id == id else { continue }
+            connection.driveDeferred = false
+            drive(connection)
+        }
+        return !deferredDrives.isEmpty
     }
 
     /// Keeps a buffer a connection gave up, if small and the spares are not full.

@@ -273,7 +273,7 @@ public struct Accounts: Sendable {
                 ])
                 guard !replies[0].isEmpty else { return nil }
                 let rows = replies[1]
-                let (json, lastSeq) = try EventPageEncoder.encode(rows, count: rows.count)
+                let (json, lastSeq, _) = try EventPageEncoder.encode(rows, count: rows.count)
                 return EventStore.Page(eventsJSON: json, count: rows.count, lastSeq: lastSeq, hasMore: false)
             }
         }

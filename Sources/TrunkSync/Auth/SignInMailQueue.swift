@@ -157,9 +157,11 @@ public final class SignInMailQueue: Sendable {
             } catch {
                 metrics.mailFailures.increment()
                 // MailError's description never holds an address; other errors might (a
-                // server's reply quoted by another sender): take it out.
+                // server's reply quoted by another sender), and a reply may quote the message
+                // (a content filter's refusal), code and all: take both out.
                 let reason = "\(error)".replacingOccurrences(
-                    of: job.email, with: "<recipient>", options: .caseInsensitive)
+                    of: job.email, with: "<recipient>", options: .caseInsensitive
+                ).replacingOccurrences(of: job.code, with: "<code>")
                 logger.error("sign-in mail failed", metadata: ["error": "\(reason)", "address": "\(job.addressTag)"])
             }
         }

@@ -195,7 +195,7 @@ struct ConsoleStore: Sendable {
                 order by seq desc limit $6
                 """, user, filter.before, filter.type, filter.from, filter.to, Int64(limit + 1))
             let count = min(rows.count, limit)
-            let (json, lastSeq) = try EventPageEncoder.encode(rows, count: count)
+            let (json, lastSeq, _) = try EventPageEncoder.encode(rows, count: count)
             return EventStore.Page(eventsJSON: json, count: count, lastSeq: lastSeq, hasMore: rows.count > limit)
         }
     }

@@ -1058,7 +1058,7 @@ public enum OpenAPIDocument {
           "sync"
         ],
         "summary": "Pull events",
-        "description": "Events with `seq > after`, in order. With `wait`, an empty answer is held until the user's next push commits on any instance, or `wait` seconds pass. Any other query parameter, or one given twice, is `400`.",
+        "description": "Events with `seq > after`, in order: at most `limit`, and a page ends with the event at which its events reach 1 MiB (payloads and types as stored, ~300 bytes of other fields each; an answer stays under ~1.1 MiB) with `has_more` true: ask again from `next_after` until `has_more` is false. With `wait`, an empty answer is held until the user's next push commits on any instance, or `wait` seconds pass. Any other query parameter, or one given twice, is `400`.",
         "parameters": [
           {
             "name": "after",
@@ -1076,7 +1076,7 @@ public enum OpenAPIDocument {
             "name": "limit",
             "in": "query",
             "required": false,
-            "description": "Most events to return.",
+            "description": "Most events to return (fewer when they reach 1 MiB).",
             "schema": {
               "type": "integer",
               "minimum": 1,
@@ -2701,6 +2701,7 @@ public enum OpenAPIDocument {
       },
       "FieldProblem": {
         "title": "One problem with one field of one event (push or REST insert)",
+        "description": "A refused batch lists the problems of its first 1,000 invalid events (every event of a push); its message counts them all.",
         "type": "object",
         "required": [
           "index",

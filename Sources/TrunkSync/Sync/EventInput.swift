@@ -268,11 +268,29 @@ struct EventInput {
         return details.bytes
     }
 
-    /// The `400` for a batch with problems: nothing of it was stored.
+    /// The most events whose problems a `400` lists: every event of a push (`maxEvents`).
+    /// A REST insert has no such cap (`return=minimal`): a 10 MiB body of 100,000 small
+    /// invalid events was answered with 20 MB of details.
+    static let maxListedEvents = maxEvents
+
+    /// The `400` for a batch with problems: nothing of it was stored. Its details list the
+    /// problems of the first `maxListedEvents` invalid events; the message counts them all.
     static func invalid(_ problems: [FieldProblem]) -> APIError {
-        let count = Set(problems.map(\.index)).count
-        return APIError(
-            status: 400, code: "validation_failed", message: "\(count) event(s) are invalid; nothing was stored.",
-            details: .json(details(problems)))
+        var invalid = Set<Int>()
+        var listedEvents = Set<Int>()
+        var listed: [FieldProblem] = []
+        for problem in problems {
+            invalid.insert(problem.index)
+            if listedEvents.contains(problem.index) || listedEvents.count < maxListedEvents {
+                listedEvents.insert(problem.index)
+                listed.append(problem)
+            }
+        }
+        let count = invalid.count
+        let message =
+            count > maxListedEvents
+            ? "\(count) event(s) are invalid; nothing was stored. The details list the first \(maxListedEvents)."
+            : "\(count) event(s) are invalid; nothing was stored."
+        return APIError(status: 400, code: "validation_failed", message: message, details: .json(details(listed)))
     }
 }

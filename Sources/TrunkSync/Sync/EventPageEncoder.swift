@@ -21,19 +21,26 @@ enum EventPageEncoder {
     }
 
     /// The first `count` rows of `rows` as `[{"id":…,"seq":…,…},{…}]` (or as Server-Sent
-    /// Events), and the `seq` of the last one.
+    /// Events), and the `seq` of the last one. With `maxBytes`, fewer rows when they would
+    /// take more: the rows up to the first at which the page's room reaches `maxBytes` (the
+    /// first row always; `count` says how many were written).
     /// - Throws: for columns other than `EventRecord.fields`, a `NULL`, an infinite
     ///   timestamp or a `jsonb` format other than version 1 (as the decoders it replaces).
-    static func encode(_ rows: PostgresResult, count: Int, framing: Framing = .jsonArray) throws -> (
-        json: [UInt8], lastSeq: Int64?
-    ) {
+    static func encode(
+        _ rows: PostgresResult, count: Int, framing: Framing = .jsonArray, maxBytes: Int = .max
+    ) throws -> (json: [UInt8], lastSeq: Int64?, count: Int) {
         let at = try EventRecord.Indexes(rows)
         // Exact sizes are known but for escapes: reserve the worst case (6 bytes per byte of
         // `type`) and write with pointers.
         var capacity = 2
+        var count = count
         for index in 0..<count {
             capacity += EventRecord.capacity(rows[index], at) + 1
             if framing == .serverSentEvents { capacity += sseBytesPerRow }
+            if capacity >= maxBytes {
+                count = index + 1
+                break
+            }
         }
         var lastSeq: Int64? = nil
         let json = try [UInt8](unsafeUninitializedCapacity: capacity) { buffer, initialized in
@@ -58,7 +65,7 @@ enum EventPageEncoder {
             if framing == .jsonArray { put(UInt8(ascii: "]"), &out) }
             initialized = out - start
         }
-        return (json, lastSeq)
+        return (json, lastSeq, count)
     }
 
     /// A Server-Sent Events message's own lines: `id: ` and a decimal `Int64`, `event:`,

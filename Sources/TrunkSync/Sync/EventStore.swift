@@ -435,7 +435,7 @@ public struct EventStore: Sendable {
             guard let rows = try await database.readPipeline(as: .user(user), plans: .generic, [select]).first else {
                 throw PostgresError.unexpected("a statement returned no result")
             }
-            return try Self.page(rows, limit: limit, framing: framing)
+            return try Self.page(rows, limit: limit, framing: framing, pageBytes: Self.pullPageBytes)
         }
         let select = Self.pullStatement(for: user, after: after, limit: limit, maxBytes: Self.streamedPageBytes)
         return try await database.offHTTPLoops {
@@ -483,17 +483,29 @@ public struct EventStore: Sendable {
     /// The stream's: the pull's, bounded in bytes by `$4`.
     static let boundedPullSQL = boundedInBytes(pullSQL, bytesParameter: 4)
 
+    /// Room a pull's page may take (`EventRecord.capacity`: payloads and types as stored,
+    /// the fixed fields) before its last event: with that event's 64 KiB at most, a pull
+    /// answer stays under ~1.1 MiB however many events `limit` asks for. Without it a page
+    /// of 1,000 events of 64 KiB was a 64 MB answer, held while its client did not read it
+    /// (up to the write timeout): a few hundred such requests from one account held
+    /// gigabytes. The rows are read whole (`limit + 1`, freed once encoded; at most one
+    /// result per database connection at a time); only the answer is cut.
+    public static let pullPageBytes = 1024 * 1024
+
     /// The page from the statement's `limit + 1` rows, encoded. A page cut at `maxBytes` (its
-    /// encoding is at least that long) may have more after it.
+    /// encoding is at least that long) may have more after it, and so may one the encoder
+    /// cut at `pageBytes`.
     private static func page(
-        _ rows: PostgresResult, limit: Int, framing: EventPageEncoder.Framing, maxBytes: Int? = nil
+        _ rows: PostgresResult, limit: Int, framing: EventPageEncoder.Framing, maxBytes: Int? = nil,
+        pageBytes: Int = .max
     )
         throws -> Page
     {
-        let count = min(rows.count, limit)
-        let (json, lastSeq) = try EventPageEncoder.encode(rows, count: count, framing: framing)
+        let (json, lastSeq, count) = try EventPageEncoder.encode(
+            rows, count: min(rows.count, limit), framing: framing, maxBytes: pageBytes)
         let cut = maxBytes.map { json.count >= $0 } ?? false
-        return Page(eventsJSON: json, count: count, lastSeq: lastSeq, hasMore: rows.count > limit || cut)
+        return Page(
+            eventsJSON: json, count: count, lastSeq: lastSeq, hasMore: rows.count > count || cut)
     }
 }
 
