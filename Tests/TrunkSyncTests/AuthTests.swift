@@ -488,6 +488,29 @@ final class AuthTests: XCTestCase {
         assertAuthError(badName, 400, "validation_failed")
     }
 
+    /// Supabase Auth removes a top-level key set to `null` (how `updateUser({data: {key: null}})`
+    /// deletes one); nested `null`s and keys not named stay.
+    func testUpdateUserRemovesTheKeysSetToNull() async throws {
+        let session = try await app.signIn("forget@example.com")
+        let token = try XCTUnwrap(session["access_token"] as? String)
+        let first = try await app.request(
+            "PUT", "/auth/v1/user",
+            json: ["data": ["full_name": "Ada", "theme": "dark", "keep": ["inner": NSNull()]]], bearer: token)
+        XCTAssertEqual(first.status, 200, first.text)
+        let second = try await app.request(
+            "PUT", "/auth/v1/user", json: ["data": ["theme": NSNull(), "full_name": NSNull(), "lang": "en"]],
+            bearer: token)
+        XCTAssertEqual(second.status, 200, second.text)
+        let metadata = try XCTUnwrap(second.json["user_metadata"] as? [String: Any])
+        XCTAssertEqual(metadata.keys.sorted(), ["keep", "lang"], second.text)
+        XCTAssertEqual((metadata["keep"] as? [String: Any])?.keys.sorted(), ["inner"])
+        let stored = try app.owner().query("select full_name, user_metadata::text from users")[0]
+        XCTAssertNil(try stored.decode(String?.self, column: 0))
+        XCTAssertFalse(try stored.decode(String.self, column: 1).contains("theme"))
+        let user = try await app.request("GET", "/auth/v1/user", bearer: token)
+        XCTAssertEqual((user.json["user_metadata"] as? [String: Any])?.keys.sorted(), ["keep", "lang"], user.text)
+    }
+
     /// Every access token carries `user_metadata`. Whatever the user could store, the next
     /// token verifies on every route: a string over 4 KiB, nesting 20 deep, a number
     /// PostgreSQL prints with 301 digits (each once signed the user out of everything at the

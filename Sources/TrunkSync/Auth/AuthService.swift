@@ -551,9 +551,10 @@ public struct AuthService: Sendable {
         }
     }
 
-    /// Merges `data` into the user's metadata; `data.full_name` also sets `full_name`. A
-    /// merge that leaves the metadata over `UserRecord.maxMetadataBytes` is refused and
-    /// changes nothing.
+    /// Merges `data` into the user's metadata, top-level keys replacing, and a key set to
+    /// `null` removed (as Supabase Auth does: `updateUser({data: {key: null}})` is how the
+    /// apps delete one); `data.full_name` also sets `full_name`. A merge that leaves the
+    /// metadata over `UserRecord.maxMetadataBytes` is refused and changes nothing.
     public func updateUser(_ claims: AccessClaims, data: [String: JSONValue]) async throws -> UserRecord {
         let patch = PostgresJSON(bytes: JSONValue.object(data).jsonBytes)
         let fullName = data["full_name"]
@@ -564,7 +565,9 @@ public struct AuthService: Sendable {
             guard
                 let row = try await tx.query(
                     """
-                    update users set user_metadata = user_metadata || $2, updated_at = now(),
+                    update users set updated_at = now(),
+                      user_metadata = (user_metadata || $2)
+                        - array(select key from jsonb_each($2) where value = 'null'::jsonb),
                       full_name = case when $3 then $4 else full_name end
                     where id = $1 returning \(UserRecord.columns)
                     """, claims.userID, patch, setsName, name

@@ -780,7 +780,7 @@ public enum OpenAPIDocument {
           "auth"
         ],
         "summary": "Update the user's metadata",
-        "description": "Merges `data` into `user_metadata`; `data.full_name` is also the profile's name. Body at most 64 KiB; the merged `user_metadata` at most 16 KiB as stored (every access token carries it).",
+        "description": "Merges `data` into `user_metadata` (top-level keys replace; a key set to `null` is removed, as Supabase Auth does); `data.full_name` is also the profile's name. Body at most 64 KiB; the merged `user_metadata` at most 16 KiB as stored (every access token carries it).",
         "requestBody": {
           "required": true,
           "content": {
@@ -3170,7 +3170,7 @@ public enum OpenAPIDocument {
         "properties": {
           "data": {
             "type": "object",
-            "description": "Merged into `user_metadata` (top-level keys replace). Its strings must not contain U+0000 or unpaired surrogates, nor its numbers leave I-JSON (`400 validation_failed` naming the member).",
+            "description": "Merged into `user_metadata` (top-level keys replace; a key set to `null` is removed). Its strings must not contain U+0000 or unpaired surrogates, nor its numbers leave I-JSON (`400 validation_failed` naming the member).",
             "properties": {
               "full_name": {
                 "type": [
