@@ -307,7 +307,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`bad_json` (not a JSON object) or `validation_failed` (no or malformed address, wrong types).",
+            "description": "`bad_json` (not a JSON object) or `validation_failed` (no or malformed address, wrong types, `data.full_name` neither a string nor null).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -3114,6 +3114,22 @@ public enum OpenAPIDocument {
             "type": "boolean",
             "default": true,
             "description": "False: no code is sent unless the user exists (the answer is the same)."
+          },
+          "data": {
+            "type": [
+              "object",
+              "null"
+            ],
+            "description": "`signInWithOtp`'s `options.data`: the `user_metadata` of the user the code signs up, as Supabase Auth's; a user who already has an account keeps theirs. Its strings must not contain U+0000 or unpaired surrogates, nor its numbers leave I-JSON (`400 validation_failed` naming the member).",
+            "properties": {
+              "full_name": {
+                "type": [
+                  "string",
+                  "null"
+                ],
+                "description": "Also the new user's profile name."
+              }
+            }
           }
         }
       },
