@@ -4108,7 +4108,7 @@ public enum OpenAPIDocument {
         }
       },
       "RESTNotAcceptable": {
-        "description": "`PGRST116`: a single object was asked for (`Accept: application/vnd.pgrst.object+json`) and the result has another number of rows (`details` says how many).",
+        "description": "`PGRST116`: a single object was asked for (`Accept: application/vnd.pgrst.object+json`) and the result has another number of rows (`details` says how many); or `PGRST106`: `Accept-Profile` (a read) or `Content-Profile` (a write) names a schema other than `public` (supabase-js's `.schema(name)`), nothing read or changed.",
         "headers": {
           "X-Request-Id": {
             "$ref": "#/components/headers/X-Request-Id"
@@ -4128,7 +4128,8 @@ public enum OpenAPIDocument {
               "properties": {
                 "code": {
                   "enum": [
-                    "PGRST116"
+                    "PGRST116",
+                    "PGRST106"
                   ]
                 }
               }
