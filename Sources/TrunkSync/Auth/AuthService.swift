@@ -590,6 +590,9 @@ public struct AuthService: Sendable {
             else { throw AuthError.userNotFound }
             let record = try UserRecord(row: row)
             try UserRecord.checkMetadataSize(record.metadata.count)
+            // The profile (its name, its `updated_at`) changed with it: Realtime's `profiles`
+            // subscribers on every instance hear of it at the commit, as of a profile update.
+            try await tx.query("select pg_notify($1, $2)", EventStore.channel, UUIDText.lowercase(claims.userID))
             return record
         }
     }
