@@ -364,6 +364,15 @@ async def client_tests():
         await ws.send(json.dumps([None, "9", "phoenix", "heartbeat", {}]))
         assert (await recv(ws))[1] == "9", "an event reached a profiles binding"
         step("profiles UPDATE arrives as /rest/v1/profiles returns the row")
+        # updateUser({data: {full_name}}) names the profile too: its subscribers hear of it at once.
+        request = urllib.request.Request(
+            base_url + "/auth/v1/user", data=json.dumps({"data": {"full_name": "Ada Meta"}}).encode(),
+            method="PUT", headers={"Content-Type": "application/json", "Authorization": "Bearer " + token_a})
+        urllib.request.urlopen(request, timeout=10).close()
+        change = await recv(ws)
+        assert change[3] == "postgres_changes" and change[4]["ids"] == [profile_id], change
+        assert change[4]["data"]["record"]["full_name"] == "Ada Meta", change
+        step("profiles UPDATE arrives after updateUser names the profile")
 
     # vsn 1.0.0 objects, as supabase-swift speaks them; B's filter names A's rows.
     url1 = f"ws://{HOST}:{PORT}/realtime/v1/websocket?apikey=anon-key&vsn=1.0.0"

@@ -239,11 +239,14 @@ final class AppHarness: @unchecked Sendable {
         return try await application.auth.issueSession(email: address).accessToken
     }
 
-    /// Requests a code, reads it from the sender, verifies it: the whole sign-in.
-    func signIn(_ email: String) async throws -> [String: Any] {
+    /// Requests a code (with `data`, the sign-up metadata, when given), reads it from the
+    /// sender, verifies it: the whole sign-in.
+    func signIn(_ email: String, data: [String: Any]? = nil) async throws -> [String: Any] {
         let address = email.lowercased().trimmingCharacters(in: .whitespaces)
         let sent = sender.count(for: address)
-        let otp = try await request("POST", "/auth/v1/otp", json: ["email": email])
+        var body: [String: Any] = ["email": email]
+        if let data { body["data"] = data }
+        let otp = try await request("POST", "/auth/v1/otp", json: body)
         guard otp.status == 200 else { throw TestEnvironmentError("otp: \(otp.status) \(otp.text)") }
         let code = try await sender.code(for: address, after: sent)
         let verify = try await request(

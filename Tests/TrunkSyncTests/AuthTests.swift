@@ -492,6 +492,67 @@ final class AuthTests: XCTestCase {
         assertAuthError(badName, 400, "validation_failed")
     }
 
+    /// `signInWithOtp({email, options: {data}})`: as Supabase Auth does, `data` becomes the
+    /// metadata of the user the code signs up (the profile's name with it); one who already
+    /// has an account keeps theirs. The code's copy is cleared once used.
+    func testOtpDataIsTheMetadataOfTheUserItSignsUp() async throws {
+        let session = try await app.signIn("new@example.com", data: ["full_name": "Ada", "theme": "dark"])
+        let user = try XCTUnwrap(session["user"] as? [String: Any])
+        let metadata = try XCTUnwrap(user["user_metadata"] as? [String: Any])
+        XCTAssertEqual(metadata["full_name"] as? String, "Ada", "\(user)")
+        XCTAssertEqual(metadata["theme"] as? String, "dark")
+        let token = try XCTUnwrap(session["access_token"] as? String)
+        let profile = try await app.request(
+            "GET", "/rest/v1/profiles?select=full_name", bearer: token, headers: ["apikey": "anon"])
+        XCTAssertEqual(profile.text, #"[{"full_name":"Ada"}]"#)
+        let claims = try JSONSerialization.jsonObject(
+            with: XCTUnwrap(Base64URL.decode(String(token.split(separator: ".")[1])).map { Data($0) }))
+        XCTAssertEqual(
+            ((claims as? [String: Any])?["user_metadata"] as? [String: Any])?["theme"] as? String, "dark")
+        let left = try app.owner().query("select count(*) from otp_codes where signup_data is not null")
+        XCTAssertEqual(try left[0].decode(Int.self, column: 0), 0, "the code's copy is cleared")
+
+        // Signing in again with other data changes nothing of an existing account.
+        let again = try await app.signInAfterResendInterval("new@example.com", data: ["full_name": "Eve"])
+        let kept = try XCTUnwrap((again["user"] as? [String: Any])?["user_metadata"] as? [String: Any])
+        XCTAssertEqual(kept["full_name"] as? String, "Ada")
+        let stored = try app.owner().query("select full_name from users")[0].decode(String.self, column: 0)
+        XCTAssertEqual(stored, "Ada")
+
+        // Without data, a new user's metadata is empty; a name that is not a string is refused.
+        let plain = try await app.signIn("plain@example.com")
+        XCTAssertEqual(((plain["user"] as? [String: Any])?["user_metadata"] as? [String: Any])?.count, 0)
+        let badName = try await app.request(
+            "POST", "/auth/v1/otp", json: ["email": "bad@example.com", "data": ["full_name": 7]])
+        assertAuthError(badName, 400, "validation_failed")
+        let nullData = try await app.request(
+            "POST", "/auth/v1/otp", json: ["email": "null@example.com", "data": NSNull()])
+        XCTAssertEqual(nullData.status, 200, nullData.text)
+    }
+
+    /// Supabase Auth removes a top-level key set to `null` (how `updateUser({data: {key: null}})`
+    /// deletes one); nested `null`s and keys not named stay.
+    func testUpdateUserRemovesTheKeysSetToNull() async throws {
+        let session = try await app.signIn("forget@example.com")
+        let token = try XCTUnwrap(session["access_token"] as? String)
+        let first = try await app.request(
+            "PUT", "/auth/v1/user",
+            json: ["data": ["full_name": "Ada", "theme": "dark", "keep": ["inner": NSNull()]]], bearer: token)
+        XCTAssertEqual(first.status, 200, first.text)
+        let second = try await app.request(
+            "PUT", "/auth/v1/user", json: ["data": ["theme": NSNull(), "full_name": NSNull(), "lang": "en"]],
+            bearer: token)
+        XCTAssertEqual(second.status, 200, second.text)
+        let metadata = try XCTUnwrap(second.json["user_metadata"] as? [String: Any])
+        XCTAssertEqual(metadata.keys.sorted(), ["keep", "lang"], second.text)
+        XCTAssertEqual((metadata["keep"] as? [String: Any])?.keys.sorted(), ["inner"])
+        let stored = try app.owner().query("select full_name, user_metadata::text from users")[0]
+        XCTAssertNil(try stored.decode(String?.self, column: 0))
+        XCTAssertFalse(try stored.decode(String.self, column: 1).contains("theme"))
+        let user = try await app.request("GET", "/auth/v1/user", bearer: token)
+        XCTAssertEqual((user.json["user_metadata"] as? [String: Any])?.keys.sorted(), ["keep", "lang"], user.text)
+    }
+
     /// Every access token carries `user_metadata`. Whatever the user could store, the next
     /// token verifies on every route: a string over 4 KiB, nesting 20 deep, a number
     /// PostgreSQL prints with 301 digits (each once signed the user out of everything at the
@@ -604,8 +665,8 @@ final class AuthRateLimitTests: XCTestCase {
 
 extension AppHarness {
     /// Signs in again regardless of the resend interval (by ageing the last code's row).
-    func signInAfterResendInterval(_ email: String) async throws -> [String: Any] {
+    func signInAfterResendInterval(_ email: String, data: [String: Any]? = nil) async throws -> [String: Any] {
         try owner().query("update otp_codes set created_at = created_at - interval '1 hour'")
-        return try await signIn(email)
+        return try await signIn(email, data: data)
     }
 }

@@ -418,6 +418,33 @@ final class RESTTests: XCTestCase {
         assertPostgRESTError(several, 406, "PGRST116")
     }
 
+    /// supabase-js names the schema on every request (`Accept-Profile` for a read,
+    /// `Content-Profile` for a write): `public` is served; another (`.schema('sync')`) is
+    /// refused as PostgREST refuses a schema it does not expose, not answered from `public`.
+    func testOnlyThePublicSchemaIsServed() async throws {
+        _ = try await insert([row()])
+        let publicRead = try await get("/rest/v1/events?select=seq", headers: ["Accept-Profile": "public"])
+        XCTAssertEqual(publicRead.text, #"[{"seq":1}]"#)
+        let publicWrite = try await app.request(
+            "POST", "/rest/v1/events", json: row(), bearer: token, headers: ["Content-Profile": "public"])
+        XCTAssertEqual(publicWrite.status, 201, publicWrite.text)
+        let otherRead = try await get("/rest/v1/events?select=seq", headers: ["Accept-Profile": "sync"])
+        assertPostgRESTError(otherRead, 406, "PGRST106")
+        XCTAssertEqual(otherRead.json["message"] as? String, "Invalid schema: sync")
+        let profile = try await get("/rest/v1/profiles", headers: ["Accept-Profile": "private"])
+        assertPostgRESTError(profile, 406, "PGRST106")
+        let otherWrite = try await app.request(
+            "POST", "/rest/v1/events", json: row(), bearer: token, headers: ["Content-Profile": "sync"])
+        assertPostgRESTError(otherWrite, 406, "PGRST106")
+        let update = try await app.request(
+            "PATCH", "/rest/v1/profiles", json: ["full_name": "X"], bearer: token, headers: ["Content-Profile": "sync"])
+        assertPostgRESTError(update, 406, "PGRST106")
+        let stored = try await get("/rest/v1/events?select=seq")
+        XCTAssertEqual(array(stored).count, 2, "the refused write stored nothing")
+        let name = try await get("/rest/v1/profiles?select=full_name")
+        XCTAssertEqual(name.text, #"[{"full_name":null}]"#)
+    }
+
     func testEveryBadRequestHasThePostgRESTShapeAndChangesNothing() async throws {
         let reads: [(String, Int, String)] = [
             ("/rest/v1/events?nope=eq.1", 400, "42703"),

@@ -87,10 +87,13 @@ public struct AuthRoutes: Sendable {
     private struct OTPBody: Decodable {
         var email: String?
         var createUser: Bool?
+        /// The new user's metadata (`signInWithOtp`'s `options.data`).
+        var data: [String: JSONValue]?
 
         enum CodingKeys: String, CodingKey {
             case email
             case createUser = "create_user"
+            case data
         }
     }
 
@@ -99,7 +102,9 @@ public struct AuthRoutes: Sendable {
         let body = try Self.decode(OTPBody.self, from: request)
         let email = try Self.email(body.email)
         try await service.limit(.otp, email: email)  // before anything asks whether it has an account
-        try await service.requestCode(email: email, createUser: body.createUser ?? true, ip: request.remoteAddress)
+        try Self.checkFullName(body.data)
+        try await service.requestCode(
+            email: email, createUser: body.createUser ?? true, signupData: body.data, ip: request.remoteAddress)
         return ok(Array("{}".utf8))
     }
 
@@ -175,10 +180,15 @@ public struct AuthRoutes: Sendable {
                 status: 422, code: "feature_not_supported",
                 message: "Only user metadata (data) can be updated; email, phone and password are not supported")
         }
-        if let name = body.data?["full_name"], name != .null, name.stringValue == nil {
+        try Self.checkFullName(body.data)
+        return ok(try await service.updateUser(claims, data: body.data ?? [:]).json)
+    }
+
+    /// `data.full_name` is also the profile's name: a string or null.
+    static func checkFullName(_ data: [String: JSONValue]?) throws {
+        if let name = data?["full_name"], name != .null, name.stringValue == nil {
             throw AuthError.validation("data.full_name must be a string")
         }
-        return ok(try await service.updateUser(claims, data: body.data ?? [:]).json)
     }
 }
 

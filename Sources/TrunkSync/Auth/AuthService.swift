@@ -207,8 +207,13 @@ public struct AuthService: Sendable {
     /// nothing anyone knows. The mail itself is sent by the queue's sender tasks after the
     /// answer, so neither a slow mail server nor a failure shows; the only branch left on
     /// the request path is `submit`, an append under an uncontended lock.
-    public func requestCode(email: Email, createUser: Bool, ip: String) async throws {
-        try await requestCode(for: .app(email), email: email) { exists in exists || createUser }
+    /// `signupData` (the request's `data`) becomes the metadata of the user the code signs
+    /// up, as Supabase Auth's; a user who already has an account keeps theirs.
+    public func requestCode(
+        email: Email, createUser: Bool, signupData: [String: JSONValue]? = nil, ip: String
+    ) async throws {
+        let data = signupData.map { PostgresJSON(bytes: JSONValue.object($0).jsonBytes) }
+        try await requestCode(for: .app(email), email: email, signupData: data) { exists in exists || createUser }
     }
 
     /// Whose code a stored code is: an app sign-in's, keyed by the address, or a console
@@ -225,7 +230,9 @@ public struct AuthService: Sendable {
     /// `requestCode` for the code stored under `key`: `deliverable` says, given whether an
     /// app account has the key's address (always false for a console key, whose scope shows
     /// no users row), whether a mail goes out. The statements are the same either way.
-    func requestCode(for key: CodeKey, email: Email, deliverable: (Bool) -> Bool) async throws {
+    func requestCode(
+        for key: CodeKey, email: Email, signupData: PostgresJSON? = nil, deliverable: (Bool) -> Bool
+    ) async throws {
         let code = SecureRandom.digits(6)
         let settings = self.settings
         let hash = codeHash(key, code)
@@ -242,7 +249,8 @@ public struct AuthService: Sendable {
             }
             let deliverable = deliverable(exists)
             try await codes.store(
-                key.value, hash: deliverable ? hash : unknowable, lifetime: settings.otpLifetime, on: tx)
+                key.value, hash: deliverable ? hash : unknowable, lifetime: settings.otpLifetime,
+                signupData: signupData, on: tx)
             return .accepted(deliverable: deliverable)
         }
         switch outcome {
@@ -259,7 +267,8 @@ public struct AuthService: Sendable {
         }
     }
 
-    /// Checks a code and signs the user in (creating the user on first sign-in).
+    /// Checks a code and signs the user in (creating the user on first sign-in, with the
+    /// metadata the code was asked for with; the code's copy of it is cleared either way).
     ///
     /// Consuming the code, upserting the user and creating the session share one
     /// transaction, so a failure anywhere in between leaves the code usable for a retry.
@@ -282,7 +291,13 @@ public struct AuthService: Sendable {
         let (signedIn, sessionID) = try await consumeCode(.app(email), email: email, code: code) { tx in
             let signedInRow = try await tx.query(
                 """
-                insert into users (email, email_confirmed_at, last_sign_in_at) values ($1, now(), now())
+                with signup as (
+                  update otp_codes c set signup_data = null from otp_codes asked
+                  where c.email = $1 and asked.email = $1 returning asked.signup_data data
+                )
+                insert into users (email, email_confirmed_at, last_sign_in_at, user_metadata, full_name)
+                values ($1, now(), now(), coalesce((select data from signup), '{}'),
+                        (select data->>'full_name' from signup))
                 on conflict ((lower(email))) do update set last_sign_in_at = now(), updated_at = now(),
                   email_confirmed_at = coalesce(users.email_confirmed_at, now())
                 returning \(UserRecord.columns)
@@ -551,9 +566,10 @@ public struct AuthService: Sendable {
         }
     }
 
-    /// Merges `data` into the user's metadata; `data.full_name` also sets `full_name`. A
-    /// merge that leaves the metadata over `UserRecord.maxMetadataBytes` is refused and
-    /// changes nothing.
+    /// Merges `data` into the user's metadata, top-level keys replacing, and a key set to
+    /// `null` removed (as Supabase Auth does: `updateUser({data: {key: null}})` is how the
+    /// apps delete one); `data.full_name` also sets `full_name`. A merge that leaves the
+    /// metadata over `UserRecord.maxMetadataBytes` is refused and changes nothing.
     public func updateUser(_ claims: AccessClaims, data: [String: JSONValue]) async throws -> UserRecord {
         let patch = PostgresJSON(bytes: JSONValue.object(data).jsonBytes)
         let fullName = data["full_name"]
@@ -564,7 +580,9 @@ public struct AuthService: Sendable {
             guard
                 let row = try await tx.query(
                     """
-                    update users set user_metadata = user_metadata || $2, updated_at = now(),
+                    update users set updated_at = now(),
+                      user_metadata = (user_metadata || $2)
+                        - array(select key from jsonb_each($2) where value = 'null'::jsonb),
                       full_name = case when $3 then $4 else full_name end
                     where id = $1 returning \(UserRecord.columns)
                     """, claims.userID, patch, setsName, name
@@ -572,6 +590,9 @@ public struct AuthService: Sendable {
             else { throw AuthError.userNotFound }
             let record = try UserRecord(row: row)
             try UserRecord.checkMetadataSize(record.metadata.count)
+            // The profile (its name, its `updated_at`) changed with it: Realtime's `profiles`
+            // subscribers on every instance hear of it at the commit, as of a profile update.
+            try await tx.query("select pg_notify($1, $2)", EventStore.channel, UUIDText.lowercase(claims.userID))
             return record
         }
     }

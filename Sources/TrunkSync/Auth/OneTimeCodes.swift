@@ -13,9 +13,11 @@ struct OneTimeCodes: Sendable {
     /// The table, and the column naming each code's owner (both fixed here, never input).
     let table: String
     let owner: String
+    /// Whether the table keeps, with each code, the metadata a new user signs up with.
+    var keepsSignupData = false
 
-    /// Sign-in codes, by normalised address (`app.email`).
-    static let signIn = OneTimeCodes(table: "otp_codes", owner: "email")
+    /// Sign-in codes, by normalised address (`app.email`), with the sign-up metadata.
+    static let signIn = OneTimeCodes(table: "otp_codes", owner: "email", keepsSignupData: true)
     /// Codes confirming a signed-in user's sensitive action, by user id (`app.user_id`).
     static let reauthentication = OneTimeCodes(table: "reauthentication_codes", owner: "user_id")
 
@@ -29,16 +31,24 @@ struct OneTimeCodes: Sendable {
         return try recent.first.map { max(1, try $0.decode(Int.self, column: 0)) }
     }
 
-    /// Makes `hash` the owner's one live code for `lifetime` seconds, replacing any other.
-    /// The counted failures and a lock survive it: a new code buys no more guesses.
-    func store(_ owner: any PostgresEncodable, hash: PostgresBytes, lifetime: Int, on tx: Transaction) async throws {
+    /// Makes `hash` the owner's one live code for `lifetime` seconds, replacing any other
+    /// (and, where the table keeps it, the sign-up metadata with `signupData`). The counted
+    /// failures and a lock survive it: a new code buys no more guesses.
+    func store(
+        _ owner: any PostgresEncodable, hash: PostgresBytes, lifetime: Int, signupData: PostgresJSON? = nil,
+        on tx: Transaction
+    ) async throws {
+        let (column, value, set) =
+            keepsSignupData ? (", signup_data", ", $4", ", signup_data = excluded.signup_data") : ("", "", "")
         try await tx.query(
             """
-            insert into \(table) (\(self.owner), code_hash, created_at, expires_at, attempts, consumed_at)
-            values ($1, $2, now(), now() + make_interval(secs => $3), 0, null)
+            insert into \(table) (\(self.owner), code_hash, created_at, expires_at, attempts, consumed_at\(column))
+            values ($1, $2, now(), now() + make_interval(secs => $3), 0, null\(value))
             on conflict (\(self.owner)) do update set code_hash = excluded.code_hash, created_at = excluded.created_at,
-              expires_at = excluded.expires_at, attempts = 0, consumed_at = null
-            """, owner, hash, Int64(lifetime))
+              expires_at = excluded.expires_at, attempts = 0, consumed_at = null\(set)
+            """,
+            binds: [owner.postgresBind, hash.postgresBind, Int64(lifetime).postgresBind]
+                + (keepsSignupData ? [signupData.postgresBind] : []))
     }
 
     /// What a check should tell the logs.

@@ -307,7 +307,7 @@ public enum OpenAPIDocument {
             }
           },
           "400": {
-            "description": "`bad_json` (not a JSON object) or `validation_failed` (no or malformed address, wrong types).",
+            "description": "`bad_json` (not a JSON object) or `validation_failed` (no or malformed address, wrong types, `data.full_name` neither a string nor null).",
             "headers": {
               "X-Request-Id": {
                 "$ref": "#/components/headers/X-Request-Id"
@@ -780,7 +780,7 @@ public enum OpenAPIDocument {
           "auth"
         ],
         "summary": "Update the user's metadata",
-        "description": "Merges `data` into `user_metadata`; `data.full_name` is also the profile's name. Body at most 64 KiB; the merged `user_metadata` at most 16 KiB as stored (every access token carries it).",
+        "description": "Merges `data` into `user_metadata` (top-level keys replace; a key set to `null` is removed, as Supabase Auth does); `data.full_name` is also the profile's name. Body at most 64 KiB; the merged `user_metadata` at most 16 KiB as stored (every access token carries it).",
         "requestBody": {
           "required": true,
           "content": {
@@ -3115,6 +3115,22 @@ public enum OpenAPIDocument {
             "type": "boolean",
             "default": true,
             "description": "False: no code is sent unless the user exists (the answer is the same)."
+          },
+          "data": {
+            "type": [
+              "object",
+              "null"
+            ],
+            "description": "`signInWithOtp`'s `options.data`: the `user_metadata` of the user the code signs up, as Supabase Auth's; a user who already has an account keeps theirs. Its strings must not contain U+0000 or unpaired surrogates, nor its numbers leave I-JSON (`400 validation_failed` naming the member).",
+            "properties": {
+              "full_name": {
+                "type": [
+                  "string",
+                  "null"
+                ],
+                "description": "Also the new user's profile name."
+              }
+            }
           }
         }
       },
@@ -3171,7 +3187,7 @@ public enum OpenAPIDocument {
         "properties": {
           "data": {
             "type": "object",
-            "description": "Merged into `user_metadata` (top-level keys replace). Its strings must not contain U+0000 or unpaired surrogates, nor its numbers leave I-JSON (`400 validation_failed` naming the member).",
+            "description": "Merged into `user_metadata` (top-level keys replace; a key set to `null` is removed). Its strings must not contain U+0000 or unpaired surrogates, nor its numbers leave I-JSON (`400 validation_failed` naming the member).",
             "properties": {
               "full_name": {
                 "type": [
@@ -4093,7 +4109,7 @@ public enum OpenAPIDocument {
         }
       },
       "RESTNotAcceptable": {
-        "description": "`PGRST116`: a single object was asked for (`Accept: application/vnd.pgrst.object+json`) and the result has another number of rows (`details` says how many).",
+        "description": "`PGRST116`: a single object was asked for (`Accept: application/vnd.pgrst.object+json`) and the result has another number of rows (`details` says how many); or `PGRST106`: `Accept-Profile` (a read) or `Content-Profile` (a write) names a schema other than `public` (supabase-js's `.schema(name)`), nothing read or changed.",
         "headers": {
           "X-Request-Id": {
             "$ref": "#/components/headers/X-Request-Id"
@@ -4113,7 +4129,8 @@ public enum OpenAPIDocument {
               "properties": {
                 "code": {
                   "enum": [
-                    "PGRST116"
+                    "PGRST116",
+                    "PGRST106"
                   ]
                 }
               }

@@ -43,6 +43,13 @@ public enum RESTError {
             details: .text("The result contains \(count) rows"))
     }
 
+    /// A schema other than `public` (PostgREST 13's code, status and wording).
+    static func invalidSchema(_ schema: String) -> APIError {
+        APIError(
+            status: 406, code: "PGRST106", message: "Invalid schema: \(schema.prefix(100))",
+            hint: "Only the following schemas are exposed: public")
+    }
+
     static func append(only method: String) -> APIError {
         APIError(status: 405, code: "PGRST105", message: "events are append-only: \(method) is not allowed")
     }

@@ -50,10 +50,16 @@ public struct RESTRoutes: Sendable {
     public func register(in routes: inout Routes) {
         routes.add(
             .get, "/rest/v1/events", family: .rest,
-            .authenticated { request, claims in try await selectEvents(request, user: claims.userID) })
+            .authenticated { request, claims in
+                try Self.checkSchema(request)
+                return try await selectEvents(request, user: claims.userID)
+            })
         routes.add(
             .post, "/rest/v1/events", family: .rest, bodyLimit: Self.insertBodyLimit,
-            .authenticated { request, claims in try await insertEvents(request, user: claims.userID) })
+            .authenticated { request, claims in
+                try Self.checkSchema(request)
+                return try await insertEvents(request, user: claims.userID)
+            })
         for method in [HTTPMethod.patch, .delete, .put] {
             routes.add(
                 method, "/rest/v1/events", family: .rest, bodyLimit: Self.insertBodyLimit,
@@ -61,13 +67,22 @@ public struct RESTRoutes: Sendable {
         }
         routes.add(
             .get, "/rest/v1/profiles", family: .rest,
-            .authenticated { request, claims in try await selectProfiles(request, user: claims.userID) })
+            .authenticated { request, claims in
+                try Self.checkSchema(request)
+                return try await selectProfiles(request, user: claims.userID)
+            })
         routes.add(
             .patch, "/rest/v1/profiles", family: .rest, bodyLimit: Self.profileBodyLimit,
-            .authenticated { request, claims in try await updateProfile(request, user: claims.userID, upsert: false) })
+            .authenticated { request, claims in
+                try Self.checkSchema(request)
+                return try await updateProfile(request, user: claims.userID, upsert: false)
+            })
         routes.add(
             .post, "/rest/v1/profiles", family: .rest, bodyLimit: Self.profileBodyLimit,
-            .authenticated { request, claims in try await updateProfile(request, user: claims.userID, upsert: true) })
+            .authenticated { request, claims in
+                try Self.checkSchema(request)
+                return try await updateProfile(request, user: claims.userID, upsert: true)
+            })
         // An insert into a table that is not here is told so whatever its size (as the
         // events' insert takes); a read carries no body.
         for (method, limit) in [(HTTPMethod.get, Endpoint.BodyLimit.none), (.post, Self.insertBodyLimit)] {
@@ -97,6 +112,16 @@ public struct RESTRoutes: Sendable {
             }
         }
         return preferences
+    }
+
+    /// The schema a request names: `Accept-Profile` for a read, `Content-Profile` for a
+    /// write, as PostgREST reads them (supabase-js sends `public` on every request, and
+    /// `.schema(name)` another). Only `public` is here: another is refused as PostgREST
+    /// refuses a schema it does not expose, rather than answered from `public`'s tables.
+    static func checkSchema(_ request: HTTPRequest) throws {
+        let header = request.method == .get || request.method == .head ? "accept-profile" : "content-profile"
+        guard let schema = request.headers[header], schema != "public" else { return }
+        throw RESTError.invalidSchema(schema)
     }
 
     static func wantsObject(_ request: HTTPRequest) -> Bool {
