@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
@@ -88,12 +89,16 @@ def api(method, path, body=None, token=None):
         return json.loads(text) if text else None
 
 
-def api_token(address):
-    """A session of our own for `address`, to look at what the server stored."""
+def api_session(address):
+    """A session of our own for `address` (the server's answer to /verify)."""
     count = len(mails_to(address)) + 1
     wait_until(lambda: try_otp(address), f"a code for {address}")
-    session = api("POST", "/auth/v1/verify", {"email": address, "token": code_for(address, count), "type": "email"})
-    return session["access_token"]
+    return api("POST", "/auth/v1/verify", {"email": address, "token": code_for(address, count), "type": "email"})
+
+
+def api_token(address):
+    """An access token of our own for `address`, to look at what the server stored."""
+    return api_session(address)["access_token"]
 
 
 def try_otp(address):
@@ -1021,6 +1026,7 @@ def main():
         first.refresh()
         wait_until(lambda: element_shows(first, "#notes", "hello from the example"), "the note after a reload")
         step("the example page signs in, records and lists a note")
+        example_page_keeps_every_note(first, dave)
 
         # Deleting the account: a mailed confirmation code, then everything is gone, here too.
         dave_token = api_token(dave)
@@ -1048,6 +1054,38 @@ def main():
         if second:
             second.quit()
         page.shutdown()
+
+
+def example_page_keeps_every_note(driver, address):
+    """The example page (examples/web) through a proxy of its own, signed in as `address`:
+    a note the browser does not store stays in the field, the failure shown."""
+    proxy = Proxy()
+    session = api_session(address)
+    token = session["access_token"]
+    stored = {"access_token": token, "refresh_token": session["refresh_token"],
+              "expires_in": session["expires_in"], "expires_at": int(time.time()) + int(session["expires_in"]),
+              "user_id": session["user"]["id"], "email": address, "id": str(uuid.uuid4())}
+    driver.get(f"{PAGE_ORIGIN}/example/?server={proxy.url}")
+    driver.execute_script("localStorage.setItem(arguments[0], arguments[1])",
+                          f"trunk-sync|session|{proxy.url}", json.dumps(stored))
+    driver.refresh()
+    wait_until(lambda: element_shows(driver, "#status", "received"), "the first sync")
+
+    # IndexedDB does not commit the outbox's write (a full disk or quota; see the quota step).
+    driver.execute_script("const add = IDBObjectStore.prototype.add;"
+                          "window.restoreAdd = () => { IDBObjectStore.prototype.add = add };"
+                          "IDBObjectStore.prototype.add = function (...a) {"
+                          "  const request = add.apply(this, a); this.transaction.abort(); return request }")
+    field = driver.find_element(By.CSS_SELECTOR, "#note-form input")
+    field.send_keys("a note the disk refused")
+    driver.find_element(By.CSS_SELECTOR, "#note-form button").click()
+    wait_until(lambda: element_shows(driver, "#status", "not saved"), "the failure shown")
+    assert field.get_attribute("value") == "a note the disk refused", field.get_attribute("value")
+    driver.execute_script("window.restoreAdd()")
+    driver.find_element(By.CSS_SELECTOR, "#note-form button").click()
+    wait_until(lambda: element_shows(driver, "#notes", "a note the disk refused"), "the note, sent again, listed")
+    assert field.get_attribute("value") == ""
+    step("the example page keeps a note the browser did not store in its field, and says so")
 
 
 def offline(driver, on):

@@ -110,6 +110,7 @@ final class WebClientTests: EndToEndTestCase {
             "without IndexedDB, record refuses clearly",
             "an export whose body stalls is aborted with a network error", "exported the account as NDJSON",
             "the example page signs in, records and lists a note",
+            "the example page keeps a note the browser did not store in its field, and says so",
             "deleted the account with a mailed code, and its local data",
         ] {
             XCTAssertTrue(
