@@ -101,6 +101,13 @@ def api_token(address):
     return api_session(address)["access_token"]
 
 
+def push(token, text):
+    """Pushes a note as another device does; its seq."""
+    event = {"client_id": str(uuid.uuid4()), "type": "note", "payload": {"text": text},
+             "client_timestamp": "2026-11-27T12:00:00.000Z"}
+    return api("POST", "/sync/v1/events", {"events": [event]}, token)["results"][0]["seq"]
+
+
 def try_otp(address):
     try:
         api("POST", "/auth/v1/otp", {"email": address})
@@ -149,14 +156,14 @@ class Proxy:
     """HTTP forwarding with faults: `rules` answer matching requests instead of the server
     (each used once; a body of "" is empty), `push_delay` holds push answers back after the
     server committed, `hold()` keeps the next matching request until released, before
-    anything else happens to it, `paused` closes every request unanswered, `cut()` ends the
+    anything else happens to it, `hold_answer()` the server's answer to it, `paused` closes every request unanswered, `cut()` ends the
     open event streams, `fake_stream` answers stream requests itself: "silent" (a 200 event
     stream that never sends a byte, as a dead connection), "empty" (one that ends at once),
     "json" (a 200 that is not an event stream) or "401" (the token refused), and
     `stall_export` answers the export with its head and a piece of body, then nothing."""
 
     def __init__(self):
-        self.rules, self.log, self.streams, self.holds = [], [], set(), {}
+        self.rules, self.log, self.streams, self.holds, self.answer_holds = [], [], set(), {}, {}
         self.push_delay, self.paused, self.fake_stream, self.stall_export = 0.0, False, None, False
         self.lock = threading.Lock()
         proxy = self
@@ -193,6 +200,14 @@ class Proxy:
         with self.lock:
             self.holds[(method, path)] = (arrived, release)
         return arrived, release
+
+    def hold_answer(self, method, path):
+        """Holds the server's answer to the next `method path` request, as `hold` does the
+        request: (answered, release)."""
+        answered, release = threading.Event(), threading.Event()
+        with self.lock:
+            self.answer_holds[(method, path)] = (answered, release)
+        return answered, release
 
     def requests(self, method, path):
         with self.lock:
@@ -256,6 +271,10 @@ class Proxy:
         response = upstream.getresponse()
         with self.lock:
             self.log.append((time.monotonic(), method, path, response.status))
+            hold = self.answer_holds.pop((method, path), None)
+        if hold:
+            hold[0].set()
+            hold[1].wait(TIMEOUT)
         if delay:
             time.sleep(delay)
         streaming = (response.getheader("Content-Type") or "").startswith("text/event-stream")
@@ -1058,7 +1077,9 @@ def main():
 
 def example_page_keeps_every_note(driver, address):
     """The example page (examples/web) through a proxy of its own, signed in as `address`:
-    a note the browser does not store stays in the field, the failure shown."""
+    a note the browser does not store stays in the field, the failure shown; a note another
+    device adds while the page's first sync is under way (committed after its last page was
+    read, streamed before the sync ended) is listed at once, not only at the next visit."""
     proxy = Proxy()
     session = api_session(address)
     token = session["access_token"]
@@ -1086,6 +1107,21 @@ def example_page_keeps_every_note(driver, address):
     wait_until(lambda: element_shows(driver, "#notes", "a note the disk refused"), "the note, sent again, listed")
     assert field.get_attribute("value") == ""
     step("the example page keeps a note the browser did not store in its field, and says so")
+
+    answered, release = proxy.hold_answer("GET", "/sync/v1/events")
+    driver.refresh()
+    assert answered.wait(TIMEOUT), "the first sync's pull"
+    seq = push(token, "added while the page synced")
+    database = f"trunk-sync|{proxy.url}|{session['user']['id']}"
+    streamed = ("const db = await new Promise((resolve, reject) => { const r = indexedDB.open(args[0]);"
+                " r.onsuccess = () => resolve(r.result); r.onerror = () => reject(r.error) });"
+                "const r = db.transaction('meta').objectStore('meta').get('live');"
+                "const live = await new Promise((resolve) => { r.onsuccess = () => resolve(r.result) });"
+                "db.close(); return live ?? -1")
+    wait_until(lambda: js(driver, streamed, database) >= seq, "the note streamed to the page")
+    release.set()
+    wait_until(lambda: element_shows(driver, "#notes", "added while the page synced"), "the note listed")
+    step("the example page lists a note another device added during its first sync")
 
 
 def offline(driver, on):

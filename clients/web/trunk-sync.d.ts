@@ -150,7 +150,9 @@ export class TrunkSyncClient {
   /**
    * Events as they commit on the server, in every tab (from the leader's stream), for the
    * user signed in when called: it ends when that user signs out or another is signed in
-   * (in any tab); called with nobody signed in, it ends at once.
+   * (in any tab); called with nobody signed in, it ends at once. It gets events from when it
+   * is called: open it before the `sync` that catches up, and read it after, or what commits
+   * while that sync ends is missed (skip `seq`s both bring).
    */
   liveEvents(): AsyncIterableIterator<SyncEvent>;
 
