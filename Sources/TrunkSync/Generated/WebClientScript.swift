@@ -162,15 +162,18 @@ export class SSEParser {
 }
 
 /**
- * The indexes of the events a `400 validation_failed` names, with their first problem.
- * @param {any} body @returns {Map<number, {field: string, reason: string}>}
+ * The indexes of the events of a batch of `count` a `400 validation_failed` names, with their
+ * first problem. An index outside the batch names none of its events (a 400 not the server's
+ * own: the batch is halved as for one that names none, never pushed again as it is).
+ * @param {any} body @param {number} count @returns {Map<number, {field: string, reason: string}>}
  */
-export function refusedEvents(body) {
+export function refusedEvents(body, count) {
   const refused = new Map();
   if (!body || !Array.isArray(body.details)) return refused;
   for (const problem of body.details) {
-    if (problem && Number.isInteger(problem.index) && !refused.has(problem.index)) {
-      refused.set(problem.index, { field: String(problem.field ?? ''), reason: String(problem.reason ?? '') });
+    const index = problem?.index;
+    if (Number.isInteger(index) && index >= 0 && index < count && !refused.has(index)) {
+      refused.set(index, { field: String(problem.field ?? ''), reason: String(problem.reason ?? '') });
     }
   }
   return refused;
@@ -922,7 +925,7 @@ export class TrunkSyncClient {
         });
       } catch (error) {
         if (!(error instanceof TrunkSyncError) || (error.status !== 400 && error.status !== 413)) throw error;
-        const refused = error.status === 400 ? refusedEvents({ details: error.details }) : new Map();
+        const refused = error.status === 400 ? refusedEvents({ details: error.details }, batch.length) : new Map();
         if (refused.size === 0 && batch.length > 1) {
           maxEvents = Math.max(1, Math.floor(batch.length / 2)); // find the one it is about
           continue;

@@ -88,11 +88,19 @@ test('a 400 names the refused events by index, first problem each', () => {
       { index: 0, field: 'client_timestamp', reason: 'not RFC 3339' },
       { field: 'events', reason: 'no index' },
     ],
-  });
+  }, 3);
   assert.deepEqual([...refused.keys()].sort(), [0, 2]);
   assert.deepEqual(refused.get(2), { field: 'payload', reason: 'contains \\u0000' });
-  assert.equal(refusedEvents({ code: 'invalid_json' }).size, 0);
-  assert.equal(refusedEvents(null).size, 0);
+  assert.equal(refusedEvents({ code: 'invalid_json' }, 3).size, 0);
+  assert.equal(refusedEvents(null, 3).size, 0);
+});
+
+test('an index outside the batch names none of its events', () => {
+  // Quarantining "index 3" of a batch of 1 would move nothing: the same batch would be
+  // pushed again at once, and again, as long as the answer says so.
+  const body = { details: [{ index: 3, field: 'payload', reason: 'x' }, { index: -1, field: 'type', reason: 'y' }] };
+  assert.equal(refusedEvents(body, 1).size, 0);
+  assert.deepEqual([...refusedEvents(body, 4).keys()], [3]);
 });
 
 test('a push answer names the events stored; anything else names none', () => {
