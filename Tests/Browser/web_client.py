@@ -644,6 +644,22 @@ def main():
         exactly_once(server_events(alice), "unnamed", 3)
         step("a 2xx push answer that names no event stored removes nothing from the outbox")
 
+        # A pull answer that is not the server's (a proxy's own JSON, a stale page from before
+        # the cursor): the sync fails with invalid_response, and the cursor stays where it is.
+        cursor = ("const db = await client.current().db(); const r = db.transaction('meta')"
+                  ".objectStore('meta').get('cursor'); return await new Promise((resolve) => {"
+                  " r.onsuccess = () => resolve(r.result) })")
+        js(first, "await client.sync(() => {}); return true")
+        before = js(first, cursor)
+        assert before > 0, before
+        proxy.add_rule("GET", "/sync/v1/events", 200, {}, {"events": [], "next_after": 0, "has_more": False})
+        proxy.add_rule("GET", "/sync/v1/events", 200, {}, {"message": "down for maintenance"})
+        for _ in range(2):
+            failed = js(first, "try { await client.sync(() => {}); return 'synced' } catch (e) { return e.code || String(e) }")
+            assert failed == "invalid_response", failed
+            assert js(first, cursor) == before
+        step("a pull answer that is not the server's fails the sync and leaves the cursor")
+
         # A push answer that never comes: the request times out and is tried again (the
         # server has the event by then: a duplicate), instead of holding the sync lock.
         open_page(first, proxy.url, {"autoPush": False, "requestTimeout": 1500, "retry": {"baseDelay": 50}})

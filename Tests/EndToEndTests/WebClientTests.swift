@@ -89,6 +89,7 @@ final class WebClientTests: EndToEndTestCase {
             "a second profile got every event live, none missed after a cut connection",
             "429 and 503 with Retry-After honoured",
             "a 2xx push answer that names no event stored removes nothing from the outbox",
+            "a pull answer that is not the server's fails the sync and leaves the cursor",
             "a push answer that never came timed out and the push was tried again",
             "a stream gone silent was dropped and reopened, none missed",
             "a stream that ends at once or is not an event stream is retried with backoff",

@@ -204,6 +204,7 @@ export function retryAfterDelay(ms: number, random?: () => number): number;
 export function firstBatch<T extends { bytes: number }>(records: T[], limits: { maxEvents: number; maxBytes: number }): T[];
 export function utf8Length(text: string): number;
 export function refusedEvents(body: unknown, count: number): Map<number, { field: string; reason: string }>;
+export function checkedPage(page: unknown, cursor: number): { events: SyncEvent[]; next_after: number; has_more: boolean };
 export function pushResults(body: unknown): Map<string, 'created' | 'duplicate'> | null;
 export class SSEParser {
   lastEventId: string;

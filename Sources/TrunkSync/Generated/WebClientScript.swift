@@ -194,6 +194,31 @@ export function pushResults(body) {
   return stored;
 }
 
+/**
+ * A pull answer for `cursor` as the client relies on it: events in increasing `seq` order,
+ * all after `cursor`, and a `next_after` not behind the last of them (nor behind `cursor`).
+ * Anything else (a proxy's page, a stale or broken answer) is `invalid_response`: it reaches
+ * no handler and never moves the cursor back.
+ * @param {any} page @param {number} cursor
+ * @returns {{events: any[], next_after: number, has_more: boolean}}
+ */
+export function checkedPage(page, cursor) {
+  const invalid = (/** @type {string} */ why) =>
+    new TrunkSyncError('invalid_response', `the pull answer after ${cursor} is not the server's: ${why}`);
+  if (!page || !Array.isArray(page.events) || !Number.isSafeInteger(page.next_after)) {
+    throw invalid('no events and next_after');
+  }
+  let previous = cursor;
+  for (const event of page.events) {
+    if (!event || !Number.isSafeInteger(event.seq) || event.seq <= previous) {
+      throw invalid(`seq ${event?.seq} after ${previous}`);
+    }
+    previous = event.seq;
+  }
+  if (page.next_after < previous) throw invalid(`next_after ${page.next_after} behind ${previous}`);
+  return { events: page.events, next_after: page.next_after, has_more: page.has_more === true };
+}
+
 // MARK: - IndexedDB
 
 /** @param {IDBRequest | IDBTransaction} request */
@@ -985,9 +1010,12 @@ export class TrunkSyncClient {
     let cursor = (await settled(db.transaction('meta').objectStore('meta').get('cursor'))) ?? 0;
     let pulled = 0;
     for (;;) {
-      const page = await this.request('GET', `/sync/v1/events?after=${cursor}&limit=${this.pageSize}`, {
-        signal: account.stopped.signal,
-      });
+      const page = checkedPage(
+        await this.request('GET', `/sync/v1/events?after=${cursor}&limit=${this.pageSize}`, {
+          signal: account.stopped.signal,
+        }),
+        cursor,
+      );
       if (page.events.length > 0) {
         await handler(page.events);
         pulled += page.events.length;
