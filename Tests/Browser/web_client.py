@@ -630,6 +630,14 @@ def main():
         assert times[1] - times[0] >= 2.0 and times[2] - times[1] >= 1.0, times
         step("429 and 503 with Retry-After honoured")
 
+        # maxBatchEvents 0 is taken as 1 (as the Swift client does), not as batches of none.
+        open_page(first, proxy.url, {"autoPush": False, "maxBatchEvents": 0})
+        assert js(first, RECORD, "batches-of-one", 2) == 2
+        report = js(first, "const r = await client.sync(); return {...r, pending: await client.pendingCount()}")
+        assert report["pushed"] == 2 and report["pending"] == 0, report
+        exactly_once(server_events(alice), "batches-of-one", 2)
+        step("maxBatchEvents 0 pushes batches of one")
+
         # A 2xx push answer that does not name the events stored (a 204, a body without
         # results, as a misbehaving proxy gives): nothing leaves the outbox, the sync fails.
         assert js(first, RECORD, "unnamed", 3) == 3

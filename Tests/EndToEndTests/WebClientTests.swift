@@ -88,6 +88,7 @@ final class WebClientTests: EndToEndTestCase {
             "tab killed mid-push", "leader tab killed, the other took over",
             "a second profile got every event live, none missed after a cut connection",
             "429 and 503 with Retry-After honoured",
+            "maxBatchEvents 0 pushes batches of one",
             "a 2xx push answer that names no event stored removes nothing from the outbox",
             "a pull answer that is not the server's fails the sync and leaves the cursor",
             "a push answer that never came timed out and the push was tried again",

@@ -30,7 +30,7 @@ export interface RetryOptions {
 export interface TrunkSyncOptions {
   /** The server's base URL, e.g. `https://sync.example.com`. */
   url: string;
-  /** Events per push, at most 1000 (the server's limit). Default 500. */
+  /** Events per push, from 1 to 1000 (the server's limit; outside, the nearest). Default 500. */
   maxBatchEvents?: number;
   /** Payload bytes per push, at most 5 MiB (half the server's 10 MiB). Default 4 MiB. */
   maxBatchBytes?: number;

@@ -453,7 +453,8 @@ export class TrunkSyncClient {
     if (parsed.protocol !== 'https:' && parsed.protocol !== 'http:') throw new TypeError('url must be http(s)');
     /** The server's base URL, without a trailing slash. */
     this.url = parsed.origin + parsed.pathname.replace(/\/+$/, '');
-    this.maxBatchEvents = Math.min(options.maxBatchEvents ?? 500, SERVER_MAX_BATCH_EVENTS);
+    // At least one: a batch of none pushes nothing, for good, and says nothing.
+    this.maxBatchEvents = Math.max(1, Math.min(options.maxBatchEvents ?? 500, SERVER_MAX_BATCH_EVENTS));
     this.maxBatchBytes = Math.min(options.maxBatchBytes ?? 4 * 1024 * 1024, SERVER_MAX_BATCH_BYTES / 2);
     this.pageSize = Math.min(options.pageSize ?? 1000, 1000);
     this.retry = { maxAttempts: 6, baseDelay: 500, maxDelay: 30000, maxRetryAfter: 120000, ...options.retry };
