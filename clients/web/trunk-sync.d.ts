@@ -151,8 +151,8 @@ export class TrunkSyncClient {
    * Events as they commit on the server, in every tab (from the leader's stream), for the
    * user signed in when called: it ends when that user signs out or another is signed in
    * (in any tab); called with nobody signed in, it ends at once. It gets events from when it
-   * is called: open it before the `sync` that catches up, and read it after, or what commits
-   * while that sync ends is missed (skip `seq`s both bring).
+   * is called: after the `sync` that catches up, open it, `sync` once more (what committed as
+   * the first ended), then read it (skip `seq`s both bring).
    */
   liveEvents(): AsyncIterableIterator<SyncEvent>;
 

@@ -1209,8 +1209,8 @@ export class TrunkSyncClient {
    * async iterator of event objects, for the user signed in when it is called: it ends
    * (done) when that user signs out or another user is signed in (in any tab), so no other
    * user's events reach it; called while nobody is signed in, it ends at once. `return()`
-   * (a `break` in `for await`) ends it too. It gets events from when it is called: open it
-   * before the `sync` that catches up, and read it after.
+   * (a `break` in `for await`) ends it too. It gets events from when it is called: after the
+   * `sync` that catches up, open it, `sync` once more, then read it.
    * @returns {AsyncIterableIterator<any>}
    */
   liveEvents() {
