@@ -32,6 +32,7 @@ API, PAGE_PORT, SINK = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 API_PORT = int(API.rsplit(":", 1)[1])
 MODULE = os.path.join(os.path.dirname(__file__), "..", "..", "clients", "web", "trunk-sync.js")
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "web", "index.html")
+GUIDE = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "web-client.md")
 PAGE_ORIGIN = f"http://127.0.0.1:{PAGE_PORT}"
 TIMEOUT = 90  # generous: the machine is shared
 RUN = os.urandom(3).hex()  # addresses of this run: the per-address limits start afresh
@@ -45,6 +46,21 @@ def element_shows(driver, selector, text=None):
         return element.is_displayed() and (text is None or text in element.text)
     except WebDriverException:
         return False
+
+
+def submit(driver, form, text):
+    """Types `text` into the form's input and presses its button, as a person does."""
+    driver.find_element(By.CSS_SELECTOR, f"{form} input").send_keys(text)
+    driver.find_element(By.CSS_SELECTOR, f"{form} button").click()
+
+
+def sign_in_on_page(driver, url, email_form, code_form, address):
+    """Opens `url` and signs in through its two forms, as a person does, with the mailed code."""
+    driver.get(url)
+    wait_until(lambda: element_shows(driver, email_form), f"the sign-in form of {url}")
+    count = len(mails_to(address)) + 1
+    submit(driver, email_form, address)
+    submit(driver, code_form, code_for(address, count))
 
 
 def step(name):
@@ -374,6 +390,11 @@ class Page(http.server.BaseHTTPRequestHandler):
         elif self.path.startswith("/example/"):
             with open(EXAMPLE, "rb") as file:
                 body, kind = file.read(), "text/html; charset=utf-8"
+        elif self.path.startswith("/guide/"):
+            # docs/web-client.md's complete page as written, with the server's address.
+            with open(GUIDE, encoding="utf-8") as file:
+                html = re.search(r"## A complete page\n\n```html\n(.*?)```", file.read(), re.S).group(1)
+            body, kind = html.replace("http://127.0.0.1:8080", API).encode(), "text/html; charset=utf-8"
         else:
             body, kind = PAGE.encode(), "text/html; charset=utf-8"
         self.send_response(200)
@@ -1053,16 +1074,9 @@ def main():
 
         # The example page (examples/web), as a person uses it, with the served module.
         dave = f"dave-{RUN}@example.com"
-        first.get(f"{PAGE_ORIGIN}/example/?server={API}")
-        wait_until(lambda: element_shows(first, "#email-form"), "the sign-in form")
-        first.find_element(By.CSS_SELECTOR, "#email-form input").send_keys(dave)
-        first.find_element(By.CSS_SELECTOR, "#email-form button").click()
-        code = code_for(dave, 1)
-        first.find_element(By.CSS_SELECTOR, "#code-form input").send_keys(code)
-        first.find_element(By.CSS_SELECTOR, "#code-form button").click()
+        sign_in_on_page(first, f"{PAGE_ORIGIN}/example/?server={API}", "#email-form", "#code-form", dave)
         wait_until(lambda: element_shows(first, "#note-form"), "the signed-in page")
-        first.find_element(By.CSS_SELECTOR, "#note-form input").send_keys("hello from the example")
-        first.find_element(By.CSS_SELECTOR, "#note-form button").click()
+        submit(first, "#note-form", "hello from the example")
         # Recorded, pushed by the leader tab and back over the live stream into the list.
         wait_until(lambda: element_shows(first, "#notes", "hello from the example"), "the note listed")
         assert [e["payload"]["text"] for e in server_events(api_token(dave))] == ["hello from the example"]
@@ -1092,6 +1106,7 @@ def main():
         except urllib.error.HTTPError as error:
             assert error.code == 401, error.code
         step("deleted the account with a mailed code, and its local data")
+        guide_page_works(first)
     finally:
         first.quit()
         if second:
@@ -1147,6 +1162,23 @@ def example_page_keeps_every_note(driver, address):
     release.set()
     wait_until(lambda: element_shows(driver, "#notes", "added while the page synced"), "the note listed")
     step("the example page lists a note another device added during its first sync")
+
+
+def guide_page_works(driver):
+    """The complete page of docs/web-client.md, as written (served as /guide/), as a person
+    uses it: sign in, add a note, see it listed, also after a reload."""
+    fay = f"fay-{RUN}@example.com"
+    sign_in_on_page(driver, f"{PAGE_ORIGIN}/guide/", "#sign-in", "#code", fay)
+    # It reloads once signed in.
+    wait_until(lambda: driver.execute_script("return document.readyState === 'complete' &&"
+                                             " performance.getEntriesByType('navigation')[0].type === 'reload'"),
+               "the guide's page reloaded")
+    submit(driver, "#note", "hello from the guide")
+    wait_until(lambda: element_shows(driver, "#notes", "hello from the guide"), "the guide's note listed")
+    driver.refresh()
+    wait_until(lambda: element_shows(driver, "#notes", "hello from the guide"), "the guide's note after a reload")
+    assert [e["payload"]["text"] for e in server_events(api_token(fay))] == ["hello from the guide"]
+    step("the complete page of the guide signs in, records and lists a note")
 
 
 def offline(driver, on):

@@ -115,6 +115,7 @@ final class WebClientTests: EndToEndTestCase {
             "the example page keeps a note the browser did not store in its field, and says so",
             "the example page lists a note another device added during its first sync",
             "deleted the account with a mailed code, and its local data",
+            "the complete page of the guide signs in, records and lists a note",
         ] {
             XCTAssertTrue(
                 result.stdout.contains("ok \(step)"), "missing step \(step): \(result.stdout)\(result.stderr)")
