@@ -251,13 +251,19 @@ public actor TrunkSyncClient {
 
     /// Downloads a copy of the signed-in user's data (`GET /sync/v1/export`: one JSON object
     /// per line, the account first, then every event in order) to the file `destination`.
-    /// The body is written to a temporary file as it arrives, never held in memory, and moved
-    /// to `destination` (replacing it) only once complete: after a failure nothing is there.
+    /// The body is written to a temporary file as it arrives, never held in memory, and put in
+    /// place of the file at `destination` in one step only once complete: after a failure
+    /// `destination` is as it was. A directory there is never replaced.
     /// - Throws: `.notSignedIn`, `.sessionExpired`; `.server` with code `export_in_progress`
-    ///   while another export of the user runs; `.network` when the download broke off.
+    ///   while another export of the user runs; `.network` when the download broke off;
+    ///   `.storage` when `destination` is a directory.
     public func exportData(to destination: URL) async throws {
         var refreshedAfter401 = false
         let user = try signedInUser()
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: destination.path, isDirectory: &isDirectory), isDirectory.boolValue {
+            throw TrunkSyncError.storage("\(destination.path) is a directory: the export is written to a file")
+        }
         while true {
             let token = try await validAccessToken(for: user)
             var request = URLRequest(url: try endpoint("/sync/v1/export", []))
