@@ -175,12 +175,14 @@ class Proxy:
     anything else happens to it, `hold_answer()` the server's answer to it, `paused` closes every request unanswered, `cut()` ends the
     open event streams, `fake_stream` answers stream requests itself: "silent" (a 200 event
     stream that never sends a byte, as a dead connection), "empty" (one that ends at once),
-    "json" (a 200 that is not an event stream) or "401" (the token refused), and
-    `stall_export` answers the export with its head and a piece of body, then nothing."""
+    "json" (a 200 that is not an event stream) or "401" (the token refused),
+    `stall_export` answers the export with its head and a piece of body, then nothing, and
+    `max_push_bytes` refuses a larger push body with nginx's 413 (client_max_body_size)."""
 
     def __init__(self):
         self.rules, self.log, self.streams, self.holds, self.answer_holds = [], [], set(), {}, {}
         self.push_delay, self.paused, self.fake_stream, self.stall_export = 0.0, False, None, False
+        self.max_push_bytes = None
         self.lock = threading.Lock()
         proxy = self
 
@@ -258,6 +260,9 @@ class Proxy:
             return
         if method == "GET" and path == "/sync/v1/export" and self.stall_export:
             self.answer_stalled_export(handler)
+            return
+        if method == "POST" and path == "/sync/v1/events" and self.max_push_bytes and length > self.max_push_bytes:
+            self.answer_too_large(handler)
             return
         with self.lock:
             rule = next((r for r in self.rules if r[0] == method and r[1] == path), None)
@@ -343,6 +348,18 @@ class Proxy:
             self.log.append((time.monotonic(), "GET", "/sync/v1/stream", status))
         if kind == "silent":  # open until the page gives up on it
             self.wait_for_close(handler)
+
+    def answer_too_large(self, handler):
+        """nginx's answer to a body over its client_max_body_size (HTML, not the API's JSON)."""
+        body = b"<html><head><title>413 Request Entity Too Large</title></head></html>\n"
+        handler.send_response(413)
+        handler.send_header("Content-Type", "text/html")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.send_header("Access-Control-Allow-Origin", handler.headers.get("Origin", "*"))
+        handler.end_headers()
+        handler.wfile.write(body)
+        with self.lock:
+            self.log.append((time.monotonic(), "POST", "/sync/v1/events", 413))
 
     def answer_stalled_export(self, handler):
         """A 200 export whose body stops after its first piece (a connection gone dead)."""
@@ -658,6 +675,22 @@ def main():
         assert report["pushed"] == 2 and report["pending"] == 0, report
         exactly_once(server_events(alice), "batches-of-one", 2)
         step("maxBatchEvents 0 pushes batches of one")
+
+        # A proxy's body limit below a batch (nginx's client_max_body_size): the batch is
+        # halved until it fits, and that size is kept for the rest of the push rather than
+        # sending a full batch, and halving it again, after each one that went through.
+        open_page(first, proxy.url, {"autoPush": False, "maxBatchEvents": 16})
+        js(first, "for (let n = 0; n < 16; n++)"
+                  " await client.record('note', {tag: 'proxy-limit', n, pad: 'x'.repeat(3000)}); return true")
+        before = len(proxy.requests("POST", "/sync/v1/events"))
+        proxy.max_push_bytes = 16 * 1024  # 4 events of ~3.2 KB fit, 8 do not
+        report = js(first, "const r = await client.sync(); return {...r, pending: await client.pendingCount()}")
+        proxy.max_push_bytes = None
+        assert report["pushed"] == 16 and report["pending"] == 0, report
+        statuses = [entry[3] for entry in proxy.requests("POST", "/sync/v1/events")[before:]]
+        assert statuses == [413, 413, 200, 200, 200, 200], statuses
+        exactly_once(server_events(alice), "proxy-limit", 16)
+        step("a proxy's 413 halves the batch, and the size that fit is kept for the rest of the push")
 
         # A 2xx push answer that does not name the events stored (a 204, a body without
         # results, as a misbehaving proxy gives): nothing leaves the outbox, the sync fails.

@@ -89,6 +89,7 @@ final class WebClientTests: EndToEndTestCase {
             "a second profile got every event live, none missed after a cut connection",
             "429 and 503 with Retry-After honoured",
             "maxBatchEvents 0 pushes batches of one",
+            "a proxy's 413 halves the batch, and the size that fit is kept for the rest of the push",
             "a 2xx push answer that names no event stored removes nothing from the outbox",
             "a pull answer that is not the server's fails the sync and leaves the cursor",
             "a push answer that never came timed out and the push was tried again",

@@ -919,7 +919,11 @@ export class TrunkSyncClient {
   async pushAll(account, options = {}) {
     const db = await account.db();
     const report = { pushed: 0, duplicates: 0, rejected: /** @type {any[]} */ ([]) };
+    // Halved to find the event a 400 is about (the full size again after), or to fit under a
+    // 413's body limit (someone's on the way, say a proxy's): kept for the rest of this push,
+    // so each batch after does not send megabytes only to be refused again.
     let maxEvents = this.maxBatchEvents;
+    let fits = this.maxBatchEvents;
     for (;;) {
       if (account.stopped.signal.aborted) throw new TrunkSyncError('cancelled', 'signed out');
       /** @type {any[]} */
@@ -944,6 +948,7 @@ export class TrunkSyncClient {
         const refused = error.status === 400 ? refusedEvents({ details: error.details }, batch.length) : new Map();
         if (refused.size === 0 && batch.length > 1) {
           maxEvents = Math.max(1, Math.floor(batch.length / 2)); // find the one it is about
+          if (error.status === 413) fits = maxEvents;
           continue;
         }
         if (refused.size === 0) refused.set(0, { field: '', reason: error.message });
@@ -971,7 +976,7 @@ export class TrunkSyncClient {
           `the push answer names ${stored.length} of ${batch.length} events as stored; the others stay in the outbox`,
         );
       }
-      maxEvents = this.maxBatchEvents;
+      maxEvents = fits;
     }
   }
 
