@@ -445,7 +445,11 @@ public actor TrunkSyncClient {
     ) async throws {
         let configuredLimit = min(1000, max(1, configuration.maxBatchEvents))
         let byteLimit = min(9 * 1024 * 1024, max(Self.maxPayloadBytes, configuration.maxBatchBytes))
+        // Halved to find the event a 400 is about (the full size again after), or to fit under
+        // a 413's body limit (someone's on the way, say a proxy's): kept for the rest of this
+        // push, so each batch after does not send megabytes only to be refused again.
         var limit = configuredLimit
+        var fits = configuredLimit
         while true {
             try ensureCurrent(store)
             let batch = try storage { try store.outbox.oldest(maxEvents: limit, maxBytes: byteLimit) }
@@ -464,7 +468,7 @@ public actor TrunkSyncClient {
                 report.pushed += created
                 report.duplicates += duplicates
                 configuration.observer?(.batchPushed(events: batch.count, created: created, duplicates: duplicates))
-                limit = configuredLimit
+                limit = fits
             case 400, 413:
                 let error = answer.serverError
                 let now = configuration.now()
@@ -486,6 +490,7 @@ public actor TrunkSyncClient {
                     // No event named: halve the batch until one event alone is refused.
                     if batch.count > 1 {
                         limit = max(1, batch.count / 2)
+                        if answer.status == 413 { fits = limit }
                         continue
                     }
                     var event = batch[0]
