@@ -251,13 +251,19 @@ public actor TrunkSyncClient {
 
     /// Downloads a copy of the signed-in user's data (`GET /sync/v1/export`: one JSON object
     /// per line, the account first, then every event in order) to the file `destination`.
-    /// The body is written to a temporary file as it arrives, never held in memory, and moved
-    /// to `destination` (replacing it) only once complete: after a failure nothing is there.
+    /// The body is written to a temporary file as it arrives, never held in memory, and put in
+    /// place of the file at `destination` in one step only once complete: after a failure
+    /// `destination` is as it was. A directory there is never replaced.
     /// - Throws: `.notSignedIn`, `.sessionExpired`; `.server` with code `export_in_progress`
-    ///   while another export of the user runs; `.network` when the download broke off.
+    ///   while another export of the user runs; `.network` when the download broke off;
+    ///   `.storage` when `destination` is a directory.
     public func exportData(to destination: URL) async throws {
         var refreshedAfter401 = false
         let user = try signedInUser()
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: destination.path, isDirectory: &isDirectory), isDirectory.boolValue {
+            throw TrunkSyncError.storage("\(destination.path) is a directory: the export is written to a file")
+        }
         while true {
             let token = try await validAccessToken(for: user)
             var request = URLRequest(url: try endpoint("/sync/v1/export", []))
@@ -439,7 +445,11 @@ public actor TrunkSyncClient {
     ) async throws {
         let configuredLimit = min(1000, max(1, configuration.maxBatchEvents))
         let byteLimit = min(9 * 1024 * 1024, max(Self.maxPayloadBytes, configuration.maxBatchBytes))
+        // Halved to find the event a 400 is about (the full size again after), or to fit under
+        // a 413's body limit (someone's on the way, say a proxy's): kept for the rest of this
+        // push, so each batch after does not send megabytes only to be refused again.
         var limit = configuredLimit
+        var fits = configuredLimit
         while true {
             try ensureCurrent(store)
             let batch = try storage { try store.outbox.oldest(maxEvents: limit, maxBytes: byteLimit) }
@@ -458,7 +468,7 @@ public actor TrunkSyncClient {
                 report.pushed += created
                 report.duplicates += duplicates
                 configuration.observer?(.batchPushed(events: batch.count, created: created, duplicates: duplicates))
-                limit = configuredLimit
+                limit = fits
             case 400, 413:
                 let error = answer.serverError
                 let now = configuration.now()
@@ -480,6 +490,7 @@ public actor TrunkSyncClient {
                     // No event named: halve the batch until one event alone is refused.
                     if batch.count > 1 {
                         limit = max(1, batch.count / 2)
+                        if answer.status == 413 { fits = limit }
                         continue
                     }
                     var event = batch[0]

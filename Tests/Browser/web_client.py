@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
@@ -31,6 +32,7 @@ API, PAGE_PORT, SINK = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 API_PORT = int(API.rsplit(":", 1)[1])
 MODULE = os.path.join(os.path.dirname(__file__), "..", "..", "clients", "web", "trunk-sync.js")
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "web", "index.html")
+GUIDE = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "web-client.md")
 PAGE_ORIGIN = f"http://127.0.0.1:{PAGE_PORT}"
 TIMEOUT = 90  # generous: the machine is shared
 RUN = os.urandom(3).hex()  # addresses of this run: the per-address limits start afresh
@@ -44,6 +46,21 @@ def element_shows(driver, selector, text=None):
         return element.is_displayed() and (text is None or text in element.text)
     except WebDriverException:
         return False
+
+
+def submit(driver, form, text):
+    """Types `text` into the form's input and presses its button, as a person does."""
+    driver.find_element(By.CSS_SELECTOR, f"{form} input").send_keys(text)
+    driver.find_element(By.CSS_SELECTOR, f"{form} button").click()
+
+
+def sign_in_on_page(driver, url, email_form, code_form, address):
+    """Opens `url` and signs in through its two forms, as a person does, with the mailed code."""
+    driver.get(url)
+    wait_until(lambda: element_shows(driver, email_form), f"the sign-in form of {url}")
+    count = len(mails_to(address)) + 1
+    submit(driver, email_form, address)
+    submit(driver, code_form, code_for(address, count))
 
 
 def step(name):
@@ -88,12 +105,23 @@ def api(method, path, body=None, token=None):
         return json.loads(text) if text else None
 
 
-def api_token(address):
-    """A session of our own for `address`, to look at what the server stored."""
+def api_session(address):
+    """A session of our own for `address` (the server's answer to /verify)."""
     count = len(mails_to(address)) + 1
     wait_until(lambda: try_otp(address), f"a code for {address}")
-    session = api("POST", "/auth/v1/verify", {"email": address, "token": code_for(address, count), "type": "email"})
-    return session["access_token"]
+    return api("POST", "/auth/v1/verify", {"email": address, "token": code_for(address, count), "type": "email"})
+
+
+def api_token(address):
+    """An access token of our own for `address`, to look at what the server stored."""
+    return api_session(address)["access_token"]
+
+
+def push(token, text):
+    """Pushes a note as another device does; its seq."""
+    event = {"client_id": str(uuid.uuid4()), "type": "note", "payload": {"text": text},
+             "client_timestamp": "2026-11-27T12:00:00.000Z"}
+    return api("POST", "/sync/v1/events", {"events": [event]}, token)["results"][0]["seq"]
 
 
 def try_otp(address):
@@ -144,15 +172,17 @@ class Proxy:
     """HTTP forwarding with faults: `rules` answer matching requests instead of the server
     (each used once; a body of "" is empty), `push_delay` holds push answers back after the
     server committed, `hold()` keeps the next matching request until released, before
-    anything else happens to it, `paused` closes every request unanswered, `cut()` ends the
+    anything else happens to it, `hold_answer()` the server's answer to it, `paused` closes every request unanswered, `cut()` ends the
     open event streams, `fake_stream` answers stream requests itself: "silent" (a 200 event
     stream that never sends a byte, as a dead connection), "empty" (one that ends at once),
-    "json" (a 200 that is not an event stream) or "401" (the token refused), and
-    `stall_export` answers the export with its head and a piece of body, then nothing."""
+    "json" (a 200 that is not an event stream) or "401" (the token refused),
+    `stall_export` answers the export with its head and a piece of body, then nothing, and
+    `max_push_bytes` refuses a larger push body with nginx's 413 (client_max_body_size)."""
 
     def __init__(self):
-        self.rules, self.log, self.streams, self.holds = [], [], set(), {}
+        self.rules, self.log, self.streams, self.holds, self.answer_holds = [], [], set(), {}, {}
         self.push_delay, self.paused, self.fake_stream, self.stall_export = 0.0, False, None, False
+        self.max_push_bytes = None
         self.lock = threading.Lock()
         proxy = self
 
@@ -189,6 +219,14 @@ class Proxy:
             self.holds[(method, path)] = (arrived, release)
         return arrived, release
 
+    def hold_answer(self, method, path):
+        """Holds the server's answer to the next `method path` request, as `hold` does the
+        request: (answered, release)."""
+        answered, release = threading.Event(), threading.Event()
+        with self.lock:
+            self.answer_holds[(method, path)] = (answered, release)
+        return answered, release
+
     def requests(self, method, path):
         with self.lock:
             return [entry for entry in self.log if entry[1] == method and entry[2] == path]
@@ -223,6 +261,9 @@ class Proxy:
         if method == "GET" and path == "/sync/v1/export" and self.stall_export:
             self.answer_stalled_export(handler)
             return
+        if method == "POST" and path == "/sync/v1/events" and self.max_push_bytes and length > self.max_push_bytes:
+            self.answer_too_large(handler)
+            return
         with self.lock:
             rule = next((r for r in self.rules if r[0] == method and r[1] == path), None)
             if rule and rule[5] > 0:
@@ -251,6 +292,10 @@ class Proxy:
         response = upstream.getresponse()
         with self.lock:
             self.log.append((time.monotonic(), method, path, response.status))
+            hold = self.answer_holds.pop((method, path), None)
+        if hold:
+            hold[0].set()
+            hold[1].wait(TIMEOUT)
         if delay:
             time.sleep(delay)
         streaming = (response.getheader("Content-Type") or "").startswith("text/event-stream")
@@ -304,6 +349,18 @@ class Proxy:
         if kind == "silent":  # open until the page gives up on it
             self.wait_for_close(handler)
 
+    def answer_too_large(self, handler):
+        """nginx's answer to a body over its client_max_body_size (HTML, not the API's JSON)."""
+        body = b"<html><head><title>413 Request Entity Too Large</title></head></html>\n"
+        handler.send_response(413)
+        handler.send_header("Content-Type", "text/html")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.send_header("Access-Control-Allow-Origin", handler.headers.get("Origin", "*"))
+        handler.end_headers()
+        handler.wfile.write(body)
+        with self.lock:
+            self.log.append((time.monotonic(), "POST", "/sync/v1/events", 413))
+
     def answer_stalled_export(self, handler):
         """A 200 export whose body stops after its first piece (a connection gone dead)."""
         handler.send_response(200)
@@ -350,6 +407,11 @@ class Page(http.server.BaseHTTPRequestHandler):
         elif self.path.startswith("/example/"):
             with open(EXAMPLE, "rb") as file:
                 body, kind = file.read(), "text/html; charset=utf-8"
+        elif self.path.startswith("/guide/"):
+            # docs/web-client.md's complete page as written, with the server's address.
+            with open(GUIDE, encoding="utf-8") as file:
+                html = re.search(r"## A complete page\n\n```html\n(.*?)```", file.read(), re.S).group(1)
+            body, kind = html.replace("http://127.0.0.1:8080", API).encode(), "text/html; charset=utf-8"
         else:
             body, kind = PAGE.encode(), "text/html; charset=utf-8"
         self.send_response(200)
@@ -606,6 +668,30 @@ def main():
         assert times[1] - times[0] >= 2.0 and times[2] - times[1] >= 1.0, times
         step("429 and 503 with Retry-After honoured")
 
+        # maxBatchEvents 0 is taken as 1 (as the Swift client does), not as batches of none.
+        open_page(first, proxy.url, {"autoPush": False, "maxBatchEvents": 0})
+        assert js(first, RECORD, "batches-of-one", 2) == 2
+        report = js(first, "const r = await client.sync(); return {...r, pending: await client.pendingCount()}")
+        assert report["pushed"] == 2 and report["pending"] == 0, report
+        exactly_once(server_events(alice), "batches-of-one", 2)
+        step("maxBatchEvents 0 pushes batches of one")
+
+        # A proxy's body limit below a batch (nginx's client_max_body_size): the batch is
+        # halved until it fits, and that size is kept for the rest of the push rather than
+        # sending a full batch, and halving it again, after each one that went through.
+        open_page(first, proxy.url, {"autoPush": False, "maxBatchEvents": 16})
+        js(first, "for (let n = 0; n < 16; n++)"
+                  " await client.record('note', {tag: 'proxy-limit', n, pad: 'x'.repeat(3000)}); return true")
+        before = len(proxy.requests("POST", "/sync/v1/events"))
+        proxy.max_push_bytes = 16 * 1024  # 4 events of ~3.2 KB fit, 8 do not
+        report = js(first, "const r = await client.sync(); return {...r, pending: await client.pendingCount()}")
+        proxy.max_push_bytes = None
+        assert report["pushed"] == 16 and report["pending"] == 0, report
+        statuses = [entry[3] for entry in proxy.requests("POST", "/sync/v1/events")[before:]]
+        assert statuses == [413, 413, 200, 200, 200, 200], statuses
+        exactly_once(server_events(alice), "proxy-limit", 16)
+        step("a proxy's 413 halves the batch, and the size that fit is kept for the rest of the push")
+
         # A 2xx push answer that does not name the events stored (a 204, a body without
         # results, as a misbehaving proxy gives): nothing leaves the outbox, the sync fails.
         assert js(first, RECORD, "unnamed", 3) == 3
@@ -619,6 +705,22 @@ def main():
         assert report["pending"] == 0 and report["pushed"] + report["duplicates"] == 3, report
         exactly_once(server_events(alice), "unnamed", 3)
         step("a 2xx push answer that names no event stored removes nothing from the outbox")
+
+        # A pull answer that is not the server's (a proxy's own JSON, a stale page from before
+        # the cursor): the sync fails with invalid_response, and the cursor stays where it is.
+        cursor = ("const db = await client.current().db(); const r = db.transaction('meta')"
+                  ".objectStore('meta').get('cursor'); return await new Promise((resolve) => {"
+                  " r.onsuccess = () => resolve(r.result) })")
+        js(first, "await client.sync(() => {}); return true")
+        before = js(first, cursor)
+        assert before > 0, before
+        proxy.add_rule("GET", "/sync/v1/events", 200, {}, {"events": [], "next_after": 0, "has_more": False})
+        proxy.add_rule("GET", "/sync/v1/events", 200, {}, {"message": "down for maintenance"})
+        for _ in range(2):
+            failed = js(first, "try { await client.sync(() => {}); return 'synced' } catch (e) { return e.code || String(e) }")
+            assert failed == "invalid_response", failed
+            assert js(first, cursor) == before
+        step("a pull answer that is not the server's fails the sync and leaves the cursor")
 
         # A push answer that never comes: the request times out and is tried again (the
         # server has the event by then: a duplicate), instead of holding the sync lock.
@@ -1005,22 +1107,16 @@ def main():
 
         # The example page (examples/web), as a person uses it, with the served module.
         dave = f"dave-{RUN}@example.com"
-        first.get(f"{PAGE_ORIGIN}/example/?server={API}")
-        wait_until(lambda: element_shows(first, "#email-form"), "the sign-in form")
-        first.find_element(By.CSS_SELECTOR, "#email-form input").send_keys(dave)
-        first.find_element(By.CSS_SELECTOR, "#email-form button").click()
-        code = code_for(dave, 1)
-        first.find_element(By.CSS_SELECTOR, "#code-form input").send_keys(code)
-        first.find_element(By.CSS_SELECTOR, "#code-form button").click()
+        sign_in_on_page(first, f"{PAGE_ORIGIN}/example/?server={API}", "#email-form", "#code-form", dave)
         wait_until(lambda: element_shows(first, "#note-form"), "the signed-in page")
-        first.find_element(By.CSS_SELECTOR, "#note-form input").send_keys("hello from the example")
-        first.find_element(By.CSS_SELECTOR, "#note-form button").click()
+        submit(first, "#note-form", "hello from the example")
         # Recorded, pushed by the leader tab and back over the live stream into the list.
         wait_until(lambda: element_shows(first, "#notes", "hello from the example"), "the note listed")
         assert [e["payload"]["text"] for e in server_events(api_token(dave))] == ["hello from the example"]
         first.refresh()
         wait_until(lambda: element_shows(first, "#notes", "hello from the example"), "the note after a reload")
         step("the example page signs in, records and lists a note")
+        example_page_keeps_every_note(first, dave)
 
         # Deleting the account: a mailed confirmation code, then everything is gone, here too.
         dave_token = api_token(dave)
@@ -1043,11 +1139,79 @@ def main():
         except urllib.error.HTTPError as error:
             assert error.code == 401, error.code
         step("deleted the account with a mailed code, and its local data")
+        guide_page_works(first)
     finally:
         first.quit()
         if second:
             second.quit()
         page.shutdown()
+
+
+def example_page_keeps_every_note(driver, address):
+    """The example page (examples/web) through a proxy of its own, signed in as `address`:
+    a note the browser does not store stays in the field, the failure shown; a note another
+    device adds while the page's first sync is under way (committed after its last page was
+    read, streamed before the sync ended) is listed at once, not only at the next visit."""
+    proxy = Proxy()
+    session = api_session(address)
+    token = session["access_token"]
+    stored = {"access_token": token, "refresh_token": session["refresh_token"],
+              "expires_in": session["expires_in"], "expires_at": int(time.time()) + int(session["expires_in"]),
+              "user_id": session["user"]["id"], "email": address, "id": str(uuid.uuid4())}
+    driver.get(f"{PAGE_ORIGIN}/example/?server={proxy.url}")
+    driver.execute_script("localStorage.setItem(arguments[0], arguments[1])",
+                          f"trunk-sync|session|{proxy.url}", json.dumps(stored))
+    driver.refresh()
+    # Its last change of state (leading the account) shown: a message shown after it stays.
+    wait_until(lambda: element_shows(driver, "#status", "this tab syncs"), "the page leading its account")
+
+    # IndexedDB does not commit the outbox's write (a full disk or quota; see the quota step).
+    driver.execute_script("const add = IDBObjectStore.prototype.add;"
+                          "window.restoreAdd = () => { IDBObjectStore.prototype.add = add };"
+                          "IDBObjectStore.prototype.add = function (...a) {"
+                          "  const request = add.apply(this, a); this.transaction.abort(); return request }")
+    field = driver.find_element(By.CSS_SELECTOR, "#note-form input")
+    field.send_keys("a note the disk refused")
+    driver.find_element(By.CSS_SELECTOR, "#note-form button").click()
+    wait_until(lambda: element_shows(driver, "#status", "not saved"), "the failure shown")
+    assert field.get_attribute("value") == "a note the disk refused", field.get_attribute("value")
+    driver.execute_script("window.restoreAdd()")
+    driver.find_element(By.CSS_SELECTOR, "#note-form button").click()
+    wait_until(lambda: element_shows(driver, "#notes", "a note the disk refused"), "the note, sent again, listed")
+    assert field.get_attribute("value") == ""
+    step("the example page keeps a note the browser did not store in its field, and says so")
+
+    answered, release = proxy.hold_answer("GET", "/sync/v1/events")
+    driver.refresh()
+    assert answered.wait(TIMEOUT), "the first sync's pull"
+    seq = push(token, "added while the page synced")
+    database = f"trunk-sync|{proxy.url}|{session['user']['id']}"
+    streamed = ("const db = await new Promise((resolve, reject) => { const r = indexedDB.open(args[0]);"
+                " r.onsuccess = () => resolve(r.result); r.onerror = () => reject(r.error) });"
+                "const r = db.transaction('meta').objectStore('meta').get('live');"
+                "const live = await new Promise((resolve) => { r.onsuccess = () => resolve(r.result) });"
+                "db.close(); return live ?? -1")
+    wait_until(lambda: js(driver, streamed, database) >= seq, "the note streamed to the page")
+    release.set()
+    wait_until(lambda: element_shows(driver, "#notes", "added while the page synced"), "the note listed")
+    step("the example page lists a note another device added during its first sync")
+
+
+def guide_page_works(driver):
+    """The complete page of docs/web-client.md, as written (served as /guide/), as a person
+    uses it: sign in, add a note, see it listed, also after a reload."""
+    fay = f"fay-{RUN}@example.com"
+    sign_in_on_page(driver, f"{PAGE_ORIGIN}/guide/", "#sign-in", "#code", fay)
+    # It reloads once signed in.
+    wait_until(lambda: driver.execute_script("return document.readyState === 'complete' &&"
+                                             " performance.getEntriesByType('navigation')[0].type === 'reload'"),
+               "the guide's page reloaded")
+    submit(driver, "#note", "hello from the guide")
+    wait_until(lambda: element_shows(driver, "#notes", "hello from the guide"), "the guide's note listed")
+    driver.refresh()
+    wait_until(lambda: element_shows(driver, "#notes", "hello from the guide"), "the guide's note after a reload")
+    assert [e["payload"]["text"] for e in server_events(api_token(fay))] == ["hello from the guide"]
+    step("the complete page of the guide signs in, records and lists a note")
 
 
 def offline(driver, on):

@@ -88,7 +88,10 @@ final class WebClientTests: EndToEndTestCase {
             "tab killed mid-push", "leader tab killed, the other took over",
             "a second profile got every event live, none missed after a cut connection",
             "429 and 503 with Retry-After honoured",
+            "maxBatchEvents 0 pushes batches of one",
+            "a proxy's 413 halves the batch, and the size that fit is kept for the rest of the push",
             "a 2xx push answer that names no event stored removes nothing from the outbox",
+            "a pull answer that is not the server's fails the sync and leaves the cursor",
             "a push answer that never came timed out and the push was tried again",
             "a stream gone silent was dropped and reopened, none missed",
             "a stream that ends at once or is not an event stream is retried with backoff",
@@ -110,7 +113,10 @@ final class WebClientTests: EndToEndTestCase {
             "without IndexedDB, record refuses clearly",
             "an export whose body stalls is aborted with a network error", "exported the account as NDJSON",
             "the example page signs in, records and lists a note",
+            "the example page keeps a note the browser did not store in its field, and says so",
+            "the example page lists a note another device added during its first sync",
             "deleted the account with a mailed code, and its local data",
+            "the complete page of the guide signs in, records and lists a note",
         ] {
             XCTAssertTrue(
                 result.stdout.contains("ok \(step)"), "missing step \(step): \(result.stdout)\(result.stderr)")

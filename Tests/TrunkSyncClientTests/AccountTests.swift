@@ -95,6 +95,26 @@ final class ClientAccountTests: ClientTestCase {
             try String(contentsOf: file, encoding: .utf8).split(separator: "\n").count, 1201, "left as it was")
     }
 
+    /// A directory given as the destination (say the app's documents folder, meant as "put it
+    /// there") is refused, and stays as it was with everything in it: it was removed, with
+    /// all it held, and the export put in its place.
+    func testAnExportToADirectoryLeavesTheDirectory() async throws {
+        let server = try startServer()
+        let client = try makeClient(server, storage: try makeStorage())
+        try await signIn(client, server, as: "folder@example.com")
+        let folder = try makeStorage().appendingPathComponent("Documents", isDirectory: true)
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        let kept = folder.appendingPathComponent("the user's own file.txt")
+        try Data("mine".utf8).write(to: kept)
+        do {
+            try await client.exportData(to: folder)
+            XCTFail("exported over a directory")
+        } catch TrunkSyncError.storage(let reason) {
+            XCTAssertTrue(reason.contains("is a directory"), reason)
+        }
+        XCTAssertEqual(try String(contentsOf: kept, encoding: .utf8), "mine")
+    }
+
     /// An export cut short on the server (the account deleted while it streams) is no file:
     /// the download fails and the destination stays as it was.
     func testAnExportCutShortLeavesNoFile() async throws {

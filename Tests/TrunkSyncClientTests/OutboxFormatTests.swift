@@ -282,4 +282,39 @@ final class OutboxFormatTests: XCTestCase {
         XCTAssertEqual(try reopened.all(), keep)
         XCTAssertNil(reopened.recovery)
     }
+
+    // MARK: - Replacing a file (an export put in place)
+
+    /// A downloaded file replaces the one at the destination in one step, also from another
+    /// volume (a copy beside it, renamed over it: `rename` alone cannot cross volumes, EXDEV),
+    /// and never replaces a directory.
+    func testAFileIsReplacedInOneStepAlsoFromAnotherVolume() throws {
+        let destination = directory.appendingPathComponent("export.ndjson")
+        try Data("older".utf8).write(to: destination)
+        let here = directory.appendingPathComponent("download-1")
+        try Data("first".utf8).write(to: here)
+        try FileSystem.replace(destination, withFileAt: here)
+        XCTAssertEqual(try String(contentsOf: destination, encoding: .utf8), "first")
+
+        let shm = URL(fileURLWithPath: "/dev/shm")
+        var shmInfo = stat()
+        var hereInfo = stat()
+        guard stat(shm.path, &shmInfo) == 0, stat(directory.path, &hereInfo) == 0, shmInfo.st_dev != hereInfo.st_dev
+        else { throw XCTSkip("no second volume (/dev/shm) here") }
+        let elsewhere = shm.appendingPathComponent("trunk-sync-download-\(UUID().uuidString.prefix(8))")
+        defer { try? FileManager.default.removeItem(at: elsewhere) }
+        let body = (0..<(FileSystem.writeStep * 2 + 5)).map { UInt8(truncatingIfNeeded: $0) }
+        try Data(body).write(to: elsewhere)
+        try FileSystem.replace(destination, withFileAt: elsewhere)
+        XCTAssertEqual(Array(try Data(contentsOf: destination)), body)
+        XCTAssertEqual(
+            try FileManager.default.contentsOfDirectory(atPath: directory.path).sorted(), ["export.ndjson"],
+            "nothing left beside it")
+
+        let folder = directory.appendingPathComponent("Documents", isDirectory: true)
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        try Data("mine".utf8).write(to: folder.appendingPathComponent("own.txt"))
+        XCTAssertThrowsError(try FileSystem.replace(folder, withFileAt: elsewhere))
+        XCTAssertEqual(try String(contentsOf: folder.appendingPathComponent("own.txt"), encoding: .utf8), "mine")
+    }
 }

@@ -177,6 +177,34 @@ final class OutboxSyncTests: ClientTestCase {
         XCTAssertEqual(try serverEvents(server, email).count, 10)
     }
 
+    /// A proxy's body limit below a batch (nginx's `client_max_body_size`): the batch is halved
+    /// until it fits, and that size is kept for the rest of the push, rather than sending a
+    /// full batch, and halving it again, after each one that went through.
+    func testAProxys413HalvesTheBatchAndTheSizeThatFitIsKept() async throws {
+        let email = "proxy-limit@example.com"
+        let server = try startServer()
+        let proxy = try HoldingProxy(upstream: server.port)
+        defer { proxy.stop() }
+        let events = EventLogBox()
+        var configuration = TrunkSyncClient.Configuration()
+        configuration.retry = Self.quickRetry
+        configuration.maxBatchEvents = 16
+        configuration.observer = { events.record($0) }
+        let client = try TrunkSyncClient(
+            url: proxy.url, storageDirectory: try makeStorage(), configuration: configuration)
+        try await signIn(client, server, as: email)
+        let pad = String(repeating: "x", count: 3000)
+        for index in 0..<16 { _ = try await client.record(type: "note", payload: ["n": String(index), "pad": pad]) }
+
+        try proxy.limitBodies(to: 16 * 1024)  // 4 events of ~3.1 KB fit, 8 do not
+        let report = try await client.push()
+        XCTAssertEqual(report.pushed, 16)
+        XCTAssertEqual(report.rejected.count, 0, "nothing quarantined")
+        XCTAssertEqual(events.requests("POST", "/sync/v1/events").count, 6, "16 and 8 refused, then 4 batches of 4")
+        XCTAssertEqual(try serverEvents(server, email).count, 16)
+        await client.close()
+    }
+
     /// A batch the server refuses names the bad event and field; that event moves to the
     /// quarantine and the others are stored.
     func testARefusedEventIsQuarantinedAndTheRestIsPushed() async throws {

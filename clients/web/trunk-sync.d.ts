@@ -30,7 +30,7 @@ export interface RetryOptions {
 export interface TrunkSyncOptions {
   /** The server's base URL, e.g. `https://sync.example.com`. */
   url: string;
-  /** Events per push, at most 1000 (the server's limit). Default 500. */
+  /** Events per push, from 1 to 1000 (the server's limit; outside, the nearest). Default 500. */
   maxBatchEvents?: number;
   /** Payload bytes per push, at most 5 MiB (half the server's 10 MiB). Default 4 MiB. */
   maxBatchBytes?: number;
@@ -150,7 +150,9 @@ export class TrunkSyncClient {
   /**
    * Events as they commit on the server, in every tab (from the leader's stream), for the
    * user signed in when called: it ends when that user signs out or another is signed in
-   * (in any tab); called with nobody signed in, it ends at once.
+   * (in any tab); called with nobody signed in, it ends at once. It gets events from when it
+   * is called: after the `sync` that catches up, open it, `sync` once more (what committed as
+   * the first ended), then read it (skip `seq`s both bring).
    */
   liveEvents(): AsyncIterableIterator<SyncEvent>;
 
@@ -201,7 +203,8 @@ export function parseRetryAfter(value: string | null | undefined, now?: number):
 export function retryAfterDelay(ms: number, random?: () => number): number;
 export function firstBatch<T extends { bytes: number }>(records: T[], limits: { maxEvents: number; maxBytes: number }): T[];
 export function utf8Length(text: string): number;
-export function refusedEvents(body: unknown): Map<number, { field: string; reason: string }>;
+export function refusedEvents(body: unknown, count: number): Map<number, { field: string; reason: string }>;
+export function checkedPage(page: unknown, cursor: number): { events: SyncEvent[]; next_after: number; has_more: boolean };
 export function pushResults(body: unknown): Map<string, 'created' | 'duplicate'> | null;
 export class SSEParser {
   lastEventId: string;

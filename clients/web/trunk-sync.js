@@ -152,15 +152,18 @@ export class SSEParser {
 }
 
 /**
- * The indexes of the events a `400 validation_failed` names, with their first problem.
- * @param {any} body @returns {Map<number, {field: string, reason: string}>}
+ * The indexes of the events of a batch of `count` a `400 validation_failed` names, with their
+ * first problem. An index outside the batch names none of its events (a 400 not the server's
+ * own: the batch is halved as for one that names none, never pushed again as it is).
+ * @param {any} body @param {number} count @returns {Map<number, {field: string, reason: string}>}
  */
-export function refusedEvents(body) {
+export function refusedEvents(body, count) {
   const refused = new Map();
   if (!body || !Array.isArray(body.details)) return refused;
   for (const problem of body.details) {
-    if (problem && Number.isInteger(problem.index) && !refused.has(problem.index)) {
-      refused.set(problem.index, { field: String(problem.field ?? ''), reason: String(problem.reason ?? '') });
+    const index = problem?.index;
+    if (Number.isInteger(index) && index >= 0 && index < count && !refused.has(index)) {
+      refused.set(index, { field: String(problem.field ?? ''), reason: String(problem.reason ?? '') });
     }
   }
   return refused;
@@ -179,6 +182,31 @@ export function pushResults(body) {
     if (result.status === 'created' || result.status === 'duplicate') stored.set(result.client_id, result.status);
   }
   return stored;
+}
+
+/**
+ * A pull answer for `cursor` as the client relies on it: events in increasing `seq` order,
+ * all after `cursor`, and a `next_after` not behind the last of them (nor behind `cursor`).
+ * Anything else (a proxy's page, a stale or broken answer) is `invalid_response`: it reaches
+ * no handler and never moves the cursor back.
+ * @param {any} page @param {number} cursor
+ * @returns {{events: any[], next_after: number, has_more: boolean}}
+ */
+export function checkedPage(page, cursor) {
+  const invalid = (/** @type {string} */ why) =>
+    new TrunkSyncError('invalid_response', `the pull answer after ${cursor} is not the server's: ${why}`);
+  if (!page || !Array.isArray(page.events) || !Number.isSafeInteger(page.next_after)) {
+    throw invalid('no events and next_after');
+  }
+  let previous = cursor;
+  for (const event of page.events) {
+    if (!event || !Number.isSafeInteger(event.seq) || event.seq <= previous) {
+      throw invalid(`seq ${event?.seq} after ${previous}`);
+    }
+    previous = event.seq;
+  }
+  if (page.next_after < previous) throw invalid(`next_after ${page.next_after} behind ${previous}`);
+  return { events: page.events, next_after: page.next_after, has_more: page.has_more === true };
 }
 
 // MARK: - IndexedDB
@@ -425,7 +453,8 @@ export class TrunkSyncClient {
     if (parsed.protocol !== 'https:' && parsed.protocol !== 'http:') throw new TypeError('url must be http(s)');
     /** The server's base URL, without a trailing slash. */
     this.url = parsed.origin + parsed.pathname.replace(/\/+$/, '');
-    this.maxBatchEvents = Math.min(options.maxBatchEvents ?? 500, SERVER_MAX_BATCH_EVENTS);
+    // At least one: a batch of none pushes nothing, for good, and says nothing.
+    this.maxBatchEvents = Math.max(1, Math.min(options.maxBatchEvents ?? 500, SERVER_MAX_BATCH_EVENTS));
     this.maxBatchBytes = Math.min(options.maxBatchBytes ?? 4 * 1024 * 1024, SERVER_MAX_BATCH_BYTES / 2);
     this.pageSize = Math.min(options.pageSize ?? 1000, 1000);
     this.retry = { maxAttempts: 6, baseDelay: 500, maxDelay: 30000, maxRetryAfter: 120000, ...options.retry };
@@ -890,7 +919,11 @@ export class TrunkSyncClient {
   async pushAll(account, options = {}) {
     const db = await account.db();
     const report = { pushed: 0, duplicates: 0, rejected: /** @type {any[]} */ ([]) };
+    // Halved to find the event a 400 is about (the full size again after), or to fit under a
+    // 413's body limit (someone's on the way, say a proxy's): kept for the rest of this push,
+    // so each batch after does not send megabytes only to be refused again.
     let maxEvents = this.maxBatchEvents;
+    let fits = this.maxBatchEvents;
     for (;;) {
       if (account.stopped.signal.aborted) throw new TrunkSyncError('cancelled', 'signed out');
       /** @type {any[]} */
@@ -912,9 +945,10 @@ export class TrunkSyncClient {
         });
       } catch (error) {
         if (!(error instanceof TrunkSyncError) || (error.status !== 400 && error.status !== 413)) throw error;
-        const refused = error.status === 400 ? refusedEvents({ details: error.details }) : new Map();
+        const refused = error.status === 400 ? refusedEvents({ details: error.details }, batch.length) : new Map();
         if (refused.size === 0 && batch.length > 1) {
           maxEvents = Math.max(1, Math.floor(batch.length / 2)); // find the one it is about
+          if (error.status === 413) fits = maxEvents;
           continue;
         }
         if (refused.size === 0) refused.set(0, { field: '', reason: error.message });
@@ -942,7 +976,7 @@ export class TrunkSyncClient {
           `the push answer names ${stored.length} of ${batch.length} events as stored; the others stay in the outbox`,
         );
       }
-      maxEvents = this.maxBatchEvents;
+      maxEvents = fits;
     }
   }
 
@@ -972,9 +1006,12 @@ export class TrunkSyncClient {
     let cursor = (await settled(db.transaction('meta').objectStore('meta').get('cursor'))) ?? 0;
     let pulled = 0;
     for (;;) {
-      const page = await this.request('GET', `/sync/v1/events?after=${cursor}&limit=${this.pageSize}`, {
-        signal: account.stopped.signal,
-      });
+      const page = checkedPage(
+        await this.request('GET', `/sync/v1/events?after=${cursor}&limit=${this.pageSize}`, {
+          signal: account.stopped.signal,
+        }),
+        cursor,
+      );
       if (page.events.length > 0) {
         await handler(page.events);
         pulled += page.events.length;
@@ -1167,7 +1204,8 @@ export class TrunkSyncClient {
    * async iterator of event objects, for the user signed in when it is called: it ends
    * (done) when that user signs out or another user is signed in (in any tab), so no other
    * user's events reach it; called while nobody is signed in, it ends at once. `return()`
-   * (a `break` in `for await`) ends it too.
+   * (a `break` in `for await`) ends it too. It gets events from when it is called: after the
+   * `sync` that catches up, open it, `sync` once more, then read it.
    * @returns {AsyncIterableIterator<any>}
    */
   liveEvents() {

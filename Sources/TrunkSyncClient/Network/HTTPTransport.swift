@@ -76,8 +76,9 @@ final class HTTPTransport: Sendable {
     }
 
     /// Sends `request` and writes a `2xx` answer's body to `destination` as it arrives (a
-    /// download task's temporary file, moved into place, replacing what was there, once the
-    /// body is complete); any other answer's body is returned in memory (an error, small).
+    /// download task's temporary file, put in place of the file there in one step once the
+    /// body is complete: `FileSystem.replace`); any other answer's body is returned in memory
+    /// (an error, small).
     func download(_ request: URLRequest, to destination: URL) async throws -> HTTPAnswer {
         try await perform { finish in
             session.downloadTask(with: request) { location, response, error in
@@ -88,8 +89,7 @@ final class HTTPTransport: Sendable {
                         guard let location else { return Data() }
                         do {
                             guard (200..<300).contains(status) else { return try Data(contentsOf: location) }
-                            _ = try? FileManager.default.removeItem(at: destination)
-                            try FileManager.default.moveItem(at: location, to: destination)
+                            try FileSystem.replace(destination, withFileAt: location)
                             return Data()
                         } catch {
                             throw TransportFailure(description: "cannot store the download: \(error)")

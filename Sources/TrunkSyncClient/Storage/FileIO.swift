@@ -189,7 +189,12 @@ enum FileSystem {
             _ = unlink(temporary.path)
             throw error
         }
-        try rename(temporary, over: url)
+        do {
+            try rename(temporary, over: url)
+        } catch {
+            _ = unlink(temporary.path)  // e.g. a directory at `url`: nothing left behind
+            throw error
+        }
     }
 
     /// Renames `source` over `destination` (atomic replace) and syncs the directory.
@@ -198,6 +203,25 @@ enum FileSystem {
             throw StorageFailure("rename to \(destination.lastPathComponent)", source.path)
         }
         try syncDirectory(destination.deletingLastPathComponent())
+    }
+
+    /// Puts the file at `source` in the place of `destination` in one step, durably: a rename,
+    /// or, from another volume, a copy beside `destination` renamed over it. A crash leaves the
+    /// old file or the new one. A directory at `destination` is refused, never replaced.
+    static func replace(_ destination: URL, withFileAt source: URL) throws {
+        if renameFile(source.path, destination.path) == 0 {
+            try syncDirectory(destination.deletingLastPathComponent())
+            return
+        }
+        guard errno == EXDEV else { throw StorageFailure("rename to \(destination.path)", source.path) }
+        let file = try DurableFile(path: source.path, create: false)
+        defer { file.close() }
+        let size = try file.size()
+        try writeAtomically(to: destination) { append in
+            for start in stride(from: 0, to: size, by: writeStep) {
+                try append(try file.read(at: start, count: min(writeStep, size - start)))
+            }
+        }
     }
 
     /// The file's bytes, or nil when it does not exist.

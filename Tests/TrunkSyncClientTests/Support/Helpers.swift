@@ -119,7 +119,8 @@ final class Latch: @unchecked Sendable {  // guarded by `condition`
 
 /// An HTTP proxy in front of `upstream` (Debian's python3, standard library only) that can
 /// hold one request back: `hold(path)` makes it keep the next request for `path` until
-/// `release()`; `arrived(timeout:)` says when that request reached it.
+/// `release()`; `arrived(timeout:)` says when that request reached it. `limitBodies(to:)`
+/// refuses larger request bodies with nginx's `413` (its `client_max_body_size`).
 final class HoldingProxy {
     let process: ExampleProcess
     let port: Int
@@ -150,6 +151,10 @@ final class HoldingProxy {
         try Data().write(to: directory.appendingPathComponent("release"))
     }
 
+    func limitBodies(to bytes: Int) throws {
+        try Data(String(bytes).utf8).write(to: directory.appendingPathComponent("max-body"))
+    }
+
     func stop() {
         process.kill()
         try? FileManager.default.removeItem(at: directory)
@@ -177,6 +182,15 @@ final class HoldingProxy {
             def forward(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
+                limit = os.path.join(directory, "max-body")
+                if os.path.exists(limit) and length > int(open(limit).read()):
+                    page = b"<html><head><title>413 Request Entity Too Large</title></head></html>\n"
+                    self.send_response(413)
+                    self.send_header("Content-Type", "text/html")
+                    self.send_header("Content-Length", str(len(page)))
+                    self.end_headers()
+                    self.wfile.write(page)
+                    return
                 hold = os.path.join(directory, "hold")
                 if os.path.exists(hold) and open(hold).read() == self.path.split("?")[0]:
                     os.remove(hold)

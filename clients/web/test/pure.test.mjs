@@ -7,6 +7,7 @@ import { test } from 'node:test';
 import {
   SSEParser,
   backoffDelay,
+  checkedPage,
   firstBatch,
   milliseconds,
   parseRetryAfter,
@@ -88,11 +89,39 @@ test('a 400 names the refused events by index, first problem each', () => {
       { index: 0, field: 'client_timestamp', reason: 'not RFC 3339' },
       { field: 'events', reason: 'no index' },
     ],
-  });
+  }, 3);
   assert.deepEqual([...refused.keys()].sort(), [0, 2]);
   assert.deepEqual(refused.get(2), { field: 'payload', reason: 'contains \\u0000' });
-  assert.equal(refusedEvents({ code: 'invalid_json' }).size, 0);
-  assert.equal(refusedEvents(null).size, 0);
+  assert.equal(refusedEvents({ code: 'invalid_json' }, 3).size, 0);
+  assert.equal(refusedEvents(null, 3).size, 0);
+});
+
+test('an index outside the batch names none of its events', () => {
+  // Quarantining "index 3" of a batch of 1 would move nothing: the same batch would be
+  // pushed again at once, and again, as long as the answer says so.
+  const body = { details: [{ index: 3, field: 'payload', reason: 'x' }, { index: -1, field: 'type', reason: 'y' }] };
+  assert.equal(refusedEvents(body, 1).size, 0);
+  assert.deepEqual([...refusedEvents(body, 4).keys()], [3]);
+});
+
+test('a pull answer is taken only as the server gives it: after the cursor, in order', () => {
+  const page = { events: [{ seq: 11 }, { seq: 12 }], next_after: 12, has_more: true };
+  assert.deepEqual(checkedPage(page, 10), page);
+  assert.deepEqual(checkedPage({ events: [], next_after: 10, has_more: false }, 10).events, []);
+  // A restore on the server moves seqs far ahead: a jump is fine.
+  assert.equal(checkedPage({ events: [{ seq: 1e15 }], next_after: 1e15, has_more: false }, 10).next_after, 1e15);
+  for (const [bad, cursor] of [
+    [null, 0], // a 204, or an empty 200
+    [{}, 0], // a proxy's own JSON
+    [{ events: [], has_more: false }, 0], // no next_after
+    [{ events: [], next_after: 0, has_more: false }, 10], // the cursor back (a stale answer)
+    [{ events: [{ seq: 10 }], next_after: 10, has_more: false }, 10], // not after the cursor
+    [{ events: [{ seq: 12 }, { seq: 11 }], next_after: 12, has_more: false }, 10], // out of order
+    [{ events: [{ seq: 12 }], next_after: 11, has_more: false }, 10], // next_after behind
+    [{ events: [{}], next_after: 11, has_more: false }, 10], // no seq
+  ]) {
+    assert.throws(() => checkedPage(bad, cursor), { name: 'TrunkSyncError', code: 'invalid_response' }, JSON.stringify(bad));
+  }
 });
 
 test('a push answer names the events stored; anything else names none', () => {
