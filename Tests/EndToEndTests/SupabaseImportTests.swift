@@ -563,6 +563,28 @@ final class SupabaseImportTests: EndToEndTestCase {
             live: Self.signedToken(session: bobSession, counter: 5, key: key), user: bob)
     }
 
+    /// A session imported before parents came along (its live token without one, nothing
+    /// recorded in `supabase_imported_tokens`): the next run brings the parent and links the
+    /// live token to it.
+    func testALiveTokenImportedWithoutItsParentGetsItOnTheNextRun() throws {
+        let source = try makeSource()
+        let ada = try addUser(source, email: "ada@example.com")
+        _ = try addOpaqueSession(source, user: ada, tokens: ["adaParent", "adaLive"])
+        let server = try startServer()
+        var (result, _, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        try destination(server).execute(
+            """
+            delete from supabase_imported_tokens;
+            update refresh_tokens set parent_id = null;
+            delete from refresh_tokens where rotated_at is not null;
+            """)
+        XCTAssertEqual(try refreshStatus(server, "adaParent"), 400, "as an older import left it")
+        (result, _, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        try expectLostAnswer(server, parent: "adaParent", live: "adaLive", user: ada)
+    }
+
     /// Refreshes with `token`, expecting a session of `user`; returns its new refresh token.
     func expectRefresh(_ server: ServerProcess, _ token: String, user: UUID) throws -> String {
         let refreshed = try send(
