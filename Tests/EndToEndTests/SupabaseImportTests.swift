@@ -1367,6 +1367,7 @@ final class SupabaseImportTests: EndToEndTestCase {
             drop function trunk_sync_seq_timeline(boolean);
             drop table wal_timeline;
             alter table users drop column seq_skipped;
+            alter table otp_codes drop column signup_data;
             delete from schema_migrations where version >= 16;
             """)
         let migrated = try Command.run(Command.trunkSyncBinary(), ["migrate"], environment: server.environment)
