@@ -71,12 +71,50 @@ final class MultiLoopTests: XCTestCase {
         }
     }
 
+    /// Holds the loop's thread inside `admit` of `/block-loop` until released.
+    final class LoopBlock: Sendable {
+        let held = Atomic<Bool>(false)
+        private let release = DispatchSemaphore(value: 0)
+
+        func hold() {
+            held.store(true, ordering: .sequentiallyConsistent)
+            release.wait()
+        }
+
+        func letGo() { release.signal() }
+    }
+
+    /// The levels and messages a logger was given.
+    final class LogRecord: Sendable, LogHandler {
+        private let entries = Mutex<[(level: Logger.Level, message: String)]>([])
+        var errors: [String] { entries.withLock { $0.filter { $0.level >= .error }.map(\.message) } }
+
+        var logLevel: Logger.Level {
+            get { .trace }
+            set {}
+        }
+        var metadata: Logger.Metadata {
+            get { [:] }
+            set {}
+        }
+        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+            get { nil }
+            set {}
+        }
+
+        func log(event: LogEvent) { entries.withLock { $0.append((event.level, "\(event.message)")) } }
+    }
+
     /// Answers with the index of the loop whose thread runs the handler (-1: none).
     struct Responder: HTTPResponder {
         let gate: Gate
         let otherLoop: OtherLoop
+        let loopBlock: LoopBlock
 
-        func admit(_ head: HTTPRequestHead, client: String) -> Admission<Int> { .readBody(bodyLimit: 1024, 0) }
+        func admit(_ head: HTTPRequestHead, client: String) -> Admission<Int> {
+            if head.path == "/block-loop" { loopBlock.hold() }
+            return .readBody(bodyLimit: 1024, 0)
+        }
 
         func respond(to request: HTTPRequest, context: Int) -> Reply<Int> {
             let gate = self.gate
@@ -98,9 +136,11 @@ final class MultiLoopTests: XCTestCase {
     private var server: HTTPServer<Responder>?
     private let gate = Gate()
     private let otherLoop = OtherLoop()
+    private let loopBlock = LoopBlock()
 
     private func start(
-        loops: Int, maxConnections: Int = 10_000, perClient: Int = 0, shutdownTimeout: Duration = .seconds(10)
+        loops: Int, maxConnections: Int = 10_000, perClient: Int = 0, shutdownTimeout: Duration = .seconds(10),
+        logger: Logger = Logger(label: "test")
     ) throws -> HTTPServer<Responder> {
         var configuration = HTTPServerConfiguration()
         configuration.port = 0
@@ -109,8 +149,8 @@ final class MultiLoopTests: XCTestCase {
         configuration.maxConnectionsPerClient = perClient
         configuration.shutdownTimeout = shutdownTimeout
         let server = HTTPServer(
-            configuration: configuration, responder: Responder(gate: gate, otherLoop: otherLoop),
-            logger: Logger(label: "test"))
+            configuration: configuration, responder: Responder(gate: gate, otherLoop: otherLoop, loopBlock: loopBlock),
+            logger: logger)
         self.server = server
         otherLoop.executors.withLock { $0 = server.executors }
         try server.start()
@@ -134,6 +174,7 @@ final class MultiLoopTests: XCTestCase {
 
     override func tearDown() async throws {
         gate.open()
+        loopBlock.letGo()
         server?.shutdown()
         await server?.waitUntilStopped()
     }
@@ -240,6 +281,27 @@ final class MultiLoopTests: XCTestCase {
         XCTAssertNotEqual(body, "-1")
         await server.waitUntilStopped()
         XCTAssertEqual(server.statistics.connections, 0)
+    }
+
+    /// A connection that arrives as shutdown begins is no error: the listener's readiness,
+    /// reported in the same batch as the shutdown request, found the listener closed, and
+    /// `accept` on it failed with EBADF, logged as `accept failed; retrying` (an error) on
+    /// every stop under load.
+    func testShutdownAsAConnectionArrivesLogsNoError() async throws {
+        let record = LogRecord()
+        let server = try start(loops: 1, logger: Logger(label: "test") { _ in record })
+        let blocked = try TestClient(port: server.port)
+        try blocked.send("GET /block-loop HTTP/1.1\r\nHost: x\r\n\r\n")
+        try eventually { loopBlock.held.load(ordering: .sequentiallyConsistent) }
+        // While the loop's thread is held: the shutdown request, then a connection (the
+        // kernel accepts it into the backlog): one batch of events when the loop next waits.
+        server.shutdown()
+        let late = try TestClient(port: server.port)
+        loopBlock.letGo()
+        await server.waitUntilStopped()
+        XCTAssertEqual(record.errors, [])
+        late.close()
+        blocked.close()
     }
 
     func testOneLoopStillServes() throws {

@@ -232,7 +232,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             for index in 0..<Int(count) {
                 let event = events[index]
                 switch event.data {
-                case Self.listenerToken: acceptConnections()
+                // Not once shutdown has closed the listener (earlier in the same batch).
+                case Self.listenerToken: if listener >= 0 { acceptConnections() }
                 case Self.wakeToken: handleMailbox()
                 case let token where token & LoopExecutor.sourceTokenBit != 0 && token < Self.wakeToken:
                     executor.dispatch(token: token, flags: event.events)
