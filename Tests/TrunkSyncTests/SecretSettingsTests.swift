@@ -240,6 +240,19 @@ final class SecretSettingsTests: XCTestCase {
         }
     }
 
+    /// A key file that cannot be read is refused with one line naming it, exit 1: it was
+    /// `Error: cannot read FILE` followed by the top-level usage, exit 64.
+    func testAnUnreadableJWKSFileIsRefusedInOneLine() throws {
+        let missing = FileManager.default.temporaryDirectory.appendingPathComponent("jwks-\(UUID().uuidString).json")
+            .path
+        for file in [missing, FileManager.default.temporaryDirectory.path] {
+            let result = try XCTUnwrap(
+                try run(["keys", "import-jwks", file], ["TRUNK_SYNC_DATABASE_URL": unreachableDatabase]))
+            XCTAssertEqual(result.status, 1, result.stderr)
+            XCTAssertEqual(result.stderr, "trunk-sync: cannot read the JWKS file \(file)\n")
+        }
+    }
+
     /// A well-formed URL with the wrong password: `serve` runs and logs why it cannot reach
     /// the database, and the password is in no line of it.
     func testDatabaseErrorsInServesLogDoNotShowThePassword() throws {
