@@ -10,6 +10,11 @@ public struct PostgresConfiguration: Sendable, CustomStringConvertible {
     /// The connection parameters in libpq's keywords (`host`, `port`, `dbname`, `user`, …).
     public private(set) var parameters: [(keyword: String, value: String)]
 
+    /// The setting this configuration came from (`TRUNK_SYNC_DATABASE_URL`), which a
+    /// connection error names first, so an operator with two URLs knows which to fix.
+    /// Default nil: not named.
+    public var setting: String? = nil
+
     /// Parses a URL (`postgres://user:pass@host:port/db?sslmode=…`) or a conninfo string
     /// (`host=… dbname=…`).
     ///

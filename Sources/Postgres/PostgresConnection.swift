@@ -95,7 +95,8 @@ public final class PostgresConnection {
     }
 
     /// The error of a connection that could not be opened: `.connectionFailed` naming
-    /// `host:port/database` and libpq's reason, the password masked.
+    /// `host:port/database` (after the configuration's setting, if it has one) and libpq's
+    /// reason, the password masked.
     static func openingError(_ handle: OpaquePointer, _ configuration: PostgresConfiguration) -> PostgresError {
         openingError(reason: String(cString: PQerrorMessage(handle)), configuration)
     }
@@ -103,8 +104,10 @@ public final class PostgresConnection {
     /// The same, for a reason of the module's own (`timeout expired`).
     static func openingError(reason raw: String, _ configuration: PostgresConfiguration) -> PostgresError {
         let reason = configuration.withoutPassword(connectionFailureReason(raw))
+        let setting = configuration.setting.map { "\($0): " } ?? ""
         return PostgresError(
-            kind: .connectionFailed, message: "could not connect to PostgreSQL at \(configuration.endpoint): \(reason)")
+            kind: .connectionFailed,
+            message: "\(setting)could not connect to PostgreSQL at \(configuration.endpoint): \(reason)")
     }
 
     /// Turns libpq's multi-line connection error into one line without the repeated

@@ -55,7 +55,7 @@ struct ImportCommand: AsyncParsableCommand {
                 let configuration = try options.load()
                 var settings = SupabaseImport.Options(
                     source: source,
-                    destination: try PostgresConfiguration(try configuration.requireMigrationDatabaseURL()),
+                    destination: try configuration.ownerDatabase(),
                     migrations: try Migration.load(from: configuration.migrationsDirectory), rejectFile: rejectFile)
                 settings.dryRun = dryRun
                 settings.revokeEndedSessions = revokeEndedSessions

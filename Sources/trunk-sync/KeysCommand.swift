@@ -159,8 +159,10 @@ struct KeysCommand: AsyncParsableCommand {
 
         func run() async throws {
             try await reportingErrors {
+                // One line and exit 1, as every other refusal (a ValidationError printed
+                // the top-level usage after it and exited 64).
                 guard let data = FileManager.default.contents(atPath: file) else {
-                    throw ValidationError("cannot read \(file)")
+                    throw CommandError("cannot read the JWKS file \(file)")
                 }
                 let entries = try ImportedKeys.parse(data)
                 let (store, _) = try await KeysCommand.store(options, writing: true)

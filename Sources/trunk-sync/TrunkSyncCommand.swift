@@ -128,8 +128,7 @@ func commandDatabase(_ configuration: Configuration, logger: Logger) throws -> D
     var settings = Database.Settings()
     settings.maxConnections = 1
     settings.acquireTimeout = .seconds(3600)
-    let database = try Database(
-        try PostgresConfiguration(try configuration.requireMigrationDatabaseURL()), settings: settings, logger: logger)
+    let database = try Database(try configuration.ownerDatabase(), settings: settings, logger: logger)
     onExit { await database.close() }
     return database
 }
@@ -148,6 +147,5 @@ func ownerDatabase(_ configuration: Configuration, logger: Logger) async throws 
 func withOwnerConnection<T: Sendable>(
     _ configuration: Configuration, _ body: @escaping @Sendable (PostgresConnection) throws -> T
 ) async throws -> T {
-    try await withBlockingConnection(
-        try PostgresConfiguration(try configuration.requireMigrationDatabaseURL()), thread: "migrate", body)
+    try await withBlockingConnection(try configuration.ownerDatabase(), thread: "migrate", body)
 }

@@ -33,16 +33,94 @@ final class MultiLoopTests: XCTestCase {
         }
     }
 
+    /// What `/other-loop` waits for: on a loop other than its own, a pipe's read end to
+    /// become readable, as a request waits for a database answer on another loop's pool
+    /// share (`PoolShares` lends a busy loop's requests an idle loop's connections).
+    final class OtherLoop: Sendable {
+        let executors = Mutex<[LoopExecutor]>([])
+        let pipe: (read: Int32, write: Int32)
+        /// The handler's watch is in place on the other loop.
+        let watching = Atomic<Bool>(false)
+
+        init() {
+            var fds: [Int32] = [-1, -1]
+            precondition(Glibc.pipe(&fds) == 0, "pipe: errno \(errno)")
+            pipe = (fds[0], fds[1])
+        }
+
+        deinit {
+            Glibc.close(pipe.read)
+            Glibc.close(pipe.write)
+        }
+
+        /// Suspends until the pipe is readable, as reported by a loop other than the caller's.
+        func waitOnAnotherLoop() async {
+            let own = LoopExecutor.current
+            guard let other = executors.withLock({ $0 }).first(where: { $0 !== own }) else { return }
+            let fd = pipe.read
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                Task(executorPreference: other) {
+                    other.watch(fd, writable: false) { readable, _ in
+                        guard readable else { return }
+                        other.unwatch(fd)
+                        continuation.resume()
+                    }
+                    self.watching.store(true, ordering: .sequentiallyConsistent)
+                }
+            }
+        }
+    }
+
+    /// Holds the loop's thread inside `admit` of `/block-loop` until released.
+    final class LoopBlock: Sendable {
+        let held = Atomic<Bool>(false)
+        private let release = DispatchSemaphore(value: 0)
+
+        func hold() {
+            held.store(true, ordering: .sequentiallyConsistent)
+            release.wait()
+        }
+
+        func letGo() { release.signal() }
+    }
+
+    /// The levels and messages a logger was given.
+    final class LogRecord: Sendable, LogHandler {
+        private let entries = Mutex<[(level: Logger.Level, message: String)]>([])
+        var errors: [String] { entries.withLock { $0.filter { $0.level >= .error }.map(\.message) } }
+
+        var logLevel: Logger.Level {
+            get { .trace }
+            set {}
+        }
+        var metadata: Logger.Metadata {
+            get { [:] }
+            set {}
+        }
+        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+            get { nil }
+            set {}
+        }
+
+        func log(event: LogEvent) { entries.withLock { $0.append((event.level, "\(event.message)")) } }
+    }
+
     /// Answers with the index of the loop whose thread runs the handler (-1: none).
     struct Responder: HTTPResponder {
         let gate: Gate
+        let otherLoop: OtherLoop
+        let loopBlock: LoopBlock
 
-        func admit(_ head: HTTPRequestHead, client: String) -> Admission<Int> { .readBody(bodyLimit: 1024, 0) }
+        func admit(_ head: HTTPRequestHead, client: String) -> Admission<Int> {
+            if head.path == "/block-loop" { loopBlock.hold() }
+            return .readBody(bodyLimit: 1024, 0)
+        }
 
         func respond(to request: HTTPRequest, context: Int) -> Reply<Int> {
             let gate = self.gate
             return .later {
                 if request.path == "/hold" { await gate.wait() }
+                if request.path == "/other-loop" { await otherLoop.waitOnAnotherLoop() }
                 let index = LoopExecutor.current?.index ?? -1
                 return (HTTPResponse(status: .ok, body: Array("\(index)".utf8)), 0)
             }
@@ -57,17 +135,24 @@ final class MultiLoopTests: XCTestCase {
 
     private var server: HTTPServer<Responder>?
     private let gate = Gate()
+    private let otherLoop = OtherLoop()
+    private let loopBlock = LoopBlock()
 
-    private func start(loops: Int, maxConnections: Int = 10_000, perClient: Int = 0) throws -> HTTPServer<Responder> {
+    private func start(
+        loops: Int, maxConnections: Int = 10_000, perClient: Int = 0, shutdownTimeout: Duration = .seconds(10),
+        logger: Logger = Logger(label: "test")
+    ) throws -> HTTPServer<Responder> {
         var configuration = HTTPServerConfiguration()
         configuration.port = 0
         configuration.loops = loops
         configuration.maxConnections = maxConnections
         configuration.maxConnectionsPerClient = perClient
-        configuration.shutdownTimeout = .seconds(10)
+        configuration.shutdownTimeout = shutdownTimeout
         let server = HTTPServer(
-            configuration: configuration, responder: Responder(gate: gate), logger: Logger(label: "test"))
+            configuration: configuration, responder: Responder(gate: gate, otherLoop: otherLoop, loopBlock: loopBlock),
+            logger: logger)
         self.server = server
+        otherLoop.executors.withLock { $0 = server.executors }
         try server.start()
         return server
     }
@@ -89,6 +174,7 @@ final class MultiLoopTests: XCTestCase {
 
     override func tearDown() async throws {
         gate.open()
+        loopBlock.letGo()
         server?.shutdown()
         await server?.waitUntilStopped()
     }
@@ -173,6 +259,49 @@ final class MultiLoopTests: XCTestCase {
         await server.waitUntilStopped()
         XCTAssertEqual(server.statistics.connections, 0)
         try eventually { Set(Self.loopThreads().keys).isDisjoint(with: mine.keys) }
+    }
+
+    /// A loop with no connections of its own keeps running during shutdown until every loop
+    /// has drained: a request of another loop may be waiting on it (its queries on this
+    /// loop's database pool share). It stopped at once, and such a request hung until the
+    /// shutdown deadline, then lost its connection without an answer (found with the
+    /// compose setup's `TRUNK_SYNC_DB_SHARED_READS=4` under load: SIGTERM took 10 s).
+    func testADrainedLoopKeepsServingAnotherLoopsRequestDuringShutdown() async throws {
+        let server = try start(loops: 2, shutdownTimeout: .seconds(3))
+        let client = try TestClient(port: server.port)
+        try client.send("GET /other-loop HTTP/1.1\r\nHost: x\r\n\r\n")
+        try eventually { otherLoop.watching.load(ordering: .sequentiallyConsistent) }
+        server.shutdown()
+        // Every loop has begun shutting down once none accepts a connection any more; the
+        // loop the handler waits on has none of its own.
+        try eventually { (try? TestClient(port: server.port)) == nil }
+        XCTAssertEqual(Glibc.write(otherLoop.pipe.write, "x", 1), 1)
+        let (status, body) = try client.readResponse()
+        XCTAssertEqual(status, 200)
+        XCTAssertNotEqual(body, "-1")
+        await server.waitUntilStopped()
+        XCTAssertEqual(server.statistics.connections, 0)
+    }
+
+    /// A connection that arrives as shutdown begins is no error: the listener's readiness,
+    /// reported in the same batch as the shutdown request, found the listener closed, and
+    /// `accept` on it failed with EBADF, logged as `accept failed; retrying` (an error) on
+    /// every stop under load.
+    func testShutdownAsAConnectionArrivesLogsNoError() async throws {
+        let record = LogRecord()
+        let server = try start(loops: 1, logger: Logger(label: "test") { _ in record })
+        let blocked = try TestClient(port: server.port)
+        try blocked.send("GET /block-loop HTTP/1.1\r\nHost: x\r\n\r\n")
+        try eventually { loopBlock.held.load(ordering: .sequentiallyConsistent) }
+        // While the loop's thread is held: the shutdown request, then a connection (the
+        // kernel accepts it into the backlog): one batch of events when the loop next waits.
+        server.shutdown()
+        let late = try TestClient(port: server.port)
+        loopBlock.letGo()
+        await server.waitUntilStopped()
+        XCTAssertEqual(record.errors, [])
+        late.close()
+        blocked.close()
     }
 
     func testOneLoopStillServes() throws {

@@ -209,6 +209,50 @@ final class SecretSettingsTests: XCTestCase {
         }
     }
 
+    /// A command that cannot reach its database says, in its one line, which setting's URL
+    /// that is (an operator has two: the owner's and the server's), and never its password.
+    /// It said only `could not connect to PostgreSQL at 127.0.0.1:1/trunk_sync: …`.
+    func testADatabaseThatCannotBeReachedIsNamedBySetting() throws {
+        let owner = "postgres://owner:owner-password-5d1e@127.0.0.1:1/trunk_sync"
+        let migrations = repositoryRoot() + "/migrations"
+        let both = [
+            "TRUNK_SYNC_DATABASE_URL": unreachableDatabase, "TRUNK_SYNC_MIGRATION_DATABASE_URL": owner,
+            "TRUNK_SYNC_MIGRATIONS_DIR": migrations, "TRUNK_SYNC_JWT_SECRET": TestSecrets.random(),
+        ]
+        let serverOnly = both.filter { $0.key != "TRUNK_SYNC_MIGRATION_DATABASE_URL" }
+        let cases: [(arguments: [String], environment: [String: String], variable: String)] = [
+            (["migrate"], both, "TRUNK_SYNC_MIGRATION_DATABASE_URL"),
+            (["users", "list"], both, "TRUNK_SYNC_MIGRATION_DATABASE_URL"),
+            (["keys", "list"], both, "TRUNK_SYNC_MIGRATION_DATABASE_URL"),
+            (["migrate", "status"], serverOnly, "TRUNK_SYNC_DATABASE_URL"),
+            (["token", "--email", "someone@example.org"], both, "TRUNK_SYNC_DATABASE_URL"),
+        ]
+        for (arguments, environment, variable) in cases {
+            let result = try XCTUnwrap(try run(arguments, environment), "\(arguments) still running")
+            let what = "\(arguments.joined(separator: " ")): \(result.stderr)"
+            XCTAssertEqual(result.status, 1, what)
+            XCTAssertTrue(
+                result.stderr.hasSuffix(
+                    "trunk-sync: \(variable): could not connect to PostgreSQL at 127.0.0.1:1/trunk_sync: Connection refused; "
+                        + "Is the server running on that host and accepting TCP/IP connections?\n"), what)
+            XCTAssertFalse(
+                result.stderr.contains("db-password-7f3a9c") || result.stderr.contains("owner-password"), what)
+        }
+    }
+
+    /// A key file that cannot be read is refused with one line naming it, exit 1: it was
+    /// `Error: cannot read FILE` followed by the top-level usage, exit 64.
+    func testAnUnreadableJWKSFileIsRefusedInOneLine() throws {
+        let missing = FileManager.default.temporaryDirectory.appendingPathComponent("jwks-\(UUID().uuidString).json")
+            .path
+        for file in [missing, FileManager.default.temporaryDirectory.path] {
+            let result = try XCTUnwrap(
+                try run(["keys", "import-jwks", file], ["TRUNK_SYNC_DATABASE_URL": unreachableDatabase]))
+            XCTAssertEqual(result.status, 1, result.stderr)
+            XCTAssertEqual(result.stderr, "trunk-sync: cannot read the JWKS file \(file)\n")
+        }
+    }
+
     /// A well-formed URL with the wrong password: `serve` runs and logs why it cannot reach
     /// the database, and the password is in no line of it.
     func testDatabaseErrorsInServesLogDoNotShowThePassword() throws {

@@ -230,6 +230,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         while true {
             let writeWithin = responder.loopWillWait()
             var timeout: Int32 = jobsLeft ? 0 : connections.isEmpty && !shuttingDown ? 1000 : 250
+            // Drained while another loop still serves: only its requests can need this loop
+            // now (below), so look often for the moment they are done.
+            if shuttingDown, connections.isEmpty { timeout = min(timeout, 10) }
             if let writeWithin { timeout = min(timeout, max(0, writeWithin)) }
             let count = csystem_epoll_wait(epoll, &events, Int32(events.count), timeout)
             now = monotonicNow()
@@ -240,7 +243,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             for index in 0..<Int(count) {
                 let event = events[index]
                 switch event.data {
-                case Self.listenerToken: acceptConnections()
+                // Not once shutdown has closed the listener (earlier in the same batch).
+                case Self.listenerToken: if listener >= 0 { acceptConnections() }
                 case Self.wakeToken: handleMailbox()
                 case let token where token & LoopExecutor.sourceTokenBit != 0 && token < Self.wakeToken:
                     executor.dispatch(token: token, flags: event.events)
@@ -259,7 +263,11 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 if memoryRelease.shouldRelease(now: now) { memoryRelease.release(now: now) }
                 nextSweep = now + 250_000_000
             }
-            if shuttingDown, connections.isEmpty || now >= shutdownDeadline { break }
+            // Not before every loop of the server has drained: a request on another loop may
+            // be waiting on this one (its queries on this loop's database pool share, which
+            // lends connections to busy loops, `PoolShares`), and a loop that stopped would
+            // never read their answers: that request would hang until the deadline.
+            if shuttingDown, caps.openConnections == 0 || now >= shutdownDeadline { break }
         }
         for connection in Array(connections.values) {
             // Still open at the shutdown deadline: a reset where output waits for a client

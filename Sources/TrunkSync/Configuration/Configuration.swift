@@ -583,6 +583,23 @@ public struct Configuration: Sendable {
         return url
     }
 
+    /// `requireDatabaseURL()` parsed, its connection errors naming `TRUNK_SYNC_DATABASE_URL`.
+    public func serverDatabase() throws -> PostgresConfiguration {
+        var parsed = try PostgresConfiguration(try requireDatabaseURL())
+        parsed.setting = Setting.named("database_url")?.environmentVariable
+        return parsed
+    }
+
+    /// `requireMigrationDatabaseURL()` parsed, its connection errors naming the setting it
+    /// came from (`TRUNK_SYNC_MIGRATION_DATABASE_URL`, or `TRUNK_SYNC_DATABASE_URL` when that
+    /// one is unset).
+    public func ownerDatabase() throws -> PostgresConfiguration {
+        var parsed = try PostgresConfiguration(try requireMigrationDatabaseURL())
+        let key = value("migration_database_url") == nil ? "database_url" : "migration_database_url"
+        parsed.setting = Setting.named(key)?.environmentVariable
+        return parsed
+    }
+
     /// The owner's URL for `migrate`, `keys` and `users` (refusing documentation placeholders:
     /// `migrate` also gives the server's role the password in TRUNK_SYNC_DATABASE_URL).
     public func requireMigrationDatabaseURL() throws -> String {

@@ -163,7 +163,7 @@ public struct Setting: Sendable {
     public static let databasePoolSize = Setting(
         key: "db_pool_size", kind: .integer(1...500), defaultValue: "10", isSecret: false,
         summary:
-            "Database connections of the HTTP event loops, split evenly between them (at least one each, so never fewer than the loops). Work off the loops (background jobs, the live streams' and exports' reads) has a quarter of this again (at least 2), and `LISTEN` one: at most max(this, event_loops) + max(2, ⌊this ÷ 4⌋) + 1 connections, 10 + 2 + 1 with the defaults on up to 10 cores."
+            "Database connections of the HTTP event loops, split evenly between them (at least one each, so never fewer than the loops). Work off the loops (background jobs, the live streams' and exports' reads, the admin listener's requests) has a quarter of this again (at least 2), and `LISTEN` one: at most max(this, event_loops) + max(2, ⌊this ÷ 4⌋) + 1 connections, 10 + 2 + 1 with the defaults on up to 10 cores."
     )
     /// `db_pool_timeout`.
     public static let databasePoolTimeout = Setting(

@@ -171,9 +171,14 @@ public final class Database: Sendable {
     /// The database's own loop: for connections that belong to no HTTP loop (`LISTEN`).
     public var eventLoop: any PostgresEventLoop { loop }
 
-    /// The pool of the HTTP loop the caller runs on, else the own loop's.
+    /// The pool of the HTTP loop the caller runs on, else the own loop's: also for a task on
+    /// a loop without a share (the admin listener's), whose queries would otherwise run on
+    /// the first HTTP loop, which stops at shutdown once the public loops have drained,
+    /// whatever the admin listener still has in flight; the own loop closes last.
     var pool: PostgresLoopPool {
-        guard LoopExecutor.current != nil, let shares = shares.withLock({ $0 }) else { return own }
+        guard let loop = LoopExecutor.current, let shares = shares.withLock({ $0 }), shares.includes(loop) else {
+            return own
+        }
         return shares.current
     }
 

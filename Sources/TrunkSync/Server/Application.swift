@@ -66,7 +66,7 @@ public struct Application: Sendable {
         // moves every user's next seq before the first push reaches the new primary.
         settings.onOpen = SeqTimeline.serverCheck(logger: logger)
         settings.statementObserver = statementObserver
-        let database = try PostgresConfiguration(try configuration.requireDatabaseURL())
+        let database = try configuration.serverDatabase()
         // Whatever can fail comes before the database, whose loop thread starts with it: a
         // refusal here leaves nothing running.
         let migrations = try Migration.load(from: configuration.migrationsDirectory)

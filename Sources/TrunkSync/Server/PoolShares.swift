@@ -4,9 +4,9 @@ import Postgres
 /// The event loops' shares of the database's connections (`Database.drive(on:)`): one
 /// `PostgresLoopPool` per loop of the public listener, each driven by its loop. A task takes
 /// the pool of the loop it runs on (`LoopExecutor.current`), so a handler's queries are sent
-/// and read on the thread that read its request; a task on another loop (the admin
-/// listener's) takes the first loop's (its pool hops there itself). A task on no loop uses
-/// the database's own loop instead (`Database.pool`).
+/// and read on the thread that read its request; a task on another loop takes the first
+/// loop's (its pool hops there itself). `Database.pool` gives a task on no loop, or on a loop
+/// without a share (the admin listener's), the database's own loop's pool instead.
 public final class PoolShares: Sendable {
     private let shares: [(executor: LoopExecutor, pool: PostgresLoopPool)]
 
@@ -38,6 +38,9 @@ public final class PoolShares: Sendable {
     private static func isBusy(_ figures: PostgresLoopPool.Statistics) -> Bool {
         figures.waiting > 0 || figures.inUse >= figures.maxConnections
     }
+
+    /// Whether `loop` has a share.
+    public func includes(_ loop: LoopExecutor) -> Bool { shares.contains { $0.executor === loop } }
 
     /// Every share, in the loops' order.
     public var all: [PostgresLoopPool] { shares.map(\.pool) }
