@@ -372,7 +372,8 @@ final class SupabaseImportTests: EndToEndTestCase {
             }
         }
         XCTAssertNotEqual(bobSession, adaSession)
-        // The revoked opaque token and the expired session did not come along.
+        // The parent of a token used since is a replay (the session ends, as on the hosted
+        // project), and the expired session did not come along.
         for token in ["adaToken00", "adaExpired"] {
             let refused = try send(
                 server, "POST", "/auth/v1/token?grant_type=refresh_token", body: #"{"refresh_token":"\#(token)"}"#)
@@ -503,9 +504,10 @@ final class SupabaseImportTests: EndToEndTestCase {
         // Carol signs out on trunk-sync (a device already switched).
         try destination(server).query("update sessions set revoked_at = now() where id = $1", carolSession)
 
-        // The hosted project rotates all three.
+        // The hosted project rotates all three, twice.
         for (session, user, old, new) in [
             (adaSession, ada, "adaFirst", "adaSecond"), (carolSession, carol, "carolFirst", "carolSecond"),
+            (adaSession, ada, "adaSecond", "adaThird"), (carolSession, carol, "carolSecond", "carolThird"),
         ] {
             try source.admin.query("update auth.refresh_tokens set revoked = true where token = $1", old)
             try source.admin.query(
@@ -514,20 +516,20 @@ final class SupabaseImportTests: EndToEndTestCase {
                 values ('00000000-0000-0000-0000-000000000000', $1, $2::text, false, now(), now(), $3, $4)
                 """, new, user, old, session)
         }
-        try source.admin.query("update auth.sessions set refresh_token_counter = 8 where id = $1", bobSession)
+        try source.admin.query("update auth.sessions set refresh_token_counter = 9 where id = $1", bobSession)
 
         (result, report, _) = try importCommand(server, from: source.url)
         XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
         XCTAssertEqual(counts(report, "sessions")["already_there"], 3)
-        // The tokens the hosted project rotated away no longer refresh here (first, so their
-        // refusal is seen to leave the sessions alive).
+        // The tokens the hosted project rotated away, and not to the live token's parent, no
+        // longer refresh here (first, so their refusal is seen to leave the sessions alive).
         for stale in ["adaFirst", Self.signedToken(session: bobSession, counter: 7, key: key)] {
             let refused = try send(
                 server, "POST", "/auth/v1/token?grant_type=refresh_token", body: #"{"refresh_token":"\#(stale)"}"#)
             XCTAssertGreaterThanOrEqual(refused.status, 400, stale)
         }
         for (token, user) in [
-            ("adaSecond", ada), (Self.signedToken(session: bobSession, counter: 8, key: key), bob),
+            ("adaThird", ada), (Self.signedToken(session: bobSession, counter: 9, key: key), bob),
         ] {
             let refreshed = try send(
                 server, "POST", "/auth/v1/token?grant_type=refresh_token", body: #"{"refresh_token":"\#(token)"}"#)
@@ -536,8 +538,140 @@ final class SupabaseImportTests: EndToEndTestCase {
                 ((refreshed.jsonObject?["user"] as? [String: Any])?["id"] as? String), user.uuidString.lowercased())
         }
         let revoked = try send(
-            server, "POST", "/auth/v1/token?grant_type=refresh_token", body: #"{"refresh_token":"carolSecond"}"#)
+            server, "POST", "/auth/v1/token?grant_type=refresh_token", body: #"{"refresh_token":"carolThird"}"#)
         XCTAssertGreaterThanOrEqual(revoked.status, 400, "a session revoked here is not revived by an import")
+    }
+
+    /// A refresh whose answer the client never stored: it still holds the live token's parent,
+    /// which Supabase Auth accepts. Presented here after the switch, the parent refreshes
+    /// (trunk-sync's lost-answer rule): the live token it was rotated to is superseded, and
+    /// the new token works. Opaque tokens (`parent`) and signed ones (the counter one behind).
+    func testTheParentOfTheLiveTokenRefreshesOnceItsAnswerWasLost() throws {
+        let source = try makeSource()
+        let ada = try addUser(source, email: "ada@example.com")
+        let bob = try addUser(source, email: "bob@example.com")
+        _ = try addOpaqueSession(source, user: ada, tokens: ["adaParent", "adaLive"])
+        let key = (0..<32).map { _ in UInt8.random(in: 0...255) }
+        let bobSession = try addSignedSession(source, user: bob, counter: 5, storedKey: Base64URL.encode(key)).0
+        let server = try startServer()
+        let (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        XCTAssertEqual(counts(report, "sessions")["imported"], 2)
+        try expectLostAnswer(server, parent: "adaParent", live: "adaLive", user: ada)
+        try expectLostAnswer(
+            server, parent: Self.signedToken(session: bobSession, counter: 4, key: key),
+            live: Self.signedToken(session: bobSession, counter: 5, key: key), user: bob)
+    }
+
+    /// A session imported before parents came along (its live token without one, nothing
+    /// recorded in `supabase_imported_tokens`): the next run brings the parent and links the
+    /// live token to it.
+    func testALiveTokenImportedWithoutItsParentGetsItOnTheNextRun() throws {
+        let source = try makeSource()
+        let ada = try addUser(source, email: "ada@example.com")
+        _ = try addOpaqueSession(source, user: ada, tokens: ["adaParent", "adaLive"])
+        let server = try startServer()
+        var (result, _, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        try destination(server).execute(
+            """
+            delete from supabase_imported_tokens;
+            update refresh_tokens set parent_id = null;
+            delete from refresh_tokens where rotated_at is not null;
+            """)
+        XCTAssertEqual(try refreshStatus(server, "adaParent"), 400, "as an older import left it")
+        (result, _, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        try expectLostAnswer(server, parent: "adaParent", live: "adaLive", user: ada)
+    }
+
+    /// Refreshes with `token`, expecting a session of `user`; returns its new refresh token.
+    func expectRefresh(_ server: ServerProcess, _ token: String, user: UUID) throws -> String {
+        let refreshed = try send(
+            server, "POST", "/auth/v1/token?grant_type=refresh_token", body: #"{"refresh_token":"\#(token)"}"#)
+        XCTAssertEqual(refreshed.status, 200, "\(user): " + refreshed.bodyText)
+        let session = try XCTUnwrap(refreshed.jsonObject)
+        XCTAssertEqual((session["user"] as? [String: Any])?["id"] as? String, user.uuidString.lowercased())
+        let new = try XCTUnwrap(session["refresh_token"] as? String)
+        XCTAssertNotEqual(new, token)
+        return new
+    }
+
+    /// Refreshes with `parent`, the parent of the live token `live` (a client that lost the
+    /// answer carrying `live`): a new token, `live` superseded (not presented before the new
+    /// token is used, or it would end the session), the new token working, then `live` refused.
+    func expectLostAnswer(_ server: ServerProcess, parent: String, live: String, user: UUID) throws {
+        let new = try expectRefresh(server, parent, user: user)
+        XCTAssertEqual(try liveRows(server, live), 0, "superseded: \(user)")
+        _ = try expectRefresh(server, new, user: user)
+        XCTAssertEqual(try refreshStatus(server, live), 400, "\(user)")
+    }
+
+    /// How many rows here hold `token`, not revoked.
+    func liveRows(_ server: ServerProcess, _ token: String) throws -> Int64 {
+        try destination(server).query(
+            "select count(*) from refresh_tokens where token_hash = sha256(convert_to($1, 'UTF8')) and revoked_at is null",
+            token
+        )[0].decode(Int64.self, column: 0)
+    }
+
+    /// A re-run after the hosted project rotated again: the token an earlier run brought as
+    /// live is now the parent (it refreshes once, as a lost answer), the one before it is
+    /// refused (and the session lives on), the new live token works. Devices that refreshed
+    /// here before the re-run (with the live token, or with its parent) keep trunk-sync's
+    /// tokens, which the re-run neither revokes nor alters.
+    func testARerunAfterTheHostedProjectRotatedKeepsTheParentAndTheDevicesThatRefreshedHere() throws {
+        let source = try makeSource()
+        let ada = try addUser(source, email: "ada@example.com")
+        let bob = try addUser(source, email: "bob@example.com")
+        let carol = try addUser(source, email: "carol@example.com")
+        let dan = try addUser(source, email: "dan@example.com")
+        let adaSession = try addOpaqueSession(source, user: ada, tokens: ["adaFirst", "adaSecond"])
+        let key = (0..<32).map { _ in UInt8.random(in: 0...255) }
+        let bobSession = try addSignedSession(source, user: bob, counter: 3, storedKey: Base64URL.encode(key)).0
+        _ = try addOpaqueSession(source, user: carol, tokens: ["carolParent", "carolLive"])
+        _ = try addOpaqueSession(source, user: dan, tokens: ["danParent", "danLive"])
+        let server = try startServer()
+        var (result, _, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        // Carol's device refreshes here with the live token, Dan's with the parent (its
+        // answer from the hosted project lost).
+        let carolHere = try expectRefresh(server, "carolLive", user: carol)
+        let danHere = try expectRefresh(server, "danParent", user: dan)
+        let db = try destination(server)
+        func rows() throws -> [String] {
+            try db.query(
+                "select t.id::text || coalesce(t.parent_id::text, '-') || (t.rotated_at is null)::text"
+                    + " || (t.revoked_at is null)::text from refresh_tokens t join users u on u.id = t.user_id"
+                    + " where u.email in ('carol@example.com', 'dan@example.com') order by t.id"
+            ).map { try $0.decode(String.self, column: 0) }
+        }
+        let before = try rows()
+
+        // The hosted project rotates Ada's and Bob's tokens again.
+        try source.admin.query("update auth.refresh_tokens set revoked = true where token = 'adaSecond'")
+        try source.admin.query(
+            """
+            insert into auth.refresh_tokens (instance_id, token, user_id, revoked, created_at, updated_at, parent, session_id)
+            values ('00000000-0000-0000-0000-000000000000', 'adaThird', $1::text, false, now(), now(), 'adaSecond', $2)
+            """, ada, adaSession)
+        try source.admin.query("update auth.sessions set refresh_token_counter = 4 where id = $1", bobSession)
+        var report: [String: Any]?
+        (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        XCTAssertEqual(counts(report, "sessions")["already_there"], 4)
+        XCTAssertEqual(try rows(), before, "trunk-sync's tokens and the imported ones it rotated are left as they are")
+
+        // Two rotations back: refused, and the session lives on.
+        for stale in ["adaFirst", Self.signedToken(session: bobSession, counter: 2, key: key)] {
+            XCTAssertEqual(try refreshStatus(server, stale), 400, stale)
+        }
+        try expectLostAnswer(server, parent: "adaSecond", live: "adaThird", user: ada)
+        try expectLostAnswer(
+            server, parent: Self.signedToken(session: bobSession, counter: 3, key: key),
+            live: Self.signedToken(session: bobSession, counter: 4, key: key), user: bob)
+        _ = try expectRefresh(server, carolHere, user: carol)
+        _ = try expectRefresh(server, danHere, user: dan)
     }
 
     /// A session opened on trunk-sync itself (`trunk-sync token`): its access and refresh tokens.
@@ -1368,6 +1502,7 @@ final class SupabaseImportTests: EndToEndTestCase {
             drop table wal_timeline;
             alter table users drop column seq_skipped;
             alter table otp_codes drop column signup_data;
+            drop table supabase_imported_tokens;
             delete from schema_migrations where version >= 16;
             """)
         let migrated = try Command.run(Command.trunkSyncBinary(), ["migrate"], environment: server.environment)
@@ -1464,7 +1599,7 @@ final class SupabaseImportTests: EndToEndTestCase {
         let db = try destination(server)
         for table in [
             "users", "events", "sessions", "refresh_tokens", "supabase_import_progress", "supabase_imported_sessions",
-            "supabase_imported_users",
+            "supabase_imported_tokens", "supabase_imported_users",
         ] {
             XCTAssertEqual(try db.query("select count(*) from \(table)")[0].decode(Int64.self, column: 0), 0, table)
         }

@@ -462,7 +462,12 @@ final class ImportRun {
                     case .success(let key):
                         let counter = UInt64(try row.decode(String?.self, column: 5) ?? "0") ?? 0
                         let token = SupabaseRefreshToken.encode(session: sessionID, counter: counter, key: key)
-                        append(&copy, id, meta[id], token: token)
+                        // The token one counter behind, which Supabase Auth accepts (its
+                        // client lost the answer to that refresh); a session at 0 has none.
+                        let parent =
+                            counter >= 1
+                            ? SupabaseRefreshToken.encode(session: sessionID, counter: counter - 1, key: key) : nil
+                        append(&copy, id, meta[id], token: token, parent: parent)
                     case .failure:
                         report.sessionsUndecryptable += 1
                         meta[id] = nil
@@ -477,7 +482,9 @@ final class ImportRun {
                 for row in try source.connection.query(SupabaseSource.opaqueTokensQuery, ids) {
                     let id = try row.decode(String.self, column: 0)
                     found.insert(id)
-                    append(&copy, id, meta[id], token: try row.decode(String.self, column: 1))
+                    append(
+                        &copy, id, meta[id], token: try row.decode(String.self, column: 1),
+                        parent: try row.decode(String?.self, column: 2))
                 }
                 let without = opaque.keys.filter { !found.contains($0) }
                 report.sessionsWithoutToken += without.count
@@ -531,7 +538,8 @@ final class ImportRun {
     }
 
     private func append(
-        _ copy: inout CopyText, _ id: String, _ meta: (user: String, createdAt: String, aal: String)?, token: String
+        _ copy: inout CopyText, _ id: String, _ meta: (user: String, createdAt: String, aal: String)?, token: String,
+        parent: String?
     ) {
         guard let meta else { return }
         copy.field(id)
@@ -539,6 +547,11 @@ final class ImportRun {
         copy.field(meta.createdAt)
         copy.field(meta.aal == "aal2" ? "aal2" : "aal1")
         copy.field(bytea: SHA256.hash(token))
+        if let parent, !parent.isEmpty, parent != token {
+            copy.field(bytea: SHA256.hash(parent))
+        } else {
+            copy.field(nil as String?)
+        }
         copy.endRow()
     }
 
@@ -546,15 +559,36 @@ final class ImportRun {
         select distinct s.id::text from import_sessions s where not exists (select from users u where u.id = s.user_id)
         """
 
+    /// When an imported parent counts as rotated: longer ago than any reuse interval
+    /// (`refresh_reuse_interval`, at most 300 s), so that presenting it is always a lost
+    /// answer (the live token superseded), as Supabase Auth accepts it at any time, and never
+    /// the reuse interval's second token beside a live one.
+    static let parentRotatedAt = "now() - interval '1 day'"
+
     /// Inserts the sessions not there yet with their live refresh tokens (stored hashed, as
     /// trunk-sync stores its own). Their access tokens' revocation outlives the hosted
     /// project's longest token lifetime (`access_expires_at`, a week). A session already
     /// here (an earlier run) that is not revoked here gets the live tokens it has now: the
     /// hosted project went on rotating them for clients still on the old app, whose next
-    /// refresh against trunk-sync must work; the tokens an earlier run brought that the
-    /// hosted project has rotated away since (not live there any more) are revoked here, as
-    /// they are there. Each session inserted is recorded as imported
+    /// refresh against trunk-sync must work. Each session inserted is recorded as imported
     /// (`supabase_imported_sessions`), for `endSessions`. Returns: already there, imported.
+    ///
+    /// A live token's parent (the token it was rotated from, which Supabase Auth still
+    /// accepts from a client that lost the answer to that refresh) comes too: a row of the
+    /// session rotated long ago (`parentRotatedAt`), and the live token's row its successor, so
+    /// that presenting the parent here takes `AuthService.refresh`'s lost-answer path (the
+    /// live token superseded, a new one issued). A parent an earlier run brought as the live
+    /// token (the hosted project rotated it since) is marked rotated (unless it was rotated
+    /// or revoked here already), and the new live token is linked to it; a live token an
+    /// earlier run brought without a parent gets it. Every token inserted or linked is
+    /// recorded as imported (`supabase_imported_tokens`, migration 0020).
+    ///
+    /// The imported tokens (recorded, or with no parent: imported before the record) that
+    /// are neither live at the source nor a live token's parent any more (the hosted project
+    /// has rotated them away since) are revoked here, as they are there: refused, not
+    /// rotated, so presenting one does not end the session. Tokens trunk-sync issued (a
+    /// device that already refreshed here: neither recorded nor without a parent) and the
+    /// imported ones it rotated (they have such a successor) are left as they are.
     static let insertSessions = """
         with there as (select count(distinct s.id) n from import_sessions s where exists (select from sessions x where x.id = s.id)),
         ins as (
@@ -568,19 +602,56 @@ final class ImportRun {
         recorded as (
           insert into supabase_imported_sessions (session_id) select id from ins on conflict (session_id) do nothing
         ),
-        tokens as (
-          insert into refresh_tokens (session_id, user_id, token_hash)
-          select s.id, s.user_id, s.token_hash from import_sessions s
+        here as (
+          select s.* from import_sessions s
           where exists (select from ins where ins.id = s.id)
              or exists (select from sessions x where x.id = s.id and x.user_id = s.user_id and x.revoked_at is null)
+        ),
+        parents as (
+          insert into refresh_tokens (session_id, user_id, token_hash, rotated_at)
+          select distinct on (s.parent_hash) s.id, s.user_id, s.parent_hash, \(parentRotatedAt)
+          from here s where s.parent_hash is not null
           on conflict (token_hash) do nothing
-          returning 1
+          returning id, session_id, token_hash
+        ),
+        linked_to as (
+          select s.*, coalesce(p.id, e.id) parent_id
+          from here s
+          left join parents p on p.token_hash = s.parent_hash and p.session_id = s.id
+          left join refresh_tokens e on e.token_hash = s.parent_hash and e.session_id = s.id
+        ),
+        rotated as (
+          update refresh_tokens t set rotated_at = \(parentRotatedAt)
+          from here s
+          where t.token_hash = s.parent_hash and t.session_id = s.id and t.rotated_at is null and t.revoked_at is null
+        ),
+        tokens as (
+          insert into refresh_tokens (session_id, user_id, token_hash, parent_id)
+          select s.id, s.user_id, s.token_hash, s.parent_id from linked_to s
+          on conflict (token_hash) do nothing
+          returning id
+        ),
+        linked as (
+          update refresh_tokens t set parent_id = s.parent_id
+          from linked_to s
+          where t.token_hash = s.token_hash and t.session_id = s.id and t.parent_id is null and s.parent_id <> t.id
+            and t.rotated_at is null and t.revoked_at is null
+          returning t.id
+        ),
+        marked as (
+          insert into supabase_imported_tokens (token_id)
+          select id from parents union all select id from tokens union all select id from linked
+          on conflict (token_id) do nothing
         ),
         stale as (
-          update refresh_tokens t set revoked_at = now()
-          where t.session_id in (select s.id from import_sessions s) and t.parent_id is null
-            and t.rotated_at is null and t.revoked_at is null
-            and not exists (select from import_sessions s where s.id = t.session_id and s.token_hash = t.token_hash)
+          update refresh_tokens t set revoked_at = now(), rotated_at = null
+          where t.session_id in (select s.id from import_sessions s) and t.revoked_at is null
+            and (t.parent_id is null or exists (select from supabase_imported_tokens i where i.token_id = t.id))
+            and not exists (select from import_sessions s
+                            where s.id = t.session_id and t.token_hash in (s.token_hash, s.parent_hash))
+            and not exists (select from refresh_tokens c
+                            where c.session_id = t.session_id and c.parent_id = t.id
+                              and not exists (select from supabase_imported_tokens i where i.token_id = c.id))
         )
         select (select n from there), (select count(*) from ins), (select count(*) from tokens)
         """

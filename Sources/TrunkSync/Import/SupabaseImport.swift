@@ -29,7 +29,9 @@ public enum ImportError: Error, CustomStringConvertible {
 ///   matched by id, events by `(user_id, client_id)`, sessions by id, and each user's count
 ///   of source events read is committed with the batch (`supabase_import_progress`), so a
 ///   re-run reads only the users whose count changed. Sessions it inserts are recorded
-///   (`supabase_imported_sessions`); each run revokes those the source has ended since. The
+///   (`supabase_imported_sessions`); each run revokes those the source has ended since. Each
+///   session comes with its live refresh token and that token's parent (recorded in
+///   `supabase_imported_tokens`), so a client that lost its last refresh's answer goes on. The
 ///   address, name and metadata it writes are recorded (`supabase_imported_users`); each run
 ///   carries over what changed at the source since, unless it changed here too (a conflict).
 /// - Events get `seq` after the user's `last_seq` (after what they pushed meanwhile), in the
@@ -330,7 +332,8 @@ public struct SupabaseImport: Sendable {
               client_timestamp timestamptz, created_at timestamptz);
             create temp table import_seen (user_id uuid, n bigint);
             create temp table import_counts (user_id uuid primary key, n bigint);
-            create temp table import_sessions (id uuid, user_id uuid, created_at timestamptz, aal text, token_hash bytea);
+            create temp table import_sessions (id uuid, user_id uuid, created_at timestamptz, aal text, token_hash bytea,
+              parent_hash bytea);
             create temp table import_source_sessions (id uuid primary key, user_id uuid, live bool);
             create temp table import_user_changes (id uuid, there_email text, here_email text, then_email text,
               email_step text, there_name jsonb, then_name jsonb, name_step text, here_meta jsonb, meta_merged jsonb,

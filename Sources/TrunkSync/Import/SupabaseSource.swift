@@ -22,7 +22,7 @@ struct SupabaseSource {
             ["id", "email", "created_at", "updated_at", "email_confirmed_at", "last_sign_in_at", "raw_user_meta_data"]
         ),
         ("auth.sessions", ["id", "user_id", "created_at", "not_after", "aal"]),
-        ("auth.refresh_tokens", ["token", "session_id", "revoked"]),
+        ("auth.refresh_tokens", ["token", "session_id", "revoked", "parent"]),
         ("public.events", ["id", "user_id", "type", "payload", "client_id", "client_timestamp", "created_at"]),
     ]
 
@@ -244,9 +244,10 @@ struct SupabaseSource {
             """
     }
 
-    /// The live opaque refresh tokens of the sessions in `$1` (uuid[]). Columns: session id, token.
+    /// The live opaque refresh tokens of the sessions in `$1` (uuid[]). Columns: session id,
+    /// token, the token it was rotated from (`parent`: null, or empty, for a session's first).
     static let opaqueTokensQuery = """
-        select t.session_id::text, t.token::text from auth.refresh_tokens t
+        select t.session_id::text, t.token::text, nullif(t.parent::text, '') from auth.refresh_tokens t
         where t.session_id = any($1::uuid[]) and not coalesce(t.revoked, false) and t.token is not null
         """
 }
