@@ -615,15 +615,17 @@ final class ImportRun {
           returning id, session_id, token_hash
         ),
         linked_to as (
-          select s.*, coalesce(p.id, e.id) parent_id
+          select s.*,
+                 coalesce(p.id, (select e.id from refresh_tokens e where e.token_hash = s.parent_hash and e.session_id = s.id))
+                   parent_id
           from here s
           left join parents p on p.token_hash = s.parent_hash and p.session_id = s.id
-          left join refresh_tokens e on e.token_hash = s.parent_hash and e.session_id = s.id
         ),
         rotated as (
           update refresh_tokens t set rotated_at = \(parentRotatedAt)
-          from here s
-          where t.token_hash = s.parent_hash and t.session_id = s.id and t.rotated_at is null and t.revoked_at is null
+          where t.token_hash = any (array(select s.parent_hash from here s where s.parent_hash is not null))
+            and exists (select from here s where s.parent_hash = t.token_hash and s.id = t.session_id)
+            and t.rotated_at is null and t.revoked_at is null
         ),
         tokens as (
           insert into refresh_tokens (session_id, user_id, token_hash, parent_id)
@@ -634,7 +636,8 @@ final class ImportRun {
         linked as (
           update refresh_tokens t set parent_id = s.parent_id
           from linked_to s
-          where t.token_hash = s.token_hash and t.session_id = s.id and t.parent_id is null and s.parent_id <> t.id
+          where t.token_hash = any (array(select l.token_hash from linked_to l where l.parent_id is not null))
+            and t.token_hash = s.token_hash and t.session_id = s.id and t.parent_id is null and s.parent_id <> t.id
             and t.rotated_at is null and t.revoked_at is null
           returning t.id
         ),
