@@ -10,6 +10,9 @@ extension JWT {
         /// The modulus's size in bits.
         public let bits: Int
         let handle: EVPKey
+        /// The JWK's `n` and `e` (leading zero bytes dropped), base64url: for `publicJWK`.
+        let modulusText: String
+        let exponentText: String
 
         /// Smallest modulus accepted: shorter RSA keys are breakable.
         public static let minimumBits = 2048
@@ -42,6 +45,16 @@ extension JWT {
             handle = key
             bits = Int(EVP_PKEY_get_bits(loaded))
             self.keyID = keyID
+            modulusText = Base64URL.encode(modulus)
+            exponentText = Base64URL.encode(exponent)
+        }
+
+        /// The public key as a JWK (RFC 7517): `kty`, `n`, `e`, `kid` (when set), `alg` and
+        /// `use`, compact JSON, for a JWKS that lists the keys a server verifies with.
+        public var publicJWK: String {
+            var jwk = #"{"kty":"RSA","n":""# + modulusText + #"","e":""# + exponentText + "\""
+            if let keyID { jwk += #","kid":"# + JWT.jsonQuoted(keyID) }
+            return jwk + #","alg":"RS256","use":"sig"}"#
         }
 
         /// Whether `signature` is this key's RS256 signature of `message`.

@@ -48,6 +48,15 @@ public enum JWT {
             }
         }
 
+        /// The public key as a JWK, for a JWKS; nil for a shared secret (never published).
+        public var publicJWK: String? {
+            switch self {
+            case .hs256: return nil
+            case .es256(let key): return key.publicJWK
+            case .rs256(let key): return key.publicJWK
+            }
+        }
+
         /// The one algorithm this key is used with.
         public var algorithm: Algorithm {
             switch self {

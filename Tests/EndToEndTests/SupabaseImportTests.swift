@@ -1708,6 +1708,19 @@ final class SupabaseImportTests: EndToEndTestCase {
             """
         let token = try JWT.sign(payload: Array(claims.utf8), with: hostedKey)
         XCTAssertEqual(try send(server, "GET", "/sync/v1/events?after=0", token: token).status, 200)
+        // jwks.json lists the imported key, so a JWKS consumer (supabase-js `getClaims()`, an
+        // app's backend) verifies the hosted tokens too: PyJWT, an independent verifier.
+        let jwks = try send(server, "GET", "/auth/v1/.well-known/jwks.json").bodyText
+        XCTAssertTrue(jwks.contains(#""kid":"hosted-es256""#), jwks)
+        let verify = """
+            import jwt, sys
+            token, jwks = sys.argv[1:3]
+            key = jwt.PyJWKSet.from_json(jwks)[jwt.get_unverified_header(token)["kid"]]
+            print(jwt.decode(token, key.key, algorithms=["ES256"], audience="authenticated")["sub"])
+            """
+        let verified = try Command.run("/usr/bin/python3", ["-c", verify, token, jwks])
+        XCTAssertEqual(verified.status, 0, verified.stderr)
+        XCTAssertEqual(verified.stdout.trimmingCharacters(in: .whitespacesAndNewlines), user.uuidString.lowercased())
         let other = try JWT.sign(payload: Array(claims.utf8), with: try JWT.ES256Key.generate(keyID: "hosted-es256"))
         XCTAssertEqual(try send(server, "GET", "/sync/v1/events?after=0", token: other).status, 401)
     }

@@ -61,6 +61,36 @@ final class HostedTokenTests: XCTestCase {
         XCTAssertEqual(try tokens.verify(token, now: now).userID, user)
         // Verify-only: the imported key never signs this server's tokens.
         XCTAssertNil(tokens.signingKey(at: now))
+        // jwks.json lists it (a JWKS consumer must verify every token accepted here), and
+        // what it lists is the same key.
+        let published = try ImportedKeys.parse(Data(tokens.jwks))
+        XCTAssertEqual(published.map(\.keyID), ["0f2c7c5e-hosted"])
+        let checker = TokenIssuer(secret: secret, issuer: ownIssuer, lifetime: 3600, acceptedIssuers: [hostedIssuer])
+        checker.install([], imported: published.map(\.key))
+        XCTAssertEqual(try checker.verify(token, now: now).userID, user)
+    }
+
+    func testJWKSListsAnImportedRS256KeyAndNeverTheSharedSecret() throws {
+        // A 2048-bit modulus (any odd one with the top bit set parses as a public key).
+        var modulus = [UInt8](repeating: 0, count: 256)
+        for index in modulus.indices { modulus[index] = UInt8(truncatingIfNeeded: index &* 37 &+ 11) }
+        modulus[0] = 0xc5
+        modulus[255] |= 1
+        let rsa = try JWT.RS256Key(modulus: [0] + modulus, exponent: [0x01, 0x00, 0x01], keyID: "hosted-rsa")
+        let tokens = TokenIssuer(secret: secret, issuer: ownIssuer, lifetime: 3600, acceptedIssuers: [hostedIssuer])
+        XCTAssertEqual(String(decoding: tokens.jwks, as: UTF8.self), #"{"keys":[]}"#, "HS256 is never published")
+        tokens.install([], imported: [.rs256(rsa)])
+        let keys = try XCTUnwrap(
+            try JSONSerialization.jsonObject(with: Data(tokens.jwks)) as? [String: [[String: String]]])["keys"]
+        XCTAssertEqual(keys?.count, 1)
+        let jwk = try XCTUnwrap(keys?.first)
+        XCTAssertEqual(Set(jwk.keys), ["kty", "n", "e", "kid", "alg", "use"], "public members only")
+        XCTAssertEqual(jwk["kty"], "RSA")
+        XCTAssertEqual(jwk["alg"], "RS256")
+        XCTAssertEqual(jwk["kid"], "hosted-rsa")
+        XCTAssertEqual(jwk["e"], "AQAB")
+        XCTAssertEqual(jwk["n"].flatMap { Base64URL.decode($0.utf8) }, modulus, "leading zero dropped")
+        XCTAssertEqual(try ImportedKeys.parse(Data(tokens.jwks)).map(\.algorithm), ["RS256"])
     }
 
     func testAJWKSWithAPrivateMemberOrWithoutKidIsRefused() throws {

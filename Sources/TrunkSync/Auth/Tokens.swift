@@ -192,7 +192,11 @@ public final class TokenIssuer: Sendable {
             self.keys = keys
             importedKeys = imported
             verificationKeys = [.hs256(secretKey)] + keys.map { .es256($0.key) } + imported
-            jwks = Array(("{\"keys\":[" + keys.map(\.key.publicJWK).joined(separator: ",") + "]}").utf8)
+            // The imported verify-only keys too: a JWKS consumer (supabase-js `getClaims()`, an
+            // app's own backend) must verify every token this server accepts, and tokens the
+            // hosted project issued stay in use until they expire after the move.
+            let published = keys.map(\.key.publicJWK) + imported.compactMap(\.publicJWK)
+            jwks = Array(("{\"keys\":[" + published.joined(separator: ",") + "]}").utf8)
             loaded = true
         }
     }
@@ -218,7 +222,8 @@ public final class TokenIssuer: Sendable {
     public var hasLoadedKeys: Bool { keySet.withLock { $0.loaded } }
 
     /// `{"keys":[…]}`: the public JWKs of every ES256 key in use (pending ones included, so
-    /// verifiers know a key before it signs).
+    /// verifiers know a key before it signs), then the imported verify-only keys (ES256,
+    /// RS256) whose tokens this server still accepts.
     public var jwks: [UInt8] { keySet.withLock { $0.jwks } }
 
     /// The ES256 key that signs at `now` (Unix seconds), or nil when HS256 signs.

@@ -914,7 +914,7 @@ public enum OpenAPIDocument {
           "auth"
         ],
         "summary": "Public signing keys",
-        "description": "The ES256 keys that verify access tokens (empty while only the HS256 secret signs).",
+        "description": "The ES256 keys that verify access tokens, then the verify-only ES256/RS256 keys imported from another issuer (`trunk-sync keys import-jwks`) whose tokens are still accepted; empty while only the HS256 secret signs and nothing is imported.",
         "security": [],
         "responses": {
           "200": {
@@ -3015,6 +3015,16 @@ public enum OpenAPIDocument {
         "additionalProperties": false
       },
       "JWK": {
+        "oneOf": [
+          {
+            "$ref": "#/components/schemas/ECPublicJWK"
+          },
+          {
+            "$ref": "#/components/schemas/RSAPublicJWK"
+          }
+        ]
+      },
+      "ECPublicJWK": {
         "type": "object",
         "required": [
           "kty",
@@ -3050,7 +3060,45 @@ public enum OpenAPIDocument {
             "const": "sig"
           }
         },
-        "additionalProperties": false
+        "additionalProperties": false,
+        "description": "An ES256 key: this server's own, or one imported from another issuer."
+      },
+      "RSAPublicJWK": {
+        "type": "object",
+        "required": [
+          "kty",
+          "n",
+          "e",
+          "kid",
+          "alg",
+          "use"
+        ],
+        "properties": {
+          "kty": {
+            "const": "RSA"
+          },
+          "n": {
+            "type": "string",
+            "pattern": "^[A-Za-z0-9_-]{342,1366}$",
+            "description": "The modulus (2048 to 8192 bits), base64url."
+          },
+          "e": {
+            "type": "string",
+            "pattern": "^[A-Za-z0-9_-]{1,11}$"
+          },
+          "kid": {
+            "type": "string",
+            "minLength": 1
+          },
+          "alg": {
+            "const": "RS256"
+          },
+          "use": {
+            "const": "sig"
+          }
+        },
+        "additionalProperties": false,
+        "description": "A verify-only RSA key imported from another issuer (`trunk-sync keys import-jwks`)."
       },
       "JWKS": {
         "type": "object",
