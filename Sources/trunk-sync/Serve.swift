@@ -37,6 +37,8 @@ struct Serve: AsyncParsableCommand {
             }
             // Likewise, so that no token of a session revoked before the start is accepted.
             await application.loadRevokedSessions()
+            // Sign-in codes nobody can use any more, removed now and then (migration 0021).
+            application.startHousekeeping()
             let server = HTTPServer(
                 configuration: application.serverConfiguration, responder: application.pipeline(),
                 logger: Logger(label: "trunk-sync.http"))

@@ -1503,6 +1503,7 @@ final class SupabaseImportTests: EndToEndTestCase {
             alter table users drop column seq_skipped;
             alter table otp_codes drop column signup_data;
             drop table supabase_imported_tokens;
+            drop function trunk_sync_trim_stale_codes(integer);
             delete from schema_migrations where version >= 16;
             """)
         let migrated = try Command.run(Command.trunkSyncBinary(), ["migrate"], environment: server.environment)

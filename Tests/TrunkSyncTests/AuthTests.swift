@@ -191,6 +191,64 @@ final class AuthTests: XCTestCase {
         XCTAssertNotNil(later["access_token"] as? String)
     }
 
+    func testStaleCodesAreRemovedAndEveryLiveLimitKept() async throws {
+        // A live code, asked for through the route (the row any address gets).
+        let asked = try await app.request("POST", "/auth/v1/otp", json: ["email": "live@example.com"])
+        XCTAssertEqual(asked.status, 200, asked.text)
+        let owner = try app.owner()
+        let user = UUID()
+        try owner.execute(
+            """
+            insert into otp_codes (email, code_hash, created_at, expires_at, signup_data) values
+              ('stale@example.com', '\\x00', now() - interval '3 days', now() - interval '2 days', '{"full_name":"Stale"}'),
+              ('stale2@example.com', '\\x00', now() - interval '3 days', now() - interval '2 days', null),
+              ('stale3@example.com', '\\x00', now() - interval '3 days', now() - interval '2 days', null),
+              ('locked@example.com', '\\x00', now() - interval '3 days', now() - interval '2 days', null),
+              ('failed@example.com', '\\x00', now() - interval '3 days', now() - interval '2 days', null),
+              ('recent@example.com', '\\x00', now() - interval '2 hours', now() - interval '1 hour', null);
+            update otp_codes set failures = 10, failures_since = now() - interval '3 days',
+              locked_until = now() + interval '1 hour' where email = 'locked@example.com';
+            update otp_codes set failures = 3, failures_since = now() - interval '2 hours' where email = 'failed@example.com';
+            insert into users (id, email) values ('\(user.uuidString.lowercased())', 'confirm@example.com');
+            insert into reauthentication_codes (user_id, code_hash, created_at, expires_at)
+              values ('\(user.uuidString.lowercased())', '\\x00', now() - interval '3 days', now() - interval '2 days');
+            """)
+        func addresses() throws -> [String] {
+            try owner.query("select email from otp_codes order by email").map { try $0.decode(String.self, column: 0) }
+        }
+
+        // At most `maxRows` of each table a call.
+        let first = try await app.application.trimStaleCodes(maxRows: 2)
+        XCTAssertEqual(first.signIn, 2)
+        XCTAssertEqual(first.confirmation, 1)
+        let second = try await app.application.trimStaleCodes()
+        XCTAssertEqual(second.signIn, 1)
+        XCTAssertEqual(second.confirmation, 0)
+        // Kept: the live code, a code of the last hours, a refused attempt within the failure
+        // window (at most a day), a lock still running.
+        XCTAssertEqual(
+            try addresses(), ["failed@example.com", "live@example.com", "locked@example.com", "recent@example.com"])
+        let third = try await app.application.trimStaleCodes()
+        XCTAssertEqual(third.signIn, 0)
+        XCTAssertEqual(
+            try owner.query("select count(*) from reauthentication_codes")[0].decode(Int.self, column: 0), 0)
+        // The lock still holds: the address's verification is refused.
+        let locked = try await app.request(
+            "POST", "/auth/v1/verify", json: ["email": "locked@example.com", "token": "123456", "type": "email"])
+        assertAuthError(locked, 403, "otp_expired")
+
+        // What `serve` starts does it on its own (and `close()` stops it).
+        try owner.execute(
+            """
+            insert into otp_codes (email, code_hash, created_at, expires_at)
+              values ('later@example.com', '\\x00', now() - interval '3 days', now() - interval '2 days')
+            """)
+        app.application.startHousekeeping(every: .milliseconds(20), first: .zero)
+        let deadline = Date().addingTimeInterval(30)
+        while try addresses().contains("later@example.com"), Date() < deadline { await Task.yield() }
+        XCTAssertFalse(try addresses().contains("later@example.com"))
+    }
+
     // MARK: - Tokens
 
     func testAccessTokenVerifiesWithAnIndependentImplementation() async throws {

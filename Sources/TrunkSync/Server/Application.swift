@@ -38,6 +38,7 @@ public struct Application: Sendable {
     let requestHistory: RequestHistory
     private let keyRefresh = BackgroundTask()
     private let historySampler = BackgroundTask()
+    private let housekeeping = BackgroundTask()
     private let logger: Logger
     /// The last reason `/readyz` was not ready (logged once per change, not per probe).
     private let notReadyReason = LastValue()
@@ -209,6 +210,47 @@ public struct Application: Sendable {
                 }
             })
         return first
+    }
+
+    /// Removes the sign-in and confirmation codes that carry nothing any more (expired over a
+    /// day ago, no refused attempt within a day, no lock running: migration 0021), at most
+    /// `maxRows` of each table. Returns how many of each went.
+    @discardableResult
+    public func trimStaleCodes(maxRows: Int = staleCodesBatch) async throws -> (signIn: Int, confirmation: Int) {
+        try await database.transaction(as: .server) { tx in
+            let row = try await tx.query("select * from trunk_sync_trim_stale_codes($1::integer)", Int64(maxRows))[0]
+            return (Int(try row.decode(Int64.self, column: 0)), Int(try row.decode(Int64.self, column: 1)))
+        }
+    }
+
+    /// Rows of each table one `trimStaleCodes` removes at most.
+    public static let staleCodesBatch = 10_000
+
+    /// Runs `trimStaleCodes` a minute after the start and then every `interval` until
+    /// `close()` (a task that sleeps in between: no thread, no connection held). A batch that
+    /// came back full goes on at once; a failure is logged and tried again next time.
+    public func startHousekeeping(every interval: Duration = .seconds(600), first: Duration = .seconds(60)) {
+        let logger = self.logger
+        housekeeping.replace(
+            with: Task { [self] in
+                var delay = first
+                while true {
+                    do { try await Task.sleep(for: delay) } catch { return }  // cancelled by close()
+                    delay = interval
+                    do {
+                        let removed = try await trimStaleCodes()
+                        if removed.signIn + removed.confirmation > 0 {
+                            logger.info(
+                                "removed stale codes",
+                                metadata: ["sign_in": "\(removed.signIn)", "confirmation": "\(removed.confirmation)"])
+                        }
+                        if max(removed.signIn, removed.confirmation) >= Self.staleCodesBatch { delay = .seconds(1) }
+                    } catch {
+                        if Task.isCancelled { return }
+                        logger.warning("cannot remove stale codes", metadata: ["error": "\(error)"])
+                    }
+                }
+            })
     }
 
     /// The HTTP server's settings taken from the configuration.
@@ -411,6 +453,7 @@ public struct Application: Sendable {
         await notifier.close()
         await keyRefresh.stop()
         await historySampler.stop()
+        await housekeeping.stop()
         await auth.revocations.stop()
         await auth.mail.close(within: .seconds(5))
         await database.close()
