@@ -86,6 +86,7 @@ final class WebClientTests: EndToEndTestCase {
             "the served module imports from another origin",
             "recorded offline, then synced: each event once on the server",
             "tab killed mid-push", "leader tab killed, the other took over",
+            "a first sign-in downloaded the history of",
             "a second profile got every event live, none missed after a cut connection",
             "429 and 503 with Retry-After honoured",
             "maxBatchEvents 0 pushes batches of one",
@@ -110,12 +111,15 @@ final class WebClientTests: EndToEndTestCase {
             "a refresh refused after its session ended leaves the session another tab signed in",
             "sign-out with discard leaves the outbox of the same user signed in again in another tab",
             "sign-out revokes its session when another tab's sign-in is seen only at its refresh",
+            "sign-out with IndexedDB refusing signs out, and the discard happens at the next opening",
+            "persistent storage refused is told (storagePersisted, 'storage_not_persisted')",
             "without IndexedDB, record refuses clearly",
             "an export whose body stalls is aborted with a network error", "exported the account as NDJSON",
             "the example page signs in, records and lists a note",
             "the example page keeps a note the browser did not store in its field, and says so",
             "the example page lists a note another device added during its first sync",
             "deleted the account with a mailed code, and its local data",
+            "a deletion whose answer was lost is not claimed, and signs out and removes the local data",
             "the complete page of the guide signs in, records and lists a note",
         ] {
             XCTAssertTrue(
