@@ -1172,6 +1172,7 @@ def main():
         wait_until(lambda: element_shows(first, "#notes", "hello from the example"), "the note after a reload")
         step("the example page signs in, records and lists a note")
         example_page_keeps_every_note(first, dave)
+        example_page_tabs_keep_each_others_notes(first, dave)
 
         # Deleting the account: a mailed confirmation code, then everything is gone, here too.
         dave_token = api_token(dave)
@@ -1226,6 +1227,13 @@ def main():
         page.shutdown()
 
 
+def as_stored(session, address):
+    """`session` (the server's answer to /verify) as the client stores it in localStorage."""
+    return {"access_token": session["access_token"], "refresh_token": session["refresh_token"],
+            "expires_in": session["expires_in"], "expires_at": int(time.time()) + int(session["expires_in"]),
+            "user_id": session["user"]["id"], "email": address, "id": str(uuid.uuid4())}
+
+
 def example_page_keeps_every_note(driver, address):
     """The example page (examples/web) through a proxy of its own, signed in as `address`:
     a note the browser does not store stays in the field, the failure shown; a note another
@@ -1234,9 +1242,7 @@ def example_page_keeps_every_note(driver, address):
     proxy = Proxy()
     session = api_session(address)
     token = session["access_token"]
-    stored = {"access_token": token, "refresh_token": session["refresh_token"],
-              "expires_in": session["expires_in"], "expires_at": int(time.time()) + int(session["expires_in"]),
-              "user_id": session["user"]["id"], "email": address, "id": str(uuid.uuid4())}
+    stored = as_stored(session, address)
     driver.get(f"{PAGE_ORIGIN}/example/?server={proxy.url}")
     driver.execute_script("localStorage.setItem(arguments[0], arguments[1])",
                           f"trunk-sync|session|{proxy.url}", json.dumps(stored))
@@ -1274,6 +1280,51 @@ def example_page_keeps_every_note(driver, address):
     release.set()
     wait_until(lambda: element_shows(driver, "#notes", "added while the page synced"), "the note listed")
     step("the example page lists a note another device added during its first sync")
+
+
+def example_page_tabs_keep_each_others_notes(driver, address):
+    """Two tabs of the example page share the sync cursor: a note one tab pulled (and the
+    other never will) stays listed after the other tab stores a note of its own. The notes
+    an earlier version of the page kept in one item are carried over. No live stream here
+    (the proxy answers it with a silent one), so notes come by sync alone, in a set order."""
+    proxy = Proxy()
+    proxy.fake_stream = "silent"
+    session = api_session(address)
+    token, user_id = session["access_token"], session["user"]["id"]
+    stored = as_stored(session, address)
+    url = f"{PAGE_ORIGIN}/example/?server={proxy.url}"
+    old_key = f"notes-example|{proxy.url}|{user_id}"
+    old_note = {"seq": 10**12, "text": "kept by the page before", "created_at": "2026-11-01T00:00:00.000Z"}
+    driver.get(url)
+    driver.execute_script("localStorage.setItem(arguments[0], arguments[1]);"
+                          "localStorage.setItem(arguments[2], arguments[3])",
+                          f"trunk-sync|session|{proxy.url}", json.dumps(stored), old_key, json.dumps([old_note]))
+    driver.refresh()
+    tab_a = driver.current_window_handle
+    wait_until(lambda: element_shows(driver, "#notes", "kept by the page before"), "the earlier version's note")
+    # Both of the page's first syncs over (each pulls; none holds the sync lock any more).
+    syncing = "return (await navigator.locks.query()).held.filter((l) => l.name.startsWith('trunk-sync|sync|')).length"
+    wait_until(lambda: len(proxy.requests("GET", "/sync/v1/events")) >= 2 and js(driver, syncing) == 0,
+               "tab A's first syncs")
+    assert driver.execute_script("return localStorage.getItem(arguments[0])", old_key) is None
+    push(token, "pulled by tab B")
+    driver.switch_to.new_window("tab")
+    tab_b = driver.current_window_handle
+    driver.get(url)
+    wait_until(lambda: element_shows(driver, "#notes", "pulled by tab B"), "tab B's note")
+    driver.switch_to.window(tab_a)
+    submit(driver, "#note-form", "stored by tab A")
+    wait_until(lambda: element_shows(driver, "#status", "saved"), "tab A's note saved")
+    driver.find_element(By.CSS_SELECTOR, "#sync").click()
+    wait_until(lambda: element_shows(driver, "#notes", "stored by tab A"), "tab A's own note pulled")
+    driver.refresh()
+    wait_until(lambda: element_shows(driver, "#notes", "stored by tab A"), "tab A's note after a reload")
+    for text in ("pulled by tab B", "kept by the page before"):
+        assert element_shows(driver, "#notes", text), f"{text!r} lost: {driver.find_element(By.ID, 'notes').text}"
+    driver.switch_to.window(tab_b)
+    driver.close()
+    driver.switch_to.window(tab_a)
+    step("two tabs of the example page keep each other's notes, and an earlier version's")
 
 
 def guide_page_works(driver):

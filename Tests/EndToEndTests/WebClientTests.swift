@@ -118,6 +118,7 @@ final class WebClientTests: EndToEndTestCase {
             "the example page signs in, records and lists a note",
             "the example page keeps a note the browser did not store in its field, and says so",
             "the example page lists a note another device added during its first sync",
+            "two tabs of the example page keep each other's notes, and an earlier version's",
             "deleted the account with a mailed code, and its local data",
             "a deletion whose answer was lost is not claimed, and signs out and removes the local data",
             "the complete page of the guide signs in, records and lists a note",
