@@ -1246,7 +1246,11 @@ def example_page_keeps_every_note(driver, address):
     driver.get(f"{PAGE_ORIGIN}/example/?server={proxy.url}")
     driver.execute_script("localStorage.setItem(arguments[0], arguments[1])",
                           f"trunk-sync|session|{proxy.url}", json.dumps(stored))
+    # The browser's answer to persist() held until the test gives it (a refusal).
+    held = driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {
+        "source": "navigator.storage.persist = () => new Promise((resolve) => { window.answerPersist = resolve })"})
     driver.refresh()
+    driver.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": held["identifier"]})
     # Its last change of state (leading the account) shown: a message shown after it stays.
     wait_until(lambda: element_shows(driver, "#status", "this tab syncs"), "the page leading its account")
 
@@ -1260,11 +1264,17 @@ def example_page_keeps_every_note(driver, address):
     driver.find_element(By.CSS_SELECTOR, "#note-form button").click()
     wait_until(lambda: element_shows(driver, "#status", "not saved"), "the failure shown")
     assert field.get_attribute("value") == "a note the disk refused", field.get_attribute("value")
+    # Persistent storage refused now: a warning of its own, the message shown stays.
+    wait_until(lambda: driver.execute_script("return typeof window.answerPersist === 'function'"), "persist() asked")
+    driver.execute_script("window.answerPersist(false)")
+    wait_until(lambda: element_shows(driver, "#storage-warning", "may clear notes"), "the storage warning")
+    assert element_shows(driver, "#status", "not saved"), driver.find_element(By.ID, "status").text
     driver.execute_script("window.restoreAdd()")
     driver.find_element(By.CSS_SELECTOR, "#note-form button").click()
     wait_until(lambda: element_shows(driver, "#notes", "a note the disk refused"), "the note, sent again, listed")
     assert field.get_attribute("value") == ""
     step("the example page keeps a note the browser did not store in its field, and says so")
+    step("the example page warns that storage may be cleared, without hiding its message")
 
     answered, release = proxy.hold_answer("GET", "/sync/v1/events")
     driver.refresh()

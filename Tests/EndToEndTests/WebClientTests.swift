@@ -117,6 +117,7 @@ final class WebClientTests: EndToEndTestCase {
             "an export whose body stalls is aborted with a network error", "exported the account as NDJSON",
             "the example page signs in, records and lists a note",
             "the example page keeps a note the browser did not store in its field, and says so",
+            "the example page warns that storage may be cleared, without hiding its message",
             "the example page lists a note another device added during its first sync",
             "two tabs of the example page keep each other's notes, and an earlier version's",
             "deleted the account with a mailed code, and its local data",
