@@ -364,12 +364,7 @@ public actor TrunkSyncClient {
     /// server change that accepts them).
     public func requeueQuarantined(_ ids: [UUID]) throws {
         guard let store else { throw TrunkSyncError.notSignedIn }
-        try storage {
-            var events = try ids.filter { store.quarantine.contains($0) }.map { try store.quarantine.read($0) }
-            for index in events.indices { events[index].rejection = nil }
-            try store.outbox.append(events)
-            try store.quarantine.remove(events.map(\.clientID), as: .drop)
-        }
+        try storage { try store.requeue(ids) }
     }
 
     // MARK: - Sync

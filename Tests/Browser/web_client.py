@@ -177,12 +177,14 @@ class Proxy:
     stream that never sends a byte, as a dead connection), "empty" (one that ends at once),
     "json" (a 200 that is not an event stream) or "401" (the token refused),
     `stall_export` answers the export with its head and a piece of body, then nothing, and
-    `max_push_bytes` refuses a larger push body with nginx's 413 (client_max_body_size)."""
+    `max_push_bytes` refuses a larger push body with nginx's 413 (client_max_body_size).
+    `pulled` and `streamed` count the events its pull answers and event streams carried."""
 
     def __init__(self):
         self.rules, self.log, self.streams, self.holds, self.answer_holds = [], [], set(), {}, {}
         self.push_delay, self.paused, self.fake_stream, self.stall_export = 0.0, False, None, False
         self.max_push_bytes = None
+        self.pulled, self.streamed = 0, 0
         self.lock = threading.Lock()
         proxy = self
 
@@ -305,6 +307,9 @@ class Proxy:
                 handler.send_header(name, value)
         if not streaming:
             data = response.read()
+            if method == "GET" and path == "/sync/v1/events" and response.status == 200:
+                with self.lock:
+                    self.pulled += len(json.loads(data)["events"])
             handler.send_header("Content-Length", str(len(data)))
             handler.end_headers()
             handler.wfile.write(data)
@@ -316,11 +321,17 @@ class Proxy:
         entry = (handler.connection, upstream.sock)
         with self.lock:
             self.streams.add(entry)
+        marker, tail = b"\nevent: event\n", b""
         try:
             while True:
                 chunk = response.read1(65536)
                 if not chunk:
                     break
+                # Each event's message, also one cut between two chunks.
+                seen = tail + chunk
+                with self.lock:
+                    self.streamed += seen.count(marker)
+                tail = seen[-(len(marker) - 1):]
                 handler.wfile.write(chunk)
                 handler.wfile.flush()
         except (OSError, http.client.HTTPException):
@@ -590,12 +601,20 @@ def main():
 
         # A second browser profile (another device) gets the events live over the stream,
         # and after its connection is cut resumes with none missed.
+        # Its first sign-in, as the guide's page does it (sync, open the iterator, sync, read),
+        # with a history of many pages: each event comes down once, by the pull; the stream
+        # opens after the pull's cursor and carries only what commits from then on.
         second = browser()
-        open_page(second, proxy2.url)
+        open_page(second, proxy2.url, {"pageSize": 250})
         sign_in(second, ALICE)
-        js(second, "(async () => { for await (const e of client.liveEvents()) window.live.push(e.seq) })(); return true")
         total = len(server_events(alice))
-        wait_until(lambda: len(second.execute_script("return window.live")) >= total, "the backlog live")
+        first_sync = ("window.pulled = []; const pull = (events) => { window.pulled.push(...events.map(e => e.seq)) };"
+                      "await client.sync(pull);"
+                      "(async () => { for await (const e of client.liveEvents()) window.live.push(e.seq) })();"
+                      "await client.sync(pull); return window.pulled")
+        pulled = js(second, first_sync)
+        assert pulled == list(range(1, total + 1)), (len(pulled), total)
+        assert js(second, "return client.isLeader")
         leader_tab = second.current_window_handle
         follower_tab = new_tab(second, proxy2.url)  # another tab of that profile gets them from the leader
         assert not js(second, "return client.isLeader")
@@ -603,19 +622,23 @@ def main():
         second.switch_to.window(leader_tab)
         assert js(first, RECORD, "live-1", 5) == 5
         js(first, "await client.sync(); return true")
-        wait_until(lambda: len(second.execute_script("return window.live")) >= total + 5, "live events")
+        wait_until(lambda: len(second.execute_script("return window.live")) >= 5, "live events")
         proxy2.paused = True
         proxy2.cut()
         assert js(first, RECORD, "live-2", 5) == 5
         js(first, "await client.sync(); return true")
         proxy2.paused = False
-        wait_until(lambda: len(second.execute_script("return window.live")) >= total + 10, "events after the cut")
+        wait_until(lambda: len(second.execute_script("return window.live")) >= 10, "events after the cut")
         live = second.execute_script("return window.live")
-        assert live == list(range(1, total + 11)), f"live seqs {live[:5]}…{live[-12:]}"
+        assert live == list(range(total + 1, total + 11)), f"live seqs {live[:5]}…{live[-12:]}"
+        assert (proxy2.pulled, proxy2.streamed) == (total, 10), \
+            f"downloaded {proxy2.pulled} events by pull and {proxy2.streamed} by stream, want {total} and 10"
         second.switch_to.window(follower_tab)
         wait_until(lambda: len(second.execute_script("return window.live")) >= 10, "events in the other tab")
         assert second.execute_script("return window.live") == list(range(total + 1, total + 11))
         assert len(proxy2.requests("GET", "/sync/v1/stream")) >= 2, "the stream was not reopened"
+        step(f"a first sign-in downloaded the history of {total} events once, by the pull"
+             f" ({-(-total // 250)} pages), and only new events live")
         step("a second profile got every event live, none missed after a cut connection")
 
         # A stream gone silent (no keep-alive: a dead connection) is dropped and reopened.
@@ -628,8 +651,8 @@ def main():
         proxy2.fake_stream = None
         assert js(first, RECORD, "live-3", 3) == 3
         js(first, "await client.sync(); return true")
-        wait_until(lambda: len(second.execute_script("return window.live")) >= total + 13, "events after the silence")
-        assert second.execute_script("return window.live") == list(range(1, total + 14))
+        wait_until(lambda: len(second.execute_script("return window.live")) >= 13, "events after the silence")
+        assert second.execute_script("return window.live") == list(range(total + 1, total + 14))
         step("a stream gone silent was dropped and reopened, none missed")
 
         # A 200 that ends at once, or is not an event stream: reconnects back off.
@@ -638,7 +661,7 @@ def main():
             assert reconnects <= 15, f"{reconnects} stream requests in 3 s after {kind} answers"
         assert js(first, RECORD, "live-4", 2) == 2
         js(first, "await client.sync(); return true")
-        wait_until(lambda: len(second.execute_script("return window.live")) >= total + 15, "events after the backoff")
+        wait_until(lambda: len(second.execute_script("return window.live")) >= 15, "events after the backoff")
         step("a stream that ends at once or is not an event stream is retried with backoff")
 
         # A stream refused with 401 although every refresh succeeds (a server that refuses
@@ -650,8 +673,8 @@ def main():
         assert len(refreshed) >= 2, "the refreshes did not succeed"
         assert js(first, RECORD, "live-5", 1) == 1
         js(first, "await client.sync(); return true")
-        wait_until(lambda: len(second.execute_script("return window.live")) >= total + 16, "events after the 401s")
-        assert second.execute_script("return window.live") == list(range(1, total + 17))
+        wait_until(lambda: len(second.execute_script("return window.live")) >= 16, "events after the 401s")
+        assert second.execute_script("return window.live") == list(range(total + 1, total + 17))
         step(f"a stream refused with 401 while refreshes succeed is retried with backoff ({reconnects} tries in 3 s)")
 
         # 429 and 503 with Retry-After: waited out, then the push goes through.
@@ -1063,6 +1086,38 @@ def main():
         assert failed_status(lambda: api("GET", "/auth/v1/user", token=own["access_token"])) in (401, 403)
         step("sign-out revokes its session when another tab's sign-in is seen only at its refresh")
 
+        # Signing out offline while IndexedDB refuses to open: signed out all the same, and the
+        # discard asked for (and forgetting the cursor) happens at the next opening.
+        open_page(first, proxy.url, {"autoPush": False, "live": False})
+        who = js(first, "return client.user.email")
+        js(first, "await client.sync(() => {}); return true")
+        offline(first, True)
+        assert js(first, RECORD, "refused-db", 2) == 2
+        out = js(first, "const open = indexedDB.open;"
+                        "indexedDB.open = () => { throw new DOMException('denied', 'SecurityError') };"
+                        "try { return await client.signOut({discard: true}) } finally { indexedDB.open = open }")
+        offline(first, False)
+        assert out == {"unsentEvents": None}, out
+        assert not js(first, "return client.isSignedIn") and stored_session(first) is None
+        sign_in(first, who)
+        assert js(first, "return await client.pendingCount()") == 0
+        assert js(first, cursor) is None, "the cursor was not forgotten"
+        assert tagged(server_events(api_token(who)), "refused-db") == []
+        step("sign-out with IndexedDB refusing signs out, and the discard happens at the next opening")
+
+        # The browser refuses persistent storage: the app is told, to warn the user.
+        for granted in (False, True):
+            persisted = js(first, "const persist = navigator.storage.persist;"
+                                  "navigator.storage.persist = async () => args[1];"
+                                  "const c = new TrunkSync.TrunkSyncClient({url: args[0], autoPush: false, live: false});"
+                                  "navigator.storage.persist = persist;"
+                                  "const states = []; c.onStateChange((state) => states.push(state));"
+                                  "while (c.storagePersisted === null) await new Promise((r) => setTimeout(r, 10));"
+                                  "c.close(); return [c.storagePersisted, states.includes('storage_not_persisted')]",
+                           proxy.url, granted)
+            assert persisted == [granted, not granted], persisted
+        step("persistent storage refused is told (storagePersisted, 'storage_not_persisted')")
+
         # No IndexedDB (as in some private modes): record refuses, nothing kept in memory.
         first.get(f"{PAGE_ORIGIN}/")
         wait_until(lambda: first.execute_script("return window.ready === true"), "the module")
@@ -1117,6 +1172,7 @@ def main():
         wait_until(lambda: element_shows(first, "#notes", "hello from the example"), "the note after a reload")
         step("the example page signs in, records and lists a note")
         example_page_keeps_every_note(first, dave)
+        example_page_tabs_keep_each_others_notes(first, dave)
 
         # Deleting the account: a mailed confirmation code, then everything is gone, here too.
         dave_token = api_token(dave)
@@ -1139,12 +1195,43 @@ def main():
         except urllib.error.HTTPError as error:
             assert error.code == 401, error.code
         step("deleted the account with a mailed code, and its local data")
+
+        # The deletion's answer lost (the server deleted, the answer never came): not claimed
+        # done, but signed out and the user's data here removed, unsent events included.
+        gil = f"gil-{RUN}@example.com"
+        open_page(first, proxy.url, {"autoPush": False, "live": False, "requestTimeout": 1500})
+        sign_in(first, gil)
+        gil_token = api_token(gil)
+        gil_id = js(first, "return client.user.id")
+        assert js(first, RECORD, "deleted-unsent", 1) == 1
+        mails = len(mails_to(gil))
+        wait_until(lambda: js(first, "try { await client.reauthenticate(); return true } catch (e) {"
+                                     " if (e.status === 429) { await new Promise(r => setTimeout(r, e.retryAfter || 1000));"
+                                     " return false } throw e }"), "a confirmation code")
+        code = code_for(gil, mails + 1)
+        answered, release = proxy.hold_answer("DELETE", "/sync/v1/account")
+        out = js(first, "try { await client.deleteAccount(args[0]); return 'deleted' } catch (e) { return [e.code, e.message] }",
+                 code)
+        release.set()
+        assert answered.is_set() and out[0] == "outcome_unknown", out
+        assert not js(first, "return client.isSignedIn") and stored_session(first) is None
+        names = js(first, "return (await indexedDB.databases()).map(d => d.name)")
+        assert f"trunk-sync|{proxy.url}|{gil_id}" not in names, names
+        assert failed_status(lambda: server_events(gil_token)) == 401
+        step("a deletion whose answer was lost is not claimed, and signs out and removes the local data")
         guide_page_works(first)
     finally:
         first.quit()
         if second:
             second.quit()
         page.shutdown()
+
+
+def as_stored(session, address):
+    """`session` (the server's answer to /verify) as the client stores it in localStorage."""
+    return {"access_token": session["access_token"], "refresh_token": session["refresh_token"],
+            "expires_in": session["expires_in"], "expires_at": int(time.time()) + int(session["expires_in"]),
+            "user_id": session["user"]["id"], "email": address, "id": str(uuid.uuid4())}
 
 
 def example_page_keeps_every_note(driver, address):
@@ -1155,13 +1242,15 @@ def example_page_keeps_every_note(driver, address):
     proxy = Proxy()
     session = api_session(address)
     token = session["access_token"]
-    stored = {"access_token": token, "refresh_token": session["refresh_token"],
-              "expires_in": session["expires_in"], "expires_at": int(time.time()) + int(session["expires_in"]),
-              "user_id": session["user"]["id"], "email": address, "id": str(uuid.uuid4())}
+    stored = as_stored(session, address)
     driver.get(f"{PAGE_ORIGIN}/example/?server={proxy.url}")
     driver.execute_script("localStorage.setItem(arguments[0], arguments[1])",
                           f"trunk-sync|session|{proxy.url}", json.dumps(stored))
+    # The browser's answer to persist() held until the test gives it (a refusal).
+    held = driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {
+        "source": "navigator.storage.persist = () => new Promise((resolve) => { window.answerPersist = resolve })"})
     driver.refresh()
+    driver.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": held["identifier"]})
     # Its last change of state (leading the account) shown: a message shown after it stays.
     wait_until(lambda: element_shows(driver, "#status", "this tab syncs"), "the page leading its account")
 
@@ -1175,11 +1264,17 @@ def example_page_keeps_every_note(driver, address):
     driver.find_element(By.CSS_SELECTOR, "#note-form button").click()
     wait_until(lambda: element_shows(driver, "#status", "not saved"), "the failure shown")
     assert field.get_attribute("value") == "a note the disk refused", field.get_attribute("value")
+    # Persistent storage refused now: a warning of its own, the message shown stays.
+    wait_until(lambda: driver.execute_script("return typeof window.answerPersist === 'function'"), "persist() asked")
+    driver.execute_script("window.answerPersist(false)")
+    wait_until(lambda: element_shows(driver, "#storage-warning", "may clear notes"), "the storage warning")
+    assert element_shows(driver, "#status", "not saved"), driver.find_element(By.ID, "status").text
     driver.execute_script("window.restoreAdd()")
     driver.find_element(By.CSS_SELECTOR, "#note-form button").click()
     wait_until(lambda: element_shows(driver, "#notes", "a note the disk refused"), "the note, sent again, listed")
     assert field.get_attribute("value") == ""
     step("the example page keeps a note the browser did not store in its field, and says so")
+    step("the example page warns that storage may be cleared, without hiding its message")
 
     answered, release = proxy.hold_answer("GET", "/sync/v1/events")
     driver.refresh()
@@ -1195,6 +1290,51 @@ def example_page_keeps_every_note(driver, address):
     release.set()
     wait_until(lambda: element_shows(driver, "#notes", "added while the page synced"), "the note listed")
     step("the example page lists a note another device added during its first sync")
+
+
+def example_page_tabs_keep_each_others_notes(driver, address):
+    """Two tabs of the example page share the sync cursor: a note one tab pulled (and the
+    other never will) stays listed after the other tab stores a note of its own. The notes
+    an earlier version of the page kept in one item are carried over. No live stream here
+    (the proxy answers it with a silent one), so notes come by sync alone, in a set order."""
+    proxy = Proxy()
+    proxy.fake_stream = "silent"
+    session = api_session(address)
+    token, user_id = session["access_token"], session["user"]["id"]
+    stored = as_stored(session, address)
+    url = f"{PAGE_ORIGIN}/example/?server={proxy.url}"
+    old_key = f"notes-example|{proxy.url}|{user_id}"
+    old_note = {"seq": 10**12, "text": "kept by the page before", "created_at": "2026-11-01T00:00:00.000Z"}
+    driver.get(url)
+    driver.execute_script("localStorage.setItem(arguments[0], arguments[1]);"
+                          "localStorage.setItem(arguments[2], arguments[3])",
+                          f"trunk-sync|session|{proxy.url}", json.dumps(stored), old_key, json.dumps([old_note]))
+    driver.refresh()
+    tab_a = driver.current_window_handle
+    wait_until(lambda: element_shows(driver, "#notes", "kept by the page before"), "the earlier version's note")
+    # Both of the page's first syncs over (each pulls; none holds the sync lock any more).
+    syncing = "return (await navigator.locks.query()).held.filter((l) => l.name.startsWith('trunk-sync|sync|')).length"
+    wait_until(lambda: len(proxy.requests("GET", "/sync/v1/events")) >= 2 and js(driver, syncing) == 0,
+               "tab A's first syncs")
+    assert driver.execute_script("return localStorage.getItem(arguments[0])", old_key) is None
+    push(token, "pulled by tab B")
+    driver.switch_to.new_window("tab")
+    tab_b = driver.current_window_handle
+    driver.get(url)
+    wait_until(lambda: element_shows(driver, "#notes", "pulled by tab B"), "tab B's note")
+    driver.switch_to.window(tab_a)
+    submit(driver, "#note-form", "stored by tab A")
+    wait_until(lambda: element_shows(driver, "#status", "saved"), "tab A's note saved")
+    driver.find_element(By.CSS_SELECTOR, "#sync").click()
+    wait_until(lambda: element_shows(driver, "#notes", "stored by tab A"), "tab A's own note pulled")
+    driver.refresh()
+    wait_until(lambda: element_shows(driver, "#notes", "stored by tab A"), "tab A's note after a reload")
+    for text in ("pulled by tab B", "kept by the page before"):
+        assert element_shows(driver, "#notes", text), f"{text!r} lost: {driver.find_element(By.ID, 'notes').text}"
+    driver.switch_to.window(tab_b)
+    driver.close()
+    driver.switch_to.window(tab_a)
+    step("two tabs of the example page keep each other's notes, and an earlier version's")
 
 
 def guide_page_works(driver):

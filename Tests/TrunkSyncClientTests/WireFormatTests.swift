@@ -103,4 +103,80 @@ final class WireFormatTests: XCTestCase {
         XCTAssertEqual(store.quarantine.count, 1)
         XCTAssertEqual(try store.quarantine.all().first?.rejection?.field, "payload")
     }
+
+    /// `requeueQuarantined` cut short by a crash after its one write (the outbox's frame),
+    /// before the quarantine's drop: the next open finishes it, the events in the outbox
+    /// and out of the quarantine; a stay quarantined by an earlier version (no stay id) too.
+    /// A move into the quarantine again, cut short the same way, still ends there.
+    func testARequeueCutShortByACrashIsFinishedOnTheNextOpen() throws {
+        let user = UUID()
+        let userDirectory = FileManager.default.temporaryDirectory.appendingPathComponent("user-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: userDirectory) }
+        let event = { (type: String) in
+            StoredEvent(
+                clientID: UUID(), type: type, payload: Array("{}".utf8), clientTimestamp: "2026-01-01T00:00:00.000Z")
+        }
+        let rejection = Rejection(
+            status: 400, code: "validation_failed", field: "payload", reason: "bad", rejectedAt: Date())
+        let (a, b, c) = (event("a"), event("b"), event("c"))
+        do {
+            let store = try UserStore(userID: user, directory: userDirectory)
+            try store.outbox.append([a, b, c])
+            var refused = try store.outbox.read(a.clientID)
+            refused.rejection = rejection
+            try store.moveToQuarantine([refused])
+            // What an earlier version's move left: a stay without an id.
+            var old = try store.outbox.read(b.clientID)
+            old.rejection = rejection
+            try store.quarantine.append([old])
+            try store.outbox.remove([b.clientID], as: .drop)
+            XCTAssertEqual(store.outbox.ids, [c.clientID])
+            XCTAssertEqual(try store.writeRequeue([a.clientID, b.clientID]), [a.clientID, b.clientID])
+            store.close()  // the crash, before the quarantine's drop
+        }
+        do {
+            let store = try UserStore(userID: user, directory: userDirectory)
+            XCTAssertEqual(store.outbox.ids, [c.clientID, a.clientID, b.clientID])
+            XCTAssertEqual(store.quarantine.count, 0)
+            XCTAssertNil(try store.outbox.read(a.clientID).rejection)
+            // Refused again: the move into the quarantine cut short after its first write.
+            var again = try store.outbox.read(a.clientID)
+            again.rejection = rejection
+            again.quarantineID = UUID()
+            again.requeuedFrom = nil
+            try store.quarantine.append([again])
+            store.close()
+        }
+        let store = try UserStore(userID: user, directory: userDirectory)
+        XCTAssertEqual(store.outbox.ids, [c.clientID, b.clientID])
+        XCTAssertEqual(store.quarantine.ids, [a.clientID])
+        // And a requeue that finished leaves nothing to finish.
+        try store.requeue([a.clientID])
+        store.close()
+        let reopened = try UserStore(userID: user, directory: userDirectory)
+        XCTAssertEqual(reopened.outbox.ids, [c.clientID, b.clientID, a.clientID])
+        XCTAssertEqual(reopened.quarantine.count, 0)
+    }
+
+    /// Every folder `createDirectory` makes has its entry synced into its parent, each level
+    /// it created (a user's first sign-in makes `users/` and `users/<id>/`), innermost out;
+    /// an existing folder syncs nothing.
+    func testCreatingAFolderSyncsTheParentOfEachLevelItCreated() throws {
+        let base = FileManager.default.temporaryDirectory.appendingPathComponent("dirs-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: base) }
+        var synced: [String] = []
+        let deep = base.appendingPathComponent("users").appendingPathComponent("someone")
+        try FileSystem.createDirectory(deep) { synced.append($0.path) }
+        XCTAssertEqual(
+            synced, [base.appendingPathComponent("users").path, base.path, base.deletingLastPathComponent().path])
+        var isDirectory: ObjCBool = false
+        XCTAssertTrue(
+            FileManager.default.fileExists(atPath: deep.path, isDirectory: &isDirectory) && isDirectory.boolValue)
+        synced = []
+        try FileSystem.createDirectory(deep) { synced.append($0.path) }
+        try FileSystem.createDirectory(base.appendingPathComponent("other")) { synced.append($0.path) }
+        XCTAssertEqual(synced, [base.path])
+        // The real sync on a real folder (no error for a directory).
+        try FileSystem.createDirectory(base.appendingPathComponent("real").appendingPathComponent("one"))
+    }
 }

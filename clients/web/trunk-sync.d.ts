@@ -99,6 +99,8 @@ export interface QuarantinedEvent {
  * the outbox stays), `network`, `rate_limited` (`retryAfter` ms), `invalid_event` (refused by
  * `record` itself), `invalid_response` (an answer that is not the server's, e.g. a 2xx push
  * answer that does not name the events stored: they stay in the outbox), `unsupported`,
+ * `outcome_unknown` (`deleteAccount` got no answer: the account may or may not be deleted;
+ * signed out and its local data removed all the same),
  * `cancelled`, `user_changed` (another tab signed someone else in while a call for the
  * user before was under way: nothing was sent with the other user's session), or the
  * server's error code (`otp_expired`,
@@ -115,7 +117,7 @@ export class TrunkSyncError extends Error {
 
 /** What `onStateChange` tells: `(state, detail)`, the detail's type following the state. */
 export type StateChange =
-  | [state: 'leader' | 'signed_out', detail?: undefined]
+  | [state: 'leader' | 'signed_out' | 'storage_not_persisted', detail?: undefined]
   | [state: 'push_failed', detail: TrunkSyncError]
   | [state: 'rejected', detail: RefusedEvent[]];
 
@@ -129,6 +131,14 @@ export class TrunkSyncClient {
   readonly user: { id: string; email: string | null } | null;
   /** This tab is the account's leader: it pushes, and holds the live stream. */
   readonly isLeader: boolean;
+  /**
+   * Whether the browser granted persistent storage (`navigator.storage.persist()`, asked at
+   * the first sign-in of this page): `false` means it may clear this origin's storage,
+   * unsent events included, under storage pressure (tell the user: install the app,
+   * bookmark it, sync before leaving); `null` until it answered, or where it is not offered.
+   * `onStateChange` tells `'storage_not_persisted'` when it turns false.
+   */
+  readonly storagePersisted: boolean | null;
 
   /** Mails a 6-digit code (POST /auth/v1/otp). Not repeated after a network failure. */
   sendCode(email: string): Promise<void>;
@@ -152,7 +162,10 @@ export class TrunkSyncClient {
    * user signed in when called: it ends when that user signs out or another is signed in
    * (in any tab); called with nobody signed in, it ends at once. It gets events from when it
    * is called: after the `sync` that catches up, open it, `sync` once more (what committed as
-   * the first ended), then read it (skip `seq`s both bring).
+   * the first ended), then read it (skip `seq`s both bring). On a first sign-in in this
+   * browser (or the first since a sign-out) the leader opens its stream only once a
+   * `sync(handler)`, in any tab, pulled to the end, and after that sync's cursor: the
+   * history comes once, by the pull; an iterator opened before gets nothing until then.
    */
   liveEvents(): AsyncIterableIterator<SyncEvent>;
 
@@ -166,9 +179,12 @@ export class TrunkSyncClient {
    * Pushes once, revokes the session and forgets it here. Unsent events stay in this user's
    * outbox for the next sign-in (counted) unless `discard` is true. Ends the session it was
    * called for: one another tab signs in meanwhile is left as it is, and when that is the
-   * same user, so are the outbox and cursor (theirs now: nothing is discarded).
+   * same user, so are the outbox and cursor (theirs now: nothing is discarded). Offline,
+   * or with IndexedDB refusing, it still signs out here; `unsentEvents` is then null when
+   * the database could not be opened to count them, and forgetting the cursor (and the
+   * discard) happens at the next opening of that user's database, before anything else.
    */
-  signOut(options?: { discard?: boolean }): Promise<{ unsentEvents: number }>;
+  signOut(options?: { discard?: boolean }): Promise<{ unsentEvents: number | null }>;
   /**
    * Mails a confirmation code for `deleteAccount`, to the user signed in when called
    * (`user_changed` if another tab signs someone else in before it is sent).
@@ -177,7 +193,14 @@ export class TrunkSyncClient {
   /**
    * Deletes the account and its data on the server, then everything kept here for the user;
    * the user signed in when called (`user_changed`, nothing deleted, if another tab signs
-   * someone else in before it is sent).
+   * someone else in before it is sent). The server's refusal (a wrong code: its 4xx)
+   * deletes nothing anywhere. No answer (a network failure, a timeout, a 5xx): rejects
+   * with `outcome_unknown`, never claiming the deletion, but signs out and removes the
+   * user's data here all the same (unsent events included), so the next person using this
+   * browser cannot read it; signing in again tells whether the account still exists.
+   * Resolved, the local database is gone too; if the browser refuses to delete it, rejects
+   * with `storage_unavailable` (the account is deleted) and it is deleted when a client
+   * next starts here.
    */
   deleteAccount(code: string): Promise<void>;
   /**
@@ -191,6 +214,7 @@ export class TrunkSyncClient {
    * `deleteAccount`, a refresh the server refused, another tab). `'push_failed'`: the
    * leader's push failed and will be tried again (`detail`: the error). `'rejected'`: the
    * leader's push moved events the server refused to the quarantine (`detail`: them).
+   * `'storage_not_persisted'`: the browser refused persistent storage (`storagePersisted`).
    */
   onStateChange(listener: (...change: StateChange) => void): () => void;
   /** Stops this client's work in this tab (another tab becomes the leader). */

@@ -304,6 +304,97 @@ async function transact(db, stores, mode, work) {
   return result;
 }
 
+// MARK: - Local clean-up that must not be lost
+
+/**
+ * A sign-out or an account deletion decides what of a user's local data goes before it
+ * touches IndexedDB, and writes that here (localStorage, synchronous) first: `'forget'` (the
+ * cursor), `'discard'` (the cursor and the unsent and quarantined events), `'delete'` (the
+ * whole database). When IndexedDB cannot do it then (it will not open, the tab closes), the
+ * next opening of that user's database does it first; a `'delete'` is also tried again when
+ * a client starts. The entry goes once it is done.
+ * @param {string} url @param {string} userId
+ */
+const cleanupKey = (url, userId) => `trunk-sync|cleanup|${url}|${userId}`;
+
+/** @param {string} key @returns {string | null} */
+function pendingCleanup(key) {
+  try {
+    return localStorage.getItem(key);
+  } catch {
+    return null;
+  }
+}
+
+/** @param {string} key @param {string | null} what */
+function setCleanup(key, what) {
+  try {
+    if (what) localStorage.setItem(key, what);
+    else localStorage.removeItem(key);
+  } catch {
+    // storage refused: done now or not at all
+  }
+}
+
+/** Deletes a database; rejects when the browser refuses. @param {string} name */
+function deleteDatabase(name) {
+  return new Promise((resolve, reject) => {
+    let request;
+    try {
+      request = typeof indexedDB === 'undefined' ? null : indexedDB.deleteDatabase(name);
+    } catch (error) {
+      reject(error);
+      return;
+    }
+    if (!request) return reject(new Error('no indexedDB'));
+    // Blocked: another tab's connection, which closes on the versionchange this sends; the
+    // deletion goes on once it did.
+    request.onsuccess = () => resolve(undefined);
+    request.onerror = () => reject(request.error ?? new Error('deleteDatabase failed'));
+  });
+}
+
+/**
+ * Opens a user's database after doing any clean-up pending for them (see `cleanupKey`).
+ * @param {string} url @param {string} userId @returns {Promise<IDBDatabase>}
+ */
+async function openUserDatabase(url, userId) {
+  const name = `trunk-sync|${url}|${userId}`;
+  const key = cleanupKey(url, userId);
+  const pending = pendingCleanup(key);
+  if (pending === 'delete') {
+    try {
+      await deleteDatabase(name);
+    } catch (error) {
+      throw new TrunkSyncError('storage_unavailable', `IndexedDB cannot delete ${name}: ${String(error)}`);
+    }
+    setCleanup(key, null);
+  }
+  const db = await openDatabase(name);
+  if (pending === 'forget' || pending === 'discard') {
+    try {
+      await clearUserData(db, pending === 'discard');
+    } catch (error) {
+      db.close();
+      throw error;
+    }
+    setCleanup(key, null);
+  }
+  return db;
+}
+
+/**
+ * Forgets the cursor (and the live position); with `discard`, the unsent and quarantined
+ * events too. One transaction.
+ * @param {IDBDatabase} db @param {boolean} discard
+ */
+function clearUserData(db, discard) {
+  const stores = discard ? ['meta', 'outbox', 'quarantine'] : ['meta'];
+  return transact(db, stores, 'readwrite', (tx) => {
+    for (const store of stores) tx.objectStore(store).clear();
+  });
+}
+
 // MARK: - Helpers
 
 const sleep = (/** @type {number} */ ms, /** @type {AbortSignal | undefined} */ signal) =>
@@ -400,11 +491,13 @@ class Account {
     if (this.channel) this.channel.onmessage = (message) => client._message(this, message.data);
     /** The `liveEvents()` iterators opened for this user. @type {Set<(event: any) => void>} */
     this.liveListeners = new Set();
+    /** Wakes the leader's stream waiting for a first pull (see `streamStart`). @type {() => void} */
+    this.pulled = () => {};
   }
 
   db() {
     if (!this.dbPromise) {
-      this.dbPromise = openDatabase(`trunk-sync|${this.key}`);
+      this.dbPromise = openUserDatabase(this.client.url, this.userId);
       this.dbPromise.catch(() => {
         this.dbPromise = null; // the next call tries again
       });
@@ -476,8 +569,15 @@ export class TrunkSyncClient {
     /** @type {Account | null} */
     this.account = null;
     this.persistRequested = false;
+    /**
+     * Whether the browser keeps this origin's storage under pressure
+     * (`navigator.storage.persist()`): null until it answered, or where it is not offered.
+     * @type {boolean | null}
+     */
+    this.storagePersisted = null;
     this.closed = false;
     this.session = this.readSession();
+    this.finishDeletions();
     this.openAccount();
     if (typeof window !== 'undefined') {
       window.addEventListener('storage', (event) => {
@@ -560,13 +660,57 @@ export class TrunkSyncClient {
       .catch(() => {}); // aborted on sign-out or switch
   }
 
+  /**
+   * Asks once for persistent storage. A refusal (the browser may then evict the outbox
+   * under storage pressure) sets `storagePersisted` to false and emits
+   * `'storage_not_persisted'`, for the app to tell the user.
+   */
   requestPersistence() {
     if (this.persistRequested) return;
     this.persistRequested = true;
+    let answer;
     try {
-      navigator.storage?.persist?.().catch(() => {});
+      answer = navigator.storage?.persist?.();
     } catch {
       // not offered here
+    }
+    if (!answer) return;
+    Promise.resolve(answer)
+      .then(
+        (granted) => granted === true,
+        () => false,
+      )
+      .then((granted) => {
+        this.storagePersisted = granted;
+        if (!granted) this.emitState('storage_not_persisted');
+      });
+  }
+
+  /**
+   * Deletes the databases of users whose account deletion this browser could not finish
+   * locally (see `cleanupKey`): not the signed-in user's, whose `db()` does it.
+   */
+  finishDeletions() {
+    /** @type {string[]} */
+    let keys = [];
+    try {
+      const prefix = `trunk-sync|cleanup|${this.url}|`;
+      for (let index = 0; index < localStorage.length; index++) {
+        const key = localStorage.key(index);
+        if (key?.startsWith(prefix) && localStorage.getItem(key) === 'delete') keys.push(key);
+      }
+    } catch {
+      return;
+    }
+    for (const key of keys) {
+      const userId = key.slice(key.lastIndexOf('|') + 1);
+      if (userId === this.session?.user_id) continue;
+      deleteDatabase(`trunk-sync|${this.url}|${userId}`).then(
+        () => {
+          if (pendingCleanup(key) === 'delete') setCleanup(key, null);
+        },
+        () => {}, // tried again at the next start
+      );
     }
   }
 
@@ -587,7 +731,9 @@ export class TrunkSyncClient {
    * Tells `listener` what happens in the background: `'leader'` (this tab became its
    * account's leader), `'signed_out'` (the session ended, however), `'push_failed'` (the
    * leader's push failed and will be tried again; detail: the error), `'rejected'` (the
-   * leader's push moved events the server refused to the quarantine; detail: them).
+   * leader's push moved events the server refused to the quarantine; detail: them),
+   * `'storage_not_persisted'` (the browser refused persistent storage: it may clear this
+   * origin's data, unsent events included, under storage pressure; see `storagePersisted`).
    * @param {(state: string, detail?: unknown) => void} listener
    */
   onStateChange(listener) {
@@ -1000,10 +1146,18 @@ export class TrunkSyncClient {
     return moved;
   }
 
-  /** @param {Account} account @param {(events: any[]) => unknown} handler */
+  /**
+   * Pulls every page after the stored cursor into `handler`. Once it reached the end it
+   * tells the leader (in this tab or another), whose stream may be waiting for that: on a
+   * first sign-in it starts after this cursor (see `streamStart`).
+   * @param {Account} account @param {(events: any[]) => unknown} handler
+   */
   async pullAll(account, handler) {
     const db = await account.db();
-    let cursor = (await settled(db.transaction('meta').objectStore('meta').get('cursor'))) ?? 0;
+    const stored = await settled(db.transaction('meta').objectStore('meta').get('cursor'));
+    let cursor = stored ?? 0;
+    // Stored also when it stays 0 (an empty account), so a new leader knows a pull ended.
+    let unstored = stored === undefined;
     let pulled = 0;
     for (;;) {
       const page = checkedPage(
@@ -1016,11 +1170,16 @@ export class TrunkSyncClient {
         await handler(page.events);
         pulled += page.events.length;
       }
-      if (page.next_after !== cursor) {
+      if (page.next_after !== cursor || (unstored && !page.has_more)) {
         cursor = page.next_after;
         await transact(db, ['meta'], 'readwrite', (tx) => tx.objectStore('meta').put(cursor, 'cursor'));
+        unstored = false;
       }
-      if (!page.has_more) return pulled;
+      if (!page.has_more) {
+        account.pulled();
+        account.post({ kind: 'pulled' });
+        return pulled;
+      }
     }
   }
 
@@ -1080,6 +1239,7 @@ export class TrunkSyncClient {
   _message(account, message) {
     if (account !== this.account || !message) return;
     if (message.kind === 'recorded') this.schedulePush();
+    else if (message.kind === 'pulled') account.pulled();
     else if (message.kind === 'live' && Array.isArray(message.events)) this.deliver(account, message.events);
   }
 
@@ -1124,9 +1284,8 @@ export class TrunkSyncClient {
     const { signal } = account.stopped;
     const db = await account.db().catch(() => null);
     if (!db) return;
-    /** @type {number} */
-    let lastSeq = (await settled(db.transaction('meta').objectStore('meta').get('live'))) ?? -1;
-    if (lastSeq < 0) lastSeq = (await settled(db.transaction('meta').objectStore('meta').get('cursor'))) ?? 0;
+    let lastSeq = await this.streamStart(account, db).catch(() => null);
+    if (lastSeq === null) return;
     let attempt = 0;
     let refused = false; // the last answer was a 401
     while (!signal.aborted) {
@@ -1200,12 +1359,40 @@ export class TrunkSyncClient {
   }
 
   /**
+   * Where the leader's stream starts: after the last event delivered live in this browser,
+   * else after the `sync` cursor. With neither (a first sign-in here, or the first since a
+   * sign-out), it waits until a `sync(handler)` in any tab has pulled to the end, and starts
+   * after that cursor: the history comes once, by the pull, not a second time over the
+   * stream while the pull runs (what commits meanwhile the stream still replays, after the
+   * cursor). Null when the account stopped first.
+   * @param {Account} account @param {IDBDatabase} db @returns {Promise<number | null>}
+   */
+  async streamStart(account, db) {
+    const { signal } = account.stopped;
+    const meta = (/** @type {string} */ key) => settled(db.transaction('meta').objectStore('meta').get(key));
+    for (;;) {
+      // Listening before looking: a pull that ends in between is not missed.
+      const pulled = new Promise((resolve) => {
+        account.pulled = () => resolve(undefined);
+        signal.addEventListener('abort', () => resolve(undefined), { once: true });
+      });
+      /** @type {number | undefined} */
+      const start = (await meta('live')) ?? (await meta('cursor'));
+      if (start !== undefined) return start;
+      await pulled;
+      if (signal.aborted) return null;
+    }
+  }
+
+  /**
    * Events as they commit on the server (from the leader tab's stream), in every tab, as an
    * async iterator of event objects, for the user signed in when it is called: it ends
    * (done) when that user signs out or another user is signed in (in any tab), so no other
    * user's events reach it; called while nobody is signed in, it ends at once. `return()`
    * (a `break` in `for await`) ends it too. It gets events from when it is called: after the
-   * `sync` that catches up, open it, `sync` once more, then read it.
+   * `sync` that catches up, open it, `sync` once more, then read it. On a first sign-in in
+   * this browser the stream starts once a `sync(handler)` pulled to the end (see
+   * `streamStart`): nothing comes before.
    * @returns {AsyncIterableIterator<any>}
    */
   liveEvents() {
@@ -1279,26 +1466,33 @@ export class TrunkSyncClient {
       }
       // Otherwise the local session goes anyway.
     }
-    // A connection of its own: another tab's sign-in closes the account's.
-    const db = await openDatabase(`trunk-sync|${account.key}`);
-    let unsentEvents;
+    // Should another tab have signed the same user in again meanwhile, this outbox and
+    // cursor are that session's now (it may have recorded already): nothing is deleted.
+    const stored = this.readSession();
+    const clear = !stored || stored.user_id !== pin.user_id || matchesPin(stored, pin);
+    const key = cleanupKey(this.url, pin.user_id);
+    // A discard (or deletion) still pending from before is kept, never weakened.
+    const previous = pendingCleanup(key);
+    const discard = options.discard === true || previous === 'discard';
+    // Written first: should IndexedDB not do it now, the next opening does (see cleanupKey).
+    if (clear && previous !== 'delete') setCleanup(key, discard ? 'discard' : 'forget');
+    /** @type {number | null} */
+    let unsentEvents = null;
     try {
-      unsentEvents = await settled(db.transaction('outbox').objectStore('outbox').count());
-      // Should another tab have signed the same user in again meanwhile, this outbox and
-      // cursor are that session's now (it may have recorded already): nothing is deleted.
-      const stored = this.readSession();
-      if (!stored || stored.user_id !== pin.user_id || matchesPin(stored, pin)) {
-        if (options.discard) {
-          await transact(db, ['outbox', 'quarantine'], 'readwrite', (tx) => {
-            tx.objectStore('outbox').clear();
-            tx.objectStore('quarantine').clear();
-          });
-          unsentEvents = 0;
+      // A connection of its own: another tab's sign-in closes the account's.
+      const db = await openDatabase(`trunk-sync|${account.key}`);
+      try {
+        unsentEvents = await settled(db.transaction('outbox').objectStore('outbox').count());
+        if (clear && previous !== 'delete') {
+          await clearUserData(db, discard);
+          if (discard) unsentEvents = 0;
+          setCleanup(key, null);
         }
-        await transact(db, ['meta'], 'readwrite', (tx) => tx.objectStore('meta').clear());
+      } finally {
+        db.close();
       }
-    } finally {
-      db.close();
+    } catch {
+      // IndexedDB will not open or commit: signed out all the same, the clean-up pending.
     }
     if (matchesPin(this.readSession(), pin)) this.storeSession(null);
     else this.openAccount();
@@ -1322,16 +1516,49 @@ export class TrunkSyncClient {
   async deleteAccount(code) {
     const account = this.current();
     const pin = { user_id: account.userId };
-    await this.request('DELETE', '/sync/v1/account', { body: { code }, retry: false, pin });
-    const name = `trunk-sync|${account.key}`;
+    /** @type {TrunkSyncError | null} */
+    let unknown = null;
+    // A token refresh first, on its own: one that fails has sent nothing.
+    await this.accessToken(pin);
+    try {
+      await this.request('DELETE', '/sync/v1/account', { body: { code }, retry: false, pin });
+    } catch (error) {
+      // The server's own refusal (a 4xx: wrong code, …), or never sent: nothing deleted.
+      if (!(error instanceof TrunkSyncError) || error.code === 'user_changed' || error.code === 'not_signed_in') throw error;
+      if (error.status >= 400 && error.status < 500) throw error;
+      // No answer (or a 5xx): the server may have deleted the account. Not claimed done,
+      // but the user's data does not stay here for whoever uses this browser next.
+      unknown = error;
+      await this.request('POST', '/auth/v1/logout?scope=local', { retry: false, pin }).catch(() => {});
+    }
+    const key = cleanupKey(this.url, account.userId);
+    setCleanup(key, 'delete');
     // Signed out here, unless another tab signed someone else in meanwhile.
     const stored = this.readSession();
     if (!stored || stored.user_id === account.userId) this.storeSession(null);
     else account.stop();
-    await new Promise((resolve) => {
-      const request = indexedDB.deleteDatabase(name);
-      request.onsuccess = request.onerror = request.onblocked = () => resolve(undefined);
-    });
+    let local = null;
+    try {
+      await deleteDatabase(`trunk-sync|${account.key}`);
+      setCleanup(key, null);
+    } catch (error) {
+      local = error; // deleted when a client next starts here (see cleanupKey)
+    }
+    if (unknown) {
+      throw new TrunkSyncError(
+        'outcome_unknown',
+        `the server's answer to the deletion was lost (${unknown.message}): the account may or may not ` +
+          'be deleted; signed out, and its data here removed. Sign in again to see whether it still exists',
+        { status: unknown.status },
+      );
+    }
+    if (local) {
+      throw new TrunkSyncError(
+        'storage_unavailable',
+        `the account is deleted; its data in this browser could not be deleted yet (${String(local)}): ` +
+          'that happens when the client next starts here',
+      );
+    }
   }
 
   /**

@@ -32,6 +32,12 @@ struct StoredEvent: Equatable, Sendable {
     /// RFC 3339 with milliseconds, UTC, as pushed.
     var clientTimestamp: String
     var rejection: Rejection? = nil
+    /// In the quarantine: this stay's id, made when the event moved there.
+    var quarantineID: UUID? = nil
+    /// In the outbox: the event came back from the quarantine stay whose `quarantineID`
+    /// this is ("" for a stay without one, written before there were ids). See
+    /// `UserStore.requeue`.
+    var requeuedFrom: String? = nil
 }
 
 /// One record of a log file's body (one JSON object per frame).
@@ -53,11 +59,17 @@ struct LogRecord: Codable, Equatable {
     var clientTimestamp: String? = nil
     var rejection: Rejection? = nil
     var ids: [UUID]? = nil
+    /// See `StoredEvent.quarantineID` and `.requeuedFrom` (absent in records written before
+    /// them: decoded as nil, and ignored by versions that do not know them).
+    var quarantineID: UUID? = nil
+    var requeuedFrom: String? = nil
 
     enum CodingKeys: String, CodingKey {
         case op, type, payload, rejection, ids
         case clientID = "client_id"
         case clientTimestamp = "client_timestamp"
+        case quarantineID = "quarantine_id"
+        case requeuedFrom = "requeued_from"
     }
 }
 
@@ -204,7 +216,7 @@ final class EventLog {
             let record = LogRecord(
                 op: .event, clientID: event.clientID, type: event.type,
                 payload: String(decoding: event.payload, as: UTF8.self), clientTimestamp: event.clientTimestamp,
-                rejection: event.rejection)
+                rejection: event.rejection, quarantineID: event.quarantineID, requeuedFrom: event.requeuedFrom)
             let frame = FramedLog.frame(try Self.encode(record))
             let start = end + bytes.count
             records.append((record, start..<(start + frame.count)))
@@ -266,7 +278,7 @@ final class EventLog {
         }
         return StoredEvent(
             clientID: id, type: type, payload: Array(payload.utf8), clientTimestamp: timestamp,
-            rejection: record.rejection)
+            rejection: record.rejection, quarantineID: record.quarantineID, requeuedFrom: record.requeuedFrom)
     }
 
     /// Cuts the file back to its header when nothing is live; rewrites it when dead frames

@@ -123,19 +123,33 @@ private func closeDescriptor(_ descriptor: Int32) -> Int32 { close(descriptor) }
 private func renameFile(_ source: String, _ destination: String) -> Int32 { rename(source, destination) }
 
 enum FileSystem {
-    /// Creates `directory` (and its parents) and makes its entry durable in its parent.
-    static func createDirectory(_ directory: URL) throws {
-        var isDirectory: ObjCBool = false
-        if FileManager.default.fileExists(atPath: directory.path, isDirectory: &isDirectory), isDirectory.boolValue {
-            return
+    /// Creates `directory` (and its missing parents) and makes each new entry durable: the
+    /// parent of every directory it created is synced, from the innermost out, so a crash
+    /// right after cannot lose a folder the client went on to write in (`users/<id>/` made
+    /// with `users/`: both `users/` and the server's folder are synced). `sync` is
+    /// `syncDirectory` but in tests.
+    static func createDirectory(_ directory: URL, sync: (URL) throws -> Void = syncDirectory) throws {
+        var missing: [URL] = []
+        var next = directory.standardizedFileURL
+        while !isDirectory(next) {
+            missing.append(next)
+            let parent = next.deletingLastPathComponent()
+            if parent.path == next.path { break }  // the root
+            next = parent
         }
+        guard !missing.isEmpty else { return }
         do {
             try FileManager.default.createDirectory(
                 at: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         } catch {
             throw StorageFailure(message: "cannot create \(directory.path): \(error)")
         }
-        try syncDirectory(directory.deletingLastPathComponent())
+        for created in missing { try sync(created.deletingLastPathComponent()) }
+    }
+
+    private static func isDirectory(_ url: URL) -> Bool {
+        var isDirectory: ObjCBool = false
+        return FileManager.default.fileExists(atPath: url.path, isDirectory: &isDirectory) && isDirectory.boolValue
     }
 
     /// `fsync` on a directory, so a new, renamed or removed entry in it survives a crash.

@@ -116,10 +116,22 @@ final class UserStore {
         try FileSystem.createDirectory(directory)
         let outbox = try EventLog(url: directory.appendingPathComponent("outbox.log"))
         let quarantine = try EventLog(url: directory.appendingPathComponent("quarantine.log"))
-        // A crash between writing an event to the quarantine and dropping it from the
-        // outbox leaves it in both: finish the move.
-        let moved = quarantine.ids.filter { outbox.contains($0) }
-        if !moved.isEmpty { try outbox.remove(moved, as: .drop) }
+        // An event in both is a move a crash cut short: finish it. Into the quarantine
+        // (`moveToQuarantine`: written there first, then dropped from the outbox), unless the
+        // outbox's copy is a requeue of this very stay (`requeue`: written to the outbox
+        // first, then dropped from the quarantine): then back out of it.
+        var intoQuarantine: [UUID] = []
+        var outOfQuarantine: [UUID] = []
+        for id in quarantine.ids where outbox.contains(id) {
+            let stay = try quarantine.read(id).quarantineID?.uuidString ?? ""
+            if try outbox.read(id).requeuedFrom == stay {
+                outOfQuarantine.append(id)
+            } else {
+                intoQuarantine.append(id)
+            }
+        }
+        try outbox.remove(intoQuarantine, as: .drop)
+        try quarantine.remove(outOfQuarantine, as: .drop)
         self.outbox = outbox
         self.quarantine = quarantine
         cursor = 0
@@ -142,10 +154,37 @@ final class UserStore {
         cursor = 0
     }
 
-    /// Moves events to the quarantine (durable there before they leave the outbox).
+    /// Moves events to the quarantine (durable there before they leave the outbox), each
+    /// stay with an id of its own (see `requeue`).
     func moveToQuarantine(_ events: [StoredEvent]) throws {
-        try quarantine.append(events)
+        try quarantine.append(
+            events.map { event in
+                var event = event
+                event.quarantineID = UUID()
+                event.requeuedFrom = nil
+                return event
+            })
         try outbox.remove(events.map(\.clientID), as: .drop)
+    }
+
+    /// Moves quarantined events back to the outbox, same ids; ids not in the quarantine are
+    /// ignored. One synced write does it (`writeRequeue`): from then on, a crash before the
+    /// quarantine's drop is finished by the next open (`init`), the events in the outbox.
+    func requeue(_ ids: [UUID]) throws {
+        try quarantine.remove(try writeRequeue(ids), as: .drop)
+    }
+
+    /// `requeue`'s one step that counts: the events appended to the outbox, each marked with
+    /// the stay it comes from. Returns their ids.
+    func writeRequeue(_ ids: [UUID]) throws -> [UUID] {
+        var events = try ids.filter { quarantine.contains($0) }.map { try quarantine.read($0) }
+        for index in events.indices {
+            events[index].requeuedFrom = events[index].quarantineID?.uuidString ?? ""
+            events[index].quarantineID = nil
+            events[index].rejection = nil
+        }
+        try outbox.append(events)
+        return events.map(\.clientID)
     }
 
     func close() {
