@@ -17,14 +17,19 @@ public final class HTTPServer<Responder: HTTPResponder>: Sendable {
     /// The server's settings.
     public let configuration: HTTPServerConfiguration
     private let loops: [EventLoop<Responder>]
+    private let outputBudget: OutputBudget
 
     /// A server answering with `responder`; call `start()` to listen.
     public init(configuration: HTTPServerConfiguration, responder: Responder, logger: Logger) {
         self.configuration = configuration
         let caps = ConnectionCaps(
             maxConnections: configuration.maxConnections, maxPerClient: configuration.maxConnectionsPerClient)
+        let budget = OutputBudget(limit: configuration.maxBufferedOutput)
+        outputBudget = budget
         loops = (0..<max(1, configuration.loops)).map { index in
-            EventLoop(configuration: configuration, responder: responder, logger: logger, index: index, caps: caps)
+            EventLoop(
+                configuration: configuration, responder: responder, logger: logger, index: index, caps: caps,
+                outputBudget: budget)
         }
     }
 
@@ -81,6 +86,10 @@ public final class HTTPServer<Responder: HTTPResponder>: Sendable {
             sum.inFlight += figures.inFlight
         }
     }
+
+    /// Bytes of answers waiting in output buffers for their clients to read them, over all
+    /// loops: what `HTTPServerConfiguration.maxBufferedOutput` bounds (for metrics).
+    public var bufferedOutputBytes: Int { outputBudget.heldBytes }
 
     /// Open connections and requests in flight of each loop, in order.
     public var loopStatistics: [(connections: Int, inFlight: Int)] { loops.map(\.statistics) }
