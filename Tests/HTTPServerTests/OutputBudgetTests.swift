@@ -44,6 +44,7 @@ final class OutputBudgetTests: XCTestCase {
     final class Probe: Sendable {
         let refused = Atomic<Int>(0)
         let warnings = Mutex<[String]>([])
+        let gate = MultiLoopTests.Gate()
     }
 
     struct Responder: HTTPResponder {
@@ -56,6 +57,14 @@ final class OutputBudgetTests: XCTestCase {
             case "/large": return .now(HTTPResponse(status: .ok, body: OutputBudgetTests.large), 0)
             case "/large-later":
                 return .later { (HTTPResponse(status: .ok, body: OutputBudgetTests.large), 0) }
+            case "/200k":
+                return .now(HTTPResponse(status: .ok, body: [UInt8](repeating: 0x7A, count: 200 * 1024)), 0)
+            case "/hold":
+                let gate = probe.gate
+                return .later {
+                    await gate.wait()
+                    return (HTTPResponse(status: .ok, body: Array("held".utf8)), 0)
+                }
             case "/medium":
                 return .now(HTTPResponse(status: .ok, body: [UInt8](repeating: 0x79, count: 60 * 1024)), 0)
             default: return .now(HTTPResponse(status: .ok, body: Array("ok".utf8)), 0)
@@ -189,6 +198,22 @@ final class OutputBudgetTests: XCTestCase {
         self.server = nil
         XCTAssertEqual(server.bufferedOutputBytes, 0)
         client.close()
+    }
+
+    func testASentAnswersBufferIsFreedNotKeptForTheNextRequest() async throws {
+        let server = try start()
+        // The next request is already there when the answer is sent: the connection goes from
+        // writing to handling a request that waits (a long-poll), never idle in between.
+        let client = try TestClient(port: server.port)
+        try client.send("GET /200k HTTP/1.1\r\nHost: x\r\n\r\nGET /hold HTTP/1.1\r\nHost: x\r\n\r\n")
+        let answer = try client.readResponse()
+        XCTAssertEqual(answer.body.utf8.count, 200 * 1024)
+        try eventually { server.statistics.inFlight == 1 }
+        let kept = await server.outputCapacity()
+        XCTAssertLessThan(kept, 100 * 1024, "the 200 KiB answer's buffer is freed once sent")
+        XCTAssertEqual(server.bufferedOutputBytes, 0)
+        probe.gate.open()
+        XCTAssertEqual(try client.readResponse().body, "held")
     }
 
     func testSmallAnswersLeftUnsentAreCountedNeverRefused() throws {

@@ -122,6 +122,10 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     /// Streamed bodies in this loop's table now.
     var streamedBodyCount: Int { streamTable.count }
 
+    /// Bytes of output buffer (capacity) this loop's connections keep now (for tests: read it
+    /// on the loop's thread).
+    var outputCapacity: Int { connections.values.reduce(0) { $0 + $1.output.capacity } }
+
     // MARK: - Start and stop
 
     /// How a loop's listening socket binds its port.

@@ -96,6 +96,14 @@ public final class HTTPServer<Responder: HTTPResponder>: Sendable {
 
     /// Streamed bodies in the loops' tables (open streamed responses; for tests).
     var streamedBodyCount: Int { loops.reduce(0) { $0 + $1.streamedBodyCount } }
+
+    /// Bytes of output buffer the connections of every loop keep now, each loop's read on its
+    /// own thread (for tests).
+    func outputCapacity() async -> Int {
+        var total = 0
+        for loop in loops { total += await Task(executorPreference: loop.executor) { loop.outputCapacity }.value }
+        return total
+    }
 }
 
 /// The server could not start.
