@@ -99,10 +99,15 @@ public func rawExchange(port: Int, _ request: String) throws -> String {
     return String(decoding: received, as: UTF8.self)
 }
 
-/// A TCP connection to 127.0.0.1:`port` whose reads give up after 10 s (the caller closes it).
-public func connectedSocket(port: Int) throws -> Int32 {
+/// A TCP connection to 127.0.0.1:`port` whose reads give up after 10 s (the caller closes it);
+/// with `receiveBuffer`, its receive buffer is that small (a client that reads nothing then
+/// leaves most of an answer in the server's output).
+public func connectedSocket(port: Int, receiveBuffer: Int32? = nil) throws -> Int32 {
     let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
     guard descriptor >= 0 else { throw TestEnvironmentError("socket failed: errno \(errno)") }
+    if var size = receiveBuffer {
+        setsockopt(descriptor, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+    }
     var address = sockaddr_in()
     address.sin_family = sa_family_t(AF_INET)
     address.sin_addr.s_addr = inet_addr("127.0.0.1")

@@ -25,6 +25,8 @@ final class ConfigurationTests: XCTestCase {
         let server = Application.serverConfiguration(of: configuration)
         XCTAssertEqual(server.maxConnectionsPerClient, 256)
         XCTAssertEqual(server.bodyTimeout, .seconds(30))
+        XCTAssertEqual(server.maxBufferedOutput, 256 * 1024 * 1024)
+        XCTAssertEqual(Application.adminServerConfiguration(of: configuration).maxBufferedOutput, 256 * 1024 * 1024)
     }
 
     func testTrustedProxiesAndTheNetworkSettings() throws {
@@ -32,7 +34,7 @@ final class ConfigurationTests: XCTestCase {
             "TRUNK_SYNC_TRUSTED_PROXIES": " 10.0.0.0/8, 192.0.2.7 ,fd00::/8,, 2001:db8::1",
             "TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT": "0", "TRUNK_SYNC_ADMIN_PORT": "0",
             "TRUNK_SYNC_ADMIN_HOST": "::1", "TRUNK_SYNC_RATE_LIMIT_OTP_EMAIL": "3/60",
-            "TRUNK_SYNC_RATE_LIMIT_VERIFY_EMAIL": "4/120",
+            "TRUNK_SYNC_RATE_LIMIT_VERIFY_EMAIL": "4/120", "TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT": "1048576",
         ])
         XCTAssertEqual(
             configuration.trustedProxies.networks.map(\.description),
@@ -45,6 +47,7 @@ final class ConfigurationTests: XCTestCase {
         let server = Application.serverConfiguration(of: configuration)
         XCTAssertEqual(server.trustedProxies, configuration.trustedProxies)
         XCTAssertEqual(server.maxConnectionsPerClient, 0)
+        XCTAssertEqual(server.maxBufferedOutput, 1_048_576)
         let admin = Application.adminServerConfiguration(of: configuration)
         XCTAssertEqual(admin.host, "::1")
         XCTAssertEqual(admin.port, 0)
@@ -143,6 +146,8 @@ final class ConfigurationTests: XCTestCase {
                 "TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT must be"
             ),
             (["TRUNK_SYNC_RATE_LIMIT_OTP_EMAIL": "10"], "TRUNK_SYNC_RATE_LIMIT_OTP_EMAIL must look like"),
+            (["TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT": "1048575"], "TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT must be"),
+            (["TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT": "256MiB"], "TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT must be"),
             (["TRUNK_SYNC_RATE_LIMIT_VERIFY_EMAIL": "0/60"], "TRUNK_SYNC_RATE_LIMIT_VERIFY_EMAIL must look like"),
         ]
         for (environment, expected) in cases {

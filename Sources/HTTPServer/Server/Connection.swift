@@ -17,6 +17,9 @@ final class Connection<Context: Sendable> {
     /// Bytes to send and how many of them went out already.
     var output: [UInt8] = []
     var outputOffset = 0
+    /// Bytes of `output` counted in the server's `OutputBudget`: its unsent bytes while they
+    /// are a whole answer's (not an open stream's or WebSocket's), as of the last write.
+    var heldOutput = 0
     /// Edge-triggered epoll: remember readiness until a call says EAGAIN.
     var readable = false
     var writable = true
@@ -35,6 +38,8 @@ final class Connection<Context: Sendable> {
     var prepared: HTTPResponse? = nil
     var requestKeepAlive = false
     var requestIsHead = false
+    /// A `GET`: its answer may be refused for the output budget (retrying it changes nothing).
+    var requestIsGet = false
     var requestIsHTTP10 = false
     /// The streamed body being sent, while the lifecycle is `streaming`.
     var stream: ActiveStream? = nil

@@ -35,14 +35,17 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     /// The server's caps, shared by all its loops: connections in all, and per client
     /// (`IPAddress.client`).
     private let caps: ConnectionCaps
+    /// The server's budget for answers waiting in output buffers, shared by all its loops.
+    private let outputBudget: OutputBudget
     /// This loop's place among the server's loops (0 for the first), for its thread's name.
     let index: Int
-    /// Connections refused by the per-client cap since it was last logged, the last client
-    /// refused, and when the line was written: one line per 10 s at most, however hard
-    /// someone pushes (the sweep writes what is left after a burst).
-    private var refusedPerClient = 0
+    /// Connections refused by the per-client cap since it was last logged, and the last
+    /// client refused: one line per 10 s at most, however hard someone pushes (the sweep
+    /// writes what is left after a burst).
+    private var refusedPerClient = RefusalTally()
     private var lastRefusedClient: IPAddress? = nil
-    private var refusedPerClientLogged: UInt64 = 0
+    /// Answers refused for the output budget since it was last logged, likewise.
+    private var refusedAnswers = RefusalTally()
     private var nextConnectionID: UInt64 = 0
     private var shuttingDown = false
     /// The accept queue may hold connections no new edge will report (accept failed for want
@@ -94,11 +97,12 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
 
     init(
         configuration: HTTPServerConfiguration, responder: Responder, logger: Logger, index: Int = 0,
-        caps: ConnectionCaps
+        caps: ConnectionCaps, outputBudget: OutputBudget
     ) {
         self.configuration = configuration
         self.index = index
         self.caps = caps
+        self.outputBudget = outputBudget
         self.responder = responder
         self.logger = logger
         self.serverLine = Array("Server: \(configuration.serverName)\r\n".utf8)
@@ -117,6 +121,10 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
 
     /// Streamed bodies in this loop's table now.
     var streamedBodyCount: Int { streamTable.count }
+
+    /// Bytes of output buffer (capacity) this loop's connections keep now (for tests: read it
+    /// on the loop's thread).
+    var outputCapacity: Int { connections.values.reduce(0) { $0 + $1.output.capacity } }
 
     // MARK: - Start and stop
 
@@ -258,7 +266,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             if driveDeferred() { jobsLeft = true }
             if now >= nextSweep {
                 sweepDeadlines()
-                logRefusedPerClient()
+                logRefusals()
                 if acceptRetryPending, listener >= 0 { acceptConnections() }
                 if memoryRelease.shouldRelease(now: now) { memoryRelease.release(now: now) }
                 nextSweep = now + 250_000_000
@@ -389,9 +397,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 if !caps.takeClientSlot(key) {
                     caps.releaseConnection()
                     refuseConnection(fd)
-                    refusedPerClient += 1
+                    refusedPerClient.count += 1
                     lastRefusedClient = key
-                    logRefusedPerClient()
+                    logRefusals()
                     continue
                 }
                 clientKey = key
@@ -414,20 +422,25 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         }
     }
 
-    /// Logs the refusals by the per-client cap since the last line, if any and if that line is
-    /// 10 s old (or there was none).
-    private func logRefusedPerClient() {
-        guard refusedPerClient > 0,
-            refusedPerClientLogged == 0 || now >= refusedPerClientLogged &+ 10_000_000_000
-        else { return }
-        logger.warning(
-            "connections over the per-client cap refused",
-            metadata: [
-                "refused": "\(refusedPerClient)", "cap": "\(configuration.maxConnectionsPerClient)",
-                "last_client": "\(lastRefusedClient?.clientText ?? "")",
-            ])
-        refusedPerClient = 0
-        refusedPerClientLogged = now
+    /// Logs the refusals (by the per-client cap, for the output budget) since the last line of
+    /// each kind, if any and if that line is 10 s old (or there was none).
+    private func logRefusals() {
+        if let refused = refusedPerClient.due(now: now) {
+            logger.warning(
+                "connections over the per-client cap refused",
+                metadata: [
+                    "refused": "\(refused)", "cap": "\(configuration.maxConnectionsPerClient)",
+                    "last_client": "\(lastRefusedClient?.clientText ?? "")",
+                ])
+        }
+        if let refused = refusedAnswers.due(now: now) {
+            logger.warning(
+                "answers refused: the output buffers hold as many unread answers as they may",
+                metadata: [
+                    "refused": "\(refused)", "buffered_bytes": "\(outputBudget.heldBytes)",
+                    "limit_bytes": "\(outputBudget.limit)", "loop": "\(index)",
+                ])
+        }
     }
 
     private func refuseConnection(_ fd: Int32) {
@@ -456,16 +469,23 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 return
             }
             if connection.hasPendingOutput {
-                guard connection.writable, flush(connection) else { return }
+                guard connection.writable else {
+                    holdUnsent(connection)
+                    return
+                }
+                guard flush(connection) else { return }
                 if connection.hasPendingOutput {
+                    holdUnsent(connection)
                     connection.lifecycle.writeBlocked(now: now)
                     return
                 }
+                if connection.heldOutput != 0 { countHeldOutput(connection) }
                 // A stream or a WebSocket writes now and then and waits long in between: it
                 // keeps no output buffer (a small one goes to the loop's spares, which its next
                 // write takes: a fan-out to 10,000 streams allocates none per stream); a
-                // connection answering requests keeps a small one.
-                if connection.output.capacity > 256 * 1024 {
+                // connection answering requests keeps one no larger than a small answer needs,
+                // so what it keeps uncounted once sent stays small (`OutputBudget`).
+                if connection.output.capacity > Self.keptOutputCapacity {
                     connection.output = []
                 } else if connection.lifecycle.isStreaming || connection.lifecycle.isWebSocket {
                     keepSpareOutput(of: connection)
@@ -653,6 +673,51 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         }
     }
 
+    /// The output buffer a connection answering requests keeps once its answer is sent: what
+    /// a small answer (`OutputBudget.smallAnswer`) and its head need. A larger one is freed.
+    private static var keptOutputCapacity: Int { OutputBudget.smallAnswer + 16 * 1024 }
+
+    /// Counts what `connection` has not sent yet in the output budget, unless it is an open
+    /// stream's or WebSocket's (bounded by their writers): a small answer is counted only
+    /// once the socket did not take it at once, a large one from when it was queued.
+    @inline(__always)
+    private func holdUnsent(_ connection: Connection<Context>) {
+        if connection.heldOutput != 0 || !(connection.lifecycle.isStreaming || connection.lifecycle.isWebSocket) {
+            countHeldOutput(connection)
+        }
+    }
+
+    /// Sets what `connection` holds in the output budget to its unsent output.
+    private func countHeldOutput(_ connection: Connection<Context>) {
+        let unsent = connection.output.count - connection.outputOffset
+        outputBudget.adjust(by: unsent - connection.heldOutput)
+        connection.heldOutput = unsent
+    }
+
+    /// Admits a whole answer to the output budget before it is queued: one to a `GET` whose
+    /// body is over `OutputBudget.smallAnswer` and does not fit is replaced by the
+    /// responder's `503` (`refuseAnswer`). The answer to a request that may have changed
+    /// something (`POST`, `PATCH` …) is never refused, only counted: the client must learn
+    /// what happened (a retry would not tell it again: a REST insert answers only the rows it
+    /// stored), and such an answer is bounded by what the request itself carried. Returns the
+    /// bytes counted for it (0 for a small one), which the caller sets to what it queued
+    /// (`countHeldOutput`) once it is serialized.
+    private func admitToBudget(
+        _ response: inout HTTPResponse, context: Context, on connection: Connection<Context>
+    ) -> Int {
+        let size = connection.requestIsHead ? 0 : response.body.count
+        guard size > OutputBudget.smallAnswer else { return 0 }
+        guard connection.requestIsGet else {
+            outputBudget.adjust(by: size)
+            return size
+        }
+        if outputBudget.admit(size) { return size }
+        response = responder.refuseAnswer(context: context)
+        refusedAnswers.count += 1
+        logRefusals()
+        return 0
+    }
+
     /// Writes as much pending output as the socket takes. False if the connection was closed.
     private func flush(_ connection: Connection<Context>) -> Bool {
         while connection.outputOffset < connection.output.count {
@@ -684,6 +749,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private func admit(_ head: HTTPRequestHead, on connection: Connection<Context>) {
         connection.requestKeepAlive = head.keepAlive
         connection.requestIsHead = head.method == .head
+        connection.requestIsGet = head.method == .get
         connection.requestIsHTTP10 = head.version == .http10
         if connection.peerIsTrustedProxy {
             // Per request: one proxy connection carries many clients in turn. Only for trusted
@@ -707,11 +773,16 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 hasBody: head.hasBody, expectsContinue: head.expectsContinue, now: now)
             if action == .sendContinue { connection.output.append(contentsOf: Self.continueLine) }
         case .answer(var response, let context):
+            let counted = admitToBudget(&response, context: context, on: connection)
             let after = connection.lifecycle.answeredFromHead(hasBody: head.hasBody, keepAlive: head.keepAlive)
             responder.complete(&response, context: context)
             serialize(
                 response, keepAlive: after == .nextRequest, omitBody: connection.requestIsHead, into: &connection.output
             )
+            if counted > 0 {
+                connection.heldOutput = counted
+                countHeldOutput(connection)
+            }
         }
     }
 
@@ -1020,6 +1091,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             }
             runUnsent(stream)  // a `HEAD`, or a status without a body: only the head is sent
         }
+        let counted = admitToBudget(&response, context: context, on: connection)
         let after = connection.lifecycle.responseQueued(keepAlive: keepAlive)
         responder.complete(&response, context: context)
         serialize(
@@ -1027,6 +1099,10 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             keepAlive: after == .nextRequest,
             omitBody: connection.requestIsHead, into: &connection.output)
         connection.context = nil
+        if counted > 0 {
+            connection.heldOutput = counted
+            countHeldOutput(connection)
+        }
     }
 
     private func reject(_ error: HTTPParserError, on connection: Connection<Context>) {
@@ -1160,6 +1236,12 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         connectionCount.store(connections.count, ordering: .relaxed)
         caps.releaseConnection()
         if let key = connection.clientKey { caps.releaseClientSlot(key) }
+        if connection.heldOutput != 0 {
+            outputBudget.adjust(by: -connection.heldOutput)
+            connection.heldOutput = 0
+        }
+        connection.output = []  // freed now, not whenever the last reference to the connection goes
+        connection.outputOffset = 0
         if connection.lifecycle.isHandling {
             connection.handlerTask?.cancel()
         }
@@ -1217,6 +1299,26 @@ func monotonicNow() -> UInt64 {
     var time = timespec()
     clock_gettime(CLOCK_MONOTONIC, &time)
     return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
+}
+
+/// Refusals counted for a warning written at most once per 10 s, however hard someone pushes
+/// (the loop's sweep writes what is left after a burst).
+struct RefusalTally {
+    /// Refusals since the last line.
+    var count = 0
+    /// When the last line was written (the loop's monotonic nanoseconds; 0: never).
+    private var logged: UInt64 = 0
+
+    /// The refusals to log now, if any and if the last line is 10 s old (or there was none);
+    /// they are then counted as logged.
+    mutating func due(now: UInt64) -> Int? {
+        guard count > 0, logged == 0 || now >= logged &+ 10_000_000_000 else { return nil }
+        defer {
+            count = 0
+            logged = now
+        }
+        return count
+    }
 }
 
 /// Resumes everyone waiting once the loop has stopped.

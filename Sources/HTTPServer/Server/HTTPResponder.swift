@@ -31,6 +31,12 @@ public protocol HTTPResponder: Sendable {
     /// The `503` for a connection the server cannot take (connection limit, no descriptors).
     func refuseConnection() -> HTTPResponse
 
+    /// The `503` sent instead of the answer to a `GET` the server cannot hold now: its body
+    /// is larger than `OutputBudget.smallAnswer` and the output buffers already hold as much
+    /// unread output as `HTTPServerConfiguration.maxBufferedOutput` allows. Then passed to
+    /// `complete(_:context:)` like any response. Keep it small. Default: `refuseConnection()`.
+    func refuseAnswer(context: Context) -> HTTPResponse
+
     /// The loop has handled a batch of events and is about to wait: write what is due of
     /// anything buffered (log lines). Returns the most milliseconds the loop may wait before
     /// it calls this again (what it keeps is due by then), or nil: no limit.
@@ -62,6 +68,7 @@ public enum Reply<Context: Sendable>: Sendable {
 }
 
 extension HTTPResponder {
+    public func refuseAnswer(context: Context) -> HTTPResponse { refuseConnection() }
     public func loopWillWait() -> Int32? { nil }
     public func loopDidStop() {}
 }

@@ -17,14 +17,19 @@ public final class HTTPServer<Responder: HTTPResponder>: Sendable {
     /// The server's settings.
     public let configuration: HTTPServerConfiguration
     private let loops: [EventLoop<Responder>]
+    private let outputBudget: OutputBudget
 
     /// A server answering with `responder`; call `start()` to listen.
     public init(configuration: HTTPServerConfiguration, responder: Responder, logger: Logger) {
         self.configuration = configuration
         let caps = ConnectionCaps(
             maxConnections: configuration.maxConnections, maxPerClient: configuration.maxConnectionsPerClient)
+        let budget = OutputBudget(limit: configuration.maxBufferedOutput)
+        outputBudget = budget
         loops = (0..<max(1, configuration.loops)).map { index in
-            EventLoop(configuration: configuration, responder: responder, logger: logger, index: index, caps: caps)
+            EventLoop(
+                configuration: configuration, responder: responder, logger: logger, index: index, caps: caps,
+                outputBudget: budget)
         }
     }
 
@@ -82,11 +87,23 @@ public final class HTTPServer<Responder: HTTPResponder>: Sendable {
         }
     }
 
+    /// Bytes of answers waiting in output buffers for their clients to read them, over all
+    /// loops: what `HTTPServerConfiguration.maxBufferedOutput` bounds (for metrics).
+    public var bufferedOutputBytes: Int { outputBudget.heldBytes }
+
     /// Open connections and requests in flight of each loop, in order.
     public var loopStatistics: [(connections: Int, inFlight: Int)] { loops.map(\.statistics) }
 
     /// Streamed bodies in the loops' tables (open streamed responses; for tests).
     var streamedBodyCount: Int { loops.reduce(0) { $0 + $1.streamedBodyCount } }
+
+    /// Bytes of output buffer the connections of every loop keep now, each loop's read on its
+    /// own thread (for tests).
+    func outputCapacity() async -> Int {
+        var total = 0
+        for loop in loops { total += await Task(executorPreference: loop.executor) { loop.outputCapacity }.value }
+        return total
+    }
 }
 
 /// The server could not start.

@@ -30,6 +30,14 @@ public struct HTTPServerConfiguration: Sendable {
     /// `X-Forwarded-For` is not known yet, so connections from `trustedProxies` are exempt
     /// (the proxy carries many clients; cap per client there). Default 256.
     public var maxConnectionsPerClient = 256
+    /// Bytes of answers the server may hold in its output buffers for clients that have not
+    /// read them yet, over all connections and loops (`OutputBudget`). An answer to a `GET`
+    /// whose body is larger than 64 KiB and would take the total past it is not queued: the
+    /// client gets `HTTPResponder.refuseAnswer` (a `503`) instead; such an answer larger than
+    /// this is always refused. Smaller answers, and answers to requests that may have changed
+    /// something (`POST`, `PATCH` …), always go and count while unsent; open streamed bodies
+    /// and WebSockets are bounded by their own buffers and do not count. Default 256 MiB.
+    public var maxBufferedOutput = 256 * 1024 * 1024
     /// Event loops: each has its own thread, epoll instance, listening socket (all bound to
     /// the same port with `SO_REUSEPORT`: the kernel spreads new connections over them),
     /// connections and `LoopExecutor`. `maxConnections` and `maxConnectionsPerClient` hold

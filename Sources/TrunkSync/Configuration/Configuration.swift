@@ -106,6 +106,8 @@ public struct Configuration: Sendable {
     public private(set) var httpMaxConnections = Setting.httpMaxConnections.integerDefault
     /// `TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT` (0: no cap).
     public private(set) var httpMaxConnectionsPerClient = Setting.httpMaxConnectionsPerClient.integerDefault
+    /// `TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT`, in bytes.
+    public private(set) var httpMaxBufferedOutput = Setting.httpMaxBufferedOutput.integerDefault
     /// `TRUNK_SYNC_EVENT_LOOPS` (0: one per online core; see `eventLoopCount`).
     public private(set) var eventLoops = Setting.eventLoops.integerDefault
     /// `event_loop_scheduling`: how the public listener's loop threads are scheduled.
@@ -308,6 +310,7 @@ public struct Configuration: Sendable {
         httpIdleTimeout = seconds(Setting.httpIdleTimeout) ?? httpIdleTimeout
         httpWriteTimeout = seconds(Setting.httpWriteTimeout) ?? httpWriteTimeout
         httpMaxConnections = integer(Setting.httpMaxConnections) ?? httpMaxConnections
+        httpMaxBufferedOutput = integer(Setting.httpMaxBufferedOutput) ?? httpMaxBufferedOutput
         eventLoops = integer(Setting.eventLoops) ?? eventLoops
         if let text = value("http_max_connections_per_client") {
             let range = Setting.httpMaxConnectionsPerClient.integerRange

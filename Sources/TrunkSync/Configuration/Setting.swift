@@ -276,6 +276,13 @@ public struct Setting: Sendable {
         summary:
             "Most open connections from one client address (an IPv6 client counts per /64); more are answered 503 and closed. Decided at accept from the peer address (`X-Forwarded-For` is not read yet): trusted proxies are exempt. 0: no cap."
     )
+    /// `http_max_buffered_output`.
+    public static let httpMaxBufferedOutput = Setting(
+        key: "http_max_buffered_output", kind: .integer(1_048_576...1_099_511_627_776), defaultValue: "268435456",
+        isSecret: false,
+        summary:
+            "Bytes of answers the server may hold for clients that have not read them yet, over all connections. A GET whose answer is over 64 KiB and would go past it is answered 503 server_busy with Retry-After: 1 instead; smaller answers, and answers to requests that change something, always go. Keep it above the largest answer (~66 MB: a REST read of 1,000 full rows) and within the memory the server can spare."
+    )
     /// `event_loops`.
     public static let eventLoops = Setting(
         key: "event_loops", kind: .integer(0...1024), defaultValue: "0", isSecret: false,
@@ -383,6 +390,7 @@ public struct Setting: Sendable {
         httpWriteTimeout,
         httpMaxConnections,
         httpMaxConnectionsPerClient,
+        httpMaxBufferedOutput,
         eventLoops,
         eventLoopScheduling,
         streamHeartbeat,

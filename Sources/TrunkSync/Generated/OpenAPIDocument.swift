@@ -14,7 +14,7 @@ public enum OpenAPIDocument {
     "title": "trunk-sync",
     "version": "1",
     "summary": "A self-hosted sync server for local-first apps, compatible with the Supabase clients.",
-    "description": "Every route of the public listener. Every body is JSON. Errors have the shape of the API they belong to: `/sync/v1` and the operations routes `{\"code\",\"message\",\"details\"?,\"hint\"?}`, `/auth/v1` Supabase Auth's `{\"code\",\"error_code\",\"message\",\"msg\"}` with `X-Supabase-Api-Version`, `/rest/v1` PostgREST's `{\"code\",\"details\",\"hint\",\"message\"}` with `Proxy-Status`.\n\nEach operation declares its body limit in `x-body-limit` (bytes): a larger `Content-Length` is answered `413` from the head, before the body is read. Every response carries `X-Request-Id`.\n\nBesides the answers listed per operation, the HTTP layer answers any request, in the native shape: `400` (malformed request: request line, header fields, framing), `408` (head or body too slow), `413` (body over 10 MiB on an unknown route), `414` (request line over 8 KiB), `431` (header section over 32 KiB or 100 fields), `501` (a transfer coding other than chunked), `505` (not HTTP/1.0 or 1.1), `503 server_busy` (too many connections). Unknown paths get `404` and known paths with another method `405` with `Allow`, in the shape of the path's family; `OPTIONS` answers CORS preflights (`TRUNK_SYNC_CORS_ORIGINS`) or `204` with `Allow`."
+    "description": "Every route of the public listener. Every body is JSON. Errors have the shape of the API they belong to: `/sync/v1` and the operations routes `{\"code\",\"message\",\"details\"?,\"hint\"?}`, `/auth/v1` Supabase Auth's `{\"code\",\"error_code\",\"message\",\"msg\"}` with `X-Supabase-Api-Version`, `/rest/v1` PostgREST's `{\"code\",\"details\",\"hint\",\"message\"}` with `Proxy-Status`.\n\nEach operation declares its body limit in `x-body-limit` (bytes): a larger `Content-Length` is answered `413` from the head, before the body is read. Every response carries `X-Request-Id`.\n\nBesides the answers listed per operation, the HTTP layer answers any request, in the native shape: `400` (malformed request: request line, header fields, framing), `408` (head or body too slow), `413` (body over 10 MiB on an unknown route), `414` (request line over 8 KiB), `431` (header section over 32 KiB or 100 fields), `501` (a transfer coding other than chunked), `505` (not HTTP/1.0 or 1.1), `503 server_busy` with `Retry-After: 1` (too many connections). A `GET` whose answer is over 64 KiB may also be answered `503 server_busy` with `Retry-After: 1`, in the shape of its family, while the server already holds as many answers that clients have not read yet as `TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT` allows (an answer to a request that changes something is always sent). Unknown paths get `404` and known paths with another method `405` with `Allow`, in the shape of the path's family; `OPTIONS` answers CORS preflights (`TRUNK_SYNC_CORS_ORIGINS`) or `204` with `Allow`."
   },
   "tags": [
     {
@@ -3755,7 +3755,7 @@ public enum OpenAPIDocument {
         }
       },
       "NativeUnavailable": {
-        "description": "The database cannot serve the request: `database_busy` (every pool connection busy; `Retry-After: 1`) or `database_unavailable` (unreachable or lost mid-request; `Retry-After: 5`). Nothing was kept half-done.",
+        "description": "The request cannot be served now: `database_busy` (every pool connection busy; `Retry-After: 1`) or `database_unavailable` (unreachable or lost mid-request; `Retry-After: 5`). Nothing was kept half-done. Or, for a `GET`, `server_busy` (`Retry-After: 1`): its answer is over 64 KiB and the server already holds as many answers clients have not read as it may (`TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT`); retry.",
         "headers": {
           "X-Request-Id": {
             "$ref": "#/components/headers/X-Request-Id"
@@ -3776,7 +3776,8 @@ public enum OpenAPIDocument {
                 "code": {
                   "enum": [
                     "database_busy",
-                    "database_unavailable"
+                    "database_unavailable",
+                    "server_busy"
                   ]
                 }
               }
@@ -3891,7 +3892,7 @@ public enum OpenAPIDocument {
         }
       },
       "AuthUnavailable": {
-        "description": "The database cannot serve the request (`Retry-After`: 1 busy, 5 unreachable).",
+        "description": "The request cannot be served now: the database (`Retry-After`: 1 busy, 5 unreachable). Or, for a `GET`, `server_busy` (`Retry-After: 1`): its answer is over 64 KiB and the server already holds as many answers clients have not read as it may (`TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT`); retry.",
         "headers": {
           "X-Request-Id": {
             "$ref": "#/components/headers/X-Request-Id"
@@ -3915,13 +3916,15 @@ public enum OpenAPIDocument {
                 "code": {
                   "enum": [
                     "database_busy",
-                    "database_unavailable"
+                    "database_unavailable",
+                    "server_busy"
                   ]
                 },
                 "error_code": {
                   "enum": [
                     "database_busy",
-                    "database_unavailable"
+                    "database_unavailable",
+                    "server_busy"
                   ]
                 }
               }
@@ -4124,7 +4127,7 @@ public enum OpenAPIDocument {
         }
       },
       "RESTUnavailable": {
-        "description": "`PGRST003` (pool busy, `Retry-After: 1`) or `PGRST000` (database unreachable, `Retry-After: 5`).",
+        "description": "`PGRST003` (pool busy, `Retry-After: 1`) or `PGRST000` (database unreachable, `Retry-After: 5`). Or, for a `GET`, `server_busy` (`Retry-After: 1`): its answer is over 64 KiB and the server already holds as many answers clients have not read as it may (`TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT`); retry.",
         "headers": {
           "X-Request-Id": {
             "$ref": "#/components/headers/X-Request-Id"
@@ -4148,7 +4151,8 @@ public enum OpenAPIDocument {
                 "code": {
                   "enum": [
                     "PGRST003",
-                    "PGRST000"
+                    "PGRST000",
+                    "server_busy"
                   ]
                 }
               }

@@ -29,6 +29,9 @@ public final class Metrics: @unchecked Sendable {
     /// stopped before their turn).
     public let mailDropped: Counter
     private let rateLimited: [String: Counter]
+    /// Answers refused with `503 server_busy` because the output buffers held as many unread
+    /// answers as `TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT` allows.
+    public let answersRefused: Counter
 
     /// The limits counted in `trunk_sync_rate_limited_total{limit=…}`.
     /// `otp`, `verify`, `token`, `reauthenticate`, `account`: per client; `otp_email`,
@@ -59,6 +62,10 @@ public final class Metrics: @unchecked Sendable {
                 labels: "limit=\"\(name)\"")
         }
         rateLimited = limits
+        answersRefused = counter(
+            "trunk_sync_http_answers_refused_total",
+            "Answers refused with 503 server_busy: the output buffers held as many unread answers as TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT allows."
+        )
         counters = register
     }
 

@@ -99,6 +99,11 @@ public struct APIError: Error, Sendable, Equatable, CustomStringConvertible {
     /// Every connection of the pool is busy and none came free in time.
     public static let databaseBusy = APIError(
         status: 503, code: "database_busy", message: "The database is busy; retry shortly.", retryAfter: 1)
+    /// The server's output buffers hold as many answers clients have not read as they may
+    /// (`TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT`): a large answer is refused instead of queued.
+    public static let outputBusy = APIError(
+        status: 503, code: "server_busy", message: "The server is busy sending other answers; try again shortly.",
+        retryAfter: 1)
     /// The database cannot be reached, or a connection was lost mid-request.
     public static let databaseUnavailable = APIError(
         status: 503, code: "database_unavailable", message: "The database is not reachable; retry shortly.",

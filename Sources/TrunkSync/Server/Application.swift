@@ -267,6 +267,7 @@ public struct Application: Sendable {
         server.writeTimeout = .seconds(configuration.httpWriteTimeout)
         server.maxConnections = configuration.httpMaxConnections
         server.maxConnectionsPerClient = configuration.httpMaxConnectionsPerClient
+        server.maxBufferedOutput = configuration.httpMaxBufferedOutput
         server.loops = configuration.eventLoopCount
         server.loopScheduling = configuration.eventLoopScheduling
         server.trustedProxies = configuration.trustedProxies
@@ -385,6 +386,13 @@ public struct Application: Sendable {
             "trunk_sync_http_requests_in_flight", help: "Requests whose handler is running (public listener)."
         ) {
             Double(server.statistics.inFlight)
+        }
+        metrics.gauge(
+            "trunk_sync_http_output_buffered_bytes",
+            help:
+                "Bytes of answers waiting in output buffers for their clients to read them (public listener; TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT bounds it)."
+        ) {
+            Double(server.bufferedOutputBytes)
         }
         for index in server.executors.indices {
             metrics.gauge(

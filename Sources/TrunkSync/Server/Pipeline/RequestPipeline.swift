@@ -85,6 +85,7 @@ public struct RequestPipeline: HTTPResponder {
     private let requestIDs = RequestIDGenerator()
     private let unmatched: HTTPRouteMetrics
     private let preflight: HTTPRouteMetrics
+    private let answersRefused: Counter
 
     init(
         routes: Routes, corsOrigins: [String], authenticator: Authenticator, accessLog: AccessLog?,
@@ -98,6 +99,7 @@ public struct RequestPipeline: HTTPResponder {
         self.logger = logger
         unmatched = routes.metrics.route("unmatched")
         preflight = routes.metrics.route("OPTIONS")
+        answersRefused = routes.metrics.answersRefused
     }
 
     // MARK: - Stages on the head
@@ -256,6 +258,12 @@ public struct RequestPipeline: HTTPResponder {
         ).response(for: .native)
         response.headers.append(name: "X-Request-Id", value: requestIDs.next())
         return response
+    }
+
+    /// An answer the output buffers cannot hold now: `503 server_busy` in the route's shape.
+    public func refuseAnswer(context: Context) -> HTTPResponse {
+        answersRefused.increment()
+        return APIError.outputBusy.response(for: context.endpoint?.family ?? Self.family(of: context.path))
     }
 
     public func loopWillWait() -> Int32? {
