@@ -24,12 +24,11 @@ struct Serve: AsyncParsableCommand {
             flags["host"] = host
             flags["port"] = port
             let configuration = try options.load(extraFlags: flags)
-            try configuration.validateForServe()
             let logger = Logger(label: "trunk-sync")
-            // Signals first, before anything waits on the database: a SIGTERM (docker compose
-            // stop, systemd) while start-up waits for a database that does not answer must end
-            // it cleanly, not kill the process half-way; and one right after "listening" must
-            // still shut down cleanly.
+            // Signals first, before anything waits (a listen address's name looked up, the
+            // database): a SIGTERM (docker compose stop, systemd) while start-up waits for a
+            // database that does not answer must end it cleanly, not kill the process
+            // half-way; and one right after "listening" must still shut down cleanly.
             // A write to a peer that went away (a socket libpq or OpenSSL writes to while
             // closing, a log pipe whose reader left) must be an EPIPE error, never the end of
             // the process: one compose-native run died of SIGPIPE while shutting down.
@@ -42,6 +41,7 @@ struct Serve: AsyncParsableCommand {
             await signals.waitUntilInstalled()
             let application: Application
             do {
+                try configuration.validateForServe()
                 application = try Application(configuration: configuration, logger: logger)
             } catch {
                 signals.cancel()

@@ -98,7 +98,8 @@ final class ShutdownTests: EndToEndTestCase {
     func testInvalidHTTPSettingsStopStartUpWithOneClearLine() throws {
         for (variable, value) in [
             ("TRUNK_SYNC_HTTP_HEADER_TIMEOUT", "soon"), ("TRUNK_SYNC_HTTP_IDLE_TIMEOUT", "0"),
-            ("TRUNK_SYNC_HTTP_MAX_CONNECTIONS", "-1"),
+            ("TRUNK_SYNC_HTTP_MAX_CONNECTIONS", "-1"), ("TRUNK_SYNC_HOST", "http://0.0.0.0"),
+            ("TRUNK_SYNC_HOST", "nowhere.invalid"), ("TRUNK_SYNC_CORS_ORIGINS", "https://app.example.com/"),
         ] {
             let server = try launchServer([variable: value])
             let status = server.waitForExit(timeout: 10)
@@ -106,6 +107,12 @@ final class ShutdownTests: EndToEndTestCase {
             XCTAssertTrue(server.stderr.waitForEnd(timeout: 5))
             XCTAssertTrue(server.logs.contains(variable), "\(variable) not named in: \(server.logs)")
             XCTAssertFalse(server.logs.contains(" listening "))
+            // One line, before start-up waited on the database.
+            let lines = server.logs.split(separator: "\n")
+            XCTAssertEqual(lines.count, 1, server.logs)
+            if !variable.hasPrefix("TRUNK_SYNC_HTTP_") {  // the value, when it is not secret and not a number
+                XCTAssertTrue(lines.first?.contains(value) ?? false, server.logs)
+            }
         }
     }
 }
