@@ -418,6 +418,11 @@ extension ConfigurationTests {
                 "trunk-sync: TRUNK_SYNC_JWT_SECRET", "trunk-sync: TRUNK_SYNC_MIGRATION_DATABASE_URL",
             ], result.stderr)
         XCTAssertTrue(result.stderr.contains("Supabase's documentation"), result.stderr)
+        // The variable the operator edits, not only the URL compose builds from it.
+        XCTAssertTrue(
+            result.stderr.contains(
+                "TRUNK_SYNC_MIGRATION_DATABASE_URL has the example password of .env.example's POSTGRES_PASSWORD: "
+                    + "set POSTGRES_PASSWORD in .env"), result.stderr)
         XCTAssertTrue(result.stdout.contains("TRUNK_SYNC_PORT=70000  [environment]"), result.stdout)
         XCTAssertTrue(result.stdout.contains("TRUNK_SYNC_JWT_SECRET=***"), result.stdout)
         XCTAssertTrue(result.stdout.contains("configuration refused: 5 problems"), result.stdout)
@@ -433,8 +438,20 @@ extension ConfigurationTests {
             ]))
         XCTAssertEqual(server.status, 1)
         XCTAssertTrue(
-            server.stderr.hasPrefix("trunk-sync: TRUNK_SYNC_DATABASE_URL has an example password"), server.stderr)
+            server.stderr.hasPrefix(
+                "trunk-sync: TRUNK_SYNC_DATABASE_URL has the example password of .env.example's SERVER_DB_PASSWORD: "
+                    + "set SERVER_DB_PASSWORD in .env (docker compose builds this URL from it)"), server.stderr)
         XCTAssertFalse(server.stdout.contains("configuration OK"), server.stdout)
+        // Another placeholder: no compose variable to name.
+        let other = try Command.run(
+            Command.trunkSyncBinary(), ["config", "check"],
+            environment: Command.environment([
+                "TRUNK_SYNC_JWT_SECRET": TestSecrets.random(),
+                "TRUNK_SYNC_DATABASE_URL": "postgres://server:password@127.0.0.1:1/d",
+            ]))
+        XCTAssertEqual(other.status, 1)
+        XCTAssertTrue(
+            other.stderr.hasPrefix("trunk-sync: TRUNK_SYNC_DATABASE_URL has an example password"), other.stderr)
     }
 
     func testLoadStillStopsAtTheFirstProblem() {

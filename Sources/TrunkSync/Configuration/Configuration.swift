@@ -714,10 +714,23 @@ public struct Configuration: Sendable {
     private func databasePasswordProblem(_ key: String) -> ConfigurationError? {
         guard let url = value(key), let password = try? PostgresConfiguration(url)["password"] else { return nil }
         guard SecretRules.isPlaceholderPassword(password) else { return nil }
-        return error(
-            key,
-            "has an example password from the trunk-sync documentation; choose a new one (e.g. openssl rand -hex 32) and set it on the database role too"
-        )
+        switch SecretRules.composePasswordVariables[password] {
+        case "SERVER_DB_PASSWORD":
+            return error(
+                key,
+                "has the example password of .env.example's SERVER_DB_PASSWORD: set SERVER_DB_PASSWORD in .env (docker compose builds this URL from it) to a new one, e.g. openssl rand -hex 32; migrate sets it on the server's role"
+            )
+        case "POSTGRES_PASSWORD":
+            return error(
+                key,
+                "has the example password of .env.example's POSTGRES_PASSWORD: set POSTGRES_PASSWORD in .env (docker compose builds this URL from it) to a new one, e.g. openssl rand -hex 32; if the postgres service has already started with the example, change it there too (ALTER ROLE ... PASSWORD)"
+            )
+        default:
+            return error(
+                key,
+                "has an example password from the trunk-sync documentation; choose a new one (e.g. openssl rand -hex 32) and set it on the database role too"
+            )
+        }
     }
 
     /// Checks that a database URL is set.
