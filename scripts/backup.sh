@@ -5,17 +5,22 @@
 #   backup.sh once   take one base backup, then apply the retention
 #   backup.sh loop   the same now and every BACKUP_INTERVAL seconds (docker-compose.yml's
 #                    `backup` service)
+#   backup.sh prune  apply the retention only (after lowering BACKUP_KEEP, say)
 #
 # Connects with the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD) as a role that may
 # replicate (the cluster's superuser). Writes BACKUP_DIR/base/YYYYmmddTHHMMSSZ/ (base.tar.gz,
 # pg_wal.tar.gz, backup_manifest): a tar-format pg_basebackup with the WAL it needs, so each
 # base backup restores on its own; replaying BACKUP_DIR/wal/ on top of it reaches any later
 # second. Keeps the BACKUP_KEEP newest base backups (default 7) and the archived WAL from the
-# oldest kept one on; older WAL can only replay onto base backups that are gone.
+# oldest kept one's start segment on; older WAL can only replay onto base backups that are
+# gone. WAL is pruned by segment name (its position in the WAL), never by file time: a copy of
+# the archive (restored from off-host, rsynced without times) keeps its order. Timeline
+# history files (*.history) are never removed: a restore follows them to the latest timeline.
 #
 # docs/operations.md ("Back up and restore") shows the restore; scripts/drill-restore.sh
 # (`make drill`) runs this script and the restore against real clusters.
 set -euo pipefail
+export LC_ALL=C  # segment names compare byte by byte
 
 dir=${BACKUP_DIR:?set BACKUP_DIR}
 keep=${BACKUP_KEEP:-7}
@@ -33,41 +38,68 @@ take() {
     name=$(date -u +%Y%m%dT%H%M%SZ)
   done
   target="$dir/base/$name"
-  # Marks when the backup started: WAL archived before it is older than its start point.
-  touch "$dir/base/.$name.started"
   if ! pg_basebackup --pgdata="$target.partial" --format=tar --gzip --wal-method=stream \
       --checkpoint=fast --label="trunk-sync $name" --no-password; then
-    rm -rf "$target.partial" "$dir/base/.$name.started"
+    rm -rf "$target.partial"
     echo "backup: pg_basebackup failed; the previous base backups are kept" >&2
     return 1
   fi
   mv "$target.partial" "$target"
-  mv "$dir/base/.$name.started" "$target/started"
+  start_wal "$target" >/dev/null || echo "backup: cannot read where $target starts in the WAL" >&2
   echo "backup: base backup $target"
   prune
 }
 
+# The WAL segment base backup $1 starts in: its backup_label's START WAL LOCATION, kept
+# beside it as start-wal (read once from base.tar.gz, whose first member backup_label is).
+start_wal() {
+  local name
+  if [ ! -s "$1/start-wal" ]; then
+    name=$(tar -xzOf "$1/base.tar.gz" --occurrence=1 backup_label 2>/dev/null \
+      | sed -n 's/^START WAL LOCATION: .*(file \([0-9A-F]\{24\}\))$/\1/p') || true
+    [[ $name =~ ^[0-9A-F]{24}$ ]] || return 1
+    echo "$name" >"$1/start-wal"
+  fi
+  name=$(cat "$1/start-wal")
+  [[ $name =~ ^[0-9A-F]{24}$ ]] || return 1
+  echo "$name"
+}
+
 prune() {
-  local all oldest
+  local all oldest start file name
+  mkdir -p "$dir/base" "$dir/wal"
   mapfile -t all < <(find "$dir/base" -mindepth 1 -maxdepth 1 -type d -name '2*Z' | sort)
   if (( ${#all[@]} > keep )); then
     for old in "${all[@]:0:${#all[@]}-keep}"; do rm -rf "$old"; echo "backup: removed $old"; done
     all=("${all[@]: -keep}")
   fi
   oldest=${all[0]:-}
-  [ -n "$oldest" ] && [ -f "$oldest/started" ] || return 0
-  # WAL segments archived before the oldest kept backup started (never its own: those are
-  # in its pg_wal.tar.gz, and every later one is kept).
-  find "$dir/wal" -maxdepth 1 -type f ! -newer "$oldest/started" -print -delete | sed 's/^/backup: removed /'
+  [ -n "$oldest" ] || return 0
+  if ! start=$(start_wal "$oldest"); then
+    echo "backup: cannot read where $oldest starts in the WAL (backup_label); archived WAL kept" >&2
+    return 0
+  fi
+  # Segments (and their .partial and .backup files) before the oldest kept base backup's
+  # start segment, by name: the position (log and segment numbers) decides, whatever the
+  # timeline, as pg_archivecleanup does. Its own segments and every later one are kept, and
+  # every *.history file, which no pattern here matches.
+  for file in "$dir/wal"/*; do
+    name=${file##*/}
+    [[ $name =~ ^[0-9A-F]{24}(\.partial|\.[0-9A-F]{8}\.backup)?$ ]] || continue
+    [[ ${name:8:16} < ${start:8:16} ]] || continue
+    rm -f -- "$file"
+    echo "backup: removed $file"
+  done
 }
 
 case "${1:-once}" in
   once) take ;;
+  prune) prune ;;
   loop)
     while true; do
       take || true
       sleep "$interval"
     done
     ;;
-  *) echo "usage: backup.sh once|loop" >&2; exit 2 ;;
+  *) echo "usage: backup.sh once|loop|prune" >&2; exit 2 ;;
 esac

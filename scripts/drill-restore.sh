@@ -110,7 +110,16 @@ backup_once
 [ ! -e "$backup/wal/$old_segment" ] || fail "WAL from before the kept base backup was not removed"
 base=$(find "$backup/base" -mindepth 1 -maxdepth 1 -type d | sort | tail -n 1)
 [ -f "$base/base.tar.gz" ] || fail "no base backup in $backup/base"
-echo "drill: ok base backup $base (the older one and its WAL removed by retention)"
+# Retention goes by segment name from the kept backup's start segment (its backup_label's),
+# not by file time; the restore below replays what it kept.
+start=$(cat "$base/start-wal" 2>/dev/null) || fail "the base backup records no start segment"
+for file in "$backup/wal"/*; do
+  name=${file##*/}
+  if [[ $name =~ ^[0-9A-F]{24}$ ]] && [[ ${name:8:16} < ${start:8:16} ]]; then
+    fail "segment $name, before the kept base backup's start $start, was kept"
+  fi
+done
+echo "drill: ok base backup $base (the older one and its WAL removed by retention, from $start on kept)"
 
 # 3. Pushes, T, more pushes, the mistake.
 serve primary

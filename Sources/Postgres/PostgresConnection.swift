@@ -52,6 +52,55 @@ public final class PostgresConnection {
         return PostgresConnection(handle: handle, configuration: configuration)
     }
 
+    /// `connect`, which `cancellation` ends from another thread (a signal during `serve`'s
+    /// start-up): the opening is driven by `PQconnectPoll` while `poll(2)` waits on the
+    /// connection's socket and the cancellation's pipe together. `connect_timeout` bounds
+    /// the whole attempt (at least 2 s, none when 0), as for the loop's openings. A host name
+    /// is looked up inside libpq, as by `connect`: that wait is not cut short.
+    /// - Throws: what `connect` throws, or `CancellationError` once `cancellation` was
+    ///   cancelled (the half-open connection closed).
+    public static func connect(_ configuration: PostgresConfiguration, cancellation: ConnectCancellation) throws
+        -> PostgresConnection
+    {
+        let handle = try withParameters(of: configuration) { keywords, values in
+            PQconnectStartParams(keywords, values, 0)
+        }
+        // Finished (PQfinish) when released, whichever way this ends.
+        let connection = PostgresConnection(handle: handle, configuration: configuration)
+        guard PQstatus(handle) != CONNECTION_BAD else { throw openingError(handle, configuration) }
+        let deadline = PostgresConnecting.timeout(configuration).map { monotonicNanoseconds() + $0 }
+        // Before the first PQconnectPoll, libpq asks to wait as if it had said "writing".
+        var status = PGRES_POLLING_WRITING
+        while true {
+            switch status {
+            case PGRES_POLLING_OK:
+                return connection
+            case PGRES_POLLING_READING, PGRES_POLLING_WRITING:
+                let socket = PQsocket(handle)
+                guard socket >= 0 else { throw openingError(handle, configuration) }
+                var wait: Int32 = -1
+                if let deadline {
+                    let now = monotonicNanoseconds()
+                    guard now < deadline else { throw openingError(reason: "timeout expired", configuration) }
+                    wait = Int32(min((deadline - now) / 1_000_000 + 1, 100_000))
+                }
+                var fds = [
+                    pollfd(
+                        fd: socket, events: Int16(status == PGRES_POLLING_WRITING ? POLLOUT : POLLIN), revents: 0),
+                    pollfd(fd: cancellation.descriptor, events: Int16(POLLIN), revents: 0),
+                ]
+                let ready = poll(&fds, 2, wait)
+                if ready < 0 && errno != EINTR {
+                    throw openingError(reason: "poll failed: errno \(errno)", configuration)
+                }
+                if fds[1].revents != 0 { throw CancellationError() }
+                if ready > 0 && fds[0].revents != 0 { status = PQconnectPoll(handle) }
+            default:
+                throw openingError(handle, configuration)
+            }
+        }
+    }
+
     /// Starts opening a connection without blocking (`PQconnectStartParams`): the result is
     /// still connecting; `PostgresConnecting` drives it to the end on an event loop.
     /// `resolved` is `configuration` with its host names' addresses (`HostLookup`): libpq
@@ -518,4 +567,37 @@ public struct PostgresStatement: Sendable {
     public static let commit = PostgresStatement.prepared("commit")
     /// `rollback`, prepared once per connection.
     public static let rollback = PostgresStatement.prepared("rollback")
+}
+
+/// Ends a blocking `PostgresConnection.connect(_:cancellation:)` from any thread: `cancel()`
+/// makes its pipe readable, which the opening's `poll(2)` watches. Once cancelled, it stays
+/// so. The pipe closes when the last reference goes.
+public final class ConnectCancellation: Sendable {
+    /// The pipe's read end, watched by the opening.
+    let descriptor: Int32
+    private let writeEnd: Int32
+
+    /// - Throws: `.connectionFailed` when no pipe can be made (out of descriptors).
+    public init() throws {
+        var ends: [Int32] = [-1, -1]
+        guard pipe(&ends) == 0 else {
+            throw PostgresError(
+                kind: .connectionFailed, message: "cannot make a pipe to cancel a connection attempt: errno \(errno)")
+        }
+        for end in ends { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
+        _ = fcntl(ends[1], F_SETFL, O_NONBLOCK)
+        descriptor = ends[0]
+        writeEnd = ends[1]
+    }
+
+    deinit {
+        close(descriptor)
+        close(writeEnd)
+    }
+
+    /// Ends the opening under way, if any, and every later one given this cancellation.
+    public func cancel() {
+        var byte: UInt8 = 1
+        _ = write(writeEnd, &byte, 1)  // full (cancelled already) or not: readable either way
+    }
 }

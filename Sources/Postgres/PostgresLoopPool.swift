@@ -77,6 +77,8 @@ public final class PostgresLoopPool: @unchecked Sendable {
     private var connections: [PoolStateMachine.ConnectionID: PostgresLoopConnection] = [:]
     /// The connections running `onOpen`, which `close()` ends rather than wait for.
     private var opening: [PoolStateMachine.ConnectionID: PostgresLoopConnection] = [:]
+    /// The tasks opening a connection, which `close()` cancels rather than wait for.
+    private var openingTasks: [PoolStateMachine.ConnectionID: Task<Void, Never>] = [:]
     private var waiters: [PoolStateMachine.RequestID: CheckedContinuation<PoolStateMachine.ConnectionID, any Error>] =
         [:]
     /// The connections leased to shared reads, while any of theirs is in flight.
@@ -175,7 +177,7 @@ public final class PostgresLoopPool: @unchecked Sendable {
     }
 
     /// Stops the pool: waiting requests fail with `.poolClosed`, leased connections close
-    /// when given back, idle ones at once.
+    /// when given back, idle ones at once, and openings under way are abandoned.
     public func close() async {
         await withTaskExecutorPreference(loop) {
             await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
@@ -191,6 +193,11 @@ public final class PostgresLoopPool: @unchecked Sendable {
                 // timeline check waits for users' rows): end it, as a shut-down pool would
                 // close its connection anyway, rather than keep the process from stopping.
                 for connection in opening.values { connection.close() }
+                // So may an opening itself, against a database that accepts and never
+                // answers, for as long as `connect_timeout` (a signal during `serve`'s
+                // start-up must not wait for it): cancelled, it fails, and the shutdown
+                // completes.
+                for task in openingTasks.values { task.cancel() }
             }
         }
     }
@@ -301,7 +308,9 @@ public final class PostgresLoopPool: @unchecked Sendable {
     /// settings are its first pipeline, then `onOpen`; the machine learns of it once both are
     /// done.
     private func open(_ id: PoolStateMachine.ConnectionID) {
-        Task(executorPreference: loop) {
+        // Runs after this returns (a job on the loop's executor), so the entry is there first.
+        openingTasks[id] = Task(executorPreference: loop) {
+            defer { self.openingTasks[id] = nil }
             do {
                 let connection = try await PostgresConnecting.open(
                     self.connectionConfiguration, settings: self.configuration.sessionSettings, on: self.loop,

@@ -4,6 +4,7 @@ import Dispatch
 import Foundation
 import HTTPServer
 import Logging
+import Synchronization
 import TrunkSync
 
 struct Serve: AsyncParsableCommand {
@@ -23,20 +24,47 @@ struct Serve: AsyncParsableCommand {
             flags["host"] = host
             flags["port"] = port
             let configuration = try options.load(extraFlags: flags)
-            try configuration.validateForServe()
             let logger = Logger(label: "trunk-sync")
-            let application = try Application(configuration: configuration, logger: logger)
-            // Loudly, but not a refusal: deployments that log in as the owner keep working.
-            await DatabaseRoles.report(url: try configuration.requireDatabaseURL(), logger: logger)
-            // Before accepting requests, so tokens signed with ES256 keys verify from the start.
-            // A key the key encryption key cannot open is a configuration error: serving
-            // without it would answer its tokens 401, so refuse to start instead.
-            if let loaded = await application.startSigningKeyRefresh(), let (kid, reason) = loaded.undecryptable.first {
-                await application.close()
-                throw CommandError("signing key \(kid) cannot be used: \(reason)")
+            // Signals first, before anything waits (a listen address's name looked up, the
+            // database): a SIGTERM (docker compose stop, systemd) while start-up waits for a
+            // database that does not answer must end it cleanly, not kill the process
+            // half-way; and one right after "listening" must still shut down cleanly.
+            // A write to a peer that went away (a socket libpq or OpenSSL writes to while
+            // closing, a log pipe whose reader left) must be an EPIPE error, never the end of
+            // the process: one compose-native run died of SIGPIPE while shutting down.
+            signal(SIGPIPE, SIG_IGN)
+            let stop = StopRequest()
+            let signals = ShutdownSignals {
+                logger.notice("signal received, shutting down")
+                stop.request()
             }
-            // Likewise, so that no token of a session revoked before the start is accepted.
-            await application.loadRevokedSessions()
+            await signals.waitUntilInstalled()
+            let application: Application
+            do {
+                try configuration.validateForServe()
+                application = try Application(configuration: configuration, logger: logger)
+            } catch {
+                signals.cancel()
+                throw error
+            }
+            // The checks before accepting requests wait on the database (each connection
+            // attempt up to its connect_timeout); a signal cancels them.
+            let startUp = Task { try await Self.prepare(application, configuration: configuration, logger: logger) }
+            stop.onRequest { startUp.cancel() }
+            do {
+                try await startUp.value
+            } catch {
+                // Close what start-up opened (the application's database, its loop, the
+                // listener; `reportingErrors` then joins every thread) before the one line.
+                application.beginShutdown()
+                signals.cancel()
+                await application.close()
+                if startUp.isCancelled {  // a signal: a requested stop, exit 0
+                    logger.notice("stopped during start-up")
+                    return
+                }
+                throw error
+            }
             // Sign-in codes nobody can use any more, removed now and then (migration 0021).
             application.startHousekeeping()
             let server = HTTPServer(
@@ -47,18 +75,13 @@ struct Serve: AsyncParsableCommand {
             let admin = HTTPServer(
                 configuration: application.adminServerConfiguration, responder: application.adminPipeline(),
                 logger: Logger(label: "trunk-sync.admin"))
-            // Signals first: a SIGTERM right after "listening" must still shut down cleanly.
-            // A write to a peer that went away (a socket libpq or OpenSSL writes to while
-            // closing, a log pipe whose reader left) must be an EPIPE error, never the end of
-            // the process: one compose-native run died of SIGPIPE while shutting down.
-            signal(SIGPIPE, SIG_IGN)
-            let signals = ShutdownSignals {
-                logger.notice("signal received, shutting down")
+            // From now on a signal stops the listeners (at once, if one came meanwhile: then
+            // `start` throws `.shutDownBeforeStart`).
+            stop.onRequest {
                 application.beginShutdown()
                 server.shutdown()
                 admin.shutdown()
             }
-            await signals.waitUntilInstalled()
             let adminPort: Int
             let port: Int
             do {
@@ -116,6 +139,55 @@ struct Serve: AsyncParsableCommand {
             await application.close()
             logger.notice("stopped")
         }
+    }
+}
+
+extension Serve {
+    /// What `serve` does before it accepts requests, all of it waiting on the database:
+    /// the role check, the signing keys, the revoked sessions. Cancelling the task ends the
+    /// wait under way (a connection attempt included) and throws `CancellationError`.
+    static func prepare(_ application: Application, configuration: Configuration, logger: Logger) async throws {
+        try Task.checkCancellation()
+        let url = try configuration.requireDatabaseURL()
+        let endpoint = try configuration.serverDatabase().endpoint
+        logger.info("connecting to the database", metadata: ["database": "\(endpoint)"])
+        // Loudly, but not a refusal: deployments that log in as the owner keep working.
+        await DatabaseRoles.report(url: url, logger: logger)
+        try Task.checkCancellation()
+        // Before accepting requests, so tokens signed with ES256 keys verify from the start.
+        // A key the key encryption key cannot open is a configuration error: serving
+        // without it would answer its tokens 401, so refuse to start instead.
+        if let loaded = await application.startSigningKeyRefresh(), let (kid, reason) = loaded.undecryptable.first {
+            throw CommandError("signing key \(kid) cannot be used: \(reason)")
+        }
+        try Task.checkCancellation()
+        // Likewise, so that no token of a session revoked before the start is accepted.
+        await application.loadRevokedSessions()
+        try Task.checkCancellation()
+    }
+}
+
+/// What a SIGTERM or SIGINT does now: cancel the start-up while it runs, stop the listeners
+/// once they exist. An action set after a signal came runs at once.
+final class StopRequest: Sendable {
+    private let state = Mutex<(requested: Bool, action: (@Sendable () -> Void)?)>((false, nil))
+
+    /// A signal came: runs the current action (each time: every action may run twice).
+    func request() {
+        let action = state.withLock { state in
+            state.requested = true
+            return state.action
+        }
+        action?()
+    }
+
+    /// Makes `action` what a signal does from now on; runs it at once if one came already.
+    func onRequest(_ action: @escaping @Sendable () -> Void) {
+        let requested = state.withLock { state in
+            state.action = action
+            return state.requested
+        }
+        if requested { action() }
     }
 }
 

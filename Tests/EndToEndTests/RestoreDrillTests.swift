@@ -3,7 +3,8 @@ import TestSupport
 import XCTest
 
 /// `make drill` as part of `make test`: scripts/drill-restore.sh takes base backups with the
-/// compose backup service's script (retention included), restores to a time T between two
+/// compose backup service's script (retention included: by segment name from the kept
+/// backup's start segment; BackupRetentionTests has the cases), restores to a time T between two
 /// batches of acknowledged pushes and a `delete from events`, and checks that exactly the
 /// events acknowledged before T are back and pulled by the client (its own clusters and
 /// the real binary; about ten seconds).
@@ -15,7 +16,7 @@ final class RestoreDrillTests: XCTestCase {
         let output = result.stdout + result.stderr
         XCTAssertEqual(result.status, 0, output)
         for step in [
-            "drill: ok base backup", "(the older one and its WAL removed by retention)",
+            "drill: ok base backup", "(the older one and its WAL removed by retention, from 0000000",
             "drill: ok exactly the 20 events acknowledged before T are restored",
             "drill: ok the server starts on the restored cluster and the client pulls the 20 events", "drill: passed",
         ] {

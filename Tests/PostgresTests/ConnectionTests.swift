@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import Synchronization
 import TestSupport
 import XCTest
 
@@ -14,6 +15,46 @@ final class ConnectionTests: XCTestCase {
             XCTAssertTrue(message.contains("127.0.0.1:1/postgres"), message)
             XCTAssertTrue(message.contains("Connection refused"), message)
             XCTAssertFalse(message.contains("\n"), message)
+        }
+    }
+
+    /// The cancellable opening (`serve`'s start-up role check, `migrate`) behaves as the
+    /// blocking one: it connects, names a refusal the same way; and `cancel()` from another
+    /// thread ends an attempt a silent server would hold for ever (no `connect_timeout`).
+    func testACancellableOpeningConnectsRefusesAsConnectAndEndsWhenCancelled() throws {
+        let cancellation = try ConnectCancellation()
+        let connection = try PostgresConnection.connect(
+            try TestDatabase.adminConfiguration(), cancellation: cancellation)
+        XCTAssertEqual(try connection.query("select 1::int8")[0].decode(Int64.self, column: 0), 1)
+
+        var refused = try TestDatabase.adminConfiguration()
+        refused.setParameter("port", String(try unusedPort()))
+        var blocking = ""
+        XCTAssertThrowsError(try PostgresConnection.connect(refused)) { blocking = "\($0)" }
+        XCTAssertThrowsError(try PostgresConnection.connect(refused, cancellation: cancellation)) { error in
+            XCTAssertEqual("\(error)", blocking)
+        }
+
+        let silent = try SilentServer()
+        var silentTarget = try TestDatabase.adminConfiguration()
+        silentTarget.setParameter("port", String(silent.port))
+        silentTarget.setParameter("connect_timeout", "0")
+        let target = silentTarget
+        let ended = DispatchSemaphore(value: 0)
+        let outcome = Mutex<(any Error)?>(nil)
+        Thread {
+            do { _ = try PostgresConnection.connect(target, cancellation: cancellation) } catch {
+                outcome.withLock { $0 = error }
+            }
+            ended.signal()
+        }.start()
+        cancellation.cancel()
+        XCTAssertEqual(ended.wait(timeout: .now() + 30), .success, "cancel() did not end the attempt")
+        XCTAssertTrue(outcome.withLock { $0 } is CancellationError, "\(String(describing: outcome.withLock { $0 }))")
+        // Cancelled stays cancelled (so a cancel that came before the attempt waited counts
+        // too): a later attempt ends at once.
+        XCTAssertThrowsError(try PostgresConnection.connect(target, cancellation: cancellation)) { error in
+            XCTAssertTrue(error is CancellationError, "\(error)")
         }
     }
 

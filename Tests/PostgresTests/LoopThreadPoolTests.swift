@@ -115,6 +115,31 @@ final class LoopThreadPoolTests: XCTestCase {
         await pool.close()
     }
 
+    func testCloseAbandonsAnOpeningUnderWay() async throws {
+        // A server that accepts TCP and never answers, no connect_timeout and a clock that
+        // stands still: only close() can end the attempt (`serve` stopping during its start-up).
+        let silent = try SilentServer()
+        var target = try TestDatabase.adminConfiguration()
+        target.setParameter("port", String(silent.port))
+        target.setParameter("connect_timeout", "0")
+        let pool = try makePool(target, size: 1, timeout: .seconds(3600), clock: { 1_000_000_000 })
+        let attempt = Task { await LoopThreadPoolTests.failure(of: pool) }
+        // Waiting means its connection is being opened (the pool has none).
+        let waiting = await waitUntil(10) { pool.statistics.waiting == 1 }
+        XCTAssertTrue(waiting, "the request never waited")
+        let closed = Mutex(false)
+        let closing = Task {
+            await pool.close()
+            closed.withLock { $0 = true }
+        }
+        let ended = await waitUntil(30) { closed.withLock { $0 } }
+        XCTAssertTrue(ended, "close() waited for the opening")
+        if !ended { await loop.close() }  // a stopped loop ends the attempt, so the test ends
+        let error = await attempt.value
+        XCTAssertEqual(error?.kind, .poolClosed)
+        await closing.value
+    }
+
     func testARefusedPortAndAWrongPasswordFailWithTheBlockingConnectsMessages() async throws {
         let port = try unusedPort()
         var refused = try TestDatabase.adminConfiguration()

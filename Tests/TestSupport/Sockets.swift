@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import Synchronization
 
 /// A TCP socket listening on 127.0.0.1 at a free port that never accepts: the kernel
 /// completes connections into its backlog, and then nothing is ever said.
@@ -14,6 +15,57 @@ public final class SilentServer: Sendable {
     }
 
     deinit { close(descriptor) }
+}
+
+/// A TCP server on 127.0.0.1 at a free port that accepts every connection, holds it open
+/// and never says anything, counting what it accepted: a database that does not answer,
+/// with a way to tell that a client's next connection attempt has begun.
+public final class MuteServer: Sendable {
+    /// Where it listens.
+    public let port: Int
+    private let descriptor: Int32
+    private let shared = Shared()
+    private let ended = DispatchSemaphore(value: 0)
+
+    private final class Shared: Sendable {
+        let state = Mutex<(accepted: [Int32], stopped: Bool)>(([], false))
+    }
+
+    /// Listens at a free port and accepts on a thread of its own until `stop()`.
+    public init() throws {
+        (descriptor, port) = try listeningSocket()
+        Thread { [descriptor, shared, ended] in
+            while true {
+                let client = accept(descriptor, nil, nil)
+                let stop = shared.state.withLock { state in
+                    if client >= 0 { state.accepted.append(client) }
+                    return state.stopped
+                }
+                if stop || (client < 0 && errno != EINTR && errno != ECONNABORTED) { break }
+            }
+            ended.signal()
+        }.start()
+    }
+
+    /// How many connections it accepted so far.
+    public var accepted: Int { shared.state.withLock { $0.accepted.count } }
+
+    /// Stops accepting and closes every connection. Safe to call twice.
+    public func stop() {
+        let sockets = shared.state.withLock { state -> [Int32]? in
+            guard !state.stopped else { return nil }
+            state.stopped = true
+            defer { state.accepted = [] }
+            return state.accepted
+        }
+        guard let sockets else { return }
+        shutdown(descriptor, Int32(SHUT_RDWR))  // wakes the accept
+        ended.wait()
+        close(descriptor)
+        sockets.forEach { close($0) }
+    }
+
+    deinit { stop() }
 }
 
 /// A port on 127.0.0.1 where nothing listens (bound once, then released).

@@ -157,6 +157,81 @@ final class ConfigurationTests: XCTestCase {
         }
     }
 
+    /// What cannot be a listen address is refused with one line naming the setting and the
+    /// value (the listener would fail to bind only after start-up waited on the database);
+    /// IP addresses and host names are taken, a name that does not resolve refused by `serve`.
+    func testListenAddressesMustBeAnAddressOrANameThatResolves() throws {
+        let refused: [(String, String, String)] = [
+            ("TRUNK_SYNC_HOST", "http://0.0.0.0", #""http://0.0.0.0" is not one: an address, not a URL"#),
+            ("TRUNK_SYNC_HOST", "0.0.0.0:8080", #""0.0.0.0:8080" is not one: the port goes in TRUNK_SYNC_PORT"#),
+            ("TRUNK_SYNC_ADMIN_HOST", "[::1]", #""[::1]" is not one: an IPv6 address goes without brackets"#),
+            ("TRUNK_SYNC_ADMIN_HOST", "127.0.0.1:9", #"is not one: the port goes in TRUNK_SYNC_ADMIN_PORT"#),
+            ("TRUNK_SYNC_HOST", "300.1.2.3", #""300.1.2.3" is not one"#),
+            ("TRUNK_SYNC_HOST", "two words", #""two words" is not one"#),
+        ]
+        for (variable, value, reason) in refused {
+            XCTAssertThrowsError(try Configuration.load(environment: [variable: value]), value) { error in
+                XCTAssertTrue(
+                    "\(error)".hasPrefix(
+                        "\(variable) must be an IP address (such as 0.0.0.0, 127.0.0.1 or ::) or a host name;"),
+                    "\(error)")
+                XCTAssertTrue("\(error)".contains(reason), "\(error)")
+            }
+        }
+        let base = ["TRUNK_SYNC_DATABASE_URL": "postgres://x/y", "TRUNK_SYNC_JWT_SECRET": TestSecrets.random()]
+        for value in ["0.0.0.0", "::", "::1", "fe80::1%lo", "localhost", "LOCALHOST"] {
+            let configuration = try Configuration.load(
+                environment: base.merging(["TRUNK_SYNC_HOST": value, "TRUNK_SYNC_ADMIN_HOST": value]) { $1 })
+            XCTAssertNoThrow(try configuration.validateForServe(), value)
+        }
+        // A name is looked up for serve (and config check), not by every command: `.invalid`
+        // never resolves (RFC 6761).
+        for variable in ["TRUNK_SYNC_HOST", "TRUNK_SYNC_ADMIN_HOST"] {
+            let configuration = try Configuration.load(environment: base.merging([variable: "nowhere.invalid"]) { $1 })
+            XCTAssertThrowsError(try configuration.validateForServe()) { error in
+                XCTAssertTrue("\(error)".hasPrefix(#"\#(variable) "nowhere.invalid" does not resolve ("#), "\(error)")
+                XCTAssertTrue("\(error)".hasSuffix("or a name it resolves"), "\(error)")
+            }
+        }
+    }
+
+    /// A misspelt origin would silently break the web app (the browser refuses every answer):
+    /// each entry must be `*` or an origin exactly as a browser sends it.
+    func testCORSOriginsMustBeOrigins() throws {
+        let prefix =
+            "TRUNK_SYNC_CORS_ORIGINS must be * or a comma-separated list of origins (scheme://host[:port]: no path, no trailing slash); "
+        let refused: [(String, String)] = [
+            ("https://app.example.com/", #""https://app.example.com/" is not one: drop the trailing slash"#),
+            (
+                "https://ok.example, https://app.example.com/app",
+                #""https://app.example.com/app" is not one: an origin has no path"#
+            ),
+            ("app.example.com", #""app.example.com" is not one: it has no scheme://"#),
+            ("null", #""null" is not one: it has no scheme://"#),
+            ("https://*.example.com", #""https://*.example.com" is not one: only * alone allows any origin"#),
+            ("https://app.example.com:443", #"is not one: browsers send it without the default port :443"#),
+            ("http://app.example.com:80", #"is not one: browsers send it without the default port :80"#),
+            ("https://app.example.com:0", #"is not one: the port must be a number from 1 to 65535"#),
+            ("https://app.example.com:99999", #"is not one: the port must be a number from 1 to 65535"#),
+            ("https://user@app.example.com", #""https://user@app.example.com" is not one"#),
+            ("https://a b.example", #""https://a b.example" is not one"#),
+            ("https://app.example.com?x", #""https://app.example.com?x" is not one"#),
+            ("https://[::1", #""https://[::1" is not one"#),
+            ("1https://app.example.com", #""1https://app.example.com" is not one: it has no scheme://"#),
+        ]
+        for (value, reason) in refused {
+            XCTAssertThrowsError(try Configuration.load(environment: ["TRUNK_SYNC_CORS_ORIGINS": value]), value) {
+                XCTAssertTrue("\($0)".hasPrefix(prefix), "\($0)")
+                XCTAssertTrue("\($0)".hasSuffix(reason), "\($0)")
+            }
+        }
+        let accepted =
+            "*, https://app.example.com, http://localhost:5173, HTTPS://App.Example.COM, capacitor://localhost, "
+            + "http://[::1]:3000, http://127.0.0.1:8080, https://app.example.com:8443, tauri://localhost"
+        let configuration = try Configuration.load(environment: ["TRUNK_SYNC_CORS_ORIGINS": accepted])
+        XCTAssertEqual(configuration.corsOrigins.count, 9)
+    }
+
     func testServeNeedsAStrongSecretAndADatabase() throws {
         XCTAssertThrowsError(
             try Configuration.load(environment: ["TRUNK_SYNC_JWT_SECRET": TestSecrets.random()]).validateForServe()
@@ -348,6 +423,11 @@ extension ConfigurationTests {
                 "trunk-sync: TRUNK_SYNC_JWT_SECRET", "trunk-sync: TRUNK_SYNC_MIGRATION_DATABASE_URL",
             ], result.stderr)
         XCTAssertTrue(result.stderr.contains("Supabase's documentation"), result.stderr)
+        // The variable the operator edits, not only the URL compose builds from it.
+        XCTAssertTrue(
+            result.stderr.contains(
+                "TRUNK_SYNC_MIGRATION_DATABASE_URL has the example password of .env.example's POSTGRES_PASSWORD: "
+                    + "set POSTGRES_PASSWORD in .env"), result.stderr)
         XCTAssertTrue(result.stdout.contains("TRUNK_SYNC_PORT=70000  [environment]"), result.stdout)
         XCTAssertTrue(result.stdout.contains("TRUNK_SYNC_JWT_SECRET=***"), result.stdout)
         XCTAssertTrue(result.stdout.contains("configuration refused: 5 problems"), result.stdout)
@@ -363,8 +443,20 @@ extension ConfigurationTests {
             ]))
         XCTAssertEqual(server.status, 1)
         XCTAssertTrue(
-            server.stderr.hasPrefix("trunk-sync: TRUNK_SYNC_DATABASE_URL has an example password"), server.stderr)
+            server.stderr.hasPrefix(
+                "trunk-sync: TRUNK_SYNC_DATABASE_URL has the example password of .env.example's SERVER_DB_PASSWORD: "
+                    + "set SERVER_DB_PASSWORD in .env (docker compose builds this URL from it)"), server.stderr)
         XCTAssertFalse(server.stdout.contains("configuration OK"), server.stdout)
+        // Another placeholder: no compose variable to name.
+        let other = try Command.run(
+            Command.trunkSyncBinary(), ["config", "check"],
+            environment: Command.environment([
+                "TRUNK_SYNC_JWT_SECRET": TestSecrets.random(),
+                "TRUNK_SYNC_DATABASE_URL": "postgres://server:password@127.0.0.1:1/d",
+            ]))
+        XCTAssertEqual(other.status, 1)
+        XCTAssertTrue(
+            other.stderr.hasPrefix("trunk-sync: TRUNK_SYNC_DATABASE_URL has an example password"), other.stderr)
     }
 
     func testLoadStillStopsAtTheFirstProblem() {

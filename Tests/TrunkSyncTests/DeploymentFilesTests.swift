@@ -135,6 +135,8 @@ final class DeploymentFilesTests: XCTestCase {
         XCTAssertFalse(output.contains("ok serve is healthy"), output)
         XCTAssertTrue(output.contains("trunk-sync: TRUNK_SYNC_"), output)
         XCTAssertTrue(output.contains("example"), output)
+        // Its password comes from SERVER_DB_PASSWORD in .env: the line says so.
+        XCTAssertTrue(output.contains("set SERVER_DB_PASSWORD in .env"), output)
         let example = try String(contentsOfFile: repositoryRoot() + "/.env.example", encoding: .utf8)
         for line in example.split(separator: "\n") where line.contains("=change-me") {
             let value = String(line.split(separator: "=", maxSplits: 1)[1])

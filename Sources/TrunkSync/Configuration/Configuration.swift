@@ -250,6 +250,26 @@ public struct Configuration: Sendable {
             }
             adminHostnames = names
         }
+        for key in ["host", "admin_host"] {
+            if let text = value(key),
+                let reason = Self.listenAddressProblem(
+                    text, portSetting: key == "host" ? "TRUNK_SYNC_PORT" : "TRUNK_SYNC_ADMIN_PORT")
+            {
+                refuse(key, reason)
+            }
+        }
+        if let text = value("cors_origins") {
+            for entry in text.split(separator: ",").map({ $0.trimmingCharacters(in: .whitespaces) })
+            where !entry.isEmpty && entry != "*" {
+                if let reason = Self.originProblem(entry) {
+                    refuse(
+                        "cors_origins",
+                        "must be * or a comma-separated list of origins (scheme://host[:port]: no path, no trailing slash); \"\(entry)\" is not one\(reason)"
+                    )
+                    break
+                }
+            }
+        }
         if let text = value("trusted_proxies") {
             var networks: [IPNetwork] = []
             for entry in text.split(separator: ",") {
@@ -502,7 +522,8 @@ public struct Configuration: Sendable {
 
     /// What `serve` would refuse beyond `problems`: no database URL or one with a
     /// placeholder password, a missing or guessable JWT secret, a key-encryption key equal
-    /// to the JWT secret.
+    /// to the JWT secret, the example SMTP URL, a listen address that is a name that does not
+    /// resolve (looked up here: the one look-up of the configuration).
     public var serveProblems: [ConfigurationError] {
         var found: [ConfigurationError] = []
         if databaseURL == nil {
@@ -524,7 +545,132 @@ public struct Configuration: Sendable {
             found.append(error("jwt_secret", "is required; \(SecretRules.howToMake)"))
         }
         if let problem = smtpPlaceholderProblem { found.append(problem) }
+        found += listenNameProblems
         return found
+    }
+
+    /// A listen address (`TRUNK_SYNC_HOST`, `TRUNK_SYNC_ADMIN_HOST`) given as a host name
+    /// that does not resolve: the listener could not bind it. Checked before start-up waits on
+    /// the database, instead of failing after it. IP addresses are never looked up.
+    private var listenNameProblems: [ConfigurationError] {
+        ["host", "admin_host"].compactMap { key in
+            let text = key == "host" ? host : adminHost
+            guard Self.numericAddress(text) == nil, Self.listenAddressProblem(text, portSetting: "") == nil,
+                let failure = Self.resolutionFailure(text)
+            else { return nil }
+            return error(
+                key,
+                "\"\(text)\" does not resolve (\(failure)): set an IP address of this machine (0.0.0.0 or :: for every interface, 127.0.0.1 for this machine only) or a name it resolves"
+            )
+        }
+    }
+
+    /// Why `text` cannot be a listen address (nil: it can): an IP address (IPv4, or IPv6
+    /// without brackets) or a host name, nothing more (no scheme, port, path or brackets).
+    static func listenAddressProblem(_ text: String, portSetting: String) -> String? {
+        if numericAddress(text) != nil { return nil }
+        let hint: String
+        if text.contains("://") {
+            hint = ": an address, not a URL"
+        } else if text.hasPrefix("[") {
+            hint = ": an IPv6 address goes without brackets"
+        } else if text.filter({ $0 == ":" }).count == 1 {
+            hint = ": the port goes in \(portSetting)"
+        } else {
+            hint = ""
+        }
+        if hint.isEmpty, isHostName(text) { return nil }
+        return
+            "must be an IP address (such as 0.0.0.0, 127.0.0.1 or ::) or a host name; \"\(text)\" is not one\(hint)"
+    }
+
+    /// Whether `text` is an IP address literal as `getaddrinfo` reads one (`AI_NUMERICHOST`:
+    /// IPv4, IPv6 with an optional `%zone`; no look-up); nil when it is not.
+    static func numericAddress(_ text: String) -> String? {
+        var hints = addrinfo()
+        hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        var results: UnsafeMutablePointer<addrinfo>?
+        guard getaddrinfo(text, nil, &hints, &results) == 0 else { return nil }
+        freeaddrinfo(results)
+        return text
+    }
+
+    /// Labels of letters, digits, `-` (not first or last) and `_` (container names), at most
+    /// 63 bytes each and 253 in all, an optional trailing dot; not all digits (a mistyped
+    /// IPv4 address is not a name).
+    static func isHostName(_ text: String) -> Bool {
+        let name = text.hasSuffix(".") ? String(text.dropLast()) : text
+        let labels = name.split(separator: ".", omittingEmptySubsequences: false)
+        guard !name.isEmpty, name.utf8.count <= 253, !labels.allSatisfy({ $0.allSatisfy(\.isNumber) }) else {
+            return false
+        }
+        return labels.allSatisfy { label in
+            !label.isEmpty && label.utf8.count <= 63 && !label.hasPrefix("-") && !label.hasSuffix("-")
+                && label.utf8.allSatisfy { byte in
+                    (byte >= 97 && byte <= 122) || (byte >= 65 && byte <= 90) || (byte >= 48 && byte <= 57)
+                        || byte == 45 || byte == 95
+                }
+        }
+    }
+
+    /// Why `name` does not resolve for listening (`getaddrinfo`'s words), nil when it does.
+    static func resolutionFailure(_ name: String) -> String? {
+        var hints = addrinfo()
+        hints.ai_flags = AI_PASSIVE
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        var results: UnsafeMutablePointer<addrinfo>?
+        let status = getaddrinfo(name, nil, &hints, &results)
+        guard status == 0 else { return String(cString: gai_strerror(status)) }
+        freeaddrinfo(results)
+        return nil
+    }
+
+    /// Why `entry` is not an origin as a browser sends it in `Origin` (nil: it is one):
+    /// `scheme://host[:port]`, the host a name, an IPv4 address or a bracketed IPv6 address,
+    /// the port without its scheme's default. The reason starts with ": " (or is empty).
+    static func originProblem(_ entry: String) -> String? {
+        guard let separator = entry.range(of: "://") else { return ": it has no scheme://" }
+        let scheme = entry[..<separator.lowerBound]
+        let rest = entry[separator.upperBound...]
+        guard let first = scheme.first, first.isASCII, first.isLetter,
+            scheme.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "+-.".contains($0)) })
+        else { return ": it has no scheme://" }
+        if let slash = rest.firstIndex(of: "/") {
+            return rest.index(after: slash) == rest.endIndex ? ": drop the trailing slash" : ": an origin has no path"
+        }
+        if rest.contains(where: { "?#@*".contains($0) || $0.isWhitespace }) {
+            return rest.contains("*") ? ": only * alone allows any origin" : ""
+        }
+        var host = Substring(rest)
+        var port: Substring? = nil
+        if rest.hasPrefix("[") {
+            guard let close = rest.firstIndex(of: "]"),
+                IPAddress(rest[rest.index(after: rest.startIndex)..<close]) != nil
+            else { return "" }
+            host = rest[...close]
+            let after = rest[rest.index(after: close)...]
+            if !after.isEmpty {
+                guard after.hasPrefix(":") else { return "" }
+                port = after.dropFirst()
+            }
+        } else if let colon = rest.lastIndex(of: ":") {
+            host = rest[..<colon]
+            port = rest[rest.index(after: colon)...]
+        }
+        if !host.hasPrefix("["), IPAddress(host) == nil, !isHostName(String(host)) || host.hasSuffix(".") {
+            return ""
+        }
+        if let port {
+            guard !port.isEmpty, port.utf8.count <= 5, port.allSatisfy({ $0.isASCII && $0.isNumber }),
+                let number = Int(port), (1...65535).contains(number), !port.hasPrefix("0")
+            else { return ": the port must be a number from 1 to 65535" }
+            let defaults = ["http": 80, "https": 443, "ws": 80, "wss": 443]
+            if defaults[scheme.lowercased()] == number {
+                return ": browsers send it without the default port :\(number)"
+            }
+        }
+        return nil
     }
 
     /// An SMTP URL left as the documentation's (`smtp://user:password@smtp.example.com`):
@@ -571,10 +717,23 @@ public struct Configuration: Sendable {
     private func databasePasswordProblem(_ key: String) -> ConfigurationError? {
         guard let url = value(key), let password = try? PostgresConfiguration(url)["password"] else { return nil }
         guard SecretRules.isPlaceholderPassword(password) else { return nil }
-        return error(
-            key,
-            "has an example password from the trunk-sync documentation; choose a new one (e.g. openssl rand -hex 32) and set it on the database role too"
-        )
+        switch SecretRules.composePasswordVariables[password] {
+        case "SERVER_DB_PASSWORD":
+            return error(
+                key,
+                "has the example password of .env.example's SERVER_DB_PASSWORD: set SERVER_DB_PASSWORD in .env (docker compose builds this URL from it) to a new one, e.g. openssl rand -hex 32; migrate sets it on the server's role"
+            )
+        case "POSTGRES_PASSWORD":
+            return error(
+                key,
+                "has the example password of .env.example's POSTGRES_PASSWORD: set POSTGRES_PASSWORD in .env (docker compose builds this URL from it) to a new one, e.g. openssl rand -hex 32; if the postgres service has already started with the example, change it there too (ALTER ROLE ... PASSWORD)"
+            )
+        default:
+            return error(
+                key,
+                "has an example password from the trunk-sync documentation; choose a new one (e.g. openssl rand -hex 32) and set it on the database role too"
+            )
+        }
     }
 
     /// Checks that a database URL is set.

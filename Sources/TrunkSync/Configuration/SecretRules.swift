@@ -25,6 +25,14 @@ public enum SecretRules {
         "change-me-to-another-long-random-password",
     ]
 
+    /// The `.env.example` variables docker-compose.yml builds the database URLs from, by the
+    /// example password each ships: a refusal names the variable the operator edits, not
+    /// the URL compose made of it.
+    public static let composePasswordVariables: [String: String] = [
+        "change-me-to-a-long-random-password": "POSTGRES_PASSWORD",
+        "change-me-to-another-long-random-password": "SERVER_DB_PASSWORD",
+    ]
+
     /// The JWT secrets Supabase's self-hosting guide and `.env.example` ship: operators
     /// moving from a self-hosted Supabase are the likeliest to paste them.
     public static let supabaseExamples: Set<String> = [

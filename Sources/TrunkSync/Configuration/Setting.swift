@@ -51,7 +51,9 @@ public struct Setting: Sendable {
     /// `host`.
     public static let host = Setting(
         key: "host", kind: .text, defaultValue: "127.0.0.1", isSecret: false,
-        summary: "Address to listen on (IPv4 or IPv6).")
+        summary:
+            "Address to listen on: an IP address (IPv4, or IPv6 without brackets; `0.0.0.0` or `::` for every interface) or a host name this machine resolves (its first address is used). A URL, a port or a name that does not resolve is refused at start-up."
+    )
     /// `port`.
     public static let port = Setting(
         key: "port", kind: .integer(0...65535), defaultValue: "8080", isSecret: false,
@@ -60,7 +62,7 @@ public struct Setting: Sendable {
     public static let adminHost = Setting(
         key: "admin_host", kind: .text, defaultValue: "127.0.0.1", isSecret: false,
         summary:
-            "Address of the operator listener (`GET /metrics`, detailed `/readyz`). Keep it private: loopback, or a network only your monitoring reaches."
+            "Address of the operator listener (`GET /metrics`, detailed `/readyz`), written as `TRUNK_SYNC_HOST`. Keep it private: loopback, or a network only your monitoring reaches."
     )
     /// `admin_port`.
     public static let adminPort = Setting(
@@ -143,7 +145,9 @@ public struct Setting: Sendable {
     /// `cors_origins`.
     public static let corsOrigins = Setting(
         key: "cors_origins", kind: .list, defaultValue: "", isSecret: false,
-        summary: "Comma-separated origins allowed by CORS; * allows any. Default none.")
+        summary:
+            "Comma-separated origins allowed by CORS, each exactly as browsers send `Origin`: `scheme://host[:port]`, no path, no trailing slash, no default port (`https://app.example.com`, `http://localhost:5173`); `*` allows any. Anything else is refused at start-up, naming the entry. Default none."
+    )
     /// `log_level`.
     public static let logLevel = Setting(
         key: "log_level", kind: .text, defaultValue: "info", isSecret: false,

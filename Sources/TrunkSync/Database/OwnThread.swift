@@ -25,12 +25,20 @@ public struct OwnThreadError: Error, CustomStringConvertible {
 /// Opens a blocking connection to `configuration` on a thread of its own, runs `body` with
 /// it there, and closes it: for the owner's work that needs the simple-query protocol or
 /// libpq's blocking helpers (`migrate`), never on an event loop or the cooperative pool.
+/// Cancelling the calling task ends an opening still under way (`CancellationError`, the
+/// thread ends at once; a database that accepts and never answers would otherwise hold it
+/// for `connect_timeout`); `body`, once it runs, runs to its end.
 public func withBlockingConnection<T: Sendable>(
     _ configuration: PostgresConfiguration, thread name: String,
     _ body: @escaping @Sendable (PostgresConnection) throws -> T
 ) async throws -> T {
-    try await onOwnThread(name: name) {
-        let connection = try PostgresConnection.connect(configuration)
-        return try body(connection)  // closed when released, on this thread
+    let cancellation = try ConnectCancellation()
+    return try await withTaskCancellationHandler {
+        try await onOwnThread(name: name) {
+            let connection = try PostgresConnection.connect(configuration, cancellation: cancellation)
+            return try body(connection)  // closed when released, on this thread
+        }
+    } onCancel: {
+        cancellation.cancel()
     }
 }

@@ -173,6 +173,7 @@ public struct Application: Sendable {
         do {
             try await auth.revocations.load()
         } catch {
+            if Task.isCancelled { return }  // `serve` stopping during its start-up
             logger.error("cannot load revoked sessions; retrying", metadata: ["error": "\(error)"])
         }
     }
@@ -180,7 +181,8 @@ public struct Application: Sendable {
     /// Loads the signing keys, then reloads them every `interval` in a background task until
     /// `close()`, so `trunk-sync keys add|retire` reach every instance without a restart. A
     /// failed load is logged and retried after 5 seconds (`/readyz` answers 503 until the
-    /// first load succeeds). Returns what the first load found, nil when it failed.
+    /// first load succeeds). Returns what the first load found, nil when it failed (or the
+    /// task was cancelled during it: then nothing is logged and no refresh starts).
     @discardableResult
     public func startSigningKeyRefresh(every interval: Duration = SigningKeyStore.reloadInterval) async
         -> TokenIssuer.ReloadResult?
@@ -191,6 +193,7 @@ public struct Application: Sendable {
         do {
             first = try await reloadSigningKeys()
         } catch {
+            if Task.isCancelled { return nil }  // `serve` stopping during its start-up: no refresh
             logger.error("cannot load signing keys; retrying", metadata: ["error": "\(error)"])
             delay = retry
         }

@@ -233,7 +233,8 @@ extension DatabaseRoles {
     /// ends once it answered, and the command joins it at exit) and logs what `check` finds: a warning line for rights
     /// that make row-level security moot, an error line when the role cannot switch to
     /// `trunk_sync_app`, a warning when the database cannot be reached to tell. Never fails:
-    /// `serve` and `config check` go on either way.
+    /// `serve` and `config check` go on either way. Cancelling the task ends a connection
+    /// attempt under way, quietly.
     @discardableResult
     public static func report(url: String, logger: Logger) async -> Findings? {
         do {
@@ -243,6 +244,8 @@ extension DatabaseRoles {
             if let warning = findings.warning { logger.warning("\(warning)") }
             if let error = findings.error { logger.error("\(error)") }
             return findings
+        } catch is CancellationError {
+            return nil  // `serve` stopping during its start-up: nothing to say
         } catch {
             logger.warning(
                 "cannot check the database role TRUNK_SYNC_DATABASE_URL logs in as", metadata: ["error": "\(error)"])
