@@ -231,8 +231,8 @@ struct SupabaseSource {
         join public.events e on e.user_id = k.user_id and e.client_id = k.client_id
         """
 
-    /// Every session, whether it has not ended (not past `not_after`): the import takes
-    /// those, and ends here the sessions it imported that are missing or ended, and its live
+    /// Every session with whether it has not ended (not past `not_after`: the import takes
+    /// those, and ends here the sessions it imported that are missing or ended) and its live
     /// opaque refresh tokens. Columns: id, user_id, created_at, aal, HMAC key (signed
     /// tokens), counter, not ended, the live opaque tokens (`tokensJSON`'s JSON array of
     /// `[token, parent]`, null when there is none).
