@@ -542,6 +542,68 @@ final class SupabaseImportTests: EndToEndTestCase {
         XCTAssertGreaterThanOrEqual(revoked.status, 400, "a session revoked here is not revived by an import")
     }
 
+    /// The sessions' live tokens are read from `auth.refresh_tokens` in one pass, with their
+    /// sessions, not looked up for each batch of sessions: on a source without an index on
+    /// `session_id` (as this schema, and bench/import's, has none) each look-up read the whole
+    /// table, once per batch, and the sessions phase grew with the square of the sessions.
+    /// Every live token still comes, with its parent, a session's two live tokens both.
+    func testTheLiveTokensAreReadInOnePassNotOncePerBatchOfSessions() throws {
+        let source = try makeSource()
+        try source.admin.execute(
+            """
+            insert into auth.users (id, aud, role, email, email_confirmed_at, raw_app_meta_data, raw_user_meta_data,
+                                    created_at, updated_at)
+            select gen_random_uuid(), 'authenticated', 'authenticated', 'batch' || g || '@example.com', now(), '{}', '{}',
+                   now(), now()
+            from generate_series(1, 250) g;
+            insert into auth.sessions (id, user_id, created_at, updated_at, aal)
+            select gen_random_uuid(), id, now(), now(), 'aal1' from auth.users;
+            insert into auth.refresh_tokens (token, user_id, revoked, created_at, updated_at, parent, session_id)
+            select 'p-' || s.id, s.user_id::text, true, now(), now(), null, s.id from auth.sessions s;
+            insert into auth.refresh_tokens (token, user_id, revoked, created_at, updated_at, parent, session_id)
+            select 'l-' || s.id, s.user_id::text, false, now(), now(), 'p-' || s.id, s.id from auth.sessions s;
+            """)
+        let twoLive = try source.admin.query("select id from auth.sessions order by id desc limit 1")[0]
+            .decode(UUID.self, column: 0)
+        try source.admin.query(
+            """
+            insert into auth.refresh_tokens (token, user_id, revoked, created_at, updated_at, parent, session_id)
+            select 'm-' || s.id, s.user_id::text, false, now(), now(), 'p-' || s.id, s.id from auth.sessions s where s.id = $1
+            """, twoLive)
+        // The setup's own reads (its statistics written before the count is taken).
+        try source.admin.execute("select pg_stat_force_next_flush()")
+        let before = try scans(source, of: "auth.refresh_tokens")
+        let server = try startServer()
+        let (result, report, _) = try importCommand(server, from: source.url, ["--batch-size", "100"])
+        XCTAssertEqual(result.status, 0, result.stderr + result.stdout)
+        XCTAssertEqual(counts(report, "sessions")["imported"], 250)
+        XCTAssertEqual(report?["sessions_without_token"] as? Int, 0)
+        let here = try destination(server).query(
+            """
+            select count(*) filter (where rotated_at is null), count(*) filter (where rotated_at is not null)
+            from refresh_tokens
+            """)[0]
+        XCTAssertEqual(try here.decode(Int64.self, column: 0), 251, "every live token, the second of one session too")
+        XCTAssertEqual(try here.decode(Int64.self, column: 1), 250, "every live token's parent")
+        // The run's source backend writes its statistics as it exits.
+        XCTAssertTrue(
+            try eventually(within: 10) {
+                try source.admin.query("select count(*) from pg_stat_activity where usename = $1", roles.last!)[0]
+                    .decode(Int64.self, column: 0) == 0
+            })
+        XCTAssertLessThanOrEqual(
+            try scans(source, of: "auth.refresh_tokens") - before, 1,
+            "auth.refresh_tokens read once, not once per batch of 100 sessions")
+    }
+
+    /// How many scans of `table` (sequential or by an index) the source's statistics count.
+    func scans(_ source: Source, of table: String) throws -> Int64 {
+        try source.admin.execute("select pg_stat_clear_snapshot()")
+        return try source.admin.query(
+            "select seq_scan + coalesce(idx_scan, 0) from pg_stat_user_tables where relid = $1::regclass", table)[0]
+            .decode(Int64.self, column: 0)
+    }
+
     /// A refresh whose answer the client never stored: it still holds the live token's parent,
     /// which Supabase Auth accepts. Presented here after the switch, the parent refreshes
     /// (trunk-sync's lost-answer rule): the live token it was rotated to is superseded, and

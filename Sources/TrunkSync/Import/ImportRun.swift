@@ -438,7 +438,6 @@ final class ImportRun {
             copy.removeAll()
             sourceRows.removeAll()
             var live: [String: Bool] = [:]  // session id → whether it lives on at the source
-            var opaque: [String: String] = [:]  // session id → user id, sessions that need a look-up
             var meta: [String: (user: String, createdAt: String, aal: String)] = [:]
             for row in rows {
                 let id = try row.decode(String.self, column: 0)
@@ -472,23 +471,14 @@ final class ImportRun {
                         report.sessionsUndecryptable += 1
                         meta[id] = nil
                     }
+                } else if let tokens = try row.decode(String?.self, column: 7) {
+                    for (token, parent) in try SupabaseSource.tokens(tokens) {
+                        append(&copy, id, meta[id], token: token, parent: parent)
+                    }
                 } else {
-                    opaque[id] = user
+                    report.sessionsWithoutToken += 1
+                    live[id] = false  // every refresh token revoked there
                 }
-            }
-            if !opaque.isEmpty {
-                let ids = "{" + opaque.keys.joined(separator: ",") + "}"
-                var found = Set<String>()
-                for row in try source.connection.query(SupabaseSource.opaqueTokensQuery, ids) {
-                    let id = try row.decode(String.self, column: 0)
-                    found.insert(id)
-                    append(
-                        &copy, id, meta[id], token: try row.decode(String.self, column: 1),
-                        parent: try row.decode(String?.self, column: 2))
-                }
-                let without = opaque.keys.filter { !found.contains($0) }
-                report.sessionsWithoutToken += without.count
-                for id in without { live[id] = false }  // every refresh token revoked there
             }
             for row in rows {
                 let id = try row.decode(String.self, column: 0)
@@ -605,7 +595,8 @@ final class ImportRun {
         here as (
           select s.* from import_sessions s
           where exists (select from ins where ins.id = s.id)
-             or exists (select from sessions x where x.id = s.id and x.user_id = s.user_id and x.revoked_at is null)
+             or (s.id, s.user_id) in (select x.id, x.user_id from sessions x
+                                      where x.id = any (array(select i.id from import_sessions i)) and x.revoked_at is null)
         ),
         parents as (
           insert into refresh_tokens (session_id, user_id, token_hash, rotated_at)
@@ -648,7 +639,7 @@ final class ImportRun {
         ),
         stale as (
           update refresh_tokens t set revoked_at = now(), rotated_at = null
-          where t.session_id in (select s.id from import_sessions s) and t.revoked_at is null
+          where t.session_id = any (array(select s.id from import_sessions s)) and t.revoked_at is null
             and (t.parent_id is null or exists (select from supabase_imported_tokens i where i.token_id = t.id))
             and not exists (select from import_sessions s
                             where s.id = t.session_id and t.token_hash in (s.token_hash, s.parent_hash))

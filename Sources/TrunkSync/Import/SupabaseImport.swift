@@ -318,29 +318,31 @@ public struct SupabaseImport: Sendable {
             throw ImportError.destination(
                 "another trunk-sync import supabase is running against this database; run again once it has finished")
         }
-        // No JIT: each batch's statements run once over a temporary table without statistics,
-        // whose cost estimates set off compilations that took longer (0.8 s a batch of users)
-        // than the statements themselves.
-        try connection.execute(
-            """
-            set timezone = 'UTC';
-            set work_mem = '32MB';
-            set jit = off;
-            create temp table import_users (id uuid, email text, created_at timestamptz, updated_at timestamptz,
-              email_confirmed_at timestamptz, last_sign_in_at timestamptz, metadata jsonb, profile_name text);
-            create temp table import_events (ord int, seq bigint, user_id uuid, id uuid, type text, payload jsonb, client_id uuid,
-              client_timestamp timestamptz, created_at timestamptz);
-            create temp table import_seen (user_id uuid, n bigint);
-            create temp table import_counts (user_id uuid primary key, n bigint);
-            create temp table import_sessions (id uuid, user_id uuid, created_at timestamptz, aal text, token_hash bytea,
-              parent_hash bytea);
-            create temp table import_source_sessions (id uuid primary key, user_id uuid, live bool);
-            create temp table import_user_changes (id uuid, there_email text, here_email text, then_email text,
-              email_step text, there_name jsonb, then_name jsonb, name_step text, here_meta jsonb, meta_merged jsonb,
-              meta_record jsonb, meta_step text);
-            """)
+        try connection.execute(sessionSetup)
         return connection
     }
+
+    /// The run's settings and temporary tables (its session's own: each batch is copied into
+    /// one, then written by one statement). No JIT: each batch's statements run once over a
+    /// temporary table without statistics, whose cost estimates set off compilations that
+    /// took longer (0.8 s a batch of users) than the statements themselves.
+    static let sessionSetup = """
+        set timezone = 'UTC';
+        set work_mem = '32MB';
+        set jit = off;
+        create temp table import_users (id uuid, email text, created_at timestamptz, updated_at timestamptz,
+          email_confirmed_at timestamptz, last_sign_in_at timestamptz, metadata jsonb, profile_name text);
+        create temp table import_events (ord int, seq bigint, user_id uuid, id uuid, type text, payload jsonb, client_id uuid,
+          client_timestamp timestamptz, created_at timestamptz);
+        create temp table import_seen (user_id uuid, n bigint);
+        create temp table import_counts (user_id uuid primary key, n bigint);
+        create temp table import_sessions (id uuid, user_id uuid, created_at timestamptz, aal text, token_hash bytea,
+          parent_hash bytea);
+        create temp table import_source_sessions (id uuid primary key, user_id uuid, live bool);
+        create temp table import_user_changes (id uuid, there_email text, here_email text, then_email text,
+          email_step text, there_name jsonb, then_name jsonb, name_step text, here_meta jsonb, meta_merged jsonb,
+          meta_record jsonb, meta_step text);
+        """
 }
 
 /// Rejected rows, as JSON lines: `{"table", "id", "reason"}`.

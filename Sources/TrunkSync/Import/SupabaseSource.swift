@@ -1,4 +1,5 @@
 import Foundation
+import JSON
 import Postgres
 
 /// What `trunk-sync import supabase` reads from a hosted Supabase project's database, and the
@@ -230,24 +231,58 @@ struct SupabaseSource {
         join public.events e on e.user_id = k.user_id and e.client_id = k.client_id
         """
 
-    /// Every session, and whether it has not ended (not past `not_after`): the import takes
-    /// those, and ends here the sessions it imported that are missing or ended. Columns: id,
-    /// user_id, created_at, aal, HMAC key (signed tokens), counter, not ended.
+    /// Every session with whether it has not ended (not past `not_after`: the import takes
+    /// those, and ends here the sessions it imported that are missing or ended) and its live
+    /// opaque refresh tokens. Columns: id, user_id, created_at, aal, HMAC key (signed
+    /// tokens), counter, not ended, the live opaque tokens (`tokensJSON`'s JSON array of
+    /// `[token, parent]`, null when there is none).
+    ///
+    /// The tokens come with their session, grouped once over `auth.refresh_tokens` (one
+    /// pass, by `refresh_tokens_session_id_revoked_idx` where it exists, by a scan and a
+    /// sort or hash otherwise), not looked up per batch of sessions: a look-up by
+    /// `session_id` is a scan of the whole table on a source without that index, once per
+    /// batch — the sessions phase grew with the square of the sessions (bench/README.md,
+    /// session 16).
     var sessionsQuery: String {
         let signed =
             hasSignedRefreshTokens
             ? "s.refresh_token_hmac_key::text, s.refresh_token_counter::text" : "null::text, null::text"
         return """
             select s.id::text, s.user_id::text, coalesce(s.created_at, now())::text, coalesce(s.aal::text, 'aal1'), \(signed),
-                   s.not_after is null or s.not_after > now()
-            from auth.sessions s order by s.id
+                   s.not_after is null or s.not_after > now(), t.tokens
+            from auth.sessions s
+            left join (\(Self.tokensJSON)) t on t.session_id = s.id
+            order by s.id
             """
     }
 
-    /// The live opaque refresh tokens of the sessions in `$1` (uuid[]). Columns: session id,
-    /// token, the token it was rotated from (`parent`: null, or empty, for a session's first).
-    static let opaqueTokensQuery = """
-        select t.session_id::text, t.token::text, nullif(t.parent::text, '') from auth.refresh_tokens t
-        where t.session_id = any($1::uuid[]) and not coalesce(t.revoked, false) and t.token is not null
+    /// Each session's live opaque refresh tokens, as a JSON array of `[token, parent]` (the
+    /// token it was rotated from: null, or empty, for a session's first). Columns:
+    /// session_id, tokens.
+    static let tokensJSON = """
+        select t.session_id, json_agg(json_build_array(t.token::text, nullif(t.parent::text, '')))::text tokens
+        from auth.refresh_tokens t
+        where t.session_id is not null and not coalesce(t.revoked, false) and t.token is not null
+        group by t.session_id
         """
+
+    /// The `[token, parent]` pairs of `sessionsQuery`'s tokens column.
+    static func tokens(_ json: String) throws -> [(token: String, parent: String?)] {
+        let value: JSONValue
+        do {
+            value = try JSONValue.parse(Array(json.utf8))
+        } catch {
+            throw ImportError.source("auth.refresh_tokens: a session's live tokens did not read as JSON (\(error))")
+        }
+        guard case .array(let pairs) = value else {
+            throw ImportError.source("auth.refresh_tokens: a session's live tokens did not read as a JSON array")
+        }
+        return try pairs.map { pair in
+            guard case .array(let parts) = pair, parts.count == 2, case .string(let token) = parts[0] else {
+                throw ImportError.source("auth.refresh_tokens: a session's live token did not read as [token, parent]")
+            }
+            if case .string(let parent) = parts[1] { return (token, parent) }
+            return (token, nil)
+        }
+    }
 }
