@@ -729,6 +729,24 @@ def main():
         exactly_once(server_events(alice), "unnamed", 3)
         step("a 2xx push answer that names no event stored removes nothing from the outbox")
 
+        # An answer naming some events of a batch stored, not others (holes between them):
+        # those named leave the outbox, each one not named stays and is pushed next time.
+        assert js(first, RECORD, "partly", 5) == 5
+        outbox = ("const db = await client.current().db(); const r = db.transaction('outbox')"
+                  ".objectStore('outbox').getAll(); return await new Promise((resolve) => {"
+                  " r.onsuccess = () => resolve(r.result.map((e) => e.client_id)) })")
+        ids = js(first, outbox)
+        assert len(ids) == 5, ids
+        named = [ids[0], ids[2], ids[3]]
+        proxy.add_rule("POST", "/sync/v1/events", 200, {},
+                       {"results": [{"client_id": i, "status": "created"} for i in named]})
+        failed = js(first, "try { await client.sync(); return 'synced' } catch (e) { return e.code || String(e) }")
+        assert failed == "invalid_response", failed
+        assert js(first, outbox) == [ids[1], ids[4]], js(first, outbox)
+        report = js(first, "const r = await client.sync(); return {...r, pending: await client.pendingCount()}")
+        assert report["pending"] == 0 and report["pushed"] == 2, report
+        step("a push answer naming only some events removes those, in runs, and keeps the others")
+
         # A pull answer that is not the server's (a proxy's own JSON, a stale page from before
         # the cursor): the sync fails with invalid_response, and the cursor stays where it is.
         cursor = ("const db = await client.current().db(); const r = db.transaction('meta')"

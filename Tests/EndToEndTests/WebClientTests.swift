@@ -92,6 +92,7 @@ final class WebClientTests: EndToEndTestCase {
             "maxBatchEvents 0 pushes batches of one",
             "a proxy's 413 halves the batch, and the size that fit is kept for the rest of the push",
             "a 2xx push answer that names no event stored removes nothing from the outbox",
+            "a push answer naming only some events removes those, in runs, and keeps the others",
             "a pull answer that is not the server's fails the sync and leaves the cursor",
             "a push answer that never came timed out and the push was tried again",
             "a stream gone silent was dropped and reopened, none missed",

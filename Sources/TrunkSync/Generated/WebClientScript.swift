@@ -1119,7 +1119,20 @@ export class TrunkSyncClient {
       const stored = results ? batch.filter((record) => results.has(record.client_id)) : [];
       if (stored.length > 0) {
         await transact(db, ['outbox'], 'readwrite', (tx) => {
-          for (const record of stored) tx.objectStore('outbox').delete(record.n);
+          // The batch is the outbox's first records in key order, and keys only grow (every
+          // record is added with a generated key): no other record has a key between two of
+          // its records. So each run of stored records goes in one key-range delete — 1,000
+          // single deletes a batch made the push four times slower (bench/web-client).
+          const outbox = tx.objectStore('outbox');
+          let start = -1;
+          for (let i = 0; i <= batch.length; i++) {
+            const named = i < batch.length && results?.has(batch[i].client_id);
+            if (named && start < 0) start = i;
+            if (!named && start >= 0) {
+              outbox.delete(IDBKeyRange.bound(batch[start].n, batch[i - 1].n));
+              start = -1;
+            }
+          }
         });
       }
       for (const record of stored) {
