@@ -109,7 +109,8 @@ final class RealtimeTests: EndToEndTestCase {
         let a = try session(server, "realtime-c@example.com")
         let b = try session(server, "realtime-d@example.com")
         let result = try runScript(
-            "realtime_protocol.py", ["http://127.0.0.1:\(server.port)", a, b], pause: "stop now"
+            "realtime_protocol.py", ["http://127.0.0.1:\(server.port)", a, b, ServerProcess.jwtSecret],
+            pause: "stop now"
         ) {
             server.signal(SIGTERM)
             XCTAssertEqual(server.waitForExit(timeout: 20), 0)
@@ -120,9 +121,13 @@ final class RealtimeTests: EndToEndTestCase {
                 "handshake", "refused handshakes", "ping/pong, heartbeat, close handshake",
                 "unmasked client frame -> 1002",
                 "oversized frame -> 1009", "oversized fragmented message -> 1009", "fragmented control frame -> 1002",
-                "text that is not UTF-8 -> 1007", "half-open connection is closed", "slow reader is closed with 1013",
+                "text that is not UTF-8 -> 1007",
+                "oversized control frame, reserved bits, unknown opcode, stray continuation, bad close code -> 1002",
+                "half-open connection is closed", "slow reader is closed with 1013",
                 "channels over the per-user cap are refused", "vsn 2.0.0 (realtime-js)",
                 "Broadcast (binary and JSON) and Presence refused", "bad joins",
+                "a token past its exp is refused at the join and in access_token",
+                "a token expiring while joined ends the channel",
                 "phx_leave", "profiles UPDATE arrives", "profiles UPDATE arrives after updateUser",
                 "vsn 1.0.0 (supabase-swift shapes)",
                 "access_token of another user ends the channel",

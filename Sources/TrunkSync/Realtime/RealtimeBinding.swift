@@ -109,7 +109,12 @@ struct RealtimeBinding: Sendable {
         guard ["*", "INSERT", "UPDATE", "DELETE"].contains(event) else {
             throw RealtimeError("event must be INSERT, UPDATE, DELETE or *, not \(event)")
         }
-        let schema = members["schema"]?.stringValue ?? "public"
+        let schema: String
+        switch members["schema"] {
+        case nil, .null?: schema = "public"
+        case .string(let name)?: schema = name
+        default: throw RealtimeError("schema must be a string")
+        }
         guard schema == "public" else { throw RealtimeError("only the public schema is served, not \(schema)") }
         guard let tableName = members["table"]?.stringValue else {
             throw RealtimeError("postgres_changes needs a table (events or profiles)")

@@ -268,7 +268,7 @@ public final class RealtimeFeed: Sendable {
     /// `phx_close` (the client does not rejoin a closed channel).
     func end(_ channel: RealtimeChannel, reason: String) {
         guard !channel.isEnded else { return }
-        channel.sendSystem(ok: false, message: reason)
+        channel.sendSystem(ok: false, extension: "system", message: reason)
         channel.send(event: "phx_close", payload: Array("{}".utf8))
         leave(channel)
     }
@@ -298,14 +298,25 @@ public final class RealtimeFeed: Sendable {
             }
             for grace in graceOver { grace.end() }
             let now = AuthService.now()
-            for channel in channels {
-                if now >= channel.expiresAt {
-                    end(channel, reason: "Token has expired; send a fresh access_token and rejoin")
-                } else if let revocations, revocations.isRevoked(channel.session) {
-                    end(channel, reason: "The session was signed out")
-                }
-            }
+            for channel in channels { endIfUnauthorized(channel, now: now) }
         }
+    }
+
+    /// Why a channel whose token's `exp` has passed is ended (and a join or `access_token`
+    /// with such a token refused).
+    static let tokenExpired = "Token has expired; send a fresh access_token and rejoin"
+
+    /// Ends `channel` if its token has expired or its session was revoked (the tick, and each
+    /// fan-out before it sends anything). Returns whether it is ended.
+    @discardableResult
+    func endIfUnauthorized(_ channel: RealtimeChannel, now: Int64) -> Bool {
+        let auth = channel.auth
+        if now >= auth.expiresAt {
+            end(channel, reason: Self.tokenExpired)
+        } else if let revocations, revocations.isRevoked(auth.session) {
+            end(channel, reason: "The session was signed out")
+        }
+        return channel.isEnded
     }
 
     /// Takes no new sockets or channels; stops the ticker and the hubs (open sockets are
@@ -383,7 +394,7 @@ final class RealtimeChannel: Sendable {
     let topic: String
     let joinRef: String?
     let bindings: [RealtimeBinding]
-    private let auth: Mutex<Auth>
+    private let authState: Mutex<Auth>
     private let ended = Mutex(false)
 
     init(
@@ -397,16 +408,16 @@ final class RealtimeChannel: Sendable {
         self.topic = topic
         self.joinRef = joinRef
         self.bindings = bindings
-        auth = Mutex(Auth(session: session, expiresAt: expiresAt))
+        authState = Mutex(Auth(session: session, expiresAt: expiresAt))
     }
 
-    var session: UUID { auth.withLock { $0.session } }
-    var expiresAt: Int64 { auth.withLock { $0.expiresAt } }
+    /// The session and expiry of the token the channel follows now (one read of both).
+    var auth: Auth { authState.withLock { $0 } }
     var isEnded: Bool { ended.withLock { $0 } }
 
     /// A refreshed token of the same user: the channel follows its session and expiry.
     func refresh(session: UUID, expiresAt: Int64) {
-        auth.withLock { $0 = Auth(session: session, expiresAt: expiresAt) }
+        authState.withLock { $0 = Auth(session: session, expiresAt: expiresAt) }
     }
 
     /// Marks the channel ended; false if it was already.
@@ -424,11 +435,12 @@ final class RealtimeChannel: Sendable {
         RealtimeSession.send(bytes, on: socket)
     }
 
-    /// The `system` message of the `postgres_changes` extension.
-    func sendSystem(ok: Bool, message: String) {
+    /// A `system` message: of the `postgres_changes` extension (the subscription is live), or
+    /// of `system` (the server ends the channel, as Supabase Realtime says so).
+    func sendSystem(ok: Bool, extension name: String = "postgres_changes", message: String) {
         var writer = JSONWriter(capacity: 128)
         writer.beginObject()
-        writer.string("extension", "postgres_changes")
+        writer.string("extension", name)
         writer.string("status", ok ? "ok" : "error")
         writer.string("message", message)
         writer.string("channel", topic.hasPrefix("realtime:") ? String(topic.dropFirst(9)) : topic)
@@ -473,7 +485,9 @@ final class RealtimeHub: Sendable {
             throw RealtimeError("the account no longer exists")
         }
         state.withLock { state in
-            guard !state.stopped else { return }
+            // Ended while it waited (its token expired, its session was revoked): `leave`
+            // removed it already, and would not again.
+            guard !state.stopped, !channel.isEnded else { return }
             if state.cursor == nil {
                 state.cursor = cursor
                 state.profileSeen = profileUpdatedAt
@@ -508,16 +522,13 @@ final class RealtimeHub: Sendable {
         subscription.cancel()
     }
 
-    /// Ends the channels whose session was revoked, then reads what is new and sends each
-    /// row to the channels whose bindings match it.
+    /// Ends the channels whose session was revoked or whose token expired (the tick does too,
+    /// but only once a second: no row goes out after `exp`), then reads what is new and sends
+    /// each row to the channels whose bindings match it.
     private func fanOut() async {
         var channels = state.withLock { Array($0.channels.values) }
-        if let revocations = feed.revocations {
-            for channel in channels where revocations.isRevoked(channel.session) {
-                feed.end(channel, reason: "The session was signed out")
-            }
-            channels.removeAll { $0.isEnded }
-        }
+        let now = AuthService.now()
+        channels.removeAll { feed.endIfUnauthorized($0, now: now) }
         guard !channels.isEmpty, let start = state.withLock({ $0.cursor }) else { return }
         if channels.contains(where: { $0.bindings.contains { $0.table.name == RealtimeTable.profiles.name } }) {
             await sendProfileChange(to: channels)
