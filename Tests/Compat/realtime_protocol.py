@@ -3,7 +3,8 @@
 Usage: realtime_protocol.py BASE_URL SESSION_A SESSION_B JWT_SECRET
 SESSION_A / SESSION_B are `trunk-sync token` outputs (JSON) of two users; the server runs
 with TRUNK_SYNC_API_KEY=anon-key, TRUNK_SYNC_REALTIME_BUFFER=4096 and
-TRUNK_SYNC_REALTIME_MAX_CHANNELS_PER_USER=3, and signs with JWT_SECRET (HS256), with which
+TRUNK_SYNC_REALTIME_MAX_CHANNELS_PER_USER=3, TRUNK_SYNC_REALTIME_MAX_FILTER_BYTES=1024, and
+signs with JWT_SECRET (HS256), with which
 A's token is signed again with other expiries.
 
 - Raw sockets: the handshake, and the edge cases of RFC 6455 (unmasked frame -> 1002,
@@ -30,6 +31,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+import uuid
 
 import jwt
 import websockets
@@ -415,6 +417,32 @@ async def client_tests():
         beat = await recv(ws)
         assert beat[1] == "52" and beat[3] == "phx_reply", f"a refused join received a row: {beat}"
         step("bad joins (table, column, filter, schema, types, bindings, token, topic) and malformed messages get error replies")
+
+        # A user's filters together are bounded (TRUNK_SYNC_REALTIME_MAX_FILTER_BYTES=1024 here:
+        # each channel keeps its filters parsed while joined); leaving gives their bytes back.
+        def twenty_ids():
+            ids = ",".join(str(uuid.uuid4()) for _ in range(20))
+            return [{"event": "INSERT", "schema": "public", "table": "events", "filter": f"client_id=in.({ids})"}]
+        await ws.send(json.dumps(["80", "80", "realtime:ids", "phx_join", join_payload(token_a, twenty_ids())]))
+        joined = await recv(ws)
+        assert joined[1] == "80" and joined[4]["status"] == "ok", joined
+        assert (await recv(ws))[3] == "system"
+        more = join_payload(token_a, twenty_ids())
+        await ws.send(json.dumps(["81", "81", "realtime:more", "phx_join", more]))
+        refused = await recv(ws)
+        assert refused[1] == "81" and refused[4]["status"] == "error", refused
+        assert "bytes of postgres_changes filters; at most 1024" in refused[4]["response"]["reason"], refused
+        await ws.send(json.dumps(["80", "82", "realtime:ids", "phx_leave", {}]))
+        assert (await recv(ws))[1] == "82"
+        assert (await recv(ws))[2:4] == ["realtime:ids", "phx_close"]
+        await ws.send(json.dumps(["83", "83", "realtime:more", "phx_join", more]))
+        joined = await recv(ws)
+        assert joined[1] == "83" and joined[4]["status"] == "ok", joined
+        assert (await recv(ws))[3] == "system"
+        await ws.send(json.dumps(["83", "84", "realtime:more", "phx_leave", {}]))
+        assert (await recv(ws))[1] == "84"
+        assert (await recv(ws))[2:4] == ["realtime:more", "phx_close"]
+        step("a user's filters together are bounded in bytes; leaving gives them back")
 
         # A token past its exp is refused at the join and in access_token, though the
         # verifier's clock leeway (30 s) would let it pass: a channel ends at exp.

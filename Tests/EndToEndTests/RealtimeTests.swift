@@ -104,7 +104,7 @@ final class RealtimeTests: EndToEndTestCase {
     func testWebSocketEdgeCasesAndProtocolShapes() throws {
         let server = try startServer([
             "TRUNK_SYNC_API_KEY": "anon-key", "TRUNK_SYNC_REALTIME_BUFFER": "4096",
-            "TRUNK_SYNC_REALTIME_MAX_CHANNELS_PER_USER": "3",
+            "TRUNK_SYNC_REALTIME_MAX_CHANNELS_PER_USER": "3", "TRUNK_SYNC_REALTIME_MAX_FILTER_BYTES": "1024",
         ])
         let a = try session(server, "realtime-c@example.com")
         let b = try session(server, "realtime-d@example.com")
@@ -126,6 +126,7 @@ final class RealtimeTests: EndToEndTestCase {
                 "half-open connection is closed", "slow reader is closed with 1013",
                 "channels over the per-user cap are refused", "vsn 2.0.0 (realtime-js)",
                 "Broadcast (binary and JSON) and Presence refused", "bad joins",
+                "a user's filters together are bounded in bytes",
                 "a token past its exp is refused at the join and in access_token",
                 "a token expiring while joined ends the channel",
                 "phx_leave", "profiles UPDATE arrives", "profiles UPDATE arrives after updateUser",

@@ -27,6 +27,12 @@ public final class RealtimeFeed: Sendable {
         /// bounds the work one commit causes (100 channels of 100 bindings would be 10,000
         /// matches per event, 10 million for one push). Default 1,000.
         public var maxBindingsPerUser = 1000
+        /// Bytes of the filters (as the clients sent them) of one user's joined channels
+        /// together on this instance: each channel keeps its filters parsed while joined, and
+        /// without it one account could keep a join message (64 KiB) of filters on each of its
+        /// 100 channels (6.4 MB of text before parsing). Default: setting
+        /// `realtime_max_filter_bytes`.
+        public var maxFilterBytesPerUser = Setting.realtimeMaxFilterBytes.integerDefault
         /// Bytes a socket may have queued and not yet sent before it is closed (`1013`: the
         /// client reads too slowly). Default: setting `realtime_buffer`.
         public var bufferBytes = Setting.realtimeBuffer.integerDefault
@@ -55,11 +61,25 @@ public final class RealtimeFeed: Sendable {
         var socket: WebSocket
     }
 
+    /// What one user's joined channels on this instance hold together.
+    private struct Usage {
+        var channels = 0
+        /// Their `postgres_changes` bindings (`maxBindingsPerUser`).
+        var bindings = 0
+        /// The bytes of their filters (`maxFilterBytesPerUser`).
+        var filterBytes = 0
+
+        mutating func add(_ channel: RealtimeChannel, times: Int) {
+            channels += times
+            bindings += times * channel.bindings.count
+            filterBytes += times * channel.filterBytes
+        }
+    }
+
     private struct State {
         var sockets = 0
-        var channelsPerUser: [UUID: Int] = [:]
-        /// `postgres_changes` bindings of those channels together (`maxBindingsPerUser`).
-        var bindingsPerUser: [UUID: Int] = [:]
+        /// Per user with channels.
+        var usage: [UUID: Usage] = [:]
         var hubs: [UUID: RealtimeHub] = [:]
         var channels: [UInt64: RealtimeChannel] = [:]
         var nextID: UInt64 = 0
@@ -175,21 +195,28 @@ public final class RealtimeFeed: Sendable {
     func join(_ channel: RealtimeChannel) async throws(RealtimeError) {
         let (hub, refusal) = state.withLock { state -> (RealtimeHub?, RealtimeError?) in
             if state.closed { return (nil, RealtimeError("the server is shutting down")) }
-            let mine = state.channelsPerUser[channel.user, default: 0]
-            if mine >= settings.maxChannelsPerUser {
+            var usage = state.usage[channel.user, default: Usage()]
+            if usage.channels >= settings.maxChannelsPerUser {
                 return (nil, RealtimeError("this account has \(settings.maxChannelsPerUser) channels joined already"))
             }
-            let bindings = state.bindingsPerUser[channel.user, default: 0] + channel.bindings.count
-            if bindings > settings.maxBindingsPerUser {
+            usage.add(channel, times: 1)
+            if usage.bindings > settings.maxBindingsPerUser {
                 return (
                     nil,
                     RealtimeError(
-                        "this account's channels would have \(bindings) postgres_changes bindings; at most \(settings.maxBindingsPerUser)"
+                        "this account's channels would have \(usage.bindings) postgres_changes bindings; at most \(settings.maxBindingsPerUser)"
                     )
                 )
             }
-            state.channelsPerUser[channel.user] = mine + 1
-            state.bindingsPerUser[channel.user] = bindings
+            if usage.filterBytes > settings.maxFilterBytesPerUser {
+                return (
+                    nil,
+                    RealtimeError(
+                        "this account's channels would have \(usage.filterBytes) bytes of postgres_changes filters; at most \(settings.maxFilterBytesPerUser)"
+                    )
+                )
+            }
+            state.usage[channel.user] = usage
             state.channels[channel.id] = channel
             let key = ObjectIdentifier(channel.socket)
             if var joined = state.joinedSockets[key] {
@@ -226,16 +253,15 @@ public final class RealtimeFeed: Sendable {
         let (idle, evicted) = state.withLock { state -> (RealtimeHub?, WebSocket?) in
             guard state.channels.removeValue(forKey: channel.id) != nil else { return (nil, nil) }
             let evicted = socketLeft(channel, &state)
-            let mine = state.channelsPerUser[channel.user, default: 1] - 1
+            var usage = state.usage[channel.user, default: Usage()]
+            usage.add(channel, times: -1)
             let hub = state.hubs[channel.user]
             hub?.remove(channel.id)
-            if mine > 0 {
-                state.channelsPerUser[channel.user] = mine
-                state.bindingsPerUser[channel.user, default: 0] -= channel.bindings.count
+            if usage.channels > 0 {
+                state.usage[channel.user] = usage
                 return (nil, evicted)
             }
-            state.channelsPerUser.removeValue(forKey: channel.user)
-            state.bindingsPerUser.removeValue(forKey: channel.user)
+            state.usage.removeValue(forKey: channel.user)
             return (state.hubs.removeValue(forKey: channel.user), evicted)
         }
         idle?.stop()
@@ -394,6 +420,8 @@ final class RealtimeChannel: Sendable {
     let topic: String
     let joinRef: String?
     let bindings: [RealtimeBinding]
+    /// The bytes of its bindings' filters as the client sent them (`maxFilterBytesPerUser`).
+    let filterBytes: Int
     private let authState: Mutex<Auth>
     private let ended = Mutex(false)
 
@@ -408,6 +436,7 @@ final class RealtimeChannel: Sendable {
         self.topic = topic
         self.joinRef = joinRef
         self.bindings = bindings
+        filterBytes = bindings.reduce(0) { $0 + ($1.filterText?.utf8.count ?? 0) }
         authState = Mutex(Auth(session: session, expiresAt: expiresAt))
     }
 
