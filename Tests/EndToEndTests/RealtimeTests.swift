@@ -1,4 +1,5 @@
 import Foundation
+import Postgres
 import TestSupport
 import XCTest
 
@@ -97,6 +98,36 @@ final class RealtimeTests: EndToEndTestCase {
             ])
         _ = restarted?.stop()
         _ = other.stop()
+    }
+
+    /// Every way a session ends stops its channels: signing out, a refresh token replayed
+    /// (also for a channel that follows the session by a token swapped in with
+    /// `access_token`, and not the one it joined with), `trunk-sync users delete`.
+    func testEverySessionEndStopsItsChannels() throws {
+        let server = try startServer(["TRUNK_SYNC_API_KEY": "anon-key"])
+        let (first, second) = (
+            try session(server, "realtime-e@example.com"), try session(server, "realtime-e@example.com")
+        )
+        let deleted = try session(server, "realtime-f@example.com")
+        let result = try runScript(
+            "realtime_revocation.py", ["http://127.0.0.1:\(server.port)", first, second, deleted],
+            pause: "age and delete now"
+        ) {
+            let removal = try Command.run(
+                Command.trunkSyncBinary(), ["users", "delete", "--yes", "realtime-f@example.com"],
+                environment: server.environment)
+            XCTAssertEqual(removal.status, 0, removal.stderr)
+            // Past the 10 s in which a rotated refresh token is taken again without revoking.
+            try PostgresConnection.connect(server.database).execute(
+                "update refresh_tokens set rotated_at = now() - interval '1 minute' where rotated_at is not null")
+        }
+        assertSteps(
+            result,
+            [
+                "a channel follows the session of the token swapped in",
+                "trunk-sync users delete ends the account's channels",
+                "refresh token reuse ends the channel that follows the session by access_token",
+            ])
     }
 
     /// The WebSocket layer's edge cases with raw sockets, and the Phoenix protocol with an
