@@ -6,10 +6,12 @@ import XCTest
 @testable import HTTPServer
 @testable import TrunkSync
 
-/// A channel of a signed-out session ends within a second even when no wake-up reaches its
-/// hub: a channel registered just after the revocation's wake-up (its token was checked
-/// before the revocation), or a revocation loaded after the listener reconnected. A channel
-/// whose token expired gets no row, and channels the server ended leave their socket.
+/// Which channels a user's hub writes to. A channel of a signed-out session ends within a
+/// second even when no wake-up reaches its hub: a channel registered just after the
+/// revocation's wake-up (its token was checked before the revocation), or a revocation loaded
+/// after the listener reconnected. A channel whose token expired gets no row, and channels the
+/// server ended leave their socket. A channel that joins while the hub reads gets what
+/// commits after its join.
 final class RealtimeRevocationTests: XCTestCase {
     /// Runs `body` with an application, stopped however `body` ends.
     func withApp(_ body: (AppHarness) async throws -> Void) async throws {
@@ -27,14 +29,15 @@ final class RealtimeRevocationTests: XCTestCase {
     /// with `bindings`, joined on a feed of `app` whose revocations wake nobody (nothing follows
     /// the listener) and know only what a test records.
     func joinedChannel(
-        _ app: AppHarness, _ email: String, expiresAt: Int64? = nil, bindings: [RealtimeBinding] = []
+        _ app: AppHarness, _ email: String, expiresAt: Int64? = nil, bindings: [RealtimeBinding] = [],
+        settings: RealtimeFeed.Settings = RealtimeFeed.Settings()
     ) async throws -> (feed: RealtimeFeed, revocations: SessionRevocations, channel: RealtimeChannel, token: String) {
         let session = try await app.application.auth.issueSession(email: try XCTUnwrap(Email(email)))
         let claims = try app.application.tokens.verify(session.accessToken, now: AuthService.now())
         let logger = Logger(label: "realtime-revocation-test")
         let revocations = SessionRevocations(database: nil, logger: logger)
         let feed = RealtimeFeed(
-            settings: RealtimeFeed.Settings(), database: app.application.database,
+            settings: settings, database: app.application.database,
             notifier: app.application.notifier, revocations: revocations, tokens: app.application.tokens,
             metrics: Metrics(), logger: logger)
         let channel = RealtimeChannel(
@@ -43,6 +46,31 @@ final class RealtimeRevocationTests: XCTestCase {
             version: .v2, topic: "realtime:room", joinRef: "1", bindings: bindings)
         try await feed.join(channel)
         return (feed, revocations, channel, session.accessToken)
+    }
+
+    /// A binding of every insert into `public.events`.
+    static let inserts = try! RealtimeBinding.parse(
+        .object(["event": .string("INSERT"), "schema": .string("public"), "table": .string("events")]), id: 1)
+
+    /// Pushes one event of `type` with `token`.
+    func push(_ app: AppHarness, _ token: String, type: String = "note") async throws {
+        let event: [String: Any] = [
+            "client_id": UUID().uuidString.lowercased(), "type": type, "payload": ["n": 1],
+            "client_timestamp": "2026-11-22T04:10:02.123Z",
+        ]
+        let pushed = try await app.request("POST", "/sync/v1/events", json: ["events": [event]], bearer: token)
+        XCTAssertEqual(pushed.status, 200, pushed.text)
+    }
+
+    /// What `channel`'s socket was sent, read until it holds `needle` (at most 30 s).
+    func sent(to channel: RealtimeChannel, until needle: String) async throws -> String {
+        var sent = ""
+        let deadline = ContinuousClock.now + .seconds(30)
+        while !sent.contains(needle), ContinuousClock.now < deadline {
+            sent += String(decoding: channel.socket.writer.take().bytes.joined(), as: UTF8.self)
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        return sent
     }
 
     func testARevokedSessionEndsItsChannelWithoutAWakeUp() async throws {
@@ -67,25 +95,41 @@ final class RealtimeRevocationTests: XCTestCase {
     /// before the tick's first round.)
     func testAChannelWhoseTokenExpiredGetsNoRow() async throws {
         try await withApp { app in
-            let inserts = try RealtimeBinding.parse(
-                .object(["event": .string("INSERT"), "schema": .string("public"), "table": .string("events")]), id: 1)
             let (feed, _, channel, token) = try await joinedChannel(
-                app, "realtime-expired@example.com", expiresAt: AuthService.now() - 1, bindings: [inserts])
-            let event: [String: Any] = [
-                "client_id": UUID().uuidString.lowercased(), "type": "note", "payload": ["n": 1],
-                "client_timestamp": "2026-11-22T04:10:02.123Z",
-            ]
-            let pushed = try await app.request("POST", "/sync/v1/events", json: ["events": [event]], bearer: token)
-            XCTAssertEqual(pushed.status, 200, pushed.text)
-            var sent = ""
-            let deadline = ContinuousClock.now + .seconds(30)
-            while !sent.contains("phx_close"), ContinuousClock.now < deadline {
-                sent += String(decoding: channel.socket.writer.take().bytes.joined(), as: UTF8.self)
-                try await Task.sleep(for: .milliseconds(5))
-            }
+                app, "realtime-expired@example.com", expiresAt: AuthService.now() - 1, bindings: [Self.inserts])
+            try await push(app, token)
+            let sent = try await sent(to: channel, until: "phx_close")
             XCTAssertTrue(channel.isEnded, "the channel of an expired token is still joined")
             XCTAssertTrue(sent.contains("Token has expired"), sent)
             XCTAssertFalse(sent.contains("postgres_changes\",{"), "a row went to an expired token: \(sent)")
+            feed.close()
+        }
+    }
+
+    /// A channel that joins while its hub reads new rows gets a row committed after its join:
+    /// the hub sends to the channels there are once it has read, so its cursor does not move
+    /// past that row without it. (The read is held until the join and the commit are done.)
+    func testAChannelJoinedDuringAReadGetsWhatCommitsAfterItsJoin() async throws {
+        let gate = ReadGate()
+        var settings = RealtimeFeed.Settings()
+        settings.beforeEventsRead = { await gate.pass() }
+        try await withApp { app in
+            let (feed, _, first, token) = try await joinedChannel(
+                app, "realtime-race@example.com", bindings: [Self.inserts], settings: settings)
+            try await push(app, token)  // the hub wakes and reads, held at the gate
+            let deadline = ContinuousClock.now + .seconds(30)
+            while await gate.reads == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+            let reads = await gate.reads
+            XCTAssertEqual(reads, 1, "the hub did not read")
+            let second = RealtimeChannel(
+                id: feed.nextChannelID(), user: first.user, session: first.auth.session,
+                expiresAt: first.auth.expiresAt, socket: WebSocket(settings: WebSocketSettings(), wake: {}),
+                version: .v2, topic: "realtime:late", joinRef: "2", bindings: [Self.inserts])
+            try await feed.join(second)
+            try await push(app, token, type: "after-the-join")
+            await gate.open()
+            let sent = try await sent(to: second, until: "after-the-join")
+            XCTAssertTrue(sent.contains("after-the-join"), "a row committed after the join was not sent: \(sent)")
             feed.close()
         }
     }
@@ -114,5 +158,24 @@ final class RealtimeRevocationTests: XCTestCase {
             XCTAssertTrue(refused, "an access_token for an ended channel was not refused")
             await harness.finish()
         }
+    }
+}
+
+/// Holds the first read until `open` (later reads pass), and counts them.
+actor ReadGate {
+    private(set) var reads = 0
+    private var opened = false
+    private var held: CheckedContinuation<Void, Never>? = nil
+
+    func pass() async {
+        reads += 1
+        guard !opened else { return }
+        await withCheckedContinuation { held = $0 }
+    }
+
+    func open() {
+        opened = true
+        held?.resume()
+        held = nil
     }
 }

@@ -50,6 +50,9 @@ public final class RealtimeFeed: Sendable {
         /// (`leave`). The clients join right after opening.
         /// Checked by the feed's tick, once a second. Default 30 s.
         public var joinGrace: Duration = .seconds(30)
+        /// Tests: awaited before each read of a user's new events (to hold a read while
+        /// something happens). Nil in the server.
+        var beforeEventsRead: (@Sendable () async -> Void)? = nil
 
         public init() {}
     }
@@ -396,6 +399,7 @@ public final class RealtimeFeed: Sendable {
     /// The user's events after `after`, at most `limit` (+1 to know there is more), with the
     /// columns `/rest/v1/events` returns, in its order.
     func events(of user: UUID, after: Int64, limit: Int) async throws -> PostgresResult {
+        if let hold = settings.beforeEventsRead { await hold() }
         let columns = RealtimeTable.events.columns.map(\.sql).joined(separator: ", ")
         return try await read(
             user,
@@ -554,13 +558,16 @@ final class RealtimeHub: Sendable {
     /// Ends the channels whose session was revoked or whose token expired (the tick does too,
     /// but only once a second: no row goes out after `exp`), then reads what is new and sends
     /// each row to the channels whose bindings match it.
+    ///
+    /// The channels written to are taken after each read, not before: a channel that joined
+    /// while a read was under way (its `ok` sent) gets that read's rows, among them any row
+    /// committed after its join; taken before, it was left out of them while the cursor moved
+    /// past them for good.
     private func fanOut() async {
-        var channels = state.withLock { Array($0.channels.values) }
-        let now = AuthService.now()
-        channels.removeAll { feed.endIfUnauthorized($0, now: now) }
+        let channels = liveChannels()
         guard !channels.isEmpty, let start = state.withLock({ $0.cursor }) else { return }
         if channels.contains(where: { $0.bindings.contains { $0.table.name == RealtimeTable.profiles.name } }) {
-            await sendProfileChange(to: channels)
+            await sendProfileChange()
         }
         var cursor = start
         let table = RealtimeTable.events
@@ -576,6 +583,7 @@ final class RealtimeHub: Sendable {
                 return
             }
             var sent = 0
+            let channels = liveChannels()
             for index in 0..<min(rows.count, limit) {
                 let row = rows[index]
                 guard let change = try? Self.change(row, table: table) else { continue }
@@ -588,8 +596,17 @@ final class RealtimeHub: Sendable {
         }
     }
 
-    /// Sends the profile's change if it changed since the last one sent.
-    private func sendProfileChange(to channels: [RealtimeChannel]) async {
+    /// The hub's channels now, less those it ends for an expired token or a revoked session.
+    private func liveChannels() -> [RealtimeChannel] {
+        var channels = state.withLock { Array($0.channels.values) }
+        let now = AuthService.now()
+        channels.removeAll { feed.endIfUnauthorized($0, now: now) }
+        return channels
+    }
+
+    /// Sends the profile's change if it changed since the last one sent, to the channels
+    /// there are once it is read.
+    private func sendProfileChange() async {
         let table = RealtimeTable.profiles
         guard let rows = try? await feed.profile(of: user), rows.count == 1,
             let change = try? Self.change(rows[0], table: table),
@@ -601,7 +618,7 @@ final class RealtimeHub: Sendable {
             return true
         }
         guard isNew else { return }
-        feed.recordSent(Self.send(change, table: table, to: channels))
+        feed.recordSent(Self.send(change, table: table, to: liveChannels()))
     }
 
     /// Sends `change` to each channel with bindings it matches (their ids in one message).
