@@ -367,8 +367,16 @@ async def client_tests():
             ({"event": "INSERT", "schema": 5, "table": "events"}, "schema must be a string"),
             ({"event": "INSERT", "schema": "public", "table": "events", "filter": 5}, "filter must be a string"),
             ("INSERT", "must be an object"),
+            ({"event": "INSERT", "schema": "public", "table": 5}, "table must be a string"),
+            ({"event": "INSERT", "schema": "public", "filter": "seq=gt.0"}, "a filter needs a table"),
+            ({"event": "INSERT", "schema": "public", "table": "*", "filter": "seq=gt.0"}, "a filter needs a table"),
+            ({"event": "INSERT", "schema": "public", "table": "events", "select": ["id"]}, "select is not supported"),
+            ({"event": "INSERT", "schema": "public", "table": "events", "filter": "type=eq.note,seq=gt.5"},
+             "one condition per filter"),
+            ({"event": "INSERT", "schema": "public", "table": "events", "filter": "type=not.eq.note"}, "operator not"),
+            ({"event": "INSERT", "schema": "public", "table": "events", "filter": "type=like.n%"}, "operator like"),
         ]):
-            ref = str(10 + number)
+            ref = str(100 + number)
             await ws.send(json.dumps([ref, ref, f"realtime:bad{number}", "phx_join", join_payload(token_a, [bad])]))
             refused = await recv(ws)
             assert refused[1] == ref and refused[4]["status"] == "error" and reason in refused[4]["response"]["reason"], refused

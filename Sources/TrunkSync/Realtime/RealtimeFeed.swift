@@ -566,7 +566,7 @@ final class RealtimeHub: Sendable {
     private func fanOut() async {
         let channels = liveChannels()
         guard !channels.isEmpty, let start = state.withLock({ $0.cursor }) else { return }
-        if channels.contains(where: { $0.bindings.contains { $0.table.name == RealtimeTable.profiles.name } }) {
+        if channels.contains(where: { $0.bindings.contains { $0.wants(.profiles) } }) {
             await sendProfileChange()
         }
         var cursor = start
@@ -626,9 +626,7 @@ final class RealtimeHub: Sendable {
     private static func send(_ change: Change, table: RealtimeTable, to channels: [RealtimeChannel]) -> Int {
         var sent = 0
         for channel in channels where !channel.isEnded {
-            let ids = channel.bindings.filter {
-                $0.table.name == table.name && $0.matches(type: table.change, values: change.values)
-            }
+            let ids = channel.bindings.filter { $0.matches(table, values: change.values) }
             guard !ids.isEmpty else { continue }
             var writer = JSONWriter(capacity: change.data.count + 32)
             writer.beginObject()
