@@ -34,7 +34,8 @@ def http(method, url, token=None, body=None):
 
 
 class Subscriber:
-    """One client with one channel: `events` INSERT for the user, and `*` with a type filter."""
+    """One client with one channel: `events` INSERT for the user, `*` with a type filter, and
+    `*` on every table of the schema (no table named: events and profiles)."""
 
     def __init__(self, name, session, filter_user):
         self.name = name
@@ -42,6 +43,7 @@ class Subscriber:
         self.client = AsyncRealtimeClient(base_url + "/realtime/v1", "anon-key", initial_backoff=0.2, max_retries=30)
         self.all = asyncio.Queue()
         self.notes = asyncio.Queue()
+        self.everything = asyncio.Queue()
         self.states = asyncio.Queue()
         self.filter_user = filter_user
 
@@ -55,6 +57,8 @@ class Subscriber:
         self.channel.on_postgres_changes(
             "*", schema="public", table="events", filter="type=in.(note,memo)",
             callback=lambda payload: self.notes.put_nowait(payload))
+        self.channel.on_postgres_changes(
+            "*", schema="public", callback=lambda payload: self.everything.put_nowait(payload))
         await self.channel.subscribe(lambda state, error: self.states.put_nowait((state, error)))
         await self.wait_subscribed()
 
@@ -98,6 +102,19 @@ async def main():
     await expect(a.notes, row["seq"], "the type filter's binding")
     step("insert through another instance arrives, record as /rest/v1/events returns it")
 
+    # A binding without a table follows every table served: A's profile change reaches it.
+    everything = await expect(a.everything, row["seq"], "the binding of every table")
+    assert everything["data"]["table"] == "events", everything
+    http("PUT", base_url + "/auth/v1/user", session_a["access_token"], {"data": {"full_name": "Ada Everything"}})
+    while True:
+        payload = await asyncio.wait_for(a.everything.get(), WAIT)
+        if payload["data"]["table"] == "profiles":
+            break
+    data = payload["data"]
+    assert data["type"] == "UPDATE" and data["record"]["id"] == user_a, data
+    assert data["record"]["full_name"] == "Ada Everything", data
+    step("a binding without a table gets events and profile changes")
+
     other = insert(base_url, session_a["access_token"], kind="sprout")
     await expect(a.all, other["seq"], "unfiltered binding")
     note = insert(base_url, session_a["access_token"], kind="memo")
@@ -129,7 +146,7 @@ async def main():
     await expect(a.all, row["seq"], "after a server restart")
     step("re-subscribes after a server restart")
 
-    assert b.all.empty() and b.notes.empty(), "B received A's rows"
+    assert b.all.empty() and b.notes.empty() and b.everything.empty(), "B received A's rows or profile"
     own = insert(other_url, session_b["access_token"], kind="note")
     payload = await expect(b.notes, own["seq"], "B's own row")
     assert payload["data"]["record"]["user_id"] == user_of(session_b["access_token"])

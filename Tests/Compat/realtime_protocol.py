@@ -1,13 +1,17 @@
 """trunk-sync's WebSocket layer and Realtime protocol, held to the clients' shapes.
 
-Usage: realtime_protocol.py BASE_URL SESSION_A SESSION_B
+Usage: realtime_protocol.py BASE_URL SESSION_A SESSION_B JWT_SECRET
 SESSION_A / SESSION_B are `trunk-sync token` outputs (JSON) of two users; the server runs
 with TRUNK_SYNC_API_KEY=anon-key, TRUNK_SYNC_REALTIME_BUFFER=4096 and
-TRUNK_SYNC_REALTIME_MAX_CHANNELS_PER_USER=3.
+TRUNK_SYNC_REALTIME_MAX_CHANNELS_PER_USER=3, TRUNK_SYNC_REALTIME_MAX_FILTER_BYTES=1024, and
+signs with JWT_SECRET (HS256), with which
+A's token is signed again with other expiries.
 
 - Raw sockets: the handshake, and the edge cases of RFC 6455 (unmasked frame -> 1002,
-  oversized -> 1009, fragmented control frame -> 1002, bad UTF-8 -> 1007, ping/pong, the
-  close handshake, a half-open connection, a slow reader -> 1013).
+  oversized -> 1009, fragmented or oversized control frame -> 1002, reserved bits, unknown
+  opcode, stray continuation or bad close code -> 1002, bad UTF-8 -> 1007, UTF-8 split
+  across fragments is fine, ping/pong, the close handshake, a half-open connection, a slow
+  reader -> 1013).
 - Python's `websockets` as an independent client, speaking vsn 2.0.0 JSON arrays exactly as
   supabase-js's realtime-js does (its serializer and join payload), and vsn 1.0.0 JSON
   objects as supabase-swift's Realtime does (RealtimeMessageV2: join_ref, ref, topic,
@@ -24,14 +28,18 @@ import os
 import socket
 import struct
 import sys
+import time
 import urllib.parse
 import urllib.request
+import uuid
 
+import jwt
 import websockets
 from realtime_support import WAIT, insert as insert_at, step, user_of
 
 base_url = sys.argv[1]
 session_a, session_b = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+jwt_secret = sys.argv[4]
 parsed = urllib.parse.urlparse(base_url)
 HOST, PORT = parsed.hostname, parsed.port
 PATH = "/realtime/v1/websocket?apikey=anon-key&vsn=2.0.0"
@@ -40,6 +48,13 @@ PATH = "/realtime/v1/websocket?apikey=anon-key&vsn=2.0.0"
 
 def insert(token, **options):
     return insert_at(base_url, token, **options)
+
+
+def expiring(token, seconds):
+    """`token` signed again with its `exp` `seconds` from now (negative: in the past)."""
+    claims = jwt.decode(token, options={"verify_signature": False})
+    claims["exp"] = int(time.time()) + seconds
+    return jwt.encode(claims, jwt_secret, algorithm="HS256")
 
 
 # MARK: - Raw sockets
@@ -202,6 +217,28 @@ def raw_tests():
     assert utf8.read_close() == 1007
     step("text that is not UTF-8 -> 1007")
 
+    # UTF-8 is checked on the whole message: a character split across fragments is fine.
+    split = Raw()
+    text = '[null,"u","phoenix","heartbeat",{"\u00e9":1}]'.encode()
+    cut = text.index(b"\xc3") + 1
+    split.send_frame(1, text[:cut], fin=False)
+    split.send_frame(0, text[cut:])
+    assert split.read_json() == [None, "u", "phoenix", "phx_reply", {"status": "ok", "response": {}}]
+    for name, frames in [
+        ("ping of 126 bytes", [(9, b"x" * 126, True)]),
+        ("reserved bit", [(0x40 | 1, b"{}", True)]),
+        ("unknown opcode", [(3, b"", True)]),
+        ("continuation without a message", [(0, b"{}", True)]),
+        ("new message inside a fragmented one", [(1, b"[", False), (1, b"{}", True)]),
+        ("close code 1005 (not for the wire)", [(8, struct.pack("!H", 1005), True)]),
+    ]:
+        bad = Raw()
+        for opcode, payload, fin in frames:
+            bad.send_frame(opcode, payload, fin=fin)
+        code = bad.read_close()
+        assert code == 1002, (name, code)
+    step("oversized control frame, reserved bits, unknown opcode, stray continuation, bad close code -> 1002")
+
     half = Raw()
     half.sock.shutdown(socket.SHUT_WR)
     try:
@@ -244,6 +281,15 @@ async def recv(ws, version="2"):
         return [message["join_ref"], message["ref"], message["topic"], message["event"], message["payload"]]
     assert isinstance(message, list) and len(message) == 5, message
     return message
+
+
+async def assert_quiet(ws, token, ref, what):
+    """Inserts a row of `token`'s user, then sends a heartbeat: its answer comes first, nothing
+    reached the socket's channels (`what` says what would have been wrong)."""
+    insert(token)
+    await ws.send(json.dumps([None, ref, "phoenix", "heartbeat", {}]))
+    beat = await recv(ws)
+    assert beat[1] == ref and beat[3] == "phx_reply", f"{what}: {beat}"
 
 
 async def client_tests():
@@ -313,8 +359,24 @@ async def client_tests():
             ({"event": "INSERT", "schema": "public", "table": "events", "filter": "seq=like.1"}, "operator"),
             ({"event": "INSERT", "schema": "public", "table": "events", "filter": "seq=eq.x"}, "integer"),
             ({"event": "INSERT", "schema": "auth", "table": "users"}, "public"),
+            ({"event": "INSERT", "schema": "public", "table": "events", "filter": "owner=eq.1"}, "unknown column"),
+            ({"event": "INSERT", "schema": "public", "table": "events", "filter": "user_id"}, "column=operator.value"),
+            ({"event": "INSERT", "schema": "public", "table": "events",
+              "filter": "seq=in.(" + ",".join(map(str, range(101))) + ")"}, "at most 100 values"),
+            ({"event": "insert", "schema": "public", "table": "events"}, "event must be"),
+            ({"event": "INSERT", "schema": 5, "table": "events"}, "schema must be a string"),
+            ({"event": "INSERT", "schema": "public", "table": "events", "filter": 5}, "filter must be a string"),
+            ("INSERT", "must be an object"),
+            ({"event": "INSERT", "schema": "public", "table": 5}, "table must be a string"),
+            ({"event": "INSERT", "schema": "public", "filter": "seq=gt.0"}, "a filter needs a table"),
+            ({"event": "INSERT", "schema": "public", "table": "*", "filter": "seq=gt.0"}, "a filter needs a table"),
+            ({"event": "INSERT", "schema": "public", "table": "events", "select": ["id"]}, "select is not supported"),
+            ({"event": "INSERT", "schema": "public", "table": "events", "filter": "type=eq.note,seq=gt.5"},
+             "one condition per filter"),
+            ({"event": "INSERT", "schema": "public", "table": "events", "filter": "type=not.eq.note"}, "operator not"),
+            ({"event": "INSERT", "schema": "public", "table": "events", "filter": "type=like.n%"}, "operator like"),
         ]):
-            ref = str(10 + number)
+            ref = str(100 + number)
             await ws.send(json.dumps([ref, ref, f"realtime:bad{number}", "phx_join", join_payload(token_a, [bad])]))
             refused = await recv(ws)
             assert refused[1] == ref and refused[4]["status"] == "error" and reason in refused[4]["response"]["reason"], refused
@@ -328,17 +390,107 @@ async def client_tests():
         await ws.send(json.dumps(["22", "22", "realtime:" + "t" * 248, "phx_join", join_payload(token_a, [bindings[0]])]))
         refused = await recv(ws)
         assert refused[1] == "22" and refused[4]["status"] == "error" and "topic" in refused[4]["response"]["reason"], refused
-        step("bad joins (table, filter, schema, token, topic) and malformed messages get error replies")
+        # Whole joins of the wrong shape, each refused in its reply and joining nothing.
+        many = [bindings[0]] * 101
+        config = join_payload(token_a, [bindings[0]])
+        for number, (topic, payload, reason) in enumerate([
+            ("room", config, "unmatched topic"),
+            ("realtime:", config, "needs a name"),
+            ("realtime:many", join_payload(token_a, many), "at most 100 postgres_changes bindings"),
+            ("realtime:shape", "INSERT", "payload of phx_join must be an object"),
+            ("realtime:shape", {"config": "all", "access_token": token_a}, "config must be an object"),
+            ("realtime:shape", {"config": {"postgres_changes": {"event": "*"}}, "access_token": token_a},
+             "postgres_changes must be an array"),
+            ("realtime:shape", {"config": {"postgres_changes": [bindings[0]]}, "access_token": 5}, "access_token"),
+        ]):
+            ref = str(40 + number)
+            await ws.send(json.dumps([ref, ref, topic, "phx_join", payload]))
+            refused = await recv(ws)
+            assert refused[1:4] == [ref, topic, "phx_reply"] and refused[4]["status"] == "error", refused
+            assert reason in refused[4]["response"]["reason"], (reason, refused)
+        for event, reason in [("access_token", "unmatched topic"), ("custom", "unmatched topic")]:
+            await ws.send(json.dumps(["1", "50", "realtime:shape", event, {"access_token": token_a}]))
+            refused = await recv(ws)
+            assert refused[1] == "50" and refused[4]["status"] == "error" and reason in refused[4]["response"]["reason"], refused
+        for text in ['["1","51"]', '{"topic":"realtime:room"}', '[1,2,null,"phx_join",{}]', '[null,null,"realtime:room",true,{}]']:
+            await ws.send(text)
+            refused = await recv(ws)
+            assert refused[2:4] == ["phoenix", "phx_reply"] and refused[4]["status"] == "error", refused
+            assert "malformed message" in refused[4]["response"]["reason"], refused
+        # None of them joined anything: a row reaches the one channel joined, once.
+        row = insert(token_a)
+        change = await recv(ws)
+        assert change[2:4] == ["realtime:room", "postgres_changes"] and change[4]["data"]["record"]["seq"] == row["seq"], change
+        await ws.send(json.dumps([None, "52", "phoenix", "heartbeat", {}]))
+        beat = await recv(ws)
+        assert beat[1] == "52" and beat[3] == "phx_reply", f"a refused join received a row: {beat}"
+        step("bad joins (table, column, filter, schema, types, bindings, token, topic) and malformed messages get error replies")
+
+        # A user's filters together are bounded (TRUNK_SYNC_REALTIME_MAX_FILTER_BYTES=1024 here:
+        # each channel keeps its filters parsed while joined); leaving gives their bytes back.
+        def twenty_ids():
+            ids = ",".join(str(uuid.uuid4()) for _ in range(20))
+            return [{"event": "INSERT", "schema": "public", "table": "events", "filter": f"client_id=in.({ids})"}]
+        await ws.send(json.dumps(["80", "80", "realtime:ids", "phx_join", join_payload(token_a, twenty_ids())]))
+        joined = await recv(ws)
+        assert joined[1] == "80" and joined[4]["status"] == "ok", joined
+        assert (await recv(ws))[3] == "system"
+        more = join_payload(token_a, twenty_ids())
+        await ws.send(json.dumps(["81", "81", "realtime:more", "phx_join", more]))
+        refused = await recv(ws)
+        assert refused[1] == "81" and refused[4]["status"] == "error", refused
+        assert "bytes of postgres_changes filters; at most 1024" in refused[4]["response"]["reason"], refused
+        await ws.send(json.dumps(["80", "82", "realtime:ids", "phx_leave", {}]))
+        assert (await recv(ws))[1] == "82"
+        assert (await recv(ws))[2:4] == ["realtime:ids", "phx_close"]
+        await ws.send(json.dumps(["83", "83", "realtime:more", "phx_join", more]))
+        joined = await recv(ws)
+        assert joined[1] == "83" and joined[4]["status"] == "ok", joined
+        assert (await recv(ws))[3] == "system"
+        await ws.send(json.dumps(["83", "84", "realtime:more", "phx_leave", {}]))
+        assert (await recv(ws))[1] == "84"
+        assert (await recv(ws))[2:4] == ["realtime:more", "phx_close"]
+        step("a user's filters together are bounded in bytes; leaving gives them back")
+
+        # A token past its exp is refused at the join and in access_token, though the
+        # verifier's clock leeway (30 s) would let it pass: a channel ends at exp.
+        expired = expiring(token_a, -5)
+        await ws.send(json.dumps(["60", "60", "realtime:late", "phx_join", join_payload(expired, [bindings[0]])]))
+        refused = await recv(ws)
+        assert refused[1] == "60" and refused[4]["status"] == "error" and "expired" in refused[4]["response"]["reason"], refused
+        await ws.send(json.dumps(["1", "61", "realtime:room", "access_token", {"access_token": expired}]))
+        system = await recv(ws)
+        assert system[2:4] == ["realtime:room", "system"] and system[4]["status"] == "error", system
+        assert system[4]["extension"] == "system" and "expired" in system[4]["message"], system
+        closed = await recv(ws)
+        assert closed[2:4] == ["realtime:room", "phx_close"], closed
+        step("a token past its exp is refused at the join and in access_token")
+
+        # A channel whose token expires while joined is ended (as Supabase Realtime ends it:
+        # a system error, then phx_close), and nothing reaches it after.
+        await ws.send(json.dumps(["70", "70", "realtime:soon", "phx_join", join_payload(expiring(token_a, 2), [bindings[0]])]))
+        joined = await recv(ws)
+        assert joined[1] == "70" and joined[4]["status"] == "ok", joined
+        assert (await recv(ws))[3] == "system"
+        message = await recv(ws)
+        assert message[2:4] == ["realtime:soon", "system"] and message[4]["status"] == "error", message
+        assert message[4]["extension"] == "system" and "expired" in message[4]["message"], message
+        closed = await recv(ws)
+        assert closed[2:4] == ["realtime:soon", "phx_close"], closed
+        await assert_quiet(ws, token_a, "71", "a row after the token expired")
+        # Its topic is free again, and counts no more: a fresh token joins it.
+        await ws.send(json.dumps(["72", "72", "realtime:room", "phx_join", join_payload(token_a, bindings)]))
+        rejoined = await recv(ws)
+        assert rejoined[1] == "72" and rejoined[4]["status"] == "ok", rejoined
+        assert (await recv(ws))[3] == "system"
+        step("a token expiring while joined ends the channel (system error, phx_close), nothing after")
 
         await ws.send(json.dumps(["1", "30", "realtime:room", "phx_leave", {}]))
         left = await recv(ws)
         assert left[1] == "30" and left[3] == "phx_reply" and left[4]["status"] == "ok", left
         closed = await recv(ws)
         assert closed[2:4] == ["realtime:room", "phx_close"], closed
-        insert(token_a)
-        await ws.send(json.dumps([None, "31", "phoenix", "heartbeat", {}]))
-        beat = await recv(ws)
-        assert beat[1] == "31" and beat[3] == "phx_reply", f"a change after phx_leave: {beat}"
+        await assert_quiet(ws, token_a, "31", "a change after phx_leave")
         step("phx_leave: ok, phx_close, nothing more")
 
     # profiles UPDATE: a profile change through /rest/v1/profiles, shaped as it returns it.
@@ -360,9 +512,7 @@ async def client_tests():
         data = change[4]["data"]
         assert data["type"] == "UPDATE" and data["table"] == "profiles" and data["record"] == row, (data, row)
         assert data["old_record"] == {"id": user_a} and data["commit_timestamp"] == row["updated_at"], data
-        insert(token_a)  # an event is not a profile change
-        await ws.send(json.dumps([None, "9", "phoenix", "heartbeat", {}]))
-        assert (await recv(ws))[1] == "9", "an event reached a profiles binding"
+        await assert_quiet(ws, token_a, "9", "an event reached a profiles binding")  # an event is no profile change
         step("profiles UPDATE arrives as /rest/v1/profiles returns the row")
         # updateUser({data: {full_name}}) names the profile too: its subscribers hear of it at once.
         request = urllib.request.Request(

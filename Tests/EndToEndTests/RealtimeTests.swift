@@ -1,4 +1,5 @@
 import Foundation
+import Postgres
 import TestSupport
 import XCTest
 
@@ -89,7 +90,8 @@ final class RealtimeTests: EndToEndTestCase {
         assertSteps(
             result,
             [
-                "subscribe", "insert through another instance arrives", "filters",
+                "subscribe", "insert through another instance arrives",
+                "a binding without a table gets events and profile changes", "filters",
                 "access_token refresh keeps the channel",
                 "re-subscribes after a dropped connection", "re-subscribes after a server restart",
                 "never another user's row",
@@ -99,17 +101,48 @@ final class RealtimeTests: EndToEndTestCase {
         _ = other.stop()
     }
 
+    /// Every way a session ends stops its channels: signing out, a refresh token replayed
+    /// (also for a channel that follows the session by a token swapped in with
+    /// `access_token`, and not the one it joined with), `trunk-sync users delete`.
+    func testEverySessionEndStopsItsChannels() throws {
+        let server = try startServer(["TRUNK_SYNC_API_KEY": "anon-key"])
+        let (first, second) = (
+            try session(server, "realtime-e@example.com"), try session(server, "realtime-e@example.com")
+        )
+        let deleted = try session(server, "realtime-f@example.com")
+        let result = try runScript(
+            "realtime_revocation.py", ["http://127.0.0.1:\(server.port)", first, second, deleted],
+            pause: "age and delete now"
+        ) {
+            let removal = try Command.run(
+                Command.trunkSyncBinary(), ["users", "delete", "--yes", "realtime-f@example.com"],
+                environment: server.environment)
+            XCTAssertEqual(removal.status, 0, removal.stderr)
+            // Past the 10 s in which a rotated refresh token is taken again without revoking.
+            try PostgresConnection.connect(server.database).execute(
+                "update refresh_tokens set rotated_at = now() - interval '1 minute' where rotated_at is not null")
+        }
+        assertSteps(
+            result,
+            [
+                "a channel follows the session of the token swapped in",
+                "trunk-sync users delete ends the account's channels",
+                "refresh token reuse ends the channel that follows the session by access_token",
+            ])
+    }
+
     /// The WebSocket layer's edge cases with raw sockets, and the Phoenix protocol with an
     /// independent client in both serializers; SIGTERM closes open sockets with 1001.
     func testWebSocketEdgeCasesAndProtocolShapes() throws {
         let server = try startServer([
             "TRUNK_SYNC_API_KEY": "anon-key", "TRUNK_SYNC_REALTIME_BUFFER": "4096",
-            "TRUNK_SYNC_REALTIME_MAX_CHANNELS_PER_USER": "3",
+            "TRUNK_SYNC_REALTIME_MAX_CHANNELS_PER_USER": "3", "TRUNK_SYNC_REALTIME_MAX_FILTER_BYTES": "1024",
         ])
         let a = try session(server, "realtime-c@example.com")
         let b = try session(server, "realtime-d@example.com")
         let result = try runScript(
-            "realtime_protocol.py", ["http://127.0.0.1:\(server.port)", a, b], pause: "stop now"
+            "realtime_protocol.py", ["http://127.0.0.1:\(server.port)", a, b, ServerProcess.jwtSecret],
+            pause: "stop now"
         ) {
             server.signal(SIGTERM)
             XCTAssertEqual(server.waitForExit(timeout: 20), 0)
@@ -120,9 +153,14 @@ final class RealtimeTests: EndToEndTestCase {
                 "handshake", "refused handshakes", "ping/pong, heartbeat, close handshake",
                 "unmasked client frame -> 1002",
                 "oversized frame -> 1009", "oversized fragmented message -> 1009", "fragmented control frame -> 1002",
-                "text that is not UTF-8 -> 1007", "half-open connection is closed", "slow reader is closed with 1013",
+                "text that is not UTF-8 -> 1007",
+                "oversized control frame, reserved bits, unknown opcode, stray continuation, bad close code -> 1002",
+                "half-open connection is closed", "slow reader is closed with 1013",
                 "channels over the per-user cap are refused", "vsn 2.0.0 (realtime-js)",
                 "Broadcast (binary and JSON) and Presence refused", "bad joins",
+                "a user's filters together are bounded in bytes",
+                "a token past its exp is refused at the join and in access_token",
+                "a token expiring while joined ends the channel",
                 "phx_leave", "profiles UPDATE arrives", "profiles UPDATE arrives after updateUser",
                 "vsn 1.0.0 (supabase-swift shapes)",
                 "access_token of another user ends the channel",

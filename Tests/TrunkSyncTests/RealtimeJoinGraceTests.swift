@@ -18,27 +18,31 @@ final class RealtimeJoinGraceTests: XCTestCase {
         let socket = WebSocket(settings: WebSocketSettings(), wake: {})
         let grace: RealtimeJoinGrace
         let logs = LogLines()
+        /// The feed's revocations (told nothing by the database): a test records its own.
+        let revocations: SessionRevocations
         private let task: Task<Void, Never>
         private var sent = ""
 
         /// `feed`: another harness's, for several sockets on one feed.
         init(
-            _ app: AppHarness, grace duration: Duration, maxChannelsPerUser: Int = 100, feed shared: RealtimeFeed? = nil
+            _ app: AppHarness, grace duration: Duration, maxChannelsPerUser: Int = 100, maxChannelsPerSocket: Int = 100,
+            feed shared: RealtimeFeed? = nil
         )
             throws
         {
             var settings = RealtimeFeed.Settings()
             settings.joinGrace = duration
             settings.maxChannelsPerUser = maxChannelsPerUser
+            settings.maxChannelsPerSocket = maxChannelsPerSocket
             let logs = self.logs
             var logger = Logger(label: "realtime-grace-test", factory: { _ in CapturingLogHandler(lines: logs) })
             logger.logLevel = .info
+            revocations = shared?.revocations ?? SessionRevocations(database: nil, logger: logger)
             feed =
                 shared
                 ?? RealtimeFeed(
                     settings: settings, database: app.application.database, notifier: app.application.notifier,
-                    revocations: SessionRevocations(database: nil, logger: logger), tokens: app.application.tokens,
-                    metrics: Metrics(), logger: logger)
+                    revocations: revocations, tokens: app.application.tokens, metrics: Metrics(), logger: logger)
             try feed.openSocket()
             let session = RealtimeSession(feed: feed, socket: socket, version: .v2, address: "203.0.113.7")
             grace = session.grace

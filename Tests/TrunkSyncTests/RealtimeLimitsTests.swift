@@ -26,6 +26,16 @@ final class RealtimeLimitsTests: XCTestCase {
         XCTAssertThrowsError(try RealtimeBinding.parseFilter("seq=in.(\(many),100)", table: .events))
     }
 
+    /// Conditions joined by commas (newer Supabase ANDs them) are refused, not read as one
+    /// value that matches nothing; a value with a comma is still a value.
+    func testSeveralConditionsInOneFilterAreRefused() throws {
+        XCTAssertThrowsError(try RealtimeBinding.parseFilter("type=eq.note,seq=gt.5", table: .events))
+        XCTAssertThrowsError(try RealtimeBinding.parseFilter("seq=gt.5,type=in.(a,b)", table: .events))
+        let comma = try RealtimeBinding.parseFilter("type=eq.a,b", table: .events)
+        XCTAssertTrue(comma.matches(.text("a,b")))
+        XCTAssertNoThrow(try RealtimeBinding.parseFilter("type=eq.a,=b", table: .events))
+    }
+
     func testAUsersBindingsTogetherAreBoundedAndLeavingGivesThemBack() async throws {
         let app = try await AppHarness()
         do {

@@ -354,6 +354,7 @@ public struct Configuration: Sendable {
         streams.bufferBytes = integer(Setting.streamBuffer) ?? streams.bufferBytes
         realtime.maxSockets = integer(Setting.realtimeMax) ?? realtime.maxSockets
         realtime.maxChannelsPerUser = integer(Setting.realtimeMaxChannelsPerUser) ?? realtime.maxChannelsPerUser
+        realtime.maxFilterBytesPerUser = integer(Setting.realtimeMaxFilterBytes) ?? realtime.maxFilterBytesPerUser
         realtime.bufferBytes = integer(Setting.realtimeBuffer) ?? realtime.bufferBytes
         realtime.idleTimeout = integer(Setting.realtimeIdleTimeout) ?? realtime.idleTimeout
         jwtExpiry = integer(Setting.jwtExpiry) ?? jwtExpiry

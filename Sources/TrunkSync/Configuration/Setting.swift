@@ -333,6 +333,12 @@ public struct Setting: Sendable {
         summary:
             "Most Realtime channels one user may have joined on this instance; a join over it is refused in its reply. Also the most sockets of one user that joined a channel once and have none now: one more closes the oldest."
     )
+    /// `realtime_max_filter_bytes`.
+    public static let realtimeMaxFilterBytes = Setting(
+        key: "realtime_max_filter_bytes", kind: .integer(1024...16_777_216), defaultValue: "65536", isSecret: false,
+        summary:
+            "Bytes of postgres_changes filters (`column=op.value`, as the client sent them) one user's joined Realtime channels may have together on this instance; a join over it is refused in its reply. Each channel keeps its filters parsed while joined (`in.(…)` values each in a set): this bounds that memory per account, which the limits on channels and bindings alone left at 100 join messages of filters (6.4 MB of text before parsing). 65536 fits 1,000 bindings of `user_id=eq.<uuid>`, or 17 of `id=in.(…)` with 100 UUIDs."
+    )
     /// `realtime_buffer`.
     public static let realtimeBuffer = Setting(
         key: "realtime_buffer", kind: .integer(4096...67_108_864), defaultValue: "262144", isSecret: false,
@@ -403,6 +409,7 @@ public struct Setting: Sendable {
         streamBuffer,
         realtimeMax,
         realtimeMaxChannelsPerUser,
+        realtimeMaxFilterBytes,
         realtimeBuffer,
         realtimeIdleTimeout,
     ]

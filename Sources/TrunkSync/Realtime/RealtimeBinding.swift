@@ -88,14 +88,23 @@ struct RealtimeBinding: Sendable {
     var id: Int
     var event: String
     var schema: String
-    var table: RealtimeTable
+    /// The table it follows; nil for every table served (no `table`, or `*`: Supabase's
+    /// "all tables of the schema").
+    var table: RealtimeTable?
+    /// `table` as the client sent it (nil: none), echoed in the reply.
+    var tableText: String?
     /// The filter as the client sent it (nil: none), echoed in the reply.
     var filterText: String?
     var filter: Filter?
 
-    /// Whether a change of `type` to a row with `values` (by column name) is for this binding.
-    func matches(type: String, values: [String: RealtimeValue]) -> Bool {
-        guard event == "*" || event == type else { return false }
+    /// Whether `table`'s changes (of the one kind it reports) may be for it, filter aside.
+    func wants(_ table: RealtimeTable) -> Bool {
+        (self.table.map { $0.name == table.name } ?? true) && (event == "*" || event == table.change)
+    }
+
+    /// Whether a change of `table` to a row with `values` (by column name) is for it.
+    func matches(_ table: RealtimeTable, values: [String: RealtimeValue]) -> Bool {
+        guard wants(table) else { return false }
         guard let filter else { return true }
         return filter.matches(values[filter.column] ?? .null)
     }
@@ -109,13 +118,25 @@ struct RealtimeBinding: Sendable {
         guard ["*", "INSERT", "UPDATE", "DELETE"].contains(event) else {
             throw RealtimeError("event must be INSERT, UPDATE, DELETE or *, not \(event)")
         }
-        let schema = members["schema"]?.stringValue ?? "public"
-        guard schema == "public" else { throw RealtimeError("only the public schema is served, not \(schema)") }
-        guard let tableName = members["table"]?.stringValue else {
-            throw RealtimeError("postgres_changes needs a table (events or profiles)")
+        let schema: String
+        switch members["schema"] {
+        case nil, .null?: schema = "public"
+        case .string(let name)?: schema = name
+        default: throw RealtimeError("schema must be a string")
         }
-        guard let table = RealtimeTable.named(tableName) else {
-            throw RealtimeError("unknown table \(tableName): Realtime serves public.events and public.profiles")
+        guard schema == "public" else { throw RealtimeError("only the public schema is served, not \(schema)") }
+        var tableText: String? = nil
+        switch members["table"] {
+        case nil, .null?: break
+        case .string(let name)?: tableText = name
+        default: throw RealtimeError("table must be a string")
+        }
+        var table: RealtimeTable? = nil
+        if let tableText, tableText != "*" {
+            guard let named = RealtimeTable.named(tableText) else {
+                throw RealtimeError("unknown table \(tableText): Realtime serves public.events and public.profiles")
+            }
+            table = named
         }
         var filterText: String? = nil
         switch members["filter"] {
@@ -123,11 +144,20 @@ struct RealtimeBinding: Sendable {
         case .string(let text)?: filterText = text
         default: throw RealtimeError("filter must be a string")
         }
-        let filter = try filterText.flatMap { text throws(RealtimeError) in
-            text.isEmpty ? nil : try parseFilter(text, table: table)
+        let filter = try filterText.flatMap { text throws(RealtimeError) -> Filter? in
+            guard !text.isEmpty else { return nil }
+            guard let table else { throw RealtimeError("a filter needs a table (events or profiles)") }
+            return try parseFilter(text, table: table)
+        }
+        switch members["select"] {
+        case nil, .null?: break
+        case .array(let columns) where columns.isEmpty: break
+        default:
+            throw RealtimeError("select is not supported: a change's record has every column /rest/v1 returns")
         }
         return RealtimeBinding(
-            id: id, event: event, schema: schema, table: table, filterText: filterText, filter: filter)
+            id: id, event: event, schema: schema, table: table, tableText: tableText, filterText: filterText,
+            filter: filter)
     }
 
     /// `column=op.value` (`in.(a,b,…)` for `in`).
@@ -163,9 +193,22 @@ struct RealtimeBinding: Sendable {
                 values.append(try value(piece, for: column))
             }
         } else {
+            guard !continuesWithACondition(valueText) else {
+                throw RealtimeError(
+                    "one condition per filter: several joined by commas (\(text)) are not supported; filter in the app")
+            }
             values.append(try value(valueText, for: column))
         }
         return Filter(column: column.name, op: op, values: values)
+    }
+
+    /// Whether a value goes on with `,column=…`: conditions joined by commas, which newer
+    /// Supabase Realtime ANDs. Read as one value, the filter would match nothing, silently.
+    static func continuesWithACondition(_ value: String) -> Bool {
+        value.split(separator: ",", omittingEmptySubsequences: false).dropFirst().contains { piece in
+            guard let equals = piece.firstIndex(of: "="), equals > piece.startIndex else { return false }
+            return piece[..<equals].allSatisfy { $0.isLetter || $0.isNumber || $0 == "_" }
+        }
     }
 
     static func value(_ text: String, for column: RESTColumn) throws(RealtimeError) -> RealtimeValue {
@@ -188,13 +231,13 @@ struct RealtimeBinding: Sendable {
         }
     }
 
-    /// `{id, event, schema, table, filter?}`: as the client sent it, so it matches by position.
+    /// `{id, event, schema, table?, filter?}`: as the client sent it, so it matches by position.
     func write(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.int("id", Int64(id))
         writer.string("event", event)
         writer.string("schema", schema)
-        writer.string("table", table.name)
+        if let tableText { writer.string("table", tableText) }
         if let filterText { writer.string("filter", filterText) }
         writer.endObject()
     }

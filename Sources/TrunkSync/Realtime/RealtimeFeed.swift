@@ -27,6 +27,12 @@ public final class RealtimeFeed: Sendable {
         /// bounds the work one commit causes (100 channels of 100 bindings would be 10,000
         /// matches per event, 10 million for one push). Default 1,000.
         public var maxBindingsPerUser = 1000
+        /// Bytes of the filters (as the clients sent them) of one user's joined channels
+        /// together on this instance: each channel keeps its filters parsed while joined, and
+        /// without it one account could keep a join message (64 KiB) of filters on each of its
+        /// 100 channels (6.4 MB of text before parsing). Default: setting
+        /// `realtime_max_filter_bytes`.
+        public var maxFilterBytesPerUser = Setting.realtimeMaxFilterBytes.integerDefault
         /// Bytes a socket may have queued and not yet sent before it is closed (`1013`: the
         /// client reads too slowly). Default: setting `realtime_buffer`.
         public var bufferBytes = Setting.realtimeBuffer.integerDefault
@@ -44,6 +50,9 @@ public final class RealtimeFeed: Sendable {
         /// (`leave`). The clients join right after opening.
         /// Checked by the feed's tick, once a second. Default 30 s.
         public var joinGrace: Duration = .seconds(30)
+        /// Tests: awaited before each read of a user's new events (to hold a read while
+        /// something happens). Nil in the server.
+        var beforeEventsRead: (@Sendable () async -> Void)? = nil
 
         public init() {}
     }
@@ -55,11 +64,25 @@ public final class RealtimeFeed: Sendable {
         var socket: WebSocket
     }
 
+    /// What one user's joined channels on this instance hold together.
+    private struct Usage {
+        var channels = 0
+        /// Their `postgres_changes` bindings (`maxBindingsPerUser`).
+        var bindings = 0
+        /// The bytes of their filters (`maxFilterBytesPerUser`).
+        var filterBytes = 0
+
+        mutating func add(_ channel: RealtimeChannel, times: Int) {
+            channels += times
+            bindings += times * channel.bindings.count
+            filterBytes += times * channel.filterBytes
+        }
+    }
+
     private struct State {
         var sockets = 0
-        var channelsPerUser: [UUID: Int] = [:]
-        /// `postgres_changes` bindings of those channels together (`maxBindingsPerUser`).
-        var bindingsPerUser: [UUID: Int] = [:]
+        /// Per user with channels.
+        var usage: [UUID: Usage] = [:]
         var hubs: [UUID: RealtimeHub] = [:]
         var channels: [UInt64: RealtimeChannel] = [:]
         var nextID: UInt64 = 0
@@ -175,21 +198,28 @@ public final class RealtimeFeed: Sendable {
     func join(_ channel: RealtimeChannel) async throws(RealtimeError) {
         let (hub, refusal) = state.withLock { state -> (RealtimeHub?, RealtimeError?) in
             if state.closed { return (nil, RealtimeError("the server is shutting down")) }
-            let mine = state.channelsPerUser[channel.user, default: 0]
-            if mine >= settings.maxChannelsPerUser {
+            var usage = state.usage[channel.user, default: Usage()]
+            if usage.channels >= settings.maxChannelsPerUser {
                 return (nil, RealtimeError("this account has \(settings.maxChannelsPerUser) channels joined already"))
             }
-            let bindings = state.bindingsPerUser[channel.user, default: 0] + channel.bindings.count
-            if bindings > settings.maxBindingsPerUser {
+            usage.add(channel, times: 1)
+            if usage.bindings > settings.maxBindingsPerUser {
                 return (
                     nil,
                     RealtimeError(
-                        "this account's channels would have \(bindings) postgres_changes bindings; at most \(settings.maxBindingsPerUser)"
+                        "this account's channels would have \(usage.bindings) postgres_changes bindings; at most \(settings.maxBindingsPerUser)"
                     )
                 )
             }
-            state.channelsPerUser[channel.user] = mine + 1
-            state.bindingsPerUser[channel.user] = bindings
+            if usage.filterBytes > settings.maxFilterBytesPerUser {
+                return (
+                    nil,
+                    RealtimeError(
+                        "this account's channels would have \(usage.filterBytes) bytes of postgres_changes filters; at most \(settings.maxFilterBytesPerUser)"
+                    )
+                )
+            }
+            state.usage[channel.user] = usage
             state.channels[channel.id] = channel
             let key = ObjectIdentifier(channel.socket)
             if var joined = state.joinedSockets[key] {
@@ -226,16 +256,15 @@ public final class RealtimeFeed: Sendable {
         let (idle, evicted) = state.withLock { state -> (RealtimeHub?, WebSocket?) in
             guard state.channels.removeValue(forKey: channel.id) != nil else { return (nil, nil) }
             let evicted = socketLeft(channel, &state)
-            let mine = state.channelsPerUser[channel.user, default: 1] - 1
+            var usage = state.usage[channel.user, default: Usage()]
+            usage.add(channel, times: -1)
             let hub = state.hubs[channel.user]
             hub?.remove(channel.id)
-            if mine > 0 {
-                state.channelsPerUser[channel.user] = mine
-                state.bindingsPerUser[channel.user, default: 0] -= channel.bindings.count
+            if usage.channels > 0 {
+                state.usage[channel.user] = usage
                 return (nil, evicted)
             }
-            state.channelsPerUser.removeValue(forKey: channel.user)
-            state.bindingsPerUser.removeValue(forKey: channel.user)
+            state.usage.removeValue(forKey: channel.user)
             return (state.hubs.removeValue(forKey: channel.user), evicted)
         }
         idle?.stop()
@@ -268,7 +297,7 @@ public final class RealtimeFeed: Sendable {
     /// `phx_close` (the client does not rejoin a closed channel).
     func end(_ channel: RealtimeChannel, reason: String) {
         guard !channel.isEnded else { return }
-        channel.sendSystem(ok: false, message: reason)
+        channel.sendSystem(ok: false, extension: "system", message: reason)
         channel.send(event: "phx_close", payload: Array("{}".utf8))
         leave(channel)
     }
@@ -298,14 +327,25 @@ public final class RealtimeFeed: Sendable {
             }
             for grace in graceOver { grace.end() }
             let now = AuthService.now()
-            for channel in channels {
-                if now >= channel.expiresAt {
-                    end(channel, reason: "Token has expired; send a fresh access_token and rejoin")
-                } else if let revocations, revocations.isRevoked(channel.session) {
-                    end(channel, reason: "The session was signed out")
-                }
-            }
+            for channel in channels { endIfUnauthorized(channel, now: now) }
         }
+    }
+
+    /// Why a channel whose token's `exp` has passed is ended (and a join or `access_token`
+    /// with such a token refused).
+    static let tokenExpired = "Token has expired; send a fresh access_token and rejoin"
+
+    /// Ends `channel` if its token has expired or its session was revoked (the tick, and each
+    /// fan-out before it sends anything). Returns whether it is ended.
+    @discardableResult
+    func endIfUnauthorized(_ channel: RealtimeChannel, now: Int64) -> Bool {
+        let auth = channel.auth
+        if now >= auth.expiresAt {
+            end(channel, reason: Self.tokenExpired)
+        } else if let revocations, revocations.isRevoked(auth.session) {
+            end(channel, reason: "The session was signed out")
+        }
+        return channel.isEnded
     }
 
     /// Takes no new sockets or channels; stops the ticker and the hubs (open sockets are
@@ -359,6 +399,7 @@ public final class RealtimeFeed: Sendable {
     /// The user's events after `after`, at most `limit` (+1 to know there is more), with the
     /// columns `/rest/v1/events` returns, in its order.
     func events(of user: UUID, after: Int64, limit: Int) async throws -> PostgresResult {
+        if let hold = settings.beforeEventsRead { await hold() }
         let columns = RealtimeTable.events.columns.map(\.sql).joined(separator: ", ")
         return try await read(
             user,
@@ -383,7 +424,9 @@ final class RealtimeChannel: Sendable {
     let topic: String
     let joinRef: String?
     let bindings: [RealtimeBinding]
-    private let auth: Mutex<Auth>
+    /// The bytes of its bindings' filters as the client sent them (`maxFilterBytesPerUser`).
+    let filterBytes: Int
+    private let authState: Mutex<Auth>
     private let ended = Mutex(false)
 
     init(
@@ -397,16 +440,17 @@ final class RealtimeChannel: Sendable {
         self.topic = topic
         self.joinRef = joinRef
         self.bindings = bindings
-        auth = Mutex(Auth(session: session, expiresAt: expiresAt))
+        filterBytes = bindings.reduce(0) { $0 + ($1.filterText?.utf8.count ?? 0) }
+        authState = Mutex(Auth(session: session, expiresAt: expiresAt))
     }
 
-    var session: UUID { auth.withLock { $0.session } }
-    var expiresAt: Int64 { auth.withLock { $0.expiresAt } }
+    /// The session and expiry of the token the channel follows now (one read of both).
+    var auth: Auth { authState.withLock { $0 } }
     var isEnded: Bool { ended.withLock { $0 } }
 
     /// A refreshed token of the same user: the channel follows its session and expiry.
     func refresh(session: UUID, expiresAt: Int64) {
-        auth.withLock { $0 = Auth(session: session, expiresAt: expiresAt) }
+        authState.withLock { $0 = Auth(session: session, expiresAt: expiresAt) }
     }
 
     /// Marks the channel ended; false if it was already.
@@ -424,11 +468,12 @@ final class RealtimeChannel: Sendable {
         RealtimeSession.send(bytes, on: socket)
     }
 
-    /// The `system` message of the `postgres_changes` extension.
-    func sendSystem(ok: Bool, message: String) {
+    /// A `system` message: of the `postgres_changes` extension (the subscription is live), or
+    /// of `system` (the server ends the channel, as Supabase Realtime says so).
+    func sendSystem(ok: Bool, extension name: String = "postgres_changes", message: String) {
         var writer = JSONWriter(capacity: 128)
         writer.beginObject()
-        writer.string("extension", "postgres_changes")
+        writer.string("extension", name)
         writer.string("status", ok ? "ok" : "error")
         writer.string("message", message)
         writer.string("channel", topic.hasPrefix("realtime:") ? String(topic.dropFirst(9)) : topic)
@@ -473,7 +518,9 @@ final class RealtimeHub: Sendable {
             throw RealtimeError("the account no longer exists")
         }
         state.withLock { state in
-            guard !state.stopped else { return }
+            // Ended while it waited (its token expired, its session was revoked): `leave`
+            // removed it already, and would not again.
+            guard !state.stopped, !channel.isEnded else { return }
             if state.cursor == nil {
                 state.cursor = cursor
                 state.profileSeen = profileUpdatedAt
@@ -508,19 +555,19 @@ final class RealtimeHub: Sendable {
         subscription.cancel()
     }
 
-    /// Ends the channels whose session was revoked, then reads what is new and sends each
-    /// row to the channels whose bindings match it.
+    /// Ends the channels whose session was revoked or whose token expired (the tick does too,
+    /// but only once a second: no row goes out after `exp`), then reads what is new and sends
+    /// each row to the channels whose bindings match it.
+    ///
+    /// The channels written to are taken after each read, not before: a channel that joined
+    /// while a read was under way (its `ok` sent) gets that read's rows, among them any row
+    /// committed after its join; taken before, it was left out of them while the cursor moved
+    /// past them for good.
     private func fanOut() async {
-        var channels = state.withLock { Array($0.channels.values) }
-        if let revocations = feed.revocations {
-            for channel in channels where revocations.isRevoked(channel.session) {
-                feed.end(channel, reason: "The session was signed out")
-            }
-            channels.removeAll { $0.isEnded }
-        }
+        let channels = liveChannels()
         guard !channels.isEmpty, let start = state.withLock({ $0.cursor }) else { return }
-        if channels.contains(where: { $0.bindings.contains { $0.table.name == RealtimeTable.profiles.name } }) {
-            await sendProfileChange(to: channels)
+        if channels.contains(where: { $0.bindings.contains { $0.wants(.profiles) } }) {
+            await sendProfileChange()
         }
         var cursor = start
         let table = RealtimeTable.events
@@ -536,6 +583,7 @@ final class RealtimeHub: Sendable {
                 return
             }
             var sent = 0
+            let channels = liveChannels()
             for index in 0..<min(rows.count, limit) {
                 let row = rows[index]
                 guard let change = try? Self.change(row, table: table) else { continue }
@@ -548,8 +596,17 @@ final class RealtimeHub: Sendable {
         }
     }
 
-    /// Sends the profile's change if it changed since the last one sent.
-    private func sendProfileChange(to channels: [RealtimeChannel]) async {
+    /// The hub's channels now, less those it ends for an expired token or a revoked session.
+    private func liveChannels() -> [RealtimeChannel] {
+        var channels = state.withLock { Array($0.channels.values) }
+        let now = AuthService.now()
+        channels.removeAll { feed.endIfUnauthorized($0, now: now) }
+        return channels
+    }
+
+    /// Sends the profile's change if it changed since the last one sent, to the channels
+    /// there are once it is read.
+    private func sendProfileChange() async {
         let table = RealtimeTable.profiles
         guard let rows = try? await feed.profile(of: user), rows.count == 1,
             let change = try? Self.change(rows[0], table: table),
@@ -561,7 +618,7 @@ final class RealtimeHub: Sendable {
             return true
         }
         guard isNew else { return }
-        feed.recordSent(Self.send(change, table: table, to: channels))
+        feed.recordSent(Self.send(change, table: table, to: liveChannels()))
     }
 
     /// Sends `change` to each channel with bindings it matches (their ids in one message).
@@ -569,9 +626,7 @@ final class RealtimeHub: Sendable {
     private static func send(_ change: Change, table: RealtimeTable, to channels: [RealtimeChannel]) -> Int {
         var sent = 0
         for channel in channels where !channel.isEnded {
-            let ids = channel.bindings.filter {
-                $0.table.name == table.name && $0.matches(type: table.change, values: change.values)
-            }
+            let ids = channel.bindings.filter { $0.matches(table, values: change.values) }
             guard !ids.isEmpty else { continue }
             var writer = JSONWriter(capacity: change.data.count + 32)
             writer.beginObject()

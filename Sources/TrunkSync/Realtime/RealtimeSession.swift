@@ -108,19 +108,48 @@ struct RealtimeSession {
     /// topic near the message limit (64 KiB) on each of a user's 100 channels made each
     /// pushed event of a few bytes cost 6 MB of messages to write.
     static let maxTopicBytes = 256
+    static let topicPrefix = "realtime:"
+
+    /// Forgets the channels the server ended (an expired token, a signed-out session, a
+    /// refused `access_token`): they no longer count against the socket's channels, and
+    /// messages to their topics are answered as to a topic not joined.
+    private mutating func forgetEndedChannels() {
+        guard channels.values.contains(where: \.isEnded) else { return }
+        channels = channels.filter { !$0.value.isEnded }
+    }
 
     private mutating func join(_ message: PhoenixMessage) async {
+        // As Supabase Realtime, whose only channel route is `realtime:*`.
+        guard message.topic.hasPrefix(Self.topicPrefix) else {
+            reply(to: message, error: "unmatched topic: a channel's topic is \(Self.topicPrefix)<name>")
+            return
+        }
+        guard message.topic.utf8.count > Self.topicPrefix.utf8.count else {
+            reply(to: message, error: "a channel's topic needs a name after \(Self.topicPrefix)")
+            return
+        }
         guard message.topic.utf8.count <= Self.maxTopicBytes else {
             reply(to: message, error: "a topic is at most \(Self.maxTopicBytes) bytes")
             return
         }
         if let old = channels.removeValue(forKey: message.topic) { feed.leave(old) }
+        forgetEndedChannels()
         guard channels.count < feed.settings.maxChannelsPerSocket else {
             reply(to: message, error: "this socket has \(feed.settings.maxChannelsPerSocket) channels joined already")
             return
         }
-        let payload = message.payload.objectValue ?? [:]
-        let config = payload["config"]?.objectValue ?? [:]
+        guard let payload = message.payload.objectValue else {
+            reply(to: message, error: "the payload of phx_join must be an object")
+            return
+        }
+        let config: [String: JSONValue]
+        switch payload["config"] {
+        case nil, .null?: config = [:]
+        case .object(let members)?: config = members
+        default:
+            reply(to: message, error: "config must be an object")
+            return
+        }
         if config["presence"]?.objectValue?["enabled"]?.boolValue == true {
             reply(to: message, error: Self.presenceRefused)
             return
@@ -171,6 +200,12 @@ struct RealtimeSession {
             feed.leave(channel)
             return
         }
+        guard !channel.isEnded else {
+            // Its token expired or its session was revoked while the join waited: the client
+            // was told (`system`, `phx_close`).
+            reply(to: message, error: "the channel was ended while it joined")
+            return
+        }
         channels[message.topic] = channel
         var writer = JSONWriter(capacity: 128 * max(bindings.count, 1))
         writer.beginObject()
@@ -187,6 +222,7 @@ struct RealtimeSession {
     /// `access_token` on a joined channel: a valid token of the same user keeps it going
     /// (with the new token's expiry); anything else ends it.
     private mutating func refreshToken(_ message: PhoenixMessage) {
+        forgetEndedChannels()
         guard let channel = channels[message.topic] else {
             reply(to: message, error: "unmatched topic")
             return
@@ -204,12 +240,17 @@ struct RealtimeSession {
     }
 
     private func verify(_ token: String) throws(RealtimeError) -> AccessClaims {
+        let now = AuthService.now()
         let claims: AccessClaims
         do {
-            claims = try feed.tokens.verify(token, now: AuthService.now())
+            claims = try feed.tokens.verify(token, now: now)
         } catch {
             throw RealtimeError("Invalid or expired access_token")
         }
+        // The verifier lets a token pass up to `TokenIssuer.leeway` after its `exp` (clock
+        // skew between instances), but a channel ends at `exp`: a join with such a token
+        // would be answered ok and ended within the second.
+        guard now < claims.expiresAt else { throw RealtimeError(RealtimeFeed.tokenExpired) }
         if let revocations = feed.revocations, revocations.isRevoked(claims.sessionID) {
             throw RealtimeError("The session was signed out")
         }
