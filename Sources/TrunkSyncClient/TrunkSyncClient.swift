@@ -38,10 +38,15 @@ public actor TrunkSyncClient {
     private var backoffWaits: [Int: CheckedContinuation<Void, Never>] = [:]
     private var backoffWaitCount = 0
     private nonisolated let signedIn = SignedInState()
+    /// How the user's data is removed (`signOut`, `deleteAccount`); tests make it fail.
+    var removeItem: @Sendable (URL) throws -> Void = { try FileSystem.remove($0) }
 
     /// Opens (creating if needed) the client's storage for `url` under `storageDirectory`.
     /// A session stored there by an earlier run is used: the user stays signed in across
-    /// restarts.
+    /// restarts. When that user's outbox cannot be opened (say a newer version of the app
+    /// wrote a record this one cannot read), the client opens all the same, signed in: the
+    /// calls that need the outbox throw `.storage` (trying again each time), and `signOut`
+    /// works.
     /// - Throws: `TrunkSyncError.storageInUse` when another client has this storage open,
     ///   `.storage` when it cannot be read or written.
     public init(url: URL, storageDirectory: URL, configuration: Configuration = Configuration()) throws {
@@ -56,20 +61,48 @@ public actor TrunkSyncClient {
                 throw TrunkSyncError.storageInUse(layout.serverDirectory.path)
             }
             self.lock = lock
-            if let session = try StoredSession.load(layout.sessionFile) {
-                let store = try UserStore(userID: session.userID, directory: layout.userDirectory(session.userID))
-                for recovery in [store.outbox.recovery, store.quarantine.recovery].compactMap({ $0 }) {
-                    configuration.observer?(.logRecovered(recovery))
+            var stored = try StoredSession.load(layout.sessionFile)
+            // Removals of users' data a failure or a crash cut short (`signOut`,
+            // `deleteAccount`): never signed in as such a user; what is to go goes now (or at
+            // the next open, or that user's next sign-in, when it cannot).
+            for user in layout.pendingCleanups() {
+                if stored?.userID == user {
+                    stored = nil
+                    try? FileSystem.remove(layout.sessionFile)
                 }
+                try? layout.finishCleanup(of: user)
+            }
+            if let session = stored {
                 self.session = session
-                self.store = store
                 signedIn.set(User(id: session.userID, email: session.email))
+                // Unreadable now: `currentStore()` tries again when a call needs it.
+                store = try? Self.openStore(session.userID, layout, configuration)
             }
         } catch let error as TrunkSyncError {
             throw error
         } catch {
             throw TrunkSyncError.storage(String(describing: error))
         }
+    }
+
+    /// Opens a user's outbox, quarantine and cursor, telling the observer what it repaired.
+    private static func openStore(_ user: UUID, _ layout: StorageLayout, _ configuration: Configuration) throws
+        -> UserStore
+    {
+        let store = try UserStore(userID: user, directory: layout.userDirectory(user))
+        for recovery in [store.outbox.recovery, store.quarantine.recovery].compactMap({ $0 }) {
+            configuration.observer?(.logRecovered(recovery))
+        }
+        return store
+    }
+
+    /// The signed-in user's store, opened now when it could not be before (`init`).
+    private func currentStore() throws -> UserStore {
+        guard let session else { throw TrunkSyncError.notSignedIn }
+        if let store { return store }
+        let opened = try storage { try Self.openStore(session.userID, layout, configuration) }
+        store = opened
+        return opened
     }
 
     /// Releases the storage (files and lock); the client is unusable afterwards. Also
@@ -126,6 +159,9 @@ public actor TrunkSyncClient {
         await acquireSync()
         defer { releaseSync() }
         try storage {
+            // A removal of this user's data left undone (`deleteAccount`) is done first:
+            // nothing meant to go is read again.
+            if store?.userID != newSession.userID { try layout.finishCleanup(of: newSession.userID) }
             let newStore =
                 store?.userID == newSession.userID
                 ? store! : try UserStore(userID: newSession.userID, directory: layout.userDirectory(newSession.userID))
@@ -158,6 +194,11 @@ public actor TrunkSyncClient {
     /// `discardingUnsentEvents: true` to delete the user's outbox and quarantine instead.
     /// The local session is removed even when the server cannot be reached.
     ///
+    /// It signs out also when the user's outbox cannot be read (`unsentEvents` is then nil;
+    /// the outbox stays) or the storage refuses a removal: what is to go is written down
+    /// first (`users/<id>.cleanup`) and done at the next open, or the user's next sign-in,
+    /// before anything of theirs is read.
+    ///
     /// A `sync`/`push` in progress (and a token refresh it started) ends first, with
     /// `.notSignedIn` at its next try: one waiting out a backoff ends at once, so signing out
     /// never waits for its retries. What it had not sent stays in the outbox, as above. The
@@ -173,10 +214,12 @@ public actor TrunkSyncClient {
         // After any sync in progress, so none writes a cursor or outbox once they are gone.
         await acquireSync()
         defer { releaseSync() }
-        guard session != nil, let store else {
+        guard let userID = session?.userID else {
             return SignOutResult(unsentEvents: 0, quarantinedEvents: 0, serverSessionRevoked: false)
         }
-        if !discardingUnsentEvents && store.outbox.count > 0, let user = try? signedInUser() {
+        // Nil when the user's outbox cannot be read: signed out all the same.
+        let store = try? currentStore()
+        if !discardingUnsentEvents, let store, store.outbox.count > 0, let user = try? signedInUser() {
             var report = SyncReport()
             try? await pushOutbox(store, user, into: &report, retry: RetryRules(maxAttempts: 2))
         }
@@ -195,16 +238,11 @@ public actor TrunkSyncClient {
             }
         }
         let result = SignOutResult(
-            unsentEvents: store.outbox.count, quarantinedEvents: store.quarantine.count, serverSessionRevoked: revoked)
-        try storage {
-            try FileSystem.remove(layout.sessionFile)
-            try store.removeCursor()
-            store.close()
-            if discardingUnsentEvents { try FileSystem.remove(store.directory) }
-        }
-        if self.store === store { self.store = nil }
-        session = nil
-        signedIn.set(nil)
+            unsentEvents: store?.outbox.count, quarantinedEvents: store?.quarantine.count, serverSessionRevoked: revoked
+        )
+        // The cursor goes (with `discardingUnsentEvents`, the outbox and quarantine too); what
+        // the storage refuses now is done at the next open or the user's next sign-in.
+        _ = signOutAndCleanUp(discardingUnsentEvents ? .discard : .forget, of: userID)
         return result
     }
 
@@ -226,27 +264,96 @@ public actor TrunkSyncClient {
     /// /sync/v1/account`) with the code from `reauthenticate()`, then everything this client
     /// stored for the user: session, cursor, outbox (events not sent yet are gone with the
     /// account) and quarantine. Every session of the user, on every device, ends.
-    /// - Throws: `.invalidCode` for a wrong, expired or used code (nothing was deleted; ask
-    ///   for a new one); `.notSignedIn`, `.sessionExpired`; `.network` when the answer was lost
-    ///   (the account may be gone: the next call then finds the session expired).
+    ///
+    /// The deletion is sent once. When its answer does not come (the connection broke, the
+    /// request timed out, a `5xx`: the server may have deleted the account), it never claims
+    /// the deletion: it throws `.outcomeUnknown`, and signs out and removes the user's data here
+    /// all the same (after trying to revoke the session), so nothing of it stays readable for
+    /// the next person using the device. A removal that fails here is finished when the
+    /// storage is next opened (or the user next signs in), before anything of theirs is read.
+    /// - Throws: `.invalidCode` for a wrong, expired or used code, and any other refusal of the
+    ///   server (a `4xx`; `.rateLimited`): nothing was deleted, still signed in.
+    ///   `.outcomeUnknown` when the answer was lost (signed out, data here removed);
+    ///   `.notSignedIn`, `.sessionExpired`; `.network` when a token refresh before it failed
+    ///   (nothing sent); `.storage` when the account is deleted but its data here could not
+    ///   be removed yet (signed out; it goes at the next open).
     public func deleteAccount(code: String) async throws {
         await acquireSync()
         defer { releaseSync() }
-        guard session != nil, let store else { throw TrunkSyncError.notSignedIn }
+        let user = try signedInUser()
         let body = try JSONSerialization.data(withJSONObject: ["code": code])
-        let answer = try await send(
-            "DELETE", "/sync/v1/account", body: Array(body), bearer: true,
-            retry: RetryRules(network: false, statuses: [503]))
-        if answer.serverError.code == "reauthentication_not_valid" { throw TrunkSyncError.invalidCode }
-        guard answer.status == 204 else { throw failure(answer) }
-        try storage {
-            try FileSystem.remove(layout.sessionFile)
-            store.close()
-            try FileSystem.remove(store.directory)
+        // A token refresh first, on its own: one that fails has sent nothing.
+        _ = try await validAccessToken(for: user)
+        let probe = ExchangeProbe()
+        let answer: HTTPAnswer
+        do {
+            // Never repeated: after a lost answer a second try could only find the session
+            // gone (the account deleted) and sign out keeping the data.
+            answer = try await send(
+                "DELETE", "/sync/v1/account", body: Array(body), bearer: true, as: user,
+                retry: RetryRules(network: false, statuses: []), probe: probe)
+        } catch {
+            // Refused before it went out (a refresh, a sign-out meanwhile): nothing deleted.
+            guard probe.awaitingAnswer else { throw error }
+            throw await forgetAfterUnknownDeletion(user, reason: String(describing: error))
         }
-        if self.store === store { self.store = nil }
-        session = nil
-        signedIn.set(nil)
+        switch answer.status {
+        case 204:
+            if let failure = signOutAndCleanUp(.delete, of: user.id) {
+                throw TrunkSyncError.storage(
+                    "the account is deleted; its data on this device could not be removed yet (\(failure)): "
+                        + "that happens when the storage is next opened")
+            }
+        case 400..<500:
+            // The server's own refusal: nothing deleted.
+            if answer.serverError.code == "reauthentication_not_valid" { throw TrunkSyncError.invalidCode }
+            throw failure(answer)
+        default:
+            // A 5xx (a gateway that lost the server's answer, a database connection lost at
+            // the commit) or anything but the server's 204: the account may be gone.
+            throw await forgetAfterUnknownDeletion(user, reason: answer.serverError.description)
+        }
+    }
+
+    /// After a deletion whose answer was lost: tries once to revoke the session, signs out and
+    /// removes the user's data here. The error `deleteAccount` throws.
+    private func forgetAfterUnknownDeletion(_ user: PinnedUser, reason: String) async
+        -> TrunkSyncError
+    {
+        if isCurrent(user) {
+            _ = try? await send(
+                "POST", "/auth/v1/logout", query: [URLQueryItem(name: "scope", value: "local")], bearer: true, as: user,
+                retry: RetryRules(network: false, statuses: [], maxAttempts: 1))
+        }
+        // Also when a sign-out began meanwhile (it waits for this call): it would keep the data.
+        let failure = signOutAndCleanUp(.delete, of: user.id)
+        return .outcomeUnknown(
+            "the answer to the account's deletion was lost (\(reason)): the account may or may not be deleted; "
+                + "signed out, and its data on this device "
+                + (failure.map { "removed at the next open (now: \($0))" } ?? "removed")
+                + ". Sign in again to see whether it still exists")
+    }
+
+    /// Signs `user` out and removes `cleanup` of their data: the clean-up marker first
+    /// (`StorageLayout.cleanupMarker`), then the session, then the data, then the marker.
+    /// Signed out in any case; returns what failed (the next open, or the user's next
+    /// sign-in, does the rest).
+    private func signOutAndCleanUp(_ cleanup: StorageLayout.Cleanup, of user: UUID) -> Error? {
+        userGeneration += 1
+        endBackoffWaits()
+        if let store, store.userID == user {
+            store.close()
+            self.store = nil
+        }
+        if session?.userID == user {
+            session = nil
+            signedIn.set(nil)
+        }
+        var failure: Error?
+        do { try layout.markCleanup(cleanup, of: user) } catch { failure = error }
+        do { try removeItem(layout.sessionFile) } catch { failure = failure ?? error }
+        do { try layout.clean(cleanup, of: user, remove: removeItem) } catch { failure = failure ?? error }
+        return failure
     }
 
     /// Downloads a copy of the signed-in user's data (`GET /sync/v1/export`: one JSON object
@@ -309,7 +416,7 @@ public actor TrunkSyncClient {
 
     /// Records an event whose payload is JSON text (an object), kept byte for byte.
     public func record(type: String, payloadJSON: Data) throws -> UUID {
-        guard let store else { throw TrunkSyncError.notSignedIn }
+        let store = try currentStore()
         let length = type.unicodeScalars.count
         guard (1...128).contains(length) else {
             throw TrunkSyncError.invalidEvent("type must be 1 to 128 characters (it has \(length))")
@@ -334,14 +441,14 @@ public actor TrunkSyncClient {
     public static let maxPayloadBytes = 64 * 1024
 
     /// Events in the outbox: recorded, not yet on the server (quarantined ones excluded).
-    public var pendingCount: Int { store?.outbox.count ?? 0 }
+    public var pendingCount: Int { (try? currentStore())?.outbox.count ?? 0 }
 
     // MARK: - Quarantine
 
     /// Events the server refused (`SyncReport.rejected` named them), oldest first. They are
     /// never pushed again unless `requeueQuarantined` moves them back.
     public func quarantinedEvents() throws -> [QuarantinedEvent] {
-        guard let store else { throw TrunkSyncError.notSignedIn }
+        let store = try currentStore()
         return try storage {
             try store.quarantine.all().map { event in
                 QuarantinedEvent(
@@ -356,14 +463,14 @@ public actor TrunkSyncClient {
 
     /// Deletes quarantined events for good (all of them when `ids` is nil).
     public func discardQuarantined(_ ids: [UUID]? = nil) throws {
-        guard let store else { throw TrunkSyncError.notSignedIn }
+        let store = try currentStore()
         try storage { try store.quarantine.remove(ids ?? store.quarantine.ids, as: .drop) }
     }
 
     /// Moves quarantined events back to the outbox, same ids, to be pushed again (after a
     /// server change that accepts them).
     public func requeueQuarantined(_ ids: [UUID]) throws {
-        guard let store else { throw TrunkSyncError.notSignedIn }
+        let store = try currentStore()
         try storage { try store.requeue(ids) }
     }
 
@@ -385,7 +492,7 @@ public actor TrunkSyncClient {
     public func sync(_ handler: @escaping @Sendable ([SyncEvent]) async throws -> Void) async throws -> SyncReport {
         await acquireSync()
         defer { releaseSync() }
-        guard let store else { throw TrunkSyncError.notSignedIn }
+        let store = try currentStore()
         let user = try signedInUser()
         var report = SyncReport()
         try await pushOutbox(store, user, into: &report, retry: RetryRules())
@@ -398,7 +505,7 @@ public actor TrunkSyncClient {
     public func push() async throws -> SyncReport {
         await acquireSync()
         defer { releaseSync() }
-        guard let store else { throw TrunkSyncError.notSignedIn }
+        let store = try currentStore()
         let user = try signedInUser()
         var report = SyncReport()
         try await pushOutbox(store, user, into: &report, retry: RetryRules())
@@ -406,7 +513,7 @@ public actor TrunkSyncClient {
     }
 
     /// The cursor: the `seq` of the last event applied on this device (0 before the first).
-    public var cursor: Int64 { store?.cursor ?? 0 }
+    public var cursor: Int64 { (try? currentStore())?.cursor ?? 0 }
 
     /// New events as they arrive, page by page, from the stored cursor on.
     ///
@@ -558,7 +665,7 @@ public actor TrunkSyncClient {
     }
 
     private func nextLivePage(_ feed: some LiveFeed, _ position: LivePosition) async throws -> [SyncEvent]? {
-        guard let store else { throw TrunkSyncError.notSignedIn }
+        let store = try currentStore()
         // A stream is of the sign-in it started in: after a sign-out or another user's
         // sign-in it ends, even when signed in again since (signOut removed the cursor: a page
         // handed out before must not become the new sign-in's cursor).
@@ -603,7 +710,7 @@ public actor TrunkSyncClient {
     /// session. So does a request without `bearer` that is given a `pinned` user.
     func send(
         _ method: String, _ path: String, query: [URLQueryItem] = [], body: [UInt8]? = nil, bearer: Bool = false,
-        as pinned: PinnedUser? = nil, retry: RetryRules, timeout: TimeInterval? = nil
+        as pinned: PinnedUser? = nil, retry: RetryRules, timeout: TimeInterval? = nil, probe: ExchangeProbe? = nil
     ) async throws -> HTTPAnswer {
         let policy = configuration.retry
         let maxAttempts = retry.maxAttempts ?? max(1, policy.maxAttempts)
@@ -632,7 +739,9 @@ public actor TrunkSyncClient {
             configuration.observer?(.request(method: method, path: path))
             let answer: HTTPAnswer
             do {
+                probe?.awaitingAnswer = true
                 answer = try await transport.send(request)
+                probe?.awaitingAnswer = false
             } catch let failure as TransportFailure {
                 attempt += 1
                 guard retry.network, retry.unlimited || attempt < maxAttempts else {
@@ -678,6 +787,12 @@ public actor TrunkSyncClient {
         components.queryItems = query.isEmpty ? nil : query
         guard let url = components.url else { throw TrunkSyncError.invalidResponse("bad server URL \(url)") }
         return url
+    }
+
+    /// Whether a request `send` sent is still without an answer: when `send` throws, the
+    /// server may have acted on it (set before each try goes out, cleared when its answer came).
+    final class ExchangeProbe {
+        var awaitingAnswer = false
     }
 
     /// The signed-in user, pinned by a request that must not go on for another one.
@@ -792,6 +907,9 @@ public actor TrunkSyncClient {
         }
         return .server(error)
     }
+
+    /// Tests: how `deleteAccount` removes the user's data.
+    func setRemoveItem(_ remove: @escaping @Sendable (URL) throws -> Void) { removeItem = remove }
 
     private func ensureOpen() throws {
         guard lock != nil else { throw TrunkSyncError.storage("the client is closed") }

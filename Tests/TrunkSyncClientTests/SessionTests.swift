@@ -1,7 +1,8 @@
 import Foundation
 import TestSupport
-import TrunkSyncClient
 import XCTest
+
+@testable import TrunkSyncClient
 
 /// Sign-in, tokens, sign-out and users, against the real server.
 final class SessionTests: ClientTestCase {
@@ -204,6 +205,86 @@ final class SessionTests: ClientTestCase {
         try await assertEqual(await client.pendingCount, 0)
     }
 
+    /// A client on `storage` signed in as `email`, with one event pushed and pulled (its
+    /// cursor stored), and the user's folder and its clean-up marker.
+    func signedInWithACursor(_ server: SyncServer, _ storage: URL, _ email: String) async throws
+        -> (client: TrunkSyncClient, folder: URL, marker: URL)
+    {
+        let client = try makeClient(server, storage: storage)
+        try await signIn(client, server, as: email)
+        _ = try await client.record(type: "note", payload: ["n": 1])
+        try await assertEqual(try await client.sync { _ in }.pulled, 1)
+        let serverDirectory = try XCTUnwrap(
+            try FileManager.default.contentsOfDirectory(at: storage, includingPropertiesForKeys: nil).first)
+        let users = serverDirectory.appendingPathComponent("users")
+        let id = try XCTUnwrap(client.currentUser).id.uuidString.lowercased()
+        return (client, users.appendingPathComponent(id), users.appendingPathComponent(id + ".cleanup"))
+    }
+
+    /// The user's outbox holds a record this version cannot read (a newer version of the app
+    /// wrote it): the client opens signed in all the same, calls that need the outbox throw
+    /// `.storage`, and `signOut` signs out, forgets the cursor and keeps the outbox. (Opening
+    /// threw `.storage`: no client, so no way to sign out.)
+    func testSignOutWorksWhenTheOutboxCannotBeRead() async throws {
+        let server = try startServer()
+        let storage = try makeStorage()
+        var (client, folder, marker) = try await signedInWithACursor(server, storage, "unreadable@example.com")
+        _ = try await client.record(type: "note", payload: ["n": 2])
+        await client.close()
+        let outbox = try FileHandle(forWritingTo: folder.appendingPathComponent("outbox.log"))
+        outbox.seekToEndOfFile()
+        outbox.write(Data(FramedLog.frame(Array(#"{"op":"from_a_later_version"}"#.utf8))))
+        try outbox.close()
+
+        client = try makeClient(server, storage: storage)
+        XCTAssertTrue(client.isSignedIn)
+        do {
+            _ = try await client.record(type: "note", payload: ["n": 3])
+            XCTFail("recorded into an outbox it cannot read")
+        } catch TrunkSyncError.storage(let reason) {
+            XCTAssertTrue(reason.contains("unreadable record"), reason)
+        }
+        let result = try await client.signOut()
+        XCTAssertNil(result.unsentEvents, "not known")
+        XCTAssertTrue(result.serverSessionRevoked)
+        XCTAssertFalse(client.isSignedIn)
+        XCTAssertFalse(FileManager.default.fileExists(atPath: folder.appendingPathComponent("cursor.json").path))
+        XCTAssertTrue(FileManager.default.fileExists(atPath: folder.appendingPathComponent("outbox.log").path))
+        XCTAssertFalse(FileManager.default.fileExists(atPath: marker.path))
+        await client.close()
+        client = try makeClient(server, storage: storage)
+        XCTAssertFalse(client.isSignedIn, "signed out for good")
+    }
+
+    /// Removing the cursor fails at sign-out: signed out all the same, and the next open
+    /// removes it (the same user's next sign-in then pulls from the start, as after any
+    /// sign-out). (signOut threw `.storage` and stayed signed in.)
+    func testACursorSignOutCouldNotRemoveGoesAtTheNextOpen() async throws {
+        let email = "cursor-stays@example.com"
+        let server = try startServer()
+        let storage = try makeStorage()
+        var (client, folder, marker) = try await signedInWithACursor(server, storage, email)
+        let cursorFile = folder.appendingPathComponent("cursor.json")
+        await client.setRemoveItem { url in
+            guard url.path != cursorFile.path else { throw StorageFailure(message: "refused for the test") }
+            try FileSystem.remove(url)
+        }
+
+        let result = try await client.signOut()
+        XCTAssertEqual(result.unsentEvents, 0)
+        XCTAssertFalse(client.isSignedIn)
+        XCTAssertTrue(FileManager.default.fileExists(atPath: cursorFile.path), "the removal failed")
+        XCTAssertTrue(FileManager.default.fileExists(atPath: marker.path))
+        await client.close()
+
+        client = try makeClient(server, storage: storage)
+        XCTAssertFalse(client.isSignedIn)
+        XCTAssertFalse(FileManager.default.fileExists(atPath: cursorFile.path), "the next open removed it")
+        XCTAssertFalse(FileManager.default.fileExists(atPath: marker.path))
+        try await signIn(client, server, as: email)
+        try await assertEqual(try await client.sync { _ in }.pulled, 1, "from the start")
+    }
+
     /// Signing out while a push waits out a backoff (the server is down) ends that wait:
     /// `signOut` returns without waiting for the push's remaining tries, which here take
     /// hours (up to 1000 tries, waits growing to 10 minutes), and the events stay in the
@@ -270,10 +351,7 @@ final class SessionTests: ClientTestCase {
         let server = try startServer()
         let proxy = try HoldingProxy(upstream: server.port)
         defer { proxy.stop() }
-        var configuration = TrunkSyncClient.Configuration()
-        configuration.retry = Self.quickRetry
-        let client = try TrunkSyncClient(
-            url: proxy.url, storageDirectory: try makeStorage(), configuration: configuration)
+        let client = try makeClient(via: proxy, storage: try makeStorage())
         try await signIn(client, server, as: email)
         _ = try await client.record(type: "note", payload: ["n": 1])
 
