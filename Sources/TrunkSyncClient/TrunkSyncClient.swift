@@ -37,6 +37,10 @@ public actor TrunkSyncClient {
     /// signs out.
     private var backoffWaits: [Int: CheckedContinuation<Void, Never>] = [:]
     private var backoffWaitCount = 0
+    /// Whether a `sync` is pulling, and the live loops waiting for it to end (`nextLivePage`).
+    private var pulling = false
+    private var pullWaits: [Int: CheckedContinuation<Void, Never>] = [:]
+    private var pullWaitCount = 0
     private nonisolated let signedIn = SignedInState()
     /// How the user's data is removed (`signOut`, `deleteAccount`); tests make it fail.
     var removeItem: @Sendable (URL) throws -> Void = { try FileSystem.remove($0) }
@@ -523,7 +527,11 @@ public actor TrunkSyncClient {
     /// Server-Sent Events; a feed over it would plug in at `LiveFeed`, not written yet.)
     ///
     /// The cursor of a page is stored when the loop asks for the next one, i.e. after the
-    /// loop's body applied it; a page whose body did not finish comes again. Failures
+    /// loop's body applied it; a page whose body did not finish comes again. While a `sync`
+    /// pulls, the loop asks for nothing and goes on after that pull's cursor (a first
+    /// sign-in's history comes once, by the pull), so a `sync` handler must not wait for
+    /// the loop's pages; events a `sync` handler applied while a page was on its way are
+    /// left out of it. Failures
     /// worth retrying are retried forever with backoff (`liveRetriesForever`); the stream
     /// ends with an error on anything else (e.g. `.notSignedIn` after `signOut`), and when
     /// the consuming task is cancelled. A stream belongs to the sign-in it started in: after
@@ -617,6 +625,14 @@ public actor TrunkSyncClient {
         _ store: UserStore, _ user: PinnedUser, into report: inout SyncReport,
         _ handler: @Sendable ([SyncEvent]) async throws -> Void
     ) async throws {
+        // Live loops do not ask for pages meanwhile: they go on after this pull's cursor.
+        pulling = true
+        defer {
+            pulling = false
+            let waits = pullWaits.values
+            pullWaits = [:]
+            for wait in waits { wait.resume() }
+        }
         while true {
             try ensureCurrent(store)
             let cursor = store.cursor
@@ -678,16 +694,45 @@ public actor TrunkSyncClient {
         while true {
             try Task.checkCancellation()
             try ensureCurrent(store)
+            // A sync pulling (a first sign-in's history, say) hands those pages to its handler:
+            // asking for them here too would download and deliver them twice.
+            try await pullEnded()
+            try ensureCurrent(store)
             let page = try await feed.nextPage(after: store.cursor)
             try ensureCurrent(store)
-            if page.events.isEmpty {
+            // Events a sync's handler applied while this page was on its way (the stored cursor
+            // moves only once they are applied) are not handed out again.
+            let events = page.events.filter { $0.seq > store.cursor }
+            if events.isEmpty {
                 if page.nextAfter > store.cursor { try storage { try store.saveCursor(page.nextAfter) } }
                 continue
             }
             position.set(page.nextAfter)
-            return page.events
+            return events
         }
     }
+
+    /// Returns once no `sync` is pulling (at once when none is), or when the task is cancelled.
+    private func pullEnded() async throws {
+        guard pulling else { return }
+        pullWaitCount += 1
+        let id = pullWaitCount
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                if Task.isCancelled || !pulling { continuation.resume() } else { pullWaits[id] = continuation }
+            }
+        } onCancel: {
+            Task { await self.endPullWait(id) }
+        }
+        try Task.checkCancellation()
+    }
+
+    private func endPullWait(_ id: Int) {
+        pullWaits.removeValue(forKey: id)?.resume()
+    }
+
+    /// Tests: live loops waiting for a pull to end.
+    var liveLoopsWaitingForPull: Int { pullWaits.count }
 
     // MARK: - Internals: requests, tokens
 

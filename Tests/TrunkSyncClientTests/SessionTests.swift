@@ -551,39 +551,63 @@ final class SessionTests: ClientTestCase {
         let cursor = await laptop.cursor
         try await assertEqual(try await laptop.sync { _ in }.pulled, 4 - Int(cursor), "the rest, once")
     }
-    /// `liveEvents()` stores a later cursor while `sync`'s handler applies an earlier page:
-    /// the sync does not move the cursor back, so no page is delivered twice.
-    func testASyncNeverMovesTheCursorBehindWhatLiveEventsStored() async throws {
-        let email = "cursor@example.com"
+    /// A first sign-in with a history of many pages, and a live loop asking for pages while
+    /// the first `sync` pulls them (an app starts both at launch): the history comes once, by
+    /// the pull; the live loop waits for it and hands out only what commits after. (It asked
+    /// after the same stored cursor as the pull, page by page, and handed the history out a
+    /// second time.)
+    func testAFirstSignInDownloadsTheHistoryOnceBesideALiveLoop() async throws {
+        let email = "history@example.com"
         let server = try startServer()
         let phone = try makeClient(server, storage: try makeStorage())
         try await signIn(phone, server, as: email)
-        for index in 0..<10 { _ = try await phone.record(type: "page", payload: ["index": index]) }
+        for index in 0..<1200 { _ = try await phone.record(type: "page", payload: ["index": index]) }
         _ = try await phone.push()
-        let laptop = try makeClient(server, storage: try makeStorage()) {
-            $0.pullLimit = 5
-            $0.longPollWait = 1
+        let events = EventLogBox()
+        let laptop = try makeClient(server, storage: try makeStorage(), events: events) {
+            $0.pullLimit = 250
+            $0.longPollWait = 20
         }
         try await signIn(laptop, server, as: email)
 
+        let live = Collected()
         let pulled = Collected()
-        let report = try await laptop.sync { events in
-            await pulled.add(events)
-            guard events.first?.seq == 1 else { return }
-            // Meanwhile a live loop applies both pages; asking for a third stores cursor 10.
-            let live = Task {
-                var pages = laptop.liveEvents().makeAsyncIterator()
-                for _ in 0..<3 { _ = try await pages.next() }
+        let loop = LiveLoop()
+        defer { loop.cancel() }
+        let report = try await laptop.sync { page in
+            await pulled.add(page)
+            guard page.first?.seq == 1 else { return }
+            // The live loop asks for its first page while the pull's first is applied.
+            loop.start { for try await page in laptop.liveEvents() { await live.add(page) } }
+            let asked = await waitUntil(20) {
+                let waiting = await laptop.liveLoopsWaitingForPull
+                let delivered = await live.events.count
+                return waiting > 0 || delivered > 0
             }
-            let stored = await waitUntil(20) { await laptop.cursor == 10 }
-            live.cancel()
-            _ = await live.result
-            XCTAssertTrue(stored, "the live loop did not store its cursor")
+            XCTAssertTrue(asked, "the live loop did not ask for a page")
         }
-        try await assertEqual(await pulled.events.map(\.seq), Array(1...5), "pages the live loop applied came again")
-        try await assertEqual(await laptop.cursor, 10)
-        XCTAssertEqual(report.cursor, 10)
+        XCTAssertEqual(report.pulled, 1200)
+        try await assertEqual(await pulled.events.map(\.seq), Array(1...1200))
+
+        for index in 0..<5 { _ = try await phone.record(type: "new", payload: ["index": index]) }
+        _ = try await phone.push()
+        let arrived = await waitUntil(20) { await live.events.count >= 5 }
+        XCTAssertTrue(arrived, "the new events did not come live")
+        try await assertEqual(await live.events.map(\.seq), Array(1201...1205), "the history came live too")
+        XCTAssertLessThanOrEqual(
+            events.requests("GET", "/sync/v1/events").count, 5 + 2, "5 pages pulled, at most 2 live requests")
     }
+}
+
+/// A live loop a test starts from a `sync` handler and cancels at its end.
+final class LiveLoop: @unchecked Sendable {  // guarded by `lock`
+    private let lock = NSLock()
+    private var task: Task<Void, Error>?
+
+    func start(_ body: @escaping @Sendable () async throws -> Void) {
+        lock.withLock { task = Task { try await body() } }
+    }
+    func cancel() { lock.withLock { task }?.cancel() }
 }
 
 extension String {
