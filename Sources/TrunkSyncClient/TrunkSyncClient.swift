@@ -667,16 +667,7 @@ public actor TrunkSyncClient {
             timeout: wait > 0 ? Double(wait) + 15 : nil)
         guard answer.status == 200 else { throw failure(answer) }
         let page = try EventPage.parse(answer.body)
-        var previous = cursor
-        for event in page.events {
-            guard event.seq > previous else {
-                throw TrunkSyncError.invalidResponse("events out of order after \(cursor): seq \(event.seq)")
-            }
-            previous = event.seq
-        }
-        guard page.nextAfter >= previous else {
-            throw TrunkSyncError.invalidResponse("next_after \(page.nextAfter) behind seq \(previous)")
-        }
+        try page.check(after: cursor)
         return page
     }
 

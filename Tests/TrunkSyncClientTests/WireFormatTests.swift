@@ -60,6 +60,16 @@ final class WireFormatTests: XCTestCase {
         XCTAssertThrowsError(try EventPage.parse(Data(#"{"events":[{"seq":1}],"next_after":1,"has_more":false}"#.utf8)))
     }
 
+    /// A page that says there is more must move the cursor: else `sync` asked for the same
+    /// page forever (a server or a proxy answering garbage).
+    func testAPageWithMoreMustMovePastTheCursor() throws {
+        func page(_ json: String) throws -> EventPage { try EventPage.parse(Data(json.utf8)) }
+        XCTAssertThrowsError(try page(#"{"events":[],"next_after":5,"has_more":true}"#).check(after: 5))
+        XCTAssertThrowsError(try page(#"{"events":[],"next_after":4,"has_more":false}"#).check(after: 5))
+        XCTAssertNoThrow(try page(#"{"events":[],"next_after":5,"has_more":false}"#).check(after: 5))
+        XCTAssertNoThrow(try page(#"{"events":[],"next_after":9,"has_more":true}"#).check(after: 5))
+    }
+
     func testTimestampsAreWrittenInUTCWithMilliseconds() {
         let date = Date(timeIntervalSince1970: 1_795_320_602.1239)
         XCTAssertEqual(RFC3339.format(date), "2026-11-22T04:10:02.123Z")
