@@ -920,6 +920,9 @@ public actor TrunkSyncClient {
             configuration.observer?(.tokenRefreshed(proactive: proactive))
             return next
         case 400, 401, 403, 404:
+            // Not the server's own refusal (its JSON error) but a page of something in the way
+            // (a proxy's 404 while it is set up wrong, a captive portal): the session stays.
+            guard answer.isServerError else { throw failure(answer) }
             // The refresh token is unknown or its session revoked: signed out. The user's
             // outbox stays for their next sign-in.
             try? FileSystem.remove(layout.sessionFile)

@@ -285,6 +285,32 @@ final class SessionTests: ClientTestCase {
         try await assertEqual(try await client.sync { _ in }.pulled, 1, "from the start")
     }
 
+    /// A refresh answered `404` or `403` with a page that is not the server's (a proxy set up
+    /// wrong while the server is redeployed, a captive portal) is a failure, not the end of
+    /// the session: the user stays signed in and the next refresh goes through. (It signed
+    /// the user out.)
+    func testARefreshRefusedByAPageInTheWayKeepsTheSession() async throws {
+        let server = try startServer()
+        let proxy = try HoldingProxy(upstream: server.port)
+        defer { proxy.stop() }
+        let client = try makeClient(via: proxy, storage: try makeStorage())
+        try await signIn(client, server, as: "portal@example.com")
+        for status in [404, 403] {
+            try proxy.answerInstead("/auth/v1/token", status: status)
+            do {
+                try await client.refreshSession()
+                XCTFail("a page in the way refreshed the session")
+            } catch TrunkSyncError.server(let error) {
+                XCTAssertEqual(error.status, status)
+            }
+            XCTAssertTrue(client.isSignedIn, "signed out by a page that is not the server's")
+        }
+        try await client.refreshSession()
+        _ = try await client.record(type: "note", payload: ["n": 1])
+        try await assertEqual(try await client.push().pushed, 1)
+        await client.close()
+    }
+
     /// Signing out while a push waits out a backoff (the server is down) ends that wait:
     /// `signOut` returns without waiting for the push's remaining tries, which here take
     /// hours (up to 1000 tries, waits growing to 10 minutes), and the events stay in the

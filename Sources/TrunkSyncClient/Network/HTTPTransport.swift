@@ -24,6 +24,13 @@ struct HTTPAnswer: Sendable {
         return max(0, date.timeIntervalSinceNow)
     }
 
+    /// Whether the body is an error of the server's (a JSON object with `error_code` or
+    /// `code`), not a page of something in between (a proxy, a captive portal).
+    var isServerError: Bool {
+        guard let object = try? JSONSerialization.jsonObject(with: body) as? [String: Any] else { return false }
+        return object["error_code"] is String || object["code"] is String
+    }
+
     /// The error body in any of the server's shapes (`/sync/v1`: `code`, `message`,
     /// `details`; `/auth/v1`: also `error_code`, `msg`).
     var serverError: ServerError {

@@ -122,7 +122,9 @@ final class Latch: @unchecked Sendable {  // guarded by `condition`
 /// `release()`; `arrived(timeout:)` says when that request reached it. `limitBodies(to:)`
 /// refuses larger request bodies with nginx's `413` (its `client_max_body_size`).
 /// `loseAnswer(path, status:)` forwards the next request for `path` and answers it with
-/// `status` instead of the server's answer (a gateway that lost it: `502`).
+/// `status` instead of the server's answer (a gateway that lost it: `502`);
+/// `answerInstead(path, status:)` answers it with `status` and an HTML page without
+/// forwarding it (a proxy set up wrong, a captive portal).
 final class HoldingProxy {
     let process: ExampleProcess
     let port: Int
@@ -155,6 +157,10 @@ final class HoldingProxy {
 
     func loseAnswer(_ path: String, status: Int) throws {
         try Data("\(status) \(path)".utf8).write(to: directory.appendingPathComponent("lose"))
+    }
+
+    func answerInstead(_ path: String, status: Int) throws {
+        try Data("\(status) \(path)".utf8).write(to: directory.appendingPathComponent("instead"))
     }
 
     func limitBodies(to bytes: Int) throws {
@@ -209,6 +215,9 @@ final class HoldingProxy {
                 limit = os.path.join(directory, "max-body")
                 if os.path.exists(limit) and length > int(open(limit).read()):
                     return self.html(413, b"413 Request Entity Too Large")
+                instead = self.planned("instead")
+                if instead:
+                    return self.html(instead, b"Not here")
                 hold = os.path.join(directory, "hold")
                 if os.path.exists(hold) and open(hold).read() == self.path.split("?")[0]:
                     os.remove(hold)
