@@ -70,6 +70,20 @@ final class WireFormatTests: XCTestCase {
         XCTAssertNoThrow(try page(#"{"events":[],"next_after":9,"has_more":true}"#).check(after: 5))
     }
 
+    /// A `Retry-After` date is counted from the answer's `Date`, not this device's clock (off
+    /// by years here): 30 s, not 0 (and not hours for a clock running behind).
+    func testARetryAfterDateIsCountedFromTheAnswersDate() {
+        func answer(_ headers: [String: String]) -> HTTPAnswer {
+            HTTPAnswer(status: 503, headers: headers, body: Data())
+        }
+        XCTAssertEqual(
+            answer(["retry-after": "Sat, 01 Jan 2000 00:00:30 GMT", "date": "Sat, 01 Jan 2000 00:00:00 GMT"])
+                .retryAfter, 30)
+        XCTAssertEqual(
+            answer(["retry-after": "Sat, 01 Jan 2000 00:00:30 GMT"]).retryAfter, 0, "no Date: the device's clock")
+        XCTAssertEqual(answer(["retry-after": "7"]).retryAfter, 7)
+    }
+
     func testTimestampsAreWrittenInUTCWithMilliseconds() {
         let date = Date(timeIntervalSince1970: 1_795_320_602.1239)
         XCTAssertEqual(RFC3339.format(date), "2026-11-22T04:10:02.123Z")

@@ -12,16 +12,24 @@ struct HTTPAnswer: Sendable {
 
     func header(_ name: String) -> String? { headers[name.lowercased()] }
 
-    /// `Retry-After` in seconds: delta-seconds or an HTTP date.
+    /// `Retry-After` in seconds: delta-seconds or an HTTP date. A date is counted from the
+    /// answer's own `Date` (the same clock) when it has one, not from this device's clock,
+    /// which may be off by hours: waiting hours for a few seconds' pause, or not at all.
     var retryAfter: TimeInterval? {
         guard let value = header("retry-after")?.trimmingCharacters(in: .whitespaces) else { return nil }
         if let seconds = Double(value), seconds >= 0 { return seconds }
+        guard let date = Self.httpDate(value) else { return nil }
+        let now = header("date").flatMap(Self.httpDate) ?? Date()
+        return max(0, date.timeIntervalSince(now))
+    }
+
+    /// An IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).
+    static func httpDate(_ text: String) -> Date? {
         let formatter = DateFormatter()
         formatter.locale = Locale(identifier: "en_US_POSIX")
         formatter.timeZone = TimeZone(identifier: "GMT")
         formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss zzz"
-        guard let date = formatter.date(from: value) else { return nil }
-        return max(0, date.timeIntervalSinceNow)
+        return formatter.date(from: text.trimmingCharacters(in: .whitespaces))
     }
 
     /// Whether the body is an error of the server's (a JSON object with `error_code` or
