@@ -898,42 +898,54 @@ public actor TrunkSyncClient {
         // Retrying after a lost answer is safe: the server hands a token used again within
         // 10 s of its rotation another token of the same session. Pinned, so a sign-out (or
         // another user's sign-in) ends its retries instead of waiting for them.
-        let answer = try await send(
-            "POST", "/auth/v1/token", query: [URLQueryItem(name: "grant_type", value: "refresh_token")],
-            body: Array(body), as: PinnedUser(id: current.userID, generation: userGeneration),
-            retry: RetryRules(maxAttempts: tries))
-        // Signed out, or signed in again, while the answer came (a slow connection): the
-        // answer is about a session no longer stored, maybe one signOut revoked. It must not
-        // replace the session stored now, nor end it: a newer session of the same user is
-        // used as it is.
-        guard let stored = session, stored.refreshToken == current.refreshToken else {
-            if let stored = session, stored.userID == current.userID { return stored }
-            throw TrunkSyncError.notSignedIn
-        }
-        switch answer.status {
-        case 200:
-            var next = try StoredSession.parse(answer.body, receivedAt: configuration.now())
-            next.email = next.email ?? current.email
-            // Stored before anything uses it: a crash now keeps the new refresh token.
-            try storage { try next.save(layout.sessionFile) }
-            session = next
-            configuration.observer?(.tokenRefreshed(proactive: proactive))
-            return next
-        case 400, 401, 403, 404:
-            // Not the server's own refusal (its JSON error) but a page of something in the way
-            // (a proxy's 404 while it is set up wrong, a captive portal): the session stays.
-            guard answer.isServerError else { throw failure(answer) }
-            // The refresh token is unknown or its session revoked: signed out. The user's
-            // outbox stays for their next sign-in.
-            try? FileSystem.remove(layout.sessionFile)
-            session = nil
-            store?.close()
-            store = nil
-            signedIn.set(nil)
-            configuration.observer?(.sessionExpired)
-            throw TrunkSyncError.sessionExpired
-        default:
-            throw failure(answer)
+        var unreadable = 0
+        while true {
+            let answer = try await send(
+                "POST", "/auth/v1/token", query: [URLQueryItem(name: "grant_type", value: "refresh_token")],
+                body: Array(body), as: PinnedUser(id: current.userID, generation: userGeneration),
+                retry: RetryRules(maxAttempts: tries))
+            // Signed out, or signed in again, while the answer came (a slow connection): the
+            // answer is about a session no longer stored, maybe one signOut revoked. It must not
+            // replace the session stored now, nor end it: a newer session of the same user is
+            // used as it is.
+            guard let stored = session, stored.refreshToken == current.refreshToken else {
+                if let stored = session, stored.userID == current.userID { return stored }
+                throw TrunkSyncError.notSignedIn
+            }
+            switch answer.status {
+            case 200:
+                guard var next = try? StoredSession.parse(answer.body, receivedAt: configuration.now()) else {
+                    // The server may have rotated the token and its answer been mangled on the
+                    // way: asked again now, within the server's reuse interval, the same token
+                    // gets another of the same session. Kept for later, it would be a reuse
+                    // that revokes the session.
+                    unreadable += 1
+                    if unreadable < 3 { continue }
+                    throw TrunkSyncError.invalidResponse("the answer to a refresh is not a session")
+                }
+                next.email = next.email ?? current.email
+                // Stored before anything uses it: a crash now keeps the new refresh token.
+                try storage { try next.save(layout.sessionFile) }
+                session = next
+                configuration.observer?(.tokenRefreshed(proactive: proactive))
+                return next
+            case 400, 401, 403, 404:
+                // Not the server's own refusal (its JSON error) but a page of something in the
+                // way (a proxy's 404 while it is set up wrong, a captive portal): the session
+                // stays.
+                guard answer.isServerError else { throw failure(answer) }
+                // The refresh token is unknown or its session revoked: signed out. The user's
+                // outbox stays for their next sign-in.
+                try? FileSystem.remove(layout.sessionFile)
+                session = nil
+                store?.close()
+                store = nil
+                signedIn.set(nil)
+                configuration.observer?(.sessionExpired)
+                throw TrunkSyncError.sessionExpired
+            default:
+                throw failure(answer)
+            }
         }
     }
 

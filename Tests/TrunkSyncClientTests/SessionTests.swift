@@ -311,6 +311,26 @@ final class SessionTests: ClientTestCase {
         await client.close()
     }
 
+    /// The server rotates the refresh token but its answer arrives mangled (a `200` that is
+    /// not a session: a proxy in the way): the refresh asks again at once, within the
+    /// server's reuse interval, and gets another token of the same session. (It threw
+    /// `.invalidResponse` keeping the old token, whose next use, later, revoked the session.)
+    func testARefreshWhoseAnswerIsMangledAsksAgainAtOnce() async throws {
+        let server = try startServer()
+        let proxy = try HoldingProxy(upstream: server.port)
+        defer { proxy.stop() }
+        let events = EventLogBox()
+        let client = try makeClient(via: proxy, storage: try makeStorage(), events: events)
+        try await signIn(client, server, as: "mangled@example.com")
+        try proxy.loseAnswer("/auth/v1/token", status: 200)
+        try await client.refreshSession()
+        XCTAssertEqual(events.requests("POST", "/auth/v1/token").count, 2, "asked again once")
+        XCTAssertTrue(client.isSignedIn)
+        try await client.refreshSession()
+        _ = try await client.record(type: "note", payload: ["n": 1])
+        try await assertEqual(try await client.push().pushed, 1)
+    }
+
     /// Signing out while a push waits out a backoff (the server is down) ends that wait:
     /// `signOut` returns without waiting for the push's remaining tries, which here take
     /// hours (up to 1000 tries, waits growing to 10 minutes), and the events stay in the

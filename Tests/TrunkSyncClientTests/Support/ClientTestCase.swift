@@ -88,9 +88,10 @@ class ClientTestCase: XCTestCase {
 
     /// A client of the server behind `proxy`, as `makeClient`.
     func makeClient(
-        via proxy: HoldingProxy, storage: URL, _ configure: (inout TrunkSyncClient.Configuration) -> Void = { _ in }
+        via proxy: HoldingProxy, storage: URL, events: EventLogBox? = nil,
+        _ configure: (inout TrunkSyncClient.Configuration) -> Void = { _ in }
     ) throws -> TrunkSyncClient {
-        try makeClient(url: proxy.url, storage: storage, events: nil, configure)
+        try makeClient(url: proxy.url, storage: storage, events: events, configure)
     }
 
     private func makeClient(
