@@ -21,6 +21,11 @@ import Foundation
 public actor TrunkSyncClient {
     public let url: URL
     public nonisolated let configuration: Configuration
+    /// False when the storage directory is inside a folder the system may empty on its own
+    /// (the caches folder, the temporary folder: iOS purges them when space runs low), where
+    /// unsent events could go with it. Keep the storage in Application Support (or another
+    /// folder nothing deletes), and tell the user when this is false.
+    public nonisolated let storagePersisted: Bool
 
     private let layout: StorageLayout
     private let transport = HTTPTransport()
@@ -57,6 +62,7 @@ public actor TrunkSyncClient {
         self.url = url
         self.configuration = configuration
         layout = StorageLayout(storageDirectory: storageDirectory, server: url)
+        storagePersisted = !StorageLayout.isPurgeable(storageDirectory)
         do {
             try FileSystem.createDirectory(layout.serverDirectory)
             let lock = try DurableFile(path: layout.lockFile.path)

@@ -84,6 +84,23 @@ final class WireFormatTests: XCTestCase {
         XCTAssertEqual(answer(["retry-after": "7"]).retryAfter, 7)
     }
 
+    /// Storage in the temporary or the caches folder (emptied by the system when space runs
+    /// low) is told; elsewhere it is not.
+    func testStorageTheSystemMayPurgeIsTold() async throws {
+        let server = URL(string: "http://127.0.0.1:9")!
+        let temporary = FileManager.default.temporaryDirectory.appendingPathComponent("ts-\(UUID().uuidString)")
+        let caches = try XCTUnwrap(FileManager.default.urls(for: .cachesDirectory, in: .userDomainMask).first)
+            .appendingPathComponent("ts-\(UUID().uuidString)")
+        let kept = URL(fileURLWithPath: FileManager.default.currentDirectoryPath)
+            .appendingPathComponent(".build/ts-\(UUID().uuidString)")
+        defer { for directory in [temporary, caches, kept] { try? FileManager.default.removeItem(at: directory) } }
+        for (directory, persisted) in [(temporary, false), (caches, false), (kept, true)] {
+            let client = try TrunkSyncClient(url: server, storageDirectory: directory)
+            XCTAssertEqual(client.storagePersisted, persisted, directory.path)
+            await client.close()
+        }
+    }
+
     func testTimestampsAreWrittenInUTCWithMilliseconds() {
         let date = Date(timeIntervalSince1970: 1_795_320_602.1239)
         XCTAssertEqual(RFC3339.format(date), "2026-11-22T04:10:02.123Z")

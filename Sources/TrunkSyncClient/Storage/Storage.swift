@@ -24,6 +24,19 @@ struct StorageLayout {
     var lockFile: URL { serverDirectory.appendingPathComponent("lock") }
     var sessionFile: URL { serverDirectory.appendingPathComponent("session.json") }
 
+    /// Whether `directory` is inside a folder the system may empty on its own: the user's
+    /// caches folder or the temporary folder.
+    static func isPurgeable(_ directory: URL) -> Bool {
+        let resolved = directory.resolvingSymlinksInPath().standardizedFileURL.path
+        let folders =
+            FileManager.default.urls(for: .cachesDirectory, in: .userDomainMask)
+            + [FileManager.default.temporaryDirectory]
+        return folders.contains { folder in
+            let root = folder.resolvingSymlinksInPath().standardizedFileURL.path
+            return resolved == root || resolved.hasPrefix(root.hasSuffix("/") ? root : root + "/")
+        }
+    }
+
     var usersDirectory: URL { serverDirectory.appendingPathComponent("users", isDirectory: true) }
 
     func userDirectory(_ user: UUID) -> URL {
