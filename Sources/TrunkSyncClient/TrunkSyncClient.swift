@@ -585,6 +585,10 @@ public actor TrunkSyncClient {
                 report.duplicates += duplicates
                 configuration.observer?(.batchPushed(events: batch.count, created: created, duplicates: duplicates))
                 limit = fits
+            case 400 where !answer.isServerError:
+                // Not the server's judgement of the events but a page of something in the way
+                // (a proxy set up wrong): no event is quarantined for it, the push fails.
+                throw failure(answer)
             case 400, 413:
                 let error = answer.serverError
                 let now = configuration.now()
