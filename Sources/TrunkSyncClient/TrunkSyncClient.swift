@@ -285,7 +285,8 @@ public actor TrunkSyncClient {
     ///   server (a `4xx`; `.rateLimited`): nothing was deleted, still signed in.
     ///   `.outcomeUnknown` when the answer was lost (signed out, data here removed);
     ///   `.notSignedIn`, `.sessionExpired`; `.network` when a token refresh before it failed
-    ///   (nothing sent); `.storage` when the account is deleted but its data here could not
+    ///   or the deletion cannot have gone out (no network, the connection refused: nothing
+    ///   changed); `.storage` when the account is deleted but its data here could not
     ///   be removed yet (signed out; it goes at the next open).
     public func deleteAccount(code: String) async throws {
         await acquireSync()
@@ -789,6 +790,7 @@ public actor TrunkSyncClient {
                 answer = try await transport.send(request)
                 probe?.awaitingAnswer = false
             } catch let failure as TransportFailure {
+                if failure.notSent { probe?.awaitingAnswer = false }
                 attempt += 1
                 guard retry.network, retry.unlimited || attempt < maxAttempts else {
                     throw TrunkSyncError.network(failure.description)
@@ -836,7 +838,8 @@ public actor TrunkSyncClient {
     }
 
     /// Whether a request `send` sent is still without an answer: when `send` throws, the
-    /// server may have acted on it (set before each try goes out, cleared when its answer came).
+    /// server may have acted on it (set before each try goes out, cleared when its answer
+    /// came or when it cannot have gone out: no network, the connection refused).
     final class ExchangeProbe {
         var awaitingAnswer = false
     }

@@ -125,6 +125,27 @@ final class ClientAccountTests: ClientTestCase {
         await client.close()
     }
 
+    /// The server cannot be reached at all (connection refused: the request never went
+    /// out): `.network`, nothing changed here or there, still signed in with the unsent
+    /// event. (It was taken for a lost answer: signed out, the unsent event deleted, the
+    /// account still there.)
+    func testADeletionThatCannotReachTheServerChangesNothing() async throws {
+        let server = try startServer()
+        let proxy = try HoldingProxy(upstream: server.port)
+        defer { proxy.stop() }
+        let email = "unreachable@example.com"
+        let storage = try makeStorage()
+        let (client, code) = try await readyToDelete(server, proxy, storage, email)
+        proxy.stop()
+        do {
+            try await client.deleteAccount(code: code)
+            XCTFail("deleted without a server")
+        } catch TrunkSyncError.network(_) {}
+        XCTAssertTrue(client.isSignedIn)
+        try await assertEqual(await client.pendingCount, 1, "the unsent event is kept")
+        XCTAssertEqual(try server.rows("select count(*)::text from users")[0][0], "1")
+    }
+
     /// A gateway answers `502` for a deletion the server did (its answer lost between them),
     /// and removing the user's folder fails here: `.outcomeUnknown`, signed out; the next
     /// open of the storage removes the folder, and does not sign the user in. (It threw

@@ -62,6 +62,19 @@ struct HTTPAnswer: Sendable {
 /// A failure below HTTP: no connection, connection lost, timeout.
 struct TransportFailure: Error, CustomStringConvertible {
     var description: String
+    /// The request cannot have reached the server: no network, the host unknown, the
+    /// connection (or its TLS handshake) refused. Else it may have, whatever came back.
+    var notSent = false
+
+    /// `URLError` codes of failures before the request goes out.
+    static let notSentCodes: Set<Int> = [
+        NSURLErrorNotConnectedToInternet, NSURLErrorCannotFindHost, NSURLErrorDNSLookupFailed,
+        NSURLErrorCannotConnectToHost, NSURLErrorSecureConnectionFailed, NSURLErrorServerCertificateUntrusted,
+        NSURLErrorServerCertificateHasBadDate, NSURLErrorServerCertificateNotYetValid,
+        NSURLErrorServerCertificateHasUnknownRoot, NSURLErrorClientCertificateRejected,
+        NSURLErrorAppTransportSecurityRequiresSecureConnection, NSURLErrorInternationalRoamingOff,
+        NSURLErrorDataNotAllowed, NSURLErrorCallIsActive,
+    ]
 }
 
 /// Sends requests with `URLSession` (Foundation on Apple platforms, FoundationNetworking
@@ -140,7 +153,11 @@ final class HTTPTransport: Sendable {
                 return .failure(CancellationError())
             }
             if error is TransportFailure { return .failure(error) }
-            return .failure(TransportFailure(description: error.localizedDescription))
+            return .failure(
+                TransportFailure(
+                    description: error.localizedDescription,
+                    notSent: nsError.domain == NSURLErrorDomain && TransportFailure.notSentCodes.contains(nsError.code))
+            )
         }
         guard let http = response as? HTTPURLResponse else {
             return .failure(TransportFailure(description: "not an HTTP response"))
