@@ -89,10 +89,12 @@ public struct QuarantinedEvent: Sendable, Equatable {
 public struct SignOutResult: Sendable, Equatable {
     /// Events recorded by the user that are still not on the server. They stay in the
     /// user's outbox on this device and are pushed the next time the same user signs in
-    /// (unless `signOut(discardingUnsentEvents: true)` deleted them).
-    public var unsentEvents: Int
-    /// Events of the user's quarantine (kept or discarded alike).
-    public var quarantinedEvents: Int
+    /// (unless `signOut(discardingUnsentEvents: true)` deleted them). Nil when the outbox
+    /// could not be read (its events, however many, are kept all the same).
+    public var unsentEvents: Int?
+    /// Events of the user's quarantine (kept or discarded alike); nil when it could not be
+    /// read.
+    public var quarantinedEvents: Int?
     /// Whether the server revoked the session (false when it could not be reached: the
     /// local session is removed all the same).
     public var serverSessionRevoked: Bool
@@ -152,6 +154,11 @@ public enum TrunkSyncError: Error, Sendable, Equatable, CustomStringConvertible 
     case storage(String)
     /// Another client (in this process or another) has this storage directory open.
     case storageInUse(String)
+    /// `deleteAccount` sent the deletion and got no answer (the connection broke, the request
+    /// timed out, a `5xx`): the account may or may not be deleted. The client signed out and
+    /// removed the user's data on this device all the same; signing in again shows whether
+    /// the account still exists (a new, empty one if it was deleted).
+    case outcomeUnknown(String)
 
     public var description: String {
         switch self {
@@ -166,6 +173,7 @@ public enum TrunkSyncError: Error, Sendable, Equatable, CustomStringConvertible 
         case .invalidResponse(let reason): return "invalid response: \(reason)"
         case .storage(let reason): return "storage: \(reason)"
         case .storageInUse(let path): return "storage \(path) is in use by another client"
+        case .outcomeUnknown(let reason): return "outcome unknown: \(reason)"
         }
     }
 }

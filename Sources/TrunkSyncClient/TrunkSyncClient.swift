@@ -21,6 +21,11 @@ import Foundation
 public actor TrunkSyncClient {
     public let url: URL
     public nonisolated let configuration: Configuration
+    /// False when the storage directory is inside a folder the system may empty on its own
+    /// (the caches folder, the temporary folder: iOS purges them when space runs low), where
+    /// unsent events could go with it. Keep the storage in Application Support (or another
+    /// folder nothing deletes), and tell the user when this is false.
+    public nonisolated let storagePersisted: Bool
 
     private let layout: StorageLayout
     private let transport = HTTPTransport()
@@ -37,17 +42,27 @@ public actor TrunkSyncClient {
     /// signs out.
     private var backoffWaits: [Int: CheckedContinuation<Void, Never>] = [:]
     private var backoffWaitCount = 0
+    /// Whether a `sync` is pulling, and the live loops waiting for it to end (`nextLivePage`).
+    private var pulling = false
+    private var pullWaits: [Int: CheckedContinuation<Void, Never>] = [:]
+    private var pullWaitCount = 0
     private nonisolated let signedIn = SignedInState()
+    /// How the user's data is removed (`signOut`, `deleteAccount`); tests make it fail.
+    var removeItem: @Sendable (URL) throws -> Void = { try FileSystem.remove($0) }
 
     /// Opens (creating if needed) the client's storage for `url` under `storageDirectory`.
     /// A session stored there by an earlier run is used: the user stays signed in across
-    /// restarts.
+    /// restarts. When that user's outbox cannot be opened (say a newer version of the app
+    /// wrote a record this one cannot read), the client opens all the same, signed in: the
+    /// calls that need the outbox throw `.storage` (trying again each time), and `signOut`
+    /// works.
     /// - Throws: `TrunkSyncError.storageInUse` when another client has this storage open,
     ///   `.storage` when it cannot be read or written.
     public init(url: URL, storageDirectory: URL, configuration: Configuration = Configuration()) throws {
         self.url = url
         self.configuration = configuration
         layout = StorageLayout(storageDirectory: storageDirectory, server: url)
+        storagePersisted = !StorageLayout.isPurgeable(storageDirectory)
         do {
             try FileSystem.createDirectory(layout.serverDirectory)
             let lock = try DurableFile(path: layout.lockFile.path)
@@ -56,20 +71,48 @@ public actor TrunkSyncClient {
                 throw TrunkSyncError.storageInUse(layout.serverDirectory.path)
             }
             self.lock = lock
-            if let session = try StoredSession.load(layout.sessionFile) {
-                let store = try UserStore(userID: session.userID, directory: layout.userDirectory(session.userID))
-                for recovery in [store.outbox.recovery, store.quarantine.recovery].compactMap({ $0 }) {
-                    configuration.observer?(.logRecovered(recovery))
+            var stored = try StoredSession.load(layout.sessionFile)
+            // Removals of users' data a failure or a crash cut short (`signOut`,
+            // `deleteAccount`): never signed in as such a user; what is to go goes now (or at
+            // the next open, or that user's next sign-in, when it cannot).
+            for user in layout.pendingCleanups() {
+                if stored?.userID == user {
+                    stored = nil
+                    try? FileSystem.remove(layout.sessionFile)
                 }
+                try? layout.finishCleanup(of: user)
+            }
+            if let session = stored {
                 self.session = session
-                self.store = store
                 signedIn.set(User(id: session.userID, email: session.email))
+                // Unreadable now: `currentStore()` tries again when a call needs it.
+                store = try? Self.openStore(session.userID, layout, configuration)
             }
         } catch let error as TrunkSyncError {
             throw error
         } catch {
             throw TrunkSyncError.storage(String(describing: error))
         }
+    }
+
+    /// Opens a user's outbox, quarantine and cursor, telling the observer what it repaired.
+    private static func openStore(_ user: UUID, _ layout: StorageLayout, _ configuration: Configuration) throws
+        -> UserStore
+    {
+        let store = try UserStore(userID: user, directory: layout.userDirectory(user))
+        for recovery in [store.outbox.recovery, store.quarantine.recovery].compactMap({ $0 }) {
+            configuration.observer?(.logRecovered(recovery))
+        }
+        return store
+    }
+
+    /// The signed-in user's store, opened now when it could not be before (`init`).
+    private func currentStore() throws -> UserStore {
+        guard let session else { throw TrunkSyncError.notSignedIn }
+        if let store { return store }
+        let opened = try storage { try Self.openStore(session.userID, layout, configuration) }
+        store = opened
+        return opened
     }
 
     /// Releases the storage (files and lock); the client is unusable afterwards. Also
@@ -126,6 +169,9 @@ public actor TrunkSyncClient {
         await acquireSync()
         defer { releaseSync() }
         try storage {
+            // A removal of this user's data left undone (`deleteAccount`) is done first:
+            // nothing meant to go is read again.
+            if store?.userID != newSession.userID { try layout.finishCleanup(of: newSession.userID) }
             let newStore =
                 store?.userID == newSession.userID
                 ? store! : try UserStore(userID: newSession.userID, directory: layout.userDirectory(newSession.userID))
@@ -158,6 +204,11 @@ public actor TrunkSyncClient {
     /// `discardingUnsentEvents: true` to delete the user's outbox and quarantine instead.
     /// The local session is removed even when the server cannot be reached.
     ///
+    /// It signs out also when the user's outbox cannot be read (`unsentEvents` is then nil;
+    /// the outbox stays) or the storage refuses a removal: what is to go is written down
+    /// first (`users/<id>.cleanup`) and done at the next open, or the user's next sign-in,
+    /// before anything of theirs is read.
+    ///
     /// A `sync`/`push` in progress (and a token refresh it started) ends first, with
     /// `.notSignedIn` at its next try: one waiting out a backoff ends at once, so signing out
     /// never waits for its retries. What it had not sent stays in the outbox, as above. The
@@ -173,10 +224,12 @@ public actor TrunkSyncClient {
         // After any sync in progress, so none writes a cursor or outbox once they are gone.
         await acquireSync()
         defer { releaseSync() }
-        guard session != nil, let store else {
+        guard let userID = session?.userID else {
             return SignOutResult(unsentEvents: 0, quarantinedEvents: 0, serverSessionRevoked: false)
         }
-        if !discardingUnsentEvents && store.outbox.count > 0, let user = try? signedInUser() {
+        // Nil when the user's outbox cannot be read: signed out all the same.
+        let store = try? currentStore()
+        if !discardingUnsentEvents, let store, store.outbox.count > 0, let user = try? signedInUser() {
             var report = SyncReport()
             try? await pushOutbox(store, user, into: &report, retry: RetryRules(maxAttempts: 2))
         }
@@ -195,16 +248,11 @@ public actor TrunkSyncClient {
             }
         }
         let result = SignOutResult(
-            unsentEvents: store.outbox.count, quarantinedEvents: store.quarantine.count, serverSessionRevoked: revoked)
-        try storage {
-            try FileSystem.remove(layout.sessionFile)
-            try store.removeCursor()
-            store.close()
-            if discardingUnsentEvents { try FileSystem.remove(store.directory) }
-        }
-        if self.store === store { self.store = nil }
-        session = nil
-        signedIn.set(nil)
+            unsentEvents: store?.outbox.count, quarantinedEvents: store?.quarantine.count, serverSessionRevoked: revoked
+        )
+        // The cursor goes (with `discardingUnsentEvents`, the outbox and quarantine too); what
+        // the storage refuses now is done at the next open or the user's next sign-in.
+        _ = signOutAndCleanUp(discardingUnsentEvents ? .discard : .forget, of: userID)
         return result
     }
 
@@ -226,27 +274,97 @@ public actor TrunkSyncClient {
     /// /sync/v1/account`) with the code from `reauthenticate()`, then everything this client
     /// stored for the user: session, cursor, outbox (events not sent yet are gone with the
     /// account) and quarantine. Every session of the user, on every device, ends.
-    /// - Throws: `.invalidCode` for a wrong, expired or used code (nothing was deleted; ask
-    ///   for a new one); `.notSignedIn`, `.sessionExpired`; `.network` when the answer was lost
-    ///   (the account may be gone: the next call then finds the session expired).
+    ///
+    /// The deletion is sent once. When its answer does not come (the connection broke, the
+    /// request timed out, a `5xx`: the server may have deleted the account), it never claims
+    /// the deletion: it throws `.outcomeUnknown`, and signs out and removes the user's data here
+    /// all the same (after trying to revoke the session), so nothing of it stays readable for
+    /// the next person using the device. A removal that fails here is finished when the
+    /// storage is next opened (or the user next signs in), before anything of theirs is read.
+    /// - Throws: `.invalidCode` for a wrong, expired or used code, and any other refusal of the
+    ///   server (a `4xx`; `.rateLimited`): nothing was deleted, still signed in.
+    ///   `.outcomeUnknown` when the answer was lost (signed out, data here removed);
+    ///   `.notSignedIn`, `.sessionExpired`; `.network` when a token refresh before it failed
+    ///   or the deletion cannot have gone out (no network, the connection refused: nothing
+    ///   changed); `.storage` when the account is deleted but its data here could not
+    ///   be removed yet (signed out; it goes at the next open).
     public func deleteAccount(code: String) async throws {
         await acquireSync()
         defer { releaseSync() }
-        guard session != nil, let store else { throw TrunkSyncError.notSignedIn }
+        let user = try signedInUser()
         let body = try JSONSerialization.data(withJSONObject: ["code": code])
-        let answer = try await send(
-            "DELETE", "/sync/v1/account", body: Array(body), bearer: true,
-            retry: RetryRules(network: false, statuses: [503]))
-        if answer.serverError.code == "reauthentication_not_valid" { throw TrunkSyncError.invalidCode }
-        guard answer.status == 204 else { throw failure(answer) }
-        try storage {
-            try FileSystem.remove(layout.sessionFile)
-            store.close()
-            try FileSystem.remove(store.directory)
+        // A token refresh first, on its own: one that fails has sent nothing.
+        _ = try await validAccessToken(for: user)
+        let probe = ExchangeProbe()
+        let answer: HTTPAnswer
+        do {
+            // Never repeated: after a lost answer a second try could only find the session
+            // gone (the account deleted) and sign out keeping the data.
+            answer = try await send(
+                "DELETE", "/sync/v1/account", body: Array(body), bearer: true, as: user,
+                retry: RetryRules(network: false, statuses: []), probe: probe)
+        } catch {
+            // Refused before it went out (a refresh, a sign-out meanwhile): nothing deleted.
+            guard probe.awaitingAnswer else { throw error }
+            throw await forgetAfterUnknownDeletion(user, reason: String(describing: error))
         }
-        if self.store === store { self.store = nil }
-        session = nil
-        signedIn.set(nil)
+        switch answer.status {
+        case 204:
+            if let failure = signOutAndCleanUp(.delete, of: user.id) {
+                throw TrunkSyncError.storage(
+                    "the account is deleted; its data on this device could not be removed yet (\(failure)): "
+                        + "that happens when the storage is next opened")
+            }
+        case 400..<500:
+            // The server's own refusal: nothing deleted.
+            if answer.serverError.code == "reauthentication_not_valid" { throw TrunkSyncError.invalidCode }
+            throw failure(answer)
+        default:
+            // A 5xx (a gateway that lost the server's answer, a database connection lost at
+            // the commit) or anything but the server's 204: the account may be gone.
+            throw await forgetAfterUnknownDeletion(user, reason: answer.serverError.description)
+        }
+    }
+
+    /// After a deletion whose answer was lost: tries once to revoke the session, signs out and
+    /// removes the user's data here. The error `deleteAccount` throws.
+    private func forgetAfterUnknownDeletion(_ user: PinnedUser, reason: String) async
+        -> TrunkSyncError
+    {
+        if isCurrent(user) {
+            _ = try? await send(
+                "POST", "/auth/v1/logout", query: [URLQueryItem(name: "scope", value: "local")], bearer: true, as: user,
+                retry: RetryRules(network: false, statuses: [], maxAttempts: 1))
+        }
+        // Also when a sign-out began meanwhile (it waits for this call): it would keep the data.
+        let failure = signOutAndCleanUp(.delete, of: user.id)
+        return .outcomeUnknown(
+            "the answer to the account's deletion was lost (\(reason)): the account may or may not be deleted; "
+                + "signed out, and its data on this device "
+                + (failure.map { "removed at the next open (now: \($0))" } ?? "removed")
+                + ". Sign in again to see whether it still exists")
+    }
+
+    /// Signs `user` out and removes `cleanup` of their data: the clean-up marker first
+    /// (`StorageLayout.cleanupMarker`), then the session, then the data, then the marker.
+    /// Signed out in any case; returns what failed (the next open, or the user's next
+    /// sign-in, does the rest).
+    private func signOutAndCleanUp(_ cleanup: StorageLayout.Cleanup, of user: UUID) -> Error? {
+        userGeneration += 1
+        endBackoffWaits()
+        if let store, store.userID == user {
+            store.close()
+            self.store = nil
+        }
+        if session?.userID == user {
+            session = nil
+            signedIn.set(nil)
+        }
+        var failure: Error?
+        do { try layout.markCleanup(cleanup, of: user) } catch { failure = error }
+        do { try removeItem(layout.sessionFile) } catch { failure = failure ?? error }
+        do { try layout.clean(cleanup, of: user, remove: removeItem) } catch { failure = failure ?? error }
+        return failure
     }
 
     /// Downloads a copy of the signed-in user's data (`GET /sync/v1/export`: one JSON object
@@ -309,7 +427,7 @@ public actor TrunkSyncClient {
 
     /// Records an event whose payload is JSON text (an object), kept byte for byte.
     public func record(type: String, payloadJSON: Data) throws -> UUID {
-        guard let store else { throw TrunkSyncError.notSignedIn }
+        let store = try currentStore()
         let length = type.unicodeScalars.count
         guard (1...128).contains(length) else {
             throw TrunkSyncError.invalidEvent("type must be 1 to 128 characters (it has \(length))")
@@ -334,14 +452,14 @@ public actor TrunkSyncClient {
     public static let maxPayloadBytes = 64 * 1024
 
     /// Events in the outbox: recorded, not yet on the server (quarantined ones excluded).
-    public var pendingCount: Int { store?.outbox.count ?? 0 }
+    public var pendingCount: Int { (try? currentStore())?.outbox.count ?? 0 }
 
     // MARK: - Quarantine
 
     /// Events the server refused (`SyncReport.rejected` named them), oldest first. They are
     /// never pushed again unless `requeueQuarantined` moves them back.
     public func quarantinedEvents() throws -> [QuarantinedEvent] {
-        guard let store else { throw TrunkSyncError.notSignedIn }
+        let store = try currentStore()
         return try storage {
             try store.quarantine.all().map { event in
                 QuarantinedEvent(
@@ -356,14 +474,14 @@ public actor TrunkSyncClient {
 
     /// Deletes quarantined events for good (all of them when `ids` is nil).
     public func discardQuarantined(_ ids: [UUID]? = nil) throws {
-        guard let store else { throw TrunkSyncError.notSignedIn }
+        let store = try currentStore()
         try storage { try store.quarantine.remove(ids ?? store.quarantine.ids, as: .drop) }
     }
 
     /// Moves quarantined events back to the outbox, same ids, to be pushed again (after a
     /// server change that accepts them).
     public func requeueQuarantined(_ ids: [UUID]) throws {
-        guard let store else { throw TrunkSyncError.notSignedIn }
+        let store = try currentStore()
         try storage { try store.requeue(ids) }
     }
 
@@ -385,7 +503,7 @@ public actor TrunkSyncClient {
     public func sync(_ handler: @escaping @Sendable ([SyncEvent]) async throws -> Void) async throws -> SyncReport {
         await acquireSync()
         defer { releaseSync() }
-        guard let store else { throw TrunkSyncError.notSignedIn }
+        let store = try currentStore()
         let user = try signedInUser()
         var report = SyncReport()
         try await pushOutbox(store, user, into: &report, retry: RetryRules())
@@ -398,7 +516,7 @@ public actor TrunkSyncClient {
     public func push() async throws -> SyncReport {
         await acquireSync()
         defer { releaseSync() }
-        guard let store else { throw TrunkSyncError.notSignedIn }
+        let store = try currentStore()
         let user = try signedInUser()
         var report = SyncReport()
         try await pushOutbox(store, user, into: &report, retry: RetryRules())
@@ -406,7 +524,7 @@ public actor TrunkSyncClient {
     }
 
     /// The cursor: the `seq` of the last event applied on this device (0 before the first).
-    public var cursor: Int64 { store?.cursor ?? 0 }
+    public var cursor: Int64 { (try? currentStore())?.cursor ?? 0 }
 
     /// New events as they arrive, page by page, from the stored cursor on.
     ///
@@ -416,7 +534,11 @@ public actor TrunkSyncClient {
     /// Server-Sent Events; a feed over it would plug in at `LiveFeed`, not written yet.)
     ///
     /// The cursor of a page is stored when the loop asks for the next one, i.e. after the
-    /// loop's body applied it; a page whose body did not finish comes again. Failures
+    /// loop's body applied it; a page whose body did not finish comes again. While a `sync`
+    /// pulls, the loop asks for nothing and goes on after that pull's cursor (a first
+    /// sign-in's history comes once, by the pull), so a `sync` handler must not wait for
+    /// the loop's pages; events a `sync` handler applied while a page was on its way are
+    /// left out of it. Failures
     /// worth retrying are retried forever with backoff (`liveRetriesForever`); the stream
     /// ends with an error on anything else (e.g. `.notSignedIn` after `signOut`), and when
     /// the consuming task is cancelled. A stream belongs to the sign-in it started in: after
@@ -464,6 +586,10 @@ public actor TrunkSyncClient {
                 report.duplicates += duplicates
                 configuration.observer?(.batchPushed(events: batch.count, created: created, duplicates: duplicates))
                 limit = fits
+            case 400 where !answer.isServerError:
+                // Not the server's judgement of the events but a page of something in the way
+                // (a proxy set up wrong): no event is quarantined for it, the push fails.
+                throw failure(answer)
             case 400, 413:
                 let error = answer.serverError
                 let now = configuration.now()
@@ -510,6 +636,14 @@ public actor TrunkSyncClient {
         _ store: UserStore, _ user: PinnedUser, into report: inout SyncReport,
         _ handler: @Sendable ([SyncEvent]) async throws -> Void
     ) async throws {
+        // Live loops do not ask for pages meanwhile: they go on after this pull's cursor.
+        pulling = true
+        defer {
+            pulling = false
+            let waits = pullWaits.values
+            pullWaits = [:]
+            for wait in waits { wait.resume() }
+        }
         while true {
             try ensureCurrent(store)
             let cursor = store.cursor
@@ -544,21 +678,12 @@ public actor TrunkSyncClient {
             timeout: wait > 0 ? Double(wait) + 15 : nil)
         guard answer.status == 200 else { throw failure(answer) }
         let page = try EventPage.parse(answer.body)
-        var previous = cursor
-        for event in page.events {
-            guard event.seq > previous else {
-                throw TrunkSyncError.invalidResponse("events out of order after \(cursor): seq \(event.seq)")
-            }
-            previous = event.seq
-        }
-        guard page.nextAfter >= previous else {
-            throw TrunkSyncError.invalidResponse("next_after \(page.nextAfter) behind seq \(previous)")
-        }
+        try page.check(after: cursor)
         return page
     }
 
     private func nextLivePage(_ feed: some LiveFeed, _ position: LivePosition) async throws -> [SyncEvent]? {
-        guard let store else { throw TrunkSyncError.notSignedIn }
+        let store = try currentStore()
         // A stream is of the sign-in it started in: after a sign-out or another user's
         // sign-in it ends, even when signed in again since (signOut removed the cursor: a page
         // handed out before must not become the new sign-in's cursor).
@@ -571,16 +696,45 @@ public actor TrunkSyncClient {
         while true {
             try Task.checkCancellation()
             try ensureCurrent(store)
+            // A sync pulling (a first sign-in's history, say) hands those pages to its handler:
+            // asking for them here too would download and deliver them twice.
+            try await pullEnded()
+            try ensureCurrent(store)
             let page = try await feed.nextPage(after: store.cursor)
             try ensureCurrent(store)
-            if page.events.isEmpty {
+            // Events a sync's handler applied while this page was on its way (the stored cursor
+            // moves only once they are applied) are not handed out again.
+            let events = page.events.filter { $0.seq > store.cursor }
+            if events.isEmpty {
                 if page.nextAfter > store.cursor { try storage { try store.saveCursor(page.nextAfter) } }
                 continue
             }
             position.set(page.nextAfter)
-            return page.events
+            return events
         }
     }
+
+    /// Returns once no `sync` is pulling (at once when none is), or when the task is cancelled.
+    private func pullEnded() async throws {
+        guard pulling else { return }
+        pullWaitCount += 1
+        let id = pullWaitCount
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                if Task.isCancelled || !pulling { continuation.resume() } else { pullWaits[id] = continuation }
+            }
+        } onCancel: {
+            Task { await self.endPullWait(id) }
+        }
+        try Task.checkCancellation()
+    }
+
+    private func endPullWait(_ id: Int) {
+        pullWaits.removeValue(forKey: id)?.resume()
+    }
+
+    /// Tests: live loops waiting for a pull to end.
+    var liveLoopsWaitingForPull: Int { pullWaits.count }
 
     // MARK: - Internals: requests, tokens
 
@@ -603,7 +757,7 @@ public actor TrunkSyncClient {
     /// session. So does a request without `bearer` that is given a `pinned` user.
     func send(
         _ method: String, _ path: String, query: [URLQueryItem] = [], body: [UInt8]? = nil, bearer: Bool = false,
-        as pinned: PinnedUser? = nil, retry: RetryRules, timeout: TimeInterval? = nil
+        as pinned: PinnedUser? = nil, retry: RetryRules, timeout: TimeInterval? = nil, probe: ExchangeProbe? = nil
     ) async throws -> HTTPAnswer {
         let policy = configuration.retry
         let maxAttempts = retry.maxAttempts ?? max(1, policy.maxAttempts)
@@ -632,8 +786,11 @@ public actor TrunkSyncClient {
             configuration.observer?(.request(method: method, path: path))
             let answer: HTTPAnswer
             do {
+                probe?.awaitingAnswer = true
                 answer = try await transport.send(request)
+                probe?.awaitingAnswer = false
             } catch let failure as TransportFailure {
+                if failure.notSent { probe?.awaitingAnswer = false }
                 attempt += 1
                 guard retry.network, retry.unlimited || attempt < maxAttempts else {
                     throw TrunkSyncError.network(failure.description)
@@ -678,6 +835,13 @@ public actor TrunkSyncClient {
         components.queryItems = query.isEmpty ? nil : query
         guard let url = components.url else { throw TrunkSyncError.invalidResponse("bad server URL \(url)") }
         return url
+    }
+
+    /// Whether a request `send` sent is still without an answer: when `send` throws, the
+    /// server may have acted on it (set before each try goes out, cleared when its answer
+    /// came or when it cannot have gone out: no network, the connection refused).
+    final class ExchangeProbe {
+        var awaitingAnswer = false
     }
 
     /// The signed-in user, pinned by a request that must not go on for another one.
@@ -747,39 +911,54 @@ public actor TrunkSyncClient {
         // Retrying after a lost answer is safe: the server hands a token used again within
         // 10 s of its rotation another token of the same session. Pinned, so a sign-out (or
         // another user's sign-in) ends its retries instead of waiting for them.
-        let answer = try await send(
-            "POST", "/auth/v1/token", query: [URLQueryItem(name: "grant_type", value: "refresh_token")],
-            body: Array(body), as: PinnedUser(id: current.userID, generation: userGeneration),
-            retry: RetryRules(maxAttempts: tries))
-        // Signed out, or signed in again, while the answer came (a slow connection): the
-        // answer is about a session no longer stored, maybe one signOut revoked. It must not
-        // replace the session stored now, nor end it: a newer session of the same user is
-        // used as it is.
-        guard let stored = session, stored.refreshToken == current.refreshToken else {
-            if let stored = session, stored.userID == current.userID { return stored }
-            throw TrunkSyncError.notSignedIn
-        }
-        switch answer.status {
-        case 200:
-            var next = try StoredSession.parse(answer.body, receivedAt: configuration.now())
-            next.email = next.email ?? current.email
-            // Stored before anything uses it: a crash now keeps the new refresh token.
-            try storage { try next.save(layout.sessionFile) }
-            session = next
-            configuration.observer?(.tokenRefreshed(proactive: proactive))
-            return next
-        case 400, 401, 403, 404:
-            // The refresh token is unknown or its session revoked: signed out. The user's
-            // outbox stays for their next sign-in.
-            try? FileSystem.remove(layout.sessionFile)
-            session = nil
-            store?.close()
-            store = nil
-            signedIn.set(nil)
-            configuration.observer?(.sessionExpired)
-            throw TrunkSyncError.sessionExpired
-        default:
-            throw failure(answer)
+        var unreadable = 0
+        while true {
+            let answer = try await send(
+                "POST", "/auth/v1/token", query: [URLQueryItem(name: "grant_type", value: "refresh_token")],
+                body: Array(body), as: PinnedUser(id: current.userID, generation: userGeneration),
+                retry: RetryRules(maxAttempts: tries))
+            // Signed out, or signed in again, while the answer came (a slow connection): the
+            // answer is about a session no longer stored, maybe one signOut revoked. It must not
+            // replace the session stored now, nor end it: a newer session of the same user is
+            // used as it is.
+            guard let stored = session, stored.refreshToken == current.refreshToken else {
+                if let stored = session, stored.userID == current.userID { return stored }
+                throw TrunkSyncError.notSignedIn
+            }
+            switch answer.status {
+            case 200:
+                guard var next = try? StoredSession.parse(answer.body, receivedAt: configuration.now()) else {
+                    // The server may have rotated the token and its answer been mangled on the
+                    // way: asked again now, within the server's reuse interval, the same token
+                    // gets another of the same session. Kept for later, it would be a reuse
+                    // that revokes the session.
+                    unreadable += 1
+                    if unreadable < 3 { continue }
+                    throw TrunkSyncError.invalidResponse("the answer to a refresh is not a session")
+                }
+                next.email = next.email ?? current.email
+                // Stored before anything uses it: a crash now keeps the new refresh token.
+                try storage { try next.save(layout.sessionFile) }
+                session = next
+                configuration.observer?(.tokenRefreshed(proactive: proactive))
+                return next
+            case 400, 401, 403, 404:
+                // Not the server's own refusal (its JSON error) but a page of something in the
+                // way (a proxy's 404 while it is set up wrong, a captive portal): the session
+                // stays.
+                guard answer.isServerError else { throw failure(answer) }
+                // The refresh token is unknown or its session revoked: signed out. The user's
+                // outbox stays for their next sign-in.
+                try? FileSystem.remove(layout.sessionFile)
+                session = nil
+                store?.close()
+                store = nil
+                signedIn.set(nil)
+                configuration.observer?(.sessionExpired)
+                throw TrunkSyncError.sessionExpired
+            default:
+                throw failure(answer)
+            }
         }
     }
 
@@ -792,6 +971,9 @@ public actor TrunkSyncClient {
         }
         return .server(error)
     }
+
+    /// Tests: how `deleteAccount` removes the user's data.
+    func setRemoveItem(_ remove: @escaping @Sendable (URL) throws -> Void) { removeItem = remove }
 
     private func ensureOpen() throws {
         guard lock != nil else { throw TrunkSyncError.storage("the client is closed") }

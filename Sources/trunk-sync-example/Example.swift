@@ -158,7 +158,7 @@ enum Example {
                 let result = try await client.signOut(discardingUnsentEvents: flag("--discard"))
                 say(
                     "signed out (server session revoked: \(result.serverSessionRevoked); unsent events kept: "
-                        + "\(result.unsentEvents))")
+                        + "\(result.unsentEvents.map(String.init) ?? "all (the outbox could not be read)"))")
             default:
                 fail(usage, status: 2)
             }

@@ -1,7 +1,8 @@
 import Foundation
 import TestSupport
-import TrunkSyncClient
 import XCTest
+
+@testable import TrunkSyncClient
 
 /// Deleting the account and taking a copy of it from the client library, against the real
 /// server.
@@ -61,6 +62,147 @@ final class ClientAccountTests: ClientTestCase {
             XCTFail("the other device still syncs")
         } catch TrunkSyncError.sessionExpired {}
         XCTAssertFalse(otherDevice.isSignedIn)
+    }
+
+    /// A client of `proxy` on `storage`, signed in as `email` with a recorded event not sent
+    /// yet and a confirmation code asked for: the code.
+    func readyToDelete(
+        _ server: SyncServer, _ proxy: HoldingProxy, _ storage: URL, _ email: String,
+        _ configure: (inout TrunkSyncClient.Configuration) -> Void = { _ in }
+    ) async throws -> (TrunkSyncClient, String) {
+        let client = try makeClient(via: proxy, storage: storage, configure)
+        try await signIn(client, server, as: email)
+        _ = try await client.record(type: "note", payload: ["text": "pushed"])
+        _ = try await client.sync { _ in }
+        _ = try await client.record(type: "note", payload: ["text": "not sent"])
+        try await client.reauthenticate()
+        return (client, try await confirmationCode(server, email))
+    }
+
+    /// The folder `client` keeps for `user` under `storage`, and the deletion marker beside it.
+    func userFiles(_ storage: URL, _ user: UUID) throws -> (folder: String, marker: String, session: String) {
+        let serverDirectory = try XCTUnwrap(
+            try FileManager.default.contentsOfDirectory(at: storage, includingPropertiesForKeys: nil).first)
+        let users = serverDirectory.appendingPathComponent("users")
+        let id = user.uuidString.lowercased()
+        return (
+            users.appendingPathComponent(id).path, users.appendingPathComponent(id + ".cleanup").path,
+            serverDirectory.appendingPathComponent("session.json").path
+        )
+    }
+
+    /// The deletion's answer never comes (the request times out; the server deletes after):
+    /// not claimed done, but signed out and nothing of the user left here, unsent events
+    /// included. (It threw `.network`, still signed in, everything kept.)
+    func testADeletionWhoseAnswerIsLostSignsOutAndRemovesTheDataHere() async throws {
+        let server = try startServer()
+        let proxy = try HoldingProxy(upstream: server.port)
+        defer { proxy.stop() }
+        let email = "lost-answer@example.com"
+        let storage = try makeStorage()
+        let (client, code) = try await readyToDelete(server, proxy, storage, email) { $0.requestTimeout = 2 }
+        let user = try XCTUnwrap(client.currentUser)
+        let token = try await client.accessToken()
+
+        try proxy.hold("/sync/v1/account")
+        do {
+            try await client.deleteAccount(code: code)
+            XCTFail("a deletion without an answer was claimed")
+        } catch TrunkSyncError.outcomeUnknown(let reason) {
+            XCTAssertTrue(reason.contains("may or may not be deleted"), reason)
+        }
+        XCTAssertTrue(proxy.arrived(timeout: 1), "the deletion went out")
+        try proxy.release()
+        XCTAssertFalse(client.isSignedIn)
+        try await assertEqual(await client.pendingCount, 0)
+        let files = try userFiles(storage, user.id)
+        for path in [files.folder, files.marker, files.session] {
+            XCTAssertFalse(FileManager.default.fileExists(atPath: path), "\(path) is left")
+        }
+        // The session was revoked (or the account deleted by the held request): dead either way.
+        let answer = try await rawRequest("GET", server.url.appendingPathComponent("sync/v1/events"), token: token)
+        XCTAssertEqual(answer.status, 401, answer.body)
+        await client.close()
+    }
+
+    /// The server cannot be reached at all (connection refused: the request never went
+    /// out): `.network`, nothing changed here or there, still signed in with the unsent
+    /// event. (It was taken for a lost answer: signed out, the unsent event deleted, the
+    /// account still there.)
+    func testADeletionThatCannotReachTheServerChangesNothing() async throws {
+        let server = try startServer()
+        let proxy = try HoldingProxy(upstream: server.port)
+        defer { proxy.stop() }
+        let email = "unreachable@example.com"
+        let storage = try makeStorage()
+        let (client, code) = try await readyToDelete(server, proxy, storage, email)
+        proxy.stop()
+        do {
+            try await client.deleteAccount(code: code)
+            XCTFail("deleted without a server")
+        } catch TrunkSyncError.network(_) {}
+        XCTAssertTrue(client.isSignedIn)
+        try await assertEqual(await client.pendingCount, 1, "the unsent event is kept")
+        XCTAssertEqual(try server.rows("select count(*)::text from users")[0][0], "1")
+    }
+
+    /// A gateway answers `502` for a deletion the server did (its answer lost between them),
+    /// and removing the user's folder fails here: `.outcomeUnknown`, signed out; the next
+    /// open of the storage removes the folder, and does not sign the user in. (It threw
+    /// `.server(502)` and kept session, outbox and cursor.)
+    func testADeletionAnswered502AndALocalRemovalThatFailsIsFinishedAtTheNextOpen() async throws {
+        let server = try startServer()
+        let proxy = try HoldingProxy(upstream: server.port)
+        defer { proxy.stop() }
+        let email = "gateway@example.com"
+        let storage = try makeStorage()
+        let (client, code) = try await readyToDelete(server, proxy, storage, email)
+        let user = try XCTUnwrap(client.currentUser)
+        let files = try userFiles(storage, user.id)
+        await client.setRemoveItem { url in
+            guard url.path != files.folder else { throw StorageFailure(message: "refused for the test") }
+            try FileSystem.remove(url)
+        }
+
+        try proxy.loseAnswer("/sync/v1/account", status: 502)
+        do {
+            try await client.deleteAccount(code: code)
+            XCTFail("a deletion answered 502 was claimed")
+        } catch TrunkSyncError.outcomeUnknown(let reason) {
+            XCTAssertTrue(reason.contains("removed at the next open"), reason)
+        }
+        XCTAssertEqual(try server.rows("select count(*)::text from users")[0][0], "0", "the server deleted it")
+        XCTAssertFalse(client.isSignedIn)
+        XCTAssertFalse(FileManager.default.fileExists(atPath: files.session))
+        XCTAssertTrue(FileManager.default.fileExists(atPath: files.folder), "the removal failed")
+        XCTAssertTrue(FileManager.default.fileExists(atPath: files.marker))
+        await client.close()
+
+        let reopened = try TrunkSyncClient(url: proxy.url, storageDirectory: storage)
+        XCTAssertFalse(reopened.isSignedIn)
+        XCTAssertFalse(FileManager.default.fileExists(atPath: files.folder), "the next open removed the folder")
+        XCTAssertFalse(FileManager.default.fileExists(atPath: files.marker))
+        await reopened.close()
+    }
+
+    /// A crash (or a failure) after the marker was written but before the session went: the
+    /// next open neither signs that user in nor keeps their data.
+    func testAPendingDeletionFoundAtOpenIsFinishedBeforeSigningIn() async throws {
+        let server = try startServer()
+        let storage = try makeStorage()
+        var client = try makeClient(server, storage: storage)
+        try await signIn(client, server, as: "pending@example.com")
+        let user = try XCTUnwrap(client.currentUser)
+        _ = try await client.record(type: "note", payload: ["text": "kept?"])
+        await client.close()
+        let files = try userFiles(storage, user.id)
+        try Data("delete".utf8).write(to: URL(fileURLWithPath: files.marker))
+
+        client = try makeClient(server, storage: storage)
+        XCTAssertFalse(client.isSignedIn)
+        for path in [files.folder, files.marker, files.session] {
+            XCTAssertFalse(FileManager.default.fileExists(atPath: path), "\(path) is left")
+        }
     }
 
     func testExportDataWritesTheWholeCopyToAFile() async throws {

@@ -214,6 +214,22 @@ final class OutboxFormatTests: XCTestCase {
 
     // MARK: - Acknowledgements and compaction
 
+    /// An append whose sync fails throws, and its frame is not in the file when it is next
+    /// read: `record` said the event was not kept, so the app may record it again (a second
+    /// id: twice on the server had the first come back). Likewise a removal.
+    func testAnAppendThatFailsIsNotReadBackLater() throws {
+        let (log, events) = try makeLog(2)
+        let size = try fileBytes().count
+        log.syncFile = { _ in throw StorageFailure(message: "fsync: I/O error (for the test)") }
+        XCTAssertThrowsError(try log.append([event(2)]))
+        XCTAssertThrowsError(try log.remove([events[0].clientID], as: .ack))
+        XCTAssertEqual(try fileBytes().count, size, "cut back")
+        log.close()
+        let reopened = try EventLog(url: logURL)
+        XCTAssertEqual(reopened.ids, events.map(\.clientID))
+        XCTAssertNil(reopened.recovery)
+    }
+
     func testAcknowledgedEventsStayAcknowledgedAfterReopening() throws {
         let (log, events) = try makeLog(5)
         try log.remove([events[0].clientID, events[2].clientID], as: .ack)

@@ -205,6 +205,32 @@ final class OutboxSyncTests: ClientTestCase {
         await client.close()
     }
 
+    /// A `400` that is not the server's (an HTML page of a proxy in the way) says nothing
+    /// about the event: the push fails and the event stays in the outbox, not in the
+    /// quarantine, and goes with the next push. (It was quarantined: with every push refused
+    /// that way, the whole outbox, one event at a time, never to sync unless the app
+    /// requeued it.)
+    func testA400PageThatIsNotTheServersQuarantinesNothing() async throws {
+        let email = "proxy-400@example.com"
+        let server = try startServer()
+        let proxy = try HoldingProxy(upstream: server.port)
+        defer { proxy.stop() }
+        let client = try makeClient(via: proxy, storage: try makeStorage())
+        try await signIn(client, server, as: email)
+        let id = try await client.record(type: "note", payload: ["text": "fine"])
+        try proxy.answerInstead("/sync/v1/events", status: 400)
+        do {
+            _ = try await client.push()
+            XCTFail("a proxy's 400 page was taken for the server's refusal")
+        } catch TrunkSyncError.server(let error) {
+            XCTAssertEqual(error.status, 400)
+        }
+        try await assertEqual(try await client.quarantinedEvents().count, 0)
+        try await assertEqual(await client.pendingCount, 1)
+        try await assertEqual(try await client.push().pushed, 1)
+        XCTAssertEqual(try serverEvents(server, email).map(\.clientID), [id.uuidString.lowercased()])
+    }
+
     /// A batch the server refuses names the bad event and field; that event moves to the
     /// quarantine and the others are stored.
     func testARefusedEventIsQuarantinedAndTheRestIsPushed() async throws {

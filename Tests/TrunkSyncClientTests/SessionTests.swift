@@ -1,7 +1,8 @@
 import Foundation
 import TestSupport
-import TrunkSyncClient
 import XCTest
+
+@testable import TrunkSyncClient
 
 /// Sign-in, tokens, sign-out and users, against the real server.
 final class SessionTests: ClientTestCase {
@@ -204,6 +205,132 @@ final class SessionTests: ClientTestCase {
         try await assertEqual(await client.pendingCount, 0)
     }
 
+    /// A client on `storage` signed in as `email`, with one event pushed and pulled (its
+    /// cursor stored), and the user's folder and its clean-up marker.
+    func signedInWithACursor(_ server: SyncServer, _ storage: URL, _ email: String) async throws
+        -> (client: TrunkSyncClient, folder: URL, marker: URL)
+    {
+        let client = try makeClient(server, storage: storage)
+        try await signIn(client, server, as: email)
+        _ = try await client.record(type: "note", payload: ["n": 1])
+        try await assertEqual(try await client.sync { _ in }.pulled, 1)
+        let serverDirectory = try XCTUnwrap(
+            try FileManager.default.contentsOfDirectory(at: storage, includingPropertiesForKeys: nil).first)
+        let users = serverDirectory.appendingPathComponent("users")
+        let id = try XCTUnwrap(client.currentUser).id.uuidString.lowercased()
+        return (client, users.appendingPathComponent(id), users.appendingPathComponent(id + ".cleanup"))
+    }
+
+    /// The user's outbox holds a record this version cannot read (a newer version of the app
+    /// wrote it): the client opens signed in all the same, calls that need the outbox throw
+    /// `.storage`, and `signOut` signs out, forgets the cursor and keeps the outbox. (Opening
+    /// threw `.storage`: no client, so no way to sign out.)
+    func testSignOutWorksWhenTheOutboxCannotBeRead() async throws {
+        let server = try startServer()
+        let storage = try makeStorage()
+        var (client, folder, marker) = try await signedInWithACursor(server, storage, "unreadable@example.com")
+        _ = try await client.record(type: "note", payload: ["n": 2])
+        await client.close()
+        let outbox = try FileHandle(forWritingTo: folder.appendingPathComponent("outbox.log"))
+        outbox.seekToEndOfFile()
+        outbox.write(Data(FramedLog.frame(Array(#"{"op":"from_a_later_version"}"#.utf8))))
+        try outbox.close()
+
+        client = try makeClient(server, storage: storage)
+        XCTAssertTrue(client.isSignedIn)
+        do {
+            _ = try await client.record(type: "note", payload: ["n": 3])
+            XCTFail("recorded into an outbox it cannot read")
+        } catch TrunkSyncError.storage(let reason) {
+            XCTAssertTrue(reason.contains("unreadable record"), reason)
+        }
+        let result = try await client.signOut()
+        XCTAssertNil(result.unsentEvents, "not known")
+        XCTAssertTrue(result.serverSessionRevoked)
+        XCTAssertFalse(client.isSignedIn)
+        XCTAssertFalse(FileManager.default.fileExists(atPath: folder.appendingPathComponent("cursor.json").path))
+        XCTAssertTrue(FileManager.default.fileExists(atPath: folder.appendingPathComponent("outbox.log").path))
+        XCTAssertFalse(FileManager.default.fileExists(atPath: marker.path))
+        await client.close()
+        client = try makeClient(server, storage: storage)
+        XCTAssertFalse(client.isSignedIn, "signed out for good")
+    }
+
+    /// Removing the cursor fails at sign-out: signed out all the same, and the next open
+    /// removes it (the same user's next sign-in then pulls from the start, as after any
+    /// sign-out). (signOut threw `.storage` and stayed signed in.)
+    func testACursorSignOutCouldNotRemoveGoesAtTheNextOpen() async throws {
+        let email = "cursor-stays@example.com"
+        let server = try startServer()
+        let storage = try makeStorage()
+        var (client, folder, marker) = try await signedInWithACursor(server, storage, email)
+        let cursorFile = folder.appendingPathComponent("cursor.json")
+        await client.setRemoveItem { url in
+            guard url.path != cursorFile.path else { throw StorageFailure(message: "refused for the test") }
+            try FileSystem.remove(url)
+        }
+
+        let result = try await client.signOut()
+        XCTAssertEqual(result.unsentEvents, 0)
+        XCTAssertFalse(client.isSignedIn)
+        XCTAssertTrue(FileManager.default.fileExists(atPath: cursorFile.path), "the removal failed")
+        XCTAssertTrue(FileManager.default.fileExists(atPath: marker.path))
+        await client.close()
+
+        client = try makeClient(server, storage: storage)
+        XCTAssertFalse(client.isSignedIn)
+        XCTAssertFalse(FileManager.default.fileExists(atPath: cursorFile.path), "the next open removed it")
+        XCTAssertFalse(FileManager.default.fileExists(atPath: marker.path))
+        try await signIn(client, server, as: email)
+        try await assertEqual(try await client.sync { _ in }.pulled, 1, "from the start")
+    }
+
+    /// A refresh answered `404` or `403` with a page that is not the server's (a proxy set up
+    /// wrong while the server is redeployed, a captive portal) is a failure, not the end of
+    /// the session: the user stays signed in and the next refresh goes through. (It signed
+    /// the user out.)
+    func testARefreshRefusedByAPageInTheWayKeepsTheSession() async throws {
+        let server = try startServer()
+        let proxy = try HoldingProxy(upstream: server.port)
+        defer { proxy.stop() }
+        let client = try makeClient(via: proxy, storage: try makeStorage())
+        try await signIn(client, server, as: "portal@example.com")
+        for status in [404, 403] {
+            try proxy.answerInstead("/auth/v1/token", status: status)
+            do {
+                try await client.refreshSession()
+                XCTFail("a page in the way refreshed the session")
+            } catch TrunkSyncError.server(let error) {
+                XCTAssertEqual(error.status, status)
+            }
+            XCTAssertTrue(client.isSignedIn, "signed out by a page that is not the server's")
+        }
+        try await client.refreshSession()
+        _ = try await client.record(type: "note", payload: ["n": 1])
+        try await assertEqual(try await client.push().pushed, 1)
+        await client.close()
+    }
+
+    /// The server rotates the refresh token but its answer arrives mangled (a `200` that is
+    /// not a session: a proxy in the way): the refresh asks again at once, within the
+    /// server's reuse interval, and gets another token of the same session. (It threw
+    /// `.invalidResponse` keeping the old token, whose next use, later, revoked the session.)
+    func testARefreshWhoseAnswerIsMangledAsksAgainAtOnce() async throws {
+        let server = try startServer()
+        let proxy = try HoldingProxy(upstream: server.port)
+        defer { proxy.stop() }
+        let events = EventLogBox()
+        let client = try makeClient(via: proxy, storage: try makeStorage(), events: events)
+        try await signIn(client, server, as: "mangled@example.com")
+        try proxy.loseAnswer("/auth/v1/token", status: 200)
+        try await client.refreshSession()
+        XCTAssertEqual(events.requests("POST", "/auth/v1/token").count, 2, "asked again once")
+        XCTAssertTrue(client.isSignedIn)
+        try await client.refreshSession()
+        _ = try await client.record(type: "note", payload: ["n": 1])
+        try await assertEqual(try await client.push().pushed, 1)
+    }
+
     /// Signing out while a push waits out a backoff (the server is down) ends that wait:
     /// `signOut` returns without waiting for the push's remaining tries, which here take
     /// hours (up to 1000 tries, waits growing to 10 minutes), and the events stay in the
@@ -270,10 +397,7 @@ final class SessionTests: ClientTestCase {
         let server = try startServer()
         let proxy = try HoldingProxy(upstream: server.port)
         defer { proxy.stop() }
-        var configuration = TrunkSyncClient.Configuration()
-        configuration.retry = Self.quickRetry
-        let client = try TrunkSyncClient(
-            url: proxy.url, storageDirectory: try makeStorage(), configuration: configuration)
+        let client = try makeClient(via: proxy, storage: try makeStorage())
         try await signIn(client, server, as: email)
         _ = try await client.record(type: "note", payload: ["n": 1])
 
@@ -473,39 +597,63 @@ final class SessionTests: ClientTestCase {
         let cursor = await laptop.cursor
         try await assertEqual(try await laptop.sync { _ in }.pulled, 4 - Int(cursor), "the rest, once")
     }
-    /// `liveEvents()` stores a later cursor while `sync`'s handler applies an earlier page:
-    /// the sync does not move the cursor back, so no page is delivered twice.
-    func testASyncNeverMovesTheCursorBehindWhatLiveEventsStored() async throws {
-        let email = "cursor@example.com"
+    /// A first sign-in with a history of many pages, and a live loop asking for pages while
+    /// the first `sync` pulls them (an app starts both at launch): the history comes once, by
+    /// the pull; the live loop waits for it and hands out only what commits after. (It asked
+    /// after the same stored cursor as the pull, page by page, and handed the history out a
+    /// second time.)
+    func testAFirstSignInDownloadsTheHistoryOnceBesideALiveLoop() async throws {
+        let email = "history@example.com"
         let server = try startServer()
         let phone = try makeClient(server, storage: try makeStorage())
         try await signIn(phone, server, as: email)
-        for index in 0..<10 { _ = try await phone.record(type: "page", payload: ["index": index]) }
+        for index in 0..<1200 { _ = try await phone.record(type: "page", payload: ["index": index]) }
         _ = try await phone.push()
-        let laptop = try makeClient(server, storage: try makeStorage()) {
-            $0.pullLimit = 5
-            $0.longPollWait = 1
+        let events = EventLogBox()
+        let laptop = try makeClient(server, storage: try makeStorage(), events: events) {
+            $0.pullLimit = 250
+            $0.longPollWait = 20
         }
         try await signIn(laptop, server, as: email)
 
+        let live = Collected()
         let pulled = Collected()
-        let report = try await laptop.sync { events in
-            await pulled.add(events)
-            guard events.first?.seq == 1 else { return }
-            // Meanwhile a live loop applies both pages; asking for a third stores cursor 10.
-            let live = Task {
-                var pages = laptop.liveEvents().makeAsyncIterator()
-                for _ in 0..<3 { _ = try await pages.next() }
+        let loop = LiveLoop()
+        defer { loop.cancel() }
+        let report = try await laptop.sync { page in
+            await pulled.add(page)
+            guard page.first?.seq == 1 else { return }
+            // The live loop asks for its first page while the pull's first is applied.
+            loop.start { for try await page in laptop.liveEvents() { await live.add(page) } }
+            let asked = await waitUntil(20) {
+                let waiting = await laptop.liveLoopsWaitingForPull
+                let delivered = await live.events.count
+                return waiting > 0 || delivered > 0
             }
-            let stored = await waitUntil(20) { await laptop.cursor == 10 }
-            live.cancel()
-            _ = await live.result
-            XCTAssertTrue(stored, "the live loop did not store its cursor")
+            XCTAssertTrue(asked, "the live loop did not ask for a page")
         }
-        try await assertEqual(await pulled.events.map(\.seq), Array(1...5), "pages the live loop applied came again")
-        try await assertEqual(await laptop.cursor, 10)
-        XCTAssertEqual(report.cursor, 10)
+        XCTAssertEqual(report.pulled, 1200)
+        try await assertEqual(await pulled.events.map(\.seq), Array(1...1200))
+
+        for index in 0..<5 { _ = try await phone.record(type: "new", payload: ["index": index]) }
+        _ = try await phone.push()
+        let arrived = await waitUntil(20) { await live.events.count >= 5 }
+        XCTAssertTrue(arrived, "the new events did not come live")
+        try await assertEqual(await live.events.map(\.seq), Array(1201...1205), "the history came live too")
+        XCTAssertLessThanOrEqual(
+            events.requests("GET", "/sync/v1/events").count, 5 + 2, "5 pages pulled, at most 2 live requests")
     }
+}
+
+/// A live loop a test starts from a `sync` handler and cancels at its end.
+final class LiveLoop: @unchecked Sendable {  // guarded by `lock`
+    private let lock = NSLock()
+    private var task: Task<Void, Error>?
+
+    func start(_ body: @escaping @Sendable () async throws -> Void) {
+        lock.withLock { task = Task { try await body() } }
+    }
+    func cancel() { lock.withLock { task }?.cancel() }
 }
 
 extension String {

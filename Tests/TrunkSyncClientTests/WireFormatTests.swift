@@ -60,6 +60,47 @@ final class WireFormatTests: XCTestCase {
         XCTAssertThrowsError(try EventPage.parse(Data(#"{"events":[{"seq":1}],"next_after":1,"has_more":false}"#.utf8)))
     }
 
+    /// A page that says there is more must move the cursor: else `sync` asked for the same
+    /// page forever (a server or a proxy answering garbage).
+    func testAPageWithMoreMustMovePastTheCursor() throws {
+        func page(_ json: String) throws -> EventPage { try EventPage.parse(Data(json.utf8)) }
+        XCTAssertThrowsError(try page(#"{"events":[],"next_after":5,"has_more":true}"#).check(after: 5))
+        XCTAssertThrowsError(try page(#"{"events":[],"next_after":4,"has_more":false}"#).check(after: 5))
+        XCTAssertNoThrow(try page(#"{"events":[],"next_after":5,"has_more":false}"#).check(after: 5))
+        XCTAssertNoThrow(try page(#"{"events":[],"next_after":9,"has_more":true}"#).check(after: 5))
+    }
+
+    /// A `Retry-After` date is counted from the answer's `Date`, not this device's clock (off
+    /// by years here): 30 s, not 0 (and not hours for a clock running behind).
+    func testARetryAfterDateIsCountedFromTheAnswersDate() {
+        func answer(_ headers: [String: String]) -> HTTPAnswer {
+            HTTPAnswer(status: 503, headers: headers, body: Data())
+        }
+        XCTAssertEqual(
+            answer(["retry-after": "Sat, 01 Jan 2000 00:00:30 GMT", "date": "Sat, 01 Jan 2000 00:00:00 GMT"])
+                .retryAfter, 30)
+        XCTAssertEqual(
+            answer(["retry-after": "Sat, 01 Jan 2000 00:00:30 GMT"]).retryAfter, 0, "no Date: the device's clock")
+        XCTAssertEqual(answer(["retry-after": "7"]).retryAfter, 7)
+    }
+
+    /// Storage in the temporary or the caches folder (emptied by the system when space runs
+    /// low) is told; elsewhere it is not.
+    func testStorageTheSystemMayPurgeIsTold() async throws {
+        let server = URL(string: "http://127.0.0.1:9")!
+        let temporary = FileManager.default.temporaryDirectory.appendingPathComponent("ts-\(UUID().uuidString)")
+        let caches = try XCTUnwrap(FileManager.default.urls(for: .cachesDirectory, in: .userDomainMask).first)
+            .appendingPathComponent("ts-\(UUID().uuidString)")
+        let kept = URL(fileURLWithPath: FileManager.default.currentDirectoryPath)
+            .appendingPathComponent(".build/ts-\(UUID().uuidString)")
+        defer { for directory in [temporary, caches, kept] { try? FileManager.default.removeItem(at: directory) } }
+        for (directory, persisted) in [(temporary, false), (caches, false), (kept, true)] {
+            let client = try TrunkSyncClient(url: server, storageDirectory: directory)
+            XCTAssertEqual(client.storagePersisted, persisted, directory.path)
+            await client.close()
+        }
+    }
+
     func testTimestampsAreWrittenInUTCWithMilliseconds() {
         let date = Date(timeIntervalSince1970: 1_795_320_602.1239)
         XCTAssertEqual(RFC3339.format(date), "2026-11-22T04:10:02.123Z")

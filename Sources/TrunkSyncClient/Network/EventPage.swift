@@ -32,6 +32,25 @@ struct EventPage: Sendable, Equatable {
         return EventPage(events: events, nextAfter: nextAfter, hasMore: hasMore)
     }
 
+    /// Throws unless this is a page the server sends after `cursor`: events in increasing
+    /// `seq` after it, `next_after` not behind them, and, when it says there is more, a
+    /// `next_after` past `cursor` (else a pull would ask for the same page forever).
+    func check(after cursor: Int64) throws {
+        var previous = cursor
+        for event in events {
+            guard event.seq > previous else {
+                throw TrunkSyncError.invalidResponse("events out of order after \(cursor): seq \(event.seq)")
+            }
+            previous = event.seq
+        }
+        guard nextAfter >= previous else {
+            throw TrunkSyncError.invalidResponse("next_after \(nextAfter) behind seq \(previous)")
+        }
+        guard !hasMore || nextAfter > cursor else {
+            throw TrunkSyncError.invalidResponse("has_more without moving past \(cursor)")
+        }
+    }
+
     private static func parseEvent(_ reader: inout RawJSONReader) throws -> SyncEvent {
         var id: UUID?
         var clientID: UUID?

@@ -12,16 +12,31 @@ struct HTTPAnswer: Sendable {
 
     func header(_ name: String) -> String? { headers[name.lowercased()] }
 
-    /// `Retry-After` in seconds: delta-seconds or an HTTP date.
+    /// `Retry-After` in seconds: delta-seconds or an HTTP date. A date is counted from the
+    /// answer's own `Date` (the same clock) when it has one, not from this device's clock,
+    /// which may be off by hours: waiting hours for a few seconds' pause, or not at all.
     var retryAfter: TimeInterval? {
         guard let value = header("retry-after")?.trimmingCharacters(in: .whitespaces) else { return nil }
         if let seconds = Double(value), seconds >= 0 { return seconds }
+        guard let date = Self.httpDate(value) else { return nil }
+        let now = header("date").flatMap(Self.httpDate) ?? Date()
+        return max(0, date.timeIntervalSince(now))
+    }
+
+    /// An IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).
+    static func httpDate(_ text: String) -> Date? {
         let formatter = DateFormatter()
         formatter.locale = Locale(identifier: "en_US_POSIX")
         formatter.timeZone = TimeZone(identifier: "GMT")
         formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss zzz"
-        guard let date = formatter.date(from: value) else { return nil }
-        return max(0, date.timeIntervalSinceNow)
+        return formatter.date(from: text.trimmingCharacters(in: .whitespaces))
+    }
+
+    /// Whether the body is an error of the server's (a JSON object with `error_code` or
+    /// `code`), not a page of something in between (a proxy, a captive portal).
+    var isServerError: Bool {
+        guard let object = try? JSONSerialization.jsonObject(with: body) as? [String: Any] else { return false }
+        return object["error_code"] is String || object["code"] is String
     }
 
     /// The error body in any of the server's shapes (`/sync/v1`: `code`, `message`,
@@ -47,6 +62,19 @@ struct HTTPAnswer: Sendable {
 /// A failure below HTTP: no connection, connection lost, timeout.
 struct TransportFailure: Error, CustomStringConvertible {
     var description: String
+    /// The request cannot have reached the server: no network, the host unknown, the
+    /// connection (or its TLS handshake) refused. Else it may have, whatever came back.
+    var notSent = false
+
+    /// `URLError` codes of failures before the request goes out.
+    static let notSentCodes: Set<Int> = [
+        NSURLErrorNotConnectedToInternet, NSURLErrorCannotFindHost, NSURLErrorDNSLookupFailed,
+        NSURLErrorCannotConnectToHost, NSURLErrorSecureConnectionFailed, NSURLErrorServerCertificateUntrusted,
+        NSURLErrorServerCertificateHasBadDate, NSURLErrorServerCertificateNotYetValid,
+        NSURLErrorServerCertificateHasUnknownRoot, NSURLErrorClientCertificateRejected,
+        NSURLErrorAppTransportSecurityRequiresSecureConnection, NSURLErrorInternationalRoamingOff,
+        NSURLErrorDataNotAllowed, NSURLErrorCallIsActive,
+    ]
 }
 
 /// Sends requests with `URLSession` (Foundation on Apple platforms, FoundationNetworking
@@ -125,7 +153,11 @@ final class HTTPTransport: Sendable {
                 return .failure(CancellationError())
             }
             if error is TransportFailure { return .failure(error) }
-            return .failure(TransportFailure(description: error.localizedDescription))
+            return .failure(
+                TransportFailure(
+                    description: error.localizedDescription,
+                    notSent: nsError.domain == NSURLErrorDomain && TransportFailure.notSentCodes.contains(nsError.code))
+            )
         }
         guard let http = response as? HTTPURLResponse else {
             return .failure(TransportFailure(description: "not an HTTP response"))

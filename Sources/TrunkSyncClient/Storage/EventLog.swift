@@ -222,11 +222,28 @@ final class EventLog {
             records.append((record, start..<(start + frame.count)))
             bytes += frame
         }
-        try file.write(bytes, at: end)
-        try file.sync()
+        try writeAtEnd(bytes)
         end += bytes.count
         for (record, range) in records { apply(record, frame: range) }
     }
+
+    /// Writes `bytes` at the end of the file and syncs them. When either fails the file is
+    /// cut back to where it ended: a frame whose call threw must not come back when the file
+    /// is next read (an event `record` said it could not keep, kept after all, and recorded
+    /// again by the app: twice on the server).
+    private func writeAtEnd(_ bytes: [UInt8]) throws {
+        do {
+            try file.write(bytes, at: end)
+            try syncFile(file)
+        } catch {
+            try? file.truncate(to: end)
+            try? file.sync()
+            throw error
+        }
+    }
+
+    /// How a write is made durable (`DurableFile.sync`); tests make it fail.
+    var syncFile: (DurableFile) throws -> Void = { try $0.sync() }
 
     /// Removes events (`ack`: the server has them; `drop`: moved or discarded), durably.
     /// Ids not in the log are ignored.
@@ -235,8 +252,7 @@ final class EventLog {
         guard !present.isEmpty else { return }
         precondition(operation != .event)
         let frame = FramedLog.frame(try Self.encode(LogRecord(op: operation, ids: present)))
-        try file.write(frame, at: end)
-        try file.sync()
+        try writeAtEnd(frame)
         apply(LogRecord(op: operation, ids: present), frame: end..<(end + frame.count))
         end += frame.count
         try compactIfUseful()

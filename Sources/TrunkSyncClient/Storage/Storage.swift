@@ -10,6 +10,7 @@ import Foundation
 ///           outbox.log                 recorded events not yet on the server
 ///           quarantine.log             events the server refused
 ///           cursor.json                {"after": N}: the seq of the last applied event
+///         users/<user id>.cleanup      a removal of that user's data not finished yet
 ///
 /// So outboxes and cursors are per server and per user: signing in as another user, or
 /// pointing the app at another server, never mixes them.
@@ -23,9 +24,77 @@ struct StorageLayout {
     var lockFile: URL { serverDirectory.appendingPathComponent("lock") }
     var sessionFile: URL { serverDirectory.appendingPathComponent("session.json") }
 
+    /// Whether `directory` is inside a folder the system may empty on its own: the user's
+    /// caches folder or the temporary folder.
+    static func isPurgeable(_ directory: URL) -> Bool {
+        let resolved = directory.resolvingSymlinksInPath().standardizedFileURL.path
+        let folders =
+            FileManager.default.urls(for: .cachesDirectory, in: .userDomainMask)
+            + [FileManager.default.temporaryDirectory]
+        return folders.contains { folder in
+            let root = folder.resolvingSymlinksInPath().standardizedFileURL.path
+            return resolved == root || resolved.hasPrefix(root.hasSuffix("/") ? root : root + "/")
+        }
+    }
+
+    var usersDirectory: URL { serverDirectory.appendingPathComponent("users", isDirectory: true) }
+
     func userDirectory(_ user: UUID) -> URL {
-        serverDirectory.appendingPathComponent("users", isDirectory: true)
-            .appendingPathComponent(user.uuidString.lowercased(), isDirectory: true)
+        usersDirectory.appendingPathComponent(user.uuidString.lowercased(), isDirectory: true)
+    }
+
+    /// `users/<user id>.cleanup`: what of a user's data is to go (`Cleanup`), written (and
+    /// synced) before any of it is removed, removed once that is done. What a failure or a
+    /// crash left undone is done when the storage is next opened (`init` of the client), or
+    /// that user next signs in, before anything of theirs is read; never signed in from a
+    /// session of a user with a clean-up pending.
+    func cleanupMarker(_ user: UUID) -> URL {
+        usersDirectory.appendingPathComponent(user.uuidString.lowercased() + Self.cleanupSuffix)
+    }
+
+    static let cleanupSuffix = ".cleanup"
+
+    /// What goes of a user's data, decided before any of it is removed.
+    enum Cleanup: String {
+        /// The cursor (`signOut`).
+        case forget
+        /// The cursor, the outbox with any unsent events, the quarantine
+        /// (`signOut(discardingUnsentEvents: true)`).
+        case discard
+        /// Everything (`deleteAccount`).
+        case delete
+    }
+
+    /// Writes (durably) that `cleanup` of `user`'s data is to happen.
+    func markCleanup(_ cleanup: Cleanup, of user: UUID) throws {
+        try FileSystem.writeAtomically(Array(cleanup.rawValue.utf8), to: cleanupMarker(user))
+    }
+
+    /// Users with a clean-up pending (their `cleanupMarker`s).
+    func pendingCleanups() -> [UUID] {
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: usersDirectory.path)) ?? []
+        return names.compactMap { name in
+            guard name.hasSuffix(Self.cleanupSuffix) else { return nil }
+            return UUID(uuidString: String(name.dropLast(Self.cleanupSuffix.count)))
+        }
+    }
+
+    /// Does the clean-up pending for `user` (if any), then removes its marker; throws when
+    /// something stays (the marker too, for the next try). An unreadable marker is a
+    /// `delete`: nothing of that user's is kept that was meant to go.
+    func finishCleanup(of user: UUID, remove: (URL) throws -> Void = FileSystem.remove) throws {
+        let marker = cleanupMarker(user)
+        guard let bytes = try FileSystem.read(marker) else { return }
+        try clean(Cleanup(rawValue: String(decoding: bytes, as: UTF8.self)) ?? .delete, of: user, remove: remove)
+    }
+
+    /// Removes what `cleanup` takes of `user`'s data, then the clean-up marker (if any).
+    func clean(_ cleanup: Cleanup, of user: UUID, remove: (URL) throws -> Void = FileSystem.remove) throws {
+        switch cleanup {
+        case .forget: try remove(userDirectory(user).appendingPathComponent(UserStore.cursorFileName))
+        case .discard, .delete: try remove(userDirectory(user))
+        }
+        try remove(cleanupMarker(user))
     }
 
     /// A readable, file-name-safe key: host, port and a hash of the whole URL (so
@@ -108,7 +177,8 @@ final class UserStore {
     let quarantine: EventLog
     private(set) var cursor: Int64
 
-    var cursorFile: URL { directory.appendingPathComponent("cursor.json") }
+    static let cursorFileName = "cursor.json"
+    var cursorFile: URL { directory.appendingPathComponent(Self.cursorFileName) }
 
     init(userID: UUID, directory: URL) throws {
         self.userID = userID
@@ -135,7 +205,7 @@ final class UserStore {
         self.outbox = outbox
         self.quarantine = quarantine
         cursor = 0
-        if let bytes = try FileSystem.read(directory.appendingPathComponent("cursor.json")),
+        if let bytes = try FileSystem.read(cursorFile),
             let object = try? JSONSerialization.jsonObject(with: Data(bytes)) as? [String: Any],
             let after = (object["after"] as? NSNumber)?.int64Value
         {
@@ -147,11 +217,6 @@ final class UserStore {
     func saveCursor(_ after: Int64) throws {
         try FileSystem.writeAtomically(Array("{\"after\":\(after)}".utf8), to: cursorFile)
         cursor = after
-    }
-
-    func removeCursor() throws {
-        try FileSystem.remove(cursorFile)
-        cursor = 0
     }
 
     /// Moves events to the quarantine (durable there before they leave the outbox), each

@@ -83,11 +83,25 @@ class ClientTestCase: XCTestCase {
         _ server: SyncServer, storage: URL, events: EventLogBox? = nil,
         _ configure: (inout TrunkSyncClient.Configuration) -> Void = { _ in }
     ) throws -> TrunkSyncClient {
+        try makeClient(url: server.url, storage: storage, events: events, configure)
+    }
+
+    /// A client of the server behind `proxy`, as `makeClient`.
+    func makeClient(
+        via proxy: HoldingProxy, storage: URL, events: EventLogBox? = nil,
+        _ configure: (inout TrunkSyncClient.Configuration) -> Void = { _ in }
+    ) throws -> TrunkSyncClient {
+        try makeClient(url: proxy.url, storage: storage, events: events, configure)
+    }
+
+    private func makeClient(
+        url: URL, storage: URL, events: EventLogBox?, _ configure: (inout TrunkSyncClient.Configuration) -> Void
+    ) throws -> TrunkSyncClient {
         var configuration = TrunkSyncClient.Configuration()
         configuration.retry = Self.quickRetry
         if let events { configuration.observer = { events.record($0) } }
         configure(&configuration)
-        let client = try TrunkSyncClient(url: server.url, storageDirectory: storage, configuration: configuration)
+        let client = try TrunkSyncClient(url: url, storageDirectory: storage, configuration: configuration)
         clients.append(client)
         return client
     }

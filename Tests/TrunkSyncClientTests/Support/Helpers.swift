@@ -121,6 +121,10 @@ final class Latch: @unchecked Sendable {  // guarded by `condition`
 /// hold one request back: `hold(path)` makes it keep the next request for `path` until
 /// `release()`; `arrived(timeout:)` says when that request reached it. `limitBodies(to:)`
 /// refuses larger request bodies with nginx's `413` (its `client_max_body_size`).
+/// `loseAnswer(path, status:)` forwards the next request for `path` and answers it with
+/// `status` instead of the server's answer (a gateway that lost it: `502`);
+/// `answerInstead(path, status:)` answers it with `status` and an HTML page without
+/// forwarding it (a proxy set up wrong, a captive portal).
 final class HoldingProxy {
     let process: ExampleProcess
     let port: Int
@@ -151,6 +155,14 @@ final class HoldingProxy {
         try Data().write(to: directory.appendingPathComponent("release"))
     }
 
+    func loseAnswer(_ path: String, status: Int) throws {
+        try Data("\(status) \(path)".utf8).write(to: directory.appendingPathComponent("lose"))
+    }
+
+    func answerInstead(_ path: String, status: Int) throws {
+        try Data("\(status) \(path)".utf8).write(to: directory.appendingPathComponent("instead"))
+    }
+
     func limitBodies(to bytes: Int) throws {
         try Data(String(bytes).utf8).write(to: directory.appendingPathComponent("max-body"))
     }
@@ -179,18 +191,33 @@ final class HoldingProxy {
             def log_message(self, *args):
                 pass
 
+            def html(self, status, title):  # an answer of something in the way, not the server's
+                page = b"<html><head><title>" + title + b"</title></head></html>\n"
+                self.send_response(status)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(page)))
+                self.end_headers()
+                self.wfile.write(page)
+
+            def planned(self, name):  # the status the test wrote to `name` for this path, once
+                plan = os.path.join(directory, name)
+                if not os.path.exists(plan):
+                    return None
+                status, path = open(plan).read().split(" ", 1)
+                if path != self.path.split("?")[0]:
+                    return None
+                os.remove(plan)
+                return int(status)
+
             def forward(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 limit = os.path.join(directory, "max-body")
                 if os.path.exists(limit) and length > int(open(limit).read()):
-                    page = b"<html><head><title>413 Request Entity Too Large</title></head></html>\n"
-                    self.send_response(413)
-                    self.send_header("Content-Type", "text/html")
-                    self.send_header("Content-Length", str(len(page)))
-                    self.end_headers()
-                    self.wfile.write(page)
-                    return
+                    return self.html(413, b"413 Request Entity Too Large")
+                instead = self.planned("instead")
+                if instead:
+                    return self.html(instead, b"Not here")
                 hold = os.path.join(directory, "hold")
                 if os.path.exists(hold) and open(hold).read() == self.path.split("?")[0]:
                     os.remove(hold)
@@ -201,6 +228,10 @@ final class HoldingProxy {
                 connection.request(self.command, self.path, body=body, headers=headers)
                 answer = connection.getresponse()
                 data = answer.read()
+                lost = self.planned("lose")
+                if lost:
+                    connection.close()
+                    return self.html(lost, b"Bad Gateway")
                 self.send_response(answer.status)
                 for k, v in answer.getheaders():
                     if k.lower() not in ("content-length", "connection", "transfer-encoding"):
