@@ -249,6 +249,32 @@ final class InputBudgetTests: XCTestCase {
         XCTAssertEqual(heldAtEnd, 0)
     }
 
+    func testBodiesOfRoutesThatOnlyRefuseThemAreReadAndDroppedNeverHeld() async throws {
+        try await start()
+        let server = app.server
+        // No token needed to reach them: each takes a body as large as an insert, to refuse it.
+        for (method, path, code) in [
+            ("POST", "/rest/v1/no_such_table", "PGRST205"), ("PATCH", "/rest/v1/events", "PGRST105"),
+            ("DELETE", "/rest/v1/events", "PGRST105"),
+        ] {
+            let socket = try open()
+            defer { close(socket) }
+            send(socket, head(method, path, length: Self.holderSize, ["Expect": "100-continue"]))
+            // The head is admitted (a held body would be counted by now): the body is welcome.
+            XCTAssertEqual(try answer(socket).status, 100, "\(method) \(path)")
+            send(socket, "[")
+            XCTAssertEqual(server.bufferedInputBytes, 0, "\(method) \(path): nothing held while the body arrives")
+            send(socket, String(repeating: " ", count: Self.holderSize - 1))
+            let refused = try answer(socket)
+            XCTAssertEqual(refused.json["code"] as? String, code, "\(method) \(path)")
+            XCTAssertNotEqual(refused.headers["connection"], "close", "the body was read: the connection stays usable")
+            send(socket, head("GET", "/rest/v1/events?select=seq", bearer: token))
+            XCTAssertEqual(try answer(socket).status, 200)
+        }
+        let refusedTotal = try await metric("trunk_sync_http_bodies_refused_total")
+        XCTAssertEqual(refusedTotal, 0)
+    }
+
     func testTheCounterReturnsToZeroHoweverABodyEnds() async throws {
         try await start(bodyTimeout: 2)
         let server = app.server

@@ -149,6 +149,9 @@ public struct RequestPipeline: HTTPResponder {
                     APIError.bodyTooLarge(limit: endpoint.bodyLimit).response(for: endpoint.family),
                     context(endpoint, parameters))
             }
+            if case .refused(let error) = endpoint.handler {
+                return .answerAfterBody(error(parameters).response(for: endpoint.family), context(endpoint, parameters))
+            }
             guard case .authenticated = endpoint.handler else {
                 return .readBody(bodyLimit: endpoint.bodyLimit, context(endpoint, parameters))
             }
@@ -202,6 +205,8 @@ public struct RequestPipeline: HTTPResponder {
         switch endpoint.handler {
         case .inline(let handler):
             return .now(handler(request), context)
+        case .refused(let error):  // answered from the head (`admit`)
+            return .now(error(context.parameters).response(for: family), context)
         case .open(let handler):
             return .later { [self, request] in
                 await RequestContext.$requestID.withValue(request.requestID) {
