@@ -841,9 +841,12 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             connection.heldInput = size
             return true
         }
+        guard let context = connection.context else {  // not reached: a body being read has its context
+            reject(.bodyTooLarge, on: connection)
+            return false
+        }
         releaseInput(connection)
         connection.parser = HTTPRequestParser(limits: connection.parser.limits)  // frees the body; never read again
-        guard let context = connection.context else { return false }
         connection.context = nil
         var response = responder.refuseBody(context: context)
         refusedBodies.count += 1
