@@ -316,6 +316,9 @@ public struct HTTPRequestParser: Sendable {
         return released
     }
 
+    /// Bytes the body being collected holds (its buffer's capacity; `.collect` mode).
+    public var bodyCapacity: Int { body.capacity }
+
     /// Whether the parser holds no buffer (it released it, or never needed one).
     public var hasNoBuffer: Bool { buffer.isEmpty }
 

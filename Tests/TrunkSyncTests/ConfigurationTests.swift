@@ -27,6 +27,8 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertEqual(server.bodyTimeout, .seconds(30))
         XCTAssertEqual(server.maxBufferedOutput, 256 * 1024 * 1024)
         XCTAssertEqual(Application.adminServerConfiguration(of: configuration).maxBufferedOutput, 256 * 1024 * 1024)
+        XCTAssertEqual(server.maxBufferedInput, 256 * 1024 * 1024)
+        XCTAssertEqual(Application.adminServerConfiguration(of: configuration).maxBufferedInput, 256 * 1024 * 1024)
     }
 
     func testTrustedProxiesAndTheNetworkSettings() throws {
@@ -35,6 +37,7 @@ final class ConfigurationTests: XCTestCase {
             "TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT": "0", "TRUNK_SYNC_ADMIN_PORT": "0",
             "TRUNK_SYNC_ADMIN_HOST": "::1", "TRUNK_SYNC_RATE_LIMIT_OTP_EMAIL": "3/60",
             "TRUNK_SYNC_RATE_LIMIT_VERIFY_EMAIL": "4/120", "TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT": "1048576",
+            "TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT": "2097152",
         ])
         XCTAssertEqual(
             configuration.trustedProxies.networks.map(\.description),
@@ -48,6 +51,7 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertEqual(server.trustedProxies, configuration.trustedProxies)
         XCTAssertEqual(server.maxConnectionsPerClient, 0)
         XCTAssertEqual(server.maxBufferedOutput, 1_048_576)
+        XCTAssertEqual(server.maxBufferedInput, 2_097_152)
         let admin = Application.adminServerConfiguration(of: configuration)
         XCTAssertEqual(admin.host, "::1")
         XCTAssertEqual(admin.port, 0)
@@ -148,6 +152,8 @@ final class ConfigurationTests: XCTestCase {
             (["TRUNK_SYNC_RATE_LIMIT_OTP_EMAIL": "10"], "TRUNK_SYNC_RATE_LIMIT_OTP_EMAIL must look like"),
             (["TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT": "1048575"], "TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT must be"),
             (["TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT": "256MiB"], "TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT must be"),
+            (["TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT": "1048575"], "TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT must be"),
+            (["TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT": "256MiB"], "TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT must be"),
             (["TRUNK_SYNC_RATE_LIMIT_VERIFY_EMAIL": "0/60"], "TRUNK_SYNC_RATE_LIMIT_VERIFY_EMAIL must look like"),
         ]
         for (environment, expected) in cases {

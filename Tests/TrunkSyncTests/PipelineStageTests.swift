@@ -23,7 +23,12 @@ final class PipelineStageTests: XCTestCase {
             (try head("POST", "/upload", body: 16), 16),  // exactly the limit
             (try head("POST", "/upload", ["Transfer-Encoding": "chunked"]), 16),  // cut off later by the server
             (try head("POST", "/auth/v1/otp", body: 32), 32),
-            (try head("POST", "/rest/v1/events", body: 0), 64),
+            (
+                try head(
+                    "POST", "/rest/v1/events",
+                    ["Authorization": "Bearer \(signedToken(exp: Int64(Date().timeIntervalSince1970) + 600))"], body: 0),
+                64
+            ),
         ]
         for (head, limit) in cases {
             guard case .readBody(let bodyLimit, let context) = harness.pipeline.admit(head, client: "192.0.2.1") else {
@@ -272,11 +277,11 @@ final class PipelineStageTests: XCTestCase {
 
     func testAuthenticatedWithoutTokenIs401InEachFamilyShape() async throws {
         let harness = PipelineHarness()
-        let native = await harness.later(try head("GET", "/sync/v1/me"))
+        let native = harness.atHead(try head("GET", "/sync/v1/me"))
         XCTAssertEqual(native.0.status.code, 401)
         try assertJSON(native.0, #"{"code":"unauthorized","message":"A valid bearer access token is required."}"#)
 
-        let auth = await harness.later(try head("GET", "/auth/v1/user"))
+        let auth = harness.atHead(try head("GET", "/auth/v1/user"))
         XCTAssertEqual(auth.0.status.code, 401)
         XCTAssertEqual(auth.0.headers["X-Supabase-Api-Version"], "2024-01-01")
         try assertJSON(
@@ -284,13 +289,13 @@ final class PipelineStageTests: XCTestCase {
             #"{"code":"no_authorization","error_code":"no_authorization","message":"This endpoint requires a bearer access token","msg":"This endpoint requires a bearer access token"}"#
         )
 
-        let rest = await harness.later(try head("GET", "/rest/v1/events"))
+        let rest = harness.atHead(try head("GET", "/rest/v1/events"))
         XCTAssertEqual(rest.0.status.code, 401)
         XCTAssertEqual(rest.0.headers["Proxy-Status"], "PostgREST; error=PGRST301")
         try assertJSON(rest.0, #"{"code":"PGRST301","details":null,"hint":null,"message":"JWT could not be verified"}"#)
 
         // Another scheme is no bearer token either.
-        let basic = await harness.later(try head("GET", "/auth/v1/user", ["Authorization": "Basic dXNlcjpwYXNz"]))
+        let basic = harness.atHead(try head("GET", "/auth/v1/user", ["Authorization": "Basic dXNlcjpwYXNz"]))
         XCTAssertEqual(try json(basic.0)["code"], .string("no_authorization"))
 
         for (_, context) in [native, auth, rest, basic] { XCTAssertNil(context.userID) }
@@ -319,7 +324,7 @@ final class PipelineStageTests: XCTestCase {
             signedToken(user: user, session: nil, exp: now + 600),
         ]
         for token in invalid {
-            let auth = await harness.later(try head("GET", "/auth/v1/user", ["Authorization": "Bearer \(token)"]))
+            let auth = harness.atHead(try head("GET", "/auth/v1/user", ["Authorization": "Bearer \(token)"]))
             XCTAssertEqual(auth.0.status.code, 401, token)
             try assertJSON(
                 auth.0,
@@ -327,11 +332,11 @@ final class PipelineStageTests: XCTestCase {
             )
             XCTAssertNil(auth.1.userID)
 
-            let native = await harness.later(try head("GET", "/sync/v1/me", ["Authorization": "Bearer \(token)"]))
+            let native = harness.atHead(try head("GET", "/sync/v1/me", ["Authorization": "Bearer \(token)"]))
             XCTAssertEqual(native.0.status.code, 401)
             XCTAssertEqual(try json(native.0)["code"], .string("unauthorized"))
 
-            let rest = await harness.later(try head("GET", "/rest/v1/events", ["Authorization": "Bearer \(token)"]))
+            let rest = harness.atHead(try head("GET", "/rest/v1/events", ["Authorization": "Bearer \(token)"]))
             XCTAssertEqual(rest.0.status.code, 401)
             XCTAssertEqual(try json(rest.0)["code"], .string("PGRST301"))
         }
@@ -388,7 +393,7 @@ final class PipelineStageTests: XCTestCase {
             ["Authorization": "Bearer \(token)", "apikey": "anon-ke"],
             ["Authorization": "Bearer \(token)", "apikey": "anon-key2"],
         ] {
-            let (response, _) = await harness.later(try head("GET", "/rest/v1/events", headers))
+            let (response, _) = harness.atHead(try head("GET", "/rest/v1/events", headers))
             XCTAssertEqual(response.status.code, 401)
             try assertJSON(response, #"{"code":"PGRST301","details":null,"hint":null,"message":"Invalid API key"}"#)
         }
@@ -398,6 +403,101 @@ final class PipelineStageTests: XCTestCase {
         // Other families do not need it.
         let (native, _) = await harness.later(try head("GET", "/sync/v1/me", ["Authorization": "Bearer \(token)"]))
         XCTAssertEqual(native.status.code, 200)
+    }
+
+    func testAuthenticationIsDecidedFromTheHeadBeforeAnyBodyIsRead() throws {
+        let harness = PipelineHarness(apiKey: "anon-key")
+        let user = UUID()
+        let token = signedToken(user: user, exp: Int64(Date().timeIntervalSince1970) + 600)
+        // A body announced without a valid token is answered from the head: never read.
+        let (missing, _) = harness.atHead(
+            try head("POST", "/rest/v1/events", ["apikey": "anon-key"], body: 60))
+        XCTAssertEqual(missing.status.code, 401)
+        try assertJSON(
+            missing, #"{"code":"PGRST301","details":null,"hint":null,"message":"JWT could not be verified"}"#)
+        let (wrongKey, _) = harness.atHead(
+            try head("POST", "/rest/v1/events", ["Authorization": "Bearer \(token)", "apikey": "x"], body: 60))
+        try assertJSON(wrongKey, #"{"code":"PGRST301","details":null,"hint":null,"message":"Invalid API key"}"#)
+        // A body over the route's limit is still 413 first: a comparison, before any signature.
+        let (tooLarge, _) = harness.atHead(try head("POST", "/rest/v1/events", body: 65))
+        XCTAssertEqual(tooLarge.status.code, 413)
+        // With a valid token the body is read, and the claims travel with the context.
+        guard
+            case .readBody(let limit, let context) = harness.pipeline.admit(
+                try head(
+                    "POST", "/rest/v1/events", ["Authorization": "Bearer \(token)", "apikey": "anon-key"], body: 60),
+                client: "")
+        else { return XCTFail("a signed-in insert is admitted") }
+        XCTAssertEqual(limit, 64)
+        XCTAssertEqual(context.claims?.userID, user)
+        // The event stream's token may come in the query, from the head as well.
+        let query = try harness.pipeline.admit(head("GET", "/sync/v1/query?access_token=\(token)"), client: "")
+        guard case .readBody(_, let fromQuery) = query else { return XCTFail("a query token is accepted") }
+        XCTAssertEqual(fromQuery.claims?.userID, user)
+        let (badQuery, _) = harness.atHead(try head("GET", "/sync/v1/query?access_token=nope"))
+        XCTAssertEqual(badQuery.status.code, 401)
+        // Routes that need no caller verify nothing.
+        guard case .readBody(_, let open) = harness.pipeline.admit(try head("POST", "/upload", body: 3), client: "")
+        else { return XCTFail("an open route is admitted") }
+        XCTAssertNil(open.claims)
+        XCTAssertEqual(harness.handlerCalls.count, 0)
+    }
+
+    func testASessionRevokedOrATokenExpiredBetweenHeadAndBodyIsRefused() async throws {
+        let harness = PipelineHarness()
+        let user = UUID()
+        let session = UUID()
+        let expiry = Int64(Date().timeIntervalSince1970) + 600
+        let token = signedToken(user: user, session: session, exp: expiry)
+        var contexts: [RequestPipeline.Context] = []
+        for path in ["/sync/v1/me", "/auth/v1/user", "/rest/v1/events"] {
+            contexts.append(try admitted(harness, try head("GET", path, ["Authorization": "Bearer \(token)"])))
+        }
+        // Signed out while the body was on its way.
+        harness.revocations.record([(session, user, expiry)])
+        var codes: [String] = []
+        for context in contexts {
+            let request = HTTPRequest(method: context.method, path: context.path, remoteAddress: "192.0.2.1")
+            guard case .later(let operation) = harness.pipeline.respond(to: request, context: context) else {
+                return XCTFail("\(context.path) answered on the loop")
+            }
+            let (response, after) = await operation()
+            XCTAssertEqual(response.status.code, 401, context.path)
+            XCTAssertNil(after.userID)
+            if case .string(let code) = try json(response)["code"] { codes.append(code) }
+        }
+        XCTAssertEqual(codes, ["unauthorized", "session_not_found", "PGRST301"], "each family's revoked answer")
+
+        // Expired (beyond the leeway) since the head was verified.
+        let endpoint = try XCTUnwrap(harness.endpoint(.get, "/sync/v1/me"))
+        let stale = RequestPipeline.Context(
+            requestID: "r", method: .get, path: "/sync/v1/me", started: 0, endpoint: endpoint,
+            claims: AccessClaims(
+                userID: user, sessionID: UUID(),
+                expiresAt: Int64(Date().timeIntervalSince1970) - TokenIssuer.leeway - 1))
+        guard
+            case .later(let operation) = harness.pipeline.respond(
+                to: HTTPRequest(method: .get, path: "/sync/v1/me"), context: stale)
+        else { return XCTFail("answered on the loop") }
+        let expired = await operation()
+        XCTAssertEqual(expired.0.status.code, 401)
+        XCTAssertEqual(harness.handlerCalls.count, 0, "no handler ran")
+
+        // Neither: the claims from the head are handed over without verifying the token again.
+        let another = signedToken(user: user, exp: expiry)  // another session, not revoked
+        let fresh = try admitted(harness, try head("GET", "/sync/v1/me", ["Authorization": "Bearer \(another)"]))
+        let other = RequestPipeline.Context(
+            requestID: "r", method: .get, path: "/sync/v1/me", started: 0, endpoint: endpoint,
+            claims: AccessClaims(userID: user, sessionID: UUID(), expiresAt: expiry))
+        for context in [fresh, other] {
+            guard
+                case .later(let operation) = harness.pipeline.respond(
+                    to: HTTPRequest(method: .get, path: "/sync/v1/me"), context: context)
+            else { return XCTFail("answered on the loop") }
+            let (response, after) = await operation()
+            XCTAssertEqual(response.status.code, 200, "no Authorization in the request: the head's claims count")
+            XCTAssertEqual(after.userID, user)
+        }
     }
 
     // MARK: - Respond: errors
@@ -837,6 +937,8 @@ struct PipelineHarness: Sendable {
     let handlerCalls: CallCounter
     let routes: Routes
     let pipeline: RequestPipeline
+    /// The authenticator's revoked sessions.
+    let revocations = SessionRevocations(database: nil, logger: Logger(label: "test.revocations"))
 
     init(corsOrigins: [String] = [], apiKey: String? = nil) {
         let metrics = Metrics()
@@ -868,6 +970,7 @@ struct PipelineHarness: Sendable {
         }
         routes.add(.get, "/sync/v1/me", family: .native, whoAmI)
         routes.add(.get, "/auth/v1/user", family: .auth, whoAmI)
+        routes.add(.get, "/sync/v1/query", family: .native, acceptsQueryToken: true, whoAmI)
         routes.add(.post, "/auth/v1/otp", family: .auth, bodyLimit: 32, .open { _ in .json(.ok, "{}") })
         routes.add(.get, "/rest/v1/events", family: .rest, whoAmI)
         routes.add(.post, "/rest/v1/events", family: .rest, bodyLimit: 64, whoAmI)
@@ -882,7 +985,8 @@ struct PipelineHarness: Sendable {
         self.handlerCalls = calls
         self.routes = routes
         pipeline = RequestPipeline(
-            routes: routes, corsOrigins: corsOrigins, authenticator: Authenticator(tokens: tokens, apiKey: apiKey),
+            routes: routes, corsOrigins: corsOrigins,
+            authenticator: Authenticator(tokens: tokens, apiKey: apiKey, revocations: revocations),
             accessLog: nil, logger: Logger(label: "test.pipeline", factory: { _ in CapturingLogHandler(lines: logs) }))
     }
 
@@ -909,6 +1013,21 @@ struct PipelineHarness: Sendable {
         var response = outcome.0
         pipeline.complete(&response, context: outcome.1)
         return (response, outcome.1)
+    }
+
+    /// The answer given from the head alone (`Admission.answer`), as it would be written: fails
+    /// the test if the head was admitted to have its body read.
+    func atHead(_ head: HTTPRequestHead, file: StaticString = #filePath, line: UInt = #line) -> (
+        HTTPResponse, RequestPipeline.Context
+    ) {
+        guard case .answer(var response, let context) = pipeline.admit(head, client: "192.0.2.1") else {
+            XCTFail("\(head.method) \(head.path) not answered from the head", file: file, line: line)
+            return (
+                HTTPResponse(status: 599), RequestPipeline.Context(requestID: "", method: .get, path: "", started: 0)
+            )
+        }
+        pipeline.complete(&response, context: context)
+        return (response, context)
     }
 
     /// Like `run`, for routes whose handler runs later: fails the test if it answered on

@@ -20,6 +20,11 @@ final class Connection<Context: Sendable> {
     /// Bytes of `output` counted in the server's `OutputBudget`: its unsent bytes while they
     /// are a whole answer's (not an open stream's or WebSocket's), as of the last write.
     var heldOutput = 0
+    /// Bytes of the request body being read counted in the server's `InputBudget` (0: none,
+    /// a small body), until it is handed over or the connection closes.
+    var heldInput = 0
+    /// The body being read is chunked: its buffer is counted in the `InputBudget` as it grows.
+    var countsChunkedInput = false
     /// Edge-triggered epoll: remember readiness until a call says EAGAIN.
     var readable = false
     var writable = true

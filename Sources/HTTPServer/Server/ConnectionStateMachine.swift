@@ -155,8 +155,9 @@ struct ConnectionStateMachine {
         return .none
     }
 
-    /// The application answered from the head alone. Returns what follows that answer.
-    /// A body not yet read is never read: the connection lingers and closes.
+    /// The application answered from the head alone (or the server refused the rest of a body
+    /// being read: the input budget). Returns what follows that answer. A body not yet read
+    /// is never read: the connection lingers and closes.
     mutating func answeredFromHead(hasBody: Bool, keepAlive: Bool) -> AfterWrite {
         let after: AfterWrite = hasBody ? .linger : (keepAlive && !shuttingDown ? .nextRequest : .close)
         requestAnsweredEarly = !hasBody

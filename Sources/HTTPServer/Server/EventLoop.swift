@@ -37,6 +37,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private let caps: ConnectionCaps
     /// The server's budget for answers waiting in output buffers, shared by all its loops.
     private let outputBudget: OutputBudget
+    /// The server's budget for request bodies being read, shared by all its loops.
+    private let inputBudget: InputBudget
     /// This loop's place among the server's loops (0 for the first), for its thread's name.
     let index: Int
     /// Connections refused by the per-client cap since it was last logged, and the last
@@ -46,6 +48,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private var lastRefusedClient: IPAddress? = nil
     /// Answers refused for the output budget since it was last logged, likewise.
     private var refusedAnswers = RefusalTally()
+    /// Request bodies refused for the input budget since it was last logged, likewise.
+    private var refusedBodies = RefusalTally()
     private var nextConnectionID: UInt64 = 0
     private var shuttingDown = false
     /// The accept queue may hold connections no new edge will report (accept failed for want
@@ -97,12 +101,13 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
 
     init(
         configuration: HTTPServerConfiguration, responder: Responder, logger: Logger, index: Int = 0,
-        caps: ConnectionCaps, outputBudget: OutputBudget
+        caps: ConnectionCaps, outputBudget: OutputBudget, inputBudget: InputBudget
     ) {
         self.configuration = configuration
         self.index = index
         self.caps = caps
         self.outputBudget = outputBudget
+        self.inputBudget = inputBudget
         self.responder = responder
         self.logger = logger
         self.serverLine = Array("Server: \(configuration.serverName)\r\n".utf8)
@@ -433,13 +438,24 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                     "last_client": "\(lastRefusedClient?.clientText ?? "")",
                 ])
         }
-        if let refused = refusedAnswers.due(now: now) {
+        /// One line for refusals by a budget: how many, what it holds, its limit.
+        func budgetWarning(_ message: Logger.Message, _ refused: Int, held: Int, limit: Int) {
             logger.warning(
-                "answers refused: the output buffers hold as many unread answers as they may",
+                message,
                 metadata: [
-                    "refused": "\(refused)", "buffered_bytes": "\(outputBudget.heldBytes)",
-                    "limit_bytes": "\(outputBudget.limit)", "loop": "\(index)",
+                    "refused": "\(refused)", "buffered_bytes": "\(held)", "limit_bytes": "\(limit)",
+                    "loop": "\(index)",
                 ])
+        }
+        if let refused = refusedAnswers.due(now: now) {
+            budgetWarning(
+                "answers refused: the output buffers hold as many unread answers as they may", refused,
+                held: outputBudget.heldBytes, limit: outputBudget.limit)
+        }
+        if let refused = refusedBodies.due(now: now) {
+            budgetWarning(
+                "request bodies refused: the bodies being read hold as much as they may", refused,
+                held: inputBudget.heldBytes, limit: inputBudget.limit)
         }
     }
 
@@ -558,6 +574,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 }
                 continue
             }
+            if connection.countsChunkedInput, !holdChunkedInput(connection) { continue }
 
             if connection.parser.isClosed {
                 if !connection.hasPendingOutput { closeConnection(connection) }
@@ -758,7 +775,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 configuration.trustedProxies.forwardedClient(head.headers.values(for: "x-forwarded-for"))?.description
                 ?? connection.remoteAddress
         }
-        switch responder.admit(head, client: connection.clientAddress) {
+        switch admitBody(responder.admit(head, client: connection.clientAddress), head, on: connection) {
         case .readBody(let limit, let context):
             connection.context = context
             connection.parser.limitBody(to: limit)
@@ -786,9 +803,76 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         }
     }
 
+    /// Counts the body an admitted request announces in the input budget before a byte of it
+    /// is read: a `Content-Length` over `InputBudget.smallBody` that does not fit turns the
+    /// admission into the responder's `503` from the head (`refuseBody`; the body is never
+    /// read, the connection lingers and closes). A chunked body is counted as it grows
+    /// (`holdChunkedInput`). A small body costs this switch and nothing else.
+    private func admitBody(
+        _ admission: Admission<Context>, _ head: HTTPRequestHead, on connection: Connection<Context>
+    ) -> Admission<Context> {
+        guard case .readBody = admission else { return admission }
+        switch head.bodyFraming {
+        case .contentLength(let length) where length > InputBudget.smallBody:
+            if inputBudget.admit(length) {
+                connection.heldInput = length
+                return admission
+            }
+            guard case .readBody(_, let context) = admission else { return admission }
+            refusedBodies.count += 1
+            logRefusals()
+            return .answer(responder.refuseBody(context: context), context)
+        case .chunked:
+            connection.countsChunkedInput = true
+        default:
+            break
+        }
+        return admission
+    }
+
+    /// Counts a chunked body's buffer in the input budget once it grows past
+    /// `InputBudget.smallBody` (the parser has just taken all it could). Growth that does not
+    /// fit cuts the body off: the body is dropped and the responder's `503` (`refuseBody`)
+    /// queued, then the connection lingers and closes. False when it was cut off.
+    private func holdChunkedInput(_ connection: Connection<Context>) -> Bool {
+        let size = connection.parser.bodyCapacity
+        guard size > connection.heldInput, size > InputBudget.smallBody else { return true }
+        if inputBudget.admit(size - connection.heldInput) {
+            connection.heldInput = size
+            return true
+        }
+        guard let context = connection.context else {  // not reached: a body being read has its context
+            reject(.bodyTooLarge, on: connection)
+            return false
+        }
+        releaseInput(connection)
+        connection.parser = HTTPRequestParser(limits: connection.parser.limits)  // frees the body; never read again
+        connection.context = nil
+        var response = responder.refuseBody(context: context)
+        refusedBodies.count += 1
+        logRefusals()
+        // Like an answer from the head to a request whose body is still due: linger, close.
+        let after = connection.lifecycle.answeredFromHead(hasBody: true, keepAlive: false)
+        responder.complete(&response, context: context)
+        serialize(
+            response, keepAlive: after == .nextRequest, omitBody: connection.requestIsHead, into: &connection.output)
+        return false
+    }
+
+    /// Gives back what the connection's request body held in the input budget.
+    private func releaseInput(_ connection: Connection<Context>) {
+        connection.countsChunkedInput = false
+        guard connection.heldInput != 0 else { return }
+        inputBudget.release(connection.heldInput)
+        connection.heldInput = 0
+    }
+
     private func requestComplete(
         _ head: consuming HTTPRequestHead, body: consuming [UInt8], on connection: Connection<Context>
     ) {
+        // The body is handed over (or dropped): it no longer counts as being read.
+        if connection.heldInput != 0 { releaseInput(connection) }
+        connection.countsChunkedInput = false
         guard connection.lifecycle.requestComplete() == .dispatch, let context = connection.context else { return }
         if let prepared = connection.prepared {
             connection.prepared = nil
@@ -1106,6 +1190,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     }
 
     private func reject(_ error: HTTPParserError, on connection: Connection<Context>) {
+        releaseInput(connection)  // the parser dropped what it collected
         connection.context = nil
         connection.lifecycle.protocolErrorQueued()
         serialize(
@@ -1240,6 +1325,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             outputBudget.adjust(by: -connection.heldOutput)
             connection.heldOutput = 0
         }
+        releaseInput(connection)
         connection.output = []  // freed now, not whenever the last reference to the connection goes
         connection.outputOffset = 0
         if connection.lifecycle.isHandling {

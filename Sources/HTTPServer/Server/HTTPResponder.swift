@@ -37,6 +37,14 @@ public protocol HTTPResponder: Sendable {
     /// `complete(_:context:)` like any response. Keep it small. Default: `refuseConnection()`.
     func refuseAnswer(context: Context) -> HTTPResponse
 
+    /// The `503` sent instead of reading a request's body that the server cannot hold now:
+    /// it is larger than `InputBudget.smallBody` and the bodies being read already hold as
+    /// much as `HTTPServerConfiguration.maxBufferedInput` allows (from the head for a
+    /// `Content-Length`, mid-body for a chunked body). The connection closes after it. Then
+    /// passed to `complete(_:context:)` like any response. Keep it small. Default:
+    /// `refuseConnection()`.
+    func refuseBody(context: Context) -> HTTPResponse
+
     /// The loop has handled a batch of events and is about to wait: write what is due of
     /// anything buffered (log lines). Returns the most milliseconds the loop may wait before
     /// it calls this again (what it keeps is due by then), or nil: no limit.
@@ -69,6 +77,7 @@ public enum Reply<Context: Sendable>: Sendable {
 
 extension HTTPResponder {
     public func refuseAnswer(context: Context) -> HTTPResponse { refuseConnection() }
+    public func refuseBody(context: Context) -> HTTPResponse { refuseConnection() }
     public func loopWillWait() -> Int32? { nil }
     public func loopDidStop() {}
 }

@@ -18,6 +18,7 @@ public final class HTTPServer<Responder: HTTPResponder>: Sendable {
     public let configuration: HTTPServerConfiguration
     private let loops: [EventLoop<Responder>]
     private let outputBudget: OutputBudget
+    private let inputBudget: InputBudget
 
     /// A server answering with `responder`; call `start()` to listen.
     public init(configuration: HTTPServerConfiguration, responder: Responder, logger: Logger) {
@@ -26,10 +27,12 @@ public final class HTTPServer<Responder: HTTPResponder>: Sendable {
             maxConnections: configuration.maxConnections, maxPerClient: configuration.maxConnectionsPerClient)
         let budget = OutputBudget(limit: configuration.maxBufferedOutput)
         outputBudget = budget
+        let input = InputBudget(limit: configuration.maxBufferedInput)
+        inputBudget = input
         loops = (0..<max(1, configuration.loops)).map { index in
             EventLoop(
                 configuration: configuration, responder: responder, logger: logger, index: index, caps: caps,
-                outputBudget: budget)
+                outputBudget: budget, inputBudget: input)
         }
     }
 
@@ -90,6 +93,10 @@ public final class HTTPServer<Responder: HTTPResponder>: Sendable {
     /// Bytes of answers waiting in output buffers for their clients to read them, over all
     /// loops: what `HTTPServerConfiguration.maxBufferedOutput` bounds (for metrics).
     public var bufferedOutputBytes: Int { outputBudget.heldBytes }
+
+    /// Bytes of request bodies being read, over all loops: what
+    /// `HTTPServerConfiguration.maxBufferedInput` bounds (for metrics).
+    public var bufferedInputBytes: Int { inputBudget.heldBytes }
 
     /// Open connections and requests in flight of each loop, in order.
     public var loopStatistics: [(connections: Int, inFlight: Int)] { loops.map(\.statistics) }

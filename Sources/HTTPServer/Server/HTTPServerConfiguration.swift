@@ -38,6 +38,14 @@ public struct HTTPServerConfiguration: Sendable {
     /// something (`POST`, `PATCH` …), always go and count while unsent; open streamed bodies
     /// and WebSockets are bounded by their own buffers and do not count. Default 256 MiB.
     public var maxBufferedOutput = 256 * 1024 * 1024
+    /// Bytes of request bodies the server may hold while it reads them, over all connections
+    /// and loops (`InputBudget`). A body whose `Content-Length` is over 64 KiB and would take
+    /// the total past it is not read: the client gets `HTTPResponder.refuseBody` (a `503`)
+    /// from the head, and the connection closes after it; a chunked body is counted as it
+    /// grows past 64 KiB and cut off with the same answer once it does not fit. Smaller bodies
+    /// always pass. A body counts from its head until it is handed to the responder or the
+    /// connection closes. Default 256 MiB.
+    public var maxBufferedInput = 256 * 1024 * 1024
     /// Event loops: each has its own thread, epoll instance, listening socket (all bound to
     /// the same port with `SO_REUSEPORT`: the kernel spreads new connections over them),
     /// connections and `LoopExecutor`. `maxConnections` and `maxConnectionsPerClient` hold

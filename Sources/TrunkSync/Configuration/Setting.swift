@@ -287,6 +287,13 @@ public struct Setting: Sendable {
         summary:
             "Bytes of answers the server may hold for clients that have not read them yet, over all connections. A GET whose answer is over 64 KiB and would go past it is answered 503 server_busy with Retry-After: 1 instead; smaller answers, and answers to requests that change something, always go. Keep it above the largest answer (~66 MB: a REST read of 1,000 full rows) and within the memory the server can spare."
     )
+    /// `http_max_buffered_input`.
+    public static let httpMaxBufferedInput = Setting(
+        key: "http_max_buffered_input", kind: .integer(1_048_576...1_099_511_627_776), defaultValue: "268435456",
+        isSecret: false,
+        summary:
+            "Bytes of request bodies the server may hold while it reads them, over all connections. A body over 64 KiB that would go past it is answered 503 server_busy with Retry-After: 1 instead of being read (from its head; a chunked body when it grows past); smaller bodies always pass. Keep it above the largest body (10 MiB: a push or a REST insert) and within the memory the server can spare."
+    )
     /// `event_loops`.
     public static let eventLoops = Setting(
         key: "event_loops", kind: .integer(0...1024), defaultValue: "0", isSecret: false,
@@ -401,6 +408,7 @@ public struct Setting: Sendable {
         httpMaxConnections,
         httpMaxConnectionsPerClient,
         httpMaxBufferedOutput,
+        httpMaxBufferedInput,
         eventLoops,
         eventLoopScheduling,
         streamHeartbeat,

@@ -32,6 +32,9 @@ public final class Metrics: @unchecked Sendable {
     /// Answers refused with `503 server_busy` because the output buffers held as many unread
     /// answers as `TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT` allows.
     public let answersRefused: Counter
+    /// Request bodies refused with `503 server_busy` because the bodies being read held as
+    /// much as `TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT` allows.
+    public let bodiesRefused: Counter
 
     /// The limits counted in `trunk_sync_rate_limited_total{limit=…}`.
     /// `otp`, `verify`, `token`, `reauthenticate`, `account`: per client; `otp_email`,
@@ -65,6 +68,10 @@ public final class Metrics: @unchecked Sendable {
         answersRefused = counter(
             "trunk_sync_http_answers_refused_total",
             "Answers refused with 503 server_busy: the output buffers held as many unread answers as TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT allows."
+        )
+        bodiesRefused = counter(
+            "trunk_sync_http_bodies_refused_total",
+            "Request bodies refused with 503 server_busy: the bodies being read held as much as TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT allows."
         )
         counters = register
     }

@@ -63,7 +63,7 @@ public struct RESTRoutes: Sendable {
         for method in [HTTPMethod.patch, .delete, .put] {
             routes.add(
                 method, "/rest/v1/events", family: .rest, bodyLimit: Self.insertBodyLimit,
-                .open { _ in throw RESTError.append(only: method.rawValue) })
+                .refused { _ in RESTError.append(only: method.rawValue) })
         }
         routes.add(
             .get, "/rest/v1/profiles", family: .rest,
@@ -84,11 +84,11 @@ public struct RESTRoutes: Sendable {
                 return try await updateProfile(request, user: claims.userID, upsert: true)
             })
         // An insert into a table that is not here is told so whatever its size (as the
-        // events' insert takes); a read carries no body.
+        // events' insert takes; read and dropped, never held); a read carries no body.
         for (method, limit) in [(HTTPMethod.get, Endpoint.BodyLimit.none), (.post, Self.insertBodyLimit)] {
             routes.add(
                 method, "/rest/v1/:table", family: .rest, bodyLimit: limit,
-                .open { request in throw RESTError.unknownTable(request.parameters["table"] ?? "") })
+                .refused { parameters in RESTError.unknownTable(parameters["table"] ?? "") })
         }
     }
 

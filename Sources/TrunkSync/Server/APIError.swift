@@ -104,6 +104,11 @@ public struct APIError: Error, Sendable, Equatable, CustomStringConvertible {
     public static let outputBusy = APIError(
         status: 503, code: "server_busy", message: "The server is busy sending other answers; try again shortly.",
         retryAfter: 1)
+    /// The request bodies being read hold as much as they may
+    /// (`TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT`): a large body is refused instead of read.
+    public static let inputBusy = APIError(
+        status: 503, code: "server_busy", message: "The server is busy receiving other requests; try again shortly.",
+        retryAfter: 1)
     /// The database cannot be reached, or a connection was lost mid-request.
     public static let databaseUnavailable = APIError(
         status: 503, code: "database_unavailable", message: "The database is not reachable; retry shortly.",

@@ -271,6 +271,7 @@ public struct Application: Sendable {
         server.maxConnections = configuration.httpMaxConnections
         server.maxConnectionsPerClient = configuration.httpMaxConnectionsPerClient
         server.maxBufferedOutput = configuration.httpMaxBufferedOutput
+        server.maxBufferedInput = configuration.httpMaxBufferedInput
         server.loops = configuration.eventLoopCount
         server.loopScheduling = configuration.eventLoopScheduling
         server.trustedProxies = configuration.trustedProxies
@@ -396,6 +397,13 @@ public struct Application: Sendable {
                 "Bytes of answers waiting in output buffers for their clients to read them (public listener; TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT bounds it)."
         ) {
             Double(server.bufferedOutputBytes)
+        }
+        metrics.gauge(
+            "trunk_sync_http_input_buffered_bytes",
+            help:
+                "Bytes of request bodies being read (public listener; TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT bounds them)."
+        ) {
+            Double(server.bufferedInputBytes)
         }
         for index in server.executors.indices {
             metrics.gauge(

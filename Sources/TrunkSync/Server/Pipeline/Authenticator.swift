@@ -27,13 +27,23 @@ struct Authenticator: Sendable {
     func authenticate(_ request: HTTPRequest, family: APIFamily, queryToken: Bool = false) throws(APIError)
         -> AccessClaims
     {
+        try authenticate(headers: request.headers, query: request.query, family: family, queryToken: queryToken)
+    }
+
+    /// The verified claims of a request's bearer token from its head alone (`RequestPipeline`
+    /// calls it when the head arrives, before any body byte is read), or the family's `401`.
+    func authenticate(headers: HTTPHeaders, query: String?, family: APIFamily, queryToken: Bool = false)
+        throws(APIError) -> AccessClaims
+    {
         if family == .rest, let apiKey {
-            guard let given = request.headers["apikey"], constantTimeEquals(given.utf8, apiKey.utf8) else {
+            guard let given = headers["apikey"], constantTimeEquals(given.utf8, apiKey.utf8) else {
                 throw RESTError.apiKey
             }
         }
-        let header = request.headers["authorization"]
-        let fromQuery = queryToken && header == nil ? request.queryValue("access_token") : nil
+        let header = headers["authorization"]
+        let fromQuery =
+            queryToken && header == nil
+            ? query.flatMap { QueryString.parse($0).first { $0.name == "access_token" }?.value } : nil
         guard let token = Self.bearerToken(header) ?? fromQuery.flatMap({ $0.isEmpty ? nil : $0 }) else {
             throw Self.missing(family)
         }
@@ -46,6 +56,14 @@ struct Authenticator: Sendable {
         // Every route, every family: a signed-out session's token is refused everywhere.
         if revocations.isRevoked(claims.sessionID) { throw Self.revoked(family) }
         return claims
+    }
+
+    /// Claims verified from the head, checked again when the whole request has arrived (up
+    /// to the body timeout later): the session may have been revoked, or the token may have
+    /// expired, meanwhile. No signature is verified again: a set look-up and a comparison.
+    func stillValid(_ claims: AccessClaims, family: APIFamily) throws(APIError) {
+        if revocations.isRevoked(claims.sessionID) { throw Self.revoked(family) }
+        if claims.expiresAt + TokenIssuer.leeway < Int64(Date().timeIntervalSince1970) { throw Self.invalid(family) }
     }
 
     /// The token of `Bearer <token>` (scheme case-insensitive, surrounding blanks ignored).

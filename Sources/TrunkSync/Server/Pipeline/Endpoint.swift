@@ -12,6 +12,10 @@ public final class Endpoint: Sendable {
         case open(@Sendable (HTTPRequest) async throws -> HTTPResponse)
         /// Runs as a task once the authentication stage has verified the bearer token.
         case authenticated(@Sendable (HTTPRequest, AccessClaims) async throws -> HTTPResponse)
+        /// Always this error, decided from the head (the route's parameters): the body is read
+        /// and dropped, never held, so the connection stays usable (`Admission.answerAfterBody`).
+        /// For routes that take any body a real route of theirs takes, only to refuse it.
+        case refused(@Sendable (_ parameters: [String: String]) -> APIError)
     }
 
     /// The shape of its errors.

@@ -16,8 +16,9 @@ public enum RequestContext {
 /// docs/ARCHITECTURE.md):
 ///
 ///     admit:    request id → (admin listener: Host, Origin, media type) → CORS preflight →
-///               route → body limit                                   (head only, on the loop)
-///     respond:  authenticate → handler → errors in the family's shape (a task, unless inline)
+///               route → body limit → authenticate                    (head only, on the loop)
+///     respond:  revocation and expiry again → handler → errors in the family's shape
+///               (a task, unless inline)
 ///     complete: X-Request-Id and CORS headers → observe (access log + metrics)
 ///
 /// The HTTP server calls these; it knows nothing of what they do.
@@ -35,10 +36,12 @@ public struct RequestPipeline: HTTPResponder {
             let endpoint: Endpoint?
             let parameters: [String: String]
             let client: String
+            /// The caller, verified from the head (routes that need a signed-in caller).
+            let claims: AccessClaims?
 
             init(
                 requestID: String, method: HTTPMethod, path: String, origin: String?, started: UInt64,
-                endpoint: Endpoint?, parameters: [String: String], client: String
+                endpoint: Endpoint?, parameters: [String: String], client: String, claims: AccessClaims?
             ) {
                 self.requestID = requestID
                 self.method = method
@@ -48,6 +51,7 @@ public struct RequestPipeline: HTTPResponder {
                 self.endpoint = endpoint
                 self.parameters = parameters
                 self.client = client
+                self.claims = claims
             }
         }
 
@@ -57,11 +61,12 @@ public struct RequestPipeline: HTTPResponder {
 
         init(
             requestID: String, method: HTTPMethod, path: String, origin: String? = nil, started: UInt64,
-            endpoint: Endpoint? = nil, parameters: [String: String] = [:], client: String = ""
+            endpoint: Endpoint? = nil, parameters: [String: String] = [:], client: String = "",
+            claims: AccessClaims? = nil
         ) {
             admitted = Admitted(
                 requestID: requestID, method: method, path: path, origin: origin, started: started,
-                endpoint: endpoint, parameters: parameters, client: client)
+                endpoint: endpoint, parameters: parameters, client: client, claims: claims)
         }
 
         var requestID: String { admitted.requestID }
@@ -73,6 +78,8 @@ public struct RequestPipeline: HTTPResponder {
         var parameters: [String: String] { admitted.parameters }
         /// The client's address (for the access log).
         var client: String { admitted.client }
+        /// The caller's verified claims, when the route needs a signed-in caller.
+        var claims: AccessClaims? { admitted.claims }
     }
 
     let router: Router<Endpoint>
@@ -86,6 +93,7 @@ public struct RequestPipeline: HTTPResponder {
     private let unmatched: HTTPRouteMetrics
     private let preflight: HTTPRouteMetrics
     private let answersRefused: Counter
+    private let bodiesRefused: Counter
 
     init(
         routes: Routes, corsOrigins: [String], authenticator: Authenticator, accessLog: AccessLog?,
@@ -100,6 +108,7 @@ public struct RequestPipeline: HTTPResponder {
         unmatched = routes.metrics.route("unmatched")
         preflight = routes.metrics.route("OPTIONS")
         answersRefused = routes.metrics.answersRefused
+        bodiesRefused = routes.metrics.bodiesRefused
     }
 
     // MARK: - Stages on the head
@@ -109,10 +118,12 @@ public struct RequestPipeline: HTTPResponder {
         let origin = cors.isEnabled ? head.headers["origin"] : nil
         let started = monotonicNanoseconds()
         /// The context, with the route's endpoint once it is known to answer.
-        func context(_ endpoint: Endpoint? = nil, _ parameters: [String: String] = [:]) -> Context {
+        func context(
+            _ endpoint: Endpoint? = nil, _ parameters: [String: String] = [:], _ claims: AccessClaims? = nil
+        ) -> Context {
             Context(
                 requestID: requestID, method: head.method, path: head.path, origin: origin, started: started,
-                endpoint: endpoint, parameters: parameters, client: client)
+                endpoint: endpoint, parameters: parameters, client: client, claims: claims)
         }
         let match = router.match(method: head.method, path: head.path)
         if let requestGuard {
@@ -138,7 +149,23 @@ public struct RequestPipeline: HTTPResponder {
                     APIError.bodyTooLarge(limit: endpoint.bodyLimit).response(for: endpoint.family),
                     context(endpoint, parameters))
             }
-            return .readBody(bodyLimit: endpoint.bodyLimit, context(endpoint, parameters))
+            if case .refused(let error) = endpoint.handler {
+                return .answerAfterBody(error(parameters).response(for: endpoint.family), context(endpoint, parameters))
+            }
+            guard case .authenticated = endpoint.handler else {
+                return .readBody(bodyLimit: endpoint.bodyLimit, context(endpoint, parameters))
+            }
+            // From the head, before a body byte is read: a caller without a valid token cannot
+            // make the server take (and hold) a body. Answered at once; a body it announced is
+            // never read, so the connection then lingers and closes (`Admission.answer`).
+            do {
+                let claims = try authenticator.authenticate(
+                    headers: head.headers, query: head.query, family: endpoint.family,
+                    queryToken: endpoint.acceptsQueryToken)
+                return .readBody(bodyLimit: endpoint.bodyLimit, context(endpoint, parameters, claims))
+            } catch {
+                return .answer(error.response(for: endpoint.family), context(endpoint, parameters))
+            }
         }
     }
 
@@ -178,6 +205,8 @@ public struct RequestPipeline: HTTPResponder {
         switch endpoint.handler {
         case .inline(let handler):
             return .now(handler(request), context)
+        case .refused(let error):  // answered from the head (`admit`)
+            return .now(error(context.parameters).response(for: family), context)
         case .open(let handler):
             return .later { [self, request] in
                 await RequestContext.$requestID.withValue(request.requestID) {
@@ -193,8 +222,16 @@ public struct RequestPipeline: HTTPResponder {
                 await RequestContext.$requestID.withValue(request.requestID) {
                     var context = context
                     do {
-                        let claims = try authenticator.authenticate(
-                            request, family: family, queryToken: endpoint.acceptsQueryToken)
+                        // Verified from the head (`admit`); only what may have changed since
+                        // the body began is checked again: revocation and expiry.
+                        let claims: AccessClaims
+                        if let admitted = context.claims {
+                            try authenticator.stillValid(admitted, family: family)
+                            claims = admitted
+                        } else {
+                            claims = try authenticator.authenticate(
+                                request, family: family, queryToken: endpoint.acceptsQueryToken)
+                        }
                         context.userID = claims.userID
                         return (try await handler(request, claims), context)
                     } catch {
@@ -264,6 +301,12 @@ public struct RequestPipeline: HTTPResponder {
     public func refuseAnswer(context: Context) -> HTTPResponse {
         answersRefused.increment()
         return APIError.outputBusy.response(for: context.endpoint?.family ?? Self.family(of: context.path))
+    }
+
+    /// A body the server cannot hold now: `503 server_busy` in the route's shape.
+    public func refuseBody(context: Context) -> HTTPResponse {
+        bodiesRefused.increment()
+        return APIError.inputBusy.response(for: context.endpoint?.family ?? Self.family(of: context.path))
     }
 
     public func loopWillWait() -> Int32? {
