@@ -10,7 +10,7 @@ import Synchronization
 /// answers `503` instead (`HTTPResponder.refuseAnswer`); a small one always goes (errors,
 /// health checks, ordinary sync answers), and is counted only if the socket does not take it
 /// at once. An answer to a request that may have changed something is counted but never
-/// refused (`EventLoop.admitToBudget` says why). What a connection holds is given back as
+/// refused (`EventLoop.queueAnswer` says why). What a connection holds is given back as
 /// the socket takes it and when the connection closes, however it closes.
 ///
 /// One atomic counter for every loop of the server, not a share per loop: a loop's share
