@@ -678,8 +678,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private static var keptOutputCapacity: Int { OutputBudget.smallAnswer + 16 * 1024 }
 
     /// Counts what `connection` has not sent yet in the output budget, unless it is an open
-    /// stream's or WebSocket's (bounded by their writers): a small answer is counted only
-    /// once the socket did not take it at once, a large one from when it was queued.
+    /// stream's or WebSocket's (their writers count what they hold, `HTTPBodyWriter`): a small
+    /// answer is counted only once the socket did not take it at once, a large one from when
+    /// it was queued.
     @inline(__always)
     private func holdUnsent(_ connection: Connection<Context>) {
         if connection.heldOutput != 0 || !(connection.lifecycle.isStreaming || connection.lifecycle.isWebSocket) {
@@ -894,7 +895,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         let executor = self.executor
         let fd = connection.fd
         let id = connection.id
-        let writer = HTTPBodyWriter(bufferLimit: body.bufferLimit, loop: executor) {
+        let writer = HTTPBodyWriter(bufferLimit: body.bufferLimit, loop: executor, budget: outputBudget) {
             // Written on this loop's thread (its share of a fan-out): the loop sends it after
             // the job, with no lock or wake-up; from anywhere else, through the mailbox.
             if LoopExecutor.current === executor {
@@ -982,7 +983,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         let mailbox = self.mailbox
         let fd = connection.fd
         let id = connection.id
-        let socket = WebSocket(settings: upgrade.settings) { mailbox.postStreamReady(fd: fd, connectionID: id) }
+        let socket = WebSocket(settings: upgrade.settings, budget: outputBudget) {
+            mailbox.postStreamReady(fd: fd, connectionID: id)
+        }
         var parser = WebSocketFrameParser(limits: upgrade.settings.limits)
         parser.feed(connection.parser.takeBufferedBytes())
         connection.parser = HTTPRequestParser(limits: connection.parser.limits)  // its buffer is not needed again

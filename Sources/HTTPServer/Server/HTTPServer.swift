@@ -87,8 +87,9 @@ public final class HTTPServer<Responder: HTTPResponder>: Sendable {
         }
     }
 
-    /// Bytes of answers waiting in output buffers for their clients to read them, over all
-    /// loops: what `HTTPServerConfiguration.maxBufferedOutput` bounds (for metrics).
+    /// Bytes waiting in output buffers for their clients to read them (answers, streamed
+    /// bodies, WebSocket messages), over all loops: what
+    /// `HTTPServerConfiguration.maxBufferedOutput` bounds (for metrics).
     public var bufferedOutputBytes: Int { outputBudget.heldBytes }
 
     /// Open connections and requests in flight of each loop, in order.
