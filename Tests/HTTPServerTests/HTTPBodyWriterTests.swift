@@ -169,4 +169,71 @@ final class HTTPBodyWriterTests: XCTestCase {
         finished.close()
         XCTAssertEqual(reasons.withLock { $0 }, [.shutdown], "not after finish()")
     }
+
+    // MARK: - The server's total (OutputBudget)
+
+    /// What a writer holds counts in the server's total from the write that queues it until
+    /// the loop has sent it (or the connection ends); while the total is full, a body with
+    /// bytes waiting for its client gets nothing more, however much room its own buffer has:
+    /// `writeIfRoom` says `.full`, `write` waits for an empty buffer. A body with nothing
+    /// waiting is not held back.
+    func testWhileTheTotalIsFullABodyWithBytesWaitingGetsNothingMoreAndAnEmptyOneGoesOn() async throws {
+        let budget = OutputBudget(limit: 1000)
+        let slow = HTTPBodyWriter(bufferLimit: 1 << 20, budget: budget) {}
+        let keepingUp = HTTPBodyWriter(bufferLimit: 1 << 20, budget: budget) {}
+        XCTAssertEqual(slow.writeIfRoom(Array(repeating: 1, count: 600)), .written)
+        XCTAssertEqual(budget.heldBytes, 600, "counted when queued")
+        XCTAssertEqual(slow.writeIfRoom(Array(repeating: 2, count: 300)), .written, "under the total")
+        XCTAssertEqual(budget.heldBytes, 900)
+        XCTAssertEqual(slow.take().bytes.count, 2, "the loop took both; its socket did not send them all")
+        XCTAssertEqual(keepingUp.writeIfRoom(Array(repeating: 3, count: 200)), .written)
+        XCTAssertEqual(budget.heldBytes, 1100, "past the total by one write")
+
+        XCTAssertEqual(slow.writeIfRoom([4]), .full, "full total, bytes waiting: nothing more")
+        XCTAssertEqual(keepingUp.writeIfRoom([4]), .full, "not yet taken is waiting too")
+        XCTAssertEqual(budget.heldBytes, 1100, "a refused write counts nothing")
+        let waiting = Task { try await slow.write([6]) }
+        try await waitForAWaitingWrite(slow)
+        XCTAssertEqual(keepingUp.take().bytes.count, 1)
+        XCTAssertEqual(keepingUp.take().bytes, [], "its client read it all")
+        XCTAssertEqual(budget.heldBytes, 900)
+        budget.adjust(by: 1000)  // others' answers keep the total full
+        XCTAssertEqual(keepingUp.writeIfRoom([5]), .written, "nothing waiting: not held back by the full total")
+        XCTAssertTrue(slow.hasWaitingWrite, "the write waits while bytes wait and the total is full")
+        XCTAssertEqual(slow.take().bytes, [], "all sent: the buffer is empty")
+        try await waiting.value
+        budget.adjust(by: -1000)
+        XCTAssertEqual(budget.heldBytes, 2, "an empty buffer takes a write whatever the total")
+
+        // The end of the body taken: what is left is the connection's (counted as an answer's).
+        keepingUp.finish()
+        let (chunks, end) = keepingUp.take()
+        XCTAssertEqual(chunks, [[5]])
+        XCTAssertEqual(end, .finished)
+        XCTAssertEqual(budget.heldBytes, 1, "the writer counts nothing once its end is taken")
+        slow.close()
+        XCTAssertEqual(budget.heldBytes, 0, "closing gives back what the writer held")
+        slow.close()
+        _ = keepingUp.take()
+        XCTAssertEqual(budget.heldBytes, 0, "once")
+    }
+
+    /// A fan-out's write to a body with nothing waiting is not queued (the loop sends it): it
+    /// counts nothing unless the socket leaves some of it, which then counts until sent.
+    func testAClaimedWriteCountsOnlyWhatTheSocketLeft() {
+        let budget = OutputBudget(limit: 1000)
+        let writer = HTTPBodyWriter(bufferLimit: 1 << 20, budget: budget) {}
+        guard case .claimed = writer.writeIfRoomOrClaim(Array(repeating: 1, count: 5000)) else {
+            return XCTFail("a body with nothing waiting is claimed")
+        }
+        XCTAssertEqual(budget.heldBytes, 0, "sent whole: nothing counted")
+        writer.holdUnsent(2000)
+        XCTAssertEqual(budget.heldBytes, 2000)
+        guard case .result(.full) = writer.writeIfRoomOrClaim([2]) else {
+            return XCTFail("slow, and the total is full")
+        }
+        XCTAssertEqual(writer.take().bytes, [])
+        XCTAssertEqual(budget.heldBytes, 0, "sent")
+        guard case .claimed = writer.writeIfRoomOrClaim([3]) else { return XCTFail("caught up again") }
+    }
 }

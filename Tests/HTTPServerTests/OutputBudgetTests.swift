@@ -105,15 +105,10 @@ final class OutputBudgetTests: XCTestCase {
     private func start(
         writeTimeout: Duration = .seconds(30), shutdownTimeout: Duration = .seconds(5)
     ) throws -> HTTPServer<Responder> {
-        var configuration = HTTPServerConfiguration()
-        configuration.port = 0
-        configuration.loops = 2
-        configuration.maxBufferedOutput = Self.limit
-        configuration.writeTimeout = writeTimeout
-        configuration.shutdownTimeout = shutdownTimeout
         let probe = self.probe
         let started = HTTPServer(
-            configuration: configuration, responder: Responder(probe: probe),
+            configuration: .budgetTest(limit: Self.limit, writeTimeout: writeTimeout, shutdownTimeout: shutdownTimeout),
+            responder: Responder(probe: probe),
             logger: Logger(label: "test") { _ in WarningLog(probe: probe) })
         try started.start()
         server = started
@@ -227,5 +222,19 @@ final class OutputBudgetTests: XCTestCase {
         XCTAssertEqual(probe.refused.load(ordering: .relaxed), 0)
         client.close()
         try eventually { server.bufferedOutputBytes == 0 }
+    }
+}
+
+extension HTTPServerConfiguration {
+    /// A server of two loops (one output budget for both) on a free port, holding at most
+    /// `limit` bytes of output for clients that do not read.
+    static func budgetTest(limit: Int, writeTimeout: Duration, shutdownTimeout: Duration) -> HTTPServerConfiguration {
+        var configuration = HTTPServerConfiguration()
+        configuration.port = 0
+        configuration.loops = 2
+        configuration.maxBufferedOutput = limit
+        configuration.writeTimeout = writeTimeout
+        configuration.shutdownTimeout = shutdownTimeout
+        return configuration
     }
 }

@@ -2,13 +2,15 @@ import Foundation
 import XCTest
 
 /// Polls `condition` until it holds, failing after `seconds`.
-func eventually(within seconds: Double = 10, _ condition: () throws -> Bool) throws {
+func eventually(
+    within seconds: Double = 10, file: StaticString = #filePath, line: UInt = #line, _ condition: () throws -> Bool
+) throws {
     let deadline = Date().addingTimeInterval(seconds)
     while Date() < deadline {
         if try condition() { return }
         Thread.sleep(forTimeInterval: 0.01)
     }
-    XCTFail("condition not met within \(seconds) s")
+    XCTFail("condition not met within \(seconds) s", file: file, line: line)
 }
 
 /// A blocking loopback client with a receive timeout.

@@ -695,8 +695,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private static var keptOutputCapacity: Int { OutputBudget.smallAnswer + 16 * 1024 }
 
     /// Counts what `connection` has not sent yet in the output budget, unless it is an open
-    /// stream's or WebSocket's (bounded by their writers): a small answer is counted only
-    /// once the socket did not take it at once, a large one from when it was queued.
+    /// stream's or WebSocket's (their writers count what they hold, `HTTPBodyWriter`): a small
+    /// answer is counted only once the socket did not take it at once, a large one from when
+    /// it was queued.
     @inline(__always)
     private func holdUnsent(_ connection: Connection<Context>) {
         if connection.heldOutput != 0 || !(connection.lifecycle.isStreaming || connection.lifecycle.isWebSocket) {
@@ -711,28 +712,40 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         connection.heldOutput = unsent
     }
 
-    /// Admits a whole answer to the output budget before it is queued: one to a `GET` whose
-    /// body is over `OutputBudget.smallAnswer` and does not fit is replaced by the
-    /// responder's `503` (`refuseAnswer`). The answer to a request that may have changed
-    /// something (`POST`, `PATCH` …) is never refused, only counted: the client must learn
-    /// what happened (a retry would not tell it again: a REST insert answers only the rows it
-    /// stored), and such an answer is bounded by what the request itself carried. Returns the
-    /// bytes counted for it (0 for a small one), which the caller sets to what it queued
-    /// (`countHeldOutput`) once it is serialized.
-    private func admitToBudget(
-        _ response: inout HTTPResponse, context: Context, on connection: Connection<Context>
-    ) -> Int {
-        let size = connection.requestIsHead ? 0 : response.body.count
-        guard size > OutputBudget.smallAnswer else { return 0 }
-        guard connection.requestIsGet else {
-            outputBudget.adjust(by: size)
-            return size
+    /// Queues a whole answer (from the head, or the final one) within the output budget:
+    /// one to a `GET` whose body is over `OutputBudget.smallAnswer` and does not fit is
+    /// replaced by the responder's `503` (`refuseAnswer`) before it is queued. The answer to
+    /// a request that may have changed something (`POST`, `PATCH` …) is never refused, only
+    /// counted: the client must learn what happened (a retry would not tell it again: a REST
+    /// insert answers only the rows it stored), and such an answer is bounded by what the
+    /// request itself carried. A large answer is counted from here, settled to what was queued
+    /// once it is serialized; a small one only if the socket does not take it (`holdUnsent`).
+    /// `queued` moves the lifecycle on and says whether the connection is kept alive after it.
+    private func queueAnswer(
+        _ response: consuming HTTPResponse, context: Context, on connection: Connection<Context>,
+        queued: () -> Bool
+    ) {
+        var response = response
+        var counted = connection.requestIsHead ? 0 : response.body.count
+        if counted <= OutputBudget.smallAnswer {
+            counted = 0
+        } else if !connection.requestIsGet {
+            outputBudget.adjust(by: counted)
+        } else if !outputBudget.admit(counted) {
+            counted = 0
+            response = responder.refuseAnswer(context: context)
+            refusedAnswers.count += 1
+            logRefusals()
         }
-        if outputBudget.admit(size) { return size }
-        response = responder.refuseAnswer(context: context)
-        refusedAnswers.count += 1
-        logRefusals()
-        return 0
+        let keepAlive = queued()
+        responder.complete(&response, context: context)
+        serialize(
+            response, framing: response.stream == nil ? .length : connection.requestIsHTTP10 ? .untilClose : .chunked,
+            keepAlive: keepAlive, omitBody: connection.requestIsHead, into: &connection.output)
+        if counted > 0 {
+            connection.heldOutput = counted
+            countHeldOutput(connection)
+        }
     }
 
     /// Writes as much pending output as the socket takes. False if the connection was closed.
@@ -790,15 +803,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 hasBody: head.hasBody, expectsContinue: head.expectsContinue, now: now)
             if action == .sendContinue { connection.output.append(contentsOf: Self.continueLine) }
         case .answer(var response, let context):
-            let counted = admitToBudget(&response, context: context, on: connection)
-            let after = connection.lifecycle.answeredFromHead(hasBody: head.hasBody, keepAlive: head.keepAlive)
-            responder.complete(&response, context: context)
-            serialize(
-                response, keepAlive: after == .nextRequest, omitBody: connection.requestIsHead, into: &connection.output
-            )
-            if counted > 0 {
-                connection.heldOutput = counted
-                countHeldOutput(connection)
+            queueAnswer(consume response, context: context, on: connection) {
+                connection.lifecycle.answeredFromHead(hasBody: head.hasBody, keepAlive: head.keepAlive) == .nextRequest
             }
         }
     }
@@ -973,7 +979,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         let executor = self.executor
         let fd = connection.fd
         let id = connection.id
-        let writer = HTTPBodyWriter(bufferLimit: body.bufferLimit, loop: executor) {
+        let writer = HTTPBodyWriter(bufferLimit: body.bufferLimit, loop: executor, budget: outputBudget) {
             // Written on this loop's thread (its share of a fan-out): the loop sends it after
             // the job, with no lock or wake-up; from anywhere else, through the mailbox.
             if LoopExecutor.current === executor {
@@ -1061,7 +1067,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         let mailbox = self.mailbox
         let fd = connection.fd
         let id = connection.id
-        let socket = WebSocket(settings: upgrade.settings) { mailbox.postStreamReady(fd: fd, connectionID: id) }
+        let socket = WebSocket(settings: upgrade.settings, budget: outputBudget) {
+            mailbox.postStreamReady(fd: fd, connectionID: id)
+        }
         var parser = WebSocketFrameParser(limits: upgrade.settings.limits)
         parser.feed(connection.parser.takeBufferedBytes())
         connection.parser = HTTPRequestParser(limits: connection.parser.limits)  // its buffer is not needed again
@@ -1175,18 +1183,10 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             }
             runUnsent(stream)  // a `HEAD`, or a status without a body: only the head is sent
         }
-        let counted = admitToBudget(&response, context: context, on: connection)
-        let after = connection.lifecycle.responseQueued(keepAlive: keepAlive)
-        responder.complete(&response, context: context)
-        serialize(
-            response, framing: response.stream == nil ? .length : connection.requestIsHTTP10 ? .untilClose : .chunked,
-            keepAlive: after == .nextRequest,
-            omitBody: connection.requestIsHead, into: &connection.output)
-        connection.context = nil
-        if counted > 0 {
-            connection.heldOutput = counted
-            countHeldOutput(connection)
+        queueAnswer(consume response, context: context, on: connection) {
+            connection.lifecycle.responseQueued(keepAlive: keepAlive) == .nextRequest
         }
+        connection.context = nil
     }
 
     private func reject(_ error: HTTPParserError, on connection: Connection<Context>) {

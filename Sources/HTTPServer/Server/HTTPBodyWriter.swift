@@ -61,6 +61,12 @@ public struct HTTPBodyStream: Sendable {
 /// - `writeIfRoom(_:)` never waits: it says `.full` and writes nothing, so the producer can
 ///   give up on a client that is not keeping up (a live stream that must not buffer for it).
 ///
+/// What a writer holds also counts in the server's total for output held for clients
+/// (`OutputBudget`, `HTTPServerConfiguration.maxBufferedOutput`). While that total is full, a
+/// body with bytes still waiting for its client gets nothing more, however much room its own
+/// buffer has: `write` waits until its buffer is empty, `writeIfRoom` says `.full`. A body
+/// with nothing waiting (a client that keeps up) is not held back.
+///
 /// Either way a connection that is gone (the client closed it or did not read within the
 /// write timeout, the server stopped) is reported as `.closed` / `HTTPBodyWriter.Closed`.
 public final class HTTPBodyWriter: Sendable {
@@ -125,11 +131,17 @@ public final class HTTPBodyWriter: Sendable {
         var stopping = false
         /// Called once when the connection closes or shutdown begins; dropped by `finish()`.
         var onClose: CloseHandler? = nil
+        /// `buffered` counts in the server's `OutputBudget`: from the start (a connected
+        /// writer) until the loop has taken the body's end or the connection closed.
+        var counted = false
     }
 
     /// The most bytes buffered before writers wait.
     public let bufferLimit: Int
-    private let state = Mutex(State())
+    private let state: Mutex<State>
+    /// The server's total for output held for clients (nil: not counted; a writer never
+    /// connected, a test's). See `OutputBudget`.
+    private let budget: OutputBudget?
     /// Tells the loop there is something to take (posts to its mailbox).
     private let wake: @Sendable () -> Void
     /// The loop of the writer's connection (nil for a writer never connected): who writes
@@ -140,10 +152,17 @@ public final class HTTPBodyWriter: Sendable {
     /// is in none. Read and written on the loop's thread only.
     nonisolated(unsafe) var tableIndex = -1
 
-    init(bufferLimit: Int, loop: LoopExecutor? = nil, wake: @escaping @Sendable () -> Void) {
+    init(
+        bufferLimit: Int, loop: LoopExecutor? = nil, budget: OutputBudget? = nil,
+        wake: @escaping @Sendable () -> Void
+    ) {
         self.bufferLimit = bufferLimit
         self.loop = loop
+        self.budget = budget
         self.wake = wake
+        var initial = State()
+        initial.counted = budget != nil
+        state = Mutex(initial)
     }
 
     /// A writer that was never connected (nobody to send to).
@@ -181,9 +200,23 @@ public final class HTTPBodyWriter: Sendable {
         }
     }
 
-    /// Whether `count` more bytes fit: the buffer is empty, or they fit under the limit.
+    /// Whether `count` more bytes fit: the buffer is empty, or they fit under the limit and
+    /// the server's total has room (`totalIsFull`).
     private func fits(_ count: Int, _ state: State) -> Bool {
-        state.buffered == 0 || state.buffered + count <= bufferLimit
+        state.buffered == 0 || (state.buffered + count <= bufferLimit && !totalIsFull)
+    }
+
+    /// Whether the server's total (`OutputBudget`) is full: a body with bytes waiting for its
+    /// client then gets nothing more (callers ask only for such a body, so a body with
+    /// nothing waiting never pays for it: one relaxed load).
+    @inline(__always)
+    private var totalIsFull: Bool { budget?.isFull == true }
+
+    /// Counts `count` more bytes buffered, in the budget too while the body counts there.
+    @inline(__always)
+    private func buffer(_ count: Int, _ state: inout State) {
+        state.buffered += count
+        if state.counted { budget?.adjust(by: count) }
     }
 
     /// Queues `bytes` if the buffer has room, else writes nothing and says `.full`.
@@ -195,9 +228,13 @@ public final class HTTPBodyWriter: Sendable {
         if bytes.isEmpty { return state.withLock { $0.closed || $0.end != .open ? .closed : .written } }
         let (result, notify) = state.withLock { state -> (WriteResult, Bool) in
             guard !state.closed, state.end == .open else { return (.closed, false) }
-            guard fitting ? fits(bytes.count, state) : state.buffered < bufferLimit else { return (.full, false) }
+            let room =
+                fitting
+                ? fits(bytes.count, state)
+                : state.buffered == 0 || (state.buffered < bufferLimit && !totalIsFull)
+            guard room else { return (.full, false) }
             state.chunks.append(bytes)
-            state.buffered += bytes.count
+            buffer(bytes.count, &state)
             defer { state.notified = true }
             return (.written, !state.notified)
         }
@@ -222,9 +259,9 @@ public final class HTTPBodyWriter: Sendable {
         let (result, notify) = state.withLock { state -> (Claim, Bool) in
             guard !state.closed, state.end == .open else { return (.result(.closed), false) }
             if state.buffered == 0 { return (.claimed, false) }
-            guard state.buffered < bufferLimit else { return (.result(.full), false) }
+            guard state.buffered < bufferLimit, !totalIsFull else { return (.result(.full), false) }
             state.chunks.append(bytes)
-            state.buffered += bytes.count
+            buffer(bytes.count, &state)
             defer { state.notified = true }
             return (.result(.written), !state.notified)
         }
@@ -236,7 +273,7 @@ public final class HTTPBodyWriter: Sendable {
     /// write): they count as buffered, and as taken, until the loop's next `take()`.
     func holdUnsent(_ count: Int) {
         state.withLock { state in
-            state.buffered += count
+            buffer(count, &state)
             state.taken += count
         }
     }
@@ -333,10 +370,18 @@ public final class HTTPBodyWriter: Sendable {
 
     /// Everything written since the last call, and how the producer's part stands. Called
     /// when the bytes taken last time have all been sent: their room is freed (a waiting
-    /// `write` resumes).
+    /// `write` resumes), and given back to the budget. Once the body's end is taken, what the
+    /// body still holds is the connection's last output, counted as an answer's by the loop:
+    /// the writer counts nothing more.
     func take() -> (bytes: [[UInt8]], end: End) {
         let (bytes, end, waiter) = state.withLock { state -> ([[UInt8]], End, CheckedContinuation<Void, Never>?) in
+            let buffered = state.buffered
             state.buffered -= state.taken
+            if state.counted {
+                let ended = state.end != .open
+                budget?.adjust(by: ended ? -buffered : -state.taken)
+                if ended { state.counted = false }
+            }
             let chunks = state.chunks
             state.chunks = []
             state.taken = state.buffered
@@ -359,6 +404,10 @@ public final class HTTPBodyWriter: Sendable {
             state -> (CheckedContinuation<Void, Never>?, Task<Void, Never>?, CloseHandler?) in
             state.closed = true
             state.chunks = []
+            if state.counted {
+                budget?.adjust(by: -state.buffered)
+                state.counted = false
+            }
             defer {
                 state.waiter = nil
                 state.producer = nil

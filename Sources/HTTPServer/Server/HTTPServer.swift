@@ -90,8 +90,9 @@ public final class HTTPServer<Responder: HTTPResponder>: Sendable {
         }
     }
 
-    /// Bytes of answers waiting in output buffers for their clients to read them, over all
-    /// loops: what `HTTPServerConfiguration.maxBufferedOutput` bounds (for metrics).
+    /// Bytes waiting in output buffers for their clients to read them (answers, streamed
+    /// bodies, WebSocket messages), over all loops: what
+    /// `HTTPServerConfiguration.maxBufferedOutput` bounds (for metrics).
     public var bufferedOutputBytes: Int { outputBudget.heldBytes }
 
     /// Bytes of request bodies being read, over all loops: what

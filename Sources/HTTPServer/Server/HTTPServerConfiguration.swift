@@ -30,13 +30,16 @@ public struct HTTPServerConfiguration: Sendable {
     /// `X-Forwarded-For` is not known yet, so connections from `trustedProxies` are exempt
     /// (the proxy carries many clients; cap per client there). Default 256.
     public var maxConnectionsPerClient = 256
-    /// Bytes of answers the server may hold in its output buffers for clients that have not
-    /// read them yet, over all connections and loops (`OutputBudget`). An answer to a `GET`
-    /// whose body is larger than 64 KiB and would take the total past it is not queued: the
-    /// client gets `HTTPResponder.refuseAnswer` (a `503`) instead; such an answer larger than
-    /// this is always refused. Smaller answers, and answers to requests that may have changed
-    /// something (`POST`, `PATCH` …), always go and count while unsent; open streamed bodies
-    /// and WebSockets are bounded by their own buffers and do not count. Default 256 MiB.
+    /// Bytes the server may hold in its output buffers for clients that have not read them
+    /// yet, over all connections and loops (`OutputBudget`): answers, streamed bodies and
+    /// WebSocket messages. An answer to a `GET` whose body is larger than 64 KiB and would
+    /// take the total past it is not queued: the client gets `HTTPResponder.refuseAnswer` (a
+    /// `503`) instead; such an answer larger than this is always refused. Smaller answers, and
+    /// answers to requests that may have changed something (`POST`, `PATCH` …), always go and
+    /// count while unsent. Streamed bodies and WebSockets count what their writers hold; while
+    /// the total is at or past this, one with bytes still waiting for its client gets nothing more
+    /// (`HTTPBodyWriter.writeIfRoom` says `.full`, `write` waits for its buffer to empty).
+    /// Default 256 MiB.
     public var maxBufferedOutput = 256 * 1024 * 1024
     /// Bytes of request bodies the server may hold while it reads them, over all connections
     /// and loops (`InputBudget`). A body whose `Content-Length` is over 64 KiB and would take

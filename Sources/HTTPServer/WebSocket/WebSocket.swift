@@ -47,7 +47,9 @@ public struct WebSocketUpgrade: Sendable {
 ///   connection is over (the client closed it or broke the protocol, the server is stopping,
 ///   the session closed it).
 /// - `send(text:)` never waits: it frames the message and queues it if fewer than
-///   `outputBufferLimit` bytes wait for the client, else says `.full` and sends nothing.
+///   `outputBufferLimit` bytes wait for the client, else says `.full` and sends nothing; also
+///   `.full` while the server's total for output held for clients is full
+///   (`HTTPServerConfiguration.maxBufferedOutput`) and bytes still wait for the client.
 /// - `close(_:reason:)` sends a close frame after what was queued and ends the connection.
 ///
 /// The session's task is cancelled when the connection ends; when it returns without
@@ -66,9 +68,11 @@ public final class WebSocket: Sendable {
     let settings: WebSocketSettings
     private let inbox = Mutex(Inbox())
 
-    init(settings: WebSocketSettings, wake: @escaping @Sendable () -> Void) {
+    /// `budget`: the server's total for output held for clients, which what the socket
+    /// queues counts in (nil: not counted).
+    init(settings: WebSocketSettings, budget: OutputBudget? = nil, wake: @escaping @Sendable () -> Void) {
         self.settings = settings
-        writer = HTTPBodyWriter(bufferLimit: settings.outputBufferLimit, wake: wake)
+        writer = HTTPBodyWriter(bufferLimit: settings.outputBufferLimit, budget: budget, wake: wake)
     }
 
     // MARK: - For the session
@@ -102,7 +106,8 @@ public final class WebSocket: Sendable {
         }
     }
 
-    /// Queues a text message (UTF-8) unless the client is too far behind.
+    /// Queues a text message (UTF-8) unless the client is too far behind (its buffer is
+    /// full, or it is behind while the server's total is: `HTTPBodyWriter.writeIfRoom`).
     @discardableResult
     public func send(text: [UInt8]) -> HTTPBodyWriter.WriteResult {
         writer.writeIfRoom(WebSocketFrame.text(text))

@@ -285,7 +285,7 @@ public struct Setting: Sendable {
         key: "http_max_buffered_output", kind: .integer(1_048_576...1_099_511_627_776), defaultValue: "268435456",
         isSecret: false,
         summary:
-            "Bytes of answers the server may hold for clients that have not read them yet, over all connections. A GET whose answer is over 64 KiB and would go past it is answered 503 server_busy with Retry-After: 1 instead; smaller answers, and answers to requests that change something, always go. Keep it above the largest answer (~66 MB: a REST read of 1,000 full rows) and within the memory the server can spare."
+            "Bytes of output the server may hold for clients that have not read it yet, over all connections: answers, event streams, exports and Realtime messages. A GET whose answer is over 64 KiB and would go past it is answered 503 server_busy with Retry-After: 1 instead; smaller answers, and answers to requests that change something, always go. While it is reached, a client that has not read what it was sent gets nothing more: its event stream ends at the next live event (it resumes with Last-Event-ID), its Realtime socket closes with 1013, its export waits. Keep it above the largest answer (~66 MB: a REST read of 1,000 full rows) and within the memory the server can spare."
     )
     /// `http_max_buffered_input`.
     public static let httpMaxBufferedInput = Setting(
@@ -326,7 +326,7 @@ public struct Setting: Sendable {
     public static let streamBuffer = Setting(
         key: "stream_buffer", kind: .integer(4096...67_108_864), defaultValue: "262144", isSecret: false,
         summary:
-            "Bytes an event stream may have waiting for a slow client; a live event that finds it full ends the stream (the client resumes with Last-Event-ID, losing nothing)."
+            "Bytes an event stream may have waiting for a slow client; a live event that finds it full ends the stream (the client resumes with Last-Event-ID, losing nothing), as does one that finds the client behind while TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT, which counts every stream's waiting bytes, is reached."
     )
     /// `realtime_max`.
     public static let realtimeMax = Setting(
@@ -350,7 +350,7 @@ public struct Setting: Sendable {
     public static let realtimeBuffer = Setting(
         key: "realtime_buffer", kind: .integer(4096...67_108_864), defaultValue: "262144", isSecret: false,
         summary:
-            "Bytes a Realtime socket may have waiting for a slow client; a message that finds it full closes the socket with 1013 (Realtime does not replay: the client rejoins and should pull)."
+            "Bytes a Realtime socket may have waiting for a slow client; a message that finds it full closes the socket with 1013 (Realtime does not replay: the client rejoins and should pull), as does one that finds the client behind while TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT, which counts every socket's waiting bytes, is reached."
     )
     /// `realtime_idle_timeout`.
     public static let realtimeIdleTimeout = Setting(

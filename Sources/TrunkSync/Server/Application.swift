@@ -394,7 +394,7 @@ public struct Application: Sendable {
         metrics.gauge(
             "trunk_sync_http_output_buffered_bytes",
             help:
-                "Bytes of answers waiting in output buffers for their clients to read them (public listener; TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT bounds it)."
+                "Bytes waiting in output buffers for their clients to read them: answers, event streams, exports, Realtime messages (public listener; TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT bounds it)."
         ) {
             Double(server.bufferedOutputBytes)
         }
