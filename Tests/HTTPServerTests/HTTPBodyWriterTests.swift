@@ -170,7 +170,7 @@ final class HTTPBodyWriterTests: XCTestCase {
         XCTAssertEqual(reasons.withLock { $0 }, [.shutdown], "not after finish()")
     }
 
-    // MARK: - The server's total (OutputBudget)
+    // MARK: - The server's total (the output ByteBudget)
 
     /// What a writer holds counts in the server's total from the write that queues it until
     /// the loop has sent it (or the connection ends); while the total is full, a body with
@@ -178,7 +178,7 @@ final class HTTPBodyWriterTests: XCTestCase {
     /// `writeIfRoom` says `.full`, `write` waits for an empty buffer. A body with nothing
     /// waiting is not held back.
     func testWhileTheTotalIsFullABodyWithBytesWaitingGetsNothingMoreAndAnEmptyOneGoesOn() async throws {
-        let budget = OutputBudget(limit: 1000)
+        let budget = ByteBudget(limit: 1000)
         let slow = HTTPBodyWriter(bufferLimit: 1 << 20, budget: budget) {}
         let keepingUp = HTTPBodyWriter(bufferLimit: 1 << 20, budget: budget) {}
         XCTAssertEqual(slow.writeIfRoom(Array(repeating: 1, count: 600)), .written)
@@ -221,7 +221,7 @@ final class HTTPBodyWriterTests: XCTestCase {
     /// A fan-out's write to a body with nothing waiting is not queued (the loop sends it): it
     /// counts nothing unless the socket leaves some of it, which then counts until sent.
     func testAClaimedWriteCountsOnlyWhatTheSocketLeft() {
-        let budget = OutputBudget(limit: 1000)
+        let budget = ByteBudget(limit: 1000)
         let writer = HTTPBodyWriter(bufferLimit: 1 << 20, budget: budget) {}
         guard case .claimed = writer.writeIfRoomOrClaim(Array(repeating: 1, count: 5000)) else {
             return XCTFail("a body with nothing waiting is claimed")

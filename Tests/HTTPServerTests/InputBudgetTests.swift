@@ -5,7 +5,7 @@ import XCTest
 
 @testable import HTTPServer
 
-/// The budget for request bodies being read (`InputBudget`,
+/// The budget for request bodies being read (input budget (`ByteBudget`),
 /// `HTTPServerConfiguration.maxBufferedInput`): its arithmetic, and through a real server on
 /// loopback sockets that a large body over it is refused with the responder's `503` from
 /// its head (before a byte of it is sent) or, chunked, as it grows past it, while small
@@ -15,16 +15,16 @@ final class InputBudgetTests: XCTestCase {
     // MARK: - The arithmetic
 
     func testLargeBodiesAreCountedWhileTheyFit() {
-        let budget = InputBudget(limit: 1_000_000)
+        let budget = ByteBudget(limit: 1_000_000)
         XCTAssertTrue(budget.admit(600_000))
         XCTAssertEqual(budget.heldBytes, 600_000)
         XCTAssertFalse(budget.admit(400_001))
         XCTAssertEqual(budget.heldBytes, 600_000, "a refused body counts nothing")
         XCTAssertTrue(budget.admit(400_000), "up to the limit itself")
         XCTAssertEqual(budget.heldBytes, 1_000_000)
-        budget.release(1_000_000)
+        budget.adjust(by: -1_000_000)
         XCTAssertEqual(budget.heldBytes, 0)
-        XCTAssertFalse(InputBudget(limit: 100_000).admit(100_001), "a body larger than the budget never fits")
+        XCTAssertFalse(ByteBudget(limit: 100_000).admit(100_001), "a body larger than the budget never fits")
     }
 
     // MARK: - Through a server
@@ -137,9 +137,9 @@ final class InputBudgetTests: XCTestCase {
 
         // A small body always passes, and is not counted.
         let small = try TestClient(port: server.port)
-        let smallBody = String(repeating: "s", count: InputBudget.smallBody)
+        let smallBody = String(repeating: "s", count: ByteBudget.smallBody)
         try small.send(head("/upload", length: smallBody.utf8.count) + smallBody)
-        XCTAssertEqual(try small.readResponse().body, "\(InputBudget.smallBody)")
+        XCTAssertEqual(try small.readResponse().body, "\(ByteBudget.smallBody)")
         try small.send(head("/upload", length: 5) + "hello")
         XCTAssertEqual(try small.readResponse().body, "5", "the connection stays usable")
 

@@ -6,7 +6,7 @@ import XCTest
 @testable import HTTPServer
 
 /// Streamed bodies and WebSocket messages in the server's total for output held for clients
-/// (`OutputBudget`, `HTTPServerConfiguration.maxBufferedOutput`), through a real server on
+/// (the output `ByteBudget`, `HTTPServerConfiguration.maxBufferedOutput`), through a real server on
 /// loopback sockets: what their writers hold is counted, a body or socket whose client is
 /// behind gets nothing more while the total is full (its own buffer has room: 64 MiB), one
 /// that keeps up goes on, a waiting `write` goes on once its client reads, and every end

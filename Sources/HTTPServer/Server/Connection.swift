@@ -17,13 +17,13 @@ final class Connection<Context: Sendable> {
     /// Bytes to send and how many of them went out already.
     var output: [UInt8] = []
     var outputOffset = 0
-    /// Bytes of `output` counted in the server's `OutputBudget`: its unsent bytes while they
+    /// Bytes of `output` counted in the server's output `ByteBudget`: its unsent bytes while they
     /// are a whole answer's (not an open stream's or WebSocket's), as of the last write.
     var heldOutput = 0
-    /// Bytes of the request body being read counted in the server's `InputBudget` (0: none,
+    /// Bytes of the request body being read counted in the server's input `ByteBudget` (0: none,
     /// a small body), until it is handed over or the connection closes.
     var heldInput = 0
-    /// The body being read is chunked: its buffer is counted in the `InputBudget` as it grows.
+    /// The body being read is chunked: its buffer is counted in the input `ByteBudget` as it grows.
     var countsChunkedInput = false
     /// Edge-triggered epoll: remember readiness until a call says EAGAIN.
     var readable = false

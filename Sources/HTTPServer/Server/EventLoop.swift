@@ -36,9 +36,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     /// (`IPAddress.client`).
     private let caps: ConnectionCaps
     /// The server's budget for answers waiting in output buffers, shared by all its loops.
-    private let outputBudget: OutputBudget
+    private let outputBudget: ByteBudget
     /// The server's budget for request bodies being read, shared by all its loops.
-    private let inputBudget: InputBudget
+    private let inputBudget: ByteBudget
     /// This loop's place among the server's loops (0 for the first), for its thread's name.
     let index: Int
     /// Connections refused by the per-client cap since it was last logged, and the last
@@ -101,7 +101,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
 
     init(
         configuration: HTTPServerConfiguration, responder: Responder, logger: Logger, index: Int = 0,
-        caps: ConnectionCaps, outputBudget: OutputBudget, inputBudget: InputBudget
+        caps: ConnectionCaps, outputBudget: ByteBudget, inputBudget: ByteBudget
     ) {
         self.configuration = configuration
         self.index = index
@@ -500,7 +500,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 // keeps no output buffer (a small one goes to the loop's spares, which its next
                 // write takes: a fan-out to 10,000 streams allocates none per stream); a
                 // connection answering requests keeps one no larger than a small answer needs,
-                // so what it keeps uncounted once sent stays small (`OutputBudget`).
+                // so what it keeps uncounted once sent stays small (the output `ByteBudget`).
                 if connection.output.capacity > Self.keptOutputCapacity {
                     connection.output = []
                 } else if connection.lifecycle.isStreaming || connection.lifecycle.isWebSocket {
@@ -691,8 +691,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     }
 
     /// The output buffer a connection answering requests keeps once its answer is sent: what
-    /// a small answer (`OutputBudget.smallAnswer`) and its head need. A larger one is freed.
-    private static var keptOutputCapacity: Int { OutputBudget.smallAnswer + 16 * 1024 }
+    /// a small answer (`ByteBudget.smallAnswer`) and its head need. A larger one is freed.
+    private static var keptOutputCapacity: Int { ByteBudget.smallAnswer + 16 * 1024 }
 
     /// Counts what `connection` has not sent yet in the output budget, unless it is an open
     /// stream's or WebSocket's (their writers count what they hold, `HTTPBodyWriter`): a small
@@ -713,7 +713,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     }
 
     /// Queues a whole answer (from the head, or the final one) within the output budget:
-    /// one to a `GET` whose body is over `OutputBudget.smallAnswer` and does not fit is
+    /// one to a `GET` whose body is over `ByteBudget.smallAnswer` and does not fit is
     /// replaced by the responder's `503` (`refuseAnswer`) before it is queued. The answer to
     /// a request that may have changed something (`POST`, `PATCH` …) is never refused, only
     /// counted: the client must learn what happened (a retry would not tell it again: a REST
@@ -727,7 +727,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     ) {
         var response = response
         var counted = connection.requestIsHead ? 0 : response.body.count
-        if counted <= OutputBudget.smallAnswer {
+        if counted <= ByteBudget.smallAnswer {
             counted = 0
         } else if !connection.requestIsGet {
             outputBudget.adjust(by: counted)
@@ -810,7 +810,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     }
 
     /// Counts the body an admitted request announces in the input budget before a byte of it
-    /// is read: a `Content-Length` over `InputBudget.smallBody` that does not fit turns the
+    /// is read: a `Content-Length` over `ByteBudget.smallBody` that does not fit turns the
     /// admission into the responder's `503` from the head (`refuseBody`; the body is never
     /// read, the connection lingers and closes). A chunked body is counted as it grows
     /// (`holdChunkedInput`). A small body costs this switch and nothing else.
@@ -819,7 +819,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     ) -> Admission<Context> {
         guard case .readBody = admission else { return admission }
         switch head.bodyFraming {
-        case .contentLength(let length) where length > InputBudget.smallBody:
+        case .contentLength(let length) where length > ByteBudget.smallBody:
             if inputBudget.admit(length) {
                 connection.heldInput = length
                 return admission
@@ -837,12 +837,12 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     }
 
     /// Counts a chunked body's buffer in the input budget once it grows past
-    /// `InputBudget.smallBody` (the parser has just taken all it could). Growth that does not
+    /// `ByteBudget.smallBody` (the parser has just taken all it could). Growth that does not
     /// fit cuts the body off: the body is dropped and the responder's `503` (`refuseBody`)
     /// queued, then the connection lingers and closes. False when it was cut off.
     private func holdChunkedInput(_ connection: Connection<Context>) -> Bool {
         let size = connection.parser.bodyCapacity
-        guard size > connection.heldInput, size > InputBudget.smallBody else { return true }
+        guard size > connection.heldInput, size > ByteBudget.smallBody else { return true }
         if inputBudget.admit(size - connection.heldInput) {
             connection.heldInput = size
             return true
@@ -869,7 +869,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private func releaseInput(_ connection: Connection<Context>) {
         connection.countsChunkedInput = false
         guard connection.heldInput != 0 else { return }
-        inputBudget.release(connection.heldInput)
+        inputBudget.adjust(by: -connection.heldInput)
         connection.heldInput = 0
     }
 

@@ -62,7 +62,7 @@ public struct HTTPBodyStream: Sendable {
 ///   give up on a client that is not keeping up (a live stream that must not buffer for it).
 ///
 /// What a writer holds also counts in the server's total for output held for clients
-/// (`OutputBudget`, `HTTPServerConfiguration.maxBufferedOutput`). While that total is full, a
+/// (the output `ByteBudget`, `HTTPServerConfiguration.maxBufferedOutput`). While that total is full, a
 /// body with bytes still waiting for its client gets nothing more, however much room its own
 /// buffer has: `write` waits until its buffer is empty, `writeIfRoom` says `.full`. A body
 /// with nothing waiting (a client that keeps up) is not held back.
@@ -131,7 +131,7 @@ public final class HTTPBodyWriter: Sendable {
         var stopping = false
         /// Called once when the connection closes or shutdown begins; dropped by `finish()`.
         var onClose: CloseHandler? = nil
-        /// `buffered` counts in the server's `OutputBudget`: from the start (a connected
+        /// `buffered` counts in the server's output `ByteBudget`: from the start (a connected
         /// writer) until the loop has taken the body's end or the connection closed.
         var counted = false
     }
@@ -140,8 +140,8 @@ public final class HTTPBodyWriter: Sendable {
     public let bufferLimit: Int
     private let state: Mutex<State>
     /// The server's total for output held for clients (nil: not counted; a writer never
-    /// connected, a test's). See `OutputBudget`.
-    private let budget: OutputBudget?
+    /// connected, a test's). See `ByteBudget`.
+    private let budget: ByteBudget?
     /// Tells the loop there is something to take (posts to its mailbox).
     private let wake: @Sendable () -> Void
     /// The loop of the writer's connection (nil for a writer never connected): who writes
@@ -153,7 +153,7 @@ public final class HTTPBodyWriter: Sendable {
     nonisolated(unsafe) var tableIndex = -1
 
     init(
-        bufferLimit: Int, loop: LoopExecutor? = nil, budget: OutputBudget? = nil,
+        bufferLimit: Int, loop: LoopExecutor? = nil, budget: ByteBudget? = nil,
         wake: @escaping @Sendable () -> Void
     ) {
         self.bufferLimit = bufferLimit
@@ -206,7 +206,7 @@ public final class HTTPBodyWriter: Sendable {
         state.buffered == 0 || (state.buffered + count <= bufferLimit && !totalIsFull)
     }
 
-    /// Whether the server's total (`OutputBudget`) is full: a body with bytes waiting for its
+    /// Whether the server's total (the output `ByteBudget`) is full: a body with bytes waiting for its
     /// client then gets nothing more (callers ask only for such a body, so a body with
     /// nothing waiting never pays for it: one relaxed load).
     @inline(__always)

@@ -32,13 +32,13 @@ public protocol HTTPResponder: Sendable {
     func refuseConnection() -> HTTPResponse
 
     /// The `503` sent instead of the answer to a `GET` the server cannot hold now: its body
-    /// is larger than `OutputBudget.smallAnswer` and the output buffers already hold as much
+    /// is larger than `ByteBudget.smallAnswer` and the output buffers already hold as much
     /// unread output as `HTTPServerConfiguration.maxBufferedOutput` allows. Then passed to
     /// `complete(_:context:)` like any response. Keep it small. Default: `refuseConnection()`.
     func refuseAnswer(context: Context) -> HTTPResponse
 
     /// The `503` sent instead of reading a request's body that the server cannot hold now:
-    /// it is larger than `InputBudget.smallBody` and the bodies being read already hold as
+    /// it is larger than `ByteBudget.smallBody` and the bodies being read already hold as
     /// much as `HTTPServerConfiguration.maxBufferedInput` allows (from the head for a
     /// `Content-Length`, mid-body for a chunked body). The connection closes after it. Then
     /// passed to `complete(_:context:)` like any response. Keep it small. Default:

@@ -17,17 +17,17 @@ public final class HTTPServer<Responder: HTTPResponder>: Sendable {
     /// The server's settings.
     public let configuration: HTTPServerConfiguration
     private let loops: [EventLoop<Responder>]
-    private let outputBudget: OutputBudget
-    private let inputBudget: InputBudget
+    private let outputBudget: ByteBudget
+    private let inputBudget: ByteBudget
 
     /// A server answering with `responder`; call `start()` to listen.
     public init(configuration: HTTPServerConfiguration, responder: Responder, logger: Logger) {
         self.configuration = configuration
         let caps = ConnectionCaps(
             maxConnections: configuration.maxConnections, maxPerClient: configuration.maxConnectionsPerClient)
-        let budget = OutputBudget(limit: configuration.maxBufferedOutput)
+        let budget = ByteBudget(limit: configuration.maxBufferedOutput)
         outputBudget = budget
-        let input = InputBudget(limit: configuration.maxBufferedInput)
+        let input = ByteBudget(limit: configuration.maxBufferedInput)
         inputBudget = input
         loops = (0..<max(1, configuration.loops)).map { index in
             EventLoop(

@@ -31,7 +31,7 @@ public struct HTTPServerConfiguration: Sendable {
     /// (the proxy carries many clients; cap per client there). Default 256.
     public var maxConnectionsPerClient = 256
     /// Bytes the server may hold in its output buffers for clients that have not read them
-    /// yet, over all connections and loops (`OutputBudget`): answers, streamed bodies and
+    /// yet, over all connections and loops (the output `ByteBudget`): answers, streamed bodies and
     /// WebSocket messages. An answer to a `GET` whose body is larger than 64 KiB and would
     /// take the total past it is not queued: the client gets `HTTPResponder.refuseAnswer` (a
     /// `503`) instead; such an answer larger than this is always refused. Smaller answers, and
@@ -42,7 +42,7 @@ public struct HTTPServerConfiguration: Sendable {
     /// Default 256 MiB.
     public var maxBufferedOutput = 256 * 1024 * 1024
     /// Bytes of request bodies the server may hold while it reads them, over all connections
-    /// and loops (`InputBudget`). A body whose `Content-Length` is over 64 KiB and would take
+    /// and loops (the input `ByteBudget`). A body whose `Content-Length` is over 64 KiB and would take
     /// the total past it is not read: the client gets `HTTPResponder.refuseBody` (a `503`)
     /// from the head, and the connection closes after it; a chunked body is counted as it
     /// grows past 64 KiB and cut off with the same answer once it does not fit. Smaller bodies

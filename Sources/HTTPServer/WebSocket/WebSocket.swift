@@ -70,7 +70,7 @@ public final class WebSocket: Sendable {
 
     /// `budget`: the server's total for output held for clients, which what the socket
     /// queues counts in (nil: not counted).
-    init(settings: WebSocketSettings, budget: OutputBudget? = nil, wake: @escaping @Sendable () -> Void) {
+    init(settings: WebSocketSettings, budget: ByteBudget? = nil, wake: @escaping @Sendable () -> Void) {
         self.settings = settings
         writer = HTTPBodyWriter(bufferLimit: settings.outputBufferLimit, budget: budget, wake: wake)
     }
