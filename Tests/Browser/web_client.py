@@ -517,6 +517,14 @@ EXPIRE = ("const key = 'trunk-sync|session|' + client.url;"
           "const s = JSON.parse(localStorage.getItem(key)); s.expires_at = 0;"
           "localStorage.setItem(key, JSON.stringify(s)); client.session = s;")
 
+# The current tab's stored sync cursor (undefined before a first pull).
+CURSOR = ("const db = await client.current().db(); const r = db.transaction('meta')"
+          ".objectStore('meta').get('cursor'); return await new Promise((resolve) => {"
+          " r.onsuccess = () => resolve(r.result) })")
+
+# What a sync (push, then pull) in the current tab ends with: 'synced' or the error's code.
+SYNC_OUTCOME = "try { await client.sync(() => {}); return 'synced' } catch (e) { return e.code || String(e) }"
+
 RECORD = """
 const [tag, count] = args;
 for (let n = 0; n < count; n++) window.recorded.push(await client.record('note', {tag, n}));
@@ -749,18 +757,15 @@ def main():
 
         # A pull answer that is not the server's (a proxy's own JSON, a stale page from before
         # the cursor): the sync fails with invalid_response, and the cursor stays where it is.
-        cursor = ("const db = await client.current().db(); const r = db.transaction('meta')"
-                  ".objectStore('meta').get('cursor'); return await new Promise((resolve) => {"
-                  " r.onsuccess = () => resolve(r.result) })")
         js(first, "await client.sync(() => {}); return true")
-        before = js(first, cursor)
+        before = js(first, CURSOR)
         assert before > 0, before
         proxy.add_rule("GET", "/sync/v1/events", 200, {}, {"events": [], "next_after": 0, "has_more": False})
         proxy.add_rule("GET", "/sync/v1/events", 200, {}, {"message": "down for maintenance"})
         for _ in range(2):
-            failed = js(first, "try { await client.sync(() => {}); return 'synced' } catch (e) { return e.code || String(e) }")
+            failed = js(first, SYNC_OUTCOME)
             assert failed == "invalid_response", failed
-            assert js(first, cursor) == before
+            assert js(first, CURSOR) == before
         step("a pull answer that is not the server's fails the sync and leaves the cursor")
 
         # A push answer that never comes: the request times out and is tried again (the
@@ -1119,7 +1124,7 @@ def main():
         assert not js(first, "return client.isSignedIn") and stored_session(first) is None
         sign_in(first, who)
         assert js(first, "return await client.pendingCount()") == 0
-        assert js(first, cursor) is None, "the cursor was not forgotten"
+        assert js(first, CURSOR) is None, "the cursor was not forgotten"
         assert tagged(server_events(api_token(who)), "refused-db") == []
         step("sign-out with IndexedDB refusing signs out, and the discard happens at the next opening")
 
@@ -1238,6 +1243,7 @@ def main():
         assert failed_status(lambda: server_events(gil_token)) == 401
         step("a deletion whose answer was lost is not claimed, and signs out and removes the local data")
         guide_page_works(first)
+        answers_not_the_servers(first)
     finally:
         first.quit()
         if second:
@@ -1370,6 +1376,35 @@ def guide_page_works(driver):
     wait_until(lambda: element_shows(driver, "#notes", "hello from the guide"), "the guide's note after a reload")
     assert [e["payload"]["text"] for e in server_events(api_token(fay))] == ["hello from the guide"]
     step("the complete page of the guide signs in, records and lists a note")
+
+
+def answers_not_the_servers(driver):
+    """Answers that are not the server's, or not as it gives them (a proxy set up wrong, a
+    captive portal, a cache, a clock that is off), through a proxy of its own: each check in
+    ANSWER_CHECKS, one user signed in for all of them."""
+    proxy = Proxy()
+    open_page(driver, proxy.url, {"autoPush": False, "live": False})
+    sign_in(driver, f"hana-{RUN}@example.com")
+    for check in ANSWER_CHECKS:
+        check(driver, proxy)
+
+
+def a_page_with_more_must_move_past_the_cursor(driver, proxy):
+    """A pull page saying has_more without moving past the cursor: refused, not asked for
+    again (forever: each answer the same)."""
+    js(driver, "await client.sync(() => {}); return true")
+    at = js(driver, CURSOR)
+    before = len(proxy.requests("GET", "/sync/v1/events"))
+    proxy.add_rule("GET", "/sync/v1/events", 200, {}, {"events": [], "next_after": at, "has_more": True})
+    outcome = js(driver, SYNC_OUTCOME)
+    assert outcome == "invalid_response", outcome
+    assert len(proxy.requests("GET", "/sync/v1/events")) == before + 1, "the same page asked for again"
+    assert js(driver, CURSOR) == at
+    assert js(driver, SYNC_OUTCOME) == "synced"
+    step("a pull page saying has_more without moving past the cursor is refused, not asked for again")
+
+
+ANSWER_CHECKS = [a_page_with_more_must_move_past_the_cursor]
 
 
 def offline(driver, on):

@@ -124,6 +124,7 @@ final class WebClientTests: EndToEndTestCase {
             "deleted the account with a mailed code, and its local data",
             "a deletion whose answer was lost is not claimed, and signs out and removes the local data",
             "the complete page of the guide signs in, records and lists a note",
+            "a pull page saying has_more without moving past the cursor is refused, not asked for again",
         ] {
             XCTAssertTrue(
                 result.stdout.contains("ok \(step)"), "missing step \(step): \(result.stdout)\(result.stderr)")

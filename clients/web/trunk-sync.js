@@ -186,7 +186,8 @@ export function pushResults(body) {
 
 /**
  * A pull answer for `cursor` as the client relies on it: events in increasing `seq` order,
- * all after `cursor`, and a `next_after` not behind the last of them (nor behind `cursor`).
+ * all after `cursor`, a `next_after` not behind the last of them (nor behind `cursor`), and
+ * past `cursor` when it says `has_more` (else the pull would ask for the same page forever).
  * Anything else (a proxy's page, a stale or broken answer) is `invalid_response`: it reaches
  * no handler and never moves the cursor back.
  * @param {any} page @param {number} cursor
@@ -206,6 +207,7 @@ export function checkedPage(page, cursor) {
     previous = event.seq;
   }
   if (page.next_after < previous) throw invalid(`next_after ${page.next_after} behind ${previous}`);
+  if (page.has_more === true && page.next_after <= cursor) throw invalid('has_more without moving past the cursor');
   return { events: page.events, next_after: page.next_after, has_more: page.has_more === true };
 }
 

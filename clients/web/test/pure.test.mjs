@@ -119,6 +119,7 @@ test('a pull answer is taken only as the server gives it: after the cursor, in o
     [{ events: [{ seq: 12 }, { seq: 11 }], next_after: 12, has_more: false }, 10], // out of order
     [{ events: [{ seq: 12 }], next_after: 11, has_more: false }, 10], // next_after behind
     [{ events: [{}], next_after: 11, has_more: false }, 10], // no seq
+    [{ events: [], next_after: 10, has_more: true }, 10], // more, but not past the cursor: asked forever
   ]) {
     assert.throws(() => checkedPage(bad, cursor), { name: 'TrunkSyncError', code: 'invalid_response' }, JSON.stringify(bad));
   }
