@@ -170,7 +170,7 @@ class QuietServer(http.server.ThreadingHTTPServer):
 
 class Proxy:
     """HTTP forwarding with faults: `rules` answer matching requests instead of the server
-    (each used once; a body of "" is empty), `push_delay` holds push answers back after the
+    (each used once; a body of "" is empty, one of bytes is sent as it is, e.g. PAGE_IN_THE_WAY), `push_delay` holds push answers back after the
     server committed, `hold()` keeps the next matching request until released, before
     anything else happens to it, `hold_answer()` the server's answer to it, `paused` closes every request unanswered, `cut()` ends the
     open event streams, `fake_stream` answers stream requests itself: "silent" (a 200 event
@@ -274,7 +274,7 @@ class Proxy:
             elif rule:
                 self.rules.remove(rule)
         if rule:
-            payload = b"" if rule[4] == "" else json.dumps(rule[4]).encode()
+            payload = rule[4] if isinstance(rule[4], bytes) else b"" if rule[4] == "" else json.dumps(rule[4]).encode()
             handler.send_response(rule[2])
             for name, value in {
                 "Content-Type": "application/json", "Content-Length": str(len(payload)),
@@ -394,6 +394,11 @@ class Proxy:
                 pass
         except OSError:
             pass
+
+
+# A page of something between the browser and the server (a proxy set up wrong, a captive
+# portal), as a rule's headers and body: not the server's JSON error.
+PAGE_IN_THE_WAY = ({"Content-Type": "text/html"}, b"<html><body><h1>Something went wrong</h1></body></html>\n")
 
 
 # MARK: - The page
@@ -1404,7 +1409,26 @@ def a_page_with_more_must_move_past_the_cursor(driver, proxy):
     step("a pull page saying has_more without moving past the cursor is refused, not asked for again")
 
 
-ANSWER_CHECKS = [a_page_with_more_must_move_past_the_cursor]
+def a_page_in_the_way_signs_nobody_out(driver, proxy):
+    """A 400, 401 or 403 page of something in the way answering the token refresh, and a 401
+    page answering a call again after a refresh: failures, the session stays (only the
+    server's own JSON error ends it)."""
+    for status in (400, 401, 403):
+        driver.execute_script(EXPIRE)
+        proxy.add_rule("POST", "/auth/v1/token", status, *PAGE_IN_THE_WAY)
+        outcome = js(driver, SYNC_OUTCOME)
+        assert outcome == f"http_{status}", outcome
+        assert js(driver, "return client.isSignedIn"), f"signed out by a {status} page"
+    for _ in range(2):
+        proxy.add_rule("GET", "/sync/v1/events", 401, *PAGE_IN_THE_WAY)
+    outcome = js(driver, SYNC_OUTCOME)
+    assert outcome == "http_401", outcome
+    assert js(driver, "return client.isSignedIn"), "signed out by a 401 page after a refresh"
+    assert js(driver, SYNC_OUTCOME) == "synced"
+    step("a 4xx page in the way of a token refresh or a call keeps the session")
+
+
+ANSWER_CHECKS = [a_page_with_more_must_move_past_the_cursor, a_page_in_the_way_signs_nobody_out]
 
 
 def offline(driver, on):

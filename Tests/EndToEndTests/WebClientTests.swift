@@ -125,6 +125,7 @@ final class WebClientTests: EndToEndTestCase {
             "a deletion whose answer was lost is not claimed, and signs out and removes the local data",
             "the complete page of the guide signs in, records and lists a note",
             "a pull page saying has_more without moving past the cursor is refused, not asked for again",
+            "a 4xx page in the way of a token refresh or a call keeps the session",
         ] {
             XCTAssertTrue(
                 result.stdout.contains("ok \(step)"), "missing step \(step): \(result.stdout)\(result.stderr)")

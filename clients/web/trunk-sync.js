@@ -14,7 +14,7 @@ export class TrunkSyncError extends Error {
   /**
    * @param {string} code
    * @param {string} message
-   * @param {{status?: number, details?: unknown, retryAfter?: number}} [extra]
+   * @param {{status?: number, details?: unknown, retryAfter?: number, fromServer?: boolean}} [extra]
    */
   constructor(code, message, extra = {}) {
     super(message);
@@ -23,6 +23,8 @@ export class TrunkSyncError extends Error {
     this.status = extra.status ?? 0;
     this.details = extra.details;
     this.retryAfter = extra.retryAfter;
+    /** The answer was the server's own error (its JSON), not a page of something in between. */
+    this.fromServer = extra.fromServer ?? false;
   }
 }
 
@@ -149,6 +151,17 @@ export class SSEParser {
     else if (field === 'retry' && /^\d+$/.test(value)) this.retry = Number(value);
     return null;
   }
+}
+
+/**
+ * Whether an error answer's body (parsed JSON, or null) is the server's own error: an object
+ * with a string `code` (`/sync/v1`) or `error_code` (`/auth/v1`). A page of something in
+ * between (a proxy's, a captive portal's HTML, a load balancer's JSON of its own) is not,
+ * and must not be taken for the server's refusal of a session or of an event.
+ * @param {any} body
+ */
+export function isServerError(body) {
+  return isPlainObject(body) && (typeof body.code === 'string' || typeof body.error_code === 'string');
 }
 
 /**
@@ -826,9 +839,11 @@ export class TrunkSyncClient {
             auth: false,
           });
         } catch (error) {
-          if (!(error instanceof TrunkSyncError && (error.status === 400 || error.status === 401 || error.status === 403))) {
-            throw error;
-          }
+          // Only the server's own refusal ends the session: a page of something in the way (a
+          // proxy's 4xx while it is set up wrong, a captive portal) is a failure, the session
+          // stays and the next refresh goes through.
+          const refused = error instanceof TrunkSyncError && [400, 401, 403].includes(error.status);
+          if (!refused || !error.fromServer) throw error;
           refusal = error;
         }
         // Another tab may have signed out, or in (as anyone), while the answer came: the
@@ -938,12 +953,16 @@ export class TrunkSyncClient {
         continue;
       }
       const retryAfter = parseRetryAfter(response.headers.get('Retry-After'));
+      const fromServer = isServerError(errorBody);
+      const code = typeof errorBody?.error_code === 'string' ? errorBody.error_code : errorBody?.code;
       const error = new TrunkSyncError(
-        errorBody?.error_code ?? errorBody?.code ?? `http_${response.status}`,
+        fromServer ? code : `http_${response.status}`,
         errorBody?.message ?? errorBody?.msg ?? `HTTP ${response.status}`,
-        { status: response.status, details: errorBody?.details, retryAfter: retryAfter ?? undefined },
+        { status: response.status, details: errorBody?.details, retryAfter: retryAfter ?? undefined, fromServer },
       );
-      if (response.status === 401 && auth && !fixedToken) {
+      // A 401 again with a fresh token: the server ended the session. A 401 page of something
+      // in between (a proxy asking for its own credentials) is a failure: the session stays.
+      if (response.status === 401 && auth && !fixedToken && fromServer) {
         const stored = this.readSession();
         if (stored && pin && !matchesPin(stored, pin)) throw userChanged(); // not theirs to end
         this.storeSession(null);

@@ -9,6 +9,7 @@ import {
   backoffDelay,
   checkedPage,
   firstBatch,
+  isServerError,
   milliseconds,
   parseRetryAfter,
   pushResults,
@@ -102,6 +103,14 @@ test('an index outside the batch names none of its events', () => {
   const body = { details: [{ index: 3, field: 'payload', reason: 'x' }, { index: -1, field: 'type', reason: 'y' }] };
   assert.equal(refusedEvents(body, 1).size, 0);
   assert.deepEqual([...refusedEvents(body, 4).keys()], [3]);
+});
+
+test("only the server's own JSON error is the server's refusal", () => {
+  assert.ok(isServerError({ code: 'validation_failed', message: 'x' })); // /sync/v1
+  assert.ok(isServerError({ code: 400, error_code: 'refresh_token_not_found', msg: 'x' })); // /auth/v1
+  for (const body of [null, 'Bad Request', [], {}, { code: 400 }, { message: 'down for maintenance' }]) {
+    assert.equal(isServerError(body), false, JSON.stringify(body));
+  }
 });
 
 test('a pull answer is taken only as the server gives it: after the cursor, in order', () => {
