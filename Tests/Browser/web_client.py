@@ -275,7 +275,10 @@ class Proxy:
                 self.rules.remove(rule)
         if rule:
             payload = rule[4] if isinstance(rule[4], bytes) else b"" if rule[4] == "" else json.dumps(rule[4]).encode()
-            handler.send_response(rule[2])
+            if "Date" in rule[3]:
+                handler.send_response_only(rule[2])  # the rule's Date, not the proxy's as well
+            else:
+                handler.send_response(rule[2])
             for name, value in {
                 "Content-Type": "application/json", "Content-Length": str(len(payload)),
                 "Access-Control-Allow-Origin": handler.headers.get("Origin", "*"),
@@ -1428,7 +1431,45 @@ def a_page_in_the_way_signs_nobody_out(driver, proxy):
     step("a 4xx page in the way of a token refresh or a call keeps the session")
 
 
-ANSWER_CHECKS = [a_page_with_more_must_move_past_the_cursor, a_page_in_the_way_signs_nobody_out]
+def a_retry_after_date_counts_from_the_answers_date(driver, proxy):
+    """A 429 dated 2100 (this device's clock, in 2026, 73 years behind) asking to wait until 1 s
+    after its Date: waited out (about 1 s), not refused as decades over maxRetryAfter."""
+    assert js(driver, RECORD, "dated", 1) == 1
+    before = len(proxy.requests("POST", "/sync/v1/events"))
+    proxy.add_rule("POST", "/sync/v1/events", 429, {
+        "Date": "Fri, 01 Jan 2100 00:00:00 GMT", "Retry-After": "Fri, 01 Jan 2100 00:00:01 GMT",
+        "Access-Control-Expose-Headers": "Retry-After, Date"})
+    report = js(driver, "const r = await client.sync(); return {...r, pending: await client.pendingCount()}")
+    assert report["pushed"] == 1 and report["pending"] == 0, report
+    statuses = [entry[3] for entry in proxy.requests("POST", "/sync/v1/events")[before:]]
+    assert statuses == [429, 200], statuses
+    step("a Retry-After date is counted from the answer's Date, not the device's clock")
+
+
+def a_long_retry_after_holds_the_leader_back_at_most_max_retry_after(driver, proxy):
+    """The leader's stream and background push told to wait a day (a Retry-After over
+    maxRetryAfter, as a date counted from a clock that is off can be): each tries again
+    after maxRetryAfter (1 s here), not after a day. Leaves a quiet page open."""
+    proxy.add_rule("GET", "/sync/v1/stream", 503, {"Retry-After": "86400"})
+    open_page(driver, proxy.url, {"retry": {"maxRetryAfter": 1000}})
+    wait_until(lambda: js(driver, "return client.isLeader"), "the leader")
+    js(driver, "(async () => { for await (const e of client.liveEvents()) window.live.push(e.seq) })(); return true")
+    wait_until(lambda: 503 in [entry[3] for entry in proxy.requests("GET", "/sync/v1/stream")], "the stream's 503")
+    seq = push(stored_session(driver)["access_token"], "streamed after a day's Retry-After")
+    wait_until(lambda: seq in driver.execute_script("return window.live"), "the event live, a day early")
+    before = len(proxy.requests("POST", "/sync/v1/events"))
+    proxy.add_rule("POST", "/sync/v1/events", 429, {"Retry-After": "86400"})
+    assert js(driver, RECORD, "a-day-early", 1) == 1
+    wait_until(lambda: js(driver, "return await client.pendingCount()") == 0, "the push, a day early")
+    statuses = [entry[3] for entry in proxy.requests("POST", "/sync/v1/events")[before:]]
+    assert statuses == [429, 200], statuses
+    open_page(driver, proxy.url, {"autoPush": False, "live": False})
+    step("a Retry-After over maxRetryAfter holds the leader's stream and push back for maxRetryAfter at most")
+
+
+ANSWER_CHECKS = [a_page_with_more_must_move_past_the_cursor, a_page_in_the_way_signs_nobody_out,
+                 a_retry_after_date_counts_from_the_answers_date,
+                 a_long_retry_after_holds_the_leader_back_at_most_max_retry_after]
 
 
 def offline(driver, on):

@@ -126,6 +126,8 @@ final class WebClientTests: EndToEndTestCase {
             "the complete page of the guide signs in, records and lists a note",
             "a pull page saying has_more without moving past the cursor is refused, not asked for again",
             "a 4xx page in the way of a token refresh or a call keeps the session",
+            "a Retry-After date is counted from the answer's Date, not the device's clock",
+            "a Retry-After over maxRetryAfter holds the leader's stream and push back for maxRetryAfter at most",
         ] {
             XCTAssertTrue(
                 result.stdout.contains("ok \(step)"), "missing step \(step): \(result.stdout)\(result.stderr)")

@@ -23,7 +23,10 @@ export interface RetryOptions {
   baseDelay?: number;
   /** Default 30000 ms. */
   maxDelay?: number;
-  /** A Retry-After longer than this (ms) is not waited out: `rate_limited`. Default 120000. */
+  /**
+   * A Retry-After longer than this (ms) is not waited out: `rate_limited`; the leader's
+   * background push and stream wait this long, then try again. Default 120000.
+   */
   maxRetryAfter?: number;
 }
 
@@ -231,7 +234,7 @@ export class TrunkSyncClient {
 /** Pure helpers, exported for tests. */
 export function backoffDelay(attempt: number, policy: { baseDelay: number; maxDelay: number }, random?: () => number): number;
 export function isServerError(body: unknown): boolean;
-export function parseRetryAfter(value: string | null | undefined, now?: number): number | null;
+export function parseRetryAfter(value: string | null | undefined, date?: string | null, now?: number): number | null;
 export function retryAfterDelay(ms: number, random?: () => number): number;
 export function firstBatch<T extends { bytes: number }>(records: T[], limits: { maxEvents: number; maxBytes: number }): T[];
 export function utf8Length(text: string): number;

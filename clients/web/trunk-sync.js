@@ -42,16 +42,30 @@ export function backoffDelay(attempt, policy, random = Math.random) {
 }
 
 /**
- * A Retry-After header in ms (seconds or an HTTP date), or null when absent or unreadable.
- * @param {string | null | undefined} value @param {number} [now]
+ * A Retry-After header in ms (seconds or an HTTP date), or null when absent or unreadable. A
+ * date is counted from the answer's own `Date` header (`date`: the same clock) when it has a
+ * readable one, not from this device's clock, which may be off by hours (waiting hours for a
+ * pause of seconds, or not at all); else from `now`.
+ * @param {string | null | undefined} value @param {string | null | undefined} [date]
+ * @param {number} [now]
  */
-export function parseRetryAfter(value, now = Date.now()) {
+export function parseRetryAfter(value, date = null, now = Date.now()) {
   if (value == null) return null;
   const text = String(value).trim();
   if (/^\d+$/.test(text)) return Number(text) * 1000;
-  if (!/^[A-Za-z]{3}, /.test(text)) return null; // an HTTP date: "Thu, 26 Nov 2026 12:00:00 GMT"
+  const until = httpDate(text);
+  return until === null ? null : Math.max(0, until - (httpDate(date) ?? now));
+}
+
+/**
+ * An HTTP date ("Thu, 26 Nov 2026 12:00:00 GMT") in ms since the epoch, or null.
+ * @param {string | null | undefined} value
+ */
+function httpDate(value) {
+  const text = String(value ?? '').trim();
+  if (!/^[A-Za-z]{3}, /.test(text)) return null;
   const date = Date.parse(text);
-  return Number.isNaN(date) ? null : Math.max(0, date - now);
+  return Number.isNaN(date) ? null : date;
 }
 
 /**
@@ -952,7 +966,7 @@ export class TrunkSyncClient {
         attempt--;
         continue;
       }
-      const retryAfter = parseRetryAfter(response.headers.get('Retry-After'));
+      const retryAfter = parseRetryAfter(response.headers.get('Retry-After'), response.headers.get('Date'));
       const fromServer = isServerError(errorBody);
       const code = typeof errorBody?.error_code === 'string' ? errorBody.error_code : errorBody?.code;
       const error = new TrunkSyncError(
@@ -982,6 +996,17 @@ export class TrunkSyncClient {
           : backoffDelay(attempt, this.retry);
       await sleep(wait, signal);
     }
+  }
+
+  /**
+   * How long the leader's background work (push, stream) waits for a Retry-After of `ms`: as
+   * asked, but at most `maxRetryAfter` before it tries again (and is told again), so a date
+   * counted from a clock that is off (see parseRetryAfter) or a proxy's odd answer never
+   * stops it for hours.
+   * @param {number} ms
+   */
+  retryAfterWait(ms) {
+    return retryAfterDelay(Math.min(ms, this.retry.maxRetryAfter));
   }
 
   /** The signed-in user's account; throws when signed out. */
@@ -1260,7 +1285,7 @@ export class TrunkSyncClient {
         this.emitState('push_failed', error);
         account.pushWanted = true;
         const retryAfter = error instanceof TrunkSyncError ? error.retryAfter : undefined;
-        const wait = retryAfter !== undefined ? retryAfterDelay(retryAfter) : backoffDelay(attempt++, this.retry);
+        const wait = retryAfter !== undefined ? this.retryAfterWait(retryAfter) : backoffDelay(attempt++, this.retry);
         await sleep(wait, account.stopped.signal);
       }
     }
@@ -1344,8 +1369,8 @@ export class TrunkSyncClient {
           if (refusedAgain) wait = backoffDelay(attempt++, this.retry);
         } else if (!response.ok || !response.body || !type.startsWith('text/event-stream')) {
           await response.body?.cancel();
-          const retryAfter = parseRetryAfter(response.headers.get('Retry-After'));
-          wait = retryAfter !== null ? retryAfterDelay(retryAfter) : backoffDelay(attempt++, this.retry);
+          const retryAfter = parseRetryAfter(response.headers.get('Retry-After'), response.headers.get('Date'));
+          wait = retryAfter !== null ? this.retryAfterWait(retryAfter) : backoffDelay(attempt++, this.retry);
         } else {
           const opened = Date.now();
           let delivered = false;

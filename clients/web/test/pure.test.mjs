@@ -35,8 +35,13 @@ test('Retry-After in seconds or as a date; absent or unreadable is null', () => 
   assert.equal(parseRetryAfter('2'), 2000);
   assert.equal(parseRetryAfter(' 120 '), 120000);
   const now = Date.parse('2026-11-26T12:00:00Z');
-  assert.equal(parseRetryAfter('Thu, 26 Nov 2026 12:00:05 GMT', now), 5000);
-  assert.equal(parseRetryAfter('Thu, 26 Nov 2026 11:00:00 GMT', now), 0);
+  assert.equal(parseRetryAfter('Thu, 26 Nov 2026 12:00:05 GMT', null, now), 5000);
+  assert.equal(parseRetryAfter('Thu, 26 Nov 2026 11:00:00 GMT', null, now), 0);
+  // A date is counted from the answer's own Date, not from this device's clock (here a
+  // clock 26 years behind, then hours ahead); an unreadable Date falls back to the clock.
+  assert.equal(parseRetryAfter('Sat, 01 Jan 2000 00:00:30 GMT', 'Sat, 01 Jan 2000 00:00:00 GMT', now), 30000);
+  assert.equal(parseRetryAfter('Thu, 26 Nov 2026 09:00:30 GMT', 'Thu, 26 Nov 2026 09:00:00 GMT', now), 30000);
+  assert.equal(parseRetryAfter('Thu, 26 Nov 2026 12:00:05 GMT', 'yesterday', now), 5000);
   assert.equal(parseRetryAfter(null), null);
   assert.equal(parseRetryAfter('soon'), null);
   assert.equal(parseRetryAfter('-1'), null);
