@@ -1467,8 +1467,22 @@ def a_long_retry_after_holds_the_leader_back_at_most_max_retry_after(driver, pro
     step("a Retry-After over maxRetryAfter holds the leader's stream and push back for maxRetryAfter at most")
 
 
+def a_400_page_in_the_way_quarantines_nothing(driver, proxy):
+    """A push answered with a 400 page of something in the way (not the server's JSON error
+    naming events): the push fails, nothing is quarantined, the next push stores the event."""
+    assert js(driver, RECORD, "page-400", 1) == 1
+    proxy.add_rule("POST", "/sync/v1/events", 400, *PAGE_IN_THE_WAY)
+    outcome = js(driver, SYNC_OUTCOME)
+    assert outcome == "http_400", outcome
+    kept = js(driver, "return [await client.pendingCount(), (await client.quarantinedEvents()).length]")
+    assert kept == [1, 0], kept
+    report = js(driver, "const r = await client.sync(); return {...r, pending: await client.pendingCount()}")
+    assert report["pushed"] == 1 and report["pending"] == 0 and report["rejected"] == [], report
+    step("a 400 page in the way of a push quarantines nothing; the events stay in the outbox")
+
+
 ANSWER_CHECKS = [a_page_with_more_must_move_past_the_cursor, a_page_in_the_way_signs_nobody_out,
-                 a_retry_after_date_counts_from_the_answers_date,
+                 a_retry_after_date_counts_from_the_answers_date, a_400_page_in_the_way_quarantines_nothing,
                  a_long_retry_after_holds_the_leader_back_at_most_max_retry_after]
 
 

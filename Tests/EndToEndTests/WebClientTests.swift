@@ -128,6 +128,7 @@ final class WebClientTests: EndToEndTestCase {
             "a 4xx page in the way of a token refresh or a call keeps the session",
             "a Retry-After date is counted from the answer's Date, not the device's clock",
             "a Retry-After over maxRetryAfter holds the leader's stream and push back for maxRetryAfter at most",
+            "a 400 page in the way of a push quarantines nothing; the events stay in the outbox",
         ] {
             XCTAssertTrue(
                 result.stdout.contains("ok \(step)"), "missing step \(step): \(result.stdout)\(result.stderr)")

@@ -1147,6 +1147,11 @@ export class TrunkSyncClient {
         });
       } catch (error) {
         if (!(error instanceof TrunkSyncError) || (error.status !== 400 && error.status !== 413)) throw error;
+        // Not the server's judgement of the events but a page of something in the way (a proxy
+        // set up wrong): nothing is quarantined for it (one event a push, they would stop
+        // syncing); the push fails, the events stay in the outbox. A 413 page still halves the
+        // batch, as a proxy's body limit asks.
+        if (error.status === 400 && !error.fromServer) throw error;
         const refused = error.status === 400 ? refusedEvents({ details: error.details }, batch.length) : new Map();
         if (refused.size === 0 && batch.length > 1) {
           maxEvents = Math.max(1, Math.floor(batch.length / 2)); // find the one it is about
