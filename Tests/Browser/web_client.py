@@ -172,7 +172,8 @@ class Proxy:
     """HTTP forwarding with faults: `rules` answer matching requests instead of the server
     (each used once; a body of "" is empty, one of bytes is sent as it is, e.g. PAGE_IN_THE_WAY), `push_delay` holds push answers back after the
     server committed, `hold()` keeps the next matching request until released, before
-    anything else happens to it, `hold_answer()` the server's answer to it, `paused` closes every request unanswered, `cut()` ends the
+    anything else happens to it, `hold_answer()` the server's answer to it, `mangle()` replaces the server's answer to it with a
+    200 page (an answer mangled on the way, after the server acted), `paused` closes every request unanswered, `cut()` ends the
     open event streams, `fake_stream` answers stream requests itself: "silent" (a 200 event
     stream that never sends a byte, as a dead connection), "empty" (one that ends at once),
     "json" (a 200 that is not an event stream) or "401" (the token refused),
@@ -182,6 +183,7 @@ class Proxy:
 
     def __init__(self):
         self.rules, self.log, self.streams, self.holds, self.answer_holds = [], [], set(), {}, {}
+        self.mangled = set()
         self.push_delay, self.paused, self.fake_stream, self.stall_export = 0.0, False, None, False
         self.max_push_bytes = None
         self.pulled, self.streamed = 0, 0
@@ -228,6 +230,12 @@ class Proxy:
         with self.lock:
             self.answer_holds[(method, path)] = (answered, release)
         return answered, release
+
+    def mangle(self, method, path):
+        """Answers the next `method path` request, once the server answered it, with a 200 page
+        instead of the server's answer."""
+        with self.lock:
+            self.mangled.add((method, path))
 
     def requests(self, method, path):
         with self.lock:
@@ -301,6 +309,20 @@ class Proxy:
         if hold:
             hold[0].set()
             hold[1].wait(TIMEOUT)
+        with self.lock:
+            mangled = (method, path) in self.mangled
+            self.mangled.discard((method, path))
+        if mangled:
+            response.read()
+            upstream.close()
+            headers, page = PAGE_IN_THE_WAY
+            handler.send_response(200)
+            for name, value in {**headers, "Content-Length": str(len(page)),
+                                "Access-Control-Allow-Origin": handler.headers.get("Origin", "*")}.items():
+                handler.send_header(name, value)
+            handler.end_headers()
+            handler.wfile.write(page)
+            return
         if delay:
             time.sleep(delay)
         streaming = (response.getheader("Content-Type") or "").startswith("text/event-stream")
@@ -1481,8 +1503,25 @@ def a_400_page_in_the_way_quarantines_nothing(driver, proxy):
     step("a 400 page in the way of a push quarantines nothing; the events stay in the outbox")
 
 
+def a_refresh_whose_answer_is_mangled_asks_again_at_once(driver, proxy):
+    """The server's answer to a token refresh (the token rotated) replaced on the way by a 200
+    page: asked again at once, within the server's reuse interval, the same token gets a
+    session; kept, it would revoke the session at the next refresh."""
+    driver.execute_script(EXPIRE)
+    before = len(proxy.requests("POST", "/auth/v1/token"))
+    proxy.mangle("POST", "/auth/v1/token")
+    outcome = js(driver, SYNC_OUTCOME)
+    assert outcome == "synced", outcome
+    assert len(proxy.requests("POST", "/auth/v1/token")) == before + 2
+    driver.execute_script(EXPIRE)
+    assert js(driver, SYNC_OUTCOME) == "synced"
+    assert js(driver, "return client.isSignedIn")
+    step("a token refresh whose 200 answer is mangled is asked again at once; the session lives on")
+
+
 ANSWER_CHECKS = [a_page_with_more_must_move_past_the_cursor, a_page_in_the_way_signs_nobody_out,
                  a_retry_after_date_counts_from_the_answers_date, a_400_page_in_the_way_quarantines_nothing,
+                 a_refresh_whose_answer_is_mangled_asks_again_at_once,
                  a_long_retry_after_holds_the_leader_back_at_most_max_retry_after]
 
 

@@ -845,20 +845,31 @@ export class TrunkSyncClient {
           this.session = stored;
           return stored;
         }
-        let body;
+        let session = null;
         let refusal = null;
-        try {
-          body = await this.request('POST', '/auth/v1/token?grant_type=refresh_token', {
-            body: { refresh_token: stored.refresh_token },
-            auth: false,
-          });
-        } catch (error) {
-          // Only the server's own refusal ends the session: a page of something in the way (a
-          // proxy's 4xx while it is set up wrong, a captive portal) is a failure, the session
-          // stays and the next refresh goes through.
-          const refused = error instanceof TrunkSyncError && [400, 401, 403].includes(error.status);
-          if (!refused || !error.fromServer) throw error;
-          refusal = error;
+        for (let answers = 1; !session && !refusal; answers++) {
+          try {
+            const body = await this.request('POST', '/auth/v1/token?grant_type=refresh_token', {
+              body: { refresh_token: stored.refresh_token },
+              auth: false,
+            });
+            session = this.sessionFrom(body, stored.id);
+          } catch (error) {
+            if (!(error instanceof TrunkSyncError)) throw error;
+            // A 2xx that is not a session (mangled on the way: a proxy, a body cut short) may
+            // come after the server rotated the token. Asked again now, within the server's
+            // reuse interval (10 s), the same token gets another of the same session; kept for
+            // a later refresh, it would be a reuse that revokes the session. Up to 3 answers.
+            if (error.code === 'invalid_response' && !error.fromServer) {
+              if (answers < 3) continue;
+              throw error;
+            }
+            // Only the server's own refusal ends the session: a page of something in the way (a
+            // proxy's 4xx while it is set up wrong, a captive portal) is a failure, the session
+            // stays and the next refresh goes through.
+            if (![400, 401, 403].includes(error.status) || !error.fromServer) throw error;
+            refusal = error;
+          }
         }
         // Another tab may have signed out, or in (as anyone), while the answer came: the
         // answer, a refusal too (the session it refreshed was revoked by that sign-out), is
@@ -876,7 +887,6 @@ export class TrunkSyncClient {
           this.storeSession(null);
           throw new TrunkSyncError('session_expired', 'the session ended: sign in again', { status: refusal.status });
         }
-        const session = this.sessionFrom(body, stored.id);
         this.storeSession(session);
         return session;
       })
