@@ -190,8 +190,10 @@ export function isServerError(body) {
 
 /**
  * The indexes of the events of a batch of `count` a `400 validation_failed` names, with their
- * first problem. An index outside the batch names none of its events (a 400 not the server's
- * own: the batch is halved as for one that names none, never pushed again as it is).
+ * first problem. An index outside the batch names none of its events (an answer not about
+ * this batch: it is halved as for one that names none, never pushed again as it is). Only
+ * the server's own 400 gets here (isServerError): a page of something in the way fails the
+ * push.
  * @param {any} body @param {number} count @returns {Map<number, {field: string, reason: string}>}
  */
 export function refusedEvents(body, count) {
