@@ -170,9 +170,10 @@ class QuietServer(http.server.ThreadingHTTPServer):
 
 class Proxy:
     """HTTP forwarding with faults: `rules` answer matching requests instead of the server
-    (each used once; a body of "" is empty), `push_delay` holds push answers back after the
+    (each used once; a body of "" is empty, one of bytes is sent as it is, e.g. PAGE_IN_THE_WAY), `push_delay` holds push answers back after the
     server committed, `hold()` keeps the next matching request until released, before
-    anything else happens to it, `hold_answer()` the server's answer to it, `paused` closes every request unanswered, `cut()` ends the
+    anything else happens to it, `hold_answer()` the server's answer to it, `mangle()` replaces the server's answer to it with a
+    200 page (an answer mangled on the way, after the server acted), `paused` closes every request unanswered, `cut()` ends the
     open event streams, `fake_stream` answers stream requests itself: "silent" (a 200 event
     stream that never sends a byte, as a dead connection), "empty" (one that ends at once),
     "json" (a 200 that is not an event stream) or "401" (the token refused),
@@ -182,6 +183,7 @@ class Proxy:
 
     def __init__(self):
         self.rules, self.log, self.streams, self.holds, self.answer_holds = [], [], set(), {}, {}
+        self.mangled = set()
         self.push_delay, self.paused, self.fake_stream, self.stall_export = 0.0, False, None, False
         self.max_push_bytes = None
         self.pulled, self.streamed = 0, 0
@@ -229,6 +231,12 @@ class Proxy:
             self.answer_holds[(method, path)] = (answered, release)
         return answered, release
 
+    def mangle(self, method, path):
+        """Answers the next `method path` request, once the server answered it, with a 200 page
+        instead of the server's answer."""
+        with self.lock:
+            self.mangled.add((method, path))
+
     def requests(self, method, path):
         with self.lock:
             return [entry for entry in self.log if entry[1] == method and entry[2] == path]
@@ -274,8 +282,11 @@ class Proxy:
             elif rule:
                 self.rules.remove(rule)
         if rule:
-            payload = b"" if rule[4] == "" else json.dumps(rule[4]).encode()
-            handler.send_response(rule[2])
+            payload = rule[4] if isinstance(rule[4], bytes) else b"" if rule[4] == "" else json.dumps(rule[4]).encode()
+            if "Date" in rule[3]:
+                handler.send_response_only(rule[2])  # the rule's Date, not the proxy's as well
+            else:
+                handler.send_response(rule[2])
             for name, value in {
                 "Content-Type": "application/json", "Content-Length": str(len(payload)),
                 "Access-Control-Allow-Origin": handler.headers.get("Origin", "*"),
@@ -298,6 +309,20 @@ class Proxy:
         if hold:
             hold[0].set()
             hold[1].wait(TIMEOUT)
+        with self.lock:
+            mangled = (method, path) in self.mangled
+            self.mangled.discard((method, path))
+        if mangled:
+            response.read()
+            upstream.close()
+            headers, page = PAGE_IN_THE_WAY
+            handler.send_response(200)
+            for name, value in {**headers, "Content-Length": str(len(page)),
+                                "Access-Control-Allow-Origin": handler.headers.get("Origin", "*")}.items():
+                handler.send_header(name, value)
+            handler.end_headers()
+            handler.wfile.write(page)
+            return
         if delay:
             time.sleep(delay)
         streaming = (response.getheader("Content-Type") or "").startswith("text/event-stream")
@@ -394,6 +419,11 @@ class Proxy:
                 pass
         except OSError:
             pass
+
+
+# A page of something between the browser and the server (a proxy set up wrong, a captive
+# portal), as a rule's headers and body: not the server's JSON error.
+PAGE_IN_THE_WAY = ({"Content-Type": "text/html"}, b"<html><body><h1>Something went wrong</h1></body></html>\n")
 
 
 # MARK: - The page
@@ -516,6 +546,14 @@ def failed_status(call):
 EXPIRE = ("const key = 'trunk-sync|session|' + client.url;"
           "const s = JSON.parse(localStorage.getItem(key)); s.expires_at = 0;"
           "localStorage.setItem(key, JSON.stringify(s)); client.session = s;")
+
+# The current tab's stored sync cursor (undefined before a first pull).
+CURSOR = ("const db = await client.current().db(); const r = db.transaction('meta')"
+          ".objectStore('meta').get('cursor'); return await new Promise((resolve) => {"
+          " r.onsuccess = () => resolve(r.result) })")
+
+# What a sync (push, then pull) in the current tab ends with: 'synced' or the error's code.
+SYNC_OUTCOME = "try { await client.sync(() => {}); return 'synced' } catch (e) { return e.code || String(e) }"
 
 RECORD = """
 const [tag, count] = args;
@@ -749,18 +787,15 @@ def main():
 
         # A pull answer that is not the server's (a proxy's own JSON, a stale page from before
         # the cursor): the sync fails with invalid_response, and the cursor stays where it is.
-        cursor = ("const db = await client.current().db(); const r = db.transaction('meta')"
-                  ".objectStore('meta').get('cursor'); return await new Promise((resolve) => {"
-                  " r.onsuccess = () => resolve(r.result) })")
         js(first, "await client.sync(() => {}); return true")
-        before = js(first, cursor)
+        before = js(first, CURSOR)
         assert before > 0, before
         proxy.add_rule("GET", "/sync/v1/events", 200, {}, {"events": [], "next_after": 0, "has_more": False})
         proxy.add_rule("GET", "/sync/v1/events", 200, {}, {"message": "down for maintenance"})
         for _ in range(2):
-            failed = js(first, "try { await client.sync(() => {}); return 'synced' } catch (e) { return e.code || String(e) }")
+            failed = js(first, SYNC_OUTCOME)
             assert failed == "invalid_response", failed
-            assert js(first, cursor) == before
+            assert js(first, CURSOR) == before
         step("a pull answer that is not the server's fails the sync and leaves the cursor")
 
         # A push answer that never comes: the request times out and is tried again (the
@@ -1119,7 +1154,7 @@ def main():
         assert not js(first, "return client.isSignedIn") and stored_session(first) is None
         sign_in(first, who)
         assert js(first, "return await client.pendingCount()") == 0
-        assert js(first, cursor) is None, "the cursor was not forgotten"
+        assert js(first, CURSOR) is None, "the cursor was not forgotten"
         assert tagged(server_events(api_token(who)), "refused-db") == []
         step("sign-out with IndexedDB refusing signs out, and the discard happens at the next opening")
 
@@ -1238,6 +1273,7 @@ def main():
         assert failed_status(lambda: server_events(gil_token)) == 401
         step("a deletion whose answer was lost is not claimed, and signs out and removes the local data")
         guide_page_works(first)
+        answers_not_the_servers(first)
     finally:
         first.quit()
         if second:
@@ -1370,6 +1406,123 @@ def guide_page_works(driver):
     wait_until(lambda: element_shows(driver, "#notes", "hello from the guide"), "the guide's note after a reload")
     assert [e["payload"]["text"] for e in server_events(api_token(fay))] == ["hello from the guide"]
     step("the complete page of the guide signs in, records and lists a note")
+
+
+def answers_not_the_servers(driver):
+    """Answers that are not the server's, or not as it gives them (a proxy set up wrong, a
+    captive portal, a cache, a clock that is off), through a proxy of its own: each check in
+    ANSWER_CHECKS, one user signed in for all of them."""
+    proxy = Proxy()
+    open_page(driver, proxy.url, {"autoPush": False, "live": False})
+    sign_in(driver, f"hana-{RUN}@example.com")
+    for check in ANSWER_CHECKS:
+        check(driver, proxy)
+
+
+def a_page_with_more_must_move_past_the_cursor(driver, proxy):
+    """A pull page saying has_more without moving past the cursor: refused, not asked for
+    again (forever: each answer the same)."""
+    js(driver, "await client.sync(() => {}); return true")
+    at = js(driver, CURSOR)
+    before = len(proxy.requests("GET", "/sync/v1/events"))
+    proxy.add_rule("GET", "/sync/v1/events", 200, {}, {"events": [], "next_after": at, "has_more": True})
+    outcome = js(driver, SYNC_OUTCOME)
+    assert outcome == "invalid_response", outcome
+    assert len(proxy.requests("GET", "/sync/v1/events")) == before + 1, "the same page asked for again"
+    assert js(driver, CURSOR) == at
+    assert js(driver, SYNC_OUTCOME) == "synced"
+    step("a pull page saying has_more without moving past the cursor is refused, not asked for again")
+
+
+def a_page_in_the_way_signs_nobody_out(driver, proxy):
+    """A 400, 401 or 403 page of something in the way answering the token refresh, and a 401
+    page answering a call again after a refresh: failures, the session stays (only the
+    server's own JSON error ends it)."""
+    for status in (400, 401, 403):
+        driver.execute_script(EXPIRE)
+        proxy.add_rule("POST", "/auth/v1/token", status, *PAGE_IN_THE_WAY)
+        outcome = js(driver, SYNC_OUTCOME)
+        assert outcome == f"http_{status}", outcome
+        assert js(driver, "return client.isSignedIn"), f"signed out by a {status} page"
+    for _ in range(2):
+        proxy.add_rule("GET", "/sync/v1/events", 401, *PAGE_IN_THE_WAY)
+    outcome = js(driver, SYNC_OUTCOME)
+    assert outcome == "http_401", outcome
+    assert js(driver, "return client.isSignedIn"), "signed out by a 401 page after a refresh"
+    assert js(driver, SYNC_OUTCOME) == "synced"
+    step("a 4xx page in the way of a token refresh or a call keeps the session")
+
+
+def a_retry_after_date_counts_from_the_answers_date(driver, proxy):
+    """A 429 dated 2100 (this device's clock, in 2026, 73 years behind) asking to wait until 1 s
+    after its Date: waited out (about 1 s), not refused as decades over maxRetryAfter."""
+    assert js(driver, RECORD, "dated", 1) == 1
+    before = len(proxy.requests("POST", "/sync/v1/events"))
+    proxy.add_rule("POST", "/sync/v1/events", 429, {
+        "Date": "Fri, 01 Jan 2100 00:00:00 GMT", "Retry-After": "Fri, 01 Jan 2100 00:00:01 GMT",
+        "Access-Control-Expose-Headers": "Retry-After, Date"})
+    report = js(driver, "const r = await client.sync(); return {...r, pending: await client.pendingCount()}")
+    assert report["pushed"] == 1 and report["pending"] == 0, report
+    statuses = [entry[3] for entry in proxy.requests("POST", "/sync/v1/events")[before:]]
+    assert statuses == [429, 200], statuses
+    step("a Retry-After date is counted from the answer's Date, not the device's clock")
+
+
+def a_long_retry_after_holds_the_leader_back_at_most_max_retry_after(driver, proxy):
+    """The leader's stream and background push told to wait a day (a Retry-After over
+    maxRetryAfter, as a date counted from a clock that is off can be): each tries again
+    after maxRetryAfter (1 s here), not after a day. Leaves a quiet page open."""
+    proxy.add_rule("GET", "/sync/v1/stream", 503, {"Retry-After": "86400"})
+    open_page(driver, proxy.url, {"retry": {"maxRetryAfter": 1000}})
+    wait_until(lambda: js(driver, "return client.isLeader"), "the leader")
+    js(driver, "(async () => { for await (const e of client.liveEvents()) window.live.push(e.seq) })(); return true")
+    wait_until(lambda: 503 in [entry[3] for entry in proxy.requests("GET", "/sync/v1/stream")], "the stream's 503")
+    seq = push(stored_session(driver)["access_token"], "streamed after a day's Retry-After")
+    wait_until(lambda: seq in driver.execute_script("return window.live"), "the event live, a day early")
+    before = len(proxy.requests("POST", "/sync/v1/events"))
+    proxy.add_rule("POST", "/sync/v1/events", 429, {"Retry-After": "86400"})
+    assert js(driver, RECORD, "a-day-early", 1) == 1
+    wait_until(lambda: js(driver, "return await client.pendingCount()") == 0, "the push, a day early")
+    statuses = [entry[3] for entry in proxy.requests("POST", "/sync/v1/events")[before:]]
+    assert statuses == [429, 200], statuses
+    open_page(driver, proxy.url, {"autoPush": False, "live": False})
+    step("a Retry-After over maxRetryAfter holds the leader's stream and push back for maxRetryAfter at most")
+
+
+def a_400_page_in_the_way_quarantines_nothing(driver, proxy):
+    """A push answered with a 400 page of something in the way (not the server's JSON error
+    naming events): the push fails, nothing is quarantined, the next push stores the event."""
+    assert js(driver, RECORD, "page-400", 1) == 1
+    proxy.add_rule("POST", "/sync/v1/events", 400, *PAGE_IN_THE_WAY)
+    outcome = js(driver, SYNC_OUTCOME)
+    assert outcome == "http_400", outcome
+    kept = js(driver, "return [await client.pendingCount(), (await client.quarantinedEvents()).length]")
+    assert kept == [1, 0], kept
+    report = js(driver, "const r = await client.sync(); return {...r, pending: await client.pendingCount()}")
+    assert report["pushed"] == 1 and report["pending"] == 0 and report["rejected"] == [], report
+    step("a 400 page in the way of a push quarantines nothing; the events stay in the outbox")
+
+
+def a_refresh_whose_answer_is_mangled_asks_again_at_once(driver, proxy):
+    """The server's answer to a token refresh (the token rotated) replaced on the way by a 200
+    page: asked again at once, within the server's reuse interval, the same token gets a
+    session; kept, it would revoke the session at the next refresh."""
+    driver.execute_script(EXPIRE)
+    before = len(proxy.requests("POST", "/auth/v1/token"))
+    proxy.mangle("POST", "/auth/v1/token")
+    outcome = js(driver, SYNC_OUTCOME)
+    assert outcome == "synced", outcome
+    assert len(proxy.requests("POST", "/auth/v1/token")) == before + 2
+    driver.execute_script(EXPIRE)
+    assert js(driver, SYNC_OUTCOME) == "synced"
+    assert js(driver, "return client.isSignedIn")
+    step("a token refresh whose 200 answer is mangled is asked again at once; the session lives on")
+
+
+ANSWER_CHECKS = [a_page_with_more_must_move_past_the_cursor, a_page_in_the_way_signs_nobody_out,
+                 a_retry_after_date_counts_from_the_answers_date, a_400_page_in_the_way_quarantines_nothing,
+                 a_refresh_whose_answer_is_mangled_asks_again_at_once,
+                 a_long_retry_after_holds_the_leader_back_at_most_max_retry_after]
 
 
 def offline(driver, on):

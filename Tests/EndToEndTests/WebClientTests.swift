@@ -124,6 +124,12 @@ final class WebClientTests: EndToEndTestCase {
             "deleted the account with a mailed code, and its local data",
             "a deletion whose answer was lost is not claimed, and signs out and removes the local data",
             "the complete page of the guide signs in, records and lists a note",
+            "a pull page saying has_more without moving past the cursor is refused, not asked for again",
+            "a 4xx page in the way of a token refresh or a call keeps the session",
+            "a Retry-After date is counted from the answer's Date, not the device's clock",
+            "a Retry-After over maxRetryAfter holds the leader's stream and push back for maxRetryAfter at most",
+            "a 400 page in the way of a push quarantines nothing; the events stay in the outbox",
+            "a token refresh whose 200 answer is mangled is asked again at once; the session lives on",
         ] {
             XCTAssertTrue(
                 result.stdout.contains("ok \(step)"), "missing step \(step): \(result.stdout)\(result.stderr)")

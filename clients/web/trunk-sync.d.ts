@@ -23,7 +23,10 @@ export interface RetryOptions {
   baseDelay?: number;
   /** Default 30000 ms. */
   maxDelay?: number;
-  /** A Retry-After longer than this (ms) is not waited out: `rate_limited`. Default 120000. */
+  /**
+   * A Retry-After longer than this (ms) is not waited out: `rate_limited`; the leader's
+   * background push and stream wait this long, then try again. Default 120000.
+   */
   maxRetryAfter?: number;
 }
 
@@ -104,7 +107,8 @@ export interface QuarantinedEvent {
  * `cancelled`, `user_changed` (another tab signed someone else in while a call for the
  * user before was under way: nothing was sent with the other user's session), or the
  * server's error code (`otp_expired`,
- * `reauthentication_not_valid`, …) with `status`.
+ * `reauthentication_not_valid`, …) with `status`; `http_<status>` for an error answer that
+ * is not the server's JSON (a proxy's page: `fromServer` false).
  */
 export class TrunkSyncError extends Error {
   readonly code: string;
@@ -113,6 +117,12 @@ export class TrunkSyncError extends Error {
   readonly details?: unknown;
   /** Milliseconds the server asked to wait (Retry-After). */
   readonly retryAfter?: number;
+  /**
+   * The answer was the server's own error (JSON with its `code` or `error_code`), not a
+   * page of something in between (a proxy set up wrong, a captive portal): only such an
+   * answer ends a session or quarantines an event.
+   */
+  readonly fromServer: boolean;
 }
 
 /** What `onStateChange` tells: `(state, detail)`, the detail's type following the state. */
@@ -223,7 +233,8 @@ export class TrunkSyncClient {
 
 /** Pure helpers, exported for tests. */
 export function backoffDelay(attempt: number, policy: { baseDelay: number; maxDelay: number }, random?: () => number): number;
-export function parseRetryAfter(value: string | null | undefined, now?: number): number | null;
+export function isServerError(body: unknown): boolean;
+export function parseRetryAfter(value: string | null | undefined, date?: string | null, now?: number): number | null;
 export function retryAfterDelay(ms: number, random?: () => number): number;
 export function firstBatch<T extends { bytes: number }>(records: T[], limits: { maxEvents: number; maxBytes: number }): T[];
 export function utf8Length(text: string): number;

@@ -14,7 +14,7 @@ export class TrunkSyncError extends Error {
   /**
    * @param {string} code
    * @param {string} message
-   * @param {{status?: number, details?: unknown, retryAfter?: number}} [extra]
+   * @param {{status?: number, details?: unknown, retryAfter?: number, fromServer?: boolean}} [extra]
    */
   constructor(code, message, extra = {}) {
     super(message);
@@ -23,6 +23,8 @@ export class TrunkSyncError extends Error {
     this.status = extra.status ?? 0;
     this.details = extra.details;
     this.retryAfter = extra.retryAfter;
+    /** The answer was the server's own error (its JSON), not a page of something in between. */
+    this.fromServer = extra.fromServer ?? false;
   }
 }
 
@@ -40,16 +42,30 @@ export function backoffDelay(attempt, policy, random = Math.random) {
 }
 
 /**
- * A Retry-After header in ms (seconds or an HTTP date), or null when absent or unreadable.
- * @param {string | null | undefined} value @param {number} [now]
+ * A Retry-After header in ms (seconds or an HTTP date), or null when absent or unreadable. A
+ * date is counted from the answer's own `Date` header (`date`: the same clock) when it has a
+ * readable one, not from this device's clock, which may be off by hours (waiting hours for a
+ * pause of seconds, or not at all); else from `now`.
+ * @param {string | null | undefined} value @param {string | null | undefined} [date]
+ * @param {number} [now]
  */
-export function parseRetryAfter(value, now = Date.now()) {
+export function parseRetryAfter(value, date = null, now = Date.now()) {
   if (value == null) return null;
   const text = String(value).trim();
   if (/^\d+$/.test(text)) return Number(text) * 1000;
-  if (!/^[A-Za-z]{3}, /.test(text)) return null; // an HTTP date: "Thu, 26 Nov 2026 12:00:00 GMT"
+  const until = httpDate(text);
+  return until === null ? null : Math.max(0, until - (httpDate(date) ?? now));
+}
+
+/**
+ * An HTTP date ("Thu, 26 Nov 2026 12:00:00 GMT") in ms since the epoch, or null.
+ * @param {string | null | undefined} value
+ */
+function httpDate(value) {
+  const text = String(value ?? '').trim();
+  if (!/^[A-Za-z]{3}, /.test(text)) return null;
   const date = Date.parse(text);
-  return Number.isNaN(date) ? null : Math.max(0, date - now);
+  return Number.isNaN(date) ? null : date;
 }
 
 /**
@@ -152,9 +168,22 @@ export class SSEParser {
 }
 
 /**
+ * Whether an error answer's body (parsed JSON, or null) is the server's own error: an object
+ * with a string `code` (`/sync/v1`) or `error_code` (`/auth/v1`). A page of something in
+ * between (a proxy's, a captive portal's HTML, a load balancer's JSON of its own) is not,
+ * and must not be taken for the server's refusal of a session or of an event.
+ * @param {any} body
+ */
+export function isServerError(body) {
+  return isPlainObject(body) && (typeof body.code === 'string' || typeof body.error_code === 'string');
+}
+
+/**
  * The indexes of the events of a batch of `count` a `400 validation_failed` names, with their
- * first problem. An index outside the batch names none of its events (a 400 not the server's
- * own: the batch is halved as for one that names none, never pushed again as it is).
+ * first problem. An index outside the batch names none of its events (an answer not about
+ * this batch: it is halved as for one that names none, never pushed again as it is). Only
+ * the server's own 400 gets here (isServerError): a page of something in the way fails the
+ * push.
  * @param {any} body @param {number} count @returns {Map<number, {field: string, reason: string}>}
  */
 export function refusedEvents(body, count) {
@@ -186,7 +215,8 @@ export function pushResults(body) {
 
 /**
  * A pull answer for `cursor` as the client relies on it: events in increasing `seq` order,
- * all after `cursor`, and a `next_after` not behind the last of them (nor behind `cursor`).
+ * all after `cursor`, a `next_after` not behind the last of them (nor behind `cursor`), and
+ * past `cursor` when it says `has_more` (else the pull would ask for the same page forever).
  * Anything else (a proxy's page, a stale or broken answer) is `invalid_response`: it reaches
  * no handler and never moves the cursor back.
  * @param {any} page @param {number} cursor
@@ -206,6 +236,7 @@ export function checkedPage(page, cursor) {
     previous = event.seq;
   }
   if (page.next_after < previous) throw invalid(`next_after ${page.next_after} behind ${previous}`);
+  if (page.has_more === true && page.next_after <= cursor) throw invalid('has_more without moving past the cursor');
   return { events: page.events, next_after: page.next_after, has_more: page.has_more === true };
 }
 
@@ -816,18 +847,31 @@ export class TrunkSyncClient {
           this.session = stored;
           return stored;
         }
-        let body;
+        let session = null;
         let refusal = null;
-        try {
-          body = await this.request('POST', '/auth/v1/token?grant_type=refresh_token', {
-            body: { refresh_token: stored.refresh_token },
-            auth: false,
-          });
-        } catch (error) {
-          if (!(error instanceof TrunkSyncError && (error.status === 400 || error.status === 401 || error.status === 403))) {
-            throw error;
+        for (let answers = 1; !session && !refusal; answers++) {
+          try {
+            const body = await this.request('POST', '/auth/v1/token?grant_type=refresh_token', {
+              body: { refresh_token: stored.refresh_token },
+              auth: false,
+            });
+            session = this.sessionFrom(body, stored.id);
+          } catch (error) {
+            if (!(error instanceof TrunkSyncError)) throw error;
+            // A 2xx that is not a session (mangled on the way: a proxy, a body cut short) may
+            // come after the server rotated the token. Asked again now, within the server's
+            // reuse interval (10 s), the same token gets another of the same session; kept for
+            // a later refresh, it would be a reuse that revokes the session. Up to 3 answers.
+            if (error.code === 'invalid_response' && !error.fromServer) {
+              if (answers < 3) continue;
+              throw error;
+            }
+            // Only the server's own refusal ends the session: a page of something in the way (a
+            // proxy's 4xx while it is set up wrong, a captive portal) is a failure, the session
+            // stays and the next refresh goes through.
+            if (![400, 401, 403].includes(error.status) || !error.fromServer) throw error;
+            refusal = error;
           }
-          refusal = error;
         }
         // Another tab may have signed out, or in (as anyone), while the answer came: the
         // answer, a refusal too (the session it refreshed was revoked by that sign-out), is
@@ -845,7 +889,6 @@ export class TrunkSyncClient {
           this.storeSession(null);
           throw new TrunkSyncError('session_expired', 'the session ended: sign in again', { status: refusal.status });
         }
-        const session = this.sessionFrom(body, stored.id);
         this.storeSession(session);
         return session;
       })
@@ -935,13 +978,17 @@ export class TrunkSyncClient {
         attempt--;
         continue;
       }
-      const retryAfter = parseRetryAfter(response.headers.get('Retry-After'));
+      const retryAfter = parseRetryAfter(response.headers.get('Retry-After'), response.headers.get('Date'));
+      const fromServer = isServerError(errorBody);
+      const code = typeof errorBody?.error_code === 'string' ? errorBody.error_code : errorBody?.code;
       const error = new TrunkSyncError(
-        errorBody?.error_code ?? errorBody?.code ?? `http_${response.status}`,
+        fromServer ? code : `http_${response.status}`,
         errorBody?.message ?? errorBody?.msg ?? `HTTP ${response.status}`,
-        { status: response.status, details: errorBody?.details, retryAfter: retryAfter ?? undefined },
+        { status: response.status, details: errorBody?.details, retryAfter: retryAfter ?? undefined, fromServer },
       );
-      if (response.status === 401 && auth && !fixedToken) {
+      // A 401 again with a fresh token: the server ended the session. A 401 page of something
+      // in between (a proxy asking for its own credentials) is a failure: the session stays.
+      if (response.status === 401 && auth && !fixedToken && fromServer) {
         const stored = this.readSession();
         if (stored && pin && !matchesPin(stored, pin)) throw userChanged(); // not theirs to end
         this.storeSession(null);
@@ -961,6 +1008,17 @@ export class TrunkSyncClient {
           : backoffDelay(attempt, this.retry);
       await sleep(wait, signal);
     }
+  }
+
+  /**
+   * How long the leader's background work (push, stream) waits for a Retry-After of `ms`: as
+   * asked, but at most `maxRetryAfter` before it tries again (and is told again), so a date
+   * counted from a clock that is off (see parseRetryAfter) or a proxy's odd answer never
+   * stops it for hours.
+   * @param {number} ms
+   */
+  retryAfterWait(ms) {
+    return retryAfterDelay(Math.min(ms, this.retry.maxRetryAfter));
   }
 
   /** The signed-in user's account; throws when signed out. */
@@ -1091,6 +1149,11 @@ export class TrunkSyncClient {
         });
       } catch (error) {
         if (!(error instanceof TrunkSyncError) || (error.status !== 400 && error.status !== 413)) throw error;
+        // Not the server's judgement of the events but a page of something in the way (a proxy
+        // set up wrong): nothing is quarantined for it (one event a push, they would stop
+        // syncing); the push fails, the events stay in the outbox. A 413 page still halves the
+        // batch, as a proxy's body limit asks.
+        if (error.status === 400 && !error.fromServer) throw error;
         const refused = error.status === 400 ? refusedEvents({ details: error.details }, batch.length) : new Map();
         if (refused.size === 0 && batch.length > 1) {
           maxEvents = Math.max(1, Math.floor(batch.length / 2)); // find the one it is about
@@ -1239,7 +1302,7 @@ export class TrunkSyncClient {
         this.emitState('push_failed', error);
         account.pushWanted = true;
         const retryAfter = error instanceof TrunkSyncError ? error.retryAfter : undefined;
-        const wait = retryAfter !== undefined ? retryAfterDelay(retryAfter) : backoffDelay(attempt++, this.retry);
+        const wait = retryAfter !== undefined ? this.retryAfterWait(retryAfter) : backoffDelay(attempt++, this.retry);
         await sleep(wait, account.stopped.signal);
       }
     }
@@ -1323,8 +1386,8 @@ export class TrunkSyncClient {
           if (refusedAgain) wait = backoffDelay(attempt++, this.retry);
         } else if (!response.ok || !response.body || !type.startsWith('text/event-stream')) {
           await response.body?.cancel();
-          const retryAfter = parseRetryAfter(response.headers.get('Retry-After'));
-          wait = retryAfter !== null ? retryAfterDelay(retryAfter) : backoffDelay(attempt++, this.retry);
+          const retryAfter = parseRetryAfter(response.headers.get('Retry-After'), response.headers.get('Date'));
+          wait = retryAfter !== null ? this.retryAfterWait(retryAfter) : backoffDelay(attempt++, this.retry);
         } else {
           const opened = Date.now();
           let delivered = false;

@@ -9,6 +9,7 @@ import {
   backoffDelay,
   checkedPage,
   firstBatch,
+  isServerError,
   milliseconds,
   parseRetryAfter,
   pushResults,
@@ -34,8 +35,13 @@ test('Retry-After in seconds or as a date; absent or unreadable is null', () => 
   assert.equal(parseRetryAfter('2'), 2000);
   assert.equal(parseRetryAfter(' 120 '), 120000);
   const now = Date.parse('2026-11-26T12:00:00Z');
-  assert.equal(parseRetryAfter('Thu, 26 Nov 2026 12:00:05 GMT', now), 5000);
-  assert.equal(parseRetryAfter('Thu, 26 Nov 2026 11:00:00 GMT', now), 0);
+  assert.equal(parseRetryAfter('Thu, 26 Nov 2026 12:00:05 GMT', null, now), 5000);
+  assert.equal(parseRetryAfter('Thu, 26 Nov 2026 11:00:00 GMT', null, now), 0);
+  // A date is counted from the answer's own Date, not from this device's clock (here a
+  // clock 26 years behind, then hours ahead); an unreadable Date falls back to the clock.
+  assert.equal(parseRetryAfter('Sat, 01 Jan 2000 00:00:30 GMT', 'Sat, 01 Jan 2000 00:00:00 GMT', now), 30000);
+  assert.equal(parseRetryAfter('Thu, 26 Nov 2026 09:00:30 GMT', 'Thu, 26 Nov 2026 09:00:00 GMT', now), 30000);
+  assert.equal(parseRetryAfter('Thu, 26 Nov 2026 12:00:05 GMT', 'yesterday', now), 5000);
   assert.equal(parseRetryAfter(null), null);
   assert.equal(parseRetryAfter('soon'), null);
   assert.equal(parseRetryAfter('-1'), null);
@@ -104,6 +110,14 @@ test('an index outside the batch names none of its events', () => {
   assert.deepEqual([...refusedEvents(body, 4).keys()], [3]);
 });
 
+test("only the server's own JSON error is the server's refusal", () => {
+  assert.ok(isServerError({ code: 'validation_failed', message: 'x' })); // /sync/v1
+  assert.ok(isServerError({ code: 400, error_code: 'refresh_token_not_found', msg: 'x' })); // /auth/v1
+  for (const body of [null, 'Bad Request', [], {}, { code: 400 }, { message: 'down for maintenance' }]) {
+    assert.equal(isServerError(body), false, JSON.stringify(body));
+  }
+});
+
 test('a pull answer is taken only as the server gives it: after the cursor, in order', () => {
   const page = { events: [{ seq: 11 }, { seq: 12 }], next_after: 12, has_more: true };
   assert.deepEqual(checkedPage(page, 10), page);
@@ -119,6 +133,7 @@ test('a pull answer is taken only as the server gives it: after the cursor, in o
     [{ events: [{ seq: 12 }, { seq: 11 }], next_after: 12, has_more: false }, 10], // out of order
     [{ events: [{ seq: 12 }], next_after: 11, has_more: false }, 10], // next_after behind
     [{ events: [{}], next_after: 11, has_more: false }, 10], // no seq
+    [{ events: [], next_after: 10, has_more: true }, 10], // more, but not past the cursor: asked forever
   ]) {
     assert.throws(() => checkedPage(bad, cursor), { name: 'TrunkSyncError', code: 'invalid_response' }, JSON.stringify(bad));
   }
