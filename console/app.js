@@ -1,5 +1,5 @@
 // The console: which view the address (#/…) names, and whether someone is signed in.
-import { api, whenSignedOut } from './api.js';
+import { api, ApiError, whenSignedOut } from './api.js';
 import { h, replace } from './dom.js';
 import { renderOverview } from './overview.js';
 import { renderSignIn } from './signin.js';
@@ -71,13 +71,25 @@ whenSignedOut(() => {
   route();
 });
 
+// Signed out only once the server ended the session (or says it had ended): a sign-out that
+// did not reach it leaves the session live and its cookie in the browser, so the page says
+// so and stays as it is, instead of looking signed out while a reload would sign in again.
 signOutButton.addEventListener('click', async () => {
+  signOutButton.disabled = true;
   try {
     await api('POST', '/auth/logout');
+  } catch (error) {
+    if (!(error instanceof ApiError && error.status === 401)) {
+      document.getElementById('sign-out-failed')?.remove();
+      main.prepend(h('p', { class: 'notice error', role: 'alert', id: 'sign-out-failed' },
+        `Not signed out: ${error.message} The session is still live; try again.`));
+      return;
+    }
   } finally {
-    showSignedIn(null);
-    route();
+    signOutButton.disabled = false;
   }
+  showSignedIn(null);
+  route();
 });
 
 window.addEventListener('hashchange', route);

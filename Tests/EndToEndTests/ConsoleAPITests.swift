@@ -115,6 +115,11 @@ final class ConsoleAPITests: EndToEndTestCase {
         XCTAssertFalse(policy.contains("unsafe"), policy)
         XCTAssertEqual(page.header("x-content-type-options"), "nosniff")
         XCTAssertEqual(page.header("x-frame-options"), "DENY")
+        // The browser refuses HTML and script from strings (Trusted Types, no policy), and a
+        // window of another origin that opens the console gets no handle on it.
+        XCTAssertTrue(policy.contains("; require-trusted-types-for 'script'; trusted-types 'none'"), policy)
+        XCTAssertEqual(page.header("cross-origin-opener-policy"), "same-origin")
+        XCTAssertEqual(page.header("referrer-policy"), "no-referrer")
         // Every file the page names is served, with the type a module needs.
         for match in page.bodyText.matches(of: /(?:src|href)="(\/console\/[a-z.]+)"/) {
             XCTAssertEqual(try admin(server, "GET", String(match.1)).status, 200, String(match.1))
