@@ -101,6 +101,73 @@ final class ConsoleAPITests: EndToEndTestCase {
             code: "not_found")
     }
 
+    /// The admin listener is not a second door to the app: no app route answers there, with an
+    /// app user's token or without.
+    func testTheAdminListenerServesNoAppRoute() throws {
+        let server = try startServer(["TRUNK_SYNC_ADMIN_EMAILS": Self.operatorEmail])
+        let (appToken, user) = try appSession(server, "member@example.com")
+        XCTAssertEqual(try send(server, "GET", "/auth/v1/user", token: appToken).status, 200)
+        for (method, path, body) in [
+            ("POST", "/auth/v1/otp", #"{"email":"ops@example.com"}"#), ("GET", "/auth/v1/user", nil),
+            ("POST", "/auth/v1/logout", nil), ("GET", "/sync/v1/events?after=0", nil), ("GET", "/sync/v1/export", nil),
+            ("GET", "/rest/v1/events?select=*", nil), ("GET", "/openapi.json", nil),
+            ("GET", "/realtime/v1/websocket", nil), ("GET", "/clients/web/trunk-sync.js", nil),
+            ("GET", "/admin/v1/users/\(user)/../../../sync/v1/events", nil),
+        ] {
+            for bearer in [nil, appToken] {
+                // In the shape of the path's family, as on the public listener (PostgREST's for /rest/v1).
+                assertJSONError(
+                    try admin(server, method, path, body: body, bearer: bearer), status: 404,
+                    code: path.hasPrefix("/rest/v1/") ? "PGRST125" : "not_found")
+            }
+        }
+        XCTAssertEqual(try send(server, "GET", "/auth/v1/user", token: appToken).status, 200, "the session is live")
+    }
+
+    /// An app's origin that `TRUNK_SYNC_CORS_ORIGINS` allows (or `*`) gets CORS from the public
+    /// listener only: the admin listener grants it no preflight and answers none of its
+    /// requests, so its pages cannot call the console's API with the operator's cookie.
+    func testCORSOriginsOpenNothingOnTheAdminListener() throws {
+        for origins in ["http://app.example", "*"] {
+            let sink = try SMTPSink()
+            defer { sink.stop() }
+            let server = try startConsoleServer(sink, ["TRUNK_SYNC_CORS_ORIGINS": origins])
+            let preflight = [
+                ("Origin", "http://app.example"), ("Access-Control-Request-Method", "DELETE"),
+                ("Access-Control-Request-Headers", "content-type, x-trunk-sync-console"),
+            ]
+            let (granted, _) = try server.exchange(request("OPTIONS", "/auth/v1/user", headers: preflight))
+            XCTAssertNotNil(granted.header("access-control-allow-origin"), "the setting is on: \(origins)")
+            let token = try signIn(server, sink)
+            let user = try appSession(server, "member-\(UUID().uuidString.prefix(8))@example.com").user
+            for path in ["/admin/v1/users/\(user)", "/admin/v1/users", "/admin/v1/session", "/metrics", "/console/"] {
+                let refused = try server.adminExchange(request("OPTIONS", path, headers: preflight))
+                assertJSONError(refused, status: 403, code: "origin_not_allowed")
+                XCTAssertNil(refused.header("access-control-allow-origin"), path)
+                XCTAssertNil(refused.header("access-control-allow-methods"), path)
+                let asked = try server.adminExchange(
+                    request(
+                        "GET", path,
+                        headers: [
+                            ("Origin", "http://app.example"), ("Cookie", "trunk_sync_console=\(token)"),
+                            ("X-Trunk-Sync-Console", "1"),
+                        ]))
+                assertJSONError(asked, status: 403, code: "origin_not_allowed")
+                XCTAssertNil(asked.header("access-control-allow-origin"), path)
+            }
+            let deletion = try server.adminExchange(
+                request(
+                    "DELETE", "/admin/v1/users/\(user)",
+                    headers: [
+                        ("Origin", "http://app.example"), ("Cookie", "trunk_sync_console=\(token)"),
+                        ("X-Trunk-Sync-Console", "1"), ("Content-Type", "application/json"),
+                    ], body: #"{"confirm_email":"x@example.com"}"#))
+            assertJSONError(deletion, status: 403, code: "origin_not_allowed")
+            XCTAssertEqual(try admin(server, "GET", "/admin/v1/users/\(user)", cookie: token).status, 200)
+            XCTAssertEqual(server.stop(), 0)
+        }
+    }
+
     func testThePageIsServedWithAStrictContentSecurityPolicy() throws {
         let server = try startServer()
         let redirect = try admin(server, "GET", "/console")
