@@ -11,6 +11,10 @@ const nav = document.getElementById('nav');
 const who = document.getElementById('who');
 const signOutButton = document.getElementById('sign-out');
 
+/** A user's address in the page (#/users/<id>): a UUID and nothing else, so a link cannot make
+ * the page request another path (`..`) or fail on a malformed escape. */
+const userID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
 let session = null;
 let enabled = false;
 /** Bumped on every navigation: views that outlive theirs (the overview's refresh) stop. */
@@ -57,8 +61,8 @@ async function route() {
     await renderOverview(main, isCurrent);
   } else if (parts[0] === 'users' && parts.length === 1) {
     await renderUsers(main, params, go, message);
-  } else if (parts[0] === 'users' && parts.length === 2) {
-    await renderUser(main, decodeURIComponent(parts[1]), go);
+  } else if (parts[0] === 'users' && parts.length === 2 && userID.test(parts[1])) {
+    await renderUser(main, parts[1].toLowerCase(), go);
   } else {
     replace(main, h('section', { class: 'panel' }, h('h1', {}, 'Not found'),
       h('p', {}, h('a', { href: '#/' }, 'Overview'))));

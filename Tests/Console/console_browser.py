@@ -417,6 +417,18 @@ try:
     console_errors()
     step("markup in a user's data shows as text and runs nothing")
 
+    # A link into the console names a user by id and nothing else: a dot segment would make the
+    # page request another path (/admin/v1/users/.. is /admin/v1/), a bad escape would throw.
+    for bad in ["..", "%2E%2E", "%E0%A4%A", "not-a-user", f"{hostile_id}%2F..", f"{hostile_id}x"]:
+        driver.get(f"{ADMIN}/console/#/users")
+        find("#users")
+        driver.get(f"{ADMIN}/console/#/users/{bad}")
+        text_in("#main h1", "Not found")
+    driver.get(f"{ADMIN}/console/#/users/{hostile_id.upper()}")
+    text_in("#user-email", hostile_email)
+    console_errors()
+    step("a link with anything but a user id opens nothing")
+
     # The browser itself holds the page to building from text: HTML from a string is refused.
     refused = driver.execute_script("""
         const sinks = {

@@ -33,6 +33,7 @@ final class ConsoleBrowserTests: EndToEndTestCase {
             "found the user and opened their events", "events filtered by type",
             "revoked a session and its token is refused", "exported the user's events", "deleted the user",
             "overview charts: empty state", "markup in a user's data shows as text and runs nothing",
+            "a link with anything but a user id opens nothing",
             "trusted types refuse HTML from strings", "another origin cannot use the console or load its answers",
             "a sign-out that fails says so and keeps the session", "signed out",
             "no console errors",
