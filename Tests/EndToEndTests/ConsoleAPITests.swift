@@ -292,6 +292,56 @@ final class ConsoleAPITests: EndToEndTestCase {
         XCTAssertEqual(try sink.received().count, 0)
     }
 
+    /// Brute force: a console code dies after `TRUNK_SYNC_OTP_MAX_ATTEMPTS` wrong guesses, the
+    /// address locks after `TRUNK_SYNC_OTP_FAILURE_LIMIT` refusals (the right code refused
+    /// too), and a client is held to the verify rate limit. Each is counted apart from the
+    /// app's: guessing at the console locks nobody out of the app.
+    func testConsoleCodesDieAfterTheirAttemptsAndTheAddressLocks() throws {
+        let sink = try SMTPSink()
+        defer { sink.stop() }
+        let server = try startConsoleServer(
+            sink,
+            [
+                "TRUNK_SYNC_OTP_MAX_ATTEMPTS": "3", "TRUNK_SYNC_OTP_FAILURE_LIMIT": "5/3600",
+                "TRUNK_SYNC_OTP_RESEND_INTERVAL": "0", "TRUNK_SYNC_RATE_LIMIT_VERIFY": "6/300",
+            ])
+        func verify(_ code: String) throws -> RawResponse {
+            try admin(server, "POST", "/admin/v1/auth/verify", body: #"{"email":"ops@example.com","code":"\#(code)"}"#)
+        }
+        func askForCode() throws {
+            let asked = try admin(server, "POST", "/admin/v1/auth/otp", body: #"{"email":"ops@example.com"}"#)
+            XCTAssertEqual(asked.status, 200, asked.bodyText)
+        }
+        func wrong(_ code: String) -> String { code == "000000" ? "111111" : "000000" }
+
+        try askForCode()
+        let first = try mailedCode(sink, to: Self.operatorEmail)
+        for _ in 1...3 { assertJSONError(try verify(wrong(first)), status: 403, code: "otp_expired") }
+        let dead = try verify(first)
+        assertJSONError(dead, status: 403, code: "otp_expired")
+        XCTAssertNil(dead.header("set-cookie"), "the code died after 3 wrong guesses")
+
+        // Five refusals for the address: it is locked, and a fresh code's right value is refused.
+        try askForCode()
+        let second = try mailedCode(sink, to: Self.operatorEmail, count: 2)
+        assertJSONError(try verify(wrong(second)), status: 403, code: "otp_expired")
+        let locked = try verify(second)
+        assertJSONError(locked, status: 403, code: "otp_expired")
+        XCTAssertNil(locked.header("set-cookie"), "locked")
+        XCTAssertNotNil(server.stderr.waitForLine(containing: "sign-in locked", timeout: 5))
+
+        // The client's seventh console verify in the window: 429, before anything is checked.
+        XCTAssertEqual(try verify(second).status, 429)
+
+        // The app's sign-in for the same address, from the same client, is counted apart.
+        XCTAssertEqual(try send(server, "POST", "/auth/v1/otp", body: #"{"email":"ops@example.com"}"#).status, 200)
+        let appCode = try mailedCode(sink, to: Self.operatorEmail, count: 3)
+        let appSignIn = try send(
+            server, "POST", "/auth/v1/verify",
+            body: #"{"email":"ops@example.com","token":"\#(appCode)","type":"email"}"#)
+        XCTAssertEqual(appSignIn.status, 200, appSignIn.bodyText)
+    }
+
     // MARK: - Authorisation
 
     func testEveryRouteWantsAConsoleSessionAndNothingElse() throws {
