@@ -69,11 +69,23 @@ async function route() {
   }
 }
 
-whenSignedOut(() => {
+// The console's other tabs (one cookie, one session): when one learns the session ended (its
+// sign-out, or a 401), they all show the sign-in page, so no tab left open keeps showing
+// users' data after the operator signed out.
+const tabs = typeof BroadcastChannel === 'function' ? new BroadcastChannel('trunk-sync-console') : null;
+
+function signedOut({ tell }) {
+  if (tell) tabs?.postMessage('signed-out');
   if (!session) return;
   showSignedIn(null);
   route();
+}
+
+tabs?.addEventListener('message', (event) => {
+  if (event.data === 'signed-out') signedOut({ tell: false });
 });
+
+whenSignedOut(() => signedOut({ tell: true }));
 
 // Signed out only once the server ended the session (or says it had ended): a sign-out that
 // did not reach it leaves the session live and its cookie in the browser, so the page says
@@ -92,8 +104,7 @@ signOutButton.addEventListener('click', async () => {
   } finally {
     signOutButton.disabled = false;
   }
-  showSignedIn(null);
-  route();
+  signedOut({ tell: true });
 });
 
 window.addEventListener('hashchange', route);

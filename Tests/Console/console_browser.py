@@ -14,7 +14,7 @@ the page's Trusted Types refuse HTML from strings; a page of another origin on t
 (the public listener's, as an app's would be) can neither call the console's API with the
 operator's cookie, nor load the admin listener's answers, nor keep a handle on a console
 window it opens. Last, a sign-out that does not reach the server says so and keeps the
-session; one that does ends it. No step may leave an error in the browser's console other
+session; one that does ends it, in every tab of the console. No step may leave an error in the browser's console other
 than the refusals it provokes. Prints `ok <step>` per step and writes a screenshot of each page into
 SCREENSHOT_DIR.
 """
@@ -515,15 +515,28 @@ try:
     console_errors(allowed=("ERR_BLOCKED_BY_CLIENT",))
     step("a sign-out that fails says so and keeps the session")
 
+    # A second tab shows the hostile user; signing out in the first signs it out too.
+    first_tab = driver.current_window_handle
+    driver.switch_to.new_window("tab")
+    second_tab = driver.current_window_handle
+    driver.get(f"{ADMIN}/console/#/users/{hostile_id}")
+    text_in("#user-email", hostile_email)
+    driver.switch_to.window(first_tab)
     clickable("#sign-out").click()
     visible("#email-form")
+    driver.switch_to.window(second_tab)
+    visible("#email-form")
+    assert hostile_email not in driver.find_element(By.TAG_NAME, "body").text
+    console_errors()
+    driver.close()
+    driver.switch_to.window(first_tab)
     assert not console_cookie()
     status, _ = http("GET", f"{ADMIN}/admin/v1/overview", token=token)
     assert status == 401, "the session ended on the server"
     page_text = driver.find_element(By.TAG_NAME, "body").text
     assert OPERATOR not in page_text and hostile_email not in page_text, page_text
     console_errors()
-    step("signed out")
+    step("signed out, in every tab")
 except BaseException:
     shot("failure")
     print("page at failure:", driver.current_url, driver.find_element(By.TAG_NAME, "body").text, file=sys.stderr)

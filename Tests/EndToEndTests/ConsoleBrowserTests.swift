@@ -35,7 +35,7 @@ final class ConsoleBrowserTests: EndToEndTestCase {
             "overview charts: empty state", "markup in a user's data shows as text and runs nothing",
             "a link with anything but a user id opens nothing",
             "trusted types refuse HTML from strings", "another origin cannot use the console or load its answers",
-            "a sign-out that fails says so and keeps the session", "signed out",
+            "a sign-out that fails says so and keeps the session", "signed out, in every tab",
             "no console errors",
         ] {
             XCTAssertTrue(
