@@ -8,8 +8,14 @@ app user through the public API (sign-in by mailed code, two sessions, events), 
 browser: a non-operator cannot sign in; the operator signs in with the code from the sink,
 sees the overview, finds the user, opens their events (formatted payloads, type filter),
 revokes one session (whose token the API then refuses), exports and deletes the user (whose
-other token the API then refuses), and signs out. No step may leave an error in the
-browser's console. Prints `ok <step>` per step and writes a screenshot of each page into
+other token the API then refuses). Then the attacker's side: a user whose name, metadata,
+user agent, event types and payloads are HTML and script is shown as text and runs nothing;
+the page's Trusted Types refuse HTML from strings; a page of another origin on the same host
+(the public listener's, as an app's would be) can neither call the console's API with the
+operator's cookie, nor load the admin listener's answers, nor keep a handle on a console
+window it opens. Last, a sign-out that does not reach the server says so and keeps the
+session; one that does ends it, in every tab of the console. No step may leave an error in the browser's console other
+than the refusals it provokes. Prints `ok <step>` per step and writes a screenshot of each page into
 SCREENSHOT_DIR.
 """
 import base64
@@ -20,6 +26,7 @@ import re
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 
@@ -38,7 +45,7 @@ def step(name):
     print(f"ok {name}", flush=True)
 
 
-def http(method, url, body=None, token=None):
+def http(method, url, body=None, token=None, headers=None):
     """(status, parsed JSON or None) of a request to the server."""
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method=method)
@@ -46,6 +53,8 @@ def http(method, url, body=None, token=None):
         request.add_header("Content-Type", "application/json")
     if token:
         request.add_header("Authorization", f"Bearer {token}")
+    for name, value in (headers or {}).items():
+        request.add_header(name, value)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             text = response.read()
@@ -77,18 +86,19 @@ def code_for(address, count):
     raise AssertionError(f"no mail number {count} for {address}")
 
 
-def app_sign_in(number):
-    """A new app session for MEMBER, by the `number`-th code mailed to it. The server runs
+def app_sign_in(number, email=MEMBER, user_agent=None):
+    """A new app session for `email`, by the `number`-th code mailed to it. The server runs
     with a resend interval of 1 s: a 429 is waited out as its Retry-After says."""
     deadline = time.monotonic() + 15
     while True:
-        status, _ = http("POST", f"{PUBLIC}/auth/v1/otp", {"email": MEMBER})
+        status, _ = http("POST", f"{PUBLIC}/auth/v1/otp", {"email": email})
         if status != 429 or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     assert status == 200, status
-    code = code_for(MEMBER, number)
-    status, session = http("POST", f"{PUBLIC}/auth/v1/verify", {"email": MEMBER, "token": code, "type": "email"})
+    code = code_for(email, number)
+    status, session = http("POST", f"{PUBLIC}/auth/v1/verify", {"email": email, "token": code, "type": "email"},
+                           headers={"User-Agent": user_agent} if user_agent else None)
     assert status == 200, (status, session)
     return session
 
@@ -337,11 +347,196 @@ try:
     console_errors()
     step("overview charts: empty state")
 
+    # --- The attacker's side ------------------------------------------------------------
+    # A user whose every field the console shows is markup or script: each would set
+    # window.__xss if the page ever parsed it. Made through the public API, as any app user can.
+    hostile_email = f"o'hara&co=1-{uuid.uuid4().hex[:8]}@example.com"
+    hostile_agent = '<img src=x onerror="window.__xss=\'agent\'">'
+    hostile_session = app_sign_in(1, hostile_email, user_agent=hostile_agent)
+    hostile_token = hostile_session["access_token"]
+    hostile_id = hostile_session["user"]["id"]
+    hostile_name = '<img src=x onerror="window.__xss=\'name\'">"><script>window.__xss=\'name2\'</script>'
+    metadata = {"full_name": hostile_name, "bio": "</pre><svg onload=\"window.__xss='bio'\"></svg>",
+                "website": "javascript:window.__xss='link'",
+                "<b onmouseover=\"window.__xss='key'\">key</b>": "'><iframe srcdoc=\"<script>parent.__xss='frame'</script>\">",
+                "spreadsheet": "=HYPERLINK(\"http://evil.example\",\"x\")"}
+    status, body = http("PUT", f"{PUBLIC}/auth/v1/user", {"data": metadata}, hostile_token)
+    assert status == 200, (status, body)
+    hostile_type = '<img src=x onerror="window.__xss=\'type\'">'
+    hostile_payload = {"html": "</pre><script>window.__xss='payload'</script>",
+                       "<img src=x onerror=\"window.__xss='payload-key'\">": ["\"><svg onload=\"window.__xss='nested'\">"],
+                       "formula": "=cmd|' /C calc'!A0"}
+    status, pushed = http("POST", f"{PUBLIC}/sync/v1/events", {"events": [
+        {"client_id": str(uuid.uuid4()), "type": hostile_type, "payload": hostile_payload,
+         "client_timestamp": "2026-11-22T04:10:02.123Z"}]}, hostile_token)
+    assert status == 200, (status, pushed)
+
+    def nothing_ran():
+        assert driver.execute_script("return window.__xss") is None, driver.execute_script("return window.__xss")
+        counts = driver.execute_script("""return {
+            img: document.querySelectorAll('img').length, script: document.scripts.length,
+            svg: document.querySelectorAll('main svg').length, iframe: document.querySelectorAll('iframe').length,
+            b: document.querySelectorAll('b').length}""")
+        # The brand icon and the page's one module; no element made from data.
+        assert counts == {"img": 1, "script": 1, "svg": 0, "iframe": 0, "b": 0}, counts
+
+    # A search for markup: shown back as text.
+    hostile_search = '<img src=x onerror="window.__xss=\'search\'">'
+    driver.get(f"{ADMIN}/console/#/users?" + urllib.parse.urlencode({"q": hostile_search}))
+    text_in("#no-users", hostile_search)
+    nothing_ran()
+    search = visible("#user-search")
+    assert search.get_attribute("value") == hostile_search
+    search.clear()
+    search.send_keys("o'hara&co")
+    clickable("#user-search-form button").click()
+    link = wait.until(EC.element_to_be_clickable((By.LINK_TEXT, hostile_email)))
+    assert link.get_attribute("href").endswith(f"#/users/{hostile_id}"), link.get_attribute("href")
+    link.click()
+    text_in("#user-email", hostile_email)
+    find("#session-table td.agent")
+    articles = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#event-list article.event"))
+    assert len(articles) == 1, len(articles)
+    profile = {dt.text: dd for dt, dd in zip(driver.find_elements(By.CSS_SELECTOR, "dl.profile dt"),
+                                             driver.find_elements(By.CSS_SELECTOR, "dl.profile dd"))}
+    assert profile["Name"].text == hostile_name, profile["Name"].text
+    shown_metadata = json.loads(profile["User metadata"].find_element(By.CSS_SELECTOR, "pre").text)
+    assert all(shown_metadata.get(key) == value for key, value in metadata.items()), shown_metadata
+    assert driver.find_element(By.CSS_SELECTOR, "#session-table td.agent").text == hostile_agent
+    assert articles[0].find_element(By.CSS_SELECTOR, ".tag").text == hostile_type
+    assert json.loads(articles[0].find_element(By.CSS_SELECTOR, "pre.json").text) == hostile_payload
+    options = [o.get_attribute("value") for o in driver.find_elements(By.CSS_SELECTOR, "#event-type option")]
+    assert options == ["", hostile_type], options
+    Select(find("#event-type")).select_by_index(1)  # its value is the markup: no CSS selector for it
+    clickable("#event-filter button").click()
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#event-list article.event")) == 1)
+    clickable("#delete").click()
+    text_in("#delete-form", f"This deletes {hostile_email},")
+    nothing_ran()
+    shot("07-hostile-user")
+    console_errors()
+    step("markup in a user's data shows as text and runs nothing")
+
+    # A link into the console names a user by id and nothing else: a dot segment would make the
+    # page request another path (/admin/v1/users/.. is /admin/v1/), a bad escape would throw.
+    for bad in ["..", "%2E%2E", "%E0%A4%A", "not-a-user", f"{hostile_id}%2F..", f"{hostile_id}x"]:
+        driver.get(f"{ADMIN}/console/#/users")
+        find("#users")
+        driver.get(f"{ADMIN}/console/#/users/{bad}")
+        text_in("#main h1", "Not found")
+    driver.get(f"{ADMIN}/console/#/users/{hostile_id.upper()}")
+    text_in("#user-email", hostile_email)
+    console_errors()
+    step("a link with anything but a user id opens nothing")
+
+    # The browser itself holds the page to building from text: HTML from a string is refused.
+    refused = driver.execute_script("""
+        const sinks = {
+          innerHTML: () => { document.getElementById('main').innerHTML = '<img src=x>'; },
+          insertAdjacentHTML: () => document.body.insertAdjacentHTML('beforeend', '<img src=x>'),
+          scriptText: () => { document.createElement('script').text = 'window.__xss = 1'; },
+        };
+        return Object.fromEntries(Object.entries(sinks).map(([name, sink]) => {
+          try { sink(); return [name, 'accepted']; } catch (error) { return [name, error.name]; }
+        }));""")
+    assert refused == {"innerHTML": "TypeError", "insertAdjacentHTML": "TypeError", "scriptText": "TypeError"}, refused
+    nothing_ran()
+    console_errors(allowed=("TrustedHTML", "TrustedScript", "Trusted Type"))
+    step("trusted types refuse HTML from strings")
+
+    # Another origin on the same host: the public listener's (an app's page, which
+    # TRUNK_SYNC_CORS_ORIGINS may name). Same site, so the browser sends the SameSite=Strict
+    # cookie along: what keeps it out is the Origin check, the console's header and CORS.
+    token = console_cookie()[0]["value"]
+    driver.get(f"{PUBLIC}/healthz")
+    outcome = driver.execute_async_script("""
+        const [admin, id, email, done] = arguments;
+        const outcome = {};
+        const attempt = async (name, request) => {
+          try { const r = await request(); outcome[name] = `answered ${r.type} ${r.status}`; }
+          catch (error) { outcome[name] = 'refused'; }
+        };
+        (async () => {
+          await attempt('read users', () => fetch(admin + '/admin/v1/users',
+            { credentials: 'include', headers: { 'X-Trunk-Sync-Console': '1' } }));
+          await attempt('delete user', () => fetch(admin + '/admin/v1/users/' + id, { method: 'DELETE',
+            credentials: 'include', headers: { 'X-Trunk-Sync-Console': '1', 'Content-Type': 'application/json' },
+            body: JSON.stringify({ confirm_email: email }) }));
+          await attempt('sign out (no-cors)', () => fetch(admin + '/admin/v1/auth/logout',
+            { method: 'POST', mode: 'no-cors', credentials: 'include', body: '{}' }));
+          await attempt('load a console file (no-cors)', () => fetch(admin + '/console/icon.svg',
+            { mode: 'no-cors', credentials: 'include' }));
+          await attempt('load metrics (no-cors)', () => fetch(admin + '/metrics', { mode: 'no-cors' }));
+          const image = new Image();
+          image.src = admin + '/console/icon.svg';
+          outcome['image'] = await new Promise((resolve) => {
+            image.onload = () => resolve('loaded');
+            image.onerror = () => resolve('refused');
+          });
+          done(outcome);
+        })();""", ADMIN, hostile_id, hostile_email)
+    # The no-cors sign-out is sent, cookie and all, and refused by the server for its Origin;
+    # its answer (as every admin answer, Cross-Origin-Resource-Policy) is not even handed over.
+    assert outcome == {"read users": "refused", "delete user": "refused", "sign out (no-cors)": "refused",
+                       "load a console file (no-cors)": "refused", "load metrics (no-cors)": "refused",
+                       "image": "refused"}, outcome
+    # The session and the user are untouched.
+    status, state = http("GET", f"{ADMIN}/admin/v1/session", token=token)
+    assert status == 200 and state["signed_in"], (status, state)
+    assert http("GET", f"{ADMIN}/admin/v1/users/{hostile_id}", token=token)[0] == 200
+    # A console window it opens is out of its reach (Cross-Origin-Opener-Policy): its handle
+    # reads as closed once the console loaded.
+    main_window = driver.current_window_handle
+    driver.execute_script("window.console_window = window.open(arguments[0] + '/console/')", ADMIN)
+    WebDriverWait(driver, 15).until(lambda d: len(d.window_handles) == 2)
+    popup = [handle for handle in driver.window_handles if handle != main_window][0]
+    driver.switch_to.window(popup)
+    visible("#nav")
+    driver.switch_to.window(main_window)
+    WebDriverWait(driver, 15).until(lambda d: d.execute_script("return window.console_window.closed"))
+    driver.switch_to.window(popup)
+    driver.close()
+    driver.switch_to.window(main_window)
+    console_errors(allowed=("CORS policy", "ERR_BLOCKED_BY_RESPONSE", "ERR_FAILED", "status of 403",
+                            "favicon.ico"))
+    step("another origin cannot use the console or load its answers")
+
+    # A sign-out that cannot reach the server: the page says so, stays signed in, keeps the
+    # cookie; the session is live.
+    driver.get(f"{ADMIN}/console/")
+    visible("#nav")
+    driver.execute_cdp_cmd("Network.enable", {})
+    driver.execute_cdp_cmd("Network.setBlockedURLs", {"urls": ["*/admin/v1/auth/logout"]})
+    clickable("#sign-out").click()
+    text_in("#sign-out-failed", "Not signed out")
+    assert driver.find_element(By.ID, "nav").is_displayed() and console_cookie()
+    assert http("GET", f"{ADMIN}/admin/v1/session", token=token)[1]["signed_in"]
+    driver.execute_cdp_cmd("Network.setBlockedURLs", {"urls": []})
+    console_errors(allowed=("ERR_BLOCKED_BY_CLIENT",))
+    step("a sign-out that fails says so and keeps the session")
+
+    # A second tab shows the hostile user; signing out in the first signs it out too.
+    first_tab = driver.current_window_handle
+    driver.switch_to.new_window("tab")
+    second_tab = driver.current_window_handle
+    driver.get(f"{ADMIN}/console/#/users/{hostile_id}")
+    text_in("#user-email", hostile_email)
+    driver.switch_to.window(first_tab)
     clickable("#sign-out").click()
     visible("#email-form")
-    assert not console_cookie()
+    driver.switch_to.window(second_tab)
+    visible("#email-form")
+    assert hostile_email not in driver.find_element(By.TAG_NAME, "body").text
     console_errors()
-    step("signed out")
+    driver.close()
+    driver.switch_to.window(first_tab)
+    assert not console_cookie()
+    status, _ = http("GET", f"{ADMIN}/admin/v1/overview", token=token)
+    assert status == 401, "the session ended on the server"
+    page_text = driver.find_element(By.TAG_NAME, "body").text
+    assert OPERATOR not in page_text and hostile_email not in page_text, page_text
+    console_errors()
+    step("signed out, in every tab")
 except BaseException:
     shot("failure")
     print("page at failure:", driver.current_url, driver.find_element(By.TAG_NAME, "body").text, file=sys.stderr)

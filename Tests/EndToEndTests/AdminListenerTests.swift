@@ -125,6 +125,49 @@ final class AdminListenerTests: EndToEndTestCase {
             code: "console_unauthorized")
     }
 
+    /// Every answer of the admin listener, whoever gives it (a route, the router's `404`, the
+    /// guard's refusals, the console's errors), is never cached, never read as another type,
+    /// and loaded by no page of another origin (`Cross-Origin-Resource-Policy`): an app's page
+    /// on the same host could otherwise embed `/metrics` or any answer with `<img>` or a
+    /// `no-cors` fetch. Only the page's own files may be kept, and revalidated (`no-cache`).
+    func testEveryAdminAnswerIsUncachedUnsniffedAndForItsOwnOriginOnly() throws {
+        let server = try startServer(["TRUNK_SYNC_ADMIN_EMAILS": "ops@example.com"])
+        let host = "localhost:\(server.adminPort)"
+        let json = [("Content-Type", "application/json")]
+        let verify = #"{"email":"ops@example.com","code":"000000"}"#
+        let cases: [(String, String, String, [(String, String)], String?, Int)] = [
+            ("GET", "/metrics", host, [], nil, 200), ("GET", "/healthz", host, [], nil, 200),
+            ("GET", "/readyz", host, [], nil, 200), ("GET", "/", host, [], nil, 200),
+            ("GET", "/admin/v1/session", host, [], nil, 200), ("OPTIONS", "/admin/v1/users", host, [], nil, 204),
+            ("GET", "/nothing-here", host, [], nil, 404), ("DELETE", "/metrics", host, [], nil, 405),
+            ("GET", "/console/nothing.js", host, [], nil, 404), ("GET", "/admin/v1/users", host, [], nil, 401),
+            ("GET", "/admin/v1/users", host, [("Cookie", "trunk_sync_console=tsc_x")], nil, 403),
+            ("POST", "/admin/v1/auth/verify", host, json, verify, 403),
+            ("POST", "/admin/v1/auth/verify", host, [("Content-Type", "text/plain")], verify, 415),
+            ("POST", "/admin/v1/auth/otp", host, json, "{", 400),
+            ("GET", "/metrics", "rebind.example", [], nil, 421),
+            ("GET", "/admin/v1/session", host, [("Origin", "http://localhost:1")], nil, 403),
+        ]
+        for (method, path, host, headers, body, status) in cases {
+            let answer = try server.adminExchange(raw(method, path, host: host, headers: headers, body: body))
+            let name = "\(method) \(path) (\(status))"
+            XCTAssertEqual(answer.status, status, "\(name): \(answer.bodyText)")
+            XCTAssertEqual(answer.header("cache-control"), "no-store", name)
+            XCTAssertEqual(answer.header("x-content-type-options"), "nosniff", name)
+            XCTAssertEqual(answer.header("cross-origin-resource-policy"), "same-origin", name)
+        }
+        for file in ["/console/", "/console/app.js", "/console/icon.svg"] {
+            let answer = try server.adminExchange(raw("GET", file, host: host))
+            XCTAssertEqual(answer.status, 200, file)
+            XCTAssertEqual(answer.header("cache-control"), "no-cache", file)
+            XCTAssertEqual(answer.header("x-content-type-options"), "nosniff", file)
+            XCTAssertEqual(answer.header("cross-origin-resource-policy"), "same-origin", file)
+        }
+        // The public listener is not made same-origin-only: apps on other origins use it.
+        let (publicAnswer, _) = try server.exchange(request("GET", "/healthz"))
+        XCTAssertNil(publicAnswer.header("cross-origin-resource-policy"))
+    }
+
     func testPublicReadinessRevealsNoReasonWhileTheAdminListenerAndTheLogDo() throws {
         // The server's migrations directory has one migration the database lacks.
         let directory = NSTemporaryDirectory() + "migrations-\(UUID().uuidString)"

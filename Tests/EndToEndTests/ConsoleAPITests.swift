@@ -101,6 +101,73 @@ final class ConsoleAPITests: EndToEndTestCase {
             code: "not_found")
     }
 
+    /// The admin listener is not a second door to the app: no app route answers there, with an
+    /// app user's token or without.
+    func testTheAdminListenerServesNoAppRoute() throws {
+        let server = try startServer(["TRUNK_SYNC_ADMIN_EMAILS": Self.operatorEmail])
+        let (appToken, user) = try appSession(server, "member@example.com")
+        XCTAssertEqual(try send(server, "GET", "/auth/v1/user", token: appToken).status, 200)
+        for (method, path, body) in [
+            ("POST", "/auth/v1/otp", #"{"email":"ops@example.com"}"#), ("GET", "/auth/v1/user", nil),
+            ("POST", "/auth/v1/logout", nil), ("GET", "/sync/v1/events?after=0", nil), ("GET", "/sync/v1/export", nil),
+            ("GET", "/rest/v1/events?select=*", nil), ("GET", "/openapi.json", nil),
+            ("GET", "/realtime/v1/websocket", nil), ("GET", "/clients/web/trunk-sync.js", nil),
+            ("GET", "/admin/v1/users/\(user)/../../../sync/v1/events", nil),
+        ] {
+            for bearer in [nil, appToken] {
+                // In the shape of the path's family, as on the public listener (PostgREST's for /rest/v1).
+                assertJSONError(
+                    try admin(server, method, path, body: body, bearer: bearer), status: 404,
+                    code: path.hasPrefix("/rest/v1/") ? "PGRST125" : "not_found")
+            }
+        }
+        XCTAssertEqual(try send(server, "GET", "/auth/v1/user", token: appToken).status, 200, "the session is live")
+    }
+
+    /// An app's origin that `TRUNK_SYNC_CORS_ORIGINS` allows (or `*`) gets CORS from the public
+    /// listener only: the admin listener grants it no preflight and answers none of its
+    /// requests, so its pages cannot call the console's API with the operator's cookie.
+    func testCORSOriginsOpenNothingOnTheAdminListener() throws {
+        for origins in ["http://app.example", "*"] {
+            let sink = try SMTPSink()
+            defer { sink.stop() }
+            let server = try startConsoleServer(sink, ["TRUNK_SYNC_CORS_ORIGINS": origins])
+            let preflight = [
+                ("Origin", "http://app.example"), ("Access-Control-Request-Method", "DELETE"),
+                ("Access-Control-Request-Headers", "content-type, x-trunk-sync-console"),
+            ]
+            let (granted, _) = try server.exchange(request("OPTIONS", "/auth/v1/user", headers: preflight))
+            XCTAssertNotNil(granted.header("access-control-allow-origin"), "the setting is on: \(origins)")
+            let token = try signIn(server, sink)
+            let user = try appSession(server, "member-\(UUID().uuidString.prefix(8))@example.com").user
+            for path in ["/admin/v1/users/\(user)", "/admin/v1/users", "/admin/v1/session", "/metrics", "/console/"] {
+                let refused = try server.adminExchange(request("OPTIONS", path, headers: preflight))
+                assertJSONError(refused, status: 403, code: "origin_not_allowed")
+                XCTAssertNil(refused.header("access-control-allow-origin"), path)
+                XCTAssertNil(refused.header("access-control-allow-methods"), path)
+                let asked = try server.adminExchange(
+                    request(
+                        "GET", path,
+                        headers: [
+                            ("Origin", "http://app.example"), ("Cookie", "trunk_sync_console=\(token)"),
+                            ("X-Trunk-Sync-Console", "1"),
+                        ]))
+                assertJSONError(asked, status: 403, code: "origin_not_allowed")
+                XCTAssertNil(asked.header("access-control-allow-origin"), path)
+            }
+            let deletion = try server.adminExchange(
+                request(
+                    "DELETE", "/admin/v1/users/\(user)",
+                    headers: [
+                        ("Origin", "http://app.example"), ("Cookie", "trunk_sync_console=\(token)"),
+                        ("X-Trunk-Sync-Console", "1"), ("Content-Type", "application/json"),
+                    ], body: #"{"confirm_email":"x@example.com"}"#))
+            assertJSONError(deletion, status: 403, code: "origin_not_allowed")
+            XCTAssertEqual(try admin(server, "GET", "/admin/v1/users/\(user)", cookie: token).status, 200)
+            XCTAssertEqual(server.stop(), 0)
+        }
+    }
+
     func testThePageIsServedWithAStrictContentSecurityPolicy() throws {
         let server = try startServer()
         let redirect = try admin(server, "GET", "/console")
@@ -115,6 +182,11 @@ final class ConsoleAPITests: EndToEndTestCase {
         XCTAssertFalse(policy.contains("unsafe"), policy)
         XCTAssertEqual(page.header("x-content-type-options"), "nosniff")
         XCTAssertEqual(page.header("x-frame-options"), "DENY")
+        // The browser refuses HTML and script from strings (Trusted Types, no policy), and a
+        // window of another origin that opens the console gets no handle on it.
+        XCTAssertTrue(policy.contains("; require-trusted-types-for 'script'; trusted-types 'none'"), policy)
+        XCTAssertEqual(page.header("cross-origin-opener-policy"), "same-origin")
+        XCTAssertEqual(page.header("referrer-policy"), "no-referrer")
         // Every file the page names is served, with the type a module needs.
         for match in page.bodyText.matches(of: /(?:src|href)="(\/console\/[a-z.]+)"/) {
             XCTAssertEqual(try admin(server, "GET", String(match.1)).status, 200, String(match.1))
@@ -218,6 +290,56 @@ final class ConsoleAPITests: EndToEndTestCase {
                 headers: [("Content-Type", "application/json"), ("Content-Length", "5000")]))
         assertJSONError(large, status: 413, code: "body_too_large")
         XCTAssertEqual(try sink.received().count, 0)
+    }
+
+    /// Brute force: a console code dies after `TRUNK_SYNC_OTP_MAX_ATTEMPTS` wrong guesses, the
+    /// address locks after `TRUNK_SYNC_OTP_FAILURE_LIMIT` refusals (the right code refused
+    /// too), and a client is held to the verify rate limit. Each is counted apart from the
+    /// app's: guessing at the console locks nobody out of the app.
+    func testConsoleCodesDieAfterTheirAttemptsAndTheAddressLocks() throws {
+        let sink = try SMTPSink()
+        defer { sink.stop() }
+        let server = try startConsoleServer(
+            sink,
+            [
+                "TRUNK_SYNC_OTP_MAX_ATTEMPTS": "3", "TRUNK_SYNC_OTP_FAILURE_LIMIT": "5/3600",
+                "TRUNK_SYNC_OTP_RESEND_INTERVAL": "0", "TRUNK_SYNC_RATE_LIMIT_VERIFY": "6/300",
+            ])
+        func verify(_ code: String) throws -> RawResponse {
+            try admin(server, "POST", "/admin/v1/auth/verify", body: #"{"email":"ops@example.com","code":"\#(code)"}"#)
+        }
+        func askForCode() throws {
+            let asked = try admin(server, "POST", "/admin/v1/auth/otp", body: #"{"email":"ops@example.com"}"#)
+            XCTAssertEqual(asked.status, 200, asked.bodyText)
+        }
+        func wrong(_ code: String) -> String { code == "000000" ? "111111" : "000000" }
+
+        try askForCode()
+        let first = try mailedCode(sink, to: Self.operatorEmail)
+        for _ in 1...3 { assertJSONError(try verify(wrong(first)), status: 403, code: "otp_expired") }
+        let dead = try verify(first)
+        assertJSONError(dead, status: 403, code: "otp_expired")
+        XCTAssertNil(dead.header("set-cookie"), "the code died after 3 wrong guesses")
+
+        // Five refusals for the address: it is locked, and a fresh code's right value is refused.
+        try askForCode()
+        let second = try mailedCode(sink, to: Self.operatorEmail, count: 2)
+        assertJSONError(try verify(wrong(second)), status: 403, code: "otp_expired")
+        let locked = try verify(second)
+        assertJSONError(locked, status: 403, code: "otp_expired")
+        XCTAssertNil(locked.header("set-cookie"), "locked")
+        XCTAssertNotNil(server.stderr.waitForLine(containing: "sign-in locked", timeout: 5))
+
+        // The client's seventh console verify in the window: 429, before anything is checked.
+        XCTAssertEqual(try verify(second).status, 429)
+
+        // The app's sign-in for the same address, from the same client, is counted apart.
+        XCTAssertEqual(try send(server, "POST", "/auth/v1/otp", body: #"{"email":"ops@example.com"}"#).status, 200)
+        let appCode = try mailedCode(sink, to: Self.operatorEmail, count: 3)
+        let appSignIn = try send(
+            server, "POST", "/auth/v1/verify",
+            body: #"{"email":"ops@example.com","token":"\#(appCode)","type":"email"}"#)
+        XCTAssertEqual(appSignIn.status, 200, appSignIn.bodyText)
     }
 
     // MARK: - Authorisation

@@ -32,13 +32,18 @@ final class ConsoleBrowserTests: EndToEndTestCase {
             "overview charts: requests per minute, events per day",
             "found the user and opened their events", "events filtered by type",
             "revoked a session and its token is refused", "exported the user's events", "deleted the user",
-            "overview charts: empty state", "signed out",
+            "overview charts: empty state", "markup in a user's data shows as text and runs nothing",
+            "a link with anything but a user id opens nothing",
+            "trusted types refuse HTML from strings", "another origin cannot use the console or load its answers",
+            "a sign-out that fails says so and keeps the session", "signed out, in every tab",
             "no console errors",
         ] {
             XCTAssertTrue(
                 result.stdout.contains("ok \(step)\n"), "missing step \(step): \(result.stdout)\(result.stderr)")
         }
-        for page in ["01-sign-in", "02-overview", "03-users", "04-user", "05-deleted", "06-overview-empty"] {
+        for page in [
+            "01-sign-in", "02-overview", "03-users", "04-user", "05-deleted", "06-overview-empty", "07-hostile-user",
+        ] {
             XCTAssertTrue(FileManager.default.fileExists(atPath: "\(screenshots)/\(page).png"), page)
         }
         // Every action on the user is in the log with the operator's address and the user's id.

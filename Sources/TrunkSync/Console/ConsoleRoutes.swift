@@ -63,11 +63,19 @@ struct ConsoleRoutes: Sendable {
 
     /// Headers of every console file: nothing but this listener's own files may load or
     /// run (no inline script or style, no other host), and no other site may frame it.
+    /// Trusted Types (`require-trusted-types-for 'script'` with no policy allowed) make the
+    /// browser refuse every HTML or script sink given a string (`innerHTML`,
+    /// `insertAdjacentHTML`, `document.write`, a `javascript:` URL…): the page builds its DOM
+    /// from text only, and the browser holds it to that, so data the app's users control
+    /// (names, metadata, event types and payloads, user agents) can never become markup. A
+    /// window of another origin that opens the console gets no handle on it
+    /// (`Cross-Origin-Opener-Policy`).
     static let pageHeaders: HTTPHeaders = [
         "Content-Security-Policy":
-            "default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'; object-src 'none'",
+            "default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'; object-src 'none'; "
+            + "require-trusted-types-for 'script'; trusted-types 'none'",
         "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
-        "Cache-Control": "no-cache",
+        "Cross-Origin-Opener-Policy": "same-origin", "Cache-Control": "no-cache",
     ]
 
     /// `/console/`: the page; `/console` redirects there so its relative links resolve.

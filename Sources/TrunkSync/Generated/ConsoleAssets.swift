@@ -75,7 +75,7 @@ export async function api(method, path, { query, body, raw } = {}) {
         "app.js": File(contentType: "text/javascript; charset=utf-8", bytes: Array(
             #"""
 // The console: which view the address (#/…) names, and whether someone is signed in.
-import { api, whenSignedOut } from './api.js';
+import { api, ApiError, whenSignedOut } from './api.js';
 import { h, replace } from './dom.js';
 import { renderOverview } from './overview.js';
 import { renderSignIn } from './signin.js';
@@ -86,6 +86,10 @@ const main = document.getElementById('main');
 const nav = document.getElementById('nav');
 const who = document.getElementById('who');
 const signOutButton = document.getElementById('sign-out');
+
+/** A user's address in the page (#/users/<id>): a UUID and nothing else, so a link cannot make
+ * the page request another path (`..`) or fail on a malformed escape. */
+const userID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 let session = null;
 let enabled = false;
@@ -133,27 +137,50 @@ async function route() {
     await renderOverview(main, isCurrent);
   } else if (parts[0] === 'users' && parts.length === 1) {
     await renderUsers(main, params, go, message);
-  } else if (parts[0] === 'users' && parts.length === 2) {
-    await renderUser(main, decodeURIComponent(parts[1]), go);
+  } else if (parts[0] === 'users' && parts.length === 2 && userID.test(parts[1])) {
+    await renderUser(main, parts[1].toLowerCase(), go);
   } else {
     replace(main, h('section', { class: 'panel' }, h('h1', {}, 'Not found'),
       h('p', {}, h('a', { href: '#/' }, 'Overview'))));
   }
 }
 
-whenSignedOut(() => {
+// The console's other tabs (one cookie, one session): when one learns the session ended (its
+// sign-out, or a 401), they all show the sign-in page, so no tab left open keeps showing
+// users' data after the operator signed out.
+const tabs = typeof BroadcastChannel === 'function' ? new BroadcastChannel('trunk-sync-console') : null;
+
+function signedOut({ tell }) {
+  if (tell) tabs?.postMessage('signed-out');
   if (!session) return;
   showSignedIn(null);
   route();
+}
+
+tabs?.addEventListener('message', (event) => {
+  if (event.data === 'signed-out') signedOut({ tell: false });
 });
 
+whenSignedOut(() => signedOut({ tell: true }));
+
+// Signed out only once the server ended the session (or says it had ended): a sign-out that
+// did not reach it leaves the session live and its cookie in the browser, so the page says
+// so and stays as it is, instead of looking signed out while a reload would sign in again.
 signOutButton.addEventListener('click', async () => {
+  signOutButton.disabled = true;
   try {
     await api('POST', '/auth/logout');
+  } catch (error) {
+    if (!(error instanceof ApiError && error.status === 401)) {
+      document.getElementById('sign-out-failed')?.remove();
+      main.prepend(h('p', { class: 'notice error', role: 'alert', id: 'sign-out-failed' },
+        `Not signed out: ${error.message} The session is still live; try again.`));
+      return;
+    }
   } finally {
-    showSignedIn(null);
-    route();
+    signOutButton.disabled = false;
   }
+  signedOut({ tell: true });
 });
 
 window.addEventListener('hashchange', route);

@@ -14,6 +14,8 @@ import HTTPServer
 /// - a body sent to a route that reads one must be `application/json`: a cross-site "simple"
 ///   `POST` (`text/plain`, no preflight) is refused (`415 unsupported_media_type`) before it is
 ///   read, never parsed as JSON.
+///
+/// And every answer it sends carries the headers of `secure(_:)`.
 struct AdminRequestGuard: Sendable {
     /// Host names accepted, lower case, without a trailing dot.
     let names: Set<String>
@@ -61,6 +63,22 @@ struct AdminRequestGuard: Sendable {
                 message: "The body must be JSON: Content-Type: application/json.")
         }
         return nil
+    }
+
+    /// Adds what every answer of the admin listener carries, errors and `/metrics` included,
+    /// unless the route set its own: `X-Content-Type-Options: nosniff` (no answer is ever
+    /// read as another type), `Cache-Control: no-store` (the console's pages of users, events
+    /// and sessions stay out of every cache; the page's own files say `no-cache`), and
+    /// `Cross-Origin-Resource-Policy: same-origin` (a page of another origin, even one on the
+    /// same host such as an app on the public port, cannot load any of it with `<img>`,
+    /// `<script>` or a `no-cors` fetch; nothing but the console's own page needs it).
+    static func secure(_ headers: inout HTTPHeaders) {
+        for (name, value) in [
+            ("X-Content-Type-Options", "nosniff"), ("Cache-Control", "no-store"),
+            ("Cross-Origin-Resource-Policy", "same-origin"),
+        ] where !headers.contains(name) {
+            headers.append(name: name, value: value)
+        }
     }
 
     /// Whether `Host` (`name`, `name:port`, `192.0.2.1:9090`, `[::1]:9090`) names this listener.

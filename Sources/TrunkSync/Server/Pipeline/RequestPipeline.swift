@@ -258,6 +258,7 @@ public struct RequestPipeline: HTTPResponder {
 
     public func complete(_ response: inout HTTPResponse, context: Context) {
         response.headers.append(name: "X-Request-Id", value: context.requestID)
+        if requestGuard != nil { AdminRequestGuard.secure(&response.headers) }
         if let origin = context.origin, let allowed = cors.allowedOrigin(origin),
             !response.headers.contains("access-control-allow-origin")
         {
