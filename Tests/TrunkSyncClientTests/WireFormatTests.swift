@@ -85,20 +85,27 @@ final class WireFormatTests: XCTestCase {
     }
 
     /// Storage in the temporary or the caches folder (emptied by the system when space runs
-    /// low) is told; elsewhere it is not.
+    /// low) is told; elsewhere it is not. Which folder is "elsewhere" depends on the machine
+    /// (a checkout may itself be under the temporary folder), so that side is checked against
+    /// folders the test names.
     func testStorageTheSystemMayPurgeIsTold() async throws {
         let server = URL(string: "http://127.0.0.1:9")!
         let temporary = FileManager.default.temporaryDirectory.appendingPathComponent("ts-\(UUID().uuidString)")
         let caches = try XCTUnwrap(FileManager.default.urls(for: .cachesDirectory, in: .userDomainMask).first)
             .appendingPathComponent("ts-\(UUID().uuidString)")
-        let kept = URL(fileURLWithPath: FileManager.default.currentDirectoryPath)
-            .appendingPathComponent(".build/ts-\(UUID().uuidString)")
-        defer { for directory in [temporary, caches, kept] { try? FileManager.default.removeItem(at: directory) } }
-        for (directory, persisted) in [(temporary, false), (caches, false), (kept, true)] {
+        defer { for directory in [temporary, caches] { try? FileManager.default.removeItem(at: directory) } }
+        for directory in [temporary, caches] {
             let client = try TrunkSyncClient(url: server, storageDirectory: directory)
-            XCTAssertEqual(client.storagePersisted, persisted, directory.path)
+            XCTAssertFalse(client.storagePersisted, directory.path)
             await client.close()
         }
+        let root = URL(fileURLWithPath: "/var/cache-of-the-test/purged", isDirectory: true)
+        XCTAssertTrue(StorageLayout.isPurgeable(root, folders: [root]))
+        XCTAssertTrue(StorageLayout.isPurgeable(root.appendingPathComponent("app/data"), folders: [root]))
+        XCTAssertFalse(
+            StorageLayout.isPurgeable(URL(fileURLWithPath: "/var/cache-of-the-test/purged-not/app"), folders: [root]),
+            "a sibling whose name starts the same is not inside")
+        XCTAssertFalse(StorageLayout.isPurgeable(URL(fileURLWithPath: "/srv/app/data"), folders: [root]))
     }
 
     func testTimestampsAreWrittenInUTCWithMilliseconds() {

@@ -24,13 +24,15 @@ struct StorageLayout {
     var lockFile: URL { serverDirectory.appendingPathComponent("lock") }
     var sessionFile: URL { serverDirectory.appendingPathComponent("session.json") }
 
-    /// Whether `directory` is inside a folder the system may empty on its own: the user's
-    /// caches folder or the temporary folder.
-    static func isPurgeable(_ directory: URL) -> Bool {
+    /// The folders the system may empty on its own: the user's caches folder and the
+    /// temporary folder.
+    static var purgeableFolders: [URL] {
+        FileManager.default.urls(for: .cachesDirectory, in: .userDomainMask) + [FileManager.default.temporaryDirectory]
+    }
+
+    /// Whether `directory` is one of `folders` (by default `purgeableFolders`) or inside one.
+    static func isPurgeable(_ directory: URL, folders: [URL] = purgeableFolders) -> Bool {
         let resolved = directory.resolvingSymlinksInPath().standardizedFileURL.path
-        let folders =
-            FileManager.default.urls(for: .cachesDirectory, in: .userDomainMask)
-            + [FileManager.default.temporaryDirectory]
         return folders.contains { folder in
             let root = folder.resolvingSymlinksInPath().standardizedFileURL.path
             return resolved == root || resolved.hasPrefix(root.hasSuffix("/") ? root : root + "/")
