@@ -5,27 +5,14 @@ import XCTest
 
 @testable import HTTPServer
 
-/// The budget for request bodies being read (input budget (`ByteBudget`),
-/// `HTTPServerConfiguration.maxBufferedInput`): its arithmetic, and through a real server on
+/// The budget for request bodies being read (the input `ByteBudget`,
+/// `HTTPServerConfiguration.maxBufferedInput`): through a real server on
 /// loopback sockets that a large body over it is refused with the responder's `503` from
 /// its head (before a byte of it is sent) or, chunked, as it grows past it, while small
 /// bodies still pass, and that what a request holds is given back however it ends (handed
 /// over, aborted, timed out, malformed, shut down).
 final class InputBudgetTests: XCTestCase {
-    // MARK: - The arithmetic
-
-    func testLargeBodiesAreCountedWhileTheyFit() {
-        let budget = ByteBudget(limit: 1_000_000)
-        XCTAssertTrue(budget.admit(600_000))
-        XCTAssertEqual(budget.heldBytes, 600_000)
-        XCTAssertFalse(budget.admit(400_001))
-        XCTAssertEqual(budget.heldBytes, 600_000, "a refused body counts nothing")
-        XCTAssertTrue(budget.admit(400_000), "up to the limit itself")
-        XCTAssertEqual(budget.heldBytes, 1_000_000)
-        budget.adjust(by: -1_000_000)
-        XCTAssertEqual(budget.heldBytes, 0)
-        XCTAssertFalse(ByteBudget(limit: 100_000).admit(100_001), "a body larger than the budget never fits")
-    }
+    // The arithmetic is ByteBudget's, tested in OutputBudgetTests.
 
     // MARK: - Through a server
 
