@@ -153,6 +153,29 @@ final class ConnectionStateMachineTests: XCTestCase {
         XCTAssertEqual(expired.deadlinePassed(), .close, "or the linger time ran out")
     }
 
+    func testLingeringLastsWhileTheClientSendsButNeverPastTheBodyTimeout() {
+        var connection = machine()
+        connection.bytesArrived(now: 1000)
+        _ = connection.answeredFromHead(hasBody: true, keepAlive: true)
+        XCTAssertEqual(connection.outputDrained(hasBufferedInput: false, now: 1001), .shutdownWrite)
+        XCTAssertEqual(connection.deadline, 1003)
+        connection.lingeringInputArrived(now: 1002)
+        XCTAssertEqual(connection.deadline, 1004, "the client is still sending its body: it gets the linger time again")
+        connection.lingeringInputArrived(now: 1025)
+        XCTAssertEqual(connection.deadline, 1027)
+        connection.lingeringInputArrived(now: 1030)
+        XCTAssertEqual(connection.deadline, 1031, "at most the body timeout (30) after lingering began (1001)")
+        connection.lingeringInputArrived(now: 1031)
+        XCTAssertEqual(connection.deadline, 1031)
+        XCTAssertEqual(connection.deadlinePassed(), .close)
+
+        var reading = machine()
+        reading.bytesArrived(now: 1000)
+        _ = reading.headAdmitted(hasBody: true, expectsContinue: false, now: 1000)
+        reading.lingeringInputArrived(now: 1005)
+        XCTAssertEqual(reading.deadline, 1030, "only a lingering connection: a body's deadline is whole")
+    }
+
     func testAnswerFromTheHeadWithoutBodyKeepsTheConnectionAndDropsTheParsedRequest() {
         var connection = machine()
         connection.bytesArrived(now: 1000)

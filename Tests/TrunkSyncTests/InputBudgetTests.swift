@@ -132,18 +132,20 @@ final class InputBudgetTests: XCTestCase {
         let logout = try await app.request("POST", "/auth/v1/logout", bearer: signedOut)
         XCTAssertEqual(logout.status, 204, String(decoding: logout.body, as: UTF8.self))
 
-        // 5 MiB announced (4,000 bytes to Auth's small route), not a byte of it sent: the
-        // answer comes anyway.
+        // 5 MiB announced, or 4,000 bytes to Auth's small route whose client waits for
+        // `100 Continue` (a small body that comes anyway is read: the next test), not a byte
+        // of it sent: the answer comes anyway.
+        let waits = ["Expect": "100-continue"]
         let cases: [(String, String, String?, [String: String], Int, String)] = [
             ("POST", "/sync/v1/events", nil, [:], 401, "unauthorized"),
             ("POST", "/sync/v1/events", "not-a-token", [:], 401, "unauthorized"),
             ("POST", "/sync/v1/events", signedOut, [:], 401, "unauthorized"),
-            ("POST", "/sync/v1/events", nil, ["Expect": "100-continue"], 401, "unauthorized"),
+            ("POST", "/sync/v1/events", nil, waits, 401, "unauthorized"),
             ("POST", "/rest/v1/events", nil, [:], 401, "PGRST301"),
             ("POST", "/rest/v1/events", signedOut, ["Prefer": "return=minimal"], 401, "PGRST301"),
-            ("PUT", "/auth/v1/user", nil, [:], 401, "no_authorization"),
-            ("PUT", "/auth/v1/user", "not-a-token", [:], 401, "bad_jwt"),
-            ("PUT", "/auth/v1/user", signedOut, [:], 401, "session_not_found"),
+            ("PUT", "/auth/v1/user", nil, waits, 401, "no_authorization"),
+            ("PUT", "/auth/v1/user", "not-a-token", waits, 401, "bad_jwt"),
+            ("PUT", "/auth/v1/user", signedOut, waits, 401, "session_not_found"),
         ]
         for (method, path, bearer, extra, status, code) in cases {
             let socket = try open()
@@ -173,6 +175,37 @@ final class InputBudgetTests: XCTestCase {
             "POST", "/sync/v1/events", rawBody: try pushBody(events: 1, size: 10), bearer: token)
         XCTAssertEqual(pushed.status, 200, String(decoding: pushed.body, as: UTF8.self))
         XCTAssertEqual(try storedEvents(), 1)
+    }
+
+    /// The usual case: a client whose token expired pushes (or inserts) a small body. The body
+    /// is read and dropped, then refused, and the connection stays for the refresh and retry.
+    func testASmallBodyOfASignedOutCallerIsReadAndTheConnectionKept() async throws {
+        try await start()
+        let signedOut = try await app.token("small-signed-out@example.com")
+        let logout = try await app.request("POST", "/auth/v1/logout", bearer: signedOut)
+        XCTAssertEqual(logout.status, 204, String(decoding: logout.body, as: UTF8.self))
+        let push = try pushBody(events: 2, size: 20)
+        let cases: [(String, String, String?, String, String)] = [
+            ("POST", "/sync/v1/events", signedOut, push, "unauthorized"),
+            ("POST", "/sync/v1/events", nil, push, "unauthorized"),
+            ("POST", "/rest/v1/events", signedOut, #"{"client_id":"\#(UUID())","type":"note","payload":{}}"#, "PGRST301"),
+            ("PUT", "/auth/v1/user", signedOut, #"{"data":{"name":"x"}}"#, "session_not_found"),
+            ("PUT", "/auth/v1/user", "not-a-token", #"{"data":{"name":"x"}}"#, "bad_jwt"),
+        ]
+        for (method, path, bearer, body, code) in cases {
+            let label = "\(method) \(path) \(bearer == nil ? "without" : "with a bad") token"
+            let socket = try open()
+            defer { close(socket) }
+            send(socket, head(method, path, length: body.utf8.count, bearer: bearer) + body)
+            let refused = try answer(socket)
+            XCTAssertEqual(refused.status, 401, label)
+            XCTAssertEqual(refused.json["code"] as? String, code, label)
+            XCTAssertNotEqual(refused.headers["connection"], "close", label)
+            send(socket, head("GET", "/sync/v1/events?after=0", bearer: token))
+            XCTAssertEqual(try answer(socket).status, 200, "the same connection serves the retry (\(label))")
+        }
+        XCTAssertEqual(try storedEvents(), 0)
+        XCTAssertEqual(app.server.bufferedInputBytes, 0)
     }
 
     // MARK: - The budget

@@ -58,11 +58,11 @@ import Synchronization
 /// Only bodies over `ByteBudget.smallBody` touch it (one relaxed
 /// add when admitted, one when handed over or closed; a chunked one, one per growth of its
 /// buffer, which doubles): the usual small request costs a comparison.
-final class ByteBudget: Sendable {
+public final class ByteBudget: Sendable {
     /// Answers (their bodies) of at most this many bytes are always queued (output).
     static let smallAnswer = 64 * 1024
     /// Bodies of at most this many bytes always pass (one socket read's worth; input).
-    static let smallBody = 64 * 1024
+    public static let smallBody = 64 * 1024
 
     /// The most bytes held before a large answer or body is refused.
     let limit: Int

@@ -10,7 +10,11 @@
 ///
 /// A `lingering` connection has sent its final response and half-closed its side; it reads
 /// and drops what the client is still sending so that closing does not reset the connection
-/// before the client has read the answer (a `413` sent while the body is on its way).
+/// before the client has read the answer (a `413` sent while the body is on its way). It
+/// closes after the linger time passes with nothing arriving, and at the latest the body
+/// timeout after lingering began: a client still uploading a body it did not need (many read
+/// the answer only once their upload is done) gets to finish it and read the answer instead
+/// of a reset, as long as it keeps sending.
 ///
 /// A streamed response (`HTTPBodyStream`) goes `handling ──head──▶ streaming ──end──▶ writing`:
 /// while `streaming`, its producer writes the body over time; nothing is due from the client
@@ -99,6 +103,8 @@ struct ConnectionStateMachine {
     private(set) var deadlineKind: Deadline = .close
     /// The head just admitted has no body: the parser's next `.request` is this request.
     private var requestAnsweredEarly = false
+    /// When lingering ends whatever still arrives (the body timeout after it began).
+    private var lingerEnds: UInt64 = 0
     private var shuttingDown = false
     /// A WebSocket's idle timeout, and whether its output is blocked (the write timeout runs).
     private var webSocketIdle: UInt64 = 0
@@ -141,6 +147,13 @@ struct ConnectionStateMachine {
             // let a client trickling a byte every few seconds keep its slot forever.
             break
         }
+    }
+
+    /// Bytes arrived while lingering (and were dropped): the client is still sending. It
+    /// lingers the linger time again, never past the body timeout from when lingering began.
+    mutating func lingeringInputArrived(now: UInt64) {
+        guard state == .lingering else { return }
+        setDeadline(.close, min(now &+ timeouts.linger, lingerEnds))
     }
 
     /// The application admitted a complete head: read its body (if any), all of it within
@@ -303,6 +316,7 @@ struct ConnectionStateMachine {
             return .close
         case .writing(.linger):
             state = .lingering
+            lingerEnds = now &+ max(timeouts.body, timeouts.linger)
             setDeadline(.close, now &+ timeouts.linger)
             return .shutdownWrite
         case .readingBody:

@@ -676,18 +676,26 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         return true
     }
 
-    /// Lingering close: read and drop what the client still sends, until EOF.
+    /// Lingering close: read and drop what the client still sends, until EOF. What arrives
+    /// extends the linger (`lingeringInputArrived`); a client sending faster than one turn's
+    /// reads gets its next turn after the other connections'.
     private func discardInput(_ connection: Connection<Context>) {
         guard connection.readable else { return }
         let fd = connection.fd
-        while true {
+        var dropped = false
+        defer { if dropped { connection.lifecycle.lingeringInputArrived(now: now) } }
+        for _ in 0..<Self.driveRoundsPerTurn {
             let count = readBuffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            if count > 0 { continue }
+            if count > 0 {
+                dropped = true
+                continue
+            }
             if count < 0, errno == EINTR { continue }
             connection.readable = false
             if count == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) { closeConnection(connection) }
             return
         }
+        deferDrive(connection)
     }
 
     /// The output buffer a connection answering requests keeps once its answer is sent: what

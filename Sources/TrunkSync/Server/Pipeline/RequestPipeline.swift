@@ -156,15 +156,24 @@ public struct RequestPipeline: HTTPResponder {
                 return .readBody(bodyLimit: endpoint.bodyLimit, context(endpoint, parameters))
             }
             // From the head, before a body byte is read: a caller without a valid token cannot
-            // make the server take (and hold) a body. Answered at once; a body it announced is
-            // never read, so the connection then lingers and closes (`Admission.answer`).
+            // make the server take (and hold) a body. A small body (the usual push or insert of
+            // a client whose token just expired) is read and dropped, then answered, so the
+            // client refreshes and retries on the same connection. A larger one, a chunked one,
+            // or one the client waits to send (`Expect: 100-continue`) is answered at once and
+            // never read: the connection then lingers and closes (`Admission.answer`).
             do {
                 let claims = try authenticator.authenticate(
                     headers: head.headers, query: head.query, family: endpoint.family,
                     queryToken: endpoint.acceptsQueryToken)
                 return .readBody(bodyLimit: endpoint.bodyLimit, context(endpoint, parameters, claims))
             } catch {
-                return .answer(error.response(for: endpoint.family), context(endpoint, parameters))
+                let response = error.response(for: endpoint.family)
+                if case .contentLength(let length) = head.bodyFraming, length <= ByteBudget.smallBody,
+                    !head.expectsContinue
+                {
+                    return .answerAfterBody(response, context(endpoint, parameters))
+                }
+                return .answer(response, context(endpoint, parameters))
             }
         }
     }
