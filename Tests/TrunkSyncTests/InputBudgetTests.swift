@@ -188,7 +188,10 @@ final class InputBudgetTests: XCTestCase {
         let cases: [(String, String, String?, String, String)] = [
             ("POST", "/sync/v1/events", signedOut, push, "unauthorized"),
             ("POST", "/sync/v1/events", nil, push, "unauthorized"),
-            ("POST", "/rest/v1/events", signedOut, #"{"client_id":"\#(UUID())","type":"note","payload":{}}"#, "PGRST301"),
+            (
+                "POST", "/rest/v1/events", signedOut, #"{"client_id":"\#(UUID())","type":"note","payload":{}}"#,
+                "PGRST301"
+            ),
             ("PUT", "/auth/v1/user", signedOut, #"{"data":{"name":"x"}}"#, "session_not_found"),
             ("PUT", "/auth/v1/user", "not-a-token", #"{"data":{"name":"x"}}"#, "bad_jwt"),
         ]
