@@ -25,6 +25,7 @@ final class InputBudgetTests: XCTestCase {
         let received = Mutex<[Int]>([])
         let warnings = Mutex<[String]>([])
         let gate = MultiLoopTests.Gate()
+        let laterGate = MultiLoopTests.Gate()
     }
 
     struct Responder: HTTPResponder {
@@ -37,8 +38,8 @@ final class InputBudgetTests: XCTestCase {
         func respond(to request: HTTPRequest, context: Int) -> Reply<Int> {
             probe.received.withLock { $0.append(request.body.count) }
             let size = Array("\(request.body.count)".utf8)
-            if request.path == "/hold" {
-                let gate = probe.gate
+            if request.path == "/hold" || request.path == "/hold-later" {
+                let gate = request.path == "/hold" ? probe.gate : probe.laterGate
                 return .later {
                     await gate.wait()
                     return (HTTPResponse(status: .ok, body: size), 0)
@@ -177,13 +178,27 @@ final class InputBudgetTests: XCTestCase {
     func testHeldBytesComeBackHoweverTheRequestEnds() throws {
         let server = try start(bodyTimeout: .seconds(1))
 
-        // Handed over: nothing counts while its handler runs.
+        // Handed over: the body is in memory while its handler runs, and counts until it answers.
         let handled = try holder(server, path: "/hold")
         try handled.send(String(repeating: "h", count: Self.holderSize - 3))
         try eventually { server.statistics.inFlight == 1 }
-        XCTAssertEqual(server.bufferedInputBytes, 0)
+        XCTAssertEqual(server.bufferedInputBytes, Self.holderSize)
         probe.gate.open()
         XCTAssertEqual(try handled.readResponse().body, "\(Self.holderSize)")
+        try eventually { server.bufferedInputBytes == 0 }
+
+        // Its client resets the connection while the handler runs: the handler still holds the body.
+        let gone = try holder(server, path: "/hold-later")
+        try gone.send(String(repeating: "h", count: Self.holderSize - 3))
+        try eventually { server.statistics.inFlight == 1 }
+        let open = server.statistics.connections
+        var reset = linger(l_onoff: 1, l_linger: 0)  // a reset: the server drops the connection at once
+        setsockopt(gone.fd, SOL_SOCKET, SO_LINGER, &reset, socklen_t(MemoryLayout<linger>.size))
+        gone.close()
+        try eventually { server.statistics.connections == open - 1 }
+        XCTAssertEqual(server.bufferedInputBytes, Self.holderSize)
+        probe.laterGate.open()
+        try eventually { server.bufferedInputBytes == 0 }
 
         // The client gives up mid-body.
         let aborted = try holder(server)

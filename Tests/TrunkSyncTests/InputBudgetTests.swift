@@ -285,6 +285,43 @@ final class InputBudgetTests: XCTestCase {
         XCTAssertEqual(heldAtEnd, 0)
     }
 
+    /// A body read whole is still in memory while its handler works on it: a push waiting for
+    /// the database keeps its share of the budget until it is answered, so pushes piling up
+    /// behind a slow database cannot hold more than the budget between them.
+    func testABodyCountsUntilItsRequestIsAnsweredNotJustUntilItIsRead() async throws {
+        try await start()
+        let server = app.server
+        let blocker = try app.owner()
+        try blocker.execute("begin")
+        try blocker.execute("lock table events in share mode")  // inserts wait
+        let waiting = try pushBody(events: 15, size: 60_000)  // ~900 KB
+        let socket = try open()
+        defer { close(socket) }
+        send(socket, head("POST", "/sync/v1/events", length: waiting.utf8.count, bearer: token) + waiting)
+        let harness = app!
+        let blocked = try await waitUntil(20) {
+            try harness.owner().query(
+                """
+                select count(*) from pg_stat_activity
+                where datname = current_database() and wait_event_type = 'Lock' and query ilike '%insert%'
+                """)[0].decode(Int64.self, column: 0) == 1
+        }
+        XCTAssertTrue(blocked, "the push never reached the database")
+        XCTAssertEqual(server.bufferedInputBytes, waiting.utf8.count, "read whole, handed over, still held")
+
+        let another = try await app.request(
+            "POST", "/sync/v1/events", rawBody: try pushBody(events: 4, size: 50_000), bearer: token)
+        XCTAssertEqual(another.status, 503, "the budget is the waiting push's")
+        XCTAssertEqual(another.json["code"] as? String, "server_busy")
+
+        try blocker.execute("rollback")
+        let answered = try answer(socket)
+        XCTAssertEqual(answered.status, 200, String(decoding: answered.body.prefix(300), as: UTF8.self))
+        let released = await waitUntil(10) { server.bufferedInputBytes == 0 }
+        XCTAssertTrue(released, "still held after the answer: \(server.bufferedInputBytes)")
+        XCTAssertEqual(try storedEvents(), 15)
+    }
+
     func testBodiesOfRoutesThatOnlyRefuseThemAreReadAndDroppedNeverHeld() async throws {
         try await start()
         let server = app.server

@@ -52,11 +52,12 @@ import Synchronization
 /// never reads it. A chunked body, whose size nobody knows in advance, is counted as its
 /// buffer grows past `ByteBudget.smallBody` and cut off with the same answer when the growth does not
 /// fit. A small body always passes and is not counted. What a request holds is given back
-/// when its body is handed to the application, and when the connection closes, however it
-/// closes.
+/// once the application has answered it (its handler's task gives it back, also when the
+/// connection closed meanwhile: a handler waiting for the database still holds the body), when
+/// a body is dropped unread, and when the connection closes while the body is being read.
 ///
 /// Only bodies over `ByteBudget.smallBody` touch it (one relaxed
-/// add when admitted, one when handed over or closed; a chunked one, one per growth of its
+/// add when admitted, one when answered or closed; a chunked one, one per growth of its
 /// buffer, which doubles): the usual small request costs a comparison.
 public final class ByteBudget: Sendable {
     /// Answers (their bodies) of at most this many bytes are always queued (output).

@@ -884,11 +884,18 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private func requestComplete(
         _ head: consuming HTTPRequestHead, body: consuming [UInt8], on connection: Connection<Context>
     ) {
-        // The body is handed over (or dropped): it no longer counts as being read.
-        if connection.heldInput != 0 { releaseInput(connection) }
         connection.countsChunkedInput = false
-        guard connection.lifecycle.requestComplete() == .dispatch, let context = connection.context else { return }
+        // The body's share of the input budget goes with it: given back once the responder
+        // has answered (`.now`), or by the handler's task once it has (`.later`); a body
+        // dropped (answered from the head, a prepared answer) gives it back at once.
+        let heldInput = connection.heldInput
+        connection.heldInput = 0
+        guard connection.lifecycle.requestComplete() == .dispatch, let context = connection.context else {
+            if heldInput != 0 { inputBudget.adjust(by: -heldInput) }
+            return
+        }
         if let prepared = connection.prepared {
+            if heldInput != 0 { inputBudget.adjust(by: -heldInput) }
             connection.prepared = nil
             finish(prepared, context: context, on: connection)
             return
@@ -902,6 +909,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         }
         switch responder.respond(to: request, context: context) {
         case .now(let response, let context):
+            if heldInput != 0 { inputBudget.adjust(by: -heldInput) }
             finish(response, context: context, on: connection)
         case .later(let operation):
             inFlightCount.wrappingAdd(1, ordering: .relaxed)
@@ -912,10 +920,13 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             let executor = self.executor
             let fd = connection.fd
             let id = connection.id
+            let inputBudget = self.inputBudget
             // On the loop's thread: read, handled and answered without leaving it (unless the
             // handler itself awaits work elsewhere).
             connection.handlerTask = Task(executorPreference: executor) { [self] in
                 let (response, context) = await operation()
+                // The handler is done with the body (also when its connection closed meanwhile).
+                if heldInput != 0 { inputBudget.adjust(by: -heldInput) }
                 let completion = Mailbox<Context>.Completion(
                     fd: fd, connectionID: id, response: response, context: context)
                 if executor.isOnLoopThread {

@@ -292,7 +292,7 @@ public struct Setting: Sendable {
         key: "http_max_buffered_input", kind: .integer(1_048_576...1_099_511_627_776), defaultValue: "268435456",
         isSecret: false,
         summary:
-            "Bytes of request bodies the server may hold while it reads them, over all connections. A body over 64 KiB that would go past it is answered 503 server_busy with Retry-After: 1 instead of being read (from its head; a chunked body when it grows past); smaller bodies always pass. Keep it above the largest body (10 MiB: a push or a REST insert) and within the memory the server can spare."
+            "Bytes of request bodies the server may hold while it reads and handles them, over all connections (a body counts until its request is answered). A body over 64 KiB that would go past it is answered 503 server_busy with Retry-After: 1 instead of being read (from its head; a chunked body when it grows past); smaller bodies always pass. Keep it above the largest body (10 MiB: a push or a REST insert) and within the memory the server can spare."
     )
     /// `event_loops`.
     public static let eventLoops = Setting(
