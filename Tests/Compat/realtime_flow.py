@@ -14,7 +14,7 @@ import sys
 import time
 import urllib.request
 
-from realtime import AsyncRealtimeClient, RealtimeSubscribeStates
+from realtime import AsyncRealtimeClient, RealtimeAcknowledgementStatus, RealtimeSubscribeStates
 from realtime_support import WAIT, insert, step, user_of
 
 base_url, other_url = sys.argv[1], sys.argv[2]
@@ -71,6 +71,15 @@ class Subscriber:
                 return
             if state == RealtimeSubscribeStates.CHANNEL_ERROR and not reconnecting:
                 raise SystemExit(f"{self.name}: channel error {error}")
+
+
+async def handled(subscriber):
+    """Until the server has handled what the client sent before: a push it answers in order
+    (access_token null, which changes nothing)."""
+    done = asyncio.get_running_loop().create_future()
+    push = await subscriber.channel.push("access_token", {"access_token": None})
+    push.receive(RealtimeAcknowledgementStatus.Ok, lambda _: done.done() or done.set_result(True))
+    await asyncio.wait_for(done, WAIT)
 
 
 async def expect(queue, seq, what):
@@ -131,6 +140,31 @@ async def main():
     row = insert(other_url, a.token)
     await expect(a.all, row["seq"], "after the token refresh")
     step("access_token refresh keeps the channel")
+
+    # Signed out, the clients send the app's key (supabase-py on SIGNED_OUT, supabase-js and
+    # supabase-swift too), or null (an accessToken callback without a token). As on Supabase,
+    # neither ends the channel: null changes nothing, and the key withholds the user's rows
+    # until a token of the user comes back. A second subscriber of A (on the same instance,
+    # so the same hub) tells when a row has been fanned out.
+    witness = Subscriber("w", session_a, user_a)
+    await witness.subscribe()
+    await a.client.set_auth(None)
+    await handled(a)
+    row = insert(other_url, a.token)
+    await expect(a.all, row["seq"], "after set_auth(None)")
+    await a.client.set_auth("anon-key")
+    await handled(a)
+    withheld = insert(other_url, a.token)
+    await expect(witness.all, withheld["seq"], "the witness, while A is on the key")
+    await a.client.set_auth(a.token)
+    row = insert(other_url, a.token)
+    seen = []
+    while not seen or seen[-1] != row["seq"]:
+        seen.append((await asyncio.wait_for(a.all.get(), WAIT))["data"]["record"]["seq"])
+    assert withheld["seq"] not in seen, f"a row went to the channel while it was on the app's key: {seen}"
+    assert a.states.empty(), f"the channel changed state: {a.states.get_nowait()}"
+    await witness.client.close()
+    step("set_auth(None) changes nothing, set_auth(key) withholds rows and keeps the channel")
 
     # The connection drops under the client: it reconnects and rejoins by itself.
     await a.client._ws_connection.close(code=4000)

@@ -66,7 +66,9 @@ final class RealtimeTests: EndToEndTestCase {
 
     /// The real client subscribes on one instance and receives inserts made through another,
     /// re-subscribes after a dropped connection and a restart, follows a refreshed token,
-    /// never sees another user's row, and sign-out ends its channel.
+    /// keeps its channel through `set_auth(None)` and `set_auth(<the key>)` (which withholds
+    /// rows until the token is back), never sees another user's row, and sign-out ends its
+    /// channel.
     func testSupabaseRealtimeClient() throws {
         // One public URL for all three (a token names it as its issuer): the restarted server
         // listens on a fixed port, the others on port 0.
@@ -93,6 +95,7 @@ final class RealtimeTests: EndToEndTestCase {
                 "subscribe", "insert through another instance arrives",
                 "a binding without a table gets events and profile changes", "filters",
                 "access_token refresh keeps the channel",
+                "set_auth(None) changes nothing, set_auth(key) withholds rows and keeps the channel",
                 "re-subscribes after a dropped connection", "re-subscribes after a server restart",
                 "never another user's row",
                 "sign-out ends the channel",

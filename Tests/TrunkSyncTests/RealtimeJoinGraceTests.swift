@@ -21,12 +21,15 @@ final class RealtimeJoinGraceTests: XCTestCase {
         /// The feed's revocations (told nothing by the database): a test records its own.
         let revocations: SessionRevocations
         private let task: Task<Void, Never>
-        private var sent = ""
+        /// What the session sent so far, as far as `waitFor` read it.
+        private(set) var sent = ""
 
-        /// `feed`: another harness's, for several sockets on one feed.
+        /// `feed`: another harness's, for several sockets on one feed. `apiKey`: the `apikey`
+        /// the socket was opened with. `configure`: the feed's other settings.
         init(
             _ app: AppHarness, grace duration: Duration, maxChannelsPerUser: Int = 100, maxChannelsPerSocket: Int = 100,
-            feed shared: RealtimeFeed? = nil
+            feed shared: RealtimeFeed? = nil, apiKey: String? = nil,
+            configure: (inout RealtimeFeed.Settings) -> Void = { _ in }
         )
             throws
         {
@@ -34,6 +37,7 @@ final class RealtimeJoinGraceTests: XCTestCase {
             settings.joinGrace = duration
             settings.maxChannelsPerUser = maxChannelsPerUser
             settings.maxChannelsPerSocket = maxChannelsPerSocket
+            configure(&settings)
             let logs = self.logs
             var logger = Logger(label: "realtime-grace-test", factory: { _ in CapturingLogHandler(lines: logs) })
             logger.logLevel = .info
@@ -44,7 +48,8 @@ final class RealtimeJoinGraceTests: XCTestCase {
                     settings: settings, database: app.application.database, notifier: app.application.notifier,
                     revocations: revocations, tokens: app.application.tokens, metrics: Metrics(), logger: logger)
             try feed.openSocket()
-            let session = RealtimeSession(feed: feed, socket: socket, version: .v2, address: "203.0.113.7")
+            let session = RealtimeSession(
+                feed: feed, socket: socket, version: .v2, address: "203.0.113.7", apiKey: apiKey)
             grace = session.grace
             task = Task {
                 var session = session
@@ -95,10 +100,15 @@ final class RealtimeJoinGraceTests: XCTestCase {
     }
 
     func withApp(_ body: (AppHarness, String) async throws -> Void) async throws {
+        try await Self.withApp("realtime-grace@example.com", body)
+    }
+
+    /// Runs `body` with an application and an access token of `email`, the application
+    /// stopped however `body` ends.
+    static func withApp(_ email: String, _ body: (AppHarness, String) async throws -> Void) async throws {
         let app = try await AppHarness()
         do {
-            let session = try await app.application.auth.issueSession(
-                email: try XCTUnwrap(Email("realtime-grace@example.com")))
+            let session = try await app.application.auth.issueSession(email: try XCTUnwrap(Email(email)))
             try await body(app, session.accessToken)
         } catch {
             await app.stop()
@@ -111,7 +121,8 @@ final class RealtimeJoinGraceTests: XCTestCase {
     /// socket that never joined; it is closed with `1000` and a reason, and logged.
     func testASocketThatNeverJoinsIsClosedWhenItsGraceEndsHeartbeatsOrNot() async throws {
         try await withApp { app, _ in
-            let harness = try Harness(app, grace: .milliseconds(50))
+            // Heartbeats as fast as they are answered: far more than a socket's message rate.
+            let harness = try Harness(app, grace: .milliseconds(50)) { $0.maxMessagesPerSecond = 100_000 }
             var beats = 0
             let deadline = ContinuousClock.now + .seconds(30)
             while !harness.socket.isClosed, ContinuousClock.now < deadline {

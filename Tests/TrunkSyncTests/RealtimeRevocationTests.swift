@@ -53,7 +53,7 @@ final class RealtimeRevocationTests: XCTestCase {
         .object(["event": .string("INSERT"), "schema": .string("public"), "table": .string("events")]), id: 1)
 
     /// Pushes one event of `type` with `token`.
-    func push(_ app: AppHarness, _ token: String, type: String = "note") async throws {
+    static func push(_ app: AppHarness, _ token: String, type: String = "note") async throws {
         let event: [String: Any] = [
             "client_id": UUID().uuidString.lowercased(), "type": type, "payload": ["n": 1],
             "client_timestamp": "2026-11-22T04:10:02.123Z",
@@ -97,7 +97,7 @@ final class RealtimeRevocationTests: XCTestCase {
         try await withApp { app in
             let (feed, _, channel, token) = try await joinedChannel(
                 app, "realtime-expired@example.com", expiresAt: AuthService.now() - 1, bindings: [Self.inserts])
-            try await push(app, token)
+            try await Self.push(app, token)
             let sent = try await sent(to: channel, until: "phx_close")
             XCTAssertTrue(channel.isEnded, "the channel of an expired token is still joined")
             XCTAssertTrue(sent.contains("Token has expired"), sent)
@@ -116,7 +116,7 @@ final class RealtimeRevocationTests: XCTestCase {
         try await withApp { app in
             let (feed, _, first, token) = try await joinedChannel(
                 app, "realtime-race@example.com", bindings: [Self.inserts], settings: settings)
-            try await push(app, token)  // the hub wakes and reads, held at the gate
+            try await Self.push(app, token)  // the hub wakes and reads, held at the gate
             let deadline = ContinuousClock.now + .seconds(30)
             while await gate.reads == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
             let reads = await gate.reads
@@ -126,10 +126,62 @@ final class RealtimeRevocationTests: XCTestCase {
                 expiresAt: first.auth.expiresAt, socket: WebSocket(settings: WebSocketSettings(), wake: {}),
                 version: .v2, topic: "realtime:late", joinRef: "2", bindings: [Self.inserts])
             try await feed.join(second)
-            try await push(app, token, type: "after-the-join")
+            try await Self.push(app, token, type: "after-the-join")
             await gate.open()
             let sent = try await sent(to: second, until: "after-the-join")
             XCTAssertTrue(sent.contains("after-the-join"), "a row committed after the join was not sent: \(sent)")
+            feed.close()
+        }
+    }
+
+    /// A change that commits while a join is under way (its channel live with the hub, its
+    /// reply not sent yet) comes after the join's `ok` and `system` message: the clients
+    /// match changes by the ids the reply gives and drop one that comes before it. (The join
+    /// is held there until the hub has sent the change.)
+    func testAChangeDuringAJoinComesAfterItsReply() async throws {
+        let gate = ReadGate()
+        try await withApp { app in
+            let token = try await app.token("realtime-order@example.com")
+            let harness = try RealtimeJoinGraceTests.Harness(app, grace: .seconds(3600)) {
+                $0.afterJoinRegistered = { await gate.pass() }
+            }
+            harness.send(RealtimeAccessTokenTests.join("1", token: token))
+            let deadline = ContinuousClock.now + .seconds(30)
+            while await gate.reads == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+            try await Self.push(app, token, type: "during-the-join")
+            while harness.feed.sent.value == 0, ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(5))
+            }
+            XCTAssertEqual(harness.feed.sent.value, 1, "the hub did not send the change")
+            await gate.open()
+            let arrived = try await harness.waitFor("during-the-join")
+            XCTAssertTrue(arrived)
+            let replied = try await harness.waitFor(#""phx_reply",{"status":"ok""#)
+            XCTAssertTrue(replied)
+            let sent = harness.sent
+            let reply = try XCTUnwrap(sent.range(of: #""phx_reply",{"status":"ok""#), sent)
+            let system = try XCTUnwrap(sent.range(of: "Subscribed to PostgreSQL"), sent)
+            let change = try XCTUnwrap(sent.range(of: "during-the-join"), sent)
+            XCTAssertLessThan(reply.lowerBound, system.lowerBound, sent)
+            XCTAssertLessThan(system.lowerBound, change.lowerBound, "a change came before the join's reply: \(sent)")
+            await harness.finish()
+        }
+    }
+
+    /// A channel on the app's key (its client signed out) keeps the session and expiry of its
+    /// last user token: it ends at that `exp` as any channel does.
+    func testAWithheldChannelStillEndsAtItsLastTokensExpiry() async throws {
+        try await withApp { app in
+            let (feed, _, channel, _) = try await joinedChannel(
+                app, "realtime-withheld@example.com", bindings: [Self.inserts])
+            let auth = channel.auth
+            channel.withhold()
+            XCTAssertFalse(channel.auth.delivering)
+            XCTAssertEqual(channel.auth.session, auth.session)
+            XCTAssertEqual(channel.auth.expiresAt, auth.expiresAt)
+            XCTAssertFalse(feed.endIfUnauthorized(channel, now: auth.expiresAt - 1))
+            XCTAssertTrue(feed.endIfUnauthorized(channel, now: auth.expiresAt), "a withheld channel outlived its exp")
+            XCTAssertEqual(feed.channelCount, 0)
             feed.close()
         }
     }

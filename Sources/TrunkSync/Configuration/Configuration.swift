@@ -360,6 +360,9 @@ public struct Configuration: Sendable {
         realtime.maxFilterBytesPerUser = integer(Setting.realtimeMaxFilterBytes) ?? realtime.maxFilterBytesPerUser
         realtime.bufferBytes = integer(Setting.realtimeBuffer) ?? realtime.bufferBytes
         realtime.idleTimeout = integer(Setting.realtimeIdleTimeout) ?? realtime.idleTimeout
+        realtime.maxJoinsPerSecond = integer(Setting.realtimeMaxJoinsPerSecond) ?? realtime.maxJoinsPerSecond
+        realtime.maxMessagesPerSecond =
+            integer(Setting.realtimeMaxMessagesPerSecond) ?? realtime.maxMessagesPerSecond
         jwtExpiry = integer(Setting.jwtExpiry) ?? jwtExpiry
         auth.otpLifetime = integer(Setting.otpExpiry) ?? auth.otpLifetime
         auth.otpResendInterval = integer(Setting.otpResendInterval) ?? auth.otpResendInterval

@@ -356,6 +356,18 @@ public struct Setting: Sendable {
     public static let realtimeIdleTimeout = Setting(
         key: "realtime_idle_timeout", kind: .integer(30...3600), defaultValue: "90", isSecret: false,
         summary: "Seconds a Realtime socket may send nothing (not even its 25 s heartbeat) before it is closed.")
+    /// `realtime_max_joins_per_second`.
+    public static let realtimeMaxJoinsPerSecond = Setting(
+        key: "realtime_max_joins_per_second", kind: .integer(1...10_000), defaultValue: "10", isSecret: false,
+        summary:
+            "Channel joins (phx_join) one Realtime socket may send per second on average, in bursts of up to 100 (the channels a socket may have: a client that reconnects rejoins them all at once) or this, whichever is more. Each join checks a token and may read the database. One more is refused with ClientJoinRateLimitReached: Too many joins per second, and the socket is closed with 1008, as Supabase Realtime disconnects it (the clients reconnect and rejoin)."
+    )
+    /// `realtime_max_messages_per_second`.
+    public static let realtimeMaxMessagesPerSecond = Setting(
+        key: "realtime_max_messages_per_second", kind: .integer(1...100_000), defaultValue: "100", isSecret: false,
+        summary:
+            "Messages of any kind (heartbeats, joins, access_token, leaves, refused ones) one Realtime socket may send per second on average, in bursts of up to 200 (a join and an access_token for each of the 100 channels a socket may have) or this, whichever is more. One more is answered with Too many messages per second (Supabase Realtime's reason), and the socket is closed with 1008."
+    )
 
     /// Every setting trunk-sync reads, in the order `config check` prints them and the
     /// generated files list them.
@@ -420,6 +432,8 @@ public struct Setting: Sendable {
         realtimeMaxFilterBytes,
         realtimeBuffer,
         realtimeIdleTimeout,
+        realtimeMaxJoinsPerSecond,
+        realtimeMaxMessagesPerSecond,
     ]
 
     /// The setting with a config-file key, if any.

@@ -50,9 +50,31 @@ public final class RealtimeFeed: Sendable {
         /// (`leave`). The clients join right after opening.
         /// Checked by the feed's tick, once a second. Default 30 s.
         public var joinGrace: Duration = .seconds(30)
+        /// Channel joins (`phx_join`) one socket may send per second on average; bursts up to
+        /// `joinBurst`. One more is refused with `tooManyJoins` and closes the socket (`1008`),
+        /// as Supabase Realtime disconnects it: a join checks a token and may read the
+        /// database (a user's first channel on the instance reads where their log stands).
+        /// Default: setting `realtime_max_joins_per_second`.
+        public var maxJoinsPerSecond = Setting.realtimeMaxJoinsPerSecond.integerDefault
+        /// Messages of any kind one socket may send per second on average; bursts up to
+        /// `messageBurst`. One more is answered `tooManyMessages` and closes the socket
+        /// (`1008`). Default: setting `realtime_max_messages_per_second`.
+        public var maxMessagesPerSecond = Setting.realtimeMaxMessagesPerSecond.integerDefault
+        /// Joins a socket may send at once: every channel it may have (a client that
+        /// reconnects rejoins them all at once), or a second's worth if that is more.
+        var joinBurst: Int { max(maxJoinsPerSecond, maxChannelsPerSocket) }
+        /// Messages a socket may send at once: a join and an `access_token` (supabase-js
+        /// sends one to every channel when its token changes) for every channel it may have,
+        /// or a second's worth if that is more.
+        var messageBurst: Int { max(maxMessagesPerSecond, 2 * maxChannelsPerSocket) }
+        /// The clock the per-socket rate limits read. Tests give one they move by hand.
+        var clock: @Sendable () -> ContinuousClock.Instant = { ContinuousClock.now }
         /// Tests: awaited before each read of a user's new events (to hold a read while
         /// something happens). Nil in the server.
         var beforeEventsRead: (@Sendable () async -> Void)? = nil
+        /// Tests: awaited by a join once its channel is registered with its user's hub (live),
+        /// before the join's reply is sent. Nil in the server.
+        var afterJoinRegistered: (@Sendable () async -> Void)? = nil
 
         public init() {}
     }
@@ -104,11 +126,14 @@ public final class RealtimeFeed: Sendable {
     let tokens: TokenIssuer
     let logger: Logger
     private let state = Mutex(State())
-    private let sent: Counter
+    /// `postgres_changes` messages sent (held ones included: `RealtimeChannel.open`).
+    let sent: Counter
     /// Sockets the server closed for holding a slot without a channel: never joined within
     /// `joinGrace`, or one of an account's sockets without a channel too many.
     let closedWithoutJoin: Counter
     let closedIdleOverCap: Counter
+    /// Sockets closed for sending more joins or messages than their rate limits let them.
+    let closedRateLimited: Counter
 
     public init(
         settings: Settings, database: Database, notifier: EventNotifier, revocations: SessionRevocations?,
@@ -121,11 +146,13 @@ public final class RealtimeFeed: Sendable {
         self.tokens = tokens
         self.logger = logger
         sent = metrics.counter("trunk_sync_realtime_changes_sent_total", help: "postgres_changes messages sent.")
-        let closedHelp = "Realtime sockets the server closed for holding a slot without a channel, by reason."
+        let closedHelp = "Realtime sockets the server closed, by reason (a slot held without a channel, a rate limit)."
         closedWithoutJoin = metrics.counter(
             "trunk_sync_realtime_sockets_closed_total", help: closedHelp, labels: "reason=\"no_join\"")
         closedIdleOverCap = metrics.counter(
             "trunk_sync_realtime_sockets_closed_total", help: closedHelp, labels: "reason=\"idle_over_cap\"")
+        closedRateLimited = metrics.counter(
+            "trunk_sync_realtime_sockets_closed_total", help: closedHelp, labels: "reason=\"rate_limit\"")
         metrics.gauge("trunk_sync_realtime_sockets_open", help: "Realtime sockets open now.") { [weak self] in
             Double(self?.socketCount ?? 0)
         }
@@ -412,9 +439,24 @@ public final class RealtimeFeed: Sendable {
 
 /// One joined channel: its socket, topic, bindings and the session whose token joined it.
 final class RealtimeChannel: Sendable {
+    /// The user token the channel follows: it ends at `expiresAt` and when `session` is
+    /// revoked, whatever else the client sends.
     struct Auth: Sendable {
         var session: UUID
         var expiresAt: Int64
+        /// False while the client's last `access_token` was the app's key rather than a
+        /// user's token (it signed out, or lost its session): nothing is delivered then,
+        /// as Supabase delivers a user's rows to no channel of the `anon` role. A token of
+        /// the channel's user turns it back on.
+        var delivering = true
+    }
+
+    /// What is sent before the join's reply is out: held (`open`), so a change never
+    /// reaches the client before the `ok` that gives it the ids to match it by.
+    private struct Gate {
+        var open = false
+        var held: [[UInt8]] = []
+        var heldBytes = 0
     }
 
     let id: UInt64
@@ -426,12 +468,19 @@ final class RealtimeChannel: Sendable {
     let bindings: [RealtimeBinding]
     /// The bytes of its bindings' filters as the client sent them (`maxFilterBytesPerUser`).
     let filterBytes: Int
+    /// The most bytes held before the join's reply; more close the socket as a slow reader
+    /// would be (`1013`).
+    let holdLimit: Int
     private let authState: Mutex<Auth>
     private let ended = Mutex(false)
+    private let gate: Mutex<Gate>
 
+    /// `open`: whether messages go out at once (a channel the session joins is opened by it
+    /// after the join's reply: `open(after:)`).
     init(
         id: UInt64, user: UUID, session: UUID, expiresAt: Int64, socket: WebSocket, version: PhoenixMessage.Version,
-        topic: String, joinRef: String?, bindings: [RealtimeBinding]
+        topic: String, joinRef: String?, bindings: [RealtimeBinding], open: Bool = true,
+        holdLimit: Int = Setting.realtimeBuffer.integerDefault
     ) {
         self.id = id
         self.user = user
@@ -440,17 +489,26 @@ final class RealtimeChannel: Sendable {
         self.topic = topic
         self.joinRef = joinRef
         self.bindings = bindings
+        self.holdLimit = holdLimit
         filterBytes = bindings.reduce(0) { $0 + ($1.filterText?.utf8.count ?? 0) }
         authState = Mutex(Auth(session: session, expiresAt: expiresAt))
+        gate = Mutex(Gate(open: open))
     }
 
     /// The session and expiry of the token the channel follows now (one read of both).
     var auth: Auth { authState.withLock { $0 } }
     var isEnded: Bool { ended.withLock { $0 } }
 
-    /// A refreshed token of the same user: the channel follows its session and expiry.
+    /// A token of the channel's user: the channel follows its session and expiry, and
+    /// delivers again if a key had stopped it.
     func refresh(session: UUID, expiresAt: Int64) {
         authState.withLock { $0 = Auth(session: session, expiresAt: expiresAt) }
+    }
+
+    /// The app's key instead of a user's token: the channel stays joined, still following
+    /// (and ending with) its last user token, and delivers nothing until `refresh`.
+    func withhold() {
+        authState.withLock { $0.delivering = false }
     }
 
     /// Marks the channel ended; false if it was already.
@@ -461,16 +519,50 @@ final class RealtimeChannel: Sendable {
         }
     }
 
-    /// Sends a message on this channel's topic. A client too far behind is disconnected.
+    /// Sends a message on this channel's topic, or holds it until the join's reply is out.
+    /// A client too far behind is disconnected.
     func send(event: String, ref: String? = nil, payload: [UInt8]) {
         let bytes = PhoenixMessage.encode(
             joinRef: joinRef, ref: ref, topic: topic, event: event, payload: payload, version: version)
-        RealtimeSession.send(bytes, on: socket)
+        let held = gate.withLock { gate -> Bool? in
+            if gate.open { return false }
+            guard gate.heldBytes + bytes.count <= holdLimit else { return nil }
+            gate.held.append(bytes)
+            gate.heldBytes += bytes.count
+            return true
+        }
+        switch held {
+        case false?: RealtimeSession.send(bytes, on: socket)
+        case true?: break
+        case nil: socket.close(.tryAgainLater, reason: "the client reads too slowly")
+        }
+    }
+
+    /// The join's reply is out: sends `first` (the `system` message that says the
+    /// subscription is live), then what was held, then lets messages go out at once. Under
+    /// the gate's lock, so nothing sent meanwhile overtakes them.
+    func open(after first: (event: String, payload: [UInt8])?) {
+        gate.withLock { gate in
+            guard !gate.open else { return }
+            if let first {
+                RealtimeSession.send(
+                    PhoenixMessage.encode(
+                        joinRef: joinRef, ref: nil, topic: topic, event: first.event, payload: first.payload,
+                        version: version),
+                    on: socket)
+            }
+            for bytes in gate.held { RealtimeSession.send(bytes, on: socket) }
+            gate = Gate(open: true)
+        }
     }
 
     /// A `system` message: of the `postgres_changes` extension (the subscription is live), or
     /// of `system` (the server ends the channel, as Supabase Realtime says so).
     func sendSystem(ok: Bool, extension name: String = "postgres_changes", message: String) {
+        send(event: "system", payload: systemPayload(ok: ok, extension: name, message: message))
+    }
+
+    func systemPayload(ok: Bool, extension name: String = "postgres_changes", message: String) -> [UInt8] {
         var writer = JSONWriter(capacity: 128)
         writer.beginObject()
         writer.string("extension", name)
@@ -478,7 +570,7 @@ final class RealtimeChannel: Sendable {
         writer.string("message", message)
         writer.string("channel", topic.hasPrefix("realtime:") ? String(topic.dropFirst(9)) : topic)
         writer.endObject()
-        send(event: "system", payload: writer.bytes)
+        return writer.bytes
     }
 }
 
@@ -625,7 +717,7 @@ final class RealtimeHub: Sendable {
     /// Returns how many messages went out.
     private static func send(_ change: Change, table: RealtimeTable, to channels: [RealtimeChannel]) -> Int {
         var sent = 0
-        for channel in channels where !channel.isEnded {
+        for channel in channels where !channel.isEnded && channel.auth.delivering {
             let ids = channel.bindings.filter { $0.matches(table, values: change.values) }
             guard !ids.isEmpty else { continue }
             var writer = JSONWriter(capacity: change.data.count + 32)

@@ -13,15 +13,28 @@ struct RealtimeSession {
     let version: PhoenixMessage.Version
     /// Closes the socket if no channel is joined within `joinGrace` of its opening.
     let grace: RealtimeJoinGrace
+    /// The `apikey` the socket was opened with (the app's key), if any: sent as an
+    /// `access_token`, it is a key, not a user's token.
+    let apiKey: String?
     /// Joined channels by topic.
     private var channels: [String: RealtimeChannel] = [:]
+    /// The client's messages of any kind, and its joins (`maxMessagesPerSecond`,
+    /// `maxJoinsPerSecond`).
+    private var messageRate: RealtimeRateLimit
+    private var joinRate: RealtimeRateLimit
 
-    /// `address`: the client's, for the log.
-    init(feed: RealtimeFeed, socket: WebSocket, version: PhoenixMessage.Version, address: String) {
+    /// `address`: the client's, for the log. `apiKey`: the `apikey` it connected with.
+    init(
+        feed: RealtimeFeed, socket: WebSocket, version: PhoenixMessage.Version, address: String, apiKey: String? = nil
+    ) {
         self.feed = feed
         self.socket = socket
         self.version = version
+        self.apiKey = apiKey
         grace = RealtimeJoinGrace(feed: feed, socket: socket, address: address)
+        messageRate = RealtimeRateLimit(
+            perSecond: feed.settings.maxMessagesPerSecond, burst: feed.settings.messageBurst)
+        joinRate = RealtimeRateLimit(perSecond: feed.settings.maxJoinsPerSecond, burst: feed.settings.joinBurst)
     }
 
     /// Queues `bytes`; a client that is too far behind is closed (`1013`).
@@ -42,26 +55,50 @@ struct RealtimeSession {
             for channel in channels.values { feed.leave(channel) }
         }
         while let message = await socket.receive() {
+            let now = feed.settings.clock()
+            let withinRate = messageRate.take(at: now)
             switch message {
             case .text(let bytes):
+                let decoded: PhoenixMessage
                 do {
-                    let decoded = try PhoenixMessage.decode(bytes, version: version)
-                    await handle(decoded)
+                    decoded = try PhoenixMessage.decode(bytes, version: version)
                 } catch {
                     // Nothing to answer to: the topic and ref are unknown.
-                    reply(
-                        to: PhoenixMessage(joinRef: nil, ref: nil, topic: "phoenix", event: "", payload: .null),
-                        error: "malformed message: \(error.reason)")
+                    let unknown = PhoenixMessage(joinRef: nil, ref: nil, topic: "phoenix", event: "", payload: .null)
+                    guard withinRate else { return closeForRate(unknown, Self.tooManyMessages) }
+                    reply(to: unknown, error: "malformed message: \(error.reason)")
+                    continue
                 }
+                guard withinRate else { return closeForRate(decoded, Self.tooManyMessages) }
+                if decoded.event == "phx_join", decoded.topic != "phoenix", !joinRate.take(at: now) {
+                    return closeForRate(decoded, Self.tooManyJoins)
+                }
+                await handle(decoded)
             case .binary(let bytes):
                 // supabase-js sends Broadcast as binary frames (vsn 2.0.0): refused, with an answer.
                 let header = PhoenixMessage.binaryPushHeader(bytes)
                 let message = PhoenixMessage(
                     joinRef: header?.joinRef, ref: header?.ref, topic: header?.topic ?? "phoenix", event: "broadcast",
                     payload: .null)
+                guard withinRate else { return closeForRate(message, Self.tooManyMessages) }
                 reply(to: message, error: Self.broadcastRefused)
             }
         }
+    }
+
+    /// Supabase Realtime's reasons for a client over its rate limits.
+    static let tooManyJoins = "ClientJoinRateLimitReached: Too many joins per second"
+    static let tooManyMessages = "Too many messages per second"
+
+    /// `message` passed a rate limit: it is answered with `reason` and the socket closed
+    /// (`1008`), as Supabase Realtime disconnects a client over its join rate. The clients
+    /// reconnect with backoff and rejoin. The session then ends (its channels are left).
+    private func closeForRate(_ message: PhoenixMessage, _ reason: String) {
+        reply(to: message, error: reason)
+        guard !socket.isClosed else { return }
+        feed.closedRateLimited.increment()
+        feed.logger.info("realtime socket closed: \(reason)", metadata: ["ip": "\(grace.address)"])
+        socket.close(.policyViolation, reason: reason)
     }
 
     static let broadcastRefused = "Broadcast is not supported by this server (trunk-sync serves postgres_changes only)"
@@ -154,13 +191,18 @@ struct RealtimeSession {
             reply(to: message, error: Self.presenceRefused)
             return
         }
+        let signInFirst = "Sign in first: postgres_changes needs the user's access_token in the join"
         guard let token = payload["access_token"]?.stringValue, !token.isEmpty else {
-            reply(to: message, error: "Sign in first: postgres_changes needs the user's access_token in the join")
+            reply(to: message, error: signInFirst)
             return
         }
         let claims: AccessClaims
         do {
-            claims = try verify(token)
+            guard let user = try userClaims(token) else {
+                reply(to: message, error: signInFirst + ", not the app's key")
+                return
+            }
+            claims = user
         } catch {
             reply(to: message, error: error.reason)
             return
@@ -189,13 +231,14 @@ struct RealtimeSession {
         let channel = RealtimeChannel(
             id: feed.nextChannelID(), user: claims.userID, session: claims.sessionID, expiresAt: claims.expiresAt,
             socket: socket, version: version, topic: message.topic, joinRef: message.joinRef ?? message.ref,
-            bindings: bindings)
+            bindings: bindings, open: false, holdLimit: feed.settings.bufferBytes)
         do {
             try await feed.join(channel)
         } catch {
             reply(to: message, error: error.reason)
             return
         }
+        if let registered = feed.settings.afterJoinRegistered { await registered() }
         guard !socket.isClosed else {
             feed.leave(channel)
             return
@@ -213,30 +256,83 @@ struct RealtimeSession {
         for binding in bindings { binding.write(to: &writer) }
         writer.endArray()
         writer.endObject()
+        // The channel is live (its hub may have sent it changes already): they are held until
+        // the reply is out, which gives the client the ids it matches them by.
         reply(to: message, ok: writer.bytes)
-        if !bindings.isEmpty {
-            channel.sendSystem(ok: true, message: "Subscribed to PostgreSQL")
-        }
+        let subscribed = channel.systemPayload(ok: true, message: "Subscribed to PostgreSQL")
+        channel.open(after: bindings.isEmpty ? nil : (event: "system", payload: subscribed))
     }
 
-    /// `access_token` on a joined channel: a valid token of the same user keeps it going
-    /// (with the new token's expiry); anything else ends it.
+    /// `access_token` on a joined channel, as Supabase Realtime takes it:
+    /// - a valid token of the channel's user: the channel follows it (its session, its expiry)
+    ///   and delivers;
+    /// - none (`null`: what realtime-js and supabase-swift send when their `accessToken`
+    ///   callback has no token): nothing changes, as Supabase ignores it;
+    /// - the app's key (`isKey`: what supabase-js, supabase-swift and supabase-py send once
+    ///   signed out, or when the session could not be had): the channel stays joined but
+    ///   delivers nothing until a token of its user comes (Supabase keeps it, reading as the
+    ///   `anon` role, which sees no user's rows). It still follows its last user token: it
+    ///   ends at that token's `exp` and when its session is revoked;
+    /// - anything else (invalid, expired, revoked, another user's) ends it.
+    /// Answered `ok` unless it ends the channel (Supabase answers nothing; the clients wait
+    /// for no answer).
     private mutating func refreshToken(_ message: PhoenixMessage) {
         forgetEndedChannels()
         guard let channel = channels[message.topic] else {
             reply(to: message, error: "unmatched topic")
             return
         }
-        let token = message.payload.objectValue?["access_token"]?.stringValue ?? ""
         do throws(RealtimeError) {
-            let claims = try verify(token)
-            guard claims.userID == channel.user else { throw RealtimeError("the token belongs to another user") }
-            channel.refresh(session: claims.sessionID, expiresAt: claims.expiresAt)
+            switch message.payload.objectValue?["access_token"] {
+            case nil, .null?:
+                break
+            case .string(let token)?:
+                guard let claims = try userClaims(token) else {
+                    channel.withhold()
+                    break
+                }
+                guard claims.userID == channel.user else { throw RealtimeError("the token belongs to another user") }
+                channel.refresh(session: claims.sessionID, expiresAt: claims.expiresAt)
+            default:
+                throw RealtimeError("access_token must be a string")
+            }
             reply(to: message, ok: Array("{}".utf8))
         } catch {
             channels.removeValue(forKey: message.topic)
             feed.end(channel, reason: "Access token refused: \(error.reason)")
         }
+    }
+
+    /// The claims of a user's valid token; nil for the app's key (`isKey`, checked only when
+    /// `token` is no valid token); throws for anything else.
+    private func userClaims(_ token: String) throws(RealtimeError) -> AccessClaims? {
+        do {
+            return try verify(token)
+        } catch {
+            if isKey(token) { return nil }
+            throw error
+        }
+    }
+
+    /// Whether `token` is the app's key rather than a user's token: the `apikey` the socket
+    /// was opened with, a Supabase API key (`sb_publishable_…`, `sb_secret_…`), or a JWT of
+    /// the `anon` role naming no user (a Supabase project's anon key). Never one of this
+    /// server's access tokens, which name a user and the `authenticated` role. Read, not
+    /// verified: a key grants nothing.
+    func isKey(_ token: String) -> Bool {
+        guard !token.isEmpty else { return false }  // as Supabase: "" is a token, and invalid
+        if token.hasPrefix("sb_") { return true }
+        if let apiKey, constantTimeEquals(token.utf8, apiKey.utf8) { return true }
+        return Self.isAnonJWT(token)
+    }
+
+    /// Whether `token` is a JWT whose claims say `role: anon` and name no `sub`.
+    static func isAnonJWT(_ token: String) -> Bool {
+        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3, let bytes = Base64URL.decode(String(parts[1])),
+            case .object(let claims)? = try? JSONValue.parse(bytes, limits: PhoenixMessage.jsonLimits)
+        else { return false }
+        return claims["role"]?.stringValue == "anon" && claims["sub"] == nil
     }
 
     private func verify(_ token: String) throws(RealtimeError) -> AccessClaims {
@@ -397,8 +493,10 @@ struct RealtimeRoutes: Sendable {
         let feed = self.feed
         let chosen = version
         let address = request.remoteAddress
+        let socketKey = key ?? request.headers["apikey"]
         return .webSocket(accept: accept, settings: settings) { socket in
-            var session = RealtimeSession(feed: feed, socket: socket, version: chosen, address: address)
+            var session = RealtimeSession(
+                feed: feed, socket: socket, version: chosen, address: address, apiKey: socketKey)
             await session.run()
         }
     }
