@@ -471,9 +471,12 @@ final class RealtimeChannel: Sendable {
     /// The most bytes held before the join's reply; more close the socket as a slow reader
     /// would be (`1013`).
     let holdLimit: Int
-    private let authState: Mutex<Auth>
-    private let ended = Mutex(false)
+    /// The token it follows and whether it ended, under one lock: the fan-out reads both
+    /// for every channel of every change (`isDelivering`).
+    private let state: Mutex<(auth: Auth, ended: Bool)>
     private let gate: Mutex<Gate>
+    /// `gate.open`, read without its lock by every send once the join's reply is out.
+    private let isOpen: Atomic<Bool>
 
     /// `open`: whether messages go out at once (a channel the session joins is opened by it
     /// after the join's reply: `open(after:)`).
@@ -491,31 +494,34 @@ final class RealtimeChannel: Sendable {
         self.bindings = bindings
         self.holdLimit = holdLimit
         filterBytes = bindings.reduce(0) { $0 + ($1.filterText?.utf8.count ?? 0) }
-        authState = Mutex(Auth(session: session, expiresAt: expiresAt))
+        state = Mutex((Auth(session: session, expiresAt: expiresAt), false))
         gate = Mutex(Gate(open: open))
+        isOpen = Atomic(open)
     }
 
     /// The session and expiry of the token the channel follows now (one read of both).
-    var auth: Auth { authState.withLock { $0 } }
-    var isEnded: Bool { ended.withLock { $0 } }
+    var auth: Auth { state.withLock { $0.auth } }
+    var isEnded: Bool { state.withLock { $0.ended } }
+    /// Whether changes go to it: not ended, and not withheld by a key.
+    var isDelivering: Bool { state.withLock { !$0.ended && $0.auth.delivering } }
 
     /// A token of the channel's user: the channel follows its session and expiry, and
     /// delivers again if a key had stopped it.
     func refresh(session: UUID, expiresAt: Int64) {
-        authState.withLock { $0 = Auth(session: session, expiresAt: expiresAt) }
+        state.withLock { $0.auth = Auth(session: session, expiresAt: expiresAt) }
     }
 
     /// The app's key instead of a user's token: the channel stays joined, still following
     /// (and ending with) its last user token, and delivers nothing until `refresh`.
     func withhold() {
-        authState.withLock { $0.delivering = false }
+        state.withLock { $0.auth.delivering = false }
     }
 
     /// Marks the channel ended; false if it was already.
     func markEnded() -> Bool {
-        ended.withLock { ended in
-            defer { ended = true }
-            return !ended
+        state.withLock { state in
+            defer { state.ended = true }
+            return !state.ended
         }
     }
 
@@ -524,6 +530,10 @@ final class RealtimeChannel: Sendable {
     func send(event: String, ref: String? = nil, payload: [UInt8]) {
         let bytes = PhoenixMessage.encode(
             joinRef: joinRef, ref: ref, topic: topic, event: event, payload: payload, version: version)
+        if isOpen.load(ordering: .acquiring) {
+            RealtimeSession.send(bytes, on: socket)
+            return
+        }
         let held = gate.withLock { gate -> Bool? in
             if gate.open { return false }
             guard gate.heldBytes + bytes.count <= holdLimit else { return nil }
@@ -553,6 +563,7 @@ final class RealtimeChannel: Sendable {
             }
             for bytes in gate.held { RealtimeSession.send(bytes, on: socket) }
             gate = Gate(open: true)
+            isOpen.store(true, ordering: .releasing)
         }
     }
 
@@ -717,7 +728,7 @@ final class RealtimeHub: Sendable {
     /// Returns how many messages went out.
     private static func send(_ change: Change, table: RealtimeTable, to channels: [RealtimeChannel]) -> Int {
         var sent = 0
-        for channel in channels where !channel.isEnded && channel.auth.delivering {
+        for channel in channels where channel.isDelivering {
             let ids = channel.bindings.filter { $0.matches(table, values: change.values) }
             guard !ids.isEmpty else { continue }
             var writer = JSONWriter(capacity: change.data.count + 32)
