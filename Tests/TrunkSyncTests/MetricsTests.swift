@@ -21,6 +21,27 @@ final class MetricsTests: XCTestCase {
             XCTAssertTrue(
                 docs.contains("`\(name)`") || docs.contains("`\(name){"), "\(name) is not in docs/operations.md")
         }
+        // And the other way: every trunk_sync_ name the guides give is a metric the server
+        // exports, unless it is a database object (a role, function or channel the migrations
+        // make) or the console's cookie, so an alert on a metric renamed or removed fails here.
+        var migrations = ""
+        let directory = repositoryRoot() + "/migrations/"
+        for file in try FileManager.default.contentsOfDirectory(atPath: directory) where file.hasSuffix(".sql") {
+            migrations += try String(contentsOfFile: directory + file, encoding: .utf8)
+        }
+        let exported = Set(names)
+        let pattern = try NSRegularExpression(pattern: "trunk_sync_[a-z0-9_]*[a-z0-9]")
+        for file in ["README.md", "docs/operations.md", "config/README.md", "docs/api.md", "docs/realtime.md"] {
+            let text = try String(contentsOfFile: repositoryRoot() + "/" + file, encoding: .utf8)
+            for match in pattern.matches(in: text, range: NSRange(text.startIndex..., in: text)) {
+                guard let range = Range(match.range, in: text) else { continue }
+                let name = String(text[range])
+                guard !exported.contains(name), !migrations.contains(name),
+                    !["trunk_sync_console", "trunk_sync_server"].contains(name)
+                else { continue }
+                XCTFail("\(file) names \(name), which /metrics does not export")
+            }
+        }
     }
 
     func testMetricsParseAsPrometheusTextAndCountersMove() async throws {

@@ -352,45 +352,7 @@ public enum OpenAPIDocument {
             "$ref": "#/components/responses/AuthInternalError"
           },
           "503": {
-            "description": "`email_send_failed` (the mail could not be sent; `Retry-After: 30`, and the address may ask again at once), or the database cannot serve the request.",
-            "headers": {
-              "X-Request-Id": {
-                "$ref": "#/components/headers/X-Request-Id"
-              },
-              "X-Supabase-Api-Version": {
-                "$ref": "#/components/headers/X-Supabase-Api-Version"
-              },
-              "Retry-After": {
-                "$ref": "#/components/headers/Retry-After"
-              }
-            },
-            "content": {
-              "application/json": {
-                "schema": {
-                  "allOf": [
-                    {
-                      "$ref": "#/components/schemas/AuthError"
-                    }
-                  ],
-                  "properties": {
-                    "code": {
-                      "enum": [
-                        "email_send_failed",
-                        "database_busy",
-                        "database_unavailable"
-                      ]
-                    },
-                    "error_code": {
-                      "enum": [
-                        "email_send_failed",
-                        "database_busy",
-                        "database_unavailable"
-                      ]
-                    }
-                  }
-                }
-              }
-            }
+            "$ref": "#/components/responses/AuthUnavailable"
           }
         },
         "x-body-limit": 4096
