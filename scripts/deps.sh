@@ -3,6 +3,14 @@
 # arguments, skipping those present.
 set -euo pipefail
 
+# Swift is no Debian package: without it, say where to get it, rather than fail later in
+# `swift build` with "command not found" (make run with TRUNK_SYNC_BIN builds nothing).
+if [ $# -eq 0 ] && [ -z "${TRUNK_SYNC_BIN:-}" ] && ! command -v swift >/dev/null; then
+  echo "swift is not on PATH: trunk-sync builds with Swift 6 (6.3 tested). Install the Swift toolchain for" \
+    "Debian 12 (https://www.swift.org/install/linux/), put its usr/bin on PATH, then run this again." >&2
+  exit 1
+fi
+
 # With arguments: those packages instead (scripts/test.sh adds the browser its tests drive).
 packages=(libpq-dev libssl-dev pkg-config postgresql python3-aiosmtpd python3-jwt python3-venv curl openssl)
 [ $# -gt 0 ] && packages=("$@")

@@ -57,13 +57,16 @@ if [ -n "${TRUNK_SYNC_ADMIN_EMAILS:-}" ]; then
 else
   console="http://127.0.0.1:$admin_port/console/ (sign-in disabled; enable it with TRUNK_SYNC_ADMIN_EMAILS=you@example.com make run)"
 fi
+# The binary as a command to paste here (it is not on PATH): relative to the checkout when in it.
+shown_bin=${bin#"$PWD/"}
+[ "$shown_bin" = "$bin" ] || shown_bin=./$shown_bin
 cat >&2 <<EOF
 make run:
   API           http://$TRUNK_SYNC_HOST:$TRUNK_SYNC_PORT/  (described at /openapi.json; docs/api.md)
   console       $console
   metrics       http://127.0.0.1:$admin_port/metrics
   sign-in codes printed below (TRUNK_SYNC_MAILER=$TRUNK_SYNC_MAILER)
-  owner's tools TRUNK_SYNC_MIGRATION_DATABASE_URL=\$(scripts/pg.sh url $data/postgres trunk_sync) trunk-sync users list
+  owner's tools TRUNK_SYNC_MIGRATION_DATABASE_URL=\$(scripts/pg.sh url $data/postgres trunk_sync) $shown_bin users list
   the server logs in as trunk_sync_server; Ctrl-C stops it and the database
 EOF
 # The server gets its own login only, not the owner's URL.

@@ -42,6 +42,20 @@ final class DevScriptsTests: XCTestCase {
         XCTAssertFalse(stranger.stdout.contains("1"), stranger.stdout)
     }
 
+    /// Swift is the one prerequisite scripts/deps.sh cannot install: without it, `make run` and
+    /// `make test` stop at once saying where to get it, not later in `swift build`.
+    func testDepsSaysWhereToGetSwift() throws {
+        let empty = NSTemporaryDirectory() + "no-swift-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: empty, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: empty) }
+        let result = try Command.run(
+            "/bin/bash", [repositoryRoot() + "/scripts/deps.sh"], environment: ["PATH": empty, "HOME": empty])
+        XCTAssertEqual(result.status, 1, result.stdout + result.stderr)
+        XCTAssertTrue(result.stderr.hasPrefix("swift is not on PATH"), result.stderr)
+        XCTAssertTrue(result.stderr.contains("https://www.swift.org/install/linux/"), result.stderr)
+        XCTAssertEqual(result.stderr.split(separator: "\n").count, 1, result.stderr)
+    }
+
     /// `make run`'s script as developers run it (in a data directory of its own, with the
     /// test build's binary): the server logs in as its own role, made by migrate, not as
     /// the cluster's superuser; its secrets and socket directory are private; Ctrl-C stops
@@ -104,6 +118,15 @@ final class DevScriptsTests: XCTestCase {
         XCTAssertEqual(text().components(separatedBy: "migration=0001_initial_schema.sql").count, 2, text())
         XCTAssertFalse(
             text().contains("TRUNK_SYNC_DATABASE_URL logs in as"), "no warning about the server's role: \(text())")
+        // The owner's tools as printed, pasted into a shell in the checkout (trunk-sync is
+        // not on PATH: the line names the binary).
+        let tools = try XCTUnwrap(
+            text().split(separator: "\n").first { $0.contains("owner's tools ") }?
+                .components(separatedBy: "owner's tools ").last, text())
+        let listed = try Command.run(
+            "/bin/bash", ["-c", tools], environment: Command.environment([:]), currentDirectory: repositoryRoot())
+        XCTAssertEqual(listed.status, 0, tools + "\n" + listed.stdout + listed.stderr)
+        XCTAssertTrue(listed.stdout.contains("0 user(s)"), listed.stdout)
         for file in ["jwt_secret", "key_encryption_key", "server_db_password"] {
             let mode = try XCTUnwrap(
                 try FileManager.default.attributesOfItem(atPath: data + "/" + file)[.posixPermissions] as? Int)
