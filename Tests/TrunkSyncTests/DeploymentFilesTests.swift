@@ -259,6 +259,21 @@ final class DeploymentFilesTests: XCTestCase {
         XCTAssertTrue(makefile.contains("drill:\n\tscripts/drill-restore.sh"), makefile)
     }
 
+    /// The upgrade's `config check` runs the new version: `docker compose run` uses the image
+    /// it finds, so the new one is built first (else the old binary checks, knowing nothing of
+    /// the settings the new one refuses without).
+    func testUpgradeChecksWithTheNewImage() throws {
+        let operations = try String(contentsOfFile: repositoryRoot() + "/docs/operations.md", encoding: .utf8)
+        let upgrade = try XCTUnwrap(operations.components(separatedBy: "\n## Upgrade\n").dropFirst().first)
+        let compose = try String(contentsOfFile: repositoryRoot() + "/docker-compose.yml", encoding: .utf8)
+        let upgrading = try XCTUnwrap(compose.components(separatedBy: "# Upgrading:").dropFirst().first)
+        for (name, steps) in [("docs/operations.md", upgrade), ("docker-compose.yml", upgrading)] {
+            let build = try XCTUnwrap(steps.range(of: "docker compose build"), name)
+            let check = try XCTUnwrap(steps.range(of: "config check"), name)
+            XCTAssertLessThan(build.lowerBound, check.lowerBound, "\(name): build, then config check")
+        }
+    }
+
     func testDockerfileShipsWhatTheBinaryLooksFor() throws {
         let dockerfile = try String(contentsOfFile: repositoryRoot() + "/Dockerfile", encoding: .utf8)
         XCTAssertTrue(dockerfile.contains("COPY migrations /usr/share/trunk-sync/migrations"))
