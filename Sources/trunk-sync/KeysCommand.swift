@@ -117,8 +117,8 @@ struct KeysCommand: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Stop verifying (and publishing) a key; servers reject its tokens within 60 s.",
             discussion: """
-                Refuses, unless --force, while the key signs or while tokens it signed may still be \
-                valid (the access token lifetime after a newer key took over).
+                Refuses, unless --force, while the key signs or is pending (about to sign), or while \
+                tokens it signed may still be valid (the access token lifetime after a newer key took over).
                 """)
         @OptionGroup var options: CommonOptions
         @Argument(help: "The key's kid (see trunk-sync keys list).") var kid: String

@@ -227,6 +227,20 @@ final class SigningKeyTests: XCTestCase {
         XCTAssertEqual(try app.owner().query("select count(*) from signing_keys")[0].decode(Int.self, column: 0), 0)
     }
 
+    /// A key added by mistake is pending: retiring it says so (not "add a newer key first",
+    /// which is for the key that signs) and how to do it anyway.
+    func testRetiringAPendingKeySaysItIsPending() throws {
+        let kid = try addKey()
+        let refused = try keys(["retire", kid])
+        XCTAssertEqual(refused.status, 1, refused.stdout)
+        XCTAssertTrue(refused.stderr.hasPrefix("trunk-sync: key \(kid) is pending: it starts signing"), refused.stderr)
+        XCTAssertTrue(refused.stderr.contains("pass --force"), refused.stderr)
+        XCTAssertEqual(refused.stderr.split(separator: "\n").count, 1, refused.stderr)
+        let forced = try keys(["retire", kid, "--force"])
+        XCTAssertEqual(forced.status, 0, forced.stderr)
+        XCTAssertTrue(forced.stdout.contains("retired \(kid)"), forced.stdout)
+    }
+
     func testRetiringAnUnknownKidIsAClearError() throws {
         let result = try keys(["retire", "no-such-kid"])
         XCTAssertEqual(result.status, 1)

@@ -274,8 +274,11 @@ public struct SigningKeyStore: Sendable {
     public enum RetireError: Error, Equatable, CustomStringConvertible {
         /// No key has that `kid`.
         case unknownKey(String)
-        /// The key signs new tokens now or will once pending.
+        /// The key signs new tokens now.
         case stillSigning(String)
+        /// The key is pending: it signs new tokens in that many seconds (instances may be
+        /// about to), and has signed nothing yet.
+        case pending(String, seconds: Int)
         /// Tokens it signed may still be valid for that many seconds.
         case tokensStillValid(String, seconds: Int)
 
@@ -286,6 +289,11 @@ public struct SigningKeyStore: Sendable {
             case .stillSigning(let kid):
                 return "key \(kid) signs new tokens (add a newer key first and wait until it signs): "
                     + "retiring it now rejects every token it signed; pass --force to do so anyway"
+            case .pending(let kid, let seconds):
+                return
+                    "key \(kid) is pending: it starts signing new tokens in \(seconds) seconds (instances may be about "
+                    + "to sign with it); to retire a key added by mistake, pass --force (a token it signed by then gets "
+                    + "401 until the client refreshes)"
             case .tokensStillValid(let kid, let seconds):
                 return "tokens signed with key \(kid) may be valid for \(seconds) more seconds: "
                     + "retiring it now rejects them (401 until the clients refresh); wait, or pass --force"
@@ -308,7 +316,8 @@ public struct SigningKeyStore: Sendable {
             if let retiredAt = key.retiredAt { return .done(.alreadyRetired(retiredAt)) }
             if !force {
                 switch key.status {
-                case .signing, .pending: return .refused(.stillSigning(kid))
+                case .signing: return .refused(.stillSigning(kid))
+                case .pending(let seconds): return .refused(.pending(kid, seconds: Int(seconds.rounded(.up))))
                 case .verifying, .retired:
                     // It stopped signing when the oldest newer key still in use took over.
                     let takeover =
