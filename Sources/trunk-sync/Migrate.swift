@@ -33,6 +33,8 @@ struct Migrate: AsyncParsableCommand {
                     migrations: try Migration.load(from: configuration.migrationsDirectory), logger: logger)
                 let encryption = configuration.keyEncryptionKey
                 let afterRestore = afterRestore
+                // The URL migrate logs in with, named in its refusals.
+                let setting = try configuration.ownerDatabase().setting ?? "TRUNK_SYNC_DATABASE_URL"
                 // The server's login, when TRUNK_SYNC_DATABASE_URL is set (it may name the owner).
                 let server = try configuration.databaseURL.flatMap { try DatabaseRoles.ServerLogin(url: $0) }
                 let (applied, encrypted, role, timeline) = try await withOwnerConnection(configuration) {
@@ -46,6 +48,7 @@ struct Migrate: AsyncParsableCommand {
                         // before anything changes: keys no server could use, a server login
                         // with rights it must not have.
                         before: { connection in
+                            try DatabaseRoles.requireSchemaOwner(on: connection, setting: setting)
                             try SigningKeyStore.checkBeforeMigrating(on: connection, encryption: encryption)
                             if let server { try DatabaseRoles.checkServerLogin(server, on: connection) }
                         },

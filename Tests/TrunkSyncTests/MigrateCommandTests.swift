@@ -372,5 +372,13 @@ final class ServerLoginRoleTests: XCTestCase {
                 "trunk-sync: this command needs the tables' owner, but the database URL logs in as \(role!): set TRUNK_SYNC_MIGRATION_DATABASE_URL to the URL trunk-sync migrate uses\n",
                 command.joined(separator: " "))
         }
+        // migrate too (given the server's URL alone, as in the server's container): one line
+        // saying which URL to set, not a bare "PostgreSQL error 42501".
+        let migrate = try run(["migrate"])
+        XCTAssertEqual(migrate.status, 1, migrate.stdout)
+        XCTAssertEqual(
+            migrate.stderr,
+            "trunk-sync: TRUNK_SYNC_DATABASE_URL logs in as \(role!), but the tables belong to \(database["user"]!): migrate runs as their owner; set TRUNK_SYNC_MIGRATION_DATABASE_URL to the owner's URL (with docker compose: docker compose run --rm migrate); nothing was changed\n"
+        )
     }
 }

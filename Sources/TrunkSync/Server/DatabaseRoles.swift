@@ -202,6 +202,33 @@ public enum DatabaseRoles {
         }
     }
 
+    /// `migrate` given a login that does not own the tables (the server's own, say): it
+    /// would fail on the first thing it reads or changes with a bare `42501`.
+    public struct SchemaOwnerRequired: Error, CustomStringConvertible {
+        public var setting: String
+        public var role: String
+        public var owner: String
+        public var description: String {
+            "\(setting) logs in as \(role), but the tables belong to \(owner): migrate runs as their owner; set "
+                + "TRUNK_SYNC_MIGRATION_DATABASE_URL to the owner's URL (with docker compose: docker compose run "
+                + "--rm migrate); nothing was changed"
+        }
+    }
+
+    /// Before `migrate` changes anything: once the schema exists (`schema_migrations`), the
+    /// login must be its owner or act as it (a member, or a superuser). `setting` names the URL.
+    public static func requireSchemaOwner(on connection: PostgresConnection, setting: String) throws {
+        let rows = try connection.query(
+            """
+            select current_user::text, pg_get_userbyid(c.relowner)::text, pg_has_role(current_user, c.relowner, 'USAGE')
+            from pg_class c where c.oid = to_regclass('schema_migrations')
+            """)
+        guard let row = rows.first, try !row.decode(Bool.self, column: 2) else { return }
+        throw SchemaOwnerRequired(
+            setting: setting, role: try row.decode(String.self, column: 0),
+            owner: try row.decode(String.self, column: 1))
+    }
+
     /// Refuses, before the owner's tools run, a login that row-level security would show
     /// nothing (so `users list` would print an empty table instead of an error).
     /// On a blocking connection (the import).
