@@ -315,3 +315,53 @@ extension DocumentationTests {
         }
     }
 }
+
+extension DocumentationTests {
+    /// A heading's anchor as GitHub makes it: lower case, spaces as hyphens, other
+    /// punctuation dropped.
+    static func anchor(_ heading: String) -> String {
+        String(
+            heading.lowercased().compactMap { character -> Character? in
+                if character == " " { return "-" }
+                return character.isLetter || character.isNumber || character == "_" || character == "-"
+                    ? character : nil
+            })
+    }
+
+    /// Every relative link of the guides (`[text](file#anchor)`) names a file that exists and,
+    /// in a Markdown file, a heading it has: a section renamed or a file moved fails here.
+    func testEveryLinkOfTheGuidesResolves() throws {
+        let pattern = try NSRegularExpression(pattern: #"\]\(([^)\s]+)\)"#)
+        var checked = 0
+        for file in Self.guides where file.hasSuffix(".md") {
+            let text = try Self.text(file)
+            for match in pattern.matches(in: text, range: NSRange(text.startIndex..., in: text)) {
+                guard let range = Range(match.range(at: 1), in: text), !text[range].hasPrefix("http") else { continue }
+                let parts = text[range].split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false)
+                let directory = (file as NSString).deletingLastPathComponent
+                let target =
+                    parts[0].isEmpty
+                    ? file
+                    : ((directory as NSString).appendingPathComponent(String(parts[0])) as NSString).standardizingPath
+                checked += 1
+                guard FileManager.default.fileExists(atPath: repositoryRoot() + "/" + target) else {
+                    XCTFail("\(file) links to \(text[range]): no such file")
+                    continue
+                }
+                guard parts.count == 2, target.hasSuffix(".md") else { continue }
+                var fenced = false
+                let headings = try Self.text(target).split(separator: "\n").compactMap { line -> String? in
+                    if line.hasPrefix("```") { fenced.toggle() }
+                    guard !fenced, line.hasPrefix("#") else { return nil }
+                    return Self.anchor(line.drop { $0 == "#" }.trimmingCharacters(in: .whitespaces))
+                }
+                XCTAssertTrue(headings.contains(String(parts[1])), "\(file) links to \(text[range]): no such heading")
+            }
+        }
+        XCTAssertGreaterThan(checked, 30)
+        XCTAssertEqual(Self.anchor("Back up and restore"), "back-up-and-restore")
+        XCTAssertEqual(
+            Self.anchor("Address, name and metadata changed on the hosted project"),
+            "address-name-and-metadata-changed-on-the-hosted-project")
+    }
+}
