@@ -155,14 +155,20 @@ final class DocumentationTests: XCTestCase {
         let joined = text.replacingOccurrences(of: "\\\n", with: " ")
         var candidates: [String] = []
         var fenced = false
+        // An indented code block starts after a blank line (a list item's wrapped text is
+        // indented as deep, but follows its text).
+        var previousBlank = true
+        var indentedCode = false
         for line in joined.split(separator: "\n", omittingEmptySubsequences: false) {
+            defer { previousBlank = line.allSatisfy(\.isWhitespace) }
             if line.hasPrefix("```") {
                 fenced.toggle()
                 continue
             }
+            indentedCode = line.hasPrefix("    ") && (indentedCode || previousBlank)
             // Code lines: fenced or indented by four spaces; in a YAML or shell file, the
             // compose commands its comments show.
-            if markdown, fenced || line.hasPrefix("    ") { candidates.append(String(line)) }
+            if markdown, fenced || indentedCode { candidates.append(String(line)) }
             if !markdown, line.hasPrefix("#"), line.contains("docker compose ") { candidates.append(String(line)) }
             var rest = line[...]
             while let open = rest.firstIndex(of: "`") {
