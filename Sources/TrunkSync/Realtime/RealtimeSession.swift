@@ -55,34 +55,55 @@ struct RealtimeSession {
             for channel in channels.values { feed.leave(channel) }
         }
         while let message = await socket.receive() {
-            let now = feed.settings.clock()
-            let withinRate = messageRate.take(at: now)
-            switch message {
-            case .text(let bytes):
-                let decoded: PhoenixMessage
-                do {
-                    decoded = try PhoenixMessage.decode(bytes, version: version)
-                } catch {
-                    // Nothing to answer to: the topic and ref are unknown.
-                    let unknown = PhoenixMessage(joinRef: nil, ref: nil, topic: "phoenix", event: "", payload: .null)
-                    guard withinRate else { return closeForRate(unknown, Self.tooManyMessages) }
-                    reply(to: unknown, error: "malformed message: \(error.reason)")
-                    continue
-                }
-                guard withinRate else { return closeForRate(decoded, Self.tooManyMessages) }
-                if decoded.event == "phx_join", decoded.topic != "phoenix", !joinRate.take(at: now) {
-                    return closeForRate(decoded, Self.tooManyJoins)
-                }
-                await handle(decoded)
-            case .binary(let bytes):
-                // supabase-js sends Broadcast as binary frames (vsn 2.0.0): refused, with an answer.
-                let header = PhoenixMessage.binaryPushHeader(bytes)
-                let message = PhoenixMessage(
-                    joinRef: header?.joinRef, ref: header?.ref, topic: header?.topic ?? "phoenix", event: "broadcast",
-                    payload: .null)
-                guard withinRate else { return closeForRate(message, Self.tooManyMessages) }
-                reply(to: message, error: Self.broadcastRefused)
+            // Checked and decoded in a function of its own: what it needs stays out of this
+            // task's frame, which every socket keeps for as long as it is open.
+            switch admit(message) {
+            case .handle(let decoded): await handle(decoded)
+            case .answered: continue
+            case .closed: return
             }
+        }
+    }
+
+    /// What becomes of a message the client sent (`admit`).
+    private enum Admitted {
+        case handle(PhoenixMessage)
+        /// Answered already (a malformed message, Broadcast).
+        case answered
+        /// Over a rate limit: answered, and the socket closed.
+        case closed
+    }
+
+    /// Counts `message` against the socket's rate limits and decodes it.
+    private mutating func admit(_ message: WebSocketMessage) -> Admitted {
+        let now = feed.settings.clock()
+        let withinRate = messageRate.take(at: now)
+        switch message {
+        case .text(let bytes):
+            let decoded: PhoenixMessage
+            do {
+                decoded = try PhoenixMessage.decode(bytes, version: version)
+            } catch {
+                // Nothing to answer to: the topic and ref are unknown.
+                let unknown = PhoenixMessage(joinRef: nil, ref: nil, topic: "phoenix", event: "", payload: .null)
+                guard withinRate else { return closeForRate(unknown, Self.tooManyMessages) }
+                reply(to: unknown, error: "malformed message: \(error.reason)")
+                return .answered
+            }
+            guard withinRate else { return closeForRate(decoded, Self.tooManyMessages) }
+            if decoded.event == "phx_join", decoded.topic != "phoenix", !joinRate.take(at: now) {
+                return closeForRate(decoded, Self.tooManyJoins)
+            }
+            return .handle(decoded)
+        case .binary(let bytes):
+            // supabase-js sends Broadcast as binary frames (vsn 2.0.0): refused, with an answer.
+            let header = PhoenixMessage.binaryPushHeader(bytes)
+            let message = PhoenixMessage(
+                joinRef: header?.joinRef, ref: header?.ref, topic: header?.topic ?? "phoenix", event: "broadcast",
+                payload: .null)
+            guard withinRate else { return closeForRate(message, Self.tooManyMessages) }
+            reply(to: message, error: Self.broadcastRefused)
+            return .answered
         }
     }
 
@@ -93,12 +114,13 @@ struct RealtimeSession {
     /// `message` passed a rate limit: it is answered with `reason` and the socket closed
     /// (`1008`), as Supabase Realtime disconnects a client over its join rate. The clients
     /// reconnect with backoff and rejoin. The session then ends (its channels are left).
-    private func closeForRate(_ message: PhoenixMessage, _ reason: String) {
+    private func closeForRate(_ message: PhoenixMessage, _ reason: String) -> Admitted {
         reply(to: message, error: reason)
-        guard !socket.isClosed else { return }
+        guard !socket.isClosed else { return .closed }
         feed.closedRateLimited.increment()
         feed.logger.info("realtime socket closed: \(reason)", metadata: ["ip": "\(grace.address)"])
         socket.close(.policyViolation, reason: reason)
+        return .closed
     }
 
     static let broadcastRefused = "Broadcast is not supported by this server (trunk-sync serves postgres_changes only)"
