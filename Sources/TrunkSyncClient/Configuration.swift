@@ -14,7 +14,8 @@ extension TrunkSyncClient {
         /// Retries of failed requests.
         public var retry = RetryPolicy()
         /// Whether `liveEvents()` keeps retrying failures that are worth retrying (network,
-        /// 429, 503) forever, with backoff, instead of ending after `retry.maxAttempts`.
+        /// 429, 503, an answer that is not the server's) forever, with backoff, instead of
+        /// ending after `retry.maxAttempts`.
         public var liveRetriesForever = true
         /// Refresh the access token when it expires within this many seconds (at most half
         /// of the token's lifetime is used).

@@ -539,8 +539,10 @@ public actor TrunkSyncClient {
     /// sign-in's history comes once, by the pull), so a `sync` handler must not wait for
     /// the loop's pages; events a `sync` handler applied while a page was on its way are
     /// left out of it. Failures
-    /// worth retrying are retried forever with backoff (`liveRetriesForever`); the stream
-    /// ends with an error on anything else (e.g. `.notSignedIn` after `signOut`), and when
+    /// worth retrying are retried forever with backoff (`liveRetriesForever`), answers that
+    /// are not the server's too (a `200` whose body is not a page, a proxy's page of any
+    /// status: told to the observer as `.retrying`); the stream ends with an error on
+    /// anything else (e.g. `.notSignedIn` after `signOut`, the server's own error), and when
     /// the consuming task is cancelled. A stream belongs to the sign-in it started in: after
     /// `signOut` or another user's sign-in it ends with `.notSignedIn`, also when its next
     /// page is asked for only once signed in again (its last page is then not stored as the
@@ -676,10 +678,34 @@ public actor TrunkSyncClient {
         let answer = try await send(
             "GET", "/sync/v1/events", query: query, bearer: true, as: user, retry: retry,
             timeout: wait > 0 ? Double(wait) + 15 : nil)
-        guard answer.status == 200 else { throw failure(answer) }
-        let page = try EventPage.parse(answer.body)
-        try page.check(after: cursor)
-        return page
+        do {
+            guard answer.status == 200 else {
+                // A page of something in the way (a proxy's, a captive portal's), not the
+                // server's JSON error: it says nothing about the request.
+                guard answer.isServerError else {
+                    throw UnreadableAnswer(status: answer.status, error: failure(answer))
+                }
+                throw failure(answer)
+            }
+            do {
+                let page = try EventPage.parse(answer.body)
+                try page.check(after: cursor)
+                return page
+            } catch let error as TrunkSyncError {
+                // A 200 that is not a page after `cursor`: cut short, mangled or replaced on the
+                // way (a proxy), or a broken server's.
+                throw UnreadableAnswer(status: 200, error: error)
+            }
+        } catch let unreadable as UnreadableAnswer where wait == 0 {
+            throw unreadable.error
+        }
+    }
+
+    /// A long-poll's answer that is not the server's page or error (`fetchPage`): the live
+    /// loop takes it as a failure worth retrying, with backoff; `error` is what a pull throws.
+    struct UnreadableAnswer: Error {
+        var status: Int
+        var error: TrunkSyncError
     }
 
     private func nextLivePage(_ feed: some LiveFeed, _ position: LivePosition) async throws -> [SyncEvent]? {
@@ -687,12 +713,14 @@ public actor TrunkSyncClient {
         // A stream is of the sign-in it started in: after a sign-out or another user's
         // sign-in it ends, even when signed in again since (signOut removed the cursor: a page
         // handed out before must not become the new sign-in's cursor).
-        guard try position.belongs(to: signedInUser()) else { throw TrunkSyncError.notSignedIn }
+        let user = try signedInUser()
+        guard position.belongs(to: user) else { throw TrunkSyncError.notSignedIn }
         // The consumer asked for the next page: the previous one is applied.
         if let after = position.take(), after > store.cursor {
             try storage { try store.saveCursor(after) }
             configuration.observer?(.pageApplied(events: 0, cursor: after))
         }
+        var unreadable = 0
         while true {
             try Task.checkCancellation()
             try ensureCurrent(store)
@@ -700,7 +728,27 @@ public actor TrunkSyncClient {
             // asking for them here too would download and deliver them twice.
             try await pullEnded()
             try ensureCurrent(store)
-            let page = try await feed.nextPage(after: store.cursor)
+            let page: EventPage
+            do {
+                page = try await feed.nextPage(after: store.cursor)
+            } catch let answer as UnreadableAnswer {
+                // Worth retrying, as a network failure is (a proxy's page, a body cut short
+                // or mangled on the way): with backoff, told to the observer, never in a hot
+                // loop. (It ended the loop.)
+                unreadable += 1
+                let policy = configuration.retry
+                guard configuration.liveRetriesForever || unreadable < max(1, policy.maxAttempts) else {
+                    throw answer.error
+                }
+                let delay = policy.backoff(attempt: unreadable - 1)
+                configuration.observer?(
+                    .retrying(
+                        method: "GET", path: "/sync/v1/events", status: answer.status, retryAfter: nil, delay: delay,
+                        attempt: unreadable, error: answer.error.description))
+                try await backoff(delay, for: user)
+                continue
+            }
+            unreadable = 0
             try ensureCurrent(store)
             // Events a sync's handler applied while this page was on its way (the stored cursor
             // moves only once they are applied) are not handed out again.
@@ -812,11 +860,16 @@ public actor TrunkSyncClient {
             attempt += 1
             let retryAfter = answer.retryAfter
             let error = answer.serverError
-            if let retryAfter, retryAfter > policy.maxRetryAfter {
+            // Not waited out, but for the live loop (`unlimited`), which waits `maxRetryAfter`
+            // and asks again (and is told again): a proxy's day-long Retry-After, or a date
+            // counted from a clock that is off, never ends it nor stops it for a day.
+            if let retryAfter, retryAfter > policy.maxRetryAfter, !retry.unlimited {
                 throw TrunkSyncError.rateLimited(retryAfter: retryAfter, code: error.code, message: error.message)
             }
             guard retry.unlimited || attempt < maxAttempts else { return answer }
-            let delay = retryAfter.map { policy.delay(retryAfter: $0) } ?? policy.backoff(attempt: attempt - 1)
+            let delay =
+                retryAfter.map { policy.delay(retryAfter: min($0, policy.maxRetryAfter)) }
+                ?? policy.backoff(attempt: attempt - 1)
             configuration.observer?(
                 .retrying(
                     method: method, path: path, status: answer.status, retryAfter: retryAfter, delay: delay,

@@ -597,6 +597,93 @@ final class SessionTests: ClientTestCase {
         let cursor = await laptop.cursor
         try await assertEqual(try await laptop.sync { _ in }.pulled, 4 - Int(cursor), "the rest, once")
     }
+    /// A phone on a new server and a laptop behind a `HoldingProxy` in front of it, both
+    /// signed in as `email`, the laptop caught up (its long-polls wait 20 s), and the laptop's
+    /// live loop collecting into `received` once `start` is called: what a proxy does to the
+    /// live loop. Stop the proxy and cancel the loop after.
+    private func laptopBehindProxy(
+        _ email: String, _ configure: (inout TrunkSyncClient.Configuration) -> Void = { _ in }
+    ) async throws -> (
+        proxy: HoldingProxy, phone: TrunkSyncClient, events: EventLogBox, received: Collected,
+        start: () -> Task<Void, Error>
+    ) {
+        let server = try startServer()
+        let proxy = try HoldingProxy(upstream: server.port)
+        let phone = try makeClient(server, storage: try makeStorage())
+        try await signIn(phone, server, as: email)
+        let events = EventLogBox()
+        let laptop = try makeClient(via: proxy, storage: try makeStorage(), events: events) {
+            $0.longPollWait = 20
+            configure(&$0)
+        }
+        try await signIn(laptop, server, as: email)
+        _ = try await laptop.sync { _ in }
+        let received = Collected()
+        let start = {
+            Task { for try await page in laptop.liveEvents() { await received.add(page) } }
+        }
+        return (proxy, phone, events, received, start)
+    }
+
+    /// A long-poll answered `200` with a body that is not a page (a proxy's page, a body cut
+    /// short or mangled on the way), or with a page of something in the way (a proxy's `404`
+    /// while it is set up wrong): the live loop backs off, tells the observer (`.retrying`
+    /// with that status) and goes on; events pushed after still arrive. (It ended with
+    /// `.invalidResponse`, or `.server` for the `404`, and the app heard of nothing new.)
+    func testALiveLoopGoesOnAfterAnAnswerItCannotRead() async throws {
+        let (proxy, phone, events, received, start) = try await laptopBehindProxy("live-unreadable@example.com")
+        defer { proxy.stop() }
+        try proxy.answerInstead("/sync/v1/events", status: 200)
+        let live = start()
+        defer { live.cancel() }
+        let retried = await waitUntil(20) { events.retries.contains { $0.status == 200 } }
+        XCTAssertTrue(retried, "the unreadable 200 was not retried")
+        let first = try await phone.record(type: "live", payload: ["index": 0])
+        _ = try await phone.push()
+        let arrived = await waitUntil(20) { await received.events.count == 1 }
+        XCTAssertTrue(arrived, "the live loop ended after a 200 it could not read")
+
+        // A later long-poll (the next, or the one after the one waiting now) gets a proxy's
+        // 404 page.
+        try proxy.answerInstead("/sync/v1/events", status: 404)
+        let second = try await phone.record(type: "live", payload: ["index": 1])
+        _ = try await phone.push()
+        let retried404 = await waitUntil(20) { events.retries.contains { $0.status == 404 } }
+        XCTAssertTrue(retried404, "the 404 page was not retried")
+        let third = try await phone.record(type: "live", payload: ["index": 2])
+        _ = try await phone.push()
+        let arrivedAgain = await waitUntil(20) { await received.events.count == 3 }
+        XCTAssertTrue(arrivedAgain, "the live loop ended after a proxy's 404 page")
+        try await assertEqual(await received.events.map(\.clientID), [first, second, third])
+        XCTAssertTrue(
+            events.retries.allSatisfy { $0.path == "/sync/v1/events" && $0.delay <= Self.quickRetry.maxDelay },
+            "with the retry policy's backoff")
+        XCTAssertLessThan(events.requests("GET", "/sync/v1/events").count, 20, "a few requests, not a hot loop")
+    }
+
+    /// A long-poll answered `503` with a `Retry-After` of a day (a proxy in maintenance mode,
+    /// a date counted from a clock that is off): the live loop waits `maxRetryAfter`, told to
+    /// the observer, and asks again. (It ended with `.rateLimited`.)
+    func testALiveLoopWaitsAtMostMaxRetryAfter() async throws {
+        let (proxy, phone, events, received, start) = try await laptopBehindProxy("live-retry-after@example.com") {
+            $0.retry.maxRetryAfter = 0.5
+        }
+        defer { proxy.stop() }
+        try proxy.answerInstead("/sync/v1/events", status: 503, retryAfter: 86400)
+        let live = start()
+        defer { live.cancel() }
+        let retried = await waitUntil(20) { events.retries.contains { $0.status == 503 } }
+        XCTAssertTrue(retried, "the 503 was not retried")
+        let retry = try XCTUnwrap(events.retries.first { $0.status == 503 })
+        XCTAssertEqual(retry.retryAfter, 86400)
+        XCTAssertLessThanOrEqual(retry.delay, 0.5 * 1.1 + 0.01, "maxRetryAfter, not a day")
+        let id = try await phone.record(type: "live", payload: ["index": 0])
+        _ = try await phone.push()
+        let arrived = await waitUntil(20) { await received.events.count == 1 }
+        XCTAssertTrue(arrived, "the live loop ended after a day's Retry-After")
+        try await assertEqual(await received.events.map(\.clientID), [id])
+    }
+
     /// A first sign-in with a history of many pages, and a live loop asking for pages while
     /// the first `sync` pulls them (an app starts both at launch): the history comes once, by
     /// the pull; the live loop waits for it and hands out only what commits after. (It asked

@@ -124,7 +124,8 @@ final class Latch: @unchecked Sendable {  // guarded by `condition`
 /// `loseAnswer(path, status:)` forwards the next request for `path` and answers it with
 /// `status` instead of the server's answer (a gateway that lost it: `502`);
 /// `answerInstead(path, status:)` answers it with `status` and an HTML page without
-/// forwarding it (a proxy set up wrong, a captive portal).
+/// forwarding it (a proxy set up wrong, a captive portal; with `retryAfter:`, one in
+/// maintenance).
 final class HoldingProxy {
     let process: ExampleProcess
     let port: Int
@@ -159,8 +160,10 @@ final class HoldingProxy {
         try Data("\(status) \(path)".utf8).write(to: directory.appendingPathComponent("lose"))
     }
 
-    func answerInstead(_ path: String, status: Int) throws {
-        try Data("\(status) \(path)".utf8).write(to: directory.appendingPathComponent("instead"))
+    /// `retryAfter`: sent as its `Retry-After`.
+    func answerInstead(_ path: String, status: Int, retryAfter: Int? = nil) throws {
+        let plan = "\(status) \(path)" + (retryAfter.map { " \($0)" } ?? "")
+        try Data(plan.utf8).write(to: directory.appendingPathComponent("instead"))
     }
 
     func limitBodies(to bytes: Int) throws {
@@ -191,23 +194,25 @@ final class HoldingProxy {
             def log_message(self, *args):
                 pass
 
-            def html(self, status, title):  # an answer of something in the way, not the server's
+            def html(self, status, title, retry_after=None):  # an answer of something in the way
                 page = b"<html><head><title>" + title + b"</title></head></html>\n"
                 self.send_response(status)
+                if retry_after:
+                    self.send_header("Retry-After", retry_after)
                 self.send_header("Content-Type", "text/html")
                 self.send_header("Content-Length", str(len(page)))
                 self.end_headers()
                 self.wfile.write(page)
 
-            def planned(self, name):  # the status the test wrote to `name` for this path, once
+            def planned(self, name):  # (status, Retry-After) the test wrote to `name` for this path, once
                 plan = os.path.join(directory, name)
                 if not os.path.exists(plan):
                     return None
-                status, path = open(plan).read().split(" ", 1)
+                status, path, *retry_after = open(plan).read().split(" ")
                 if path != self.path.split("?")[0]:
                     return None
                 os.remove(plan)
-                return int(status)
+                return int(status), (retry_after or [None])[0]
 
             def forward(self):
                 length = int(self.headers.get("Content-Length") or 0)
@@ -217,7 +222,7 @@ final class HoldingProxy {
                     return self.html(413, b"413 Request Entity Too Large")
                 instead = self.planned("instead")
                 if instead:
-                    return self.html(instead, b"Not here")
+                    return self.html(instead[0], b"Not here", instead[1])
                 hold = os.path.join(directory, "hold")
                 if os.path.exists(hold) and open(hold).read() == self.path.split("?")[0]:
                     os.remove(hold)
@@ -231,7 +236,7 @@ final class HoldingProxy {
                 lost = self.planned("lose")
                 if lost:
                     connection.close()
-                    return self.html(lost, b"Bad Gateway")
+                    return self.html(lost[0], b"Bad Gateway")
                 self.send_response(answer.status)
                 for k, v in answer.getheaders():
                     if k.lower() not in ("content-length", "connection", "transfer-encoding"):
