@@ -124,7 +124,9 @@ public enum ClientEvent: Sendable {
     case eventsRejected([RejectedEvent])
     /// A page was pulled and applied; the cursor is now `cursor`.
     case pageApplied(events: Int, cursor: Int64)
-    /// Opening the outbox or quarantine repaired the file (a torn write, damage).
+    /// The outbox or quarantine file was repaired: when it was opened (a torn write,
+    /// damage), or later, when a frame of it was found damaged (`LogRecovery.damagedEvents`
+    /// names the events set aside; their bytes are in `damagedCopy`).
     case logRecovered(LogRecovery)
     /// The session was lost (refresh refused): the user must sign in again.
     case sessionExpired

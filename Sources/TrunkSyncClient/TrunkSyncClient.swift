@@ -95,14 +95,17 @@ public actor TrunkSyncClient {
         }
     }
 
-    /// Opens a user's outbox, quarantine and cursor, telling the observer what it repaired.
+    /// Opens a user's outbox, quarantine and cursor, telling the observer what it repaired,
+    /// then and whenever damage is found later (`EventLog.setAsideDamage`).
     private static func openStore(_ user: UUID, _ layout: StorageLayout, _ configuration: Configuration) throws
         -> UserStore
     {
         let store = try UserStore(userID: user, directory: layout.userDirectory(user))
+        let observer = configuration.observer
         for recovery in [store.outbox.recovery, store.quarantine.recovery].compactMap({ $0 }) {
-            configuration.observer?(.logRecovered(recovery))
+            observer?(.logRecovered(recovery))
         }
+        for log in [store.outbox, store.quarantine] { log.onRecovery = { observer?(.logRecovered($0)) } }
         return store
     }
 
@@ -174,7 +177,7 @@ public actor TrunkSyncClient {
             if store?.userID != newSession.userID { try layout.finishCleanup(of: newSession.userID) }
             let newStore =
                 store?.userID == newSession.userID
-                ? store! : try UserStore(userID: newSession.userID, directory: layout.userDirectory(newSession.userID))
+                ? store! : try Self.openStore(newSession.userID, layout, configuration)
             try newSession.save(layout.sessionFile)
             if newStore !== store { store?.close() }
             store = newStore

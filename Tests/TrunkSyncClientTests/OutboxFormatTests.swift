@@ -212,6 +212,182 @@ final class OutboxFormatTests: XCTestCase {
         }
     }
 
+    // MARK: - Damage found after opening
+
+    /// Changes bytes of the open log's file in place (the same file, as a stray write or a
+    /// failing disk would), not a new file renamed over it.
+    func damage(at offset: Int, _ change: (UInt8) -> UInt8 = { $0 ^ 0xFF }) throws {
+        let handle = try FileHandle(forUpdating: logURL)
+        defer { try? handle.close() }
+        try handle.seek(toOffset: UInt64(offset))
+        let byte = try XCTUnwrap(handle.read(upToCount: 1)?.first)
+        try handle.seek(toOffset: UInt64(offset))
+        try handle.write(contentsOf: [change(byte)])
+    }
+
+    /// A frame damaged while the log is open (its bytes changed on disk after it was read
+    /// whole at opening) is set aside the first time it is read: its bytes kept beside the
+    /// file, its event taken out and named, the others read on in order, and the file
+    /// rewritten so that opening it again finds nothing wrong. The last frame too, which at
+    /// opening would pass for a torn write. (Every read of the outbox threw, so every push
+    /// failed, until the app restarted; then a damaged last frame was dropped unseen.)
+    func testAFrameDamagedAfterOpeningIsSetAsideAndTheOthersReadOn() throws {
+        for index in 0..<4 {
+            try? FileManager.default.removeItem(at: directory)
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+            let (log, events) = try makeLog(4)
+            var told: [LogRecovery] = []
+            log.onRecovery = { told.append($0) }
+            let frame = try scanBytes(try fileBytes()).frames[index]
+            try damage(at: frame.offset + FramedLog.frameHeaderSize + 12)
+            let damagedBytes = Array(try fileBytes()[frame.range])
+            var rest = events
+            rest.remove(at: index)
+
+            XCTAssertEqual(try log.oldest(maxEvents: 10), rest, "frame \(index)")
+            XCTAssertEqual(log.count, 3)
+            XCTAssertEqual(told.count, 1, "frame \(index)")
+            let recovery = try XCTUnwrap(told.first)
+            XCTAssertEqual(recovery.damagedEvents, [events[index].clientID])
+            XCTAssertEqual(recovery.damagedFrames, 1)
+            XCTAssertEqual(recovery.file, logURL)
+            let copy = try XCTUnwrap(recovery.damagedCopy)
+            XCTAssertEqual(Array(try Data(contentsOf: copy)), damagedBytes, "the bytes as found")
+            XCTAssertEqual(try log.all(), rest, "told once")
+            XCTAssertEqual(told.count, 1)
+            log.close()
+            let reopened = try EventLog(url: logURL)
+            XCTAssertNil(reopened.recovery, "frame \(index)")
+            XCTAssertEqual(try reopened.all(), rest)
+        }
+    }
+
+    /// A file cut short while open (a torn write found only now, something else truncating
+    /// it): the events before the cut stay, those cut off are named, what is left of the
+    /// first of them is kept, and appending goes on where the file now ends.
+    func testAFileCutShortAfterOpeningKeepsTheEventsBeforeTheCut() throws {
+        let (log, events) = try makeLog(4)
+        var told: [LogRecovery] = []
+        log.onRecovery = { told.append($0) }
+        let frames = try scanBytes(try fileBytes()).frames
+        let cut = frames[2].offset + 5
+        let kept = Array(try fileBytes()[frames[2].offset..<cut])
+        let handle = try FileHandle(forUpdating: logURL)
+        try handle.truncate(atOffset: UInt64(cut))
+        try handle.close()
+
+        XCTAssertEqual(try log.all(), Array(events.prefix(2)))
+        XCTAssertEqual(told.map(\.damagedEvents), [[events[2].clientID, events[3].clientID]])
+        XCTAssertEqual(Array(try Data(contentsOf: try XCTUnwrap(told.first?.damagedCopy))), kept)
+        let more = event(7)
+        try log.append([more])
+        log.close()
+        let reopened = try EventLog(url: logURL)
+        XCTAssertNil(reopened.recovery)
+        XCTAssertEqual(try reopened.all(), Array(events.prefix(2)) + [more])
+    }
+
+    /// Appending, or acknowledging, when the file was cut short while open and nothing read
+    /// it since: the new frame goes where the file now ends, after the events before the cut,
+    /// not after a hole (where opening the file again took it for damage and left it out:
+    /// an event `record` kept, never pushed).
+    func testAWriteAfterTheFileWasCutShortIsKept() throws {
+        for acknowledge in [false, true] {
+            try? FileManager.default.removeItem(at: directory)
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+            let (log, events) = try makeLog(4)
+            var told: [LogRecovery] = []
+            log.onRecovery = { told.append($0) }
+            let frames = try scanBytes(try fileBytes()).frames
+            let handle = try FileHandle(forUpdating: logURL)
+            try handle.truncate(atOffset: UInt64(frames[3].offset + 5))
+            try handle.close()
+
+            let more = event(7)
+            var expected = Array(events.prefix(3))
+            if acknowledge {
+                try log.remove([events[0].clientID], as: .ack)
+                expected.removeFirst()
+            } else {
+                try log.append([more])
+                expected.append(more)
+            }
+            XCTAssertEqual(told.map(\.damagedEvents), [[events[3].clientID]])
+            XCTAssertEqual(try log.all(), expected)
+            log.close()
+            let reopened = try EventLog(url: logURL)
+            XCTAssertNil(reopened.recovery, "acknowledge: \(acknowledge)")
+            XCTAssertEqual(try reopened.all(), expected, "acknowledge: \(acknowledge)")
+        }
+    }
+
+    /// Only a frame's length field damaged: its body and checksum prove the event whole, so
+    /// it stays, nothing is reported, and the file is rewritten with the length right before
+    /// it is opened again. (Read by the index, the event looked fine; opened again, the scan
+    /// followed the wrong length and lost it and the frames after it.)
+    func testAFrameWhoseOnlyDamageIsItsLengthKeepsItsEvent() throws {
+        let (log, events) = try makeLog(4)
+        var told: [LogRecovery] = []
+        log.onRecovery = { told.append($0) }
+        let frame = try scanBytes(try fileBytes()).frames[1]
+        try damage(at: frame.offset + 3) { $0 &+ 1 }
+
+        XCTAssertEqual(try log.all(), events)
+        XCTAssertTrue(told.isEmpty)
+        log.close()
+        let reopened = try EventLog(url: logURL)
+        XCTAssertNil(reopened.recovery)
+        XCTAssertEqual(try reopened.all(), events)
+    }
+
+    /// A compaction never copies a frame that changed on disk into the new file (where, as
+    /// its last frame, it would pass for a torn write at the next opening and be dropped
+    /// unseen): that event is set aside and named, the others are kept.
+    func testACompactionSetsADamagedFrameAside() throws {
+        let log = try EventLog(url: logURL)
+        var told: [LogRecovery] = []
+        log.onRecovery = { told.append($0) }
+        let events = (0..<(EventLog.compactionThreshold + 10)).map { event($0) }
+        try log.append(events)
+        let frames = try scanBytes(try fileBytes()).frames
+        try damage(at: frames[frames.count - 1].offset + FramedLog.frameHeaderSize + 12)
+
+        try log.remove(events.dropLast(3).map(\.clientID), as: .ack)
+        XCTAssertEqual(told.map(\.damagedEvents), [[events[events.count - 1].clientID]])
+        XCTAssertEqual(try log.all(), Array(events.suffix(3).prefix(2)))
+        log.close()
+        let reopened = try EventLog(url: logURL)
+        XCTAssertNil(reopened.recovery)
+        XCTAssertEqual(try reopened.all(), Array(events.suffix(3).prefix(2)))
+    }
+
+    /// A damaged copy never replaces an earlier one (found in the same millisecond, or after
+    /// the clock was set back): the earlier stays as it was.
+    func testADamagedCopyNeverReplacesAnEarlierOne() throws {
+        let (log, events) = try makeLog(4)
+        let stopped = Date()
+        log.now = { stopped }
+        var told: [LogRecovery] = []
+        log.onRecovery = { told.append($0) }
+        let earlier = directory.appendingPathComponent(
+            "outbox.log.damaged-\(Int(stopped.timeIntervalSince1970 * 1000))")
+        try Data("earlier".utf8).write(to: earlier)
+        let frames = try scanBytes(try fileBytes()).frames
+        try damage(at: frames[1].offset + FramedLog.frameHeaderSize + 12)
+        XCTAssertEqual(try log.all(), [events[0], events[2], events[3]])
+        let next = try scanBytes(try fileBytes()).frames
+        try damage(at: next[1].offset + FramedLog.frameHeaderSize + 12)
+        XCTAssertEqual(try log.all(), [events[0], events[3]])
+
+        let copies = told.compactMap(\.damagedCopy).map(\.path)
+        XCTAssertEqual(copies.count, 2)
+        XCTAssertEqual(Set(copies + [earlier.path]).count, 3, "\(copies)")
+        XCTAssertEqual(try Data(contentsOf: earlier), Data("earlier".utf8))
+        for copy in copies {
+            XCTAssertEqual(try Data(contentsOf: URL(fileURLWithPath: copy)).count, frames[1].range.count)
+        }
+    }
+
     // MARK: - Acknowledgements and compaction
 
     /// An append whose sync fails throws, and its frame is not in the file when it is next

@@ -205,6 +205,63 @@ final class OutboxSyncTests: ClientTestCase {
         await client.close()
     }
 
+    /// An outbox frame damaged while the client runs (its bytes changed on disk after the
+    /// outbox was opened and read whole) no longer stops every push until the app restarts:
+    /// the events around it go out, in order, once each; its bytes are kept beside the outbox
+    /// and the app is told which event it was (`.logRecovered`); opened again, the outbox has
+    /// nothing wrong and nothing left to send. (Every push threw `.storage`.)
+    func testAnOutboxFrameDamagedWhileTheClientRunsIsSetAsideAndTheRestIsPushed() async throws {
+        let email = "damaged@example.com"
+        let server = try startServer()
+        let storage = try makeStorage()
+        let events = EventLogBox()
+        let client = try makeClient(server, storage: storage, events: events)
+        try await signIn(client, server, as: email)
+        var ids: [UUID] = []
+        for index in 0..<3 { ids.append(try await client.record(type: "note", payload: ["index": index])) }
+
+        // The middle event's frame, one byte of its payload changed in place (the payload is a
+        // JSON string in the record: its quotes escaped).
+        let outbox = try XCTUnwrap(
+            FileManager.default.enumerator(at: storage, includingPropertiesForKeys: nil)?.compactMap { $0 as? URL }
+                .first { $0.lastPathComponent == "outbox.log" })
+        let bytes = try Data(contentsOf: outbox)
+        let marker = try XCTUnwrap(bytes.range(of: Data(#"index\":1"#.utf8)))
+        let handle = try FileHandle(forUpdating: outbox)
+        try handle.seek(toOffset: UInt64(marker.lowerBound + 8))
+        try handle.write(contentsOf: Data("7".utf8))
+        try handle.close()
+
+        let report = try await client.push()
+        XCTAssertEqual(report.pushed, 2)
+        XCTAssertEqual(
+            try serverEvents(server, email).map(\.clientID), [ids[0], ids[2]].map { $0.uuidString.lowercased() })
+        let recoveries = events.all.compactMap { _, event -> LogRecovery? in
+            if case .logRecovered(let recovery) = event { return recovery }
+            return nil
+        }
+        XCTAssertEqual(recoveries.map(\.damagedEvents), [[ids[1]]])
+        let copy = try XCTUnwrap(recoveries.first?.damagedCopy)
+        XCTAssertEqual(copy.deletingLastPathComponent().path, outbox.deletingLastPathComponent().path)
+        let kept = try Data(contentsOf: copy)
+        XCTAssertNotNil(kept.range(of: Data(#"index\":7"#.utf8)), "the damaged bytes, as found")
+        XCTAssertNotNil(kept.range(of: Data(ids[1].uuidString.utf8)))
+        try await assertEqual(await client.pendingCount, 0)
+        try await assertEqual(try await client.push().pushed, 0)
+
+        await client.close()
+        let reopenedEvents = EventLogBox()
+        let reopened = try makeClient(server, storage: storage, events: reopenedEvents)
+        try await assertEqual(await reopened.pendingCount, 0)
+        try await assertEqual(try await reopened.push().pushed, 0)
+        XCTAssertFalse(
+            reopenedEvents.all.contains { _, event in
+                if case .logRecovered = event { return true }
+                return false
+            }, "opened again, nothing wrong")
+        XCTAssertEqual(try serverEvents(server, email).count, 2)
+    }
+
     /// A `400` that is not the server's (an HTML page of a proxy in the way) says nothing
     /// about the event: the push fails and the event stays in the outbox, not in the
     /// quarantine, and goes with the next push. (It was quarantined: with every push refused

@@ -140,7 +140,7 @@ final class WireFormatTests: XCTestCase {
                     clientID: UUID(), type: "b", payload: Array("{}".utf8), clientTimestamp: "2026-01-01T00:00:00.000Z"),
             ])
             // A crash between the two writes of a move to the quarantine.
-            var rejected = try store.outbox.read(store.outbox.ids[0])
+            var rejected = try XCTUnwrap(store.outbox.read(store.outbox.ids[0]))
             rejected.rejection = Rejection(
                 status: 400, code: "validation_failed", field: "payload", reason: "bad", rejectedAt: Date())
             try store.quarantine.append([rejected])
@@ -170,11 +170,11 @@ final class WireFormatTests: XCTestCase {
         do {
             let store = try UserStore(userID: user, directory: userDirectory)
             try store.outbox.append([a, b, c])
-            var refused = try store.outbox.read(a.clientID)
+            var refused = try XCTUnwrap(store.outbox.read(a.clientID))
             refused.rejection = rejection
             try store.moveToQuarantine([refused])
             // What an earlier version's move left: a stay without an id.
-            var old = try store.outbox.read(b.clientID)
+            var old = try XCTUnwrap(store.outbox.read(b.clientID))
             old.rejection = rejection
             try store.quarantine.append([old])
             try store.outbox.remove([b.clientID], as: .drop)
@@ -186,9 +186,9 @@ final class WireFormatTests: XCTestCase {
             let store = try UserStore(userID: user, directory: userDirectory)
             XCTAssertEqual(store.outbox.ids, [c.clientID, a.clientID, b.clientID])
             XCTAssertEqual(store.quarantine.count, 0)
-            XCTAssertNil(try store.outbox.read(a.clientID).rejection)
+            XCTAssertNil(try XCTUnwrap(store.outbox.read(a.clientID)).rejection)
             // Refused again: the move into the quarantine cut short after its first write.
-            var again = try store.outbox.read(a.clientID)
+            var again = try XCTUnwrap(store.outbox.read(a.clientID))
             again.rejection = rejection
             again.quarantineID = UUID()
             again.requeuedFrom = nil

@@ -73,7 +73,8 @@ struct LogRecord: Codable, Equatable {
     }
 }
 
-/// What opening a log found wrong and repaired.
+/// What the client found wrong with a log file and repaired: when it opened the file, or
+/// later, when a frame it had read whole at opening no longer reads back the same.
 public struct LogRecovery: Sendable, Equatable {
     /// The log file.
     public var file: URL
@@ -83,6 +84,11 @@ public struct LogRecovery: Sendable, Equatable {
     public var damagedFrames: Int
     /// Where the damaged bytes were kept, for inspection (nil when there were none).
     public var damagedCopy: URL?
+    /// The events whose frames were found damaged after the file was opened (the ids
+    /// `record` returned): taken out of the log, never pushed from it; their bytes, as far as
+    /// they are still in the file, are in `damagedCopy`. Empty for damage found at opening,
+    /// where a damaged frame's id cannot be read.
+    public var damagedEvents: [UUID] = []
 }
 
 /// An append-only, crash-safe log of events (the format is `FramedLog`'s): the outbox,
@@ -118,6 +124,17 @@ final class EventLog {
     private var deadFrames = 0
     /// What opening the file repaired (nil: nothing).
     private(set) var recovery: LogRecovery?
+    /// Told of damage found after opening (`setAsideDamage`), once it was repaired; what was
+    /// found before this is set is told when it is.
+    var onRecovery: ((LogRecovery) -> Void)? {
+        didSet {
+            guard let onRecovery else { return }
+            let waiting = untold
+            untold = []
+            for recovery in waiting { onRecovery(recovery) }
+        }
+    }
+    private var untold: [LogRecovery] = []
 
     /// Rewrite when at least this many frames are dead and they outnumber the live ones.
     static let compactionThreshold = 1000
@@ -151,15 +168,7 @@ final class EventLog {
             end = scan.validEnd
         }
         if scan.needsRewrite {
-            let copy = url.deletingLastPathComponent()
-                .appendingPathComponent("\(url.lastPathComponent).damaged-\(Int(Date().timeIntervalSince1970 * 1000))")
-            try FileSystem.writeAtomically(to: copy) { append in
-                for range in scan.damaged {
-                    for start in stride(from: range.lowerBound, to: range.upperBound, by: FileSystem.writeStep) {
-                        try append(try file.read(at: start, count: min(FileSystem.writeStep, range.upperBound - start)))
-                    }
-                }
-            }
+            let copy = try keepAside(scan.damaged)
             try rewrite()
             recovery = LogRecovery(
                 file: url, tornBytesDropped: scan.tornBytes, damagedFrames: scan.damaged.count, damagedCopy: copy)
@@ -210,6 +219,7 @@ final class EventLog {
     /// Appends events and makes them durable (one write, one sync).
     func append(_ events: [StoredEvent]) throws {
         guard !events.isEmpty else { return }
+        try ensureWhole()
         var bytes: [UInt8] = []
         var records: [(LogRecord, Range<Int>)] = []
         for event in events {
@@ -227,6 +237,16 @@ final class EventLog {
         for (record, range) in records { apply(record, frame: range) }
     }
 
+    /// Before a write at the end: when the file is shorter than what was written to it (cut
+    /// short by something else, a torn write found only now), the frame would go after a
+    /// hole, where opening the file again takes it for damage and leaves it out. The damage
+    /// is set aside first (`setAsideDamage`) and the file rewritten to end where its last
+    /// live frame does.
+    private func ensureWhole() throws {
+        guard try file.size() < end else { return }
+        if try !setAsideDamage() { try rewrite() }
+    }
+
     /// Writes `bytes` at the end of the file and syncs them. When either fails the file is
     /// cut back to where it ended: a frame whose call threw must not come back when the file
     /// is next read (an event `record` said it could not keep, kept after all, and recorded
@@ -242,12 +262,17 @@ final class EventLog {
         }
     }
 
+    /// The clock that names damaged copies; tests stop it.
+    var now: () -> Date = { Date() }
+
     /// How a write is made durable (`DurableFile.sync`); tests make it fail.
     var syncFile: (DurableFile) throws -> Void = { try $0.sync() }
 
     /// Removes events (`ack`: the server has them; `drop`: moved or discarded), durably.
     /// Ids not in the log are ignored.
     func remove(_ ids: [UUID], as operation: LogRecord.Operation) throws {
+        guard ids.contains(where: { entries[$0] != nil }) else { return }
+        try ensureWhole()
         let present = ids.filter { entries[$0] != nil }
         guard !present.isEmpty else { return }
         precondition(operation != .event)
@@ -259,14 +284,26 @@ final class EventLog {
     }
 
     /// The oldest live events, at most `maxEvents` and — but for the first — at most
-    /// `maxBytes` of payload and type together.
+    /// `maxBytes` of payload and type together. A frame found damaged on the way is set
+    /// aside (`setAsideDamage`) and the events after it are read on.
     func oldest(maxEvents: Int, maxBytes: Int = .max) throws -> [StoredEvent] {
+        while true {
+            do {
+                return try readOldest(maxEvents: maxEvents, maxBytes: maxBytes)
+            } catch let damage as DamagedFrame {
+                // Each round takes at least one event out of the log, so this ends.
+                guard try setAsideDamage() else { throw StorageFailure(message: damage.description) }
+            }
+        }
+    }
+
+    private func readOldest(maxEvents: Int, maxBytes: Int) throws -> [StoredEvent] {
         var events: [StoredEvent] = []
         var bytes = 0
         pruneOrder()
         for index in orderStart..<order.count where isLive(index) {
             if events.count >= maxEvents { break }
-            let event = try read(order[index])
+            let event = try readIntact(order[index])
             let size = event.payload.count + event.type.utf8.count
             if !events.isEmpty && bytes + size > maxBytes { break }
             bytes += size
@@ -278,23 +315,124 @@ final class EventLog {
     /// Every live event, oldest first.
     func all() throws -> [StoredEvent] { try oldest(maxEvents: .max) }
 
-    /// One live event.
-    func read(_ id: UUID) throws -> StoredEvent {
+    /// One live event; nil when there is none with that id, or its frame was found damaged
+    /// (and set aside: `setAsideDamage`).
+    func read(_ id: UUID) throws -> StoredEvent? {
+        guard entries[id] != nil else { return nil }
+        do {
+            return try readIntact(id)
+        } catch let damage as DamagedFrame {
+            guard try setAsideDamage() else { throw StorageFailure(message: damage.description) }
+            guard entries[id] != nil else { return nil }
+            return try readIntact(id)
+        }
+    }
+
+    /// A live event's frame no longer reads back as it was written: its bytes changed on
+    /// disk, or the file is shorter (a torn write found only now, something else writing).
+    struct DamagedFrame: Error, CustomStringConvertible {
+        var url: URL
+        var id: UUID
+        var description: String { "\(url.path): the frame of event \(id) changed on disk" }
+    }
+
+    /// One live event, read back from its frame; `DamagedFrame` when the frame is not the
+    /// one that was written (or only its length field is not: see `setAsideDamage`).
+    private func readIntact(_ id: UUID) throws -> StoredEvent {
         guard let entry = entries[id] else { throw StorageFailure(message: "\(url.path): no event \(id)") }
-        let bytes = try file.read(at: entry.frame.lowerBound, count: entry.frame.count)
-        let body = Array(bytes.dropFirst(FramedLog.frameHeaderSize))
-        guard bytes.count == entry.frame.count,
-            FramedLog.readBigEndian(bytes, at: 4) == CRC32.checksum(body)
-        else {
-            throw StorageFailure(message: "\(url.path): the frame of event \(id) changed on disk")
-        }
-        let record = try Self.decode(Data(body))
-        guard let payload = record.payload, let type = record.type, let timestamp = record.clientTimestamp else {
-            throw StorageFailure(message: "\(url.path): the record of event \(id) is incomplete")
-        }
+        guard case .intact(let record) = try check(entry.frame, of: id), let payload = record.payload,
+            let type = record.type, let timestamp = record.clientTimestamp
+        else { throw DamagedFrame(url: url, id: id) }
         return StoredEvent(
             clientID: id, type: type, payload: Array(payload.utf8), clientTimestamp: timestamp,
             rejection: record.rejection, quarantineID: record.quarantineID, requeuedFrom: record.requeuedFrom)
+    }
+
+    /// What reading a live event's frame back finds.
+    private enum FrameCheck {
+        /// As written.
+        case intact(LogRecord)
+        /// The body as written (its checksum matches, it is the event's record) but the length
+        /// in the frame's header is not: the event is whole, the file must be rewritten before
+        /// it is read from the start again (`FramedLog.scan` follows the length).
+        case wrongLength
+        /// Not the frame written: the body's checksum does not match, it is cut off, or it is
+        /// another record.
+        case damaged
+    }
+
+    private func check(_ range: Range<Int>, of id: UUID) throws -> FrameCheck {
+        guard case let (body, lengthRight)? = try frameBody(range),
+            let record = try? Self.decode(Data(body)), record.op == .event, record.clientID == id
+        else { return .damaged }
+        return lengthRight ? .intact(record) : .wrongLength
+    }
+
+    /// The body of the frame at `range` when it is whole and its checksum matches (nil when
+    /// not), and whether the frame's length field is right. (The index knows where the frame
+    /// ends; the length field matters to `FramedLog.scan`.)
+    private func frameBody(_ range: Range<Int>) throws -> (body: [UInt8], lengthRight: Bool)? {
+        let bytes = try file.read(at: range.lowerBound, count: range.count)
+        guard bytes.count == range.count, bytes.count > FramedLog.frameHeaderSize else { return nil }
+        let body = Array(bytes[FramedLog.frameHeaderSize...])
+        guard FramedLog.readBigEndian(bytes, at: 4) == CRC32.checksum(body) else { return nil }
+        return (body, Int(FramedLog.readBigEndian(bytes, at: 0)) == body.count)
+    }
+
+    /// Damage found after opening (a live event's frame changed on disk, or is cut off): checks
+    /// every live frame, keeps the bytes of the damaged ones beside the file (as opening does:
+    /// `outbox.log.damaged-…`), takes their events out of the log and rewrites it without them
+    /// (temporary file, sync, rename: every frame written anew), then tells `onRecovery`. The
+    /// other events stay, in their order; one whose only damage is its frame's length field
+    /// stays too (its body and checksum prove it whole). Returns whether anything was wrong.
+    @discardableResult
+    func setAsideDamage() throws -> Bool {
+        var damaged: [(id: UUID, frame: Range<Int>)] = []
+        var wrongLength = false
+        for id in liveOrder() {
+            guard let entry = entries[id] else { continue }
+            switch try check(entry.frame, of: id) {
+            case .intact: continue
+            case .wrongLength: wrongLength = true
+            case .damaged: damaged.append((id, entry.frame))
+            }
+        }
+        guard !damaged.isEmpty || wrongLength else { return false }
+        let size = try file.size()
+        let kept = damaged.map { $0.frame.clamped(to: 0..<max(0, size)) }.filter { !$0.isEmpty }
+        // Kept aside (durably) before the rewrite drops them from the log.
+        let copy = kept.isEmpty ? nil : try keepAside(kept)
+        for (id, _) in damaged { entries.removeValue(forKey: id) }
+        try rewrite()
+        if !damaged.isEmpty {
+            let recovery = LogRecovery(
+                file: url, tornBytesDropped: 0, damagedFrames: damaged.count, damagedCopy: copy,
+                damagedEvents: damaged.map(\.id))
+            if let onRecovery { onRecovery(recovery) } else { untold.append(recovery) }
+        }
+        return true
+    }
+
+    /// Writes the bytes of `ranges` of the file, in order, to a new file beside it
+    /// (`<name>.damaged-<ms>`, never one already there), durably; its URL.
+    private func keepAside(_ ranges: [Range<Int>]) throws -> URL {
+        let directory = url.deletingLastPathComponent()
+        let stem = "\(url.lastPathComponent).damaged-\(Int(now().timeIntervalSince1970 * 1000))"
+        var copy = directory.appendingPathComponent(stem)
+        // Two in the same millisecond, or a clock set back: the earlier copy stays.
+        var suffix = 1
+        while FileManager.default.fileExists(atPath: copy.path) {
+            suffix += 1
+            copy = directory.appendingPathComponent("\(stem)-\(suffix)")
+        }
+        try FileSystem.writeAtomically(to: copy) { append in
+            for range in ranges {
+                for start in stride(from: range.lowerBound, to: range.upperBound, by: FileSystem.writeStep) {
+                    try append(try file.read(at: start, count: min(FileSystem.writeStep, range.upperBound - start)))
+                }
+            }
+        }
+        return copy
     }
 
     /// Cuts the file back to its header when nothing is live; rewrites it when dead frames
@@ -310,12 +448,19 @@ final class EventLog {
             orderDropped = 0
             deadFrames = 0
         } else if deadFrames >= Self.compactionThreshold && deadFrames > entries.count {
-            try rewrite()
+            do {
+                try rewrite()
+            } catch is DamagedFrame {
+                // Kept aside and left out; the rest is rewritten.
+                guard try setAsideDamage() else { throw StorageFailure(message: "\(url.path): cannot compact") }
+            }
         }
     }
 
     /// Writes the live frames to a new file and renames it over this one (a frame at a
-    /// time: the log is never held in memory whole).
+    /// time: the log is never held in memory whole). Each is checked as it is copied: one
+    /// that changed on disk is never copied into the new file (where, last, it would read as
+    /// a torn write and be dropped unseen), the rewrite throws `DamagedFrame` instead.
     func rewrite() throws {
         pruneOrder()
         let live = liveOrder()
@@ -325,10 +470,9 @@ final class EventLog {
             try append(FramedLog.header)
             for id in live {
                 guard var entry = entries[id] else { continue }
-                let frame = try file.read(at: entry.frame.lowerBound, count: entry.frame.count)
-                guard frame.count == entry.frame.count else {
-                    throw StorageFailure(message: "\(url.path): the frame of event \(id) changed on disk")
-                }
+                // Framed anew: a length field that alone was damaged is right again.
+                guard case let (body, _)? = try frameBody(entry.frame) else { throw DamagedFrame(url: url, id: id) }
+                let frame = FramedLog.frame(body)
                 entry.frame = size..<(size + frame.count)
                 entry.position = moved.count
                 try append(frame)

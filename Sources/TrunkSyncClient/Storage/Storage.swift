@@ -195,8 +195,9 @@ final class UserStore {
         var intoQuarantine: [UUID] = []
         var outOfQuarantine: [UUID] = []
         for id in quarantine.ids where outbox.contains(id) {
-            let stay = try quarantine.read(id).quarantineID?.uuidString ?? ""
-            if try outbox.read(id).requeuedFrom == stay {
+            // A copy found damaged is set aside (`EventLog.read`): the other one stays.
+            guard let inQuarantine = try quarantine.read(id), let inOutbox = try outbox.read(id) else { continue }
+            if inOutbox.requeuedFrom == inQuarantine.quarantineID?.uuidString ?? "" {
                 outOfQuarantine.append(id)
             } else {
                 intoQuarantine.append(id)
@@ -244,7 +245,9 @@ final class UserStore {
     /// `requeue`'s one step that counts: the events appended to the outbox, each marked with
     /// the stay it comes from. Returns their ids.
     func writeRequeue(_ ids: [UUID]) throws -> [UUID] {
-        var events = try ids.filter { quarantine.contains($0) }.map { try quarantine.read($0) }
+        // Ids not in the quarantine, or whose frame there was found damaged (set aside), are
+        // left out.
+        var events = try ids.compactMap { try quarantine.read($0) }
         for index in events.indices {
             events[index].requeuedFrom = events[index].quarantineID?.uuidString ?? ""
             events[index].quarantineID = nil
