@@ -377,6 +377,7 @@ public actor TrunkSyncClient {
     /// `destination` is as it was. A directory there is never replaced.
     /// - Throws: `.notSignedIn`, `.sessionExpired`; `.server` with code `export_in_progress`
     ///   while another export of the user runs; `.network` when the download broke off;
+    ///   `.invalidResponse` when a `200` is not NDJSON (a page of something in the way);
     ///   `.storage` when `destination` is a directory.
     public func exportData(to destination: URL) async throws {
         var refreshedAfter401 = false
@@ -396,7 +397,7 @@ public actor TrunkSyncClient {
             configuration.observer?(.request(method: "GET", path: "/sync/v1/export"))
             let answer: HTTPAnswer
             do {
-                answer = try await transport.download(request, to: destination)
+                answer = try await transport.download(request, to: destination, type: "application/x-ndjson")
             } catch let failure as TransportFailure {
                 throw TrunkSyncError.network(failure.description)
             }
@@ -406,6 +407,13 @@ public actor TrunkSyncClient {
                 continue
             }
             guard answer.status == 200 else { throw failure(answer) }
+            // A 200 page of something in the way (a captive portal, a proxy set up wrong) is not
+            // the copy: `destination` is left as it was. (It was put in its place.)
+            guard answer.hasType("application/x-ndjson") else {
+                throw TrunkSyncError.invalidResponse(
+                    "the export was answered \(answer.header("content-type") ?? "without a type"), not NDJSON: "
+                        + "not the server's copy; \(destination.path) is as it was")
+            }
             return
         }
     }

@@ -257,6 +257,29 @@ final class ClientAccountTests: ClientTestCase {
         XCTAssertEqual(try String(contentsOf: kept, encoding: .utf8), "mine")
     }
 
+    /// An export answered `200` with a page of something in the way (a captive portal, a
+    /// proxy set up wrong), not NDJSON: refused, the file at the destination (an earlier
+    /// copy) left as it was. (The page was put in its place, and the call said it exported.)
+    func testAnExportAnsweredWithAPageInTheWayLeavesTheFile() async throws {
+        let server = try startServer()
+        let proxy = try HoldingProxy(upstream: server.port)
+        defer { proxy.stop() }
+        let client = try makeClient(via: proxy, storage: try makeStorage())
+        try await signIn(client, server, as: "portal@example.com")
+        let file = try makeStorage().appendingPathComponent("export.ndjson")
+        try Data("an earlier copy".utf8).write(to: file)
+        try proxy.answerInstead("/sync/v1/export", status: 200)
+        do {
+            try await client.exportData(to: file)
+            XCTFail("a page in the way was taken for the export")
+        } catch TrunkSyncError.invalidResponse(let reason) {
+            XCTAssertTrue(reason.contains("text/html"), reason)
+        }
+        XCTAssertEqual(try String(contentsOf: file, encoding: .utf8), "an earlier copy")
+        try await client.exportData(to: file)
+        XCTAssertTrue(try String(contentsOf: file, encoding: .utf8).hasPrefix(#"{"kind":"account""#))
+    }
+
     /// An export cut short on the server (the account deleted while it streams) is no file:
     /// the download fails and the destination stays as it was.
     func testAnExportCutShortLeavesNoFile() async throws {

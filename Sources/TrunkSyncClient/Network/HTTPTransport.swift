@@ -12,6 +12,14 @@ struct HTTPAnswer: Sendable {
 
     func header(_ name: String) -> String? { headers[name.lowercased()] }
 
+    /// Whether the answer's `Content-Type` is `type` (parameters such as `charset` aside).
+    func hasType(_ type: String) -> Bool { Self.isType(type, headers["content-type"]) }
+
+    static func isType(_ type: String, _ contentType: String?) -> Bool {
+        let media = contentType?.split(separator: ";").first?.trimmingCharacters(in: .whitespaces).lowercased()
+        return media == type.lowercased()
+    }
+
     /// `Retry-After` in seconds: delta-seconds or an HTTP date. A date is counted from the
     /// answer's own `Date` (the same clock) when it has one, not from this device's clock,
     /// which may be off by hours: waiting hours for a few seconds' pause, or not at all.
@@ -98,25 +106,27 @@ final class HTTPTransport: Sendable {
     func send(_ request: URLRequest) async throws -> HTTPAnswer {
         try await perform { finish in
             session.dataTask(with: request) { data, response, error in
-                finish(Self.answer(response, error) { _ in data ?? Data() })
+                finish(Self.answer(response, error) { _, _ in data ?? Data() })
             }
         }
     }
 
-    /// Sends `request` and writes a `2xx` answer's body to `destination` as it arrives (a
-    /// download task's temporary file, put in place of the file there in one step once the
-    /// body is complete: `FileSystem.replace`); any other answer's body is returned in memory
-    /// (an error, small).
-    func download(_ request: URLRequest, to destination: URL) async throws -> HTTPAnswer {
+    /// Sends `request` and writes a `2xx` answer's body of `type` (its `Content-Type`) to
+    /// `destination` as it arrives (a download task's temporary file, put in place of the
+    /// file there in one step once the body is complete: `FileSystem.replace`). A `2xx` of
+    /// another type (a page of something in the way) leaves `destination` as it is, its body
+    /// unread; any other answer's body is returned in memory (an error, small).
+    func download(_ request: URLRequest, to destination: URL, type: String) async throws -> HTTPAnswer {
         try await perform { finish in
             session.downloadTask(with: request) { location, response, error in
                 // The temporary file is removed when this handler returns: move or read it now.
                 finish(
                     Self.answer(response, location == nil ? error ?? TransportFailure(description: "no body") : error) {
-                        status in
+                        status, contentType in
                         guard let location else { return Data() }
                         do {
                             guard (200..<300).contains(status) else { return try Data(contentsOf: location) }
+                            guard HTTPAnswer.isType(type, contentType) else { return Data() }
                             try FileSystem.replace(destination, withFileAt: location)
                             return Data()
                         } catch {
@@ -143,8 +153,9 @@ final class HTTPTransport: Sendable {
     }
 
     /// A finished task's outcome: its error (cancellation as `CancellationError`, anything
-    /// else as `TransportFailure`), or the answer with the body `body` makes for its status.
-    private static func answer(_ response: URLResponse?, _ error: Error?, body: (Int) throws -> Data)
+    /// else as `TransportFailure`), or the answer with the body `body` makes for its status
+    /// and `Content-Type`.
+    private static func answer(_ response: URLResponse?, _ error: Error?, body: (Int, String?) throws -> Data)
         -> Result<HTTPAnswer, Error>
     {
         if let error {
@@ -166,7 +177,10 @@ final class HTTPTransport: Sendable {
         for (name, value) in http.allHeaderFields {
             if let name = name as? String, let value = value as? String { headers[name.lowercased()] = value }
         }
-        return Result { HTTPAnswer(status: http.statusCode, headers: headers, body: try body(http.statusCode)) }
+        return Result {
+            HTTPAnswer(
+                status: http.statusCode, headers: headers, body: try body(http.statusCode, headers["content-type"]))
+        }
     }
 }
 
