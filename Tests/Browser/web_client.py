@@ -177,7 +177,9 @@ class Proxy:
     open event streams, `fake_stream` answers stream requests itself: "silent" (a 200 event
     stream that never sends a byte, as a dead connection), "empty" (one that ends at once),
     "json" (a 200 that is not an event stream) or "401" (the token refused),
-    `stall_export` answers the export with its head and a piece of body, then nothing, and
+    `stall_export` answers the export with its head and a piece of body, then nothing,
+    `poison_stream` ends the next piece of the open event streams that holds a whole event
+    with a message that is not one (cut short on the way) and closes them, and
     `max_push_bytes` refuses a larger push body with nginx's 413 (client_max_body_size).
     `pulled` and `streamed` count the events its pull answers and event streams carried."""
 
@@ -185,6 +187,7 @@ class Proxy:
         self.rules, self.log, self.streams, self.holds, self.answer_holds = [], [], set(), {}, {}
         self.mangled = set()
         self.push_delay, self.paused, self.fake_stream, self.stall_export = 0.0, False, None, False
+        self.poison_stream = False
         self.max_push_bytes = None
         self.pulled, self.streamed = 0, 0
         self.lock = threading.Lock()
@@ -357,6 +360,12 @@ class Proxy:
                 with self.lock:
                     self.streamed += seen.count(marker)
                 tail = seen[-(len(marker) - 1):]
+                if self.poison_stream and marker in seen and chunk.endswith(b"\n\n"):
+                    # In the same write as the event: the page reads both in one piece.
+                    self.poison_stream = False
+                    handler.wfile.write(chunk + b'event: event\ndata: {"seq": \n\n')
+                    handler.wfile.flush()
+                    break
                 handler.wfile.write(chunk)
                 handler.wfile.flush()
         except (OSError, http.client.HTTPException):
@@ -1519,9 +1528,35 @@ def a_refresh_whose_answer_is_mangled_asks_again_at_once(driver, proxy):
     step("a token refresh whose 200 answer is mangled is asked again at once; the session lives on")
 
 
+def a_stream_message_it_cannot_read_loses_no_event(driver, proxy):
+    """A live stream message cut short on the way, in the same piece as an event before it:
+    that event is delivered, the app is told ('live_failed'), and the stream, reopened after
+    it, brings the next. (The event was not delivered, and the stream reopened past it.)
+    Leaves a quiet page open."""
+    open_page(driver, proxy.url, {"retry": {"maxDelay": 1000}})
+    js(driver, "window.states = []; client.onStateChange((state, detail) =>"
+               " window.states.push([state, detail && detail.code || null])); return true")
+    wait_until(lambda: js(driver, "return client.isLeader"), "the leader")
+    js(driver, "(async () => { for await (const e of client.liveEvents()) window.live.push(e.seq) })(); return true")
+    wait_until(lambda: len(proxy.streams) > 0, "the live stream open")
+    token = stored_session(driver)["access_token"]
+    proxy.poison_stream = True
+    first = push(token, "streamed before a message cut short")
+    wait_until(lambda: not proxy.poison_stream, "the message cut short")
+    second = push(token, "streamed after it")
+    wait_until(lambda: second in driver.execute_script("return window.live"), "the event after it")
+    live = driver.execute_script("return window.live")
+    assert live == [first, second], live
+    states = driver.execute_script("return window.states")
+    assert ["live_failed", "invalid_response"] in states, states
+    open_page(driver, proxy.url, {"autoPush": False, "live": False})
+    step("a live stream message cut short loses no event: the one before it delivered, the app told")
+
+
 ANSWER_CHECKS = [a_page_with_more_must_move_past_the_cursor, a_page_in_the_way_signs_nobody_out,
                  a_retry_after_date_counts_from_the_answers_date, a_400_page_in_the_way_quarantines_nothing,
                  a_refresh_whose_answer_is_mangled_asks_again_at_once,
+                 a_stream_message_it_cannot_read_loses_no_event,
                  a_long_retry_after_holds_the_leader_back_at_most_max_retry_after]
 
 

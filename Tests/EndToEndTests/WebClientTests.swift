@@ -130,6 +130,7 @@ final class WebClientTests: EndToEndTestCase {
             "a Retry-After over maxRetryAfter holds the leader's stream and push back for maxRetryAfter at most",
             "a 400 page in the way of a push quarantines nothing; the events stay in the outbox",
             "a token refresh whose 200 answer is mangled is asked again at once; the session lives on",
+            "a live stream message cut short loses no event: the one before it delivered, the app told",
         ] {
             XCTAssertTrue(
                 result.stdout.contains("ok \(step)"), "missing step \(step): \(result.stdout)\(result.stderr)")

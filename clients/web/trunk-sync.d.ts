@@ -128,7 +128,7 @@ export class TrunkSyncError extends Error {
 /** What `onStateChange` tells: `(state, detail)`, the detail's type following the state. */
 export type StateChange =
   | [state: 'leader' | 'signed_out' | 'storage_not_persisted', detail?: undefined]
-  | [state: 'push_failed', detail: TrunkSyncError]
+  | [state: 'push_failed' | 'live_failed', detail: TrunkSyncError]
   | [state: 'rejected', detail: RefusedEvent[]];
 
 export class TrunkSyncClient {
@@ -224,7 +224,10 @@ export class TrunkSyncClient {
    * `deleteAccount`, a refresh the server refused, another tab). `'push_failed'`: the
    * leader's push failed and will be tried again (`detail`: the error). `'rejected'`: the
    * leader's push moved events the server refused to the quarantine (`detail`: them).
-   * `'storage_not_persisted'`: the browser refused persistent storage (`storagePersisted`).
+   * `'live_failed'`: the leader's live stream failed (no answer, a page in the way, a
+   * message it cannot read, silence) and is reopened after a backoff (`detail`: the
+   * error). `'storage_not_persisted'`: the browser refused persistent storage
+   * (`storagePersisted`).
    */
   onStateChange(listener: (...change: StateChange) => void): () => void;
   /** Stops this client's work in this tab (another tab becomes the leader). */
@@ -241,6 +244,7 @@ export function utf8Length(text: string): number;
 export function refusedEvents(body: unknown, count: number): Map<number, { field: string; reason: string }>;
 export function checkedPage(page: unknown, cursor: number): { events: SyncEvent[]; next_after: number; has_more: boolean };
 export function pushResults(body: unknown): Map<string, 'created' | 'duplicate'> | null;
+export function streamEvent(data: string): SyncEvent | null;
 export class SSEParser {
   lastEventId: string;
   retry: number | null;

@@ -250,6 +250,21 @@ export function checkedPage(page, cursor) {
   return { events: page.events, next_after: page.next_after, has_more: page.has_more === true };
 }
 
+/**
+ * The event a live stream message's `data` carries, or null when it is not one (not JSON, not
+ * an object, no integer `seq`): a message cut short or mangled on the way.
+ * @param {string} data @returns {any}
+ */
+export function streamEvent(data) {
+  let event;
+  try {
+    event = JSON.parse(data);
+  } catch {
+    return null;
+  }
+  return isPlainObject(event) && Number.isSafeInteger(event.seq) ? event : null;
+}
+
 // MARK: - IndexedDB
 
 /** @param {IDBRequest | IDBTransaction} request */
@@ -773,6 +788,8 @@ export class TrunkSyncClient {
    * account's leader), `'signed_out'` (the session ended, however), `'push_failed'` (the
    * leader's push failed and will be tried again; detail: the error), `'rejected'` (the
    * leader's push moved events the server refused to the quarantine; detail: them),
+   * `'live_failed'` (the leader's live stream failed — no answer, a page in the way, a
+   * message it cannot read, silence — and is reopened after a backoff; detail: the error),
    * `'storage_not_persisted'` (the browser refused persistent storage: it may clear this
    * origin's data, unsent events included, under storage pressure; see `storagePersisted`).
    * @param {(state: string, detail?: unknown) => void} listener
@@ -1398,6 +1415,17 @@ export class TrunkSyncClient {
           await response.body?.cancel();
           const retryAfter = parseRetryAfter(response.headers.get('Retry-After'), response.headers.get('Date'));
           wait = retryAfter !== null ? this.retryAfterWait(retryAfter) : backoffDelay(attempt++, this.retry);
+          this.emitState(
+            'live_failed',
+            response.ok
+              ? new TrunkSyncError('invalid_response', `the live stream was answered ${type || 'without a type'}`, {
+                  status: response.status,
+                })
+              : new TrunkSyncError(`http_${response.status}`, `the live stream was answered ${response.status}`, {
+                  status: response.status,
+                  retryAfter: retryAfter ?? undefined,
+                }),
+          );
         } else {
           const opened = Date.now();
           let delivered = false;
@@ -1408,19 +1436,34 @@ export class TrunkSyncClient {
             if (done) break;
             watchdog.reset();
             const events = [];
+            let unreadable = null;
             for (const message of parser.push(value)) {
               if (message.event !== 'event') continue;
-              const event = JSON.parse(message.data);
+              const event = streamEvent(message.data);
+              if (!event) {
+                unreadable = message.data;
+                break;
+              }
               if (event.seq <= lastSeq) continue;
               events.push(event);
               lastSeq = event.seq;
             }
+            // The events before a message it cannot read are delivered first: the stream is
+            // reopened after the last of them, so none is skipped. (They were not, and the
+            // reopened stream started past them.)
             if (events.length > 0) {
               delivered = true;
               this.deliver(account, events);
               account.post({ kind: 'live', events });
               const seq = lastSeq;
               transact(db, ['meta'], 'readwrite', (tx) => tx.objectStore('meta').put(seq, 'live')).catch(() => {});
+            }
+            if (unreadable !== null) {
+              reader.cancel().catch(() => {});
+              throw new TrunkSyncError(
+                'invalid_response',
+                `a message of the live stream is not an event: ${unreadable.slice(0, 80)}`,
+              );
             }
           }
           // A clean end (token expired, server shutting down): reconnect after the stream's
@@ -1437,6 +1480,17 @@ export class TrunkSyncClient {
         if (signal.aborted) return;
         if (error instanceof TrunkSyncError && error.code === 'session_expired') return;
         wait = backoffDelay(attempt++, this.retry);
+        this.emitState(
+          'live_failed',
+          error instanceof TrunkSyncError
+            ? error
+            : new TrunkSyncError(
+                'network',
+                watchdog.expired
+                  ? `the live stream was silent for ${this.streamIdleTimeout} ms`
+                  : `the live stream broke off: ${String(error)}`,
+              ),
+        );
       } finally {
         watchdog.clear();
       }

@@ -15,6 +15,7 @@ import {
   pushResults,
   refusedEvents,
   retryAfterDelay,
+  streamEvent,
   utf8Length,
 } from '../trunk-sync.js';
 
@@ -177,5 +178,12 @@ test('timing options are milliseconds from 1 s to what a timer takes, or the def
   assert.equal(milliseconds({ requestTimeout: 5000 }, 'requestTimeout', 30000), 5000);
   for (const bad of [0, 999, -1, NaN, Infinity, 2147483648, '5000', null]) {
     assert.throws(() => milliseconds({ pendingCheckInterval: bad }, 'pendingCheckInterval', 60000), TypeError, String(bad));
+  }
+});
+
+test('a live stream message is an event with an integer seq, or nothing', () => {
+  assert.deepEqual(streamEvent('{"seq":3,"type":"note"}'), { seq: 3, type: 'note' });
+  for (const bad of ['{"seq":3', '', 'null', '[]', '{"seq":"3"}', '{"seq":1.5}', '{}', '7']) {
+    assert.equal(streamEvent(bad), null, bad);
   }
 });
