@@ -1528,6 +1528,77 @@ def a_refresh_whose_answer_is_mangled_asks_again_at_once(driver, proxy):
     step("a token refresh whose 200 answer is mangled is asked again at once; the session lives on")
 
 
+def an_outbox_record_that_cannot_be_sent_is_set_aside(driver, proxy):
+    """Outbox records that cannot be sent as events (written by something else than `record`:
+    a payload with a BigInt, a record without a client_id) between good ones: the good ones
+    are pushed, in order, once each; the others go to the quarantine as they were (field
+    `record`), named in `rejected`. (The BigInt failed every push, as a network failure, the
+    events after it never sent.)"""
+    outcome = js(driver, """
+        const first = await client.record('note', {tag: 'unsendable', n: 0});
+        const db = await client.current().db();
+        await new Promise((resolve, reject) => {
+          const tx = db.transaction('outbox', 'readwrite');
+          const outbox = tx.objectStore('outbox');
+          const at = new Date().toISOString();
+          outbox.add({client_id: crypto.randomUUID(), type: 'note', payload: {tag: 'unsendable', big: 1n},
+                      client_timestamp: at, bytes: 30});
+          outbox.add({type: 'note', payload: {tag: 'unsendable', lost: 'id'}, client_timestamp: at, bytes: 30});
+          tx.oncomplete = resolve;
+          tx.onerror = () => reject(tx.error);
+        });
+        const last = await client.record('note', {tag: 'unsendable', n: 1});
+        let report;
+        try { report = await client.sync() } catch (e) { return {failed: e.code || String(e)} }
+        const set = (await client.quarantinedEvents()).filter((e) => e.field === 'record');
+        const outcome = {ids: [first, last], pushed: report.pushed, rejected: report.rejected.map((e) => e.field),
+          pending: await client.pendingCount(),
+          kept: set.map((e) => [typeof e.payload.big, e.payload.lost ?? null, e.client_id.startsWith('unreadable-')]),
+          named: report.rejected.map((e) => e.client_id).sort().join() === set.map((e) => e.client_id).sort().join()};
+        await client.discardQuarantined(set.map((e) => e.client_id));
+        return outcome;
+    """)
+    assert "failed" not in outcome, outcome
+    assert outcome["pushed"] == 2 and outcome["pending"] == 0, outcome
+    assert outcome["rejected"] == ["record", "record"] and outcome["named"], outcome
+    assert sorted(outcome["kept"], key=str) == sorted([["bigint", None, False], ["undefined", "id", True]], key=str), \
+        outcome
+    stored = tagged(server_events(stored_session(driver)["access_token"]), "unsendable")
+    assert [event["client_id"] for event in stored] == outcome["ids"], stored
+    step("outbox records that cannot be sent go to the quarantine as they were; the others are pushed, in order")
+
+
+def a_cursor_or_quarantine_entry_it_cannot_read_blocks_nothing(driver, proxy):
+    """A stored cursor that is not a seq and a quarantine entry without its time (written by
+    something else): the sync pulls from the beginning and stores a cursor again, and the
+    quarantine is listed. (Every sync asked the server for that cursor, refused; every
+    `quarantinedEvents()` threw.)"""
+    outcome = js(driver, """
+        const db = await client.current().db();
+        await new Promise((resolve, reject) => {
+          const tx = db.transaction(['meta', 'quarantine'], 'readwrite');
+          tx.objectStore('meta').put('not a seq', 'cursor');
+          tx.objectStore('quarantine').put({client_id: 'odd-entry', type: 'note', payload: {}});
+          tx.objectStore('quarantine').put({client_id: 'dated-entry', type: 'note', payload: {}, field: '',
+                                            reason: 'x', quarantined_at: new Date().toISOString()});
+          tx.oncomplete = resolve;
+          tx.onerror = () => reject(tx.error);
+        });
+        let pulled = 0;
+        try { await client.sync((events) => { pulled += events.length }) } catch (e) { return {failed: e.code || String(e)} }
+        let listed;
+        try { listed = (await client.quarantinedEvents()).map((e) => e.client_id) } catch (e) { return {failed: String(e)} }
+        await client.discardQuarantined(['odd-entry', 'dated-entry']);
+        const r = db.transaction('meta').objectStore('meta').get('cursor');
+        const cursor = await new Promise((resolve) => { r.onsuccess = () => resolve(r.result) });
+        return {pulled, listed, cursor};
+    """)
+    assert "failed" not in outcome, outcome
+    assert outcome["pulled"] > 0 and isinstance(outcome["cursor"], int) and outcome["cursor"] > 0, outcome
+    assert outcome["listed"] == ["odd-entry", "dated-entry"], outcome
+    step("a stored cursor or a quarantine entry it cannot read blocks no sync: pulled again from the start")
+
+
 def a_stream_message_it_cannot_read_loses_no_event(driver, proxy):
     """A live stream message cut short on the way, in the same piece as an event before it:
     that event is delivered, the app is told ('live_failed'), and the stream, reopened after
@@ -1556,6 +1627,8 @@ def a_stream_message_it_cannot_read_loses_no_event(driver, proxy):
 ANSWER_CHECKS = [a_page_with_more_must_move_past_the_cursor, a_page_in_the_way_signs_nobody_out,
                  a_retry_after_date_counts_from_the_answers_date, a_400_page_in_the_way_quarantines_nothing,
                  a_refresh_whose_answer_is_mangled_asks_again_at_once,
+                 an_outbox_record_that_cannot_be_sent_is_set_aside,
+                 a_cursor_or_quarantine_entry_it_cannot_read_blocks_nothing,
                  a_stream_message_it_cannot_read_loses_no_event,
                  a_long_retry_after_holds_the_leader_back_at_most_max_retry_after]
 

@@ -130,6 +130,8 @@ final class WebClientTests: EndToEndTestCase {
             "a Retry-After over maxRetryAfter holds the leader's stream and push back for maxRetryAfter at most",
             "a 400 page in the way of a push quarantines nothing; the events stay in the outbox",
             "a token refresh whose 200 answer is mangled is asked again at once; the session lives on",
+            "outbox records that cannot be sent go to the quarantine as they were; the others are pushed, in order",
+            "a stored cursor or a quarantine entry it cannot read blocks no sync: pulled again from the start",
             "a live stream message cut short loses no event: the one before it delivered, the app told",
         ] {
             XCTAssertTrue(

@@ -79,12 +79,22 @@ export interface SyncReport {
 export interface RefusedEvent {
   client_id: string;
   type: string;
-  /** The field the server named, e.g. `payload`. */
+  /**
+   * The field the server named, e.g. `payload`; `record` for an outbox record the client
+   * could not send at all (see `QuarantinedEvent`).
+   */
   field: string;
   reason: string;
 }
 
-/** An event in the quarantine: what was recorded and why the server refused it. */
+/**
+ * An event in the quarantine: what was recorded and why the server refused it. Field
+ * `record`: an outbox record the client could not send (its `client_id`, `type` or
+ * `client_timestamp` not a string, its payload not a plain object or without a JSON form:
+ * written by something else than `record`), kept as it was found, with any other fields it
+ * had; under `unreadable-<n>` when it had no string `client_id`. Its `payload` may then not
+ * be JSON.
+ */
 export interface QuarantinedEvent {
   client_id: string;
   type: string;
@@ -223,11 +233,11 @@ export class TrunkSyncClient {
    * tab became the leader. `'signed_out'`: the session ended, however (`signOut`,
    * `deleteAccount`, a refresh the server refused, another tab). `'push_failed'`: the
    * leader's push failed and will be tried again (`detail`: the error). `'rejected'`: the
-   * leader's push moved events the server refused to the quarantine (`detail`: them).
-   * `'live_failed'`: the leader's live stream failed (no answer, a page in the way, a
-   * message it cannot read, silence) and is reopened after a backoff (`detail`: the
-   * error). `'storage_not_persisted'`: the browser refused persistent storage
-   * (`storagePersisted`).
+   * leader's push moved events the server refused, or outbox records it could not send
+   * (field `record`), to the quarantine (`detail`: them). `'live_failed'`: the leader's live
+   * stream failed (no answer, a page in the way, a message it cannot read, silence) and is
+   * reopened after a backoff (`detail`: the error). `'storage_not_persisted'`: the browser
+   * refused persistent storage (`storagePersisted`).
    */
   onStateChange(listener: (...change: StateChange) => void): () => void;
   /** Stops this client's work in this tab (another tab becomes the leader). */
@@ -244,7 +254,9 @@ export function utf8Length(text: string): number;
 export function refusedEvents(body: unknown, count: number): Map<number, { field: string; reason: string }>;
 export function checkedPage(page: unknown, cursor: number): { events: SyncEvent[]; next_after: number; has_more: boolean };
 export function pushResults(body: unknown): Map<string, 'created' | 'duplicate'> | null;
+export function outboxProblem(record: unknown, serialize?: boolean): string | null;
 export function streamEvent(data: string): SyncEvent | null;
+export function storedSeq(value: unknown): number | undefined;
 export class SSEParser {
   lastEventId: string;
   retry: number | null;

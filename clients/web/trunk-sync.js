@@ -241,6 +241,41 @@ export function checkedPage(page, cursor) {
 }
 
 /**
+ * Why an outbox record cannot be sent as an event, or null when it can: a `client_id`,
+ * `type` or `client_timestamp` that is not a string, a `payload` that is not a plain object
+ * or (with `serialize`, the default) has no JSON form (a BigInt, a cycle). `record` writes
+ * none of these; another version of the app, an extension or a damaged profile can. Such a
+ * record is set aside to the quarantine as it is (see `setAside`), never sent, never dropped.
+ * @param {any} record @param {boolean} [serialize] @returns {string | null}
+ */
+export function outboxProblem(record, serialize = true) {
+  if (!record || typeof record !== 'object') return 'not an object';
+  for (const field of ['client_id', 'type', 'client_timestamp']) {
+    if (typeof record[field] !== 'string') return `its ${field} is not a string`;
+  }
+  if (!isPlainObject(record.payload)) return 'its payload is not a plain object';
+  if (serialize) {
+    try {
+      JSON.stringify(record.payload);
+    } catch (error) {
+      return `its payload has no JSON form (${error instanceof Error ? error.message : String(error)})`;
+    }
+  }
+  return null;
+}
+
+/**
+ * A stored cursor (`meta` `cursor` or `live`): a seq, or undefined when there is none or what
+ * is there is not one (written by something else): then the pull starts from the beginning
+ * (delivery is at least once: the app skips seqs it applied) instead of asking the server
+ * for a cursor it refuses, every sync, for good.
+ * @param {unknown} value @returns {number | undefined}
+ */
+export function storedSeq(value) {
+  return Number.isSafeInteger(value) && /** @type {number} */ (value) >= 0 ? /** @type {number} */ (value) : undefined;
+}
+
+/**
  * The event a live stream message's `data` carries, or null when it is not one (not JSON, not
  * an object, no integer `seq`): a message cut short or mangled on the way.
  * @param {string} data @returns {any}
@@ -777,11 +812,12 @@ export class TrunkSyncClient {
    * Tells `listener` what happens in the background: `'leader'` (this tab became its
    * account's leader), `'signed_out'` (the session ended, however), `'push_failed'` (the
    * leader's push failed and will be tried again; detail: the error), `'rejected'` (the
-   * leader's push moved events the server refused to the quarantine; detail: them),
-   * `'live_failed'` (the leader's live stream failed — no answer, a page in the way, a
-   * message it cannot read, silence — and is reopened after a backoff; detail: the error),
-   * `'storage_not_persisted'` (the browser refused persistent storage: it may clear this
-   * origin's data, unsent events included, under storage pressure; see `storagePersisted`).
+   * leader's push moved events the server refused, or outbox records it could not send, to
+   * the quarantine; detail: them), `'live_failed'` (the leader's live stream failed — no
+   * answer, a page in the way, a message it cannot read, silence — and is reopened after a
+   * backoff; detail: the error), `'storage_not_persisted'` (the browser refused persistent
+   * storage: it may clear this origin's data, unsent events included, under storage
+   * pressure; see `storagePersisted`).
    * @param {(state: string, detail?: unknown) => void} listener
    */
   onStateChange(listener) {
@@ -926,12 +962,14 @@ export class TrunkSyncClient {
    * one): once another tab signed in someone else it throws `user_changed` rather than
    * send, refresh or sign out with their session. `token`: sent as it is (no refresh, no
    * sign-out on a 401).
+   * `bodyText`: the body already as JSON text (instead of `body`).
    * @param {string} method @param {string} path
-   * @param {{body?: any, auth?: boolean, retry?: boolean, raw?: boolean, signal?: AbortSignal,
-   *   pin?: {user_id: string, id?: string}, token?: string}} [options]
+   * @param {{body?: any, bodyText?: string, auth?: boolean, retry?: boolean, raw?: boolean,
+   *   signal?: AbortSignal, pin?: {user_id: string, id?: string}, token?: string}} [options]
    */
   async request(method, path, options = {}) {
     const { body, auth = true, retry = true, raw = false, signal, token: fixedToken } = options;
+    const text = options.bodyText ?? (body === undefined ? undefined : JSON.stringify(body));
     const pin = options.pin ?? (auth && !fixedToken && this.session ? { user_id: this.session.user_id } : undefined);
     let refreshed = false;
     for (let attempt = 0; ; attempt++) {
@@ -943,22 +981,22 @@ export class TrunkSyncClient {
         token = fixedToken ?? (await this.accessToken(pin));
         headers.Authorization = `Bearer ${token}`;
       }
-      if (body !== undefined) headers['Content-Type'] = 'application/json';
+      if (text !== undefined) headers['Content-Type'] = 'application/json';
       // A lost answer must not hold the sync lock (every tab's) until the OS gives up.
       const deadline = new Deadline(signal, this.requestTimeout);
       let response;
-      let text = '';
+      let answer = '';
       let handedOut = false;
       try {
         response = await this.fetch(this.url + path, {
           method,
           headers,
-          body: body === undefined ? undefined : JSON.stringify(body),
+          body: text,
           cache: 'no-store',
           signal: deadline.signal,
         });
         handedOut = raw && response.ok;
-        if (!handedOut) text = await response.text();
+        if (!handedOut) answer = await response.text();
       } catch (error) {
         if (signal?.aborted) throw new TrunkSyncError('cancelled', 'cancelled');
         if (!retry || attempt + 1 >= this.retry.maxAttempts) {
@@ -976,16 +1014,16 @@ export class TrunkSyncClient {
       }
       if (response.ok) {
         if (raw) return { response, deadline };
-        if (!text) return null;
+        if (!answer) return null;
         try {
-          return JSON.parse(text);
+          return JSON.parse(answer);
         } catch {
           throw new TrunkSyncError('invalid_response', `the server answered ${response.status} with a body that is not JSON`);
         }
       }
       let errorBody = null;
       try {
-        errorBody = JSON.parse(text);
+        errorBody = JSON.parse(answer);
       } catch {
         // not JSON
       }
@@ -1087,7 +1125,10 @@ export class TrunkSyncClient {
     const db = await this.current().db();
     /** @type {any[]} */
     const all = await settled(db.transaction('quarantine').objectStore('quarantine').getAll());
-    return all.sort((a, b) => a.quarantined_at.localeCompare(b.quarantined_at)).map(({ bytes, n, ...rest }) => rest);
+    // An entry without a readable quarantined_at (written by something else) sorts first
+    // rather than failing the call, for good.
+    const when = (/** @type {any} */ entry) => String(entry?.quarantined_at ?? '');
+    return all.sort((a, b) => when(a).localeCompare(when(b))).map(({ bytes, n, ...rest }) => rest);
   }
 
   /** Drops quarantined events for good. @param {string[]} clientIds */
@@ -1149,6 +1190,13 @@ export class TrunkSyncClient {
       if (account.stopped.signal.aborted) throw new TrunkSyncError('cancelled', 'signed out');
       /** @type {any[]} */
       const head = await settled(db.transaction('outbox').objectStore('outbox').getAll(null, maxEvents));
+      // A record that cannot be sent (see outboxProblem) would fail every push, the events
+      // after it never sent: it goes to the quarantine as it is, and the push goes on.
+      const unreadable = head.filter((record) => outboxProblem(record, false) !== null);
+      if (unreadable.length > 0) {
+        report.rejected.push(...(await this.setAside(db, unreadable)));
+        continue;
+      }
       const batch = firstBatch(head, { maxEvents, maxBytes: this.maxBatchBytes });
       if (batch.length === 0) return report;
       const events = batch.map(({ client_id, type, payload, client_timestamp }) => ({
@@ -1157,10 +1205,19 @@ export class TrunkSyncClient {
         payload,
         client_timestamp,
       }));
+      let text;
+      try {
+        text = JSON.stringify({ events });
+      } catch (error) {
+        const unsendable = batch.filter((record) => outboxProblem(record) !== null);
+        if (unsendable.length === 0) throw error;
+        report.rejected.push(...(await this.setAside(db, unsendable)));
+        continue;
+      }
       let answer;
       try {
         answer = await this.request('POST', '/sync/v1/events', {
-          body: { events },
+          bodyText: text,
           signal: account.stopped.signal,
           retry: options.retry ?? true,
         });
@@ -1240,6 +1297,35 @@ export class TrunkSyncClient {
   }
 
   /**
+   * Moves outbox records that cannot be sent (`outboxProblem`) to the quarantine as they are,
+   * in one transaction: field `record`, the reason, under their `client_id` (`unreadable-<n>`
+   * when it is not a string, and never over an entry already there). Never sent, never
+   * dropped: `quarantinedEvents()` lists them, `discardQuarantined` drops them.
+   * @param {IDBDatabase} db @param {any[]} records
+   */
+  async setAside(db, records) {
+    /** @type {any[]} */
+    const moved = [];
+    const now = new Date().toISOString();
+    await transact(db, ['outbox', 'quarantine'], 'readwrite', (tx) => {
+      const quarantine = tx.objectStore('quarantine');
+      for (const record of records) {
+        const reason = `the outbox record cannot be sent: ${outboxProblem(record) ?? 'unreadable'}`;
+        const own = typeof record.client_id === 'string' ? record.client_id : `unreadable-${record.n}`;
+        const { n, ...kept } = record;
+        tx.objectStore('outbox').delete(n);
+        const there = quarantine.getKey(own);
+        there.onsuccess = () => {
+          const client_id = there.result === undefined ? own : `${own}|unreadable-${n}`;
+          quarantine.put({ ...kept, client_id, field: 'record', reason, quarantined_at: now });
+          moved.push({ client_id, type: typeof kept.type === 'string' ? kept.type : '', field: 'record', reason });
+        };
+      }
+    });
+    return moved;
+  }
+
+  /**
    * Pulls every page after the stored cursor into `handler`. Once it reached the end it
    * tells the leader (in this tab or another), whose stream may be waiting for that: on a
    * first sign-in it starts after this cursor (see `streamStart`).
@@ -1247,7 +1333,7 @@ export class TrunkSyncClient {
    */
   async pullAll(account, handler) {
     const db = await account.db();
-    const stored = await settled(db.transaction('meta').objectStore('meta').get('cursor'));
+    const stored = storedSeq(await settled(db.transaction('meta').objectStore('meta').get('cursor')));
     let cursor = stored ?? 0;
     // Stored also when it stays 0 (an empty account), so a new leader knows a pull ended.
     let unstored = stored === undefined;
@@ -1507,7 +1593,7 @@ export class TrunkSyncClient {
         signal.addEventListener('abort', () => resolve(undefined), { once: true });
       });
       /** @type {number | undefined} */
-      const start = (await meta('live')) ?? (await meta('cursor'));
+      const start = storedSeq(await meta('live')) ?? storedSeq(await meta('cursor'));
       if (start !== undefined) return start;
       await pulled;
       if (signal.aborted) return null;

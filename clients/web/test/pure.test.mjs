@@ -11,10 +11,12 @@ import {
   firstBatch,
   isServerError,
   milliseconds,
+  outboxProblem,
   parseRetryAfter,
   pushResults,
   refusedEvents,
   retryAfterDelay,
+  storedSeq,
   streamEvent,
   utf8Length,
 } from '../trunk-sync.js';
@@ -181,9 +183,40 @@ test('timing options are milliseconds from 1 s to what a timer takes, or the def
   }
 });
 
+test('an outbox record that cannot be sent is told apart from one that can', () => {
+  const good = { n: 1, client_id: 'c1', type: 'note', payload: { text: 'hi' }, client_timestamp: 't', bytes: 13 };
+  assert.equal(outboxProblem(good), null);
+  const cycle = { text: 'x' };
+  cycle.self = cycle;
+  for (const [bad, why] of [
+    [{ ...good, client_id: undefined }, /client_id/],
+    [{ ...good, client_id: 7 }, /client_id/],
+    [{ ...good, type: null }, /type/],
+    [{ ...good, client_timestamp: 0 }, /client_timestamp/],
+    [{ ...good, payload: [1] }, /payload/],
+    [{ ...good, payload: 'text' }, /payload/],
+    [{ ...good, payload: new Date(0) }, /payload/],
+    [{ ...good, payload: { n: 1n } }, /JSON/],
+    [{ ...good, payload: cycle }, /JSON/],
+  ]) {
+    assert.match(outboxProblem(bad) ?? '', why, JSON.stringify(bad, (_, v) => (typeof v === 'bigint' ? `${v}n` : v === cycle ? '[cycle]' : v)));
+  }
+  // Without serializing, only the shape is looked at (the push tries the whole batch at once).
+  assert.equal(outboxProblem({ ...good, payload: { n: 1n } }, false), null);
+  assert.match(outboxProblem({ ...good, type: 5 }, false) ?? '', /type/);
+});
+
 test('a live stream message is an event with an integer seq, or nothing', () => {
   assert.deepEqual(streamEvent('{"seq":3,"type":"note"}'), { seq: 3, type: 'note' });
   for (const bad of ['{"seq":3', '', 'null', '[]', '{"seq":"3"}', '{"seq":1.5}', '{}', '7']) {
     assert.equal(streamEvent(bad), null, bad);
+  }
+});
+
+test('a stored cursor is a seq, or none', () => {
+  assert.equal(storedSeq(0), 0);
+  assert.equal(storedSeq(1e15), 1e15);
+  for (const bad of [undefined, null, -1, 1.5, '12', NaN, Infinity, {}, 2 ** 53]) {
+    assert.equal(storedSeq(bad), undefined, String(bad));
   }
 });
