@@ -1218,6 +1218,12 @@ def main():
         assert stalled[0] == "network" and "stalled" in stalled[1], stalled
         step("an export whose body stalls is aborted with a network error")
 
+        # A 200 page of something in the way (a captive portal) is not the export.
+        proxy.add_rule("GET", "/sync/v1/export", 200, *PAGE_IN_THE_WAY)
+        portal = js(first, "return await client.exportData().then((b) => ['exported', b.type], (e) => [e.code, e.message])")
+        assert portal[0] == "invalid_response" and "text/html" in portal[1], portal
+        step("an export answered with a page in the way is refused, not handed out as the copy")
+
         blob = js(first, "const b = await client.exportData(); return [b.type, (await b.text()).split('\\n')[0]]")
         assert '"kind":"account"' in blob[1], blob
         step("exported the account as NDJSON")

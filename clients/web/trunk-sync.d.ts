@@ -225,7 +225,8 @@ export class TrunkSyncClient {
   deleteAccount(code: string): Promise<void>;
   /**
    * The account and its events, NDJSON (GET /sync/v1/export). A body that stops coming for
-   * `requestTimeout` is aborted: `network`.
+   * `requestTimeout` is aborted: `network`. A `200` that is not NDJSON (a captive portal's
+   * or a proxy's page) is refused: `invalid_response`.
    */
   exportData(): Promise<Blob>;
   /**

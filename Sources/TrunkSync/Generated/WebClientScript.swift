@@ -1790,10 +1790,23 @@ export class TrunkSyncClient {
   /**
    * The user's account and events as an NDJSON Blob (`GET /sync/v1/export`). The body may
    * pause at most `requestTimeout` between pieces (a large export takes as long as it
-   * needs); a download that stalls longer is aborted (`network`).
+   * needs); a download that stalls longer is aborted (`network`). A `200` that is not NDJSON
+   * (a page of something in the way) is refused (`invalid_response`).
    */
   async exportData() {
     const { response, deadline } = await this.request('GET', '/sync/v1/export', { raw: true, retry: false });
+    // A 200 page of something in the way (a captive portal, a proxy set up wrong) is not the
+    // copy. (It was handed out as the export.)
+    const type = response.headers.get('Content-Type') ?? '';
+    if (type.split(';')[0].trim().toLowerCase() !== 'application/x-ndjson') {
+      deadline.clear();
+      response.body?.cancel().catch(() => {});
+      throw new TrunkSyncError(
+        'invalid_response',
+        `the export was answered ${type || 'without a type'}, not NDJSON: not the server's copy`,
+        { status: response.status },
+      );
+    }
     /** @type {Uint8Array[]} */
     const chunks = [];
     try {
