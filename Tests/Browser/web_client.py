@@ -176,7 +176,8 @@ class Proxy:
     200 page (an answer mangled on the way, after the server acted), `paused` closes every request unanswered, `cut()` ends the
     open event streams, `fake_stream` answers stream requests itself: "silent" (a 200 event
     stream that never sends a byte, as a dead connection), "empty" (one that ends at once),
-    "json" (a 200 that is not an event stream) or "401" (the token refused),
+    "json" (a 200 that is not an event stream), "401" (the token refused) or, once, "endless"
+    (a 200 event stream whose one line never ends: 3 MiB at once, then a byte every 0.2 s),
     `stall_export` answers the export with its head and a piece of body, then nothing,
     `poison_stream` ends the next piece of the open event streams that holds a whole event
     with a message that is not one (cut short on the way) and closes them, and
@@ -269,7 +270,10 @@ class Proxy:
             hold[1].wait(TIMEOUT)
         delay = self.push_delay if method == "POST" and path == "/sync/v1/events" else 0
         if method == "GET" and path == "/sync/v1/stream" and self.fake_stream:
-            self.answer_stream(handler, self.fake_stream)
+            kind = self.fake_stream
+            if kind == "endless":
+                self.fake_stream = None
+            self.answer_stream(handler, kind)
             return
         if method == "GET" and path == "/sync/v1/export" and self.stall_export:
             self.answer_stalled_export(handler)
@@ -383,7 +387,7 @@ class Proxy:
         handler.send_header("Content-Type", "application/json" if kind in ("json", "401") else "text/event-stream")
         handler.send_header("Access-Control-Allow-Origin", handler.headers.get("Origin", "*"))
         handler.send_header("Connection", "close")
-        if kind != "silent":
+        if kind not in ("silent", "endless"):
             handler.send_header("Content-Length", str(len(body)))
         handler.end_headers()
         handler.wfile.write(body)
@@ -393,6 +397,16 @@ class Proxy:
             self.log.append((time.monotonic(), "GET", "/sync/v1/stream", status))
         if kind == "silent":  # open until the page gives up on it
             self.wait_for_close(handler)
+        if kind == "endless":  # until the page gives up on it, or two minutes
+            try:
+                handler.wfile.write(b"data: " + b"x" * (3 * 1024 * 1024))
+                handler.wfile.flush()
+                for _ in range(600):
+                    time.sleep(0.2)
+                    handler.wfile.write(b"x")
+                    handler.wfile.flush()
+            except OSError:
+                pass
 
     def answer_too_large(self, handler):
         """nginx's answer to a body over its client_max_body_size (HTML, not the API's JSON)."""
@@ -1605,17 +1619,23 @@ def a_cursor_or_quarantine_entry_it_cannot_read_blocks_nothing(driver, proxy):
     step("a stored cursor or a quarantine entry it cannot read blocks no sync: pulled again from the start")
 
 
-def a_stream_message_it_cannot_read_loses_no_event(driver, proxy):
-    """A live stream message cut short on the way, in the same piece as an event before it:
-    that event is delivered, the app is told ('live_failed'), and the stream, reopened after
-    it, brings the next. (The event was not delivered, and the stream reopened past it.)
-    Leaves a quiet page open."""
+def live_leader(driver, proxy):
+    """Opens a leader page on `proxy` whose live stream is open, its events going to
+    `window.live` and what `onStateChange` tells (with the error's code) to `window.states`."""
     open_page(driver, proxy.url, {"retry": {"maxDelay": 1000}})
     js(driver, "window.states = []; client.onStateChange((state, detail) =>"
                " window.states.push([state, detail && detail.code || null])); return true")
     wait_until(lambda: js(driver, "return client.isLeader"), "the leader")
     js(driver, "(async () => { for await (const e of client.liveEvents()) window.live.push(e.seq) })(); return true")
     wait_until(lambda: len(proxy.streams) > 0, "the live stream open")
+
+
+def a_stream_message_it_cannot_read_loses_no_event(driver, proxy):
+    """A live stream message cut short on the way, in the same piece as an event before it:
+    that event is delivered, the app is told ('live_failed'), and the stream, reopened after
+    it, brings the next. (The event was not delivered, and the stream reopened past it.)
+    Leaves a quiet page open."""
+    live_leader(driver, proxy)
     token = stored_session(driver)["access_token"]
     proxy.poison_stream = True
     first = push(token, "streamed before a message cut short")
@@ -1630,12 +1650,29 @@ def a_stream_message_it_cannot_read_loses_no_event(driver, proxy):
     step("a live stream message cut short loses no event: the one before it delivered, the app told")
 
 
+def a_stream_line_that_never_ends_holds_nothing(driver, proxy):
+    """A live stream answer whose one line never ends, each piece in time for the watchdog:
+    dropped once it runs past what any event takes, and reopened; the next event arrives.
+    (It held the stream, and grew, for as long as the bytes came.) Leaves a quiet page open."""
+    live_leader(driver, proxy)
+    proxy.fake_stream = "endless"
+    proxy.cut()
+    wait_until(lambda: proxy.fake_stream is None, "the endless stream answered")
+    seq = push(stored_session(driver)["access_token"], "streamed after an endless line")
+    wait_until(lambda: seq in driver.execute_script("return window.live"), "the event after the endless line",
+               timeout=30)
+    assert ["live_failed", "invalid_response"] in driver.execute_script("return window.states")
+    open_page(driver, proxy.url, {"autoPush": False, "live": False})
+    step("a live stream line that never ends is dropped and reopened; the next event arrives")
+
+
 ANSWER_CHECKS = [a_page_with_more_must_move_past_the_cursor, a_page_in_the_way_signs_nobody_out,
                  a_retry_after_date_counts_from_the_answers_date, a_400_page_in_the_way_quarantines_nothing,
                  a_refresh_whose_answer_is_mangled_asks_again_at_once,
                  an_outbox_record_that_cannot_be_sent_is_set_aside,
                  a_cursor_or_quarantine_entry_it_cannot_read_blocks_nothing,
                  a_stream_message_it_cannot_read_loses_no_event,
+                 a_stream_line_that_never_ends_holds_nothing,
                  a_long_retry_after_holds_the_leader_back_at_most_max_retry_after]
 
 

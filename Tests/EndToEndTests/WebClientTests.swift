@@ -135,6 +135,7 @@ final class WebClientTests: EndToEndTestCase {
             "outbox records that cannot be sent go to the quarantine as they were; the others are pushed, in order",
             "a stored cursor or a quarantine entry it cannot read blocks no sync: pulled again from the start",
             "a live stream message cut short loses no event: the one before it delivered, the app told",
+            "a live stream line that never ends is dropped and reopened; the next event arrives",
         ] {
             XCTAssertTrue(
                 result.stdout.contains("ok \(step)"), "missing step \(step): \(result.stdout)\(result.stderr)")

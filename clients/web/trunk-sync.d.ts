@@ -261,5 +261,7 @@ export function storedSeq(value: unknown): number | undefined;
 export class SSEParser {
   lastEventId: string;
   retry: number | null;
+  /** Characters of the message being read (its data lines and the line not ended yet). */
+  readonly pending: number;
   push(text: string): { id: string; event: string; data: string }[];
 }

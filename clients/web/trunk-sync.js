@@ -8,6 +8,11 @@ const VERSION = 1;
 const MAX_PAYLOAD_BYTES = 64 * 1024;
 const SERVER_MAX_BATCH_EVENTS = 1000;
 const SERVER_MAX_BATCH_BYTES = 10 * 1024 * 1024;
+/**
+ * The most characters one live stream message may take: the server's largest (a 64 KiB
+ * payload, escaped) is far below; a stream past it is not the server's.
+ */
+const MAX_STREAM_MESSAGE = 2 * 1024 * 1024;
 
 /** What the client throws: `code` says which failure (see trunk-sync.d.ts). */
 export class TrunkSyncError extends Error {
@@ -106,6 +111,14 @@ export function utf8Length(text) {
  * server's `retry` hint.
  */
 export class SSEParser {
+  /**
+   * Characters of the message being read (its data lines, the line not ended yet): a
+   * reader caps it (`MAX_STREAM_MESSAGE`), so a stream that never ends a line cannot hold it.
+   */
+  get pending() {
+    return this.buffer.length + this.data.reduce((sum, line) => sum + line.length, 0);
+  }
+
   constructor() {
     this.buffer = '';
     this.data = [];
@@ -1539,6 +1552,15 @@ export class TrunkSyncClient {
               throw new TrunkSyncError(
                 'invalid_response',
                 `a message of the live stream is not an event: ${unreadable.slice(0, 80)}`,
+              );
+            }
+            // A line or message that never ends (each piece resets the watchdog) would hold
+            // the stream, and grow, for good.
+            if (parser.pending > MAX_STREAM_MESSAGE) {
+              reader.cancel().catch(() => {});
+              throw new TrunkSyncError(
+                'invalid_response',
+                `a message of the live stream runs past ${MAX_STREAM_MESSAGE} characters: not the server's`,
               );
             }
           }

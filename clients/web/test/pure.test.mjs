@@ -220,3 +220,11 @@ test('a stored cursor is a seq, or none', () => {
     assert.equal(storedSeq(bad), undefined, String(bad));
   }
 });
+
+test('SSE framing: what a message not ended yet holds is counted', () => {
+  const parser = new SSEParser();
+  assert.deepEqual(parser.push('data: abc\ndata: de\nxyz'), []);
+  assert.equal(parser.pending, 3 + 2 + 3);
+  assert.equal(parser.push('\n\n').length, 1);
+  assert.equal(parser.pending, 0);
+});
