@@ -105,6 +105,31 @@ final class RealtimeAccessTokenTests: XCTestCase {
         await app.stop()
     }
 
+    /// An `access_token` that is neither a string nor null is no token: the channel ends, and
+    /// nothing else on the socket changes.
+    func testAnAccessTokenThatIsNotAStringEndsTheChannel() async throws {
+        let app = try await AppHarness()
+        do {
+            let email = try XCTUnwrap(Email("realtime-key-shape@example.com"))
+            let session = try await app.application.auth.issueSession(email: email)
+            let channel = try RealtimeJoinGraceTests.Harness(app, grace: .seconds(3600))
+            channel.send(Self.join("1", token: session.accessToken))
+            let joined = try await channel.waitFor(#""1","1","realtime:room","phx_reply",{"status":"ok""#)
+            XCTAssertTrue(joined, channel.sent)
+            channel.send(#"["1","2","realtime:room","access_token",{"access_token":42}]"#)
+            let ended = try await channel.waitFor(#""realtime:room","phx_close""#)
+            XCTAssertTrue(ended, channel.sent)
+            XCTAssertTrue(channel.sent.contains("access_token must be a string"), channel.sent)
+            let answered = try await channel.heartbeat(0)
+            XCTAssertTrue(answered, "the socket stays open")
+            await channel.finish()
+        } catch {
+            await app.stop()
+            throw error
+        }
+        await app.stop()
+    }
+
     /// The forms of the app's key are told from a user's token without verifying them.
     func testWhatIsTheAppsKey() {
         XCTAssertTrue(RealtimeSession.isAnonJWT(Self.anonJWT))

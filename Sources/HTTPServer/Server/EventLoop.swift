@@ -884,18 +884,15 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private func requestComplete(
         _ head: consuming HTTPRequestHead, body: consuming [UInt8], on connection: Connection<Context>
     ) {
-        connection.countsChunkedInput = false
-        // The body's share of the input budget goes with it: given back once the responder
-        // has answered (`.now`), or by the handler's task once it has (`.later`); a body
-        // dropped (answered from the head, a prepared answer) gives it back at once.
-        let heldInput = connection.heldInput
-        connection.heldInput = 0
+        // The body's share of the input budget stays counted until the request is answered:
+        // given back here for a body dropped or answered at once, by the handler's task for
+        // one it works on (`.later`).
         guard connection.lifecycle.requestComplete() == .dispatch, let context = connection.context else {
-            if heldInput != 0 { inputBudget.adjust(by: -heldInput) }
+            releaseInput(connection)
             return
         }
         if let prepared = connection.prepared {
-            if heldInput != 0 { inputBudget.adjust(by: -heldInput) }
+            releaseInput(connection)
             connection.prepared = nil
             finish(prepared, context: context, on: connection)
             return
@@ -909,7 +906,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         }
         switch responder.respond(to: request, context: context) {
         case .now(let response, let context):
-            if heldInput != 0 { inputBudget.adjust(by: -heldInput) }
+            releaseInput(connection)
             finish(response, context: context, on: connection)
         case .later(let operation):
             inFlightCount.wrappingAdd(1, ordering: .relaxed)
@@ -921,6 +918,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             let fd = connection.fd
             let id = connection.id
             let inputBudget = self.inputBudget
+            let heldInput = connection.heldInput  // now the task's to give back
+            connection.heldInput = 0
+            connection.countsChunkedInput = false
             // On the loop's thread: read, handled and answered without leaving it (unless the
             // handler itself awaits work elsewhere).
             connection.handlerTask = Task(executorPreference: executor) { [self] in
