@@ -29,6 +29,8 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertEqual(Application.adminServerConfiguration(of: configuration).maxBufferedOutput, 256 * 1024 * 1024)
         XCTAssertEqual(server.maxBufferedInput, 256 * 1024 * 1024)
         XCTAssertEqual(Application.adminServerConfiguration(of: configuration).maxBufferedInput, 256 * 1024 * 1024)
+        XCTAssertEqual(configuration.httpMaxBufferedInputPerClient, 64 * 1024 * 1024, "a quarter of the total")
+        XCTAssertEqual(server.maxBufferedInputPerClient, 64 * 1024 * 1024)
     }
 
     func testTrustedProxiesAndTheNetworkSettings() throws {
@@ -37,7 +39,7 @@ final class ConfigurationTests: XCTestCase {
             "TRUNK_SYNC_HTTP_MAX_CONNECTIONS_PER_CLIENT": "0", "TRUNK_SYNC_ADMIN_PORT": "0",
             "TRUNK_SYNC_ADMIN_HOST": "::1", "TRUNK_SYNC_RATE_LIMIT_OTP_EMAIL": "3/60",
             "TRUNK_SYNC_RATE_LIMIT_VERIFY_EMAIL": "4/120", "TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT": "1048576",
-            "TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT": "2097152",
+            "TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT": "2097152", "TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT_PER_CLIENT": "1048576",
         ])
         XCTAssertEqual(
             configuration.trustedProxies.networks.map(\.description),
@@ -52,6 +54,7 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertEqual(server.maxConnectionsPerClient, 0)
         XCTAssertEqual(server.maxBufferedOutput, 1_048_576)
         XCTAssertEqual(server.maxBufferedInput, 2_097_152)
+        XCTAssertEqual(server.maxBufferedInputPerClient, 1_048_576)
         let admin = Application.adminServerConfiguration(of: configuration)
         XCTAssertEqual(admin.host, "::1")
         XCTAssertEqual(admin.port, 0)

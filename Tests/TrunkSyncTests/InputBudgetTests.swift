@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import HTTPServer
 import TestSupport
 import TrunkSync
 import XCTest
@@ -10,7 +11,9 @@ import XCTest
 /// up to `TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT` in all, past which a body is `503 server_busy`
 /// (the route's shape, `Retry-After: 1`) instead of being read. Nothing is stored by a
 /// refused request, and what the bodies held comes back however they end (docs/api.md,
-/// "Limits and errors"; config/README.md, "Bodies on their way").
+/// "Limits and errors"; config/README.md, "Bodies on their way"). One account holds at most
+/// `TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT_PER_CLIENT` of it: past that, its large bodies are
+/// refused the same way while other users' still pass.
 final class InputBudgetTests: XCTestCase {
     /// The smallest the setting takes: room for one 900 KB body, not for another 200 KB.
     static let limit = 1024 * 1024
@@ -19,11 +22,14 @@ final class InputBudgetTests: XCTestCase {
     var app: AppHarness!
     var token: String!
 
-    /// A server on a new database with the small budget (and a short body timeout when given).
-    func start(bodyTimeout: Int = 30) async throws {
-        app = try await AppHarness(environment: [
+    /// A server on a new database with the small budget (and a short body timeout when given;
+    /// a share per account when given, else the default, larger than the budget: none).
+    func start(bodyTimeout: Int = 30, perClient: Int? = nil) async throws {
+        var environment = [
             "TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT": "\(Self.limit)", "TRUNK_SYNC_HTTP_BODY_TIMEOUT": "\(bodyTimeout)",
-        ])
+        ]
+        if let perClient { environment["TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT_PER_CLIENT"] = "\(perClient)" }
+        app = try await AppHarness(environment: environment)
         token = try await app.token("input@example.com")
     }
 
@@ -268,8 +274,10 @@ final class InputBudgetTests: XCTestCase {
             "POST", "/sync/v1/events", rawBody: try pushBody(events: 1, size: 1000), bearer: token)
         XCTAssertEqual(small.status, 200, String(decoding: small.body, as: UTF8.self))
         XCTAssertEqual(try storedEvents(), 1, "nothing of the refused requests was stored")
-        let refusedTotal = try await metric("trunk_sync_http_bodies_refused_total")
+        let refusedTotal = try await metric(#"trunk_sync_http_bodies_refused_total{limit="total"}"#)
         XCTAssertEqual(refusedTotal, 5)
+        let refusedPerClient = try await metric(#"trunk_sync_http_bodies_refused_total{limit="per_client"}"#)
+        XCTAssertEqual(refusedPerClient, 0, "the default share is larger than this budget: none")
         let held = try await metric("trunk_sync_http_input_buffered_bytes")
         XCTAssertEqual(held, Double(Self.holderSize))
 
@@ -322,6 +330,92 @@ final class InputBudgetTests: XCTestCase {
         XCTAssertEqual(try storedEvents(), 15)
     }
 
+    /// One user (sign-up is open) with a push waiting for the database holds a share of the
+    /// budget, not all of it: their next large push is `503 server_busy` while another
+    /// user's large push is read and goes through.
+    func testAUserOverTheirShareIs503WhileAnotherUsersLargePushGoesThrough() async throws {
+        let share = 600_000
+        try await start(perClient: share)
+        let server = app.server
+        let other = try await app.token("other-input@example.com")
+        func account(_ email: String) throws -> InputShareKey {
+            .account(
+                try app.owner().query("select id from users where email = '\(email)'")[0].decode(UUID.self, column: 0))
+        }
+        let mine = try account("input@example.com")
+        let theirs = try account("other-input@example.com")
+        let blocker = try app.owner()
+        try blocker.execute("begin")
+        try blocker.execute("lock table events in share mode")  // inserts wait
+        let harness = app!
+        /// Whether `count` inserts wait for the lock.
+        func waiting(_ count: Int) async throws -> Bool {
+            try await waitUntil(20) {
+                try harness.owner().query(
+                    """
+                    select count(*) from pg_stat_activity
+                    where datname = current_database() and wait_event_type = 'Lock' and query ilike '%insert%'
+                    """)[0].decode(Int64.self, column: 0) == count
+            }
+        }
+
+        // This user's push of ~500 KB, read whole, waits for the database holding its body.
+        let held = try pushBody(events: 8, size: 60_000)
+        let first = try open()
+        defer { close(first) }
+        send(first, head("POST", "/sync/v1/events", length: held.utf8.count, bearer: token) + held)
+        let blocked = try await waiting(1)
+        XCTAssertTrue(blocked, "the push never reached the database")
+        XCTAssertEqual(server.bufferedInputBytes(of: mine), held.utf8.count, "read whole, handed over, still held")
+
+        // Their next large push would take them past their share: refused from its head,
+        // though the budget has room for it, in the route's shape.
+        let next = try pushBody(events: 4, size: 50_000)  // ~200 KB
+        for (path, extra) in [("/sync/v1/events", [:]), ("/rest/v1/events", ["Prefer": "return=minimal"])] {
+            let socket = try open()
+            defer { close(socket) }
+            send(socket, head("POST", path, length: next.utf8.count, bearer: token, extra))
+            let refused = try answer(socket)
+            XCTAssertEqual(refused.status, 503, path)
+            XCTAssertEqual(refused.json["code"] as? String, "server_busy", path)
+            XCTAssertEqual(refused.headers["retry-after"], "1", path)
+            XCTAssertEqual(refused.headers["connection"], "close", path)
+            XCTAssertTrue(closes(socket), "the body was never read (\(path))")
+        }
+        XCTAssertEqual(server.bufferedInputBytes, held.utf8.count, "nothing more held for them")
+
+        // Another user's push of the same size is read and handed over: it waits for the lock too.
+        let another = try open()
+        defer { close(another) }
+        send(another, head("POST", "/sync/v1/events", length: next.utf8.count, bearer: other) + next)
+        let bothWaiting = try await waiting(2)
+        XCTAssertTrue(bothWaiting, "the other user's push never reached the database")
+        XCTAssertEqual(server.bufferedInputBytes(of: theirs), next.utf8.count)
+        XCTAssertEqual(server.bufferedInputBytes, held.utf8.count + next.utf8.count)
+
+        let refusedPerClient = try await metric(#"trunk_sync_http_bodies_refused_total{limit="per_client"}"#)
+        XCTAssertEqual(refusedPerClient, 2)
+        let refusedTotal = try await metric(#"trunk_sync_http_bodies_refused_total{limit="total"}"#)
+        XCTAssertEqual(refusedTotal, 0)
+
+        try blocker.execute("rollback")
+        let answered = try answer(first)
+        XCTAssertEqual(answered.status, 200, String(decoding: answered.body.prefix(300), as: UTF8.self))
+        let theirsAnswered = try answer(another)
+        XCTAssertEqual(theirsAnswered.status, 200, String(decoding: theirsAnswered.body.prefix(300), as: UTF8.self))
+        let released = await waitUntil(10) {
+            server.bufferedInputBytes == 0 && server.bufferedInputBytes(of: mine) == 0
+                && server.bufferedInputBytes(of: theirs) == 0
+        }
+        XCTAssertTrue(released, "still held after the answers: \(server.bufferedInputBytes)")
+        XCTAssertEqual(try storedEvents(), 12)
+
+        // With their push answered, the same large push of theirs goes through.
+        let again = try await app.request("POST", "/sync/v1/events", rawBody: next, bearer: token)
+        XCTAssertEqual(again.status, 200, String(decoding: again.body.prefix(300), as: UTF8.self))
+        XCTAssertEqual(try storedEvents(), 16)
+    }
+
     func testBodiesOfRoutesThatOnlyRefuseThemAreReadAndDroppedNeverHeld() async throws {
         try await start()
         let server = app.server
@@ -344,7 +438,7 @@ final class InputBudgetTests: XCTestCase {
             send(socket, head("GET", "/rest/v1/events?select=seq", bearer: token))
             XCTAssertEqual(try answer(socket).status, 200)
         }
-        let refusedTotal = try await metric("trunk_sync_http_bodies_refused_total")
+        let refusedTotal = try await metric(#"trunk_sync_http_bodies_refused_total{limit="total"}"#)
         XCTAssertEqual(refusedTotal, 0)
     }
 

@@ -1,3 +1,4 @@
+import Foundation
 import Synchronization
 
 /// A total of bytes a server holds over all its loops, and the most it may hold: one relaxed
@@ -59,6 +60,11 @@ import Synchronization
 /// Only bodies over `ByteBudget.smallBody` touch it (one relaxed
 /// add when admitted, one when answered or closed; a chunked one, one per growth of its
 /// buffer, which doubles): the usual small request costs a comparison.
+///
+/// Within it, each owner (an account, else a client address: `InputShareKey`) holds at most
+/// its share (`InputShares`, `HTTPServerConfiguration.maxBufferedInputPerClient`): a body
+/// that fits the budget but not its owner's share is refused the same way, and given back
+/// with it on the same paths.
 public final class ByteBudget: Sendable {
     /// Answers (their bodies) of at most this many bytes are always queued (output).
     static let smallAnswer = 64 * 1024
@@ -92,4 +98,87 @@ public final class ByteBudget: Sendable {
     func adjust(by delta: Int) {
         if delta != 0 { held.wrappingAdd(delta, ordering: .relaxed) }
     }
+}
+
+/// Whose share of the input budget a large request body counts against
+/// (`HTTPServerConfiguration.maxBufferedInputPerClient`): an account the application named
+/// from the head (`HTTPResponder.inputShareKey(context:)`), or else the request's client
+/// address (an IPv4 address, an IPv6 /64; behind a trusted proxy the client it forwarded).
+/// Opaque to the server: 128 bits and what kind they are, compared and hashed without
+/// allocating.
+public struct InputShareKey: Hashable, Sendable {
+    private enum Kind: UInt8 { case client, account }
+    private let kind: Kind
+    private let high: UInt64
+    private let low: UInt64
+
+    /// The share of an account of the application (all its sessions and devices together).
+    public static func account(_ id: UUID) -> InputShareKey {
+        withUnsafeBytes(of: id.uuid) { bytes in
+            InputShareKey(
+                kind: .account, high: bytes.loadUnaligned(fromByteOffset: 0, as: UInt64.self),
+                low: bytes.loadUnaligned(fromByteOffset: 8, as: UInt64.self))
+        }
+    }
+
+    /// The share of a client address (`IPAddress.client`: its /64 for IPv6).
+    public static func client(_ address: IPAddress) -> InputShareKey {
+        let client = address.client
+        return InputShareKey(kind: .client, high: client.high, low: client.low)
+    }
+}
+
+/// Which limit refused a request body (`HTTPResponder.refuseBody(context:over:)`).
+public enum InputLimit: Sendable {
+    /// The server's input budget (`HTTPServerConfiguration.maxBufferedInput`): the bodies
+    /// being read over all connections hold as much as it allows.
+    case total
+    /// The body's owner's share of it (`HTTPServerConfiguration.maxBufferedInputPerClient`):
+    /// the bodies of that account, or of that client address, hold as much as one may.
+    case perClient
+}
+
+/// The bytes of large request bodies each owner (`InputShareKey`) holds in the input budget,
+/// over all loops, and the most one may hold (`HTTPServerConfiguration.maxBufferedInputPerClient`):
+/// without it one account (or one address) with enough connections could announce large
+/// bodies, trickle them, and hold the whole budget, so that everyone else's large body is
+/// refused until its connections end.
+///
+/// A dictionary behind one short lock, touched only by bodies the input `ByteBudget` counts
+/// (over `ByteBudget.smallBody`) and only after they fit in it: one look-up when such a body
+/// is admitted (and per growth of a chunked one), one when it is given back. An owner's entry
+/// goes when its last byte does, so the table holds at most one entry per large body in
+/// flight, which the input budget bounds (`maxBufferedInput / ByteBudget.smallBody`).
+final class InputShares: Sendable {
+    /// The most bytes one owner may hold.
+    let limit: Int
+    private let held = Mutex<[InputShareKey: Int]>([:])
+
+    init(limit: Int) {
+        self.limit = max(0, limit)
+    }
+
+    /// Whether `owner` may hold `bytes` more; counted when it may.
+    func admit(_ bytes: Int, for owner: InputShareKey) -> Bool {
+        held.withLock { table in
+            let total = table[owner, default: 0] + bytes
+            guard total <= limit else { return false }
+            table[owner] = total
+            return true
+        }
+    }
+
+    /// Gives back `bytes` that `admit` counted for `owner`.
+    func release(_ bytes: Int, of owner: InputShareKey) {
+        held.withLock { table in
+            guard let count = table[owner] else { return }
+            if count <= bytes { table.removeValue(forKey: owner) } else { table[owner] = count - bytes }
+        }
+    }
+
+    /// Bytes `owner` holds now.
+    func heldBytes(of owner: InputShareKey) -> Int { held.withLock { $0[owner] ?? 0 } }
+
+    /// Owners holding bytes now (entries of the table).
+    var owners: Int { held.withLock { $0.count } }
 }

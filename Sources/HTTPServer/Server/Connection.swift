@@ -9,8 +9,13 @@ final class Connection<Context: Sendable> {
     let clientKey: IPAddress?
     /// The peer is a trusted proxy: each request's client comes from `X-Forwarded-For`.
     let peerIsTrustedProxy: Bool
+    /// The peer's address (nil: not an IP peer).
+    let peerAddress: IPAddress?
     /// The client of the current request: the peer, or whom a trusted proxy forwarded.
     var clientAddress: String
+    /// `clientAddress` as an address: whose share of the input budget a large body of a
+    /// request without an account counts against.
+    var clientIP: IPAddress?
     var parser: HTTPRequestParser
     var lifecycle: ConnectionStateMachine
 
@@ -21,8 +26,11 @@ final class Connection<Context: Sendable> {
     /// are a whole answer's (not an open stream's or WebSocket's), as of the last write.
     var heldOutput = 0
     /// Bytes of the request body being read counted in the server's input `ByteBudget` (0: none,
-    /// a small body), until it is handed over or the connection closes.
+    /// a small body), until it is answered or dropped (a handler's task then holds them), or
+    /// the connection closes.
     var heldInput = 0
+    /// Whose share of the input budget (`InputShares`) `heldInput` also counts in (nil: none).
+    var inputShare: InputShareKey? = nil
     /// The body being read is chunked: its buffer is counted in the input `ByteBudget` as it grows.
     var countsChunkedInput = false
     /// Edge-triggered epoll: remember readiness until a call says EAGAIN.
@@ -52,12 +60,14 @@ final class Connection<Context: Sendable> {
     var webSocket: ActiveWebSocket? = nil
 
     init(
-        fd: Int32, id: UInt64, remoteAddress: String, clientKey: IPAddress?, peerIsTrustedProxy: Bool,
-        limits: HTTPParserLimits, lifecycle: ConnectionStateMachine
+        fd: Int32, id: UInt64, remoteAddress: String, peerAddress: IPAddress?, clientKey: IPAddress?,
+        peerIsTrustedProxy: Bool, limits: HTTPParserLimits, lifecycle: ConnectionStateMachine
     ) {
         self.fd = fd
         self.id = id
         self.remoteAddress = remoteAddress
+        self.peerAddress = peerAddress
+        self.clientIP = peerAddress
         self.clientKey = clientKey
         self.peerIsTrustedProxy = peerIsTrustedProxy
         self.clientAddress = remoteAddress

@@ -39,6 +39,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private let outputBudget: ByteBudget
     /// The server's budget for request bodies being read, shared by all its loops.
     private let inputBudget: ByteBudget
+    /// Each owner's share of it, shared by all its loops (nil: no per-client share).
+    private let inputShares: InputShares?
     /// This loop's place among the server's loops (0 for the first), for its thread's name.
     let index: Int
     /// Connections refused by the per-client cap since it was last logged, and the last
@@ -50,6 +52,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private var refusedAnswers = RefusalTally()
     /// Request bodies refused for the input budget since it was last logged, likewise.
     private var refusedBodies = RefusalTally()
+    /// Request bodies refused for their owner's share of it since it was last logged, likewise.
+    private var refusedShares = RefusalTally()
     private var nextConnectionID: UInt64 = 0
     private var shuttingDown = false
     /// The accept queue may hold connections no new edge will report (accept failed for want
@@ -101,13 +105,14 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
 
     init(
         configuration: HTTPServerConfiguration, responder: Responder, logger: Logger, index: Int = 0,
-        caps: ConnectionCaps, outputBudget: ByteBudget, inputBudget: ByteBudget
+        caps: ConnectionCaps, outputBudget: ByteBudget, inputBudget: ByteBudget, inputShares: InputShares?
     ) {
         self.configuration = configuration
         self.index = index
         self.caps = caps
         self.outputBudget = outputBudget
         self.inputBudget = inputBudget
+        self.inputShares = inputShares
         self.responder = responder
         self.logger = logger
         self.serverLine = Array("Server: \(configuration.serverName)\r\n".utf8)
@@ -419,8 +424,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             nextConnectionID &+= 1
             let remote = String(decoding: address.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
             let connection = Connection<Context>(
-                fd: fd, id: nextConnectionID, remoteAddress: remote, clientKey: clientKey, peerIsTrustedProxy: trusted,
-                limits: configuration.limits, lifecycle: ConnectionStateMachine(timeouts: timeouts, now: now))
+                fd: fd, id: nextConnectionID, remoteAddress: remote, peerAddress: peer, clientKey: clientKey,
+                peerIsTrustedProxy: trusted, limits: configuration.limits,
+                lifecycle: ConnectionStateMachine(timeouts: timeouts, now: now))
             connections[fd] = connection
             connectionCount.store(connections.count, ordering: .relaxed)
             memoryRelease.worked(now: now)
@@ -456,6 +462,11 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             budgetWarning(
                 "request bodies refused: the bodies being read hold as much as they may", refused,
                 held: inputBudget.heldBytes, limit: inputBudget.limit)
+        }
+        if let refused = refusedShares.due(now: now), let inputShares {
+            budgetWarning(
+                "request bodies refused: their account or client holds its share of the bodies being read", refused,
+                held: inputBudget.heldBytes, limit: inputShares.limit)
         }
     }
 
@@ -792,9 +803,9 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         if connection.peerIsTrustedProxy {
             // Per request: one proxy connection carries many clients in turn. Only for trusted
             // peers, so without trusted proxies nothing here runs or allocates.
-            connection.clientAddress =
-                configuration.trustedProxies.forwardedClient(head.headers.values(for: "x-forwarded-for"))?.description
-                ?? connection.remoteAddress
+            let forwarded = configuration.trustedProxies.forwardedClient(head.headers.values(for: "x-forwarded-for"))
+            connection.clientAddress = forwarded?.description ?? connection.remoteAddress
+            connection.clientIP = forwarded ?? connection.peerAddress
         }
         switch admitBody(responder.admit(head, client: connection.clientAddress), head, on: connection) {
         case .readBody(let limit, let context):
@@ -817,25 +828,22 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         }
     }
 
-    /// Counts the body an admitted request announces in the input budget before a byte of it
-    /// is read: a `Content-Length` over `ByteBudget.smallBody` that does not fit turns the
-    /// admission into the responder's `503` from the head (`refuseBody`; the body is never
-    /// read, the connection lingers and closes). A chunked body is counted as it grows
-    /// (`holdChunkedInput`). A small body costs this switch and nothing else.
+    /// Counts the body an admitted request announces in the input budget (and its owner's
+    /// share) before a byte of it is read: a `Content-Length` over `ByteBudget.smallBody`
+    /// that does not fit turns the admission into the responder's `503` from the head
+    /// (`refuseBody`; the body is never read, the connection lingers and closes). A chunked
+    /// body is counted as it grows (`holdChunkedInput`). A small body costs this switch and
+    /// nothing else.
     private func admitBody(
         _ admission: Admission<Context>, _ head: HTTPRequestHead, on connection: Connection<Context>
     ) -> Admission<Context> {
         guard case .readBody = admission else { return admission }
         switch head.bodyFraming {
         case .contentLength(let length) where length > ByteBudget.smallBody:
-            if inputBudget.admit(length) {
-                connection.heldInput = length
-                return admission
-            }
-            guard case .readBody(_, let context) = admission else { return admission }
-            refusedBodies.count += 1
-            logRefusals()
-            return .answer(responder.refuseBody(context: context), context)
+            guard case .readBody(_, let context) = admission,
+                let refusal = holdInput(length, context: context, on: connection)
+            else { return admission }
+            return .answer(refuseBody(over: refusal, context: context), context)
         case .chunked:
             connection.countsChunkedInput = true
         default:
@@ -851,20 +859,17 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private func holdChunkedInput(_ connection: Connection<Context>) -> Bool {
         let size = connection.parser.bodyCapacity
         guard size > connection.heldInput, size > ByteBudget.smallBody else { return true }
-        if inputBudget.admit(size - connection.heldInput) {
-            connection.heldInput = size
-            return true
-        }
         guard let context = connection.context else {  // not reached: a body being read has its context
             reject(.bodyTooLarge, on: connection)
             return false
         }
+        guard let refusal = holdInput(size - connection.heldInput, context: context, on: connection) else {
+            return true
+        }
         releaseInput(connection)
         connection.parser = HTTPRequestParser(limits: connection.parser.limits)  // frees the body; never read again
         connection.context = nil
-        var response = responder.refuseBody(context: context)
-        refusedBodies.count += 1
-        logRefusals()
+        var response = refuseBody(over: refusal, context: context)
         // Like an answer from the head to a request whose body is still due: linger, close.
         let after = connection.lifecycle.answeredFromHead(hasBody: true, keepAlive: false)
         responder.complete(&response, context: context)
@@ -873,12 +878,51 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         return false
     }
 
-    /// Gives back what the connection's request body held in the input budget.
+    /// Counts `bytes` more of the connection's request body in the input budget and, with
+    /// per-client shares, in its owner's share (the owner is asked of the responder once per
+    /// body, when it is first counted). Nil when both had room; else the limit that refused
+    /// it, and nothing more is counted.
+    private func holdInput(_ bytes: Int, context: Context, on connection: Connection<Context>) -> InputLimit? {
+        guard inputBudget.admit(bytes) else { return .total }
+        if let inputShares {
+            let owner =
+                connection.inputShare ?? responder.inputShareKey(context: context)
+                ?? .client(connection.clientIP ?? IPAddress(high: 0, low: 0))
+            guard inputShares.admit(bytes, for: owner) else {
+                inputBudget.adjust(by: -bytes)
+                return .perClient
+            }
+            connection.inputShare = owner
+        }
+        connection.heldInput += bytes
+        return nil
+    }
+
+    /// The responder's `503` for a body `limit` refused, tallied for the log.
+    private func refuseBody(over limit: InputLimit, context: Context) -> HTTPResponse {
+        switch limit {
+        case .total: refusedBodies.count += 1
+        case .perClient: refusedShares.count += 1
+        }
+        logRefusals()
+        return responder.refuseBody(context: context, over: limit)
+    }
+
+    /// Gives back what the connection's request body held in the input budget (and its
+    /// owner's share).
     private func releaseInput(_ connection: Connection<Context>) {
         connection.countsChunkedInput = false
         guard connection.heldInput != 0 else { return }
-        inputBudget.adjust(by: -connection.heldInput)
+        giveBackInput(connection.heldInput, share: connection.inputShare)
         connection.heldInput = 0
+        connection.inputShare = nil
+    }
+
+    /// Gives back `bytes` of a request body held in the input budget and, when counted there,
+    /// in `share`. Thread-safe: a handler's task calls it wherever it finishes.
+    private func giveBackInput(_ bytes: Int, share: InputShareKey?) {
+        inputBudget.adjust(by: -bytes)
+        if let share { inputShares?.release(bytes, of: share) }
     }
 
     private func requestComplete(
@@ -917,16 +961,17 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             let executor = self.executor
             let fd = connection.fd
             let id = connection.id
-            let inputBudget = self.inputBudget
             let heldInput = connection.heldInput  // now the task's to give back
+            let inputShare = connection.inputShare
             connection.heldInput = 0
+            connection.inputShare = nil
             connection.countsChunkedInput = false
             // On the loop's thread: read, handled and answered without leaving it (unless the
             // handler itself awaits work elsewhere).
             connection.handlerTask = Task(executorPreference: executor) { [self] in
                 let (response, context) = await operation()
                 // The handler is done with the body (also when its connection closed meanwhile).
-                if heldInput != 0 { inputBudget.adjust(by: -heldInput) }
+                if heldInput != 0 { giveBackInput(heldInput, share: inputShare) }
                 let completion = Mailbox<Context>.Completion(
                     fd: fd, connectionID: id, response: response, context: context)
                 if executor.isOnLoopThread {

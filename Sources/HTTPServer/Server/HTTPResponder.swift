@@ -39,11 +39,21 @@ public protocol HTTPResponder: Sendable {
 
     /// The `503` sent instead of reading a request's body that the server cannot hold now:
     /// it is larger than `ByteBudget.smallBody` and the bodies being read already hold as
-    /// much as `HTTPServerConfiguration.maxBufferedInput` allows (from the head for a
-    /// `Content-Length`, mid-body for a chunked body). The connection closes after it. Then
-    /// passed to `complete(_:context:)` like any response. Keep it small. Default:
+    /// much as `limit` allows: `.total`, `HTTPServerConfiguration.maxBufferedInput` over
+    /// all connections; `.perClient`, `HTTPServerConfiguration.maxBufferedInputPerClient`
+    /// for the bodies of this request's owner (`inputShareKey(context:)`). Decided from the
+    /// head for a `Content-Length`, mid-body for a chunked body. The connection closes after
+    /// it. Then passed to `complete(_:context:)` like any response. Keep it small. Default:
     /// `refuseConnection()`.
-    func refuseBody(context: Context) -> HTTPResponse
+    func refuseBody(context: Context, over limit: InputLimit) -> HTTPResponse
+
+    /// Whose share of the input budget (`HTTPServerConfiguration.maxBufferedInputPerClient`)
+    /// the body of an admitted request counts against: the account the application
+    /// authenticated from the head (`InputShareKey.account`), or nil for the request's client
+    /// address. Asked only for a body larger than `ByteBudget.smallBody` (from the head for a
+    /// `Content-Length`, when a chunked body first grows past it), and only while per-client
+    /// shares are on: an ordinary request never calls it. Default: nil.
+    func inputShareKey(context: Context) -> InputShareKey?
 
     /// The loop has handled a batch of events and is about to wait: write what is due of
     /// anything buffered (log lines). Returns the most milliseconds the loop may wait before
@@ -77,7 +87,8 @@ public enum Reply<Context: Sendable>: Sendable {
 
 extension HTTPResponder {
     public func refuseAnswer(context: Context) -> HTTPResponse { refuseConnection() }
-    public func refuseBody(context: Context) -> HTTPResponse { refuseConnection() }
+    public func refuseBody(context: Context, over limit: InputLimit) -> HTTPResponse { refuseConnection() }
+    public func inputShareKey(context: Context) -> InputShareKey? { nil }
     public func loopWillWait() -> Int32? { nil }
     public func loopDidStop() {}
 }

@@ -46,9 +46,21 @@ public struct HTTPServerConfiguration: Sendable {
     /// the total past it is not read: the client gets `HTTPResponder.refuseBody` (a `503`)
     /// from the head, and the connection closes after it; a chunked body is counted as it
     /// grows past 64 KiB and cut off with the same answer once it does not fit. Smaller bodies
-    /// always pass. A body counts from its head until it is handed to the responder or the
-    /// connection closes. Default 256 MiB.
+    /// always pass. A body counts from its head until its request is answered (a handler's
+    /// task gives it back when it returns) or the connection closes while it is being read.
+    /// Default 256 MiB.
     public var maxBufferedInput = 256 * 1024 * 1024
+    /// Bytes of those bodies one owner may hold, over all its connections and the loops
+    /// they are on: an account when the responder names one from the head
+    /// (`HTTPResponder.inputShareKey(context:)`, for requests that carry a token), else the
+    /// request's client address, counted as for `maxConnectionsPerClient` (an IPv4 address,
+    /// an IPv6 /64) but behind a trusted proxy the client it forwarded, not the proxy. A body
+    /// over 64 KiB that would take its owner past it is refused like one over
+    /// `maxBufferedInput` (`HTTPResponder.refuseBody(context:over:)` with `.perClient`), so
+    /// one account or address with many connections cannot hold the whole budget and refuse
+    /// everyone else's large bodies. 0, or at least `maxBufferedInput`: no such share (and no
+    /// look-up). Default 64 MiB (a quarter of the default `maxBufferedInput`).
+    public var maxBufferedInputPerClient = 64 * 1024 * 1024
     /// Event loops: each has its own thread, epoll instance, listening socket (all bound to
     /// the same port with `SO_REUSEPORT`: the kernel spreads new connections over them),
     /// connections and `LoopExecutor`. `maxConnections` and `maxConnectionsPerClient` hold

@@ -110,6 +110,8 @@ public struct Configuration: Sendable {
     public private(set) var httpMaxBufferedOutput = Setting.httpMaxBufferedOutput.integerDefault
     /// `TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT`, in bytes.
     public private(set) var httpMaxBufferedInput = Setting.httpMaxBufferedInput.integerDefault
+    /// `TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT_PER_CLIENT`, in bytes (0: no per-client share).
+    public private(set) var httpMaxBufferedInputPerClient = Setting.httpMaxBufferedInputPerClient.integerDefault
     /// `TRUNK_SYNC_EVENT_LOOPS` (0: one per online core; see `eventLoopCount`).
     public private(set) var eventLoops = Setting.eventLoops.integerDefault
     /// `event_loop_scheduling`: how the public listener's loop threads are scheduled.
@@ -334,6 +336,8 @@ public struct Configuration: Sendable {
         httpMaxConnections = integer(Setting.httpMaxConnections) ?? httpMaxConnections
         httpMaxBufferedOutput = integer(Setting.httpMaxBufferedOutput) ?? httpMaxBufferedOutput
         httpMaxBufferedInput = integer(Setting.httpMaxBufferedInput) ?? httpMaxBufferedInput
+        httpMaxBufferedInputPerClient =
+            integer(Setting.httpMaxBufferedInputPerClient) ?? httpMaxBufferedInputPerClient
         eventLoops = integer(Setting.eventLoops) ?? eventLoops
         if let text = value("http_max_connections_per_client") {
             let range = Setting.httpMaxConnectionsPerClient.integerRange

@@ -294,6 +294,13 @@ public struct Setting: Sendable {
         summary:
             "Bytes of request bodies the server may hold while it reads and handles them, over all connections (a body counts until its request is answered). A body over 64 KiB that would go past it is answered 503 server_busy with Retry-After: 1 instead of being read (from its head; a chunked body when it grows past); smaller bodies always pass. Keep it above the largest body (10 MiB: a push or a REST insert) and within the memory the server can spare."
     )
+    /// `http_max_buffered_input_per_client`.
+    public static let httpMaxBufferedInputPerClient = Setting(
+        key: "http_max_buffered_input_per_client", kind: .integer(0...1_099_511_627_776), defaultValue: "67108864",
+        isSecret: false,
+        summary:
+            "Bytes of the request bodies counted in `TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT` that one account may hold, over all its connections and devices; a body sent without a bearer token counts for its client address instead (an IPv6 client per /64; behind `TRUNK_SYNC_TRUSTED_PROXIES`, the forwarded client). A body over 64 KiB that would take its account or address past it is answered 503 server_busy with Retry-After: 1 instead of being read, as over `TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT`, so one user with many connections cannot hold the whole of it and refuse everyone else's large pushes. Keep it above the largest body (10 MiB), with room for the large pushes one user's devices make at once. 0, or at least `TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT`: no share."
+    )
     /// `event_loops`.
     public static let eventLoops = Setting(
         key: "event_loops", kind: .integer(0...1024), defaultValue: "0", isSecret: false,
@@ -421,6 +428,7 @@ public struct Setting: Sendable {
         httpMaxConnectionsPerClient,
         httpMaxBufferedOutput,
         httpMaxBufferedInput,
+        httpMaxBufferedInputPerClient,
         eventLoops,
         eventLoopScheduling,
         streamHeartbeat,

@@ -33,8 +33,12 @@ public final class Metrics: @unchecked Sendable {
     /// answers as `TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT` allows.
     public let answersRefused: Counter
     /// Request bodies refused with `503 server_busy` because the bodies being read held as
-    /// much as `TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT` allows.
+    /// much as `TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT` allows (`limit="total"`).
     public let bodiesRefused: Counter
+    /// Request bodies refused with `503 server_busy` because the bodies of their account (or
+    /// client address) held as much as `TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT_PER_CLIENT` allows
+    /// (`limit="per_client"`).
+    public let bodiesRefusedPerClient: Counter
 
     /// The limits counted in `trunk_sync_rate_limited_total{limit=…}`.
     /// `otp`, `verify`, `token`, `reauthenticate`, `account`: per client; `otp_email`,
@@ -69,10 +73,12 @@ public final class Metrics: @unchecked Sendable {
             "trunk_sync_http_answers_refused_total",
             "Answers refused with 503 server_busy: the output buffers held as many unread answers as TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT allows."
         )
+        let bodiesRefusedHelp =
+            "Request bodies refused with 503 server_busy, by limit: total, the bodies being read held as much as TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT allows; per_client, those of the body's account (or client address) as much as TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT_PER_CLIENT allows."
         bodiesRefused = counter(
-            "trunk_sync_http_bodies_refused_total",
-            "Request bodies refused with 503 server_busy: the bodies being read held as much as TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT allows."
-        )
+            "trunk_sync_http_bodies_refused_total", bodiesRefusedHelp, labels: #"limit="total""#)
+        bodiesRefusedPerClient = counter(
+            "trunk_sync_http_bodies_refused_total", bodiesRefusedHelp, labels: #"limit="per_client""#)
         counters = register
     }
 

@@ -272,6 +272,7 @@ public struct Application: Sendable {
         server.maxConnectionsPerClient = configuration.httpMaxConnectionsPerClient
         server.maxBufferedOutput = configuration.httpMaxBufferedOutput
         server.maxBufferedInput = configuration.httpMaxBufferedInput
+        server.maxBufferedInputPerClient = configuration.httpMaxBufferedInputPerClient
         server.loops = configuration.eventLoopCount
         server.loopScheduling = configuration.eventLoopScheduling
         server.trustedProxies = configuration.trustedProxies

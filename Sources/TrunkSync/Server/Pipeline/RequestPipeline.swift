@@ -94,6 +94,7 @@ public struct RequestPipeline: HTTPResponder {
     private let preflight: HTTPRouteMetrics
     private let answersRefused: Counter
     private let bodiesRefused: Counter
+    private let bodiesRefusedPerClient: Counter
 
     init(
         routes: Routes, corsOrigins: [String], authenticator: Authenticator, accessLog: AccessLog?,
@@ -109,6 +110,7 @@ public struct RequestPipeline: HTTPResponder {
         preflight = routes.metrics.route("OPTIONS")
         answersRefused = routes.metrics.answersRefused
         bodiesRefused = routes.metrics.bodiesRefused
+        bodiesRefusedPerClient = routes.metrics.bodiesRefusedPerClient
     }
 
     // MARK: - Stages on the head
@@ -313,10 +315,21 @@ public struct RequestPipeline: HTTPResponder {
         return APIError.outputBusy.response(for: context.endpoint?.family ?? Self.family(of: context.path))
     }
 
-    /// A body the server cannot hold now: `503 server_busy` in the route's shape.
-    public func refuseBody(context: Context) -> HTTPResponse {
-        bodiesRefused.increment()
+    /// A body the server cannot hold now (all bodies being read, or this caller's, hold as
+    /// much as they may): `503 server_busy` in the route's shape, the same answer for both.
+    public func refuseBody(context: Context, over limit: InputLimit) -> HTTPResponse {
+        switch limit {
+        case .total: bodiesRefused.increment()
+        case .perClient: bodiesRefusedPerClient.increment()
+        }
         return APIError.inputBusy.response(for: context.endpoint?.family ?? Self.family(of: context.path))
+    }
+
+    /// A signed-in caller's large bodies count against their account's share of the input
+    /// budget (every session and device of theirs together, whatever their addresses); a
+    /// request without a verified token, against its client address's.
+    public func inputShareKey(context: Context) -> InputShareKey? {
+        context.claims.map { .account($0.userID) }
     }
 
     public func loopWillWait() -> Int32? {
