@@ -152,6 +152,11 @@ public enum TrunkSyncError: Error, Sendable, Equatable, CustomStringConvertible 
     case network(String)
     /// The server's answer could not be read.
     case invalidResponse(String)
+    /// `exportData` got a body that is not a whole export: it ended without the server's end
+    /// line (cut short on the way, where the break was not seen as one, e.g. by a proxy that
+    /// closed the connection instead), its count or last `seq` is not what came, or something
+    /// follows it. Nothing was written to the destination; export again.
+    case incompleteExport(String)
     /// Reading or writing the storage directory failed.
     case storage(String)
     /// Another client (in this process or another) has this storage directory open.
@@ -173,6 +178,7 @@ public enum TrunkSyncError: Error, Sendable, Equatable, CustomStringConvertible 
         case .server(let error): return error.description
         case .network(let reason): return "network: \(reason)"
         case .invalidResponse(let reason): return "invalid response: \(reason)"
+        case .incompleteExport(let reason): return "incomplete export: \(reason)"
         case .storage(let reason): return "storage: \(reason)"
         case .storageInUse(let path): return "storage \(path) is in use by another client"
         case .outcomeUnknown(let reason): return "outcome unknown: \(reason)"

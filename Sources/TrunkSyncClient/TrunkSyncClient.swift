@@ -371,12 +371,17 @@ public actor TrunkSyncClient {
     }
 
     /// Downloads a copy of the signed-in user's data (`GET /sync/v1/export`: one JSON object
-    /// per line, the account first, then every event in order) to the file `destination`.
-    /// The body is written to a temporary file as it arrives, never held in memory, and put in
-    /// place of the file at `destination` in one step only once complete: after a failure
-    /// `destination` is as it was. A directory there is never replaced.
+    /// per line, the account first, then every event in order, then the end line
+    /// `{"kind":"end","events":N,"last_seq":S}`) to the file `destination`. The body is
+    /// written to a temporary file as it arrives, never held in memory, checked (`ExportCheck`:
+    /// it ends with the end line, whose count and last `seq` are those of the event lines
+    /// before it, and nothing after it) and put in place of the file at `destination` in one
+    /// step only once complete: after a failure `destination` is as it was, and no part of a
+    /// cut copy is left anywhere. A directory there is never replaced.
     /// - Throws: `.notSignedIn`, `.sessionExpired`; `.server` with code `export_in_progress`
     ///   while another export of the user runs; `.network` when the download broke off;
+    ///   `.incompleteExport` when the body ended without its end line or does not match it
+    ///   (cut short where the HTTP framing was lost, e.g. by a proxy): try again;
     ///   `.invalidResponse` when a `200` is not NDJSON (a page of something in the way);
     ///   `.storage` when `destination` is a directory.
     public func exportData(to destination: URL) async throws {
@@ -397,9 +402,14 @@ public actor TrunkSyncClient {
             configuration.observer?(.request(method: "GET", path: "/sync/v1/export"))
             let answer: HTTPAnswer
             do {
-                answer = try await transport.download(request, to: destination, type: "application/x-ndjson")
+                answer = try await transport.download(request, to: destination, type: "application/x-ndjson") {
+                    _ = try ExportCheck.file($0)
+                }
             } catch let failure as TransportFailure {
                 throw TrunkSyncError.network(failure.description)
+            } catch let incomplete as ExportCheck.Incomplete {
+                throw TrunkSyncError.incompleteExport(
+                    "\(incomplete); \(destination.path) is as it was")
             }
             if answer.status == 401, !refreshedAfter401 {
                 refreshedAfter401 = true

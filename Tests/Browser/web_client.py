@@ -179,6 +179,8 @@ class Proxy:
     "json" (a 200 that is not an event stream), "401" (the token refused) or, once, "endless"
     (a 200 event stream whose one line never ends: 3 MiB at once, then a byte every 0.2 s),
     `stall_export` answers the export with its head and a piece of body, then nothing,
+    `rewrite_export` (a function of the body) changes the server's export and sends it as a
+    proxy that lost the HTTP framing does: no length, ended by closing the connection,
     `poison_stream` ends the next piece of the open event streams that holds a whole event
     with a message that is not one (cut short on the way) and closes them, and
     `max_push_bytes` refuses a larger push body with nginx's 413 (client_max_body_size).
@@ -188,6 +190,7 @@ class Proxy:
         self.rules, self.log, self.streams, self.holds, self.answer_holds = [], [], set(), {}, {}
         self.mangled = set()
         self.push_delay, self.paused, self.fake_stream, self.stall_export = 0.0, False, None, False
+        self.rewrite_export = None
         self.poison_stream = False
         self.max_push_bytes = None
         self.pulled, self.streamed = 0, 0
@@ -342,6 +345,15 @@ class Proxy:
             if method == "GET" and path == "/sync/v1/events" and response.status == 200:
                 with self.lock:
                     self.pulled += len(json.loads(data)["events"])
+            rewrite = self.rewrite_export if method == "GET" and path == "/sync/v1/export" else None
+            if rewrite:  # close-delimited: the body's end is the connection's
+                self.rewrite_export = None
+                handler.send_header("Connection", "close")
+                handler.end_headers()
+                handler.wfile.write(rewrite(data))
+                handler.close_connection = True
+                upstream.close()
+                return
             handler.send_header("Content-Length", str(len(data)))
             handler.end_headers()
             handler.wfile.write(data)
@@ -428,7 +440,7 @@ class Proxy:
         handler.send_header("Access-Control-Allow-Origin", handler.headers.get("Origin", "*"))
         handler.send_header("Connection", "close")
         handler.end_headers()
-        handler.wfile.write(b'{"kind":"account"}\n')
+        handler.wfile.write(b'{"kind":"account","id":"00000000-0000-4000-8000-000000000000"}\n')
         handler.wfile.flush()
         handler.close_connection = True
         with self.lock:
@@ -1238,8 +1250,29 @@ def main():
         assert portal[0] == "invalid_response" and "text/html" in portal[1], portal
         step("an export answered with a page in the way is refused, not handed out as the copy")
 
-        blob = js(first, "const b = await client.exportData(); return [b.type, (await b.text()).split('\\n')[0]]")
+        # An export whose end line is lost on the way where the break does not show (a proxy
+        # that passes on what it got and closes the connection), or whose end line does not
+        # count what came: refused, nothing handed out as the copy.
+        def lines(data):
+            return data.split(b"\n")[:-1]  # each line ends with a newline
+
+        for rewrite, reason in [
+            (lambda data: b"".join(line + b"\n" for line in lines(data)[:-1]), "no end line"),
+            (lambda data: re.sub(rb'"events":(\d+)(,"last_seq":\d+\}\n)$',
+                                 lambda m: b'"events":%d%s' % (int(m[1]) + 1, m[2]), data),
+             "the end line counts"),
+            (lambda data: data + lines(data)[-1] + b"\n", "goes on after its end line"),
+        ]:
+            proxy.rewrite_export = rewrite
+            cut = js(first, "return await client.exportData().then((b) => ['exported', b.size], (e) => [e.code, e.message])")
+            assert proxy.rewrite_export is None, "the export went through the proxy"
+            assert cut[0] == "incomplete_export" and reason in cut[1], (reason, cut)
+        step("an export cut short where the break did not show is refused, not handed out as the copy")
+
+        blob = js(first, "const b = await client.exportData(); const lines = (await b.text()).split('\\n');"
+                         " return [b.type, lines[0], lines.at(-2), lines.length]")
         assert '"kind":"account"' in blob[1], blob
+        assert re.fullmatch(r'\{"kind":"end","events":\d+,"last_seq":\d+\}', blob[2]), blob
         step("exported the account as NDJSON")
 
         # The example page (examples/web), as a person uses it, with the served module.

@@ -302,7 +302,8 @@ final class AccountTests: EndToEndTestCase {
 
         var lines = exported.lines
         XCTAssertEqual(lines.popLast(), "", "every line ends with a newline")
-        XCTAssertEqual(lines.count, 100_001)
+        XCTAssertEqual(lines.count, 100_002)
+        XCTAssertEqual(lines.popLast(), #"{"kind":"end","events":100000,"last_seq":100000}"#, "the end line last")
         let account = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(lines[0].utf8)) as? [String: Any])
         XCTAssertEqual(account["kind"] as? String, "account")
         XCTAssertEqual(account["id"] as? String, user.user)
@@ -328,14 +329,16 @@ final class AccountTests: EndToEndTestCase {
         }
         // The other user's export has their events only.
         let small = try download(server, token: other.access)
-        XCTAssertEqual(small.lines.count, 5)
+        XCTAssertEqual(small.lines.count, 6)
+        XCTAssertEqual(small.lines[4], #"{"kind":"end","events":3,"last_seq":3}"#)
         XCTAssertFalse(small.lines.joined().contains(user.user))
-        // A user without events gets the account line alone.
+        // A user without events gets the account line and the end line.
         let empty = try session(server, "empty@example.com")
         let nothing = try download(server, token: empty.access)
         XCTAssertEqual(nothing.status, 200)
-        XCTAssertEqual(nothing.lines.count, 2, "\(nothing.lines)")
+        XCTAssertEqual(nothing.lines.count, 3, "\(nothing.lines)")
         XCTAssertTrue(nothing.lines[0].hasPrefix(#"{"kind":"account","id":"\#(empty.user)""#), "\(nothing.lines[0])")
+        XCTAssertEqual(nothing.lines[1], #"{"kind":"end","events":0,"last_seq":0}"#)
         // Bad input.
         assertJSONError(
             try send(server, "GET", "/sync/v1/export?after=3", token: user.access), status: 400,

@@ -677,6 +677,7 @@ final class ConsoleAPITests: EndToEndTestCase {
         // A whole download, read as it comes: every line, in flat memory.
         var lines = 0
         var status = 0
+        var last: [UInt8] = []
         let peak = try AccountTests.peakResidentKiB(pid: pid) {
             XCTAssertTrue(
                 try eventually(within: 10, interval: .milliseconds(50)) {
@@ -688,11 +689,16 @@ final class ConsoleAPITests: EndToEndTestCase {
                     guard status == 200 else { return false }  // the stalled export's lease, until it ends
                     while let chunk = try client.readChunk(timeout: 30) {
                         lines += chunk.reduce(0) { $0 + ($1 == 10 ? 1 : 0) }
+                        last = Array((last + chunk).suffix(64))
                     }
                     return true
                 }, "status \(status)")
         }
-        XCTAssertEqual(lines, 200_001, "the account line and every event")
+        XCTAssertEqual(lines, 200_002, "the account line, every event and the end line")
+        XCTAssertTrue(
+            String(decoding: last, as: UTF8.self).hasSuffix(
+                "\n" + #"{"kind":"end","events":200000,"last_seq":200000}"# + "\n"),
+            String(decoding: last, as: UTF8.self))
         print("console export of 200,000 events: RSS idle \(idle) KiB, stalled \(stalledPeak) KiB, peak \(peak) KiB")
         XCTAssertLessThan(peak - idle, 16 * 1024, "the server's memory stays flat while it streams")
         XCTAssertNotNil(server.stderr.waitForLine(containing: "console: user exported", timeout: 5))
@@ -792,7 +798,8 @@ final class ConsoleAPITests: EndToEndTestCase {
         XCTAssertTrue(
             revokedLine.contains("admin=ops@example.com") && revokedLine.contains("user_id=\(user)"), revokedLine)
 
-        // Export: the account, then its events, as JSON lines (the format of /sync/v1/export).
+        // Export: the account, then its events, then the end line, as JSON lines (the format
+        // of /sync/v1/export).
         let exporting = try RawClient.connect(port: server.adminPort)
         try exporting.send(
             request(
@@ -805,7 +812,8 @@ final class ConsoleAPITests: EndToEndTestCase {
         XCTAssertEqual(export.header("content-type"), "application/x-ndjson; charset=utf-8")
         XCTAssertTrue(export.header("content-disposition")?.hasPrefix("attachment;") ?? false)
         var lines = export.bodyText.split(separator: "\n")
-        XCTAssertEqual(lines.count, 6)
+        XCTAssertEqual(lines.count, 7)
+        XCTAssertEqual(lines.removeLast(), #"{"kind":"end","events":5,"last_seq":5}"#)
         let account = try XCTUnwrap(
             try JSONSerialization.jsonObject(with: Data(lines.removeFirst().utf8)) as? [String: Any])
         XCTAssertEqual(account["kind"] as? String, "account")

@@ -117,6 +117,7 @@ final class WebClientTests: EndToEndTestCase {
             "without IndexedDB, record refuses clearly",
             "an export whose body stalls is aborted with a network error",
             "an export answered with a page in the way is refused, not handed out as the copy",
+            "an export cut short where the break did not show is refused, not handed out as the copy",
             "exported the account as NDJSON",
             "the example page signs in, records and lists a note",
             "the example page keeps a note the browser did not store in its field, and says so",

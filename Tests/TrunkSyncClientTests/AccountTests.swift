@@ -215,11 +215,12 @@ final class ClientAccountTests: ClientTestCase {
         try Data("an older file".utf8).write(to: file)
 
         try await client.exportData(to: file)
-        let lines = try String(contentsOf: file, encoding: .utf8).split(separator: "\n")
-        XCTAssertEqual(lines.count, 1201)
+        var lines = try String(contentsOf: file, encoding: .utf8).split(separator: "\n")
+        XCTAssertEqual(lines.count, 1202)
         let account = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(lines[0].utf8)) as? [String: Any])
         XCTAssertEqual(account["kind"] as? String, "account")
         XCTAssertEqual(account["email"] as? String, "copy@example.com")
+        XCTAssertEqual(lines.removeLast(), #"{"kind":"end","events":1200,"last_seq":1200}"#)
         let seqs = try lines.dropFirst().map { line -> Int in
             let event = try XCTUnwrap(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
             XCTAssertEqual(event["kind"] as? String, "event")
@@ -234,7 +235,7 @@ final class ClientAccountTests: ClientTestCase {
             XCTFail("exported without a session")
         } catch TrunkSyncError.notSignedIn {}
         XCTAssertEqual(
-            try String(contentsOf: file, encoding: .utf8).split(separator: "\n").count, 1201, "left as it was")
+            try String(contentsOf: file, encoding: .utf8).split(separator: "\n").count, 1202, "left as it was")
     }
 
     /// A directory given as the destination (say the app's documents folder, meant as "put it
@@ -278,6 +279,45 @@ final class ClientAccountTests: ClientTestCase {
         XCTAssertEqual(try String(contentsOf: file, encoding: .utf8), "an earlier copy")
         try await client.exportData(to: file)
         XCTAssertTrue(try String(contentsOf: file, encoding: .utf8).hasPrefix(#"{"kind":"account""#))
+    }
+
+    /// An export whose end was lost on the way where the break did not show (a proxy that
+    /// passes on what it got without a length and closes the connection: a close-delimited
+    /// body) is refused, and the file at the destination (an earlier copy) left as it was; so
+    /// is one whose end line does not count the event lines that came, or with a line after
+    /// its end line. (The cut copy was put in place, and the call said it exported.)
+    func testAnExportWithoutAMatchingEndLineIsRefusedAndLeavesTheFile() async throws {
+        let server = try startServer()
+        let proxy = try HoldingProxy(upstream: server.port)
+        defer { proxy.stop() }
+        let client = try makeClient(via: proxy, storage: try makeStorage())
+        try await signIn(client, server, as: "end@example.com")
+        for index in 0..<30 { _ = try await client.record(type: "note", payload: ["index": index]) }
+        _ = try await client.sync { _ in }
+        let folder = try makeStorage()
+        let file = folder.appendingPathComponent("export.ndjson")
+        try Data("an earlier copy".utf8).write(to: file)
+        for (how, reason) in [
+            ("drop-last", "no end line: 30 event line(s) came"),
+            ("drop-second", "the end line counts 30 event line(s), but 29 came"),
+            ("repeat-last", "goes on after its end line"),
+        ] {
+            try proxy.rewriteAnswer("/sync/v1/export", how)
+            do {
+                try await client.exportData(to: file)
+                XCTFail("\(how): taken for a whole export")
+            } catch TrunkSyncError.incompleteExport(let message) {
+                XCTAssertTrue(message.contains(reason), "\(how): \(message)")
+                XCTAssertTrue(message.contains("\(file.path) is as it was"), message)
+            }
+            XCTAssertEqual(try String(contentsOf: file, encoding: .utf8), "an earlier copy", how)
+            XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: folder.path), ["export.ndjson"], how)
+        }
+        // The same proxy passing the body on as it is: whole.
+        try await client.exportData(to: file)
+        let lines = try String(contentsOf: file, encoding: .utf8).split(separator: "\n")
+        XCTAssertEqual(lines.count, 32)
+        XCTAssertEqual(lines.last, #"{"kind":"end","events":30,"last_seq":30}"#)
     }
 
     /// An export cut short on the server (the account deleted while it streams) is no file:

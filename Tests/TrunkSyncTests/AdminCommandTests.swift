@@ -69,7 +69,8 @@ final class AdminCommandTests: XCTestCase {
         let export = try run(["users", "export", "ada@example.com"])
         XCTAssertEqual(export.status, 0, export.stderr)
         var exported = export.stdout.split(separator: "\n")
-        XCTAssertEqual(exported.count, 2501, "the account, then each event")
+        XCTAssertEqual(exported.count, 2502, "the account, then each event, then the end line")
+        XCTAssertEqual(exported.removeLast(), #"{"kind":"end","events":2500,"last_seq":2500}"#)
         let account = try XCTUnwrap(
             try JSONSerialization.jsonObject(with: Data(exported.removeFirst().utf8)) as? [String: Any])
         XCTAssertEqual(account["kind"] as? String, "account")

@@ -113,7 +113,9 @@ export interface QuarantinedEvent {
  * `record` itself), `invalid_response` (an answer that is not the server's, e.g. a 2xx push
  * answer that does not name the events stored: they stay in the outbox), `unsupported`,
  * `outcome_unknown` (`deleteAccount` got no answer: the account may or may not be deleted;
- * signed out and its local data removed all the same),
+ * signed out and its local data removed all the same), `incomplete_export` (`exportData` got
+ * a body that is not a whole export: no end line, one that does not match what came, or
+ * something after it; nothing is handed out: export again),
  * `cancelled`, `user_changed` (another tab signed someone else in while a call for the
  * user before was under way: nothing was sent with the other user's session), or the
  * server's error code (`otp_expired`,
@@ -224,9 +226,13 @@ export class TrunkSyncClient {
    */
   deleteAccount(code: string): Promise<void>;
   /**
-   * The account and its events, NDJSON (GET /sync/v1/export). A body that stops coming for
-   * `requestTimeout` is aborted: `network`. A `200` that is not NDJSON (a captive portal's
-   * or a proxy's page) is refused: `invalid_response`.
+   * The account and its events, NDJSON (GET /sync/v1/export), ending with the end line
+   * `{"kind":"end","events":N,"last_seq":S}`. A body that stops coming for `requestTimeout`
+   * is aborted: `network`. A `200` that is not NDJSON (a captive portal's or a proxy's page)
+   * is refused: `invalid_response`. A body without the end line, whose end line's count or
+   * last seq is not that of the event lines that came, or with anything after it (cut short
+   * where the break did not show, e.g. by a proxy) is refused: `incomplete_export`; nothing
+   * of it is handed out.
    */
   exportData(): Promise<Blob>;
   /**
@@ -258,6 +264,16 @@ export function pushResults(body: unknown): Map<string, 'created' | 'duplicate'>
 export function outboxProblem(record: unknown, serialize?: boolean): string | null;
 export function streamEvent(data: string): SyncEvent | null;
 export function storedSeq(value: unknown): number | undefined;
+/** Checks an export's body piece by piece (see `exportData`); throws `incomplete_export`. */
+export class ExportCheck {
+  /** Whole lines read. */
+  readonly lines: number;
+  /** Event lines read. */
+  readonly events: number;
+  push(piece: Uint8Array): void;
+  /** What the end line says, once the body has ended. */
+  finish(): { events: number; last_seq: number };
+}
 export class SSEParser {
   lastEventId: string;
   retry: number | null;

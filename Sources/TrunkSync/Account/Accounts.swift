@@ -142,6 +142,8 @@ public struct Accounts: Sendable {
     public struct ExportSummary: Sendable, Equatable {
         /// Event lines written.
         public var events: Int64
+        /// The `seq` of the last event line written; 0 when there was none.
+        public var lastSeq: Int64
     }
 
     /// Events read per page, at most: a page is in memory while it is written, so it is
@@ -152,7 +154,12 @@ public struct Accounts: Sendable {
     /// Writes the user's data as JSON lines (NDJSON) through `write`, page by page, as it is
     /// read: first `{"kind":"account","id","email","created_at","full_name","user_metadata"}`,
     /// then one `{"kind":"event",…}` per event with the pull API's fields, in `seq` order —
-    /// the events stored when the export started (later pushes are not included). Only one
+    /// the events stored when the export started (later pushes are not included) — and last
+    /// `{"kind":"end","events":N,"last_seq":S}` (`endLine`): how many event lines came before
+    /// it and the last one's `seq` (0 when none). The end line is written only once every
+    /// page has been: an export that fails or is interrupted has none, which is how a reader
+    /// tells a whole copy from one cut short even where the HTTP framing was lost (a proxy
+    /// that closes the connection instead, a file copied while it was written). Only one
     /// page is held at a time, and `write` is awaited before the next is read, so a slow
     /// consumer slows the export instead of growing memory.
     ///
@@ -203,8 +210,10 @@ public struct Accounts: Sendable {
                 cursor = last
                 progress?(written, export.through)
             }
+            // Every page is written: only now may the copy say it is whole.
+            try await write(Self.endLine(events: written, lastSeq: cursor))
             try await endExport(user, lease: export.lease)
-            return ExportSummary(events: written)
+            return ExportSummary(events: written, lastSeq: cursor)
         } catch {
             // Released in a task of its own: a cancelled producer must still let go.
             let lease = export.lease
@@ -286,6 +295,18 @@ public struct Accounts: Sendable {
                 _ = try await tx.query("delete from account_exports where user_id = $1 and lease = $2", user, lease)
             }
         }
+    }
+
+    /// The export's last line, `{"kind":"end","events":N,"last_seq":S}` and a newline: `events`
+    /// event lines came before it, the last of them with `seq` `lastSeq` (0 when none).
+    static func endLine(events: Int64, lastSeq: Int64) -> [UInt8] {
+        var writer = JSONWriter(capacity: 64)
+        writer.beginObject()
+        writer.string("kind", "end")
+        writer.int("events", events)
+        writer.int("last_seq", lastSeq)
+        writer.endObject()
+        return writer.bytes + [UInt8(ascii: "\n")]
     }
 
     /// Turns a page's `[{…},{…}]` into `{"kind":KIND,…}\n{"kind":KIND,…}\n` (the objects are

@@ -746,6 +746,36 @@ function profile(user, metadata) {
     row('User metadata', h('pre', { class: 'json' }, JSON.stringify(metadata, null, 2))));
 }
 
+/**
+ * The event lines of a whole export: the account's line, then event lines, then the end line
+ * `{"kind":"end","events":N,"last_seq":S}`, which the server writes only once every event is
+ * written. A body cut short where the break did not show (a proxy that closed the connection
+ * instead) has no end line, or one that does not match what came: it is refused, not saved.
+ */
+function exportedEvents(text) {
+  const incomplete = (why) => new Error(`The export is incomplete (${why}); nothing was saved. Export again.`);
+  const parse = (line) => {
+    try {
+      return JSON.parse(line);
+    } catch (ignored) {
+      return null;
+    }
+  };
+  const lines = text.split('\n');
+  if (lines.pop() !== '') throw incomplete('it stops in the middle of a line');
+  if (!lines[0]?.startsWith('{"kind":"account",')) throw incomplete('it does not start with the account');
+  const end = lines.length > 1 && lines.at(-1).startsWith('{"kind":"end",') ? parse(lines.at(-1)) : null;
+  if (!end) throw incomplete('it has no end line');
+  const events = lines.slice(1, -1);
+  if (!events.every((line) => line.startsWith('{"kind":"event",'))) throw incomplete('a line is not an event');
+  const lastSeq = events.length ? parse(events.at(-1))?.seq : 0;
+  if (end.events !== events.length || end.last_seq !== lastSeq) {
+    throw incomplete(`its end line says ${end.events} event(s) up to seq ${end.last_seq}; ` +
+      `${events.length} came, up to seq ${lastSeq}`);
+  }
+  return events.length;
+}
+
 function actions(user, status, go) {
   const exportButton = h('button', { type: 'button', class: 'quiet', id: 'export' }, 'Export events');
   exportButton.addEventListener('click', async () => {
@@ -753,8 +783,7 @@ function actions(user, status, go) {
     try {
       const response = await api('GET', `/users/${user.id}/export`, { raw: true });
       const blob = await response.blob();
-      // The first line is the account, every other one an event.
-      const events = Math.max(0, (await blob.text()).split('\n').filter((line) => line !== '').length - 1);
+      const events = exportedEvents(await blob.text());
       const link = h('a', { href: URL.createObjectURL(blob), download: `trunk-sync-${user.id}.jsonl` });
       document.body.append(link);
       link.click();

@@ -2531,7 +2531,7 @@ public enum OpenAPIDocument {
           "sync"
         ],
         "summary": "Download a copy of the signed-in user's data",
-        "description": "The user's data as JSON lines (NDJSON), streamed as it is read: first `{\"kind\":\"account\",\"id\",\"email\",\"created_at\",\"full_name\",\"user_metadata\"}`, then one `{\"kind\":\"event\",…}` per event with the fields of a pulled event, in `seq` order: the events stored when the export started. The body is chunked; a body that ends without its last chunk (the connection closed early: the account was deleted or the session signed out meanwhile, or the server failed) is incomplete. The server reads the next page only when the client has taken the previous one, so a slow client slows the export. At most one export per user runs at a time. No parameters; body at most 1 KiB.",
+        "description": "The user's data as JSON lines (NDJSON), streamed as it is read: first `{\"kind\":\"account\",\"id\",\"email\",\"created_at\",\"full_name\",\"user_metadata\"}`, then one `{\"kind\":\"event\",…}` per event with the fields of a pulled event, in `seq` order: the events stored when the export started; last `{\"kind\":\"end\",\"events\":N,\"last_seq\":S}`, written only once every event line has been: N is the number of event lines before it, S the `seq` of the last one (0 when there are none). The body is chunked; a body that ends without its last chunk (the connection closed early: the account was deleted or the session signed out meanwhile, or the server failed) is incomplete. So is one that does not end with the end line, whose N or S is not that of the event lines received, or with anything after it: check this too, because where the chunked framing is lost (a proxy that ends the body by closing the connection, a file copied while it was written) a cut body looks complete. The server reads the next page only when the client has taken the previous one, so a slow client slows the export. At most one export per user runs at a time. No parameters; body at most 1 KiB.",
         "security": [
           {
             "bearerAuth": []
@@ -2557,7 +2557,7 @@ public enum OpenAPIDocument {
               "application/x-ndjson": {
                 "schema": {
                   "type": "string",
-                  "description": "One JSON object per line, each line ending with a newline."
+                  "description": "One JSON object per line, each line ending with a newline; each starts with its `kind` (`account`, then `event`s, then `end`)."
                 }
               }
             }

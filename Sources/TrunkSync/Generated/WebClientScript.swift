@@ -313,6 +313,128 @@ export function streamEvent(data) {
   return isPlainObject(event) && Number.isSafeInteger(event.seq) ? event : null;
 }
 
+const EXPORT_PREFIXES = Object.fromEntries(
+  ['account', 'event', 'end'].map((kind) => [kind, new TextEncoder().encode(`{"kind":"${kind}",`)]),
+);
+
+/**
+ * Follows an export's body (`GET /sync/v1/export`) piece by piece and tells whether it is
+ * whole: the account's line first, then event lines, then the end line
+ * `{"kind":"end","events":N,"last_seq":S}` that the server writes only once every event is
+ * written (N: the event lines before it, S: the last one's `seq`, 0 when none), and nothing
+ * after it. A body cut short where the break did not show (a proxy that ends it by closing
+ * the connection) has no end line, or one that does not match what came:
+ * `incomplete_export`. Each line is known by how it starts (the server writes the kind
+ * first); only the end line and the last event line are read as JSON.
+ */
+export class ExportCheck {
+  constructor() {
+    /** Whole lines read. */
+    this.lines = 0;
+    /** Event lines read. */
+    this.events = 0;
+    /** @type {Uint8Array[]} the pieces of the line being read */
+    this.partial = [];
+    /** @type {Uint8Array | null} */
+    this.lastEvent = null;
+    /** @type {{events: number, last_seq: number} | null} */
+    this.end = null;
+  }
+
+  /**
+   * Reads the next piece of the body; throws `incomplete_export` as soon as it cannot be a
+   * whole export.
+   * @param {Uint8Array} piece
+   */
+  push(piece) {
+    let start = 0;
+    for (let newline = piece.indexOf(10); newline >= 0; newline = piece.indexOf(10, start)) {
+      let line = piece.subarray(start, newline);
+      if (this.partial.length > 0) {
+        const pieces = [...this.partial, line];
+        line = new Uint8Array(pieces.reduce((length, part) => length + part.length, 0));
+        let offset = 0;
+        for (const part of pieces) {
+          line.set(part, offset);
+          offset += part.length;
+        }
+        this.partial = [];
+      }
+      this.line(line);
+      start = newline + 1;
+    }
+    if (start < piece.length) {
+      if (this.end) throw incompleteExport('the body goes on after its end line');
+      this.partial.push(piece.slice(start));
+    }
+  }
+
+  /**
+   * What the end line says, once the body has ended; throws `incomplete_export` when it is
+   * not a whole export.
+   * @returns {{events: number, last_seq: number}}
+   */
+  finish() {
+    if (this.partial.length > 0) {
+      throw incompleteExport(`the body stops in the middle of line ${this.lines + 1} (${this.events} event line(s) before)`);
+    }
+    if (this.lines === 0) throw incompleteExport('the body is empty');
+    if (!this.end) throw incompleteExport(`the body has no end line: ${this.events} event line(s) came, then nothing more`);
+    if (this.end.events !== this.events) {
+      throw incompleteExport(`the end line counts ${this.end.events} event line(s), but ${this.events} came`);
+    }
+    const lastSeq = this.lastEvent ? exportIntegers(this.lastEvent, ['seq'], 'the last event line').seq : 0;
+    if (this.end.last_seq !== lastSeq) {
+      throw incompleteExport(`the end line says the last seq is ${this.end.last_seq}, but it is ${lastSeq}`);
+    }
+    return this.end;
+  }
+
+  /** @param {Uint8Array} bytes */
+  line(bytes) {
+    this.lines += 1;
+    const startsWith = (/** @type {Uint8Array} */ prefix) =>
+      bytes.length >= prefix.length && prefix.every((byte, index) => bytes[index] === byte);
+    if (this.end) throw incompleteExport('the body goes on after its end line');
+    if (this.lines === 1) {
+      if (!startsWith(EXPORT_PREFIXES.account)) throw incompleteExport("the body's first line is not the account");
+    } else if (startsWith(EXPORT_PREFIXES.event)) {
+      this.events += 1;
+      this.lastEvent = bytes;
+    } else if (startsWith(EXPORT_PREFIXES.end)) {
+      const { events, last_seq } = exportIntegers(bytes, ['events', 'last_seq'], 'the end line');
+      this.end = { events, last_seq };
+    } else {
+      throw incompleteExport(`line ${this.lines} is neither an event nor the end line`);
+    }
+  }
+}
+
+/** @param {string} why */
+function incompleteExport(why) {
+  return new TrunkSyncError('incomplete_export', `the export is incomplete: ${why}; not handed out as the copy`);
+}
+
+/**
+ * The members `keys` of the JSON object in `bytes`, each a whole number of at least 0, or
+ * `incomplete_export` (`what`: the line, for the message).
+ * @param {Uint8Array} bytes @param {string[]} keys @param {string} what
+ * @returns {Record<string, number>}
+ */
+function exportIntegers(bytes, keys, what) {
+  let object;
+  try {
+    object = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(bytes));
+  } catch {
+    object = null;
+  }
+  const valid = (/** @type {unknown} */ value) => Number.isSafeInteger(value) && /** @type {number} */ (value) >= 0;
+  if (!isPlainObject(object) || !keys.every((key) => valid(object[key]))) {
+    throw incompleteExport(`${what} cannot be read`);
+  }
+  return object;
+}
+
 // MARK: - IndexedDB
 
 /** @param {IDBRequest | IDBTransaction} request */
@@ -1813,7 +1935,10 @@ export class TrunkSyncClient {
    * The user's account and events as an NDJSON Blob (`GET /sync/v1/export`). The body may
    * pause at most `requestTimeout` between pieces (a large export takes as long as it
    * needs); a download that stalls longer is aborted (`network`). A `200` that is not NDJSON
-   * (a page of something in the way) is refused (`invalid_response`).
+   * (a page of something in the way) is refused (`invalid_response`). A body that is not a
+   * whole export (`ExportCheck`: no end line, one whose count or last seq is not what came,
+   * or anything after it: cut short where the break did not show) is refused
+   * (`incomplete_export`) and nothing of it is handed out.
    */
   async exportData() {
     const { response, deadline } = await this.request('GET', '/sync/v1/export', { raw: true, retry: false });
@@ -1831,16 +1956,25 @@ export class TrunkSyncClient {
     }
     /** @type {Uint8Array[]} */
     const chunks = [];
+    const check = new ExportCheck();
+    /** @type {ReadableStreamDefaultReader<Uint8Array> | undefined} */
+    let reader;
     try {
       deadline.reset();
-      const reader = response.body.getReader();
+      reader = response.body.getReader();
       for (;;) {
         const { value, done } = await reader.read();
         if (done) break;
         deadline.reset();
         chunks.push(value);
+        check.push(value);
       }
+      check.finish();
     } catch (error) {
+      if (error instanceof TrunkSyncError) {
+        reader?.cancel().catch(() => {});
+        throw error;
+      }
       throw new TrunkSyncError(
         'network',
         deadline.expired

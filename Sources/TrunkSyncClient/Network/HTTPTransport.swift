@@ -113,10 +113,14 @@ final class HTTPTransport: Sendable {
 
     /// Sends `request` and writes a `2xx` answer's body of `type` (its `Content-Type`) to
     /// `destination` as it arrives (a download task's temporary file, put in place of the
-    /// file there in one step once the body is complete: `FileSystem.replace`). A `2xx` of
-    /// another type (a page of something in the way) leaves `destination` as it is, its body
-    /// unread; any other answer's body is returned in memory (an error, small).
-    func download(_ request: URLRequest, to destination: URL, type: String) async throws -> HTTPAnswer {
+    /// file there in one step once the body is complete and `check` has not thrown:
+    /// `FileSystem.replace`). A `2xx` of another type (a page of something in the way) leaves
+    /// `destination` as it is, its body unread; so does one `check` refuses (its error is
+    /// thrown as it is). Any other answer's body is returned in memory (an error, small).
+    func download(
+        _ request: URLRequest, to destination: URL, type: String,
+        check: @escaping @Sendable (URL) throws -> Void = { _ in }
+    ) async throws -> HTTPAnswer {
         try await perform { finish in
             session.downloadTask(with: request) { location, response, error in
                 // The temporary file is removed when this handler returns: move or read it now.
@@ -124,10 +128,11 @@ final class HTTPTransport: Sendable {
                     Self.answer(response, location == nil ? error ?? TransportFailure(description: "no body") : error) {
                         status, contentType in
                         guard let location else { return Data() }
+                        let stored = (200..<300).contains(status) && HTTPAnswer.isType(type, contentType)
+                        if stored { try check(location) }
                         do {
                             guard (200..<300).contains(status) else { return try Data(contentsOf: location) }
-                            guard HTTPAnswer.isType(type, contentType) else { return Data() }
-                            try FileSystem.replace(destination, withFileAt: location)
+                            if stored { try FileSystem.replace(destination, withFileAt: location) }
                             return Data()
                         } catch {
                             throw TransportFailure(description: "cannot store the download: \(error)")

@@ -166,6 +166,14 @@ final class HoldingProxy {
         try Data(plan.utf8).write(to: directory.appendingPathComponent("instead"))
     }
 
+    /// Changes the server's next answer to `path` before it goes on, and sends it as a proxy
+    /// that lost the HTTP framing does: without a length, ended by closing the connection,
+    /// so a cut looks like the body's end. `how`: `drop-last` (the last line), `drop-second`
+    /// (the second line), `repeat-last` (the last line once more, after itself).
+    func rewriteAnswer(_ path: String, _ how: String) throws {
+        try Data("\(how) \(path)".utf8).write(to: directory.appendingPathComponent("rewrite"))
+    }
+
     func limitBodies(to bytes: Int) throws {
         try Data(String(bytes).utf8).write(to: directory.appendingPathComponent("max-body"))
     }
@@ -214,6 +222,23 @@ final class HoldingProxy {
                 os.remove(plan)
                 return int(status), (retry_after or [None])[0]
 
+            def rewritten(self, data):  # the body as the test's `rewrite` plan for this path says, once; or None
+                plan = os.path.join(directory, "rewrite")
+                if not os.path.exists(plan):
+                    return None
+                how, path = open(plan).read().split(" ")
+                if path != self.path.split("?")[0]:
+                    return None
+                os.remove(plan)
+                lines = data.split(b"\n")[:-1]  # each line ends with a newline
+                if how == "drop-last":
+                    lines = lines[:-1]
+                elif how == "drop-second":
+                    lines = lines[:1] + lines[2:]
+                elif how == "repeat-last":
+                    lines = lines + lines[-1:]
+                return b"".join(line + b"\n" for line in lines)
+
             def forward(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
@@ -237,6 +262,18 @@ final class HoldingProxy {
                 if lost:
                     connection.close()
                     return self.html(lost[0], b"Bad Gateway")
+                changed = self.rewritten(data)
+                if changed is not None:  # close-delimited: the end of the body is the connection's
+                    self.send_response(answer.status)
+                    for k, v in answer.getheaders():
+                        if k.lower() not in ("content-length", "connection", "transfer-encoding"):
+                            self.send_header(k, v)
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.wfile.write(changed)
+                    self.close_connection = True
+                    connection.close()
+                    return
                 self.send_response(answer.status)
                 for k, v in answer.getheaders():
                     if k.lower() not in ("content-length", "connection", "transfer-encoding"):

@@ -5,6 +5,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
 import {
+  ExportCheck,
   SSEParser,
   backoffDelay,
   checkedPage,
@@ -227,4 +228,84 @@ test('SSE framing: what a message not ended yet holds is counted', () => {
   assert.equal(parser.pending, 3 + 2 + 3);
   assert.equal(parser.push('\n\n').length, 1);
   assert.equal(parser.pending, 0);
+});
+
+// MARK: - The export's end line
+
+const ACCOUNT = '{"kind":"account","id":"a","email":"me@example.com","user_metadata":{}}';
+const exportEvent = (seq) =>
+  `{"kind":"event","id":"e${seq}","seq":${seq},"type":"note","payload":{"text":"a\\nb \\"}\\" {\\"kind\\":\\"end\\"}"}}`;
+const exportEnd = (events, lastSeq) => `{"kind":"end","events":${events},"last_seq":${lastSeq}}`;
+const exportBody = (lines) => new TextEncoder().encode(lines.map((line) => line + '\n').join(''));
+
+/** The end line `body` says, pushed whole, byte by byte and in pieces of 7: the same outcome. */
+function checkExport(body) {
+  const outcomes = [body.length + 1, 1, 7].map((size) => {
+    try {
+      const check = new ExportCheck();
+      for (let start = 0; start < body.length; start += size) check.push(body.slice(start, start + size));
+      return { end: check.finish() };
+    } catch (error) {
+      return { error: `${error.code}: ${error.message}` };
+    }
+  });
+  assert.deepEqual(outcomes[1], outcomes[0]);
+  assert.deepEqual(outcomes[2], outcomes[0]);
+  if (outcomes[0].error) throw new Error(outcomes[0].error);
+  return outcomes[0].end;
+}
+
+function assertIncomplete(body, reason) {
+  assert.throws(() => checkExport(body), (error) => {
+    assert.ok(error.message.startsWith('incomplete_export: the export is incomplete: '), error.message);
+    assert.ok(error.message.includes(reason), `${error.message} lacks ${reason}`);
+    return true;
+  });
+}
+
+test('a whole export is its end line: the count and last seq of the event lines before it', () => {
+  const events = [1, 2, 3].map(exportEvent);
+  assert.deepEqual(checkExport(exportBody([ACCOUNT, ...events, exportEnd(3, 3)])), { events: 3, last_seq: 3 });
+  assert.deepEqual(checkExport(exportBody([ACCOUNT, exportEnd(0, 0)])), { events: 0, last_seq: 0 });
+  const jumping = [ACCOUNT, exportEvent(2), exportEvent(1e15), exportEnd(2, 1e15)];
+  assert.deepEqual(checkExport(exportBody(jumping)), { events: 2, last_seq: 1e15 });
+});
+
+test('an export without its end line, or cut inside a line, is incomplete_export', () => {
+  const lines = [ACCOUNT, ...[1, 2, 3].map(exportEvent)];
+  assertIncomplete(exportBody(lines), 'no end line: 3 event line(s) came');
+  assertIncomplete(exportBody([ACCOUNT]), 'no end line: 0 event line(s)');
+  assertIncomplete(new Uint8Array(0), 'empty');
+  const whole = exportBody([...lines, exportEnd(3, 3)]);
+  assertIncomplete(whole.slice(0, -30), 'stops in the middle of line 5');
+  assertIncomplete(whole.slice(0, -1), 'stops in the middle of line 5');
+  assertIncomplete(exportBody(lines).slice(0, -1), 'stops in the middle of line 4');
+});
+
+test('an end line that does not match what came is incomplete_export', () => {
+  const events = [1, 2, 3].map(exportEvent);
+  assertIncomplete(exportBody([ACCOUNT, ...events, exportEnd(4, 3)]), 'counts 4 event line(s), but 3 came');
+  assertIncomplete(exportBody([ACCOUNT, ...events.slice(0, 2), exportEnd(3, 3)]), 'counts 3');
+  assertIncomplete(exportBody([ACCOUNT, ...events, exportEnd(3, 2)]), 'last seq is 2, but it is 3');
+  assertIncomplete(exportBody([ACCOUNT, exportEnd(0, 5)]), 'last seq is 5, but it is 0');
+  for (const broken of [
+    '{"kind":"end","events":3}', '{"kind":"end","events":"3","last_seq":3}', '{"kind":"end","events":3.5,"last_seq":3}',
+    '{"kind":"end","events":-1,"last_seq":3}', '{"kind":"end","events":3,"last_seq":3} x',
+  ]) {
+    assertIncomplete(exportBody([ACCOUNT, ...events, broken]), 'end line cannot be read');
+  }
+});
+
+test('anything after the end line, or out of place, is incomplete_export', () => {
+  const whole = [ACCOUNT, exportEvent(1), exportEnd(1, 1)];
+  const bytes = (text) => new TextEncoder().encode(text);
+  const joined = (...parts) => new Uint8Array(parts.flatMap((part) => [...part]));
+  assertIncomplete(exportBody([...whole, exportEvent(2)]), 'goes on after its end line');
+  assertIncomplete(exportBody([...whole, exportEnd(1, 1)]), 'goes on after its end line');
+  assertIncomplete(joined(exportBody(whole), bytes('\n')), 'goes on after its end line');
+  assertIncomplete(joined(exportBody(whole), bytes('{')), 'goes on after its end line');
+  assertIncomplete(exportBody([...whole, ...whole]), 'goes on after its end line');
+  assertIncomplete(exportBody([exportEvent(1), exportEnd(1, 1)]), 'first line is not the account');
+  assertIncomplete(exportBody([ACCOUNT, ACCOUNT, exportEnd(0, 0)]), 'line 2 is neither');
+  assertIncomplete(exportBody([ACCOUNT, '<html>', exportEnd(0, 0)]), 'line 2 is neither');
 });
