@@ -20,6 +20,13 @@ extension TrunkSyncClient {
         /// Refresh the access token when it expires within this many seconds (at most half
         /// of the token's lifetime is used).
         public var refreshMargin: TimeInterval = 60
+        /// Most bytes of an answer's body the client reads (all but the export's, which goes
+        /// to a file as it comes): the server's are far smaller (a pulled page ~1.1 MiB at
+        /// most, a push answer a few hundred KiB), so one past it is not the server's (a
+        /// misbehaving proxy's endless `200`, say). The request is cancelled there, nothing of
+        /// the body is kept, and the call fails as for any answer it cannot read
+        /// (`.invalidResponse`; the live loop retries it with backoff).
+        public var maxAnswerBytes = 32 * 1024 * 1024
         /// Seconds a request (other than a long-poll) may take.
         public var requestTimeout: TimeInterval = 30
         /// Sent as `apikey` when the server requires `TRUNK_SYNC_API_KEY`.

@@ -161,6 +161,7 @@ public actor TrunkSyncClient {
             "POST", "/auth/v1/verify", body: Array(body), retry: RetryRules(network: false, statuses: [429, 503]))
         if answer.status == 403 || answer.serverError.code == "otp_expired" { throw TrunkSyncError.invalidCode }
         guard answer.status == 200 else { throw failure(answer) }
+        try answer.checkWhole("the sign-in")
         let newSession = try StoredSession.parse(answer.body, receivedAt: configuration.now())
         if newSession.userID != session?.userID {
             // Requests of the user signed in until now end (`notSignedIn`) at their next try
@@ -599,6 +600,7 @@ public actor TrunkSyncClient {
             try ensureCurrent(store)
             switch answer.status {
             case 200:
+                try answer.checkWhole("the push")
                 let (created, duplicates, acknowledged) = try Self.parsePushAnswer(answer.body)
                 let ids = batch.map(\.clientID).filter { acknowledged.contains($0) }
                 try storage { try store.outbox.remove(ids, as: .ack) }
@@ -709,6 +711,7 @@ public actor TrunkSyncClient {
                 throw failure(answer)
             }
             do {
+                try answer.checkWhole("the pull after \(cursor)")
                 let page = try EventPage.parse(answer.body)
                 try page.check(after: cursor)
                 return page
@@ -856,7 +859,7 @@ public actor TrunkSyncClient {
             let answer: HTTPAnswer
             do {
                 probe?.awaitingAnswer = true
-                answer = try await transport.send(request)
+                answer = try await transport.send(request, maxBodyBytes: configuration.maxAnswerBytes)
                 probe?.awaitingAnswer = false
             } catch let failure as TransportFailure {
                 if failure.notSent { probe?.awaitingAnswer = false }
@@ -872,7 +875,12 @@ public actor TrunkSyncClient {
                 try await backoff(delay, for: user)
                 continue
             }
-            if answer.status == 401, bearer, !refreshedAfter401 {
+            // Only the server's own 401 (its JSON error: the token expired or was refused) is
+            // worth a refresh. A 401 page of something in the way (a proxy asking for its own
+            // credentials) says nothing of the token: refreshing for it would spend a refresh
+            // per retry of the live loop. It is returned as it is (a failure, `.server`; the
+            // live loop's unreadable answer, retried with backoff).
+            if answer.status == 401, bearer, !refreshedAfter401, answer.isServerError {
                 refreshedAfter401 = true
                 _ = try await refreshed(replacing: token, proactive: false, tries: retry.maxAttempts)
                 continue

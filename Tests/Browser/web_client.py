@@ -176,14 +176,18 @@ class Proxy:
     200 page (an answer mangled on the way, after the server acted), `paused` closes every request unanswered, `cut()` ends the
     open event streams, `fake_stream` answers stream requests itself: "silent" (a 200 event
     stream that never sends a byte, as a dead connection), "empty" (one that ends at once),
-    "json" (a 200 that is not an event stream), "401" (the token refused) or, once, "endless"
+    "json" (a 200 that is not an event stream), "401" (the token refused), "401-page" (a
+    proxy's HTML 401, not the server's) or, once, "endless"
     (a 200 event stream whose one line never ends: 3 MiB at once, then a byte every 0.2 s),
     `stall_export` answers the export with its head and a piece of body, then nothing,
     `rewrite_export` (a function of the body) changes the server's export and sends it as a
     proxy that lost the HTTP framing does: no length, ended by closing the connection,
     `poison_stream` ends the next piece of the open event streams that holds a whole event
     with a message that is not one (cut short on the way) and closes them, and
-    `max_push_bytes` refuses a larger push body with nginx's 413 (client_max_body_size).
+    `max_push_bytes` refuses a larger push body with nginx's 413 (client_max_body_size),
+    `answer_huge()` answers the next matching request with a 200 of 64 MiB of blanks (chunked,
+    or announced by its Content-Length), `huge_outcome` saying whether it went out "whole" or
+    was "cut" (the page closed the connection first).
     `pulled` and `streamed` count the events its pull answers and event streams carried."""
 
     def __init__(self):
@@ -193,6 +197,7 @@ class Proxy:
         self.rewrite_export = None
         self.poison_stream = False
         self.max_push_bytes = None
+        self.huge, self.huge_outcome = None, None
         self.pulled, self.streamed = 0, 0
         self.lock = threading.Lock()
         proxy = self
@@ -244,6 +249,10 @@ class Proxy:
         with self.lock:
             self.mangled.add((method, path))
 
+    def answer_huge(self, method, path, announced):
+        with self.lock:
+            self.huge, self.huge_outcome = (method, path, announced), None
+
     def requests(self, method, path):
         with self.lock:
             return [entry for entry in self.log if entry[1] == method and entry[2] == path]
@@ -280,6 +289,13 @@ class Proxy:
             return
         if method == "GET" and path == "/sync/v1/export" and self.stall_export:
             self.answer_stalled_export(handler)
+            return
+        with self.lock:
+            huge = self.huge if self.huge and self.huge[:2] == (method, path) else None
+            if huge:
+                self.huge = None
+        if huge:
+            self.answer_huge_now(handler, huge[2])
             return
         if method == "POST" and path == "/sync/v1/events" and self.max_push_bytes and length > self.max_push_bytes:
             self.answer_too_large(handler)
@@ -393,10 +409,12 @@ class Proxy:
 
 
     def answer_stream(self, handler, kind):
-        status = 401 if kind == "401" else 200
-        body = b'{"code":"invalid_token","message":"refused"}' if kind == "401" else b""
+        status = 401 if kind in ("401", "401-page") else 200
+        body = (b'{"code":"invalid_token","message":"refused"}' if kind == "401"
+                else PAGE_IN_THE_WAY[1] if kind == "401-page" else b"")
         handler.send_response(status)
-        handler.send_header("Content-Type", "application/json" if kind in ("json", "401") else "text/event-stream")
+        handler.send_header("Content-Type", "text/html" if kind == "401-page"
+                            else "application/json" if kind in ("json", "401") else "text/event-stream")
         handler.send_header("Access-Control-Allow-Origin", handler.headers.get("Origin", "*"))
         handler.send_header("Connection", "close")
         if kind not in ("silent", "endless"):
@@ -419,6 +437,32 @@ class Proxy:
                     handler.wfile.flush()
             except OSError:
                 pass
+
+    def answer_huge_now(self, handler, announced):
+        """A 200 of 64 MiB of blanks (a proxy gone wrong), or as much as the page reads of it."""
+        total, piece = 64 * 1024 * 1024, b" " * 65536
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Access-Control-Allow-Origin", handler.headers.get("Origin", "*"))
+        handler.send_header("Content-Length" if announced else "Transfer-Encoding",
+                            str(total) if announced else "chunked")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        handler.close_connection = True
+        with self.lock:
+            self.log.append((time.monotonic(), handler.command, handler.path.split("?")[0], 200))
+        outcome = "whole"
+        try:
+            for _ in range(total // len(piece)):
+                time.sleep(0.001)  # at most ~64 MB/s: a network's pace, not the loopback's
+                handler.wfile.write(piece if announced else b"%x\r\n%s\r\n" % (len(piece), piece))
+            if not announced:
+                handler.wfile.write(b"0\r\n\r\n")
+            handler.wfile.flush()
+        except OSError:
+            outcome = "cut"
+        with self.lock:
+            self.huge_outcome = outcome
 
     def answer_too_large(self, handler):
         """nginx's answer to a body over its client_max_body_size (HTML, not the API's JSON)."""
@@ -749,6 +793,18 @@ def main():
         wait_until(lambda: len(second.execute_script("return window.live")) >= 16, "events after the 401s")
         assert second.execute_script("return window.live") == list(range(total + 1, total + 17))
         step(f"a stream refused with 401 while refreshes succeed is retried with backoff ({reconnects} tries in 3 s)")
+
+        # A stream answered with a proxy's 401 page (HTML, not the server's refusal): a failure
+        # like any page in the way, backed off, and no refresh is spent on it.
+        refreshes = len(proxy2.requests("POST", "/auth/v1/token"))
+        reconnects = stream_tries(proxy2, "401-page")
+        assert reconnects <= 15, f"{reconnects} stream requests answered with a 401 page in 3 s"
+        assert len(proxy2.requests("POST", "/auth/v1/token")) == refreshes, "a refresh spent on a 401 page"
+        assert js(first, RECORD, "live-6", 1) == 1
+        js(first, "await client.sync(); return true")
+        wait_until(lambda: len(second.execute_script("return window.live")) >= 17, "events after the 401 pages")
+        assert second.execute_script("return window.live") == list(range(total + 1, total + 18))
+        step(f"a stream answered with a proxy's 401 page backs off and spends no refresh ({reconnects} tries in 3 s)")
 
         # 429 and 503 with Retry-After: waited out, then the push goes through.
         open_page(first, proxy.url, {"autoPush": False})
@@ -1506,13 +1562,47 @@ def a_page_in_the_way_signs_nobody_out(driver, proxy):
         outcome = js(driver, SYNC_OUTCOME)
         assert outcome == f"http_{status}", outcome
         assert js(driver, "return client.isSignedIn"), f"signed out by a {status} page"
-    for _ in range(2):
-        proxy.add_rule("GET", "/sync/v1/events", 401, *PAGE_IN_THE_WAY)
+    # A 401 page answering a call is not the server's refusal of the token: no refresh is
+    # spent on it (the leader's push would spend one per retry). A sync first: the token
+    # expired above is refreshed.
+    assert js(driver, SYNC_OUTCOME) == "synced"
+    refreshes = len(proxy.requests("POST", "/auth/v1/token"))
+    proxy.add_rule("GET", "/sync/v1/events", 401, *PAGE_IN_THE_WAY)
     outcome = js(driver, SYNC_OUTCOME)
     assert outcome == "http_401", outcome
-    assert js(driver, "return client.isSignedIn"), "signed out by a 401 page after a refresh"
+    assert js(driver, "return client.isSignedIn"), "signed out by a 401 page"
+    assert len(proxy.requests("POST", "/auth/v1/token")) == refreshes, "a refresh spent on a 401 page"
     assert js(driver, SYNC_OUTCOME) == "synced"
     step("a 4xx page in the way of a token refresh or a call keeps the session")
+    step("a 401 page in the way of a call spends no token refresh")
+
+
+def an_answer_past_max_answer_bytes_is_not_read(driver, proxy):
+    """A pull answered with a body that never ends (chunked), and a push answered with a
+    Content-Length past maxAnswerBytes (a proxy gone wrong): cancelled at the limit, unread
+    (the proxy never sends it all); the sync fails (invalid_response), the cursor and the
+    outbox stay as they were, and the next sync goes through."""
+    fails = ("try { await client.sync(() => {}); return 'synced' }"
+             " catch (e) { return e.code + ': ' + e.message }")
+    js(driver, "client.maxAnswerBytes = 256 * 1024; await client.sync(() => {}); return true")
+    at = js(driver, CURSOR)
+    proxy.answer_huge("GET", "/sync/v1/events", announced=False)
+    outcome = js(driver, fails)
+    assert outcome.startswith("invalid_response") and "over 262144 bytes" in outcome, outcome
+    wait_until(lambda: proxy.huge_outcome is not None, "the endless answer to end")
+    assert proxy.huge_outcome == "cut", "the page read the endless answer on past maxAnswerBytes"
+    assert js(driver, CURSOR) == at
+    assert js(driver, RECORD, "huge", 1) == 1
+    proxy.answer_huge("POST", "/sync/v1/events", announced=True)
+    outcome = js(driver, fails)
+    assert outcome.startswith("invalid_response") and "over 262144 bytes" in outcome, outcome
+    wait_until(lambda: proxy.huge_outcome is not None, "the announced answer to end")
+    assert proxy.huge_outcome == "cut", "the page read an answer announced past maxAnswerBytes"
+    assert js(driver, "return await client.pendingCount()") == 1
+    assert js(driver, SYNC_OUTCOME) == "synced"
+    assert js(driver, "return await client.pendingCount()") == 0
+    js(driver, "client.maxAnswerBytes = 32 * 1024 * 1024; return true")
+    step("an answer past maxAnswerBytes is cancelled unread: the sync fails, the cursor and outbox stay")
 
 
 def a_retry_after_date_counts_from_the_answers_date(driver, proxy):
@@ -1700,6 +1790,7 @@ def a_stream_line_that_never_ends_holds_nothing(driver, proxy):
 
 
 ANSWER_CHECKS = [a_page_with_more_must_move_past_the_cursor, a_page_in_the_way_signs_nobody_out,
+                 an_answer_past_max_answer_bytes_is_not_read,
                  a_retry_after_date_counts_from_the_answers_date, a_400_page_in_the_way_quarantines_nothing,
                  a_refresh_whose_answer_is_mangled_asks_again_at_once,
                  an_outbox_record_that_cannot_be_sent_is_set_aside,

@@ -67,9 +67,76 @@ final class OutboxFormatTests: XCTestCase {
         XCTAssertEqual(reopened.ids, events.map(\.clientID))
     }
 
-    func testAFileThatIsNotALogIsRefused() throws {
-        try write(Array("hello, this is not an outbox at all".utf8))
-        XCTAssertThrowsError(try EventLog(url: logURL))
+    /// A file damaged throughout (or something else in its place) is kept aside whole and
+    /// the log starts afresh, told; the outbox is never unreadable for good. (It was refused
+    /// at every opening: every call needing the outbox failed with `.storage`.)
+    func testAFileThatIsNotALogIsSetAsideAndTheLogStartsAfresh() throws {
+        for garbage in [Array("hello, this is not an outbox at all".utf8), Array("hello".utf8)] {
+            try write(garbage)
+            let log = try EventLog(url: logURL)
+            XCTAssertEqual(log.count, 0)
+            let recovery = try XCTUnwrap(log.recovery)
+            XCTAssertTrue(recovery.damagedHeader)
+            let copy = try XCTUnwrap(recovery.damagedCopy)
+            XCTAssertEqual(Array(try Data(contentsOf: copy)), garbage, "kept aside whole")
+            XCTAssertEqual(try fileBytes(), FramedLog.header)
+            let more = event(1)
+            try log.append([more])
+            log.close()
+            let reopened = try EventLog(url: logURL)
+            XCTAssertNil(reopened.recovery)
+            XCTAssertEqual(try reopened.all(), [more])
+            reopened.close()
+            try FileManager.default.removeItem(at: copy)
+        }
+    }
+
+    /// A damaged header (it holds nothing but the format's version) loses no event: its bytes
+    /// are kept aside, told, and the frames after it are read as usual; the file is written
+    /// anew with a good header. (The whole outbox was refused, its events stuck.)
+    func testADamagedHeaderKeepsTheEventsAfterIt() throws {
+        let (log, events) = try makeLog(3)
+        log.close()
+        let good = try fileBytes()
+        let damages: [(inout [UInt8]) -> Void] = [
+            { $0[3] ^= 0x20 },  // a bit flipped
+            { bytes in for index in 0..<FramedLog.header.count { bytes[index] = 0 } },  // never written
+        ]
+        for damage in damages {
+            var bytes = good
+            damage(&bytes)
+            try write(bytes)
+            let reopened = try EventLog(url: logURL)
+            XCTAssertEqual(try reopened.all(), events)
+            let recovery = try XCTUnwrap(reopened.recovery)
+            XCTAssertTrue(recovery.damagedHeader)
+            XCTAssertEqual(recovery.damagedFrames, 0)
+            XCTAssertEqual(recovery.damagedEvents, [])
+            let copy = try XCTUnwrap(recovery.damagedCopy)
+            XCTAssertEqual(Array(try Data(contentsOf: copy)), Array(bytes.prefix(FramedLog.header.count)))
+            XCTAssertEqual(try fileBytes(), good, "written anew, header and frames")
+            reopened.close()
+            let again = try EventLog(url: logURL)
+            XCTAssertNil(again.recovery)
+            XCTAssertEqual(try again.all(), events)
+            again.close()
+        }
+    }
+
+    /// The header of a later version of the format (a newer client wrote the file; the user
+    /// went back to an older one) is not damage: refused, the file left exactly as it is for
+    /// the version that reads it, never set aside.
+    func testALaterFormatIsRefusedAndLeftAsItIs() throws {
+        let (log, _) = try makeLog(2)
+        log.close()
+        let later = Array("TRUNKSYNC-LOG-2\n".utf8) + (try fileBytes()).dropFirst(FramedLog.header.count)
+        try write(later)
+        XCTAssertThrowsError(try EventLog(url: logURL)) { error in
+            XCTAssertTrue(String(describing: error).contains("version 2"), "\(error)")
+        }
+        XCTAssertEqual(try fileBytes(), later)
+        XCTAssertEqual(
+            try FileManager.default.contentsOfDirectory(atPath: directory.path), ["outbox.log"], "nothing set aside")
     }
 
     func testATornHeaderIsAnEmptyLog() throws {

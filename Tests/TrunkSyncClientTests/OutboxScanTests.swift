@@ -30,7 +30,8 @@ final class OutboxScanTests: XCTestCase {
         var validEnd: Int
         var tornBytes = 0
         var damaged: [Piece] = []
-        var notALog = false
+        var damagedHeader = false
+        var laterFormat = false
     }
 
     /// A frame (its body) or damaged bytes, short enough to read in a failure message.
@@ -46,12 +47,21 @@ final class OutboxScanTests: XCTestCase {
 
     static func wholeFileScan(_ bytes: [UInt8]) -> WholeFileScan {
         let header = FramedLog.header
+        let text = String(decoding: bytes.prefix(32), as: UTF8.self)
+        if let match = text.firstMatch(of: /^TRUNKSYNC-LOG-([1-9][0-9]{0,8})\n/), match.1 != "1" {
+            return WholeFileScan(validEnd: 0, laterFormat: true)
+        }
         if bytes.count < header.count {
-            guard Array(header.prefix(bytes.count)) == bytes else { return WholeFileScan(validEnd: 0, notALog: true) }
+            guard Array(header.prefix(bytes.count)) == bytes else {
+                return WholeFileScan(validEnd: 0, damaged: [Piece(0..<bytes.count, bytes)], damagedHeader: true)
+            }
             return WholeFileScan(validEnd: 0, tornBytes: bytes.count)
         }
-        guard Array(bytes[0..<header.count]) == header else { return WholeFileScan(validEnd: 0, notALog: true) }
         var scan = WholeFileScan(validEnd: header.count)
+        if Array(bytes[0..<header.count]) != header {
+            scan.damaged = [Piece(0..<header.count, Array(bytes[0..<header.count]))]
+            scan.damagedHeader = true
+        }
         var position = header.count
         while position < bytes.count {
             let remaining = bytes.count - position
@@ -115,7 +125,21 @@ final class OutboxScanTests: XCTestCase {
         let (full, frames) = log()
         var files: [(String, [UInt8])] = [
             ("empty", []), ("clean", full), ("not a log", Array("hello, not a log".utf8)),
+            ("short, not a log", Array("hello".utf8)), ("long, not a log", Array(repeating: 0x41, count: 5000)),
+            ("a later format", Array("TRUNKSYNC-LOG-2\n".utf8) + full.dropFirst(FramedLog.header.count)),
+            ("a later format, long version", Array("TRUNKSYNC-LOG-123456789\nxyz".utf8)),
+            ("version 0", Array("TRUNKSYNC-LOG-0\n".utf8) + full.dropFirst(FramedLog.header.count)),
+            (
+                "zeroed header",
+                [UInt8](repeating: 0, count: FramedLog.header.count) + full.dropFirst(FramedLog.header.count)
+            ),
+            ("zeros", [UInt8](repeating: 0, count: 300)),
         ]
+        for index in 0..<FramedLog.header.count {
+            var header = full
+            header[index] ^= 0x04
+            files.append(("header byte \(index) damaged", header))
+        }
         for cut in 0..<FramedLog.header.count { files.append(("header cut at \(cut)", Array(full.prefix(cut)))) }
         for cut in stride(from: FramedLog.header.count, to: full.count, by: 3) {
             files.append(("cut at \(cut)", Array(full.prefix(cut))))
@@ -158,13 +182,14 @@ final class OutboxScanTests: XCTestCase {
                 let context = "\(name), chunks of \(chunkSize)"
                 do {
                     let (scan, frames, _) = try scanBytes(bytes, chunkSize: chunkSize)
-                    XCTAssertFalse(expected.notALog, context)
+                    XCTAssertFalse(expected.laterFormat, context)
                     let found = WholeFileScan(
                         frames: frames.map { Piece($0.range, $0.body) }, validEnd: scan.validEnd,
-                        tornBytes: scan.tornBytes, damaged: scan.damaged.map { Piece($0, Array(bytes[$0])) })
+                        tornBytes: scan.tornBytes, damaged: scan.damaged.map { Piece($0, Array(bytes[$0])) },
+                        damagedHeader: scan.damagedHeader)
                     XCTAssertEqual(found, expected, context)
-                } catch FramedLog.FormatError.notALog {
-                    XCTAssertTrue(expected.notALog, context)
+                } catch FramedLog.FormatError.laterFormat {
+                    XCTAssertTrue(expected.laterFormat, context)
                 }
             }
         }
@@ -175,7 +200,8 @@ final class OutboxScanTests: XCTestCase {
     func testTheScanReadsAChunkOrAFrameAtATime() throws {
         let (full, frames) = Self.log()
         let largestFrame = try XCTUnwrap(frames.map(\.count).max())
-        for (name, bytes) in Self.damagedFiles() where bytes.count > FramedLog.header.count {
+        for (name, bytes) in Self.damagedFiles()
+        where bytes.count > FramedLog.header.count && !Self.wholeFileScan(bytes).laterFormat {
             for chunkSize in Self.chunkSizes {
                 let (_, _, reads) = try scanBytes(bytes, chunkSize: chunkSize)
                 let context = "\(name), chunks of \(chunkSize)"

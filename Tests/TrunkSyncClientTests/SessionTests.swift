@@ -661,6 +661,39 @@ final class SessionTests: ClientTestCase {
         XCTAssertLessThan(events.requests("GET", "/sync/v1/events").count, 20, "a few requests, not a hot loop")
     }
 
+    /// A long-poll answered with a body that never ends (a proxy gone wrong): cut at
+    /// `maxAnswerBytes`, the connection closed, and retried with backoff as any answer it
+    /// cannot read; events pushed after still arrive. (It read on for as long as the body came.)
+    func testALiveLoopCutsAnAnswerThatNeverEndsAndGoesOn() async throws {
+        let (proxy, phone, events, received, start) = try await laptopBehindProxy("live-endless@example.com") {
+            $0.maxAnswerBytes = 256 * 1024
+        }
+        defer { proxy.stop() }
+        try proxy.answerHuge("/sync/v1/events", announced: false)
+        let live = start()
+        defer { live.cancel() }
+        XCTAssertEqual(proxy.hugeAnswer(timeout: 60), "cut", "the live loop read on past its limit")
+        let retried = await waitUntil(20) { events.retries.contains { $0.status == 200 } }
+        XCTAssertTrue(retried, "the answer cut off was not retried")
+        try await assertArrivesLive(phone, received, "after an answer cut off")
+    }
+
+    /// Long-polls answered with a proxy's `401` page (HTML, not the server's JSON: a proxy
+    /// asking for its own credentials), three in a row: retried with backoff as any page in
+    /// the way, and no refresh is spent on them (the token is not what it refused); events
+    /// pushed after still arrive. (Each retry refreshed the session first.)
+    func testALiveLoopSpendsNoRefreshOnAProxys401Page() async throws {
+        let (proxy, phone, events, received, start) = try await laptopBehindProxy("live-401-page@example.com")
+        defer { proxy.stop() }
+        try proxy.answerInstead("/sync/v1/events", status: 401, times: 3)
+        let live = start()
+        defer { live.cancel() }
+        let retried = await waitUntil(20) { events.retries.filter { $0.status == 401 }.count == 3 }
+        XCTAssertTrue(retried, "three 401 pages retried: \(events.retries.map(\.status))")
+        try await assertArrivesLive(phone, received, "after a proxy's 401 page")
+        XCTAssertEqual(events.refreshes, [], "a refresh spent on a page in the way")
+    }
+
     /// A long-poll answered `503` with a `Retry-After` of a day (a proxy in maintenance mode,
     /// a date counted from a clock that is off): the live loop waits `maxRetryAfter`, told to
     /// the observer, and asks again. (It ended with `.rateLimited`.)
@@ -677,11 +710,20 @@ final class SessionTests: ClientTestCase {
         let retry = try XCTUnwrap(events.retries.first { $0.status == 503 })
         XCTAssertEqual(retry.retryAfter, 86400)
         XCTAssertLessThanOrEqual(retry.delay, 0.5 * 1.1 + 0.01, "maxRetryAfter, not a day")
+        try await assertArrivesLive(phone, received, "after a day's Retry-After")
+    }
+
+    /// Records an event on `phone` and pushes it: the live loop collecting into `received`
+    /// (nothing yet) hands it out, having gone on `after` what the test did to it.
+    private func assertArrivesLive(
+        _ phone: TrunkSyncClient, _ received: Collected, _ after: String, file: StaticString = #filePath,
+        line: UInt = #line
+    ) async throws {
         let id = try await phone.record(type: "live", payload: ["index": 0])
         _ = try await phone.push()
         let arrived = await waitUntil(20) { await received.events.count == 1 }
-        XCTAssertTrue(arrived, "the live loop ended after a day's Retry-After")
-        try await assertEqual(await received.events.map(\.clientID), [id])
+        XCTAssertTrue(arrived, "the live loop ended \(after)", file: file, line: line)
+        try await assertEqual(await received.events.map(\.clientID), [id], file: file, line: line)
     }
 
     /// A first sign-in with a history of many pages, and a live loop asking for pages while

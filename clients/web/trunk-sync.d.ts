@@ -48,6 +48,14 @@ export interface TrunkSyncOptions {
    */
   requestTimeout?: number;
   /**
+   * Bytes of an answer's body read at most (all but the export's and the live stream's): a
+   * body past it (or announced past it by its `Content-Length`) is cancelled unread and the
+   * call fails as for an answer that is not the server's (`invalid_response` for a `2xx`,
+   * `http_<status>` otherwise). The server's answers are far smaller (a pulled page ~1.1 MiB
+   * at most). Default 32 MiB.
+   */
+  maxAnswerBytes?: number;
+  /**
    * Ms the live stream may stay silent before it is dropped and reopened; keep it above twice
    * the server's `TRUNK_SYNC_STREAM_HEARTBEAT` (15 s). Default 35000.
    */
@@ -274,6 +282,10 @@ export class ExportCheck {
   /** What the end line says, once the body has ended. */
   finish(): { events: number; last_seq: number };
 }
+export function readAnswer(
+  response: { headers: { get(name: string): string | null }; body: ReadableStream<Uint8Array> | null },
+  limit: number,
+): Promise<{ text: string; cutOff: boolean }>;
 export class SSEParser {
   lastEventId: string;
   retry: number | null;

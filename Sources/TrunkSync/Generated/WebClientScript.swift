@@ -435,6 +435,47 @@ function exportIntegers(bytes, keys, what) {
   return object;
 }
 
+/**
+ * An answer's body as text, reading at most `limit` bytes of it: past that (or when its
+ * `Content-Length` says it will be) the body is cancelled, unread, and `cutOff` is true (the
+ * text then empty). The server's answers are far smaller (a pulled page ~1.1 MiB at most); a
+ * misbehaving proxy's huge or endless `200` would otherwise grow the tab for as long as
+ * `requestTimeout` lets it come (at a network's pace, gigabytes).
+ * @param {{headers: {get(name: string): string | null}, body: ReadableStream<Uint8Array> | null}} response
+ * @param {number} limit
+ * @returns {Promise<{text: string, cutOff: boolean}>}
+ */
+export async function readAnswer(response, limit) {
+  const body = response.body;
+  if (!body) return { text: '', cutOff: false };
+  const announced = Number(response.headers.get('Content-Length') ?? -1);
+  if (announced > limit) {
+    await body.cancel().catch(() => {});
+    return { text: '', cutOff: true };
+  }
+  const reader = body.getReader();
+  /** @type {Uint8Array[]} */
+  const chunks = [];
+  let size = 0;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    size += value.byteLength;
+    if (size > limit) {
+      await reader.cancel().catch(() => {});
+      return { text: '', cutOff: true };
+    }
+    chunks.push(value);
+  }
+  const bytes = new Uint8Array(size);
+  let offset = 0;
+  for (const chunk of chunks) {
+    bytes.set(chunk, offset);
+    offset += chunk.byteLength;
+  }
+  return { text: new TextDecoder().decode(bytes), cutOff: false };
+}
+
 // MARK: - IndexedDB
 
 /** @param {IDBRequest | IDBTransaction} request */
@@ -779,6 +820,11 @@ export class TrunkSyncClient {
     this.retry = { maxAttempts: 6, baseDelay: 500, maxDelay: 30000, maxRetryAfter: 120000, ...options.retry };
     this.refreshMargin = options.refreshMargin ?? 60;
     this.requestTimeout = milliseconds(options, 'requestTimeout', 30000);
+    /** The most bytes of an answer's body read (not the export's nor the stream's). */
+    this.maxAnswerBytes = options.maxAnswerBytes ?? 32 * 1024 * 1024;
+    if (!Number.isSafeInteger(this.maxAnswerBytes) || this.maxAnswerBytes < 1) {
+      throw new TypeError('maxAnswerBytes must be a positive whole number of bytes');
+    }
     this.streamIdleTimeout = milliseconds(options, 'streamIdleTimeout', 35000);
     this.pendingCheckInterval = milliseconds(options, 'pendingCheckInterval', 60000);
     this.live = options.live ?? true;
@@ -1131,6 +1177,7 @@ export class TrunkSyncClient {
       const deadline = new Deadline(signal, this.requestTimeout);
       let response;
       let answer = '';
+      let cutOff = false;
       let handedOut = false;
       try {
         response = await this.fetch(this.url + path, {
@@ -1141,7 +1188,7 @@ export class TrunkSyncClient {
           signal: deadline.signal,
         });
         handedOut = raw && response.ok;
-        if (!handedOut) answer = await response.text();
+        if (!handedOut) ({ text: answer, cutOff } = await readAnswer(response, this.maxAnswerBytes));
       } catch (error) {
         if (signal?.aborted) throw new TrunkSyncError('cancelled', 'cancelled');
         if (!retry || attempt + 1 >= this.retry.maxAttempts) {
@@ -1159,6 +1206,14 @@ export class TrunkSyncClient {
       }
       if (response.ok) {
         if (raw) return { response, deadline };
+        if (cutOff) {
+          throw new TrunkSyncError(
+            'invalid_response',
+            `the server answered ${response.status} with a body of over ${this.maxAnswerBytes} bytes ` +
+              "(maxAnswerBytes), not read: not the server's",
+            { status: response.status },
+          );
+        }
         if (!answer) return null;
         try {
           return JSON.parse(answer);
@@ -1172,7 +1227,11 @@ export class TrunkSyncClient {
       } catch {
         // not JSON
       }
-      if (response.status === 401 && auth && !fixedToken && !refreshed) {
+      // Only the server's own 401 (its JSON error: the token expired or was refused) is worth
+      // a refresh. A 401 page of something in the way (a proxy asking for its own
+      // credentials) says nothing of the token: it is a failure (`http_401`, below), and the
+      // leader's push backs off from it as from any page in the way, spending no refresh.
+      if (response.status === 401 && auth && !fixedToken && !refreshed && isServerError(errorBody)) {
         refreshed = true;
         await this.refresh(token, pin);
         attempt--;
@@ -1622,18 +1681,28 @@ export class TrunkSyncClient {
           cache: 'no-store',
           signal: watchdog.signal,
         });
-        // A 401 right after the refresh the last one led to: fresh tokens are refused too.
-        const refusedAgain = refused && response.status === 401;
-        refused = response.status === 401;
-        const type = (response.headers.get('Content-Type') ?? '').toLowerCase();
+        // Only the server's own 401 (its JSON error) is about the token; a 401 page of
+        // something in the way is a failure like any other page (backoff, no refresh).
+        let refusal = false;
         if (response.status === 401) {
-          await response.body?.cancel();
+          const { text } = await readAnswer(response, MAX_STREAM_MESSAGE);
+          try {
+            refusal = isServerError(JSON.parse(text));
+          } catch {
+            // not JSON: not the server's
+          }
+        }
+        // A 401 right after the refresh the last one led to: fresh tokens are refused too.
+        const refusedAgain = refused && refusal;
+        refused = refusal;
+        const type = (response.headers.get('Content-Type') ?? '').toLowerCase();
+        if (refusal) {
           await this.refresh(token);
           // The first 401 (an expired token) reconnects at once with the new token; another
           // right after backs off, so a server that refuses every token is not hammered.
           if (refusedAgain) wait = backoffDelay(attempt++, this.retry);
         } else if (!response.ok || !response.body || !type.startsWith('text/event-stream')) {
-          await response.body?.cancel();
+          await response.body?.cancel().catch(() => {});
           const retryAfter = parseRetryAfter(response.headers.get('Retry-After'), response.headers.get('Date'));
           wait = retryAfter !== null ? this.retryAfterWait(retryAfter) : backoffDelay(attempt++, this.retry);
           this.emitState(

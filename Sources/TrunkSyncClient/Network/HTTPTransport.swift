@@ -9,6 +9,11 @@ struct HTTPAnswer: Sendable {
     var status: Int
     var headers: [String: String]
     var body: Data
+    /// Set when the body ran past the most the client reads of an answer
+    /// (`Configuration.maxAnswerBytes`, this many bytes): it was not read on (`body` is
+    /// empty), the connection was closed. Not the server's answer: its pages and errors are
+    /// far smaller.
+    var bodyCutOff: Int? = nil
 
     func header(_ name: String) -> String? { headers[name.lowercased()] }
 
@@ -40,6 +45,15 @@ struct HTTPAnswer: Sendable {
         return formatter.date(from: text.trimmingCharacters(in: .whitespaces))
     }
 
+    /// Throws `.invalidResponse` when the body was cut off (`bodyCutOff`): `what` it should
+    /// have been cannot be read from it.
+    func checkWhole(_ what: String) throws {
+        guard let limit = bodyCutOff else { return }
+        throw TrunkSyncError.invalidResponse(
+            "\(what) was answered \(status) with a body of over \(limit) bytes (maxAnswerBytes), not read: "
+                + "not the server's")
+    }
+
     /// Whether the body is an error of the server's (a JSON object with `error_code` or
     /// `code`), not a page of something in between (a proxy, a captive portal).
     var isServerError: Bool {
@@ -52,6 +66,7 @@ struct HTTPAnswer: Sendable {
     var serverError: ServerError {
         var code = "http_\(status)"
         var message = HTTPURLResponse.localizedString(forStatusCode: status)
+        if let limit = bodyCutOff { message += " (a body of over \(limit) bytes, not read: not the server's)" }
         var details: [ServerError.FieldProblem] = []
         if let object = try? JSONSerialization.jsonObject(with: body) as? [String: Any] {
             if let value = object["error_code"] as? String ?? object["code"] as? String { code = value }
@@ -86,10 +101,11 @@ struct TransportFailure: Error, CustomStringConvertible {
 }
 
 /// Sends requests with `URLSession` (Foundation on Apple platforms, FoundationNetworking
-/// on Linux) through its completion-handler API, which both have, and cancels the request
-/// when the calling task is cancelled.
+/// on Linux) through the delegate and completion-handler APIs, which both have, and cancels
+/// the request when the calling task is cancelled.
 final class HTTPTransport: Sendable {
     let session: URLSession
+    private let reader = BoundedReader()
 
     init() {
         let configuration = URLSessionConfiguration.ephemeral
@@ -98,16 +114,30 @@ final class HTTPTransport: Sendable {
         configuration.urlCache = nil
         configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
         configuration.timeoutIntervalForResource = 24 * 3600
-        session = URLSession(configuration: configuration)
+        let queue = OperationQueue()
+        queue.maxConcurrentOperationCount = 1
+        session = URLSession(configuration: configuration, delegate: reader, delegateQueue: queue)
     }
 
     deinit { session.invalidateAndCancel() }
 
-    func send(_ request: URLRequest) async throws -> HTTPAnswer {
+    /// Sends `request` and reads at most `maxBodyBytes` of its answer's body: past that (or
+    /// when its `Content-Length` says it will be), the request is cancelled and the answer
+    /// comes back without its body, `bodyCutOff` set. A misbehaving proxy's endless `200`
+    /// would otherwise grow the client's memory until the request timed out, or for good
+    /// while it kept coming (the timeout counts only silence).
+    func send(_ request: URLRequest, maxBodyBytes: Int) async throws -> HTTPAnswer {
         try await perform { finish in
-            session.dataTask(with: request) { data, response, error in
-                finish(Self.answer(response, error) { _, _ in data ?? Data() })
+            let task = session.dataTask(with: request)
+            reader.expect(task, limit: max(0, maxBodyBytes)) { response, body, cutOff, error in
+                finish(
+                    Self.answer(response, error) { _, _ in body }.map { answer in
+                        var answer = answer
+                        answer.bodyCutOff = cutOff ? maxBodyBytes : nil
+                        return answer
+                    })
             }
+            return task
         }
     }
 
@@ -211,5 +241,55 @@ private final class TaskBox: @unchecked Sendable {  // state guarded by `lock`
             return self.task
         }
         task?.cancel()
+    }
+}
+
+/// The session's delegate: collects the body of each data task `HTTPTransport.send` started,
+/// up to its limit, and cancels the task past it (or when the answer's `Content-Length`
+/// announces more), then hands over the outcome once the task completed.
+private final class BoundedReader: NSObject, URLSessionDataDelegate, @unchecked Sendable {  // guarded by `lock`
+    typealias Finish = @Sendable (_ response: URLResponse?, _ body: Data, _ cutOff: Bool, _ error: Error?) -> Void
+
+    private struct Pending {
+        var limit: Int
+        var body = Data()
+        var cutOff = false
+        var finish: Finish
+    }
+
+    private let lock = NSLock()
+    private var pending: [Int: Pending] = [:]
+
+    /// Collects `task`'s body (call before the task is resumed).
+    func expect(_ task: URLSessionTask, limit: Int, finish: @escaping Finish) {
+        lock.withLock { pending[task.taskIdentifier] = Pending(limit: limit, finish: finish) }
+    }
+
+    func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
+        let over = lock.withLock { () -> Bool in
+            guard var entry = pending[dataTask.taskIdentifier], !entry.cutOff else { return false }
+            // The head's length is looked at with the first piece of the body (the
+            // response-disposition delegate method is not the same on every platform).
+            let announced = entry.body.isEmpty ? dataTask.response?.expectedContentLength ?? -1 : -1
+            if announced > Int64(entry.limit) || entry.body.count + data.count > entry.limit {
+                entry.cutOff = true
+                entry.body = Data()
+            } else {
+                entry.body.append(data)
+            }
+            pending[dataTask.taskIdentifier] = entry
+            return entry.cutOff  // once: what comes after is dropped by the guard above
+        }
+        guard over else { return }
+        // Not on the delegate queue: FoundationNetworking's cancel waits for its work queue,
+        // which a body coming at loopback speed keeps busy; meanwhile what still arrives is
+        // dropped here as it comes (the queue must go on draining), never kept.
+        DispatchQueue.global().async { dataTask.cancel() }
+    }
+
+    func urlSession(_ session: URLSession, task: URLSessionTask, didCompleteWithError error: Error?) {
+        guard let entry = lock.withLock({ pending.removeValue(forKey: task.taskIdentifier) }) else { return }
+        // Cut off: the cancellation was this reader's, not the caller's.
+        entry.finish(task.response, entry.body, entry.cutOff, entry.cutOff ? nil : error)
     }
 }

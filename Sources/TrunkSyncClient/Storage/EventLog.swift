@@ -89,6 +89,12 @@ public struct LogRecovery: Sendable, Equatable {
     /// they are still in the file, are in `damagedCopy`. Empty for damage found at opening,
     /// where a damaged frame's id cannot be read.
     public var damagedEvents: [UUID] = []
+    /// Whether the file's header was damaged (found at opening): its bytes are the first of
+    /// `damagedCopy`, and the frames after it were read as usual (the header holds nothing
+    /// but the format's version). A file damaged throughout, or not a log at all, is in
+    /// `damagedCopy` whole, counted as a damaged header (and a damaged frame when there is
+    /// more than a header's worth), and the log starts afresh.
+    public var damagedHeader = false
 }
 
 /// An append-only, crash-safe log of events (the format is `FramedLog`'s): the outbox,
@@ -157,8 +163,10 @@ final class EventLog {
             }
             apply(record, frame: frame.range)
         }
+        // Kept aside (durably) before anything here changes the file.
+        let copy = scan.needsRewrite ? try keepAside(scan.damaged) : nil
         if scan.validEnd == 0 {
-            // New (or its creation was torn): write the header.
+            // New (or its creation was torn, or what was there is set aside): write the header.
             try file.truncate(to: 0)
             try file.write(FramedLog.header, at: 0)
             try file.sync()
@@ -168,10 +176,11 @@ final class EventLog {
             end = scan.validEnd
         }
         if scan.needsRewrite {
-            let copy = try keepAside(scan.damaged)
             try rewrite()
             recovery = LogRecovery(
-                file: url, tornBytesDropped: scan.tornBytes, damagedFrames: scan.damaged.count, damagedCopy: copy)
+                file: url, tornBytesDropped: scan.tornBytes,
+                damagedFrames: scan.damaged.count - (scan.damagedHeader ? 1 : 0), damagedCopy: copy,
+                damagedHeader: scan.damagedHeader)
         } else if scan.tornBytes > 0 && scan.validEnd > 0 {
             try file.truncate(to: end)
             try file.sync()

@@ -21,7 +21,14 @@ import Foundation
 ///   aside for inspection;
 /// - a frame length outside 1…16 MiB ends the readable part: the rest of the file is
 ///   dropped if it is all zero bytes (a file system that extended the file but never wrote
-///   the data) and otherwise kept aside as damage.
+///   the data) and otherwise kept aside as damage;
+/// - a header that is not this one is damage too (the header carries no data but the
+///   format's version): its 16 bytes are kept aside and the frames after it read as
+///   usual, so a file whose header alone was hit keeps every event, and one that is
+///   damaged throughout (or not a log at all) is kept aside whole and starts afresh. Only
+///   the header of a later version of the format (`TRUNKSYNC-LOG-<n>\n`, `n` > 1: written
+///   by a newer version of the client) is refused: that version reads it, and setting it
+///   aside here would take its events out of the outbox for good.
 ///
 /// `scan` reads the file in chunks and hands each frame over as it is read, so opening a
 /// log of any size holds at most about a chunk and the largest frame (≤ 16 MiB) in memory.
@@ -49,17 +56,35 @@ enum FramedLog {
         /// Where the damaged frames and unreadable tails are, in file order (their bytes are
         /// to be kept aside).
         var damaged: [Range<Int>] = []
+        /// Whether the header was not the format's (its bytes are the first of `damaged`).
+        var damagedHeader = false
         /// Whether the file must be rewritten (damage in the middle) rather than cut.
         var needsRewrite: Bool { !damaged.isEmpty }
     }
 
     enum FormatError: Error, CustomStringConvertible {
-        case notALog(String)
+        /// A later version of the format (`TRUNKSYNC-LOG-<version>\n`), which this client
+        /// cannot read and must not set aside.
+        case laterFormat(String, version: String)
         var description: String {
             switch self {
-            case .notALog(let path): return "\(path) is not a trunk-sync log (unknown header)"
+            case .laterFormat(let path, let version):
+                return "\(path) is in version \(version) of the log format, written by a newer version of the client"
             }
         }
+    }
+
+    /// The version of a later format whose header `bytes` (the file's first bytes) begin
+    /// with: `TRUNKSYNC-LOG-`, a number over 1 without leading zeros, a line feed.
+    static func laterVersion(_ bytes: ArraySlice<UInt8>) -> String? {
+        let prefix = Array("TRUNKSYNC-LOG-".utf8)
+        guard bytes.starts(with: prefix) else { return nil }
+        let digits = bytes.dropFirst(prefix.count).prefix { (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) }
+        guard let first = digits.first, first != UInt8(ascii: "0"), digits.count <= 9,
+            bytes.dropFirst(prefix.count + digits.count).first == UInt8(ascii: "\n")
+        else { return nil }
+        let version = String(decoding: digits, as: UTF8.self)
+        return version == "1" ? nil : version
     }
 
     /// One frame's bytes.
@@ -87,12 +112,20 @@ enum FramedLog {
         func bytes(_ range: Range<Int>) throws -> ArraySlice<UInt8> {
             try window.bytes(range, path: path, read: read)
         }
+        let start = try bytes(0..<min(size, 32))
+        if let version = laterVersion(start) { throw FormatError.laterFormat(path, version: version) }
         if size < header.count {
-            guard header.prefix(size).elementsEqual(try bytes(0..<size)) else { throw FormatError.notALog(path) }
+            // A creation the crash tore; anything else there is damage.
+            guard header.prefix(size).elementsEqual(start) else {
+                return Scan(validEnd: 0, damaged: [0..<size], damagedHeader: true)
+            }
             return Scan(validEnd: 0, tornBytes: size)
         }
-        guard header.elementsEqual(try bytes(0..<header.count)) else { throw FormatError.notALog(path) }
         var scan = Scan(validEnd: header.count)
+        if !header.elementsEqual(start.prefix(header.count)) {
+            scan.damaged = [0..<header.count]
+            scan.damagedHeader = true
+        }
         var position = header.count
         while position < size {
             let remaining = size - position

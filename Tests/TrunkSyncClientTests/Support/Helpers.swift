@@ -125,7 +125,11 @@ final class Latch: @unchecked Sendable {  // guarded by `condition`
 /// `status` instead of the server's answer (a gateway that lost it: `502`);
 /// `answerInstead(path, status:)` answers it with `status` and an HTML page without
 /// forwarding it (a proxy set up wrong, a captive portal; with `retryAfter:`, one in
-/// maintenance).
+/// maintenance; with `times:`, that many requests in a row). `answerHuge(path, announced:)`
+/// answers it `200` with 64 MiB of blanks instead (with that `Content-Length`, or chunked; at
+/// most ~64 MB/s, a network's pace: at the loopback's, FoundationNetworking's cancel lags),
+/// and `hugeAnswer(timeout:)` says whether the client took it all (`"whole"`) or closed the
+/// connection first (`"cut"`).
 final class HoldingProxy {
     let process: ExampleProcess
     let port: Int
@@ -160,9 +164,9 @@ final class HoldingProxy {
         try Data("\(status) \(path)".utf8).write(to: directory.appendingPathComponent("lose"))
     }
 
-    /// `retryAfter`: sent as its `Retry-After`.
-    func answerInstead(_ path: String, status: Int, retryAfter: Int? = nil) throws {
-        let plan = "\(status) \(path)" + (retryAfter.map { " \($0)" } ?? "")
+    /// `retryAfter`: sent as its `Retry-After`; `times`: the requests in a row so answered.
+    func answerInstead(_ path: String, status: Int, retryAfter: Int? = nil, times: Int = 1) throws {
+        let plan = "\(status) \(path) \(retryAfter.map(String.init) ?? "-") \(times)"
         try Data(plan.utf8).write(to: directory.appendingPathComponent("instead"))
     }
 
@@ -172,6 +176,19 @@ final class HoldingProxy {
     /// (the second line), `repeat-last` (the last line once more, after itself).
     func rewriteAnswer(_ path: String, _ how: String) throws {
         try Data("\(how) \(path)".utf8).write(to: directory.appendingPathComponent("rewrite"))
+    }
+
+    func answerHuge(_ path: String, announced: Bool) throws {
+        let plan = "\(announced ? "announced" : "chunked") \(path)"
+        try Data(plan.utf8).write(to: directory.appendingPathComponent("huge"))
+    }
+
+    /// How the `number`th huge answer ended: `"whole"` (all of it sent) or `"cut"` (the client
+    /// closed the connection first); nil when it did not end within `timeout`.
+    func hugeAnswer(_ number: Int = 1, timeout: Double) -> String? {
+        process.stdout.waitForLines(containing: "huge ", count: number, timeout: timeout).map {
+            String($0[number - 1].split(separator: " ").last ?? "")
+        }
     }
 
     func limitBodies(to bytes: Int) throws {
@@ -184,12 +201,11 @@ final class HoldingProxy {
     }
 
     private static let script = #"""
-        import http.client, http.server, os, sys, threading
+        import http.client, http.server, os, sys, threading, time
         upstream, directory = int(sys.argv[1]), sys.argv[2]
         released = threading.Event()
 
         def watch():  # the test writes `release`: the held request goes on
-            import time
             while not os.path.exists(os.path.join(directory, "release")):
                 time.sleep(0.02)
             released.set()
@@ -212,15 +228,43 @@ final class HoldingProxy {
                 self.end_headers()
                 self.wfile.write(page)
 
-            def planned(self, name):  # (status, Retry-After) the test wrote to `name` for this path, once
+            def planned(self, name):  # (status, Retry-After) the test wrote to `name` for this path, `times` times
                 plan = os.path.join(directory, name)
                 if not os.path.exists(plan):
                     return None
-                status, path, *retry_after = open(plan).read().split(" ")
+                status, path, *rest = open(plan).read().split(" ")
                 if path != self.path.split("?")[0]:
                     return None
-                os.remove(plan)
-                return int(status), (retry_after or [None])[0]
+                retry_after = rest[0] if rest and rest[0] != "-" else None
+                times = int(rest[1]) if len(rest) > 1 else 1
+                if times > 1:
+                    with open(plan, "w") as file:
+                        file.write(" ".join([status, path, rest[0], str(times - 1)]))
+                else:
+                    os.remove(plan)
+                return int(status), retry_after
+
+            def huge(self, announced):  # 64 MiB of blanks, or until the client closes the connection
+                total, piece = 64 * 1024 * 1024, b" " * 65536
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                if announced:
+                    self.send_header("Content-Length", str(total))
+                else:
+                    self.send_header("Transfer-Encoding", "chunked")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+                try:
+                    for _ in range(total // len(piece)):
+                        time.sleep(0.001)  # at most ~64 MB/s: a network's pace, not the loopback's
+                        self.wfile.write(piece if announced else b"%x\r\n%s\r\n" % (len(piece), piece))
+                    if not announced:
+                        self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                    print("huge whole", flush=True)
+                except OSError:
+                    print("huge cut", flush=True)
 
             def rewritten(self, data):  # the body as the test's `rewrite` plan for this path says, once; or None
                 plan = os.path.join(directory, "rewrite")
@@ -248,6 +292,12 @@ final class HoldingProxy {
                 instead = self.planned("instead")
                 if instead:
                     return self.html(instead[0], b"Not here", instead[1])
+                huge = os.path.join(directory, "huge")
+                if os.path.exists(huge):
+                    kind, path = open(huge).read().split(" ")
+                    if path == self.path.split("?")[0]:
+                        os.remove(huge)
+                        return self.huge(kind == "announced")
                 hold = os.path.join(directory, "hold")
                 if os.path.exists(hold) and open(hold).read() == self.path.split("?")[0]:
                     os.remove(hold)

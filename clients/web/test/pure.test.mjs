@@ -15,6 +15,7 @@ import {
   outboxProblem,
   parseRetryAfter,
   pushResults,
+  readAnswer,
   refusedEvents,
   retryAfterDelay,
   storedSeq,
@@ -308,4 +309,49 @@ test('anything after the end line, or out of place, is incomplete_export', () =>
   assertIncomplete(exportBody([exportEvent(1), exportEnd(1, 1)]), 'first line is not the account');
   assertIncomplete(exportBody([ACCOUNT, ACCOUNT, exportEnd(0, 0)]), 'line 2 is neither');
   assertIncomplete(exportBody([ACCOUNT, '<html>', exportEnd(0, 0)]), 'line 2 is neither');
+});
+
+test('an answer is read up to the limit; past it, or announced past it, it is cancelled unread', async () => {
+  /** A body of `pieces` (then done), or without end; `pulled` counts what was read of it. */
+  const body = (/** @type {string[] | null} */ pieces) => {
+    const state = { pulled: 0, cancelled: false };
+    let index = 0;
+    const stream = new ReadableStream({
+      pull(controller) {
+        state.pulled++;
+        if (pieces && index >= pieces.length) controller.close();
+        else controller.enqueue(new TextEncoder().encode(pieces ? pieces[index++] : 'x'.repeat(1000)));
+      },
+      cancel() {
+        state.cancelled = true;
+      },
+    });
+    return { stream, state };
+  };
+  const answer = (/** @type {ReadableStream | null} */ stream, length = null) => ({
+    headers: { get: (/** @type {string} */ name) => (name === 'Content-Length' ? length : null) },
+    body: stream,
+  });
+
+  const whole = body(['{"a":', '"h\u00e9"}']);
+  assert.deepEqual(await readAnswer(answer(whole.stream), 100), { text: '{"a":"h\u00e9"}', cutOff: false });
+  const exact = body(['12345', '67890']);
+  assert.deepEqual(await readAnswer(answer(exact.stream), 10), { text: '1234567890', cutOff: false });
+  assert.deepEqual(await readAnswer(answer(null), 10), { text: '', cutOff: false });
+
+  const over = body(['12345', '678901']);
+  assert.deepEqual(await readAnswer(answer(over.stream), 10), { text: '', cutOff: true });
+  assert.ok(over.state.cancelled);
+
+  // A body that never ends is read only up to the limit (a piece past it), then cancelled.
+  const endless = body(null);
+  assert.deepEqual(await readAnswer(answer(endless.stream), 64 * 1024), { text: '', cutOff: true });
+  assert.ok(endless.state.cancelled);
+  assert.ok(endless.state.pulled <= 64 + 2, `${endless.state.pulled} pieces read`);
+
+  // Announced past the limit: nothing of it is read.
+  const announced = body(null);
+  assert.deepEqual(await readAnswer(answer(announced.stream, '1073741824'), 64 * 1024), { text: '', cutOff: true });
+  assert.ok(announced.state.cancelled);
+  assert.ok(announced.state.pulled <= 1, `${announced.state.pulled} pieces read`);
 });
