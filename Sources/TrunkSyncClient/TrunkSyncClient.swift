@@ -403,16 +403,18 @@ public actor TrunkSyncClient {
             configuration.observer?(.request(method: "GET", path: "/sync/v1/export"))
             let answer: HTTPAnswer
             do {
-                answer = try await transport.download(request, to: destination, type: "application/x-ndjson") {
-                    _ = try ExportCheck.file($0)
-                }
+                answer = try await transport.download(
+                    request, to: destination, type: "application/x-ndjson", maxBodyBytes: configuration.maxAnswerBytes
+                ) { _ = try ExportCheck.file($0) }
             } catch let failure as TransportFailure {
                 throw TrunkSyncError.network(failure.description)
             } catch let incomplete as ExportCheck.Incomplete {
                 throw TrunkSyncError.incompleteExport(
                     "\(incomplete); \(destination.path) is as it was")
             }
-            if answer.status == 401, !refreshedAfter401 {
+            // As for every request: only the server's own 401 is worth a refresh (a proxy's
+            // 401 page says nothing of the token).
+            if answer.status == 401, !refreshedAfter401, answer.isServerError {
                 refreshedAfter401 = true
                 _ = try await refreshed(replacing: token, proactive: false)
                 continue

@@ -281,6 +281,31 @@ final class ClientAccountTests: ClientTestCase {
         XCTAssertTrue(try String(contentsOf: file, encoding: .utf8).hasPrefix(#"{"kind":"account""#))
     }
 
+    /// An export answered with a proxy's `401` page (HTML, not the server's JSON) spends no
+    /// refresh: it is a failure (`http_401`) and the file is left as it was; the server's own
+    /// `401` still refreshes once and the export goes through.
+    func testAnExportAnsweredWithAProxys401PageSpendsNoRefresh() async throws {
+        let server = try startServer()
+        let proxy = try HoldingProxy(upstream: server.port)
+        defer { proxy.stop() }
+        let events = EventLogBox()
+        let client = try makeClient(via: proxy, storage: try makeStorage(), events: events)
+        try await signIn(client, server, as: "export-401-page@example.com")
+        let file = try makeStorage().appendingPathComponent("export.ndjson")
+        try Data("an earlier copy".utf8).write(to: file)
+        try proxy.answerInstead("/sync/v1/export", status: 401)
+        do {
+            try await client.exportData(to: file)
+            XCTFail("a proxy's 401 page was taken for the export")
+        } catch TrunkSyncError.server(let error) {
+            XCTAssertEqual(error.code, "http_401")
+        }
+        XCTAssertEqual(events.refreshes, [], "no refresh spent on a proxy's 401 page")
+        XCTAssertEqual(try String(contentsOf: file, encoding: .utf8), "an earlier copy")
+        try await client.exportData(to: file)
+        XCTAssertTrue(try String(contentsOf: file, encoding: .utf8).hasPrefix(#"{"kind":"account""#))
+    }
+
     /// An export whose end was lost on the way where the break did not show (a proxy that
     /// passes on what it got without a length and closes the connection: a close-delimited
     /// body) is refused, and the file at the destination (an earlier copy) left as it was; so

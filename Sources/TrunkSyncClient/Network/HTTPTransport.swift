@@ -146,27 +146,42 @@ final class HTTPTransport: Sendable {
     /// file there in one step once the body is complete and `check` has not thrown:
     /// `FileSystem.replace`). A `2xx` of another type (a page of something in the way) leaves
     /// `destination` as it is, its body unread; so does one `check` refuses (its error is
-    /// thrown as it is). Any other answer's body is returned in memory (an error, small).
+    /// thrown as it is). Any other answer's body is returned in memory (an error, small), at
+    /// most `maxBodyBytes` of it (past that it comes back without its body, `bodyCutOff` set).
     func download(
-        _ request: URLRequest, to destination: URL, type: String,
+        _ request: URLRequest, to destination: URL, type: String, maxBodyBytes: Int,
         check: @escaping @Sendable (URL) throws -> Void = { _ in }
     ) async throws -> HTTPAnswer {
         try await perform { finish in
             session.downloadTask(with: request) { location, response, error in
                 // The temporary file is removed when this handler returns: move or read it now.
-                finish(
-                    Self.answer(response, location == nil ? error ?? TransportFailure(description: "no body") : error) {
-                        status, contentType in
-                        guard let location else { return Data() }
-                        let stored = (200..<300).contains(status) && HTTPAnswer.isType(type, contentType)
-                        if stored { try check(location) }
-                        do {
-                            guard (200..<300).contains(status) else { return try Data(contentsOf: location) }
-                            if stored { try FileSystem.replace(destination, withFileAt: location) }
-                            return Data()
-                        } catch {
-                            throw TransportFailure(description: "cannot store the download: \(error)")
+                var cutOff = false
+                let outcome = Self.answer(
+                    response, location == nil ? error ?? TransportFailure(description: "no body") : error
+                ) { status, contentType in
+                    guard let location else { return Data() }
+                    let stored = (200..<300).contains(status) && HTTPAnswer.isType(type, contentType)
+                    if stored { try check(location) }
+                    do {
+                        guard (200..<300).contains(status) else {
+                            let limit = max(0, maxBodyBytes)
+                            let file = try FileHandle(forReadingFrom: location)
+                            defer { try? file.close() }
+                            let body = try file.read(upToCount: limit + 1) ?? Data()
+                            cutOff = body.count > limit
+                            return cutOff ? Data() : body
                         }
+                        if stored { try FileSystem.replace(destination, withFileAt: location) }
+                        return Data()
+                    } catch {
+                        throw TransportFailure(description: "cannot store the download: \(error)")
+                    }
+                }
+                finish(
+                    outcome.map { answer in
+                        var answer = answer
+                        answer.bodyCutOff = cutOff ? maxBodyBytes : nil
+                        return answer
                     })
             }
         }
