@@ -17,9 +17,9 @@ final class InputBudgetTests: XCTestCase {
     // The total's arithmetic is ByteBudget's, tested in OutputBudgetTests.
 
     func testASharePassesUpToItsLimitPerOwnerAndForgetsOwnersAtZero() {
-        let shares = InputShares(limit: 100)
-        let first = InputShareKey.account(Self.account(1))
-        let second = InputShareKey.account(Self.account(2))
+        let shares = Shares(limit: 100)
+        let first = ShareKey.account(Self.account(1))
+        let second = ShareKey.account(Self.account(2))
         XCTAssertTrue(shares.admit(60, for: first))
         XCTAssertFalse(shares.admit(41, for: first), "past the limit: nothing counted")
         XCTAssertTrue(shares.admit(40, for: first))
@@ -47,7 +47,7 @@ final class InputBudgetTests: XCTestCase {
     final class Probe: Sendable {
         let refused = Atomic<Int>(0)
         /// The limit of each refusal, in order.
-        let refusedOver = Mutex<[InputLimit]>([])
+        let refusedOver = Mutex<[BudgetLimit]>([])
         let received = Mutex<[Int]>([])
         let warnings = Mutex<[String]>([])
         let gate = MultiLoopTests.Gate()
@@ -62,7 +62,7 @@ final class InputBudgetTests: XCTestCase {
             .readBody(bodyLimit: 10 * 1024 * 1024, head.headers["x-account"].flatMap { Int($0) } ?? 0)
         }
 
-        func inputShareKey(context: Int) -> InputShareKey? {
+        func shareKey(context: Int) -> ShareKey? {
             context == 0 ? nil : .account(InputBudgetTests.account(context))
         }
 
@@ -84,7 +84,7 @@ final class InputBudgetTests: XCTestCase {
             HTTPResponse(status: HTTPStatus(error.status))
         }
         func refuseConnection() -> HTTPResponse { HTTPResponse(status: .serviceUnavailable) }
-        func refuseBody(context: Int, over limit: InputLimit) -> HTTPResponse {
+        func refuseBody(context: Int, over limit: BudgetLimit) -> HTTPResponse {
             probe.refused.add(1, ordering: .relaxed)
             probe.refusedOver.withLock { $0.append(limit) }
             return HTTPResponse(status: .serviceUnavailable, headers: ["Retry-After": "1"], body: Array("busy".utf8))
@@ -116,11 +116,7 @@ final class InputBudgetTests: XCTestCase {
         configuration.trustedProxies = trustedProxies
         configuration.bodyTimeout = bodyTimeout
         configuration.shutdownTimeout = shutdownTimeout
-        let log = self.log
-        let started = HTTPServer(
-            configuration: configuration, responder: Responder(probe: probe),
-            logger: Logger(label: "test") { _ in OutputBudgetTests.WarningLog(probe: log) })
-        try started.start()
+        let started = try HTTPServer.started(configuration, Responder(probe: probe), warningsTo: log)
         server = started
         return started
     }
@@ -308,7 +304,7 @@ final class InputBudgetTests: XCTestCase {
 
     /// The answer on `client` is the refusal of a body over `limit`, and the connection closes.
     private func assertRefused(
-        _ client: TestClient, over limit: InputLimit, file: StaticString = #filePath, line: UInt = #line
+        _ client: TestClient, over limit: BudgetLimit, file: StaticString = #filePath, line: UInt = #line
     ) throws {
         let answer = try client.readResponse()
         XCTAssertEqual(answer.status, 503, file: file, line: line)
@@ -322,7 +318,7 @@ final class InputBudgetTests: XCTestCase {
         let share = 400 * 1024
         let size = 300 * 1024
         let server = try start(perClient: share)
-        let first = InputShareKey.account(Self.account(1))
+        let first = ShareKey.account(Self.account(1))
 
         // Account 1 announces 300 KiB and sends 3 bytes of it: counted in all and in its share.
         let holder = try announce(server, length: size, "X-Account: 1\r\n", sent: "abc")
@@ -372,7 +368,7 @@ final class InputBudgetTests: XCTestCase {
         let size = 200 * 1024
         // Without trusted proxies: the peer, 127.0.0.1.
         let server = try start(perClient: share)
-        let peer = InputShareKey.client(IPAddress("127.0.0.1")!)
+        let peer = ShareKey.client(IPAddress("127.0.0.1")!)
         let holder = try announce(server, length: size, sent: "abc")
         try eventually { server.bufferedInputBytes(of: peer) == size }
         try assertRefused(try announce(server, length: size), over: .perClient)
@@ -391,11 +387,11 @@ final class InputBudgetTests: XCTestCase {
         let share = 300 * 1024
         let size = 200 * 1024
         let server = try start(perClient: share, trustedProxies: TrustedProxies([IPNetwork("127.0.0.1")!]))
-        let peer = InputShareKey.client(IPAddress("127.0.0.1")!)
+        let peer = ShareKey.client(IPAddress("127.0.0.1")!)
         var held: [TestClient] = []
         for client in ["192.0.2.1", "192.0.2.2", "2001:db8::1"] {
             held.append(try announce(server, length: size, "X-Forwarded-For: \(client)\r\n", sent: "abc"))
-            let key = InputShareKey.client(IPAddress(client)!)
+            let key = ShareKey.client(IPAddress(client)!)
             try eventually { server.bufferedInputBytes(of: key) == size }
         }
         XCTAssertEqual(server.bufferedInputBytes(of: peer), 0, "the proxy holds no share of its own")
@@ -409,7 +405,7 @@ final class InputBudgetTests: XCTestCase {
 
     func testAnAccountsShareComesBackHoweverItsRequestEnds() throws {
         let server = try start(bodyTimeout: .seconds(1), perClient: 900 * 1024)
-        let owner = InputShareKey.account(Self.account(1))
+        let owner = ShareKey.account(Self.account(1))
         let account = "X-Account: 1\r\n"
         /// Account 1 holds nothing any more, and the table is empty.
         func released(_ path: String, file: StaticString = #filePath, line: UInt = #line) throws {

@@ -77,7 +77,7 @@ final class OutputBudgetTests: XCTestCase {
             HTTPResponse(status: HTTPStatus(error.status))
         }
         func refuseConnection() -> HTTPResponse { HTTPResponse(status: .serviceUnavailable) }
-        func refuseAnswer(context: Int) -> HTTPResponse {
+        func refuseAnswer(context: Int, over limit: BudgetLimit) -> HTTPResponse {
             probe.refused.add(1, ordering: .relaxed)
             return HTTPResponse(status: .serviceUnavailable, headers: ["Retry-After": "1"], body: Array("busy".utf8))
         }
@@ -106,12 +106,9 @@ final class OutputBudgetTests: XCTestCase {
     private func start(
         writeTimeout: Duration = .seconds(30), shutdownTimeout: Duration = .seconds(5)
     ) throws -> HTTPServer<Responder> {
-        let probe = self.probe
-        let started = HTTPServer(
-            configuration: .budgetTest(limit: Self.limit, writeTimeout: writeTimeout, shutdownTimeout: shutdownTimeout),
-            responder: Responder(probe: probe),
-            logger: Logger(label: "test") { _ in WarningLog(probe: probe) })
-        try started.start()
+        let started = try HTTPServer.started(
+            .budgetTest(limit: Self.limit, writeTimeout: writeTimeout, shutdownTimeout: shutdownTimeout),
+            Responder(probe: probe), warningsTo: probe)
         server = started
         return started
     }
@@ -223,6 +220,19 @@ final class OutputBudgetTests: XCTestCase {
         XCTAssertEqual(probe.refused.load(ordering: .relaxed), 0)
         client.close()
         try eventually { server.bufferedOutputBytes == 0 }
+    }
+}
+
+extension HTTPServer {
+    /// A started server answering with `responder` whose loops' warnings go to `probe`.
+    static func started(
+        _ configuration: HTTPServerConfiguration, _ responder: Responder, warningsTo probe: OutputBudgetTests.Probe
+    ) throws -> HTTPServer {
+        let server = HTTPServer(
+            configuration: configuration, responder: responder,
+            logger: Logger(label: "test") { _ in OutputBudgetTests.WarningLog(probe: probe) })
+        try server.start()
+        return server
     }
 }
 

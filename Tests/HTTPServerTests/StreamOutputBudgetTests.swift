@@ -59,7 +59,9 @@ final class StreamOutputBudgetTests: XCTestCase {
             HTTPResponse(status: HTTPStatus(error.status))
         }
         func refuseConnection() -> HTTPResponse { HTTPResponse(status: .serviceUnavailable) }
-        func refuseAnswer(context: Int) -> HTTPResponse { HTTPResponse(status: .serviceUnavailable) }
+        func refuseAnswer(context: Int, over limit: BudgetLimit) -> HTTPResponse {
+            HTTPResponse(status: .serviceUnavailable)
+        }
     }
 
     private var server: HTTPServer<Responder>?

@@ -255,3 +255,12 @@ final class AppHarness: @unchecked Sendable {
         return verify.json
     }
 }
+
+extension AppHarness {
+    /// The value of a series (`name`, or `name{label="value"}`) on the admin listener's `/metrics`.
+    func metric(_ series: String) async throws -> Double? {
+        let text = try await request("GET", "/metrics", admin: true).text
+        return text.split(separator: "\n").first { $0.hasPrefix(series + " ") }
+            .flatMap { Double($0.split(separator: " ")[1]) }
+    }
+}

@@ -31,6 +31,8 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertEqual(Application.adminServerConfiguration(of: configuration).maxBufferedInput, 256 * 1024 * 1024)
         XCTAssertEqual(configuration.httpMaxBufferedInputPerClient, 64 * 1024 * 1024, "a quarter of the total")
         XCTAssertEqual(server.maxBufferedInputPerClient, 64 * 1024 * 1024)
+        XCTAssertEqual(configuration.httpMaxBufferedOutputPerClient, 64 * 1024 * 1024, "a quarter of the total")
+        XCTAssertEqual(server.maxBufferedOutputPerClient, 64 * 1024 * 1024)
     }
 
     func testTrustedProxiesAndTheNetworkSettings() throws {

@@ -107,13 +107,6 @@ final class InputBudgetTests: XCTestCase {
         }
     }
 
-    /// The value of an unlabelled series on the admin listener's `/metrics`.
-    func metric(_ name: String) async throws -> Double? {
-        let text = try await app.request("GET", "/metrics", admin: true).text
-        return text.split(separator: "\n").first { $0.hasPrefix(name + " ") }
-            .flatMap { Double($0.split(separator: " ")[1]) }
-    }
-
     func storedEvents() throws -> Int {
         try app.owner().query("select count(*)::int8 from events")[0].decode(Int.self, column: 0)
     }
@@ -274,11 +267,11 @@ final class InputBudgetTests: XCTestCase {
             "POST", "/sync/v1/events", rawBody: try pushBody(events: 1, size: 1000), bearer: token)
         XCTAssertEqual(small.status, 200, String(decoding: small.body, as: UTF8.self))
         XCTAssertEqual(try storedEvents(), 1, "nothing of the refused requests was stored")
-        let refusedTotal = try await metric(#"trunk_sync_http_bodies_refused_total{limit="total"}"#)
+        let refusedTotal = try await app.metric(#"trunk_sync_http_bodies_refused_total{limit="total"}"#)
         XCTAssertEqual(refusedTotal, 5)
-        let refusedPerClient = try await metric(#"trunk_sync_http_bodies_refused_total{limit="per_client"}"#)
+        let refusedPerClient = try await app.metric(#"trunk_sync_http_bodies_refused_total{limit="per_client"}"#)
         XCTAssertEqual(refusedPerClient, 0, "the default share is larger than this budget: none")
-        let held = try await metric("trunk_sync_http_input_buffered_bytes")
+        let held = try await app.metric("trunk_sync_http_input_buffered_bytes")
         XCTAssertEqual(held, Double(Self.holderSize))
 
         // The holder gives up: its bytes come back and the large push goes through.
@@ -289,7 +282,7 @@ final class InputBudgetTests: XCTestCase {
         let large = try await app.request("POST", "/sync/v1/events", rawBody: body, bearer: token)
         XCTAssertEqual(large.status, 200, String(decoding: large.body.prefix(300), as: UTF8.self))
         XCTAssertEqual(try storedEvents(), 5)
-        let heldAtEnd = try await metric("trunk_sync_http_input_buffered_bytes")
+        let heldAtEnd = try await app.metric("trunk_sync_http_input_buffered_bytes")
         XCTAssertEqual(heldAtEnd, 0)
     }
 
@@ -338,7 +331,7 @@ final class InputBudgetTests: XCTestCase {
         try await start(perClient: share)
         let server = app.server
         let other = try await app.token("other-input@example.com")
-        func account(_ email: String) throws -> InputShareKey {
+        func account(_ email: String) throws -> ShareKey {
             .account(
                 try app.owner().query("select id from users where email = '\(email)'")[0].decode(UUID.self, column: 0))
         }
@@ -393,9 +386,9 @@ final class InputBudgetTests: XCTestCase {
         XCTAssertEqual(server.bufferedInputBytes(of: theirs), next.utf8.count)
         XCTAssertEqual(server.bufferedInputBytes, held.utf8.count + next.utf8.count)
 
-        let refusedPerClient = try await metric(#"trunk_sync_http_bodies_refused_total{limit="per_client"}"#)
+        let refusedPerClient = try await app.metric(#"trunk_sync_http_bodies_refused_total{limit="per_client"}"#)
         XCTAssertEqual(refusedPerClient, 2)
-        let refusedTotal = try await metric(#"trunk_sync_http_bodies_refused_total{limit="total"}"#)
+        let refusedTotal = try await app.metric(#"trunk_sync_http_bodies_refused_total{limit="total"}"#)
         XCTAssertEqual(refusedTotal, 0)
 
         try blocker.execute("rollback")
@@ -438,7 +431,7 @@ final class InputBudgetTests: XCTestCase {
             send(socket, head("GET", "/rest/v1/events?select=seq", bearer: token))
             XCTAssertEqual(try answer(socket).status, 200)
         }
-        let refusedTotal = try await metric(#"trunk_sync_http_bodies_refused_total{limit="total"}"#)
+        let refusedTotal = try await app.metric(#"trunk_sync_http_bodies_refused_total{limit="total"}"#)
         XCTAssertEqual(refusedTotal, 0)
     }
 

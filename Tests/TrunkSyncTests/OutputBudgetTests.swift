@@ -51,13 +51,6 @@ final class OutputBudgetTests: XCTestCase {
         return socket
     }
 
-    /// The value of an unlabelled series on the admin listener's `/metrics`.
-    func metric(_ name: String) async throws -> Double? {
-        let text = try await app.request("GET", "/metrics", admin: true).text
-        return text.split(separator: "\n").first { $0.hasPrefix(name + " ") }
-            .flatMap { Double($0.split(separator: " ")[1]) }
-    }
-
     func testLargeAnswersOverTheBudgetAre503WhileSmallOnesGoAndTheBytesComeBack() async throws {
         let server = app.server
         let first = try await nonReader()
@@ -99,9 +92,9 @@ final class OutputBudgetTests: XCTestCase {
         XCTAssertGreaterThan(inserted.body.count, 64 * 1024)
         XCTAssertEqual((try JSONSerialization.jsonObject(with: inserted.body) as? [Any])?.count, 2)
 
-        let refusedTotal = try await metric("trunk_sync_http_answers_refused_total")
+        let refusedTotal = try await app.metric(#"trunk_sync_http_answers_refused_total{limit="total"}"#)
         XCTAssertEqual(refusedTotal, 1)
-        let heldNow = try await metric("trunk_sync_http_output_buffered_bytes") ?? 0
+        let heldNow = try await app.metric("trunk_sync_http_output_buffered_bytes") ?? 0
         XCTAssertGreaterThan(heldNow, 0)
 
         // The non-reader goes (with unread bytes: a reset): its bytes come back, and large
@@ -138,7 +131,7 @@ final class OutputBudgetTests: XCTestCase {
         XCTAssertEqual(received, length)
         let drained = await waitUntil(30) { server.bufferedOutputBytes == 0 }
         XCTAssertTrue(drained, "still held: \(server.bufferedOutputBytes)")
-        let heldAtEnd = try await metric("trunk_sync_http_output_buffered_bytes")
+        let heldAtEnd = try await app.metric("trunk_sync_http_output_buffered_bytes")
         XCTAssertEqual(heldAtEnd, 0)
     }
 }

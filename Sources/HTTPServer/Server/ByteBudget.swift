@@ -24,6 +24,14 @@ import Synchronization
 /// refused (`EventLoop.queueAnswer` says why). What a connection holds is given back as
 /// the socket takes it and when the connection closes, however it closes.
 ///
+/// Within it, each owner (an account, else a client address: `ShareKey`) holds at most its
+/// share of the large whole answers (`Shares`, `HTTPServerConfiguration.maxBufferedOutputPerClient`):
+/// a large answer to a `GET` that fits the budget but not its owner's share is refused the
+/// same way (`refuseAnswer(context:over:)` with `.perClient`); one to a request that may have
+/// changed something is counted in the share but never refused. An answer holds its share
+/// whole from when it is queued until it is sent or its connection closes. Streamed bodies
+/// (capped per user by the application), exports and WebSockets have no share.
+///
 /// Streamed bodies and WebSockets count what their writers hold (`HTTPBodyWriter`: written,
 /// not yet sent), from the write that queues it to the loop's `take()` after it is sent (or
 /// the connection's end). Each is still bounded by its own buffer (`HTTPBodyStream.bufferLimit`,
@@ -61,8 +69,8 @@ import Synchronization
 /// add when admitted, one when answered or closed; a chunked one, one per growth of its
 /// buffer, which doubles): the usual small request costs a comparison.
 ///
-/// Within it, each owner (an account, else a client address: `InputShareKey`) holds at most
-/// its share (`InputShares`, `HTTPServerConfiguration.maxBufferedInputPerClient`): a body
+/// Within it, each owner (an account, else a client address: `ShareKey`) holds at most
+/// its share (`Shares`, `HTTPServerConfiguration.maxBufferedInputPerClient`): a body
 /// that fits the budget but not its owner's share is refused the same way, and given back
 /// with it on the same paths.
 public final class ByteBudget: Sendable {
@@ -100,66 +108,77 @@ public final class ByteBudget: Sendable {
     }
 }
 
-/// Whose share of the input budget a large request body counts against
-/// (`HTTPServerConfiguration.maxBufferedInputPerClient`): an account the application named
-/// from the head (`HTTPResponder.inputShareKey(context:)`), or else the request's client
-/// address (an IPv4 address, an IPv6 /64; behind a trusted proxy the client it forwarded).
-/// Opaque to the server: 128 bits and what kind they are, compared and hashed without
-/// allocating.
-public struct InputShareKey: Hashable, Sendable {
+/// Whose share of a budget a large request body or a large answer counts against
+/// (`HTTPServerConfiguration.maxBufferedInputPerClient`, `maxBufferedOutputPerClient`): an
+/// account the application named (`HTTPResponder.shareKey(context:)`), or else the request's
+/// client address (an IPv4 address, an IPv6 /64; behind a trusted proxy the client it
+/// forwarded). Opaque to the server: 128 bits and what kind they are, compared and hashed
+/// without allocating.
+public struct ShareKey: Hashable, Sendable {
     private enum Kind: UInt8 { case client, account }
     private let kind: Kind
     private let high: UInt64
     private let low: UInt64
 
     /// The share of an account of the application (all its sessions and devices together).
-    public static func account(_ id: UUID) -> InputShareKey {
+    public static func account(_ id: UUID) -> ShareKey {
         withUnsafeBytes(of: id.uuid) { bytes in
-            InputShareKey(
+            ShareKey(
                 kind: .account, high: bytes.loadUnaligned(fromByteOffset: 0, as: UInt64.self),
                 low: bytes.loadUnaligned(fromByteOffset: 8, as: UInt64.self))
         }
     }
 
     /// The share of a client address (`IPAddress.client`: its /64 for IPv6).
-    public static func client(_ address: IPAddress) -> InputShareKey {
+    public static func client(_ address: IPAddress) -> ShareKey {
         let client = address.client
-        return InputShareKey(kind: .client, high: client.high, low: client.low)
+        return ShareKey(kind: .client, high: client.high, low: client.low)
     }
 }
 
-/// Which limit refused a request body (`HTTPResponder.refuseBody(context:over:)`).
-public enum InputLimit: Sendable {
-    /// The server's input budget (`HTTPServerConfiguration.maxBufferedInput`): the bodies
-    /// being read over all connections hold as much as it allows.
+/// Which limit refused a request body (`HTTPResponder.refuseBody(context:over:)`) or a large
+/// answer (`HTTPResponder.refuseAnswer(context:over:)`).
+public enum BudgetLimit: Sendable {
+    /// The server's budget (`HTTPServerConfiguration.maxBufferedInput` for bodies,
+    /// `maxBufferedOutput` for answers): the bodies being read, or the answers waiting for
+    /// their clients, over all connections hold as much as it allows.
     case total
-    /// The body's owner's share of it (`HTTPServerConfiguration.maxBufferedInputPerClient`):
-    /// the bodies of that account, or of that client address, hold as much as one may.
+    /// The owner's share of it (`HTTPServerConfiguration.maxBufferedInputPerClient`,
+    /// `maxBufferedOutputPerClient`): those of that account, or of that client address, hold
+    /// as much as one may.
     case perClient
 }
 
-/// The bytes of large request bodies each owner (`InputShareKey`) holds in the input budget,
-/// over all loops, and the most one may hold (`HTTPServerConfiguration.maxBufferedInputPerClient`):
-/// without it one account (or one address) with enough connections could announce large
-/// bodies, trickle them, and hold the whole budget, so that everyone else's large body is
-/// refused until its connections end.
+/// The bytes each owner (`ShareKey`) holds in one budget, over all loops, and the most one may
+/// hold: `HTTPServerConfiguration.maxBufferedInputPerClient` for large request bodies,
+/// `maxBufferedOutputPerClient` for large whole answers (the server keeps one table for each).
+/// Without it one account (or one address) with enough connections could announce large
+/// bodies and trickle them, or ask for large answers and never read them, and hold the whole
+/// budget, so that everyone else's large body or answer is refused until its connections end.
 ///
-/// A dictionary behind one short lock, touched only by bodies the input `ByteBudget` counts
-/// (over `ByteBudget.smallBody`) and only after they fit in it: one look-up when such a body
-/// is admitted (and per growth of a chunked one), one when it is given back. An owner's entry
-/// goes when its last byte does, so the table holds at most one entry per large body in
-/// flight, which the input budget bounds (`maxBufferedInput / ByteBudget.smallBody`).
-final class InputShares: Sendable {
+/// A dictionary behind one short lock, touched only by what its budget counts as large (over
+/// `ByteBudget.smallBody`, `ByteBudget.smallAnswer`) and only after it fits in the budget: one
+/// look-up when a body or answer is admitted (and per growth of a chunked body), one when it
+/// is given back (an answer's share is held whole until the answer is sent or its connection
+/// closes, not settled per write). An owner's entry goes when its last byte does, so the table
+/// holds at most one entry per large body or answer in flight, which the budget bounds.
+final class Shares: Sendable {
     /// The most bytes one owner may hold.
     let limit: Int
-    private let held = Mutex<[InputShareKey: Int]>([:])
+    private let held = Mutex<[ShareKey: Int]>([:])
 
     init(limit: Int) {
         self.limit = max(0, limit)
     }
 
+    /// Shares of `share` bytes within a budget of `total`, or nil when they would limit
+    /// nothing: 0 (off), or at least the total (the budget alone limits as much).
+    static func within(_ total: Int, share: Int) -> Shares? {
+        (1..<max(1, total)).contains(share) ? Shares(limit: share) : nil
+    }
+
     /// Whether `owner` may hold `bytes` more; counted when it may.
-    func admit(_ bytes: Int, for owner: InputShareKey) -> Bool {
+    func admit(_ bytes: Int, for owner: ShareKey) -> Bool {
         held.withLock { table in
             let total = table[owner, default: 0] + bytes
             guard total <= limit else { return false }
@@ -168,8 +187,14 @@ final class InputShares: Sendable {
         }
     }
 
-    /// Gives back `bytes` that `admit` counted for `owner`.
-    func release(_ bytes: Int, of owner: InputShareKey) {
+    /// Counts `bytes` more for `owner`, whatever the limit (an answer that is never refused
+    /// still takes room from its owner's later ones until it is given back).
+    func hold(_ bytes: Int, for owner: ShareKey) {
+        held.withLock { table in table[owner, default: 0] += bytes }
+    }
+
+    /// Gives back `bytes` that `admit` or `hold` counted for `owner`.
+    func release(_ bytes: Int, of owner: ShareKey) {
         held.withLock { table in
             guard let count = table[owner] else { return }
             if count <= bytes { table.removeValue(forKey: owner) } else { table[owner] = count - bytes }
@@ -177,7 +202,7 @@ final class InputShares: Sendable {
     }
 
     /// Bytes `owner` holds now.
-    func heldBytes(of owner: InputShareKey) -> Int { held.withLock { $0[owner] ?? 0 } }
+    func heldBytes(of owner: ShareKey) -> Int { held.withLock { $0[owner] ?? 0 } }
 
     /// Owners holding bytes now (entries of the table).
     var owners: Int { held.withLock { $0.count } }

@@ -25,12 +25,17 @@ final class Connection<Context: Sendable> {
     /// Bytes of `output` counted in the server's output `ByteBudget`: its unsent bytes while they
     /// are a whole answer's (not an open stream's or WebSocket's), as of the last write.
     var heldOutput = 0
+    /// Whose share of the output budget (`Shares`) the large whole answer being sent holds
+    /// (nil: none), and how many bytes: the whole answer's, held until it is sent or the
+    /// connection closes (not settled per write, unlike `heldOutput`).
+    var outputShare: ShareKey? = nil
+    var outputShareBytes = 0
     /// Bytes of the request body being read counted in the server's input `ByteBudget` (0: none,
     /// a small body), until it is answered or dropped (a handler's task then holds them), or
     /// the connection closes.
     var heldInput = 0
-    /// Whose share of the input budget (`InputShares`) `heldInput` also counts in (nil: none).
-    var inputShare: InputShareKey? = nil
+    /// Whose share of the input budget (`Shares`) `heldInput` also counts in (nil: none).
+    var inputShare: ShareKey? = nil
     /// The body being read is chunked: its buffer is counted in the input `ByteBudget` as it grows.
     var countsChunkedInput = false
     /// Edge-triggered epoll: remember readiness until a call says EAGAIN.

@@ -40,7 +40,10 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     /// The server's budget for request bodies being read, shared by all its loops.
     private let inputBudget: ByteBudget
     /// Each owner's share of it, shared by all its loops (nil: no per-client share).
-    private let inputShares: InputShares?
+    private let inputShares: Shares?
+    /// Each owner's share of the output budget's large answers, shared by all its loops (nil:
+    /// no per-client share).
+    private let outputShares: Shares?
     /// This loop's place among the server's loops (0 for the first), for its thread's name.
     let index: Int
     /// Connections refused by the per-client cap since it was last logged, and the last
@@ -50,6 +53,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     private var lastRefusedClient: IPAddress? = nil
     /// Answers refused for the output budget since it was last logged, likewise.
     private var refusedAnswers = RefusalTally()
+    /// Answers refused for their owner's share of it since it was last logged, likewise.
+    private var refusedAnswerShares = RefusalTally()
     /// Request bodies refused for the input budget since it was last logged, likewise.
     private var refusedBodies = RefusalTally()
     /// Request bodies refused for their owner's share of it since it was last logged, likewise.
@@ -105,7 +110,8 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
 
     init(
         configuration: HTTPServerConfiguration, responder: Responder, logger: Logger, index: Int = 0,
-        caps: ConnectionCaps, outputBudget: ByteBudget, inputBudget: ByteBudget, inputShares: InputShares?
+        caps: ConnectionCaps, outputBudget: ByteBudget, inputBudget: ByteBudget, inputShares: Shares?,
+        outputShares: Shares?
     ) {
         self.configuration = configuration
         self.index = index
@@ -113,6 +119,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         self.outputBudget = outputBudget
         self.inputBudget = inputBudget
         self.inputShares = inputShares
+        self.outputShares = outputShares
         self.responder = responder
         self.logger = logger
         self.serverLine = Array("Server: \(configuration.serverName)\r\n".utf8)
@@ -458,6 +465,11 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                 "answers refused: the output buffers hold as many unread answers as they may", refused,
                 held: outputBudget.heldBytes, limit: outputBudget.limit)
         }
+        if let refused = refusedAnswerShares.due(now: now), let outputShares {
+            budgetWarning(
+                "answers refused: their account or client holds its share of the unread answers", refused,
+                held: outputBudget.heldBytes, limit: outputShares.limit)
+        }
         if let refused = refusedBodies.due(now: now) {
             budgetWarning(
                 "request bodies refused: the bodies being read hold as much as they may", refused,
@@ -506,7 +518,10 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
                     connection.lifecycle.writeBlocked(now: now)
                     return
                 }
-                if connection.heldOutput != 0 { countHeldOutput(connection) }
+                if connection.heldOutput != 0 {
+                    countHeldOutput(connection)
+                    if connection.outputShare != nil { releaseOutputShare(connection) }  // sent whole
+                }
                 // A stream or a WebSocket writes now and then and waits long in between: it
                 // keeps no output buffer (a small one goes to the loop's spares, which its next
                 // write takes: a fan-out to 10,000 streams allocates none per stream); a
@@ -731,14 +746,15 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         connection.heldOutput = unsent
     }
 
-    /// Queues a whole answer (from the head, or the final one) within the output budget:
-    /// one to a `GET` whose body is over `ByteBudget.smallAnswer` and does not fit is
-    /// replaced by the responder's `503` (`refuseAnswer`) before it is queued. The answer to
-    /// a request that may have changed something (`POST`, `PATCH` …) is never refused, only
-    /// counted: the client must learn what happened (a retry would not tell it again: a REST
-    /// insert answers only the rows it stored), and such an answer is bounded by what the
-    /// request itself carried. A large answer is counted from here, settled to what was queued
-    /// once it is serialized; a small one only if the socket does not take it (`holdUnsent`).
+    /// Queues a whole answer (from the head, or the final one) within the output budget and
+    /// its owner's share: one to a `GET` whose body is over `ByteBudget.smallAnswer` and does
+    /// not fit either is replaced by the responder's `503` (`refuseAnswer`) before it is
+    /// queued. The answer to a request that may have changed something (`POST`, `PATCH` …) is
+    /// never refused, only counted (in the share too): the client must learn what happened (a
+    /// retry would not tell it again: a REST insert answers only the rows it stored), and such
+    /// an answer is bounded by what the request itself carried. A large answer is counted from
+    /// here, settled to what was queued once it is serialized; a small one only if the socket
+    /// does not take it (`holdUnsent`), and never in a share.
     /// `queued` moves the lifecycle on and says whether the connection is kept alive after it.
     private func queueAnswer(
         _ response: consuming HTTPResponse, context: Context, on connection: Connection<Context>,
@@ -748,13 +764,14 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
         var counted = connection.requestIsHead ? 0 : response.body.count
         if counted <= ByteBudget.smallAnswer {
             counted = 0
-        } else if !connection.requestIsGet {
-            outputBudget.adjust(by: counted)
-        } else if !outputBudget.admit(counted) {
+        } else if let refusal = holdAnswer(counted, context: context, on: connection) {
             counted = 0
-            response = responder.refuseAnswer(context: context)
-            refusedAnswers.count += 1
+            switch refusal {
+            case .total: refusedAnswers.count += 1
+            case .perClient: refusedAnswerShares.count += 1
+            }
             logRefusals()
+            response = responder.refuseAnswer(context: context, over: refusal)
         }
         let keepAlive = queued()
         responder.complete(&response, context: context)
@@ -765,6 +782,47 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             connection.heldOutput = counted
             countHeldOutput(connection)
         }
+    }
+
+    /// Counts a large answer of `bytes` in the output budget and, with per-client shares, in its
+    /// owner's share (asked of the responder; one lock), held there whole until it is sent or
+    /// the connection closes (`releaseOutputShare`). Nil when queued; else the limit that
+    /// refused it, and nothing is counted. The answer to a request that is not a `GET` is
+    /// counted in both whatever their limits, never refused.
+    private func holdAnswer(_ bytes: Int, context: Context, on connection: Connection<Context>) -> BudgetLimit? {
+        let refusable = connection.requestIsGet
+        if !refusable {
+            outputBudget.adjust(by: bytes)
+        } else if !outputBudget.admit(bytes) {
+            return .total
+        }
+        guard let outputShares else { return nil }
+        // Not reached in practice: a connection reads its next request once its answer is sent.
+        if connection.outputShare != nil { releaseOutputShare(connection) }
+        let owner = shareOwner(context: context, on: connection)
+        if !refusable {
+            outputShares.hold(bytes, for: owner)
+        } else if !outputShares.admit(bytes, for: owner) {
+            outputBudget.adjust(by: -bytes)
+            return .perClient
+        }
+        connection.outputShare = owner
+        connection.outputShareBytes = bytes
+        return nil
+    }
+
+    /// Whose share a large body or answer of the connection's request counts in: the account
+    /// the responder names, else the request's client address.
+    private func shareOwner(context: Context, on connection: Connection<Context>) -> ShareKey {
+        responder.shareKey(context: context) ?? .client(connection.clientIP ?? IPAddress(high: 0, low: 0))
+    }
+
+    /// Gives back the share of the output budget the connection's large answer held.
+    private func releaseOutputShare(_ connection: Connection<Context>) {
+        guard let owner = connection.outputShare else { return }
+        outputShares?.release(connection.outputShareBytes, of: owner)
+        connection.outputShare = nil
+        connection.outputShareBytes = 0
     }
 
     /// Writes as much pending output as the socket takes. False if the connection was closed.
@@ -882,12 +940,10 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     /// per-client shares, in its owner's share (the owner is asked of the responder once per
     /// body, when it is first counted). Nil when both had room; else the limit that refused
     /// it, and nothing more is counted.
-    private func holdInput(_ bytes: Int, context: Context, on connection: Connection<Context>) -> InputLimit? {
+    private func holdInput(_ bytes: Int, context: Context, on connection: Connection<Context>) -> BudgetLimit? {
         guard inputBudget.admit(bytes) else { return .total }
         if let inputShares {
-            let owner =
-                connection.inputShare ?? responder.inputShareKey(context: context)
-                ?? .client(connection.clientIP ?? IPAddress(high: 0, low: 0))
+            let owner = connection.inputShare ?? shareOwner(context: context, on: connection)
             guard inputShares.admit(bytes, for: owner) else {
                 inputBudget.adjust(by: -bytes)
                 return .perClient
@@ -899,7 +955,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
     }
 
     /// The responder's `503` for a body `limit` refused, tallied for the log.
-    private func refuseBody(over limit: InputLimit, context: Context) -> HTTPResponse {
+    private func refuseBody(over limit: BudgetLimit, context: Context) -> HTTPResponse {
         switch limit {
         case .total: refusedBodies.count += 1
         case .perClient: refusedShares.count += 1
@@ -920,7 +976,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
 
     /// Gives back `bytes` of a request body held in the input budget and, when counted there,
     /// in `share`. Thread-safe: a handler's task calls it wherever it finishes.
-    private func giveBackInput(_ bytes: Int, share: InputShareKey?) {
+    private func giveBackInput(_ bytes: Int, share: ShareKey?) {
         inputBudget.adjust(by: -bytes)
         if let share { inputShares?.release(bytes, of: share) }
     }
@@ -1389,6 +1445,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             outputBudget.adjust(by: -connection.heldOutput)
             connection.heldOutput = 0
         }
+        releaseOutputShare(connection)
         releaseInput(connection)
         connection.output = []  // freed now, not whenever the last reference to the connection goes
         connection.outputOffset = 0

@@ -33,27 +33,32 @@ public protocol HTTPResponder: Sendable {
 
     /// The `503` sent instead of the answer to a `GET` the server cannot hold now: its body
     /// is larger than `ByteBudget.smallAnswer` and the output buffers already hold as much
-    /// unread output as `HTTPServerConfiguration.maxBufferedOutput` allows. Then passed to
+    /// unread output as `limit` allows: `.total`, `HTTPServerConfiguration.maxBufferedOutput`
+    /// over all connections; `.perClient`, `HTTPServerConfiguration.maxBufferedOutputPerClient`
+    /// for the large answers of this request's owner (`shareKey(context:)`). Then passed to
     /// `complete(_:context:)` like any response. Keep it small. Default: `refuseConnection()`.
-    func refuseAnswer(context: Context) -> HTTPResponse
+    func refuseAnswer(context: Context, over limit: BudgetLimit) -> HTTPResponse
 
     /// The `503` sent instead of reading a request's body that the server cannot hold now:
     /// it is larger than `ByteBudget.smallBody` and the bodies being read already hold as
     /// much as `limit` allows: `.total`, `HTTPServerConfiguration.maxBufferedInput` over
     /// all connections; `.perClient`, `HTTPServerConfiguration.maxBufferedInputPerClient`
-    /// for the bodies of this request's owner (`inputShareKey(context:)`). Decided from the
+    /// for the bodies of this request's owner (`shareKey(context:)`). Decided from the
     /// head for a `Content-Length`, mid-body for a chunked body. The connection closes after
     /// it. Then passed to `complete(_:context:)` like any response. Keep it small. Default:
     /// `refuseConnection()`.
-    func refuseBody(context: Context, over limit: InputLimit) -> HTTPResponse
+    func refuseBody(context: Context, over limit: BudgetLimit) -> HTTPResponse
 
     /// Whose share of the input budget (`HTTPServerConfiguration.maxBufferedInputPerClient`)
-    /// the body of an admitted request counts against: the account the application
-    /// authenticated from the head (`InputShareKey.account`), or nil for the request's client
+    /// the body of an admitted request counts against, and of the output budget
+    /// (`maxBufferedOutputPerClient`) its large answer: the account the application
+    /// authenticated from the head (`ShareKey.account`), or nil for the request's client
     /// address. Asked only for a body larger than `ByteBudget.smallBody` (from the head for a
-    /// `Content-Length`, when a chunked body first grows past it), and only while per-client
-    /// shares are on: an ordinary request never calls it. Default: nil.
-    func inputShareKey(context: Context) -> InputShareKey?
+    /// `Content-Length`, when a chunked body first grows past it) and for a whole answer
+    /// larger than `ByteBudget.smallAnswer` (with the context the answer came with), and only
+    /// while that budget's per-client shares are on: an ordinary request never calls it.
+    /// Default: nil.
+    func shareKey(context: Context) -> ShareKey?
 
     /// The loop has handled a batch of events and is about to wait: write what is due of
     /// anything buffered (log lines). Returns the most milliseconds the loop may wait before
@@ -86,9 +91,9 @@ public enum Reply<Context: Sendable>: Sendable {
 }
 
 extension HTTPResponder {
-    public func refuseAnswer(context: Context) -> HTTPResponse { refuseConnection() }
-    public func refuseBody(context: Context, over limit: InputLimit) -> HTTPResponse { refuseConnection() }
-    public func inputShareKey(context: Context) -> InputShareKey? { nil }
+    public func refuseAnswer(context: Context, over limit: BudgetLimit) -> HTTPResponse { refuseConnection() }
+    public func refuseBody(context: Context, over limit: BudgetLimit) -> HTTPResponse { refuseConnection() }
+    public func shareKey(context: Context) -> ShareKey? { nil }
     public func loopWillWait() -> Int32? { nil }
     public func loopDidStop() {}
 }

@@ -20,7 +20,9 @@ public final class HTTPServer<Responder: HTTPResponder>: Sendable {
     private let outputBudget: ByteBudget
     private let inputBudget: ByteBudget
     /// Each owner's share of the input budget (nil: no per-client share).
-    private let inputShares: InputShares?
+    private let inputShares: Shares?
+    /// Each owner's share of the output budget's large answers (nil: no per-client share).
+    private let outputShares: Shares?
 
     /// A server answering with `responder`; call `start()` to listen.
     public init(configuration: HTTPServerConfiguration, responder: Responder, logger: Logger) {
@@ -31,15 +33,15 @@ public final class HTTPServer<Responder: HTTPResponder>: Sendable {
         outputBudget = budget
         let input = ByteBudget(limit: configuration.maxBufferedInput)
         inputBudget = input
-        // A share as large as the whole budget limits nothing the budget does not.
-        let shares =
-            (1..<configuration.maxBufferedInput).contains(configuration.maxBufferedInputPerClient)
-            ? InputShares(limit: configuration.maxBufferedInputPerClient) : nil
+        let shares = Shares.within(configuration.maxBufferedInput, share: configuration.maxBufferedInputPerClient)
         inputShares = shares
+        let answerShares = Shares.within(
+            configuration.maxBufferedOutput, share: configuration.maxBufferedOutputPerClient)
+        outputShares = answerShares
         loops = (0..<max(1, configuration.loops)).map { index in
             EventLoop(
                 configuration: configuration, responder: responder, logger: logger, index: index, caps: caps,
-                outputBudget: budget, inputBudget: input, inputShares: shares)
+                outputBudget: budget, inputBudget: input, inputShares: shares, outputShares: answerShares)
         }
     }
 
@@ -109,10 +111,18 @@ public final class HTTPServer<Responder: HTTPResponder>: Sendable {
     /// Bytes of request bodies `owner` holds, over all loops: what
     /// `HTTPServerConfiguration.maxBufferedInputPerClient` bounds (0 without per-client
     /// shares). Takes the shares' lock: for tests and diagnostics, not per request.
-    public func bufferedInputBytes(of owner: InputShareKey) -> Int { inputShares?.heldBytes(of: owner) ?? 0 }
+    public func bufferedInputBytes(of owner: ShareKey) -> Int { inputShares?.heldBytes(of: owner) ?? 0 }
 
     /// Owners holding a share of the input budget now (entries of its table; for tests).
     var inputShareOwners: Int { inputShares?.owners ?? 0 }
+
+    /// Bytes of large whole answers `owner` holds, over all loops: what
+    /// `HTTPServerConfiguration.maxBufferedOutputPerClient` bounds (0 without per-client
+    /// shares). Takes the shares' lock: for tests and diagnostics, not per request.
+    public func bufferedOutputBytes(of owner: ShareKey) -> Int { outputShares?.heldBytes(of: owner) ?? 0 }
+
+    /// Owners holding a share of the output budget now (entries of its table; for tests).
+    var outputShareOwners: Int { outputShares?.owners ?? 0 }
 
     /// Open connections and requests in flight of each loop, in order.
     public var loopStatistics: [(connections: Int, inFlight: Int)] { loops.map(\.statistics) }

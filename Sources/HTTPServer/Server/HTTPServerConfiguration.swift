@@ -41,6 +41,20 @@ public struct HTTPServerConfiguration: Sendable {
     /// (`HTTPBodyWriter.writeIfRoom` says `.full`, `write` waits for its buffer to empty).
     /// Default 256 MiB.
     public var maxBufferedOutput = 256 * 1024 * 1024
+    /// Bytes of the large whole answers (bodies over 64 KiB) counted in `maxBufferedOutput`
+    /// that one owner may hold, over all its connections and the loops they are on: an
+    /// account when the responder names one (`HTTPResponder.shareKey(context:)`), else the
+    /// request's client address, counted as for `maxBufferedInputPerClient`. An answer to a
+    /// `GET` that would take its owner past it is refused like one over `maxBufferedOutput`
+    /// (`HTTPResponder.refuseAnswer(context:over:)` with `.perClient`), so one account or
+    /// address asking for large answers on many connections and never reading them cannot
+    /// hold the whole budget and refuse everyone else's; an answer to a request that may have
+    /// changed something counts in its owner's share but is never refused. An answer holds
+    /// its share whole from when it is queued until it is sent or its connection closes.
+    /// Streamed bodies and WebSocket messages have no share. 0, or at least
+    /// `maxBufferedOutput`: no such share (and no look-up). Default 64 MiB (a quarter of the
+    /// default `maxBufferedOutput`).
+    public var maxBufferedOutputPerClient = 64 * 1024 * 1024
     /// Bytes of request bodies the server may hold while it reads them, over all connections
     /// and loops (the input `ByteBudget`). A body whose `Content-Length` is over 64 KiB and would take
     /// the total past it is not read: the client gets `HTTPResponder.refuseBody` (a `503`)
@@ -52,7 +66,7 @@ public struct HTTPServerConfiguration: Sendable {
     public var maxBufferedInput = 256 * 1024 * 1024
     /// Bytes of those bodies one owner may hold, over all its connections and the loops
     /// they are on: an account when the responder names one from the head
-    /// (`HTTPResponder.inputShareKey(context:)`, for requests that carry a token), else the
+    /// (`HTTPResponder.shareKey(context:)`, for requests that carry a token), else the
     /// request's client address, counted as for `maxConnectionsPerClient` (an IPv4 address,
     /// an IPv6 /64) but behind a trusted proxy the client it forwarded, not the proxy. A body
     /// over 64 KiB that would take its owner past it is refused like one over

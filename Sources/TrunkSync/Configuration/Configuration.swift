@@ -108,6 +108,8 @@ public struct Configuration: Sendable {
     public private(set) var httpMaxConnectionsPerClient = Setting.httpMaxConnectionsPerClient.integerDefault
     /// `TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT`, in bytes.
     public private(set) var httpMaxBufferedOutput = Setting.httpMaxBufferedOutput.integerDefault
+    /// `TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT_PER_CLIENT`, in bytes (0: no per-client share).
+    public private(set) var httpMaxBufferedOutputPerClient = Setting.httpMaxBufferedOutputPerClient.integerDefault
     /// `TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT`, in bytes.
     public private(set) var httpMaxBufferedInput = Setting.httpMaxBufferedInput.integerDefault
     /// `TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT_PER_CLIENT`, in bytes (0: no per-client share).
@@ -335,6 +337,8 @@ public struct Configuration: Sendable {
         httpWriteTimeout = seconds(Setting.httpWriteTimeout) ?? httpWriteTimeout
         httpMaxConnections = integer(Setting.httpMaxConnections) ?? httpMaxConnections
         httpMaxBufferedOutput = integer(Setting.httpMaxBufferedOutput) ?? httpMaxBufferedOutput
+        httpMaxBufferedOutputPerClient =
+            integer(Setting.httpMaxBufferedOutputPerClient) ?? httpMaxBufferedOutputPerClient
         httpMaxBufferedInput = integer(Setting.httpMaxBufferedInput) ?? httpMaxBufferedInput
         httpMaxBufferedInputPerClient =
             integer(Setting.httpMaxBufferedInputPerClient) ?? httpMaxBufferedInputPerClient

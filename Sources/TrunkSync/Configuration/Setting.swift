@@ -287,6 +287,13 @@ public struct Setting: Sendable {
         summary:
             "Bytes of output the server may hold for clients that have not read it yet, over all connections: answers, event streams, exports and Realtime messages. A GET whose answer is over 64 KiB and would go past it is answered 503 server_busy with Retry-After: 1 instead; smaller answers, and answers to requests that change something, always go. While it is reached, a client that has not read what it was sent gets nothing more: its event stream ends at the next live event (it resumes with Last-Event-ID), its Realtime socket closes with 1013, its export waits. Keep it above the largest answer (~66 MB: a REST read of 1,000 full rows) and within the memory the server can spare."
     )
+    /// `http_max_buffered_output_per_client`.
+    public static let httpMaxBufferedOutputPerClient = Setting(
+        key: "http_max_buffered_output_per_client", kind: .integer(0...1_099_511_627_776), defaultValue: "67108864",
+        isSecret: false,
+        summary:
+            "Bytes of the answers over 64 KiB counted in `TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT` that one account may hold, over all its connections and devices, until its clients have read them; an answer to a request without a bearer token counts for its client address instead (an IPv6 client per /64; behind `TRUNK_SYNC_TRUSTED_PROXIES`, the forwarded client). A GET whose answer is over 64 KiB and would take its account or address past it is answered 503 server_busy with Retry-After: 1 instead, as over `TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT`, so one user asking for large answers on many connections and never reading them cannot hold the whole of it and refuse everyone else's large reads; answers to requests that change something count but always go. An answer counts whole until it is sent or its connection closes. Event streams, exports and Realtime messages have no share (streams are capped per user, one export per user at a time). Keep it above the largest answer (~66 MB: a REST read of 1,000 full rows), with room for the large reads one user's devices make at once. 0, or at least `TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT`: no share."
+    )
     /// `http_max_buffered_input`.
     public static let httpMaxBufferedInput = Setting(
         key: "http_max_buffered_input", kind: .integer(1_048_576...1_099_511_627_776), defaultValue: "268435456",
@@ -427,6 +434,7 @@ public struct Setting: Sendable {
         httpMaxConnections,
         httpMaxConnectionsPerClient,
         httpMaxBufferedOutput,
+        httpMaxBufferedOutputPerClient,
         httpMaxBufferedInput,
         httpMaxBufferedInputPerClient,
         eventLoops,

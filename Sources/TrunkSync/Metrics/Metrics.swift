@@ -30,8 +30,12 @@ public final class Metrics: @unchecked Sendable {
     public let mailDropped: Counter
     private let rateLimited: [String: Counter]
     /// Answers refused with `503 server_busy` because the output buffers held as many unread
-    /// answers as `TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT` allows.
+    /// answers as `TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT` allows (`limit="total"`).
     public let answersRefused: Counter
+    /// Answers refused with `503 server_busy` because the unread large answers of their
+    /// account (or client address) held as much as `TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT_PER_CLIENT`
+    /// allows (`limit="per_client"`).
+    public let answersRefusedPerClient: Counter
     /// Request bodies refused with `503 server_busy` because the bodies being read held as
     /// much as `TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT` allows (`limit="total"`).
     public let bodiesRefused: Counter
@@ -69,10 +73,12 @@ public final class Metrics: @unchecked Sendable {
                 labels: "limit=\"\(name)\"")
         }
         rateLimited = limits
+        let answersRefusedHelp =
+            "Answers refused with 503 server_busy, by limit: total, the output buffers held as many unread answers as TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT allows; per_client, those of the answer's account (or client address) as many as TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT_PER_CLIENT allows."
         answersRefused = counter(
-            "trunk_sync_http_answers_refused_total",
-            "Answers refused with 503 server_busy: the output buffers held as many unread answers as TRUNK_SYNC_HTTP_MAX_BUFFERED_OUTPUT allows."
-        )
+            "trunk_sync_http_answers_refused_total", answersRefusedHelp, labels: #"limit="total""#)
+        answersRefusedPerClient = counter(
+            "trunk_sync_http_answers_refused_total", answersRefusedHelp, labels: #"limit="per_client""#)
         let bodiesRefusedHelp =
             "Request bodies refused with 503 server_busy, by limit: total, the bodies being read held as much as TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT allows; per_client, those of the body's account (or client address) as much as TRUNK_SYNC_HTTP_MAX_BUFFERED_INPUT_PER_CLIENT allows."
         bodiesRefused = counter(

@@ -271,6 +271,7 @@ public struct Application: Sendable {
         server.maxConnections = configuration.httpMaxConnections
         server.maxConnectionsPerClient = configuration.httpMaxConnectionsPerClient
         server.maxBufferedOutput = configuration.httpMaxBufferedOutput
+        server.maxBufferedOutputPerClient = configuration.httpMaxBufferedOutputPerClient
         server.maxBufferedInput = configuration.httpMaxBufferedInput
         server.maxBufferedInputPerClient = configuration.httpMaxBufferedInputPerClient
         server.loops = configuration.eventLoopCount

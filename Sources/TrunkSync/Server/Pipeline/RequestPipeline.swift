@@ -93,6 +93,7 @@ public struct RequestPipeline: HTTPResponder {
     private let unmatched: HTTPRouteMetrics
     private let preflight: HTTPRouteMetrics
     private let answersRefused: Counter
+    private let answersRefusedPerClient: Counter
     private let bodiesRefused: Counter
     private let bodiesRefusedPerClient: Counter
 
@@ -109,6 +110,7 @@ public struct RequestPipeline: HTTPResponder {
         unmatched = routes.metrics.route("unmatched")
         preflight = routes.metrics.route("OPTIONS")
         answersRefused = routes.metrics.answersRefused
+        answersRefusedPerClient = routes.metrics.answersRefusedPerClient
         bodiesRefused = routes.metrics.bodiesRefused
         bodiesRefusedPerClient = routes.metrics.bodiesRefusedPerClient
     }
@@ -309,15 +311,20 @@ public struct RequestPipeline: HTTPResponder {
         return response
     }
 
-    /// An answer the output buffers cannot hold now: `503 server_busy` in the route's shape.
-    public func refuseAnswer(context: Context) -> HTTPResponse {
-        answersRefused.increment()
+    /// An answer the output buffers cannot hold now (all unread answers, or this caller's
+    /// large ones, hold as much as they may): `503 server_busy` in the route's shape, the same
+    /// answer for both.
+    public func refuseAnswer(context: Context, over limit: BudgetLimit) -> HTTPResponse {
+        switch limit {
+        case .total: answersRefused.increment()
+        case .perClient: answersRefusedPerClient.increment()
+        }
         return APIError.outputBusy.response(for: context.endpoint?.family ?? Self.family(of: context.path))
     }
 
     /// A body the server cannot hold now (all bodies being read, or this caller's, hold as
     /// much as they may): `503 server_busy` in the route's shape, the same answer for both.
-    public func refuseBody(context: Context, over limit: InputLimit) -> HTTPResponse {
+    public func refuseBody(context: Context, over limit: BudgetLimit) -> HTTPResponse {
         switch limit {
         case .total: bodiesRefused.increment()
         case .perClient: bodiesRefusedPerClient.increment()
@@ -325,10 +332,11 @@ public struct RequestPipeline: HTTPResponder {
         return APIError.inputBusy.response(for: context.endpoint?.family ?? Self.family(of: context.path))
     }
 
-    /// A signed-in caller's large bodies count against their account's share of the input
-    /// budget (every session and device of theirs together, whatever their addresses); a
-    /// request without a verified token, against its client address's.
-    public func inputShareKey(context: Context) -> InputShareKey? {
+    /// A signed-in caller's large bodies and large answers count against their account's
+    /// share of the input and output budgets (every session and device of theirs together,
+    /// whatever their addresses); a request without a verified token, against its client
+    /// address's.
+    public func shareKey(context: Context) -> ShareKey? {
         context.claims.map { .account($0.userID) }
     }
 
