@@ -107,14 +107,16 @@ public final class PostgresListener: @unchecked Sendable {
     /// this stays the same.
     public var session: UInt64? { state.withLock { $0.listening ? $0.sessions : nil } }
 
-    /// A stream of everything the listener delivers from now on. The buffer is bounded
-    /// (newest 10,000 kept); ending the iteration unsubscribes.
-    public func events() -> AsyncStream<PostgresListenerEvent> {
+    /// A stream of what the listener delivers from now on: every `.listening`, and the
+    /// notifications on `channels` (nil: on every channel it listens to). A notification on
+    /// another channel is not put in this stream at all, so its reader is not woken for it.
+    /// The buffer is bounded (newest 10,000 kept); ending the iteration unsubscribes.
+    public func events(channels: Set<String>? = nil) -> AsyncStream<PostgresListenerEvent> {
         let (stream, continuation) = AsyncStream.makeStream(
             of: PostgresListenerEvent.self, bufferingPolicy: .bufferingNewest(10_000))
         let id = state.withLock { state -> UInt64 in
             state.nextID += 1
-            state.subscribers[state.nextID] = continuation
+            state.subscribers[state.nextID] = ListenerState.Subscriber(continuation: continuation, channels: channels)
             return state.nextID
         }
         continuation.onTermination = { [weak state] _ in
@@ -152,20 +154,27 @@ public final class PostgresListener: @unchecked Sendable {
     }
 
     private func finishSubscribers() {
-        let subscribers = state.withLock { state -> [AsyncStream<PostgresListenerEvent>.Continuation] in
+        let subscribers = state.withLock { state -> [ListenerState.Subscriber] in
             state.listening = false
             defer { state.subscribers.removeAll() }
             return Array(state.subscribers.values)
         }
-        for subscriber in subscribers { subscriber.finish() }
+        for subscriber in subscribers { subscriber.continuation.finish() }
     }
 
     private func deliver(_ event: PostgresListenerEvent) {
         let subscribers = state.withLock { Array($0.subscribers.values) }
         for subscriber in subscribers {
+            if case .notification(let notification) = event, let channels = subscriber.channels,
+                !channels.contains(notification.channel)
+            {
+                continue
+            }
             // A full buffer drops the oldest event: tell that subscriber it missed some (the
             // `.listening` then itself is the newest, so it is kept).
-            if case .dropped = subscriber.yield(event), event != .listening { subscriber.yield(.listening) }
+            if case .dropped = subscriber.continuation.yield(event), event != .listening {
+                subscriber.continuation.yield(.listening)
+            }
         }
     }
 
@@ -266,7 +275,12 @@ final class ListenerState: @unchecked Sendable {
         /// Connections that reached `LISTEN`.
         var sessions: UInt64 = 0
         var nextID: UInt64 = 0
-        var subscribers: [UInt64: AsyncStream<PostgresListenerEvent>.Continuation] = [:]
+        var subscribers: [UInt64: Subscriber] = [:]
+    }
+    /// One `events(channels:)` stream and the channels whose notifications it takes (nil: all).
+    struct Subscriber {
+        var continuation: AsyncStream<PostgresListenerEvent>.Continuation
+        var channels: Set<String>?
     }
     private let lock = NSLock()
     private var fields = Fields()

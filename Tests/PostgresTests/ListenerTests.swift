@@ -134,6 +134,41 @@ final class ListenerTests: XCTestCase {
         XCTAssertEqual(received, .notification(PostgresNotification(channel: "wanted", payload: "y")))
         listener.stop()
     }
+
+    func testASubscriberToSomeChannelsGetsOnlyTheirNotificationsAndEveryListening() async throws {
+        let listener = PostgresListener(
+            try listenerConfiguration(), channels: ["one", "two"], logger: TestDatabase.quietLogger)
+        var onlyTwo = listener.events(channels: ["two"]).makeAsyncIterator()
+        var all = listener.events().makeAsyncIterator()
+        listener.start()
+        let watchdog = Task {
+            try await Task.sleep(for: .seconds(30)); listener.stop()
+        }
+        defer { watchdog.cancel() }
+        let listeningTwo = await nextEvent(&onlyTwo)
+        XCTAssertEqual(listeningTwo, .listening)
+        let listeningAll = await nextEvent(&all)
+        XCTAssertEqual(listeningAll, .listening)
+        let sender = try PostgresConnection.connect(try TestDatabase.adminConfiguration())
+        try sender.query("select pg_notify('one', 'a')")
+        try sender.query("select pg_notify('two', 'b')")
+        // Each subscriber gets events in the order they came: `all` sees 'one' then 'two';
+        // `onlyTwo`'s next is 'two', so 'one' never entered its stream.
+        let firstAll = await nextEvent(&all)
+        XCTAssertEqual(firstAll, .notification(PostgresNotification(channel: "one", payload: "a")))
+        let secondAll = await nextEvent(&all)
+        XCTAssertEqual(secondAll, .notification(PostgresNotification(channel: "two", payload: "b")))
+        let firstTwo = await nextEvent(&onlyTwo)
+        XCTAssertEqual(firstTwo, .notification(PostgresNotification(channel: "two", payload: "b")))
+        // A reconnect reaches every subscriber, whatever its channels.
+        try sender.query(
+            "select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'listener-under-test'")
+        let againTwo = await nextEvent(&onlyTwo)
+        XCTAssertEqual(againTwo, .listening)
+        let againAll = await nextEvent(&all)
+        XCTAssertEqual(againAll, .listening)
+        listener.stop()
+    }
 }
 
 /// The next event, or nil when the stream ended (each test's watchdog bounds the wait).

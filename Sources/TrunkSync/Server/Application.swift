@@ -102,7 +102,8 @@ public struct Application: Sendable {
             // Both subscribe before the listener starts, so neither misses its first
             // `.listening` (which makes the revocations load).
             let notifier = self.notifier
-            auth.revocations.follow(listener.events(), wake: { notifier.wake($0) })
+            let revocations = listener.events(channels: [SessionRevocations.channel])
+            auth.revocations.follow(revocations, wake: { notifier.wake($0) })
             listener.start()
         }
         let notifier = self.notifier

@@ -23,7 +23,7 @@ public final class EventNotifier: Sendable {
         self.listener = listener
         self.lastSeqs = lastSeqs
         guard let listener else { return }
-        let events = listener.events()
+        let events = listener.events(channels: [EventStore.channel])
         let (state, lastSeqs) = (self.state, self.lastSeqs)
         Task.detached {
             for await event in events {
