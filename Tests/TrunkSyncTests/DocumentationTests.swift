@@ -371,3 +371,34 @@ extension DocumentationTests {
             "address-name-and-metadata-changed-on-the-hosted-project")
     }
 }
+
+extension DocumentationTests {
+    /// The names a module declares with `export function|class|const …` (`export async
+    /// function` too).
+    static func exportedNames(_ text: String, kinds: String) throws -> Set<String> {
+        let pattern = try NSRegularExpression(
+            pattern: #"^export (?:declare )?(?:async )?(?:\#(kinds))\*? ?([A-Za-z_$][A-Za-z0-9_$]*)"#,
+            options: .anchorsMatchLines)
+        return Set(
+            pattern.matches(in: text, range: NSRange(text.startIndex..., in: text)).compactMap {
+                Range($0.range(at: 1), in: text).map { String(text[$0]) }
+            })
+    }
+
+    /// Every function, class and constant clients/web/trunk-sync.js exports has its type in
+    /// trunk-sync.d.ts (the web client's documented API), and the types name nothing the
+    /// module does not export: a helper added, renamed or removed on one side only fails here.
+    func testEveryWebClientExportIsTyped() throws {
+        let kinds = "function|class|const|let"
+        let module = try Self.exportedNames(Self.text("clients/web/trunk-sync.js"), kinds: kinds)
+        let types = try Self.exportedNames(Self.text("clients/web/trunk-sync.d.ts"), kinds: kinds)
+        XCTAssertTrue(
+            module.isSuperset(of: ["TrunkSyncClient", "TrunkSyncError", "ExportCheck", "readAnswer"]), "\(module)")
+        for name in module.subtracting(types).sorted() {
+            XCTFail("clients/web/trunk-sync.js exports \(name), which trunk-sync.d.ts does not declare")
+        }
+        for name in types.subtracting(module).sorted() {
+            XCTFail("clients/web/trunk-sync.d.ts declares \(name), which trunk-sync.js does not export")
+        }
+    }
+}
