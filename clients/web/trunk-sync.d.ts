@@ -52,7 +52,7 @@ export interface TrunkSyncOptions {
    * body past it (or announced past it by its `Content-Length`) is cancelled unread and the
    * call fails as for an answer that is not the server's (`invalid_response` for a `2xx`,
    * `http_<status>` otherwise). The server's answers are far smaller (a pulled page ~1.1 MiB
-   * at most). Default 32 MiB.
+   * at most). Default 32 MiB; anything but a positive whole number is a `TypeError`.
    */
   maxAnswerBytes?: number;
   /**
