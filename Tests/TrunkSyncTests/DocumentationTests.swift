@@ -371,3 +371,116 @@ extension DocumentationTests {
             "address-name-and-metadata-changed-on-the-hosted-project")
     }
 }
+
+extension DocumentationTests {
+    /// The names a module declares with `export function|class|const …` (`export async
+    /// function` too).
+    static func exportedNames(_ text: String, kinds: String) throws -> Set<String> {
+        let pattern = try NSRegularExpression(
+            pattern: #"^export (?:declare )?(?:async )?(?:\#(kinds))\*? ?([A-Za-z_$][A-Za-z0-9_$]*)"#,
+            options: .anchorsMatchLines)
+        return Set(
+            pattern.matches(in: text, range: NSRange(text.startIndex..., in: text)).compactMap {
+                Range($0.range(at: 1), in: text).map { String(text[$0]) }
+            })
+    }
+
+    /// Every function, class and constant clients/web/trunk-sync.js exports has its type in
+    /// trunk-sync.d.ts (the web client's documented API), and the types name nothing the
+    /// module does not export: a helper added, renamed or removed on one side only fails here.
+    func testEveryWebClientExportIsTyped() throws {
+        let kinds = "function|class|const|let"
+        let module = try Self.exportedNames(Self.text("clients/web/trunk-sync.js"), kinds: kinds)
+        let types = try Self.exportedNames(Self.text("clients/web/trunk-sync.d.ts"), kinds: kinds)
+        XCTAssertTrue(
+            module.isSuperset(of: ["TrunkSyncClient", "TrunkSyncError", "ExportCheck", "readAnswer"]), "\(module)")
+        for name in module.subtracting(types).sorted() {
+            XCTFail("clients/web/trunk-sync.js exports \(name), which trunk-sync.d.ts does not declare")
+        }
+        for name in types.subtracting(module).sorted() {
+            XCTFail("clients/web/trunk-sync.d.ts declares \(name), which trunk-sync.js does not export")
+        }
+    }
+}
+
+extension DocumentationTests {
+    /// Where `text` gives a setting's default that is not Setting.swift's: a number after a
+    /// variable, `TRUNK_SYNC_X` (N unit) or `TRUNK_SYNC_X`, N unit (a unit of bytes or time,
+    /// or none), for settings that are numbers; and the tables whose first column names
+    /// variables and whose last column gives a code span each (`A`, `B` | … | `a`, `b`).
+    static func defaultProblems(_ text: String) throws -> [String] {
+        var problems: [String] = []
+        let units: [String: Double] = [
+            "": 1, "KiB": 1024, "MiB": 1024 * 1024, "s": 1, "seconds": 1, "hour": 3600, "hours": 3600,
+        ]
+        let joined = text.replacingOccurrences(of: "\n", with: " ")
+        let prose = try NSRegularExpression(
+            pattern: #"TRUNK_SYNC_([A-Z0-9_]*[A-Z0-9])`?(?:,| \()\s*([0-9][0-9,]*(?:\.[0-9]+)?)"#
+                + #"(?:\s*(KiB|MiB|seconds|s|hours?))?(?=[),;:]|\s+by default)"#)
+        for match in prose.matches(in: joined, range: NSRange(joined.startIndex..., in: joined)) {
+            func group(_ index: Int) -> String {
+                Range(match.range(at: index), in: joined).map { String(joined[$0]) } ?? ""
+            }
+            guard let setting = Setting.named(group(1).lowercased()), let defaultValue = setting.defaultValue,
+                let stated = Double(group(2).replacingOccurrences(of: ",", with: "")),
+                let factor = units[group(3)]
+            else { continue }
+            switch setting.kind {
+            case .integer, .seconds:
+                if Double(defaultValue) != stated * factor {
+                    let given = group(3).isEmpty ? group(2) : "\(group(2)) \(group(3))"
+                    problems.append("\(setting.environmentVariable): \(given), but its default is \(defaultValue)")
+                }
+            default: continue
+            }
+        }
+        let code = #"`([^`]+)`"#
+        let names = try NSRegularExpression(pattern: #"^`TRUNK_SYNC_[A-Z0-9_]+`(?:, `TRUNK_SYNC_[A-Z0-9_]+`)*$"#)
+        let values = try NSRegularExpression(pattern: #"^`[^`]+`(?:, `[^`]+`)*$"#)
+        let spans = try NSRegularExpression(pattern: code)
+        for line in text.split(separator: "\n") where line.hasPrefix("| `TRUNK_SYNC_") {
+            let cells = line.split(separator: "|", omittingEmptySubsequences: false).map {
+                $0.trimmingCharacters(in: .whitespaces)
+            }.filter { !$0.isEmpty }
+            guard cells.count >= 2, let first = cells.first, let last = cells.last else { continue }
+            func whole(_ pattern: NSRegularExpression, _ cell: String) -> Bool {
+                pattern.firstMatch(in: cell, range: NSRange(cell.startIndex..., in: cell)) != nil
+            }
+            func codes(_ cell: String) -> [String] {
+                spans.matches(in: cell, range: NSRange(cell.startIndex..., in: cell)).compactMap {
+                    Range($0.range(at: 1), in: cell).map { String(cell[$0]) }
+                }
+            }
+            guard whole(names, first), whole(values, last), codes(first).count == codes(last).count else { continue }
+            for (name, value) in zip(codes(first), codes(last)) {
+                // A setting without a default of its own (`http://HOST:PORT`, another
+                // setting's value) is described, not compared.
+                let setting = Setting.all.first { $0.environmentVariable == name }
+                if let defaultValue = setting?.defaultValue, defaultValue != value {
+                    problems.append("\(name): `\(value)`, but its default is \(defaultValue)")
+                }
+            }
+        }
+        return problems
+    }
+
+    /// The defaults the guides state are Setting.swift's: a default changed there and not in
+    /// the prose (or a number mistyped) fails here, not in an operator's capacity plan.
+    func testEveryDocumentedDefaultIsTheSettingsDefault() throws {
+        for file in Self.guides where file.hasSuffix(".md") {
+            for problem in try Self.defaultProblems(Self.text(file)) { XCTFail("\(file): \(problem)") }
+        }
+        // The check can fail, and reads both forms.
+        XCTAssertEqual(
+            try Self.defaultProblems("at most `TRUNK_SYNC_STREAM_MAX` (4,000) per instance"),
+            ["TRUNK_SYNC_STREAM_MAX: 4,000, but its default is 5000"])
+        XCTAssertEqual(
+            try Self.defaultProblems("(`TRUNK_SYNC_JWT_EXPIRY`, 2 hours by default)"),
+            ["TRUNK_SYNC_JWT_EXPIRY: 2 hours, but its default is 3600"])
+        XCTAssertEqual(
+            try Self.defaultProblems("| `TRUNK_SYNC_LOG_LEVEL`, `TRUNK_SYNC_LOG_FORMAT` | … | `info`, `json` |"),
+            ["TRUNK_SYNC_LOG_FORMAT: `json`, but its default is text"])
+        XCTAssertEqual(
+            try Self.defaultProblems("`TRUNK_SYNC_REALTIME_BUFFER` (256 KiB); `TRUNK_SYNC_DB_POOL_TIMEOUT` (5 s)"), [])
+    }
+}

@@ -52,7 +52,7 @@ export interface TrunkSyncOptions {
    * body past it (or announced past it by its `Content-Length`) is cancelled unread and the
    * call fails as for an answer that is not the server's (`invalid_response` for a `2xx`,
    * `http_<status>` otherwise). The server's answers are far smaller (a pulled page ~1.1 MiB
-   * at most). Default 32 MiB.
+   * at most). Default 32 MiB; anything but a positive whole number is a `TypeError`.
    */
   maxAnswerBytes?: number;
   /**
@@ -183,8 +183,9 @@ export class TrunkSyncClient {
   /** Events recorded and not yet stored by the server (quarantined ones excluded). */
   pendingCount(): Promise<number>;
   /**
-   * Pushes the outbox, then pulls every page after the stored cursor; `handler` gets each
-   * page in seq order and the cursor is stored only after it returned (at least once).
+   * Pushes the outbox, then, given a `handler`, pulls every page after the stored cursor:
+   * `handler` gets each page in seq order and the cursor is stored only after it returned (at
+   * least once). Without a handler it only pushes (`pulled` 0, the cursor unchanged).
    */
   sync(handler?: (events: SyncEvent[]) => unknown | Promise<unknown>): Promise<SyncReport>;
   /**
@@ -272,6 +273,12 @@ export function pushResults(body: unknown): Map<string, 'created' | 'duplicate'>
 export function outboxProblem(record: unknown, serialize?: boolean): string | null;
 export function streamEvent(data: string): SyncEvent | null;
 export function storedSeq(value: unknown): number | undefined;
+/**
+ * `options[name]` as a time in milliseconds, from 1000 to 2^31 − 1 (what a timer takes), or
+ * `fallback` when unset; anything else throws a `TypeError` (the constructor's
+ * `requestTimeout`, `streamIdleTimeout` and `pendingCheckInterval`).
+ */
+export function milliseconds(options: Record<string, unknown>, name: string, fallback: number): number;
 /** Checks an export's body piece by piece (see `exportData`); throws `incomplete_export`. */
 export class ExportCheck {
   /** Whole lines read. */

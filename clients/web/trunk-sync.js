@@ -1355,8 +1355,9 @@ export class TrunkSyncClient {
   // MARK: Sync
 
   /**
-   * Pushes the outbox, then pulls every page after the stored cursor, calling `handler` with
-   * each (the cursor is stored only after it returned). One tab at a time (a Web Lock).
+   * Pushes the outbox, then, given a `handler`, pulls every page after the stored cursor,
+   * calling it with each (the cursor is stored only after it returned); without one it only
+   * pushes. One tab at a time (a Web Lock).
    * @param {(events: any[]) => unknown | Promise<unknown>} [handler]
    */
   async sync(handler) {

@@ -106,7 +106,7 @@ public enum OpenAPIDocument {
           "operations"
         ],
         "summary": "Readiness",
-        "description": "`200` when the database answers, no migration is pending and the signing keys are loaded; else `503 not_ready`. The reason is not public: it is logged and served on the admin listener.",
+        "description": "`200` when the database answers, no migration is pending, and the signing keys and the revoked sessions are loaded; else `503 not_ready`. The reason is not public: it is logged and served on the admin listener.",
         "security": [],
         "responses": {
           "200": {
@@ -274,7 +274,7 @@ public enum OpenAPIDocument {
           "auth"
         ],
         "summary": "Mail a sign-in code",
-        "description": "Mails a 6-digit code (at most one per address every `TRUNK_SYNC_OTP_RESEND_INTERVAL` seconds). The answer is the same for addresses with and without an account. Counted against the per-IP limit before the body is parsed. Body at most 4 KiB.",
+        "description": "Mails a 6-digit code (at most one per address every `TRUNK_SYNC_OTP_RESEND_INTERVAL` seconds). The answer is the same for addresses with and without an account. Counted against the per-client limit (an IPv4 address or an IPv6 /64) before the body is parsed, and against the per-address limit as soon as the address is read. Body at most 4 KiB.",
         "requestBody": {
           "required": true,
           "content": {
@@ -599,7 +599,7 @@ public enum OpenAPIDocument {
           "auth"
         ],
         "summary": "Sign out",
-        "description": "Revokes the caller's session (`local`), all the user's sessions (`global`, the default) or all but the caller's (`others`). Access tokens stay valid until they expire, except on `/auth/v1/user`. Any body (at most 4 KiB) is ignored.",
+        "description": "Revokes the caller's session (`local`), all the user's sessions (`global`, the default) or all but the caller's (`others`). The access tokens of a revoked session are refused at once on every route of every instance (`401`; on `/auth/v1` with `session_not_found`), and its waiting long-polls, event streams and Realtime channels end. Any body (at most 4 KiB) is ignored.",
         "parameters": [
           {
             "name": "scope",
@@ -3234,7 +3234,7 @@ public enum OpenAPIDocument {
           },
           "payload": {
             "type": "object",
-            "description": "Any JSON object of at most 65536 bytes as sent (64 KiB).",
+            "description": "Any JSON object of at most 65536 bytes (64 KiB) as stored and returned: numbers in plain decimal, as PostgreSQL prints them (`1e308` counts 309 bytes).",
             "x-max-bytes": 65536
           },
           "client_timestamp": {
@@ -3639,7 +3639,7 @@ public enum OpenAPIDocument {
     },
     "responses": {
       "NativeUnauthorized": {
-        "description": "No bearer token, or one that is not valid (signature, expiry, audience).",
+        "description": "No bearer token, or one that is not valid (signature, issuer, audience, expiry), or whose session was signed out or revoked.",
         "headers": {
           "X-Request-Id": {
             "$ref": "#/components/headers/X-Request-Id"
@@ -3963,7 +3963,7 @@ public enum OpenAPIDocument {
         }
       },
       "AuthRateLimited": {
-        "description": "A per-IP limit of the sign-in routes (`over_request_rate_limit`), or for `/otp` the resend interval of the address or the deployment's mail cap (`over_email_send_rate_limit`).",
+        "description": "A per-client limit of the route (an IPv4 address or an IPv6 /64: `over_request_rate_limit`); a per-address limit, whichever client asks (`/otp` and `/auth/v1/reauthenticate`: `over_email_send_rate_limit`; `/verify`: `over_request_rate_limit`); or, for `/otp` and `/auth/v1/reauthenticate`, the resend interval of the address (or user) or the deployment's mail cap (`over_email_send_rate_limit`).",
         "headers": {
           "X-Request-Id": {
             "$ref": "#/components/headers/X-Request-Id"
