@@ -33,11 +33,11 @@ export interface RetryOptions {
 export interface TrunkSyncOptions {
   /** The server's base URL, e.g. `https://sync.example.com`. */
   url: string;
-  /** Events per push, from 1 to 1000 (the server's limit; outside, the nearest). Default 500. */
+  /** Events per push, a whole number from 1 to 1000 (the server's limit; outside, the nearest; not a whole number: a `TypeError`). Default 500. */
   maxBatchEvents?: number;
   /** Payload bytes per push, at most 5 MiB (half the server's 10 MiB). Default 4 MiB. */
   maxBatchBytes?: number;
-  /** Events per pulled page, at most 1000. Default 1000. */
+  /** Events per pulled page, a whole number from 1 to 1000 (outside, the nearest; not a whole number: a `TypeError`). Default 1000. */
   pageSize?: number;
   retry?: RetryOptions;
   /** Refresh the access token this many seconds before it expires (at most half its life). Default 60. */
@@ -279,6 +279,12 @@ export function storedSeq(value: unknown): number | undefined;
  * `requestTimeout`, `streamIdleTimeout` and `pendingCheckInterval`).
  */
 export function milliseconds(options: Record<string, unknown>, name: string, fallback: number): number;
+/**
+ * `options[name]` as a whole number of events from 1 to `max` (outside, the nearest), or
+ * `fallback` when unset; anything else throws a `TypeError` (the constructor's
+ * `maxBatchEvents` and `pageSize`).
+ */
+export function eventCount(options: Record<string, unknown>, name: string, fallback: number, max: number): number;
 /** Checks an export's body piece by piece (see `exportData`); throws `incomplete_export`. */
 export class ExportCheck {
   /** Whole lines read. */

@@ -17,6 +17,8 @@ public enum WebClientScript {
 const VERSION = 1;
 const MAX_PAYLOAD_BYTES = 64 * 1024;
 const SERVER_MAX_BATCH_EVENTS = 1000;
+/** The most events the server returns in one page of a pull (`limit`). */
+const SERVER_MAX_PAGE = 1000;
 const SERVER_MAX_BATCH_BYTES = 10 * 1024 * 1024;
 /**
  * The most characters one live stream message may take: the server's largest (a 64 KiB
@@ -803,6 +805,21 @@ export function milliseconds(options, name, fallback) {
 }
 
 /**
+ * `options[name]`, a whole number of events from 1 to `max` (outside, the nearest), or
+ * `fallback` when unset; anything else is refused (`pageSize: 0` asked the server for pages
+ * of none, and every pull was refused).
+ * @param {Record<string, unknown>} options @param {string} name @param {number} fallback @param {number} max
+ */
+export function eventCount(options, name, fallback, max) {
+  const value = options[name];
+  if (value === undefined) return fallback;
+  if (typeof value !== 'number' || !Number.isInteger(value)) {
+    throw new TypeError(`${name} must be a whole number of events from 1 to ${max}`);
+  }
+  return Math.max(1, Math.min(value, max));
+}
+
+/**
  * The browser client. See trunk-sync.d.ts for the documented options and methods.
  */
 export class TrunkSyncClient {
@@ -814,9 +831,9 @@ export class TrunkSyncClient {
     /** The server's base URL, without a trailing slash. */
     this.url = parsed.origin + parsed.pathname.replace(/\/+$/, '');
     // At least one: a batch of none pushes nothing, for good, and says nothing.
-    this.maxBatchEvents = Math.max(1, Math.min(options.maxBatchEvents ?? 500, SERVER_MAX_BATCH_EVENTS));
+    this.maxBatchEvents = eventCount(options, 'maxBatchEvents', 500, SERVER_MAX_BATCH_EVENTS);
     this.maxBatchBytes = Math.min(options.maxBatchBytes ?? 4 * 1024 * 1024, SERVER_MAX_BATCH_BYTES / 2);
-    this.pageSize = Math.min(options.pageSize ?? 1000, 1000);
+    this.pageSize = eventCount(options, 'pageSize', 1000, SERVER_MAX_PAGE);
     this.retry = { maxAttempts: 6, baseDelay: 500, maxDelay: 30000, maxRetryAfter: 120000, ...options.retry };
     this.refreshMargin = options.refreshMargin ?? 60;
     this.requestTimeout = milliseconds(options, 'requestTimeout', 30000);

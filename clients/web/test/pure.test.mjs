@@ -12,6 +12,7 @@ import {
   firstBatch,
   isServerError,
   milliseconds,
+  eventCount,
   outboxProblem,
   parseRetryAfter,
   pushResults,
@@ -182,6 +183,17 @@ test('timing options are milliseconds from 1 s to what a timer takes, or the def
   assert.equal(milliseconds({ requestTimeout: 5000 }, 'requestTimeout', 30000), 5000);
   for (const bad of [0, 999, -1, NaN, Infinity, 2147483648, '5000', null]) {
     assert.throws(() => milliseconds({ pendingCheckInterval: bad }, 'pendingCheckInterval', 60000), TypeError, String(bad));
+  }
+});
+
+test('event counts are whole numbers, clamped to 1 and the most the server takes, or the default', () => {
+  assert.equal(eventCount({}, 'pageSize', 1000, 1000), 1000);
+  assert.equal(eventCount({ pageSize: 200 }, 'pageSize', 1000, 1000), 200);
+  assert.equal(eventCount({ pageSize: 0 }, 'pageSize', 1000, 1000), 1, 'a page of none would be refused');
+  assert.equal(eventCount({ pageSize: -5 }, 'pageSize', 1000, 1000), 1);
+  assert.equal(eventCount({ maxBatchEvents: 5000 }, 'maxBatchEvents', 500, 1000), 1000);
+  for (const bad of [2.5, NaN, Infinity, '200', null]) {
+    assert.throws(() => eventCount({ pageSize: bad }, 'pageSize', 1000, 1000), TypeError, String(bad));
   }
 });
 
