@@ -7,7 +7,7 @@ import TrunkSync
 struct KeysCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "keys",
-        abstract: "List, add and retire the ES256 keys that sign access tokens.",
+        abstract: "List, add and retire the ES256 keys that sign access tokens; import another issuer's public keys.",
         discussion: """
             Without keys, access tokens are HS256 with TRUNK_SYNC_JWT_SECRET. That secret always \
             verifies tokens, so adding keys signs no one out.

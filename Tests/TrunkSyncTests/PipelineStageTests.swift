@@ -616,7 +616,7 @@ final class PipelineStageTests: XCTestCase {
         XCTAssertEqual(response.headers.values(for: "Access-Control-Allow-Origin"), [listedOrigin])
         XCTAssertEqual(
             response.headers["Access-Control-Expose-Headers"],
-            "Content-Range, X-Request-Id, X-Supabase-Api-Version, Retry-After")
+            "Content-Range, X-Request-Id, X-Supabase-Api-Version, Retry-After, Date")
         XCTAssertEqual(response.headers.values(for: "Vary"), ["Origin"])
 
         // Origins compare case-insensitively; the one sent is echoed.
@@ -639,7 +639,7 @@ final class PipelineStageTests: XCTestCase {
         XCTAssertEqual(response.headers.values(for: "Access-Control-Allow-Origin"), ["*"])
         XCTAssertEqual(
             response.headers["Access-Control-Expose-Headers"],
-            "Content-Range, X-Request-Id, X-Supabase-Api-Version, Retry-After")
+            "Content-Range, X-Request-Id, X-Supabase-Api-Version, Retry-After, Date")
         XCTAssertNil(response.headers["Vary"])
         // No Origin, no CORS headers.
         let (plain, _) = await harness.run(try head("GET", "/x"))

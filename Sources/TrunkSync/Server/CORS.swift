@@ -21,5 +21,5 @@ struct CORSPolicy: Sendable {
     static let allowedMethods = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
     static let defaultAllowedHeaders =
         "authorization, apikey, content-type, x-client-info, x-supabase-api-version, prefer, accept-profile, content-profile, range, x-request-id"
-    static let exposedHeaders = "Content-Range, X-Request-Id, X-Supabase-Api-Version, Retry-After"
+    static let exposedHeaders = "Content-Range, X-Request-Id, X-Supabase-Api-Version, Retry-After, Date"
 }
