@@ -95,8 +95,9 @@ public struct SignOutResult: Sendable, Equatable {
     /// Events of the user's quarantine (kept or discarded alike); nil when it could not be
     /// read.
     public var quarantinedEvents: Int?
-    /// Whether the server revoked the session (false when it could not be reached: the
-    /// local session is removed all the same).
+    /// Whether the server revoked the session: its own answer said so (false when it could
+    /// not be reached, or a page of something in the way answered, such as a proxy's `401`:
+    /// the local session is removed all the same, but the server's may still be live).
     public var serverSessionRevoked: Bool
 }
 

@@ -243,8 +243,13 @@ public actor TrunkSyncClient {
                 let answer = try await send(
                     "POST", "/auth/v1/logout", query: [URLQueryItem(name: "scope", value: "local")], bearer: true,
                     retry: RetryRules(maxAttempts: 2))
-                // 401/403: the server no longer knows the session, which is what we want.
-                revoked = (200..<300).contains(answer.status) || answer.status == 401 || answer.status == 403
+                // The server's own answer only: its 204, or its JSON 401/403 (it no longer knows
+                // the session, which is what we want). A page of something in the way (a
+                // proxy's 401 asking for its own credentials, a captive portal's 200) says
+                // nothing of the session, which is still live on the server.
+                revoked =
+                    ((200..<300).contains(answer.status) && answer.body.isEmpty)
+                    || ((answer.status == 401 || answer.status == 403) && answer.isServerError)
             } catch TrunkSyncError.sessionExpired {
                 revoked = true
             } catch {

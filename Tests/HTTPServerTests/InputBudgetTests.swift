@@ -372,6 +372,10 @@ final class InputBudgetTests: XCTestCase {
         let holder = try announce(server, length: size, sent: "abc")
         try eventually { server.bufferedInputBytes(of: peer) == size }
         try assertRefused(try announce(server, length: size), over: .perClient)
+        // A forwarded client from a peer that is not a trusted proxy is the client's own
+        // word: it names no other share.
+        try assertRefused(try announce(server, length: size, "X-Forwarded-For: 192.0.2.9\r\n"), over: .perClient)
+        XCTAssertEqual(server.bufferedInputBytes(of: .client(IPAddress("192.0.2.9")!)), 0)
         // An account's body from the same address counts for the account, not the address.
         let account = try announce(server, length: size, "X-Account: 3\r\n", sent: "abc")
         try eventually { server.bufferedInputBytes(of: .account(Self.account(3))) == size }
@@ -396,6 +400,9 @@ final class InputBudgetTests: XCTestCase {
         }
         XCTAssertEqual(server.bufferedInputBytes(of: peer), 0, "the proxy holds no share of its own")
         try assertRefused(try announce(server, length: size, "X-Forwarded-For: 192.0.2.1\r\n"), over: .perClient)
+        // The same IPv4 client written IPv4-mapped is the same client.
+        try assertRefused(
+            try announce(server, length: size, "X-Forwarded-For: ::ffff:192.0.2.1\r\n"), over: .perClient)
         try assertRefused(try announce(server, length: size, "X-Forwarded-For: 2001:db8::2\r\n"), over: .perClient)
         XCTAssertEqual(server.bufferedInputBytes, 3 * size)
         XCTAssertEqual(server.inputShareOwners, 3)

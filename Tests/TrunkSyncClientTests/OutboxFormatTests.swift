@@ -227,6 +227,59 @@ final class OutboxFormatTests: XCTestCase {
         XCTAssertEqual(Array(try Data(contentsOf: copy)), garbage)
     }
 
+    /// A frame's length field damaged while the client was not running: opening reads on at
+    /// the next whole frame, not where the length points, and the frame whose length alone
+    /// is wrong keeps its event (its body up to that frame, or up to the end of the file for
+    /// the last one, matches its checksum). Nothing is lost, nothing is reported, and the file
+    /// is written anew with the length right. (The scan followed the length: the event and
+    /// every one after it were dropped, mostly unseen, as a torn write.)
+    func testALengthFieldDamagedBeforeOpeningLosesNoEvent() throws {
+        let damages: [(name: String, offset: Int, change: (UInt8) -> UInt8)] = [
+            ("one longer", 3, { $0 &+ 1 }), ("one shorter", 3, { $0 &- 1 }), ("64 KiB longer", 1, { $0 ^ 0x01 }),
+            ("16 MiB longer", 0, { $0 ^ 0x01 }),
+        ]
+        for (damaged, (how, offset, change)) in [2, 5].flatMap({ index in damages.map { (index, $0) } }) {
+            let name = "frame \(damaged) of 6, length \(how)"
+            let (log, events) = try makeLog(6)
+            log.close()
+            let frame = try scanBytes(try fileBytes()).frames[damaged]
+            try damage(at: frame.offset + offset, change)
+
+            let reopened = try EventLog(url: logURL)
+            XCTAssertNil(reopened.recovery, name)
+            XCTAssertEqual(try reopened.all(), events, name)
+            reopened.close()
+            let scan = try scanBytes(try fileBytes()).scan
+            XCTAssertEqual(scan.repairedLengths, 0, name)
+            XCTAssertEqual(scan.damaged, [], name)
+            XCTAssertEqual(try EventLog(url: logURL).all(), events, name)
+            try FileManager.default.removeItem(at: logURL)
+        }
+    }
+
+    /// Frames zeroed in the middle of the file (a file system that lost their blocks): they
+    /// are damage, kept aside and told, and the frames after them are read on. (Their zero
+    /// length ended the readable part: every event after them was set aside too.)
+    func testFramesZeroedInTheMiddleLoseOnlyTheirEvents() throws {
+        let (log, events) = try makeLog(6)
+        log.close()
+        var bytes = try fileBytes()
+        let frames = try scanBytes(bytes).frames
+        for offset in frames[1].offset..<frames[2].range.upperBound { bytes[offset] = 0 }
+        try write(bytes)
+
+        let reopened = try EventLog(url: logURL)
+        XCTAssertEqual(try reopened.all(), [events[0]] + events[3...])
+        let recovery = try XCTUnwrap(reopened.recovery)
+        XCTAssertEqual(recovery.damagedFrames, 1)
+        let copy = try XCTUnwrap(recovery.damagedCopy)
+        XCTAssertEqual(
+            Array(try Data(contentsOf: copy)),
+            [UInt8](repeating: 0, count: frames[2].range.upperBound - frames[1].offset))
+        reopened.close()
+        XCTAssertNil(try EventLog(url: logURL).recovery)
+    }
+
     /// A log opened in 7-byte chunks has the events, the recovery and the file that one
     /// opened in the default chunks has, whatever a crash or damage left in it.
     func testAnEventLogReadInSmallChunksIsTheSame() throws {

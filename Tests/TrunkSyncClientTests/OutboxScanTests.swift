@@ -31,6 +31,7 @@ final class OutboxScanTests: XCTestCase {
         var tornBytes = 0
         var damaged: [Piece] = []
         var damagedHeader = false
+        var repairedLengths = 0
         var laterFormat = false
     }
 
@@ -62,6 +63,17 @@ final class OutboxScanTests: XCTestCase {
             scan.damaged = [Piece(0..<header.count, Array(bytes[0..<header.count]))]
             scan.damagedHeader = true
         }
+        /// Whether a whole frame starts at `offset`, and where it ends.
+        func wholeFrame(at offset: Int) -> Int? {
+            guard offset + FramedLog.frameHeaderSize <= bytes.count else { return nil }
+            let length = Int(FramedLog.readBigEndian(bytes, at: offset))
+            let end = offset + FramedLog.frameHeaderSize + length
+            guard length > 0, length <= FramedLog.maxBodySize, end <= bytes.count,
+                CRC32.checksum(Array(bytes[(offset + FramedLog.frameHeaderSize)..<end]))
+                    == FramedLog.readBigEndian(bytes, at: offset + 4)
+            else { return nil }
+            return end
+        }
         var position = header.count
         while position < bytes.count {
             let remaining = bytes.count - position
@@ -71,6 +83,46 @@ final class OutboxScanTests: XCTestCase {
             }
             let length = Int(FramedLog.readBigEndian(bytes, at: position))
             let checksum = FramedLog.readBigEndian(bytes, at: position + 4)
+            let end = position + FramedLog.frameHeaderSize + length
+            if let frameEnd = wholeFrame(at: position) {
+                scan.frames.append(
+                    Piece(position..<frameEnd, Array(bytes[(position + FramedLog.frameHeaderSize)..<frameEnd])))
+                scan.validEnd = frameEnd
+                position = frameEnd
+                continue
+            }
+            // Not a whole frame: reading goes on at the next whole one (whose body starts with
+            // `{`, as every record's), if any.
+            let next = ((position + 1)..<bytes.count).first { offset in
+                offset + FramedLog.frameHeaderSize < bytes.count
+                    && bytes[offset + FramedLog.frameHeaderSize] == UInt8(ascii: "{") && wholeFrame(at: offset) != nil
+            }
+            if let next {
+                let bodyStart = position + FramedLog.frameHeaderSize
+                let body = next > bodyStart ? Array(bytes[bodyStart..<next]) : []
+                if body.first == UInt8(ascii: "{"), body.count <= FramedLog.maxBodySize,
+                    CRC32.checksum(body) == checksum
+                {
+                    scan.frames.append(Piece(position..<next, body))
+                    scan.validEnd = next
+                    scan.repairedLengths += 1
+                    position = next
+                } else if length > 0, length <= FramedLog.maxBodySize, end < next {
+                    scan.damaged.append(Piece(position..<end, Array(bytes[position..<end])))
+                    position = end
+                } else {
+                    scan.damaged.append(Piece(position..<next, Array(bytes[position..<next])))
+                    position = next
+                }
+                continue
+            }
+            let rest = Array(bytes[(position + FramedLog.frameHeaderSize)...])
+            if rest.first == UInt8(ascii: "{"), rest.count <= FramedLog.maxBodySize, CRC32.checksum(rest) == checksum {
+                scan.frames.append(Piece(position..<bytes.count, rest))
+                scan.validEnd = bytes.count
+                scan.repairedLengths += 1
+                break
+            }
             if length == 0 || length > FramedLog.maxBodySize {
                 let tail = Array(bytes[position...])
                 if tail.allSatisfy({ $0 == 0 }) {
@@ -80,22 +132,11 @@ final class OutboxScanTests: XCTestCase {
                 }
                 break
             }
-            let end = position + FramedLog.frameHeaderSize + length
-            if end > bytes.count {
+            if end >= bytes.count {
                 scan.tornBytes = remaining
                 break
             }
-            let body = Array(bytes[(position + FramedLog.frameHeaderSize)..<end])
-            if CRC32.checksum(body) != checksum {
-                if end == bytes.count {
-                    scan.tornBytes = remaining
-                    break
-                }
-                scan.damaged.append(Piece(position..<end, Array(bytes[position..<end])))
-            } else {
-                scan.frames.append(Piece(position..<end, body))
-                scan.validEnd = end
-            }
+            scan.damaged.append(Piece(position..<end, Array(bytes[position..<end])))
             position = end
         }
         return scan
@@ -160,6 +201,15 @@ final class OutboxScanTests: XCTestCase {
             var longer = full
             longer[frame.lowerBound + 3] &+= 1
             files.append(("length of frame \(index) one longer", longer))
+            var shorter = full
+            shorter[frame.lowerBound + 3] &-= 1
+            files.append(("length of frame \(index) one shorter", shorter))
+            var farther = full
+            farther[frame.lowerBound + 1] ^= 0x01
+            files.append(("length of frame \(index) 64 KiB longer", farther))
+            var zeroed = full
+            for offset in frame { zeroed[offset] = 0 }
+            files.append(("frame \(index) zeroed", zeroed))
         }
         var two = full
         two[frames[1].upperBound - 1] ^= 0xFF
@@ -186,7 +236,7 @@ final class OutboxScanTests: XCTestCase {
                     let found = WholeFileScan(
                         frames: frames.map { Piece($0.range, $0.body) }, validEnd: scan.validEnd,
                         tornBytes: scan.tornBytes, damaged: scan.damaged.map { Piece($0, Array(bytes[$0])) },
-                        damagedHeader: scan.damagedHeader)
+                        damagedHeader: scan.damagedHeader, repairedLengths: scan.repairedLengths)
                     XCTAssertEqual(found, expected, context)
                 } catch FramedLog.FormatError.laterFormat {
                     XCTAssertTrue(expected.laterFormat, context)

@@ -388,6 +388,29 @@ final class SessionTests: ClientTestCase {
         }
     }
 
+    /// A sign-out answered by a page of something in the way (a proxy's `401` or `403` asking
+    /// for its own credentials, a captive portal's `200`) is not the server's revocation:
+    /// `serverSessionRevoked` is false, as when the server cannot be reached (the session is
+    /// still live there; signed out here all the same). Only the server's own answer (its
+    /// `204`, or its JSON `401`/`403`: it no longer knows the session) says revoked. (Any
+    /// `2xx`, `401` or `403` said so.)
+    func testASignOutAnsweredByAPageInTheWayIsNotARevocation() async throws {
+        let server = try startServer()
+        let proxy = try HoldingProxy(upstream: server.port)
+        defer { proxy.stop() }
+        let client = try makeClient(via: proxy, storage: try makeStorage()) { $0.retry.maxAttempts = 1 }
+        for status in [401, 403, 200] {
+            try await signIn(client, server, as: "signout-page-\(status)@example.com")
+            let token = try await client.accessToken()
+            try proxy.answerInstead("/auth/v1/logout", status: status)
+            let result = try await client.signOut()
+            XCTAssertFalse(result.serverSessionRevoked, "a \(status) page")
+            XCTAssertFalse(client.isSignedIn)
+            let user = try await rawRequest("GET", server.url.appendingPathComponent("auth/v1/user"), token: token)
+            XCTAssertEqual(user.status, 200, "the session is still live on the server after a \(status) page")
+        }
+    }
+
     /// A token refresh whose answer comes only after the user signed out and signed in
     /// again (a slow connection): that answer is about the session signOut revoked, not the
     /// new one. Before: the refresh's 400 (the old session is revoked) signed the new

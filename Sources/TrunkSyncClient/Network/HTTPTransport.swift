@@ -262,14 +262,22 @@ private final class TaskBox: @unchecked Sendable {  // state guarded by `lock`
 /// The session's delegate: collects the body of each data task `HTTPTransport.send` started,
 /// up to its limit, and cancels the task past it (or when the answer's `Content-Length`
 /// announces more), then hands over the outcome once the task completed.
-private final class BoundedReader: NSObject, URLSessionDataDelegate, @unchecked Sendable {  // guarded by `lock`
+final class BoundedReader: NSObject, URLSessionDataDelegate, @unchecked Sendable {  // guarded by `lock`
     typealias Finish = @Sendable (_ response: URLResponse?, _ body: Data, _ cutOff: Bool, _ error: Error?) -> Void
 
-    private struct Pending {
-        var limit: Int
+    /// One task's body so far. A class: each piece is appended to the one body in place. (A
+    /// struct copied out of the table and stored back made every piece copy the whole body
+    /// before it: a 1 MiB page in 16 KiB pieces copied some 32 MiB, a 32 MiB answer GiBs.)
+    private final class Pending {
+        let limit: Int
         var body = Data()
         var cutOff = false
-        var finish: Finish
+        let finish: Finish
+
+        init(limit: Int, finish: @escaping Finish) {
+            self.limit = limit
+            self.finish = finish
+        }
     }
 
     private let lock = NSLock()
@@ -282,7 +290,7 @@ private final class BoundedReader: NSObject, URLSessionDataDelegate, @unchecked 
 
     func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
         let over = lock.withLock { () -> Bool in
-            guard var entry = pending[dataTask.taskIdentifier], !entry.cutOff else { return false }
+            guard let entry = pending[dataTask.taskIdentifier], !entry.cutOff else { return false }
             // The head's length is looked at with the first piece of the body (the
             // response-disposition delegate method is not the same on every platform).
             let announced = entry.body.isEmpty ? dataTask.response?.expectedContentLength ?? -1 : -1
@@ -292,7 +300,6 @@ private final class BoundedReader: NSObject, URLSessionDataDelegate, @unchecked 
             } else {
                 entry.body.append(data)
             }
-            pending[dataTask.taskIdentifier] = entry
             return entry.cutOff  // once: what comes after is dropped by the guard above
         }
         guard over else { return }
@@ -306,5 +313,10 @@ private final class BoundedReader: NSObject, URLSessionDataDelegate, @unchecked 
         guard let entry = lock.withLock({ pending.removeValue(forKey: task.taskIdentifier) }) else { return }
         // Cut off: the cancellation was this reader's, not the caller's.
         entry.finish(task.response, entry.body, entry.cutOff, entry.cutOff ? nil : error)
+    }
+
+    /// Tests: where the body collected so far for `task` is in memory (nil: none).
+    func bodyAddress(of task: URLSessionTask) -> UnsafeRawPointer? {
+        lock.withLock { pending[task.taskIdentifier]?.body.withUnsafeBytes { $0.baseAddress } }
     }
 }

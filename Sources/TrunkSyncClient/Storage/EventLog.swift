@@ -80,7 +80,9 @@ public struct LogRecovery: Sendable, Equatable {
     public var file: URL
     /// Bytes of a write torn by a crash, dropped (the call that wrote them never returned).
     public var tornBytesDropped: Int
-    /// Damaged frames found and skipped: their bytes are in `damagedCopy`.
+    /// Damaged frames found and skipped (at opening, a run of damaged bytes whose frames
+    /// cannot be told apart, such as frames zeroed, counts once): their bytes are in
+    /// `damagedCopy`.
     public var damagedFrames: Int
     /// Where the damaged bytes were kept, for inspection (nil when there were none).
     public var damagedCopy: URL?
@@ -164,7 +166,7 @@ final class EventLog {
             apply(record, frame: frame.range)
         }
         // Kept aside (durably) before anything here changes the file.
-        let copy = scan.needsRewrite ? try keepAside(scan.damaged) : nil
+        let copy = scan.damaged.isEmpty ? nil : try keepAside(scan.damaged)
         if scan.validEnd == 0 {
             // New (or its creation was torn, or what was there is set aside): write the header.
             try file.truncate(to: 0)
@@ -176,11 +178,15 @@ final class EventLog {
             end = scan.validEnd
         }
         if scan.needsRewrite {
+            // Also for a length field put right (`FramedLog.Scan.repairedLengths`), which alone
+            // is not told: the event is whole, as when it is found while the client runs.
             try rewrite()
-            recovery = LogRecovery(
-                file: url, tornBytesDropped: scan.tornBytes,
-                damagedFrames: scan.damaged.count - (scan.damagedHeader ? 1 : 0), damagedCopy: copy,
-                damagedHeader: scan.damagedHeader)
+            if !scan.damaged.isEmpty || scan.tornBytes > 0 {
+                recovery = LogRecovery(
+                    file: url, tornBytesDropped: scan.tornBytes,
+                    damagedFrames: scan.damaged.count - (scan.damagedHeader ? 1 : 0), damagedCopy: copy,
+                    damagedHeader: scan.damagedHeader)
+            }
         } else if scan.tornBytes > 0 && scan.validEnd > 0 {
             try file.truncate(to: end)
             try file.sync()

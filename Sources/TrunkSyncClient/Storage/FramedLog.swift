@@ -18,10 +18,15 @@ import Foundation
 ///   `record` call never returned);
 /// - a frame whose checksum does not match *before* other frames is damage (a bad sector,
 ///   a stray write): it is skipped, the frames after it are kept, and its bytes are kept
-///   aside for inspection;
-/// - a frame length outside 1…16 MiB ends the readable part: the rest of the file is
-///   dropped if it is all zero bytes (a file system that extended the file but never wrote
-///   the data) and otherwise kept aside as damage;
+///   aside for inspection. Reading goes on at the next whole frame (a length that fits and
+///   a body that starts with `{` and matches its checksum), not where a damaged length field
+///   points, so damage to one frame's length, or bytes zeroed in the middle, never loses the
+///   frames after it; a frame whose length field alone is wrong (its body up to the next
+///   whole frame, or to the end of the file, matches the checksum) keeps its record, and the
+///   file is written anew;
+/// - with no whole frame after it, a frame length outside 1…16 MiB ends the readable part:
+///   the rest of the file is dropped if it is all zero bytes (a file system that extended
+///   the file but never wrote the data) and otherwise kept aside as damage;
 /// - a header that is not this one is damage too (the header carries no data but the
 ///   format's version): its 16 bytes are kept aside and the frames after it read as
 ///   usual, so a file whose header alone was hit keeps every event, and one that is
@@ -31,7 +36,8 @@ import Foundation
 ///   aside here would take its events out of the outbox for good.
 ///
 /// `scan` reads the file in chunks and hands each frame over as it is read, so opening a
-/// log of any size holds at most about a chunk and the largest frame (≤ 16 MiB) in memory.
+/// log of any size holds at most about a chunk and the largest frame (≤ 16 MiB) in memory
+/// (past damage, while it looks for the next whole frame, up to two frames' worth).
 enum FramedLog {
     static let header: [UInt8] = Array("TRUNKSYNC-LOG-1\n".utf8)
     static let frameHeaderSize = 8
@@ -58,8 +64,12 @@ enum FramedLog {
         var damaged: [Range<Int>] = []
         /// Whether the header was not the format's (its bytes are the first of `damaged`).
         var damagedHeader = false
-        /// Whether the file must be rewritten (damage in the middle) rather than cut.
-        var needsRewrite: Bool { !damaged.isEmpty }
+        /// Frames handed over whose length field alone was wrong: the file must be written
+        /// anew with it right.
+        var repairedLengths = 0
+        /// Whether the file must be rewritten (damage in the middle, a length to put right)
+        /// rather than cut.
+        var needsRewrite: Bool { !damaged.isEmpty || repairedLengths > 0 }
     }
 
     enum FormatError: Error, CustomStringConvertible {
@@ -126,6 +136,9 @@ enum FramedLog {
             scan.damaged = [0..<header.count]
             scan.damagedHeader = true
         }
+        // What the last search past a place that is not a whole frame found (`wholeFrame`):
+        // reused until reading passes it.
+        var found: Found? = nil
         var position = header.count
         while position < size {
             let remaining = size - position
@@ -136,36 +149,120 @@ enum FramedLog {
             let frameHeader = Array(try bytes(position..<(position + frameHeaderSize)))
             let length = Int(readBigEndian(frameHeader, at: 0))
             let checksum = readBigEndian(frameHeader, at: 4)
-            if length == 0 || length > maxBodySize {
-                var zero = true
-                var offset = position
-                while zero && offset < size {
-                    let end = min(offset + chunkSize, size)
-                    zero = try bytes(offset..<end).allSatisfy { $0 == 0 }
-                    offset = end
+            let end = position + frameHeaderSize + length
+            let plausible = length > 0 && length <= maxBodySize && end <= size
+            if plausible {
+                let body = Array(try bytes(position..<end).dropFirst(frameHeaderSize))
+                if CRC32.checksum(body) == checksum {
+                    try visit(Frame(offset: position, body: body))
+                    scan.validEnd = end
+                    position = end
+                    continue
                 }
+            }
+            // Not a whole frame: damage, or the write a crash tore (only ever the last thing in
+            // the file). Whether a whole frame follows tells them apart, and reading goes on
+            // there: following a damaged length field would lose every frame after it.
+            let bodyStart = position + frameHeaderSize
+            if found.map({ $0.next.map { $0 <= position } ?? false }) ?? true {
+                found = try wholeFrame(after: position, keepingFrom: bodyStart, size: size, bytes: bytes)
+            }
+            if let next = found?.next {
+                var whole: [UInt8]? = nil
+                if next - bodyStart > 0, next - bodyStart <= maxBodySize {
+                    let body = Array(try bytes(bodyStart..<next))
+                    if body.first == UInt8(ascii: "{"), CRC32.checksum(body) == checksum { whole = body }
+                }
+                if let body = whole {
+                    // Only the length field is wrong: the body up to the next whole frame matches
+                    // the checksum, so the frame is whole (the file is written anew, length right).
+                    try visit(Frame(offset: position, body: body))
+                    scan.validEnd = next
+                    scan.repairedLengths += 1
+                    position = next
+                } else if plausible, end < next {
+                    // A damaged body whose length may still be right: what follows it is looked
+                    // at in turn (each damaged frame is counted).
+                    scan.damaged.append(position..<end)
+                    position = end
+                } else {
+                    scan.damaged.append(position..<next)
+                    position = next
+                }
+                continue
+            }
+            // No whole frame after it: the end of the file, as a crash leaves it or damaged. The
+            // last frame whose length field alone is wrong matches its checksum up to the end.
+            if size - bodyStart > 0, size - bodyStart <= maxBodySize {
+                let body = Array(try bytes(bodyStart..<size))
+                if body.first == UInt8(ascii: "{"), CRC32.checksum(body) == checksum {
+                    try visit(Frame(offset: position, body: body))
+                    scan.validEnd = size
+                    scan.repairedLengths += 1
+                    break
+                }
+            }
+            if length == 0 || length > maxBodySize {
+                let zero = frameHeader[0] == 0 && (found?.lastNonZero ?? -1) <= position
                 if zero { scan.tornBytes = remaining } else { scan.damaged.append(position..<size) }
                 break
             }
-            let end = position + frameHeaderSize + length
-            if end > size {
+            if end >= size {
                 scan.tornBytes = remaining
                 break
             }
-            let body = Array(try bytes((position + frameHeaderSize)..<end))
-            if CRC32.checksum(body) != checksum {
-                if end == size {
-                    scan.tornBytes = remaining
-                    break
-                }
-                scan.damaged.append(position..<end)
-            } else {
-                try visit(Frame(offset: position, body: body))
-                scan.validEnd = end
-            }
+            scan.damaged.append(position..<end)
             position = end
         }
         return scan
+    }
+
+    /// What `wholeFrame` found past a place that is not a whole frame.
+    private struct Found {
+        /// Where the first whole frame after it starts (nil: none up to the end of the file).
+        var next: Int?
+        /// With no whole frame after it: the last byte after it that is not zero (nil: none).
+        var lastNonZero: Int?
+    }
+
+    /// Looks for the first whole frame after `position` (which is not one): a length of
+    /// 1…16 MiB that fits in the file, a body that starts as every record does (`{`: a JSON
+    /// object) and matches the checksum. A record is JSON text, which holds no byte below
+    /// 0x20, so no frame seems to start inside one (a length's first byte is 0x00 or 0x01).
+    /// Reads go forward and keep what lies from `keep` on while it is within a frame's size
+    /// of the place looked at, for the caller to read again (a body whose length field alone
+    /// is wrong): no byte is read twice.
+    private static func wholeFrame(
+        after position: Int, keepingFrom keep: Int, size: Int, bytes: (Range<Int>) throws -> ArraySlice<UInt8>
+    ) throws -> Found {
+        var lastNonZero: Int? = nil
+        var candidate = position + 1
+        while candidate + frameHeaderSize < size {
+            let lower = candidate - keep <= maxBodySize ? min(candidate, keep) : candidate
+            let head = try bytes(lower..<(candidate + frameHeaderSize + 1)).suffix(frameHeaderSize + 1)
+            let first = head.startIndex
+            if head[first] != 0 { lastNonZero = candidate }
+            if head[first] <= 0x01, head[first + frameHeaderSize] == UInt8(ascii: "{") {
+                let length =
+                    Int(head[first]) << 24 | Int(head[first + 1]) << 16 | Int(head[first + 2]) << 8
+                    | Int(head[first + 3])
+                let end = candidate + frameHeaderSize + length
+                if length > 0, length <= maxBodySize, end <= size {
+                    let checksum =
+                        UInt32(head[first + 4]) << 24 | UInt32(head[first + 5]) << 16
+                        | UInt32(head[first + 6]) << 8 | UInt32(head[first + 7])
+                    let body = try bytes(lower..<end).suffix(length)
+                    if CRC32.checksum(Array(body)) == checksum { return Found(next: candidate) }
+                }
+            }
+            candidate += 1
+        }
+        if candidate < size {
+            let lower = candidate - keep <= maxBodySize ? min(candidate, keep) : candidate
+            let tail = try bytes(lower..<size).suffix(size - candidate)
+            if let last = tail.lastIndex(where: { $0 != 0 }) { lastNonZero = candidate + (last - tail.startIndex) }
+        }
+        return Found(next: nil, lastNonZero: lastNonZero)
     }
 
     /// The bytes `scan` has read and not yet passed: reads go forward, at least a chunk at
