@@ -15,8 +15,19 @@ cd "$(dirname "$0")/.."
 scripts/deps.sh
 data=${TRUNK_SYNC_DEV_DATA:-.data}
 mkdir -p "$data"
+# One `make run` per data directory: a second one would find the database running, serve
+# beside the first and, when it ends (Ctrl-C, or at once when its port is taken), stop the
+# database under the first. The lock is held by this script and the server only (the
+# database never inherits it), so a `make run` that was killed leaves it free.
+exec 9>"$data/run.lock"
+if ! flock -n 9; then
+  echo "make run: another make run is using $data (its server and database); stop it first (Ctrl-C)," \
+    "or give this one a data directory and ports of its own, e.g." \
+    "TRUNK_SYNC_DEV_DATA=.data/2 TRUNK_SYNC_DEV_PG_PORT=54330 TRUNK_SYNC_PORT=8081 TRUNK_SYNC_ADMIN_PORT=9091 make run" >&2
+  exit 1
+fi
 pg_port=${TRUNK_SYNC_DEV_PG_PORT:-54329}
-scripts/pg.sh start "$data/postgres" "$pg_port"
+scripts/pg.sh start "$data/postgres" "$pg_port" 9>&-
 trap 'scripts/pg.sh stop "$data/postgres"' EXIT
 
 admin_url=$(scripts/pg.sh url "$data/postgres" postgres)

@@ -976,6 +976,19 @@ def main():
         offline(first, False)
         wait_until(lambda: js(first, "return await client.pendingCount()") == 0, "the push once back online")
         exactly_once(server_events(alice), "told", 1)
+        # Events leaving the outbox are told in every tab, for a count of unsent events.
+        wait_until(lambda: ["pushed", None] in states(), "'pushed' in the leader")
+        leader = first.current_window_handle
+        follower = new_tab(first, proxy.url)
+        js(first, "window.pushed = 0; client.onStateChange((state) => { if (state === 'pushed') window.pushed++ });"
+                  "return true")
+        first.switch_to.window(leader)
+        assert js(first, RECORD, "told-tabs", 1) == 1
+        wait_until(lambda: js(first, "return await client.pendingCount()") == 0, "the leader's push")
+        first.switch_to.window(follower)
+        wait_until(lambda: first.execute_script("return window.pushed") >= 1, "'pushed' in the other tab")
+        first.close()
+        first.switch_to.window(leader)
         # The server ended the session: the refresh it refuses signs out, and the app hears it.
         session = js(first, "return JSON.parse(localStorage.getItem('trunk-sync|session|' + client.url))")
         api("POST", "/auth/v1/logout?scope=local", {}, session["access_token"])
@@ -987,6 +1000,7 @@ def main():
         js(first, "await client.sync(); return true")
         exactly_once(server_events(alice), "told-late", 1)
         step("the app is told of a refused event, a failed push and a sign-out by the server")
+        step("'pushed' is told in every tab")
 
         # A "recorded" message the leader never got (a tab closed as it posted): the leader
         # looks at the outbox again when the page becomes visible (or on a slow timer).
@@ -1462,6 +1476,17 @@ def example_page_keeps_every_note(driver, address):
     release.set()
     wait_until(lambda: element_shows(driver, "#notes", "added while the page synced"), "the note listed")
     step("the example page lists a note another device added during its first sync")
+
+    # The live event of a note comes before the push's answer (held here), while the note is
+    # still in the outbox; the count of unsent notes follows the answer (it stayed at 1).
+    answered, release = proxy.hold_answer("POST", "/sync/v1/events")
+    submit(driver, "#note-form", "counted once sent")
+    assert answered.wait(TIMEOUT), "the push"
+    wait_until(lambda: element_shows(driver, "#notes", "counted once sent"), "the note streamed and listed")
+    wait_until(lambda: element_shows(driver, "#status", " · 1 unsent"), "the note counted as unsent")
+    release.set()
+    wait_until(lambda: element_shows(driver, "#status", " · 0 unsent"), "the count after the push's answer")
+    step("the example page's count of unsent notes follows the push's answer, after the note's live event")
 
 
 def example_page_tabs_keep_each_others_notes(driver, address):

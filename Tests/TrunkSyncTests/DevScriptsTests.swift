@@ -56,6 +56,42 @@ final class DevScriptsTests: XCTestCase {
         XCTAssertEqual(result.stderr.split(separator: "\n").count, 1, result.stderr)
     }
 
+    /// Starts `make run`'s script in `data` with the test build's binary, its output going to
+    /// `log`. Foundation starts it in a process group of its own, which gets the stop signal as
+    /// a terminal's Ctrl-C would reach the whole group; output goes to a file, which the
+    /// database the script starts may keep open.
+    func startRun(data: String, pgPort: Int, httpPort: Int, log: String) throws -> Process {
+        if !FileManager.default.fileExists(atPath: log) {
+            XCTAssertTrue(FileManager.default.createFile(atPath: log, contents: nil))
+        }
+        let output = try FileHandle(forWritingTo: URL(fileURLWithPath: log))
+        output.seekToEndOfFile()
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: repositoryRoot() + "/scripts/run.sh")
+        process.environment = Command.environment([
+            "TRUNK_SYNC_DEV_DATA": data, "TRUNK_SYNC_DEV_PG_PORT": String(pgPort), "TRUNK_SYNC_PORT": String(httpPort),
+            "TRUNK_SYNC_ADMIN_PORT": String(try freePort()), "TRUNK_SYNC_BIN": Command.trunkSyncBinary(),
+        ])
+        process.standardOutput = output
+        process.standardError = output
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+        return process
+    }
+
+    /// Whether the server `make run` started answers `/readyz` before the script ends or two
+    /// minutes pass.
+    func waitUntilReady(_ process: Process, httpPort: Int) -> Bool {
+        let deadline = Date().addingTimeInterval(120)
+        while Date() < deadline, process.isRunning {
+            if (try? Command.run("/usr/bin/curl", ["-fsS", "http://127.0.0.1:\(httpPort)/readyz"]).status) == 0 {
+                return true
+            }
+            usleep(200_000)
+        }
+        return false
+    }
+
     /// `make run`'s script as developers run it (in a data directory of its own, with the
     /// test build's binary): the server logs in as its own role, made by migrate, not as
     /// the cluster's superuser; its secrets and socket directory are private; Ctrl-C stops
@@ -67,34 +103,14 @@ final class DevScriptsTests: XCTestCase {
         let pgPort = try freePort()
         let httpPort = try freePort()
         let log = data + "/run.log"
-        XCTAssertTrue(FileManager.default.createFile(atPath: log, contents: nil))
-        let output = try FileHandle(forWritingTo: URL(fileURLWithPath: log))
-        // Foundation starts it in a process group of its own, which gets the stop signal as a
-        // terminal's Ctrl-C would reach the whole group; output goes to a file, which the
-        // database the script starts may keep open.
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: repositoryRoot() + "/scripts/run.sh")
-        process.environment = Command.environment([
-            "TRUNK_SYNC_DEV_DATA": data, "TRUNK_SYNC_DEV_PG_PORT": String(pgPort), "TRUNK_SYNC_PORT": String(httpPort),
-            "TRUNK_SYNC_BIN": Command.trunkSyncBinary(),
-        ])
-        process.standardOutput = output
-        process.standardError = output
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
+        let process = try startRun(data: data, pgPort: pgPort, httpPort: httpPort, log: log)
         let group = process.processIdentifier
         defer {
             if process.isRunning { kill(-group, SIGKILL) }
             _ = try? Command.spawnAndWait(repositoryRoot() + "/scripts/pg.sh", ["stop", data + "/postgres"])
         }
         func text() -> String { (try? String(contentsOfFile: log, encoding: .utf8)) ?? "" }
-
-        var ready = false
-        let deadline = Date().addingTimeInterval(120)
-        while Date() < deadline, process.isRunning, !ready {
-            ready = (try? Command.run("/usr/bin/curl", ["-fsS", "http://127.0.0.1:\(httpPort)/readyz"]).status) == 0
-            if !ready { usleep(200_000) }
-        }
+        let ready = waitUntilReady(process, httpPort: httpPort)
         XCTAssertTrue(ready, text())
         guard ready else { return }
 
@@ -144,5 +160,45 @@ final class DevScriptsTests: XCTestCase {
         while process.isRunning, Date() < stopped { usleep(100_000) }
         XCTAssertFalse(process.isRunning, text())
         XCTAssertFalse(FileManager.default.fileExists(atPath: data + "/postgres/pgdata/postmaster.pid"), text())
+    }
+
+    /// A second `make run` in the same checkout (another terminal) is refused at once with one
+    /// line, and leaves the first running: before, it found the database up, served beside
+    /// the first and, ending (here at once, its port being the first's), stopped the
+    /// database under the first server.
+    func testASecondMakeRunInTheSameDataDirectoryLeavesTheFirstRunning() throws {
+        let data = NSTemporaryDirectory() + "make-run-twice-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: data, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: data) }
+        let pgPort = try freePort()
+        let httpPort = try freePort()
+        let first = try startRun(data: data, pgPort: pgPort, httpPort: httpPort, log: data + "/first.log")
+        defer {
+            if first.isRunning { kill(-first.processIdentifier, SIGKILL) }
+            _ = try? Command.spawnAndWait(repositoryRoot() + "/scripts/pg.sh", ["stop", data + "/postgres"])
+        }
+        func text(_ name: String) -> String { (try? String(contentsOfFile: data + "/" + name, encoding: .utf8)) ?? "" }
+        let ready = waitUntilReady(first, httpPort: httpPort)
+        XCTAssertTrue(ready, text("first.log"))
+        guard ready else { return }
+
+        let second = try startRun(data: data, pgPort: pgPort, httpPort: httpPort, log: data + "/second.log")
+        second.waitUntilExit()
+        XCTAssertEqual(second.terminationStatus, 1, text("second.log"))
+        XCTAssertTrue(text("second.log").contains("make run: another make run is using"), text("second.log"))
+        XCTAssertTrue(first.isRunning, text("first.log"))
+        XCTAssertEqual(
+            try Command.run("/usr/bin/curl", ["-fsS", "http://127.0.0.1:\(httpPort)/readyz"]).status, 0,
+            "the first server still has its database: " + text("first.log"))
+        XCTAssertTrue(FileManager.default.fileExists(atPath: data + "/postgres/pgdata/postmaster.pid"))
+
+        // Stopped, the first frees the data directory: a new make run starts on it.
+        kill(-first.processIdentifier, SIGTERM)
+        first.waitUntilExit()
+        let third = try startRun(data: data, pgPort: pgPort, httpPort: httpPort, log: data + "/third.log")
+        defer { if third.isRunning { kill(-third.processIdentifier, SIGKILL) } }
+        XCTAssertTrue(waitUntilReady(third, httpPort: httpPort), text("third.log"))
+        kill(-third.processIdentifier, SIGTERM)
+        third.waitUntilExit()
     }
 }

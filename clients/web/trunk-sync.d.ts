@@ -147,7 +147,7 @@ export class TrunkSyncError extends Error {
 
 /** What `onStateChange` tells: `(state, detail)`, the detail's type following the state. */
 export type StateChange =
-  | [state: 'leader' | 'signed_out' | 'storage_not_persisted', detail?: undefined]
+  | [state: 'leader' | 'signed_out' | 'pushed' | 'storage_not_persisted', detail?: undefined]
   | [state: 'push_failed' | 'live_failed', detail: TrunkSyncError]
   | [state: 'rejected', detail: RefusedEvent[]];
 
@@ -252,8 +252,10 @@ export class TrunkSyncClient {
    * leader's push moved events the server refused, or outbox records it could not send
    * (field `record`), to the quarantine (`detail`: them). `'live_failed'`: the leader's live
    * stream failed (no answer, a page in the way, a message it cannot read, silence) and is
-   * reopened after a backoff (`detail`: the error). `'storage_not_persisted'`: the browser
-   * refused persistent storage (`storagePersisted`).
+   * reopened after a backoff (`detail`: the error). `'pushed'`: in every tab, a push (any
+   * tab's) took events out of the outbox, the server having stored them: `pendingCount()` is
+   * smaller. `'storage_not_persisted'`: the browser refused persistent storage
+   * (`storagePersisted`).
    */
   onStateChange(listener: (...change: StateChange) => void): () => void;
   /** Stops this client's work in this tab (another tab becomes the leader). */

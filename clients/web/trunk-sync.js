@@ -1013,9 +1013,10 @@ export class TrunkSyncClient {
    * leader's push moved events the server refused, or outbox records it could not send, to
    * the quarantine; detail: them), `'live_failed'` (the leader's live stream failed — no
    * answer, a page in the way, a message it cannot read, silence — and is reopened after a
-   * backoff; detail: the error), `'storage_not_persisted'` (the browser refused persistent
-   * storage: it may clear this origin's data, unsent events included, under storage
-   * pressure; see `storagePersisted`).
+   * backoff; detail: the error), `'pushed'` (in every tab: a push, any tab's, took events
+   * out of the outbox, the server having stored them; `pendingCount()` is smaller),
+   * `'storage_not_persisted'` (the browser refused persistent storage: it may clear this
+   * origin's data, unsent events included, under storage pressure; see `storagePersisted`).
    * @param {(state: string, detail?: unknown) => void} listener
    */
   onStateChange(listener) {
@@ -1473,6 +1474,10 @@ export class TrunkSyncClient {
             }
           }
         });
+        // Fewer events wait now: every tab's `pendingCount()` says so from here on. (The live
+        // event of what was pushed may come before this answer: no count read then shows it.)
+        this.emitState('pushed');
+        account.post({ kind: 'pushed' });
       }
       for (const record of stored) {
         if (results?.get(record.client_id) === 'created') report.pushed++;
@@ -1631,6 +1636,7 @@ export class TrunkSyncClient {
     if (account !== this.account || !message) return;
     if (message.kind === 'recorded') this.schedulePush();
     else if (message.kind === 'pulled') account.pulled();
+    else if (message.kind === 'pushed') this.emitState('pushed');
     else if (message.kind === 'live' && Array.isArray(message.events)) this.deliver(account, message.events);
   }
 

@@ -879,7 +879,7 @@ final class EventLoop<Responder: HTTPResponder>: @unchecked Sendable {
             let action = connection.lifecycle.headAdmitted(
                 hasBody: head.hasBody, expectsContinue: head.expectsContinue, now: now)
             if action == .sendContinue { connection.output.append(contentsOf: Self.continueLine) }
-        case .answer(var response, let context):
+        case .answer(let response, let context):
             queueAnswer(consume response, context: context, on: connection) {
                 connection.lifecycle.answeredFromHead(hasBody: head.hasBody, keepAlive: head.keepAlive) == .nextRequest
             }
