@@ -24,8 +24,9 @@ struct ImportCommand: AsyncParsableCommand {
                 was stopped. See docs/moving-from-supabase.md.
 
                 Exit codes: 0 done and verified; 1 error (one line on stderr, nothing half-written); \
-                3 done, but rows were rejected or emails conflicted (see --reject-file and the \
-                report); 4 the verification found source events missing here. ArgumentParser's \
+                3 done, but rows were rejected or emails conflicted, or events an earlier run \
+                rejected are still not here (see --reject-file and the report); 4 the verification \
+                found source events missing here. ArgumentParser's \
                 usage errors exit 64.
                 """)
 
@@ -140,6 +141,12 @@ struct ImportCommand: AsyncParsableCommand {
             )
             for (user, missing) in v.incompleteUsers.sorted(by: { $0.key < $1.key }) {
                 lines.append("  user \(user): \(missing) event(s) missing")
+            }
+            if v.eventsRejected > 0 {
+                lines.append(
+                    "  \(v.eventsRejected) source event(s) that trunk-sync's rules refuse are not here "
+                        + "(the ones this run read are in its reject file, an earlier run's in that run's; "
+                        + "fixed in the source, they come with the run after next)")
             }
             if let file = report.rejectFile, report.hasRejects { lines.append("rejected rows: \(file)") }
             return lines.joined(separator: "\n")

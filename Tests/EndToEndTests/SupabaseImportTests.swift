@@ -304,6 +304,8 @@ final class SupabaseImportTests: EndToEndTestCase {
         let verification = report?["verification"] as? [String: Any]
         XCTAssertEqual(verification?["passed"] as? Bool, true, "\(String(describing: verification))")
         XCTAssertEqual(verification?["events_expected"] as? Int, 6)
+        // Bob's six refused events (Dup was not imported: its event is left out of the check).
+        XCTAssertEqual(verification?["events_rejected"] as? Int, 6)
 
         let lines = try String(contentsOfFile: rejectFile, encoding: .utf8).split(separator: "\n").compactMap {
             try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: String]
@@ -929,6 +931,21 @@ final class SupabaseImportTests: EndToEndTestCase {
         var (result, report, _) = try importCommand(server, from: source.url)
         XCTAssertEqual(result.status, 3, result.stderr + result.stdout)
         XCTAssertEqual(counts(report, "events")["rejected"], 1)
+
+        // Nothing new: the refused event is not read again, and still reported, exit 3 (it
+        // said 0 rejected and exited 0, as if nothing were missing).
+        (result, report, _) = try importCommand(server, from: source.url)
+        XCTAssertEqual(result.status, 3, "the refused event is still not here: " + result.stderr + result.stdout)
+        XCTAssertEqual(counts(report, "events")["rejected"], 0, "not read again")
+        XCTAssertEqual((report?["verification"] as? [String: Any])?["events_rejected"] as? Int, 1)
+        XCTAssertEqual((report?["verification"] as? [String: Any])?["passed"] as? Bool, true)
+        let summary = try Command.run(
+            Command.trunkSyncBinary(), ["import", "supabase", "--from", source.url, "--reject-file", rejectPath()],
+            environment: server.environment)
+        XCTAssertEqual(summary.status, 3)
+        XCTAssertTrue(
+            (summary.stdout + summary.stderr).contains("1 source event(s) that trunk-sync's rules refuse are not here"),
+            summary.stdout + summary.stderr)
 
         try source.admin.query(#"update public.events set payload = '{"fixed":true}' where client_id = $1"#, refused)
         try source.admin.query("delete from public.events where client_id = $1", deleted)

@@ -1026,7 +1026,10 @@ final class ImportRun {
                         verification.incompleteUsers[key.user, default: 0] += 1
                     }
                 } else {
+                    // Refused by trunk-sync's rules: not expected, but counted, so that a
+                    // re-run that does not read it again still reports it.
                     verification.eventsExpected -= 1
+                    verification.eventsRejected += 1
                     xor(&sourceDigest, key.hash)
                 }
             }

@@ -95,6 +95,10 @@ public struct SupabaseImport: Sendable {
         public var destinationDigest = ""
         /// Up to 10 users with events missing, and how many.
         public var incompleteUsers: [String: Int] = [:]
+        /// Source events of imported users that trunk-sync's rules refuse and that are not
+        /// here, whichever run rejected them (this run's are in its reject file; a later run
+        /// does not read them again, so this is where they stay counted).
+        public var eventsRejected = 0
 
         public var passed: Bool { eventsExpected == eventsFound && sourceDigest == destinationDigest }
 
@@ -106,6 +110,7 @@ public struct SupabaseImport: Sendable {
             case sourceDigest = "source_digest"
             case destinationDigest = "destination_digest"
             case incompleteUsers = "incomplete_users"
+            case eventsRejected = "events_rejected"
             case passed
         }
 
@@ -118,6 +123,7 @@ public struct SupabaseImport: Sendable {
             try container.encode(sourceDigest, forKey: .sourceDigest)
             try container.encode(destinationDigest, forKey: .destinationDigest)
             try container.encode(incompleteUsers, forKey: .incompleteUsers)
+            try container.encode(eventsRejected, forKey: .eventsRejected)
             try container.encode(passed, forKey: .passed)
         }
 
@@ -132,6 +138,7 @@ public struct SupabaseImport: Sendable {
             sourceDigest = try container.decode(String.self, forKey: .sourceDigest)
             destinationDigest = try container.decode(String.self, forKey: .destinationDigest)
             incompleteUsers = try container.decode([String: Int].self, forKey: .incompleteUsers)
+            eventsRejected = try container.decodeIfPresent(Int.self, forKey: .eventsRejected) ?? 0
         }
     }
 
@@ -233,9 +240,11 @@ public struct SupabaseImport: Sendable {
         /// Seconds each phase took (users, sessions, events, verification).
         public var seconds: [String: Double] = [:]
 
-        /// Whether anything was rejected or conflicted (the command then exits 3).
+        /// Whether anything was rejected or conflicted (the command then exits 3): by this
+        /// run, or source events an earlier run rejected that are still not here.
         public var hasRejects: Bool {
             users.rejected + events.rejected + sessions.rejected > 0 || !conflicts.isEmpty
+                || verification.eventsRejected > 0
         }
 
         enum CodingKeys: String, CodingKey {
