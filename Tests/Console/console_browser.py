@@ -34,6 +34,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 ADMIN, PUBLIC, SINK, SHOTS, OPERATOR = sys.argv[1:6]
@@ -224,8 +225,9 @@ try:
     # Overview, refreshed live: requests/s appear with the second sample.
     text_in("#card-users .value", "1")
     text_in("#card-events .value", "12")
-    WebDriverWait(driver, 20).until(lambda d: re.fullmatch(r"\d+\.\d\d", d.find_element(
-        By.CSS_SELECTOR, "#card-rps .value").text) is not None)
+    # The card is drawn anew at each refresh: an element found just before one is stale.
+    WebDriverWait(driver, 20, ignored_exceptions=[StaleElementReferenceException]).until(
+        lambda d: re.fullmatch(r"\d+\.\d\d", d.find_element(By.CSS_SELECTOR, "#card-rps .value").text) is not None)
     text_in("#card-schema .detail", "no migration pending")
     step("overview with live figures")
 
@@ -249,7 +251,10 @@ try:
     assert any(driver.execute_script(
         "return [...document.querySelectorAll('#requests-chart rect.bar.requests')].map((r) => r.getBBox().height)")), \
         "some request counted"
-    axis = [t.text for t in driver.find_elements(By.CSS_SELECTOR, "#events-chart text.axis")]
+    # Read in one script: the chart is drawn anew every 5 s, and an element found before
+    # that is stale.
+    axis = driver.execute_script(
+        "return [...document.querySelectorAll('#events-chart text.axis')].map((t) => t.textContent)")
     assert "0" in axis and overview["events_per_day"][-1]["day"][5:] in axis, axis
     assert driver.find_element(By.CSS_SELECTOR, "#requests-chart").get_attribute("role") == "img"
     text_in("#card-schema .value", overview["schema_version"].split("_")[0])
