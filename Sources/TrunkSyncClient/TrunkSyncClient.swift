@@ -381,7 +381,7 @@ public actor TrunkSyncClient {
     /// `{"kind":"end","events":N,"last_seq":S}`) to the file `destination`. The body is
     /// written to a temporary file as it arrives, never held in memory, checked (`ExportCheck`:
     /// it ends with the end line, whose count and last `seq` are those of the event lines
-    /// before it, and nothing after it) and put in place of the file at `destination` in one
+    /// before it, and nothing after it; the event lines' seqs increase) and put in place of the file at `destination` in one
     /// step only once complete: after a failure `destination` is as it was, and no part of a
     /// cut copy is left anywhere. A directory there is never replaced.
     /// - Throws: `.notSignedIn`, `.sessionExpired`; `.server` with code `export_in_progress`

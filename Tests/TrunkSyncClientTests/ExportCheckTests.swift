@@ -84,6 +84,28 @@ final class ExportCheckTests: XCTestCase {
         }
     }
 
+    /// A page missing and another repeated keeps the count but not the order of seqs.
+    func testEventSeqsMustIncrease() throws {
+        let repeated = [Self.account] + [1, 2, 3, 2, 3, 6].map(Self.event) + [Self.end(6, 6)]
+        assertIncomplete(Self.body(repeated), "line 5 has seq 2, not after the previous event's 3")
+        let same = [Self.account, Self.event(1), Self.event(1), Self.end(2, 1)]
+        assertIncomplete(Self.body(same), "line 3 has seq 1, not after the previous event's 1")
+        // The seq is the line's own member, not one of the payload's, wherever it is.
+        let nested = #"{"kind":"event","payload":{"seq":9,"a":[{"seq":8}]},"note":"\"seq\":7","seq":4}"#
+        XCTAssertEqual(
+            try check(Self.body([Self.account, Self.event(3), nested, Self.end(2, 4)])),
+            ExportCheck.End(events: 2, lastSeq: 4))
+        XCTAssertEqual(try ExportCheck.seq(ofEventLine: Array(nested.utf8), line: 1), 4)
+        for broken in [
+            #"{"kind":"event","id":"e","payload":{"seq":5}}"#, #"{"kind":"event","seq":"5"}"#,
+            #"{"kind":"event","seq":-5}"#, #"{"kind":"event","seq":5.5}"#,
+            #"{"kind":"event","seq":99999999999999999999}"#,
+            #"{"kind":"event","seq":"#,
+        ] {
+            assertIncomplete(Self.body([Self.account, broken, Self.end(1, 5)]), "line 2 is an event line")
+        }
+    }
+
     func testAnythingAfterTheEndLineOrOutOfPlaceIsRefused() {
         let whole = [Self.account, Self.event(1), Self.end(1, 1)]
         assertIncomplete(Self.body(whole + [Self.event(2)]), "goes on after its end line")

@@ -7,9 +7,13 @@ import Foundation
 /// and nothing after it. A body cut short where the HTTP framing was lost (a proxy that
 /// ends it by closing the connection) has no end line, or one whose count is not what came.
 ///
+/// The event lines' seqs must increase, so a body with a page missing and another repeated
+/// (the same count) is refused too.
+///
 /// Each line is known by how it starts (`{"kind":"event",`…: the server writes the kind
-/// first); only the end line and the last event line are read as JSON (`RawJSONReader`). What it holds is the
-/// line being read, so a body of any size is checked in the memory of its largest line.
+/// first); the end line is read as JSON (`RawJSONReader`), an event line only up to its `seq`
+/// (`seq(ofEventLine:)`). What it holds is the line being read, so a body of any size is
+/// checked in the memory of its largest line.
 ///
 ///     var check = ExportCheck()
 ///     try check.push(piece)   // as often as pieces come
@@ -36,8 +40,8 @@ struct ExportCheck {
     private(set) var events: Int64 = 0
     /// The line being read (not ended by a newline yet).
     private var partial: [UInt8] = []
-    /// The last event line, for its `seq`.
-    private var lastEvent: [UInt8] = []
+    /// The last event line's `seq` (0 before the first).
+    private var lastSeq: Int64 = 0
     private var end: End?
 
     /// Reads the next piece of the body; throws as soon as it cannot be a whole export.
@@ -73,7 +77,6 @@ struct ExportCheck {
         guard end.events == events else {
             throw Incomplete(description: "the end line counts \(end.events) event line(s), but \(events) came")
         }
-        let lastSeq = try lastEvent.isEmpty ? 0 : Self.seq(of: lastEvent)
         guard end.lastSeq == lastSeq else {
             throw Incomplete(description: "the end line says the last seq is \(end.lastSeq), but it is \(lastSeq)")
         }
@@ -88,8 +91,12 @@ struct ExportCheck {
                 throw Incomplete(description: "the body's first line is not the account")
             }
         } else if bytes.starts(with: Self.eventPrefix) {
+            let seq = try Self.seq(ofEventLine: bytes, line: lines)
+            guard seq > lastSeq || events == 0 else {
+                throw Incomplete(description: "line \(lines) has seq \(seq), not after the previous event's \(lastSeq)")
+            }
             events += 1
-            lastEvent = bytes
+            lastSeq = seq
         } else if bytes.starts(with: Self.endPrefix) {
             end = try Self.end(of: bytes)
         } else {
@@ -116,11 +123,59 @@ struct ExportCheck {
         return End(events: events, lastSeq: lastSeq)
     }
 
-    private static func seq(of bytes: [UInt8]) throws -> Int64 {
-        guard let seq = (try? integers(["seq"], of: bytes))?["seq"] else {
-            throw Incomplete(description: "the last event line cannot be read")
+    private static let seqKey = Array(#""seq":"#.utf8)
+
+    /// The `seq` of an event line (line `line` of the body): its top-level members are walked
+    /// up to it, strings skipped and nested values passed by their depth. The server writes it
+    /// second, so this reads some 60 bytes of a line, not its payload.
+    static func seq(ofEventLine bytes: [UInt8], line: Int) throws -> Int64 {
+        let quote = UInt8(ascii: "\""), backslash = UInt8(ascii: "\\")
+        var depth = 0
+        var inString = false
+        var escaped = false
+        var index = 0
+        while index < bytes.count {
+            let byte = bytes[index]
+            if inString {
+                if escaped {
+                    escaped = false
+                } else if byte == backslash {
+                    escaped = true
+                } else if byte == quote {
+                    inString = false
+                }
+            } else if byte == quote {
+                // A key of the line's object: at depth 1, right after `{` or `,`.
+                if depth == 1, bytes[index - 1] == UInt8(ascii: "{") || bytes[index - 1] == UInt8(ascii: ","),
+                    bytes[index...].starts(with: seqKey)
+                {
+                    return try digits(bytes, from: index + seqKey.count, line: line)
+                }
+                inString = true
+            } else if byte == UInt8(ascii: "{") || byte == UInt8(ascii: "[") {
+                depth += 1
+            } else if byte == UInt8(ascii: "}") || byte == UInt8(ascii: "]") {
+                depth -= 1
+            }
+            index += 1
         }
-        return seq
+        throw Incomplete(description: "line \(line) is an event line without a seq")
+    }
+
+    /// The whole number of at least 0 at `start`, ended by `,` or `}`.
+    private static func digits(_ bytes: [UInt8], from start: Int, line: Int) throws -> Int64 {
+        var value: Int64 = 0
+        var index = start
+        while index < bytes.count, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(bytes[index]) {
+            let (times10, overflow) = value.multipliedReportingOverflow(by: 10)
+            let (sum, overflow2) = times10.addingReportingOverflow(Int64(bytes[index] - UInt8(ascii: "0")))
+            guard !overflow, !overflow2 else { break }
+            value = sum
+            index += 1
+        }
+        guard index > start, index < bytes.count, bytes[index] == UInt8(ascii: ",") || bytes[index] == UInt8(ascii: "}")
+        else { throw Incomplete(description: "line \(line) is an event line whose seq cannot be read") }
+        return value
     }
 
     /// Checks the file at `url` (a download's body) in pieces of `pieceSize` bytes.
