@@ -239,7 +239,8 @@ export class TrunkSyncClient {
    * `{"kind":"end","events":N,"last_seq":S}`. A body that stops coming for `requestTimeout`
    * is aborted: `network`. A `200` that is not NDJSON (a captive portal's or a proxy's page)
    * is refused: `invalid_response`. A body without the end line, whose end line's count or
-   * last seq is not that of the event lines that came, or with anything after it (cut short
+   * last seq is not that of the event lines that came, whose event lines' seqs do not
+   * increase (a page missing and another repeated), or with anything after it (cut short
    * where the break did not show, e.g. by a proxy) is refused: `incomplete_export`; nothing
    * of it is handed out.
    */
@@ -297,6 +298,8 @@ export class ExportCheck {
   /** What the end line says, once the body has ended. */
   finish(): { events: number; last_seq: number };
 }
+/** The `seq` of an export's event line, read from its first members; throws `incomplete_export`. */
+export function exportSeq(bytes: Uint8Array, what: string): number;
 export function readAnswer(
   response: { headers: { get(name: string): string | null }; body: ReadableStream<Uint8Array> | null },
   limit: number,

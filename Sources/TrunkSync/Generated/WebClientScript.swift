@@ -325,9 +325,12 @@ const EXPORT_PREFIXES = Object.fromEntries(
  * `{"kind":"end","events":N,"last_seq":S}` that the server writes only once every event is
  * written (N: the event lines before it, S: the last one's `seq`, 0 when none), and nothing
  * after it. A body cut short where the break did not show (a proxy that ends it by closing
- * the connection) has no end line, or one that does not match what came:
- * `incomplete_export`. Each line is known by how it starts (the server writes the kind
- * first); only the end line and the last event line are read as JSON.
+ * the connection) has no end line, or one that does not match what came, and one put
+ * together wrong (a page missing and another repeated: the count the same) has event lines
+ * whose `seq`s do not increase: `incomplete_export`. Each line is known by how it starts
+ * (the server writes the kind first); of an event line only its `seq` is read (`exportSeq`:
+ * the server writes it among the first members, before the payload), only the end line is
+ * read as JSON.
  */
 export class ExportCheck {
   constructor() {
@@ -337,8 +340,8 @@ export class ExportCheck {
     this.events = 0;
     /** @type {Uint8Array[]} the pieces of the line being read */
     this.partial = [];
-    /** @type {Uint8Array | null} */
-    this.lastEvent = null;
+    /** The last event line's seq, 0 before one. */
+    this.lastSeq = 0;
     /** @type {{events: number, last_seq: number} | null} */
     this.end = null;
   }
@@ -385,9 +388,8 @@ export class ExportCheck {
     if (this.end.events !== this.events) {
       throw incompleteExport(`the end line counts ${this.end.events} event line(s), but ${this.events} came`);
     }
-    const lastSeq = this.lastEvent ? exportIntegers(this.lastEvent, ['seq'], 'the last event line').seq : 0;
-    if (this.end.last_seq !== lastSeq) {
-      throw incompleteExport(`the end line says the last seq is ${this.end.last_seq}, but it is ${lastSeq}`);
+    if (this.end.last_seq !== this.lastSeq) {
+      throw incompleteExport(`the end line says the last seq is ${this.end.last_seq}, but it is ${this.lastSeq}`);
     }
     return this.end;
   }
@@ -401,8 +403,14 @@ export class ExportCheck {
     if (this.lines === 1) {
       if (!startsWith(EXPORT_PREFIXES.account)) throw incompleteExport("the body's first line is not the account");
     } else if (startsWith(EXPORT_PREFIXES.event)) {
+      const seq = exportSeq(bytes, `line ${this.lines}`);
+      if (seq <= this.lastSeq) {
+        throw incompleteExport(
+          `line ${this.lines} has seq ${seq} after ${this.lastSeq}: the event lines are not in seq order`,
+        );
+      }
       this.events += 1;
-      this.lastEvent = bytes;
+      this.lastSeq = seq;
     } else if (startsWith(EXPORT_PREFIXES.end)) {
       const { events, last_seq } = exportIntegers(bytes, ['events', 'last_seq'], 'the end line');
       this.end = { events, last_seq };
@@ -415,6 +423,53 @@ export class ExportCheck {
 /** @param {string} why */
 function incompleteExport(why) {
   return new TrunkSyncError('incomplete_export', `the export is incomplete: ${why}; not handed out as the copy`);
+}
+
+const QUOTE = 34;
+const BACKSLASH = 92;
+const SEQ_KEY = new TextEncoder().encode('"seq"');
+
+/**
+ * The `seq` of an export's event line (`bytes`, `{"kind":"event",…}`), reading only the
+ * members up to it: the server writes it second (`"id":"…","seq":N,…`), so the payload is
+ * not looked at. Where the line is not as the server writes it (`seq` after a member that is
+ * not a string, not a plain integer, not there) the whole line is read as JSON
+ * (`exportIntegers`), which says `incomplete_export` if it cannot be read. `what`: the line,
+ * for the message.
+ * @param {Uint8Array} bytes @param {string} what @returns {number}
+ */
+export function exportSeq(bytes, what) {
+  let at = EXPORT_PREFIXES.event.length;
+  /** The end of the JSON string starting at `at` (its closing quote's index + 1), or -1. */
+  const stringEnd = (/** @type {number} */ start) => {
+    if (bytes[start] !== QUOTE) return -1;
+    for (let i = start + 1; i < bytes.length; i++) {
+      if (bytes[i] === BACKSLASH) i++;
+      else if (bytes[i] === QUOTE) return i + 1;
+    }
+    return -1;
+  };
+  for (let member = 0; member < 4; member++) {
+    const keyEnd = stringEnd(at);
+    if (keyEnd < 0 || bytes[keyEnd] !== 58 /* : */) break;
+    const isSeq = keyEnd - at === SEQ_KEY.length && SEQ_KEY.every((byte, index) => bytes[at + index] === byte);
+    at = keyEnd + 1;
+    if (isSeq) {
+      let end = at;
+      while (end < bytes.length && bytes[end] >= 48 && bytes[end] <= 57) end++;
+      const next = bytes[end];
+      // Digits only (no sign, fraction or exponent), not 0-led, then the next member or the end.
+      if (end > at && end - at <= 16 && (bytes[at] !== 48 || end - at === 1) && (next === 44 || next === 125)) {
+        const seq = Number(new TextDecoder().decode(bytes.subarray(at, end)));
+        if (Number.isSafeInteger(seq)) return seq;
+      }
+      break;
+    }
+    const valueEnd = stringEnd(at); // the members before it are strings (the id)
+    if (valueEnd < 0 || bytes[valueEnd] !== 44 /* , */) break;
+    at = valueEnd + 1;
+  }
+  return exportIntegers(bytes, ['seq'], `the event line (${what})`).seq;
 }
 
 /**
@@ -2030,7 +2085,8 @@ export class TrunkSyncClient {
    * needs); a download that stalls longer is aborted (`network`). A `200` that is not NDJSON
    * (a page of something in the way) is refused (`invalid_response`). A body that is not a
    * whole export (`ExportCheck`: no end line, one whose count or last seq is not what came,
-   * or anything after it: cut short where the break did not show) is refused
+   * event lines whose seqs do not increase, or anything after it: cut short where the break
+   * did not show, or put together wrong) is refused
    * (`incomplete_export`) and nothing of it is handed out.
    */
   async exportData() {

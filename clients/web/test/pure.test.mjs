@@ -13,6 +13,7 @@ import {
   isServerError,
   milliseconds,
   eventCount,
+  exportSeq,
   outboxProblem,
   parseRetryAfter,
   pushResults,
@@ -321,6 +322,34 @@ test('anything after the end line, or out of place, is incomplete_export', () =>
   assertIncomplete(exportBody([exportEvent(1), exportEnd(1, 1)]), 'first line is not the account');
   assertIncomplete(exportBody([ACCOUNT, ACCOUNT, exportEnd(0, 0)]), 'line 2 is neither');
   assertIncomplete(exportBody([ACCOUNT, '<html>', exportEnd(0, 0)]), 'line 2 is neither');
+});
+
+test('event lines whose seqs do not increase are incomplete_export: a page missing, another repeated', () => {
+  const lines = (seqs) => seqs.map(exportEvent);
+  // Pages of two: [3, 4] missing, [5, 6] twice. The count and the last seq match the end line.
+  assertIncomplete(exportBody([ACCOUNT, ...lines([1, 2, 5, 6, 5, 6]), exportEnd(6, 6)]), 'line 6 has seq 5 after 6');
+  assertIncomplete(exportBody([ACCOUNT, ...lines([1, 2, 2, 3]), exportEnd(4, 3)]), 'line 4 has seq 2 after 2');
+  assertIncomplete(exportBody([ACCOUNT, ...lines([0]), exportEnd(1, 0)]), 'line 2 has seq 0 after 0');
+  assert.deepEqual(checkExport(exportBody([ACCOUNT, ...lines([1, 3, 7]), exportEnd(3, 7)])), { events: 3, last_seq: 7 });
+});
+
+test("an event line's seq is read from its first members; a line not as the server writes it, as JSON", () => {
+  const line = (text) => new TextEncoder().encode(text);
+  const seq = (text) => exportSeq(line(text), 'line 2');
+  // Only what comes before the seq is looked at: the payload after it is not read.
+  assert.equal(seq('{"kind":"event","id":"e1","seq":42,"payload":{not json'), 42);
+  assert.equal(seq('{"kind":"event","seq":9007199254740991}'), 9007199254740991);
+  assert.equal(seq('{"kind":"event","id":"a\\"seq\\":5","seq":3,"x":1}'), 3); // a quote escaped in the id
+  // Otherwise the whole line, as JSON.
+  assert.equal(seq('{"kind":"event", "seq": 7, "payload": {}}'), 7);
+  assert.equal(seq('{"kind":"event","payload":{"seq":99},"seq":3}'), 3);
+  assert.equal(seq('{"kind":"event","seq":1e3,"payload":{}}'), 1000);
+  for (const broken of [
+    '{"kind":"event","seq":"5"}', '{"kind":"event","seq":-5}', '{"kind":"event","seq":07}', '{"kind":"event","id":"e"}',
+    '{"kind":"event","seq":12345678901234567}', '{"kind":"event","seq":5.5}', '{"kind":"event","seq":5 x',
+  ]) {
+    assert.throws(() => seq(broken), /incomplete_export|the event line \(line 2\) cannot be read/, broken);
+  }
 });
 
 test('an answer is read up to the limit; past it, or announced past it, it is cancelled unread', async () => {
