@@ -15,8 +15,10 @@ import http.server
 import json
 import os
 import re
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -545,11 +547,14 @@ class Page(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def browser():
+def browser(profile=None):
+    """Headless Chromium; on the profile directory `profile` when given (else a new one)."""
     options = Options()
     options.binary_location = "/usr/bin/chromium"
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
         options.add_argument(argument)
+    if profile:
+        options.add_argument(f"--user-data-dir={profile}")
     driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
     driver.set_script_timeout(TIMEOUT)
     return driver
@@ -1406,6 +1411,7 @@ def main():
         step("a deletion whose answer was lost is not claimed, and signs out and removes the local data")
         guide_page_works(first)
         answers_not_the_servers(first)
+        a_record_the_browser_cannot_read_blocks_nothing(proxy)
     finally:
         first.quit()
         if second:
@@ -1765,6 +1771,111 @@ def a_cursor_or_quarantine_entry_it_cannot_read_blocks_nothing(driver, proxy):
     assert outcome["pulled"] > 0 and isinstance(outcome["cursor"], int) and outcome["cursor"] > 0, outcome
     assert outcome["listed"] == ["odd-entry", "dated-entry"], outcome
     step("a stored cursor or a quarantine entry it cannot read blocks no sync: pulled again from the start")
+
+
+def a_record_the_browser_cannot_read_blocks_nothing(proxy):
+    """Records whose value the browser cannot read any more: Chrome keeps a value over its
+    wrapping threshold (~64 KiB: an event near the payload limit) in a file of its own under
+    the profile's `*.indexeddb.blob` directory. That file deleted or damaged while the browser
+    was closed (a disk clean-up, a profile copied without it), reading the record fails
+    (`NotReadableError`, `UnknownError`), and so did every push's read of the outbox head, as
+    a whole: no event recorded after it ever reached the server. Now the events around it are
+    pushed, in order; it is replaced in the quarantine by an entry naming its outbox key and
+    the browser's error, told once in `rejected`; the next sync is clean. A quarantine entry
+    in the same state is listed as such (`quarantinedEvents()` failed for good), left by
+    `requeueQuarantined` (the others requeued) and dropped by `discardQuarantined`. In a
+    browser of its own, on a profile directory the test owns, closed to damage the files."""
+    profile = tempfile.mkdtemp(prefix="trunk-sync-profile-")
+    address = f"ivy-{RUN}@example.com"
+    driver = browser(profile)
+    try:
+        open_page(driver, proxy.url, {"autoPush": False, "live": False})
+        sign_in(driver, address)
+        recorded = js(driver, """
+            // Base64 of random bytes: nothing to compress, so the value stays over the threshold.
+            const random = (length) => {
+              const bytes = crypto.getRandomValues(new Uint8Array(length));
+              let text = '';
+              for (let i = 0; i < bytes.length; i += 8192) text += String.fromCharCode(...bytes.subarray(i, i + 8192));
+              return btoa(text).slice(0, length);
+            };
+            const ids = [];
+            for (let n = 0; n < 3; n++) ids.push(await client.record('note', {tag: 'blob', n}));
+            // 64 KiB of JSON, the most `record` takes (the server's limit as stored is the same).
+            const large = await client.record('note', {tag: 'blob', n: 'large', text: random(64 * 1024 - 40)});
+            for (let n = 3; n < 6; n++) ids.push(await client.record('note', {tag: 'blob', n}));
+            // Two events the server refused, in the quarantine: one as large, one small.
+            const requeued = crypto.randomUUID();
+            const db = await client.current().db();
+            await new Promise((resolve, reject) => {
+              const tx = db.transaction('quarantine', 'readwrite');
+              const at = new Date().toISOString();
+              tx.objectStore('quarantine').put({client_id: 'large-refused', type: 'note', payload: {text: random(64 * 1024)},
+                client_timestamp: at, field: 'payload', reason: 'x', quarantined_at: at});
+              tx.objectStore('quarantine').put({client_id: requeued, type: 'note', payload: {tag: 'blob', n: 'requeued'},
+                client_timestamp: at, field: 'payload', reason: 'x', quarantined_at: at});
+              tx.oncomplete = resolve;
+              tx.onerror = () => reject(tx.error);
+            });
+            const keys = db.transaction('outbox').objectStore('outbox').getAllKeys();
+            const outboxKeys = await new Promise((resolve) => { keys.onsuccess = () => resolve(keys.result) });
+            return {ids, large, requeued, largeKey: outboxKeys[3], pending: await client.pendingCount()};
+        """)
+        assert recorded["pending"] == 7, recorded
+    finally:
+        driver.quit()
+    # The large values' files (numbered in the order written: the outbox's, the quarantine's):
+    # the first deleted, the second cut short.
+    files = sorted((path for path in glob.glob(os.path.join(profile, "Default", "IndexedDB", "*.indexeddb.blob", "**"),
+                                               recursive=True) if os.path.isfile(path)),
+                   key=lambda path: int(os.path.basename(path), 16))
+    assert len(files) == 2, f"Chromium kept the large values inline, not in files: {files}"
+    os.remove(files[0])
+    with open(files[1], "r+b") as file:
+        file.truncate(1000)
+    driver = browser(profile)
+    try:
+        open_page(driver, proxy.url, {"autoPush": False, "live": False})
+        assert js(driver, "return client.isSignedIn")
+        outcome = js(driver, """
+            const [lost, requeued] = args;
+            const sync = async () => { try { return await client.sync() } catch (e) { return {failed: String(e.name || e.code) + ': ' + e.message} } };
+            const first = await sync();
+            if (first.failed) return {first};
+            const second = await sync();
+            const listed = await client.quarantinedEvents();
+            const pending = await client.pendingCount();
+            await client.requeueQuarantined(['large-refused', requeued, lost]);
+            const left = (await client.quarantinedEvents()).map((e) => e.client_id).sort();
+            const requeuedPending = await client.pendingCount();
+            await client.discardQuarantined(['large-refused', lost]);
+            const third = await sync();
+            return {first, second, listed, pending, left, requeuedPending, third,
+                    emptied: (await client.quarantinedEvents()).length};
+        """, f"unreadable-{recorded['largeKey']}", recorded["requeued"])
+        assert "failed" not in outcome["first"], outcome
+        first, lost = outcome["first"], f"unreadable-{recorded['largeKey']}"
+        assert first["pushed"] == 6 and [e["client_id"] for e in first["rejected"]] == [lost], first
+        assert first["rejected"][0]["field"] == "unreadable", first
+        assert re.search(r"outbox record \d+ \((NotReadableError|UnknownError|DataError): ", first["rejected"][0]["reason"]), first
+        assert outcome["second"] == {"pushed": 0, "duplicates": 0, "rejected": [], "pulled": 0}, outcome
+        assert outcome["pending"] == 0, outcome
+        listed = {entry["client_id"]: entry for entry in outcome["listed"]}
+        assert sorted(listed) == sorted([lost, "large-refused", recorded["requeued"]]), listed
+        assert listed[lost]["outbox_key"] == recorded["largeKey"] and listed[lost]["field"] == "unreadable", listed
+        assert listed["large-refused"]["field"] == "unreadable", listed
+        assert "quarantine entry" in listed["large-refused"]["reason"], listed
+        assert listed[recorded["requeued"]]["field"] == "payload", listed
+        assert outcome["left"] == sorted(["large-refused", lost]) and outcome["requeuedPending"] == 1, outcome
+        assert outcome["third"]["pushed"] == 1 and outcome["emptied"] == 0, outcome
+        stored = tagged(server_events(stored_session(driver)["access_token"]), "blob")
+        assert [event["client_id"] for event in stored] == recorded["ids"] + [recorded["requeued"]], stored
+        assert [event["payload"]["n"] for event in stored] == [0, 1, 2, 3, 4, 5, "requeued"], stored
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+    step("an outbox record the browser cannot read (its large value's file lost) is set aside, told once;"
+         " the others are pushed, in order")
 
 
 def live_leader(driver, proxy):

@@ -140,6 +140,8 @@ final class WebClientTests: EndToEndTestCase {
             "a token refresh whose 200 answer is mangled is asked again at once; the session lives on",
             "outbox records that cannot be sent go to the quarantine as they were; the others are pushed, in order",
             "a stored cursor or a quarantine entry it cannot read blocks no sync: pulled again from the start",
+            "an outbox record the browser cannot read (its large value's file lost) is set aside, told once;"
+                + " the others are pushed, in order",
             "a live stream message cut short loses no event: the one before it delivered, the app told",
             "a live stream line that never ends is dropped and reopened; the next event arrives",
         ] {

@@ -80,7 +80,10 @@ export interface SyncReport {
   duplicates: number;
   /** Events handed to the handler. */
   pulled: number;
-  /** Events the server refused, moved to the quarantine. */
+  /**
+   * Events the server refused, moved to the quarantine; also outbox records the client
+   * could not send (field `record`) or the browser could not read (field `unreadable`).
+   */
   rejected: RefusedEvent[];
 }
 
@@ -89,7 +92,8 @@ export interface RefusedEvent {
   type: string;
   /**
    * The field the server named, e.g. `payload`; `record` for an outbox record the client
-   * could not send at all (see `QuarantinedEvent`).
+   * could not send at all, `unreadable` for one the browser could not read (see
+   * `QuarantinedEvent`).
    */
   field: string;
   reason: string;
@@ -102,6 +106,14 @@ export interface RefusedEvent {
  * written by something else than `record`), kept as it was found, with any other fields it
  * had; under `unreadable-<n>` when it had no string `client_id`. Its `payload` may then not
  * be JSON.
+ *
+ * Field `unreadable`: what is left of a record the browser could not read (Chrome keeps a
+ * value over ~64 KiB in a file of its own in the profile; that file lost or damaged, the read
+ * fails with `NotReadableError` or `UnknownError`). Its content is gone: `type`,
+ * `client_timestamp` empty, `payload` `{}`, the browser's error in `reason`. For an outbox
+ * record (set aside by the push, told once in `rejected`): under `unreadable-<n>`, with
+ * `outbox_key` n. For a quarantine entry (listed as found, not stored): under its own key,
+ * `quarantined_at` empty. `requeueQuarantined` leaves it; `discardQuarantined` drops it.
  */
 export interface QuarantinedEvent {
   client_id: string;
@@ -110,8 +122,10 @@ export interface QuarantinedEvent {
   client_timestamp: string;
   field: string;
   reason: string;
-  /** RFC 3339. */
+  /** RFC 3339 (empty for a quarantine entry the browser cannot read). */
   quarantined_at: string;
+  /** Field `unreadable`, for an outbox record: its key in the outbox. */
+  outbox_key?: number;
 }
 
 /**
@@ -200,8 +214,16 @@ export class TrunkSyncClient {
    */
   liveEvents(): AsyncIterableIterator<SyncEvent>;
 
+  /**
+   * The quarantine, oldest first: events the server refused, outbox records the client could
+   * not send, what is left of records the browser could not read (entries it cannot read
+   * now among them, first, rather than the call failing).
+   */
   quarantinedEvents(): Promise<QuarantinedEvent[]>;
-  /** Puts quarantined events back in the outbox, same ids. */
+  /**
+   * Puts quarantined events back in the outbox, same ids. Entries that hold no event (field
+   * `unreadable`, or one the browser cannot read now) stay, the others go all the same.
+   */
   requeueQuarantined(clientIds: string[]): Promise<void>;
   /** Drops quarantined events for good. */
   discardQuarantined(clientIds: string[]): Promise<void>;
@@ -239,7 +261,8 @@ export class TrunkSyncClient {
    * `{"kind":"end","events":N,"last_seq":S}`. A body that stops coming for `requestTimeout`
    * is aborted: `network`. A `200` that is not NDJSON (a captive portal's or a proxy's page)
    * is refused: `invalid_response`. A body without the end line, whose end line's count or
-   * last seq is not that of the event lines that came, or with anything after it (cut short
+   * last seq is not that of the event lines that came, whose event lines' seqs do not
+   * increase (a page missing and another repeated), or with anything after it (cut short
    * where the break did not show, e.g. by a proxy) is refused: `incomplete_export`; nothing
    * of it is handed out.
    */
@@ -250,7 +273,8 @@ export class TrunkSyncClient {
    * `deleteAccount`, a refresh the server refused, another tab). `'push_failed'`: the
    * leader's push failed and will be tried again (`detail`: the error). `'rejected'`: the
    * leader's push moved events the server refused, or outbox records it could not send
-   * (field `record`), to the quarantine (`detail`: them). `'live_failed'`: the leader's live
+   * (field `record`) or the browser could not read (field `unreadable`), to the quarantine
+   * (`detail`: them). `'live_failed'`: the leader's live
    * stream failed (no answer, a page in the way, a message it cannot read, silence) and is
    * reopened after a backoff (`detail`: the error). `'pushed'`: in every tab, a push (any
    * tab's) took events out of the outbox, the server having stored them: `pendingCount()` is
@@ -275,6 +299,24 @@ export function pushResults(body: unknown): Map<string, 'created' | 'duplicate'>
 export function outboxProblem(record: unknown, serialize?: boolean): string | null;
 export function streamEvent(data: string): SyncEvent | null;
 export function storedSeq(value: unknown): number | undefined;
+/** Whether an IndexedDB read failed for its record (`NotReadableError`, `UnknownError`, `DataError`). */
+export function unreadableValue(error: unknown): boolean;
+/**
+ * Reads each key with `read`, once more those that failed: the values (in key order, none
+ * for `undefined`) and the keys that failed twice with `unreadableValue`; rejects with any
+ * other failure.
+ */
+export function readEach(
+  keys: IDBValidKey[],
+  read: (key: IDBValidKey) => Promise<unknown>,
+): Promise<{ values: any[]; unreadable: { key: IDBValidKey; error: unknown }[] }>;
+/** What the quarantine holds, or lists, for a record the browser cannot read (field `unreadable`). */
+export function unreadableEntry(
+  store: 'outbox' | 'quarantine',
+  key: IDBValidKey,
+  error: unknown,
+  now: string,
+): QuarantinedEvent;
 /**
  * `options[name]` as a time in milliseconds, from 1000 to 2^31 − 1 (what a timer takes), or
  * `fallback` when unset; anything else throws a `TypeError` (the constructor's
@@ -297,6 +339,8 @@ export class ExportCheck {
   /** What the end line says, once the body has ended. */
   finish(): { events: number; last_seq: number };
 }
+/** The `seq` of an export's event line, read from its first members; throws `incomplete_export`. */
+export function exportSeq(bytes: Uint8Array, what: string): number;
 export function readAnswer(
   response: { headers: { get(name: string): string | null }; body: ReadableStream<Uint8Array> | null },
   limit: number,

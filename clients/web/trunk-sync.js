@@ -280,6 +280,85 @@ export function outboxProblem(record, serialize = true) {
 }
 
 /**
+ * Whether an IndexedDB read failed for the record itself, whose value the browser cannot
+ * read: Chrome keeps a value over its wrapping threshold (~64 KiB: an event near the payload
+ * limit) in a file of its own under the profile's `*.indexeddb.blob` directory, and that
+ * file lost (disk clean-up, a profile copied without it) fails the read with
+ * `NotReadableError` ("Data lost due to missing file"), damaged with `UnknownError` ("Failed
+ * to read large IndexedDB value"); other versions say `DataError`. A read of many records
+ * (`getAll`) fails as a whole for one of them. Anything else (the database closed, the
+ * transaction aborted, the quota) is not the record's.
+ * @param {unknown} error @returns {boolean}
+ */
+export function unreadableValue(error) {
+  const name = error && typeof error === 'object' && 'name' in error ? error.name : '';
+  return name === 'NotReadableError' || name === 'UnknownError' || name === 'DataError';
+}
+
+/**
+ * Reads each of `keys` with `read` (the caller's: one transaction each, since Chrome aborts a
+ * transaction in which a value could not be read, whatever the page does), all at once, and
+ * once more those that failed: a value that fails twice with `unreadableValue` is
+ * unreadable; one that fails with anything else rejects with that error. The values in the
+ * order of `keys` (an `undefined` one, the record gone meanwhile, left out) and the
+ * unreadable records' keys with the browser's error.
+ * @param {IDBValidKey[]} keys @param {(key: IDBValidKey) => Promise<unknown>} read
+ * @returns {Promise<{values: any[], unreadable: {key: IDBValidKey, error: unknown}[]}>}
+ */
+export async function readEach(keys, read) {
+  /**
+   * @param {IDBValidKey} key
+   * @returns {Promise<{key: IDBValidKey, value?: unknown, error?: unknown, failed: boolean}>}
+   */
+  const attempt = (key) =>
+    read(key).then(
+      (value) => ({ key, value, failed: false }),
+      (error) => ({ key, error, failed: true }),
+    );
+  const first = await Promise.all(keys.map(attempt));
+  const again = await Promise.all(first.map((result) => (result.failed ? attempt(result.key) : result)));
+  /** @type {any[]} */
+  const values = [];
+  /** @type {{key: IDBValidKey, error: unknown}[]} */
+  const unreadable = [];
+  for (const result of again) {
+    if (!result.failed) {
+      if (result.value !== undefined) values.push(result.value);
+    } else if (unreadableValue(result.error)) {
+      unreadable.push({ key: result.key, error: result.error });
+    } else {
+      throw result.error;
+    }
+  }
+  return { values, unreadable };
+}
+
+/**
+ * What the quarantine holds, or lists, for a record the browser cannot read
+ * (`unreadableValue`): its bytes are gone, so it holds no event, only where it was and
+ * the browser's error: field `unreadable`, an empty `type`, `payload` and
+ * `client_timestamp`. For the outbox's record `key` (stored, under `unreadable-<key>`, with
+ * `outbox_key`); for a quarantine entry (listed under its own key, `quarantined_at` empty).
+ * @param {'outbox' | 'quarantine'} store @param {IDBValidKey} key @param {unknown} error
+ * @param {string} now
+ */
+export function unreadableEntry(store, key, error, now) {
+  const named = error && typeof error === 'object' && 'name' in error ? /** @type {Error} */ (error) : null;
+  const cause = named ? `${named.name}: ${named.message}` : String(error);
+  const what = store === 'outbox' ? `outbox record ${String(key)}` : 'this quarantine entry';
+  const entry = {
+    client_id: store === 'outbox' ? `unreadable-${String(key)}` : key,
+    type: '',
+    payload: {},
+    client_timestamp: '',
+    field: 'unreadable',
+    reason: `the browser cannot read ${what} (${cause}): its content is lost`,
+    quarantined_at: store === 'outbox' ? now : '',
+  };
+  return store === 'outbox' ? { ...entry, outbox_key: key } : entry;
+}
+
+/**
  * A stored cursor (`meta` `cursor` or `live`): a seq, or undefined when there is none or what
  * is there is not one (written by something else): then the pull starts from the beginning
  * (delivery is at least once: the app skips seqs it applied) instead of asking the server
@@ -315,9 +394,12 @@ const EXPORT_PREFIXES = Object.fromEntries(
  * `{"kind":"end","events":N,"last_seq":S}` that the server writes only once every event is
  * written (N: the event lines before it, S: the last one's `seq`, 0 when none), and nothing
  * after it. A body cut short where the break did not show (a proxy that ends it by closing
- * the connection) has no end line, or one that does not match what came:
- * `incomplete_export`. Each line is known by how it starts (the server writes the kind
- * first); only the end line and the last event line are read as JSON.
+ * the connection) has no end line, or one that does not match what came, and one put
+ * together wrong (a page missing and another repeated: the count the same) has event lines
+ * whose `seq`s do not increase: `incomplete_export`. Each line is known by how it starts
+ * (the server writes the kind first); of an event line only its `seq` is read (`exportSeq`:
+ * the server writes it among the first members, before the payload), only the end line is
+ * read as JSON.
  */
 export class ExportCheck {
   constructor() {
@@ -327,8 +409,8 @@ export class ExportCheck {
     this.events = 0;
     /** @type {Uint8Array[]} the pieces of the line being read */
     this.partial = [];
-    /** @type {Uint8Array | null} */
-    this.lastEvent = null;
+    /** The last event line's seq, 0 before one. */
+    this.lastSeq = 0;
     /** @type {{events: number, last_seq: number} | null} */
     this.end = null;
   }
@@ -375,9 +457,8 @@ export class ExportCheck {
     if (this.end.events !== this.events) {
       throw incompleteExport(`the end line counts ${this.end.events} event line(s), but ${this.events} came`);
     }
-    const lastSeq = this.lastEvent ? exportIntegers(this.lastEvent, ['seq'], 'the last event line').seq : 0;
-    if (this.end.last_seq !== lastSeq) {
-      throw incompleteExport(`the end line says the last seq is ${this.end.last_seq}, but it is ${lastSeq}`);
+    if (this.end.last_seq !== this.lastSeq) {
+      throw incompleteExport(`the end line says the last seq is ${this.end.last_seq}, but it is ${this.lastSeq}`);
     }
     return this.end;
   }
@@ -391,8 +472,14 @@ export class ExportCheck {
     if (this.lines === 1) {
       if (!startsWith(EXPORT_PREFIXES.account)) throw incompleteExport("the body's first line is not the account");
     } else if (startsWith(EXPORT_PREFIXES.event)) {
+      const seq = exportSeq(bytes, `line ${this.lines}`);
+      if (seq <= this.lastSeq) {
+        throw incompleteExport(
+          `line ${this.lines} has seq ${seq} after ${this.lastSeq}: the event lines are not in seq order`,
+        );
+      }
       this.events += 1;
-      this.lastEvent = bytes;
+      this.lastSeq = seq;
     } else if (startsWith(EXPORT_PREFIXES.end)) {
       const { events, last_seq } = exportIntegers(bytes, ['events', 'last_seq'], 'the end line');
       this.end = { events, last_seq };
@@ -405,6 +492,53 @@ export class ExportCheck {
 /** @param {string} why */
 function incompleteExport(why) {
   return new TrunkSyncError('incomplete_export', `the export is incomplete: ${why}; not handed out as the copy`);
+}
+
+const QUOTE = 34;
+const BACKSLASH = 92;
+const SEQ_KEY = new TextEncoder().encode('"seq"');
+
+/**
+ * The `seq` of an export's event line (`bytes`, `{"kind":"event",…}`), reading only the
+ * members up to it: the server writes it second (`"id":"…","seq":N,…`), so the payload is
+ * not looked at. Where the line is not as the server writes it (`seq` after a member that is
+ * not a string, not a plain integer, not there) the whole line is read as JSON
+ * (`exportIntegers`), which says `incomplete_export` if it cannot be read. `what`: the line,
+ * for the message.
+ * @param {Uint8Array} bytes @param {string} what @returns {number}
+ */
+export function exportSeq(bytes, what) {
+  let at = EXPORT_PREFIXES.event.length;
+  /** The end of the JSON string starting at `at` (its closing quote's index + 1), or -1. */
+  const stringEnd = (/** @type {number} */ start) => {
+    if (bytes[start] !== QUOTE) return -1;
+    for (let i = start + 1; i < bytes.length; i++) {
+      if (bytes[i] === BACKSLASH) i++;
+      else if (bytes[i] === QUOTE) return i + 1;
+    }
+    return -1;
+  };
+  for (let member = 0; member < 4; member++) {
+    const keyEnd = stringEnd(at);
+    if (keyEnd < 0 || bytes[keyEnd] !== 58 /* : */) break;
+    const isSeq = keyEnd - at === SEQ_KEY.length && SEQ_KEY.every((byte, index) => bytes[at + index] === byte);
+    at = keyEnd + 1;
+    if (isSeq) {
+      let end = at;
+      while (end < bytes.length && bytes[end] >= 48 && bytes[end] <= 57) end++;
+      const next = bytes[end];
+      // Digits only (no sign, fraction or exponent), not 0-led, then the next member or the end.
+      if (end > at && end - at <= 16 && (bytes[at] !== 48 || end - at === 1) && (next === 44 || next === 125)) {
+        const seq = Number(new TextDecoder().decode(bytes.subarray(at, end)));
+        if (Number.isSafeInteger(seq)) return seq;
+      }
+      break;
+    }
+    const valueEnd = stringEnd(at); // the members before it are strings (the id)
+    if (valueEnd < 0 || bytes[valueEnd] !== 44 /* , */) break;
+    at = valueEnd + 1;
+  }
+  return exportIntegers(bytes, ['seq'], `the event line (${what})`).seq;
 }
 
 /**
@@ -482,6 +616,35 @@ function settled(request) {
       request.onerror = () => reject(request.error);
     }
   });
+}
+
+/**
+ * The values of `keys` in `store` (those there, in that order), read in one transaction;
+ * should one of them be one the browser cannot read (`unreadableValue`: the transaction is
+ * aborted), each in a transaction of its own (`readEach`), leaving out the unreadable ones.
+ * @param {IDBDatabase} db @param {string} store @param {IDBValidKey[]} keys @returns {Promise<any[]>}
+ */
+async function readKeys(db, store, keys) {
+  try {
+    return await new Promise((resolve, reject) => {
+      const tx = db.transaction(store);
+      /** @type {unknown} */
+      let failure = null;
+      const requests = keys.map((key) => {
+        const request = tx.objectStore(store).get(key);
+        request.onerror = () => {
+          failure ??= request.error;
+        };
+        return request;
+      });
+      tx.oncomplete = () => resolve(requests.map((request) => request.result).filter((value) => value !== undefined));
+      tx.onabort = () => reject(failure ?? tx.error ?? new Error('transaction aborted'));
+    });
+  } catch (error) {
+    if (!unreadableValue(error)) throw error;
+    const { values } = await readEach(keys, (key) => settled(db.transaction(store).objectStore(store).get(key)));
+    return values;
+  }
 }
 
 /**
@@ -1010,12 +1173,12 @@ export class TrunkSyncClient {
    * Tells `listener` what happens in the background: `'leader'` (this tab became its
    * account's leader), `'signed_out'` (the session ended, however), `'push_failed'` (the
    * leader's push failed and will be tried again; detail: the error), `'rejected'` (the
-   * leader's push moved events the server refused, or outbox records it could not send, to
-   * the quarantine; detail: them), `'live_failed'` (the leader's live stream failed — no
-   * answer, a page in the way, a message it cannot read, silence — and is reopened after a
-   * backoff; detail: the error), `'pushed'` (in every tab: a push, any tab's, took events
-   * out of the outbox, the server having stored them; `pendingCount()` is smaller),
-   * `'storage_not_persisted'` (the browser refused persistent storage: it may clear this
+   * leader's push moved events the server refused, or outbox records it could not send or
+   * the browser could not read, to the quarantine; detail: them), `'live_failed'` (the
+   * leader's live stream failed — no answer, a page in the way, a message it cannot read,
+   * silence — and is reopened after a backoff; detail: the error), `'pushed'` (in every
+   * tab: a push, any tab's, took events out of the outbox, the server having stored them;
+   * `pendingCount()` is smaller), `'storage_not_persisted'` (the browser refused persistent storage: it may clear this
    * origin's data, unsent events included, under storage pressure; see `storagePersisted`).
    * @param {(state: string, detail?: unknown) => void} listener
    */
@@ -1332,11 +1495,24 @@ export class TrunkSyncClient {
     return settled(request);
   }
 
-  /** Events the server refused (400 naming them), oldest first, with the reason. */
+  /**
+   * Events the server refused (400 naming them), oldest first, with the reason; an entry the
+   * browser cannot read (see `unreadableValue`) is listed as what is left of it
+   * (`unreadableEntry`: its key, the error), first, instead of failing the call for good.
+   */
   async quarantinedEvents() {
     const db = await this.current().db();
+    const store = () => db.transaction('quarantine').objectStore('quarantine');
     /** @type {any[]} */
-    const all = await settled(db.transaction('quarantine').objectStore('quarantine').getAll());
+    let all;
+    try {
+      all = await settled(store().getAll());
+    } catch (error) {
+      if (!unreadableValue(error)) throw error;
+      const keys = await settled(store().getAllKeys());
+      const { values, unreadable } = await readEach(keys, (key) => settled(store().get(key)));
+      all = [...values, ...unreadable.map(({ key, error: cause }) => unreadableEntry('quarantine', key, cause, ''))];
+    }
     // An entry without a readable quarantined_at (written by something else) sorts first
     // rather than failing the call, for good.
     const when = (/** @type {any} */ entry) => String(entry?.quarantined_at ?? '');
@@ -1351,17 +1527,26 @@ export class TrunkSyncClient {
     });
   }
 
-  /** Puts quarantined events back in the outbox, same ids. @param {string[]} clientIds */
+  /**
+   * Puts quarantined events back in the outbox, same ids. What holds no event stays where it
+   * is: an entry for a record the browser could not read (field `unreadable`), and one it
+   * cannot read now (both for `discardQuarantined`).
+   * @param {string[]} clientIds
+   */
   async requeueQuarantined(clientIds) {
     const db = await this.current().db();
+    // Read before, not in the transaction that moves them: Chrome aborts the transaction in
+    // which a value could not be read, which would take the others' requeue with it.
+    const records = await readKeys(db, 'quarantine', [...new Set(clientIds)]);
     await transact(db, ['quarantine', 'outbox'], 'readwrite', (tx) => {
       const quarantine = tx.objectStore('quarantine');
-      for (const id of clientIds) {
-        const request = quarantine.get(id);
-        request.onsuccess = () => {
-          const record = request.result;
-          if (!record) return;
-          quarantine.delete(id);
+      for (const record of records) {
+        if (!record || record.field === 'unreadable') continue;
+        // Still there (its key only: another tab may have requeued or dropped it meanwhile).
+        const there = quarantine.getKey(record.client_id);
+        there.onsuccess = () => {
+          if (there.result === undefined) return;
+          quarantine.delete(record.client_id);
           const { quarantined_at, field, reason, n, ...event } = record;
           tx.objectStore('outbox').add(event);
         };
@@ -1401,8 +1586,24 @@ export class TrunkSyncClient {
     let fits = this.maxBatchEvents;
     for (;;) {
       if (account.stopped.signal.aborted) throw new TrunkSyncError('cancelled', 'signed out');
+      const fromOutbox = () => db.transaction('outbox').objectStore('outbox');
       /** @type {any[]} */
-      const head = await settled(db.transaction('outbox').objectStore('outbox').getAll(null, maxEvents));
+      let head;
+      try {
+        head = await settled(fromOutbox().getAll(null, maxEvents));
+      } catch (error) {
+        // A record the browser cannot read (its value's file lost or damaged: see
+        // unreadableValue) failed this read as a whole, and would fail every push, the events
+        // after it never sent. Found by reading the head's keys, then each record on its own,
+        // it leaves the outbox for the quarantine (setAside) and the push goes on; a failure
+        // that is no record's (none of them fails alone) fails the push as before.
+        if (!unreadableValue(error)) throw error;
+        const keys = await settled(fromOutbox().getAllKeys(null, maxEvents));
+        const { unreadable: lost } = await readEach(keys, (key) => settled(fromOutbox().get(key)));
+        if (lost.length === 0) throw error;
+        report.rejected.push(...(await this.setAside(db, [], lost)));
+        continue;
+      }
       // A record that cannot be sent (see outboxProblem) would fail every push, the events
       // after it never sent: it goes to the quarantine as it is, and the push goes on.
       const unreadable = head.filter((record) => outboxProblem(record, false) !== null);
@@ -1517,25 +1718,45 @@ export class TrunkSyncClient {
    * Moves outbox records that cannot be sent (`outboxProblem`) to the quarantine as they are,
    * in one transaction: field `record`, the reason, under their `client_id` (`unreadable-<n>`
    * when it is not a string, and never over an entry already there). Never sent, never
-   * dropped: `quarantinedEvents()` lists them, `discardQuarantined` drops them.
+   * dropped: `quarantinedEvents()` lists them, `discardQuarantined` drops them. The records
+   * the browser cannot read (`unreadable`: their keys, with its error) have no bytes left to
+   * move: each is replaced by what is left of it (`unreadableEntry`: field `unreadable`,
+   * its outbox key and the error, under `unreadable-<n>`), told once, here, and then kept
+   * until the app discards it.
    * @param {IDBDatabase} db @param {any[]} records
+   * @param {{key: IDBValidKey, error: unknown}[]} [unreadable]
    */
-  async setAside(db, records) {
+  async setAside(db, records, unreadable = []) {
     /** @type {any[]} */
     const moved = [];
     const now = new Date().toISOString();
     await transact(db, ['outbox', 'quarantine'], 'readwrite', (tx) => {
+      const outbox = tx.objectStore('outbox');
       const quarantine = tx.objectStore('quarantine');
+      /** @param {IDBValidKey} n @param {any} entry */
+      const keep = (n, entry) => {
+        const there = quarantine.getKey(entry.client_id);
+        there.onsuccess = () => {
+          const client_id = there.result === undefined ? entry.client_id : `${entry.client_id}|unreadable-${n}`;
+          quarantine.put({ ...entry, client_id });
+          const { type, field, reason } = entry;
+          moved.push({ client_id, type: typeof type === 'string' ? type : '', field, reason });
+        };
+      };
       for (const record of records) {
         const reason = `the outbox record cannot be sent: ${outboxProblem(record) ?? 'unreadable'}`;
         const own = typeof record.client_id === 'string' ? record.client_id : `unreadable-${record.n}`;
         const { n, ...kept } = record;
-        tx.objectStore('outbox').delete(n);
-        const there = quarantine.getKey(own);
+        outbox.delete(n);
+        keep(n, { ...kept, client_id: own, field: 'record', reason, quarantined_at: now });
+      }
+      for (const { key, error } of unreadable) {
+        // Its key only (a read of its value would abort this transaction): still there?
+        const there = outbox.getKey(key);
         there.onsuccess = () => {
-          const client_id = there.result === undefined ? own : `${own}|unreadable-${n}`;
-          quarantine.put({ ...kept, client_id, field: 'record', reason, quarantined_at: now });
-          moved.push({ client_id, type: typeof kept.type === 'string' ? kept.type : '', field: 'record', reason });
+          if (there.result === undefined) return;
+          outbox.delete(key);
+          keep(key, unreadableEntry('outbox', key, error, now));
         };
       }
     });
@@ -2020,7 +2241,8 @@ export class TrunkSyncClient {
    * needs); a download that stalls longer is aborted (`network`). A `200` that is not NDJSON
    * (a page of something in the way) is refused (`invalid_response`). A body that is not a
    * whole export (`ExportCheck`: no end line, one whose count or last seq is not what came,
-   * or anything after it: cut short where the break did not show) is refused
+   * event lines whose seqs do not increase, or anything after it: cut short where the break
+   * did not show, or put together wrong) is refused
    * (`incomplete_export`) and nothing of it is handed out.
    */
   async exportData() {

@@ -13,14 +13,18 @@ import {
   isServerError,
   milliseconds,
   eventCount,
+  exportSeq,
   outboxProblem,
   parseRetryAfter,
   pushResults,
   readAnswer,
+  readEach,
   refusedEvents,
   retryAfterDelay,
   storedSeq,
   streamEvent,
+  unreadableEntry,
+  unreadableValue,
   utf8Length,
 } from '../trunk-sync.js';
 
@@ -321,6 +325,88 @@ test('anything after the end line, or out of place, is incomplete_export', () =>
   assertIncomplete(exportBody([exportEvent(1), exportEnd(1, 1)]), 'first line is not the account');
   assertIncomplete(exportBody([ACCOUNT, ACCOUNT, exportEnd(0, 0)]), 'line 2 is neither');
   assertIncomplete(exportBody([ACCOUNT, '<html>', exportEnd(0, 0)]), 'line 2 is neither');
+});
+
+test('event lines whose seqs do not increase are incomplete_export: a page missing, another repeated', () => {
+  const lines = (seqs) => seqs.map(exportEvent);
+  // Pages of two: [3, 4] missing, [5, 6] twice. The count and the last seq match the end line.
+  assertIncomplete(exportBody([ACCOUNT, ...lines([1, 2, 5, 6, 5, 6]), exportEnd(6, 6)]), 'line 6 has seq 5 after 6');
+  assertIncomplete(exportBody([ACCOUNT, ...lines([1, 2, 2, 3]), exportEnd(4, 3)]), 'line 4 has seq 2 after 2');
+  assertIncomplete(exportBody([ACCOUNT, ...lines([0]), exportEnd(1, 0)]), 'line 2 has seq 0 after 0');
+  assert.deepEqual(checkExport(exportBody([ACCOUNT, ...lines([1, 3, 7]), exportEnd(3, 7)])), { events: 3, last_seq: 7 });
+});
+
+test("an event line's seq is read from its first members; a line not as the server writes it, as JSON", () => {
+  const line = (text) => new TextEncoder().encode(text);
+  const seq = (text) => exportSeq(line(text), 'line 2');
+  // Only what comes before the seq is looked at: the payload after it is not read.
+  assert.equal(seq('{"kind":"event","id":"e1","seq":42,"payload":{not json'), 42);
+  assert.equal(seq('{"kind":"event","seq":9007199254740991}'), 9007199254740991);
+  assert.equal(seq('{"kind":"event","id":"a\\"seq\\":5","seq":3,"x":1}'), 3); // a quote escaped in the id
+  // Otherwise the whole line, as JSON.
+  assert.equal(seq('{"kind":"event", "seq": 7, "payload": {}}'), 7);
+  assert.equal(seq('{"kind":"event","payload":{"seq":99},"seq":3}'), 3);
+  assert.equal(seq('{"kind":"event","seq":1e3,"payload":{}}'), 1000);
+  for (const broken of [
+    '{"kind":"event","seq":"5"}', '{"kind":"event","seq":-5}', '{"kind":"event","seq":07}', '{"kind":"event","id":"e"}',
+    '{"kind":"event","seq":12345678901234567}', '{"kind":"event","seq":5.5}', '{"kind":"event","seq":5 x',
+  ]) {
+    assert.throws(() => seq(broken), /incomplete_export|the event line \(line 2\) cannot be read/, broken);
+  }
+});
+
+// MARK: - Records the browser cannot read
+
+const idbError = (name, message = 'x') => new DOMException(message, name);
+
+test('a read that failed for its record is told apart from one that failed for the database', () => {
+  for (const name of ['NotReadableError', 'UnknownError', 'DataError']) assert.ok(unreadableValue(idbError(name)), name);
+  for (const error of [idbError('InvalidStateError'), idbError('AbortError'), idbError('QuotaExceededError'),
+    new TypeError('x'), null, undefined, 'NotReadableError', { name: 'TransactionInactiveError' }]) {
+    assert.equal(unreadableValue(error), false, String(error?.name ?? error));
+  }
+});
+
+test('records read one by one: those that fail twice for themselves are unreadable, the others kept in order', async () => {
+  const reads = [];
+  const flaky = new Set([3]);
+  const read = async (key) => {
+    reads.push(key);
+    if (key === 2) throw idbError('NotReadableError', 'Data lost due to missing file');
+    if (key === 4) throw idbError('UnknownError', 'Failed to read large IndexedDB value');
+    if (flaky.delete(key)) throw idbError('UnknownError'); // once only
+    if (key === 5) return undefined; // gone meanwhile
+    return { n: key };
+  };
+  const { values, unreadable } = await readEach([1, 2, 3, 4, 5, 6], read);
+  assert.deepEqual(values, [{ n: 1 }, { n: 3 }, { n: 6 }]);
+  assert.deepEqual(unreadable.map(({ key, error }) => [key, error.name]), [[2, 'NotReadableError'], [4, 'UnknownError']]);
+  // Each once, and again only those that failed.
+  assert.deepEqual(reads.sort(), [1, 2, 2, 3, 3, 4, 4, 5, 6]);
+  assert.deepEqual(await readEach([], read), { values: [], unreadable: [] });
+
+  // A failure that is not the record's rejects with it: nothing is taken for unreadable.
+  const closed = idbError('InvalidStateError', 'The database connection is closing.');
+  await assert.rejects(readEach([1, 2, 7], async (key) => {
+    if (key === 7) throw closed;
+    return read(key);
+  }), (error) => error === closed);
+});
+
+test('what is left of a record the browser cannot read: its key and the error, no event', () => {
+  const error = idbError('NotReadableError', 'Data lost due to missing file.');
+  const now = '2026-11-28T10:00:00.000Z';
+  assert.deepEqual(unreadableEntry('outbox', 17, error, now), {
+    client_id: 'unreadable-17', type: '', payload: {}, client_timestamp: '', field: 'unreadable',
+    reason: 'the browser cannot read outbox record 17 (NotReadableError: Data lost due to missing file.): its content is lost',
+    quarantined_at: now, outbox_key: 17,
+  });
+  assert.deepEqual(unreadableEntry('quarantine', 'c0ffee', error, now), {
+    client_id: 'c0ffee', type: '', payload: {}, client_timestamp: '', field: 'unreadable',
+    reason: 'the browser cannot read this quarantine entry (NotReadableError: Data lost due to missing file.): its content is lost',
+    quarantined_at: '',
+  });
+  assert.match(unreadableEntry('outbox', 1, 'odd', now).reason, /\(odd\)/);
 });
 
 test('an answer is read up to the limit; past it, or announced past it, it is cancelled unread', async () => {
