@@ -145,8 +145,7 @@ struct ImportCommand: AsyncParsableCommand {
             if v.eventsRejected > 0 {
                 lines.append(
                     "  \(v.eventsRejected) source event(s) that trunk-sync's rules refuse are not here "
-                        + "(the ones this run read are in its reject file, an earlier run's in that run's; "
-                        + "fixed in the source, they come with the run after next)")
+                        + "(each is in the reject file; fixed in the source, they come with the run after next)")
             }
             if let file = report.rejectFile, report.hasRejects { lines.append("rejected rows: \(file)") }
             return lines.joined(separator: "\n")

@@ -57,7 +57,8 @@ struct UsersCommand: AsyncParsableCommand {
                 let user = try await UsersCommand.user(admin, email)
                 print("id:              \(user.id.uuidString.lowercased())")
                 print("email:           \(user.email)")
-                print("full name:       \(user.fullName ?? "")")
+                // None (or empty) shows as the console shows it.
+                print("full name:       \(user.fullName.flatMap { $0.isEmpty ? nil : $0 } ?? "—")")
                 print("created:         \(UsersCommand.time(user.createdAt))")
                 print("last sign-in:    \(UsersCommand.time(user.lastSignInAt))")
                 print("events:          \(user.events)")

@@ -230,6 +230,13 @@ final class SupabaseImportTests: EndToEndTestCase {
         return (result, report, rejectFile)
     }
 
+    /// The reject file's lines, each `{"table", "id", "reason"}`.
+    func rejectLines(_ path: String) throws -> [[String: String]] {
+        try String(contentsOfFile: path, encoding: .utf8).split(separator: "\n").compactMap {
+            try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: String]
+        }
+    }
+
     func counts(_ report: [String: Any]?, _ table: String) -> [String: Int] {
         (report?[table] as? [String: Any])?.compactMapValues { $0 as? Int } ?? [:]
     }
@@ -307,9 +314,9 @@ final class SupabaseImportTests: EndToEndTestCase {
         // Bob's six refused events (Dup was not imported: its event is left out of the check).
         XCTAssertEqual(verification?["events_rejected"] as? Int, 6)
 
-        let lines = try String(contentsOfFile: rejectFile, encoding: .utf8).split(separator: "\n").compactMap {
-            try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: String]
-        }
+        let lines = try rejectLines(rejectFile)
+        XCTAssertEqual(
+            Set(lines.map { $0["id"] ?? "" }).count, lines.count, "each row once (the verification lists none again)")
         let reasons = Dictionary(lines.map { ($0["id"] ?? "", $0["reason"] ?? "") }, uniquingKeysWith: { $1 })
         let ids = try Dictionary(
             uniqueKeysWithValues: source.admin.query("select client_id::text, id::text from public.events").map {
@@ -919,7 +926,10 @@ final class SupabaseImportTests: EndToEndTestCase {
     /// A re-run reads again only the users whose count of source events changed. A source
     /// event that changed without changing the count (a refused payload fixed by the
     /// operator; an event deleted and another recorded) is found by the verification: that
-    /// run exits 4 and forgets those users' counts, so the next run reads them again.
+    /// run exits 4 and forgets those users' counts, so the next run reads them again. Every
+    /// run's reject file names the refused events its verification counts, each once, the
+    /// ones it did not read too (a re-run listed none: which they were was only in the reject
+    /// file of the run that read them, which the next run overwrote).
     func testEventsTheCountsMissArriveOnTheRunAfterTheVerificationFoundThem() throws {
         let source = try makeSource()
         let ada = try addUser(source, email: "ada@example.com")
@@ -928,17 +938,31 @@ final class SupabaseImportTests: EndToEndTestCase {
         let bob = try addUser(source, email: "bob@example.com")
         let deleted = try addEvents(source, user: bob, [("a", "{}", "2026-03-01 11:00:00+00")])[0]
         let server = try startServer()
-        var (result, report, _) = try importCommand(server, from: source.url)
+        let refusedID = try source.admin.query("select id::text from public.events where client_id = $1", refused)[0]
+            .decode(String.self, column: 0)
+        var (result, report, rejectFile) = try importCommand(server, from: source.url)
         XCTAssertEqual(result.status, 3, result.stderr + result.stdout)
         XCTAssertEqual(counts(report, "events")["rejected"], 1)
+        XCTAssertEqual(
+            try rejectLines(rejectFile),
+            [["table": "public.events", "id": refusedID, "reason": "payload is not a JSON object"]],
+            "listed by the events phase, and not again by the verification")
 
         // Nothing new: the refused event is not read again, and still reported, exit 3 (it
-        // said 0 rejected and exited 0, as if nothing were missing).
-        (result, report, _) = try importCommand(server, from: source.url)
+        // said 0 rejected and exited 0, as if nothing were missing), and listed once.
+        (result, report, rejectFile) = try importCommand(server, from: source.url)
         XCTAssertEqual(result.status, 3, "the refused event is still not here: " + result.stderr + result.stdout)
         XCTAssertEqual(counts(report, "events")["rejected"], 0, "not read again")
         XCTAssertEqual((report?["verification"] as? [String: Any])?["events_rejected"] as? Int, 1)
         XCTAssertEqual((report?["verification"] as? [String: Any])?["passed"] as? Bool, true)
+        XCTAssertEqual(
+            try rejectLines(rejectFile),
+            [
+                [
+                    "table": "public.events", "id": refusedID,
+                    "reason": "payload is not a JSON object (found by the verification)",
+                ]
+            ])
         let summary = try Command.run(
             Command.trunkSyncBinary(), ["import", "supabase", "--from", source.url, "--reject-file", rejectPath()],
             environment: server.environment)

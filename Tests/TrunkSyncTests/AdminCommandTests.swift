@@ -65,6 +65,12 @@ final class AdminCommandTests: XCTestCase {
         let show = try run(["users", "show", "ADA@example.com"])
         XCTAssertEqual(show.status, 0, show.stderr)
         XCTAssertTrue(show.stdout.contains("events:          2500"), show.stdout)
+        // No name: "—", as the console shows it (it printed nothing after the label).
+        XCTAssertTrue(show.stdout.contains("\nfull name:       —\n"), show.stdout)
+        try PostgresConnection.connect(database).query(
+            "update users set full_name = 'Bob Builder' where email = 'bob@example.com'")
+        let named = try run(["users", "show", "bob@example.com"])
+        XCTAssertTrue(named.stdout.contains("\nfull name:       Bob Builder\n"), named.stdout)
 
         let export = try run(["users", "export", "ada@example.com"])
         XCTAssertEqual(export.status, 0, export.stderr)

@@ -131,7 +131,7 @@ final class DevScriptsTests: XCTestCase {
             text().contains("API           http://127.0.0.1:\(httpPort)/  (described at /openapi.json"), text())
         XCTAssertTrue(text().contains("console       http://127.0.0.1:"), text())
         XCTAssertTrue(text().contains("enable it with TRUNK_SYNC_ADMIN_EMAILS="), text())
-        XCTAssertEqual(text().components(separatedBy: "migration=0001_initial_schema.sql").count, 2, text())
+        XCTAssertEqual(text().components(separatedBy: "0001_initial_schema.sql").count, 2, text())
         XCTAssertFalse(
             text().contains("TRUNK_SYNC_DATABASE_URL logs in as"), "no warning about the server's role: \(text())")
         // The owner's tools as printed, pasted into a shell in the checkout (trunk-sync is

@@ -27,6 +27,10 @@ final class MigrateCommandTests: XCTestCase {
         let first = try migrate()
         XCTAssertEqual(first.status, 0, first.stderr)
         XCTAssertTrue(first.stdout.contains("applied 0001_initial_schema.sql"), first.stdout)
+        // Named once, on stdout (a log line on stderr named each a second time).
+        XCTAssertEqual(
+            (first.stdout + first.stderr).components(separatedBy: "0001_initial_schema.sql").count, 2,
+            first.stdout + first.stderr)
         let second = try migrate()
         XCTAssertEqual(second.status, 0, second.stderr)
         XCTAssertTrue(second.stdout.contains("database is up to date"), second.stdout)

@@ -21,6 +21,10 @@ final class ImportRun {
     /// its user's count — a refused one fixed, one deleted and another recorded — is found
     /// only there).
     private var incomplete: [String] = []
+    /// Source events this run listed in the reject file as refused by trunk-sync's rules (by
+    /// the events phase, or the verification): the verification lists the others it finds
+    /// (earlier runs read them), so that no event is listed twice.
+    private var refusedListed = Set<String>()
     /// Users the last batch numbered, with the last `seq` it gave them: their next batch
     /// continues from there unless somebody pushed meanwhile.
     private var continuing: [String: Int64] = [:]
@@ -778,9 +782,10 @@ final class ImportRun {
 
     /// Writes one prepared batch in its own transaction, then announces it.
     private func write(_ prepared: PreparedBatch) throws {
-        for (id, reason) in prepared.rejects {
+        for (id, reason, byRules) in prepared.rejects {
             report.events.rejected += 1
             reject("public.events", id, reason)
+            if byRules { refusedListed.insert(id) }
         }
         let written: WrittenBatch
         do {
@@ -985,9 +990,11 @@ final class ImportRun {
     /// Merges the source's event keys with the destination's, both in `(user_id,
     /// client_id)` order through cursors (index-only scans on both sides): constant memory
     /// whatever the size. A source key missing here is looked up again, a thousand at a
-    /// time, to tell a rejected event (trunk-sync's rules refuse it) from a missing one.
-    /// The digests are order-independent (XOR of each pair's SHA-256), so a rejected pair
-    /// leaves the source's again.
+    /// time, to tell a rejected event (trunk-sync's rules refuse it) from a missing one, with
+    /// the rule's reason: a rejected event this run's events phase did not read (its user's
+    /// count unchanged) is listed in the reject file then, so each run's file names every
+    /// event its `eventsRejected` counts. The digests are order-independent (XOR of each
+    /// pair's SHA-256), so a rejected pair leaves the source's again.
     private func verify() throws {
         if !options.dryRun { try destination.execute("begin isolation level repeatable read, read only") }
         defer { if !options.dryRun { _ = try? destination.execute("commit") } }
@@ -1009,11 +1016,17 @@ final class ImportRun {
         func classifyPending() throws {
             guard !pending.isEmpty else { return }
             var accepted = Set<String>()
+            var refused: [String: [(id: String, reason: String)]] = [:]
             let rows = try source.connection.query(
-                SupabaseSource.acceptedKeysQuery, "{" + pending.map(\.user).joined(separator: ",") + "}",
+                SupabaseSource.keysRejectReasonQuery, "{" + pending.map(\.user).joined(separator: ",") + "}",
                 "{" + pending.map(\.client).joined(separator: ",") + "}")
-            for row in rows where try row.decode(Bool.self, column: 2) {
-                accepted.insert(try row.decode(String.self, column: 0) + "," + row.decode(String.self, column: 1))
+            for row in rows {
+                let key = try row.decode(String.self, column: 0) + "," + row.decode(String.self, column: 1)
+                if let reason = try row.decode(String?.self, column: 3) {
+                    refused[key, default: []].append((try row.decode(String.self, column: 2), reason))
+                } else {
+                    accepted.insert(key)
+                }
             }
             for key in pending {
                 if accepted.contains(key.user + "," + key.client) {
@@ -1026,11 +1039,15 @@ final class ImportRun {
                         verification.incompleteUsers[key.user, default: 0] += 1
                     }
                 } else {
-                    // Refused by trunk-sync's rules: not expected, but counted, so that a
-                    // re-run that does not read it again still reports it.
+                    // Refused by trunk-sync's rules: not expected, but counted and listed, so
+                    // that a re-run that does not read it again still reports which it is.
                     verification.eventsExpected -= 1
                     verification.eventsRejected += 1
                     xor(&sourceDigest, key.hash)
+                    for event in refused[key.user + "," + key.client] ?? []
+                    where refusedListed.insert(event.id).inserted {
+                        reject("public.events", event.id, event.reason + " (found by the verification)")
+                    }
                 }
             }
             pending.removeAll(keepingCapacity: true)
@@ -1161,8 +1178,9 @@ struct PreparedBatch: Sendable {
     var users: [(id: String, rows: Int)] = []
     /// `import_seen` rows: source rows per user.
     var seen = CopyText(capacity: 4096)
-    /// Rejected rows: source id, reason.
-    var rejects: [(String, String)] = []
+    /// Rejected rows: source id, reason, whether trunk-sync's rules refuse it (else its
+    /// user was not imported).
+    var rejects: [(id: String, reason: String, byRules: Bool)] = []
 }
 
 /// Reads the events of the pages of users it is given (`add`, until `close`) from the
@@ -1279,11 +1297,11 @@ final class BatchReader: @unchecked Sendable {  // state guarded by `condition`
             let user = try row.decode(String.self, column: 0)
             seen[user, default: 0] += 1
             if let reason = try row.decode(String?.self, column: 7) {
-                prepared.rejects.append((try row.decode(String.self, column: 1), reason))
+                prepared.rejects.append((try row.decode(String.self, column: 1), reason, true))
                 continue
             }
             if notImported.contains(user) {
-                prepared.rejects.append((try row.decode(String.self, column: 1), "its user was not imported"))
+                prepared.rejects.append((try row.decode(String.self, column: 1), "its user was not imported", false))
                 continue
             }
             for column in 0...6 { prepared.events.field(row, column) }

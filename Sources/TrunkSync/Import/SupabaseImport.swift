@@ -96,8 +96,9 @@ public struct SupabaseImport: Sendable {
         /// Up to 10 users with events missing, and how many.
         public var incompleteUsers: [String: Int] = [:]
         /// Source events of imported users that trunk-sync's rules refuse and that are not
-        /// here, whichever run rejected them (this run's are in its reject file; a later run
-        /// does not read them again, so this is where they stay counted).
+        /// here, whichever run rejected them. Each is in this run's reject file: a later run
+        /// does not read them again, so the verification counts them, and lists those this
+        /// run's events phase did not.
         public var eventsRejected = 0
 
         public var passed: Bool { eventsExpected == eventsFound && sourceDigest == destinationDigest }

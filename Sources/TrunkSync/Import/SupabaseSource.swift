@@ -223,10 +223,11 @@ struct SupabaseSource {
         order by e.user_id, e.client_id
         """
 
-    /// Whether trunk-sync's rules accept the events of the keys `($1[i], $2[i])` (uuid[]s).
-    /// Columns: user_id, client_id, accepted.
-    static let acceptedKeysQuery = """
-        select e.user_id::text, e.client_id::text, (\(eventRejectReason("e"))) is null
+    /// The events of the keys `($1[i], $2[i])` (uuid[]s), with why trunk-sync's rules refuse
+    /// each (`eventRejectReason`, the events phase's words; null: they accept it). Columns:
+    /// user_id, client_id, id, reject reason.
+    static let keysRejectReasonQuery = """
+        select e.user_id::text, e.client_id::text, e.id::text, \(eventRejectReason("e"))
         from unnest($1::uuid[], $2::uuid[]) k(user_id, client_id)
         join public.events e on e.user_id = k.user_id and e.client_id = k.client_id
         """

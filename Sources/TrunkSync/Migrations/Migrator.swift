@@ -109,7 +109,8 @@ public struct Migrator: Sendable {
                 let reason = [error.description, error.serverMessage].compactMap { $0 }.joined(separator: ": ")
                 throw MigrationError.failed(name: migration.name, reason: reason)
             }
-            logger.info("applied migration", metadata: ["migration": "\(migration.name)"])
+            // Not logged: the caller prints what was applied (`migrate`: `applied <name>` on
+            // stdout), and a log line beside it named each migration twice.
             applied.append(migration)
         }
         try after(connection)
