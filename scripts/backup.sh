@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Base backups for point-in-time recovery, beside the WAL archive PostgreSQL fills with its
-# archive_command (`test ! -f $BACKUP_DIR/wal/%f && cp %p $BACKUP_DIR/wal/%f`).
+# archive_command (docker-compose.yml's: each segment copied into $BACKUP_DIR/wal/, never
+# over another copy).
 #
 #   backup.sh once   take one base backup, then apply the retention
 #   backup.sh loop   the same now and every BACKUP_INTERVAL seconds (docker-compose.yml's
