@@ -5,7 +5,8 @@
 #
 #   backup.sh once   take one base backup, then apply the retention
 #   backup.sh loop   the same now and every BACKUP_INTERVAL seconds (docker-compose.yml's
-#                    `backup` service)
+#                    `backup` service); after a failed one, again in BACKUP_RETRY seconds
+#                    (default 300), not a whole interval later
 #   backup.sh prune  apply the retention only (after lowering BACKUP_KEEP, say)
 #   backup.sh restore TIME DATADIR
 #                    lay out a point-in-time restore to TIME in the empty DATADIR: the newest
@@ -37,8 +38,11 @@ export LC_ALL=C  # segment names compare byte by byte
 dir=${BACKUP_DIR:?set BACKUP_DIR}
 keep=${BACKUP_KEEP:-7}
 interval=${BACKUP_INTERVAL:-86400}
+retry=${BACKUP_RETRY:-300}
 [[ $keep =~ ^[1-9][0-9]*$ ]] || { echo "backup: BACKUP_KEEP must be a whole number of at least 1" >&2; exit 2; }
 [[ $interval =~ ^[1-9][0-9]*$ ]] || { echo "backup: BACKUP_INTERVAL must be a number of seconds" >&2; exit 2; }
+[[ $retry =~ ^[1-9][0-9]*$ ]] || { echo "backup: BACKUP_RETRY must be a number of seconds" >&2; exit 2; }
+(( retry <= interval )) || retry=$interval
 
 take() {
   mkdir -p "$dir/base" "$dir/wal"
@@ -170,9 +174,15 @@ case "${1:-once}" in
   prune) prune ;;
   restore) restore "${2:-}" "${3:-}" ;;
   loop)
+    # A failed base backup (the database restarting, a full disk, a changed password) is
+    # tried again soon: until one succeeds there is nothing the archived WAL can replay onto.
     while true; do
-      take || true
-      sleep "$interval"
+      if take; then
+        sleep "$interval"
+      else
+        echo "backup: trying again in $retry s (BACKUP_RETRY)" >&2
+        sleep "$retry"
+      fi
     done
     ;;
   *) echo "usage: backup.sh once|loop|prune|restore TIME DATADIR" >&2; exit 2 ;;
