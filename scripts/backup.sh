@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # Base backups for point-in-time recovery, beside the WAL archive PostgreSQL fills with its
-# archive_command (`test ! -f $BACKUP_DIR/wal/%f && cp %p $BACKUP_DIR/wal/%f`).
+# archive_command (docker-compose.yml's: each segment copied into $BACKUP_DIR/wal/, never
+# over another copy).
 #
 #   backup.sh once   take one base backup, then apply the retention
 #   backup.sh loop   the same now and every BACKUP_INTERVAL seconds (docker-compose.yml's
-#                    `backup` service)
+#                    `backup` service); after a failed one, again in BACKUP_RETRY seconds
+#                    (default 300), not a whole interval later
 #   backup.sh prune  apply the retention only (after lowering BACKUP_KEEP, say)
+#   backup.sh restore TIME DATADIR
+#                    lay out a point-in-time restore to TIME in the empty DATADIR: the newest
+#                    base backup that had ended by TIME, and the settings that make PostgreSQL
+#                    replay BACKUP_DIR/wal/ up to TIME when it starts there, then promote
 #
 # Connects with the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD) as a role that may
 # replicate (the cluster's superuser). Writes BACKUP_DIR/base/YYYYmmddTHHMMSSZ/ (base.tar.gz,
@@ -17,6 +23,13 @@
 # the archive (restored from off-host, rsynced without times) keeps its order. Timeline
 # history files (*.history) are never removed: a restore follows them to the latest timeline.
 #
+# A restore reaches no time before its base backup ended: PostgreSQL, given such a target,
+# does not refuse it but stops at the first commit after the backup's end, silently later
+# than asked (with the mistake the restore was to undo, if it came in between). So `restore`
+# picks the base backup by when it ended (its STOP TIME in the archive's .backup file, else
+# the end-time pg_basebackup's return left beside it) and refuses, writing nothing, a time
+# before every kept base backup ended.
+#
 # docs/operations.md ("Back up and restore") shows the restore; scripts/drill-restore.sh
 # (`make drill`) runs this script and the restore against real clusters.
 set -euo pipefail
@@ -25,8 +38,11 @@ export LC_ALL=C  # segment names compare byte by byte
 dir=${BACKUP_DIR:?set BACKUP_DIR}
 keep=${BACKUP_KEEP:-7}
 interval=${BACKUP_INTERVAL:-86400}
+retry=${BACKUP_RETRY:-300}
 [[ $keep =~ ^[1-9][0-9]*$ ]] || { echo "backup: BACKUP_KEEP must be a whole number of at least 1" >&2; exit 2; }
 [[ $interval =~ ^[1-9][0-9]*$ ]] || { echo "backup: BACKUP_INTERVAL must be a number of seconds" >&2; exit 2; }
+[[ $retry =~ ^[1-9][0-9]*$ ]] || { echo "backup: BACKUP_RETRY must be a number of seconds" >&2; exit 2; }
+(( retry <= interval )) || retry=$interval
 
 take() {
   mkdir -p "$dir/base" "$dir/wal"
@@ -45,6 +61,9 @@ take() {
     return 1
   fi
   mv "$target.partial" "$target"
+  # When it ended, by now at the latest: what `restore` compares a target with when the
+  # archive holds no .backup file for it (PostgreSQL's STOP TIME, exact, is read first).
+  date -u '+%Y-%m-%d %H:%M:%S UTC' >"$target/end-time"
   start_wal "$target" >/dev/null || echo "backup: cannot read where $target starts in the WAL" >&2
   echo "backup: base backup $target"
   prune
@@ -92,14 +111,79 @@ prune() {
   done
 }
 
+# When base backup $1 ended, in seconds since 1970: the STOP TIME of the archive's .backup
+# file with its label, else its end-time; nothing when neither says.
+end_of() {
+  local name=${1##*/} file stop
+  for file in "$dir/wal"/*.backup; do
+    [ -f "$file" ] && grep -qx "LABEL: trunk-sync $name" "$file" || continue
+    stop=$(sed -n 's/^STOP TIME: //p' "$file")
+    [ -n "$stop" ] && date -u -d "$stop" +%s 2>/dev/null && return 0
+  done
+  [ -s "$1/end-time" ] && date -u -d "$(cat "$1/end-time")" +%s 2>/dev/null
+}
+
+restore() {
+  local target=${1:-} data=${2:-} when canonical chosen='' oldest='' oldest_end='' base end
+  if [ -z "$target" ] || [ -z "$data" ]; then
+    echo "usage: backup.sh restore TIME DATADIR (TIME as '2026-11-26 14:03:09+00')" >&2
+    return 2
+  fi
+  if ! when=$(date -u -d "$target" +%s 2>/dev/null); then
+    echo "backup: restore: cannot read the time \"$target\"; write it as 2026-11-26 14:03:09+00" >&2
+    return 2
+  fi
+  canonical=$(date -u -d "$target" '+%Y-%m-%d %H:%M:%S.%6N+00')
+  if [ -e "$data" ] && [ -n "$(ls -A "$data")" ]; then
+    echo "backup: restore: $data is not empty; restore into a new, empty data directory" >&2
+    return 1
+  fi
+  while read -r base; do
+    [ -n "$base" ] || continue
+    if ! end=$(end_of "$base"); then
+      echo "backup: restore: cannot tell when $base ended (no .backup file in $dir/wal, no end-time); skipped" >&2
+      continue
+    fi
+    [ -n "$oldest" ] || { oldest=$base; oldest_end=$end; }
+    (( end <= when )) && chosen=$base
+  done < <(find "$dir/base" -mindepth 1 -maxdepth 1 -type d -name '2*Z' 2>/dev/null | sort)
+  if [ -z "$chosen" ]; then
+    if [ -n "$oldest" ]; then
+      echo "backup: restore: no base backup had ended by $canonical: the oldest kept, ${oldest##*/}, ended at $(date -u -d "@$oldest_end" '+%Y-%m-%d %H:%M:%S+00'), and a restore reaches no time before its base backup ended; nothing was written" >&2
+    else
+      echo "backup: restore: no base backup in $dir/base; nothing was written" >&2
+    fi
+    return 1
+  fi
+  mkdir -p "$data"
+  tar -xzf "$chosen/base.tar.gz" -C "$data"
+  tar -xzf "$chosen/pg_wal.tar.gz" -C "$data/pg_wal"
+  cat >>"$data/postgresql.auto.conf" <<EOF
+restore_command = 'cp $dir/wal/%f %p'
+recovery_target_time = '$canonical'
+recovery_target_action = 'promote'
+EOF
+  touch "$data/recovery.signal"
+  [ "$(id -u)" -eq 0 ] && id postgres >/dev/null 2>&1 && chown -R postgres: "$data"
+  chmod 700 "$data"
+  echo "backup: restore: base backup ${chosen##*/} laid out in $data; PostgreSQL replays $dir/wal up to $canonical when it starts there, then promotes"
+}
+
 case "${1:-once}" in
   once) take ;;
   prune) prune ;;
+  restore) restore "${2:-}" "${3:-}" ;;
   loop)
+    # A failed base backup (the database restarting, a full disk, a changed password) is
+    # tried again soon: until one succeeds there is nothing the archived WAL can replay onto.
     while true; do
-      take || true
-      sleep "$interval"
+      if take; then
+        sleep "$interval"
+      else
+        echo "backup: trying again in $retry s (BACKUP_RETRY)" >&2
+        sleep "$retry"
+      fi
     done
     ;;
-  *) echo "usage: backup.sh once|loop|prune" >&2; exit 2 ;;
+  *) echo "usage: backup.sh once|loop|prune|restore TIME DATADIR" >&2; exit 2 ;;
 esac

@@ -6,8 +6,9 @@
 #  2. scripts/backup.sh takes a base backup;
 #  3. a client pushes events (each acknowledged with 200), the time T is noted, it pushes
 #     more, then a destructive mistake: `delete from events`;
-#  4. the base backup is restored into a fresh cluster and the archived WAL replayed up to T
-#     (restore_command, recovery_target_time, as docs/operations.md says);
+#  4. scripts/backup.sh restore lays out the base backup in a fresh cluster and the archived
+#     WAL is replayed up to T (restore_command, recovery_target_time, as docs/operations.md
+#     says); a time before the base backup ended is refused with one line;
 #  5. exactly the events acknowledged before T are there; trunk-sync serves on the restored
 #     cluster and the client pulls them with the session it had; a device whose cursor was
 #     past T (it had pulled the events the restore took back) receives what is pushed next.
@@ -51,7 +52,7 @@ scripts/pg.sh start "$work/primary" "$primary_port"
 owner_url=$(scripts/pg.sh url "$work/primary" postgres)
 psql "$owner_url" -qAt \
   -c "alter system set archive_mode = on" \
-  -c "alter system set archive_command = 'test ! -f $backup/wal/%f && cp %p $backup/wal/%f'" >/dev/null
+  -c "alter system set archive_command = 'cmp -s %p $backup/wal/%f || { test ! -f $backup/wal/%f && cp %p $backup/wal/%f.tmp && sync $backup/wal/%f.tmp && mv $backup/wal/%f.tmp $backup/wal/%f; }'" >/dev/null
 scripts/pg.sh restart "$work/primary"
 psql "$owner_url" -qc "create database trunk_sync"
 echo "drill: ok primary archives its WAL to $backup/wal"
@@ -156,18 +157,23 @@ segment=$(archive_now)
 scripts/pg.sh stop "$work/primary"
 echo "drill: ok WAL archived through $segment; primary stopped"
 
-# 4. Restore into a fresh cluster, as docs/operations.md says.
+# 4. Restore into a fresh cluster, as docs/operations.md says: backup.sh restore lays out the
+#    newest base backup that had ended by T and the recovery settings. A time before the
+#    kept base backup ended is refused with one line, nothing written (PostgreSQL would
+#    instead stop at the backup's end, later than asked).
+restore_to() {  # restore_to TIME DATADIR
+  BACKUP_DIR=$backup scripts/backup.sh restore "$1" "$2"
+}
+if restore_to "$(date -u -d '1 hour ago' '+%Y-%m-%d %H:%M:%S+00')" "$work/too-early" >"$work/too-early.out" 2>&1; then
+  fail "a restore to an hour before the base backup was not refused: $(cat "$work/too-early.out")"
+fi
+[ "$(wc -l <"$work/too-early.out")" = 1 ] && grep -q "no base backup had ended by" "$work/too-early.out" \
+  || fail "a restore to before the base backup did not say so in one line: $(cat "$work/too-early.out")"
+[ ! -e "$work/too-early" ] || fail "a refused restore wrote $work/too-early"
+echo "drill: ok a restore to before the base backup is refused: $(cat "$work/too-early.out")"
 restored=$work/restored
-mkdir -p "$restored/pgdata"
-tar -xzf "$base/base.tar.gz" -C "$restored/pgdata"
-tar -xzf "$base/pg_wal.tar.gz" -C "$restored/pgdata/pg_wal"
-cat >>"$restored/pgdata/postgresql.auto.conf" <<EOF
-restore_command = 'cp $backup/wal/%f %p'
-recovery_target_time = '$target'
-recovery_target_action = 'promote'
-archive_mode = 'off'
-EOF
-touch "$restored/pgdata/recovery.signal"
+restore_to "$target" "$restored/pgdata" || fail "backup.sh restore to T failed"
+echo "archive_mode = 'off'" >>"$restored/pgdata/postgresql.auto.conf"
 cp "$work/primary/password" "$restored/password"
 chmod 700 "$restored/pgdata"
 [ "$(id -u)" -eq 0 ] && chown -R postgres "$restored"

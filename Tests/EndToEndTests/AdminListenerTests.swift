@@ -201,6 +201,26 @@ final class AdminListenerTests: EndToEndTestCase {
         XCTAssertEqual(server.logs.components(separatedBy: "not ready").count - 1, 1, server.logs)
     }
 
+    /// `serve` on a database `migrate` never ran on keeps retrying its start-up loads, and each
+    /// of their lines says to run `migrate`, not only PostgreSQL's `42P01 (undefined table)`.
+    func testAServerOnADatabaseMigrateNeverRanOnSaysToRunIt() throws {
+        let database = try TestDatabase.create(prefix: "e2e")
+        defer { try? TestDatabase.drop(database) }
+        let server = try launchServer(on: database)
+        defer { server.cleanUp() }  // before the database is dropped
+        try server.waitUntilListening(timeout: 15)
+        for load in ["cannot load signing keys", "cannot load revoked sessions"] {
+            let line = try XCTUnwrap(server.stderr.waitForLine(containing: load, timeout: 10), server.logs)
+            XCTAssertTrue(line.contains("42P01 (undefined table)"), line)
+            XCTAssertTrue(
+                line.contains(
+                    "this database lacks trunk-sync's tables or their newest migrations: run trunk-sync migrate"),
+                line)
+        }
+        let detailed = try server.adminExchange(request("GET", "/readyz"))
+        assertJSONError(detailed, status: 503, code: "migrations_pending")
+    }
+
     /// A port in use stops `serve` with its one line and exit code 1, after closing what it
     /// had opened: the pools, the listener's connection (which may still be connecting), the
     /// other listener, every thread joined. Exiting with a pool thread inside libpq made

@@ -97,6 +97,52 @@ final class BackupRetentionTests: XCTestCase {
             again.stdout)
     }
 
+    /// `backup.sh loop` (the compose `backup` service) after a failed base backup tries again
+    /// in BACKUP_RETRY seconds, not a whole BACKUP_INTERVAL later: until one succeeds, the
+    /// archived WAL has nothing to replay onto. pg_basebackup and sleep are stand-ins on
+    /// PATH: the first base backup fails, the second succeeds, the second sleep ends the loop.
+    func testALoopTriesAFailedBaseBackupAgainSoon() throws {
+        let bin = directory + "/bin"
+        try FileManager.default.createDirectory(atPath: bin, withIntermediateDirectories: true)
+        let fakes = [
+            "pg_basebackup": """
+            #!/bin/bash
+            set -e
+            echo attempt >>"\(directory)/attempts"
+            if [ "$(wc -l <"\(directory)/attempts")" = 1 ]; then
+              echo "pg_basebackup: error: connection to server failed" >&2
+              exit 1
+            fi
+            for argument in "$@"; do case $argument in --pgdata=*) target=${argument#--pgdata=} ;; esac; done
+            mkdir -p "$target" "\(directory)/label"
+            printf 'START WAL LOCATION: 0/2000028 (file 000000010000000000000002)\n' >"\(directory)/label/backup_label"
+            tar -czf "$target/base.tar.gz" -C "\(directory)/label" backup_label
+            tar -czf "$target/pg_wal.tar.gz" -C "\(directory)/label" backup_label
+            """,
+            "sleep": """
+            #!/bin/bash
+            echo "$1" >>"\(directory)/sleeps"
+            [ "$(wc -l <"\(directory)/sleeps")" -lt 2 ] || kill -TERM "$PPID"
+            """,
+        ]
+        for (name, script) in fakes {
+            FileManager.default.createFile(
+                atPath: "\(bin)/\(name)", contents: Data((script + "\n").utf8), attributes: [.posixPermissions: 0o755])
+        }
+        let path = bin + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")
+        let result = try Command.run(
+            "/bin/bash", [repositoryRoot() + "/scripts/backup.sh", "loop"],
+            environment: Command.environment([
+                "BACKUP_DIR": directory, "BACKUP_RETRY": "7", "BACKUP_INTERVAL": "86400", "PATH": path,
+            ]))
+        XCTAssertEqual(
+            try String(contentsOfFile: directory + "/sleeps", encoding: .utf8), "7\n86400\n",
+            result.stdout + result.stderr)
+        XCTAssertTrue(result.stderr.contains("backup: pg_basebackup failed; the previous base backups are kept\n"))
+        XCTAssertTrue(result.stderr.contains("backup: trying again in 7 s (BACKUP_RETRY)\n"), result.stderr)
+        XCTAssertTrue(result.stdout.contains("backup: base backup \(directory)/base/"), result.stdout)
+    }
+
     func testAnUnreadableLabelKeepsTheArchivedWAL() throws {
         try FileManager.default.createDirectory(
             atPath: directory + "/base/20261102T020000Z", withIntermediateDirectories: true)

@@ -240,8 +240,10 @@ final class DeploymentFilesTests: XCTestCase {
     func testComposeBacksUpAsTheDrillRestores() throws {
         let compose = try String(contentsOfFile: repositoryRoot() + "/docker-compose.yml", encoding: .utf8)
         let drill = try String(contentsOfFile: repositoryRoot() + "/scripts/drill-restore.sh", encoding: .utf8)
-        XCTAssertTrue(compose.contains("- archive_command=test ! -f /backup/wal/%f && cp %p /backup/wal/%f"), compose)
-        XCTAssertTrue(drill.contains("archive_command = 'test ! -f $backup/wal/%f && cp %p $backup/wal/%f'"), drill)
+        let command = try archiveCommand()
+        XCTAssertTrue(
+            drill.contains("archive_command = '\(command.replacingOccurrences(of: "/backup/", with: "$backup/"))'"),
+            drill)
         XCTAssertTrue(compose.contains("- ./scripts/backup.sh:/usr/local/bin/trunk-sync-backup:ro"), compose)
         XCTAssertTrue(compose.contains("BACKUP_DIR: /backup"), compose)
         XCTAssertTrue(drill.contains("scripts/backup.sh once"), drill)
@@ -257,6 +259,44 @@ final class DeploymentFilesTests: XCTestCase {
         XCTAssertFalse(rules.contains { $0.first == "host" && $0.last == "trust" }, "no password-less network login")
         let makefile = try String(contentsOfFile: repositoryRoot() + "/Makefile", encoding: .utf8)
         XCTAssertTrue(makefile.contains("drill:\n\tscripts/drill-restore.sh"), makefile)
+    }
+
+    /// docker-compose.yml's archive_command, with /backup/ as it is written there.
+    func archiveCommand() throws -> String {
+        let compose = try String(contentsOfFile: repositoryRoot() + "/docker-compose.yml", encoding: .utf8)
+        let line = compose.split(separator: "\n").map { $0.trimmingCharacters(in: .whitespaces) }
+            .first { $0.hasPrefix("- archive_command=") }
+        return String(try XCTUnwrap(line).dropFirst("- archive_command=".count))
+    }
+
+    /// The compose file's archive_command, run as PostgreSQL runs it (`sh -c` in the data
+    /// directory, %p and %f replaced): a segment archived again, as PostgreSQL does after a
+    /// crash that came before it noted the segment done, succeeds when the copy holds the
+    /// same bytes (else archiving would stop for good, the WAL piling up in pg_wal), fails
+    /// when it holds others, which stay; no copy is left under a temporary name.
+    func testTheArchiveCommandTakesASegmentArchivedAgainAfterACrash() throws {
+        let directory = NSTemporaryDirectory() + "archive-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: directory + "/wal", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: directory + "/data/pg_wal", withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let segment = "000000010000000000000003"
+        let command = try archiveCommand().replacingOccurrences(of: "/backup/", with: directory + "/")
+            .replacingOccurrences(of: "%p", with: "pg_wal/" + segment).replacingOccurrences(of: "%f", with: segment)
+        func archive() throws -> Command.Result {
+            try Command.run("/bin/sh", ["-c", command], currentDirectory: directory + "/data")
+        }
+        let bytes = Data((0..<65536).map { _ in UInt8.random(in: 0...255) })
+        try bytes.write(to: URL(fileURLWithPath: "\(directory)/data/pg_wal/\(segment)"))
+        let first = try archive()
+        XCTAssertEqual(first.status, 0, first.stderr)
+        XCTAssertEqual(FileManager.default.contents(atPath: "\(directory)/wal/\(segment)"), bytes)
+        let again = try archive()
+        XCTAssertEqual(again.status, 0, "the same segment archived again: \(again.stderr)")
+        try Data(bytes.reversed()).write(to: URL(fileURLWithPath: "\(directory)/data/pg_wal/\(segment)"))
+        let other = try archive()
+        XCTAssertNotEqual(other.status, 0, "another segment of the same name must not replace the copy")
+        XCTAssertEqual(FileManager.default.contents(atPath: "\(directory)/wal/\(segment)"), bytes)
+        XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: directory + "/wal"), [segment])
     }
 
     /// The upgrade's `config check` runs the new version: `docker compose run` uses the image

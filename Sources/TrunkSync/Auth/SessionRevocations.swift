@@ -166,7 +166,8 @@ public final class SessionRevocations: Sendable {
                 return
             } catch {
                 if Task.isCancelled { return }
-                logger.warning("cannot load revoked sessions; retrying", metadata: ["error": "\(error)"])
+                logger.warning(
+                    "cannot load revoked sessions; retrying", metadata: ["error": "\(Migrator.explain(error))"])
                 try? await Task.sleep(for: delay)
                 delay = min(delay * 2, .seconds(5))
             }

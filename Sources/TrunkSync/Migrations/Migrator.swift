@@ -150,3 +150,16 @@ public struct Migrator: Sendable {
         }
     }
 }
+
+extension Migrator {
+    /// `error` for a log line of work that reads the schema (`serve`'s start-up loads, their
+    /// retries): a missing table, column or function means `migrate` has not run on this
+    /// database, or not this version's migrations, which PostgreSQL's code alone
+    /// (`42P01 (undefined table)`) does not tell an operator.
+    public static func explain(_ error: Error) -> String {
+        guard let state = (error as? PostgresError)?.sqlState,
+            [.undefinedTable, .undefinedFunction, SQLState(rawValue: "42703")].contains(state)
+        else { return "\(error)" }
+        return "\(error): this database lacks trunk-sync's tables or their newest migrations: run trunk-sync migrate"
+    }
+}

@@ -175,7 +175,7 @@ public struct Application: Sendable {
             try await auth.revocations.load()
         } catch {
             if Task.isCancelled { return }  // `serve` stopping during its start-up
-            logger.error("cannot load revoked sessions; retrying", metadata: ["error": "\(error)"])
+            logger.error("cannot load revoked sessions; retrying", metadata: ["error": "\(Migrator.explain(error))"])
         }
     }
 
@@ -195,7 +195,7 @@ public struct Application: Sendable {
             first = try await reloadSigningKeys()
         } catch {
             if Task.isCancelled { return nil }  // `serve` stopping during its start-up: no refresh
-            logger.error("cannot load signing keys; retrying", metadata: ["error": "\(error)"])
+            logger.error("cannot load signing keys; retrying", metadata: ["error": "\(Migrator.explain(error))"])
             delay = retry
         }
         keyRefresh.replace(
@@ -208,7 +208,8 @@ public struct Application: Sendable {
                         delay = interval
                     } catch {
                         if Task.isCancelled { return }
-                        logger.error("cannot reload signing keys; retrying", metadata: ["error": "\(error)"])
+                        logger.error(
+                            "cannot reload signing keys; retrying", metadata: ["error": "\(Migrator.explain(error))"])
                         delay = retry
                     }
                 }
