@@ -7,9 +7,9 @@ cd "$(dirname "$0")/.."
 
 scripts/deps.sh
 # Debian's Chromium and its chromedriver for the browser tests (the console, the event
-# stream's EventSource, the web client), Node for the web client's pure parts; Selenium never
-# downloads a browser here.
-scripts/deps.sh chromium chromium-driver nodejs
+# stream's EventSource, the web client), Node for the web client's pure parts (Selenium never
+# downloads a browser here); nginx to run docs/operations.md's reverse proxy as written.
+scripts/deps.sh chromium chromium-driver nodejs nginx-light
 # The code's format first (seconds; `make format` fixes it). The generated files under
 # Sources/TrunkSync/Generated are left to their scripts (`// swift-format-ignore-file`).
 swift format lint --strict --recursive Sources Tests Package.swift
