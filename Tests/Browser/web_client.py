@@ -1895,7 +1895,9 @@ def a_record_that_fails_to_read_for_a_while_is_kept(proxy):
     file locked for a moment, say by a virus scanner just after it was written): no push may
     drop it for that. The push fails with it, as before, every event kept in the outbox;
     only once it failed in a later push too, `unreadableGrace` after (10 minutes; 0 here),
-    is it set aside, told once, and the others pushed, in order."""
+    is it set aside, told once, and the others pushed, in order. A record before it whose
+    file is gone is set aside at once, by the push that then fails: told all the same, in
+    `'rejected'`."""
     profile = tempfile.mkdtemp(prefix="trunk-sync-profile-")
     driver = browser(profile)
     try:
@@ -1903,36 +1905,42 @@ def a_record_that_fails_to_read_for_a_while_is_kept(proxy):
         sign_in(driver, f"jay-{RUN}@example.com")
         recorded = js(driver, RANDOM_TEXT + """
             const ids = [await client.record('note', {tag: 'damaged', n: 0})];
+            await client.record('note', {tag: 'damaged', n: 'gone', text: random(64 * 1024 - 40)});
             await client.record('note', {tag: 'damaged', n: 'large', text: random(64 * 1024 - 40)});
             ids.push(await client.record('note', {tag: 'damaged', n: 1}));
             const db = await client.current().db();
             const keys = db.transaction('outbox').objectStore('outbox').getAllKeys();
             const outboxKeys = await new Promise((resolve) => { keys.onsuccess = () => resolve(keys.result) });
-            return {ids, largeKey: outboxKeys[1], pending: await client.pendingCount()};
+            return {ids, goneKey: outboxKeys[1], largeKey: outboxKeys[2], pending: await client.pendingCount()};
         """)
-        assert recorded["pending"] == 3, recorded
+        assert recorded["pending"] == 4, recorded
     finally:
         driver.quit()
     files = large_value_files(profile)
-    assert len(files) == 1, f"Chromium kept the large value inline, not in a file: {files}"
-    with open(files[0], "r+b") as file:
+    assert len(files) == 2, f"Chromium kept the large values inline, not in files: {files}"
+    os.remove(files[0])
+    with open(files[1], "r+b") as file:
         file.truncate(1000)
     driver = browser(profile)
     try:
         open_page(driver, proxy.url, {"autoPush": False, "live": False})
         outcome = js(driver, """
             const sync = async () => { try { return await client.sync() } catch (e) { return {failed: String(e.name || e.code)} } };
+            const told = [];
+            client.onStateChange((state, detail) => { if (state === 'rejected') told.push(detail.map((e) => e.client_id)) });
             const first = await sync();
             const second = await sync();
             const kept = {pending: await client.pendingCount(), quarantined: (await client.quarantinedEvents()).length};
             client.unreadableGrace = 0;
             const third = await sync();
             const fourth = await sync();
-            return {first, second, kept, third, fourth, pending: await client.pendingCount()};
+            return {first, second, kept, told, third, fourth, pending: await client.pendingCount()};
         """)
         lost = f"unreadable-{recorded['largeKey']}"
         assert outcome["first"] == {"failed": "UnknownError"} == outcome["second"], outcome
-        assert outcome["kept"] == {"pending": 3, "quarantined": 0}, outcome
+        # The record whose file is gone left at once, told by the push that failed then.
+        assert outcome["told"] == [[f"unreadable-{recorded['goneKey']}"]], outcome
+        assert outcome["kept"] == {"pending": 3, "quarantined": 1}, outcome
         third = outcome["third"]
         assert third["pushed"] == 2 and [(e["client_id"], e["field"]) for e in third["rejected"]] == [(lost, "unreadable")], outcome
         assert outcome["fourth"] == {"pushed": 0, "duplicates": 0, "rejected": [], "pulled": 0}, outcome

@@ -275,7 +275,8 @@ export class TrunkSyncClient {
    * leader's push failed and will be tried again (`detail`: the error). `'rejected'`: the
    * leader's push moved events the server refused, or outbox records it could not send
    * (field `record`) or the browser could not read (field `unreadable`), to the quarantine
-   * (`detail`: them). `'live_failed'`: the leader's live
+   * (`detail`: them); so does any push, `sync()`'s too, that failed after it moved some
+   * (its report lost with the error). `'live_failed'`: the leader's live
    * stream failed (no answer, a page in the way, a message it cannot read, silence) and is
    * reopened after a backoff (`detail`: the error). `'pushed'`: in every tab, a push (any
    * tab's) took events out of the outbox, the server having stored them: `pendingCount()` is

@@ -1225,7 +1225,8 @@ export class TrunkSyncClient {
    * account's leader), `'signed_out'` (the session ended, however), `'push_failed'` (the
    * leader's push failed and will be tried again; detail: the error), `'rejected'` (the
    * leader's push moved events the server refused, or outbox records it could not send or
-   * the browser could not read, to the quarantine; detail: them), `'live_failed'` (the
+   * the browser could not read, to the quarantine; detail: them; so does any push, `sync()`'s
+   * too, that failed after it moved some), `'live_failed'` (the
    * leader's live stream failed — no answer, a page in the way, a message it cannot read,
    * silence — and is reopened after a backoff; detail: the error), `'pushed'` (in every
    * tab: a push, any tab's, took events out of the outbox, the server having stored them;
@@ -1624,12 +1625,29 @@ export class TrunkSyncClient {
   }
 
   /**
-   * Pushes every event in the outbox, oldest first, in batches within the limits.
+   * Pushes every event in the outbox, oldest first, in batches within the limits. A push
+   * that fails after it moved events to the quarantine (refused by the server, set aside)
+   * tells them all the same, in `'rejected'`: its report goes with the error, and they are
+   * told only once.
    * @param {Account} account @param {{retry?: boolean}} [options]
    */
   async pushAll(account, options = {}) {
-    const db = await account.db();
     const report = { pushed: 0, duplicates: 0, rejected: /** @type {any[]} */ ([]) };
+    try {
+      return await this.pushBatches(account, options, report);
+    } catch (error) {
+      if (report.rejected.length > 0) this.emitState('rejected', report.rejected);
+      throw error;
+    }
+  }
+
+  /**
+   * `pushAll`'s batches, counted in `report`.
+   * @param {Account} account @param {{retry?: boolean}} options
+   * @param {{pushed: number, duplicates: number, rejected: any[]}} report
+   */
+  async pushBatches(account, options, report) {
+    const db = await account.db();
     // Halved to find the event a 400 is about (the full size again after), or to fit under a
     // 413's body limit (someone's on the way, say a proxy's): kept for the rest of this push,
     // so each batch after does not send megabytes only to be refused again.
