@@ -56,13 +56,14 @@ struct Migrate: AsyncParsableCommand {
                             encrypted = try SigningKeyStore.encryptPlaintextKeys(on: connection, encryption: encryption)
                             if let server { role = try DatabaseRoles.ensureServerLogin(server, on: connection) }
                             timeline = try SeqTimeline.check(on: connection, force: afterRestore)
-                        })
+                        },
+                        // Each as it is committed: a later failure leaves it applied, and the
+                        // operator told so.
+                        applied: { print("applied \($0.name)") })
                     return (applied, encrypted, role, timeline)
                 }
                 if applied.isEmpty {
                     print("database is up to date (\(migrator.migrations.count) migrations applied)")
-                } else {
-                    for migration in applied { print("applied \(migration.name)") }
                 }
                 if encrypted > 0 { print("encrypted \(encrypted) signing key(s) with TRUNK_SYNC_KEY_ENCRYPTION_KEY") }
                 switch timeline {

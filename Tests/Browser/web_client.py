@@ -1412,6 +1412,7 @@ def main():
         guide_page_works(first)
         answers_not_the_servers(first)
         a_record_the_browser_cannot_read_blocks_nothing(proxy)
+        a_record_that_fails_to_read_for_a_while_is_kept(proxy)
     finally:
         first.quit()
         if second:
@@ -1773,6 +1774,25 @@ def a_cursor_or_quarantine_entry_it_cannot_read_blocks_nothing(driver, proxy):
     step("a stored cursor or a quarantine entry it cannot read blocks no sync: pulled again from the start")
 
 
+# Base64 of random bytes: nothing to compress, so a value of it stays over Chrome's wrapping
+# threshold, in a file of its own (see large_value_files).
+RANDOM_TEXT = """
+    const random = (length) => {
+      const bytes = crypto.getRandomValues(new Uint8Array(length));
+      let text = '';
+      for (let i = 0; i < bytes.length; i += 8192) text += String.fromCharCode(...bytes.subarray(i, i + 8192));
+      return btoa(text).slice(0, length);
+    };
+"""
+
+
+def large_value_files(profile):
+    """The files Chromium keeps large IndexedDB values in under `profile`, in the order written."""
+    return sorted((path for path in glob.glob(os.path.join(profile, "Default", "IndexedDB", "*.indexeddb.blob", "**"),
+                                              recursive=True) if os.path.isfile(path)),
+                  key=lambda path: int(os.path.basename(path), 16))
+
+
 def a_record_the_browser_cannot_read_blocks_nothing(proxy):
     """Records whose value the browser cannot read any more: Chrome keeps a value over its
     wrapping threshold (~64 KiB: an event near the payload limit) in a file of its own under
@@ -1791,14 +1811,7 @@ def a_record_the_browser_cannot_read_blocks_nothing(proxy):
     try:
         open_page(driver, proxy.url, {"autoPush": False, "live": False})
         sign_in(driver, address)
-        recorded = js(driver, """
-            // Base64 of random bytes: nothing to compress, so the value stays over the threshold.
-            const random = (length) => {
-              const bytes = crypto.getRandomValues(new Uint8Array(length));
-              let text = '';
-              for (let i = 0; i < bytes.length; i += 8192) text += String.fromCharCode(...bytes.subarray(i, i + 8192));
-              return btoa(text).slice(0, length);
-            };
+        recorded = js(driver, RANDOM_TEXT + """
             const ids = [];
             for (let n = 0; n < 3; n++) ids.push(await client.record('note', {tag: 'blob', n}));
             // 64 KiB of JSON, the most `record` takes (the server's limit as stored is the same).
@@ -1826,9 +1839,7 @@ def a_record_the_browser_cannot_read_blocks_nothing(proxy):
         driver.quit()
     # The large values' files (numbered in the order written: the outbox's, the quarantine's):
     # the first deleted, the second cut short.
-    files = sorted((path for path in glob.glob(os.path.join(profile, "Default", "IndexedDB", "*.indexeddb.blob", "**"),
-                                               recursive=True) if os.path.isfile(path)),
-                   key=lambda path: int(os.path.basename(path), 16))
+    files = large_value_files(profile)
     assert len(files) == 2, f"Chromium kept the large values inline, not in files: {files}"
     os.remove(files[0])
     with open(files[1], "r+b") as file:
@@ -1876,6 +1887,71 @@ def a_record_the_browser_cannot_read_blocks_nothing(proxy):
         shutil.rmtree(profile, ignore_errors=True)
     step("an outbox record the browser cannot read (its large value's file lost) is set aside, told once;"
          " the others are pushed, in order")
+
+
+def a_record_that_fails_to_read_for_a_while_is_kept(proxy):
+    """An outbox record whose large value's file is cut short fails its reads with
+    `UnknownError`, what Chrome reports for its internal, "likely transient", failures (a
+    file locked for a moment, say by a virus scanner just after it was written): no push may
+    drop it for that. The push fails with it, as before, every event kept in the outbox;
+    only once it failed in a later push too, `unreadableGrace` after (10 minutes; 0 here),
+    is it set aside, told once, and the others pushed, in order. A record before it whose
+    file is gone is set aside at once, by the push that then fails: told all the same, in
+    `'rejected'`."""
+    profile = tempfile.mkdtemp(prefix="trunk-sync-profile-")
+    driver = browser(profile)
+    try:
+        open_page(driver, proxy.url, {"autoPush": False, "live": False})
+        sign_in(driver, f"jay-{RUN}@example.com")
+        recorded = js(driver, RANDOM_TEXT + """
+            const ids = [await client.record('note', {tag: 'damaged', n: 0})];
+            await client.record('note', {tag: 'damaged', n: 'gone', text: random(64 * 1024 - 40)});
+            await client.record('note', {tag: 'damaged', n: 'large', text: random(64 * 1024 - 40)});
+            ids.push(await client.record('note', {tag: 'damaged', n: 1}));
+            const db = await client.current().db();
+            const keys = db.transaction('outbox').objectStore('outbox').getAllKeys();
+            const outboxKeys = await new Promise((resolve) => { keys.onsuccess = () => resolve(keys.result) });
+            return {ids, goneKey: outboxKeys[1], largeKey: outboxKeys[2], pending: await client.pendingCount()};
+        """)
+        assert recorded["pending"] == 4, recorded
+    finally:
+        driver.quit()
+    files = large_value_files(profile)
+    assert len(files) == 2, f"Chromium kept the large values inline, not in files: {files}"
+    os.remove(files[0])
+    with open(files[1], "r+b") as file:
+        file.truncate(1000)
+    driver = browser(profile)
+    try:
+        open_page(driver, proxy.url, {"autoPush": False, "live": False})
+        outcome = js(driver, """
+            const sync = async () => { try { return await client.sync() } catch (e) { return {failed: String(e.name || e.code)} } };
+            const told = [];
+            client.onStateChange((state, detail) => { if (state === 'rejected') told.push(detail.map((e) => e.client_id)) });
+            const first = await sync();
+            const second = await sync();
+            const kept = {pending: await client.pendingCount(), quarantined: (await client.quarantinedEvents()).length};
+            client.unreadableGrace = 0;
+            const third = await sync();
+            const fourth = await sync();
+            return {first, second, kept, told, third, fourth, pending: await client.pendingCount()};
+        """)
+        lost = f"unreadable-{recorded['largeKey']}"
+        assert outcome["first"] == {"failed": "UnknownError"} == outcome["second"], outcome
+        # The record whose file is gone left at once, told by the push that failed then.
+        assert outcome["told"] == [[f"unreadable-{recorded['goneKey']}"]], outcome
+        assert outcome["kept"] == {"pending": 3, "quarantined": 1}, outcome
+        third = outcome["third"]
+        assert third["pushed"] == 2 and [(e["client_id"], e["field"]) for e in third["rejected"]] == [(lost, "unreadable")], outcome
+        assert outcome["fourth"] == {"pushed": 0, "duplicates": 0, "rejected": [], "pulled": 0}, outcome
+        assert outcome["pending"] == 0, outcome
+        stored = tagged(server_events(stored_session(driver)["access_token"]), "damaged")
+        assert [event["client_id"] for event in stored] == recorded["ids"], stored
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+    step("an outbox record whose reads fail for a while (its large value's file cut short) is kept until it failed"
+         " in a later push too, then set aside")
 
 
 def live_leader(driver, proxy):

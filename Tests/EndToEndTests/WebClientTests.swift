@@ -142,6 +142,8 @@ final class WebClientTests: EndToEndTestCase {
             "a stored cursor or a quarantine entry it cannot read blocks no sync: pulled again from the start",
             "an outbox record the browser cannot read (its large value's file lost) is set aside, told once;"
                 + " the others are pushed, in order",
+            "an outbox record whose reads fail for a while (its large value's file cut short) is kept until it failed"
+                + " in a later push too, then set aside",
             "a live stream message cut short loses no event: the one before it delivered, the app told",
             "a live stream line that never ends is dropped and reopened; the next event arrives",
         ] {

@@ -196,6 +196,26 @@ final class MigrateCommandTests: XCTestCase {
         XCTAssertEqual(rows, try Migration.load(from: repositoryRoot() + "/migrations").count)
     }
 
+    /// A migration that fails leaves those before it in the run committed: the output names
+    /// them, as each was applied (they were named only at the end, and a log line was all
+    /// that said so when a later one failed).
+    func testAFailedMigrationStillNamesTheOnesAppliedBeforeIt() throws {
+        let directory = NSTemporaryDirectory() + "failing-" + UUID().uuidString
+        try FileManager.default.copyItem(atPath: repositoryRoot() + "/migrations", toPath: directory)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try "select no_such_function();\n".write(
+            toFile: directory + "/9999_fails.sql", atomically: true, encoding: .utf8)
+        environment["TRUNK_SYNC_MIGRATIONS_DIR"] = directory
+        let failed = try migrate()
+        XCTAssertEqual(failed.status, 1, failed.stdout)
+        XCTAssertTrue(failed.stderr.contains("9999_fails.sql failed and was rolled back"), failed.stderr)
+        XCTAssertTrue(failed.stdout.contains("applied 0001_initial_schema.sql\n"), failed.stdout)
+        let applied = try PostgresConnection.connect(database).query("select count(*) from schema_migrations")[0]
+            .decode(Int.self, column: 0)
+        XCTAssertEqual(applied, try Migration.load(from: repositoryRoot() + "/migrations").count)
+        XCTAssertEqual(failed.stdout.components(separatedBy: "applied ").count - 1, applied, failed.stdout)
+    }
+
     func testEditedFileStopsMigrateWithOneClearLine() throws {
         let directory = NSTemporaryDirectory() + "edited-" + UUID().uuidString
         try FileManager.default.copyItem(atPath: repositoryRoot() + "/migrations", toPath: directory)

@@ -111,7 +111,8 @@ export interface RefusedEvent {
  * value over ~64 KiB in a file of its own in the profile; that file lost or damaged, the read
  * fails with `NotReadableError` or `UnknownError`). Its content is gone: `type`,
  * `client_timestamp` empty, `payload` `{}`, the browser's error in `reason`. For an outbox
- * record (set aside by the push, told once in `rejected`): under `unreadable-<n>`, with
+ * record (set aside by the push, at once when its file is missing, after its reads failed
+ * for 10 minutes across pushes otherwise; told once in `rejected`): under `unreadable-<n>`, with
  * `outbox_key` n. For a quarantine entry (listed as found, not stored): under its own key,
  * `quarantined_at` empty. `requeueQuarantined` leaves it; `discardQuarantined` drops it.
  */
@@ -274,7 +275,8 @@ export class TrunkSyncClient {
    * leader's push failed and will be tried again (`detail`: the error). `'rejected'`: the
    * leader's push moved events the server refused, or outbox records it could not send
    * (field `record`) or the browser could not read (field `unreadable`), to the quarantine
-   * (`detail`: them). `'live_failed'`: the leader's live
+   * (`detail`: them); so does any push, `sync()`'s too, that failed after it moved some
+   * (its report lost with the error). `'live_failed'`: the leader's live
    * stream failed (no answer, a page in the way, a message it cannot read, silence) and is
    * reopened after a backoff (`detail`: the error). `'pushed'`: in every tab, a push (any
    * tab's) took events out of the outbox, the server having stored them: `pendingCount()` is
@@ -299,8 +301,17 @@ export function pushResults(body: unknown): Map<string, 'created' | 'duplicate'>
 export function outboxProblem(record: unknown, serialize?: boolean): string | null;
 export function streamEvent(data: string): SyncEvent | null;
 export function storedSeq(value: unknown): number | undefined;
-/** Whether an IndexedDB read failed for its record (`NotReadableError`, `UnknownError`, `DataError`). */
+/**
+ * Whether an IndexedDB read failed for its record (`NotReadableError`, `NotFoundError`,
+ * `UnknownError`, `DataError`).
+ */
 export function unreadableValue(error: unknown): boolean;
+/**
+ * Whether such a failure says the value is gone for good (its file missing:
+ * `NotReadableError`, or `NotFoundError` in Chrome 12x–129); Chrome's other failures
+ * (`UnknownError`, older `DataError`) are likely transient.
+ */
+export function valueLost(error: unknown): boolean;
 /**
  * Reads each key with `read`, once more those that failed: the values (in key order, none
  * for `undefined`) and the keys that failed twice with `unreadableValue`; rejects with any

@@ -294,15 +294,35 @@ export function outboxProblem(record, serialize = true) {
  * read: Chrome keeps a value over its wrapping threshold (~64 KiB: an event near the payload
  * limit) in a file of its own under the profile's `*.indexeddb.blob` directory, and that
  * file lost (disk clean-up, a profile copied without it) fails the read with
- * `NotReadableError` ("Data lost due to missing file"), damaged with `UnknownError` ("Failed
- * to read large IndexedDB value"); other versions say `DataError`. A read of many records
+ * `NotReadableError` ("Data lost due to missing file"; `NotFoundError` in Chrome 12x–129),
+ * damaged or not readable now with `UnknownError` ("Failed to read large IndexedDB value");
+ * older versions say `DataError` (see `valueLost`). A read of many records
  * (`getAll`) fails as a whole for one of them. Anything else (the database closed, the
  * transaction aborted, the quota) is not the record's.
  * @param {unknown} error @returns {boolean}
  */
 export function unreadableValue(error) {
-  const name = error && typeof error === 'object' && 'name' in error ? error.name : '';
-  return name === 'NotReadableError' || name === 'UnknownError' || name === 'DataError';
+  const name = errorName(error);
+  return valueLost(error) || name === 'UnknownError' || name === 'DataError';
+}
+
+/**
+ * Whether a read that failed for its record (`unreadableValue`) says the value is gone for
+ * good: its file is missing, `NotReadableError` ("Data lost due to missing file. Affected
+ * record should be considered irrecoverable"; `NotFoundError` in Chrome 12x–129). Chrome
+ * reports its other failures to read a large value (a file it could not read, cut short)
+ * as `UnknownError`, "since these are internal, likely transient, errors" (its source's
+ * words), and older versions every failure as `DataError`: such a record may read again.
+ * @param {unknown} error @returns {boolean}
+ */
+export function valueLost(error) {
+  const name = errorName(error);
+  return name === 'NotReadableError' || name === 'NotFoundError';
+}
+
+/** @param {unknown} error @returns {unknown} */
+function errorName(error) {
+  return error && typeof error === 'object' && 'name' in error ? error.name : '';
 }
 
 /**
@@ -348,7 +368,8 @@ export async function readEach(keys, read) {
  * (`unreadableValue`): its bytes are gone, so it holds no event, only where it was and
  * the browser's error: field `unreadable`, an empty `type`, `payload` and
  * `client_timestamp`. For the outbox's record `key` (stored, under `unreadable-<key>`, with
- * `outbox_key`); for a quarantine entry (listed under its own key, `quarantined_at` empty).
+ * `outbox_key`); for a quarantine entry (listed under its own key, `quarantined_at` empty;
+ * its `reason` says whether its content is lost, or it may be readable again later).
  * @param {'outbox' | 'quarantine'} store @param {IDBValidKey} key @param {unknown} error
  * @param {string} now
  */
@@ -362,7 +383,12 @@ export function unreadableEntry(store, key, error, now) {
     payload: {},
     client_timestamp: '',
     field: 'unreadable',
-    reason: `the browser cannot read ${what} (${cause}): its content is lost`,
+    // The outbox's is gone from there; a quarantine entry whose read failed for a reason
+    // the browser does not say is for good (see valueLost) is still stored, and may read
+    // again: not to be discarded in haste.
+    reason: `the browser cannot read ${what} (${cause}): ${
+      store === 'outbox' || valueLost(error) ? 'its content is lost' : 'it may be readable again later'
+    }`,
     quarantined_at: store === 'outbox' ? now : '',
   };
   return store === 'outbox' ? { ...entry, outbox_key: key } : entry;
@@ -655,6 +681,26 @@ async function readKeys(db, store, keys) {
     const { values } = await readEach(keys, (key) => settled(db.transaction(store).objectStore(store).get(key)));
     return values;
   }
+}
+
+/** The `meta` key of the outbox records a push found failing to read, and since when (ms). */
+const UNREADABLE_NOTED = 'unreadable';
+
+/**
+ * The outbox's first `count` records (`head`) and what pushes noted of records failing to
+ * read (`noted`: `meta` `unreadable`, undefined when none), in one transaction; rejects with
+ * the outbox read's error.
+ * @param {IDBDatabase} db @param {number} count
+ * @returns {Promise<{head: any[], noted: unknown}>}
+ */
+function readHead(db, count) {
+  return new Promise((resolve, reject) => {
+    const tx = db.transaction(['outbox', 'meta']);
+    const head = tx.objectStore('outbox').getAll(null, count);
+    const noted = tx.objectStore('meta').get(UNREADABLE_NOTED);
+    tx.oncomplete = () => resolve({ head: head.result, noted: noted.result });
+    tx.onabort = () => reject(head.error ?? noted.error ?? tx.error ?? new Error('transaction aborted'));
+  });
 }
 
 /**
@@ -1009,6 +1055,11 @@ export class TrunkSyncClient {
     this.pendingCheckInterval = milliseconds(options, 'pendingCheckInterval', 60000);
     this.live = options.live ?? true;
     this.autoPush = options.autoPush ?? true;
+    /**
+     * How long an outbox record's reads must have failed, across pushes, for a push to set it
+     * aside when the browser does not say its value is gone (see `lostRecords`).
+     */
+    this.unreadableGrace = 10 * 60 * 1000;
     this.fetch = options.fetch ?? globalThis.fetch.bind(globalThis);
     this.sessionKey = `trunk-sync|session|${this.url}`;
     if (typeof navigator === 'undefined' || !navigator.locks) {
@@ -1184,7 +1235,8 @@ export class TrunkSyncClient {
    * account's leader), `'signed_out'` (the session ended, however), `'push_failed'` (the
    * leader's push failed and will be tried again; detail: the error), `'rejected'` (the
    * leader's push moved events the server refused, or outbox records it could not send or
-   * the browser could not read, to the quarantine; detail: them), `'live_failed'` (the
+   * the browser could not read, to the quarantine; detail: them; so does any push, `sync()`'s
+   * too, that failed after it moved some), `'live_failed'` (the
    * leader's live stream failed — no answer, a page in the way, a message it cannot read,
    * silence — and is reopened after a backoff; detail: the error), `'pushed'` (in every
    * tab: a push, any tab's, took events out of the outbox, the server having stored them;
@@ -1583,34 +1635,62 @@ export class TrunkSyncClient {
   }
 
   /**
-   * Pushes every event in the outbox, oldest first, in batches within the limits.
+   * Pushes every event in the outbox, oldest first, in batches within the limits. A push
+   * that fails after it moved events to the quarantine (refused by the server, set aside)
+   * tells them all the same, in `'rejected'`: its report goes with the error, and they are
+   * told only once.
    * @param {Account} account @param {{retry?: boolean}} [options]
    */
   async pushAll(account, options = {}) {
-    const db = await account.db();
     const report = { pushed: 0, duplicates: 0, rejected: /** @type {any[]} */ ([]) };
+    try {
+      return await this.pushBatches(account, options, report);
+    } catch (error) {
+      if (report.rejected.length > 0) this.emitState('rejected', report.rejected);
+      throw error;
+    }
+  }
+
+  /**
+   * `pushAll`'s batches, counted in `report`.
+   * @param {Account} account @param {{retry?: boolean}} options
+   * @param {{pushed: number, duplicates: number, rejected: any[]}} report
+   */
+  async pushBatches(account, options, report) {
+    const db = await account.db();
     // Halved to find the event a 400 is about (the full size again after), or to fit under a
     // 413's body limit (someone's on the way, say a proxy's): kept for the rest of this push,
     // so each batch after does not send megabytes only to be refused again.
     let maxEvents = this.maxBatchEvents;
     let fits = this.maxBatchEvents;
+    /** Outbox keys first noted as failing by this push (see lostRecords). */
+    const noted = new Set();
     for (;;) {
       if (account.stopped.signal.aborted) throw new TrunkSyncError('cancelled', 'signed out');
       const fromOutbox = () => db.transaction('outbox').objectStore('outbox');
       /** @type {any[]} */
       let head;
       try {
-        head = await settled(fromOutbox().getAll(null, maxEvents));
+        const read = await readHead(db, maxEvents);
+        head = read.head;
+        // Every record of the head read: those noted as failing (lostRecords) may fail again
+        // only from now on.
+        if (read.noted !== undefined) {
+          await transact(db, ['meta'], 'readwrite', (tx) => tx.objectStore('meta').delete(UNREADABLE_NOTED));
+        }
       } catch (error) {
         // A record the browser cannot read (its value's file lost or damaged: see
         // unreadableValue) failed this read as a whole, and would fail every push, the events
         // after it never sent. Found by reading the head's keys, then each record on its own,
-        // it leaves the outbox for the quarantine (setAside) and the push goes on; a failure
+        // it leaves the outbox for the quarantine (setAside) and the push goes on, once the
+        // browser says its value is gone, or it failed long enough (lostRecords); a failure
         // that is no record's (none of them fails alone) fails the push as before.
         if (!unreadableValue(error)) throw error;
         const keys = await settled(fromOutbox().getAllKeys(null, maxEvents));
-        const { unreadable: lost } = await readEach(keys, (key) => settled(fromOutbox().get(key)));
-        if (lost.length === 0) throw error;
+        const { unreadable: failing } = await readEach(keys, (key) => settled(fromOutbox().get(key)));
+        if (failing.length === 0) throw error;
+        const lost = await this.lostRecords(db, failing, noted);
+        if (lost.length === 0) throw failing[0].error;
         report.rejected.push(...(await this.setAside(db, [], lost)));
         continue;
       }
@@ -1722,6 +1802,49 @@ export class TrunkSyncClient {
       }
     });
     return moved;
+  }
+
+  /**
+   * Of the outbox records whose reads failed (`failing`, from `readEach`), those to set
+   * aside: at once one whose value the browser says is gone (`valueLost`); one whose read
+   * failed otherwise (`UnknownError`, `DataError`: Chrome's internal, likely transient,
+   * errors, a file locked or not readable for a while) only once it also failed in an
+   * earlier push, `unreadableGrace` ms or more before (when first, noted in `meta`
+   * `unreadable`; a push that reads the outbox's head clears it). Until then the push fails
+   * with its error, as before, the record kept: a readable event is never dropped for a
+   * read that failed for a moment. `noted`: the keys this push noted first.
+   * @param {IDBDatabase} db @param {{key: IDBValidKey, error: unknown}[]} failing
+   * @param {Set<string>} noted
+   */
+  async lostRecords(db, failing, noted) {
+    const now = Date.now();
+    /** @type {{key: IDBValidKey, error: unknown}[]} */
+    const lost = [];
+    await transact(db, ['meta'], 'readwrite', (tx) => {
+      const meta = tx.objectStore('meta');
+      const request = meta.get(UNREADABLE_NOTED);
+      request.onsuccess = () => {
+        const stored = request.result;
+        /** @type {Record<string, number>} */
+        const before = stored && typeof stored === 'object' ? stored : {};
+        /** @type {Record<string, number>} */
+        const since = {};
+        for (const record of failing) {
+          const key = String(record.key);
+          const first = Number.isFinite(before[key]) ? before[key] : undefined;
+          if (valueLost(record.error) || (first !== undefined && !noted.has(key) && now - first >= this.unreadableGrace)) {
+            lost.push(record);
+            continue;
+          }
+          if (first === undefined) noted.add(key);
+          since[key] = first ?? now;
+        }
+        // Only the records failing now: one read meanwhile starts again.
+        if (Object.keys(since).length > 0) meta.put(since, UNREADABLE_NOTED);
+        else meta.delete(UNREADABLE_NOTED);
+      };
+    });
+    return lost;
   }
 
   /**

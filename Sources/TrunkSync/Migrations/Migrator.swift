@@ -74,9 +74,11 @@ public struct Migrator: Sendable {
     /// is applied: it may refuse the run (its error is rethrown as is, nothing changed).
     /// `after` runs under the lock once every migration is applied, for upgrade steps that
     /// need code rather than SQL (encrypting stored keys, the server's login role).
+    /// `applied` is told of each migration as soon as it is committed: should a later one (or
+    /// `after`) fail, those stay applied, and the run's caller still says which they are.
     public func migrate(
         on connection: PostgresConnection, before: (PostgresConnection) throws -> Void = { _ in },
-        after: (PostgresConnection) throws -> Void = { _ in }
+        after: (PostgresConnection) throws -> Void = { _ in }, applied told: (Migration) -> Void = { _ in }
     ) throws -> [Migration] {
         let locked = try connection.query("select pg_try_advisory_lock($1)", Self.advisoryLockKey)[0]
             .decode(Bool.self, column: 0)
@@ -109,9 +111,10 @@ public struct Migrator: Sendable {
                 let reason = [error.description, error.serverMessage].compactMap { $0 }.joined(separator: ": ")
                 throw MigrationError.failed(name: migration.name, reason: reason)
             }
-            // Not logged: the caller prints what was applied (`migrate`: `applied <name>` on
-            // stdout), and a log line beside it named each migration twice.
+            // Not logged: the caller says what was applied (`migrate`: `applied <name>` on
+            // stdout, as each is), and a log line beside it named each migration twice.
             applied.append(migration)
+            told(migration)
         }
         try after(connection)
         return applied

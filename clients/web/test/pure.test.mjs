@@ -26,6 +26,7 @@ import {
   unreadableEntry,
   unreadableValue,
   utf8Length,
+  valueLost,
 } from '../trunk-sync.js';
 
 test('backoff is full jitter, doubling up to the cap', () => {
@@ -360,11 +361,24 @@ test("an event line's seq is read from its first members; a line not as the serv
 const idbError = (name, message = 'x') => new DOMException(message, name);
 
 test('a read that failed for its record is told apart from one that failed for the database', () => {
-  for (const name of ['NotReadableError', 'UnknownError', 'DataError']) assert.ok(unreadableValue(idbError(name)), name);
+  for (const name of ['NotReadableError', 'NotFoundError', 'UnknownError', 'DataError']) {
+    assert.ok(unreadableValue(idbError(name)), name);
+  }
   for (const error of [idbError('InvalidStateError'), idbError('AbortError'), idbError('QuotaExceededError'),
     new TypeError('x'), null, undefined, 'NotReadableError', { name: 'TransactionInactiveError' }]) {
     assert.equal(unreadableValue(error), false, String(error?.name ?? error));
   }
+});
+
+test("only a missing file's error says the value is gone for good: Chrome's others are likely transient", () => {
+  // Chrome 130+: the file missing; Chrome 12x-129 said NotFoundError for it.
+  assert.ok(valueLost(idbError('NotReadableError', 'Data lost due to missing file.')));
+  assert.ok(valueLost(idbError('NotFoundError', 'Failed to read large IndexedDB value')));
+  // "internal, likely transient, errors" (a file it could not read now), and older versions' every failure.
+  for (const name of ['UnknownError', 'DataError', 'AbortError', 'InvalidStateError']) {
+    assert.equal(valueLost(idbError(name, 'Failed to read large IndexedDB value')), false, name);
+  }
+  for (const error of [null, undefined, 'NotReadableError', new TypeError('x')]) assert.equal(valueLost(error), false);
 });
 
 test('records read one by one: those that fail twice for themselves are unreadable, the others kept in order', async () => {
@@ -407,6 +421,11 @@ test('what is left of a record the browser cannot read: its key and the error, n
     quarantined_at: '',
   });
   assert.match(unreadableEntry('outbox', 1, 'odd', now).reason, /\(odd\)/);
+  // A quarantine entry that failed otherwise is still stored: it may read again, not to be discarded in haste.
+  const transient = idbError('UnknownError', 'Failed to read large IndexedDB value');
+  assert.match(unreadableEntry('quarantine', 'c0ffee', transient, now).reason, /\(UnknownError: .*\): it may be readable again later$/);
+  // The outbox's is gone from there whatever the error.
+  assert.match(unreadableEntry('outbox', 2, transient, now).reason, /its content is lost$/);
 });
 
 test('an answer is read up to the limit; past it, or announced past it, it is cancelled unread', async () => {
