@@ -47,9 +47,12 @@ class Subscriber:
         self.states = asyncio.Queue()
         self.filter_user = filter_user
 
-    async def subscribe(self):
+    async def subscribe(self, signed_in=True):
+        """Joins; not `signed_in`, with the app's key (the client's access_token until
+        set_auth), as an app does before its user signs in."""
         await self.client.connect()
-        await self.client.set_auth(self.token)
+        if signed_in:
+            await self.client.set_auth(self.token)
         self.channel = self.client.channel("events-" + self.name)
         self.channel.on_postgres_changes(
             "INSERT", schema="public", table="events", filter=f"user_id=eq.{self.filter_user}",
@@ -100,6 +103,25 @@ async def main():
     await a.subscribe()
     await b.subscribe()
     step("subscribe (SUBSCRIBED with postgres_changes bindings matched by position)")
+
+    # Before sign-in the client joins with the app's key: SUBSCRIBED, as on Supabase (which
+    # reads as the anon role). It gets no row until set_auth gives it the user's token, then
+    # the user's rows, none committed before (nothing is replayed). A tells when a row was
+    # fanned out on this instance.
+    early = Subscriber("early", session_a, user_a)
+    await early.subscribe(signed_in=False)
+    before = insert(other_url, session_a["access_token"])
+    await expect(a.all, before["seq"], "A's row while the early client is signed out")
+    await early.client.set_auth(early.token)
+    await handled(early)
+    row = insert(other_url, session_a["access_token"])
+    seen = []
+    while not seen or seen[-1] != row["seq"]:
+        seen.append((await asyncio.wait_for(early.all.get(), WAIT))["data"]["record"]["seq"])
+    assert seen == [row["seq"]], f"rows before sign-in reached the early client: {seen} (before: {before['seq']})"
+    assert early.states.empty(), f"the early channel changed state: {early.states.get_nowait()}"
+    await early.client.close()
+    step("subscribes before sign-in: SUBSCRIBED, no row until set_auth, then the user's rows")
 
     row = insert(other_url, session_a["access_token"])
     payload = await expect(a.all, row["seq"], "insert through another instance")

@@ -296,9 +296,64 @@ async def client_tests():
     token_a, token_b = session_a["access_token"], session_b["access_token"]
     user_a = user_of(token_a)
     url = f"ws://{HOST}:{PORT}{PATH}"
+    every = [{"event": "INSERT", "schema": "public", "table": "events"}]
+
+    # Before sign-in realtime-js joins without access_token (while it has no token yet), or
+    # with the app's key (supabase-js's token callback gives the key without a session): as
+    # on Supabase the join is answered ok; nobody's rows reach it until a user's token binds
+    # it. The witness socket's channels (A's, B's) tell when a row was fanned out.
+    async with websockets.connect(url) as ws, websockets.connect(url) as witness:
+        early = join_payload(None, every)
+        del early["access_token"]
+        await ws.send(json.dumps(["1", "1", "realtime:early", "phx_join", early]))
+        reply = await recv(ws)
+        assert reply[:4] == ["1", "1", "realtime:early", "phx_reply"] and reply[4]["status"] == "ok", reply
+        [binding] = reply[4]["response"]["postgres_changes"]
+        system = await recv(ws)
+        assert system[2:4] == ["realtime:early", "system"] and system[4]["status"] == "ok", system
+        await ws.send(json.dumps(["2", "2", "realtime:keyed", "phx_join", join_payload("anon-key", every)]))
+        assert (await recv(ws))[4]["status"] == "ok"
+        assert (await recv(ws))[3] == "system"
+        for number, token in enumerate([token_a, token_b]):
+            ref = str(number + 1)
+            await witness.send(json.dumps([ref, ref, f"realtime:witness{number}", "phx_join", join_payload(token, every)]))
+            assert (await recv(witness))[4]["status"] == "ok"
+            assert (await recv(witness))[3] == "system"
+
+        async def fanned_out(token):
+            row = insert(token)
+            change = await recv(witness)
+            assert change[3] == "postgres_changes" and change[4]["data"]["record"]["seq"] == row["seq"], change
+            return row
+
+        async def quiet(ref, what):
+            await ws.send(json.dumps([None, ref, "phoenix", "heartbeat", {}]))
+            beat = await recv(ws)
+            assert beat[1] == ref and beat[3] == "phx_reply", f"{what}: {beat}"
+
+        await fanned_out(token_a)
+        await fanned_out(token_b)
+        await quiet("h2", "a row reached a channel without a user")
+        await ws.send(json.dumps(["1", "3", "realtime:early", "access_token", {"access_token": token_a}]))
+        bound = await recv(ws)
+        assert bound[1:4] == ["3", "realtime:early", "phx_reply"] and bound[4]["status"] == "ok", bound
+        await fanned_out(token_b)
+        row = await fanned_out(token_a)
+        change = await recv(ws)
+        assert change[2:4] == ["realtime:early", "postgres_changes"] and change[4]["ids"] == [binding["id"]], change
+        assert change[4]["data"]["record"] == row, change
+        await quiet("h5", "B's row reached the channel A's token bound, or a row the keyed one")
+        # Left explicitly: the channels are given back before the next tests count them.
+        for sock, join_ref, topic in [(ws, "1", "realtime:early"), (ws, "2", "realtime:keyed"),
+                                      (witness, "1", "realtime:witness0"), (witness, "2", "realtime:witness1")]:
+            await sock.send(json.dumps([join_ref, "9", topic, "phx_leave", {}]))
+            left = await recv(sock)
+            assert left[1:4] == ["9", topic, "phx_reply"] and left[4]["status"] == "ok", left
+            assert (await recv(sock))[2:4] == [topic, "phx_close"]
+        step("a join before sign-in (no access_token, the app's key) is ok, gets no row until a user's token binds it")
+
     # The server runs with TRUNK_SYNC_REALTIME_MAX_CHANNELS_PER_USER=3.
     async with websockets.connect(url) as ws:
-        every = [{"event": "INSERT", "schema": "public", "table": "events"}]
         for number in range(4):
             await ws.send(json.dumps([str(number), str(number), f"realtime:cap{number}", "phx_join", join_payload(token_b, every)]))
             reply = await recv(ws)

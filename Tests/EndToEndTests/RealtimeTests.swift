@@ -65,6 +65,7 @@ final class RealtimeTests: EndToEndTestCase {
     }
 
     /// The real client subscribes on one instance and receives inserts made through another,
+    /// subscribes before sign-in (with the app's key) and gets its user's rows once signed in,
     /// re-subscribes after a dropped connection and a restart, follows a refreshed token,
     /// keeps its channel through `set_auth(None)` and `set_auth(<the key>)` (which withholds
     /// rows until the token is back), never sees another user's row, and sign-out ends its
@@ -92,7 +93,7 @@ final class RealtimeTests: EndToEndTestCase {
         assertSteps(
             result,
             [
-                "subscribe", "insert through another instance arrives",
+                "subscribe", "subscribes before sign-in", "insert through another instance arrives",
                 "a binding without a table gets events and profile changes", "filters",
                 "access_token refresh keeps the channel",
                 "set_auth(None) changes nothing, set_auth(key) withholds rows and keeps the channel",
@@ -159,6 +160,7 @@ final class RealtimeTests: EndToEndTestCase {
                 "text that is not UTF-8 -> 1007",
                 "oversized control frame, reserved bits, unknown opcode, stray continuation, bad close code -> 1002",
                 "half-open connection is closed", "slow reader is closed with 1013",
+                "a join before sign-in (no access_token, the app's key) is ok",
                 "channels over the per-user cap are refused", "vsn 2.0.0 (realtime-js)",
                 "Broadcast (binary and JSON) and Presence refused", "bad joins",
                 "a user's filters together are bounded in bytes",

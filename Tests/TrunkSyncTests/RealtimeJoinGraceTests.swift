@@ -166,6 +166,23 @@ final class RealtimeJoinGraceTests: XCTestCase {
         }
     }
 
+    /// A channel joined with the app's key (no user yet: signed out, or before sign-in) is a
+    /// joined channel: the socket is kept (realtime-js does not reconnect after a close with
+    /// `1000`, so an app waiting on its sign-in screen would be left without Realtime).
+    func testASocketThatJoinedWithTheAppsKeyIsKept() async throws {
+        try await withApp { app, _ in
+            let harness = try Harness(app, grace: .seconds(3600), apiKey: "anon-key")
+            let joined = try await harness.join("1", token: "anon-key")
+            XCTAssertTrue(joined, harness.sent)
+            harness.grace.end()
+            let answered = try await harness.heartbeat(1)
+            XCTAssertTrue(answered)
+            XCTAssertFalse(harness.socket.isClosed, "a socket with a channel joined with the key was closed")
+            XCTAssertEqual(harness.feed.closedWithoutJoin.value, 0)
+            await harness.finish()
+        }
+    }
+
     /// A socket that left its last channel stays open, but one account keeps at most
     /// `maxChannelsPerUser` of them: joining and leaving on socket after socket closes the
     /// oldest, so one account cannot hold every slot. A socket with a channel again is not

@@ -161,6 +161,11 @@ public final class RealtimeFeed: Sendable {
     /// Sockets open now.
     public var socketCount: Int { state.withLock { $0.sockets } }
 
+    /// Whether the feed takes no new channels (`close`).
+    var isClosed: Bool { state.withLock { $0.closed } }
+
+    static let shuttingDown = "the server is shutting down"
+
     /// Channels joined now.
     var channelCount: Int { state.withLock { $0.channels.count } }
 
@@ -224,7 +229,7 @@ public final class RealtimeFeed: Sendable {
     /// hub knows where the user's log stands, so any commit after this returns reaches it.
     func join(_ channel: RealtimeChannel) async throws(RealtimeError) {
         let (hub, refusal) = state.withLock { state -> (RealtimeHub?, RealtimeError?) in
-            if state.closed { return (nil, RealtimeError("the server is shutting down")) }
+            if state.closed { return (nil, RealtimeError(Self.shuttingDown)) }
             var usage = state.usage[channel.user, default: Usage()]
             if usage.channels >= settings.maxChannelsPerUser {
                 return (nil, RealtimeError("this account has \(settings.maxChannelsPerUser) channels joined already"))
@@ -493,10 +498,15 @@ final class RealtimeChannel: Sendable {
         self.joinRef = joinRef
         self.bindings = bindings
         self.holdLimit = holdLimit
-        filterBytes = bindings.reduce(0) { $0 + ($1.filterText?.utf8.count ?? 0) }
+        filterBytes = Self.filterBytes(of: bindings)
         state = Mutex((Auth(session: session, expiresAt: expiresAt), false))
         gate = Mutex(Gate(open: open))
         isOpen = Atomic(open)
+    }
+
+    /// The bytes of `bindings`' filters as the client sent them.
+    static func filterBytes(of bindings: [RealtimeBinding]) -> Int {
+        bindings.reduce(0) { $0 + ($1.filterText?.utf8.count ?? 0) }
     }
 
     /// The session and expiry of the token the channel follows now (one read of both).
@@ -574,6 +584,12 @@ final class RealtimeChannel: Sendable {
     }
 
     func systemPayload(ok: Bool, extension name: String = "postgres_changes", message: String) -> [UInt8] {
+        Self.systemPayload(topic: topic, ok: ok, extension: name, message: message)
+    }
+
+    static func systemPayload(topic: String, ok: Bool, extension name: String = "postgres_changes", message: String)
+        -> [UInt8]
+    {
         var writer = JSONWriter(capacity: 128)
         writer.beginObject()
         writer.string("extension", name)

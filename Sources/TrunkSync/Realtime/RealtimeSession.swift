@@ -18,6 +18,10 @@ struct RealtimeSession {
     let apiKey: String?
     /// Joined channels by topic.
     private var channels: [String: RealtimeChannel] = [:]
+    /// Channels joined with the app's key, by topic: no user yet, so nothing anywhere can
+    /// route a row to them (they are not in the feed), until a user's token binds them
+    /// (`bind`). They count against the socket's channels.
+    private var keyed: [String: KeyedChannel] = [:]
     /// The client's messages of any kind, and its joins (`maxMessagesPerSecond`,
     /// `maxJoinsPerSecond`).
     private var messageRate: RealtimeRateLimit
@@ -139,23 +143,28 @@ struct RealtimeSession {
         case "phx_join":
             grace.joinStarted()
             await join(message)
-            let joined = channels[message.topic] != nil
+            let joined = channels[message.topic] != nil || keyed[message.topic] != nil
             grace.joinEnded(succeeded: joined)
             if joined { feed.stopAwaitingJoin(grace) }
         case "phx_leave":
             if let channel = channels.removeValue(forKey: message.topic) {
                 feed.leave(channel)
             }
+            keyed.removeValue(forKey: message.topic)
             reply(to: message, ok: Array("{}".utf8))
             send(topic: message.topic, joinRef: message.joinRef, event: "phx_close", payload: Array("{}".utf8))
         case "access_token":
-            refreshToken(message)
+            if let waiting = keyed[message.topic] {
+                await bind(waiting, message)
+            } else {
+                refreshToken(message)
+            }
         case "broadcast":
             reply(to: message, error: Self.broadcastRefused)
         case "presence":
             reply(to: message, error: Self.presenceRefused)
         default:
-            guard channels[message.topic] != nil else {
+            guard channels[message.topic] != nil || keyed[message.topic] != nil else {
                 reply(to: message, error: "unmatched topic")
                 return
             }
@@ -192,8 +201,9 @@ struct RealtimeSession {
             return
         }
         if let old = channels.removeValue(forKey: message.topic) { feed.leave(old) }
+        keyed.removeValue(forKey: message.topic)
         forgetEndedChannels()
-        guard channels.count < feed.settings.maxChannelsPerSocket else {
+        guard channels.count + keyed.count < feed.settings.maxChannelsPerSocket else {
             reply(to: message, error: "this socket has \(feed.settings.maxChannelsPerSocket) channels joined already")
             return
         }
@@ -213,20 +223,21 @@ struct RealtimeSession {
             reply(to: message, error: Self.presenceRefused)
             return
         }
-        let signInFirst = "Sign in first: postgres_changes needs the user's access_token in the join"
-        guard let token = payload["access_token"]?.stringValue, !token.isEmpty else {
-            reply(to: message, error: signInFirst)
-            return
-        }
-        let claims: AccessClaims
-        do {
-            guard let user = try userClaims(token) else {
-                reply(to: message, error: signInFirst + ", not the app's key")
+        // A user's token, or the app's key (nil): as Supabase, no access_token (or null) is
+        // the socket's `apikey`. realtime-js leaves it out while it has no token yet.
+        let claims: AccessClaims?
+        switch payload["access_token"] {
+        case nil, .null?:
+            claims = nil
+        case .string(let token)?:
+            do {
+                claims = try userClaims(token)
+            } catch {
+                reply(to: message, error: error.reason)
                 return
             }
-            claims = user
-        } catch {
-            reply(to: message, error: error.reason)
+        default:
+            reply(to: message, error: "access_token must be a string")
             return
         }
         var bindings: [RealtimeBinding] = []
@@ -248,6 +259,10 @@ struct RealtimeSession {
             }
         } catch {
             reply(to: message, error: error.reason)
+            return
+        }
+        guard let claims else {
+            joinWithKey(message, bindings: bindings)
             return
         }
         let channel = RealtimeChannel(
@@ -272,17 +287,130 @@ struct RealtimeSession {
             return
         }
         channels[message.topic] = channel
+        // The channel is live (its hub may have sent it changes already): they are held until
+        // the reply is out, which gives the client the ids it matches them by.
+        reply(to: message, ok: Self.joinResponse(bindings))
+        let subscribed = channel.systemPayload(ok: true, message: Self.subscribed)
+        channel.open(after: bindings.isEmpty ? nil : (event: "system", payload: subscribed))
+    }
+
+    static let subscribed = "Subscribed to PostgreSQL"
+
+    /// A join's `ok` response: the bindings in the client's order, each with its id.
+    static func joinResponse(_ bindings: [RealtimeBinding]) -> [UInt8] {
         var writer = JSONWriter(capacity: 128 * max(bindings.count, 1))
         writer.beginObject()
         writer.beginArray("postgres_changes")
         for binding in bindings { binding.write(to: &writer) }
         writer.endArray()
         writer.endObject()
-        // The channel is live (its hub may have sent it changes already): they are held until
-        // the reply is out, which gives the client the ids it matches them by.
-        reply(to: message, ok: writer.bytes)
-        let subscribed = channel.systemPayload(ok: true, message: "Subscribed to PostgreSQL")
-        channel.open(after: bindings.isEmpty ? nil : (event: "system", payload: subscribed))
+        return writer.bytes
+    }
+
+    /// A channel joined with the app's key (signed out, or no session yet): answered as any
+    /// join, as Supabase answers it (reading as the `anon` role, which sees none of a user's
+    /// rows), but kept here only, with no user: nothing can route a row to it until a token
+    /// of a user binds it (`bind`). Its bindings are held, parsed, so the socket's channels
+    /// without a user together are bounded as one user's are (`maxBindingsPerUser`,
+    /// `maxFilterBytesPerUser`): nobody's limits count them otherwise.
+    private mutating func joinWithKey(_ message: PhoenixMessage, bindings: [RealtimeBinding]) {
+        let settings = feed.settings
+        let filterBytes = RealtimeChannel.filterBytes(of: bindings)
+        let count = keyed.values.reduce(bindings.count) { $0 + $1.bindings.count }
+        guard count <= settings.maxBindingsPerUser else {
+            reply(
+                to: message,
+                error:
+                    "this socket's channels without a signed-in user would have \(count) postgres_changes bindings; at most \(settings.maxBindingsPerUser)"
+            )
+            return
+        }
+        let bytes = keyed.values.reduce(filterBytes) { $0 + $1.filterBytes }
+        guard bytes <= settings.maxFilterBytesPerUser else {
+            reply(
+                to: message,
+                error:
+                    "this socket's channels without a signed-in user would have \(bytes) bytes of postgres_changes filters; at most \(settings.maxFilterBytesPerUser)"
+            )
+            return
+        }
+        guard !feed.isClosed else {
+            reply(to: message, error: RealtimeFeed.shuttingDown)
+            return
+        }
+        let joinRef = message.joinRef ?? message.ref
+        keyed[message.topic] = KeyedChannel(joinRef: joinRef, bindings: bindings, filterBytes: filterBytes)
+        reply(to: message, ok: Self.joinResponse(bindings))
+        if !bindings.isEmpty {
+            send(
+                topic: message.topic, joinRef: joinRef, event: "system",
+                payload: RealtimeChannel.systemPayload(topic: message.topic, ok: true, message: Self.subscribed))
+        }
+    }
+
+    /// `access_token` on a channel joined with the app's key:
+    /// - `null`, or the app's key again: nothing changes (answered `ok`);
+    /// - a valid token of a user: the channel becomes that user's, registered as a join with
+    ///   that token would be (the user's limits, a session that ends it, an expiry); from
+    ///   then on it is as a channel joined with it. Rows committed before are not sent (as
+    ///   Supabase: nothing is replayed);
+    /// - anything else (invalid, expired, revoked), or a registration refused (the user's
+    ///   limits): the channel ends (`system` error, `phx_close`), as a refused `access_token`
+    ///   ends a user's channel.
+    /// Each such channel binds once at most, and was a join: what binding costs (a token
+    /// check, maybe a read of where the user's log stands) is bounded by the join rate.
+    private mutating func bind(_ waiting: KeyedChannel, _ message: PhoenixMessage) async {
+        let topic = message.topic
+        let claims: AccessClaims
+        do throws(RealtimeError) {
+            switch message.payload.objectValue?["access_token"] {
+            case nil, .null?:
+                reply(to: message, ok: Array("{}".utf8))
+                return
+            case .string(let token)?:
+                guard let user = try userClaims(token) else {
+                    reply(to: message, ok: Array("{}".utf8))
+                    return
+                }
+                claims = user
+            default:
+                throw RealtimeError("access_token must be a string")
+            }
+        } catch {
+            endKeyed(topic, waiting, reason: "Access token refused: \(error.reason)")
+            return
+        }
+        keyed.removeValue(forKey: topic)
+        // Open: the client has its bindings' ids from the join's reply already.
+        let channel = RealtimeChannel(
+            id: feed.nextChannelID(), user: claims.userID, session: claims.sessionID, expiresAt: claims.expiresAt,
+            socket: socket, version: version, topic: topic, joinRef: waiting.joinRef, bindings: waiting.bindings,
+            holdLimit: feed.settings.bufferBytes)
+        do {
+            try await feed.join(channel)
+        } catch {
+            endKeyed(topic, waiting, reason: "Access token refused: \(error.reason)")
+            return
+        }
+        guard !socket.isClosed else {
+            feed.leave(channel)
+            return
+        }
+        // Ended while it registered (its token expired, its session was revoked): the client
+        // was told (`system`, `phx_close`).
+        guard !channel.isEnded else { return }
+        channels[topic] = channel
+        reply(to: message, ok: Array("{}".utf8))
+    }
+
+    /// Ends a channel joined with the app's key, as the server ends a user's: a `system`
+    /// error naming `reason`, then `phx_close`.
+    private mutating func endKeyed(_ topic: String, _ waiting: KeyedChannel, reason: String) {
+        keyed.removeValue(forKey: topic)
+        send(
+            topic: topic, joinRef: waiting.joinRef, event: "system",
+            payload: RealtimeChannel.systemPayload(topic: topic, ok: false, extension: "system", message: reason))
+        send(topic: topic, joinRef: waiting.joinRef, event: "phx_close", payload: Array("{}".utf8))
     }
 
     /// `access_token` on a joined channel, as Supabase Realtime takes it:
@@ -393,6 +521,15 @@ struct RealtimeSession {
                 joinRef: joinRef, ref: ref, topic: topic, event: event, payload: payload, version: version),
             on: socket)
     }
+}
+
+/// A channel joined with the app's key: what its join gave, kept for the user's token that
+/// binds it (`RealtimeSession.bind`).
+private struct KeyedChannel {
+    let joinRef: String?
+    let bindings: [RealtimeBinding]
+    /// Their filters' bytes, as the clients sent them.
+    let filterBytes: Int
 }
 
 /// Whether a socket joined a channel within its grace (`RealtimeFeed.Settings.joinGrace`):
