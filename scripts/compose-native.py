@@ -21,7 +21,8 @@ environment value naming that path is pointed at the secret's `file` (relative t
 2. starts the `trunk-sync` service's command with its env_file and environment (its
    port moved to PORT and its admin port to any free one, since the container's ports may
    be taken here; the admin port must be published on loopback only), checks that no
-   value of that environment holds the owner's password (POSTGRES_PASSWORD), waits until
+   value of that environment holds the owner's password (POSTGRES_PASSWORD, or the one in
+   the migrate service's TRUNK_SYNC_MIGRATION_DATABASE_URL), waits until
    its own healthcheck command succeeds, then sends SIGTERM and expects exit 0 and no
    warning about its database role (superuser, owner) in its log.
 Prints "ok ..." per step (and migrate's output); exits 1 with the reason otherwise.
@@ -33,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 
 import yaml
 
@@ -209,7 +211,11 @@ assert env.get("TRUNK_SYNC_ADMIN_PORT") == "9090", "the admin listener's port is
 env["TRUNK_SYNC_ADMIN_PORT"] = "0"  # any free port: 9090 may be taken here
 owner_password = variables.get("POSTGRES_PASSWORD", "")
 assert owner_password, "POSTGRES_PASSWORD is set"
-leaks = [key for key, value in env.items() if owner_password in value]
+# The owner's URL as migrate gets it (built from POSTGRES_*, or written in ENV_FILE): its
+# password too.
+owner_url = environment(migrate).get("TRUNK_SYNC_MIGRATION_DATABASE_URL", "")
+owner_secrets = [owner_password, urllib.parse.urlsplit(owner_url).password or ""]
+leaks = [key for key, value in env.items() if any(secret and secret in value for secret in owner_secrets)]
 if leaks:
     raise SystemExit(f"the server's environment holds the owner's password in {leaks}")
 print("ok serve's environment holds no owner password", flush=True)

@@ -55,10 +55,13 @@ final class DeploymentFilesTests: XCTestCase {
 
     /// Runs scripts/compose-native.py with `envFile` against a fresh database; `inspect`
     /// looks at the database (as its superuser) before it is dropped.
-    /// `options` go before the positional arguments (`--override FILE`, `--keys-add`, …).
+    /// `options` go before the positional arguments (`--override FILE`, `--keys-add`, …);
+    /// `prepare` may change the environment (the shell's, which wins over `envFile`) once the
+    /// database exists.
     func runCompose(
         envFile: String, serverRole: String = "compose_\(UUID().uuidString.prefix(8).lowercased())",
-        options: [String] = [], inspect: (PostgresConnection) throws -> Void = { _ in }
+        options: [String] = [], inspect: (PostgresConnection) throws -> Void = { _ in },
+        prepare: (PostgresConfiguration, inout [String: String]) throws -> Void = { _, _ in }
     ) throws -> Command.Result {
         let database = try TestDatabase.create(prefix: "compose")
         let admin = try PostgresConnection.connect(try TestDatabase.adminConfiguration())
@@ -69,18 +72,20 @@ final class DeploymentFilesTests: XCTestCase {
         let port = try XCTUnwrap(database["port"])
         let password = try XCTUnwrap(database["password"])
         let free = try serverPort()
+        var environment = [
+            "POSTGRES_HOST": "127.0.0.1", "POSTGRES_PORT": port, "POSTGRES_USER": database["user"] ?? "trunk",
+            "POSTGRES_PASSWORD": password, "POSTGRES_DB": try XCTUnwrap(database["dbname"]),
+            "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations",
+            // Roles are cluster-wide: one of its own per run.
+            "SERVER_DB_USER": serverRole,
+        ]
+        try prepare(database, &environment)
         let result = try Command.run(
             try python(),
             [repositoryRoot() + "/scripts/compose-native.py"] + options + [
                 repositoryRoot() + "/docker-compose.yml", envFile, Command.trunkSyncBinary(), String(free),
             ],
-            environment: Command.environment([
-                "POSTGRES_HOST": "127.0.0.1", "POSTGRES_PORT": port, "POSTGRES_USER": database["user"] ?? "trunk",
-                "POSTGRES_PASSWORD": password, "POSTGRES_DB": try XCTUnwrap(database["dbname"]),
-                "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations",
-                // Roles are cluster-wide: one of its own per run.
-                "SERVER_DB_USER": serverRole,
-            ]))
+            environment: Command.environment(environment))
         try inspect(try PostgresConnection.connect(database))
         return result
     }
@@ -176,6 +181,35 @@ final class DeploymentFilesTests: XCTestCase {
             refused.stderr.contains(
                 "set TRUNK_SYNC_KEY_ENCRYPTION_KEY in .env, or leave it empty there and set TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE"
             ), refused.stderr)
+    }
+
+    /// TRUNK_SYNC_MIGRATION_DATABASE_URL and TRUNK_SYNC_DATABASE_URL written in .env are used
+    /// as written, not replaced by the URLs compose builds from POSTGRES_HOST and the others
+    /// (a host that does not resolve here: only the written URLs reach the database, and the
+    /// server's names a role of its own); the server gets neither the owner's URL nor its
+    /// password (compose-native checks serve's environment).
+    func testDatabaseURLsWrittenInTheEnvFileWin() throws {
+        let envFile = try filledInEnvFile()
+        defer { try? FileManager.default.removeItem(atPath: envFile) }
+        let role = "compose_\(UUID().uuidString.prefix(8).lowercased())"
+        let result = try runCompose(
+            envFile: envFile, serverRole: role,
+            prepare: { database, environment in
+                environment["POSTGRES_HOST"] = "nowhere.invalid"
+                environment["SERVER_DB_USER"] = "compose_unused"
+                let urls = [
+                    "TRUNK_SYNC_MIGRATION_DATABASE_URL=" + (try TestDatabase.url(of: database)),
+                    "TRUNK_SYNC_DATABASE_URL="
+                        + (try TestDatabase.url(of: database, user: role, password: TestSecrets.randomHex())),
+                ]
+                let text = try String(contentsOfFile: envFile, encoding: .utf8)
+                try (text + "\n" + urls.joined(separator: "\n") + "\n").write(
+                    toFile: envFile, atomically: true, encoding: .utf8)
+            })
+        XCTAssertEqual(result.status, 0, result.stdout + result.stderr)
+        XCTAssertTrue(result.stdout.contains("created the server's login role \(role)"), result.stdout)
+        XCTAssertTrue(result.stdout.contains("ok serve's environment holds no owner password"), result.stdout)
+        XCTAssertTrue(result.stdout.contains("ok serve is healthy"), result.stdout)
     }
 
     /// Deployed without changing .env.example: refused with one line naming the setting, the
