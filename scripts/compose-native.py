@@ -2,30 +2,53 @@
 """Runs docker-compose.yml's own trunk-sync commands natively, so the file cannot drift
 from the binary (there is no Docker engine on the test machines).
 
-    compose-native.py COMPOSE_FILE ENV_FILE TRUNK_SYNC_BINARY PORT
+    compose-native.py [--override FILE]... [--project-directory DIR] [--keys-add]
+                      COMPOSE_FILE ENV_FILE TRUNK_SYNC_BINARY PORT
 
-Interpolates the compose file as Compose does (${VAR}, ${VAR:-default}, ${VAR-default},
-${VAR:?error}, $$) from the environment and ENV_FILE, then:
+Interpolates the compose file (and each --override file, on its own, as Compose does
+before it merges them) as Compose 2.24 does: ${VAR}, ${VAR:-default}, ${VAR-default},
+${VAR:?error}, ${VAR?error}, $$, nested in defaults, from the environment and ENV_FILE. A
+default is interpolated whether it is used or not, as Compose did until 2026: a required
+variable inside a default is required even when the variable before it is set. Merges the
+overrides in (mappings by key, lists appended, command and entrypoint replaced); a secret a
+service names (`secrets:`) is mounted at /run/secrets/NAME in a container: natively, an
+environment value naming that path is pointed at the secret's `file` (relative to
+--project-directory, the compose file's directory unless given). Then:
 1. runs `config check` and then the `migrate` service's command with its environment
-   (env_file included) and expects exit 0 from each;
+   (env_file included) and expects exit 0 from each; with --keys-add, then `keys add` in
+   the migrate service (`docker compose run --rm migrate keys add`), so that serve starts
+   with a signing key it must decrypt;
 2. starts the `trunk-sync` service's command with its env_file and environment (its
    port moved to PORT and its admin port to any free one, since the container's ports may
    be taken here; the admin port must be published on loopback only), checks that no
-   value of that environment holds the owner's password (POSTGRES_PASSWORD), waits until
+   value of that environment holds the owner's password (POSTGRES_PASSWORD, or the one in
+   the migrate service's TRUNK_SYNC_MIGRATION_DATABASE_URL), waits until
    its own healthcheck command succeeds, then sends SIGTERM and expects exit 0 and no
    warning about its database role (superuser, owner) in its log.
 Prints "ok ..." per step (and migrate's output); exits 1 with the reason otherwise.
 """
+import argparse
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 
 import yaml
 
-compose_path, env_path, binary, port = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+parser = argparse.ArgumentParser()
+parser.add_argument("--override", action="append", default=[])
+parser.add_argument("--project-directory")
+parser.add_argument("--keys-add", action="store_true")
+parser.add_argument("compose_path")
+parser.add_argument("env_path")
+parser.add_argument("binary")
+parser.add_argument("port")
+arguments = parser.parse_args()
+compose_path, env_path, binary, port = arguments.compose_path, arguments.env_path, arguments.binary, arguments.port
+project_directory = arguments.project_directory or os.path.dirname(os.path.abspath(compose_path))
 
 
 def read_env_file(path):
@@ -44,24 +67,63 @@ file_env = read_env_file(env_path)
 variables = dict(file_env)
 variables.update(os.environ)  # the shell's variables win over .env, as in Compose
 
-pattern = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+name_pattern = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def closing_brace(text, start):
+    """The index of the } that closes the ${ at start."""
+    depth, index = 0, start
+    while index < len(text):
+        if text.startswith("${", index):
+            depth, index = depth + 1, index + 2
+            continue
+        if text[index] == "}":
+            depth -= 1
+            if depth == 0:
+                return index
+        index += 1
+    raise SystemExit(f"compose: an unclosed ${{ in {text!r}")
+
+
+def substitute(body):
+    """The value of one ${...}: NAME, then nothing or an operator and its argument."""
+    match = name_pattern.match(body)
+    if not match:
+        raise SystemExit(f"compose: invalid interpolation ${{{body}}}")
+    name, rest = match.group(0), body[match.end():]
+    value = variables.get(name)
+    if not rest:
+        return value if value is not None else ""
+    operator = next((op for op in (":-", "-", ":?", "?") if rest.startswith(op)), None)
+    if operator is None:
+        raise SystemExit(f"compose: unsupported interpolation ${{{body}}}")
+    argument = interpolate(rest[len(operator):])  # before looking at the value: see above
+    empty = value is None or (operator.startswith(":") and value == "")
+    if operator.endswith("-"):
+        return argument if empty else value
+    if empty:
+        raise SystemExit(f"compose: {name}: {argument}")
+    return value
 
 
 def interpolate(text):
-    def replace(match):
-        if match.group(0) == "$$":
-            return "$"
-        name = match.group(1) or match.group(4)
-        operator, argument = match.group(2), match.group(3)
-        value = variables.get(name)
-        if operator in (":-", "-"):
-            if value is None or (operator == ":-" and value == ""):
-                return interpolate(argument)
-        elif operator in (":?", "?"):
-            if value is None or (operator == ":?" and value == ""):
-                raise SystemExit(f"compose: {name}: {argument}")
-        return value if value is not None else ""
-    return pattern.sub(replace, text)
+    out, index = [], 0
+    while index < len(text):
+        if text.startswith("$$", index):
+            out.append("$")
+            index += 2
+        elif text.startswith("${", index):
+            end = closing_brace(text, index)
+            out.append(substitute(text[index + 2:end]))
+            index = end + 1
+        elif text[index] == "$" and name_pattern.match(text, index + 1):
+            match = name_pattern.match(text, index + 1)
+            out.append(variables.get(match.group(0)) or "")
+            index = match.end()
+        else:
+            out.append(text[index])
+            index += 1
+    return "".join(out)
 
 
 def walk(node):
@@ -74,8 +136,22 @@ def walk(node):
     return node
 
 
+def merge(base, override, key=None):
+    if isinstance(base, dict) and isinstance(override, dict):
+        merged = dict(base)
+        for name, value in override.items():
+            merged[name] = merge(base[name], value, name) if name in base else value
+        return merged
+    if isinstance(base, list) and isinstance(override, list) and key not in ("command", "entrypoint"):
+        return base + [value for value in override if value not in base]
+    return override
+
+
 with open(compose_path) as handle:
     compose = walk(yaml.safe_load(handle))
+for path in arguments.override:
+    with open(path) as handle:
+        compose = merge(compose, walk(yaml.safe_load(handle)))
 services = compose["services"]
 
 
@@ -88,6 +164,15 @@ def environment(service):
     if isinstance(declared, list):
         declared = dict(item.split("=", 1) for item in declared)
     env.update({key: str(value) for key, value in declared.items()})
+    for entry in service.get("secrets", []):
+        name = entry if isinstance(entry, str) else entry["source"]
+        target = name if isinstance(entry, str) else entry.get("target", name)
+        mounted = target if target.startswith("/") else "/run/secrets/" + target
+        definition = compose.get("secrets", {}).get(name)
+        if not definition or "file" not in definition:
+            raise SystemExit(f"compose: service uses secret {name!r}, which is not defined with a file")
+        source = os.path.join(project_directory, definition["file"])
+        env = {key: value.replace(mounted, source) if value.startswith(mounted) else value for key, value in env.items()}
     return env
 
 
@@ -104,6 +189,11 @@ if result.returncode != 0:
 for line in result.stdout.strip().splitlines():
     print("migrate:", line, flush=True)
 print("ok migrate", flush=True)
+if arguments.keys_add:
+    result = subprocess.run([binary, "keys", "add"], env=environment(migrate), capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        raise SystemExit(f"keys add in the migrate service failed ({result.returncode}): {result.stderr.strip()}")
+    print("ok keys add in the migrate service", flush=True)
 
 server = services["trunk-sync"]
 assert server["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
@@ -121,7 +211,11 @@ assert env.get("TRUNK_SYNC_ADMIN_PORT") == "9090", "the admin listener's port is
 env["TRUNK_SYNC_ADMIN_PORT"] = "0"  # any free port: 9090 may be taken here
 owner_password = variables.get("POSTGRES_PASSWORD", "")
 assert owner_password, "POSTGRES_PASSWORD is set"
-leaks = [key for key, value in env.items() if owner_password in value]
+# The owner's URL as migrate gets it (built from POSTGRES_*, or written in ENV_FILE): its
+# password too.
+owner_url = environment(migrate).get("TRUNK_SYNC_MIGRATION_DATABASE_URL", "")
+owner_secrets = [owner_password, urllib.parse.urlsplit(owner_url).password or ""]
+leaks = [key for key, value in env.items() if any(secret and secret in value for secret in owner_secrets)]
 if leaks:
     raise SystemExit(f"the server's environment holds the owner's password in {leaks}")
 print("ok serve's environment holds no owner password", flush=True)

@@ -24,6 +24,10 @@ struct ConfigCommand: AsyncParsableCommand {
                 let configuration = Configuration.inspect(file: options.configFile, flags: options.flags)
                 TrunkLogHandler.bootstrap(level: configuration.logLevel, format: configuration.logFormat)
                 print(configuration.redactedDescription)
+                // What serve would warn about at start-up (not part of the exit status).
+                if let warning = configuration.documentationHostWarning {
+                    Logger(label: "trunk-sync.config").warning("\(warning)")
+                }
                 let problems = configuration.allProblems
                 if !problems.isEmpty {
                     for problem in problems {

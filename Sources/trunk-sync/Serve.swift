@@ -118,6 +118,7 @@ struct Serve: AsyncParsableCommand {
             if configuration.mailer == .log {
                 logger.warning("TRUNK_SYNC_MAILER=log: sign-in codes are printed to this log, not mailed")
             }
+            if let warning = configuration.documentationHostWarning { logger.warning("\(warning)") }
             if !configuration.trustedProxies.isEmpty {
                 logger.notice(
                     "trusting X-Forwarded-For from proxies",

@@ -101,7 +101,9 @@ final class UpgradeTests: EndToEndTestCase {
         XCTAssertEqual(refused.status, 1, refused.stdout)
         XCTAssertEqual(refused.stderr.split(separator: "\n").count, 1, refused.stderr)
         XCTAssertTrue(refused.stderr.contains("1 private key(s) stored unencrypted"), refused.stderr)
-        XCTAssertTrue(refused.stderr.contains("set TRUNK_SYNC_KEY_ENCRYPTION_KEY"), refused.stderr)
+        XCTAssertTrue(
+            refused.stderr.contains("set TRUNK_SYNC_KEY_ENCRYPTION_KEY or TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE"),
+            refused.stderr)
         XCTAssertTrue(refused.stderr.contains("nothing was changed"), refused.stderr)
         XCTAssertEqual(try appliedMigrations(), 2)
         let stored = try PostgresConnection.connect(database).query("select private_key from signing_keys")[0]
@@ -180,7 +182,10 @@ final class UpgradeTests: EndToEndTestCase {
             "trunk-sync: TRUNK_SYNC_KEY_ENCRYPTION_KEY does not decrypt signing key \(keyID): it is not the key the stored keys were encrypted with; nothing was changed\n"
         )
         for (key, reason) in [
-            (nil, "it is stored encrypted and TRUNK_SYNC_KEY_ENCRYPTION_KEY is not set"),
+            (
+                nil,
+                "it is stored encrypted and neither TRUNK_SYNC_KEY_ENCRYPTION_KEY nor TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE is set"
+            ),
             (other, "TRUNK_SYNC_KEY_ENCRYPTION_KEY does not decrypt it"),
         ] {
             let server = try launchServer(on: database, ["TRUNK_SYNC_KEY_ENCRYPTION_KEY": key])

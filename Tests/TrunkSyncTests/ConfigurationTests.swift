@@ -312,6 +312,15 @@ final class ConfigurationTests: XCTestCase {
         let fromFile = try Configuration.load(environment: ["TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE": file])
         XCTAssertEqual(fromFile.keyEncryptionSecret, secret, "the trailing newline is not part of it")
         XCTAssertFalse(fromFile.redactedDescription.contains(secret))
+        // Empty counts as unset, as for every setting: compose passes an emptied line of .env
+        // as an empty variable (docker-compose.yml, the key in a compose secret).
+        for (inline, named) in [("", file), (secret, "")] {
+            let loaded = try Configuration.load(environment: [
+                "TRUNK_SYNC_KEY_ENCRYPTION_KEY": inline, "TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE": named,
+            ])
+            XCTAssertEqual(loaded.keyEncryptionSecret, secret)
+        }
+        XCTAssertNil(try Configuration.load(environment: ["TRUNK_SYNC_KEY_ENCRYPTION_KEY": ""]).keyEncryptionSecret)
         XCTAssertThrowsError(
             try Configuration.load(environment: [
                 "TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE": file, "TRUNK_SYNC_KEY_ENCRYPTION_KEY": secret,

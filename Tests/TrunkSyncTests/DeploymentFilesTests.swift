@@ -55,9 +55,13 @@ final class DeploymentFilesTests: XCTestCase {
 
     /// Runs scripts/compose-native.py with `envFile` against a fresh database; `inspect`
     /// looks at the database (as its superuser) before it is dropped.
+    /// `options` go before the positional arguments (`--override FILE`, `--keys-add`, …);
+    /// `prepare` may change the environment (the shell's, which wins over `envFile`) once the
+    /// database exists.
     func runCompose(
         envFile: String, serverRole: String = "compose_\(UUID().uuidString.prefix(8).lowercased())",
-        inspect: (PostgresConnection) throws -> Void = { _ in }
+        options: [String] = [], inspect: (PostgresConnection) throws -> Void = { _ in },
+        prepare: (PostgresConfiguration, inout [String: String]) throws -> Void = { _, _ in }
     ) throws -> Command.Result {
         let database = try TestDatabase.create(prefix: "compose")
         let admin = try PostgresConnection.connect(try TestDatabase.adminConfiguration())
@@ -68,19 +72,20 @@ final class DeploymentFilesTests: XCTestCase {
         let port = try XCTUnwrap(database["port"])
         let password = try XCTUnwrap(database["password"])
         let free = try serverPort()
+        var environment = [
+            "POSTGRES_HOST": "127.0.0.1", "POSTGRES_PORT": port, "POSTGRES_USER": database["user"] ?? "trunk",
+            "POSTGRES_PASSWORD": password, "POSTGRES_DB": try XCTUnwrap(database["dbname"]),
+            "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations",
+            // Roles are cluster-wide: one of its own per run.
+            "SERVER_DB_USER": serverRole,
+        ]
+        try prepare(database, &environment)
         let result = try Command.run(
             try python(),
-            [
-                repositoryRoot() + "/scripts/compose-native.py", repositoryRoot() + "/docker-compose.yml",
-                envFile, Command.trunkSyncBinary(), String(free),
+            [repositoryRoot() + "/scripts/compose-native.py"] + options + [
+                repositoryRoot() + "/docker-compose.yml", envFile, Command.trunkSyncBinary(), String(free),
             ],
-            environment: Command.environment([
-                "POSTGRES_HOST": "127.0.0.1", "POSTGRES_PORT": port, "POSTGRES_USER": database["user"] ?? "trunk",
-                "POSTGRES_PASSWORD": password, "POSTGRES_DB": try XCTUnwrap(database["dbname"]),
-                "TRUNK_SYNC_MIGRATIONS_DIR": repositoryRoot() + "/migrations",
-                // Roles are cluster-wide: one of its own per run.
-                "SERVER_DB_USER": serverRole,
-            ]))
+            environment: Command.environment(environment))
         try inspect(try PostgresConnection.connect(database))
         return result
     }
@@ -124,6 +129,87 @@ final class DeploymentFilesTests: XCTestCase {
             XCTAssertEqual(
                 try (0..<5).map { try row.decode(Bool.self, column: $0) }, [true, false, true, false, false])
         }
+    }
+
+    /// `runCompose`, again on a new port (at most three times) when another process took
+    /// the free one before serve bound it.
+    func runComposeOnAFreePort(envFile: String, options: [String] = []) throws -> Command.Result {
+        var result: Command.Result
+        var attempts = 0
+        repeat {
+            attempts += 1
+            result = try runCompose(envFile: envFile, options: options)
+        } while attempts < 3 && (result.stdout + result.stderr).contains("Address already in use")
+        return result
+    }
+
+    /// The key encryption key as a compose secret, as docs/operations.md ("The key encryption
+    /// key in a file") says: its line in .env emptied, the guide's override file, the key in
+    /// the file that names. migrate, `keys add` and serve (which refuses to start with a
+    /// signing key it cannot decrypt) all read it from there.
+    func testKeyEncryptionKeyAsAComposeSecret() throws {
+        let operations = try String(contentsOfFile: repositoryRoot() + "/docs/operations.md", encoding: .utf8)
+        let section = try XCTUnwrap(
+            operations.components(separatedBy: "\n### The key encryption key in a file\n").dropFirst().first)
+        let override = try XCTUnwrap(
+            section.components(separatedBy: "```yaml\n").dropFirst().first?.components(separatedBy: "```").first)
+        let project = NSTemporaryDirectory() + "compose-secret-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: project + "/secrets", withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: project) }
+        try override.write(toFile: project + "/docker-compose.override.yml", atomically: true, encoding: .utf8)
+        try (TestSecrets.random() + "\n").write(
+            toFile: project + "/secrets/key_encryption_key", atomically: true, encoding: .utf8)
+        let envFile = try filledInEnvFile()
+        defer { try? FileManager.default.removeItem(atPath: envFile) }
+        let lines = try String(contentsOfFile: envFile, encoding: .utf8).split(
+            separator: "\n", omittingEmptySubsequences: false)
+        let key = "TRUNK_SYNC_KEY_ENCRYPTION_KEY="
+        XCTAssertEqual(lines.filter { $0.hasPrefix(key) }.count, 1)
+        try lines.map { $0.hasPrefix(key) ? key : String($0) }.joined(separator: "\n").write(
+            toFile: envFile, atomically: true, encoding: .utf8)
+        let options = ["--override", project + "/docker-compose.override.yml", "--project-directory", project]
+        let result = try runComposeOnAFreePort(envFile: envFile, options: options + ["--keys-add"])
+        XCTAssertEqual(result.status, 0, result.stdout + result.stderr)
+        XCTAssertTrue(result.stdout.contains("ok keys add in the migrate service"), result.stdout)
+        XCTAssertTrue(result.stdout.contains("ok serve is healthy"), result.stdout)
+        // The line deleted instead of emptied: compose refuses, naming both settings.
+        try lines.filter { !$0.hasPrefix(key) }.joined(separator: "\n").write(
+            toFile: envFile, atomically: true, encoding: .utf8)
+        let refused = try runCompose(envFile: envFile, options: options)
+        XCTAssertNotEqual(refused.status, 0, refused.stdout)
+        XCTAssertTrue(
+            refused.stderr.contains(
+                "set TRUNK_SYNC_KEY_ENCRYPTION_KEY in .env, or leave it empty there and set TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE"
+            ), refused.stderr)
+    }
+
+    /// TRUNK_SYNC_MIGRATION_DATABASE_URL and TRUNK_SYNC_DATABASE_URL written in .env are used
+    /// as written, not replaced by the URLs compose builds from POSTGRES_HOST and the others
+    /// (a host that does not resolve here: only the written URLs reach the database, and the
+    /// server's names a role of its own); the server gets neither the owner's URL nor its
+    /// password (compose-native checks serve's environment).
+    func testDatabaseURLsWrittenInTheEnvFileWin() throws {
+        let envFile = try filledInEnvFile()
+        defer { try? FileManager.default.removeItem(atPath: envFile) }
+        let role = "compose_\(UUID().uuidString.prefix(8).lowercased())"
+        let result = try runCompose(
+            envFile: envFile, serverRole: role,
+            prepare: { database, environment in
+                environment["POSTGRES_HOST"] = "nowhere.invalid"
+                environment["SERVER_DB_USER"] = "compose_unused"
+                let urls = [
+                    "TRUNK_SYNC_MIGRATION_DATABASE_URL=" + (try TestDatabase.url(of: database)),
+                    "TRUNK_SYNC_DATABASE_URL="
+                        + (try TestDatabase.url(of: database, user: role, password: TestSecrets.randomHex())),
+                ]
+                let text = try String(contentsOfFile: envFile, encoding: .utf8)
+                try (text + "\n" + urls.joined(separator: "\n") + "\n").write(
+                    toFile: envFile, atomically: true, encoding: .utf8)
+            })
+        XCTAssertEqual(result.status, 0, result.stdout + result.stderr)
+        XCTAssertTrue(result.stdout.contains("created the server's login role \(role)"), result.stdout)
+        XCTAssertTrue(result.stdout.contains("ok serve's environment holds no owner password"), result.stdout)
+        XCTAssertTrue(result.stdout.contains("ok serve is healthy"), result.stdout)
     }
 
     /// Deployed without changing .env.example: refused with one line naming the setting, the

@@ -221,7 +221,9 @@ final class SigningKeyTests: XCTestCase {
         let refused = try keys(["add"])
         XCTAssertEqual(refused.status, 1)
         XCTAssertTrue(
-            refused.stderr.hasPrefix("trunk-sync: TRUNK_SYNC_KEY_ENCRYPTION_KEY is required to add a signing key"),
+            refused.stderr.hasPrefix(
+                "trunk-sync: TRUNK_SYNC_KEY_ENCRYPTION_KEY (or TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE, a file holding it) is required to add a signing key"
+            ),
             refused.stderr)
         XCTAssertEqual(refused.stderr.split(separator: "\n").count, 1, refused.stderr)
         XCTAssertEqual(try app.owner().query("select count(*) from signing_keys")[0].decode(Int.self, column: 0), 0)

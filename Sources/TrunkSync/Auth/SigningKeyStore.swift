@@ -49,8 +49,8 @@ public struct SigningKeyStore: Sendable {
         public var description: String {
             switch self {
             case .noKeyEncryptionKey:
-                return "it is stored encrypted and TRUNK_SYNC_KEY_ENCRYPTION_KEY is not set: "
-                    + "give every server the key trunk-sync migrate and keys add use"
+                return "it is stored encrypted and neither TRUNK_SYNC_KEY_ENCRYPTION_KEY nor "
+                    + "TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE is set: give every server the key trunk-sync migrate and keys add use"
             case .wrongKeyEncryptionKey:
                 return "TRUNK_SYNC_KEY_ENCRYPTION_KEY does not decrypt it: it was encrypted with another key"
             case .storedUnencrypted:
@@ -167,8 +167,9 @@ public struct SigningKeyStore: Sendable {
     /// `keys add` without `TRUNK_SYNC_KEY_ENCRYPTION_KEY`.
     public struct KeyEncryptionKeyRequired: Error, CustomStringConvertible {
         public var description: String {
-            "TRUNK_SYNC_KEY_ENCRYPTION_KEY is required to add a signing key (its private half is stored encrypted with it); "
-                + "\(SecretRules.howToMake), and give the same one to migrate and every server"
+            "TRUNK_SYNC_KEY_ENCRYPTION_KEY (or TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE, a file holding it) is required to add a "
+                + "signing key (its private half is stored encrypted with it); \(SecretRules.howToMake), and give the same "
+                + "one to migrate and every server"
         }
     }
 
@@ -207,7 +208,8 @@ public struct SigningKeyStore: Sendable {
             case .plaintextKeysNeedAKey(let count):
                 return
                     "signing_keys holds \(count) private key(s) stored unencrypted: set TRUNK_SYNC_KEY_ENCRYPTION_KEY "
-                    + "(\(SecretRules.howToMake); servers need the same one) and run trunk-sync migrate again, "
+                    + "or TRUNK_SYNC_KEY_ENCRYPTION_KEY_FILE (\(SecretRules.howToMake); servers need the same one) and "
+                    + "run trunk-sync migrate again, "
                     + "which encrypts them; nothing was changed"
             case .wrongKeyEncryptionKey(let keyID):
                 return

@@ -712,6 +712,35 @@ public struct Configuration: Sendable {
         )
     }
 
+    /// The domains RFC 2606 reserves for documentation that `.env.example` and the guides
+    /// use in URLs (`https://sync.example.com`, `https://app.example.com`, `no-reply@example.com`).
+    static let documentationDomains = ["example.com", "example.net", "example.org"]
+
+    /// Whether `host` is one of `documentationDomains` or a name under one.
+    static func isDocumentationHost(_ host: String) -> Bool {
+        let name = host.lowercased().trimmingCharacters(in: CharacterSet(charactersIn: "."))
+        return documentationDomains.contains { name == $0 || name.hasSuffix("." + $0) }
+    }
+
+    /// One line naming every setting whose host is under a domain reserved for documentation
+    /// (`documentationDomains`): a deployment left with `.env.example`'s values would mail
+    /// sign-in links to sync.example.com. A warning, logged once by `serve` and `config check`,
+    /// not a refusal: tests and local setups may use such names. Nil when there is none.
+    public var documentationHostWarning: String? {
+        let hosts: [(key: String, hosts: [String])] = [
+            ("public_url", [value("public_url").flatMap { URL(string: $0)?.host }].compactMap { $0 }),
+            ("cors_origins", corsOrigins.compactMap { URL(string: $0)?.host }),
+            ("accepted_issuers", acceptedIssuers.compactMap { URL(string: $0)?.host }),
+            ("mail_from", [(try? MailAddress(mailFrom, role: "sender")).map { String($0.domain) }].compactMap { $0 }),
+        ]
+        let named = hosts.filter { $0.hosts.contains(where: Self.isDocumentationHost) }.map {
+            Setting.named($0.key)?.environmentVariable ?? $0.key
+        }
+        guard !named.isEmpty else { return nil }
+        return
+            "\(named.joined(separator: ", ")) \(named.count == 1 ? "names a host" : "name hosts") under example.com, example.net or example.org, reserved for documentation (RFC 2606), as .env.example does: set your deployment's own (sign-in mails link to TRUNK_SYNC_PUBLIC_URL)"
+    }
+
     /// Everything `config check` reports: `problems`, `serveProblems`, and what `migrate`
     /// would refuse in TRUNK_SYNC_MIGRATION_DATABASE_URL, each once.
     public var allProblems: [ConfigurationError] {
