@@ -123,6 +123,22 @@ end_of() {
   [ -s "$1/end-time" ] && date -u -d "$(cat "$1/end-time")" +%s 2>/dev/null
 }
 
+# $1 as one word of the shell PostgreSQL runs restore_command with: as it is when it has
+# nothing the shell reads (/backup/wal), else single-quoted (a space in BACKUP_DIR split the
+# copy's source in two, and every segment failed to restore); a % doubled, as
+# restore_command reads %f, %p and %% in it.
+shell_word() {
+  local word=$1
+  [[ $word =~ ^[A-Za-z0-9_./:@+,=-]+$ ]] || word="'${word//\'/\'\\\'\'}'"
+  printf '%s' "${word//%/%%}"
+}
+
+# $1 as the inside of a postgresql.conf string: ' and \ doubled.
+conf_string() {
+  local text=${1//\\/\\\\}
+  printf '%s' "${text//\'/\'\'}"
+}
+
 restore() {
   local target=${1:-} data=${2:-} when canonical chosen='' oldest='' oldest_end='' base end
   if [ -z "$target" ] || [ -z "$data" ]; then
@@ -159,7 +175,7 @@ restore() {
   tar -xzf "$chosen/base.tar.gz" -C "$data"
   tar -xzf "$chosen/pg_wal.tar.gz" -C "$data/pg_wal"
   cat >>"$data/postgresql.auto.conf" <<EOF
-restore_command = 'cp $dir/wal/%f %p'
+restore_command = '$(conf_string "cp $(shell_word "$dir/wal")/%f %p")'
 recovery_target_time = '$canonical'
 recovery_target_action = 'promote'
 EOF
