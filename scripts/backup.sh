@@ -161,7 +161,10 @@ restore() {
       continue
     fi
     [ -n "$oldest" ] || { oldest=$base; oldest_end=$end; }
-    (( end <= when )) && chosen=$base
+    # Both ends are whole seconds, the backup's true end later within its second: it had
+    # ended by TIME only if that second is before TIME's (14:03:09.5 is not after a backup
+    # whose STOP TIME is 14:03:09: it may have ended at 14:03:09.8).
+    (( end < when )) && chosen=$base
   done < <(find "$dir/base" -mindepth 1 -maxdepth 1 -type d -name '2*Z' 2>/dev/null | sort)
   if [ -z "$chosen" ]; then
     if [ -n "$oldest" ]; then

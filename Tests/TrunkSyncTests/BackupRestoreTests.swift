@@ -58,7 +58,11 @@ final class BackupRestoreTests: XCTestCase {
         // Started at 02:00:00, ended at 02:00:41: 02:00:30 is before its end.
         try addBaseBackup("20261126T020000Z", marker: "first", stop: "2026-11-26 02:00:41 UTC", inArchive: true)
         let data = directory + "/restored"
-        for time in ["2026-11-26 01:00:00+00", "2026-11-26 02:00:30+00", "2026-11-26 04:00:30+02"] {
+        // 02:00:41.5 neither: STOP TIME is a whole second, the end came within it (at 41.8, say).
+        for time in [
+            "2026-11-26 01:00:00+00", "2026-11-26 02:00:30+00", "2026-11-26 04:00:30+02", "2026-11-26 02:00:41+00",
+            "2026-11-26 02:00:41.5+00",
+        ] {
             let result = try restore(time, into: data)
             XCTAssertEqual(result.status, 1, result.stdout + result.stderr)
             let lines = result.stderr.split(separator: "\n")
