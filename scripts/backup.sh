@@ -101,10 +101,11 @@ prune() {
   # Segments (and their .partial and .backup files) before the oldest kept base backup's
   # start segment, by name: the position (log and segment numbers) decides, whatever the
   # timeline, as pg_archivecleanup does. Its own segments and every later one are kept, and
-  # every *.history file, which no pattern here matches.
+  # every *.history file, which no pattern here matches. So are the .tmp copies the
+  # archive_command left when the host went down before renaming one (else kept forever).
   for file in "$dir/wal"/*; do
     name=${file##*/}
-    [[ $name =~ ^[0-9A-F]{24}(\.partial|\.[0-9A-F]{8}\.backup)?$ ]] || continue
+    [[ $name =~ ^[0-9A-F]{24}(\.partial|\.[0-9A-F]{8}\.backup)?(\.tmp)?$ ]] || continue
     [[ ${name:8:16} < ${start:8:16} ]] || continue
     rm -f -- "$file"
     echo "backup: removed $file"
