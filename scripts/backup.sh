@@ -101,10 +101,11 @@ prune() {
   # Segments (and their .partial and .backup files) before the oldest kept base backup's
   # start segment, by name: the position (log and segment numbers) decides, whatever the
   # timeline, as pg_archivecleanup does. Its own segments and every later one are kept, and
-  # every *.history file, which no pattern here matches.
+  # every *.history file, which no pattern here matches. So are the .tmp copies the
+  # archive_command left when the host went down before renaming one (else kept forever).
   for file in "$dir/wal"/*; do
     name=${file##*/}
-    [[ $name =~ ^[0-9A-F]{24}(\.partial|\.[0-9A-F]{8}\.backup)?$ ]] || continue
+    [[ $name =~ ^[0-9A-F]{24}(\.partial|\.[0-9A-F]{8}\.backup)?(\.tmp)?$ ]] || continue
     [[ ${name:8:16} < ${start:8:16} ]] || continue
     rm -f -- "$file"
     echo "backup: removed $file"
@@ -121,6 +122,22 @@ end_of() {
     [ -n "$stop" ] && date -u -d "$stop" +%s 2>/dev/null && return 0
   done
   [ -s "$1/end-time" ] && date -u -d "$(cat "$1/end-time")" +%s 2>/dev/null
+}
+
+# $1 as one word of the shell PostgreSQL runs restore_command with: as it is when it has
+# nothing the shell reads (/backup/wal), else single-quoted (a space in BACKUP_DIR split the
+# copy's source in two, and every segment failed to restore); a % doubled, as
+# restore_command reads %f, %p and %% in it.
+shell_word() {
+  local word=$1
+  [[ $word =~ ^[A-Za-z0-9_./:@+,=-]+$ ]] || word="'${word//\'/\'\\\'\'}'"
+  printf '%s' "${word//%/%%}"
+}
+
+# $1 as the inside of a postgresql.conf string: ' and \ doubled.
+conf_string() {
+  local text=${1//\\/\\\\}
+  printf '%s' "${text//\'/\'\'}"
 }
 
 restore() {
@@ -145,7 +162,10 @@ restore() {
       continue
     fi
     [ -n "$oldest" ] || { oldest=$base; oldest_end=$end; }
-    (( end <= when )) && chosen=$base
+    # Both ends are whole seconds, the backup's true end later within its second: it had
+    # ended by TIME only if that second is before TIME's (14:03:09.5 is not after a backup
+    # whose STOP TIME is 14:03:09: it may have ended at 14:03:09.8).
+    (( end < when )) && chosen=$base
   done < <(find "$dir/base" -mindepth 1 -maxdepth 1 -type d -name '2*Z' 2>/dev/null | sort)
   if [ -z "$chosen" ]; then
     if [ -n "$oldest" ]; then
@@ -159,7 +179,7 @@ restore() {
   tar -xzf "$chosen/base.tar.gz" -C "$data"
   tar -xzf "$chosen/pg_wal.tar.gz" -C "$data/pg_wal"
   cat >>"$data/postgresql.auto.conf" <<EOF
-restore_command = 'cp $dir/wal/%f %p'
+restore_command = '$(conf_string "cp $(shell_word "$dir/wal")/%f %p")'
 recovery_target_time = '$canonical'
 recovery_target_action = 'promote'
 EOF

@@ -52,7 +52,7 @@ scripts/pg.sh start "$work/primary" "$primary_port"
 owner_url=$(scripts/pg.sh url "$work/primary" postgres)
 psql "$owner_url" -qAt \
   -c "alter system set archive_mode = on" \
-  -c "alter system set archive_command = 'cmp -s %p $backup/wal/%f || { test ! -f $backup/wal/%f && cp %p $backup/wal/%f.tmp && sync $backup/wal/%f.tmp && mv $backup/wal/%f.tmp $backup/wal/%f; }'" >/dev/null
+  -c "alter system set archive_command = '{ cmp -s %p $backup/wal/%f || { test ! -f $backup/wal/%f && cp %p $backup/wal/%f.tmp && sync $backup/wal/%f.tmp && mv $backup/wal/%f.tmp $backup/wal/%f; }; } && sync $backup/wal'" >/dev/null
 scripts/pg.sh restart "$work/primary"
 psql "$owner_url" -qc "create database trunk_sync"
 echo "drill: ok primary archives its WAL to $backup/wal"

@@ -58,7 +58,11 @@ final class BackupRestoreTests: XCTestCase {
         // Started at 02:00:00, ended at 02:00:41: 02:00:30 is before its end.
         try addBaseBackup("20261126T020000Z", marker: "first", stop: "2026-11-26 02:00:41 UTC", inArchive: true)
         let data = directory + "/restored"
-        for time in ["2026-11-26 01:00:00+00", "2026-11-26 02:00:30+00", "2026-11-26 04:00:30+02"] {
+        // 02:00:41.5 neither: STOP TIME is a whole second, the end came within it (at 41.8, say).
+        for time in [
+            "2026-11-26 01:00:00+00", "2026-11-26 02:00:30+00", "2026-11-26 04:00:30+02", "2026-11-26 02:00:41+00",
+            "2026-11-26 02:00:41.5+00",
+        ] {
             let result = try restore(time, into: data)
             XCTAssertEqual(result.status, 1, result.stdout + result.stderr)
             let lines = result.stderr.split(separator: "\n")
@@ -106,6 +110,51 @@ final class BackupRestoreTests: XCTestCase {
         XCTAssertEqual(
             again.stderr, "backup: restore: \(data) is not empty; restore into a new, empty data directory\n")
         XCTAssertEqual(try String(contentsOfFile: data + "/marker", encoding: .utf8), "second\n")
+    }
+
+    /// A BACKUP_DIR whose path has a space, a quote or a % in it: the restore_command
+    /// PostgreSQL reads from postgresql.auto.conf, run as it runs it (the string's quotes
+    /// undone, %f, %p and %% replaced, `sh -c` in the data directory), copies the segment.
+    func testTheRestoreCommandReadsAnArchiveWhosePathHasASpaceOrAQuote() throws {
+        let parent = directory
+        defer { try? FileManager.default.removeItem(atPath: parent) }
+        directory = parent + "/the backups of it's 100% \\ \"$HOME\""
+        try FileManager.default.createDirectory(atPath: directory + "/wal", withIntermediateDirectories: true)
+        try addBaseBackup("20261126T020000Z", marker: "first", stop: "2026-11-26 02:00:41 UTC", inArchive: true)
+        let segment = "000000010000000000000003"
+        try Data("segment 3".utf8).write(to: URL(fileURLWithPath: directory + "/wal/" + segment))
+        let data = parent + "/restored"
+        let result = try restore("2026-11-26 14:03:09+00", into: data)
+        XCTAssertEqual(result.status, 0, result.stdout + result.stderr)
+        let settings = try String(contentsOfFile: data + "/postgresql.auto.conf", encoding: .utf8)
+        let line = try XCTUnwrap(settings.split(separator: "\n").first { $0.hasPrefix("restore_command = '") })
+        // postgresql.conf's string: '' is ', a backslash escapes the next character.
+        var value = ""
+        var rest = line.dropFirst("restore_command = '".count).dropLast()[...]
+        while let character = rest.popFirst() {
+            if character == "'" || character == "\\" {
+                value.append(rest.popFirst() ?? character)
+            } else {
+                value.append(character)
+            }
+        }
+        // restore_command's own escapes.
+        var command = ""
+        var characters = value[...]
+        while let character = characters.popFirst() {
+            guard character == "%" else {
+                command.append(character)
+                continue
+            }
+            switch characters.popFirst() {
+            case "f": command += segment
+            case "p": command += "pg_wal/RECOVERYXLOG"
+            default: command += "%"
+            }
+        }
+        let copy = try Command.run("/bin/sh", ["-c", command], currentDirectory: data)
+        XCTAssertEqual(copy.status, 0, command + ": " + copy.stderr)
+        XCTAssertEqual(try String(contentsOfFile: data + "/pg_wal/RECOVERYXLOG", encoding: .utf8), "segment 3")
     }
 
     func testATimeThatIsNoTimeIsRefusedInOneLine() throws {

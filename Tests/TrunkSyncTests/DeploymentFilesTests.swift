@@ -385,6 +385,41 @@ final class DeploymentFilesTests: XCTestCase {
         XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: directory + "/wal"), [segment])
     }
 
+    /// The compose file's archive_command makes the copy durable before PostgreSQL hears it
+    /// is done (and recycles the segment): the copy flushed, and the archive's directory
+    /// flushed once it holds the copy under its name, else a power cut could take the rename
+    /// back. Also when the copy was there already (archived again after a crash). `sync` is a
+    /// stand-in on PATH that notes what it was given and whether the copy was in place then.
+    func testTheArchiveCommandFlushesTheRenameBeforeItSaysDone() throws {
+        let directory = NSTemporaryDirectory() + "archive-sync-\(UUID().uuidString)"
+        for path in ["/wal", "/data/pg_wal", "/bin"] {
+            try FileManager.default.createDirectory(atPath: directory + path, withIntermediateDirectories: true)
+        }
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let segment = "000000010000000000000003"
+        try """
+        #!/bin/sh
+        for path; do
+          if [ -f "\(directory)/wal/\(segment)" ]; then echo "$path in place"; else echo "$path"; fi
+        done >>"\(directory)/synced"
+        """.write(toFile: directory + "/bin/sync", atomically: true, encoding: .utf8)
+        try FileManager.default.setAttributes([.posixPermissions: 0o755], ofItemAtPath: directory + "/bin/sync")
+        let command = try archiveCommand().replacingOccurrences(of: "/backup/", with: directory + "/")
+            .replacingOccurrences(of: "%p", with: "pg_wal/" + segment).replacingOccurrences(of: "%f", with: segment)
+        try Data("segment".utf8).write(to: URL(fileURLWithPath: "\(directory)/data/pg_wal/\(segment)"))
+        let environment = Command.environment([
+            "PATH": directory + "/bin:" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")
+        ])
+        for _ in 0..<2 {
+            let result = try Command.run(
+                "/bin/sh", ["-c", command], environment: environment, currentDirectory: directory + "/data")
+            XCTAssertEqual(result.status, 0, result.stderr)
+        }
+        XCTAssertEqual(
+            try String(contentsOfFile: directory + "/synced", encoding: .utf8),
+            "\(directory)/wal/\(segment).tmp\n\(directory)/wal in place\n\(directory)/wal in place\n")
+    }
+
     /// The upgrade's `config check` runs the new version: `docker compose run` uses the image
     /// it finds, so the new one is built first (else the old binary checks, knowing nothing of
     /// the settings the new one refuses without).

@@ -209,4 +209,61 @@ final class RealtimeKeyedJoinTests: XCTestCase {
             await other.finish()
         }
     }
+
+    /// The key is public: every socket's channels joined with it together hold at most
+    /// `maxKeyedChannelsInUsers` users' worth of bindings and filters (else the sockets a few
+    /// addresses may open would each hold a user's worth, parsed, without an account). What
+    /// a channel held is given back when it is left, replaced, bound, ended, or its socket
+    /// closes.
+    func testChannelsJoinedWithTheKeyAreBoundedOverEverySocket() async throws {
+        try await withUsers { app, users in
+            let first = try Harness(app, grace: .seconds(3600)) {
+                $0.maxBindingsPerUser = 2
+                $0.maxFilterBytesPerUser = 1000
+                $0.maxKeyedChannelsInUsers = 1
+            }
+            let feed = first.feed
+            first.send(Self.join("1", "room", token: nil))  // 2 bindings: all the feed may hold
+            let joined = try await first.waitFor(#""1","1","realtime:room","phx_reply",{"status":"ok""#)
+            XCTAssertTrue(joined, first.sent)
+            let second = try Harness(app, grace: .seconds(3600), feed: feed)
+            second.send(Self.join("1", "room", token: nil))
+            let refused = try await second.waitFor(#""1","1","realtime:room","phx_reply",{"status":"error""#)
+            XCTAssertTrue(refused, second.sent)
+            XCTAssertTrue(second.sent.contains("channels without a signed-in user as it may"), second.sent)
+
+            // Each way a channel joined with the key goes gives back what it held.
+            func secondJoins(_ ref: String) async throws {
+                second.send(Self.join(ref, "room", token: nil))
+                let joined = try await second.waitFor(
+                    #""\#(ref)","\#(ref)","realtime:room","phx_reply",{"status":"ok""#)
+                XCTAssertTrue(joined, second.sent)
+                XCTAssertEqual(feed.keyedChannelCount, 1)
+            }
+            first.send(#"["1","2","realtime:room","phx_leave",{}]"#)
+            let left = try await first.waitFor(#""1","2","realtime:room","phx_reply",{"status":"ok""#)
+            XCTAssertTrue(left, first.sent)
+            try await secondJoins("2")
+            second.send(#"["2","3","realtime:room","access_token",{"access_token":"\#(users.a)"}]"#)  // bound
+            let bound = try await second.waitFor(#""2","3","realtime:room","phx_reply",{"status":"ok""#)
+            XCTAssertTrue(bound, second.sent)
+            XCTAssertEqual(feed.keyedChannelCount, 0)
+            try await secondJoins("4")  // replaces the bound one
+            second.send(#"["4","5","realtime:room","access_token",{"access_token":"not a token"}]"#)  // ends it
+            let ended = try await second.waitFor(#""realtime:room","phx_close""#)
+            XCTAssertTrue(ended, second.sent)
+            XCTAssertEqual(feed.keyedChannelCount, 0)
+            try await secondJoins("6")
+            second.send(Self.join("7", "room", token: nil))  // replaced by a join of its topic
+            let replaced = try await second.waitFor(#""7","7","realtime:room","phx_reply",{"status":"ok""#)
+            XCTAssertTrue(replaced, second.sent)
+            XCTAssertEqual(feed.keyedChannelCount, 1)
+            await second.finish(keepFeed: true)  // its socket closes
+            XCTAssertEqual(feed.keyedChannelCount, 0)
+            first.send(Self.join("8", "room", token: nil))
+            let again = try await first.waitFor(#""8","8","realtime:room","phx_reply",{"status":"ok""#)
+            XCTAssertTrue(again, first.sent)
+            await first.finish()
+        }
+    }
 }

@@ -33,6 +33,14 @@ public final class RealtimeFeed: Sendable {
         /// 100 channels (6.4 MB of text before parsing). Default: setting
         /// `realtime_max_filter_bytes`.
         public var maxFilterBytesPerUser = Setting.realtimeMaxFilterBytes.integerDefault
+        /// The channels joined with the app's key (no user yet) of every socket together
+        /// hold at most as many bindings and filter bytes as this many users' channels may
+        /// (`maxBindingsPerUser`, `maxFilterBytesPerUser` each). Each socket's are bounded as
+        /// one user's, but the key is public: without this, the sockets a few addresses may
+        /// open (`TRUNK_SYNC_REALTIME_MAX`, 5,000) would hold 5,000 users' worth of parsed
+        /// filters (several times their text) without an account. Over it, such a join is refused (the client retries; once signed in it
+        /// joins with the user's token). Default 100.
+        public var maxKeyedChannelsInUsers = 100
         /// Bytes a socket may have queued and not yet sent before it is closed (`1013`: the
         /// client reads too slowly). Default: setting `realtime_buffer`.
         public var bufferBytes = Setting.realtimeBuffer.integerDefault
@@ -116,6 +124,9 @@ public final class RealtimeFeed: Sendable {
         /// Per user, their sockets that joined once and have no channel now, oldest first
         /// (at most `maxChannelsPerUser`).
         var idleSockets: [UUID: [ObjectIdentifier]] = [:]
+        /// What the channels joined with the app's key hold, over every socket
+        /// (`holdKeyed`): no user's usage counts them.
+        var keyed = Usage()
         var closed = false
     }
 
@@ -160,9 +171,6 @@ public final class RealtimeFeed: Sendable {
 
     /// Sockets open now.
     public var socketCount: Int { state.withLock { $0.sockets } }
-
-    /// Whether the feed takes no new channels (`close`).
-    var isClosed: Bool { state.withLock { $0.closed } }
 
     static let shuttingDown = "the server is shutting down"
 
@@ -333,6 +341,38 @@ public final class RealtimeFeed: Sendable {
         channel.send(event: "phx_close", payload: Array("{}".utf8))
         leave(channel)
     }
+
+    /// Takes `bindings` and their `filterBytes` for a channel joined with the app's key from
+    /// what all such channels may hold together (`maxKeyedChannelsInUsers`); the refusal if
+    /// that is spent. Given back by `releaseKeyed` when the channel is left, bound or closed.
+    func holdKeyed(bindings: Int, filterBytes: Int) -> RealtimeError? {
+        state.withLock { state in
+            if state.closed { return RealtimeError(Self.shuttingDown) }
+            let share = settings.maxKeyedChannelsInUsers
+            if state.keyed.bindings + bindings > share * settings.maxBindingsPerUser
+                || state.keyed.filterBytes + filterBytes > share * settings.maxFilterBytesPerUser
+            {
+                return RealtimeError(
+                    "this server holds as many channels without a signed-in user as it may; join with the user's access_token"
+                )
+            }
+            state.keyed.channels += 1
+            state.keyed.bindings += bindings
+            state.keyed.filterBytes += filterBytes
+            return nil
+        }
+    }
+
+    func releaseKeyed(bindings: Int, filterBytes: Int) {
+        state.withLock { state in
+            state.keyed.channels -= 1
+            state.keyed.bindings -= bindings
+            state.keyed.filterBytes -= filterBytes
+        }
+    }
+
+    /// Channels joined with the app's key now, over every socket.
+    var keyedChannelCount: Int { state.withLock { $0.keyed.channels } }
 
     func nextChannelID() -> UInt64 {
         state.withLock { state in

@@ -57,6 +57,7 @@ struct RealtimeSession {
             feed.stopAwaitingJoin(grace)
             feed.closeSocket(socket)
             for channel in channels.values { feed.leave(channel) }
+            for topic in keyed.keys { dropKeyed(topic) }
         }
         while let message = await socket.receive() {
             // Checked and decoded in a function of its own: what it needs stays out of this
@@ -150,7 +151,7 @@ struct RealtimeSession {
             if let channel = channels.removeValue(forKey: message.topic) {
                 feed.leave(channel)
             }
-            keyed.removeValue(forKey: message.topic)
+            dropKeyed(message.topic)
             reply(to: message, ok: Array("{}".utf8))
             send(topic: message.topic, joinRef: message.joinRef, event: "phx_close", payload: Array("{}".utf8))
         case "access_token":
@@ -201,7 +202,7 @@ struct RealtimeSession {
             return
         }
         if let old = channels.removeValue(forKey: message.topic) { feed.leave(old) }
-        keyed.removeValue(forKey: message.topic)
+        dropKeyed(message.topic)
         forgetEndedChannels()
         guard channels.count + keyed.count < feed.settings.maxChannelsPerSocket else {
             reply(to: message, error: "this socket has \(feed.settings.maxChannelsPerSocket) channels joined already")
@@ -334,8 +335,8 @@ struct RealtimeSession {
             )
             return
         }
-        guard !feed.isClosed else {
-            reply(to: message, error: RealtimeFeed.shuttingDown)
+        if let refusal = feed.holdKeyed(bindings: bindings.count, filterBytes: filterBytes) {
+            reply(to: message, error: refusal.reason)
             return
         }
         let joinRef = message.joinRef ?? message.ref
@@ -380,7 +381,7 @@ struct RealtimeSession {
             endKeyed(topic, waiting, reason: "Access token refused: \(error.reason)")
             return
         }
-        keyed.removeValue(forKey: topic)
+        dropKeyed(topic)
         // Open: the client has its bindings' ids from the join's reply already.
         let channel = RealtimeChannel(
             id: feed.nextChannelID(), user: claims.userID, session: claims.sessionID, expiresAt: claims.expiresAt,
@@ -406,11 +407,18 @@ struct RealtimeSession {
     /// Ends a channel joined with the app's key, as the server ends a user's: a `system`
     /// error naming `reason`, then `phx_close`.
     private mutating func endKeyed(_ topic: String, _ waiting: KeyedChannel, reason: String) {
-        keyed.removeValue(forKey: topic)
+        dropKeyed(topic)
         send(
             topic: topic, joinRef: waiting.joinRef, event: "system",
             payload: RealtimeChannel.systemPayload(topic: topic, ok: false, extension: "system", message: reason))
         send(topic: topic, joinRef: waiting.joinRef, event: "phx_close", payload: Array("{}".utf8))
+    }
+
+    /// Forgets the channel joined with the app's key on `topic`, if any, and gives what it
+    /// held back to the feed (`holdKeyed`).
+    private mutating func dropKeyed(_ topic: String) {
+        guard let dropped = keyed.removeValue(forKey: topic) else { return }
+        feed.releaseKeyed(bindings: dropped.bindings.count, filterBytes: dropped.filterBytes)
     }
 
     /// `access_token` on a joined channel, as Supabase Realtime takes it:
