@@ -43,7 +43,7 @@ final class ClientAddressTests: EndToEndTestCase {
 
     func testBehindATrustedProxyEachForwardedClientHasItsOwnLimit() throws {
         let server = try startServer([
-            "TRUNK_SYNC_TRUSTED_PROXIES": "127.0.0.1/32", "TRUNK_SYNC_RATE_LIMIT_OTP": "2/300",
+            "TRUNK_SYNC_TRUSTED_PROXIES": "127.0.0.1/32", "TRUNK_SYNC_RATE_LIMIT_OTP": "2/\(rateWindow())",
         ])
         XCTAssertEqual(try otp(server, "a1@example.com", forwardedFor: "203.0.113.5").status, 200)
         XCTAssertEqual(try otp(server, "a2@example.com", forwardedFor: "198.51.100.9, 203.0.113.5").status, 200)
@@ -59,7 +59,7 @@ final class ClientAddressTests: EndToEndTestCase {
 
     func testForwardedForFromAnUntrustedPeerOrWithGarbageIsIgnored() throws {
         let server = try startServer([
-            "TRUNK_SYNC_TRUSTED_PROXIES": "127.0.0.1/32", "TRUNK_SYNC_RATE_LIMIT_OTP": "2/300",
+            "TRUNK_SYNC_TRUSTED_PROXIES": "127.0.0.1/32", "TRUNK_SYNC_RATE_LIMIT_OTP": "2/\(rateWindow())",
         ])
         // 127.0.0.2 is no proxy of ours: what it claims does not matter, it is one client.
         for (index, claimed) in ["203.0.113.10", "203.0.113.11"].enumerated() {
@@ -81,7 +81,7 @@ final class ClientAddressTests: EndToEndTestCase {
 
     func testAnIPv6ClientIsLimitedPerSlash64() throws {
         let server = try startServer([
-            "TRUNK_SYNC_TRUSTED_PROXIES": "127.0.0.1/32", "TRUNK_SYNC_RATE_LIMIT_OTP": "2/300",
+            "TRUNK_SYNC_TRUSTED_PROXIES": "127.0.0.1/32", "TRUNK_SYNC_RATE_LIMIT_OTP": "2/\(rateWindow())",
         ])
         XCTAssertEqual(try otp(server, "v1@example.com", forwardedFor: "2001:db8:1:2::1").status, 200)
         XCTAssertEqual(try otp(server, "v2@example.com", forwardedFor: "2001:db8:1:2:ffff:eeee:dddd:cccc").status, 200)
@@ -116,7 +116,8 @@ final class ClientAddressTests: EndToEndTestCase {
 
     func testPerAddressLimitsHoldWhicheverClientAsksAndRevealNoAccount() throws {
         let server = try startServer([
-            "TRUNK_SYNC_RATE_LIMIT_OTP_EMAIL": "3/300", "TRUNK_SYNC_RATE_LIMIT_VERIFY_EMAIL": "3/300",
+            "TRUNK_SYNC_RATE_LIMIT_OTP_EMAIL": "3/\(rateWindow())",
+            "TRUNK_SYNC_RATE_LIMIT_VERIFY_EMAIL": "3/\(rateWindow())",
             "TRUNK_SYNC_OTP_RESEND_INTERVAL": "0",
         ])
         let token = try Command.run(

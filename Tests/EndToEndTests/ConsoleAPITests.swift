@@ -303,7 +303,7 @@ final class ConsoleAPITests: EndToEndTestCase {
             sink,
             [
                 "TRUNK_SYNC_OTP_MAX_ATTEMPTS": "3", "TRUNK_SYNC_OTP_FAILURE_LIMIT": "5/3600",
-                "TRUNK_SYNC_OTP_RESEND_INTERVAL": "0", "TRUNK_SYNC_RATE_LIMIT_VERIFY": "6/300",
+                "TRUNK_SYNC_OTP_RESEND_INTERVAL": "0", "TRUNK_SYNC_RATE_LIMIT_VERIFY": "6/\(rateWindow())",
             ])
         func verify(_ code: String) throws -> RawResponse {
             try admin(server, "POST", "/admin/v1/auth/verify", body: #"{"email":"ops@example.com","code":"\#(code)"}"#)

@@ -672,8 +672,9 @@ final class AuthTests: XCTestCase {
 
 final class AuthRateLimitTests: XCTestCase {
     func testPerIPLimitsAnswer429WithRetryAfterAndAreSharedThroughPostgres() async throws {
+        let window = rateWindow()
         let app = try await AppHarness(environment: [
-            "TRUNK_SYNC_RATE_LIMIT_OTP": "3/300", "TRUNK_SYNC_RATE_LIMIT_VERIFY": "2/300",
+            "TRUNK_SYNC_RATE_LIMIT_OTP": "3/\(window)", "TRUNK_SYNC_RATE_LIMIT_VERIFY": "2/\(window)",
         ])
         defer { Task { await app.stop() } }
         for index in 0..<3 {
@@ -683,7 +684,7 @@ final class AuthRateLimitTests: XCTestCase {
         let limited = try await app.request("POST", "/auth/v1/otp", json: ["email": "u9@example.com"])
         XCTAssertEqual(limited.status, 429)
         XCTAssertEqual(limited.json["code"] as? String, "over_request_rate_limit")
-        XCTAssertTrue((1...300).contains(Int(limited.headers["retry-after"] ?? "") ?? 0))
+        XCTAssertTrue((1...window).contains(Int(limited.headers["retry-after"] ?? "") ?? 0))
         for _ in 0..<2 {
             _ = try await app.request(
                 "POST", "/auth/v1/verify", json: ["email": "u0@example.com", "token": "000000", "type": "email"])
@@ -697,7 +698,7 @@ final class AuthRateLimitTests: XCTestCase {
     }
 
     func testGlobalMailCapCountsEveryAddressAlike() async throws {
-        let app = try await AppHarness(environment: ["TRUNK_SYNC_RATE_LIMIT_MAIL": "2/3600"])
+        let app = try await AppHarness(environment: ["TRUNK_SYNC_RATE_LIMIT_MAIL": "2/\(rateWindow(3600))"])
         defer { Task { await app.stop() } }
         _ = try await app.token("known@example.com")
         // Requests that send no mail (no account, create_user false) count as well: the cap

@@ -45,7 +45,7 @@ final class MetricsTests: XCTestCase {
     }
 
     func testMetricsParseAsPrometheusTextAndCountersMove() async throws {
-        let app = try await AppHarness(environment: ["TRUNK_SYNC_RATE_LIMIT_OTP": "1/300"])
+        let app = try await AppHarness(environment: ["TRUNK_SYNC_RATE_LIMIT_OTP": "1/\(rateWindow())"])
         let publicMetrics = try await app.request("GET", "/metrics")
         XCTAssertEqual(publicMetrics.status, 404, "not on the public listener")
         let before = try samples(try await app.request("GET", "/metrics", admin: true).text)
